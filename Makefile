@@ -1,0 +1,46 @@
+# Every target creates .venv from pyproject.toml itself; nothing depends on a hand install.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test test-fast bench soak specs verify verify-full clean help
+
+help:
+	@echo "make run      install and start the service (simulated NPU, bundled tiny model)"
+	@echo "make test     install and run the whole default test suite"
+	@echo "make specs    regenerate specs/ from the machine declarations"
+	@echo "make verify   run the z3 proofs (fast profile); verify-full for the full depth"
+	@echo "make bench    run the benchmarks (figures, not pass/fail)"
+	@echo "make soak     long fuzzing and soak runs (Hypothesis 'deep' profile)"
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python >= 3.11) on PATH"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m calculet.run
+
+test: $(STAMP)
+	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -m "not slow"
+
+specs: $(STAMP)
+	$(PY) -m calculet.specgen
+
+verify: $(STAMP)
+	$(PY) -m calculet.verify --fast
+
+verify-full: $(STAMP)
+	$(PY) -m calculet.verify
+
+bench: $(STAMP)
+	$(PY) bench/dispatch.py
+
+soak: $(STAMP)
+	HYPOTHESIS_PROFILE=deep $(PY) -m pytest -q -m "slow or not slow" tests/property
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

@@ -1,0 +1,16 @@
+"""The four declared lifecycles (§2, §4, §9, §10–12, §14) and the declaration core.
+
+Each machine is declared exactly once, here; its compiled dispatch, its reference
+python-statemachine class, its z3 encoding and its document are derived from that declaration.
+"""
+
+from calculet.machines.core import InvalidDefinition, InvariantViolation, Machine, TransitionNotAllowed
+from calculet.machines.job import DeviceJobMachine
+from calculet.machines.kv_sequence import KvSequenceMachine
+from calculet.machines.model import ModelMachine
+from calculet.machines.request import RequestMachine
+
+ALL_MACHINES: tuple[type[Machine], ...] = (RequestMachine, KvSequenceMachine, ModelMachine, DeviceJobMachine)
+
+__all__ = ["ALL_MACHINES", "DeviceJobMachine", "InvalidDefinition", "InvariantViolation",
+           "KvSequenceMachine", "Machine", "ModelMachine", "RequestMachine", "TransitionNotAllowed"]

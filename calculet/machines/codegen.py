@@ -1,0 +1,213 @@
+"""Generate the hot path's Python from the z3 terms of a declaration's guards and effects.
+
+The declared guards and effects are first evaluated on z3 terms (the very terms the formal
+checks prove), then those terms are translated to straight-line Python: short-circuit ``and``/
+``or``, direct slot reads, one function per (state, event) that picks the first enabled row and
+applies its effect. The runtime therefore executes exactly the formula that was proved, at the
+cost of a few attribute reads — the helper functions' type dispatch is paid once, at import.
+The conformance tests compare this code with the reference class, which calls the original
+callables concretely, so a translation fault cannot hide.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import z3
+
+from calculet.invariants.symbolic import SymbolicVars, symbolic_args
+from calculet.machines.core import Definition, EnumType, InvalidDefinition, Transition
+
+
+
+class ExprPrinter:
+    """Walks a z3 term of the linear fragment and prints it in some dialect.
+
+    The base dialect is Python (the generated hot path); :class:`MathPrinter` prints the same
+    terms for the documents in ``specs/``.
+    """
+
+    AND, OR, NOT, IMPLIES = " and ", " or ", "not ", "{p} <= {c}"
+    BINARY = {z3.Z3_OP_EQ: "==", z3.Z3_OP_LE: "<=", z3.Z3_OP_LT: "<", z3.Z3_OP_GE: ">=", z3.Z3_OP_GT: ">"}
+    NARY = {z3.Z3_OP_ADD: " + ", z3.Z3_OP_SUB: " - ", z3.Z3_OP_MUL: " * "}
+
+    def __init__(self, d: Definition, arg_names: set[str]) -> None:
+        self.d = d
+        self.arg_names = arg_names
+        self.state_names = list(d.states)
+
+    # Dialect hooks -------------------------------------------------------------------------
+    def state_is(self, name: str, primed: bool = False) -> str:
+        return f"(self._state == {name!r})"
+
+    def symbol(self, name: str) -> str:
+        if name == "state":
+            return "self._state"
+        if name in self.arg_names:
+            return f"a[{name!r}]"
+        if name in self.d.vars or name in self.d.params:
+            return f"self.{name}"
+        raise TypeError(f"unknown symbol {name!r}")
+
+    def implies(self, premise: str, conclusion: str) -> str:
+        return f"((not {premise}) or {conclusion})"
+
+    def ite(self, cond: str, then: str, other: str) -> str:
+        return f"({then} if {cond} else {other})"
+
+    def negate(self, inner: str) -> str:
+        return f"(not {inner})"
+
+    def distinct(self, left: str, right: str) -> str:
+        return f"({left} != {right})"
+
+    # The walk ------------------------------------------------------------------------------
+    def expr(self, e: Any) -> str:
+        if isinstance(e, bool):
+            return self.expr(z3.BoolVal(e))
+        if isinstance(e, int):
+            return repr(int(e))
+        if not isinstance(e, z3.ExprRef):
+            raise TypeError(f"cannot translate {e!r}")
+        if z3.is_int_value(e):
+            return repr(e.as_long())
+        if z3.is_true(e):
+            return "True"
+        if z3.is_false(e):
+            return "False"
+        if z3.is_const(e) and e.decl().kind() == z3.Z3_OP_UNINTERPRETED:
+            return self.symbol(e.decl().name())
+        kind = e.decl().kind()
+        kids = e.children()
+        if kind == z3.Z3_OP_EQ and self._is_state(kids[0]) and z3.is_int_value(kids[1]):
+            return self.state_is(self.state_names[kids[1].as_long()],
+                                 kids[0].decl().name() != "state")
+        if kind == z3.Z3_OP_EQ and z3.is_int_value(kids[1]) and self._enum_of(kids[0]) is not None:
+            member = self._enum_of(kids[0])(kids[1].as_long())
+            return f"({self.expr(kids[0])} {self.BINARY[kind]} {self.enum_literal(member)})"
+        if kind == z3.Z3_OP_AND:
+            return "(" + self.AND.join(self.expr(k) for k in kids) + ")"
+        if kind == z3.Z3_OP_OR:
+            return "(" + self.OR.join(self.expr(k) for k in kids) + ")"
+        if kind == z3.Z3_OP_NOT:
+            return self.negate(self.expr(kids[0]))
+        if kind == z3.Z3_OP_IMPLIES:
+            return self.implies(self.expr(kids[0]), self.expr(kids[1]))
+        if kind == z3.Z3_OP_ITE:
+            return self.ite(self.expr(kids[0]), self.expr(kids[1]), self.expr(kids[2]))
+        if kind == z3.Z3_OP_DISTINCT and len(kids) == 2:
+            return self.distinct(self.expr(kids[0]), self.expr(kids[1]))
+        if kind in self.BINARY:
+            return f"({self.expr(kids[0])} {self.BINARY[kind]} {self.expr(kids[1])})"
+        if kind in self.NARY:
+            return "(" + self.NARY[kind].join(self.expr(k) for k in kids) + ")"
+        if kind == z3.Z3_OP_UMINUS:
+            return f"(-{self.expr(kids[0])})"
+        raise TypeError(f"operator {e.decl().name()} is outside the linear fragment calculet compiles")
+
+    @staticmethod
+    def _is_state(e: Any) -> bool:
+        return z3.is_const(e) and e.decl().name() in ("state", "state_post")
+
+    def _enum_of(self, e: Any) -> Any:
+        if not z3.is_const(e):
+            return None
+        name = e.decl().name().removesuffix("_post")
+        decl = self.d.vars.get(name) or self.d.params.get(name)
+        return decl.type.enum_cls if decl is not None and isinstance(decl.type, EnumType) else None
+
+    def enum_literal(self, member: Any) -> str:
+        return repr(int(member))
+
+
+class MathPrinter(ExprPrinter):
+    """The documents' dialect: ∧ ∨ ¬ ⇒, names bare, a post-state variable primed."""
+
+    AND, OR = " ∧ ", " ∨ "
+    BINARY = {z3.Z3_OP_EQ: "=", z3.Z3_OP_LE: "≤", z3.Z3_OP_LT: "<", z3.Z3_OP_GE: "≥", z3.Z3_OP_GT: ">"}
+
+    def state_is(self, name: str, primed: bool = False) -> str:
+        return f"state{'′' if primed else ''} = {name}"
+
+    def enum_literal(self, member: Any) -> str:
+        return member.name
+
+    def symbol(self, name: str) -> str:
+        if name.endswith("_post"):
+            return self.symbol(name[: -len("_post")]) + "′"
+        return name
+
+    def top(self, e: Any) -> str:
+        text = self.expr(e)
+        return text[1:-1] if text.startswith("(") and text.endswith(")") and _balanced(text[1:-1]) else text
+
+    def implies(self, premise: str, conclusion: str) -> str:
+        return f"({premise} ⇒ {conclusion})"
+
+    def ite(self, cond: str, then: str, other: str) -> str:
+        return f"(if {cond} then {then} else {other})"
+
+    def negate(self, inner: str) -> str:
+        return f"¬{inner}"
+
+    def distinct(self, left: str, right: str) -> str:
+        return f"({left} ≠ {right})"
+
+
+def _balanced(text: str) -> bool:
+    depth = 0
+    for ch in text:
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def generate_dispatch(d: Definition) -> tuple[dict[str, dict[str, Callable[..., int]]], str]:
+    """One function per (state, event): returns the index of the row taken, or -1 (nothing changed)."""
+    v = SymbolicVars(d)
+    lines: list[str] = []
+    names: dict[tuple[str, str], str] = {}
+    enums: dict[str, Any] = {}
+    by_key: dict[tuple[str, str], list[Transition]] = {}
+    for t in d.transitions:
+        by_key.setdefault((t.source, t.event), []).append(t)
+    for index, ((state, event), rows) in enumerate(by_key.items()):
+        ev = d.events[event]
+        args = symbolic_args(ev)
+        tr = ExprPrinter(d, set(ev.args))
+        fname = f"_dispatch_{index}"
+        names[(state, event)] = fname
+        lines.append(f"def {fname}(self, a):  # {d.name}: {state} --{event}-->")
+        for i, t in enumerate(rows):
+            try:
+                guard = "True" if t.guard is None else tr.expr(t.guard(v, *[args[n] for n in t.guard_args]))
+                updates = {} if t.effect is None else dict(t.effect(v, *[args[n] for n in t.effect_args]))
+                assigns = []
+                for key, value in updates.items():
+                    code = tr.expr(value)
+                    vtype = d.vars[key].type
+                    if isinstance(vtype, EnumType):
+                        enum_name = f"_enum_{vtype.enum_cls.__name__}"
+                        enums[enum_name] = vtype.enum_cls
+                        code = f"{enum_name}({code})"
+                    assigns.append((key, code))
+            except TypeError as exc:
+                raise InvalidDefinition(d.name, f"{t.name}: cannot compile: {exc}") from None
+            lines.append(f"    if {guard}:  # {t.name}")
+            if assigns:
+                targets = ", ".join(f"self.{k}" for k, _ in assigns)
+                values = ", ".join(c for _, c in assigns)
+                lines.append(f"        {targets} = {values}")
+            lines.append(f"        self._state = {t.target!r}")
+            lines.append(f"        return {i}")
+        lines.append("    return -1")
+        lines.append("")
+    source = "\n".join(lines)
+    namespace: dict[str, Any] = dict(enums)
+    exec(compile(source, f"<calculet dispatch {d.name}>", "exec"), namespace)  # noqa: S102 - generated from the declaration
+    table: dict[str, dict[str, Callable[..., int]]] = {}
+    for (state, event), fname in names.items():
+        table.setdefault(state, {})[event] = namespace[fname]
+    return table, source

@@ -1,0 +1,83 @@
+"""Device job lifecycle (§14 ping/pong, §7.4 completion, §12 drain) — the one declaration of it."""
+
+from __future__ import annotations
+
+import enum
+
+from calculet.invariants.expr import And, Implies, Not
+from calculet.machines.core import Bool, EnumType, Event, Int, Invariant, Machine, Param, State, StepProperty, T, Var
+
+
+class Engine(enum.IntEnum):
+    """The two job engines/banks of §14; a job runs wholly on one (batches are never split)."""
+
+    PING = 0
+    PONG = 1
+
+
+class DeviceJobMachine(Machine):
+    """One prefill or decode job on engine PING or PONG, from its prepared buffers to their release.
+
+    The buffers (InputBuf/OutputBuf and backing storage, one set per job, §14) are held from
+    Prepared until the device has certainly stopped writing them. A timed-out job may still be
+    writing: its buffers are quarantined, never reused, until a late completion proves the
+    device done with them or a reset per the contract ends the job (§12: a forced delete is not
+    a cancellation). Results are delivered at most once, and only by a completion in time.
+
+    Decisions where the spec is silent: a completion that reports a device error ends the job
+    Failed with its buffers released (the device has finished with them); a CCU fault or unknown
+    DMA quarantines at once, since the device's state is not known.
+    """
+
+    spec = "§7.4, §12, §14"
+
+    job_id = Param(Int(ge=1))
+    generation = Param(Int(ge=1))
+    engine = Param(EnumType(Engine))
+    lanes = Param(Int(ge=1, le=16), doc="compiled batch of the job's profile")
+
+    buffers_held = Var(Bool(), init=True, doc="input/output buffers and backing storage are allocated")
+    delivered = Var(Int(ge=0, le=1), doc="results handed to completion (at most once)")
+
+    prepared = State(initial=True, doc="buffers allocated and filled; not yet submitted")
+    submitted = State(doc="on the device")
+    timed_out = State(doc="Wait timed out; the device may still write the buffers")
+    quarantined = State(doc="buffers fenced until a reset or a late completion")
+    completed = State(terminal=True, doc="results delivered; buffers released")
+    failed = State(terminal=True, doc="ended without results; buffers released")
+
+    submit = Event("the device accepted the job")
+    submit_rejected = Event("submit returned an error (DeviceBusy, invalid argument, ...)")
+    complete = Event("Wait returned in time", ok=Bool())
+    timeout = Event("Wait timed out")
+    fault = Event("CCU fault or unknown DMA reported for this job")
+    quarantine = Event("recovery fenced the timed-out job's buffers")
+    late_complete = Event("the device finished after the timeout; results are discarded")
+    reset_done = Event("a device reset per the contract ended the job")
+
+    transitions = [
+        T(prepared, submit, submitted),
+        T(prepared, submit_rejected, failed, effect=lambda v: {"buffers_held": False}),
+        T(submitted, complete, completed, name="complete_ok", guard=lambda v, ok: ok,
+          effect=lambda v: {"delivered": v.delivered + 1, "buffers_held": False}),
+        T(submitted, complete, failed, name="complete_error", guard=lambda v, ok: Not(ok),
+          effect=lambda v: {"buffers_held": False}),
+        T(submitted, timeout, timed_out),
+        T(submitted, fault, quarantined),
+        T(timed_out, quarantine, quarantined),
+        T((timed_out, quarantined), late_complete, failed, effect=lambda v: {"buffers_held": False}),
+        T(quarantined, reset_done, failed, effect=lambda v: {"buffers_held": False}),
+    ]
+
+    invariants = [
+        Invariant("R4.7", name="delivered_only_when_completed",
+                  doc="results are delivered once, exactly by a completed job",
+                  predicate=lambda v: (v.delivered == 1) == v.at("completed")),
+        Invariant("R14.3", name="buffers_held_until_device_done",
+                  doc="buffers stay allocated while the device may write them, and are released after",
+                  predicate=lambda v: v.buffers_held == v.at("prepared", "submitted", "timed_out", "quarantined")),
+        StepProperty("R12.11", name="no_release_while_writable",
+                     doc="a job still on the device (submitted) never releases its buffers without a completion",
+                     predicate=lambda pre, post: Implies(And(pre.at("submitted"), Not(post.buffers_held)),
+                                                         post.at("completed", "failed"))),
+    ]

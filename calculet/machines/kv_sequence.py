@@ -1,0 +1,125 @@
+"""KV sequence / hardware lane lifecycle (§9.1–9.2) — the one declaration of it."""
+
+from __future__ import annotations
+
+from calculet.invariants.expr import And, Implies, Not, Or
+from calculet.machines.core import Event, Int, Invariant, Machine, Param, State, StepProperty, T, Var
+
+
+class KvSequenceMachine(Machine):
+    """One hardware lane's KV sequence, reused for request after request (§9).
+
+    Append/decode is a transaction (§9.3 "transactions to be added"): ``submit`` opens it
+    (Updating, with ``pending`` tokens in flight), ``commit`` makes them part of
+    ``committed_len`` only when both the device and the output succeeded (§9.2), ``abort``
+    rolls back a failure whose effect on the device is known, and ``fault`` (timeout, CCU fault,
+    DMA unknown) makes the lane Unknown: it keeps its owner and is never handed out again until
+    recovery confirms the device no longer writes it (§9.2 last rule).
+
+    Decisions where the spec is silent:
+
+    * ``reserved_len`` is the whole context the request may use (prompt + max_new_tokens),
+      reserved at admission, so a running request never runs out of KV mid-decode (§5.1).
+    * A lane returns to Free only through Releasing, on the runtime's release confirmation
+      (§9.2 rule 2); Unknown reaches Releasing only by ``recover``.
+    * ``remove_tail`` keeps at least one committed token; whether it may be used at all is a
+      capability gate of the KvManager (§9.3: disabled until RemoveTokensAtEnd tests pass).
+    * seq_id and generation 0 mean "none": a held lane always names its owner.
+    """
+
+    spec = "§9.1–9.2, §9.3, §7.4"
+
+    max_seq = Param(Int(ge=1), doc="context limit of the profile (§2 BatchProfile.max_seq)")
+    lane = Param(Int(ge=0), doc="the hardware lane this sequence slot drives")
+
+    seq_id = Var(Int(ge=0), doc="calrt KvSeqId of the owner; 0 when free")
+    generation = Var(Int(ge=0), doc="model generation of the owner; 0 when free")
+    committed_len = Var(Int(ge=0), doc="tokens whose KV the device wrote and the output confirmed")
+    reserved_len = Var(Int(ge=0), doc="tokens this sequence may ever hold")
+    pending = Var(Int(ge=0), doc="tokens of the open transaction (Updating only)")
+
+    free = State(initial=True, doc="no owner; may be reserved")
+    reserved = State(doc="owned, nothing committed yet (before prefill)")
+    active = State(doc="owned, KV committed, no job in flight")
+    updating = State(doc="a submitted job is writing `pending` tokens")
+    unknown = State(doc="device state unknown after timeout/CCU fault; quarantined")
+    releasing = State(doc="owner gone; waiting for the runtime to confirm the free")
+
+    reserve = Event("admission hands the lane to a sequence", seq=Int(ge=1), gen=Int(ge=1), tokens=Int(ge=1))
+    submit = Event("a job writing `tokens` positions was accepted by the device", tokens=Int(ge=1))
+    commit = Event("device and output both succeeded")
+    abort = Event("the job failed in a known way; nothing it wrote is kept")
+    fault = Event("timeout / CCU fault / DMA unknown: the lane's device state is unknown")
+    remove_tail = Event("drop the last `tokens` committed tokens (RemoveTokensAtEnd)", tokens=Int(ge=1))
+    release = Event("the owner ended; ask the runtime to free the sequence")
+    recover = Event("recovery reset the device; the unknown lane may be released")
+    confirm_release = Event("the runtime confirmed the sequence is free")
+
+    transitions = [
+        T(free, reserve, reserved,
+          guard=lambda v, tokens: tokens <= v.max_seq,
+          effect=lambda v, seq, gen, tokens: {
+              "seq_id": seq, "generation": gen, "reserved_len": tokens,
+              "committed_len": 0, "pending": 0}),
+        T((reserved, active), submit, updating,
+          guard=lambda v, tokens: v.committed_len + tokens <= v.reserved_len,
+          effect=lambda v, tokens: {"pending": tokens}),
+        T(updating, commit, active,
+          effect=lambda v: {"committed_len": v.committed_len + v.pending, "pending": 0}),
+        T(updating, abort, reserved, name="abort_to_reserved",
+          guard=lambda v: v.committed_len == 0,
+          effect=lambda v: {"pending": 0}),
+        T(updating, abort, active, name="abort_to_active",
+          guard=lambda v: v.committed_len >= 1,
+          effect=lambda v: {"pending": 0}),
+        T((reserved, active, updating), fault, unknown, effect=lambda v: {"pending": 0}),
+        T(active, remove_tail, active,
+          guard=lambda v, tokens: tokens < v.committed_len,
+          effect=lambda v, tokens: {"committed_len": v.committed_len - tokens}),
+        T((reserved, active), release, releasing),
+        T(unknown, recover, releasing),
+        T(releasing, confirm_release, free,
+          effect=lambda v: {"seq_id": 0, "generation": 0, "reserved_len": 0,
+                            "committed_len": 0, "pending": 0}),
+    ]
+
+    invariants = [
+        Invariant("R9.2.3", name="lengths_ordered",
+                  doc="committed_len (+ the open transaction) ≤ reserved_len ≤ max_seq",
+                  predicate=lambda v: And(v.committed_len + v.pending <= v.reserved_len,
+                                          v.reserved_len <= v.max_seq)),
+        Invariant("R9.2.2", name="free_is_empty",
+                  doc="a free lane holds no owner and no tokens",
+                  predicate=lambda v: Implies(v.at("free"), And(
+                      v.seq_id == 0, v.generation == 0, v.reserved_len == 0,
+                      v.committed_len == 0, v.pending == 0))),
+        Invariant("R9.2.1", name="held_lane_has_owner",
+                  doc="a lane that is not free belongs to exactly one (seq_id, generation)",
+                  predicate=lambda v: Implies(Not(v.at("free")), And(v.seq_id >= 1, v.generation >= 1,
+                                                                      v.reserved_len >= 1))),
+        Invariant("R9.2.5", name="pending_only_while_updating",
+                  doc="tokens are in flight exactly while a job is writing them",
+                  predicate=lambda v: v.at("updating") == (v.pending >= 1)),
+        Invariant("R9.2.4", name="reserved_has_nothing_committed",
+                  doc="Reserved means nothing committed; Active means something is",
+                  predicate=lambda v: And(Implies(v.at("reserved"), v.committed_len == 0),
+                                          Implies(v.at("active"), v.committed_len >= 1))),
+        StepProperty("R9.2.5", name="commit_only_on_success",
+                     doc="committed_len grows only when an Updating transaction commits",
+                     predicate=lambda pre, post: Implies(
+                         post.committed_len > pre.committed_len,
+                         And(pre.at("updating"), post.at("active")))),
+        StepProperty("R9.2.1", name="owner_fixed_while_held",
+                     doc="a held lane keeps its seq_id and generation until it is Free again",
+                     predicate=lambda pre, post: Implies(
+                         And(Not(pre.at("free")), Not(post.at("free"))),
+                         And(post.seq_id == pre.seq_id, post.generation == pre.generation))),
+        StepProperty("R9.2.2", name="free_only_after_confirmed_release",
+                     doc="a lane becomes Free only from Releasing (runtime confirmed the free)",
+                     predicate=lambda pre, post: Implies(
+                         And(post.at("free"), Not(pre.at("free"))), pre.at("releasing"))),
+        StepProperty("R9.2.6", name="unknown_is_quarantined",
+                     doc="an Unknown lane is never handed to a request: it leaves only to Releasing",
+                     predicate=lambda pre, post: Implies(pre.at("unknown"),
+                                                         Or(post.at("unknown"), post.at("releasing")))),
+    ]

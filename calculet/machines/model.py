@@ -1,0 +1,130 @@
+"""Model generation lifecycle (§10 ModelState, §11 load, §12 unload) — the one declaration of it."""
+
+from __future__ import annotations
+
+from calculet.invariants.expr import And, Implies, Not
+from calculet.machines.core import Bool, Event, Int, Invariant, Machine, Param, State, StepProperty, T, Var
+
+
+class ModelMachine(Machine):
+    """One immutable model generation, from load to unload (§10–§12).
+
+    ``buffers`` stands for everything step 7 of a load creates on the device (calbin,
+    configuration, KvManager, pools, runtime buffers); the rule the spec repeats in §12 is that
+    none of it is freed while a submitted job may still write it.
+
+    Decisions where the spec is silent (requirements.md, ambiguities 11, 14, 15):
+
+    * Load steps map to states: 1–4 Validating, 5–7 Configuring, 8–9 Warming, 10 Ready.
+    * A load that fails before step 7 returns to Unloaded (nothing was created); one that fails
+      at or after step 7 goes through Unloading so the cleanup is verified like any unload.
+    * Unloading is the state in which §12's "free sequences/KV … verify device memory/health"
+      runs; it is entered from Draining once the generation is idle.
+    * At the drain deadline with jobs still submitted the generation goes to Recovering and
+      keeps its buffers (§12); a device ``reset`` per the contract is what ends those jobs.
+    * Failed is where a generation goes when recovery gives up (reset budget exhausted,
+      §15 recovery); it can still be unloaded once nothing is in flight.
+    """
+
+    spec = "§10, §11, §12, §13.1"
+
+    generation = Param(Int(ge=1), doc="ModelGenerationId")
+
+    active_requests = Var(Int(ge=0), doc="requests pinned to this generation and not yet terminal")
+    inflight_jobs = Var(Int(ge=0), doc="jobs submitted to the device and not yet drained")
+    buffers = Var(Bool(), doc="device resources of step 7 exist")
+
+    unloaded = State(initial=True)
+    validating = State(doc="steps 1–4: trusted path, signature and hashes, static checks, capacity plan")
+    configuring = State(doc="steps 5–7: lifecycle lock, drain old if needed, CreateCalbin → configure → KvManager → pools")
+    warming = State(doc="steps 8–9: inspect exact tensors/profile, golden + warmup")
+    ready = State(doc="serving; the alias may point here (step 10)")
+    draining = State(doc="no new requests; admitted ones and submitted jobs finish")
+    unloading = State(doc="idle; freeing sequences, pools, buffers, KvManager, calbin; verifying the device")
+    recovering = State(doc="a timeout/CCU fault or drain deadline left jobs in doubt")
+    failed = State(doc="recovery gave up; unavailable until unloaded")
+
+    load = Event("load(alias, package) began")
+    validated = Event("steps 1–4 passed")
+    configured = Event("step 7 created calbin, configuration, KvManager and pools")
+    warmed = Event("steps 8–9 passed: tensors/profile match, golden and warmup OK")
+    load_failed = Event("a load step failed")
+    acquire = Event("a request was pinned to this generation")
+    release_request = Event("a pinned request reached a terminal state")
+    job_submitted = Event("a job was submitted to the device")
+    job_finished = Event("a submitted job drained (completed, failed, or ended by a reset)")
+    drain = Event("unload() or a replacement began (§12 Ready → Draining)")
+    drained = Event("no active requests and no in-flight jobs remain")
+    drain_deadline = Event("the drain deadline passed with jobs still submitted (§12)")
+    fault = Event("timeout / CCU fault / unknown DMA on a job of this generation")
+    reset = Event("the device was reset per its contract; every in-flight job is dead")
+    recovered = Event("recovery succeeded; serve again")
+    give_up = Event("recovery failed or its budget is exhausted")
+    resume_unload = Event("recovery of a draining generation finished; continue the unload")
+    freed = Event("step 12: sequences, pools, buffers, KvManager and calbin destroyed")
+    verified = Event("device memory and health back to baseline")
+
+    transitions = [
+        T(unloaded, load, validating),
+        T(validating, validated, configuring),
+        T(configuring, configured, warming, effect=lambda v: {"buffers": True}),
+        T(warming, warmed, ready),
+        T(validating, load_failed, unloaded),
+        T((configuring, warming), load_failed, unloading, effect=lambda v: {"buffers": True}),
+        T(ready, acquire, ready, effect=lambda v: {"active_requests": v.active_requests + 1}),
+        T(ready, release_request, ready, guard=lambda v: v.active_requests >= 1,
+          effect=lambda v: {"active_requests": v.active_requests - 1}),
+        T(draining, release_request, draining, guard=lambda v: v.active_requests >= 1,
+          effect=lambda v: {"active_requests": v.active_requests - 1}),
+        T(recovering, release_request, recovering, guard=lambda v: v.active_requests >= 1,
+          effect=lambda v: {"active_requests": v.active_requests - 1}),
+        T(failed, release_request, failed, guard=lambda v: v.active_requests >= 1,
+          effect=lambda v: {"active_requests": v.active_requests - 1}),
+        T(ready, job_submitted, ready, effect=lambda v: {"inflight_jobs": v.inflight_jobs + 1}),
+        T(draining, job_submitted, draining, effect=lambda v: {"inflight_jobs": v.inflight_jobs + 1}),
+        T(ready, job_finished, ready, guard=lambda v: v.inflight_jobs >= 1,
+          effect=lambda v: {"inflight_jobs": v.inflight_jobs - 1}),
+        T(draining, job_finished, draining, guard=lambda v: v.inflight_jobs >= 1,
+          effect=lambda v: {"inflight_jobs": v.inflight_jobs - 1}),
+        T(recovering, job_finished, recovering, guard=lambda v: v.inflight_jobs >= 1,
+          effect=lambda v: {"inflight_jobs": v.inflight_jobs - 1}),
+        T(ready, drain, draining),
+        T(draining, drained, unloading,
+          guard=lambda v: And(v.active_requests == 0, v.inflight_jobs == 0)),
+        T(draining, drain_deadline, recovering, guard=lambda v: v.inflight_jobs >= 1),
+        T((ready, draining), fault, recovering),
+        T(recovering, reset, recovering, effect=lambda v: {"inflight_jobs": 0}),
+        T(recovering, recovered, ready, guard=lambda v: v.inflight_jobs == 0),
+        T(recovering, give_up, failed, guard=lambda v: v.inflight_jobs == 0),
+        T(recovering, resume_unload, unloading,
+          guard=lambda v: And(v.inflight_jobs == 0, v.active_requests == 0)),
+        T(failed, drain, unloading, name="unload_failed",
+          guard=lambda v: v.active_requests == 0),
+        T(unloading, freed, unloading, guard=lambda v: v.buffers, effect=lambda v: {"buffers": False}),
+        T(unloading, verified, unloaded, guard=lambda v: Not(v.buffers)),
+    ]
+
+    invariants = [
+        Invariant("R12.10", name="no_free_with_inflight",
+                  doc="while any job is in flight its buffers exist (a forced delete is not a cancel)",
+                  predicate=lambda v: Implies(v.inflight_jobs >= 1, v.buffers)),
+        Invariant("R3.3", name="serving_has_resources",
+                  doc="a generation that warms up or serves owns its device resources",
+                  predicate=lambda v: Implies(v.at("warming", "ready", "draining"), v.buffers)),
+        Invariant("R12.9", name="unloaded_is_clean",
+                  doc="Unloaded means nothing on the device and nothing pinned",
+                  predicate=lambda v: Implies(v.at("unloaded", "validating", "configuring"), And(
+                      Not(v.buffers), v.active_requests == 0, v.inflight_jobs == 0))),
+        Invariant("R12.5", name="unloading_is_idle",
+                  doc="cleanup runs only when no request is pinned and no job is in flight",
+                  predicate=lambda v: Implies(v.at("unloading", "failed"), And(
+                      v.inflight_jobs == 0, Implies(v.at("unloading"), v.active_requests == 0)))),
+        StepProperty("R12.11", name="buffers_freed_only_when_idle",
+                     doc="no transition frees device resources while a job is in flight",
+                     predicate=lambda pre, post: Implies(And(pre.buffers, Not(post.buffers)),
+                                                         pre.inflight_jobs == 0)),
+        StepProperty("R12.2", name="admission_only_when_ready",
+                     doc="new requests are pinned only to a Ready generation",
+                     predicate=lambda pre, post: Implies(post.active_requests > pre.active_requests,
+                                                         pre.at("ready"))),
+    ]

@@ -1,0 +1,1 @@
+"""The sans-io runtime: it decides, adapters perform I/O (DESIGN principle 1)."""

@@ -1,0 +1,27 @@
+"""Shared test set-up: Hypothesis profiles, invariant monitors on, the `req` marker."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from calculet.invariants.monitor import MONITOR
+
+# DESIGN principle 9: two depths of fuzzing. `ci` is bounded and derandomized (no flakes, no
+# deadline noise on a loaded 2-core machine); `deep` is for `make soak`.
+settings.register_profile("ci", max_examples=150, stateful_step_count=40, derandomize=True,
+                          deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("deep", max_examples=3000, stateful_step_count=120, deadline=None,
+                          print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(autouse=True)
+def _monitors_on():
+    """Invariant monitors raise in every test (issue: run-time monitors)."""
+    MONITOR.configure(enabled=True, mode="raise")
+    yield
+    MONITOR.configure(enabled=True, mode="raise")
