@@ -8,16 +8,10 @@ from typing import Any, Iterator
 
 from calculet.machines.core import Bool, EnumType, Int, Machine, TransitionNotAllowed, VarType
 
-# Small parameter sets that reach every transition (short contexts, few output tokens).
-PARAMS: dict[str, list[dict[str, Any]]] = {
-    "RequestMachine": [dict(prompt_tokens=2, max_new_tokens=3, max_seq=8),
-                       dict(prompt_tokens=1, max_new_tokens=1, max_seq=2),
-                       dict(prompt_tokens=6, max_new_tokens=4, max_seq=8)],
-    "KvSequenceMachine": [dict(max_seq=4, lane=0), dict(max_seq=1, lane=3)],
-    "ModelMachine": [dict(generation=1)],
-    "DeviceJobMachine": [dict(job_id=1, generation=1, engine=e, lanes=4) for e in
-                         __import__("calculet.machines.job", fromlist=["Engine"]).Engine],
-}
+from calculet.machines import ALL_MACHINES
+
+# The declarations' own small parameter sets (they reach every row).
+PARAMS: dict[str, list[dict[str, Any]]] = {m.definition.name: list(m.definition.examples) for m in ALL_MACHINES}
 
 
 def candidates(typ: VarType, current: list[Any]) -> list[Any]:

@@ -211,3 +211,42 @@ def generate_dispatch(d: Definition) -> tuple[dict[str, dict[str, Callable[..., 
     for (state, event), fname in names.items():
         table.setdefault(state, {})[event] = namespace[fname]
     return table, source
+
+
+class _StepPrinter(ExprPrinter):
+    """Python for a step property: unprimed names read the pre-state, primed ones the post-state."""
+
+    def symbol(self, name: str) -> str:
+        if name == "state":
+            return "pre._state"
+        if name == "state_post":
+            return "self._state"
+        if name.endswith("_post"):
+            return f"self.{name[: -len('_post')]}"
+        return f"pre.{name}"
+
+    def state_is(self, name: str, primed: bool = False) -> str:
+        return f"({'self' if primed else 'pre'}._state == {name!r})"
+
+
+def generate_invariant_check(d: Definition) -> tuple[Callable[[Any, Any], list[tuple[str, str]]], str]:
+    """``check(self, pre)``: (name, R-id) of each invariant (and, given ``pre``, step property)
+    that is false — the proved formulas as straight-line Python, for cheap run-time monitors."""
+    v = SymbolicVars(d)
+    post = SymbolicVars(d, "_post")
+    printer = ExprPrinter(d, set())
+    steps = _StepPrinter(d, set())
+    lines = [f"def _check_invariants(self, pre):  # {d.name}", "    broken = []"]
+    for inv in d.invariants:
+        lines.append(f"    if not {printer.expr(inv.predicate(v))}:")
+        lines.append(f"        broken.append(({inv.name!r}, {inv.rid!r}))")
+    if d.step_properties:
+        lines.append("    if pre is not None:")
+        for sp in d.step_properties:
+            lines.append(f"        if not {steps.expr(sp.predicate(v, post))}:")
+            lines.append(f"            broken.append(({sp.name!r}, {sp.rid!r}))")
+    lines.append("    return broken")
+    source = "\n".join(lines) + "\n"
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"<calculet invariants {d.name}>", "exec"), namespace)  # noqa: S102
+    return namespace["_check_invariants"], source

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from calculet.invariants import monitor as _monitor_module
-from calculet.machines.codegen import generate_dispatch
+from calculet.machines.codegen import generate_dispatch, generate_invariant_check
 from calculet.machines.core import Definition, Transition, TransitionNotAllowed
 
 
@@ -137,6 +137,7 @@ _EMPTY: dict[str, Any] = {}
 
 def compile_instance_type(d: Definition) -> type[CompiledInstance]:
     table, source = generate_dispatch(d)
+    check_invariants, check_source = generate_invariant_check(d)
     rows: dict[str, dict[str, list[Transition]]] = {}
     for t in d.transitions:
         rows.setdefault(t.source, {}).setdefault(t.event, []).append(t)
@@ -148,7 +149,8 @@ def compile_instance_type(d: Definition) -> type[CompiledInstance]:
         "definition": d,
         "_table": table,
         "_rows": {s: {e: tuple(r) for e, r in evs.items()} for s, evs in rows.items()},
-        "_source": source,
+        "_source": source + "\n" + check_source,
+        "_check_invariants": check_invariants,
         "_argspec": argspec,
         "_var_names": tuple(d.vars),
         "_param_names": tuple(d.params),

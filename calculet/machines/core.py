@@ -339,6 +339,7 @@ class Definition:
     transitions: tuple[Transition, ...]
     invariants: tuple[Invariant, ...]
     step_properties: tuple[StepProperty, ...]
+    examples: tuple[dict[str, Any], ...] = ()
 
     def transitions_from(self, state: str, event: str | None = None) -> list[Transition]:
         return [t for t in self.transitions
@@ -389,18 +390,23 @@ class Machine:
 
     definition: ClassVar[Definition]
     spec: ClassVar[str] = ""
+    # Small parameter sets (short contexts, few tokens) that reach every row: used for witness
+    # paths, bounded exploration and the documents' examples.
+    examples: ClassVar[list[dict[str, Any]]] = [{}]
     transitions: ClassVar[Iterable[T]] = ()
     invariants: ClassVar[Iterable[Invariant | StepProperty]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.definition = _resolve(cls)
-        _check(cls.definition)
+        structure = cls.__dict__.get("structure_checks", True)
+        _check(cls.definition, structure=structure)
         from calculet.machines.compiled import compile_instance_type
         from calculet.machines.reference import build_reference_class
 
         cls.Instance = compile_instance_type(cls.definition)
-        cls.Reference = build_reference_class(cls.definition)
+        # python-statemachine validates the graph itself; a mutant skips it like ours.
+        cls.Reference = build_reference_class(cls.definition) if structure else None
 
     @classmethod
     def create(cls, **params: Any) -> Any:
@@ -506,6 +512,12 @@ def _resolve(cls: type[Machine]) -> Definition:
         if item.name in seen_inv:
             raise fault(f"two invariants are named {item.name!r}")
         seen_inv.add(item.name)
+    # A terminal state is entered once and never left (§4): derived, so that a checker given a
+    # mutated copy (a row out of a terminal state) reports it as a broken property.
+    if terminal:
+        steps.append(StepProperty(
+            rid="R4.6", name="terminal_is_final", doc="a terminal state is never left",
+            predicate=_terminal_predicate(tuple(sorted(terminal)))))
     # Declared bounds are invariants too: they are proved and monitored like any other.
     for var in variables.values():
         if var.type.constraint(var.type.symbol(var.name)) is not None:
@@ -516,7 +528,14 @@ def _resolve(cls: type[Machine]) -> Definition:
     return Definition(
         name=name, doc=inspect.cleandoc(cls.__doc__ or ""), spec=cls.spec, states=states,
         initial=initials[0], terminal=terminal, params=params, vars=variables, events=events,
-        transitions=tuple(resolved), invariants=tuple(invariants), step_properties=tuple(steps))
+        transitions=tuple(resolved), invariants=tuple(invariants), step_properties=tuple(steps),
+        examples=tuple(dict(e) for e in getattr(cls, "examples", [{}])))
+
+
+def _terminal_predicate(terminal: tuple[str, ...]) -> Callable[[Any, Any], Any]:
+    from calculet.invariants.expr import And, Implies
+
+    return lambda pre, post: And(*[Implies(pre.at(s), post.at(s)) for s in terminal])
 
 
 def _bounds_predicate(var: Var) -> Callable[[Any], Any]:
@@ -537,13 +556,19 @@ def _bounds_predicate(var: Var) -> Callable[[Any], Any]:
     return holds
 
 
-def _check(d: Definition) -> None:
-    """The faults that make a declaration meaningless, found at import (issue: definition errors)."""
+def _check(d: Definition, structure: bool = True) -> None:
+    """The faults that make a declaration meaningless, found at import (issue: definition errors).
+
+    ``structure=False`` (only for the mutation suite's deliberately broken copies) skips the
+    graph checks, so that the formal checks, not the import, are what must catch the fault.
+    """
     from calculet.invariants.symbolic import SymbolicVars, symbolic_args
 
     def fault(msg: str) -> InvalidDefinition:
         return InvalidDefinition(d.name, msg)
 
+    if not structure:
+        return _check_expressions(d)
     # Transitions out of terminal states: a terminal state is entered once and never left (§4).
     for t in d.transitions:
         if t.source in d.terminal:
@@ -570,8 +595,17 @@ def _check(d: Definition) -> None:
                 later = ", ".join(r.name for r in rows[i + 1:])
                 raise fault(f"unguarded transition {row.name} shadows {later} for ({state}, {event})")
 
-    # Every expression must name only declared variables, parameters and arguments, and have
-    # the right sort. Evaluating it on z3 terms visits every branch, which plain values do not.
+    _check_expressions(d)
+
+
+def _check_expressions(d: Definition) -> None:
+    """Every expression names only declared variables, parameters and arguments, with the right
+    sort. Evaluating it on z3 terms visits every branch, which plain values do not."""
+    from calculet.invariants.symbolic import SymbolicVars, symbolic_args
+
+    def fault(msg: str) -> InvalidDefinition:
+        return InvalidDefinition(d.name, msg)
+
     v = SymbolicVars(d)
     for t in d.transitions:
         ev = d.events[t.event]

@@ -30,6 +30,8 @@ class DeviceJobMachine(Machine):
     """
 
     spec = "§7.4, §12, §14"
+    examples = [dict(job_id=1, generation=1, engine=Engine.PING, lanes=4),
+                dict(job_id=2, generation=1, engine=Engine.PONG, lanes=1)]
 
     job_id = Param(Int(ge=1))
     generation = Param(Int(ge=1))

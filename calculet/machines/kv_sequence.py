@@ -28,6 +28,7 @@ class KvSequenceMachine(Machine):
     """
 
     spec = "§9.1–9.2, §9.3, §7.4"
+    examples = [dict(max_seq=4, lane=0), dict(max_seq=1, lane=3)]
 
     max_seq = Param(Int(ge=1), doc="context limit of the profile (§2 BatchProfile.max_seq)")
     lane = Param(Int(ge=0), doc="the hardware lane this sequence slot drives")

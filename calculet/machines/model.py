@@ -27,6 +27,7 @@ class ModelMachine(Machine):
     """
 
     spec = "§10, §11, §12, §13.1"
+    examples = [dict(generation=1)]
 
     generation = Param(Int(ge=1), doc="ModelGenerationId")
 
@@ -109,12 +110,15 @@ class ModelMachine(Machine):
                   doc="while any job is in flight its buffers exist (a forced delete is not a cancel)",
                   predicate=lambda v: Implies(v.inflight_jobs >= 1, v.buffers)),
         Invariant("R3.3", name="serving_has_resources",
-                  doc="a generation that warms up or serves owns its device resources",
-                  predicate=lambda v: Implies(v.at("warming", "ready", "draining"), v.buffers)),
+                  doc="from warm-up until unload, the generation owns its device resources",
+                  predicate=lambda v: Implies(v.at("warming", "ready", "draining", "recovering", "failed"),
+                                              v.buffers)),
         Invariant("R12.9", name="unloaded_is_clean",
-                  doc="Unloaded means nothing on the device and nothing pinned",
-                  predicate=lambda v: Implies(v.at("unloaded", "validating", "configuring"), And(
-                      Not(v.buffers), v.active_requests == 0, v.inflight_jobs == 0))),
+                  doc="before step 7 nothing is on the device; before Ready nothing is pinned or in flight",
+                  predicate=lambda v: And(
+                      Implies(v.at("unloaded", "validating", "configuring"), Not(v.buffers)),
+                      Implies(v.at("unloaded", "validating", "configuring", "warming"),
+                              And(v.active_requests == 0, v.inflight_jobs == 0)))),
         Invariant("R12.5", name="unloading_is_idle",
                   doc="cleanup runs only when no request is pinned and no job is in flight",
                   predicate=lambda v: Implies(v.at("unloading", "failed"), And(

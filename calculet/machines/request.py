@@ -93,6 +93,9 @@ class RequestMachine(Machine):
     """
 
     spec = "§2, §4, §5.2, §7.2, §10"
+    examples = [dict(prompt_tokens=2, max_new_tokens=3, max_seq=8),
+                dict(prompt_tokens=1, max_new_tokens=1, max_seq=2),
+                dict(prompt_tokens=6, max_new_tokens=4, max_seq=8)]
 
     prompt_tokens = Param(Int(ge=1), doc="prompt length in tokens")
     max_new_tokens = Param(Int(ge=1), doc="output tokens requested")
@@ -180,9 +183,10 @@ class RequestMachine(Machine):
         Invariant("R4.5", name="flags_only_while_running",
                   doc="cancel/deadline flags exist only while a job drains",
                   predicate=lambda v: Implies(Or(v.cancel_requested, v.deadline_passed), v.at(*RUNNING))),
-        Invariant("R10.3", name="admitted_is_pinned",
-                  doc="every admitted request is pinned to a generation",
-                  predicate=lambda v: Implies(v.at(*ADMITTED, "waiting_admission"), v.generation >= 1)),
+        Invariant("R10.3", name="pinned_exactly_after_bind",
+                  doc="a request is pinned to a generation from bind on, and not before",
+                  predicate=lambda v: And(Implies(v.at(*ADMITTED, "waiting_admission"), v.generation >= 1),
+                                          Implies(v.at("new", "waiting_model"), v.generation == 0))),
         Invariant("R5.1.4", name="admitted_fits_context",
                   doc="an admitted request can never exceed the context",
                   predicate=lambda v: Implies(v.at(*ADMITTED), v.prompt_tokens + v.max_new_tokens <= v.max_seq)),

@@ -25,6 +25,7 @@ def test_check_fails_after_a_declaration_changes_until_regenerated(tmp_path):
     copy = tmp_path / "repo"
     shutil.copytree(ROOT / "calculet", copy / "calculet", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "specs", copy / "specs")
+    shutil.copytree(ROOT / "tests", copy / "tests", ignore=shutil.ignore_patterns("__pycache__"))
     assert _run(copy, "--check").returncode == 0
 
     kv = copy / "calculet" / "machines" / "kv_sequence.py"

@@ -1,0 +1,296 @@
+"""Pool properties: induction with symmetry, and bounded model checking from the empty pool.
+
+Both encodings are built from a pool declaration (:mod:`calculet.machines.pool`) and its
+instance machine's declaration; nothing is restated.
+
+* **Induction** — assume N arbitrary instances that satisfy every instance invariant and every
+  pool invariant; let instance 0 take any row (its own guard plus the pool guard); prove every
+  pool invariant, instance invariant and step property after. Pool invariants are symmetric, so
+  instance 0 stands for any instance. A failure here may be unreachable (the invariant is too
+  weak to be inductive) — bounded model checking tells.
+* **Bounded model checking** — from the initial pool (every instance initial, parameters
+  arbitrary), unroll up to ``depth`` steps in which one chosen instance takes one enabled row,
+  and look for a state breaking a property at any depth. A hit is a real, reachable bug,
+  reported as a step-by-step trace.
+
+  Symmetry makes this affordable: a run of ``k`` steps moves at most ``k`` instances, and
+  instances are interchangeable, so it suffices to encode ``min(N, k)`` of them and let the
+  ``j``-th instance move only after instance ``j-1`` has (the others stay initial). This is
+  sound for pools whose properties and guards are neutral on an initial instance — a free
+  lane holds no owner and no tokens — which :func:`check_pool_bmc` asserts for the
+  declaration before relying on it. All depths are checked in one query.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import z3
+
+from calculet.invariants.checks import (CheckResult, Counterexample, _as_bool, enabled, invariants_hold, post_state,
+                                        read_args, read_state, takes)
+from calculet.invariants.symbolic import SymbolicVars, arg_domain, symbolic_args
+from calculet.machines.pool import PoolDefinition, PoolView
+
+Progress = Callable[[str], None]
+
+
+def _lanes(p: PoolDefinition, n: int, tag: str) -> tuple[list[SymbolicVars], list[dict[str, Any]]]:
+    d = p.instance.definition
+    lanes = [SymbolicVars(d, f"_{tag}{j}") for j in range(n)]
+    ghosts = [{g: z3.Int(f"{g}_{tag}{j}") for g in p.ghosts} for j in range(n)]
+    return lanes, ghosts
+
+
+def _pool_params(p: PoolDefinition, tag: str = "") -> dict[str, Any]:
+    return {name: z3.Int(f"{name}{tag}") for name in p.params}
+
+
+def _param_domain(p: PoolDefinition, params: dict[str, Any]) -> list[Any]:
+    out = []
+    for name, typ in p.params.items():
+        c = typ.constraint(params[name])
+        if c is not None:
+            out.append(c)
+    return out
+
+
+def _ghost_domain(p: PoolDefinition, ghosts: list[dict[str, Any]]) -> list[Any]:
+    out = []
+    for g in ghosts:
+        for name, typ in p.ghosts.items():
+            c = typ.constraint(g[name])
+            if c is not None:
+                out.append(c)
+    return out
+
+
+def _pool_guard(p: PoolDefinition, view: PoolView, lane: int, event: str, args: dict[str, Any]) -> Any:
+    op = p.ops[event]
+    if op.guard is None:
+        return z3.BoolVal(True)
+    return _as_bool(op.guard(view, lane, **args))
+
+
+def _ghost_updates(p: PoolDefinition, view: PoolView, lane: int, event: str, args: dict[str, Any]) -> dict[str, Any]:
+    op = p.ops[event]
+    return {} if op.ghost is None else dict(op.ghost(view, lane, **args))
+
+
+def _pool_state(model: z3.ModelRef, p: PoolDefinition, lanes: list[SymbolicVars],
+                ghosts: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
+    d = p.instance.definition
+    out: dict[str, Any] = {name: model.eval(term, model_completion=True).as_long() for name, term in params.items()}
+    for j, lane in enumerate(lanes):
+        values = read_state(model, d, lane)
+        values.update({g: model.eval(t, model_completion=True).as_long() for g, t in ghosts[j].items()})
+        out[f"lane{j}"] = values
+    return out
+
+
+def check_pool_induction(p: PoolDefinition, n: int, progress: Progress | None = None) -> list[CheckResult]:
+    d = p.instance.definition
+    results = []
+    for t in d.transitions:
+        start = time.perf_counter()
+        ev = d.events[t.event]
+        lanes, ghosts = _lanes(p, n, "")
+        params = _pool_params(p)
+        view = PoolView(lanes, params, ghosts)
+        args = symbolic_args(ev)
+        s = z3.Solver()
+        s.set("timeout", 30000)
+        s.add(*_param_domain(p, params), *_ghost_domain(p, ghosts), *arg_domain(ev, args))
+        for lane in lanes:
+            s.add(*lane.domain(), *[_as_bool(x) for x in invariants_hold(d, lane)])
+        s.add(*[_as_bool(inv.predicate(view)) for inv in p.invariants])
+        s.add(takes(d, t, lanes[0], args), _pool_guard(p, view, 0, t.event, args))
+        moved = post_state(d, t, lanes[0], args)
+        post_ghosts = [dict(g) for g in ghosts]
+        post_ghosts[0].update(_ghost_updates(p, view, 0, t.event, args))
+        post_view = PoolView([moved] + lanes[1:], params, post_ghosts)
+        goals = [(inv.name, inv.rid, _as_bool(inv.predicate(post_view))) for inv in p.invariants]
+        goals += [(inv.name, inv.rid, _as_bool(inv.predicate(moved))) for inv in d.invariants]
+        goals += [(sp.name, sp.rid, _as_bool(sp.predicate(lanes[0], moved))) for sp in d.step_properties]
+        failure = None
+        for name, rid, goal in goals:
+            s.push()
+            s.add(z3.Not(goal))
+            verdict = s.check()
+            if verdict != z3.unsat:
+                cx = None
+                if verdict == z3.sat:
+                    m = s.model()
+                    cx = Counterexample(name, rid, f"lane0: {t.name}",
+                                        pre=_pool_state(m, p, lanes, ghosts, params),
+                                        args=read_args(m, d, t.event, args),
+                                        post=_pool_state(m, p, [moved] + lanes[1:], post_ghosts, params))
+                failure = CheckResult("pool-induction", p.name, t.name, False, time.perf_counter() - start,
+                                      f"N={n}: breaks {name} ({rid})" if verdict == z3.sat
+                                      else f"N={n}: {name}: solver answered {verdict}", cx, queries=len(goals))
+                s.pop()
+                break
+            s.pop()
+        results.append(failure or CheckResult("pool-induction", p.name, t.name, True, time.perf_counter() - start,
+                                              f"N={n}: {len(goals)} properties preserved", queries=len(goals)))
+        if progress:
+            progress(t.name)
+    return results
+
+
+def _initial_is_neutral(p: PoolDefinition, n: int) -> bool:
+    """Adding initial instances to a pool changes no pool guard or invariant (checked, not assumed)."""
+    d = p.instance.definition
+    lanes, ghosts = _lanes(p, n, "neutral")
+    params = _pool_params(p, "_neutral")
+    initial = d.initial_values()
+    extra = SymbolicVars(d, "_extra", state=z3.IntVal(list(d.states).index(d.initial)), values={
+        **{q: SymbolicVars(d, "_extra").value(q) for q in d.params},
+        **{k: (z3.BoolVal(v) if isinstance(v, bool) else z3.IntVal(int(v))) for k, v in initial.items()}})
+    extra_ghost = {g: z3.IntVal(0) for g in p.ghosts}
+    small = PoolView(lanes, params, ghosts)
+    big = PoolView(lanes + [extra], params, ghosts + [extra_ghost])
+    s = z3.Solver()
+    s.add(*_param_domain(p, params), *_ghost_domain(p, ghosts))
+    for lane in lanes:
+        s.add(*lane.domain())
+    same = [_as_bool(inv.predicate(small)) == _as_bool(inv.predicate(big)) for inv in p.invariants]
+    for e, ev in d.events.items():
+        args = symbolic_args(ev, "_neutral")
+        for j in range(n):
+            same.append(_pool_guard(p, small, j, e, args) == _pool_guard(p, big, j, e, args))
+    s.add(z3.Not(z3.And(*same)))
+    return s.check() == z3.unsat
+
+
+def check_pool_bmc(p: PoolDefinition, n: int, depth: int, progress: Progress | None = None,
+                   instance_properties: bool = False) -> CheckResult:
+    """Search every run of up to ``depth`` steps from the initial pool of ``n`` instances.
+
+    Pool invariants are searched always; each instance's own invariants and step properties
+    (already proved by per-machine induction) only with ``instance_properties``.
+    """
+    start = time.perf_counter()
+    subject = f"N={n}, depth≤{depth}"
+    encoded = min(n, depth)
+    if encoded < n and not _initial_is_neutral(p, 2):
+        encoded = n  # the symmetry argument does not apply: encode every instance
+    d = p.instance.definition
+    rows = list(d.transitions)
+    params = _pool_params(p)
+    initial = d.initial_values()
+    init_state = z3.IntVal(list(d.states).index(d.initial))
+    lanes: list[SymbolicVars] = []
+    for j in range(encoded):
+        base = SymbolicVars(d, f"_0_{j}")
+        typed = {k: (z3.BoolVal(val) if isinstance(val, bool) else z3.IntVal(int(val))) for k, val in initial.items()}
+        lanes.append(SymbolicVars(d, f"_0_{j}", state=init_state,
+                                  values={**{q: base.value(q) for q in d.params}, **typed}))
+    ghosts = [{g: z3.IntVal(0) for g in p.ghosts} for _ in range(encoded)]
+    s = z3.SolverFor("QF_LIA")
+    s.set("timeout", 300000)
+    s.add(*_param_domain(p, params))
+    for lane in lanes:
+        s.add(*lane.domain()[2:])  # instance parameters in their domains (fixed for the run)
+    frames: list[tuple[list[SymbolicVars], list[dict[str, Any]]]] = [(lanes, ghosts)]
+    choices: list[tuple[Any, Any, dict[str, dict[str, Any]]]] = []
+
+    def properties(frame_lanes: list[SymbolicVars], frame_ghosts: list[dict[str, Any]],
+                   prev: tuple[list[SymbolicVars], list[dict[str, Any]]]) -> list[tuple[str, str, Any]]:
+        view = PoolView(frame_lanes, params, frame_ghosts)
+        props = [(inv.name, inv.rid, _as_bool(inv.predicate(view))) for inv in p.invariants]
+        if instance_properties:
+            for before, after in zip(prev[0], frame_lanes):
+                props += [(inv.name, inv.rid, _as_bool(inv.predicate(after))) for inv in d.invariants]
+                props += [(sp.name, sp.rid, _as_bool(sp.predicate(before, after))) for sp in d.step_properties]
+        return props
+
+    def trace(model: z3.ModelRef, upto: int) -> list[dict[str, Any]]:
+        steps = [{"step": 0, "pool": _pool_state(model, p, frames[0][0], frames[0][1], params)}]
+        for k in range(1, upto + 1):
+            lane_sel, row_sel, step_args = choices[k - 1]
+            j = model.eval(lane_sel, model_completion=True).as_long()
+            row = rows[model.eval(row_sel, model_completion=True).as_long()]
+            steps.append({"step": k, "lane": j, "transition": row.name,
+                          "args": read_args(model, d, row.event, step_args[row.event]),
+                          "pool": _pool_state(model, p, frames[k][0], frames[k][1], params)})
+        return steps
+
+    highest: Any = z3.IntVal(-1)  # the highest instance moved so far (symmetry breaking)
+    # Partial-order reduction: rows whose pool op has no guard and writes only their own ghosts
+    # read and write only their own instance, so two such steps on different instances commute
+    # and only the order with the lower instance first is explored. Every reachable state stays
+    # reachable (the last state of each reordered run is the same), and every depth's state is
+    # checked, so no reachable violation is missed.
+    local_rows = [i for i, t in enumerate(rows) if p.ops[t.event].guard is None]
+    previous: tuple[Any, Any] | None = None
+    all_props: list[list[tuple[str, str, Any]]] = []
+    for k in range(1, depth + 1):
+        prev_lanes, prev_ghosts = frames[-1]
+        view = PoolView(prev_lanes, params, prev_ghosts)
+        lane_sel, row_sel = z3.Int(f"lane_sel_{k}"), z3.Int(f"row_sel_{k}")
+        step_args = {e: symbolic_args(ev, f"_s{k}") for e, ev in d.events.items()}
+        s.add(lane_sel >= 0, lane_sel < encoded, lane_sel <= highest + 1, row_sel >= 0, row_sel < len(rows))
+        highest = z3.If(lane_sel > highest, lane_sel, highest)
+        if previous is not None:
+            prev_lane, prev_row = previous
+            both_local = z3.And(z3.Or(*[prev_row == i for i in local_rows]), z3.Or(*[row_sel == i for i in local_rows]))
+            s.add(z3.Implies(both_local, lane_sel >= prev_lane))
+        previous = (lane_sel, row_sel)
+        s.add(*[c for e, ev in d.events.items() for c in arg_domain(ev, step_args[e])])
+        new_lanes, new_ghosts, options = [], [], []
+        for j in range(encoded):
+            nxt = SymbolicVars(d, f"_{k}_{j}", values={q: prev_lanes[j].value(q) for q in d.params})
+            nxt_ghost = {g: z3.Int(f"{g}_{k}_{j}") for g in p.ghosts}
+            # Unchanged unless this lane is the chosen one and takes the chosen row.
+            state_term: Any = prev_lanes[j].state
+            var_terms = {name: prev_lanes[j].value(name) for name in d.vars}
+            ghost_terms = dict(prev_ghosts[j])
+            for r_index, t in enumerate(rows):
+                args = step_args[t.event]
+                chosen = z3.And(lane_sel == j, row_sel == r_index)
+                options.append(z3.And(chosen, takes(d, t, prev_lanes[j], args),
+                                      _pool_guard(p, view, j, t.event, args)))
+                post = post_state(d, t, prev_lanes[j], args)
+                state_term = z3.If(chosen, post.state, state_term)
+                for name in d.vars:
+                    var_terms[name] = z3.If(chosen, post.value(name), var_terms[name])
+                for g, value in _ghost_updates(p, view, j, t.event, args).items():
+                    ghost_terms[g] = z3.If(chosen, value, ghost_terms[g])
+            s.add(nxt.state == state_term)
+            s.add(*[nxt.value(name) == var_terms[name] for name in d.vars])
+            s.add(*[nxt_ghost[g] == ghost_terms[g] for g in p.ghosts])
+            new_lanes.append(nxt)
+            new_ghosts.append(nxt_ghost)
+        s.add(z3.Or(*options))
+        if not instance_properties:
+            # Lemmas: every instance invariant is proved inductive per machine, so it holds in
+            # every reachable frame; stating it prunes the search without changing its answer.
+            for lane in new_lanes:
+                s.add(*[_as_bool(x) for x in invariants_hold(d, lane)])
+        frames.append((new_lanes, new_ghosts))
+        choices.append((lane_sel, row_sel, step_args))
+        all_props.append(properties(new_lanes, new_ghosts, (prev_lanes, prev_ghosts)))
+        if progress:
+            progress(f"encoded depth {k}")
+    # One query for every depth at once: a violation at some depth k ≤ depth. Without push/pop
+    # z3 keeps its non-incremental linear-arithmetic tactics, much faster here.
+    s.add(z3.Or(*[z3.Not(z3.And(*[prop for _, _, prop in props])) for props in all_props]))
+    verdict = s.check()
+    if verdict == z3.sat:
+        model = s.model()
+        for k, props in enumerate(all_props, start=1):
+            broken = [(nm, r) for nm, r, prop in props if z3.is_false(model.eval(prop, model_completion=True))]
+            if broken:
+                name, rid = broken[0]
+                steps = trace(model, k)
+                cx = Counterexample(name, rid, steps[-1].get("transition", ""), trace=steps)
+                return CheckResult("pool-bmc", p.name, subject, False, time.perf_counter() - start,
+                                   f"reachable at depth {k}: breaks {name} ({rid})", cx, queries=1)
+    if verdict != z3.unsat:
+        return CheckResult("pool-bmc", p.name, subject, False, time.perf_counter() - start,
+                           f"solver answered {verdict}", queries=1)
+    how = f"{encoded} encoded by symmetry" if encoded < n else f"{n} encoded"
+    return CheckResult("pool-bmc", p.name, subject, True, time.perf_counter() - start,
+                       f"no property broken in any run of ≤{depth} steps over {n} lanes ({how})", queries=depth)

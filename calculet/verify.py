@@ -1,0 +1,95 @@
+"""``python -m calculet.verify``: prove the spec's invariants on the declared machines with z3.
+
+Runs every per-machine check (initiation, consecution, determinism, deadlock, home, vacuity,
+completeness), pool induction and bounded model checking; prints a summary table and any
+counterexample; writes ``specs/verification.md``; exits 0 only if everything holds.
+
+``--fast`` (what CI runs) keeps every proof but searches the pool to a smaller depth, and does
+not rewrite ``specs/verification.md`` unless ``--write`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from calculet.invariants.report import (VerifyOptions, format_counterexample, run_checks, summary_rows,
+                                        verification_document)
+from calculet.invariants.traceability import software_figure
+from calculet.machines import ALL_MACHINES
+from calculet.machines.kv_pool import KvLanePool
+from calculet.specgen import SPECS_DIR
+
+POOLS = (KvLanePool,)
+FAST_DEPTH = 7
+
+
+def main(argv: list[str] | None = None) -> int:
+    names = [m.definition.name for m in ALL_MACHINES] + [p.definition.name for p in POOLS]
+    parser = argparse.ArgumentParser(prog="python -m calculet.verify", description=__doc__.splitlines()[0])
+    parser.add_argument("--machine", action="append", choices=names, default=[],
+                        help="check only this machine (or pool); repeatable")
+    parser.add_argument("--lanes", type=int, default=16, help="pool size N (default 16)")
+    parser.add_argument("--depth", type=int, default=None, help=f"bounded model checking depth (default 10; {FAST_DEPTH} with --fast)")
+    parser.add_argument("--json", type=Path, help="also write every result, with counterexamples, as JSON")
+    parser.add_argument("--fast", action="store_true", help="CI profile: smaller search depth, no document rewrite")
+    parser.add_argument("--write", action="store_true", help="with --fast: still rewrite specs/verification.md")
+    parser.add_argument("--no-write", action="store_true", help="do not rewrite specs/verification.md")
+    args = parser.parse_args(argv)
+    if args.lanes < 1 or args.lanes > 64:
+        parser.error("--lanes must be between 1 and 64")
+    depth = args.depth if args.depth is not None else (FAST_DEPTH if args.fast else 10)
+    if depth < 1:
+        parser.error("--depth must be at least 1")
+
+    console = Console(stderr=False)
+    options = VerifyOptions(lanes=args.lanes, depth=depth, machines=tuple(args.machine), fast=args.fast)
+    machines = [m for m in ALL_MACHINES if not args.machine or m.definition.name in args.machine]
+    steps = len(machines) + 2 * sum(1 for p in POOLS if not args.machine or p.definition.name in args.machine
+                                    or p.definition.instance.definition.name in args.machine)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as bar:
+        task = bar.add_task("verifying", total=steps)
+
+        def advance(message: str) -> None:
+            bar.update(task, advance=1, description=message)
+            if not console.is_terminal:
+                console.print(f"… {message}")
+
+        run = run_checks(options, machines, POOLS, progress=advance)
+
+    table = Table(title=f"calculet.verify — lanes {options.lanes}, depth {options.depth}")
+    for column in ("check", "machine", "result", "passed", "seconds"):
+        table.add_column(column, justify="right" if column in ("passed", "seconds") else "left")
+    for check, machine, verdict, passed, total, seconds in summary_rows(run):
+        style = "red" if verdict == "FAILED" else None
+        table.add_row(check, machine, verdict, f"{passed}/{total}", f"{seconds:.2f}", style=style)
+    console.print(table)
+    for failure in run.failures():
+        console.print(f"[red]FAILED[/red] {failure.check} {failure.machine} {failure.subject}: {failure.detail}")
+        if failure.counterexample:
+            console.print(format_counterexample(failure.counterexample), markup=False, highlight=False)
+    covered, total = software_figure()
+    console.print(f"requirement coverage: {covered}/{total} \\[software] R-ids have a proof or a test")
+    console.print(f"{'all checks hold' if run.ok else f'{len(run.failures())} check(s) FAILED'} in {run.seconds:.1f} s")
+
+    if args.json:
+        args.json.write_text(json.dumps({"options": dataclasses.asdict(options),
+                                         "ok": run.ok, "seconds": run.seconds,
+                                         "results": [r.as_dict() for r in run.results]}, indent=2, default=str))
+    write = not args.no_write and (not args.fast or args.write) and not args.machine
+    if write:
+        (SPECS_DIR / "verification.md").write_text(verification_document(run), encoding="utf-8")
+        console.print(f"wrote {SPECS_DIR / 'verification.md'}")
+    return 0 if run.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

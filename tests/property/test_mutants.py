@@ -1,0 +1,160 @@
+"""The checker can fail: seeded mutants of the real declarations are each rejected with a
+counterexample naming the invariant they break; the unmutated machines are accepted."""
+
+from __future__ import annotations
+
+import pytest
+
+from calculet.invariants.checks import check_machine
+from calculet.invariants.expr import And
+from calculet.invariants.mutation import Mutant, derive, derive_pool, replace_row, rows_of
+from calculet.invariants.pool_checks import check_pool_bmc, check_pool_induction
+from calculet.machines import ALL_MACHINES, DeviceJobMachine, KvSequenceMachine, ModelMachine, RequestMachine
+from calculet.machines.core import T
+from calculet.machines.kv_pool import KvLanePool, _held_count, _reserved_total
+from calculet.machines.pool import PoolOp
+from calculet.machines.request import FinishReason
+
+
+def _add(machine, row_factory):
+    def edit(rows, d):
+        return rows + [row_factory(d)]
+    return edit
+
+
+def _kv(name, description, expected, edit):
+    return Mutant(name, description, lambda: derive(KvSequenceMachine, name, edit), expected)
+
+
+def _req(name, description, expected, edit):
+    return Mutant(name, description, lambda: derive(RequestMachine, name, edit), expected)
+
+
+MUTANTS = [
+    _kv("KvDroppedReserveGuard", "reserve without tokens ≤ max_seq", "lengths_ordered",
+        lambda rows, d: replace_row(rows, "reserve@free", guard=None)),
+    _kv("KvWidenedSubmitGuard", "submit allows one token past the reservation", "lengths_ordered",
+        lambda rows, d: replace_row(rows, "submit@active",
+                                    guard=lambda v, tokens: v.committed_len + tokens <= v.reserved_len + 1)),
+    _kv("KvOffByOneCommit", "commit adds one token too many", "lengths_ordered",
+        lambda rows, d: replace_row(rows, "commit@updating",
+                                    effect=lambda v: {"committed_len": v.committed_len + v.pending + 1, "pending": 0})),
+    _kv("KvUnknownToReserved", "an Unknown lane handed to a new request", "unknown_is_quarantined",
+        _add(KvSequenceMachine, lambda d: T(d.states["unknown"], d.events["reserve"], d.states["reserved"],
+                                             effect=lambda v, seq, gen, tokens: {
+                                                 "seq_id": seq, "generation": gen, "reserved_len": 1,
+                                                 "committed_len": 0, "pending": 0}, name="reserve@unknown"))),
+    _kv("KvReuseBeforeConfirm", "release frees the lane without the runtime's confirmation",
+        "free_only_after_confirmed_release",
+        lambda rows, d: replace_row(rows, "release@active", target=d.states["free"],
+                                    effect=lambda v: {"seq_id": 0, "generation": 0, "reserved_len": 0,
+                                                      "committed_len": 0, "pending": 0})),
+    _kv("KvCommitOnSubmit", "committed_len grows on submit instead of on success", "commit_only_on_success",
+        lambda rows, d: replace_row(replace_row(rows, "submit@active",
+                                                effect=lambda v, tokens: {"pending": tokens,
+                                                                          "committed_len": v.committed_len + tokens},
+                                                guard=lambda v, tokens: v.committed_len + 2 * tokens <= v.reserved_len),
+                                    "commit@updating", effect=lambda v: {"pending": 0})),
+    _req("ReqLeavesTerminal", "a completed request can still be cancelled", "terminal_is_final",
+         _add(RequestMachine, lambda d: T(d.states["completed"], d.events["cancel"], d.states["cancelled"],
+                                          effect=lambda v: {"finish_reason": FinishReason.CANCELLED},
+                                          name="cancel@completed"))),
+    _req("ReqClosesTwice", "a finished stream is closed a second time", "terminal_closed_once",
+         lambda rows, d: replace_row(rows, "close@finishing", effect=lambda v: {"closes": v.closes + 2})),
+    _req("ReqRunningCancelCompletesAtOnce", "cancel of a running request ends it without draining the job",
+         "job_only_while_running",
+         lambda rows, d: replace_row(rows, "cancel@decode_running", target=d.states["cancelled"],
+                                     effect=lambda v: {"finish_reason": FinishReason.CANCELLED, "closes": 1})),
+    _req("ReqRebind", "a request moves to another generation after admission", "generation_fixed",
+         _add(RequestMachine, lambda d: T(d.states["decode_ready"], d.events["bind"], d.states["decode_ready"],
+                                          effect=lambda v, gen: {"generation": gen}, name="bind@decode_ready"))),
+    _req("ReqAdmitBeyondContext", "admission without the context check", "admitted_fits_context",
+         lambda rows, d: replace_row(rows, "admit@waiting_admission", guard=None)),
+    Mutant("ModelFreesWithInflight", "drained without waiting for in-flight jobs",
+           lambda: derive(ModelMachine, "ModelFreesWithInflight",
+                          lambda rows, d: replace_row(rows, "drained@draining",
+                                                      guard=lambda v: v.active_requests == 0)),
+           "unloading_is_idle"),
+    Mutant("ModelFreedDuringDrain", "buffers freed while jobs are in flight",
+           lambda: derive(ModelMachine, "ModelFreedDuringDrain",
+                          _add(ModelMachine, lambda d: T(d.states["draining"], d.events["freed"], d.states["draining"],
+                                                         effect=lambda v: {"buffers": False},
+                                                         name="freed@draining"))),
+           "no_free_with_inflight"),
+    Mutant("ModelAdmitWhileDraining", "new requests pinned to a draining generation",
+           lambda: derive(ModelMachine, "ModelAdmitWhileDraining",
+                          _add(ModelMachine, lambda d: T(d.states["draining"], d.events["acquire"], d.states["draining"],
+                                                         effect=lambda v: {"active_requests": v.active_requests + 1},
+                                                         name="acquire@draining"))),
+           "admission_only_when_ready"),
+    Mutant("JobLateCompletionDelivers", "a timed-out job's late completion delivers its results",
+           lambda: derive(DeviceJobMachine, "JobLateCompletionDelivers",
+                          lambda rows, d: replace_row(rows, "late_complete@timed_out",
+                                                      effect=lambda v: {"buffers_held": False,
+                                                                        "delivered": v.delivered + 1})),
+           "delivered_only_when_completed"),
+    Mutant("JobReleasesOnTimeout", "a timed-out job's buffers are released while the device may write",
+           lambda: derive(DeviceJobMachine, "JobReleasesOnTimeout",
+                          lambda rows, d: replace_row(rows, "timeout@submitted", effect=lambda v: {"buffers_held": False})),
+           "buffers_held_until_device_done"),
+    Mutant("PoolNoUniqueness", "reserve does not check other lanes' owners",
+           lambda: derive_pool(KvLanePool, "PoolNoUniqueness", [PoolOp(
+               "reserve", guard=lambda pool, i, seq, gen, tokens: And(
+                   _reserved_total(pool, pool.others(i)) + tokens <= pool.max_kv_tokens,
+                   _held_count(pool, pool.others(i)) + 1 <= pool.max_sequences))]),
+           "unique_owner_per_generation", kind="pool"),
+    Mutant("PoolNoKvBudget", "reserve ignores the KV-token budget",
+           lambda: derive_pool(KvLanePool, "PoolNoKvBudget", [PoolOp(
+               "reserve", guard=lambda pool, i, seq, gen, tokens: And(*[
+                   ~((pool.lanes[j].seq_id == seq) & (pool.lanes[j].generation == gen) & ~pool.lanes[j].at("free"))
+                   for j in pool.others(i)]))]),
+           "kv_tokens_within_budget", kind="pool"),
+    Mutant("PoolStalePosition", "the batch binds a position other than committed_len",
+           lambda: derive_pool(KvLanePool, "PoolStalePosition", [PoolOp(
+               "submit", ghost=lambda pool, i, tokens: {"position": pool.lanes[i].committed_len + tokens})]),
+           "batch_position_is_committed_len", kind="pool"),
+]
+
+
+@pytest.mark.req("R17.2.3", "R9.2.3")
+@pytest.mark.parametrize("mutant", [m for m in MUTANTS if m.kind == "machine"], ids=lambda m: m.name)
+def test_machine_mutant_is_rejected_naming_the_broken_invariant(mutant):
+    d = mutant.build().definition
+    failures = [r for r in check_machine(d, include=["initiation", "consecution"]) if not r.ok]
+    assert failures, f"{mutant.name} ({mutant.description}) was not caught"
+    named = {name for r in failures for name in (r.broken or [r.counterexample.invariant])}
+    assert mutant.expected_invariant in named, f"{mutant.name}: the failures name {named}"
+    cx = next(r.counterexample for r in failures if mutant.expected_invariant in (r.broken or [r.counterexample.invariant]))
+    assert cx.pre and cx.post and cx.pre != cx.post
+
+
+@pytest.mark.req("R9.2.1", "R5.1.2", "R9.2.4")
+@pytest.mark.parametrize("mutant", [m for m in MUTANTS if m.kind == "pool"], ids=lambda m: m.name)
+def test_pool_mutant_is_rejected_by_induction_and_found_by_bmc(mutant):
+    pool = mutant.build().definition
+    induction = [r for r in check_pool_induction(pool, 4) if not r.ok]
+    assert any(r.counterexample and r.counterexample.invariant == mutant.expected_invariant for r in induction)
+    bmc = check_pool_bmc(pool, 4, 4)
+    assert not bmc.ok and bmc.counterexample.invariant == mutant.expected_invariant
+    assert len(bmc.counterexample.trace) >= 2  # a reachable run from the empty pool, step by step
+
+
+def test_suite_has_at_least_twelve_mutants():
+    assert len(MUTANTS) >= 12
+
+
+@pytest.mark.parametrize("machine", ALL_MACHINES, ids=lambda m: m.definition.name)
+def test_unmutated_machines_are_accepted(machine):
+    failures = [r for r in check_machine(machine.definition) if not r.ok]
+    assert failures == []
+
+
+def test_unmutated_pool_is_accepted():
+    assert all(r.ok for r in check_pool_induction(KvLanePool.definition, 4))
+    assert check_pool_bmc(KvLanePool.definition, 4, 4).ok
+
+
+def test_a_derived_copy_without_edits_is_accepted():
+    copy = derive(KvSequenceMachine, "KvCopy", lambda rows, d: rows)
+    assert len(rows_of(copy)) == len(KvSequenceMachine.definition.transitions)
+    assert all(r.ok for r in check_machine(copy.definition))
