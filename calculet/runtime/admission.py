@@ -1,0 +1,305 @@
+"""AdmissionController (§5.1–5.2, §5.3 limits, §6 long-task quota).
+
+Admission answers every new request with an outcome value (DESIGN principle 4):
+
+=====================  ======  =====================================================
+outcome                status  when
+=====================  ======  =====================================================
+``ADMIT``              —       the generation is Ready and the budget has room now
+``QUEUE``              —       it waits (budget full, model loading) until its deadline
+``REJECT_INVALID``     400     prompt, or prompt + max_new_tokens, beyond the context;
+                               a KV need beyond the whole KV budget; unknown tenant
+``REJECT_CAPACITY``    429     waiting queue, waiting tokens, a tenant's waiting tokens
+                               or QPS, or the long-task waiting quota is full
+``REJECT_UNAVAILABLE`` 503     the model is draining, recovering or failed
+=====================  ======  =====================================================
+
+The service tracks tokens itself (§5.1: ``canAllocate`` is only a hint): active sequences,
+KV tokens reserved (prompt + max_new_tokens per admitted request), waiting requests and
+waiting prompt tokens, per tenant too. Waiting requests leave in WFQ order
+(:class:`~calculet.runtime.fairness.FairQueue`); a head that does not fit the *global*
+budget blocks everything behind it (no overtaking, so a large request is never starved,
+R5.3.4), while a head held back by its *own* tenant's active limit or by the long-task quota
+is parked so it does not block other tenants (R5.3.6).
+
+Decisions where the spec is silent (ambiguity 6): a request whose KV need exceeds the whole
+KV budget can never be served, so it is RejectInvalid (400), like a context overflow; a
+queued request whose deadline passes fails with reason DEADLINE (the machine's ``expire``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Iterable
+
+from calculet.config import CapacityBudget, LongPrefillQuota, QueuesConfig
+from calculet.runtime.fairness import FairQueue, TenantPolicy, TokenBucket, WeightedFairClock
+from calculet.runtime.registry import RequestRecord
+from calculet.runtime.request import InferenceRequest
+
+
+class Decision(enum.Enum):
+    ADMIT = "admit"
+    QUEUE = "queue"
+    REJECT_INVALID = "reject_invalid"
+    REJECT_CAPACITY = "reject_capacity"
+    REJECT_UNAVAILABLE = "reject_unavailable"
+
+
+_STATUS = {Decision.REJECT_INVALID: 400, Decision.REJECT_CAPACITY: 429, Decision.REJECT_UNAVAILABLE: 503}
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionOutcome:
+    """§5.2 outcome, with the HTTP status hint of the rejections."""
+
+    decision: Decision
+    reason: str = ""
+
+    @property
+    def http_status(self) -> int | None:
+        return _STATUS.get(self.decision)
+
+    @property
+    def rejected(self) -> bool:
+        return self.decision in _STATUS
+
+
+class ModelAvailability(enum.Enum):
+    """What admission needs to know of the model generation (from the ModelMachine's state)."""
+
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+    RECOVERING = "recovering"
+    FAILED = "failed"
+    UNLOADED = "unloaded"
+    SHUTDOWN = "shutdown"
+
+    @property
+    def rejects(self) -> bool:
+        """§5.2 RejectUnavailable: draining, recovering, failed (and the process shutting down)."""
+        return self in (ModelAvailability.DRAINING, ModelAvailability.RECOVERING, ModelAvailability.FAILED,
+                        ModelAvailability.SHUTDOWN)
+
+
+@dataclass(frozen=True)
+class TenantStatistics:
+    waiting_tokens: int
+    active_sequences: int
+    service_tokens: int
+    virtual_lag: float
+    rejected_qps: int
+
+
+@dataclass(frozen=True)
+class AdmissionStatistics:
+    """§16 admission metrics: waiting requests/tokens, outcomes, timeouts, tenant quotas."""
+
+    waiting_requests: int
+    waiting_prompt_tokens: int
+    active_sequences: int
+    active_kv_tokens: int
+    long_admitted: int
+    long_waiting: int
+    outcomes: dict[str, int]
+    timeouts: int
+    blocked: dict[str, int]
+    """Admission attempts that found the head of the queue blocked, by the limit that blocked it
+    (``kv_lane`` is the §16 KV "lane wait")."""
+    parked_flows: int
+    tenants: dict[str, TenantStatistics]
+
+
+class AdmissionController:
+    """Budget accounting and the WFQ waiting queue; the scheduler fires the request events."""
+
+    def __init__(self, budget: CapacityBudget, *, tenants: Iterable[TenantPolicy], queues: QueuesConfig,
+                 long_quota: LongPrefillQuota, now: float = 0.0) -> None:
+        self.budget = budget
+        self.long_quota = long_quota
+        self.tenants = {t.name: t for t in tenants}
+        self.wfq = WeightedFairClock({t.name: t.weight for t in self.tenants.values()}, queues.wfq_decode_weight)
+        self._buckets = {t.name: TokenBucket(t.qps, max(t.qps, Fraction(1)), now)
+                         for t in self.tenants.values() if t.qps is not None}
+        self._queue: FairQueue[RequestRecord] = FairQueue()
+        self._waiting = 0
+        self._waiting_tokens = 0
+        self._active = 0
+        self._active_kv = 0
+        self._long_admitted = 0
+        self._long_waiting = 0
+        self._tenant_waiting: Counter[str] = Counter()
+        self._tenant_active: Counter[str] = Counter()
+        self._qps_rejects: Counter[str] = Counter()
+        self._outcomes: Counter[str] = Counter()
+        self._timeouts = 0
+        self._blocked: Counter[str] = Counter()
+        self._tenant_parked: dict[str, set[object]] = {}
+        self._long_parked: set[object] = set()
+
+    # ------------------------------------------------------------------ §5.2 screening
+
+    def screen(self, request: InferenceRequest, *, max_seq: int, availability: ModelAvailability, now: float,
+               long: bool) -> AdmissionOutcome | None:
+        """The rejection a new request gets, or None when it may wait/enter (checks in §5.2 order)."""
+        prompt, new = request.prompt_tokens, request.max_new_tokens
+        tenant = self.tenants.get(request.tenant)
+        if tenant is None:
+            return self._count(AdmissionOutcome(Decision.REJECT_INVALID, f"unknown tenant {request.tenant!r}"))
+        if request.deadline_ms is not None and request.deadline_ms < 1:
+            return self._count(AdmissionOutcome(Decision.REJECT_INVALID, "deadline_ms must be >= 1"))
+        if prompt > max_seq:
+            return self._count(AdmissionOutcome(
+                Decision.REJECT_INVALID, f"prompt of {prompt} tokens exceeds the context of {max_seq}"))
+        if prompt + new > max_seq:
+            return self._count(AdmissionOutcome(
+                Decision.REJECT_INVALID, f"prompt {prompt} + max_new_tokens {new} exceeds the context of {max_seq}"))
+        if prompt + new > self.budget.max_kv_tokens:
+            return self._count(AdmissionOutcome(
+                Decision.REJECT_INVALID, f"needs {prompt + new} KV tokens; the KV budget is {self.budget.max_kv_tokens}"))
+        if availability.rejects:
+            return self._count(AdmissionOutcome(Decision.REJECT_UNAVAILABLE, f"model is {availability.value}"))
+        budget = self.budget
+        if self._waiting + 1 > budget.max_waiting_requests:
+            return self._count(AdmissionOutcome(
+                Decision.REJECT_CAPACITY, f"{self._waiting} requests already waiting (max {budget.max_waiting_requests})"))
+        if self._waiting_tokens + prompt > budget.max_waiting_prompt_tokens:
+            return self._count(AdmissionOutcome(
+                Decision.REJECT_CAPACITY,
+                f"waiting prompt tokens would exceed {budget.max_waiting_prompt_tokens}"))
+        if tenant.max_waiting_tokens is not None and self._tenant_waiting[tenant.name] + prompt > tenant.max_waiting_tokens:
+            return self._count(AdmissionOutcome(
+                Decision.REJECT_CAPACITY, f"tenant {tenant.name} waiting tokens would exceed {tenant.max_waiting_tokens}"))
+        if long and self._long_waiting + 1 > self.long_quota.max_waiting:
+            return self._count(AdmissionOutcome(
+                Decision.REJECT_CAPACITY, f"long-prefill waiting quota ({self.long_quota.max_waiting}) is full"))
+        bucket = self._buckets.get(tenant.name)
+        if bucket is not None and not bucket.try_take(now):
+            self._qps_rejects[tenant.name] += 1
+            return self._count(AdmissionOutcome(Decision.REJECT_CAPACITY, f"tenant {tenant.name} is over its QPS limit"))
+        return None
+
+    def record(self, outcome: AdmissionOutcome) -> AdmissionOutcome:
+        """Count an outcome decided by the caller (Admit / Queue)."""
+        return self._count(outcome)
+
+    # ------------------------------------------------------------------ waiting
+
+    def accept(self, rec: RequestRecord) -> None:
+        """``rec`` passed screening: it now holds waiting budget and has its WFQ tags (§5.3)."""
+        prompt = rec.prompt_tokens
+        self._waiting += 1
+        self._waiting_tokens += prompt
+        self._tenant_waiting[rec.tenant] += prompt
+        if rec.is_long:
+            self._long_waiting += 1
+        rec.cost = self.wfq.cost(prompt, rec.max_new_tokens)
+        rec.virtual_finish = self.wfq.stamp(rec.tenant, rec.cost)
+
+    def enqueue(self, rec: RequestRecord) -> None:
+        """``rec`` is bound to a generation and waits for budget in WFQ order."""
+        rec.entry = self._queue.push((rec.tenant, rec.is_long), rec.virtual_finish, rec)
+
+    def leave_waiting(self, rec: RequestRecord) -> None:
+        """``rec`` left WaitingModel/WaitingAdmission (admitted, cancelled, expired, rejected)."""
+        prompt = rec.prompt_tokens
+        self._waiting -= 1
+        self._waiting_tokens -= prompt
+        self._tenant_waiting[rec.tenant] -= prompt
+        if rec.is_long:
+            self._long_waiting -= 1
+        entry = rec.entry
+        if entry is not None and len(entry) == 3 and entry[2] is rec:
+            self._queue.discard(entry)
+            rec.entry = None
+
+    def timed_out(self) -> None:
+        self._timeouts += 1
+
+    def next_admissible(self, free_lanes: int) -> RequestRecord | None:
+        """Pop the next waiting request the budget admits now, in WFQ order, or None."""
+        queue = self._queue
+        budget = self.budget
+        while True:
+            head = queue.peek()
+            if head is None:
+                return None
+            flow, rec = head
+            tenant = self.tenants[rec.tenant]
+            if tenant.max_active_sequences is not None and self._tenant_active[rec.tenant] >= tenant.max_active_sequences:
+                queue.park(flow)
+                self._tenant_parked.setdefault(rec.tenant, set()).add(flow)
+                continue
+            if rec.is_long and self._long_admitted >= self.long_quota.max_admitted:
+                queue.park(flow)
+                self._long_parked.add(flow)
+                continue
+            need = rec.prompt_tokens + rec.max_new_tokens
+            if free_lanes < 1:
+                self._blocked["kv_lane"] += 1
+                return None
+            if self._active + 1 > budget.max_sequences:
+                self._blocked["max_sequences"] += 1
+                return None
+            if self._active_kv + need > budget.max_kv_tokens:
+                self._blocked["max_kv_tokens"] += 1
+                return None
+            queue.pop()
+            rec.entry = None
+            return rec
+
+    # ------------------------------------------------------------------ active budget
+
+    def admitted(self, rec: RequestRecord) -> None:
+        """``rec`` got its KV lease and enters prefill: it now holds active budget."""
+        self._active += 1
+        self._active_kv += rec.prompt_tokens + rec.max_new_tokens
+        self._tenant_active[rec.tenant] += 1
+        if rec.is_long:
+            self._long_admitted += 1
+        self.wfq.served(rec.tenant, rec.virtual_finish, rec.cost)
+
+    def prefill_left(self, rec: RequestRecord) -> None:
+        """An admitted request left PrefillReady/PrefillRunning: its long-quota slot frees."""
+        if rec.is_long:
+            self._long_admitted -= 1
+            if self._long_parked:
+                self._queue.unpark(self._long_parked)
+                self._long_parked.clear()
+
+    def released(self, rec: RequestRecord) -> None:
+        """An admitted request gave its KV lease back (finishing or ended)."""
+        self._active -= 1
+        self._active_kv -= rec.prompt_tokens + rec.max_new_tokens
+        self._tenant_active[rec.tenant] -= 1
+        parked = self._tenant_parked.pop(rec.tenant, None)
+        if parked:
+            self._queue.unpark(parked)
+
+    # ------------------------------------------------------------------ statistics
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    def statistics(self) -> AdmissionStatistics:
+        service = self.wfq.service()
+        lag = self.wfq.lag()
+        tenants = {name: TenantStatistics(self._tenant_waiting.get(name, 0), self._tenant_active.get(name, 0),
+                                          service.get(name, 0), float(lag[name]), self._qps_rejects.get(name, 0))
+                   for name in self.tenants}
+        return AdmissionStatistics(self._waiting, self._waiting_tokens, self._active, self._active_kv,
+                                   self._long_admitted, self._long_waiting, dict(self._outcomes), self._timeouts,
+                                   dict(self._blocked), len(self._queue.parked()), tenants)
+
+    def _count(self, outcome: AdmissionOutcome) -> AdmissionOutcome:
+        self._outcomes[outcome.decision.value] += 1
+        return outcome

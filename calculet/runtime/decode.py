@@ -1,0 +1,428 @@
+"""DecodeScheduler (§7.1–7.3): which sequences share the next decode batch, and its host tensors.
+
+Ready sequences live in one heap per (generation, tenant), ordered by
+``(deadline, decode tag, virtual finish, arrival)``: earliest deadline first (§7.2 item 2).
+Among equal deadlines the *decode tag* rotates service (start-time fair queuing over output
+tokens): a sequence entering decode starts at the decode virtual time (the largest tag
+served so far, so an idle sequence banks no credit), and each step it is served pushes its
+tag back by its tenant's weighted cost of one token (``wfq_decode_weight / weight``). Equal
+tags fall back to the request's WFQ virtual finish (§5.3). Sequences with equal deadlines
+therefore rotate fairly, in proportion to their tenants' weights (R7.2.3).
+
+A tick (``build_decode_batch``) merges the tenants' heads in a heap of at most T entries and
+pops at most ``compiled_batch`` candidates: O(T + B log n), never a sort of everything. A
+tenant that reaches its lane cap (``batch.max_tenant_lane_share``) drops out of the merge,
+and comes back only if no other tenant has a candidate (§7.2 item 3). Removal (cancel,
+deadline, failure) marks the heap entry dead in O(1).
+
+Candidates whose deadline has passed, or that fail validation (generation, KV position,
+context room, input token), are skipped and reported; the scheduler ends them (§7.2 item 1,
+R7.4.4). The batch is reserved in KV (``reserve_batch``); a refusal is a returned value and
+no batch is produced (R7.1.5).
+
+Batching window (§7.2 items 4–5): with fewer candidates than lanes the tick may wait up to
+``batching_window_us`` from the oldest candidate's arrival in Ready — never past the earliest
+deadline minus the expected step time — and then sends the partial batch.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from calculet.errors import DefinitionError
+from calculet.runtime.kv import KvBatchReservation, KvManager, KvReservationFailure
+from calculet.runtime.profiles import ProfileSpec
+from calculet.runtime.registry import RequestRecord
+
+
+class LaneBinding(NamedTuple):
+    """One active lane: the §2 ``SequenceState`` facts the device and completion need.
+
+    A named tuple rather than a frozen dataclass: sixteen are built per B16 tick, and a tuple
+    is four times cheaper to create (bench/scheduler.py).
+    """
+
+    lane: int
+    request_id: int
+    seq_id: int
+    generation: int
+    kv_lane: int
+    token: int
+    position: int
+    tenant: str
+    deadline: float
+
+
+@dataclass(frozen=True, eq=False)
+class DecodeBatch:
+    """§2 ``DecodeBatch``: generation, profile, active lanes, host tensors and KV reservation.
+
+    ``token_ids``, ``positions`` (int32) and ``lane_valid`` (uint8) have length
+    ``profile.compiled_batch``; lanes ``0..len(active)-1`` are active and
+    ``positions[i]`` is that lane's KV ``committed_len`` (§9.2).
+    """
+
+    job_id: int
+    generation: int
+    profile: ProfileSpec
+    active: tuple[LaneBinding, ...]
+    token_ids: np.ndarray
+    positions: np.ndarray
+    lane_valid: np.ndarray
+    kv: KvBatchReservation
+    built_at: float
+    wait_s: float
+    records: tuple[RequestRecord, ...] = field(repr=False)
+    expired: tuple[RequestRecord, ...] = field(default=(), repr=False)
+    invalid: tuple[tuple[RequestRecord, str], ...] = field(default=(), repr=False)
+
+
+class NoBatchReason(enum.Enum):
+    EMPTY = "empty"
+    """No eligible candidate."""
+    WINDOW = "window"
+    """Candidates exist but the batching window is still open (see ``wake_at``)."""
+    KV_RESERVATION = "kv_reservation"
+    """``reserve_batch`` refused (see ``failure``); the candidates are back in Ready."""
+
+
+@dataclass(frozen=True, eq=False)
+class NoBatch:
+    reason: NoBatchReason
+    wake_at: float | None = None
+    failure: KvReservationFailure | None = None
+    refused: tuple[RequestRecord, ...] = field(default=(), repr=False)
+    expired: tuple[RequestRecord, ...] = field(default=(), repr=False)
+    invalid: tuple[tuple[RequestRecord, str], ...] = field(default=(), repr=False)
+
+
+@dataclass(frozen=True)
+class DecodeStatistics:
+    """§16 batch metrics."""
+
+    ready: int
+    batches: int
+    active_lanes: int
+    compiled_lanes: int
+    fill_ratio: float
+    lane_waste: int
+    last_compiled_batch: int
+    last_active_lanes: int
+    batch_wait_avg_s: float
+    batch_wait_max_s: float
+    window_waits: int
+    skipped_expired: int
+    skipped_invalid: int
+    tenant_cap_hits: int
+    kv_refusals: int
+
+
+class _Bucket:
+    """The ready sequences of one generation."""
+
+    __slots__ = ("tenants", "since", "count")
+
+    def __init__(self) -> None:
+        self.tenants: dict[str, list[list[Any]]] = {}
+        self.since: list[tuple[float, int, list[Any]]] = []
+        self.count = 0
+
+
+def _clean(heap: list[list[Any]]) -> None:
+    while heap and heap[0][4] is None:
+        heapq.heappop(heap)
+
+
+class DecodeScheduler:
+    """Holds Ready sequences and builds decode batches (§7)."""
+
+    def __init__(self, kv: KvManager, *, batching_window_us: int = 0, max_tenant_lane_share: float = 1.0,
+                 step_estimate_s: float = 0.0, step_cost: Callable[[str], int] | None = None) -> None:
+        if not 0 < max_tenant_lane_share <= 1:
+            raise ValueError("max_tenant_lane_share must be in (0, 1]")
+        self.kv = kv
+        self.window_s = batching_window_us / 1_000_000
+        self.share = max_tenant_lane_share
+        self.step_estimate_s = step_estimate_s
+        self._step_cost = step_cost or (lambda tenant: 1)
+        self._buckets: dict[int, _Bucket] = {}
+        self._vt = 0
+        self._seq = 0
+        self._batches = 0
+        self._active = 0
+        self._compiled = 0
+        self._last = (0, 0)
+        self._wait_sum = 0.0
+        self._wait_max = 0.0
+        self._window_waits = 0
+        self._expired = 0
+        self._invalid = 0
+        self._cap_hits = 0
+        self._kv_refusals = 0
+
+    # ------------------------------------------------------------------ the ready set
+
+    def add(self, rec: RequestRecord, now: float, *, stepped: bool = False) -> None:
+        """``rec`` entered DecodeReady at ``now``: from prefill, or after a decode step (``stepped``)."""
+        if stepped:
+            rec.decode_tag += self._step_cost(rec.tenant)
+        else:
+            rec.decode_tag = self._vt
+        self._push(rec, now)
+
+    def discard(self, rec: RequestRecord) -> bool:
+        """``rec`` left DecodeReady other than into a batch (cancel, deadline, failure)."""
+        entry = rec.entry
+        if entry is None or len(entry) != 5 or entry[4] is not rec:
+            return False
+        entry[4] = None
+        rec.entry = None
+        self._buckets[rec.generation].count -= 1
+        return True
+
+    def restore(self, records: tuple[RequestRecord, ...]) -> None:
+        """Put a built batch's candidates back (KV refusal, submit refused); arrival kept."""
+        for rec in records:
+            self._push(rec, rec.ready_since)
+
+    def ready_count(self, generation: int) -> int:
+        bucket = self._buckets.get(generation)
+        return bucket.count if bucket is not None else 0
+
+    def total_ready(self) -> int:
+        return sum(b.count for b in self._buckets.values())
+
+    def generations(self) -> list[int]:
+        return [g for g, b in self._buckets.items() if b.count]
+
+    def oldest_wait(self, generation: int, now: float) -> float:
+        bucket = self._buckets.get(generation)
+        if bucket is None or not bucket.count:
+            return 0.0
+        return now - self._oldest_since(bucket)
+
+    def earliest_deadline(self, generation: int) -> float | None:
+        bucket = self._buckets.get(generation)
+        if bucket is None or not bucket.count:
+            return None
+        best: float | None = None
+        for heap in bucket.tenants.values():
+            _clean(heap)
+            if heap and (best is None or heap[0][0] < best):
+                best = heap[0][0]
+        return best
+
+    # ------------------------------------------------------------------ §7.2 items 4–5
+
+    def dispatch_due(self, generation: int, compiled_batch: int, now: float) -> tuple[bool, float | None]:
+        """Whether a batch should go now, and if not, when it must go at the latest.
+
+        A full batch goes at once; a partial one after the batching window, measured from
+        the oldest candidate's entry into Ready, but never later than the earliest
+        candidate deadline minus the expected step time (§7.2 item 4). With the default
+        window of 0 every partial batch goes at the first tick (§7.2 item 5, R15.13).
+        """
+        bucket = self._buckets.get(generation)
+        if bucket is None or not bucket.count:
+            return False, None
+        if bucket.count >= compiled_batch or self.window_s <= 0:
+            return True, None
+        fire_at = self._oldest_since(bucket) + self.window_s
+        deadline = self.earliest_deadline(generation)
+        if deadline is not None and deadline - self.step_estimate_s < fire_at:
+            fire_at = deadline - self.step_estimate_s
+        if now >= fire_at:
+            return True, None
+        self._window_waits += 1
+        return False, fire_at
+
+    # ------------------------------------------------------------------ §7.1 tick
+
+    def build_decode_batch(self, profile: ProfileSpec, generation: int, now: float,
+                           job_id: int) -> DecodeBatch | NoBatch:
+        """§7.1: take at most ``compiled_batch`` eligible candidates and build the batch."""
+        size = profile.compiled_batch
+        bucket = self._buckets.get(generation)
+        if bucket is None or not bucket.count:
+            return NoBatch(NoBatchReason.EMPTY)
+        chosen, positions, expired, invalid = self._select(bucket, profile, generation, size, now)
+        self._expired += len(expired)
+        self._invalid += len(invalid)
+        if not chosen:
+            return NoBatch(NoBatchReason.EMPTY, expired=tuple(expired), invalid=tuple(invalid))
+        leases = [rec.lease for rec in chosen]
+        reservation = self.kv.reserve_batch(leases, 1)
+        if isinstance(reservation, KvReservationFailure):
+            self._kv_refusals += 1
+            self.restore(tuple(chosen))
+            bad = {lease.lease_id for lease, _ in reservation.problems}
+            refused = tuple(rec for rec, lease in zip(chosen, leases) if lease.lease_id in bad)
+            return NoBatch(NoBatchReason.KV_RESERVATION, failure=reservation, refused=refused,
+                           expired=tuple(expired), invalid=tuple(invalid))
+        count = len(chosen)
+        if count < size and profile.inactive_policy is None:
+            self.restore(tuple(chosen))
+            raise DefinitionError(f"B{size} has no inactive-lane policy; a partial batch cannot be built and "
+                                  "token 0 is never a default (§7.3)")
+        policy = profile.inactive_policy
+        pad = size - count
+        tokens = [rec.last_token for rec in chosen]
+        if pad:
+            assert policy is not None
+            tokens.extend([policy.fill_token] * pad)
+            positions.extend([policy.fill_position] * pad)
+        valid = np.zeros(size, dtype=np.uint8)
+        valid[:count] = 1
+        oldest = min(rec.ready_since for rec in chosen)
+        active = tuple(LaneBinding(i, rec.request_id, lease.seq_id, generation, lease.lane, rec.last_token,
+                                   positions[i], rec.tenant, rec.deadline)  # type: ignore[arg-type]
+                       for i, (rec, lease) in enumerate(zip(chosen, leases)))
+        wait = now - oldest
+        return DecodeBatch(job_id, generation, profile, active, np.array(tokens, dtype=np.int32),
+                           np.array(positions, dtype=np.int32), valid, reservation, now, wait, tuple(chosen),
+                           tuple(expired), tuple(invalid))
+
+    def submitted(self, batch: DecodeBatch) -> None:
+        """The batch went to the device: count it in the §16 batch metrics."""
+        size, count, wait = batch.profile.compiled_batch, len(batch.active), batch.wait_s
+        self._batches += 1
+        self._active += count
+        self._compiled += size
+        self._last = (size, count)
+        self._wait_sum += wait
+        if wait > self._wait_max:
+            self._wait_max = wait
+
+    # ------------------------------------------------------------------ statistics
+
+    def statistics(self) -> DecodeStatistics:
+        compiled = self._compiled
+        return DecodeStatistics(
+            ready=self.total_ready(), batches=self._batches, active_lanes=self._active,
+            compiled_lanes=compiled, fill_ratio=self._active / compiled if compiled else 0.0,
+            lane_waste=compiled - self._active, last_compiled_batch=self._last[0],
+            last_active_lanes=self._last[1],
+            batch_wait_avg_s=self._wait_sum / self._batches if self._batches else 0.0,
+            batch_wait_max_s=self._wait_max, window_waits=self._window_waits,
+            skipped_expired=self._expired, skipped_invalid=self._invalid, tenant_cap_hits=self._cap_hits,
+            kv_refusals=self._kv_refusals)
+
+    # ------------------------------------------------------------------ internals
+
+    def _push(self, rec: RequestRecord, since: float) -> None:
+        bucket = self._buckets.get(rec.generation)
+        if bucket is None:
+            bucket = self._buckets[rec.generation] = _Bucket()
+        self._seq += 1
+        entry = [rec.deadline, rec.decode_tag, rec.virtual_finish, self._seq, rec]
+        rec.entry = entry
+        rec.ready_since = since
+        heap = bucket.tenants.get(rec.tenant)
+        if heap is None:
+            heap = bucket.tenants[rec.tenant] = []
+        heapq.heappush(heap, entry)
+        if self.window_s > 0:
+            heapq.heappush(bucket.since, (since, self._seq, entry))
+        bucket.count += 1
+
+    def _oldest_since(self, bucket: _Bucket) -> float:
+        since = bucket.since
+        while since and since[0][2][4] is None:
+            heapq.heappop(since)
+        return since[0][0] if since else 0.0
+
+    def _select(self, bucket: _Bucket, profile: ProfileSpec, generation: int, size: int, now: float
+                ) -> tuple[list[RequestRecord], list[int], list[RequestRecord], list[tuple[RequestRecord, str]]]:
+        """Merge the tenants' heads (a heap of at most T entries) and take up to ``size`` lanes.
+
+        A head is ``(entry, tenant)``; entries compare by (deadline, tag, virtual finish,
+        arrival seq) — the seq is unique, so the tenant and the record are never compared.
+        """
+        cap = max(1, math.floor(self.share * size))
+        tenants = bucket.tenants
+        heappop, heapreplace = heapq.heappop, heapq.heapreplace
+        heads: list[tuple[list[Any], str]] = []
+        for tenant, heap in tenants.items():
+            _clean(heap)
+            if heap:
+                heads.append((heap[0], tenant))
+        heapq.heapify(heads)
+        chosen: list[RequestRecord] = []
+        positions: list[int] = []
+        expired: list[RequestRecord] = []
+        invalid: list[tuple[RequestRecord, str]] = []
+        taken: dict[str, int] = {}
+        capped: list[str] = []
+        popped = 0
+        validate = self._validate
+        while len(chosen) < size:
+            if not heads:
+                if not capped:
+                    break
+                # §7.2 item 3: the cap holds only while another tenant has a candidate.
+                heads = [(tenants[tenant][0], tenant) for tenant in capped if tenants[tenant]]
+                heapq.heapify(heads)
+                capped = []
+                cap = size
+                continue
+            tenant = heads[0][1]
+            heap = tenants[tenant]
+            entry = heappop(heap)
+            rec: RequestRecord = entry[4]
+            entry[4] = None
+            rec.entry = None
+            popped += 1
+            count = taken.get(tenant, 0)
+            if rec.deadline <= now:
+                expired.append(rec)
+            else:
+                problem = validate(rec, profile, generation)
+                if problem.__class__ is int:
+                    chosen.append(rec)
+                    positions.append(problem)  # type: ignore[arg-type]
+                    count += 1
+                    taken[tenant] = count
+                    if rec.decode_tag > self._vt:
+                        self._vt = rec.decode_tag
+                else:
+                    invalid.append((rec, problem))  # type: ignore[arg-type]
+            while heap and heap[0][4] is None:
+                heappop(heap)
+            if heap and count < cap:
+                heapreplace(heads, (heap[0], tenant))
+                continue
+            heappop(heads)
+            if heap:
+                capped.append(tenant)
+                if len(chosen) < size:
+                    self._cap_hits += 1
+        bucket.count -= popped
+        return chosen, positions, expired, invalid
+
+    def _validate(self, rec: RequestRecord, profile: ProfileSpec, generation: int) -> int | str:
+        """§7.1 ``validate_generation_and_length``: the lane's position, or why it may not run.
+
+        An invalid lane never reaches the device (R7.4.4).
+        """
+        machine = rec.machine
+        if machine.state != "decode_ready":
+            return f"request is {machine.state}, not decode_ready"
+        if machine.generation != generation:
+            return f"generation {machine.generation} != batch generation {generation}"
+        lease = rec.lease
+        if lease is None or lease.generation != generation or not self.kv.owns(lease):
+            return "no KV lease of this generation"
+        position: int = self.kv.lane(lease.lane).committed_len
+        if position != machine.kv_length:
+            return f"KV committed_len {position} != request kv_length {machine.kv_length}"
+        if position + 1 > profile.max_seq:
+            return f"position {position} leaves no room in max_seq {profile.max_seq}"
+        if rec.last_token is None:
+            return "no input token"
+        return position

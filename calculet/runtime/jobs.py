@@ -1,0 +1,116 @@
+"""In-flight jobs: each planned job is a DeviceJobMachine instance, keyed by its job id (§7.4, §14).
+
+The table is how the scheduler knows which callbacks are current (§4: every callback carries
+generation and job id) and how many device slots are held (§5.1 ``max_inflight_jobs``). A
+slot stays held while the device may still write the job's buffers — submitted, timed out or
+quarantined — and is released only by a completion, a late completion or a reset; a job's
+lifecycle moves only through the machine's declared events.
+
+Engines (§14): a job runs wholly on PING or PONG, chosen when it is planned: the first
+engine no held job uses; with ``fixed_engine`` always PING (then only one job at a time).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from calculet.errors import DefinitionError
+from calculet.machines import DeviceJobMachine
+from calculet.machines.job import Engine
+
+PREFILL = "prefill"
+DECODE = "decode"
+
+
+class JobRecord:
+    """A job the scheduler planned: its machine, its kind and what it carries."""
+
+    __slots__ = ("job_id", "kind", "generation", "machine", "work")
+
+    def __init__(self, job_id: int, kind: str, generation: int, machine: Any, work: Any) -> None:
+        self.job_id = job_id
+        self.kind = kind
+        self.generation = generation
+        self.machine = machine
+        self.work = work
+
+    @property
+    def state(self) -> str:
+        return self.machine.state  # type: ignore[no-any-return]
+
+    @property
+    def engine(self) -> Engine:
+        return self.machine.engine  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class JobStatistics:
+    """§16 executor-side view: in flight, by engine and state, and how jobs ended."""
+
+    inflight: int
+    max_inflight: int
+    by_state: dict[str, int]
+    by_engine: dict[str, int]
+    planned: int
+    ended: dict[str, int]
+
+
+class InflightTable:
+    """Jobs from planning to the end of their device lifetime."""
+
+    def __init__(self, *, max_inflight: int, fixed_engine: bool = False) -> None:
+        if max_inflight not in (1, 2):
+            raise ValueError("max_inflight must be 1 or 2 (§14: PING and PONG)")
+        if fixed_engine and max_inflight != 1:
+            raise ValueError("fixed_engine needs max_inflight 1")
+        self.max_inflight = max_inflight
+        self.fixed_engine = fixed_engine
+        self._jobs: dict[int, JobRecord] = {}
+        self._planned = 0
+        self._ended: Counter[str] = Counter()
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def __iter__(self) -> Iterator[JobRecord]:
+        return iter(list(self._jobs.values()))
+
+    def get(self, job_id: int) -> JobRecord | None:
+        return self._jobs.get(job_id)
+
+    def has_slot(self) -> bool:
+        return len(self._jobs) < self.max_inflight and self._free_engine() is not None
+
+    def plan(self, job_id: int, kind: str, generation: int, lanes: int, work: Any) -> JobRecord:
+        engine = self._free_engine()
+        if engine is None or len(self._jobs) >= self.max_inflight:
+            raise DefinitionError("no in-flight slot: plan() must follow has_slot()")
+        machine = DeviceJobMachine.create(job_id=job_id, generation=generation, engine=engine, lanes=lanes)
+        job = JobRecord(job_id, kind, generation, machine, work)
+        self._jobs[job_id] = job
+        self._planned += 1
+        return job
+
+    def fire(self, job: JobRecord, event: str, **args: Any) -> str:
+        """Fire a job event; a job that reaches a terminal state leaves the table (slot free)."""
+        target: str = job.machine.fire(event, **args)
+        if target in ("completed", "failed"):
+            del self._jobs[job.job_id]
+            self._ended[job.machine.last_transition.name] += 1
+        return target
+
+    def statistics(self) -> JobStatistics:
+        states = Counter(j.state for j in self._jobs.values())
+        engines = Counter(j.engine.name for j in self._jobs.values())
+        return JobStatistics(len(self._jobs), self.max_inflight, dict(states), dict(engines), self._planned,
+                             dict(self._ended))
+
+    def _free_engine(self) -> Engine | None:
+        used = {j.engine for j in self._jobs.values()}
+        engines = (Engine.PING,) if self.fixed_engine or self.max_inflight == 1 else (Engine.PING, Engine.PONG)
+        for engine in engines:
+            if engine not in used:
+                return engine
+        return None

@@ -1,0 +1,404 @@
+"""KvManager (§9): a pool of KV sequences / hardware lanes, each a KvSequenceMachine.
+
+The pool hands lanes to requests as *leases*. A lease names (lane, seq_id, generation,
+lease_id); the lease id changes every time the lane is handed out, so a stale or repeated
+release is recognised and refused instead of freeing someone else's lane (§17.3 "no lease
+double free").
+
+* ``reserve`` takes a lane from the free list — O(1), never a scan — and fires ``reserve``;
+  running out is a value (:class:`NoCapacity`), not an exception (DESIGN principle 4).
+* append/decode is a transaction: ``submit`` (Updating) → ``commit`` on success, ``abort`` on
+  a known failure, ``fault`` on timeout/CCU/DMA-unknown (Unknown, quarantined: never handed
+  out again until ``recover``) (§9.2, §9.3).
+* ``release`` moves the lane to Releasing and *returns a command*: the engine frees the
+  sequence through the adapter and calls ``confirm_release``; only then is the lane Free and
+  back on the free list (§9.2: reuse only after the runtime confirmed the release).
+* §9.3: remove-tail only where the capability allows; shift behind its capability flag;
+  copy prefix, keep one sequence, position add/div and save/load raise ``NotSupported``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from calculet.errors import DefinitionError, NotSupported
+from calculet.machines import KvSequenceMachine
+from calculet.runtime.clock import Clock
+
+
+@dataclass(frozen=True, slots=True)
+class KvLease:
+    """A request's hold on one lane; valid until released (or the lane is recovered)."""
+
+    lane: int
+    seq_id: int
+    generation: int
+    lease_id: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class FreeSequence:
+    """Command: free this sequence in the runtime, then call ``KvManager.confirm_release``."""
+
+    lane: int
+    seq_id: int
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShiftSequence:
+    """Command: shift the sequence left by ``tokens`` (DoShift; only behind its capability)."""
+
+    lane: int
+    seq_id: int
+    generation: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class NoCapacity:
+    """A reservation the pool cannot grant now (a value, not an error)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class KvBatchReservation:
+    """§7.1 ``KvBatchReservation``: every lane of a batch checked for ``tokens`` more positions."""
+
+    leases: tuple[KvLease, ...]
+    tokens: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class KvReservationFailure:
+    """Why ``reserve_batch`` refused: (lease, reason) for each lane that cannot take the step."""
+
+    problems: tuple[tuple[KvLease, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class KvCapabilities:
+    """The §9.3 gates the adapter's capability contract decides (never a config flag alone).
+
+    Copy prefix, keep one sequence, position add/div and save/load are empty implementations
+    in CalRT 0.7.6, so they have no switch here at all.
+    """
+
+    remove_tail: bool = False
+    shift: bool = False
+
+
+@dataclass(frozen=True)
+class KvStatistics:
+    """§16 KV metrics: sequences by state, tokens used/reserved, lane wait, unknown, free latency."""
+
+    lanes: int
+    by_state: dict[str, int]
+    free_lanes: int
+    unknown: int
+    tokens_used: int
+    tokens_reserved: int
+    reservations: int
+    lane_wait_refusals: int
+    releases: int
+    confirmed_releases: int
+    refused_double_releases: int
+    faults: int
+    free_latency_avg_s: float
+    free_latency_max_s: float
+
+
+class StaleLease(DefinitionError):
+    """A lease that no longer owns its lane was used for a KV operation (a program error)."""
+
+    code = "stale_lease"
+
+
+_STATES = tuple(KvSequenceMachine.definition.states)
+
+
+class KvManager:
+    """The KV lane pool of one model generation's runtime session (§9)."""
+
+    def __init__(self, lanes: int, max_seq: int, *, capabilities: KvCapabilities = KvCapabilities(),
+                 clock: Clock | None = None) -> None:
+        if lanes < 1:
+            raise ValueError("a KV pool needs at least one lane")
+        self.max_seq = max_seq
+        self.capabilities = capabilities
+        self._clock = clock
+        self._lanes = [KvSequenceMachine.create(max_seq=max_seq, lane=i) for i in range(lanes)]
+        self._owner = [0] * lanes
+        self._free: deque[int] = deque(range(lanes))
+        self._by_seq: dict[tuple[int, int], int] = {}
+        self._release_started: dict[int, float] = {}
+        self._next_seq = 1
+        self._next_lease = 1
+        self._reservations = 0
+        self._refusals = 0
+        self._releases = 0
+        self._confirms = 0
+        self._double = 0
+        self._faults = 0
+        self._latency_sum = 0.0
+        self._latency_max = 0.0
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def lanes(self) -> int:
+        return len(self._lanes)
+
+    @property
+    def free_lanes(self) -> int:
+        return len(self._free)
+
+    def lane(self, lane: int) -> Any:
+        """The lane's machine instance (read-only use: monitors, tests, statistics)."""
+        return self._lanes[lane]
+
+    def owns(self, lease: KvLease) -> bool:
+        return self._owner[lease.lane] == lease.lease_id
+
+    def committed_len(self, lease: KvLease) -> int:
+        return self._lane(lease).committed_len  # type: ignore[no-any-return]
+
+    def state(self, lease: KvLease) -> str:
+        return self._lane(lease).state  # type: ignore[no-any-return]
+
+    def lane_of(self, generation: int, seq_id: int) -> int | None:
+        return self._by_seq.get((generation, seq_id))
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def reserve(self, generation: int, tokens: int, seq_id: int | None = None) -> KvLease | NoCapacity:
+        """A lane for a sequence that may hold ``tokens`` positions, or why not (§9.1)."""
+        if tokens > self.max_seq:
+            return NoCapacity(f"{tokens} tokens exceed the sequence limit {self.max_seq}")
+        if not self._free:
+            self._refusals += 1
+            return NoCapacity("no free KV lane")
+        if seq_id is None:
+            seq_id = self._next_seq
+            self._next_seq += 1
+        key = (generation, seq_id)
+        if key in self._by_seq:
+            raise DefinitionError(f"seq {seq_id} of generation {generation} already holds lane "
+                                  f"{self._by_seq[key]} (§9.2: one seq, one lane)")
+        lane = self._free.popleft()
+        machine = self._lanes[lane]
+        if machine.state != "free":
+            raise DefinitionError(f"free list names lane {lane} in state {machine.state}")
+        self._fire(lane, "reserve", seq=seq_id, gen=generation, tokens=tokens)
+        lease_id = self._next_lease
+        self._next_lease += 1
+        self._owner[lane] = lease_id
+        self._by_seq[key] = lane
+        self._reservations += 1
+        return KvLease(lane, seq_id, generation, lease_id, tokens)
+
+    def submit(self, lease: KvLease, tokens: int) -> None:
+        """The device accepted a job writing ``tokens`` positions (→ Updating)."""
+        self._fire(self._owned(lease), "submit", tokens=tokens)
+
+    def commit(self, lease: KvLease) -> None:
+        """Device and output both succeeded: the pending tokens become committed (§9.2)."""
+        self._fire(self._owned(lease), "commit")
+
+    def abort(self, lease: KvLease) -> None:
+        """A known failure: nothing the job wrote is kept."""
+        self._fire(self._owned(lease), "abort")
+
+    def fault(self, lease: KvLease) -> None:
+        """Timeout / CCU fault / DMA unknown: the lane becomes Unknown and is quarantined."""
+        self._fault_lane(self._owned(lease))
+
+    def fault_lane(self, lane: int) -> None:
+        """As :meth:`fault`, for a lane whose lease is no longer at hand."""
+        self._fault_lane(lane)
+
+    def release(self, lease: KvLease) -> FreeSequence | None:
+        """The owner ended: start freeing the lane, or detach from a quarantined one.
+
+        Returns the command to free the sequence, or None when nothing is to be freed now —
+        the lane is Unknown (it waits for ``recover``) or the lease was already released
+        (refused and counted: a lease is never freed twice).
+        """
+        lane = lease.lane
+        if self._owner[lane] != lease.lease_id:
+            self._double += 1
+            return None
+        machine = self._lanes[lane]
+        if machine.state == "unknown":
+            self._owner[lane] = 0
+            return None
+        self._fire(lane, "release")  # refused (and nothing changes) while a job is writing the lane
+        self._owner[lane] = 0
+        return self._releasing(lane)
+
+    def recover(self, lane: int) -> FreeSequence:
+        """Recovery made the Unknown lane safe again (reset, or the job provably finished)."""
+        self._owner[lane] = 0
+        self._fire(lane, "recover")
+        return self._releasing(lane)
+
+    def recover_unknown(self) -> list[FreeSequence]:
+        """Recover every Unknown lane (after a device reset)."""
+        return [self.recover(i) for i, m in enumerate(self._lanes) if m.state == "unknown"]
+
+    def confirm_release(self, lane: int, seq_id: int) -> None:
+        """The runtime confirmed the free: the lane is Free and may be handed out again."""
+        machine = self._lanes[lane]
+        if machine.state != "releasing" or machine.seq_id != seq_id:
+            raise StaleLease(f"confirm_release(lane={lane}, seq={seq_id}) but the lane is {machine.state} "
+                             f"with seq {machine.seq_id}")
+        key = (machine.generation, seq_id)
+        self._fire(lane, "confirm_release")
+        del self._by_seq[key]
+        self._free.append(lane)
+        self._confirms += 1
+        started = self._release_started.pop(lane, None)
+        if started is not None and self._clock is not None:
+            latency = self._clock.now() - started
+            self._latency_sum += latency
+            self._latency_max = max(self._latency_max, latency)
+
+    # ------------------------------------------------------------------ batches (§7.1)
+
+    def reserve_batch(self, leases: Sequence[KvLease], tokens: int = 1) -> KvBatchReservation | KvReservationFailure:
+        """Check that every lane can take ``tokens`` more positions; nothing changes state.
+
+        The transactions open (``submit_batch``) only when the device accepted the job, so a
+        refused submit leaves every lane as it was.
+        """
+        problems: list[tuple[KvLease, str]] = []
+        seen: set[int] = set()
+        for lease in leases:
+            lane = lease.lane
+            machine = self._lanes[lane]
+            if self._owner[lane] != lease.lease_id:
+                problems.append((lease, "stale lease"))
+            elif lane in seen:
+                problems.append((lease, "lane appears twice in one batch"))
+            elif machine.state not in ("reserved", "active"):
+                problems.append((lease, f"lane is {machine.state}"))
+            elif machine.committed_len + tokens > machine.reserved_len:
+                problems.append((lease, f"{machine.committed_len}+{tokens} exceeds the reservation "
+                                        f"{machine.reserved_len}"))
+            seen.add(lane)
+        if problems:
+            return KvReservationFailure(tuple(problems))
+        return KvBatchReservation(tuple(leases), tokens)
+
+    def submit_batch(self, reservation: KvBatchReservation) -> None:
+        """The device accepted the batch: every lane's transaction opens (→ Updating)."""
+        tokens = reservation.tokens
+        owner, lanes = self._owner, self._lanes
+        for lease in reservation.leases:
+            if owner[lease.lane] != lease.lease_id:
+                raise StaleLease(f"lease {lease.lease_id} no longer owns lane {lease.lane}")
+            lanes[lease.lane].fire("submit", tokens=tokens)
+
+    def settle(self, lease: KvLease, event: str) -> bool:
+        """End the lane's open transaction with ``commit``, ``abort`` or ``fault``.
+
+        Returns False — and changes nothing — when the lease no longer owns the lane or the
+        lane has no open transaction (a stale completion): settling is then not its business.
+        """
+        lane = lease.lane
+        if self._owner[lane] != lease.lease_id:
+            return False
+        machine = self._lanes[lane]
+        if machine.state != "updating":
+            return False
+        machine.fire(event)
+        if event == "fault":
+            self._faults += 1
+        return True
+
+    # ------------------------------------------------------------------ §9.3 context operations
+
+    def remove_tail(self, lease: KvLease, tokens: int) -> None:
+        """RemoveTokensAtEnd: only when the capability contract enables it (§9.3)."""
+        if not self.capabilities.remove_tail:
+            raise NotSupported("remove tail is disabled until the RemoveTokensAtEnd boundary tests pass (§9.3)",
+                               operation="remove_tail")
+        self._fire(self._owned(lease), "remove_tail", tokens=tokens)
+
+    def shift(self, lease: KvLease, tokens: int) -> ShiftSequence:
+        """DoShift: C1/C2, only behind its capability; the lengths change like a tail removal."""
+        if not self.capabilities.shift:
+            raise NotSupported("shift is C1/C2: the SDK has DoShift but its semantics are not closed-loop (§9.3)",
+                               operation="shift")
+        lane = self._owned(lease)
+        self._fire(lane, "remove_tail", tokens=tokens)
+        return ShiftSequence(lane, lease.seq_id, lease.generation, tokens)
+
+    def copy_prefix(self, source: KvLease, target: KvLease, tokens: int) -> None:
+        raise NotSupported("copy prefix/sequence is an empty implementation in the adapter; disabled (§9.3)",
+                           operation="copy_prefix")
+
+    def keep_one_sequence(self, lease: KvLease) -> None:
+        raise NotSupported("keep one seq is an empty implementation; disabled (§9.3)", operation="keep_one_seq")
+
+    def position_add_div(self, lease: KvLease, start: int, end: int, delta: int, divisor: int = 1) -> None:
+        raise NotSupported("position add/div is an empty implementation; disabled (§9.3)",
+                           operation="position_add_div")
+
+    def save_session(self, lease: KvLease) -> bytes:
+        raise NotSupported("save session KV is an empty implementation; disabled (§9.3)", operation="save_session")
+
+    def load_session(self, lease: KvLease, data: bytes) -> None:
+        raise NotSupported("load session KV is an empty implementation; disabled (§9.3)", operation="load_session")
+
+    # ------------------------------------------------------------------ statistics
+
+    def statistics(self) -> KvStatistics:
+        """Counts by state and token sums are read from the lanes (O(lanes), off the hot path)."""
+        by_state: Counter[str] = Counter()
+        used = reserved = 0
+        for machine in self._lanes:
+            by_state[machine.state] += 1
+            used += machine.committed_len
+            reserved += machine.reserved_len
+        confirms = self._confirms
+        return KvStatistics(
+            lanes=len(self._lanes), by_state={s: by_state.get(s, 0) for s in _STATES},
+            free_lanes=len(self._free), unknown=by_state.get("unknown", 0),
+            tokens_used=used, tokens_reserved=reserved, reservations=self._reservations,
+            lane_wait_refusals=self._refusals, releases=self._releases, confirmed_releases=confirms,
+            refused_double_releases=self._double, faults=self._faults,
+            free_latency_avg_s=self._latency_sum / confirms if confirms else 0.0,
+            free_latency_max_s=self._latency_max)
+
+    def held_lanes(self) -> Iterable[int]:
+        """Lanes that are not Free (for leak checks)."""
+        return (i for i, m in enumerate(self._lanes) if m.state != "free")
+
+    # ------------------------------------------------------------------ internals
+
+    def _lane(self, lease: KvLease) -> Any:
+        return self._lanes[self._owned(lease)]
+
+    def _owned(self, lease: KvLease) -> int:
+        if self._owner[lease.lane] != lease.lease_id:
+            raise StaleLease(f"lease {lease.lease_id} no longer owns lane {lease.lane}")
+        return lease.lane
+
+    def _fault_lane(self, lane: int) -> None:
+        self._fire(lane, "fault")
+        self._faults += 1
+
+    def _releasing(self, lane: int) -> FreeSequence:
+        machine = self._lanes[lane]
+        self._releases += 1
+        if self._clock is not None:
+            self._release_started[lane] = self._clock.now()
+        return FreeSequence(lane, machine.seq_id, machine.generation)
+
+    def _fire(self, lane: int, event: str, **args: Any) -> None:
+        self._lanes[lane].fire(event, **args)

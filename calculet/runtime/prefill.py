@@ -1,0 +1,197 @@
+"""PrefillScheduler (§6): prompt-length classes, weighted round robin, chunking only when allowed.
+
+* Prompts are classed short (≤ ``short_prefill_max_tokens``, 512), medium (≤
+  ``medium_prefill_max_tokens``, 4096) or long (beyond) (R6.2). Within a class, requests are
+  served in WFQ virtual-finish order (§5.3).
+* Service opportunities — one device job each — are shared by weighted round robin over
+  decode:short:medium:long (default 8:4:2:1, from ``queues.*_weight``) (R6.3, R6.4). The
+  arbiter is *smooth* WRR: a deterministic interleaving whose period is the sum of the
+  weights, so any 15 consecutive opportunities with all four queues non-empty split exactly
+  8/4/2/1, and a long prefill gets one opportunity in 15 however much decode there is
+  (R5.3.5, R17.1.5). A queue that is empty is skipped and its credit is reset: an idle queue
+  does not bank opportunities.
+* Each sequence's prompt is submitted in one job (R6.1, R6.5) unless the capability contract
+  declares incremental prefill *and* the profile names a chunk size; then a prompt goes in
+  chunks whose boundaries are multiples of that size (§6). The long-task quota that bounds
+  head-of-line blocking without chunking is admission's (R6.11).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Collection, Mapping
+
+from calculet.config import QueuesConfig
+from calculet.runtime.clock import Clock
+from calculet.runtime.kv import KvLease
+from calculet.runtime.registry import RequestRecord
+
+PREFILL_QUEUES = ("short", "medium", "long")
+QUEUES = ("decode", *PREFILL_QUEUES)
+
+
+@dataclass(frozen=True)
+class WrrStatistics:
+    """§16 queue metrics: the configured weights and the opportunities each queue got."""
+
+    weights: dict[str, int]
+    picks: dict[str, int]
+
+
+class SmoothWrr:
+    """Smooth weighted round robin (nginx's): deterministic, evenly interleaved, exact per period."""
+
+    def __init__(self, weights: Mapping[str, int]) -> None:
+        for name, weight in weights.items():
+            if weight < 1:
+                raise ValueError(f"WRR weight of {name!r} must be >= 1, got {weight}")
+        self._weights = dict(weights)
+        self._current = {name: 0 for name in weights}
+        self._picks: Counter[str] = Counter()
+
+    def choose(self, eligible: Collection[str]) -> str | None:
+        """The next service opportunity among the non-empty queues (None if all are empty)."""
+        total = 0
+        best: str | None = None
+        best_credit = 0
+        current = self._current
+        for name, weight in self._weights.items():
+            if name in eligible:
+                credit = current[name] + weight
+                current[name] = credit
+                total += weight
+                if best is None or credit > best_credit:
+                    best, best_credit = name, credit
+            else:
+                current[name] = 0
+        if best is None:
+            return None
+        current[best] -= total
+        self._picks[best] += 1
+        return best
+
+    def picks(self) -> dict[str, int]:
+        return {name: self._picks.get(name, 0) for name in self._weights}
+
+    def statistics(self) -> WrrStatistics:
+        return WrrStatistics(dict(self._weights), self.picks())
+
+
+@dataclass(frozen=True, eq=False)
+class PrefillWork:
+    """One prefill job (B1): a whole prompt, or one chunk of it when chunking is allowed.
+
+    ``request_job`` is the job id the request's machine holds for the whole prefill (the
+    first chunk's id); the job's own id is ``job_id``.
+    """
+
+    job_id: int
+    generation: int
+    request_id: int
+    seq_id: int
+    kv_lane: int
+    start_position: int
+    tokens: int
+    prompt_tokens: int
+    last_chunk: bool
+    queue: str
+    request_job: int
+    lease: KvLease = field(repr=False)
+    record: RequestRecord = field(repr=False)
+
+
+@dataclass(frozen=True)
+class PrefillStatistics:
+    """§16 queue metrics: depth and oldest wait by prefill class, WRR picks, chunks."""
+
+    depth: dict[str, int]
+    oldest_wait_s: dict[str, float]
+    taken: dict[str, int]
+    chunked_jobs: int
+
+
+class PrefillScheduler:
+    """Three class queues of admitted requests waiting for their (next) prefill job."""
+
+    def __init__(self, queues: QueuesConfig, *, chunk_tokens: int | None = None, clock: Clock | None = None) -> None:
+        if chunk_tokens is not None and chunk_tokens < 1:
+            raise ValueError("chunk_tokens must be >= 1")
+        self._config = queues
+        self._clock = clock
+        self.chunk_tokens = chunk_tokens
+        self._heaps: dict[str, list[list[Any]]] = {q: [] for q in PREFILL_QUEUES}
+        self._since: dict[str, list[tuple[float, int, list[Any]]]] = {q: [] for q in PREFILL_QUEUES}
+        self._depth: Counter[str] = Counter()
+        self._taken: Counter[str] = Counter()
+        self._chunked = 0
+        self._seq = 0
+
+    def classify(self, tokens: int) -> str:
+        """R6.2: the class of a prefill job of ``tokens`` tokens."""
+        return self._config.prefill_class(tokens)
+
+    def next_chunk(self, remaining: int) -> int:
+        """Tokens in the next job: the rest of the prompt, or one chunk when chunking is allowed."""
+        if self.chunk_tokens is None or remaining <= self.chunk_tokens:
+            return remaining
+        return self.chunk_tokens
+
+    def add(self, rec: RequestRecord, remaining: int, now: float) -> str:
+        """Queue ``rec`` for a job of its next ``remaining``-token slice; returns the class."""
+        queue = self.classify(self.next_chunk(remaining))
+        self._seq += 1
+        entry = [rec.virtual_finish, self._seq, rec, queue]
+        rec.entry = entry
+        rec.ready_since = now
+        heapq.heappush(self._heaps[queue], entry)
+        heapq.heappush(self._since[queue], (now, self._seq, entry))
+        self._depth[queue] += 1
+        return queue
+
+    def discard(self, rec: RequestRecord) -> bool:
+        entry = rec.entry
+        if entry is None or entry[2] is not rec:
+            return False
+        entry[2] = None
+        rec.entry = None
+        self._depth[entry[3]] -= 1
+        return True
+
+    def queued(self, rec: RequestRecord) -> bool:
+        entry = rec.entry
+        return entry is not None and len(entry) == 4 and entry[2] is rec and isinstance(entry[3], str)
+
+    def nonempty(self) -> set[str]:
+        return {q for q, n in self._depth.items() if n > 0}
+
+    def take(self, queue: str) -> RequestRecord:
+        """Pop the head (smallest virtual finish) of ``queue``; it must be non-empty."""
+        heap = self._heaps[queue]
+        while True:
+            entry = heapq.heappop(heap)
+            rec: RequestRecord | None = entry[2]
+            if rec is not None:
+                entry[2] = None
+                rec.entry = None
+                self._depth[queue] -= 1
+                self._taken[queue] += 1
+                return rec
+
+    def restore(self, rec: RequestRecord, remaining: int) -> None:
+        """Put back a request whose job was not submitted; its place (virtual finish) is kept."""
+        self.add(rec, remaining, rec.ready_since)
+
+    def count_chunk(self) -> None:
+        self._chunked += 1
+
+    def statistics(self) -> PrefillStatistics:
+        now = self._clock.now() if self._clock is not None else None
+        oldest: dict[str, float] = {}
+        for queue, since in self._since.items():
+            while since and since[0][2][2] is None:
+                heapq.heappop(since)
+            oldest[queue] = now - since[0][0] if since and now is not None else 0.0
+        return PrefillStatistics({q: self._depth.get(q, 0) for q in PREFILL_QUEUES}, oldest,
+                                 {q: self._taken.get(q, 0) for q in PREFILL_QUEUES}, self._chunked)

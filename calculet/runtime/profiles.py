@@ -1,0 +1,159 @@
+"""Batch profiles (§2, §7.3, §8): which compiled batches exist, which may be used, which to pick.
+
+The scheduler does not read the calbin manifest itself; the engine fills :class:`ProfileSpec`
+from the validated manifest (``adapters.calrt.BatchProfile``) and the runtime's capability
+contract. From those inputs :class:`ProfileSet`
+
+* fails fast when the configuration asks for a profile the manifest does not compile
+  (§15, R15.19, R17.1.6) — ``compiled_batch`` comes only from a validated calbin (§2);
+* keeps a B>1 profile without a mask contract, or without an explicit inactive-lane policy,
+  out of Ready: it is reported, never selected (§7.3, R7.3.1, R7.3.3);
+* selects a profile with the configured thresholds (§8, R8.1–R8.2), or serves one fixed
+  profile when the runtime cannot keep several resident (§8, R8.4).
+
+Decision (ambiguity 13): ``select_profile`` takes ``oldest_wait`` as the spec's signature does,
+and — like the spec's example policy — does not let it change the choice; waiting to fill a
+batch is the decode scheduler's batching window (§7.2 items 4–5), not a profile decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Collection, Iterable, Mapping
+
+from calculet.errors import ConfigError, DefinitionError
+
+
+@dataclass(frozen=True, slots=True)
+class InactiveLanePolicy:
+    """What an inactive lane carries, as the vendor profile declares it (§7.3).
+
+    There is no default: a profile that declares no fill token has ``inactive_policy=None``
+    and may only run full batches (B1). Token 0 is refused outright, because padding with
+    token 0 is exactly what §7.3 forbids (R7.3.1).
+    """
+
+    fill_token: int
+    fill_position: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.fill_token, bool) or not isinstance(self.fill_token, int) or self.fill_token < 0:
+            raise DefinitionError(f"inactive-lane fill_token must be an int >= 0, got {self.fill_token!r}")
+        if self.fill_token == 0:
+            raise DefinitionError("inactive-lane fill_token 0 is forbidden: §7.3 rules out padding with token 0")
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileSpec:
+    """One compiled batch profile, as much of §2 ``BatchProfile`` as scheduling needs."""
+
+    compiled_batch: int
+    max_seq: int
+    inactive_policy: InactiveLanePolicy | None
+    has_mask_contract: bool
+    exact_submodel: str = ""
+    prefill_chunk_tokens: int | None = None
+    """Chunk boundary for incremental prefill (multiples of it), if the profile declares one (§6)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.compiled_batch <= 0xFFFF:
+            raise DefinitionError(f"compiled_batch {self.compiled_batch} out of range (uint16, >= 1)")
+        if self.max_seq < 1:
+            raise DefinitionError(f"max_seq {self.max_seq} must be >= 1")
+
+    @property
+    def unusable_reason(self) -> str | None:
+        """Why this profile may not enter Ready (R7.3.3), or None."""
+        if self.compiled_batch == 1:
+            return None
+        if not self.has_mask_contract:
+            return (f"B{self.compiled_batch} has no mask contract (valid-mask tensor or CSR); a B>1 profile "
+                    "without one never enters Ready (§7.3)")
+        if self.inactive_policy is None:
+            return (f"B{self.compiled_batch} declares no inactive-lane policy; partial batches cannot be "
+                    "built and token 0 is never a default (§7.3)")
+        return None
+
+
+class ProfileSet:
+    """The profiles of one model generation that the scheduler may use."""
+
+    def __init__(self, manifest: Iterable[ProfileSpec], *, requested: Collection[int],
+                 thresholds: Mapping[int, int], multi_profile_residency: bool,
+                 manifest_label: str = "the calbin manifest") -> None:
+        compiled = {p.compiled_batch: p for p in manifest}
+        missing = sorted(set(requested) - set(compiled))
+        if missing:
+            raise ConfigError(
+                f"batch.profiles: profile(s) {['B%d' % b for b in missing]} are not compiled in {manifest_label} "
+                f"(compiled: {sorted(compiled)}); compiled_batch comes only from a validated calbin (§2, §15)",
+                errors=[("batch.profiles", f"missing {missing}")])
+        if not requested:
+            raise ConfigError("batch.profiles: no profile requested", errors=[("batch.profiles", "empty")])
+        if len(set(requested)) > 1 and not multi_profile_residency:
+            raise ConfigError(
+                f"batch.profiles: {sorted(set(requested))} needs several profiles resident at once, which the "
+                "runtime does not offer; serve one fixed profile per instance pool (§8, R8.4)",
+                errors=[("batch.profiles", "multi-profile residency unsupported")])
+        names = {}
+        usable: dict[int, ProfileSpec] = {}
+        for size in sorted(set(requested)):
+            reason = compiled[size].unusable_reason
+            if reason is None:
+                usable[size] = compiled[size]
+            else:
+                names[size] = reason
+        if not usable:
+            raise ConfigError("batch.profiles: no requested profile may enter Ready: "
+                              + "; ".join(names.values()), errors=[("batch.profiles", "none usable")])
+        for size in usable:
+            if size != min(usable) and size not in thresholds:
+                raise ConfigError(f"batch.select_thresholds: no threshold for B{size} (§8)",
+                                  errors=[("batch.select_thresholds", f"missing {size}")])
+        self._usable = usable
+        self._unusable = names
+        self._thresholds = dict(thresholds)
+        self.fixed = len(usable) == 1
+        # Largest first: the first whose threshold the ready count reaches is chosen.
+        self._order = sorted(usable, reverse=True)
+        self._smallest = usable[min(usable)]
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(sorted(self._usable))
+
+    @property
+    def unusable(self) -> dict[int, str]:
+        """Compiled and requested, but kept out of Ready, with the reason (R7.3.3)."""
+        return dict(self._unusable)
+
+    @property
+    def max_seq(self) -> int:
+        return min(p.max_seq for p in self._usable.values())
+
+    @property
+    def prefill_chunk_tokens(self) -> int | None:
+        """The chunk boundary prefill jobs (always B1-shaped) may use, if any (§6)."""
+        return self._smallest.prefill_chunk_tokens
+
+    @property
+    def largest(self) -> ProfileSpec:
+        return self._usable[self._order[0]]
+
+    def get(self, compiled_batch: int) -> ProfileSpec:
+        """The usable profile of this size; ``ConfigError`` if there is none (fail fast)."""
+        profile = self._usable.get(compiled_batch)
+        if profile is None:
+            why = self._unusable.get(compiled_batch, "not compiled or not requested")
+            raise ConfigError(f"profile B{compiled_batch} is not available: {why}")
+        return profile
+
+    def select_profile(self, ready: int, oldest_wait: float = 0.0) -> ProfileSpec:
+        """§8: the largest profile whose threshold ``ready`` reaches, else the smallest one."""
+        if self.fixed:
+            return self._smallest
+        for size in self._order:
+            threshold = self._thresholds.get(size)
+            if threshold is not None and ready >= threshold:
+                return self._usable[size]
+        return self._smallest

@@ -1,0 +1,342 @@
+"""RequestRegistry (§4): the one owner of every request's lifecycle.
+
+Each request is a compiled :class:`~calculet.machines.RequestMachine` instance; every change
+of its state goes through ``fire`` (never a field write), and the registry keeps no second
+copy of that state. What it adds is what the machine does not model: the sink, the tenant and
+deadline, and a listener that the scheduler uses to reclaim resources after each transition.
+
+Rules (§4):
+
+* not thread-safe by design — the engine's actor serialises every call
+  (:mod:`calculet.runtime.actor`), so HTTP, completion and sampler threads never touch a field;
+* ``cancel`` is idempotent: on a terminal request it returns the stored outcome without firing;
+  in New/Waiting*/Ready/Finishing it completes at once; in Running it only sets the machine's
+  flag and the job drains;
+* a terminal state is entered once (the machine has no way out of one), so the sink is closed
+  once — on the transition into the terminal state and nowhere else;
+* every callback names (generation, job id); one that does not match the request's current
+  job is *stale*: it is dropped and reported as such, and the caller still reclaims the job's
+  resources (:meth:`RequestRegistry.on_decode_complete`).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
+
+from calculet.errors import BadRequest, NotFound
+from calculet.machines import RequestMachine, TransitionNotAllowed
+from calculet.machines.request import TERMINAL, FinishReason
+from calculet.runtime.request import InferenceRequest, RequestId, RequestOutcome, RequestSink
+
+log = logging.getLogger("calculet.runtime.registry")
+
+TERMINAL_STATES = frozenset(TERMINAL)
+WAITING_STATES = frozenset({"waiting_model", "waiting_admission"})
+RUNNING_STATES = frozenset({"prefill_running", "decode_running"})
+
+
+class RequestRecord:
+    """A request's machine plus the non-lifecycle facts the scheduler needs.
+
+    The lifecycle (state, generation, job id, lengths, flags) is read from ``machine``; the
+    attributes here are inputs (tenant, deadline), scheduling keys (virtual finish, decode
+    tag) and resource handles (KV lease, queue entry). None of them mirrors the machine.
+    """
+
+    __slots__ = ("request_id", "tenant", "machine", "sink", "arrival", "deadline", "prefill_class",
+                 "virtual_finish", "decode_tag", "cost", "last_token", "lease", "entry",
+                 "ready_since", "reject_status", "detail")
+
+    def __init__(self, request_id: RequestId, request: InferenceRequest, machine: Any,
+                 sink: RequestSink, arrival: float, deadline: float) -> None:
+        self.request_id = request_id
+        self.tenant = request.tenant
+        self.machine = machine
+        self.sink = sink
+        self.arrival = arrival
+        self.deadline = deadline
+        self.prefill_class = ""
+        self.virtual_finish = 0
+        self.decode_tag = 0
+        self.cost = 0
+        self.last_token: int | None = None
+        self.lease: Any = None
+        self.entry: list[Any] | None = None
+        self.ready_since = 0.0
+        self.reject_status = 0
+        self.detail = ""
+
+    @property
+    def state(self) -> str:
+        return self.machine.state  # type: ignore[no-any-return]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.machine.prompt_tokens  # type: ignore[no-any-return]
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.machine.max_new_tokens  # type: ignore[no-any-return]
+
+    @property
+    def generation(self) -> int:
+        return self.machine.generation  # type: ignore[no-any-return]
+
+    @property
+    def job_id(self) -> int:
+        return self.machine.job_id  # type: ignore[no-any-return]
+
+    @property
+    def is_long(self) -> bool:
+        return self.prefill_class == "long"
+
+    def __repr__(self) -> str:
+        return f"<Request {self.request_id} {self.tenant} {self.machine.state}>"
+
+
+TransitionListener = Callable[[RequestRecord, str, str], None]
+"""Called after every transition with (record, source state, target state)."""
+
+
+class CancelResult(enum.Enum):
+    """What ``cancel`` did (§4)."""
+
+    CANCELLED = "cancelled"
+    """The request was New/Waiting/Ready/Finishing and is now Cancelled."""
+    PENDING = "pending"
+    """A job of the request is on the device; the flag is set and the job drains."""
+    ALREADY_TERMINAL = "already_terminal"
+    """Nothing fired: the request had already ended (its outcome is returned)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cancellation:
+    result: CancelResult
+    outcome: RequestOutcome | None
+
+
+class CallbackResult(enum.Enum):
+    APPLIED = "applied"
+    STALE = "stale"
+
+
+class Callback(NamedTuple):
+    """The result of a completion callback on one request (one per lane per tick: a tuple)."""
+
+    result: CallbackResult
+    source: str
+    target: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class RegistryStatistics:
+    """§16: requests by state and terminal outcomes (bounded label sets only)."""
+
+    created: int
+    live: int
+    by_state: dict[str, int]
+    terminal_by_reason: dict[str, int]
+    closes: int
+    stale_callbacks: int
+    sink_errors: int
+
+
+_STATUS = {"completed": 200, "cancelled": 499}
+_FAILED_STATUS = {FinishReason.DEADLINE: 504, FinishReason.ERROR: 500}
+
+
+class RequestRegistry:
+    """Creates requests and fires their events; the sole writer of request lifecycle state."""
+
+    def __init__(self, *, listener: TransitionListener | None = None, retain_terminal: int = 65_536) -> None:
+        self._live: dict[RequestId, RequestRecord] = {}
+        self._ended: OrderedDict[RequestId, RequestOutcome] = OrderedDict()
+        self._retain = retain_terminal
+        self._next_id = 1
+        self._listener = listener
+        self._terminal: Counter[str] = Counter()
+        self._created = 0
+        self._closes = 0
+        self._stale = 0
+        self._sink_errors = 0
+
+    def set_listener(self, listener: TransitionListener) -> None:
+        self._listener = listener
+
+    # ------------------------------------------------------------------ lookups
+
+    def get(self, request_id: RequestId) -> RequestRecord | None:
+        return self._live.get(request_id)
+
+    def outcome(self, request_id: RequestId) -> RequestOutcome | None:
+        """The terminal outcome of an ended request (kept for the last ``retain_terminal``)."""
+        return self._ended.get(request_id)
+
+    def live(self) -> list[RequestRecord]:
+        return list(self._live.values())
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    # ------------------------------------------------------------------ §4 interface
+
+    def create(self, request: InferenceRequest, sink: RequestSink, *, max_seq: int, arrival: float,
+               deadline: float) -> RequestRecord:
+        """A new request in state New (§4 ``create``).
+
+        Raises ``BadRequest`` (400) when the token counts cannot even form a request (below 1,
+        or non-integers); everything else (context, capacity, availability) is admission's
+        decision and is answered with an outcome, not an exception.
+        """
+        for name in ("prompt_tokens", "max_new_tokens"):
+            value = getattr(request, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise BadRequest(f"{name} must be an integer >= 1, got {value!r}", field=name)
+        machine = RequestMachine.create(prompt_tokens=request.prompt_tokens,
+                                        max_new_tokens=request.max_new_tokens, max_seq=max_seq)
+        request_id = self._next_id
+        self._next_id += 1
+        rec = RequestRecord(request_id, request, machine, sink, arrival, deadline)
+        self._live[request_id] = rec
+        self._created += 1
+        return rec
+
+    def cancel(self, request_id: RequestId) -> Cancellation:
+        """§4 ``cancel``: idempotent; immediate unless a job is running (then it drains)."""
+        rec = self._live.get(request_id)
+        if rec is None:
+            ended = self._ended.get(request_id)
+            if ended is None:
+                raise NotFound(f"request {request_id} is unknown", request_id=request_id)
+            return Cancellation(CancelResult.ALREADY_TERMINAL, ended)
+        if rec.machine.state in RUNNING_STATES:
+            if not rec.machine.cancel_requested:
+                self.fire(rec, "cancel")
+            return Cancellation(CancelResult.PENDING, None)
+        self.fire(rec, "cancel")
+        return Cancellation(CancelResult.CANCELLED, self._ended.get(request_id))
+
+    def on_prefill_complete(self, request_id: RequestId, *, generation: int, job_id: int, ok: bool,
+                            stop: bool, token: int | None) -> Callback:
+        """§4 ``on_prefill_complete``: apply the prefill job's result, or report it stale."""
+        return self._on_done(request_id, "prefill_running", "prefill_done", generation, job_id, ok, stop, token)
+
+    def on_decode_complete(self, request_id: RequestId, *, generation: int, job_id: int, ok: bool,
+                           stop: bool, token: int | None) -> Callback:
+        """§4 ``on_decode_complete``: apply one lane's decode result, or report it stale."""
+        return self._on_done(request_id, "decode_running", "decode_done", generation, job_id, ok, stop, token)
+
+    def finish(self, request_id: RequestId, reason: FinishReason | None = None) -> RequestOutcome:
+        """§4 ``finish``: close a Finishing request's stream, or end a request for ``reason``.
+
+        * Finishing → Completed (the machine already chose STOP or LENGTH);
+        * ``CANCELLED`` behaves as :meth:`cancel`; ``ERROR`` fails a request that has no job
+          in flight (a running one must drain first: ``TransitionNotAllowed``);
+        * on an ended request it returns the stored outcome and fires nothing.
+        """
+        rec = self._live.get(request_id)
+        if rec is None:
+            ended = self._ended.get(request_id)
+            if ended is None:
+                raise NotFound(f"request {request_id} is unknown", request_id=request_id)
+            return ended
+        if rec.machine.state == "finishing" and reason in (None, rec.machine.finish_reason):
+            self.fire(rec, "close")
+        elif reason is FinishReason.CANCELLED:
+            self.cancel(request_id)
+        elif reason is FinishReason.ERROR:
+            self.fire(rec, "fail")
+        else:
+            raise TransitionNotAllowed("RequestMachine", rec.machine.state, "finish",
+                                       f"cannot finish with reason {reason!r} in this state")
+        ended = self._ended.get(request_id)
+        if ended is None:  # a running request that only got its cancel flag
+            raise TransitionNotAllowed("RequestMachine", rec.machine.state, "finish",
+                                       "a job is running; the request ends when it drains")
+        return ended
+
+    # ------------------------------------------------------------------ transitions
+
+    def fire(self, rec: RequestRecord, event: str, **args: Any) -> str:
+        """Fire one event; count it, reclaim through the listener, close on a terminal state."""
+        machine = rec.machine
+        source = machine.state
+        target: str = machine.fire(event, **args)
+        listener = self._listener
+        if listener is not None:
+            listener(rec, source, target)
+        if target in TERMINAL_STATES and source not in TERMINAL_STATES:
+            self._close(rec)
+        return target
+
+    def reject(self, rec: RequestRecord, http_status: int, detail: str) -> RequestOutcome:
+        """Admission refused the request (§5.2 400/429/503): Failed with reason REJECTED."""
+        rec.reject_status = http_status
+        rec.detail = detail
+        self.fire(rec, "reject")
+        outcome = self._ended[rec.request_id]
+        return outcome
+
+    def deliver(self, rec: RequestRecord, token: int) -> None:
+        """Hand one token to the request's sink (before any close; the machine orders them)."""
+        try:
+            rec.sink.token(rec.request_id, token)
+        except Exception:  # a broken client must not break the actor
+            self._sink_errors += 1
+            log.exception("sink.token failed", extra={"request_id": rec.request_id})
+
+    def _on_done(self, request_id: RequestId, running: str, event: str, generation: int, job_id: int,
+                 ok: bool, stop: bool, token: int | None) -> Callback:
+        rec = self._live.get(request_id)
+        if rec is None:
+            self._stale += 1
+            return Callback(CallbackResult.STALE, "", "", "request already ended")
+        machine = rec.machine
+        state = machine.state
+        if state != running or machine.generation != generation or machine.job_id != job_id:
+            self._stale += 1
+            return Callback(CallbackResult.STALE, state, state,
+                            f"request is {state} on generation {machine.generation} job {machine.job_id}")
+        produced = ok and token is not None
+        target = self.fire(rec, event, job=job_id, ok=produced, stop=stop)
+        if target in ("decode_ready", "finishing"):
+            assert token is not None
+            rec.last_token = token
+            self.deliver(rec, token)
+        return Callback(CallbackResult.APPLIED, state, target)
+
+    def _close(self, rec: RequestRecord) -> None:
+        machine = rec.machine
+        state = machine.state
+        reason = machine.finish_reason
+        if state == "failed":
+            status = rec.reject_status if reason is FinishReason.REJECTED else _FAILED_STATUS.get(reason, 500)
+        else:
+            status = _STATUS[state]
+        outcome = RequestOutcome(rec.request_id, state, reason, machine.generated_tokens, status, rec.detail)
+        del self._live[rec.request_id]
+        self._terminal[reason.name] += 1
+        self._ended[rec.request_id] = outcome
+        if len(self._ended) > self._retain:
+            self._ended.popitem(last=False)
+        self._closes += 1
+        try:
+            rec.sink.close(outcome)
+        except Exception:
+            self._sink_errors += 1
+            log.exception("sink.close failed", extra={"request_id": rec.request_id})
+
+    # ------------------------------------------------------------------ statistics
+
+    def statistics(self) -> RegistryStatistics:
+        """Live requests by state are read from their machines (O(live), off the hot path)."""
+        by_state = Counter(rec.machine.state for rec in self._live.values())
+        return RegistryStatistics(
+            created=self._created, live=len(self._live), by_state=dict(by_state),
+            terminal_by_reason=dict(self._terminal), closes=self._closes,
+            stale_callbacks=self._stale, sink_errors=self._sink_errors)

@@ -1,0 +1,288 @@
+"""§17.2: KvManager against a pure in-memory reference model, driven by random operation sequences.
+
+Hypothesis generates reserve / append (submit → commit | abort) / remove / free / confirm /
+cancel / fault / recover / double-free sequences. After every step the implementation and the
+reference — plain dicts, written from §9 and the KvSequence document, not from the machines —
+must agree lane by lane, and the pool properties must hold: lane uniqueness (R9.2.1), length
+ranges (R9.2.3), resources reclaimed at terminal states (R9.2.2), Unknown never reused
+(R9.2.6), every lane's declared invariants (``MONITOR.broken(lane) == []``). A failure prints
+the replayable step sequence (Hypothesis, ``print_blob`` in the ``ci`` profile).
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import strategies as st
+from collections import Counter
+
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
+                                 run_state_machine_as_test)
+
+from calculet.errors import NotSupported
+from calculet.invariants.monitor import MONITOR
+from calculet.machines import TransitionNotAllowed
+from calculet.runtime.clock import FakeClock
+from calculet.runtime.kv import FreeSequence, KvCapabilities, KvLease, KvManager, NoCapacity, StaleLease
+
+MAX_SEQ = 24
+COVERED: Counter[str] = Counter()
+FIELDS = ("state", "seq", "gen", "committed", "reserved", "pending")
+
+
+class ReferencePool:
+    """The §9 lane pool as plain data: what each lane should look like, and who owns it."""
+
+    def __init__(self, lanes: int, remove_tail: bool) -> None:
+        self.remove_tail = remove_tail
+        self.lanes = {i: self._empty() for i in range(lanes)}
+        self.owner: dict[int, int | None] = {i: None for i in range(lanes)}   # lane -> lease id
+        self.quarantined: set[int] = set()
+
+    @staticmethod
+    def _empty() -> dict[str, object]:
+        return {"state": "free", "seq": 0, "gen": 0, "committed": 0, "reserved": 0, "pending": 0}
+
+    def free_lanes(self) -> set[int]:
+        return {i for i, lane in self.lanes.items() if lane["state"] == "free"}
+
+    def owned(self, lease: KvLease) -> dict[str, object] | None:
+        return self.lanes[lease.lane] if self.owner[lease.lane] == lease.lease_id else None
+
+    def reserve(self, lane: int, lease: KvLease, tokens: int) -> None:
+        assert self.lanes[lane]["state"] == "free"
+        self.lanes[lane] = {"state": "reserved", "seq": lease.seq_id, "gen": lease.generation,
+                            "committed": 0, "reserved": tokens, "pending": 0}
+        self.owner[lane] = lease.lease_id
+
+    def can_submit(self, lease: KvLease, tokens: int) -> bool:
+        lane = self.owned(lease)
+        return (lane is not None and lane["state"] in ("reserved", "active")
+                and lane["committed"] + tokens <= lane["reserved"])
+
+    def submit(self, lease: KvLease, tokens: int) -> None:
+        lane = self.lanes[lease.lane]
+        lane["state"], lane["pending"] = "updating", tokens
+
+    def commit(self, lease: KvLease) -> None:
+        lane = self.lanes[lease.lane]
+        lane["committed"] += lane["pending"]
+        lane["state"], lane["pending"] = "active", 0
+
+    def abort(self, lease: KvLease) -> None:
+        lane = self.lanes[lease.lane]
+        lane["state"] = "active" if lane["committed"] else "reserved"
+        lane["pending"] = 0
+
+    def fault(self, lease: KvLease) -> None:
+        lane = self.lanes[lease.lane]
+        lane["state"], lane["pending"] = "unknown", 0
+        self.quarantined.add(lease.lane)
+
+    def release(self, lease: KvLease) -> bool:
+        """True when the lane goes to Releasing (a free command is due)."""
+        lane = self.owned(lease)
+        if lane is None:
+            return False
+        self.owner[lease.lane] = None
+        if lane["state"] == "unknown":
+            return False
+        lane["state"] = "releasing"
+        return True
+
+    def recover(self, index: int) -> None:
+        self.lanes[index]["state"] = "releasing"
+        self.owner[index] = None
+        self.quarantined.discard(index)
+
+    def confirm(self, index: int) -> None:
+        self.lanes[index] = self._empty()
+
+
+class KvPoolMachine(RuleBasedStateMachine):
+    @initialize(lanes=st.integers(1, 5), remove_tail=st.booleans())
+    def setup(self, lanes: int, remove_tail: bool) -> None:
+        self.kv = KvManager(lanes, MAX_SEQ, capabilities=KvCapabilities(remove_tail=remove_tail), clock=FakeClock())
+        self.ref = ReferencePool(lanes, remove_tail)
+        self.leases: list[KvLease] = []
+        self.commands: list[FreeSequence] = []
+        self.freed: list[tuple[int, int]] = []
+
+    # ------------------------------------------------------------------ operations
+
+    @rule(gen=st.integers(1, 2), tokens=st.integers(1, MAX_SEQ + 2))
+    def reserve(self, gen: int, tokens: int) -> None:
+        expect = tokens <= MAX_SEQ and bool(self.ref.free_lanes())
+        result = self.kv.reserve(gen, tokens)
+        if not expect:
+            assert isinstance(result, NoCapacity)
+            COVERED["reserve refused"] += 1
+            return
+        assert isinstance(result, KvLease)
+        assert result.lane in self.ref.free_lanes(), "handed out a lane that is not Free"
+        assert result.lane not in self.ref.quarantined, "an Unknown lane was reused"
+        self.ref.reserve(result.lane, result, tokens)
+        self.leases.append(result)
+        COVERED["reserve"] += 1
+
+    @precondition(lambda self: self.leases)
+    @rule(data=st.data(), tokens=st.integers(1, 6), outcome=st.sampled_from(["commit", "abort", "fault", "hold"]))
+    def append(self, data: st.DataObject, tokens: int, outcome: str) -> None:
+        lease = data.draw(st.sampled_from(self.leases))
+        if not self.ref.can_submit(lease, tokens):
+            with pytest.raises((TransitionNotAllowed, StaleLease)):
+                self.kv.submit(lease, tokens)
+            COVERED["append refused"] += 1
+            return
+        self.kv.submit(lease, tokens)
+        self.ref.submit(lease, tokens)
+        COVERED[f"append {outcome}"] += 1
+        if outcome == "hold":
+            return
+        getattr(self.kv, outcome)(lease)
+        getattr(self.ref, outcome)(lease)
+
+    @precondition(lambda self: self.leases)
+    @rule(data=st.data(), outcome=st.sampled_from(["commit", "abort", "fault"]))
+    def finish_update(self, data: st.DataObject, outcome: str) -> None:
+        updating = [x for x in self.leases if (self.ref.owned(x) or {}).get("state") == "updating"]
+        lease = data.draw(st.sampled_from(updating or self.leases))
+        lane = self.ref.owned(lease)
+        if outcome == "fault":
+            allowed = lane is not None and lane["state"] in ("reserved", "active", "updating")
+        else:
+            allowed = lane is not None and lane["state"] == "updating"
+        if not allowed:
+            with pytest.raises((TransitionNotAllowed, StaleLease)):
+                getattr(self.kv, outcome)(lease)
+            return
+        getattr(self.kv, outcome)(lease)
+        getattr(self.ref, outcome)(lease)
+        COVERED[outcome] += 1
+
+    @precondition(lambda self: self.leases)
+    @rule(data=st.data(), tokens=st.integers(1, 4))
+    def remove(self, data: st.DataObject, tokens: int) -> None:
+        active = [x for x in self.leases if (self.ref.owned(x) or {}).get("state") == "active"]
+        lease = data.draw(st.sampled_from(active or self.leases))
+        if not self.ref.remove_tail:
+            with pytest.raises(NotSupported):
+                self.kv.remove_tail(lease, tokens)
+            COVERED["remove not supported"] += 1
+            return
+        lane = self.ref.owned(lease)
+        if lane is None or lane["state"] != "active" or tokens >= lane["committed"]:
+            with pytest.raises((TransitionNotAllowed, StaleLease)):
+                self.kv.remove_tail(lease, tokens)
+            return
+        self.kv.remove_tail(lease, tokens)
+        lane["committed"] -= tokens
+        COVERED["remove"] += 1
+
+    @precondition(lambda self: self.leases)
+    @rule(data=st.data())
+    def free(self, data: st.DataObject) -> None:
+        """The owner ended: release (twice sometimes — the second must free nothing)."""
+        lease = data.draw(st.sampled_from(self.leases))
+        lane = self.ref.owned(lease)
+        if lane is not None and lane["state"] == "updating":
+            with pytest.raises(TransitionNotAllowed):
+                self.kv.release(lease)   # a job is writing it: the owner must wait for the drain
+            return
+        expect_command = self.ref.release(lease)
+        command = self.kv.release(lease)
+        assert (command is not None) == expect_command
+        if command is not None:
+            assert (command.lane, command.seq_id) == (lease.lane, lease.seq_id)
+            self.commands.append(command)
+        COVERED["free" if command is not None else "free refused or quarantined"] += 1
+
+    @precondition(lambda self: self.leases)
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        """Cancel: a running job drains (known failure → abort) before the lane is released."""
+        lease = data.draw(st.sampled_from(self.leases))
+        lane = self.ref.owned(lease)
+        if lane is not None and lane["state"] == "updating":
+            self.kv.abort(lease)
+            self.ref.abort(lease)
+            COVERED["cancel drains"] += 1
+        expect_command = self.ref.release(lease)
+        command = self.kv.release(lease)
+        assert (command is not None) == expect_command
+        if command is not None:
+            self.commands.append(command)
+
+    @precondition(lambda self: self.commands)
+    @rule(data=st.data())
+    def confirm(self, data: st.DataObject) -> None:
+        """The runtime confirms a free, in any order."""
+        command = data.draw(st.sampled_from(self.commands))
+        self.commands.remove(command)
+        self.kv.confirm_release(command.lane, command.seq_id)
+        self.ref.confirm(command.lane)
+        self.freed.append((command.lane, command.seq_id))
+        COVERED["confirm"] += 1
+
+    @rule(data=st.data())
+    def recover(self, data: st.DataObject) -> None:
+        unknown = sorted(i for i, lane in self.ref.lanes.items() if lane["state"] == "unknown")
+        if not unknown:
+            return
+        index = data.draw(st.sampled_from(unknown))
+        self.commands.append(self.kv.recover(index))
+        self.ref.recover(index)
+        COVERED["recover"] += 1
+
+    # ------------------------------------------------------------------ invariants
+
+    @invariant()
+    def matches_reference(self) -> None:
+        for index, expected in self.ref.lanes.items():
+            machine = self.kv.lane(index)
+            actual = dict(zip(FIELDS, (machine.state, machine.seq_id, machine.generation, machine.committed_len,
+                                       machine.reserved_len, machine.pending)))
+            assert actual == expected, (index, actual, expected)
+            assert MONITOR.broken(machine) == []
+
+    @invariant()
+    def lanes_are_unique(self) -> None:
+        held = [(lane["gen"], lane["seq"]) for lane in self.ref.lanes.values() if lane["state"] != "free"]
+        assert len(held) == len(set(held))
+        owners = [o for o in self.ref.owner.values() if o is not None]
+        assert len(owners) == len(set(owners))
+
+    @invariant()
+    def lengths_in_range(self) -> None:
+        for index in self.ref.lanes:
+            m = self.kv.lane(index)
+            assert 0 <= m.committed_len and m.committed_len + m.pending <= m.reserved_len <= MAX_SEQ
+
+    @invariant()
+    def terminal_lanes_hold_nothing(self) -> None:
+        stats = self.kv.statistics()
+        free = self.ref.free_lanes()
+        assert stats.free_lanes == len(free) == stats.by_state["free"]
+        for index in free:
+            assert self.ref.owner[index] is None
+        used = sum(int(lane["committed"]) for lane in self.ref.lanes.values())
+        reserved = sum(int(lane["reserved"]) for lane in self.ref.lanes.values())
+        assert (stats.tokens_used, stats.tokens_reserved) == (used, reserved)
+        assert stats.unknown == sum(lane["state"] == "unknown" for lane in self.ref.lanes.values())
+        assert len(self.freed) == len(set(self.freed)), "a sequence was freed twice"
+        assert stats.confirmed_releases == len(self.freed)
+
+    @invariant()
+    def unknown_is_quarantined(self) -> None:
+        for index in self.ref.quarantined:
+            assert self.kv.lane(index).state == "unknown"
+
+
+@pytest.mark.req("R17.2.1", "R17.2.2", "R17.2.3", "R17.2.4", "R17.2.5", "R17.2.6",
+                 "R9.2.1", "R9.2.2", "R9.2.3", "R9.2.5", "R9.2.6", "R9.3.1", "R9.3.2")
+def test_kv_pool_matches_the_reference_model():
+    COVERED.clear()
+    run_state_machine_as_test(KvPoolMachine)
+    expected = {"reserve", "reserve refused", "append commit", "append abort", "append fault", "append hold",
+                "append refused", "commit", "abort", "fault", "remove", "remove not supported", "free",
+                "free refused or quarantined", "cancel drains", "confirm", "recover"}
+    assert expected <= set(COVERED), sorted(expected - set(COVERED))

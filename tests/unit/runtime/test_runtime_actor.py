@@ -1,0 +1,63 @@
+"""The actor/mailbox (§4 single-threaded actor): one owner, one-shot replies."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from calculet.errors import DefinitionError
+from calculet.runtime.actor import Mailbox, PromiseAlreadySatisfied, Reply
+
+
+@pytest.mark.req("R4.7", "R17.3.4")
+def test_a_reply_is_set_once():
+    reply: Reply[int] = Reply()
+    reply.set(1)
+    with pytest.raises(PromiseAlreadySatisfied):
+        reply.set(2)
+    with pytest.raises(PromiseAlreadySatisfied):
+        reply.fail(RuntimeError("late"))
+    assert reply.wait(0) == 1
+
+
+def test_messages_run_in_order_on_the_owner_and_errors_reach_the_poster():
+    box = Mailbox()
+    seen: list[int] = []
+    replies = [box.post(lambda i=i: seen.append(i) or i) for i in range(5)]
+    bad = box.post(lambda: 1 / 0)
+    assert box.run_pending() == 6
+    assert seen == [0, 1, 2, 3, 4] and [r.wait(0) for r in replies] == [0, 1, 2, 3, 4]
+    with pytest.raises(ZeroDivisionError):
+        bad.wait(0)
+    stats = box.statistics()
+    assert (stats.posted, stats.run, stats.failed, stats.pending) == (6, 6, 1, 0)
+
+
+@pytest.mark.req("R4.2")
+def test_only_the_owner_thread_runs_messages_and_others_call_through_it():
+    box = Mailbox()
+    box.run_pending()                       # this thread is the owner now
+    errors: list[BaseException] = []
+    results: list[int] = []
+
+    def intruder() -> None:
+        try:
+            box.run_pending()
+        except DefinitionError as exc:
+            errors.append(exc)
+        results.append(box.call(lambda: threading.get_ident(), timeout=5))
+
+    thread = threading.Thread(target=intruder)
+    thread.start()
+    while thread.is_alive():
+        box.run_until(0.01)
+    thread.join()
+    assert len(errors) == 1 and results == [threading.get_ident()]
+    with pytest.raises(DefinitionError):
+        box.call(lambda: 1)                 # the owner would wait on itself
+
+
+def test_wait_times_out_without_a_value():
+    with pytest.raises(TimeoutError):
+        Reply().wait(0)

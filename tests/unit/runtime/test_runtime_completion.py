@@ -1,0 +1,135 @@
+"""Completion (§7.4): per-lane split and checks, independent finish, device failure, isolation."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from calculet.machines.request import FinishReason
+from calculet.runtime.completion import (DecodeCompletion, FaultKind, LaneOutcome, LaneVerdict, check_decode_lanes)
+from calculet.runtime.decode import DecodeBatch
+from calculet.runtime.scheduler import SchedulingCapabilities
+from tests.unit.runtime.runtime_support import Harness, default_token
+
+
+def batch_of(count: int, size: int = 4, **kwargs) -> tuple[Harness, DecodeBatch, list[int]]:
+    h = Harness.build(sizes=(size,), lanes=size + 2, **kwargs)
+    ids = [h.submit(prompt=10 + i, new=6).request_id for i in range(count)]
+    h.prefill_all()
+    batch = h.next_decode()
+    h.scheduler.submitted(batch.job_id)
+    return h, batch, ids
+
+
+def lanes_of(batch: DecodeBatch, ok: bool = True, stop=()):
+    return tuple(LaneOutcome(b.lane, b.request_id, b.seq_id, b.generation, ok, default_token(b.request_id, b.position + 1),
+                             b.request_id in stop) for b in batch.active)
+
+
+@pytest.mark.req("R7.4.1", "R7.4.3")
+def test_results_are_split_per_lane_and_lanes_finish_independently():
+    h, batch, ids = batch_of(3)
+    stopper = batch.active[1].request_id
+    h.scheduler.on_decode_complete(DecodeCompletion(batch.job_id, 1, True, lanes_of(batch, stop={stopper})))
+    assert h.sinks[stopper].outcome.finish_reason is FinishReason.STOP
+    for rid in ids:
+        if rid != stopper:
+            assert h.state(rid) == "decode_ready"
+        sink = h.sinks[rid]
+        assert sink.tokens == [default_token(rid, p) for p in range(10 + ids.index(rid), 10 + ids.index(rid) + 2)]
+
+
+@pytest.mark.req("R7.4.2")
+def test_a_swapped_lane_is_detected_and_delivered_to_no_stream():
+    h, batch, ids = batch_of(2)
+    lanes = list(lanes_of(batch))
+    a, b = lanes
+    lanes = [dataclasses.replace(a, seq_id=b.seq_id), b]  # lane 0 claims lane 1's sequence
+    applied = h.scheduler.on_decode_complete(DecodeCompletion(batch.job_id, 1, True, tuple(lanes)))
+    assert (applied.lanes_ok, applied.lanes_failed) == (1, 1)
+    victim = h.sinks[a.request_id]
+    assert victim.outcome.state == "failed" and len(victim.tokens) == 1  # only its prefill token
+    assert h.state(b.request_id) == "decode_ready"
+    assert h.kv.statistics().unknown == 1          # the crosstalk lane's KV is not trusted
+    assert h.scheduler.statistics().anomalies == 1
+
+
+@pytest.mark.req("R7.4.2")
+def test_wrong_generation_is_a_device_failure_for_the_whole_batch():
+    h, batch, ids = batch_of(2)
+    h.scheduler.on_decode_complete(DecodeCompletion(batch.job_id, 7, True, lanes_of(batch)))
+    assert all(h.sinks[r].outcome.state == "failed" for r in ids)
+
+
+def test_check_decode_lanes_verdicts():
+    class Tag:
+        def __init__(self, lane, rid):
+            self.lane, self.request_id, self.seq_id, self.generation = lane, rid, rid * 10, 1
+    bound = [Tag(0, 1), Tag(1, 2), Tag(2, 3)]
+    outcomes = (LaneOutcome(0, 1, 10, 1, True, 5), LaneOutcome(1, 2, 20, 1, True, None),
+                LaneOutcome(3, 9, 90, 1, True, 5))
+    checks, extra = check_decode_lanes(bound, DecodeCompletion(1, 1, True, outcomes), lane_isolation=False)
+    assert [c.verdict for c in checks] == [LaneVerdict.OK, LaneVerdict.OUTPUT_INVALID, LaneVerdict.DEVICE_FAILED]
+    assert extra == 1
+    checks, _ = check_decode_lanes(bound, DecodeCompletion(1, 1, True, outcomes), lane_isolation=False,
+                                   vocab_size=5)
+    assert checks[0].verdict is LaneVerdict.OUTPUT_INVALID
+
+
+@pytest.mark.req("R7.4.5")
+def test_device_failure_fails_every_lane_and_marks_all_kv_unknown():
+    h, batch, ids = batch_of(4)
+    h.scheduler.on_decode_complete(DecodeCompletion(batch.job_id, 1, False, lanes_of(batch), FaultKind.ERROR))
+    assert all(h.sinks[r].outcome.finish_reason is FinishReason.ERROR for r in ids)
+    assert h.kv.statistics().unknown == 4
+    assert len(h.scheduler.jobs) == 0            # an error completion ends the job (buffers released)
+    assert h.scheduler.recover_lanes() == 4      # no job can write them now: recover
+    assert h.confirm_all() == 4 and h.scheduler.idle()
+
+
+@pytest.mark.req("R7.4.6")
+def test_lane_isolation_only_when_the_contract_declares_it():
+    caps = SchedulingCapabilities(lane_failure_isolation=True)
+    h, batch, ids = batch_of(3, caps=caps)
+    lanes = list(lanes_of(batch))
+    lanes[1] = dataclasses.replace(lanes[1], ok=False, token=None)
+    h.scheduler.on_decode_complete(DecodeCompletion(batch.job_id, 1, False, tuple(lanes), FaultKind.ERROR))
+    failed = lanes[1].request_id
+    assert h.sinks[failed].outcome.state == "failed"
+    assert [h.state(r) for r in ids if r != failed] == ["decode_ready", "decode_ready"]
+    assert h.kv.statistics().unknown == 1
+
+
+@pytest.mark.req("R9.2.5")
+def test_commit_only_when_device_and_output_succeed():
+    h, batch, ids = batch_of(2)
+    lanes = list(lanes_of(batch))
+    lanes[0] = dataclasses.replace(lanes[0], token=None)        # the device ran, the output is unusable
+    rec0, rec1 = h.rec(lanes[0].request_id), h.rec(lanes[1].request_id)
+    lease0, before0 = rec0.lease, h.kv.committed_len(rec0.lease)
+    before1 = h.kv.committed_len(rec1.lease)
+    h.scheduler.on_decode_complete(DecodeCompletion(batch.job_id, 1, True, tuple(lanes)))
+    assert h.kv.lane(lease0.lane).state == "releasing" and h.kv.lane(lease0.lane).committed_len == before0
+    assert h.kv.committed_len(rec1.lease) == before1 + 1
+
+
+@pytest.mark.req("R9.2.6", "R4.9")
+def test_ccu_fault_quarantines_the_job_until_a_reset():
+    h, batch, ids = batch_of(2, size=4)
+    h.scheduler.on_decode_complete(DecodeCompletion(batch.job_id, 1, False, (), FaultKind.CCU_FAULT))
+    assert all(h.sinks[r].outcome.state == "failed" for r in ids)
+    assert len(h.scheduler.jobs) == 1 and h.scheduler.recover_lanes() == 0  # still fenced
+    assert h.step().work is None
+    h.scheduler.device_reset()
+    assert len(h.scheduler.jobs) == 0 and h.confirm_all() == 2 and h.scheduler.idle()
+
+
+def test_timeout_then_reset_ends_everything_consistently():
+    h, batch, ids = batch_of(3)
+    h.scheduler.job_timed_out(batch.job_id)
+    assert all(h.sinks[r].outcome.state == "failed" for r in ids)
+    assert h.kv.statistics().unknown == 3
+    h.scheduler.device_reset()
+    assert h.confirm_all() == 3 and h.scheduler.idle()
+    assert h.complete(batch).stale                # the late completion after the reset is stale

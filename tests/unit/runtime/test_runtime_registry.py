@@ -1,0 +1,201 @@
+"""RequestRegistry (§4): the §4 interface, cancel in every state, terminal once, stale callbacks."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from calculet.errors import BadRequest, NotFound
+from calculet.machines import TransitionNotAllowed
+from calculet.machines.request import FinishReason
+from calculet.runtime.decode import DecodeBatch
+from calculet.runtime.prefill import PrefillWork
+from calculet.runtime.registry import CallbackResult, CancelResult, RequestRegistry
+from calculet.runtime.request import InferenceRequest
+from tests.unit.runtime.runtime_support import CountingSink, Harness
+
+
+def new_record(registry: RequestRegistry, prompt: int = 10, new: int = 3):
+    sink = CountingSink()
+    rec = registry.create(InferenceRequest(prompt, new), sink, max_seq=1024, arrival=0.0, deadline=120.0)
+    return rec, sink
+
+
+def drive_to(registry: RequestRegistry, rec, state: str) -> None:
+    """Fire the events that take a fresh record to ``state`` (registry only; no scheduler)."""
+    paths = {
+        "new": [],
+        "waiting_model": [("wait_model", {})],
+        "waiting_admission": [("bind", {"gen": 1})],
+        "prefill_ready": [("bind", {"gen": 1}), ("admit", {})],
+        "prefill_running": [("bind", {"gen": 1}), ("admit", {}), ("submit_prefill", {"job": 5})],
+        "decode_ready": [("bind", {"gen": 1}), ("admit", {}), ("submit_prefill", {"job": 5}),
+                         ("prefill_done", {"job": 5, "ok": True, "stop": False})],
+        "decode_running": [("bind", {"gen": 1}), ("admit", {}), ("submit_prefill", {"job": 5}),
+                           ("prefill_done", {"job": 5, "ok": True, "stop": False}), ("submit_decode", {"job": 6})],
+        "finishing": [("bind", {"gen": 1}), ("admit", {}), ("submit_prefill", {"job": 5}),
+                      ("prefill_done", {"job": 5, "ok": True, "stop": True})],
+    }
+    for event, args in paths[state]:
+        registry.fire(rec, event, **args)
+    assert rec.state == state
+
+
+@pytest.mark.req("R4.1", "R4.8")
+def test_registry_interface_is_the_spec_one_and_callbacks_name_generation_and_job():
+    for name in ("create", "cancel", "on_prefill_complete", "on_decode_complete", "finish"):
+        assert callable(getattr(RequestRegistry, name))
+    for name in ("on_prefill_complete", "on_decode_complete"):
+        params = inspect.signature(getattr(RequestRegistry, name)).parameters
+        assert params["generation"].kind is inspect.Parameter.KEYWORD_ONLY
+        assert params["job_id"].kind is inspect.Parameter.KEYWORD_ONLY
+    registry = RequestRegistry()
+    rec, _ = new_record(registry)
+    with pytest.raises(TypeError):
+        registry.on_decode_complete(rec.request_id, ok=True, stop=False, token=1)  # type: ignore[call-arg]
+
+
+def test_create_refuses_token_counts_below_one():
+    registry = RequestRegistry()
+    with pytest.raises(BadRequest):
+        registry.create(InferenceRequest(0, 3), CountingSink(), max_seq=64, arrival=0, deadline=1)
+    assert len(registry) == 0
+
+
+@pytest.mark.req("R4.4", "R4.3")
+@pytest.mark.parametrize("state", ["new", "waiting_model", "waiting_admission", "prefill_ready", "decode_ready",
+                                   "finishing"])
+def test_cancel_completes_at_once_outside_running(state):
+    registry = RequestRegistry()
+    rec, sink = new_record(registry)
+    drive_to(registry, rec, state)
+    result = registry.cancel(rec.request_id)
+    assert result.result is CancelResult.CANCELLED
+    assert result.outcome is not None and result.outcome.state == "cancelled"
+    assert result.outcome.finish_reason is FinishReason.CANCELLED and result.outcome.http_status == 499
+    assert sink.closes == 1
+    # idempotent: again, and again — no transition, no second close
+    for _ in range(3):
+        again = registry.cancel(rec.request_id)
+        assert again.result is CancelResult.ALREADY_TERMINAL and again.outcome == result.outcome
+    assert sink.closes == 1
+    assert rec.machine.closes == 1
+
+
+@pytest.mark.req("R4.5", "R4.3")
+@pytest.mark.parametrize("state,event", [("prefill_running", "prefill_done"), ("decode_running", "decode_done")])
+def test_cancel_while_running_sets_a_flag_and_the_job_drains(state, event):
+    registry = RequestRegistry()
+    rec, sink = new_record(registry)
+    drive_to(registry, rec, state)
+    assert registry.cancel(rec.request_id).result is CancelResult.PENDING
+    fired = rec.machine.last_transition
+    assert registry.cancel(rec.request_id).result is CancelResult.PENDING
+    assert rec.machine.last_transition is fired  # the repeated cancel fired nothing
+    assert rec.state == state and rec.machine.cancel_requested and sink.closes == 0
+    done = registry.on_decode_complete if event == "decode_done" else registry.on_prefill_complete
+    cb = done(rec.request_id, generation=1, job_id=rec.job_id, ok=True, stop=False, token=42)
+    assert cb.result is CallbackResult.APPLIED and cb.target == "cancelled"
+    assert sink.tokens == []  # the drained job's output is discarded
+    assert sink.outcome.state == "cancelled"
+
+
+def test_cancel_of_an_unknown_request_is_not_found():
+    with pytest.raises(NotFound):
+        RequestRegistry().cancel(12345)
+
+
+@pytest.mark.req("R4.6", "R4.7")
+def test_terminal_state_and_close_happen_once_whatever_races():
+    registry = RequestRegistry()
+    rec, sink = new_record(registry)
+    drive_to(registry, rec, "finishing")
+    outcome = registry.finish(rec.request_id)
+    assert outcome.state == "completed" and outcome.http_status == 200
+    assert registry.finish(rec.request_id) == outcome
+    assert registry.cancel(rec.request_id).result is CancelResult.ALREADY_TERMINAL
+    assert registry.finish(rec.request_id, FinishReason.ERROR) == outcome
+    assert sink.closes == 1 and sink.outcome == outcome
+
+
+def test_finish_with_a_reason_that_does_not_fit_is_refused_and_changes_nothing():
+    registry = RequestRegistry()
+    rec, sink = new_record(registry)
+    drive_to(registry, rec, "decode_ready")
+    with pytest.raises(TransitionNotAllowed):
+        registry.finish(rec.request_id, FinishReason.STOP)
+    assert rec.state == "decode_ready" and sink.closes == 0
+    assert registry.finish(rec.request_id, FinishReason.ERROR).state == "failed"
+
+
+@pytest.mark.req("R4.9", "R4.8")
+def test_stale_callbacks_are_dropped_and_change_nothing():
+    registry = RequestRegistry()
+    rec, sink = new_record(registry)
+    drive_to(registry, rec, "decode_running")
+    before = (rec.state, rec.machine.values())
+    for kwargs in ({"generation": 2, "job_id": rec.job_id}, {"generation": 1, "job_id": rec.job_id + 1}):
+        cb = registry.on_decode_complete(rec.request_id, ok=True, stop=False, token=9, **kwargs)
+        assert cb.result is CallbackResult.STALE
+    # a prefill callback for a request that is decoding is stale too
+    assert registry.on_prefill_complete(rec.request_id, generation=1, job_id=rec.job_id, ok=True, stop=False,
+                                        token=9).result is CallbackResult.STALE
+    assert (rec.state, rec.machine.values()) == before and 9 not in sink.tokens
+    assert registry.statistics().stale_callbacks == 3
+
+
+@pytest.mark.req("R4.9")
+def test_stale_completion_after_timeout_still_reclaims_slot_and_lanes():
+    h = Harness.build(sizes=(1,), lanes=2)
+    rid = h.submit(prompt=8, new=5).request_id
+    plan = h.step()
+    assert isinstance(plan.work, PrefillWork)
+    h.scheduler.submitted(plan.work.job_id)
+    h.scheduler.job_timed_out(plan.work.job_id)
+    assert h.state(rid) == "failed" and h.sinks[rid].outcome.finish_reason is FinishReason.ERROR
+    assert len(h.scheduler.jobs) == 1                       # the slot stays held: the device may write
+    assert h.kv.statistics().by_state["unknown"] == 1       # and the lane is quarantined
+    assert h.step().work is None                            # so nothing else is submitted (in-flight 1)
+    applied = h.complete(plan.work)                         # the late completion arrives
+    assert applied.stale
+    assert h.sinks[rid].tokens == [] and h.sinks[rid].closes == 1
+    assert len(h.scheduler.jobs) == 0
+    assert h.confirm_all() == 1 and h.scheduler.idle()
+
+
+@pytest.mark.req("R4.9")
+def test_duplicate_and_unknown_completions_are_stale():
+    h = Harness.build(sizes=(1,), lanes=2)
+    rid = h.submit(prompt=8, new=2).request_id
+    plan = h.step()
+    h.run(plan)
+    assert h.complete(plan.work).stale   # the same completion again
+    batch = h.next_decode()
+    h.scheduler.submitted(batch.job_id)
+    assert isinstance(batch, DecodeBatch)
+    h.complete(batch)
+    assert h.complete(batch).stale
+    assert h.sinks[rid].closes == 1 and len(h.sinks[rid].tokens) == 2
+    assert h.scheduler.statistics().stale_completions == 2
+
+
+@pytest.mark.req("R4.2")
+def test_request_fields_change_only_through_the_machine():
+    registry = RequestRegistry()
+    rec, _ = new_record(registry)
+    with pytest.raises(AttributeError):
+        rec.machine.state = "completed"  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        rec.state = "completed"  # type: ignore[misc]
+
+
+def test_registry_statistics_count_states_and_outcomes():
+    registry = RequestRegistry()
+    a, _ = new_record(registry)
+    b, _ = new_record(registry)
+    drive_to(registry, a, "decode_ready")
+    registry.cancel(b.request_id)
+    stats = registry.statistics()
+    assert stats.created == 2 and stats.live == 1 and stats.by_state == {"decode_ready": 1}
+    assert stats.terminal_by_reason == {"CANCELLED": 1} and stats.closes == 1
