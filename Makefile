@@ -37,7 +37,7 @@ verify-full: $(STAMP)
 	$(PY) -m calculet.verify
 
 bench: $(STAMP)
-	$(PY) bench/dispatch.py
+	@for script in bench/*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
 
 soak: $(STAMP)
 	HYPOTHESIS_PROFILE=deep $(PY) -m pytest -q -m "slow or not slow" tests/property

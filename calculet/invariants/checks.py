@@ -12,6 +12,8 @@ checks below never restate a machine. For each machine:
   example: a refusal is then a visible decision (informational);
 * **deadlock** — every non-terminal state has, for every invariant-satisfying valuation, some
   event and arguments that enable a row;
+* **reachability** — every row, and so every state, is taken on a concrete run from the
+  initial state (a witness path found with z3-chosen arguments over the declaration's examples);
 * **home** — every state can reach a terminal state (or, for a machine whose lives cycle, the
   initial state) in the transition graph;
 * **vacuity** — each row can fire: its guard is satisfiable with the invariants at its source.
@@ -320,6 +322,22 @@ def check_home(d: Definition) -> CheckResult:
                        f"every state can reach {what}")
 
 
+def check_reachability(machine: Any) -> CheckResult:
+    from calculet.invariants.witness import witness_paths
+
+    start = time.perf_counter()
+    d = machine.definition
+    found, missing = witness_paths(machine, d.examples)
+    states = {d.initial} | {t.target for t in d.transitions if t.name in found}
+    if missing:
+        return CheckResult("reachability", d.name, "witnesses", False, time.perf_counter() - start,
+                           f"no run from the initial state takes {sorted(missing)}")
+    longest = max((len(path) for _, path in found.values()), default=0)
+    return CheckResult("reachability", d.name, "witnesses", True, time.perf_counter() - start,
+                       f"all {len(found)} rows and {len(states)} states taken on concrete runs (longest {longest} steps)",
+                       queries=len(found))
+
+
 def check_vacuity(d: Definition, t: Transition) -> CheckResult:
     start = time.perf_counter()
     ev = d.events[t.event]
@@ -335,8 +353,8 @@ def check_vacuity(d: Definition, t: Transition) -> CheckResult:
                        else f"solver answered {verdict}")
 
 
-def check_machine(d: Definition, include: Iterable[str] | None = None) -> list[CheckResult]:
-    """Every per-machine check, in a stable order."""
+def check_machine(d: Definition, include: Iterable[str] | None = None, machine: Any = None) -> list[CheckResult]:
+    """Every per-machine check, in a stable order (``machine``, the class, enables reachability)."""
     wanted = set(include) if include is not None else None
 
     def on(name: str) -> bool:
@@ -351,6 +369,8 @@ def check_machine(d: Definition, include: Iterable[str] | None = None) -> list[C
         results += check_determinism(d)
     if on("deadlock"):
         results += check_deadlock(d)
+    if on("reachability") and machine is not None:
+        results.append(check_reachability(machine))
     if on("home"):
         results.append(check_home(d))
     if on("vacuity"):

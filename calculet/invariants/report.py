@@ -53,7 +53,7 @@ def run_checks(options: VerifyOptions, machines: Iterable[type[Machine]], pools:
     for machine in machines:
         if options.machines and machine.definition.name not in options.machines:
             continue
-        for result in check_machine(machine.definition):
+        for result in check_machine(machine.definition, machine=machine):
             run.results.append(result)
         if progress:
             progress(f"{machine.definition.name}: per-machine checks")
