@@ -30,7 +30,7 @@ import z3
 
 from calculet.invariants.checks import (CheckResult, Counterexample, _as_bool, enabled, invariants_hold, post_state,
                                         read_args, read_state, takes)
-from calculet.invariants.symbolic import SymbolicVars, arg_domain, symbolic_args
+from calculet.invariants.symbolic import SymbolicVars, arg_domain, symbolic_args, type_domain
 from calculet.machines.pool import PoolDefinition, PoolView
 
 Progress = Callable[[str], None]
@@ -48,22 +48,11 @@ def _pool_params(p: PoolDefinition, tag: str = "") -> dict[str, Any]:
 
 
 def _param_domain(p: PoolDefinition, params: dict[str, Any]) -> list[Any]:
-    out = []
-    for name, typ in p.params.items():
-        c = typ.constraint(params[name])
-        if c is not None:
-            out.append(c)
-    return out
+    return type_domain(p.params, params)
 
 
 def _ghost_domain(p: PoolDefinition, ghosts: list[dict[str, Any]]) -> list[Any]:
-    out = []
-    for g in ghosts:
-        for name, typ in p.ghosts.items():
-            c = typ.constraint(g[name])
-            if c is not None:
-                out.append(c)
-    return out
+    return [c for g in ghosts for c in type_domain(p.ghosts, g)]
 
 
 def _pool_guard(p: PoolDefinition, view: PoolView, lane: int, event: str, args: dict[str, Any]) -> Any:

@@ -80,13 +80,18 @@ def symbolic_args(event: Any, suffix: str = "") -> dict[str, Any]:
     return {name: typ.symbol(f"{name}{suffix}") for name, typ in event.args.items()}
 
 
-def arg_domain(event: Any, args: Mapping[str, Any]) -> list[z3.BoolRef]:
+def type_domain(types: Mapping[str, Any], terms: Mapping[str, Any]) -> list[z3.BoolRef]:
+    """The declared types' domain constraints on ``terms`` (e.g. ``ge=1`` → ``term >= 1``)."""
     constraints = []
-    for name, typ in event.args.items():
-        constraint = typ.constraint(args[name])
+    for name, typ in types.items():
+        constraint = typ.constraint(terms[name])
         if constraint is not None:
             constraints.append(constraint)
     return constraints
+
+
+def arg_domain(event: Any, args: Mapping[str, Any]) -> list[z3.BoolRef]:
+    return type_domain(event.args, args)
 
 
 def solve_arguments(instance: Any, transition: Any,

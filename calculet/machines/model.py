@@ -6,6 +6,11 @@ from calculet.invariants.expr import And, Implies, Not
 from calculet.machines.core import Bool, Event, Int, Invariant, Machine, Param, State, StepProperty, T, Var
 
 
+def _self_loops(states, event, guard=None, effect=None) -> list[T]:
+    """Counter bookkeeping: the same self-loop in every state where the counted thing may happen."""
+    return [T(s, event, s, guard=guard, effect=effect) for s in states]
+
+
 class ModelMachine(Machine):
     """One immutable model generation, from load to unload (§10–§12).
 
@@ -73,22 +78,14 @@ class ModelMachine(Machine):
         T(validating, load_failed, unloaded),
         T((configuring, warming), load_failed, unloading, effect=lambda v: {"buffers": True}),
         T(ready, acquire, ready, effect=lambda v: {"active_requests": v.active_requests + 1}),
-        T(ready, release_request, ready, guard=lambda v: v.active_requests >= 1,
-          effect=lambda v: {"active_requests": v.active_requests - 1}),
-        T(draining, release_request, draining, guard=lambda v: v.active_requests >= 1,
-          effect=lambda v: {"active_requests": v.active_requests - 1}),
-        T(recovering, release_request, recovering, guard=lambda v: v.active_requests >= 1,
-          effect=lambda v: {"active_requests": v.active_requests - 1}),
-        T(failed, release_request, failed, guard=lambda v: v.active_requests >= 1,
-          effect=lambda v: {"active_requests": v.active_requests - 1}),
-        T(ready, job_submitted, ready, effect=lambda v: {"inflight_jobs": v.inflight_jobs + 1}),
-        T(draining, job_submitted, draining, effect=lambda v: {"inflight_jobs": v.inflight_jobs + 1}),
-        T(ready, job_finished, ready, guard=lambda v: v.inflight_jobs >= 1,
-          effect=lambda v: {"inflight_jobs": v.inflight_jobs - 1}),
-        T(draining, job_finished, draining, guard=lambda v: v.inflight_jobs >= 1,
-          effect=lambda v: {"inflight_jobs": v.inflight_jobs - 1}),
-        T(recovering, job_finished, recovering, guard=lambda v: v.inflight_jobs >= 1,
-          effect=lambda v: {"inflight_jobs": v.inflight_jobs - 1}),
+        *_self_loops((ready, draining, recovering, failed), release_request,
+                      guard=lambda v: v.active_requests >= 1,
+                      effect=lambda v: {"active_requests": v.active_requests - 1}),
+        *_self_loops((ready, draining), job_submitted,
+                      effect=lambda v: {"inflight_jobs": v.inflight_jobs + 1}),
+        *_self_loops((ready, draining, recovering), job_finished,
+                      guard=lambda v: v.inflight_jobs >= 1,
+                      effect=lambda v: {"inflight_jobs": v.inflight_jobs - 1}),
         T(ready, drain, draining),
         T(draining, drained, unloading,
           guard=lambda v: And(v.active_requests == 0, v.inflight_jobs == 0)),
