@@ -1,0 +1,33 @@
+"""Load simulation: seeded workloads, baseline policies, run analysis and reports.
+
+The pieces that do not need the engine live here, so the scheduler can be measured against
+the §1 baselines the moment the engine drives it in virtual time:
+
+* :mod:`.workload` — ``calculet-loadsim/v1`` YAML workloads (presets in ``presets/``) and the
+  seeded generator of :class:`SimRequest` lists;
+* :mod:`.arrivals` — Poisson and on/off arrival processes;
+* :mod:`.analysis` — the record types every policy emits and the figures computed from them;
+* :mod:`.baselines` — B1 serial FCFS and software multi-slot round robin on the sim cost model;
+* :mod:`.report` — Markdown + PNG report of a sweep (matplotlib imported only when plotting).
+"""
+
+from __future__ import annotations
+
+from calculet.loadsim.analysis import (LatencyStats, RunSummary, ServiceTimeline, SimBatchRecord,
+                                       SimRequestRecord, StarvationEvent, jain_index, service_timeline,
+                                       summarize)
+from calculet.loadsim.baselines import (BaselineRun, device_bound_limit, simulate_multi_slot,
+                                        simulate_serial_fcfs)
+from calculet.loadsim.report import PolicyResult, ReportFiles, write_report
+from calculet.loadsim.workload import (OfferedLoad, SimRequest, Workload, WorkloadError, generate_requests,
+                                       load_preset, load_workload, offered_load, parse_workload,
+                                       preset_names, prompt_class)
+
+__all__ = [
+    "BaselineRun", "LatencyStats", "OfferedLoad", "PolicyResult", "ReportFiles", "RunSummary",
+    "ServiceTimeline", "SimBatchRecord", "SimRequest", "SimRequestRecord", "StarvationEvent",
+    "Workload", "WorkloadError", "device_bound_limit", "generate_requests", "jain_index",
+    "load_preset", "load_workload", "offered_load", "parse_workload", "preset_names",
+    "prompt_class", "service_timeline", "simulate_multi_slot", "simulate_serial_fcfs",
+    "summarize", "write_report",
+]
