@@ -63,6 +63,9 @@ class DecodeCompletion:
     ok: bool
     lanes: tuple[LaneOutcome, ...]
     fault: FaultKind = FaultKind.NONE
+    detail: str = ""
+    """Why the job failed (the CalRT return code and message); it reaches the failed requests'
+    error detail (R19.2)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,8 @@ class PrefillCompletion:
     token: int | None
     stop: bool = False
     fault: FaultKind = FaultKind.NONE
+    detail: str = ""
+    """Why the job failed (the CalRT return code and message), for the request's error detail."""
 
 
 class LaneVerdict(enum.Enum):

@@ -30,15 +30,18 @@ class InactiveLanePolicy:
 
     There is no default: a profile that declares no fill token has ``inactive_policy=None``
     and may only run full batches (B1). Token 0 is refused outright, because padding with
-    token 0 is exactly what §7.3 forbids (R7.3.1).
+    token 0 is exactly what §7.3 forbids (R7.3.1); a negative token (an out-of-vocabulary
+    sentinel, as the vendor manifest may declare) is allowed.
     """
 
     fill_token: int
     fill_position: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.fill_token, bool) or not isinstance(self.fill_token, int) or self.fill_token < 0:
-            raise DefinitionError(f"inactive-lane fill_token must be an int >= 0, got {self.fill_token!r}")
+        # A negative fill token is an out-of-vocabulary sentinel (the simulated manifest uses -1):
+        # any accidental use of an inactive lane's input is then caught by the device (§7.3).
+        if isinstance(self.fill_token, bool) or not isinstance(self.fill_token, int):
+            raise DefinitionError(f"inactive-lane fill_token must be an int, got {self.fill_token!r}")
         if self.fill_token == 0:
             raise DefinitionError("inactive-lane fill_token 0 is forbidden: §7.3 rules out padding with token 0")
 

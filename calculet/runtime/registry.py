@@ -222,14 +222,25 @@ class RequestRegistry:
         return Cancellation(CancelResult.CANCELLED, self._ended.get(request_id))
 
     def on_prefill_complete(self, request_id: RequestId, *, generation: int, job_id: int, ok: bool,
-                            stop: bool, token: int | None) -> Callback:
-        """§4 ``on_prefill_complete``: apply the prefill job's result, or report it stale."""
-        return self._on_done(request_id, "prefill_running", "prefill_done", generation, job_id, ok, stop, token)
+                            stop: bool, token: int | None, detail: str = "") -> Callback:
+        """§4 ``on_prefill_complete``: apply the prefill job's result, or report it stale.
+
+        ``detail`` (the CalRT return code and message of a failure) becomes the request's error
+        detail if this result ends it (R19.2)."""
+        return self._on_done(request_id, "prefill_running", "prefill_done", generation, job_id, ok, stop, token,
+                             detail)
 
     def on_decode_complete(self, request_id: RequestId, *, generation: int, job_id: int, ok: bool,
-                           stop: bool, token: int | None) -> Callback:
+                           stop: bool, token: int | None, detail: str = "") -> Callback:
         """§4 ``on_decode_complete``: apply one lane's decode result, or report it stale."""
-        return self._on_done(request_id, "decode_running", "decode_done", generation, job_id, ok, stop, token)
+        return self._on_done(request_id, "decode_running", "decode_done", generation, job_id, ok, stop, token,
+                             detail)
+
+    def fail(self, rec: RequestRecord, detail: str) -> str:
+        """End a request that has no job in flight as Failed (ERROR) with ``detail`` (R19.2)."""
+        if detail:
+            rec.detail = detail
+        return self.fire(rec, "fail")
 
     def finish(self, request_id: RequestId, reason: FinishReason | None = None) -> RequestOutcome:
         """§4 ``finish``: close a Finishing request's stream, or end a request for ``reason``.
@@ -291,7 +302,7 @@ class RequestRegistry:
             log.exception("sink.token failed", extra={"request_id": rec.request_id})
 
     def _on_done(self, request_id: RequestId, running: str, event: str, generation: int, job_id: int,
-                 ok: bool, stop: bool, token: int | None) -> Callback:
+                 ok: bool, stop: bool, token: int | None, detail: str = "") -> Callback:
         rec = self._live.get(request_id)
         if rec is None:
             self._stale += 1
@@ -303,6 +314,8 @@ class RequestRegistry:
             return Callback(CallbackResult.STALE, state, state,
                             f"request is {state} on generation {machine.generation} job {machine.job_id}")
         produced = ok and token is not None
+        if not produced and detail and not rec.detail:
+            rec.detail = detail
         target = self.fire(rec, event, job=job_id, ok=produced, stop=stop)
         if target in ("decode_ready", "finishing"):
             assert token is not None

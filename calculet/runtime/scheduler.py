@@ -56,7 +56,7 @@ from calculet.runtime.kv import FreeSequence, KvLease, KvManager, KvReservationF
 from calculet.runtime.prefill import PrefillScheduler, PrefillStatistics, PrefillWork, SmoothWrr
 from calculet.runtime.profiles import ProfileSet, ProfileSpec
 from calculet.runtime.registry import (RUNNING_STATES, WAITING_STATES, CallbackResult, Cancellation, CancelResult,
-                                       RegistryStatistics, RequestRecord, RequestRegistry)
+                                       RegistryStatistics, RequestRecord, RequestRegistry, TransitionListener)
 from calculet.runtime.request import InferenceRequest, RequestOutcome, RequestSink
 
 Command = Union[FreeSequence, ShiftSequence]
@@ -127,8 +127,9 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig, *, clock: Clock, kv: KvManager, device_kv_tokens: int,
                  max_seq: int, capabilities: SchedulingCapabilities = SchedulingCapabilities(),
-                 step_estimate_s: float = 0.0) -> None:
+                 step_estimate_s: float = 0.0, observer: TransitionListener | None = None) -> None:
         self.config = config
+        self._observer = observer
         self.capabilities = capabilities
         self._clock = clock
         self.kv = kv
@@ -166,13 +167,17 @@ class Scheduler:
     def availability(self) -> ModelAvailability:
         return self._availability
 
-    def set_model(self, generation: int, availability: ModelAvailability, profiles: ProfileSet | None = None) -> None:
-        """The model manager's view of the alias: its generation, availability and profiles."""
+    def set_model(self, generation: int, availability: ModelAvailability, profiles: ProfileSet | None = None,
+                  detail: str = "") -> None:
+        """The model manager's view of the alias: its generation, availability and profiles.
+
+        ``detail`` is the error detail of requests that end because the generation went away
+        or failed (R19.2)."""
         self._no_pending()
         now = self._clock.now()
         old = self._generation
         if old and generation != old:
-            self._end_generation(old)
+            self._end_generation(old, detail)
         self._generation = generation
         self._availability = availability
         if profiles is not None:
@@ -186,7 +191,7 @@ class Scheduler:
                 if rec.state == "waiting_admission" and rec.generation == generation:
                     self.registry.fire(rec, "cancel")
         elif availability is ModelAvailability.FAILED:
-            self._end_generation(generation)
+            self._end_generation(generation, detail)
 
     def shutdown(self) -> None:
         """Refuse new requests (503); cancel everything not on the device; running jobs drain."""
@@ -336,7 +341,9 @@ class Scheduler:
             return self._late(job, batch.kv.leases, now)
         if completion.generation != job.generation:
             self._anomalies += 1
-            completion = DecodeCompletion(completion.job_id, job.generation, False, (), FaultKind.ERROR)
+            completion = DecodeCompletion(completion.job_id, job.generation, False, (), FaultKind.ERROR,
+                                          f"result of generation {completion.generation} for a job of generation "
+                                          f"{job.generation}")
         checks, extra = check_decode_lanes(batch.active, completion,
                                            lane_isolation=self.capabilities.lane_failure_isolation,
                                            vocab_size=self.capabilities.vocab_size)
@@ -350,8 +357,9 @@ class Scheduler:
             if verdict is LaneVerdict.MISMATCH:
                 self._anomalies += 1
             self._settle_kv(lease, verdict)
+            detail = "" if good else (completion.detail or check.detail)
             callback = registry.on_decode_complete(rec.request_id, generation=generation, job_id=job_id,
-                                                   ok=good, stop=check.stop, token=check.token)
+                                                   ok=good, stop=check.stop, token=check.token, detail=detail)
             if good:
                 ok += 1
             else:
@@ -401,15 +409,17 @@ class Scheduler:
             self._pump(now)
             return Applied(job.job_id, False, 1, 0)
         ok = verdict is LaneVerdict.OK
+        detail = "" if ok else (completion.detail or (
+            "prefill result tags do not match the job" if not consistent else f"unusable token {token!r}"))
         callback = self.registry.on_prefill_complete(rec.request_id, generation=job.generation,
                                                      job_id=work.request_job, ok=ok, stop=completion.stop,
-                                                     token=token if ok else None)
+                                                     token=token if ok else None, detail=detail)
         if callback.result is CallbackResult.APPLIED:
             self._after_done(rec, callback.target, now)
         self._pump(now)
         return Applied(job.job_id, callback.result is CallbackResult.STALE, int(ok), int(not ok))
 
-    def job_timed_out(self, job_id: int) -> Applied:
+    def job_timed_out(self, job_id: int, detail: str = "") -> Applied:
         """Wait timed out: the job keeps its slot (it may still write), its lanes go Unknown,
         its requests end (Failed, or Cancelled if they were being cancelled)."""
         self._no_pending()
@@ -418,17 +428,17 @@ class Scheduler:
             self._stale += 1
             return Applied(job_id, True)
         self.jobs.fire(job, "timeout")
-        failed = self._fail_job_requests(job)
+        failed = self._fail_job_requests(job, detail or "TIMEOUT: Wait timed out")
         self._pump(self._clock.now())
         return Applied(job_id, False, 0, failed)
 
-    def device_reset(self) -> None:
+    def device_reset(self, detail: str = "") -> None:
         """A device reset per the contract ended every job: slots free, Unknown lanes recover."""
         self._no_pending()
         for job in self.jobs:
             if job.state == "submitted":
                 self.jobs.fire(job, "fault")
-                self._fail_job_requests(job)
+                self._fail_job_requests(job, detail or "job ended by a device reset")
             elif job.state == "timed_out":
                 self.jobs.fire(job, "quarantine")
             self.jobs.fire(job, "reset_done")
@@ -445,6 +455,47 @@ class Scheduler:
                 self._commands.append(self.kv.recover(lane))
                 recovered += 1
         return recovered
+
+    def fail(self, request_id: int, detail: str) -> bool:
+        """End a request that has no job in flight as Failed (ERROR) with ``detail``.
+
+        For failures the engine finds outside a completion: a submit the device refused for
+        good (INVALID_ARGUMENT, OUT_OF_MEMORY, ...), or KV lost in a reset (R19.2: the return
+        code reaches the request's error detail). Returns False if the request is unknown,
+        ended, finishing, or has a job on the device (that job's completion decides).
+        """
+        self._no_pending()
+        rec = self.registry.get(request_id)
+        if rec is None or rec.state == "finishing":
+            return False
+        if rec.state in RUNNING_STATES:
+            if rec.state != "prefill_running" or not self.prefill.queued(rec):
+                return False
+            if detail:  # between chunks: nothing in flight
+                rec.detail = detail
+            self.registry.fire(rec, "prefill_done", job=rec.job_id, ok=False, stop=False)
+        else:
+            self.registry.fail(rec, detail)
+        self._pump(self._clock.now())
+        return True
+
+    def fail_lost_kv(self, detail: str) -> int:
+        """The device lost every KV sequence (reset, restart): end each request whose committed
+        KV is gone (a lane with nothing committed yet is still usable). Returns how many ended."""
+        self._no_pending()
+        ended = 0
+        for rec in self.registry.live():
+            lease = rec.lease
+            if lease is None or not self.kv.owns(lease) or self.kv.committed_len(lease) == 0:
+                continue
+            ended += self.fail(rec.request_id, detail)
+        return ended
+
+    def limit_inflight(self, max_inflight: int) -> None:
+        """§14 degrade: new jobs go out ``max_inflight`` at a time; submitted jobs still drain."""
+        if not 1 <= max_inflight <= 2:
+            raise DefinitionError(f"limit_inflight({max_inflight}): must be 1 or 2 (§14)")
+        self.jobs.max_inflight = max_inflight
 
     # ------------------------------------------------------------------ KV commands (§9.2)
 
@@ -477,6 +528,8 @@ class Scheduler:
 
     def _on_transition(self, rec: RequestRecord, source: str, target: str) -> None:
         """Reclaim whatever ``rec`` stops needing with this transition (the one reclaim path)."""
+        if self._observer is not None:
+            self._observer(rec, source, target)
         if source == target:
             return
         if source in WAITING_STATES:
@@ -606,7 +659,7 @@ class Scheduler:
         self._pump(now)
         return Applied(job.job_id, True)
 
-    def _fail_job_requests(self, job: JobRecord) -> int:
+    def _fail_job_requests(self, job: JobRecord, detail: str = "") -> int:
         """The job's device state is unknown: fault its lanes and end its requests."""
         work = job.work
         if isinstance(work, DecodeBatch):
@@ -620,10 +673,12 @@ class Scheduler:
             self.kv.settle(lease, "fault")
             if isinstance(work, DecodeBatch):
                 callback = self.registry.on_decode_complete(rec.request_id, generation=job.generation,
-                                                            job_id=request_job, ok=False, stop=False, token=None)
+                                                            job_id=request_job, ok=False, stop=False, token=None,
+                                                            detail=detail)
             else:
                 callback = self.registry.on_prefill_complete(rec.request_id, generation=job.generation,
-                                                             job_id=request_job, ok=False, stop=False, token=None)
+                                                             job_id=request_job, ok=False, stop=False, token=None,
+                                                             detail=detail)
             failed += callback.result is CallbackResult.APPLIED
         return failed
 
@@ -635,7 +690,7 @@ class Scheduler:
         """A chunked prefill with nothing in flight ends now (its cancel/deadline flag decides how)."""
         self.registry.fire(rec, "prefill_done", job=rec.job_id, ok=True, stop=False)
 
-    def _end_generation(self, generation: int) -> None:
+    def _end_generation(self, generation: int, detail: str = "") -> None:
         """Requests pinned to a generation that can no longer serve them end (running ones drain)."""
         for rec in self.registry.live():
             if rec.generation != generation:
@@ -644,9 +699,11 @@ class Scheduler:
             if state == "finishing":
                 self.registry.finish(rec.request_id)
             elif state == "prefill_running" and self.prefill.queued(rec):
+                if detail:
+                    rec.detail = detail
                 self.registry.fire(rec, "prefill_done", job=rec.job_id, ok=False, stop=False)
             elif state not in RUNNING_STATES:
-                self.registry.fire(rec, "fail")
+                self.registry.fail(rec, detail)
 
     def _bind_waiting_model(self) -> None:
         max_seq = self._max_seq()

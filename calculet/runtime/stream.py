@@ -1,0 +1,244 @@
+"""StreamWriter (§3, §4): a thread-safe request sink that HTTP handlers and asyncio loops consume.
+
+The engine's actor delivers a request's tokens and its single terminal outcome to a
+:class:`~calculet.runtime.request.RequestSink`. :class:`StreamWriter` is that sink as a
+stream: the actor appends (never blocks), any number of consumers read —
+
+* a thread (an HTTP handler) with :meth:`StreamWriter.next_event` / iteration /
+  :meth:`StreamWriter.result`, each bounded by a timeout;
+* an asyncio task with ``async for event in stream.aevents()`` — the actor wakes the loop with
+  ``call_soon_threadsafe``, so the loop never blocks on the actor.
+
+It closes exactly once with a finish reason — ``stop``, ``length``, ``cancelled``, ``error`` or
+``deadline`` — and a second close is refused and counted (§4: "promise/stream close can be
+triggered only once"). A token after the close is refused the same way.
+
+What a client sees (``StreamEvent.tokens`` / ``text``) is the generated tokens minus what
+ended the request: EOS, and a completed stop sequence. Tokens that might still turn out to
+be the start of a stop sequence are held back until they cannot be; ``raw_tokens`` keeps
+everything the model produced, in order. Text is decoded incrementally
+(:class:`~calculet.runtime.tokenizer.Detokenizer`): a multi-byte character split across
+tokens appears once it is complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import threading
+from dataclasses import dataclass
+from typing import AsyncIterator, Iterator, Sequence
+
+from calculet.machines.request import FinishReason
+from calculet.runtime.request import RequestOutcome
+from calculet.runtime.tokenizer import ByteTokenizer, Detokenizer
+
+
+class StreamFinish(str, enum.Enum):
+    """The stream's finish reason (the API's ``finish_reason``)."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+    DEADLINE = "deadline"
+
+    @classmethod
+    def of(cls, reason: FinishReason) -> StreamFinish:
+        """Admission rejections (400/429/503) are errors; the outcome keeps the HTTP status."""
+        return _FINISH.get(reason, cls.ERROR)
+
+
+_FINISH = {FinishReason.STOP: StreamFinish.STOP, FinishReason.LENGTH: StreamFinish.LENGTH,
+           FinishReason.CANCELLED: StreamFinish.CANCELLED, FinishReason.DEADLINE: StreamFinish.DEADLINE,
+           FinishReason.ERROR: StreamFinish.ERROR, FinishReason.REJECTED: StreamFinish.ERROR}
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """A chunk of visible output, or (``finished``) the final event carrying the outcome."""
+
+    index: int
+    tokens: tuple[int, ...]
+    text: str
+    finished: bool = False
+    finish_reason: StreamFinish | None = None
+    outcome: RequestOutcome | None = None
+
+
+@dataclass(frozen=True)
+class StreamResult:
+    """Everything a finished stream carried."""
+
+    request_id: int
+    raw_tokens: tuple[int, ...]
+    tokens: tuple[int, ...]
+    text: str
+    finish_reason: StreamFinish
+    outcome: RequestOutcome
+
+
+@dataclass(frozen=True)
+class StreamStatistics:
+    raw_tokens: int
+    visible_tokens: int
+    held_back: int
+    events: int
+    closed: bool
+    refused_closes: int
+    refused_tokens: int
+
+
+class StreamWriter:
+    """A request's stream: a thread-safe :class:`RequestSink` with blocking and async readers."""
+
+    def __init__(self, *, tokenizer: ByteTokenizer | None = None, stop: Sequence[Sequence[int]] = (),
+                 eos: int | None = None) -> None:
+        self._lock = threading.Condition(threading.Lock())
+        self._detok: Detokenizer | None = tokenizer.detokenizer() if tokenizer is not None else None
+        self._stops = tuple(tuple(s) for s in stop if s)
+        self._eos = eos if eos is not None else (tokenizer.eos if tokenizer is not None else None)
+        self._request_id = 0
+        self._raw: list[int] = []
+        self._visible: list[int] = []
+        self._held: list[int] = []
+        self._text: list[str] = []
+        self._events: list[StreamEvent] = []
+        self._outcome: RequestOutcome | None = None
+        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+        self._refused_closes = 0
+        self._refused_tokens = 0
+
+    # ------------------------------------------------------------------ the sink (actor side)
+
+    def token(self, request_id: int, token: int) -> None:
+        with self._lock:
+            if self._outcome is not None:
+                self._refused_tokens += 1
+                return
+            self._request_id = request_id
+            self._raw.append(token)
+            self._held.append(token)
+            keep = self._holdback()
+            release = self._held[: len(self._held) - keep]
+            del self._held[: len(release)]
+            if release:
+                self._emit(release, finished=False)
+        self._notify()
+
+    def close(self, outcome: RequestOutcome) -> None:
+        with self._lock:
+            if self._outcome is not None:
+                self._refused_closes += 1
+                return
+            self._request_id = outcome.request_id
+            held = self._held
+            if outcome.finish_reason is FinishReason.STOP:
+                if held and self._eos is not None and held[-1] == self._eos:
+                    held.pop()
+                else:
+                    for seq in self._stops:
+                        if len(held) >= len(seq) and tuple(held[-len(seq):]) == seq:
+                            del held[-len(seq):]
+                            break
+            self._outcome = outcome
+            self._emit(list(held), finished=True)
+            held.clear()
+        self._notify()
+
+    # ------------------------------------------------------------------ consumers (any thread)
+
+    @property
+    def closed(self) -> bool:
+        with self._lock:
+            return self._outcome is not None
+
+    def next_event(self, index: int, timeout: float | None = None) -> StreamEvent:
+        """Event number ``index`` (0-based), waiting up to ``timeout``; ``TimeoutError`` if none."""
+        with self._lock:
+            if not self._lock.wait_for(lambda: len(self._events) > index, timeout):
+                raise TimeoutError(f"no stream event {index} within {timeout} s")
+            return self._events[index]
+
+    def events(self, timeout: float | None = None) -> Iterator[StreamEvent]:
+        """Every event in order, ending with the final one; each wait is bounded by ``timeout``."""
+        index = 0
+        while True:
+            event = self.next_event(index, timeout)
+            yield event
+            if event.finished:
+                return
+            index += 1
+
+    def result(self, timeout: float | None = None) -> StreamResult:
+        """Wait for the close and return everything the stream carried."""
+        with self._lock:
+            if not self._lock.wait_for(lambda: self._outcome is not None, timeout):
+                raise TimeoutError(f"stream not closed within {timeout} s")
+            outcome = self._outcome
+            assert outcome is not None
+            return StreamResult(outcome.request_id, tuple(self._raw), tuple(self._visible), "".join(self._text),
+                                StreamFinish.of(outcome.finish_reason), outcome)
+
+    async def aevents(self) -> AsyncIterator[StreamEvent]:
+        """The events for an asyncio consumer; the actor wakes the loop thread-safely."""
+        loop = asyncio.get_running_loop()
+        index = 0
+        while True:
+            wake = asyncio.Event()
+            with self._lock:
+                if len(self._events) > index:
+                    event = self._events[index]
+                else:
+                    event = None
+                    self._async_waiters.append((loop, wake))
+            if event is None:
+                await wake.wait()
+                continue
+            yield event
+            if event.finished:
+                return
+            index += 1
+
+    def statistics(self) -> StreamStatistics:
+        with self._lock:
+            return StreamStatistics(len(self._raw), len(self._visible), len(self._held), len(self._events),
+                                    self._outcome is not None, self._refused_closes, self._refused_tokens)
+
+    # ------------------------------------------------------------------ internals (lock held)
+
+    def _holdback(self) -> int:
+        """How many trailing held tokens may still begin (or complete) a stop sequence."""
+        held = self._held
+        best = 0
+        if self._eos is not None and held and held[-1] == self._eos:
+            best = 1
+        for seq in self._stops:
+            for n in range(min(len(seq), len(held)), best, -1):
+                if tuple(held[-n:]) == seq[:n]:
+                    best = n
+                    break
+        return best
+
+    def _emit(self, tokens: list[int], *, finished: bool) -> None:
+        text = ""
+        if self._detok is not None:
+            text = "".join(self._detok.push(t) for t in tokens)
+            if finished:
+                text += self._detok.flush()
+        self._visible.extend(tokens)
+        if text:
+            self._text.append(text)
+        outcome = self._outcome if finished else None
+        reason = StreamFinish.of(outcome.finish_reason) if outcome is not None else None
+        self._events.append(StreamEvent(len(self._events), tuple(tokens), text, finished, reason, outcome))
+        self._lock.notify_all()
+
+    def _notify(self) -> None:
+        with self._lock:
+            waiters, self._async_waiters = self._async_waiters, []
+        for loop, wake in waiters:
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # the consumer's loop is closed: nobody is listening any more
+                pass
