@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Mapping
 
@@ -87,27 +88,30 @@ class InvariantViolation(DefinitionError):
 # Types
 
 
-class VarType:
+class VarType(ABC):
     """A bounded type: how to check a plain value, and how to make and constrain a z3 term."""
 
     default: Any = None
 
+    @abstractmethod
     def check(self, value: Any) -> str | None:
         """None when ``value`` belongs to the type, otherwise the reason it does not."""
-        raise NotImplementedError
 
+    @abstractmethod
     def symbol(self, name: str) -> z3.ExprRef:
-        raise NotImplementedError
+        """A fresh z3 constant of this type's sort."""
 
     def constraint(self, term: Any) -> Any:
         """The z3 domain constraint of ``term`` (None when the sort alone is the domain)."""
         return None
 
+    @abstractmethod
     def describe(self) -> str:
-        raise NotImplementedError
+        """How the documents print the type."""
 
+    @abstractmethod
     def is_sort_of(self, term: Any) -> bool:
-        raise NotImplementedError
+        """Whether an effect's value (plain or z3) can be assigned to a variable of this type."""
 
 
 @dataclass(frozen=True)
