@@ -1,20 +1,135 @@
-"""``python -m calculet.run``: start calculet.
+"""``python -m calculet.run``: serve calculet over HTTP (OpenAI-compatible API, admin API, /metrics).
 
-The OpenAI-compatible service is built in a later step (see the README). Until then this entry
-point regenerates the derived documents and says where they are, rather than pretending to serve.
+::
+
+    python -m calculet.run [--config FILE] [--host 127.0.0.1] [--port 8000] [--log-format json|text]
+                           [--log-level INFO] [--sim-cost tiny|reference|instant]
+
+With no arguments: the simulated NPU in real time, the bundled tiny model package built and
+signed with this machine's development key at start-up, the default configuration (§15), on
+127.0.0.1:8000. ``--host``/``--port`` override ``server.host``/``server.port``; ``--port 0``
+picks a free port (the ``listening`` log line names it).
+
+Start-up stops with exit code 2 and a message naming the field when the configuration is
+invalid (``queues.decode_weight: must be > 0``), when it asks for what the package cannot do
+(a B8 profile of a B1 calbin, R15.19), or when the package fails its trust checks (§11).
+
+SIGTERM / SIGINT: admission stops at once (new requests 503, ``/health/ready`` 503), accepted
+requests run on until ``executor.drain_deadline_ms``, what is left is then cancelled (jobs on
+the device still drain), the device is released and the process exits 0 (§12).
 """
 
 from __future__ import annotations
 
+import argparse
+import logging
+import signal
+import socket
 import sys
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
 
-from calculet import specgen
+from calculet.adapters.sim import CostModel, SimConfig, TimeMode
+from calculet.config import SchedulerConfig, default_config, load_config
+from calculet.errors import CalculetError, ConfigError
+
+log = logging.getLogger("calculet.run")
+
+COSTS = {"tiny": CostModel.tiny, "reference": CostModel.reference, "instant": CostModel.instant}
+SHUTDOWN_MARGIN_S = 5.0
+"""Extra time the HTTP server waits for streams after the drain deadline (they end by then)."""
 
 
-def main(argv: list[str] | None = None) -> int:
-    code = specgen.main([])
-    print(f"calculet: the inference service is not built yet; the specifications are in {specgen.SPECS_DIR}/index.md")
-    return code
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m calculet.run",
+                                     description="Serve calculet: OpenAI-compatible API, admin API, /metrics.")
+    parser.add_argument("--config", metavar="FILE", help="calculet-scheduler/v1 YAML (default: the §15 defaults)")
+    parser.add_argument("--host", default=None, help="listen address (default: server.host, 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="port (default: server.port, 8000; 0 = any free)")
+    parser.add_argument("--log-format", choices=("json", "text"), default="text")
+    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+    parser.add_argument("--sim-cost", choices=tuple(COSTS), default="tiny",
+                        help="latency cost model of the simulated NPU (tiny: ms-scale; reference: the §13.1 "
+                             "model's assumed shape, 40 ms per B1 step; instant: zero device time)")
+    return parser
+
+
+def _load(path: str | None) -> SchedulerConfig:
+    return load_config(path) if path else default_config()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from calculet.server.logs import configure_logging
+
+    configure_logging(args.log_format, args.log_level)
+    try:
+        config = _load(args.config)
+    except ConfigError as exc:
+        print(f"calculet: invalid configuration, not starting:\n{exc}", file=sys.stderr)
+        return 2
+    host = args.host or config.server.host
+    port = args.port if args.port is not None else config.server.port
+
+    import uvicorn
+
+    from calculet.server.app import Service, create_app
+    from calculet.server.bringup import bring_up
+
+    try:
+        brought = bring_up(config, sim=SimConfig(time_mode=TimeMode.REAL, cost=COSTS[args.sim_cost]()))
+    except ConfigError as exc:
+        print(f"calculet: the configuration does not fit the package or device, not starting:\n{exc}",
+              file=sys.stderr)
+        return 2
+    except CalculetError as exc:
+        print(f"calculet: bring-up failed, not starting: {exc}", file=sys.stderr)
+        return 2
+    try:
+        # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that say they are TCP; without
+        # it a response written in two parts waits ~40 ms for a delayed ACK (Nagle).
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM,
+                             socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        brought.engine.stop(0)
+        brought.close()
+        print(f"calculet: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+        return 2
+    drain_s = config.executor.drain_deadline_ms / 1000
+    service = Service(config, brought.engine, package=brought.package, load_duration_s=brought.load_duration_s)
+    service.start()
+    app = create_app(service)
+
+    class Server(uvicorn.Server):
+        """uvicorn, plus: a signal first stops admission and starts the engine's drain (§12)."""
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            service.begin_shutdown()
+            super().handle_exit(sig, frame)
+
+    def after_serving(sig: int, frame: FrameType | None) -> None:
+        # uvicorn re-raises the signal it caught once it has stopped; by then we exit on our own.
+        service.begin_shutdown()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, after_serving)
+    server = Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
+                                   timeout_graceful_shutdown=int(drain_s + SHUTDOWN_MARGIN_S)))
+    bound: Any = sock.getsockname()
+    log.info("listening", extra={"url": f"http://{host}:{bound[1]}", "host": host, "port": bound[1],
+                                 "model_alias": config.model_alias, "bundled_model": brought.bundled,
+                                 "drain_deadline_s": drain_s})
+    try:
+        server.run(sockets=[sock])
+    finally:
+        stopped = service.stop(wait_s=drain_s + SHUTDOWN_MARGIN_S * 2)
+        brought.close()
+        final = service.lifecycle.final
+        log.info("stopped", extra={"clean": stopped, "finished": final.finished if final else None})
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,357 @@
+"""Cost of the HTTP layer, and streaming latency at a realistic device cost (a benchmark).
+
+Part 1 — the HTTP layer at zero device cost (``CostModel.instant()``): the same requests go
+(a) straight into an in-process ``Engine`` (submit + wait for the stream to close) and (b)
+through ``python -m calculet.run`` over HTTP (a subprocess on 127.0.0.1; an httpx client in
+this process). With the device free, the difference is what the service adds: routing,
+validation, tokenisation, JSON/SSE encoding, the thread hop to the engine's actor, the client's
+own HTTP work and loopback TCP. Reported: requests/s and latency p50/p99 per path, and the
+added latency (HTTP p50 − engine p50).
+
+Part 2 — streaming at a realistic cost (``CostModel.reference()``: 5 ms + 0.6 ms/token
+prefill, 40 ms + 2.5 ms/lane decode steps — the assumed shape of the §13.1 reference model on
+B1, not an NPU measurement): time to first token and inter-token latency seen by the client,
+next to what the device model alone would take, at 1 and 4 concurrent streams. On B1, 4
+streams share the one device (software multi-slot, not NPU batch — R1.1): round-robin would
+give each about 4 device steps between tokens; the §7.2 earliest-deadline selection instead
+runs the earliest stream's decode first, so most gaps are one step and a waiting stream sees
+one long gap (the ITL p99).
+
+Figures, not a pass/fail test (DESIGN principle 10). Service logging at WARNING so the figures
+are not log-bound.
+
+    python bench/service.py [--requests 192] [--tokens 16] [--stream-tokens 24]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from queue import Empty, Queue
+
+import httpx
+import numpy as np
+
+from calculet.adapters.sim import CostModel, SimCalRT, SimConfig, TimeMode, package_dir
+from calculet.config import default_config
+from calculet.runtime.engine import Engine, EngineOptions, GenerateRequest
+from calculet.runtime.sampler import SamplingParams
+from calculet.runtime.stream import StreamWriter
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "Calculet NPU benchmark prompt"
+
+
+@dataclass(frozen=True)
+class Row:
+    path: str
+    concurrency: int
+    requests: int
+    req_per_s: float
+    p50_ms: float
+    p99_ms: float
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q, method="linear")) if values else float("nan")
+
+
+def _row(path: str, concurrency: int, latencies: list[float], wall: float) -> Row:
+    return Row(path, concurrency, len(latencies), len(latencies) / wall, _pct(latencies, 50) * 1e3,
+               _pct(latencies, 99) * 1e3)
+
+
+# ---------------------------------------------------------------------------------------------
+# the server under test (the real entry point, as a subprocess)
+# ---------------------------------------------------------------------------------------------
+
+
+class Server:
+    """``python -m calculet.run --port 0`` in a subprocess; the port comes from its log line."""
+
+    def __init__(self, cost: str, home: Path) -> None:
+        env = {**os.environ, "CALCULET_HOME": str(home), "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "calculet.run", "--host", "127.0.0.1", "--port", "0", "--log-format", "json",
+             "--log-level", "INFO", "--sim-cost", cost],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        lines: Queue[str] = Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in self.proc.stderr or ()], daemon=True).start()
+        while True:
+            try:
+                line = lines.get(timeout=60)
+            except Empty:
+                self.stop()
+                raise RuntimeError("the server did not start within 60 s") from None
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if record.get("msg") == "listening":
+                self.url = f"http://127.0.0.1:{record['port']}"
+                break
+        self._drain = lines
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(60)
+
+
+# ---------------------------------------------------------------------------------------------
+# part 1: the HTTP layer at zero device cost
+# ---------------------------------------------------------------------------------------------
+
+
+class DirectEngine:
+    """The engine alone, in this process (same package, config and cost model as the server)."""
+
+    def __init__(self) -> None:
+        self.engine = Engine(default_config(),
+                             SimCalRT(SimConfig(time_mode=TimeMode.REAL, cost=CostModel.instant())),
+                             package_dir("current"), options=EngineOptions(monitor_mode="count"))
+        self.engine.start()
+        self.prompt = tuple(self.engine.tokenizer.encode(PROMPT))
+        self.params = SamplingParams(temperature=0.0, ignore_eos=True)
+
+    def one(self, tokens: int) -> float:
+        """Submit and wait for the close; the latency in seconds."""
+        start = time.perf_counter()
+        stream = StreamWriter(tokenizer=self.engine.tokenizer)
+        self.engine.submit(GenerateRequest(self.prompt, tokens, sampling=self.params), stream)
+        stream.result(30)
+        return time.perf_counter() - start
+
+    def concurrent(self, requests: int, tokens: int, concurrency: int) -> Row:
+        latencies: list[float] = []
+        lock = threading.Lock()
+
+        def worker(n: int) -> None:
+            for _ in range(n):
+                took = self.one(tokens)
+                with lock:
+                    latencies.append(took)
+
+        started = time.perf_counter()
+        threads = [threading.Thread(target=worker, args=(requests // concurrency,)) for _ in range(concurrency)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return _row("engine (in-process)", concurrency, latencies, time.perf_counter() - started)
+
+    def stop(self) -> None:
+        self.engine.stop(5)
+
+
+def completion_body(tokens: int, stream: bool) -> dict[str, object]:
+    return {"model": "qwen3", "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
+            "stream": stream}
+
+
+def paired(url: str, direct: DirectEngine, requests: int, tokens: int) -> tuple[list[Row], dict[str, float]]:
+    """Concurrency 1, the paths interleaved request by request so machine noise hits all alike;
+    the added latency is the median of the per-round differences."""
+    samples: dict[str, list[float]] = {"engine (in-process)": [], "HTTP GET /health/live": [],
+                                       "HTTP /v1/completions": [], "HTTP /v1/completions SSE": []}
+    with httpx.Client(base_url=url, timeout=60) as http:
+        def live() -> float:
+            start = time.perf_counter()
+            http.get("/health/live").raise_for_status()
+            return time.perf_counter() - start
+
+        def plain() -> float:
+            start = time.perf_counter()
+            http.post("/v1/completions", json=completion_body(tokens, False)).raise_for_status()
+            return time.perf_counter() - start
+
+        def streamed() -> float:
+            start = time.perf_counter()
+            with http.stream("POST", "/v1/completions", json=completion_body(tokens, True)) as response:
+                response.raise_for_status()
+                for _ in response.iter_lines():
+                    pass
+            return time.perf_counter() - start
+
+        paths: list[tuple[str, Callable[[], float]]] = [
+            ("engine (in-process)", lambda: direct.one(tokens)), ("HTTP GET /health/live", live),
+            ("HTTP /v1/completions", plain), ("HTTP /v1/completions SSE", streamed)]
+        for _ in range(10):
+            for _, fn in paths:
+                fn()
+        for _ in range(requests):
+            for name, fn in paths:
+                samples[name].append(fn())
+    rows = [Row(name, 1, len(v), 1.0 / float(np.mean(v)), _pct(v, 50) * 1e3, _pct(v, 99) * 1e3)
+            for name, v in samples.items()]
+    base = np.asarray(samples["engine (in-process)"])
+    added = {name: float(np.median(np.asarray(v) - base)) * 1e3 for name, v in samples.items()
+             if "completions" in name}
+    return rows, added
+
+
+def http_concurrent(url: str, label: str, requests: int, concurrency: int,
+                    send: Callable[[httpx.AsyncClient], Awaitable[None]]) -> Row:
+    latencies: list[float] = []
+
+    async def run() -> float:
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+            for _ in range(10):
+                await send(client)
+
+            async def worker(n: int) -> None:
+                for _ in range(n):
+                    start = time.perf_counter()
+                    await send(client)
+                    latencies.append(time.perf_counter() - start)
+
+            started = time.perf_counter()
+            await asyncio.gather(*(worker(requests // concurrency) for _ in range(concurrency)))
+            return time.perf_counter() - started
+
+    wall = asyncio.run(run())
+    return _row(label, concurrency, latencies, wall)
+
+
+def part1(url: str, requests: int, tokens: int) -> tuple[list[Row], dict[tuple[str, int], float]]:
+    async def plain(client: httpx.AsyncClient) -> None:
+        (await client.post("/v1/completions", json=completion_body(tokens, False))).raise_for_status()
+
+    async def streamed(client: httpx.AsyncClient) -> None:
+        async with client.stream("POST", "/v1/completions", json=completion_body(tokens, True)) as response:
+            response.raise_for_status()
+            async for _ in response.aiter_lines():
+                pass
+
+    direct = DirectEngine()
+    try:
+        rows, added1 = paired(url, direct, requests, tokens)
+        added = {(name, 1): value for name, value in added1.items()}
+        base = direct.concurrent(requests, tokens, 16)
+    finally:
+        direct.stop()
+    rows.append(base)
+    for label, send in (("HTTP /v1/completions", plain), ("HTTP /v1/completions SSE", streamed)):
+        row = http_concurrent(url, label, requests, 16, send)
+        rows.append(row)
+        added[(label, 16)] = row.p50_ms - base.p50_ms
+    return rows, added
+
+
+# ---------------------------------------------------------------------------------------------
+# part 2: streaming latency at a realistic cost
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StreamRow:
+    concurrency: int
+    streams: int
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    itl_p50_ms: float
+    itl_p99_ms: float
+    device_ttft_ms: float
+    device_itl_ms: float
+
+
+def part2(url: str, tokens: int, prompt_tokens: int) -> list[StreamRow]:
+    cost = CostModel.reference()
+    rows = []
+    for concurrency in (1, 4):
+        ttfts: list[float] = []
+        itls: list[float] = []
+
+        async def one(client: httpx.AsyncClient) -> None:
+            start = time.perf_counter()
+            last: float | None = None
+            async with client.stream("POST", "/v1/completions", json=completion_body(tokens, True)) as response:
+                response.raise_for_status()
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    now = time.perf_counter()
+                    payload = json.loads(line[6:])
+                    if not payload.get("choices") or payload["choices"][0].get("finish_reason"):
+                        continue
+                    if last is None:
+                        ttfts.append(now - start)
+                    else:
+                        itls.append(now - last)
+                    last = now
+
+        async def run() -> None:
+            async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+                await one(client)  # warm-up
+                ttfts.clear()
+                itls.clear()
+                for _ in range(2):
+                    await asyncio.gather(*(one(client) for _ in range(concurrency)))
+
+        asyncio.run(run())
+        step = cost.decode_s(1)
+        rows.append(StreamRow(concurrency, 2 * concurrency, _pct(ttfts, 50) * 1e3, _pct(ttfts, 99) * 1e3,
+                              _pct(itls, 50) * 1e3, _pct(itls, 99) * 1e3,
+                              cost.prefill_s(prompt_tokens) * 1e3, step * concurrency * 1e3))
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--requests", type=int, default=192, help="requests per row of part 1")
+    parser.add_argument("--tokens", type=int, default=16, help="max_tokens of part 1 requests")
+    parser.add_argument("--stream-tokens", type=int, default=24, help="max_tokens of part 2 streams")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="calculet-bench-home-") as home:
+        server = Server("instant", Path(home))
+        try:
+            rows, added = part1(server.url, args.requests, args.tokens)
+        finally:
+            server.stop()
+        server = Server("reference", Path(home))
+        try:
+            stream_rows = part2(server.url, args.stream_tokens, len(PROMPT.encode()) + 1)
+        finally:
+            server.stop()
+
+    print(f"Part 1 — HTTP layer at zero device cost (CostModel.instant), max_tokens={args.tokens}, "
+          f"{args.requests} requests per row; client and server on one machine")
+    header = f"{'path':<28} {'conc':>4} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'added p50 ms':>12}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        extra = added.get((r.path, r.concurrency))
+        shown = f"{extra:12.2f}" if extra is not None else ""
+        print(f"{r.path:<28} {r.concurrency:>4} {r.req_per_s:>8.0f} {r.p50_ms:>8.2f} {r.p99_ms:>8.2f} {shown:>12}")
+    print(f"\nPart 2 — streaming at the reference cost model (an assumption, not an NPU measurement), "
+          f"{args.stream_tokens} tokens per stream, B1")
+    header = (f"{'conc':>4} {'streams':>7} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} "
+              f"{'device TTFT':>11} {'device ITL':>10}   (ms)")
+    print(header)
+    print("-" * len(header))
+    for s in stream_rows:
+        print(f"{s.concurrency:>4} {s.streams:>7} {s.ttft_p50_ms:>9.1f} {s.ttft_p99_ms:>9.1f} {s.itl_p50_ms:>8.1f} "
+              f"{s.itl_p99_ms:>8.1f} {s.device_ttft_ms:>11.1f} {s.device_itl_ms:>10.1f}")
+    print("\nadded p50: at concurrency 1 the median of per-round differences HTTP − engine (the paths interleaved "
+          "request by request); at 16, the difference of p50s. Client-side HTTP work is included; GET /health/live "
+          "is the HTTP floor.")
+    print("device TTFT = modelled prefill of the prompt; device ITL = one B1 decode step × streams sharing the "
+          "device round-robin (software multi-slot, not NPU batch). With several streams the §7.2 earliest-deadline "
+          "selection serves the earliest stream's decode first: most gaps are one step, a waiting stream sees one "
+          "long gap (ITL p99).")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,453 @@
+"""The OpenAI-compatible inference API: /v1/completions, /v1/chat/completions, /v1/models.
+
+One request's path (§3, §4, §5.2):
+
+1. the API key names the tenant (:mod:`calculet.server.auth`); the body is validated and any
+   unsupported feature is refused with 400 naming the field (§9.3, R9.3.9);
+2. the prompt is tokenised (byte-level vocabulary of the served calbin; chat messages through
+   the template below) and checked against the context: prompt, or prompt + max_tokens, beyond
+   ``max_seq`` is 400 ``context_length_exceeded`` (§5.2 RejectInvalid, R5.2.3);
+3. ``Engine.submit`` answers the §5.2 outcome at once: 400 / 429 (with ``Retry-After``) / 503
+   become OpenAI error bodies; Admit and Queue proceed;
+4. tokens arrive through a :class:`TimedStream` (a ``StreamWriter`` that also records token
+   times for the TTFT / inter-token histograms) — as server-sent events ending with
+   ``data: [DONE]`` when ``stream`` is true, as one JSON body otherwise;
+5. a client that disconnects cancels its request (§4: cancel is idempotent; a running job still
+   drains and its KV is freed when it does).
+
+Chat template (the tiny byte-level model has none of its own)::
+
+    BOS "<|system|>\\n" content "\\n" ... "<|user|>\\n" content "\\n" "<|assistant|>\\n"
+
+Usage counts: ``prompt_tokens`` is the tokenised prompt (BOS included); ``completion_tokens``
+is every token the model generated, including a stop sequence or EOS that ended it (those are
+not shown in the text).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from calculet.errors import BadRequest, CalculetError
+from calculet.machines.request import FinishReason
+from calculet.runtime.engine import GenerateRequest
+from calculet.runtime.request import RequestOutcome
+from calculet.runtime.sampler import SamplingParams
+from calculet.runtime.stream import StreamFinish, StreamWriter
+from calculet.runtime.tokenizer import ByteTokenizer
+from calculet.server.errors import APIError, admission_error, from_calculet, invalid
+from calculet.server.schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatMessage,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelDetails,
+    ModelList,
+    Usage,
+)
+
+if TYPE_CHECKING:
+    from calculet.server.app import Service
+
+log = logging.getLogger("calculet.server.inference")
+
+Kind = Literal["completion", "chat"]
+
+_api_bearer = HTTPBearer(auto_error=False, scheme_name="ApiKey",
+                         description="A tenant's API key (its SHA-256 is tenants[].api_key_sha256).")
+
+
+# ---------------------------------------------------------------------------------------------
+# the sink
+# ---------------------------------------------------------------------------------------------
+
+
+class TimedStream(StreamWriter):
+    """A StreamWriter that records when each token arrives and reports its close once.
+
+    ``token``/``close`` run on the engine's actor thread: they only append a timestamp and,
+    at the first token and at the close, call the service's bookkeeping (a few µs).
+    """
+
+    def __init__(self, *, tokenizer: ByteTokenizer, stop: tuple[tuple[int, ...], ...], tenant: str, arrival: float,
+                 on_first_token: Callable[[TimedStream], None], on_close: Callable[[TimedStream], None]) -> None:
+        super().__init__(tokenizer=tokenizer, stop=stop)
+        self.tenant = tenant
+        self.arrival = arrival
+        self.token_times: list[float] = []
+        self.closed_at: float | None = None
+        self.final: RequestOutcome | None = None
+        self._on_first_token = on_first_token
+        self._on_close = on_close
+        self._released = False
+
+    def token(self, request_id: int, token: int) -> None:
+        self.token_times.append(time.perf_counter())
+        if len(self.token_times) == 1:
+            self._on_first_token(self)
+        super().token(request_id, token)
+
+    def close(self, outcome: RequestOutcome) -> None:
+        first = self.closed_at is None
+        if first:
+            self.closed_at = time.perf_counter()
+            self.final = outcome
+        super().close(outcome)
+        if first:
+            self.release()
+
+    def release(self) -> None:
+        """Report the end of this stream exactly once (also when the engine never saw it)."""
+        if not self._released:
+            self._released = True
+            self._on_close(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# prompts
+# ---------------------------------------------------------------------------------------------
+
+
+def chat_prompt(tokenizer: ByteTokenizer, messages: list[ChatMessage]) -> tuple[int, ...]:
+    """The chat template of the module docstring, tokenised."""
+    text = "".join(f"<|{m.role}|>\n{m.text()}\n" for m in messages) + "<|assistant|>\n"
+    return tuple(tokenizer.encode(text, add_bos=True))
+
+
+def completion_prompt(tokenizer: ByteTokenizer, prompt: Any) -> tuple[int, ...]:
+    """A string (BOS + UTF-8 bytes) or token ids used as given (one prompt per request)."""
+    if isinstance(prompt, str):
+        return tuple(tokenizer.encode(prompt, add_bos=True))
+    first = prompt[0]
+    if isinstance(first, str):
+        return tuple(tokenizer.encode(first, add_bos=True))
+    if isinstance(first, list):
+        if len(prompt) > 1:
+            raise invalid(f"{len(prompt)} prompts in one request are not supported; send one prompt per request",
+                          param="prompt", code="unsupported_parameter")
+        ids = first
+    else:
+        ids = prompt
+    for i, tok in enumerate(ids):
+        if not 0 <= tok < tokenizer.vocab_size:
+            raise invalid(f"prompt token {i} is {tok}; token ids must be in [0, {tokenizer.vocab_size})",
+                          param="prompt")
+    return tuple(ids)
+
+
+# ---------------------------------------------------------------------------------------------
+# one generation
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Generation:
+    kind: Kind
+    model: str
+    prompt: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams
+    stream: bool
+    include_usage: bool
+
+
+def _sampling(body: CompletionRequest | ChatCompletionRequest, tokenizer: ByteTokenizer) -> SamplingParams:
+    stops = []
+    for text in body.stop_strings():
+        ids = tuple(tokenizer.encode(text, add_bos=False))
+        if not ids:
+            raise invalid("a stop string must not be empty", param="stop")
+        stops.append(ids)
+    try:
+        return SamplingParams(temperature=float(body.temperature if body.temperature is not None else 1.0),
+                              top_p=float(body.top_p if body.top_p is not None else 1.0),
+                              top_k=body.top_k or 0, seed=body.seed, stop=tuple(stops),
+                              ignore_eos=body.ignore_eos)
+    except BadRequest as exc:
+        raise from_calculet(exc) from None
+
+
+def _finish(reason: StreamFinish | None) -> Literal["stop", "length"]:
+    return "length" if reason is StreamFinish.LENGTH else "stop"
+
+
+def _outcome_error(outcome: RequestOutcome, *, disconnected: bool = False) -> APIError:
+    """The error of a request that ended without completing (not a §5.2 rejection)."""
+    reason = outcome.finish_reason
+    detail = outcome.detail or reason.name.lower()
+    if reason is FinishReason.REJECTED:
+        return admission_error(outcome.http_status, outcome.detail)
+    if reason is FinishReason.DEADLINE:
+        return APIError(504, f"the request's deadline passed: {detail}", code="deadline_exceeded")
+    if reason is FinishReason.CANCELLED:
+        if disconnected:
+            return APIError(499, "client closed the request", code="client_closed_request",
+                            type="invalid_request_error")
+        return APIError(503, f"the request was cancelled by the service (shutting down or draining): {detail}",
+                        code="request_cancelled")
+    status = outcome.http_status if 500 <= outcome.http_status < 600 else 500
+    return APIError(status, f"generation failed: {detail}", code="generation_failed", type="server_error")
+
+
+SSE_EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "One server-sent event (OpenAPI 3.1: the schema of a text/event-stream describes each event).",
+    "required": ["data"],
+    "properties": {
+        "data": {"type": "string",
+                 "description": "A JSON chunk (text_completion or chat.completion.chunk; a last chunk with usage when "
+                                "stream_options.include_usage), an error body {\"error\": {...}} if the request "
+                                "fails mid-stream, and finally the literal [DONE]."},
+        "event": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer"},
+    },
+}
+
+
+def inference_router(service: Service) -> APIRouter:
+    """The /v1 routes of ``service`` (a :class:`calculet.server.app.Service`)."""
+    router = APIRouter(tags=["inference"])
+    errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 429, 503)}
+    stream_doc = {"content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
+                  "description": "JSON body, or server-sent events when stream is true (ending with data: [DONE])."}
+
+    def tenant_of(request: Request,
+                  credentials: HTTPAuthorizationCredentials | None = Depends(_api_bearer)) -> str:
+        tenant: str = service.tenants.resolve(f"Bearer {credentials.credentials}" if credentials else None)
+        request.state.tenant = tenant
+        return tenant
+
+    @router.get("/v1/models", response_model=ModelList, responses={401: {"model": ErrorResponse}},
+                summary="Models this service serves")
+    def list_models(tenant: str = Depends(tenant_of)) -> ModelList:
+        info = service.info
+        cards = []
+        for entry in service.admin.status():
+            if not entry.get("active", True):
+                continue
+            cards.append(ModelCard(
+                id=str(entry["alias"]), created=service.created, owned_by="calculet",
+                calculet=ModelDetails(generation=int(entry.get("generation", 0)), state=str(entry.get("state")),
+                                      calbin=entry.get("calbin"), context_length=entry.get("max_seq", info.max_seq),
+                                      npu_compiled_batch_profiles=list(entry.get("profiles") or info.profiles),
+                                      evidence=service.device_label)))
+        return ModelList(data=cards)
+
+    @router.post("/v1/completions", response_model=CompletionResponse, responses={**errors, 200: stream_doc},
+                 summary="Text completion (OpenAI-compatible)")
+    async def completions(body: CompletionRequest, request: Request,
+                          tenant: str = Depends(tenant_of)) -> Any:
+        refusal = body.refusals()
+        if refusal is not None:
+            raise refusal
+        service.check_model(body.model)
+        tokenizer = service.tokenizer
+        prompt = completion_prompt(tokenizer, body.prompt)
+        max_tokens = body.max_tokens if body.max_tokens is not None else 16
+        gen = Generation("completion", body.model, prompt, max_tokens, _sampling(body, tokenizer),
+                         bool(body.stream), body.include_usage)
+        return await _generate(service, request, tenant, gen, prompt_param="prompt")
+
+    @router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
+                 responses={**errors, 200: stream_doc}, summary="Chat completion (OpenAI-compatible)")
+    async def chat_completions(body: ChatCompletionRequest, request: Request,
+                               tenant: str = Depends(tenant_of)) -> Any:
+        refusal = body.refusals()
+        if refusal is not None:
+            raise refusal
+        service.check_model(body.model)
+        tokenizer = service.tokenizer
+        prompt = chat_prompt(tokenizer, body.messages)
+        max_tokens = body.requested_max_tokens
+        if max_tokens is None:
+            max_tokens = max(1, service.info.max_seq - len(prompt))
+        gen = Generation("chat", body.model, prompt, max_tokens, _sampling(body, tokenizer),
+                         bool(body.stream), body.include_usage)
+        return await _generate(service, request, tenant, gen, prompt_param="messages")
+
+    return router
+
+
+async def _generate(service: Service, request: Request, tenant: str, gen: Generation, *,
+                    prompt_param: str) -> Any:
+    max_seq = service.info.max_seq
+    n = len(gen.prompt)
+    if n > max_seq:
+        raise APIError(400, f"the prompt has {n} tokens; the context is {max_seq}", code="context_length_exceeded",
+                       param=prompt_param)
+    if n + gen.max_tokens > max_seq:
+        raise APIError(400, f"prompt {n} + max_tokens {gen.max_tokens} tokens exceed the context of {max_seq}",
+                       code="context_length_exceeded", param="max_tokens")
+    if not service.accepting:
+        raise APIError(503, "the service is shutting down", code="model_unavailable")
+    http_id = request.state.request_id if hasattr(request.state, "request_id") else uuid.uuid4().hex
+    stream = service.open_stream(tenant=tenant, stop=gen.sampling.stop)
+    engine_request = GenerateRequest(gen.prompt, gen.max_tokens, tenant=tenant, sampling=gen.sampling)
+    try:
+        submission = await anyio.to_thread.run_sync(
+            partial(service.engine.submit, engine_request, stream, service.submit_timeout_s),
+            limiter=service.limiter)
+    except CalculetError as exc:
+        stream.release()
+        raise from_calculet(exc) from None
+    except TimeoutError:
+        stream.release()
+        raise APIError(503, "the engine did not answer in time", code="model_unavailable") from None
+    outcome = submission.outcome
+    extra = {"request_id": http_id, "engine_request_id": submission.request_id, "tenant": tenant,
+             "generation": service.info.generation, "model": gen.model}
+    if outcome.rejected:
+        log.info("request rejected", extra={**extra, "status": outcome.http_status, "reason": outcome.reason})
+        raise admission_error(outcome.http_status or 400, outcome.reason)
+    log.debug("request accepted", extra={**extra, "decision": outcome.decision.value, "prompt_tokens": n,
+                                         "max_tokens": gen.max_tokens, "stream": gen.stream})
+    response_id = ("cmpl-" if gen.kind == "completion" else "chatcmpl-") + http_id
+    created = int(time.time())
+    fingerprint = f"calculet-g{service.info.generation}"
+    rid = submission.request_id
+    if gen.stream:
+        body = _sse(service, request, stream, rid, gen, response_id, created, fingerprint, extra)
+        return StreamingResponse(body, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    result_text, outcome_final, disconnected = await _collect(service, request, stream, rid)
+    _log_end(extra, stream, disconnected)
+    if outcome_final.state != "completed":
+        raise _outcome_error(outcome_final, disconnected=disconnected)
+    usage = Usage(prompt_tokens=n, completion_tokens=outcome_final.generated_tokens,
+                  total_tokens=n + outcome_final.generated_tokens)
+    finish = _finish(StreamFinish.of(outcome_final.finish_reason))
+    if gen.kind == "completion":
+        return CompletionResponse(id=response_id, created=created, model=gen.model, system_fingerprint=fingerprint,
+                                  choices=[CompletionChoice(index=0, text=result_text, finish_reason=finish)],
+                                  usage=usage)
+    return ChatCompletionResponse(id=response_id, created=created, model=gen.model, system_fingerprint=fingerprint,
+                                  choices=[ChatChoice(index=0, message=AssistantMessage(content=result_text),
+                                                      finish_reason=finish)], usage=usage)
+
+
+def _cancel(service: Service, request_id: int) -> None:
+    """Cancel without waiting (safe from a cancelled coroutine): the reply is not needed."""
+    def run() -> None:
+        try:
+            service.engine.cancel(request_id, timeout=service.submit_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - the engine may have stopped meanwhile; nothing to undo
+            log.debug("cancel not delivered", extra={"engine_request_id": request_id, "detail": str(exc)})
+    try:
+        asyncio.get_running_loop().run_in_executor(None, run)
+    except RuntimeError:
+        run()
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _collect(service: Service, request: Request, stream: TimedStream,
+                   rid: int) -> tuple[str, RequestOutcome, bool]:
+    """Wait for the close; a client disconnect meanwhile cancels the request (§4)."""
+    async def consume() -> None:
+        async for _event in stream.aevents():
+            pass
+
+    done_task = asyncio.ensure_future(consume())
+    watch = asyncio.ensure_future(_wait_disconnect(request))
+    disconnected = False
+    try:
+        await asyncio.wait({done_task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if not done_task.done():
+            disconnected = True
+            service.metrics.disconnects.labels(stream.tenant).inc()
+            _cancel(service, rid)
+            await done_task
+    finally:
+        watch.cancel()
+        if not done_task.done():
+            done_task.cancel()
+            _cancel(service, rid)
+    result = stream.result(0)
+    return result.text, result.outcome, disconnected
+
+
+def _sse_line(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+async def _sse(service: Service, request: Request, stream: TimedStream, rid: int, gen: Generation, response_id: str,
+               created: int, fingerprint: str, extra: dict[str, Any]) -> AsyncIterator[str]:
+    """Server-sent events; if the client goes away, the request is cancelled in ``finally``."""
+    head = {"id": response_id, "created": created, "model": gen.model, "system_fingerprint": fingerprint}
+    chat = gen.kind == "chat"
+    obj = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(text: str | None, finish: str | None, *, role: bool = False) -> str:
+        if chat:
+            delta: dict[str, Any] = {}
+            if role:
+                delta["role"] = "assistant"
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        return _sse_line({**head, "object": obj, "choices": [choice]})
+
+    finished = False
+    try:
+        if chat:
+            yield chunk("", None, role=True)
+        async for event in stream.aevents():
+            if event.text:
+                yield chunk(event.text, None)
+            if not event.finished:
+                continue
+            outcome = event.outcome
+            assert outcome is not None
+            if outcome.state == "completed":
+                yield chunk(None if chat else "", _finish(event.finish_reason))
+                if gen.include_usage:
+                    n = len(gen.prompt)
+                    usage = {"prompt_tokens": n, "completion_tokens": outcome.generated_tokens,
+                             "total_tokens": n + outcome.generated_tokens}
+                    yield _sse_line({**head, "object": obj, "choices": [], "usage": usage})
+            else:
+                yield _sse_line(_outcome_error(outcome).body())
+            yield "data: [DONE]\n\n"
+            finished = True
+    finally:
+        if not finished and not stream.closed:
+            service.metrics.disconnects.labels(stream.tenant).inc()
+            _cancel(service, rid)
+        _log_end(extra, stream, not finished)
+
+
+def _log_end(extra: dict[str, Any], stream: TimedStream, disconnected: bool) -> None:
+    outcome = stream.final
+    times = stream.token_times
+    log.info("request finished" if outcome is not None else "request abandoned", extra={
+        **extra, "finish_reason": outcome.finish_reason.name.lower() if outcome else None,
+        "completion_tokens": outcome.generated_tokens if outcome else len(times),
+        "ttft_s": round(times[0] - stream.arrival, 6) if times else None,
+        "client_disconnected": disconnected})

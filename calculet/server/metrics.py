@@ -1,0 +1,604 @@
+"""Prometheus metrics (§16): a custom Collector reading ``Engine.statistics()`` at scrape time,
+plus the latencies and HTTP counts only the service layer can see.
+
+Naming: ``calculet_<component>_<what>_<unit>`` in base units (seconds, tokens, lanes, bytes);
+counters end in ``_total``. Labels come only from bounded sets (§16, R16.9): tenant names
+from the configuration, model aliases, queue names, machine states, admission decisions, fault
+reasons, CalRT return-code names, route templates, status codes. Every bounded label value is
+exported from the start (a zero is a fact too), so the set of series never depends on how many
+requests were served. Request and job ids appear only in logs (R16.10).
+
+The §16 rows and where each comes from:
+
+==========  ==================================================================================
+admission   ``AdmissionStatistics``: waiting requests/tokens, decisions (admit/queue/reject by
+            reason), timeouts, blocked-by-limit, tenant quota use next to the configured limits
+queues      ``PrefillStatistics`` / ``DecodeStatistics``: depth and oldest wait per queue, WRR
+            service opportunities
+batch       ``DecodeStatistics``: compiled B, active lanes, fill ratio, batch wait, lane waste
+KV          ``KvStatistics``: sequences by state, tokens used/reserved, lane wait, Unknown, free
+            latency
+executor    ``ExecutorStatistics`` / ``JobStatistics`` / mailbox: in flight (ping/pong),
+            submit/Wait return codes, device status, job and queue counters
+model       the ModelAdmin's ``status()``: generation and state per alias, phase durations
+fairness    ``TenantStatistics``: service tokens, virtual lag; starvation events are counted
+            here (:class:`StarvationWatch`), where arrival and first token are both seen
+recovery    ``RecoveryStatistics`` + executor/KV: faults by reason, quarantined jobs/buffers/KV,
+            resets/restarts, recovery time
+latency     TTFT, inter-token and end-to-end histograms, per tenant (:class:`ServiceMetrics`)
+invariants  ``calculet_invariant_violations_total{machine,invariant}`` from the run-time monitor
+==========  ==================================================================================
+
+Decode "oldest wait": ``DecodeStatistics`` does not carry it yet, so the decode sample of
+``calculet_queue_oldest_wait_seconds`` is exported only once the runtime provides an
+``oldest_wait_s`` field (the prefill queues always have theirs).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from calculet.adapters.calrt import Anomaly, ReturnCode, profile_tier
+from calculet.config import SchedulerConfig
+from calculet.invariants.monitor import MONITOR
+from calculet.machines import ALL_MACHINES
+from calculet.machines.job import DeviceJobMachine
+from calculet.machines.kv_sequence import KvSequenceMachine
+from calculet.machines.model import ModelMachine
+from calculet.machines.request import FinishReason, RequestMachine
+from calculet.runtime.admission import Decision
+from calculet.runtime.engine import EngineStatistics
+from calculet.runtime.executor import DegradeReason
+from calculet.runtime.recovery import FaultReason
+
+log = logging.getLogger("calculet.server.metrics")
+
+QUEUES = ("decode", "short", "medium", "long")
+PREFILL_QUEUES = ("short", "medium", "long")
+RC_NAMES = tuple(rc.name for rc in ReturnCode)
+FAULT_REASONS = tuple(r.value for r in FaultReason)
+DECISIONS = tuple(d.value for d in Decision)
+FINISH_REASONS = tuple(r.name.lower() for r in FinishReason if r is not FinishReason.NONE)
+MODEL_STATES = tuple(ModelMachine.definition.states)
+KV_STATES = tuple(KvSequenceMachine.definition.states)
+REQUEST_STATES = tuple(RequestMachine.definition.states)
+JOB_STATES = tuple(DeviceJobMachine.definition.states)
+JOB_ENDINGS = tuple(sorted({t.name for t in DeviceJobMachine.definition.transitions
+                            if t.target in DeviceJobMachine.definition.terminal}))
+ENGINE_STATES = ("running", "stopping", "stopped")
+RECOVERY_STATES = ("healthy", "recovering", "failed")
+DEVICE_STATUSES = ("ok", "poisoned", "closed")
+ADMISSION_LIMITS = ("kv_lane", "max_sequences", "max_kv_tokens")
+ENGINES = ("ping", "pong")
+MODEL_PHASES = ("load", "configure", "warmup", "drain", "unload")
+TENANT_LIMITS = {
+    "max_active_sequences": ("calculet_admission_tenant_max_active_sequences", "Active sequences a tenant may hold"),
+    "max_waiting_tokens": ("calculet_admission_tenant_max_waiting_tokens", "Prompt tokens a tenant may have waiting"),
+    "qps": ("calculet_admission_tenant_qps_limit_requests_per_second", "Requests per second admitted for a tenant"),
+}
+BUDGET = {
+    "max_sequences": ("calculet_admission_budget_sequences", "Active sequences admitted at most"),
+    "max_kv_tokens": ("calculet_admission_budget_kv_tokens", "KV tokens admitted requests may reserve"),
+    "max_waiting_requests": ("calculet_admission_budget_waiting_requests", "Requests allowed to wait"),
+    "max_waiting_prompt_tokens": ("calculet_admission_budget_waiting_prompt_tokens",
+                                  "Prompt tokens allowed to wait"),
+    "max_inflight_jobs": ("calculet_admission_budget_inflight_jobs", "Device jobs in flight at most"),
+}
+
+TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+ITL_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+E2E_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+HTTP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0)
+
+STARVATION_THRESHOLD_S = 30.0
+"""A request still waiting for its first token after this long while a later arrival gets its
+first token is one starvation event (the load simulation's definition, §5.3)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# what only the service layer sees
+# ---------------------------------------------------------------------------------------------
+
+
+class StarvationWatch:
+    """Counts §5.3 starvation events: a request waiting > threshold while a later one starts.
+
+    Thread-safe; ``arrived``/``started``/``ended`` are called once per request (``started`` on
+    the engine's actor thread at the first token). O(waiting requests) per first token; the
+    waiting set is bounded by the admission budget.
+    """
+
+    def __init__(self, on_event: Callable[[str], None], threshold_s: float = STARVATION_THRESHOLD_S) -> None:
+        self.threshold_s = threshold_s
+        self._on_event = on_event
+        self._lock = threading.Lock()
+        self._waiting: dict[int, tuple[float, str, bool]] = {}
+        self.events = 0
+
+    def arrived(self, key: int, tenant: str, at: float) -> None:
+        with self._lock:
+            self._waiting[key] = (at, tenant, False)
+
+    def started(self, key: int, at: float) -> None:
+        starved: list[str] = []
+        with self._lock:
+            mine = self._waiting.pop(key, None)
+            if mine is None:
+                return
+            arrival = mine[0]
+            for other, (since, tenant, flagged) in self._waiting.items():
+                if not flagged and since < arrival and at - since > self.threshold_s:
+                    self._waiting[other] = (since, tenant, True)
+                    starved.append(tenant)
+            self.events += len(starved)
+        for tenant in starved:
+            self._on_event(tenant)
+
+    def ended(self, key: int) -> None:
+        with self._lock:
+            self._waiting.pop(key, None)
+
+
+class ServiceMetrics:
+    """Histograms and counters the HTTP layer measures (registered in the app's own registry)."""
+
+    def __init__(self, registry: CollectorRegistry, tenants: Sequence[str], *,
+                 starvation_threshold_s: float = STARVATION_THRESHOLD_S) -> None:
+        self.ttft = Histogram("calculet_request_ttft_seconds", "Time to first token, from HTTP arrival (s).",
+                              ["tenant"], buckets=TTFT_BUCKETS, registry=registry)
+        self.itl = Histogram("calculet_request_inter_token_latency_seconds",
+                             "Gap between consecutive generated tokens of a request (s).", ["tenant"],
+                             buckets=ITL_BUCKETS, registry=registry)
+        self.e2e = Histogram("calculet_request_e2e_latency_seconds",
+                             "HTTP arrival to the request's terminal outcome (s).", ["tenant"],
+                             buckets=E2E_BUCKETS, registry=registry)
+        self.generated = Counter("calculet_request_generated_tokens", "Tokens generated, per tenant.",
+                                 ["tenant"], registry=registry)
+        self.http_requests = Counter("calculet_http_requests", "HTTP requests by route template, method, status.",
+                                     ["route", "method", "status"], registry=registry)
+        self.http_duration = Histogram("calculet_http_request_duration_seconds",
+                                       "HTTP request duration by route template (s); streams until their end.",
+                                       ["route"], buckets=HTTP_BUCKETS, registry=registry)
+        self.disconnects = Counter("calculet_http_client_disconnects",
+                                   "Clients that went away before their request ended (the request is cancelled).",
+                                   ["tenant"], registry=registry)
+        self.open_streams = Gauge("calculet_http_open_streams", "Engine requests whose stream has not closed.",
+                                  registry=registry)
+        self.starvation = Counter("calculet_fairness_starvation_events",
+                                  f"Requests still waiting after {starvation_threshold_s:g} s while a later "
+                                  "arrival got its first token (§5.3).", ["tenant"], registry=registry)
+        self.watch = StarvationWatch(lambda tenant: self.starvation.labels(tenant).inc(), starvation_threshold_s)
+        for tenant in tenants:
+            for metric in (self.ttft, self.itl, self.e2e, self.generated, self.disconnects, self.starvation):
+                metric.labels(tenant)
+
+    def observe_request(self, tenant: str, arrival: float, token_times: Sequence[float], closed_at: float) -> None:
+        """One finished request's latencies (times from ``time.perf_counter``)."""
+        if token_times:
+            self.ttft.labels(tenant).observe(max(0.0, token_times[0] - arrival))
+            itl = self.itl.labels(tenant)
+            for before, after in zip(token_times, token_times[1:]):
+                itl.observe(after - before)
+            self.generated.labels(tenant).inc(len(token_times))
+        self.e2e.labels(tenant).observe(max(0.0, closed_at - arrival))
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine collector
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """Static facts of the served package (read once at bring-up)."""
+
+    profiles: tuple[int, ...]
+    kv_token_capacity: int
+
+
+def _gauge(name: str, doc: str, value: float | None = None, labels: Sequence[str] = ()) -> GaugeMetricFamily:
+    if labels:
+        return GaugeMetricFamily(name, doc, labels=list(labels))
+    return GaugeMetricFamily(name, doc, value=value if value is not None else 0.0)
+
+
+def _counter(name: str, doc: str, value: float | None = None, labels: Sequence[str] = ()) -> CounterMetricFamily:
+    if labels:
+        return CounterMetricFamily(name, doc, labels=list(labels))
+    return CounterMetricFamily(name, doc, value=value if value is not None else 0.0)
+
+
+def _by(family: GaugeMetricFamily | CounterMetricFamily, values: Mapping[str, float], keys: Iterable[str],
+        *prefix: str) -> GaugeMetricFamily | CounterMetricFamily:
+    """One sample per bounded key (missing keys are 0; extra keys the runtime reports are kept)."""
+    seen = list(keys)
+    seen.extend(k for k in values if k not in seen)
+    for key in seen:
+        family.add_metric([*prefix, key], float(values.get(key, 0)))
+    return family
+
+
+def _one_hot(family: GaugeMetricFamily, current: str, keys: Iterable[str], *prefix: str) -> GaugeMetricFamily:
+    seen = list(keys)
+    if current not in seen:
+        seen.append(current)
+    for key in seen:
+        family.add_metric([*prefix, key], 1.0 if key == current else 0.0)
+    return family
+
+
+class EngineCollector(Collector):
+    """Reads every component's statistics at scrape time and turns them into §16 families."""
+
+    def __init__(self, *, statistics: Callable[[], EngineStatistics], models: Callable[[], list[dict[str, Any]]],
+                 config: SchedulerConfig, facts: ModelFacts) -> None:
+        self._statistics = statistics
+        self._models = models
+        self._config = config
+        self._facts = facts
+        self._tenants = tuple(t.name for t in config.tenants)
+
+    def collect(self) -> Iterable[Metric]:
+        started = time.perf_counter()
+        try:
+            stats = self._statistics()
+        except Exception:  # noqa: BLE001 - a scrape must not fail because the engine is busy or gone
+            log.exception("engine statistics unavailable for this scrape")
+            stats = None
+        families: list[Metric] = []
+        if stats is not None:
+            for part in (self._engine, self._admission, self._queues, self._batch, self._kv, self._executor,
+                         self._fairness, self._recovery):
+                families.extend(part(stats))
+        families.extend(self._model())
+        families.extend(self._invariants())
+        families.append(_gauge("calculet_metrics_scrape_duration_seconds",
+                               "Time spent reading the engine's statistics for this scrape (s).",
+                               time.perf_counter() - started))
+        families.append(_gauge("calculet_metrics_engine_up", "1 when the engine's statistics could be read.",
+                               1.0 if stats is not None else 0.0))
+        return families
+
+    # ------------------------------------------------------------------ engine / requests
+
+    def _engine(self, s: EngineStatistics) -> list[Metric]:
+        reg = s.scheduler.registry
+        finished = {k.lower(): v for k, v in s.finished.items()}
+        rejected = dict(s.rejected_before_admission)
+        return [
+            _one_hot(_gauge("calculet_engine_state", "The engine's lifecycle (one-hot).", labels=["state"]),
+                     s.state, ENGINE_STATES),
+            _counter("calculet_engine_ticks", "Actor loop turns.", s.ticks),
+            _gauge("calculet_engine_tick_host_avg_seconds", "Average host time per tick (s).", s.host_time_per_tick_s),
+            _gauge("calculet_engine_tick_host_max_seconds", "Longest host time of one tick (s).", s.host_time_max_s),
+            _counter("calculet_engine_accepted_requests", "Requests accepted (admitted or queued).", s.accepted),
+            _by(_counter("calculet_engine_finished_requests", "Requests ended, by finish reason.",
+                         labels=["reason"]), finished, FINISH_REASONS),
+            _by(_counter("calculet_engine_rejected_requests",
+                         "Requests refused before admission (engine stopping, invalid prompt).", labels=["reason"]),
+                rejected, ("stopping", "invalid")),
+            _gauge("calculet_engine_live_requests", "Requests not yet terminal.", s.live_requests),
+            _gauge("calculet_engine_pending_frees", "KV frees the device refused so far (retried).", s.pending_frees),
+            _by(_gauge("calculet_request_live_requests", "Live requests by §2 RequestState.", labels=["state"]),
+                reg.by_state, [st for st in REQUEST_STATES if st not in ("completed", "cancelled", "failed")]),
+            _by(_counter("calculet_request_terminal_requests", "Terminal requests by finish reason (registry).",
+                         labels=["reason"]), {k.lower(): v for k, v in reg.terminal_by_reason.items()},
+                FINISH_REASONS),
+            _counter("calculet_request_stale_callbacks", "Callbacks dropped as stale (§4).", reg.stale_callbacks),
+            _by(_counter("calculet_sampler_tokens", "Tokens sampled, by mode.", labels=["mode"]),
+                {"greedy": s.sampler.greedy, "stochastic": s.sampler.stochastic, "no_logits": s.sampler.no_logits},
+                ("greedy", "stochastic", "no_logits")),
+            _by(_counter("calculet_sampler_stops", "Requests stopped by EOS or a stop sequence.", labels=["kind"]),
+                {"eos": s.sampler.stops_eos, "sequence": s.sampler.stops_sequence}, ("eos", "sequence")),
+        ]
+
+    # ------------------------------------------------------------------ §16 admission
+
+    def _admission(self, s: EngineStatistics) -> list[Metric]:
+        a = s.scheduler.admission
+        budget = self._config.capacity_budget(self._facts.kv_token_capacity)
+        rejected = {"invalid": a.outcomes.get("reject_invalid", 0) + s.rejected_before_admission.get("invalid", 0),
+                    "capacity": a.outcomes.get("reject_capacity", 0),
+                    "unavailable": a.outcomes.get("reject_unavailable", 0)
+                    + s.rejected_before_admission.get("stopping", 0)}
+        waiting_tokens = _gauge("calculet_admission_tenant_waiting_tokens", "Waiting prompt tokens per tenant.",
+                                labels=["tenant"])
+        active = _gauge("calculet_admission_tenant_active_sequences", "Active sequences per tenant.",
+                        labels=["tenant"])
+        qps = _counter("calculet_admission_tenant_qps_rejected", "Requests refused by the tenant's QPS limit.",
+                       labels=["tenant"])
+        for tenant in self._tenants:
+            ts = a.tenants.get(tenant)
+            waiting_tokens.add_metric([tenant], float(ts.waiting_tokens if ts else 0))
+            active.add_metric([tenant], float(ts.active_sequences if ts else 0))
+            qps.add_metric([tenant], float(ts.rejected_qps if ts else 0))
+        limits: list[Metric] = []
+        for limit, (name, doc) in TENANT_LIMITS.items():
+            family = _gauge(name, f"{doc} (§5.3, configuration only; absent = only the global budget).",
+                            labels=["tenant"])
+            for tenant in self._config.tenants:
+                value = getattr(tenant, limit)
+                if value is not None:
+                    family.add_metric([tenant.name], float(value))
+            limits.append(family)
+        budgets = [_gauge(name, f"{doc} (§5.1 CapacityBudget in force).", float(getattr(budget, field)))
+                   for field, (name, doc) in BUDGET.items()]
+        return [
+            _gauge("calculet_admission_waiting_requests", "Requests waiting for admission.", a.waiting_requests),
+            _gauge("calculet_admission_waiting_prompt_tokens", "Prompt tokens waiting for admission.",
+                   a.waiting_prompt_tokens),
+            _gauge("calculet_admission_active_sequences", "Admitted sequences holding KV budget.", a.active_sequences),
+            _gauge("calculet_admission_active_kv_tokens", "KV tokens reserved by admitted requests.",
+                   a.active_kv_tokens),
+            _by(_gauge("calculet_admission_long_prefills", "Long prefills admitted / waiting (§6 quota).",
+                       labels=["state"]), {"admitted": a.long_admitted, "waiting": a.long_waiting},
+                ("admitted", "waiting")),
+            _by(_counter("calculet_admission_decisions", "§5.2 admission outcomes.", labels=["decision"]),
+                a.outcomes, DECISIONS),
+            _by(_counter("calculet_admission_rejected_requests", "Rejected requests by reason (400/429/503).",
+                         labels=["reason"]), rejected, ("invalid", "capacity", "unavailable")),
+            _counter("calculet_admission_timeouts", "Queued requests whose deadline passed before admission.",
+                     a.timeouts),
+            _by(_counter("calculet_admission_blocked", "Admission attempts blocked, by the limit that blocked.",
+                         labels=["limit"]), a.blocked, ADMISSION_LIMITS),
+            _gauge("calculet_admission_parked_flows", "Waiting flows parked by a tenant or long-task limit.",
+                   a.parked_flows),
+            waiting_tokens, active, qps, *limits, *budgets,
+        ]
+
+    # ------------------------------------------------------------------ §16 queues
+
+    def _queues(self, s: EngineStatistics) -> list[Metric]:
+        p, d = s.scheduler.prefill, s.scheduler.decode
+        depth = _gauge("calculet_queue_depth_requests", "Requests waiting in each §6 queue.", labels=["queue"])
+        depth.add_metric(["decode"], float(d.ready))
+        for q in PREFILL_QUEUES:
+            depth.add_metric([q], float(p.depth.get(q, 0)))
+        oldest = _gauge("calculet_queue_oldest_wait_seconds", "Age of the oldest entry of each queue (s).",
+                        labels=["queue"])
+        decode_oldest = getattr(d, "oldest_wait_s", None)
+        if decode_oldest is not None:
+            oldest.add_metric(["decode"], float(decode_oldest))
+        for q in PREFILL_QUEUES:
+            oldest.add_metric([q], float(p.oldest_wait_s.get(q, 0.0)))
+        return [
+            depth, oldest,
+            _by(_counter("calculet_queue_service_opportunities", "WRR service opportunities taken per queue (§6).",
+                         labels=["queue"]), s.scheduler.wrr_picks, QUEUES),
+            _by(_counter("calculet_queue_prefill_taken", "Prefill jobs taken from each class queue.",
+                         labels=["queue"]), p.taken, PREFILL_QUEUES),
+            _counter("calculet_queue_prefill_chunked_jobs", "Prefill jobs that were one chunk of a prompt.",
+                     p.chunked_jobs),
+        ]
+
+    # ------------------------------------------------------------------ §16 batch
+
+    def _batch(self, s: EngineStatistics) -> list[Metric]:
+        d = s.scheduler.decode
+        compiled_b = d.last_compiled_batch if d.batches else min(self._facts.profiles, default=1)
+        profiles = _gauge("calculet_batch_profile_info",
+                          "Compiled batch profiles in use with the spec's tier (B1 C0; B>1 C3).",
+                          labels=["compiled_batch", "tier"])
+        for b in self._facts.profiles:
+            profiles.add_metric([str(b), profile_tier(b).value], 1.0)
+        return [
+            _gauge("calculet_batch_compiled_size_lanes", "Compiled B of the last decode batch (device batch).",
+                   compiled_b),
+            profiles,
+            _gauge("calculet_batch_active_lanes", "Active (valid) lanes of the last decode batch.",
+                   d.last_active_lanes),
+            _gauge("calculet_batch_fill_ratio", "Active lanes / compiled lanes over all decode batches.", d.fill_ratio),
+            _gauge("calculet_batch_wait_avg_seconds", "Average wait of a decode batch's oldest lane (s).",
+                   d.batch_wait_avg_s),
+            _gauge("calculet_batch_wait_max_seconds", "Longest decode batch wait (s).", d.batch_wait_max_s),
+            _counter("calculet_batch_lane_waste_lanes", "Compiled lanes that carried no sequence.", d.lane_waste),
+            _counter("calculet_batch_batches", "Decode batches dispatched.", d.batches),
+            _by(_counter("calculet_batch_lanes", "Decode lanes dispatched, active vs compiled.", labels=["kind"]),
+                {"active": d.active_lanes, "compiled": d.compiled_lanes}, ("active", "compiled")),
+            _counter("calculet_batch_window_waits", "Ticks that waited for the batching window.", d.window_waits),
+            _by(_counter("calculet_batch_skipped_sequences", "Ready sequences skipped at selection (§7.2).",
+                         labels=["reason"]), {"expired": d.skipped_expired, "invalid": d.skipped_invalid},
+                ("expired", "invalid")),
+            _counter("calculet_batch_tenant_cap_hits", "Selections limited by the tenant lane share (§7.2).",
+                     d.tenant_cap_hits),
+            _counter("calculet_batch_kv_refusals", "Batches refused by the KV reservation.", d.kv_refusals),
+        ]
+
+    # ------------------------------------------------------------------ §16 KV
+
+    def _kv(self, s: EngineStatistics) -> list[Metric]:
+        kv = s.scheduler.kv
+        return [
+            _by(_gauge("calculet_kv_sequences", "KV sequences (lanes) by §9.1 state.", labels=["state"]),
+                kv.by_state, KV_STATES),
+            _gauge("calculet_kv_lanes", "KV lanes in the pool.", kv.lanes),
+            _gauge("calculet_kv_free_lanes", "KV lanes free to reserve.", kv.free_lanes),
+            _gauge("calculet_kv_used_tokens", "Committed KV tokens.", kv.tokens_used),
+            _gauge("calculet_kv_reserved_tokens", "Reserved KV tokens.", kv.tokens_reserved),
+            _gauge("calculet_kv_capacity_tokens", "KV tokens the capacity plan reserves.",
+                   self._facts.kv_token_capacity),
+            _gauge("calculet_kv_unknown_sequences", "KV sequences in Unknown (quarantined, §9.2).", kv.unknown),
+            _counter("calculet_kv_lane_wait_refusals", "Reservations refused for want of a free lane.",
+                     kv.lane_wait_refusals),
+            _gauge("calculet_kv_free_latency_avg_seconds", "Average release → confirmed-free latency (s).",
+                   kv.free_latency_avg_s),
+            _gauge("calculet_kv_free_latency_max_seconds", "Longest release → confirmed-free latency (s).",
+                   kv.free_latency_max_s),
+            _counter("calculet_kv_reservations", "KV reservations made.", kv.reservations),
+            _counter("calculet_kv_releases", "KV releases started.", kv.releases),
+            _counter("calculet_kv_confirmed_releases", "KV releases the runtime confirmed.", kv.confirmed_releases),
+            _counter("calculet_kv_refused_double_releases", "Second releases refused.", kv.refused_double_releases),
+            _counter("calculet_kv_faults", "KV sequences faulted into Unknown.", kv.faults),
+        ]
+
+    # ------------------------------------------------------------------ §16 executor
+
+    def _executor(self, s: EngineStatistics) -> list[Metric]:
+        e, jobs, c = s.executor, s.scheduler.jobs, s.completion
+        dev = s.device
+        if dev is None or getattr(dev, "closed", False):
+            status = "closed"
+        elif getattr(dev, "poisoned", None) is not None:
+            status = "poisoned"
+        else:
+            status = "ok"
+        families: list[Metric] = [
+            _gauge("calculet_executor_inflight_jobs", "Device jobs in flight.", e.inflight),
+            _by(_gauge("calculet_executor_engine_inflight_jobs", "Jobs in flight per engine (ping/pong, §14).",
+                       labels=["engine"]), e.inflight_by_engine, ENGINES),
+            _by(_gauge("calculet_executor_inflight_limit_jobs",
+                       "In-flight depth configured vs in effect (§14 degrade).",
+                       labels=["kind"]), {"configured": e.degrade.configured_inflight,
+                                          "effective": e.degrade.effective_inflight}, ("configured", "effective")),
+            _gauge("calculet_executor_pingpong_degraded", "1 while ping/pong is degraded to one job (§14).",
+                   1.0 if e.degrade.degraded else 0.0),
+            _by(_counter("calculet_executor_degrade_triggers", "§14 degrade triggers.", labels=["reason"]),
+                e.degrade.triggers, tuple(r.value for r in DegradeReason)),
+            _counter("calculet_executor_submitted_jobs", "Jobs the device accepted.", e.submitted),
+            _by(_counter("calculet_executor_submit_rc", "CalRT return codes at submit.", labels=["rc"]),
+                e.submit_rc, RC_NAMES),
+            _by(_counter("calculet_executor_wait_rc", "CalRT return codes of completed jobs (Wait).", labels=["rc"]),
+                e.completion_rc, RC_NAMES),
+            _counter("calculet_executor_wait_timeouts", "Jobs whose Wait deadline passed.", e.wait_timeouts),
+            _counter("calculet_executor_stale_results", "Results for jobs no longer tracked.", e.stale_results),
+            _by(_counter("calculet_executor_anomalies", "Result anomalies (§7.4, §14).", labels=["kind"]),
+                e.anomalies, tuple(a.value for a in Anomaly)),
+            _one_hot(_gauge("calculet_executor_device_status", "Device status (one-hot).", labels=["status"]),
+                     status, DEVICE_STATUSES),
+            _gauge("calculet_executor_sequences_bound", "Device KV sequences bound to requests.", e.sequences_bound),
+            _counter("calculet_executor_free_refusals", "Sequence frees the device refused.", e.free_refusals),
+            _by(_gauge("calculet_executor_jobs", "Tracked jobs by §14 job state.", labels=["state"]),
+                jobs.by_state, [st for st in JOB_STATES if st not in ("completed", "failed")]),
+            _counter("calculet_executor_jobs_planned", "Jobs planned by the scheduler.", jobs.planned),
+            _by(_counter("calculet_executor_jobs_ended", "Jobs ended, by the transition that ended them.",
+                         labels=["transition"]), jobs.ended, JOB_ENDINGS),
+            _by(_counter("calculet_executor_completions", "Results processed by the completion dispatcher.",
+                         labels=["result"]), {"ok": c.results - c.failed_results - c.rejected_results,
+                                              "failed": c.failed_results, "rejected": c.rejected_results},
+                ("ok", "failed", "rejected")),
+            _by(_counter("calculet_executor_completion_lanes", "Lanes of processed results.", labels=["result"]),
+                {"sampled": c.lanes_sampled, "failed": c.lanes_failed, "unmatched": c.lanes_unmatched},
+                ("sampled", "failed", "unmatched")),
+        ]
+        mailbox = s.mailbox
+        posted = run = failed = pending = 0
+        if mailbox is not None:
+            posted, run, failed, pending = mailbox.posted, mailbox.run, mailbox.failed, mailbox.pending
+        families.append(_by(_counter("calculet_executor_mailbox_messages", "Actor mailbox messages by stage.",
+                                     labels=["stage"]), {"posted": posted, "run": run, "failed": failed},
+                            ("posted", "run", "failed")))
+        families.append(_gauge("calculet_executor_mailbox_pending_messages", "Messages waiting for the actor.",
+                               pending))
+        memory = getattr(dev, "memory", None)
+        mem = _gauge("calculet_device_memory_bytes", "Device DRAM accounting.", labels=["kind"])
+        if memory is not None:
+            for kind, attr in (("total", "total_bytes"), ("used", "used_bytes"), ("peak", "peak_used_bytes")):
+                mem.add_metric([kind], float(getattr(memory, attr, 0)))
+        families.append(mem)
+        return families
+
+    # ------------------------------------------------------------------ §16 fairness
+
+    def _fairness(self, s: EngineStatistics) -> list[Metric]:
+        a = s.scheduler.admission
+        service = _counter("calculet_fairness_service_tokens", "WFQ service (tokens) granted per tenant (§5.3).",
+                           labels=["tenant"])
+        lag = _gauge("calculet_fairness_virtual_lag_tokens",
+                     "Tenant virtual time ahead of global virtual time, in weighted tokens (§5.3).",
+                     labels=["tenant"])
+        weight = _gauge("calculet_fairness_weight", "Configured WFQ weight (control plane only).", labels=["tenant"])
+        for tenant in self._config.tenants:
+            ts = a.tenants.get(tenant.name)
+            service.add_metric([tenant.name], float(ts.service_tokens if ts else 0))
+            lag.add_metric([tenant.name], float(ts.virtual_lag if ts else 0.0))
+            weight.add_metric([tenant.name], float(tenant.weight))
+        return [service, lag, weight]
+
+    # ------------------------------------------------------------------ §16 recovery
+
+    def _recovery(self, s: EngineStatistics) -> list[Metric]:
+        r = s.recovery
+        return [
+            _by(_counter("calculet_recovery_faults", "Device faults by reason.", labels=["reason"]),
+                r.faults, FAULT_REASONS),
+            _gauge("calculet_recovery_quarantined_jobs", "Timed-out jobs whose buffers stay fenced.",
+                   s.executor.quarantined_jobs),
+            _gauge("calculet_recovery_quarantined_buffer_pairs", "Buffer pairs held by quarantined jobs.",
+                   s.executor.quarantined_jobs),
+            _gauge("calculet_recovery_quarantined_kv_sequences", "KV sequences in Unknown, never reused (§9.2).",
+                   s.scheduler.kv.unknown),
+            _counter("calculet_recovery_resets", "Device resets (ResetConfiguration).", r.resets),
+            _counter("calculet_recovery_restarts", "Runtime session restarts.", r.restarts),
+            _counter("calculet_recovery_failed_recoveries", "Reset/restart attempts that failed.",
+                     r.failed_recoveries),
+            _counter("calculet_recovery_budget_refusals", "Recoveries refused by max_resets_per_10min.",
+                     r.budget_refusals),
+            _gauge("calculet_recovery_resets_in_window", "Resets in the sliding 10-minute window.", r.resets_in_window),
+            _gauge("calculet_recovery_reset_budget", "Configured max_resets_per_10min.", r.max_resets_per_10min),
+            _gauge("calculet_recovery_time_avg_seconds", "Average recovery time (s).", r.recovery_time_avg_s),
+            _gauge("calculet_recovery_time_max_seconds", "Longest recovery time (s).", r.recovery_time_max_s),
+            _one_hot(_gauge("calculet_recovery_state", "Health recovery state (one-hot).", labels=["state"]),
+                     r.state, RECOVERY_STATES),
+        ]
+
+    # ------------------------------------------------------------------ §16 model
+
+    def _model(self) -> list[Metric]:
+        generation = _gauge("calculet_model_generation", "Generation id the alias points at.", labels=["alias"])
+        state = _gauge("calculet_model_state", "§10 ModelState of the alias's generation (one-hot).",
+                       labels=["alias", "state"])
+        durations = _gauge("calculet_model_phase_duration_seconds",
+                           "Duration of the last load/configure/warmup/drain/unload of the alias (s); a phase "
+                           "appears once measured.", labels=["alias", "phase"])
+        try:
+            entries = self._models()
+        except Exception:  # noqa: BLE001
+            log.exception("model status unavailable for this scrape")
+            entries = []
+        for entry in entries:
+            if not entry.get("active", True):
+                continue
+            alias = str(entry["alias"])
+            generation.add_metric([alias], float(entry.get("generation", 0)))
+            _one_hot(state, str(entry.get("state", "unloaded")), MODEL_STATES, alias)
+            for phase, seconds in dict(entry.get("durations_s") or {}).items():
+                durations.add_metric([alias, str(phase)], float(seconds))
+        return [generation, state, durations]
+
+    # ------------------------------------------------------------------ invariants
+
+    def _invariants(self) -> list[Metric]:
+        mon = MONITOR.statistics()
+        violations = _counter("calculet_invariant_violations",
+                              "Run-time invariant violations by machine and invariant (declared once, proved by z3).",
+                              labels=["machine", "invariant"])
+        seen: set[tuple[str, str]] = set()
+        for machine in ALL_MACHINES:
+            d = machine.definition
+            for name in [i.name for i in d.invariants] + [p.name for p in d.step_properties]:
+                key = (d.name, name)
+                seen.add(key)
+                violations.add_metric(list(key), float(mon.violations.get(key, 0)))
+        for key, count in mon.violations.items():
+            if key not in seen:
+                violations.add_metric(list(key), float(count))
+        return [violations, _counter("calculet_invariant_checks", "Invariant checks run.", mon.checks)]
+
+
+def make_registry() -> CollectorRegistry:
+    """A registry private to one app (tests run several services in one process).
+
+    The ``*_created`` series of prometheus-client are switched off (process-wide): they double
+    the exposition without carrying a §16 fact.
+    """
+    disable_created_metrics()
+    return CollectorRegistry(auto_describe=False)

@@ -1,0 +1,55 @@
+"""What the engine generates for a prompt, computed in virtual time without the HTTP layer.
+
+The service tests compare what a client receives over HTTP with this: the HTTP layer must not
+add, drop, reorder or re-encode a token. Generation is greedy with ``ignore_eos`` on the same
+bundled package (the sim build is byte-identical for the same arguments).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from calculet.adapters.sim import SimCalRT, SimConfig, package_dir
+from calculet.config import parse_config
+from calculet.runtime.clock import FakeClock
+from calculet.runtime.engine import EngineDriver, EngineOptions, GenerateRequest
+from calculet.runtime.sampler import SamplingParams
+from calculet.runtime.stream import StreamWriter
+from calculet.runtime.tokenizer import ByteTokenizer
+
+
+@dataclass(frozen=True)
+class Expected:
+    prompt: tuple[int, ...]
+    tokens: tuple[int, ...]
+    text: str
+
+
+def tokenizer() -> ByteTokenizer:
+    return ByteTokenizer(260, bos=256, eos=257)
+
+
+def generate(requests: Sequence[tuple[tuple[int, ...], int]]) -> list[Expected]:
+    """Greedy, ``ignore_eos`` generations of (prompt ids, max tokens), in one virtual-time run."""
+    clock = FakeClock()
+    driver = EngineDriver(parse_config({"schema": "calculet-scheduler/v1"}), SimCalRT(SimConfig(clock=clock)),
+                          package_dir("current"), clock=clock, options=EngineOptions(monitor_mode=None))
+    streams = []
+    for prompt, n in requests:
+        stream = StreamWriter(tokenizer=driver.tokenizer)
+        submission = driver.submit(GenerateRequest(prompt, n, sampling=SamplingParams(ignore_eos=True)), stream)
+        assert not submission.outcome.rejected, submission
+        streams.append(stream)
+    driver.run_until_idle()
+    driver.stop()
+    out = []
+    for (prompt, _), stream in zip(requests, streams):
+        result = stream.result(0)
+        out.append(Expected(prompt, result.raw_tokens, result.text))
+    return out
+
+
+def for_text(prompts: Sequence[tuple[str, int]]) -> list[Expected]:
+    tok = tokenizer()
+    return generate([(tuple(tok.encode(text)), n) for text, n in prompts])

@@ -1,0 +1,68 @@
+"""Structured logs carry request id, tenant and generation; starvation events are counted (§5.3, §16)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import pytest
+
+from calculet.server.logs import JsonFormatter, TextFormatter, configure_logging
+from calculet.server.metrics import StarvationWatch
+from tests.service.support import ALIAS, RunningServer
+
+
+@pytest.mark.req("R16.10")
+def test_request_logs_carry_request_id_tenant_and_generation(server: RunningServer,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="calculet"):
+        raw = server.client("gamma").completions.with_raw_response.create(model=ALIAS, prompt="log me", max_tokens=2)
+        assert server.service.wait_streams_closed(30)
+    request_id = raw.headers["x-request-id"]
+    finished = [r for r in caplog.records if r.getMessage() == "request finished"
+                and getattr(r, "request_id", None) == request_id]
+    assert len(finished) == 1
+    record = finished[0]
+    assert (record.tenant, record.generation, record.model) == ("gamma", 1, ALIAS)  # type: ignore[attr-defined]
+    assert record.engine_request_id >= 1 and record.finish_reason in ("length", "stop")  # type: ignore[attr-defined]
+    http = [r for r in caplog.records if r.getMessage() == "http" and getattr(r, "request_id", None) == request_id]
+    assert http and http[0].route == "/v1/completions" and http[0].tenant == "gamma"  # type: ignore[attr-defined]
+    line = json.loads(JsonFormatter().format(record))
+    assert {"ts", "level", "logger", "msg", "request_id", "tenant", "generation", "engine_request_id"} <= set(line)
+    text = TextFormatter().format(record)
+    assert f"request_id={request_id}" in text and "tenant=gamma" in text and "generation=1" in text
+
+
+@pytest.mark.usefixtures("restore_logging")
+def test_configure_logging_writes_one_json_object_per_line() -> None:
+    stream = io.StringIO()
+    configure_logging("json", "INFO", stream=stream)
+    logging.getLogger("calculet.test").info("hello", extra={"request_id": "r1", "tenant": "alpha"})
+    record = json.loads(stream.getvalue().strip())
+    assert (record["msg"], record["request_id"], record["tenant"], record["level"]) == ("hello", "r1", "alpha", "INFO")
+    with pytest.raises(ValueError):
+        configure_logging("xml")  # type: ignore[arg-type]
+
+
+@pytest.mark.req("R16.7", "R5.3.4")
+def test_a_request_overtaken_after_the_threshold_is_one_starvation_event() -> None:
+    """Times are given, not slept: request 1 waits past the threshold while later ones start."""
+    events: list[str] = []
+    watch = StarvationWatch(events.append, threshold_s=30.0)
+    watch.arrived(1, "alpha", at=0.0)
+    watch.arrived(2, "beta", at=1.0)
+    watch.arrived(3, "beta", at=2.0)
+    watch.started(2, at=10.0)  # overtakes 1, but 1 has waited only 10 s
+    assert events == []
+    watch.started(3, at=31.0)  # 1 has waited 31 s > 30 s while a later arrival starts
+    assert events == ["alpha"]
+    watch.arrived(4, "gamma", at=32.0)
+    watch.started(4, at=70.0)  # 1 already counted: one event per starved request
+    assert events == ["alpha"] and watch.events == 1
+    watch.started(1, at=71.0)
+    watch.arrived(5, "delta", at=80.0)
+    watch.ended(5)  # cancelled while waiting: forgotten, never counted
+    watch.arrived(6, "delta", at=200.0)
+    watch.started(6, at=201.0)
+    assert events == ["alpha"]

@@ -1,0 +1,126 @@
+"""GET /metrics (§16): parses, holds every row of §16, and no label carries a request or job id."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.service.support import ALIAS, TENANT_KEYS, RunningServer, families_value
+
+# Family names as the parser reports them (counters without their `_total` suffix).
+SECTION_16: dict[str, tuple[str, ...]] = {
+    "admission": ("calculet_admission_waiting_requests", "calculet_admission_waiting_prompt_tokens",
+                  "calculet_admission_decisions", "calculet_admission_rejected_requests",
+                  "calculet_admission_timeouts", "calculet_admission_tenant_waiting_tokens",
+                  "calculet_admission_tenant_active_sequences", "calculet_admission_tenant_qps_rejected",
+                  "calculet_admission_tenant_max_active_sequences", "calculet_admission_tenant_max_waiting_tokens",
+                  "calculet_admission_tenant_qps_limit_requests_per_second", "calculet_admission_budget_sequences",
+                  "calculet_admission_budget_waiting_requests", "calculet_admission_budget_waiting_prompt_tokens"),
+    "queues": ("calculet_queue_depth_requests", "calculet_queue_oldest_wait_seconds",
+               "calculet_queue_service_opportunities"),
+    "batch": ("calculet_batch_compiled_size_lanes", "calculet_batch_active_lanes", "calculet_batch_fill_ratio",
+              "calculet_batch_wait_avg_seconds", "calculet_batch_wait_max_seconds", "calculet_batch_lane_waste_lanes",
+              "calculet_batch_profile_info"),
+    "kv": ("calculet_kv_sequences", "calculet_kv_used_tokens", "calculet_kv_reserved_tokens",
+           "calculet_kv_lane_wait_refusals", "calculet_kv_unknown_sequences", "calculet_kv_free_latency_avg_seconds",
+           "calculet_kv_free_latency_max_seconds"),
+    "executor": ("calculet_executor_inflight_jobs", "calculet_executor_engine_inflight_jobs",
+                 "calculet_executor_submit_rc", "calculet_executor_wait_rc", "calculet_executor_device_status",
+                 "calculet_executor_jobs", "calculet_executor_mailbox_messages",
+                 "calculet_executor_mailbox_pending_messages"),
+    "model": ("calculet_model_generation", "calculet_model_state", "calculet_model_phase_duration_seconds"),
+    "fairness": ("calculet_fairness_service_tokens", "calculet_fairness_virtual_lag_tokens",
+                 "calculet_fairness_starvation_events"),
+    "recovery": ("calculet_recovery_faults", "calculet_recovery_quarantined_jobs",
+                 "calculet_recovery_quarantined_buffer_pairs", "calculet_recovery_quarantined_kv_sequences",
+                 "calculet_recovery_resets", "calculet_recovery_restarts", "calculet_recovery_time_avg_seconds",
+                 "calculet_recovery_time_max_seconds"),
+    "latency": ("calculet_request_ttft_seconds", "calculet_request_inter_token_latency_seconds",
+                "calculet_request_e2e_latency_seconds"),
+    "invariants": ("calculet_invariant_violations",),
+}
+
+ALLOWED_LABELS = {"tenant", "queue", "state", "reason", "decision", "limit", "rc", "engine", "kind", "status",
+                  "alias", "phase", "machine", "invariant", "compiled_batch", "tier", "route", "method", "stage",
+                  "result", "mode", "transition", "le"}
+NAME = re.compile(r"^calculet_[a-z0-9]+(_[a-z0-9]+)+$")
+
+
+def _traffic(server: RunningServer, n: int) -> list[str]:
+    """``n`` completions; returns every id the responses carried (HTTP, response, engine)."""
+    ids = []
+    client = server.client("alpha")
+    for i in range(n):
+        raw = client.completions.with_raw_response.create(model=ALIAS, prompt=f"metrics {i}", max_tokens=3)
+        ids.append(raw.headers["x-request-id"])
+        ids.append(raw.parse().id)
+    return ids
+
+
+@pytest.mark.req("R16.1", "R16.2", "R16.3", "R16.4", "R16.5", "R16.6", "R16.7", "R16.8")
+def test_every_section_16_row_is_exported_and_parses(server: RunningServer) -> None:
+    _traffic(server, 3)
+    text = server.metrics_text()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    missing = {row: [n for n in names if n not in families] for row, names in SECTION_16.items()}
+    assert not any(missing.values()), missing
+    for name in families:
+        assert NAME.match(name), f"{name} does not follow calculet_<component>_<what>_<unit>"
+    queues = {s.labels["queue"] for s in families["calculet_queue_depth_requests"].samples}
+    assert queues == {"decode", "short", "medium", "long"}
+    rcs = {s.labels["rc"] for s in families["calculet_executor_submit_rc"].samples}
+    assert {"OK", "DEVICE_BUSY", "TIMEOUT", "CCU_FAULT", "DMA_UNKNOWN"} <= rcs
+    states = {s.labels["state"] for s in families["calculet_kv_sequences"].samples}
+    assert states == {"free", "reserved", "active", "updating", "unknown", "releasing"}
+    model_states = {s.labels["state"]: s.value for s in families["calculet_model_state"].samples}
+    assert model_states["ready"] == 1 and sum(model_states.values()) == 1 and len(model_states) == 9
+    assert families_value(families_of(text), "calculet_model_phase_duration_seconds", alias=ALIAS, phase="load") > 0
+    violations = families["calculet_invariant_violations"].samples
+    assert {s.labels["machine"] for s in violations} == {"RequestMachine", "KvSequenceMachine", "ModelMachine",
+                                                         "DeviceJobMachine"}
+    assert all(s.value == 0 for s in violations)
+    tenants = {s.labels["tenant"] for s in families["calculet_fairness_service_tokens"].samples}
+    assert tenants == set(TENANT_KEYS)
+    parsed = families_of(text)
+    assert families_value(parsed, "calculet_admission_tenant_max_waiting_tokens", tenant="alpha") == 4096
+    assert families_value(parsed, "calculet_admission_tenant_max_active_sequences", tenant="beta") == 8
+    assert families_value(parsed, "calculet_admission_tenant_qps_limit_requests_per_second", tenant="gamma") == 1000
+    assert families_value(parsed, "calculet_fairness_weight", tenant="beta") == 2.0
+    assert families_value(parsed, "calculet_admission_budget_waiting_requests") == 128
+    ttft = [s for s in families["calculet_request_ttft_seconds"].samples
+            if s.name.endswith("_count") and s.labels["tenant"] == "alpha"]
+    assert ttft[0].value >= 3
+
+
+@pytest.mark.req("R1.1")
+def test_batch_metrics_report_device_batch_one(server: RunningServer) -> None:
+    families = server.metrics()
+    assert families_value(families, "calculet_batch_compiled_size_lanes") == 1
+    profiles = [(s.labels["compiled_batch"], s.labels["tier"]) for s in families["calculet_batch_profile_info"]]
+    assert profiles == [("1", "C0")]
+
+
+@pytest.mark.req("R16.9", "R16.10")
+def test_labels_are_bounded_and_never_carry_request_ids(server: RunningServer) -> None:
+    _traffic(server, 2)  # every route/status pair used below exists from here on
+    first = server.metrics_text()
+    ids = _traffic(server, 12)
+    second = server.metrics_text()
+
+    def series(text: str) -> set[tuple[str, tuple[tuple[str, str], ...]]]:
+        return {(s.name, tuple(sorted(s.labels.items()))) for f in text_string_to_metric_families(text)
+                for s in f.samples}
+
+    assert series(first) == series(second), "the set of series grew with the number of requests"
+    for family in text_string_to_metric_families(second):
+        for sample in family.samples:
+            assert set(sample.labels) <= ALLOWED_LABELS, (sample.name, sample.labels)
+            for value in sample.labels.values():
+                assert value not in ids and not value.startswith(("cmpl-", "chatcmpl-"))
+                assert not re.fullmatch(r"[0-9a-f]{32}", value), f"an id-like label value on {sample.name}"
+
+
+def families_of(text: str) -> dict[str, list]:  # type: ignore[type-arg]
+    return {f.name: list(f.samples) for f in text_string_to_metric_families(text)}
