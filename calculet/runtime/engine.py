@@ -41,18 +41,30 @@ Decisions where the spec is silent:
   with an error naming the fault (a request with nothing committed yet keeps its place);
 * the generation is kept across a reset or restart of the same package (§18 "generation
   recovery"); the model manager decides about new generations.
+
+**Models** (§10–§13). The engine brings its model up through its
+:class:`~calculet.runtime.models.ModelManager` (``engine.models``): from the configuration's
+``models[model_alias]`` with every trust check (§11 steps 1–11), or from a package directory the
+caller vouches for (tests, simulation: steps 1–2 skipped and reported). The tokenizer, KV lane
+pool and scheduler are built from that first package's verified manifest; later generations
+must keep that contract. Loads, unloads and rollbacks then run on the actor, one step per tick,
+while the engine keeps serving: ``engine.models.load(...)`` from any thread (real time), or
+``driver.models.load(...)`` in virtual time. Every request and job is counted on its
+generation's ModelMachine, so a drain waits on the declared counters.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, TypeVar
+from typing import Any, Callable, ContextManager, Literal, TypeVar
 
 from calculet.adapters.calrt import CalRT, DeviceCapabilities, JobResult, ReturnCode, VirtualDevice, rc_of
 from calculet.config import SchedulerConfig
@@ -74,6 +86,14 @@ from calculet.runtime.executor import (
     SubmitRefused,
 )
 from calculet.runtime.kv import FreeSequence, KvManager
+from calculet.runtime.models import (
+    CapacityPlanner,
+    LoadFailed,
+    LoadReport,
+    ModelManager,
+    ModelManagerStatistics,
+    Operation,
+)
 from calculet.runtime.prefill import PrefillWork
 from calculet.runtime.recovery import FaultReason, HealthRecovery, RecoveryAction, RecoveryStatistics
 from calculet.runtime.registry import Cancellation, RequestRecord
@@ -88,7 +108,7 @@ log = logging.getLogger("calculet.runtime.engine")
 T = TypeVar("T")
 
 __all__ = ["Engine", "EngineCore", "EngineDriver", "EngineOptions", "EngineStatistics", "ExecutionMode",
-           "GenerateRequest", "ModelInfo", "SamplingParams", "Submission"]
+           "GenerateRequest", "ModelInfo", "SamplingParams", "Submission", "TokenProvenance"]
 
 
 class ExecutionMode(str, enum.Enum):
@@ -128,6 +148,9 @@ class EngineOptions:
     busy_backoff_s: float = 1e-3
     verify_golden: bool = True
     """§11 step 9 at bring-up and after every reset; impossible with numerics off."""
+    warmup: bool | None = None
+    """§11 step 9 warm-up jobs (one prefill, one decode per profile) before a generation is
+    published; None follows ``verify_golden`` (a numerics-off simulation keeps its clock at 0)."""
     check_output_buffers: bool = True
     """The data-channel crosstalk check (reads each job's OutputBuf once)."""
     sampler_seed: int = 0
@@ -182,6 +205,26 @@ class EngineStatistics:
     session: SessionStatistics
     mailbox: MailboxStatistics | None
     device: Any
+    models: ModelManagerStatistics | None = None
+
+
+@dataclass(frozen=True)
+class TokenProvenance:
+    """Where a delivered token came from (generation isolation, §10, R19.16): the request's pinned
+    generation, the generation of the job that produced it, the generation the device's result
+    carried, and the generation whose calbin the result names."""
+
+    request_id: int
+    token: int
+    request_generation: int
+    job_generation: int
+    result_generation: int
+    calbin_generation: int
+
+    @property
+    def isolated(self) -> bool:
+        return (self.request_generation == self.job_generation == self.result_generation
+                == self.calbin_generation)
 
 
 class _Request:
@@ -205,7 +248,7 @@ class _Sink:
         self.closed = False
 
     def token(self, request_id: int, token: int) -> None:
-        self.core._on_token(request_id)
+        self.core._on_token(request_id, token)
         self.user.token(request_id, token)
 
     def close(self, outcome: RequestOutcome) -> None:
@@ -226,10 +269,12 @@ def _reject(sink: RequestSink, decision: Decision, status: int, reason: str) -> 
 class EngineCore:
     """The actor's state and the tick; one thread at a time (the owner) may call it."""
 
-    def __init__(self, config: SchedulerConfig, runtime: CalRT, package_dir: str | os.PathLike[str], *,
+    def __init__(self, config: SchedulerConfig, runtime: CalRT, package_dir: str | os.PathLike[str] | None = None, *,
                  clock: Clock, options: EngineOptions = EngineOptions(),
                  observer: Callable[[RequestRecord, str, str], None] | None = None,
-                 device: VirtualDevice | None = None) -> None:
+                 device: VirtualDevice | None = None,
+                 provenance: Callable[[TokenProvenance], None] | None = None,
+                 planner: CapacityPlanner | None = None) -> None:
         if options.mode is ExecutionMode.SYNC and config.executor.max_inflight != 1:
             raise DefinitionError("the synchronous baseline runs one job at a time: executor.max_inflight must be 1")
         self.config = config
@@ -237,32 +282,14 @@ class EngineCore:
         self.runtime = runtime
         self.package_dir = package_dir
         self.clock = clock
-        self.generation = options.generation
         self._observer = observer
-        device = device if device is not None else runtime.create_virtual_device()
-        try:
-            self.session = RuntimeSession(device, package_dir, config, generation=self.generation,
-                                          verify_golden=options.verify_golden).create()
-        except BaseException:
-            device.close()
-            raise
-        session = self.session
-        calbin = session.calbin
-        self.capabilities = session.capabilities
-        self.tokenizer = ByteTokenizer.for_calbin(calbin)
-        self.kv = KvManager(session.lanes, session.max_seq, capabilities=session.kv_capabilities(), clock=clock)
-        self.scheduler = Scheduler(config, clock=clock, kv=self.kv, device_kv_tokens=session.kv_token_capacity,
-                                   max_seq=session.max_seq, capabilities=session.scheduling_capabilities(),
-                                   observer=self._observe)
-        self.scheduler.set_model(self.generation, ModelAvailability.READY, session.profiles)
-        self.sampler = SamplerPool(seed=options.sampler_seed, eos=calbin.eos_token)
-        self.executor = DeviceExecutor(session, config.executor, clock=clock, job_timeout_s=options.job_timeout_s,
-                                       prefill_timeout_per_token_s=options.prefill_timeout_per_token_s,
-                                       check_output_buffers=options.check_output_buffers,
-                                       degrade_min_samples=options.degrade_min_samples)
-        self.dispatcher = CompletionDispatcher(self.sampler,
-                                               lane_isolation=self.capabilities.lane_failure_isolation.value)
-        self.recovery = HealthRecovery(config.recovery, clock=clock, capabilities=self.capabilities)
+        self._provenance = provenance
+        self._delivering: tuple[int, int, int] | None = None
+        self._hold = False
+        self.exclusive_device: Callable[[], ContextManager[None]] = contextlib.nullcontext
+        """Held around host-driven device work (golden, warm-up, a session reset): the threaded
+        engine pauses its completion thread so WaitAny cannot take those jobs' results."""
+        self.device: VirtualDevice = device if device is not None else runtime.create_virtual_device()
         self.trace: list[tuple[str, int]] | None = [] if options.trace_components else None
         self._requests: dict[int, _Request] = {}
         self._pending_frees: list[FreeSequence] = []
@@ -277,6 +304,82 @@ class EngineCore:
         self._ticks = 0
         self._host_time = 0.0
         self._host_max = 0.0
+        self.models = ModelManager(self, planner=planner, first_generation=options.generation)
+        try:
+            # §11 steps 1–4 of the first generation; the components are built on its verified facts.
+            prepared = self.models.prepare_initial(package_dir)
+            plan = prepared.plan
+            facts = plan.facts
+            self._contract_capabilities = plan.capabilities
+            self.tokenizer = ByteTokenizer(facts.vocab_size, bos=facts.bos_token, eos=facts.eos_token)
+            self.kv = KvManager(plan.lanes, plan.max_seq, capabilities=plan.kv_capabilities(), clock=clock)
+            self.scheduler = Scheduler(config, clock=clock, kv=self.kv, device_kv_tokens=plan.kv_token_capacity,
+                                       max_seq=plan.max_seq, capabilities=plan.scheduling_capabilities(),
+                                       observer=self._observe)
+            self.sampler = SamplerPool(seed=options.sampler_seed, eos=facts.eos_token)
+            self.executor = DeviceExecutor(RuntimeSession.detached(self.device, config), config.executor, clock=clock,
+                                           job_timeout_s=options.job_timeout_s,
+                                           prefill_timeout_per_token_s=options.prefill_timeout_per_token_s,
+                                           check_output_buffers=options.check_output_buffers,
+                                           degrade_min_samples=options.degrade_min_samples)
+            self.dispatcher = CompletionDispatcher(self.sampler,
+                                                   lane_isolation=plan.capabilities.lane_failure_isolation.value)
+            self.recovery = HealthRecovery(config.recovery, clock=clock, capabilities=plan.capabilities)
+            # Steps 5–11, inline: nothing serves yet, so nothing waits.
+            self.bring_up: LoadReport = self.models.finish_initial(prepared)
+        except LoadFailed as exc:
+            self.device.close()
+            raise exc.cause from exc
+        except BaseException:
+            self.device.close()
+            raise
+
+    # ------------------------------------------------------------------ the serving generation
+
+    @property
+    def session(self) -> RuntimeSession:
+        """The session the executor is bound to: the serving generation's (or a detached one)."""
+        return self.executor.session
+
+    @property
+    def generation(self) -> int:
+        gen = self.models.serving
+        return gen.id if gen is not None else self.scheduler.generation
+
+    @property
+    def capabilities(self) -> DeviceCapabilities:
+        """The capability contract of the serving generation's package (the first one's when none
+        serves); the engine-level facts in it are the same for every generation (EngineContract)."""
+        gen = self.models.serving
+        if gen is not None and gen.facts is not None:
+            return gen.facts.capabilities
+        return self._contract_capabilities
+
+    def hold_submissions(self, hold: bool) -> None:
+        """§11 step 9: golden/warm-up jobs need the engines; planned work waits while they run."""
+        self._hold = hold
+
+    def run_commands(self) -> None:
+        """Execute the machines' pending commands (FreeSequence, ...) through the adapter."""
+        self._run_commands()
+
+    def report_device_fault(self, rc: ReturnCode, detail: str) -> None:
+        """A job outside the executor (golden/warm-up, §11 step 9) left the device in doubt: recover
+        it (reset or restart per the contract, within the budget) before anything is served again."""
+        reason = FaultReason.DEVICE_STATE if rc is ReturnCode.INVALID_STATE else self.recovery.reason_for(rc)
+        self._enter_recovery(reason, detail)
+
+    def resync_engines(self) -> None:
+        """Golden/warm-up jobs (§11 step 9) ran outside the executor and advanced the device's
+        per-engine ``engine_sequence`` counters: the executor must not read that jump as a counter
+        anomaly (§14 degrade). With nothing in flight and nothing bound, ``forget_all`` is exact;
+        with a co-resident generation still serving, only the sequence expectation is dropped (the
+        executor offers no narrower public call for this)."""
+        executor = self.executor
+        if executor.inflight() == 0 and executor.statistics().sequences_bound == 0:
+            executor.forget_all()
+        else:
+            executor._engine_seq = dict.fromkeys(executor._engine_seq)  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------ API (on the actor)
 
@@ -325,19 +428,16 @@ class EngineCore:
         self._run_commands()
 
     def teardown(self) -> None:
-        """Release the device: an orderly unload (§12) if nothing is stuck on it, else close it."""
+        """Release the device: an orderly unload (§12) of every idle generation, then close it."""
         if self._stopped:
             return
         self._stopped = True
-        session = self.session
-        device = session.device
         try:
-            if self.executor.inflight() == 0 and session.state.value == "ready":
-                session.destroy()
+            self.models.teardown()
         except CalculetError as exc:
             log.error("unload was not clean; closing the device", extra={"detail": str(exc)})
         finally:
-            device.close()
+            self.device.close()
 
     # ------------------------------------------------------------------ the tick
 
@@ -355,6 +455,7 @@ class EngineCore:
         self._expire_jobs()
         self._maybe_recover()
         self._run_commands()
+        self.models.poll()
         self._account(start)
 
     def on_results(self, results: list[JobResult]) -> None:
@@ -377,7 +478,7 @@ class EngineCore:
             if effective < scheduler.jobs.max_inflight:
                 scheduler.limit_inflight(effective)
             now = self.clock.now()
-            if now < self._backoff_until or self.recovery.pending is not None:
+            if now < self._backoff_until or self.recovery.pending is not None or self._hold:
                 self._wake = self._backoff_until if now < self._backoff_until else None
                 break
             plan = scheduler.step()
@@ -405,7 +506,8 @@ class EngineCore:
 
     def next_wake(self) -> float | None:
         """The next instant the actor must run without being told (deadlines, Wait timeouts, back-off)."""
-        times = [t for t in (self._wake, self.executor.next_deadline()) if t is not None]
+        times = [t for t in (self._wake, self.executor.next_deadline(), self.models.next_deadline())
+                 if t is not None]
         if self._backoff_until > self.clock.now():
             times.append(self._backoff_until)
         return min(times) if times else None
@@ -418,7 +520,7 @@ class EngineCore:
     def idle(self) -> bool:
         """Nothing live, nothing on the device that will still complete, no command pending."""
         return (len(self.scheduler.registry) == 0 and self.executor.healthy_inflight() == 0
-                and not self._pending_frees and self.recovery.pending is None)
+                and not self._pending_frees and self.recovery.pending is None and not self.models.busy())
 
     @property
     def accepting(self) -> bool:
@@ -432,15 +534,19 @@ class EngineCore:
     # ------------------------------------------------------------------ reading
 
     def model_info(self) -> ModelInfo:
-        calbin = self.session.calbin
-        return ModelInfo(self.generation, calbin.name, calbin.exact_submodel, calbin.package_sha256,
-                         calbin.vocab_size, calbin.bos_token, calbin.eos_token, self.session.max_seq,
-                         self.session.profiles.sizes, self.capabilities)
+        gen = self.models.serving
+        session = gen.session if gen is not None else None
+        if gen is None or session is None or not session.has_calbin:
+            raise Unavailable(f"no model generation of {self.config.model_alias!r} is serving")
+        calbin = session.calbin
+        return ModelInfo(gen.id, calbin.name, calbin.exact_submodel, calbin.package_sha256,
+                         calbin.vocab_size, calbin.bos_token, calbin.eos_token, session.max_seq,
+                         session.profiles.sizes, calbin.capabilities)
 
     def statistics(self, mailbox: MailboxStatistics | None = None) -> EngineStatistics:
         scheduler = self.scheduler
         try:
-            device = self.session.device.statistics()
+            device = self.device.statistics()  # type: ignore[attr-defined]
         except Exception:  # noqa: BLE001 - statistics of a closed device are not essential
             device = None
         state = "stopped" if self._stopped else "running" if self._accepting else "stopping"
@@ -453,7 +559,8 @@ class EngineCore:
             pending_frees=len(self._pending_frees), scheduler=scheduler.statistics(),
             executor=self.executor.statistics(), completion=self.dispatcher.statistics(),
             sampler=self.sampler.statistics(), recovery=self.recovery.statistics(),
-            session=self.session.statistics(), mailbox=mailbox, device=device)
+            session=self.session.statistics(), mailbox=mailbox, device=device,
+            models=self.models.statistics_now())
 
     # ------------------------------------------------------------------ submitting
 
@@ -461,6 +568,11 @@ class EngineCore:
         work = plan.work
         assert work is not None and plan.engine is not None
         scheduler, executor = self.scheduler, self.executor
+        if not self.models.may_submit(work.generation):  # a generation leaving service takes no new job
+            scheduler.submit_failed(work.job_id)
+            for rid in self._request_ids(work):
+                scheduler.fail(rid, f"generation {work.generation} is no longer serving")
+            return None
         prompt = None
         if isinstance(work, PrefillWork):
             entry = self._requests.get(work.request_id)
@@ -479,6 +591,7 @@ class EngineCore:
             self._refused(work, outcome)
             return None
         scheduler.submitted(work.job_id)
+        self.models.on_job_submitted(work.generation)
         executor.degrade.accepted()
         if self.trace is not None:
             stage = "decode_scheduler" if isinstance(work, DecodeBatch) else "prefill_scheduler"
@@ -509,10 +622,21 @@ class EngineCore:
     # ------------------------------------------------------------------ completions
 
     def _handle_result(self, result: JobResult) -> None:
-        executor, scheduler = self.executor, self.scheduler
-        job = executor.take(result)
+        job = self.executor.take(result)
         if job is None:
             return
+        work = job.work
+        self.models.on_job_finished(work.generation)
+        if self._provenance is not None:
+            self._delivering = (work.generation, result.generation,
+                                self.models.generation_of_calbin(result.calbin_id))
+        try:
+            self._apply_result(job, result)
+        finally:
+            self._delivering = None
+
+    def _apply_result(self, job: InflightJob, result: JobResult) -> None:
+        executor, scheduler = self.executor, self.scheduler
         work = job.work
         if job.timed_out:  # a late completion: nothing is delivered, the slot and lanes are reclaimed
             if isinstance(work, DecodeBatch):
@@ -569,8 +693,7 @@ class EngineCore:
         if self.recovery.failed:
             return
         self.recovery.report(reason, detail)
-        if self.scheduler.availability is ModelAvailability.READY:
-            self.scheduler.set_model(self.generation, ModelAvailability.RECOVERING)
+        self.models.on_fault()
 
     def _maybe_recover(self) -> None:
         """Reset/restart once the healthy jobs drained (§14), within the budget (§15)."""
@@ -581,10 +704,11 @@ class EngineCore:
                 self._give_up()
                 return
             self.executor.forget_all()
+            self.models.on_jobs_discarded()
             ok = True
             try:
                 if pending.action is RecoveryAction.RESET:
-                    self.session.reset()
+                    self.models.reset_device()
                 else:
                     self._restart()
             except CalculetError as exc:
@@ -598,31 +722,18 @@ class EngineCore:
             self.scheduler.device_reset(detail)
             self.scheduler.fail_lost_kv(detail)
             self._run_commands()
-            if self.scheduler.availability is ModelAvailability.RECOVERING:
-                self.scheduler.set_model(self.generation, ModelAvailability.READY)
+            self.models.on_recovered()
+            self._run_commands()
             self._backoff_until = 0.0
             self._wake = self.clock.now()  # serve again at once
 
     def _restart(self) -> None:
-        """Close the VirtualDevice and bring the session up on a new one (a process restart)."""
-        old = self.session
-        try:
-            old.device.close()
-        finally:
-            old.abandon()
-        device = self.runtime.create_virtual_device()
-        try:
-            session = RuntimeSession(device, self.package_dir, self.config, generation=self.generation,
-                                     verify_golden=self.options.verify_golden).create()
-        except BaseException:
-            device.close()
-            raise
-        self.session = session
-        self.executor.rebind(session)
+        """Close the VirtualDevice and bring the serving generation up on a new one (a process restart)."""
+        self.models.restart_device()
 
     def _give_up(self) -> None:
         detail = self.recovery.give_up()
-        self.scheduler.set_model(self.generation, ModelAvailability.FAILED, detail=detail)
+        self.models.on_give_up(detail)
         self._run_commands()
 
     # ------------------------------------------------------------------ commands (§9.2)
@@ -650,10 +761,17 @@ class EngineCore:
     # ------------------------------------------------------------------ sink callbacks
 
     def _observe(self, rec: RequestRecord, source: str, target: str) -> None:
+        self.models.on_request_transition(rec, source, target)
         if self._observer is not None:
             self._observer(rec, source, target)
 
-    def _on_token(self, request_id: int) -> None:
+    def _on_token(self, request_id: int, token: int) -> None:
+        provenance = self._provenance
+        if provenance is not None:
+            rec = self.scheduler.registry.get(request_id)
+            job_gen, result_gen, calbin_gen = self._delivering or (0, 0, 0)
+            provenance(TokenProvenance(request_id, token, rec.generation if rec is not None else 0, job_gen,
+                                       result_gen, calbin_gen))
         entry = self._requests.get(request_id)
         if entry is None:
             return
@@ -696,16 +814,24 @@ class Engine:
         engine.stop(drain_timeout_s=30)
     """
 
-    def __init__(self, config: SchedulerConfig, runtime: CalRT, package_dir: str | os.PathLike[str], *,
+    def __init__(self, config: SchedulerConfig, runtime: CalRT, package_dir: str | os.PathLike[str] | None = None, *,
                  clock: Clock | None = None, options: EngineOptions = EngineOptions(),
-                 device: VirtualDevice | None = None) -> None:
+                 device: VirtualDevice | None = None, planner: CapacityPlanner | None = None,
+                 provenance: Callable[[TokenProvenance], None] | None = None) -> None:
         if isinstance(clock, FakeClock):
             raise DefinitionError("Engine runs in real time; drive a FakeClock with EngineDriver")
         if options.mode is not ExecutionMode.ASYNC:
             raise DefinitionError("Engine runs the async path; the sync baseline is EngineDriver's")
         self._core = EngineCore(config, runtime, package_dir, clock=clock or MonotonicClock(), options=options,
-                                device=device)
+                                device=device, planner=planner, provenance=provenance)
+        self.models: ModelManager = self._core.models
+        """Load / unload / rollback / status, thread-safe and blocking with a timeout (§10–§13)."""
+        self.models.bind_port(_ThreadPort(self))
         self._mailbox = Mailbox()
+        self._device_cv = threading.Condition()
+        self._exclusive = False
+        self._in_wait = False
+        self._core.exclusive_device = self._exclusive_device
         self._actor: threading.Thread | None = None
         self._completer: threading.Thread | None = None
         self._stop = threading.Event()
@@ -817,18 +943,69 @@ class Engine:
             self._final = core.statistics(mailbox.statistics())
             mailbox.run_pending()
 
+    @contextlib.contextmanager
+    def _exclusive_device(self) -> Iterator[None]:
+        """(actor) Pause the completion thread: host-driven jobs (golden, warm-up) Wait for their own
+        results, which WaitAny must not collect first. Returns once WaitAny is not running."""
+        cv = self._device_cv
+        with cv:
+            self._exclusive = True
+            while self._in_wait:
+                cv.wait()
+        try:
+            yield
+        finally:
+            with cv:
+                self._exclusive = False
+                cv.notify_all()
+
     def _run_completer(self) -> None:
         """Blocks in CalRT WaitAny and posts results to the actor (DESIGN principle 2)."""
         core = self._core
+        cv = self._device_cv
         while not self._stop.is_set():
-            device = core.session.device
+            with cv:
+                while self._exclusive and not self._stop.is_set():
+                    cv.wait(0.5)
+                self._in_wait = True
+            device = core.device
             try:
                 results = device.wait_any(0.1)
             except CalculetError:
+                results = None
+            finally:
+                with cv:
+                    self._in_wait = False
+                    cv.notify_all()
+            if results is None:
                 self._stop.wait(0.05)
                 continue
             if results:
                 self._mailbox.post(lambda r=results: core.on_results(r))  # type: ignore[misc]
+
+
+class _ThreadPort:
+    """The model manager's way to the real-time actor: post a message, wait for the reply."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def call(self, fn: Callable[[], T], timeout: float | None) -> T:
+        engine = self._engine
+        if engine._final is not None:
+            raise Unavailable("the engine has stopped")
+        actor = engine._actor
+        if actor is None or actor.ident == threading.get_ident():
+            return fn()  # not started yet (the caller is the only thread), or already on the actor
+        return engine._mailbox.call(fn, timeout)
+
+    def run(self, op: Operation, timeout: float | None) -> Any:
+        engine = self._engine
+        if engine._actor is None and not op.done:
+            engine._core.models.poll()
+            if not op.done:
+                raise DefinitionError(f"start the engine first: {op.describe()}")
+        return op.reply.wait(timeout)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -844,13 +1021,17 @@ class EngineDriver:
     ``options.mode=SYNC`` every job is submitted and waited for (the M1 baseline).
     """
 
-    def __init__(self, config: SchedulerConfig, runtime: CalRT, package_dir: str | os.PathLike[str], *,
+    def __init__(self, config: SchedulerConfig, runtime: CalRT, package_dir: str | os.PathLike[str] | None = None, *,
                  clock: FakeClock, options: EngineOptions = EngineOptions(),
                  observer: Callable[[RequestRecord, str, str], None] | None = None,
-                 device: VirtualDevice | None = None) -> None:
+                 device: VirtualDevice | None = None, planner: CapacityPlanner | None = None,
+                 provenance: Callable[[TokenProvenance], None] | None = None) -> None:
         self.clock = clock
         self.core = EngineCore(config, runtime, package_dir, clock=clock, options=options, observer=observer,
-                               device=device)
+                               device=device, planner=planner, provenance=provenance)
+        self.models: ModelManager = self.core.models
+        """The same ModelManager API, run in virtual time: a blocking call steps this driver."""
+        self.models.bind_port(_VirtualPort(self))
         self._mailbox = Mailbox()
         self.tokenizer = self.core.tokenizer
 
@@ -952,3 +1133,43 @@ class EngineDriver:
         reply = self._mailbox.post(message)
         self._mailbox.run_pending()
         return reply.wait(0)
+
+
+class _VirtualPort:
+    """The model manager's way to the driver: the caller is the actor; waiting steps virtual time.
+
+    ``timeout`` is in virtual seconds."""
+
+    def __init__(self, driver: EngineDriver) -> None:
+        self._driver = driver
+
+    def call(self, fn: Callable[[], T], timeout: float | None) -> T:
+        return fn()
+
+    def run(self, op: Operation, timeout: float | None) -> Any:
+        driver = self._driver
+        clock = driver.clock
+        limit = None if timeout is None else clock.now() + timeout
+        guard = 0
+        while not op.done:
+            driver.step()
+            if op.done:
+                break
+            nxt = driver.next_event_time()
+            now = clock.now()
+            if nxt is None:
+                raise DefinitionError(f"no progress in virtual time: {op.describe()}, and nothing is scheduled")
+            if limit is not None and nxt > limit:
+                clock.set(max(limit, now))
+                driver.step()
+                if not op.done:
+                    raise TimeoutError(f"{op.describe()} after {timeout} virtual seconds")
+                break
+            if nxt <= now:
+                guard += 1
+                if guard > 10_000:
+                    raise DefinitionError(f"no progress at t={now}: {op.describe()}")
+                continue
+            guard = 0
+            clock.set(nxt)
+        return op.reply.wait(0)

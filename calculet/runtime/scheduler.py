@@ -26,6 +26,10 @@ Decisions where the spec is silent:
 
 * one generation is served at a time (CalRT 0.7.6 cannot co-reside, §11 step 6); requests
   still pinned to a replaced generation are ended when it goes away;
+* while a replacement runs (§11 step 5 "stop new admission" until step 10), new requests are
+  *held*: they wait unbound (WaitingModel) and are pinned to whichever generation is Ready
+  when the hold ends — the new one, or the old one again if the load failed
+  (:meth:`Scheduler.hold_new_requests`); requests already pinned keep being served;
 * a service opportunity (§6 WRR) is one device job;
 * a request whose prefill is chunked is cancelled or expires between chunks at once
   (nothing is in flight to drain);
@@ -148,6 +152,7 @@ class Scheduler:
         self._deadline_default_ms = config.admission.deadline_default_ms
         self._generation = 0
         self._availability = ModelAvailability.UNLOADED
+        self._held = False
         self._profiles: ProfileSet | None = None
         self._deadlines: list[tuple[float, int]] = []
         self._model_wait: deque[RequestRecord] = deque()
@@ -184,7 +189,8 @@ class Scheduler:
             self._profiles = profiles
             self.prefill.chunk_tokens = profiles.prefill_chunk_tokens if self.capabilities.incremental_prefill else None
         if availability is ModelAvailability.READY:
-            self._bind_waiting_model()
+            if not self._held:
+                self._bind_waiting_model()
             self._pump(now)
         elif availability is ModelAvailability.DRAINING:  # §12: cancel waiting requests
             for rec in self.registry.live():
@@ -192,6 +198,33 @@ class Scheduler:
                     self.registry.fire(rec, "cancel")
         elif availability is ModelAvailability.FAILED:
             self._end_generation(generation, detail)
+
+    @property
+    def holding_new_requests(self) -> bool:
+        return self._held
+
+    def hold_new_requests(self, hold: bool) -> None:
+        """§11 step 5 "stop new admission if replacement": while held, a new request is not pinned
+        to the serving generation but waits unbound (WaitingModel, bounded by the waiting budget and
+        its deadline); requests already pinned keep being admitted and served. Releasing the hold
+        pins the waiting ones to the generation that is Ready then (R10.3: pinned once, never moved)."""
+        self._no_pending()
+        self._held = hold
+        if not hold and self._availability is ModelAvailability.READY:
+            self._bind_waiting_model()
+            self._pump(self._clock.now())
+
+    def reject_waiting_model(self, detail: str) -> int:
+        """End every request still waiting for a generation with 503 (the alias has none and none is
+        coming, e.g. a failed replacement whose previous version could not be restored)."""
+        self._no_pending()
+        waiting, self._model_wait = self._model_wait, deque()
+        ended = 0
+        for rec in waiting:
+            if rec.state == "waiting_model":
+                self.registry.reject(rec, 503, detail)
+                ended += 1
+        return ended
 
     def shutdown(self) -> None:
         """Refuse new requests (503); cancel everything not on the device; running jobs drain."""
@@ -230,7 +263,7 @@ class Scheduler:
             return Submission(rec.request_id, rejection)
         self.admission.accept(rec)
         heapq.heappush(self._deadlines, (rec.deadline, rec.request_id))
-        if availability is ModelAvailability.READY:
+        if availability is ModelAvailability.READY and not self._held:
             self.registry.fire(rec, "bind", gen=self._generation)
             self.admission.enqueue(rec)
             self._pump(now)

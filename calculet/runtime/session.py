@@ -4,22 +4,34 @@ A session owns what a generation needs on the device — the calbin, its configu
 CalRT KvManager, the job buffers — and what the scheduler needs to know about it — the
 :class:`~calculet.runtime.profiles.ProfileSet` and capability facts, all read from the
 verified manifest and the capability contract, never from configuration alone (DESIGN
-principle 8). It is deliberately small: :meth:`RuntimeSession.create` and
-:meth:`RuntimeSession.destroy`, plus the contract reset the recovery path uses. Package trust
-(§11 steps 1–3), alias publication and rollback belong to the model manager that drives it.
+principle 8). Package trust (§11 steps 1–2), alias publication and rollback belong to the
+model manager (:mod:`calculet.runtime.models`) that drives it one step at a time; the
+:meth:`RuntimeSession.create` / :meth:`RuntimeSession.destroy` pair runs every step in order
+for callers that need no more.
 
-create (§11):
-  7. CreateCalbin → cross-validate the configuration against the manifest and contract
-     (R15.19, fail fast) → configure → KvManager → job buffers;
-  8. inspect the exact profile contract: every requested profile is compiled, usable B>1
-     profiles have a mask contract (R7.3.3), the KvManager can hold the configured lanes;
-  9. golden: every golden vector of the manifest must reproduce (greedy tokens and the
-     logits checksum) before the session is usable.
-A failure at any step destroys what was created, so the device is back to its baseline.
+What a package states about itself is a :class:`ModelFacts` (read from the verified manifest at
+§11 step 3, before any device call, or from a created calbin to compare at step 8), and what a
+generation will configure is its :class:`SessionPlan` (:func:`plan_session`: the requested
+profiles cross-validated against the manifest and the contract, R15.19, fail fast).
 
-destroy (§12): free live sequences, buffers, the KvManager, ResetConfiguration only where
-the contract says it is verified (R12.7), destroy the calbin, then verify the device memory
-is back at the baseline measured before create (R12.8) — a leak raises ``DeviceFault``.
+create (§11), one method per step so the manager can interleave them with serving:
+  7. :meth:`create_calbin` → :meth:`configure` → :meth:`create_kv_manager` → :meth:`create_pools`
+     (in exactly this order, R11.7);
+  8. :meth:`inspect`: the calbin the device created reports exactly the manifest's profiles,
+     tensors, inactive-lane contract, KV layout, capabilities, memory and identity (a mismatch
+     fails the load, R11.8), and the KvManager can hold the configured lanes;
+  9. :meth:`check_golden` (every golden vector reproduces: greedy tokens and the logits
+     checksum) and :meth:`warmup` (one prefill and one decode per configured profile).
+A failure at any step is cleaned up by :meth:`teardown` (``verify=False``), so the device is
+back to its baseline.
+
+destroy (§12), again one method per step: :meth:`free_sequences` and :meth:`destroy_pools`,
+:meth:`destroy_kv_manager` and :meth:`destroy_calbin`, :meth:`reset_configuration_after_unload`
+only where the contract says the reset is verified *and* no other calbin shares the reset
+domain (R12.7), then :meth:`verify_released`: the device memory this session took is back
+(R12.8) — a leak is reported, never ignored. Memory is checked as a difference (what the
+session reserved when it became ready must be what its teardown gives back), so it stays exact
+when another generation is resident beside it (§13.2 co-residency, simulated).
 
 Buffers (§14): one InputBuf/OutputBuf pair per (engine, job kind, compiled batch). A job runs
 wholly on one engine and an engine runs one job at a time, so two in-flight jobs never share a
@@ -36,7 +48,8 @@ from __future__ import annotations
 import enum
 import logging
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from calculet.adapters.calrt import (
@@ -46,15 +59,18 @@ from calculet.adapters.calrt import (
     DeviceCapabilities,
     DeviceFault,
     Engine,
+    GoldenVector,
     JobBuffers,
     JobKind,
     KvManager,
     KvSeqId,
     MaskContract,
+    MemoryFootprint,
     ReturnCode,
     VirtualDevice,
     rc_of,
 )
+from calculet.adapters.manifest import CalbinManifest
 from calculet.adapters.sim.driver import GoldenOutcome, HostDriver
 from calculet.config import SchedulerConfig, cross_validate
 from calculet.errors import CalculetError, DefinitionError
@@ -63,6 +79,9 @@ from calculet.runtime.profiles import InactiveLanePolicy, ProfileSet, ProfileSpe
 from calculet.runtime.scheduler import SchedulingCapabilities
 
 log = logging.getLogger("calculet.runtime.session")
+
+__all__ = ["EngineContract", "GoldenFailed", "InspectionFailed", "ModelFacts", "RuntimeSession", "SessionPlan",
+           "SessionState", "SessionStatistics", "plan_session", "profile_spec"]
 
 
 class SessionState(str, enum.Enum):
@@ -77,6 +96,214 @@ class GoldenFailed(DeviceFault):
     """§11 step 9: a golden vector did not reproduce; the session is not usable."""
 
     code = "golden_failed"
+
+
+class InspectionFailed(DeviceFault):
+    """§11 step 8: the device reports tensors/profiles/contract other than the verified manifest's."""
+
+    code = "inspection_failed"
+
+
+# ---------------------------------------------------------------------------------------------
+# What a package states, and what a generation configures
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What one calbin package states about itself (§2, §7.3, §11 step 3, §13.1, §20).
+
+    Built from the verified manifest before any device call (:meth:`from_manifest`), and from the
+    calbin the device created (:meth:`from_calbin`) so that step 8 can compare the two.
+    ``max_sequences`` (the KvManager's slot count) is a manifest figure the calbin protocol does
+    not report; it is None when read from a calbin.
+    """
+
+    name: str
+    exact_submodel: str
+    package_sha256: str
+    profiles: tuple[BatchProfile, ...]
+    capabilities: DeviceCapabilities
+    memory: MemoryFootprint
+    golden: tuple[GoldenVector, ...]
+    vocab_size: int
+    bos_token: int
+    eos_token: int
+    max_sequences: int | None = None
+
+    @classmethod
+    def from_manifest(cls, manifest: CalbinManifest, sha256: str) -> ModelFacts:
+        """The facts of a verified manifest; ``sha256`` is the hash of its signed bytes."""
+        arch = manifest.architecture
+        return cls(name=manifest.name, exact_submodel=manifest.exact_submodel, package_sha256=sha256,
+                   profiles=manifest.batch_profiles(), capabilities=manifest.device_capabilities(),
+                   memory=manifest.memory_footprint(), golden=manifest.golden_vectors(),
+                   vocab_size=arch.vocab_size, bos_token=arch.special_tokens.bos, eos_token=arch.special_tokens.eos,
+                   max_sequences=manifest.memory.max_sequences)
+
+    @classmethod
+    def from_calbin(cls, calbin: Calbin) -> ModelFacts:
+        """The facts the device reports for a created calbin (§11 step 8 compares them)."""
+        return cls(name=calbin.name, exact_submodel=calbin.exact_submodel, package_sha256=calbin.package_sha256,
+                   profiles=tuple(sorted(calbin.profiles, key=lambda p: p.compiled_batch)),
+                   capabilities=calbin.capabilities, memory=calbin.memory, golden=tuple(calbin.golden),
+                   vocab_size=calbin.vocab_size, bos_token=calbin.bos_token, eos_token=calbin.eos_token)
+
+    def differences(self, reported: ModelFacts) -> list[str]:
+        """Where the device's report differs from these (manifest) facts; empty when exact (§11 step 8)."""
+        out: list[str] = []
+        for f in fields(self):
+            if f.name == "max_sequences":
+                continue
+            mine, theirs = getattr(self, f.name), getattr(reported, f.name)
+            if f.name == "profiles":
+                out.extend(_profile_differences(mine, theirs))
+            elif mine != theirs:
+                out.append(f"{f.name}: manifest {_short(mine)}, device {_short(theirs)}")
+        return out
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _profile_differences(manifest: tuple[BatchProfile, ...], device: tuple[BatchProfile, ...]) -> list[str]:
+    want = {p.compiled_batch: p for p in manifest}
+    have = {p.compiled_batch: p for p in device}
+    out = []
+    if set(want) != set(have):
+        out.append(f"profiles: manifest B{sorted(want)}, device B{sorted(have)}")
+    for batch in sorted(set(want) & set(have)):
+        a, b = want[batch], have[batch]
+        if a == b:
+            continue
+        for f in fields(a):
+            x, y = getattr(a, f.name), getattr(b, f.name)
+            if x == y:
+                continue
+            if f.name == "tensors":
+                mine = {t.name: t for t in x}
+                theirs = {t.name: t for t in y}
+                for name in sorted(set(mine) | set(theirs)):
+                    t1, t2 = mine.get(name), theirs.get(name)
+                    if t1 != t2:
+                        show = (lambda t: "absent" if t is None
+                                else f"{list(t.shape)} {t.dtype.value} {t.role.value}")
+                        out.append(f"profile B{batch} tensor {name!r}: manifest {show(t1)}, device {show(t2)}")
+            else:
+                out.append(f"profile B{batch} {f.name}: manifest {_short(x)}, device {_short(y)}")
+    return out
+
+
+@dataclass(frozen=True)
+class EngineContract:
+    """The facts an engine's tokenizer, KV lane pool, scheduler and recovery are built on.
+
+    A running engine keeps them for its life, so a replacement package must offer the same ones
+    (checked at §11 step 3, before any device call); a package that differs here needs a new
+    engine (process), like any other change of the serving contract.
+    """
+
+    vocab_size: int
+    bos_token: int
+    eos_token: int
+    max_seq: int
+    kv_token_capacity: int
+    incremental_prefill: bool
+    lane_failure_isolation: bool
+    reset_configuration_verified: bool
+    kv_remove_tail: bool
+    kv_shift: bool
+
+    def differences(self, other: EngineContract) -> list[str]:
+        return [f"{f.name}: serving {getattr(self, f.name)!r}, package {getattr(other, f.name)!r}"
+                for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)]
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """What one generation configures and what the scheduler may use (§2, §8, §11 step 3).
+
+    Derived from :class:`ModelFacts` and the configuration only, so it is known before the
+    first device call: an impossible configuration fails here (R15.19, R17.1.6).
+    """
+
+    facts: ModelFacts
+    configured: tuple[int, ...]
+    profiles: ProfileSet
+    max_seq: int
+    kv_token_capacity: int
+    lanes: int
+    engines: tuple[Engine, ...]
+
+    @property
+    def capabilities(self) -> DeviceCapabilities:
+        return self.facts.capabilities
+
+    def scheduling_capabilities(self) -> SchedulingCapabilities:
+        caps = self.facts.capabilities
+        return SchedulingCapabilities(incremental_prefill=caps.incremental_prefill.value,
+                                      lane_failure_isolation=caps.lane_failure_isolation.value,
+                                      vocab_size=self.facts.vocab_size)
+
+    def kv_capabilities(self) -> KvCapabilities:
+        ops = self.facts.capabilities.context_ops
+        return KvCapabilities(remove_tail=ops.remove_tail.value is ContextOpSupport.SUPPORTED,
+                              shift=ops.shift.value is ContextOpSupport.SUPPORTED)
+
+    def contract(self) -> EngineContract:
+        caps = self.facts.capabilities
+        kv = self.kv_capabilities()
+        return EngineContract(vocab_size=self.facts.vocab_size, bos_token=self.facts.bos_token,
+                              eos_token=self.facts.eos_token, max_seq=self.max_seq,
+                              kv_token_capacity=self.kv_token_capacity,
+                              incremental_prefill=caps.incremental_prefill.value,
+                              lane_failure_isolation=caps.lane_failure_isolation.value,
+                              reset_configuration_verified=caps.reset_configuration_verified.value,
+                              kv_remove_tail=kv.remove_tail, kv_shift=kv.shift)
+
+    def pool_bytes(self) -> int:
+        """Device bytes :meth:`RuntimeSession.create_pools` will allocate (for the capacity plan)."""
+        total = 0
+        for batch in self.configured:
+            profile = next(p for p in self.facts.profiles if p.compiled_batch == batch)
+            inputs = sum(t.nbytes for t in profile.tensors if t.role.value == "input")
+            outputs = batch * self.facts.vocab_size * profile.logit_dtype.itemsize
+            total += inputs + outputs
+        return total * len(self.engines) * 2
+
+
+def plan_session(facts: ModelFacts, config: SchedulerConfig) -> SessionPlan:
+    """Cross-validate the configuration against the package's facts and contract (R15.19, §8).
+
+    Raises :class:`~calculet.errors.ConfigError` / :class:`DefinitionError` naming the field; no
+    device call is made.
+    """
+    caps = facts.capabilities
+    label = f"calbin {facts.name!r}"
+    manifest = {p.compiled_batch for p in facts.profiles}
+    cross_validate(config, manifest_profiles=manifest, manifest_label=label,
+                   max_inflight_supported=caps.max_inflight_jobs.value, ping_pong=caps.ping_pong.value,
+                   physical_devices_supported=caps.physical_devices_per_process.value,
+                   multi_profile_residency=caps.multi_profile_residency.value)
+    requested = set(config.batch.profiles)
+    configure = sorted(requested | {1})
+    if len(configure) > 1 and not caps.multi_profile_residency.value:
+        raise DefinitionError(f"profiles {sorted(requested)} need the B1 prefill graph resident beside them, "
+                              "which needs multi-profile residency (§8); this calbin does not offer it")
+    lanes = config.admission.max_sequences
+    if facts.max_sequences is not None and lanes > facts.max_sequences:
+        raise DefinitionError(f"admission.max_sequences={lanes} exceeds the {facts.max_sequences} KV sequences "
+                              f"{label} reserves (§5.1, §13.1)")
+    profiles = ProfileSet([profile_spec(p) for p in facts.profiles], requested=sorted(requested),
+                          thresholds=config.batch.select_thresholds,
+                          multi_profile_residency=caps.multi_profile_residency.value, manifest_label=label)
+    smallest = next(p for p in facts.profiles if p.compiled_batch == min(configure))
+    engines = (Engine.PING, Engine.PONG) if config.executor.max_inflight == 2 else (Engine.PING,)
+    return SessionPlan(facts=facts, configured=tuple(configure), profiles=profiles, max_seq=profiles.max_seq,
+                       kv_token_capacity=facts.memory.kv_bytes // smallest.kv_layout.bytes_per_token,
+                       lanes=lanes, engines=engines)
 
 
 @dataclass(frozen=True)
@@ -95,7 +322,17 @@ class SessionStatistics:
     sequences_freed: int
     resets: int
     golden_checks: int
+    warmups: int
     baseline_memory_bytes: int
+    acquired_memory_bytes: int
+
+
+def _best_effort(what: str, action: Callable[[], object]) -> None:
+    """Cleanup after host-driven jobs must not hide the error that ended them."""
+    try:
+        action()
+    except CalculetError as exc:
+        log.warning("cleanup failed", extra={"what": what, "rc": rc_of(exc).name, "detail": str(exc)})
 
 
 def profile_spec(profile: BatchProfile) -> ProfileSpec:
@@ -105,11 +342,17 @@ def profile_spec(profile: BatchProfile) -> ProfileSpec:
                        policy.mask is not MaskContract.NONE, profile.exact_submodel)
 
 
+# ---------------------------------------------------------------------------------------------
+# The session
+# ---------------------------------------------------------------------------------------------
+
+
 class RuntimeSession:
     """The device side of one model generation: calbin, configuration, KvManager, buffers."""
 
     def __init__(self, device: VirtualDevice, package_dir: str | os.PathLike[str], config: SchedulerConfig, *,
-                 generation: int, verify_golden: bool = True) -> None:
+                 generation: int, verify_golden: bool = True, plan: SessionPlan | None = None,
+                 warmup: bool = False) -> None:
         if generation < 1:
             raise DefinitionError(f"generation must be >= 1, got {generation}")
         self.device = device
@@ -117,10 +360,12 @@ class RuntimeSession:
         self.config = config
         self.generation = generation
         self.verify_golden = verify_golden
+        self.run_warmup = warmup
+        self.plan: SessionPlan | None = plan
         self.state = SessionState.NEW
+        self.detached = False
         self._calbin: Calbin | None = None
         self._kv: KvManager | None = None
-        self._profiles: ProfileSet | None = None
         self._configured: tuple[int, ...] = ()
         self._buffers: dict[tuple[Engine, JobKind, int], JobBuffers] = {}
         self._live: set[int] = set()
@@ -128,8 +373,19 @@ class RuntimeSession:
         self._freed = 0
         self._resets = 0
         self._golden = 0
+        self._warmups = 0
         self._baseline = 0
+        self._acquired = 0
+        self._teardown_from: int | None = None
         self.golden_outcomes: tuple[GoldenOutcome, ...] = ()
+
+    @classmethod
+    def detached(cls, device: VirtualDevice, config: SchedulerConfig) -> RuntimeSession:
+        """A session with no model on it: what the executor is bound to while no generation serves
+        (between an unload and the next load, or on a restarted device before a generation is up)."""
+        session = cls(device, "", config, generation=1, verify_golden=False)
+        session.detached = True
+        return session
 
     # ------------------------------------------------------------------ facts
 
@@ -138,6 +394,10 @@ class RuntimeSession:
         if self._calbin is None:
             raise DefinitionError("the session has no calbin (not created, or destroyed)")
         return self._calbin
+
+    @property
+    def has_calbin(self) -> bool:
+        return self._calbin is not None
 
     @property
     def kv(self) -> KvManager:
@@ -151,9 +411,9 @@ class RuntimeSession:
 
     @property
     def profiles(self) -> ProfileSet:
-        if self._profiles is None:
+        if self.plan is None:
             raise DefinitionError("the session has no profiles (not created)")
-        return self._profiles
+        return self.plan.profiles
 
     @property
     def max_seq(self) -> int:
@@ -166,24 +426,23 @@ class RuntimeSession:
     @property
     def kv_token_capacity(self) -> int:
         """§13.1: the KV the capacity plan reserves, in tokens of the smallest profile's layout."""
-        calbin = self.calbin
-        per_token = calbin.profile(min(self._configured)).kv_layout.bytes_per_token
-        return calbin.memory.kv_bytes // per_token
+        if self.plan is None:
+            raise DefinitionError("the session has no plan (not created)")
+        return self.plan.kv_token_capacity
 
     @property
     def engines(self) -> tuple[Engine, ...]:
         return (Engine.PING, Engine.PONG) if self.config.executor.max_inflight == 2 else (Engine.PING,)
 
     def scheduling_capabilities(self) -> SchedulingCapabilities:
-        caps = self.capabilities
-        return SchedulingCapabilities(incremental_prefill=caps.incremental_prefill.value,
-                                      lane_failure_isolation=caps.lane_failure_isolation.value,
-                                      vocab_size=self.calbin.vocab_size)
+        if self.plan is None:
+            raise DefinitionError("the session has no plan (not created)")
+        return self.plan.scheduling_capabilities()
 
     def kv_capabilities(self) -> KvCapabilities:
-        ops = self.capabilities.context_ops
-        return KvCapabilities(remove_tail=ops.remove_tail.value is ContextOpSupport.SUPPORTED,
-                              shift=ops.shift.value is ContextOpSupport.SUPPORTED)
+        if self.plan is None:
+            raise DefinitionError("the session has no plan (not created)")
+        return self.plan.kv_capabilities()
 
     def buffers(self, engine: Engine, kind: JobKind, compiled_batch: int) -> JobBuffers:
         """The buffer pair of ``engine`` for a ``kind`` job of ``compiled_batch`` lanes (§14)."""
@@ -219,26 +478,118 @@ class RuntimeSession:
         """The device dropped every sequence (reset/restart): nothing is left to free."""
         self._live.clear()
 
-    # ------------------------------------------------------------------ lifecycle
+    # ------------------------------------------------------------------ §11 steps 7–9, one at a time
+
+    def create_calbin(self) -> Calbin:
+        """Step 7a, CreateCalbin. Without a plan (a caller-built session) the plan is derived from the
+        calbin's own contract here, so a configuration it cannot serve fails before configure."""
+        if self.state is not SessionState.NEW or self._calbin is not None or self.detached:
+            raise DefinitionError(f"create_calbin() on a {self.state.value} session")
+        self._baseline = self._memory_used()
+        self._calbin = calbin = self.device.create_calbin(self.package_dir)
+        if self.plan is None:
+            self.plan = plan_session(ModelFacts.from_calbin(calbin), self.config)
+        return calbin
+
+    def configure(self) -> None:
+        """Step 7b: configure the device for the plan's profiles (device-global on 0.7.6, §11)."""
+        assert self.plan is not None
+        self.device.configure(self.calbin, self.plan.configured)
+        self._configured = self.plan.configured
+
+    def create_kv_manager(self) -> KvManager:
+        """Step 7c: the CalRT KvManager of the configured calbin."""
+        self._kv = self.device.create_kv_manager(self.calbin)
+        return self._kv
+
+    def create_pools(self) -> None:
+        """Step 7d: the job buffer pools, one InputBuf/OutputBuf pair per (engine, kind, batch) (§14)."""
+        assert self.plan is not None
+        device, calbin = self.device, self.calbin
+        for engine in self.engines:
+            self._buffers[(engine, JobKind.PREFILL, 1)] = device.allocate_job_buffers(calbin, JobKind.PREFILL, 1)
+            for size in self.plan.profiles.sizes:
+                self._buffers[(engine, JobKind.DECODE, size)] = device.allocate_job_buffers(
+                    calbin, JobKind.DECODE, size)
+
+    def inspect(self) -> None:
+        """Step 8: the device reports exactly the verified manifest's profiles, exact tensors,
+        inactive-lane contract, KV layout, capabilities, memory and identity (R11.8); the
+        KvManager can hold the configured lanes."""
+        assert self.plan is not None
+        reported = ModelFacts.from_calbin(self.calbin)
+        problems = self.plan.facts.differences(reported)
+        if problems:
+            raise InspectionFailed("the device's calbin does not match the verified manifest (§11 step 8): "
+                                   + "; ".join(problems), rc=ReturnCode.INVALID_ARGUMENT)
+        if not self.kv.can_allocate(self.lanes):
+            raise DefinitionError(f"the KvManager cannot hold admission.max_sequences={self.lanes} sequences")
+
+    def check_golden(self) -> None:
+        """Step 9a: every golden vector of the manifest reproduces (greedy tokens, logits checksum)."""
+        driver = HostDriver(self.device, self.calbin, self.kv, generation=self.generation)
+        try:
+            outcomes = tuple(driver.check_golden(vector) for vector in self.calbin.golden)
+        finally:
+            _best_effort("free the golden driver's buffers", driver.close)
+        self._golden += 1
+        self.golden_outcomes = outcomes
+        bad = [o for o in outcomes if not o.ok]
+        if bad:
+            raise GoldenFailed("golden check failed: " + "; ".join(f"{o.name}: {o.detail}" for o in bad),
+                               rc=ReturnCode.INTERNAL)
+
+    def warmup(self) -> None:
+        """Step 9b: one prefill and one decode step on every configured profile, in a scratch
+        sequence freed afterwards (works with numerics off: the tokens are not checked)."""
+        assert self.plan is not None
+        calbin = self.calbin
+        driver = HostDriver(self.device, calbin, self.kv, generation=self.generation)
+        seq = self.kv.allocate_sequence()
+        try:
+            first = driver.prefill(seq, [calbin.bos_token])
+            if not first.ok:
+                raise GoldenFailed(f"warmup prefill failed: {first.rc.name} {first.message}", rc=first.rc)
+            token = first.lanes[0].greedy_token if first.lanes[0].greedy_token is not None else calbin.bos_token
+            for size in self.plan.profiles.sizes:
+                result = driver.decode(size, [(seq, int(token) % calbin.vocab_size)])
+                if not result.ok:
+                    raise GoldenFailed(f"warmup decode on B{size} failed: {result.rc.name} {result.message}",
+                                       rc=result.rc)
+        finally:  # a job stuck on the device keeps its sequence and buffers (§12); teardown reports it
+            _best_effort("free the warm-up sequence", lambda: self.kv.free_sequence(seq))
+            _best_effort("free the warm-up driver's buffers", driver.close)
+        self._warmups += 1
+
+    def mark_ready(self) -> None:
+        """Steps 7–9 passed: the session may serve; what it reserved is recorded for §12's check."""
+        self.state = SessionState.READY
+        self._acquired = self._memory_used() - self._baseline
+        assert self.plan is not None
+        log.info("session ready", extra={"generation": self.generation, "calbin": self.calbin.name,
+                                         "profiles": self._configured})
 
     def create(self) -> RuntimeSession:
-        """§11 steps 7–9; on any failure everything created is destroyed and the error re-raised."""
+        """§11 steps 7–9 in order; on any failure everything created is destroyed and the error re-raised."""
         if self.state is not SessionState.NEW:
             raise DefinitionError(f"create() on a {self.state.value} session")
-        self._baseline = self._memory_used()
-        device = self.device
         try:
-            self._calbin = calbin = device.create_calbin(self.package_dir)
-            self._check_contract(calbin)
-            self._configure()
-            self.state = SessionState.READY
+            self.create_calbin()
+            self.configure()
+            self.create_kv_manager()
+            self.create_pools()
+            self.inspect()
+            if self.verify_golden:
+                self.check_golden()
+            if self.run_warmup:
+                self.warmup()
+            self.mark_ready()
         except BaseException:
-            self._teardown(verify=False)
-            self.state = SessionState.DESTROYED
+            self.teardown(verify=False)
             raise
-        log.info("session ready", extra={"generation": self.generation, "calbin": calbin.name,
-                                         "profiles": self._configured})
         return self
+
+    # ------------------------------------------------------------------ recovery
 
     def reset(self) -> None:
         """ResetConfiguration per the contract, then configure, KvManager, buffers and golden again.
@@ -253,25 +604,23 @@ class RuntimeSession:
             raise DefinitionError("ResetConfiguration is not a verified contract here (R12.7); restart instead")
         self.device.reset_configuration()
         self._resets += 1
+        self.drop_configuration()
+        self.configure()
+        self.create_kv_manager()
+        self.create_pools()
+        self.inspect()
+        if self.verify_golden:
+            self.check_golden()
+        self._acquired = self._memory_used() - self._baseline
+
+    def drop_configuration(self) -> None:
+        """A ResetConfiguration (this session's or another's: the reset domain is the device) dropped
+        the configuration, the KvManager, the buffers and every sequence; the calbin remains."""
+        self._acquired -= sum(b.input.nbytes + b.output.nbytes for b in self._buffers.values())
         self._kv = None
         self._buffers.clear()
         self._live.clear()
-        self._configure()
-
-    def destroy(self) -> None:
-        """§12: free sequences, buffers, KvManager; ResetConfiguration if verified; destroy the calbin;
-        verify the device memory is back at its baseline (R12.8)."""
-        if self.state is SessionState.ABANDONED:
-            self.state = SessionState.DESTROYED
-            return
-        if self.state is not SessionState.READY:
-            raise DefinitionError(f"destroy() on a {self.state.value} session")
-        busy = [t for t in self.device.inflight() if t.calbin_id == self.calbin.calbin_id]
-        if busy:
-            raise DefinitionError(f"{len(busy)} job(s) still on the device; drain or recover before destroy (§12: "
-                                  "a forced delete is not a cancellation)")
-        self._teardown(verify=True)
-        self.state = SessionState.DESTROYED
+        self._configured = ()
 
     def abandon(self) -> None:
         """The device was closed (a restart): every handle died with it; nothing is freed here."""
@@ -279,71 +628,19 @@ class RuntimeSession:
         self._kv = None
         self._buffers.clear()
         self._live.clear()
+        self._configured = ()
         self.state = SessionState.ABANDONED
 
-    def statistics(self) -> SessionStatistics:
-        calbin = self._calbin
-        capacity = self.kv_token_capacity if calbin is not None and self._configured else 0
-        return SessionStatistics(
-            generation=self.generation, state=self.state.value, calbin=calbin.name if calbin else "",
-            package_sha256=calbin.package_sha256 if calbin else "", configured_profiles=self._configured,
-            lanes=self.lanes, max_seq=self._profiles.max_seq if self._profiles else 0, kv_token_capacity=capacity,
-            buffer_pairs=len(self._buffers), live_sequences=len(self._live), sequences_allocated=self._allocated,
-            sequences_freed=self._freed, resets=self._resets, golden_checks=self._golden,
-            baseline_memory_bytes=self._baseline)
+    # ------------------------------------------------------------------ §12, one step at a time
 
-    # ------------------------------------------------------------------ internals
+    def begin_teardown(self) -> None:
+        """Record the device memory before the first §12 step (the release check compares to it)."""
+        if self._teardown_from is None:
+            self._teardown_from = self._memory_used()
 
-    def _check_contract(self, calbin: Calbin) -> None:
-        """Fail fast on a configuration the manifest or the contract cannot serve (R15.19, §11 step 8)."""
-        caps = calbin.capabilities
-        config = self.config
-        manifest = {p.compiled_batch for p in calbin.profiles}
-        cross_validate(config, manifest_profiles=manifest, manifest_label=f"calbin {calbin.name!r}",
-                       max_inflight_supported=caps.max_inflight_jobs.value, ping_pong=caps.ping_pong.value,
-                       physical_devices_supported=caps.physical_devices_per_process.value,
-                       multi_profile_residency=caps.multi_profile_residency.value)
-        requested = set(config.batch.profiles)
-        configure = sorted(requested | {1})
-        if len(configure) > 1 and not caps.multi_profile_residency.value:
-            raise DefinitionError(f"profiles {sorted(requested)} need the B1 prefill graph resident beside them, "
-                                  "which needs multi-profile residency (§8); this calbin does not offer it")
-        self._configured = tuple(configure)
-        self._profiles = ProfileSet([profile_spec(p) for p in calbin.profiles], requested=sorted(requested),
-                                    thresholds=config.batch.select_thresholds,
-                                    multi_profile_residency=caps.multi_profile_residency.value,
-                                    manifest_label=f"calbin {calbin.name!r}")
-
-    def _configure(self) -> None:
-        device, calbin = self.device, self.calbin
-        device.configure(calbin, self._configured)
-        self._kv = kv = device.create_kv_manager(calbin)
-        if not kv.can_allocate(self.lanes):
-            raise DefinitionError(f"the KvManager cannot hold admission.max_sequences={self.lanes} sequences")
-        if self.verify_golden:
-            self._check_golden()
-        for engine in self.engines:
-            self._buffers[(engine, JobKind.PREFILL, 1)] = device.allocate_job_buffers(calbin, JobKind.PREFILL, 1)
-            for size in self.profiles.sizes:
-                self._buffers[(engine, JobKind.DECODE, size)] = device.allocate_job_buffers(
-                    calbin, JobKind.DECODE, size)
-
-    def _check_golden(self) -> None:
-        driver = HostDriver(self.device, self.calbin, self.kv, generation=self.generation)
-        try:
-            outcomes = tuple(driver.check_golden(vector) for vector in self.calbin.golden)
-        finally:
-            driver.close()
-        self._golden += 1
-        self.golden_outcomes = outcomes
-        bad = [o for o in outcomes if not o.ok]
-        if bad:
-            raise GoldenFailed("golden check failed: " + "; ".join(f"{o.name}: {o.detail}" for o in bad),
-                               rc=ReturnCode.INTERNAL)
-
-    def _teardown(self, *, verify: bool) -> None:
-        """Destroy whatever exists, in §12 order; with ``verify`` a leftover is an error."""
-        device = self.device
+    def free_sequences(self) -> list[str]:
+        """§12: free every sequence still live on the KvManager. Returns the problems (empty: clean)."""
+        self.begin_teardown()
         problems: list[str] = []
         kv = self._kv
         for seq in sorted(self._live):
@@ -354,37 +651,135 @@ class RuntimeSession:
             except CalculetError as exc:
                 problems.append(f"free sequence {seq}: {rc_of(exc).name}")
         self._live.clear()
+        return problems
+
+    def destroy_pools(self) -> list[str]:
+        """§12: free the job buffer pools (refused by the device while a job holds a buffer)."""
+        self.begin_teardown()
+        problems: list[str] = []
         for key, buffers in list(self._buffers.items()):
             try:
-                device.free_job_buffers(buffers)
+                self.device.free_job_buffers(buffers)
             except CalculetError as exc:
-                problems.append(f"free {key[1].value} buffers of {key[0].value}: {rc_of(exc).name}")
+                problems.append(f"free {key[1].value} B{key[2]} buffers of {key[0].value}: {rc_of(exc).name}")
             del self._buffers[key]
-        if kv is not None:
-            try:
-                device.destroy_kv_manager(kv)
-            except CalculetError as exc:
-                problems.append(f"destroy KvManager: {rc_of(exc).name}")
-            self._kv = None
+        return problems
+
+    def destroy_kv_manager(self) -> list[str]:
+        self.begin_teardown()
+        kv = self._kv
+        if kv is None:
+            return []
+        self._kv = None
+        try:
+            self.device.destroy_kv_manager(kv)
+        except CalculetError as exc:
+            return [f"destroy KvManager: {rc_of(exc).name}"]
+        return []
+
+    def destroy_calbin(self) -> list[str]:
+        self.begin_teardown()
         calbin = self._calbin
-        if calbin is not None:
-            if calbin.capabilities.reset_configuration_verified.value and self._configured:
-                try:
-                    device.reset_configuration()
-                except CalculetError as exc:
-                    problems.append(f"ResetConfiguration: {rc_of(exc).name}")
-            try:
-                device.destroy_calbin(calbin)
-            except CalculetError as exc:
-                problems.append(f"destroy calbin: {rc_of(exc).name}")
-            self._calbin = None
-        if not verify:
-            return
+        if calbin is None:
+            return []
+        self._calbin = None
+        try:
+            self.device.destroy_calbin(calbin)
+        except CalculetError as exc:
+            return [f"destroy calbin: {rc_of(exc).name}"]
+        return []
+
+    def reset_allowed(self, *, others_configured: bool) -> bool:
+        """R12.7: ResetConfiguration after an unload only where the contract verifies it and no other
+        calbin shares the reset domain (it would lose its configuration too)."""
+        plan = self.plan
+        return (plan is not None and plan.capabilities.reset_configuration_verified.value
+                and bool(self._configured) and not others_configured)
+
+    def reset_configuration_after_unload(self, *, others_configured: bool) -> tuple[bool, list[str]]:
+        """§12 "ResetConfiguration only per verified contract": (called, problems)."""
+        if self.detached or not self.reset_allowed(others_configured=others_configured):
+            return False, []
+        try:
+            self.device.reset_configuration()
+        except CalculetError as exc:
+            return True, [f"ResetConfiguration: {rc_of(exc).name}"]
+        self._resets += 1
+        self._configured = ()
+        return True, []
+
+    def verify_released(self) -> list[str]:
+        """§12 "verify device memory/health": the memory this session took is back (R12.8)."""
+        if self.state is SessionState.ABANDONED:
+            return []
+        problems: list[str] = []
         used = self._memory_used()
-        if used != self._baseline:
-            problems.append(f"device memory {used} bytes after unload, baseline {self._baseline}")
-        if problems:
+        if self.state is SessionState.READY and self._teardown_from is not None:
+            expected = self._teardown_from - self._acquired
+        else:
+            expected = self._baseline
+        if used != expected:
+            problems.append(f"device memory {used} bytes after unload, expected {expected} "
+                            f"(this generation reserved {self._acquired})")
+        try:
+            busy = [t for t in self.device.inflight() if t.generation == self.generation]
+        except CalculetError as exc:
+            problems.append(f"device health: inflight() failed: {rc_of(exc).name}")
+            busy = []
+        if busy:
+            problems.append(f"{len(busy)} job(s) of generation {self.generation} still on the device")
+        return problems
+
+    def finish_teardown(self) -> None:
+        self.state = SessionState.DESTROYED if self.state is not SessionState.ABANDONED else self.state
+
+    def teardown(self, *, verify: bool, others_configured: bool = False) -> list[str]:
+        """Every §12 cleanup step in order; with ``verify`` a leftover raises ``DeviceFault``.
+
+        Returns the problems found (``verify=False``: a failed create cleans up best-effort)."""
+        if self.state is SessionState.ABANDONED:
+            return []
+        problems = self.free_sequences()
+        problems += self.destroy_pools()
+        problems += self.destroy_kv_manager()
+        problems += self.destroy_calbin()
+        _, reset_problems = self.reset_configuration_after_unload(others_configured=others_configured)
+        problems += reset_problems
+        if verify:
+            problems += self.verify_released()
+        self.finish_teardown()
+        if verify and problems:
             raise DeviceFault("unload left the device unclean (§12): " + "; ".join(problems), rc=ReturnCode.INTERNAL)
+        return problems
+
+    def destroy(self, *, others_configured: bool = False) -> None:
+        """§12: free sequences, buffers, KvManager and calbin; ResetConfiguration if verified; verify
+        the device memory this session took is back (R12.8)."""
+        if self.state is SessionState.ABANDONED:
+            self.state = SessionState.DESTROYED
+            return
+        if self.state is not SessionState.READY:
+            raise DefinitionError(f"destroy() on a {self.state.value} session")
+        busy = [t for t in self.device.inflight() if t.calbin_id == self.calbin.calbin_id]
+        if busy:
+            raise DefinitionError(f"{len(busy)} job(s) still on the device; drain or recover before destroy (§12: "
+                                  "a forced delete is not a cancellation)")
+        self.teardown(verify=True, others_configured=others_configured)
+
+    def statistics(self) -> SessionStatistics:
+        calbin = self._calbin
+        plan = self.plan
+        capacity = plan.kv_token_capacity if plan is not None and calbin is not None else 0
+        return SessionStatistics(
+            generation=self.generation, state=self.state.value, calbin=calbin.name if calbin else "",
+            package_sha256=calbin.package_sha256 if calbin else "", configured_profiles=self._configured,
+            lanes=self.lanes, max_seq=plan.max_seq if plan is not None and not self.detached else 0,
+            kv_token_capacity=capacity, buffer_pairs=len(self._buffers), live_sequences=len(self._live),
+            sequences_allocated=self._allocated, sequences_freed=self._freed, resets=self._resets,
+            golden_checks=self._golden, warmups=self._warmups, baseline_memory_bytes=self._baseline,
+            acquired_memory_bytes=self._acquired)
+
+    # ------------------------------------------------------------------ internals
 
     def _memory_used(self) -> int:
         total = 0
