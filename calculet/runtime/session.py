@@ -71,7 +71,7 @@ from calculet.adapters.calrt import (
     rc_of,
 )
 from calculet.adapters.manifest import CalbinManifest
-from calculet.adapters.sim.driver import GoldenOutcome, HostDriver
+from calculet.adapters.host_driver import GoldenOutcome, HostDriver
 from calculet.config import SchedulerConfig, cross_validate
 from calculet.errors import CalculetError, DefinitionError
 from calculet.runtime.kv import KvCapabilities

@@ -28,7 +28,7 @@ from calculet.adapters.calrt import (
     verify_result,
 )
 from calculet.adapters.sim import FaultKind, FaultRule, SimConfig, SimSession, open_sim
-from calculet.adapters.sim.driver import HostDriver
+from calculet.adapters.host_driver import HostDriver
 from calculet.runtime.clock import FakeClock
 
 

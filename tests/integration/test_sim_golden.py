@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from calculet.adapters.calrt import KvSeqId
 from calculet.adapters.sim import SimKvManager, SimSession, open_sim
-from calculet.adapters.sim.driver import HostDriver
+from calculet.adapters.host_driver import HostDriver
 
 ATOL = 1e-5
 STEPS = 4

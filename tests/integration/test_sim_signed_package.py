@@ -15,7 +15,7 @@ from calculet.adapters.manifest import CalbinManifest
 from calculet.adapters.packages import generate_keypair, sign_package, verify_package
 from calculet.adapters.sim import SimCalRT, SimConfig
 from calculet.adapters.sim.build import build_package
-from calculet.adapters.sim.driver import HostDriver
+from calculet.adapters.host_driver import HostDriver
 from calculet.errors import PackageError
 from calculet.runtime.clock import FakeClock
 

@@ -23,7 +23,7 @@ from calculet.adapters.sim.device import (
     SimVirtualDevice,
     TimeMode,
 )
-from calculet.adapters.sim.driver import GoldenOutcome, HostDriver
+from calculet.adapters.host_driver import GoldenOutcome, HostDriver
 from calculet.adapters.sim.faults import FaultInjector, FaultKind, FaultRule
 from calculet.adapters.sim.kv import KvSequenceView, SimKvManager
 from calculet.adapters.sim.memory import BoardPreset, MemoryLedger

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from calculet.adapters.sim import SimSession, open_sim
-from calculet.adapters.sim.driver import HostDriver
+from calculet.adapters.host_driver import HostDriver
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import pytest
 
 from calculet.adapters.calrt import Engine, JobKind
 from calculet.adapters.sim import CostModel, FaultInjector, FaultKind, FaultRule, SimSession
-from calculet.adapters.sim.driver import HostDriver
+from calculet.adapters.host_driver import HostDriver
 from calculet.errors import DefinitionError
 
 

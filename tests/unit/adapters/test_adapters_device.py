@@ -41,7 +41,7 @@ from calculet.adapters.sim import (
     package_dir,
 )
 from calculet.adapters.sim.build import build_package
-from calculet.adapters.sim.driver import HostDriver
+from calculet.adapters.host_driver import HostDriver
 from calculet.adapters.sim.faults import FaultKind, FaultRule
 from calculet.adapters.sim.model import pseudo_next_token
 from calculet.errors import DefinitionError

@@ -14,7 +14,7 @@ from calculet.adapters.calrt import (
     ReturnCode,
 )
 from calculet.adapters.sim import SimSession
-from calculet.adapters.sim.driver import HostDriver
+from calculet.adapters.host_driver import HostDriver
 from calculet.adapters.sim.faults import FaultKind, FaultRule
 from calculet.errors import NotSupported
 
