@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast bench soak specs verify verify-full clean help
+.PHONY: run test bench soak specs verify verify-full clean help
 
 help:
 	@echo "make run      install and start the service (simulated NPU, bundled tiny model)"
@@ -12,7 +12,7 @@ help:
 	@echo "make specs    regenerate specs/ from the machine declarations"
 	@echo "make verify   run the z3 proofs (fast profile); verify-full for the full depth"
 	@echo "make bench    run the benchmarks (figures, not pass/fail)"
-	@echo "make soak     long fuzzing and soak runs (Hypothesis 'deep' profile)"
+	@echo "make soak     deep fuzzing, the slow tests, and a 24 h virtual-time soak with faults"
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python >= 3.11) on PATH"; exit 1; }
@@ -41,6 +41,8 @@ bench: $(STAMP)
 
 soak: $(STAMP)
 	HYPOTHESIS_PROFILE=deep $(PY) -m pytest -q -m "slow or not slow" tests/property
+	$(PY) -m pytest -q -m slow tests
+	$(PY) -m calculet.bench soak --hours 24
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info
