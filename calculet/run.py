@@ -6,8 +6,10 @@
                            [--log-level INFO] [--sim-cost tiny|reference|instant]
 
 With no arguments: the simulated NPU in real time, the bundled tiny model package built and
-signed with this machine's development key at start-up, the default configuration (§15), on
-127.0.0.1:8000. ``--host``/``--port`` override ``server.host``/``server.port``; ``--port 0``
+signed with this machine's development key at start-up, the default configuration (§15) with
+``models``/``trust`` naming that package and key (so §11 steps 1–2 really verify it), on
+127.0.0.1:8000. The engine starts through its model manager either way, and the admin API's
+load/unload/drain/rollback drive that manager (:class:`~calculet.server.admin.ManagedModelAdmin`). ``--host``/``--port`` override ``server.host``/``server.port``; ``--port 0``
 picks a free port (the ``listening`` log line names it).
 
 Start-up stops with exit code 2 and a message naming the field when the configuration is
@@ -99,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"calculet: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
         return 2
     drain_s = config.executor.drain_deadline_ms / 1000
-    service = Service(config, brought.engine, package=brought.package, load_duration_s=brought.load_duration_s)
+    service = Service(brought.config, brought.engine)  # the ModelManager bound as the admin API (ManagedModelAdmin)
     service.start()
     app = create_app(service)
 

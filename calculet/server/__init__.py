@@ -4,7 +4,7 @@
 brings a model up (:mod:`calculet.server.bringup`) and serves it with uvicorn.
 """
 
-from calculet.server.admin import BundledModelAdmin, EngineLifecycle, ModelAdmin
+from calculet.server.admin import EngineLifecycle, ManagedModelAdmin, ModelAdmin
 from calculet.server.app import Service, ServiceOptions, create_app
 
-__all__ = ["BundledModelAdmin", "EngineLifecycle", "ModelAdmin", "Service", "ServiceOptions", "create_app"]
+__all__ = ["EngineLifecycle", "ManagedModelAdmin", "ModelAdmin", "Service", "ServiceOptions", "create_app"]

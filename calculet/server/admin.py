@@ -6,23 +6,23 @@ Routes (all behind ``Authorization: Bearer <admin token>``, checked against
 =======================================  =======================================================
 ``GET  /admin/models``                   every model generation with its §10 state
 ``POST /admin/models/{alias}/load``      load a signed package under ``alias`` (§11)
-``POST /admin/models/{alias}/unload``    drain and unload the alias (§12)
-``POST /admin/models/{alias}/drain``     stop new requests for the alias, let accepted ones end
+``POST /admin/models/{alias}/unload``    drain and unload the alias (§12); answers once Unloaded
+``POST /admin/models/{alias}/drain``     the same unload, answered at once (state ``draining``):
+                                         new requests 503, accepted ones run to their end
 ``POST /admin/models/{alias}/rollback``  back to the previous signed artifact (§11 step 11)
 ``GET  /admin/config``                   the effective ``calculet-scheduler/v1`` configuration
 ``GET  /admin/capabilities``             the device capability contract, each answer with its
                                          tier C0–C4 as the spec rates it and its evidence source
 =======================================  =======================================================
 
-:class:`ModelAdmin` is the seam to the model manager (``calculet/runtime/models.py``, being
-built separately): methods return plain dicts (the :class:`~calculet.server.schemas.ModelStatus`
-shape) and raise the runtime's error tree — ``NotFound`` (404), ``BadRequest`` /
-``PackageError`` / ``ConfigError`` (400), ``Unavailable`` (503), ``NotSupported`` (501).
+:class:`ModelAdmin` is the seam to the model manager: methods return plain dicts (the
+:class:`~calculet.server.schemas.ModelStatus` shape, with an ``OperationReport`` under
+``report`` for operations) and raise the runtime's error tree — ``NotFound`` (404),
+``BadRequest`` / ``PackageError`` / ``ConfigError`` / a ``LoadFailed`` at §11 steps 1–3 (400),
+``Unavailable`` (503), ``NotSupported`` (501).
 
-:class:`BundledModelAdmin` is this build's binding: it serves the engine's one bundled model.
-``status`` and ``drain`` work (drain stops admission and drains the engine within
-``executor.drain_deadline_ms``; the model then stays unloaded); ``load``, ``unload`` and
-``rollback`` answer 501 until the ModelManager is bound.
+:class:`ManagedModelAdmin` binds it to the engine's
+:class:`~calculet.runtime.models.ModelManager` (``engine.models``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from fastapi import APIRouter, Depends, Path
@@ -37,8 +38,10 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from calculet.adapters.calrt import CALRT_VERSION, DeviceCapabilities, profile_tier
 from calculet.config import SchedulerConfig
-from calculet.errors import CalculetError, NotFound, NotSupported
+from calculet.errors import CalculetError, NotFound, NotSupported, Unavailable
 from calculet.runtime.engine import Engine, EngineStatistics, ModelInfo
+from calculet.runtime.models import LoadReport, ModelManager, OperationHandle, StepTiming, UnloadReport
+from calculet.runtime.models import ModelStatus as ManagerStatus
 from calculet.server.errors import from_calculet
 from calculet.server.schemas import (
     CapabilityContract,
@@ -56,9 +59,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("calculet.server.admin")
 
 ALIAS_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
-
-NOT_IN_THIS_BUILD = ("is not available in this build: the model manager (calculet/runtime/models.py) is not bound "
-                     "yet, so this service runs only its single bundled model")
 
 
 @runtime_checkable
@@ -83,6 +83,10 @@ class ModelAdmin(Protocol):
 
     def status(self) -> list[dict[str, Any]]:
         """Every generation known (alias, generation, §10 state, package, durations, ...)."""
+        ...
+
+    def unloaded(self, alias: str) -> bool:
+        """True while ``alias`` was unloaded here and no generation is published or on its way."""
         ...
 
 
@@ -145,80 +149,180 @@ class EngineLifecycle:
 
 
 # ---------------------------------------------------------------------------------------------
-# this build's binding: the single bundled model
+# the binding: the engine's ModelManager
 # ---------------------------------------------------------------------------------------------
 
-_AVAILABILITY_STATE = {"loading": "configuring", "ready": "ready", "draining": "draining",
-                       "recovering": "recovering", "failed": "failed", "unloaded": "unloaded",
-                       "shutdown": "draining"}
+OPERATION_MARGIN_S = 120.0
+"""How long an admin call waits for a load/rollback/unload beyond the drain deadline (the old
+generation's drain, §11 step 6) before answering 503 "still running" (the operation goes on)."""
+STATUS_TIMEOUT_S = 10.0
+"""Longest wait for the engine's actor to answer a status read."""
 
 
-class BundledModelAdmin:
-    """``ModelAdmin`` for the engine's one model: status and drain work, the rest is 501."""
+def _steps(timings: tuple[StepTiming, ...]) -> dict[str, float]:
+    return {t.step: round(t.seconds, 6) for t in timings}
 
-    def __init__(self, lifecycle: EngineLifecycle, *, alias: str, info: ModelInfo, package: str | None,
-                 load_duration_s: float | None = None) -> None:
-        self._lifecycle = lifecycle
-        self.alias = alias
-        self._info = info
-        self._package = package
-        self._load_duration_s = load_duration_s
+
+def _load_report(report: LoadReport) -> dict[str, Any]:
+    return {"kind": report.kind, "ok": report.ok, "replaced": report.replaced,
+            "previous_drained": report.previous_drained, "downtime_s": report.downtime_s,
+            "rollback_available": report.rollback_available, "golden": report.golden,
+            "warnings": list(report.warnings), "steps": _steps(report.steps)}
+
+
+def _unload_report(report: UnloadReport, deadline_ms: int) -> dict[str, Any]:
+    return {"kind": "unload", "ok": not report.problems, "drain_s": report.drain_s,
+            "deadline_passed": report.deadline_passed, "cancelled_requests": report.cancelled_requests,
+            "drain_deadline_ms": deadline_ms, "warnings": list(report.problems), "steps": _steps(report.steps)}
+
+
+class ManagedModelAdmin:
+    """``ModelAdmin`` over the engine's :class:`~calculet.runtime.models.ModelManager` (``engine.models``).
+
+    * ``load`` — §11 steps 1–11 on the calling thread and the engine's actor; the package must
+      resolve under ``trust.trusted_roots`` and be signed by a key in ``trust.trusted_keys_dir``
+      (the manager checks both). Streams pinned to the old generation run on to their end (up to
+      ``executor.drain_deadline_ms``); new requests are held meanwhile and run on the new one.
+    * ``rollback`` — the artifact §11 step 11 kept, verified again and loaded as a new generation.
+    * ``unload`` — §12, blocking until the generation is Unloaded (drain deadline:
+      ``executor.drain_deadline_ms``).
+    * ``drain`` — the same §12 unload, started and answered at once (state ``draining``): new
+      requests 503 now, accepted ones run to their end or the deadline, then the generation is
+      freed. The manager has no "drain and stay resident" operation; :meth:`wait` waits for it.
+      Once unloaded, new requests for the alias are 503 until a load or rollback is under way
+      (:meth:`unloaded`; the engine alone would hold them for the next load).
+    * ``status`` — every generation the manager knows (ended ones too, bounded) with its §10
+      state, package sha256, signer, pinned requests and in-flight jobs; ``stopped`` says when
+      the engine's actor has ended, after which the records are read directly.
+
+    Failures keep the runtime's error tree: :class:`~calculet.runtime.models.LoadFailed` names the
+    §11 step (400 for a package or config the checks refuse); another configured alias is 501
+    (one alias per process on CalRT 0.7.6, §13.1); an unknown alias is 404.
+    """
+
+    def __init__(self, models: ModelManager, config: SchedulerConfig, *, timeout_s: float | None = None,
+                 stopped: Callable[[], bool] = lambda: False) -> None:
+        self._models = models
+        self._stopped = stopped
+        self._config = config
+        self._deadline_ms = config.executor.drain_deadline_ms
+        self._timeout_s = timeout_s if timeout_s is not None else self._deadline_ms / 1000 + OPERATION_MARGIN_S
+        self._lock = threading.Lock()
+        self._drains: dict[str, OperationHandle] = {}
+        self._unloaded: set[str] = set()
+
+    # ------------------------------------------------------------------ ModelAdmin
 
     def load(self, alias: str, package: str) -> dict[str, Any]:
-        raise NotSupported(f"loading a package {NOT_IN_THIS_BUILD}")
-
-    def unload(self, alias: str) -> dict[str, Any]:
-        self._entry_for(alias)
-        raise NotSupported(f"unloading a model {NOT_IN_THIS_BUILD}; POST /admin/models/{alias}/drain drains it")
+        self._check_alias(alias)
+        report: LoadReport = self._finish("load", alias, lambda: self._models.begin_load(alias, package))
+        self._published(alias)
+        return self._entry(report.generation, report=_load_report(report))
 
     def rollback(self, alias: str) -> dict[str, Any]:
-        self._entry_for(alias)
-        raise NotSupported(f"rollback {NOT_IN_THIS_BUILD}")
+        self._check_alias(alias)
+        report: LoadReport = self._finish("rollback", alias, lambda: self._models.begin_rollback(alias))
+        self._published(alias)
+        return self._entry(report.generation, report=_load_report(report))
+
+    def unload(self, alias: str) -> dict[str, Any]:
+        self._check_alias(alias)
+        report: UnloadReport = self._finish("unload", alias, lambda: self._begin_unload(alias))
+        return self._entry(report.generation, report=_unload_report(report, self._deadline_ms))
 
     def drain(self, alias: str) -> dict[str, Any]:
-        self._entry_for(alias)
-        if self._lifecycle.begin_stop():
-            log.info("drain requested", extra={"alias": alias, "generation": self._info.generation,
-                                               "drain_timeout_s": self._lifecycle.drain_timeout_s})
-        return self._entry()
+        self._check_alias(alias)
+        handle = self._begin_unload(alias)
+        with self._lock:
+            self._drains[alias] = handle
+        log.info("drain requested", extra={"alias": alias, "generation": handle.generation,
+                                           "drain_deadline_ms": self._deadline_ms})
+        return self._entry(handle.generation, report={"kind": "drain", "ok": True,
+                                                      "drain_deadline_ms": self._deadline_ms})
 
     def status(self) -> list[dict[str, Any]]:
-        return [self._entry()]
+        return [g.as_dict() for g in self._status().generations]
+
+    def unloaded(self, alias: str) -> bool:
+        """The engine routes a request for an alias without a generation to the next load (it waits,
+        WaitingModel); the HTTP layer answers 503 instead while no load is on its way after an
+        unload or drain here. Costs a status read only after such an unload."""
+        with self._lock:
+            if alias not in self._unloaded:
+                return False
+        status = self._status()
+        if status.current is not None:
+            self._published(alias)
+            return False
+        return status.operation is None and status.queued_operations == 0
+
+    # ------------------------------------------------------------------ waiting
+
+    def wait(self, alias: str, timeout: float | None = None) -> bool:
+        """Block until the last drain of ``alias`` has ended (True; at once if there was none)."""
+        with self._lock:
+            handle = self._drains.get(alias)
+        if handle is None:
+            return True
+        try:
+            handle.result(timeout)
+        except TimeoutError:
+            return False
+        except CalculetError:
+            pass  # the generation's detail in status() says why
+        with self._lock:
+            if self._drains.get(alias) is handle:
+                del self._drains[alias]
+        return True
 
     # ------------------------------------------------------------------ internals
 
-    def _entry_for(self, alias: str) -> dict[str, Any]:
-        if alias != self.alias:
-            raise NotFound(f"no model alias {alias!r}; this service serves {self.alias!r}", field="alias")
-        return self._entry()
+    def _check_alias(self, alias: str) -> None:
+        served = self._models.alias
+        if alias == served:
+            return
+        if alias in {m.alias for m in self._config.models}:
+            raise NotSupported(f"this process serves {served!r}; {alias!r} needs a process of its own: CalRT 0.7.6 "
+                               "offers no multi-model runtime contract (§13.1–§13.2)", field="alias")
+        raise NotFound(f"no model alias {alias!r}; this process serves {served!r}", field="alias")
 
-    def _state(self) -> tuple[str, str]:
-        lifecycle = self._lifecycle.state
-        if lifecycle == "stopped":
-            return "unloaded", "drained and unloaded"
-        if lifecycle == "stopping":
-            return "draining", "draining: no new requests; accepted ones run until the drain deadline"
+    def _begin_unload(self, alias: str) -> OperationHandle:
+        handle = self._models.begin_unload(alias, drain_deadline_ms=self._deadline_ms)
+        with self._lock:
+            self._unloaded.add(alias)
+        return handle
+
+    def _published(self, alias: str) -> None:
+        with self._lock:
+            self._unloaded.discard(alias)
+
+    def _finish(self, kind: str, alias: str, begin: Callable[[], OperationHandle]) -> Any:
+        handle = begin()
         try:
-            stats = self._lifecycle.engine.statistics(timeout=5.0)
-        except CalculetError as exc:
-            return "unloaded", str(exc)
+            return handle.result(self._timeout_s)
         except TimeoutError:
-            return "recovering", "the engine did not answer within 5 s"
-        detail = stats.recovery.last_detail if stats.availability in ("recovering", "failed") else ""
-        return _AVAILABILITY_STATE.get(stats.availability, stats.availability), detail
+            raise Unavailable(f"the {kind} of {alias!r} (generation {handle.generation}) is still running after "
+                              f"{self._timeout_s:.0f} s ({handle.step}); GET /admin/models shows its progress",
+                              field="alias") from None
 
-    def _entry(self) -> dict[str, Any]:
-        info = self._info
-        state, detail = self._state()
-        durations: dict[str, float] = {}
-        if self._load_duration_s is not None:
-            durations["load"] = self._load_duration_s
-        if self._lifecycle.stop_duration_s is not None:
-            durations["drain"] = self._lifecycle.stop_duration_s
-        return {"alias": self.alias, "generation": info.generation, "state": state, "active": True,
-                "calbin": info.calbin, "exact_submodel": info.exact_submodel, "package": self._package,
-                "package_sha256": info.package_sha256, "max_seq": info.max_seq, "profiles": list(info.profiles),
-                "durations_s": durations, "detail": detail}
+    def _status(self) -> ManagerStatus:
+        if self._stopped():
+            return self._models.status_now()  # the actor has ended: nothing writes the records any more
+        try:
+            return self._models.status(timeout=STATUS_TIMEOUT_S)
+        except TimeoutError:
+            raise Unavailable(f"the engine did not answer within {STATUS_TIMEOUT_S:.0f} s") from None
+
+    def _entry(self, generation: int, *, report: dict[str, Any]) -> dict[str, Any]:
+        status = self._status()
+        found = [g for g in status.generations if g.id == generation]
+        if found:
+            entry = found[0].as_dict()
+        else:  # an operation queued behind another (its generation is chosen when it runs)
+            entry = {"alias": status.alias, "generation": generation, "state": "unloaded", "active": False,
+                     "detail": f"queued behind: {status.operation}" if status.operation else ""}
+        entry["report"] = report
+        return entry
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,7 +386,9 @@ def admin_router(service: Service) -> APIRouter:
         except CalculetError as exc:
             raise from_calculet(exc, admin=True) from None
         log.info("admin operation", extra={"operation": operation, "alias": args[0] if args else None,
-                                           "state": result.get("state")})
+                                           "generation": result.get("generation"), "state": result.get("state")})
+        if operation in ("load", "rollback"):
+            service.published(result)
         return result
 
     @router.get("/models", response_model=ModelStatusList, summary="Models and generations with their state")
@@ -297,11 +403,11 @@ def admin_router(service: Service) -> APIRouter:
     def load(body: LoadRequest, alias: str = alias_path) -> ModelStatus:
         return ModelStatus.model_validate(call("load", alias, body.package))
 
-    @router.post("/models/{alias}/unload", response_model=ModelStatus, summary="Drain and unload (§12)")
+    @router.post("/models/{alias}/unload", response_model=ModelStatus, summary="Drain and unload (§12); answers when unloaded")
     def unload(alias: str = alias_path) -> ModelStatus:
         return ModelStatus.model_validate(call("unload", alias))
 
-    @router.post("/models/{alias}/drain", response_model=ModelStatus, summary="Drain: no new requests (§12)")
+    @router.post("/models/{alias}/drain", response_model=ModelStatus, summary="Drain: no new requests, then unload (§12); answers at once")
     def drain(alias: str = alias_path) -> ModelStatus:
         return ModelStatus.model_validate(call("drain", alias))
 
@@ -322,5 +428,5 @@ def admin_router(service: Service) -> APIRouter:
     return router
 
 
-__all__ = ["BundledModelAdmin", "EngineLifecycle", "ModelAdmin", "admin_router",
+__all__ = ["EngineLifecycle", "ManagedModelAdmin", "ModelAdmin", "admin_router",
            "capability_contract", "redacted_config"]

@@ -2,7 +2,8 @@
 
 :class:`Service` joins what the HTTP layer needs: the configuration, the running
 :class:`~calculet.runtime.engine.Engine` (the only owner of request state — HTTP handlers only
-post to it, §4), the :class:`~calculet.server.admin.ModelAdmin` binding, tenants and the admin
+post to it, §4), the :class:`~calculet.server.admin.ModelAdmin` binding (by default
+:class:`~calculet.server.admin.ManagedModelAdmin` over ``engine.models``), tenants and the admin
 guard, and the metrics registry. :func:`create_app` builds the FastAPI app over it:
 
 * ``/v1/*`` — the OpenAI-compatible API (:mod:`calculet.server.inference`);
@@ -24,8 +25,8 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -41,7 +42,7 @@ from calculet.adapters.calrt import DeviceCapabilities
 from calculet.config import SchedulerConfig
 from calculet.errors import CalculetError
 from calculet.runtime.engine import Engine
-from calculet.server.admin import BundledModelAdmin, EngineLifecycle, ModelAdmin, admin_router
+from calculet.server.admin import EngineLifecycle, ManagedModelAdmin, ModelAdmin, admin_router
 from calculet.server.auth import AdminGuard, TenantDirectory
 from calculet.server.errors import APIError, from_calculet, internal
 from calculet.server.inference import TimedStream, inference_router
@@ -75,7 +76,6 @@ class Service:
     """What the HTTP layer serves: engine, admin binding, tenants, metrics, shutdown."""
 
     def __init__(self, config: SchedulerConfig, engine: Engine, *, admin: ModelAdmin | None = None,
-                 package: str | None = None, load_duration_s: float | None = None,
                  options: ServiceOptions = ServiceOptions()) -> None:
         self.config = config
         self.engine = engine
@@ -88,8 +88,8 @@ class Service:
         self.submit_timeout_s = options.submit_timeout_s
         self.created = int(time.time())
         self.lifecycle = EngineLifecycle(engine, drain_timeout_s=config.executor.drain_deadline_ms / 1000)
-        self.admin: ModelAdmin = admin if admin is not None else BundledModelAdmin(
-            self.lifecycle, alias=self.alias, info=self.info, package=package, load_duration_s=load_duration_s)
+        self.admin: ModelAdmin = admin if admin is not None else ManagedModelAdmin(
+            engine.models, config, stopped=lambda: self.lifecycle.state == "stopped")
         self.tenants = TenantDirectory(config)
         self.admin_guard = AdminGuard(config)
         self.registry = make_registry()
@@ -128,13 +128,27 @@ class Service:
         self.begin_shutdown(drain_timeout_s)
         return self.lifecycle.wait_stopped(wait_s)
 
+    def published(self, entry: Mapping[str, Any]) -> None:
+        """A load or rollback published ``entry``'s generation: what responses and logs name follows it
+        (the engine contract — tokenizer, context, profiles, capabilities — stays, §11 step 3)."""
+        if entry.get("state") != "ready" or not entry.get("active"):
+            return
+        self.info = replace(self.info, generation=int(entry["generation"]),
+                            calbin=str(entry.get("calbin") or self.info.calbin),
+                            exact_submodel=str(entry.get("exact_submodel") or self.info.exact_submodel),
+                            package_sha256=str(entry.get("package_sha256") or self.info.package_sha256))
+
     # ------------------------------------------------------------------ requests
 
     def check_model(self, model: str) -> None:
         """The served alias passes (its availability is the engine's to answer: 503 while draining,
-        recovering, failed or stopped); another alias the configuration or the admin binding knows
-        is 503 "not loaded"; anything else is 404."""
+        recovering, failed or stopped) unless the admin API unloaded it and no load is on its way
+        (503); another alias the configuration or the admin binding knows is 503 "not loaded";
+        anything else is 404."""
         if model == self.alias:
+            if self.admin.unloaded(model):
+                raise APIError(503, f"the model {model!r} is unloaded; POST /admin/models/{model}/load loads it",
+                               code="model_unavailable", param="model")
             return
         known = {m.alias for m in self.config.models}
         try:

@@ -1,19 +1,24 @@
-"""Bring-up of the served model on the simulated NPU (§11 steps 1–9), for ``python -m calculet.run``.
+"""Bring-up of the served model on the simulated NPU, for ``python -m calculet.run``.
 
-Two cases:
+The engine always starts through its :class:`~calculet.runtime.models.ModelManager` from the
+configuration's ``models[model_alias]``, so the first generation passes all eleven §11 steps —
+trusted root (1), signature and every hash against ``trust.trusted_keys_dir`` (2), manifest and
+configuration cross-validation (3: a B8 requested of a B1 package fails here, R15.19), capacity
+plan (4), CreateCalbin → configure → KvManager → pools, golden, publish — exactly as a later
+``POST /admin/models/{alias}/load`` does. Two cases:
 
-* **configured** (``models`` lists the alias ``model_alias``): the package is verified with the
-  configuration's trust settings only — trusted roots, trusted keys, file size limit (§11 steps
-  1–2) — and loaded;
-* **embedded default** (no ``models``): the bundled tiny model package (the simulated NPU's
-  ``current`` variant: B1 only, the capability contract as the spec states it for CalRT 0.7.6)
-  is built into a private temporary directory, signed with this machine's development key
-  (:func:`~calculet.adapters.packages.ensure_dev_keypair`), verified against exactly that key
-  and that directory, and loaded. The development key is never trusted for anything else.
+* **configured** (``models`` lists the alias ``model_alias``): the configuration is used as it is;
+* **embedded default** (no ``models`` and no ``trust``): the bundled tiny model package (the
+  simulated NPU's ``current`` variant: B1 only, the capability contract as the spec states it
+  for CalRT 0.7.6) is built into a private temporary directory and signed with this machine's
+  development key (:func:`~calculet.adapters.packages.ensure_dev_keypair`); the *effective*
+  configuration is a copy with ``models = [{alias: model_alias, package: <that package>}]`` and
+  ``trust = {trusted_roots: [<that directory>], trusted_keys_dir: <the dev key directory>}``.
+  The development key is trusted for that private directory only, which holds nothing else.
 
-Either way the engine's bring-up then runs §11 steps 3 and 7–9 (manifest checks, configuration
-cross-validation — a B8 requested of a B1 package fails here, R15.19 — CreateCalbin → configure
-→ KvManager → pools, golden).
+A configuration with ``trust`` but no ``models`` is refused: its trust settings cannot vouch for
+the dev-signed bundled package, and widening them to the dev key would trust it for the
+configured roots too.
 """
 
 from __future__ import annotations
@@ -25,10 +30,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from calculet.adapters.packages import VerifiedPackage, ensure_dev_keypair, sign_package, verify_package
+from calculet.adapters.packages import ensure_dev_keypair, sign_package
 from calculet.adapters.sim import SimCalRT, SimConfig, TimeMode
 from calculet.adapters.sim.build import build_package as build_sim_package
-from calculet.config import SchedulerConfig
+from calculet.config import ModelEntry, SchedulerConfig, TrustConfig
 from calculet.errors import ConfigError
 from calculet.runtime.engine import Engine, EngineOptions
 
@@ -39,66 +44,71 @@ BUNDLED_PACKAGE = "tiny-sim-current"
 
 @dataclass
 class BroughtUp:
-    """The engine over a verified package, and what to clean up at exit."""
+    """The engine over a verified package, the effective configuration, and what to clean up at exit."""
 
     engine: Engine
-    package: str
-    """The verified package's source (directory or archive)."""
-    load_duration_s: float
-    """Verification + bring-up (CreateCalbin, configure, KvManager, pools, golden)."""
+    config: SchedulerConfig
+    """The effective configuration (for the bundled package: with ``models`` and ``trust`` filled)."""
     bundled: bool
     workdir: Path | None = field(default=None, repr=False)
-    verified: VerifiedPackage | None = field(default=None, repr=False)
+
+    @property
+    def package(self) -> str:
+        """The served package's source (directory or archive)."""
+        return next(str(m.package) for m in self.config.models if m.alias == self.config.model_alias)
 
     def close(self) -> None:
-        """Remove temporary directories (bundled package, extracted archive); the engine must be stopped."""
-        if self.verified is not None:
-            self.verified.cleanup()
-            self.verified = None
+        """Remove the bundled package's temporary directory; the engine must be stopped."""
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
 
 
+def bundled_config(config: SchedulerConfig, workdir: Path, *, key_dir: str | Path | None = None) -> SchedulerConfig:
+    """Build and sign the bundled package under ``workdir/packages`` and return ``config`` with
+    ``models`` and ``trust`` naming exactly that package, that root and the dev key directory."""
+    if config.trust.trusted_roots or config.trust.trusted_keys_dir is not None:
+        raise ConfigError("models: empty while trust is set; name the package to serve in models[] (the bundled "
+                          "package is signed with the development key, which this configuration does not trust)",
+                          errors=[("models", "empty while trust is set")])
+    root = workdir / "packages"
+    package_dir = root / BUNDLED_PACKAGE
+    build_sim_package(package_dir, variant="current")
+    pair = ensure_dev_keypair(key_dir)
+    sign_package(package_dir, pair.private_key_path)
+    log.warning("serving the bundled tiny model, signed with this machine's development key "
+                "(trusted for its private directory only; never trust that key in production)",
+                extra={"key_id": pair.key_id, "package": str(package_dir)})
+    trust = TrustConfig(trusted_roots=(root,), trusted_keys_dir=pair.public_key_path.parent,
+                        max_file_bytes=config.trust.max_file_bytes)
+    return config.model_copy(update={"models": (ModelEntry(alias=config.model_alias, package=package_dir),),
+                                      "trust": trust})
+
+
 def bring_up(config: SchedulerConfig, *, sim: SimConfig | None = None, key_dir: str | Path | None = None,
              options: EngineOptions = EngineOptions()) -> BroughtUp:
-    """Verify and load the served package on a simulated NPU in real time (default cost model: tiny)."""
+    """Load the served package through the model manager on a simulated NPU in real time."""
     started = time.perf_counter()
     runtime = SimCalRT(sim if sim is not None else SimConfig(time_mode=TimeMode.REAL))
     workdir: Path | None = None
     try:
-        entry = next((m for m in config.models if m.alias == config.model_alias), None)
-        if entry is not None:
-            trust = config.trust
-            verified = verify_package(entry.package, trust.trusted_roots, trust.trusted_keys_dir, trust.max_file_bytes)
-            bundled = False
-        elif config.models:
-            raise ConfigError(f"model_alias: {config.model_alias!r} is not among models[].alias",
-                              errors=[("model_alias", "not among models[].alias")])
+        if config.models:
+            if config.model_alias not in {m.alias for m in config.models}:
+                raise ConfigError(f"model_alias: {config.model_alias!r} is not among models[].alias",
+                                  errors=[("model_alias", "not among models[].alias")])
+            effective, bundled = config, False
         else:
             workdir = Path(tempfile.mkdtemp(prefix="calculet-bundled-"))
-            root = workdir / "packages"
-            package_dir = root / BUNDLED_PACKAGE
-            build_sim_package(package_dir, variant="current")
-            pair = ensure_dev_keypair(key_dir)
-            sign_package(package_dir, pair.private_key_path)
-            verified = verify_package(package_dir, [root], pair.public_key_path.parent)
-            bundled = True
-            log.warning("serving the bundled tiny model, signed with this machine's development key "
-                        "(never trust that key in production)",
-                        extra={"key_id": pair.key_id, "package": str(package_dir)})
-        try:
-            engine = Engine(config, runtime, verified.path, options=options)
-        except BaseException:
-            verified.cleanup()
-            raise
+            effective, bundled = bundled_config(config, workdir, key_dir=key_dir), True
+        engine = Engine(effective, runtime, None, options=options)
     except BaseException:
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
         raise
     took = time.perf_counter() - started
-    info = engine.model_info()
-    log.info("model loaded", extra={"alias": config.model_alias, "generation": info.generation,
-                                    "calbin": info.calbin, "package_sha256": info.package_sha256,
-                                    "profiles": list(info.profiles), "load_s": round(took, 4)})
-    return BroughtUp(engine, str(verified.source), took, bundled, workdir, verified)
+    report = engine.models.status().generation(engine.model_info().generation)
+    log.info("model loaded", extra={"alias": effective.model_alias, "generation": report.id,
+                                    "calbin": report.name, "package_sha256": report.calbin_sha256,
+                                    "signed_by": report.signed_by, "profiles": list(report.profiles),
+                                    "load_s": round(took, 4)})
+    return BroughtUp(engine, effective, bundled, workdir)

@@ -15,7 +15,8 @@ status  type                            when
 404     ``invalid_request_error``       unknown model alias or route
 413     ``invalid_request_error``       a request body larger than 8 MiB
 429     ``rate_limit_error``            RejectCapacity (§5.2), with ``Retry-After``
-501     ``not_implemented_error``       an admin operation this build does not offer
+501     ``not_implemented_error``       what CalRT 0.7.6 cannot do (e.g. a second model
+                                        alias in one process, §13.1)
 503     ``service_unavailable_error``   RejectUnavailable (§5.2): model draining,
                                         recovering, failed or not loaded; shutting down
 504     ``timeout_error``               the request's deadline passed (§15)
@@ -32,7 +33,8 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from calculet.errors import CalculetError, ConfigError, NotSupported, PackageError
+from calculet.errors import CalculetError, CapacityExhausted, ConfigError, PackageError
+from calculet.runtime.models import LoadFailed, LoadStep
 
 RETRY_AFTER_S = 1
 """``Retry-After`` of a 429: capacity frees as fast as requests finish, so retry soon (§5.2)."""
@@ -102,17 +104,25 @@ def from_calculet(exc: CalculetError, *, admin: bool = False) -> APIError:
     """Translate the runtime's error tree at the HTTP boundary (DESIGN principles 5, 6).
 
     ``admin``: a package or config the operator handed to the admin API that fails its checks
-    is the caller's input, so it is a 400 there (the tree's hint, 500, is for start-up).
+    is the caller's input, so it is a 400 there (the tree's hint, 500, is for start-up). A
+    :class:`~calculet.runtime.models.LoadFailed` keeps the status its cause implies (400 for a
+    package the §11 checks refuse) with ``code`` ``load_failed``, the step in the message and the
+    offending field (``package`` at steps 1–3) in ``param``.
     """
     status = exc.http_status
     code = exc.code
-    if isinstance(exc, NotSupported):
-        code = "not_available_in_this_build" if admin else "not_supported"
+    field = exc.context.get("field")
+    if isinstance(exc, LoadFailed):
+        # the message names the §11 step; the step's own error says which field, else steps 1–3 are the package's
+        cause = exc.cause
+        cause_field = cause.context.get("field") if isinstance(cause, CalculetError) else None
+        field = cause_field if cause_field is not None else ("package" if exc.step <= LoadStep.VALIDATE else None)
+        if admin and isinstance(cause, CapacityExhausted):
+            status = 400  # §11 step 4: a package the board can never hold is no "retry later" (429)
     if admin and isinstance(exc, (PackageError, ConfigError)):
         status = 400
     if status == 503:
         code = "model_unavailable"
-    field = exc.context.get("field")
     return APIError(status, exc.message, code=code, param=str(field) if field is not None else None)
 
 

@@ -20,7 +20,8 @@ KV          ``KvStatistics``: sequences by state, tokens used/reserved, lane wai
             latency
 executor    ``ExecutorStatistics`` / ``JobStatistics`` / mailbox: in flight (ping/pong),
             submit/Wait return codes, device status, job and queue counters
-model       the ModelAdmin's ``status()``: generation and state per alias, phase durations
+model       the ModelAdmin's ``status()``: generation and state per alias; the ModelManager's
+            ``statistics()``: last load/configure/warmup/drain/unload duration, generations by state
 fairness    ``TenantStatistics``: service tokens, virtual lag; starvation events are counted
             here (:class:`StarvationWatch`), where arrival and first token are both seen
 recovery    ``RecoveryStatistics`` + executor/KV: faults by reason, quarantined jobs/buffers/KV,
@@ -69,6 +70,8 @@ FAULT_REASONS = tuple(r.value for r in FaultReason)
 DECISIONS = tuple(d.value for d in Decision)
 FINISH_REASONS = tuple(r.name.lower() for r in FinishReason if r is not FinishReason.NONE)
 MODEL_STATES = tuple(ModelMachine.definition.states)
+MODEL_PHASES = ("load", "configure", "warmup", "drain", "unload")
+"""The ModelManager's measured phases (``ModelManagerStatistics`` fields)."""
 KV_STATES = tuple(KvSequenceMachine.definition.states)
 REQUEST_STATES = tuple(RequestMachine.definition.states)
 JOB_STATES = tuple(DeviceJobMachine.definition.states)
@@ -259,7 +262,7 @@ class EngineCollector(Collector):
             for part in (self._engine, self._admission, self._queues, self._batch, self._kv, self._executor,
                          self._fairness, self._recovery):
                 families.extend(part(stats))
-        families.extend(self._model())
+        families.extend(self._model(stats))
         families.extend(self._invariants())
         families.append(_gauge("calculet_metrics_scrape_duration_seconds",
                                "Time spent reading the engine's statistics for this scrape (s).",
@@ -284,8 +287,9 @@ class EngineCollector(Collector):
             _by(_counter("calculet_engine_finished_requests", "Requests ended, by finish reason.",
                          labels=["reason"]), finished, FINISH_REASONS),
             _by(_counter("calculet_engine_rejected_requests",
-                         "Requests refused before admission (engine stopping, invalid prompt).", labels=["reason"]),
-                rejected, ("stopping", "invalid")),
+                         "Requests refused before admission (engine stopping, invalid prompt, model unloaded).",
+                         labels=["reason"]),
+                rejected, ("stopping", "invalid", "unloaded")),
             _gauge("calculet_engine_live_requests", "Requests not yet terminal.", s.live_requests),
             _gauge("calculet_engine_pending_frees", "KV frees the device refused so far (retried).", s.pending_frees),
             _by(_gauge("calculet_request_live_requests", "Live requests by §2 RequestState.", labels=["state"]),
@@ -309,7 +313,7 @@ class EngineCollector(Collector):
         rejected = {"invalid": a.outcomes.get("reject_invalid", 0) + s.rejected_before_admission.get("invalid", 0),
                     "capacity": a.outcomes.get("reject_capacity", 0),
                     "unavailable": a.outcomes.get("reject_unavailable", 0)
-                    + s.rejected_before_admission.get("stopping", 0)}
+                    + s.rejected_before_admission.get("stopping", 0) + s.rejected_before_admission.get("unloaded", 0)}
         waiting_tokens = _gauge("calculet_admission_tenant_waiting_tokens", "Waiting prompt tokens per tenant.",
                                 labels=["tenant"])
         active = _gauge("calculet_admission_tenant_active_sequences", "Active sequences per tenant.",
@@ -552,27 +556,40 @@ class EngineCollector(Collector):
 
     # ------------------------------------------------------------------ §16 model
 
-    def _model(self) -> list[Metric]:
-        generation = _gauge("calculet_model_generation", "Generation id the alias points at.", labels=["alias"])
-        state = _gauge("calculet_model_state", "§10 ModelState of the alias's generation (one-hot).",
-                       labels=["alias", "state"])
+    def _model(self, s: EngineStatistics | None) -> list[Metric]:
+        """Generation and state per alias from the ModelAdmin's ``status()``; phase durations and
+        generations per state from the ModelManager's ``statistics()`` (in the engine's)."""
+        generation = _gauge("calculet_model_generation", "Generation id the alias points at (0: none).",
+                            labels=["alias"])
+        state = _gauge("calculet_model_state", "§10 ModelState of the alias's generation (one-hot): the published "
+                       "one, else the newest still on its way in or out, else unloaded.", labels=["alias", "state"])
         durations = _gauge("calculet_model_phase_duration_seconds",
                            "Duration of the last load/configure/warmup/drain/unload of the alias (s); a phase "
                            "appears once measured.", labels=["alias", "phase"])
+        counts = _gauge("calculet_model_generations", "Generations the model manager holds, by §10 state "
+                        "(ended ones are kept, bounded).", labels=["alias", "state"])
         try:
             entries = self._models()
         except Exception:  # noqa: BLE001
             log.exception("model status unavailable for this scrape")
             entries = []
+        by_alias: dict[str, list[dict[str, Any]]] = {}
         for entry in entries:
-            if not entry.get("active", True):
-                continue
-            alias = str(entry["alias"])
-            generation.add_metric([alias], float(entry.get("generation", 0)))
-            _one_hot(state, str(entry.get("state", "unloaded")), MODEL_STATES, alias)
-            for phase, seconds in dict(entry.get("durations_s") or {}).items():
-                durations.add_metric([alias, str(phase)], float(seconds))
-        return [generation, state, durations]
+            by_alias.setdefault(str(entry["alias"]), []).append(entry)
+        for alias, gens in by_alias.items():
+            current = next((e for e in gens if e.get("active")), None)
+            moving = [e for e in gens if e.get("state") != "unloaded"]
+            shown = current or max(moving, key=lambda e: int(e.get("generation", 0)), default=None)
+            generation.add_metric([alias], float(current["generation"]) if current else 0.0)
+            _one_hot(state, str(shown["state"]) if shown else "unloaded", MODEL_STATES, alias)
+        stats = s.models if s is not None else None
+        if stats is not None:
+            for phase in MODEL_PHASES:
+                measured = getattr(stats, phase)
+                if measured.count:
+                    durations.add_metric([stats.alias, phase], measured.last_s)
+            _by(counts, stats.generations_by_state, MODEL_STATES, stats.alias)
+        return [generation, state, durations, counts]
 
     # ------------------------------------------------------------------ invariants
 

@@ -307,6 +307,26 @@ class ModelList(_Response):
     data: list[ModelCard]
 
 
+class OperationReport(_Response):
+    """What a load, rollback, unload or drain did (the ModelManager's ``LoadReport`` / ``UnloadReport``)."""
+
+    kind: Literal["load", "rollback", "unload", "drain"]
+    ok: bool
+    replaced: int | None = Field(None, description="Load/rollback: the generation the alias pointed at before.")
+    previous_drained: bool | None = Field(
+        None, description="Load/rollback: the old generation was drained and unloaded before configure (CalRT 0.7.6: "
+                          "configure is device-global, so a replacement is never zero-downtime).")
+    downtime_s: float | None = Field(None, description="Load/rollback: how long new requests for the alias were held.")
+    rollback_available: bool | None = Field(None, description="Load/rollback: §11 step 11 kept the previous artifact.")
+    golden: str | None = Field(None, description="Load/rollback: golden vectors and warm-up outcome.")
+    drain_s: float | None = Field(None, description="Unload: time until no request was pinned and no job in flight.")
+    deadline_passed: bool | None = Field(None, description="Unload: the drain deadline passed first.")
+    cancelled_requests: int | None = Field(None, description="Unload: requests cancelled at the drain deadline.")
+    drain_deadline_ms: int | None = Field(None, description="Drain/unload: the drain deadline applied.")
+    warnings: list[str] = Field(default_factory=list)
+    steps: dict[str, float] = Field(default_factory=dict, description="Seconds per §11/§12 step.")
+
+
 class ModelStatus(BaseModel):
     """One model generation as the admin API lists it (the ModelAdmin ``status()`` entry)."""
 
@@ -320,11 +340,16 @@ class ModelStatus(BaseModel):
     calbin: str | None = None
     exact_submodel: str | None = None
     package: str | None = None
-    package_sha256: str | None = None
+    package_sha256: str | None = Field(None, description="SHA-256 of the package's signed manifest.json.")
+    signed_by: str | None = Field(None, description="The trusted key that signed the package (§11 step 2).")
     max_seq: int | None = None
     profiles: list[int] = Field(default_factory=list)
+    active_requests: int = Field(0, description="Requests pinned to this generation (§10).")
+    inflight_jobs: int = Field(0, description="Device jobs of this generation still in flight (§10).")
     durations_s: dict[str, float] = Field(default_factory=dict, description="load/configure/warmup/drain/unload.")
     detail: str = ""
+    report: OperationReport | None = Field(None, description="The operation this response answers (load, rollback, "
+                                                             "unload, drain); absent from listings.")
 
 
 class ModelStatusList(_Response):

@@ -1,8 +1,9 @@
 """Real servers for the service tests: uvicorn in a thread on 127.0.0.1, a free port, stopped by the test.
 
-A server is the production stack — :func:`calculet.server.bringup.bring_up` (the bundled tiny
-package built, signed with a development key made for the test, verified, loaded on the
-simulated NPU in real time), :class:`~calculet.server.app.Service`, :func:`create_app`, uvicorn.
+A server is the production stack — :func:`calculet.server.bringup.bring_up` (unless the config
+names packages: the bundled tiny package built, signed with a development key made for the test;
+either way loaded through the model manager's §11 steps 1–11 on the simulated NPU in real time),
+:class:`~calculet.server.app.Service` (its admin API bound to that manager), :func:`create_app`, uvicorn.
 The listening socket is bound before uvicorn starts, so clients can connect at once (the
 kernel queues them) and nothing polls for readiness.
 """
@@ -109,8 +110,7 @@ def start_server(config: SchedulerConfig, key_dir: Path, *, cost: CostModel | No
 
     sim = SimConfig(time_mode=TimeMode.REAL, cost=cost or CostModel.tiny())
     brought = bring_up(config, sim=sim, key_dir=key_dir, options=EngineOptions(monitor_mode=None))
-    service = Service(config, brought.engine, package=brought.package, load_duration_s=brought.load_duration_s,
-                      options=ServiceOptions(**dict(service_options or {})))
+    service = Service(brought.config, brought.engine, options=ServiceOptions(**dict(service_options or {})))
     service.start()
     app = create_app(service)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY, as run.py

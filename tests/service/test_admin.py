@@ -1,5 +1,6 @@
-"""The admin API: models and generations, effective config, the capability contract, the 501s of
-this build, and — once the ModelManager is bound — load/unload/rollback while streams are open."""
+"""The admin API: models and generations, effective config, the capability contract, the error
+answers of the model operations, and load/unload/rollback through the ModelManager while streams
+are open."""
 
 from __future__ import annotations
 
@@ -12,23 +13,24 @@ import pytest
 
 from calculet.adapters.packages import ensure_dev_keypair, sign_package
 from calculet.adapters.sim.build import build_package as build_sim_package
-from calculet.server.admin import BundledModelAdmin, ModelAdmin
+from calculet.server.admin import ManagedModelAdmin, ModelAdmin
 from tests.service.conftest import PACED
 from tests.service.support import ALIAS, TENANT_KEYS, RunningServer, service_config, start_server
 
-MODEL_MANAGER_PENDING = ("waits for the ModelManager binding (calculet/runtime/models.py): this build's "
-                         "BundledModelAdmin serves one model and answers load/unload/rollback with 501")
 
-
+@pytest.mark.req("R11.1", "R11.2")
 def test_models_lists_the_generation_with_state_and_package(server: RunningServer) -> None:
     with server.http() as http:
         data = http.get("/admin/models", headers=server.admin_headers()).json()["data"]
-    assert len(data) == 1
-    entry = data[0]
-    assert (entry["alias"], entry["generation"], entry["state"], entry["active"]) == (ALIAS, 1, "ready", True)
+    active = [e for e in data if e["active"]]
+    assert len(active) == 1  # refused loads of other tests are listed too, as ended generations
+    entry = active[0]
+    assert (entry["alias"], entry["generation"], entry["state"]) == (ALIAS, 1, "ready")
     assert entry["calbin"] == "tiny-sim-current" and entry["profiles"] == [1] and entry["max_seq"] == 256
     assert len(entry["package_sha256"]) == 64 and entry["durations_s"]["load"] > 0
-    assert isinstance(server.service.admin, ModelAdmin)
+    assert entry["package"] == server.brought.package and "unverified" not in entry["signed_by"]
+    assert entry["active_requests"] == 0 and entry["inflight_jobs"] == 0 and entry.get("report") is None
+    assert isinstance(server.service.admin, ManagedModelAdmin) and isinstance(server.service.admin, ModelAdmin)
 
 
 def test_effective_config_is_served_with_key_hashes_shortened(server: RunningServer) -> None:
@@ -55,25 +57,26 @@ def test_capability_contract_shows_each_tier_and_source(server: RunningServer) -
     assert "simulated" in contract["device"] and "not NPU batch" in contract["software_multi_slot"]
 
 
-@pytest.mark.parametrize("operation", ["unload", "rollback"])
-def test_unload_and_rollback_answer_501_in_this_build(server: RunningServer, operation: str) -> None:
+@pytest.mark.req("R11.1")
+def test_model_operations_refuse_with_the_step_or_field_named(server: RunningServer) -> None:
+    headers = server.admin_headers()
     with server.http() as http:
-        response = http.post(f"/admin/models/{ALIAS}/{operation}", headers=server.admin_headers())
-        unknown = http.post(f"/admin/models/other/{operation}", headers=server.admin_headers())
-    assert response.status_code == 501
-    error = response.json()["error"]
-    assert error["code"] == "not_available_in_this_build" and "not available in this build" in error["message"]
-    assert unknown.status_code == 404
-
-
-def test_load_answers_501_in_this_build(server: RunningServer) -> None:
-    with server.http() as http:
-        response = http.post(f"/admin/models/{ALIAS}/load", headers=server.admin_headers(),
-                             json={"package": "/nowhere/pkg"})
-        bad_alias = http.post("/admin/models/bad alias!/drain", headers=server.admin_headers())
-        unknown_drain = http.post("/admin/models/other/drain", headers=server.admin_headers())
-    assert response.status_code == 501 and "model manager" in response.json()["error"]["message"]
-    assert bad_alias.status_code in (400, 404) and unknown_drain.status_code == 404
+        untrusted = http.post(f"/admin/models/{ALIAS}/load", headers=headers, json={"package": "/nowhere/pkg"})
+        no_previous = http.post(f"/admin/models/{ALIAS}/rollback", headers=headers)
+        unknown = {op: http.post(f"/admin/models/other/{op}", headers=headers, json={"package": "/nowhere/pkg"})
+                   for op in ("load", "unload", "drain", "rollback")}
+        bad_alias = http.post("/admin/models/bad alias!/drain", headers=headers)
+        listing = http.get("/admin/models", headers=headers).json()["data"]
+    assert untrusted.status_code == 400
+    error = untrusted.json()["error"]
+    assert error["code"] == "load_failed" and error["param"] == "package"
+    assert "§11 step 1 (resolve trusted package path)" in error["message"] and "trusted roots" in error["message"]
+    assert no_previous.status_code == 404 and "no previous artifact" in no_previous.json()["error"]["message"]
+    assert {op: r.status_code for op, r in unknown.items()} == dict.fromkeys(unknown, 404)
+    assert bad_alias.status_code in (400, 404)
+    refused = [e for e in listing if not e["active"]]
+    assert refused and all(e["state"] == "unloaded" and "step 1" in e["detail"] for e in refused)
+    assert [e["generation"] for e in listing if e["active"]] == [1]  # nothing changed for the served one
 
 
 # ---------------------------------------------------------------------------------------------
@@ -117,11 +120,9 @@ def test_a_configured_package_is_verified_and_served_and_other_aliases_are_not_l
 @pytest.mark.req("R10.3", "R10.4", "R11.11", "R12.1", "R12.2", "R19.13")
 def test_load_unload_and_rollback_while_streams_are_open(managed_server: tuple[RunningServer, Path]) -> None:
     server, root = managed_server
-    if isinstance(server.service.admin, BundledModelAdmin):
-        pytest.skip(MODEL_MANAGER_PENDING)
     headers = server.admin_headers()
 
-    async def stream_tokens(n: int) -> tuple[int, str | None]:
+    async def stream_tokens(n: int, started: asyncio.Event | None = None) -> tuple[int, str | None]:
         client = server.async_client("alpha")
         try:
             stream = await client.completions.create(model=ALIAS, prompt="across generations", max_tokens=n,
@@ -129,6 +130,8 @@ def test_load_unload_and_rollback_while_streams_are_open(managed_server: tuple[R
                                                      temperature=0, extra_body={"ignore_eos": True})
             used, finish = 0, None
             async for chunk in stream:
+                if started is not None:
+                    started.set()
                 if chunk.choices and chunk.choices[0].finish_reason:
                     finish = chunk.choices[0].finish_reason
                 if chunk.usage is not None:
@@ -137,36 +140,59 @@ def test_load_unload_and_rollback_while_streams_are_open(managed_server: tuple[R
         finally:
             await client.close()
 
-    async def scenario() -> None:
-        old = [asyncio.ensure_future(stream_tokens(120)) for _ in range(3)]
-        # the load starts once the three streams are in the engine (an event, not a sleep)
-        assert await asyncio.to_thread(server.service.wait_streams, lambda n: n >= 3, 30)
+    def admin(method: str, path: str, **kw: object) -> dict:  # type: ignore[type-arg]
+        with server.http() as http:
+            response = getattr(http, method)(path, headers=headers, **kw)
+        assert response.status_code == 200, response.text
+        return response.json()  # type: ignore[no-any-return]
 
-        def admin(method: str, path: str, **kw: object) -> dict:  # type: ignore[type-arg]
-            with server.http() as http:
-                response = getattr(http, method)(path, headers=headers, **kw)
-            assert response.status_code == 200, response.text
-            return response.json()  # type: ignore[no-any-return]
+    async def scenario() -> None:
+        started = [asyncio.Event() for _ in range(3)]
+        old = [asyncio.ensure_future(stream_tokens(120, event)) for event in started]
+        # the load starts once the three streams have tokens from generation 1 (events, not a sleep)
+        await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), 30)
+        before = (await asyncio.to_thread(admin, "get", "/admin/models"))["data"]
+        assert [(e["generation"], e["state"], e["active_requests"]) for e in before] == [(1, "ready", 3)]
 
         loaded = await asyncio.to_thread(admin, "post", f"/admin/models/{ALIAS}/load",
                                          json={"package": str(root / "gen-b")})
-        assert loaded["generation"] == 2 and loaded["state"] == "ready"
+        assert loaded["generation"] == 2 and loaded["state"] == "ready" and loaded["calbin"] == "tiny-gen-b"
+        report = loaded["report"]
+        assert report["kind"] == "load" and report["ok"] and report["replaced"] == 1
+        assert report["previous_drained"] and report["rollback_available"] and report["downtime_s"] > 0
+        assert "passed" in report["golden"] and {"resolve", "verify", "golden", "publish"} <= set(report["steps"])
         listing = (await asyncio.to_thread(admin, "get", "/admin/models"))["data"]
-        assert {e["generation"] for e in listing} >= {1, 2}
+        by_gen = {e["generation"]: e for e in listing}
+        assert by_gen[1]["state"] == "unloaded" and by_gen[1]["active_requests"] == 0
         assert [e["generation"] for e in listing if e["active"]] == [2]
-        # streams that began on generation 1 finish there, whole (R10.3)
+        assert by_gen[1]["package_sha256"] != by_gen[2]["package_sha256"]
+        assert by_gen[1]["durations_s"]["drain"] > 0
+        # streams that began on generation 1 finished there, whole, before it was unloaded (R10.3)
         assert [await task for task in old] == [(120, "length")] * 3
+        assert server.service.info.generation == 2
+
         new = asyncio.ensure_future(stream_tokens(60))
-        first_sha = next(e["package_sha256"] for e in listing if e["generation"] == 1)
         rolled = await asyncio.to_thread(admin, "post", f"/admin/models/{ALIAS}/rollback")
-        assert rolled["state"] == "ready" and rolled["package_sha256"] == first_sha and rolled["generation"] != 2
+        assert rolled["state"] == "ready" and rolled["package_sha256"] == by_gen[1]["package_sha256"]
+        assert rolled["generation"] == 3 and rolled["calbin"] == "tiny-gen-a"
+        assert rolled["report"]["kind"] == "rollback" and rolled["report"]["replaced"] == 2
         assert await new == (60, "length")
+
         unloaded = await asyncio.to_thread(admin, "post", f"/admin/models/{ALIAS}/unload")
-        assert unloaded["state"] in ("unloaded", "draining", "unloading")
-        with server.http() as http:
-            after = http.post("/v1/completions", json={"model": ALIAS, "prompt": "x", "max_tokens": 1},
-                              headers={"Authorization": "Bearer " + TENANT_KEYS["alpha"]})
-        assert after.status_code == 503
+        assert (unloaded["generation"], unloaded["state"], unloaded["active"]) == (3, "unloaded", False)
+        assert unloaded["report"]["kind"] == "unload" and unloaded["report"]["ok"]
+        assert unloaded["report"]["drain_deadline_ms"] == 5000 and not unloaded["report"]["deadline_passed"]
 
     asyncio.run(scenario())
+    with server.http() as http:
+        after = http.post("/v1/completions", json={"model": ALIAS, "prompt": "x", "max_tokens": 1},
+                          headers={"Authorization": "Bearer " + TENANT_KEYS["alpha"]})
+        ready = http.get("/health/ready")
+        listing = http.get("/admin/models", headers=headers).json()["data"]
+    assert after.status_code == 503 and after.json()["error"]["code"] == "model_unavailable"
+    assert ready.status_code == 503 and ready.json()["status"] == "not_ready"
+    assert [(e["generation"], e["state"], e["active"]) for e in listing] == [
+        (1, "unloaded", False), (2, "unloaded", False), (3, "unloaded", False)]
+    assert all(len(e["package_sha256"]) == 64 and e["signed_by"] for e in listing)
+    assert listing[0]["package_sha256"] == listing[2]["package_sha256"] != listing[1]["package_sha256"]
     assert server.service.wait_streams_closed(30)

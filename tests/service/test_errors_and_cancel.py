@@ -13,6 +13,7 @@ import socket
 import openai
 import pytest
 
+from calculet.server.admin import ManagedModelAdmin
 from tests.service.support import ADMIN_TOKEN, ALIAS, TENANT_KEYS, RunningServer, families_value
 
 LONG = {"temperature": 0, "extra_body": {"ignore_eos": True}}
@@ -142,10 +143,13 @@ def test_503_after_drain_and_not_ready(fresh_server: RunningServer) -> None:
     with server.http() as http:
         drained = http.post(f"/admin/models/{ALIAS}/drain", headers=server.admin_headers())
         assert drained.status_code == 200 and drained.json()["state"] in ("draining", "unloaded")
-        assert server.service.lifecycle.wait_stopped(30)
+        assert drained.json()["report"]["kind"] == "drain"
+        admin = server.service.admin
+        assert isinstance(admin, ManagedModelAdmin) and admin.wait(ALIAS, 30)
         models = http.get("/admin/models", headers=server.admin_headers()).json()["data"]
         ready = http.get("/health/ready")
     assert models[0]["state"] == "unloaded" and "drain" in models[0]["durations_s"]
+    assert not models[0]["active"] and server.service.lifecycle.state == "running"  # the process stays up
     assert ready.status_code == 503 and ready.json()["status"] == "not_ready"
     with pytest.raises(openai.InternalServerError) as caught:
         client.completions.create(model=ALIAS, prompt="after", max_tokens=2)
