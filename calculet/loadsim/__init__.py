@@ -9,6 +9,11 @@ the §1 baselines the moment the engine drives it in virtual time:
 * :mod:`.analysis` — the record types every policy emits and the figures computed from them;
 * :mod:`.baselines` — B1 serial FCFS and software multi-slot round robin on the sim cost model;
 * :mod:`.report` — Markdown + PNG report of a sweep (matplotlib imported only when plotting).
+
+The pieces that drive the engine are imported on demand, not from here (importing this package
+must not bring up the runtime): :mod:`.runner` (a workload through ``EngineDriver`` in virtual
+time, and through the live ``Engine`` for agreement checks), :mod:`.policies` (the compared
+policies by name) and :mod:`.soak` (the §19 M0 analogue); ``python -m calculet.bench`` is the CLI.
 """
 
 from __future__ import annotations

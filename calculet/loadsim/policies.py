@@ -1,0 +1,206 @@
+"""The policies a load simulation compares, and one entry point that runs any of them.
+
+Why a fixed catalogue rather than free-form configs on the command line: a report is read as
+"calculet B16 vs the serial baseline", so each name must mean one well-defined thing in every
+report (and the name is what the plots and tables show). The catalogue holds:
+
+* the two §1 baselines as they exist today, simulated on the same cost model —
+  ``b1-serial-fcfs`` (the current product) and ``multi-slot-rr`` (llama.cpp-style software
+  slots on the B1 graph; they improve time to first token, not throughput);
+* the real engine (:mod:`calculet.loadsim.runner`) with the B1 graph only (``calculet-b1``),
+  with B4, B8 or B16 compiled and §8 profile selection over every compiled profile up to it
+  (``calculet-b4``/``-b8``/``-b16``), and with ping/pong — two jobs in flight on the future
+  package's two engines (§14) — on B1 and on B16.
+
+Configuration decisions, stated once here and in every report:
+
+* **KV lanes** (``admission.max_sequences``) = largest profile × jobs in flight: exactly enough
+  to fill every batch that can be on the device at once. More lanes would only admit prefills
+  whose sequences then wait for a decode slot while holding KV; fewer would cap the batch.
+* Everything else is the shipped ``calculet-scheduler/v1`` default (waiting queue 128,
+  WRR 8:4:2:1, §8 thresholds 12/6/3, long-prefill quota 1), with the workload's tenants
+  (weights and §5.3 limits) and prompt-class thresholds.
+* **Ping/pong policies disarm the P99-regression degrade trigger** (the M2 gate, +5%): the
+  reference cost model lets an overlapped job progress at half speed (``pingpong_overlap``
+  0.5), so the shipped gate switches ping/pong off after its first 64 latency samples and
+  the policy would measure B1/B16 again. Crosstalk, counter, busy/timeout and
+  uncertain-recovery triggers stay armed. What the M2 gate would decide is reported from the
+  engine's degrade statistics (solo vs overlapped P99).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Mapping, Sequence
+
+from calculet.adapters.sim.cost import CostModel
+from calculet.config import SchedulerConfig, parse_config
+from calculet.errors import ConfigError
+from calculet.loadsim.analysis import RunSummary, SimBatchRecord, SimRequestRecord, summarize
+from calculet.loadsim.baselines import simulate_multi_slot, simulate_serial_fcfs
+from calculet.loadsim.runner import DEFAULT_MAX_SEQ, default_options, run_engine
+from calculet.loadsim.workload import SimRequest, Workload
+from calculet.runtime.engine import EngineOptions, EngineStatistics
+
+__all__ = [
+    "BASELINE_NAMES", "DEFAULT_POLICIES", "POLICIES", "SELECT_THRESHOLDS", "PolicyError", "PolicyRun",
+    "PolicySpec", "parse_policies", "run_policy",
+]
+
+SELECT_THRESHOLDS: Mapping[int, int] = {16: 12, 8: 6, 4: 3}
+"""§8's example thresholds (also the configuration default): B16 at ≥ 12 ready, B8 at ≥ 6, B4 at ≥ 3."""
+
+_PINGPONG_UNGATED = 1 << 40
+"""``EngineOptions.degrade_min_samples`` that the P99 gate never reaches (see the module docstring)."""
+
+
+class PolicyError(ConfigError):
+    """An unknown or malformed policy list (a command-line error)."""
+
+    code = "policy_error"
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """One policy of the catalogue."""
+
+    name: str
+    kind: Literal["baseline", "engine"]
+    description: str
+    profiles: tuple[int, ...] = (1,)
+    """Compiled batch profiles the engine may select among (engine policies)."""
+    max_inflight: int = 1
+    """Jobs in flight: 2 is ping/pong (engine policies)."""
+    slots: int = 1
+    """Software slots (the multi-slot baseline)."""
+
+    @property
+    def lanes(self) -> int:
+        """KV lanes of an engine policy: largest profile × jobs in flight (module docstring)."""
+        return max(self.profiles) * self.max_inflight
+
+    @property
+    def max_profile(self) -> int:
+        return max(self.profiles)
+
+    def scheduler_config(self, workload: Workload, **sections: Mapping[str, Any]) -> SchedulerConfig:
+        """The ``calculet-scheduler/v1`` configuration this policy runs ``workload`` with.
+
+        ``sections`` are merged into the generated sections (e.g. ``recovery={...}`` for a soak).
+        """
+        if self.kind != "engine":
+            raise PolicyError(f"{self.name} is a baseline simulator; it has no scheduler configuration")
+        classes = workload.prompt_classes
+        data: dict[str, Any] = {
+            "schema": "calculet-scheduler/v1",
+            "admission": {"max_sequences": self.lanes},
+            "queues": {"short_prefill_max_tokens": classes.short_max_tokens,
+                       "medium_prefill_max_tokens": classes.medium_max_tokens},
+            "batch": {"profiles": list(self.profiles),
+                      "select_thresholds": {p: SELECT_THRESHOLDS[p] for p in self.profiles if p > 1}},
+            "executor": {"max_inflight": self.max_inflight},
+            "tenants": [t.model_dump(exclude_none=True) for t in workload.tenant_configs()],
+        }
+        for name, values in sections.items():
+            data[name] = {**data.get(name, {}), **dict(values)}
+        return parse_config(data, source=f"policy {self.name}")
+
+    def engine_options(self, **overrides: Any) -> EngineOptions:
+        """Engine options of this policy (ping/pong: the P99 degrade gate disarmed)."""
+        if self.max_inflight == 2:
+            overrides.setdefault("degrade_min_samples", _PINGPONG_UNGATED)
+        return default_options(**overrides)
+
+
+def _engine(name: str, profiles: tuple[int, ...], inflight: int, description: str) -> PolicySpec:
+    return PolicySpec(name, "engine", description, profiles=profiles, max_inflight=inflight)
+
+
+POLICIES: Mapping[str, PolicySpec] = {p.name: p for p in (
+    PolicySpec("b1-serial-fcfs", "baseline", "§1 baseline: one request at a time on B1, FCFS (today's product)"),
+    PolicySpec("multi-slot-rr", "baseline", "§1 baseline: 4 software slots round robin on B1 (llama.cpp-style)",
+               slots=4),
+    _engine("calculet-b1", (1,), 1, "calculet, B1 graph only, one job in flight"),
+    _engine("calculet-b4", (1, 4), 1, "calculet, B1+B4 with §8 selection, one job in flight"),
+    _engine("calculet-b8", (1, 4, 8), 1, "calculet, B1+B4+B8 with §8 selection, one job in flight"),
+    _engine("calculet-b16", (1, 4, 8, 16), 1, "calculet, B1+B4+B8+B16 with §8 selection, one job in flight"),
+    _engine("calculet-b1-pingpong", (1,), 2, "calculet, B1, ping/pong (two jobs in flight, §14)"),
+    _engine("calculet-b16-pingpong", (1, 4, 8, 16), 2,
+            "calculet, B1+B4+B8+B16 with §8 selection, ping/pong (two jobs in flight, §14)"),
+)}
+"""Every policy by name, in report order."""
+
+DEFAULT_POLICIES: tuple[str, ...] = tuple(POLICIES)
+BASELINE_NAMES: tuple[str, ...] = tuple(n for n, p in POLICIES.items() if p.kind == "baseline")
+
+
+def parse_policies(text: str | Sequence[str]) -> tuple[PolicySpec, ...]:
+    """``"b1-serial-fcfs,calculet-b16"`` (or ``all``) → specs, in the order given, no duplicates."""
+    names = [n.strip() for n in (text.split(",") if isinstance(text, str) else text)]
+    names = [n for n in names if n]
+    if not names:
+        raise PolicyError("no policy given; choose from: " + ", ".join(POLICIES))
+    if names == ["all"]:
+        names = list(POLICIES)
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown:
+        raise PolicyError(f"unknown polic{'ies' if len(unknown) > 1 else 'y'} {', '.join(map(repr, unknown))}; "
+                          f"choose from: {', '.join(POLICIES)} (or 'all')")
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise PolicyError(f"policy listed twice: {', '.join(duplicates)}")
+    return tuple(POLICIES[n] for n in names)
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    """One policy on one request list: records, device-work accounting, engine statistics."""
+
+    policy: PolicySpec
+    requests: tuple[SimRequestRecord, ...]
+    batches: tuple[SimBatchRecord, ...]
+    end_s: float
+    wall_s: float
+    prefill_work_s: float
+    """Device time the cost model charges for every prefill job submitted (nominal, no overlap)."""
+    decode_work_s: float
+    """Device time charged for every decode job (compiled lanes, nominal)."""
+    statistics: EngineStatistics | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.policy.name
+
+    @property
+    def speedup(self) -> float:
+        """Virtual seconds per wall second (engine runs; baselines are closed-form and fast)."""
+        return self.end_s / self.wall_s if self.wall_s > 0 else float("inf")
+
+    def summary(self, **kwargs: Any) -> RunSummary:
+        return summarize(self.requests, self.batches, **kwargs)
+
+
+def run_policy(policy: PolicySpec, requests: Sequence[SimRequest], workload: Workload, cost: CostModel, *,
+               progress: Callable[[float], None] | None = None, max_seq: int = DEFAULT_MAX_SEQ) -> PolicyRun:
+    """Run ``requests`` under ``policy`` on ``cost``; baselines by simulation, the rest through the engine."""
+    start = time.perf_counter()
+    if policy.kind == "baseline":
+        if policy.slots > 1:
+            base = simulate_multi_slot(requests, cost, policy.slots)
+        else:
+            base = simulate_serial_fcfs(requests, cost)
+        wall = time.perf_counter() - start
+        prefill = sum(cost.prefill_s(requests[r.request_id].prompt_tokens) for r in base.requests
+                      if r.service_start_s is not None)
+        decode = len(base.batches) * cost.decode_s(1)
+        if progress is not None:
+            progress(base.end_s)
+        return PolicyRun(policy, base.requests, base.batches, base.end_s, wall, prefill, decode)
+    config = policy.scheduler_config(workload)
+    run = run_engine(requests, config, cost=cost, policy_name=policy.name, max_seq=max_seq,
+                     options=policy.engine_options(), progress=progress)
+    decode = sum(cost.decode_s(b.compiled_batch) for b in run.batches)
+    return PolicyRun(policy, run.requests, run.batches, run.end_s, run.wall_s, run.prefill_work_s, decode,
+                     run.statistics, {"duplicate_closes": run.duplicate_closes, "late_tokens": run.late_tokens})
