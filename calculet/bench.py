@@ -99,46 +99,27 @@ def parse_loads(text: str) -> tuple[float, ...]:
     return tuple(loads)
 
 
-def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
-    def parse(text: str) -> float:
+def _number(kind: Callable[[str], Any], ok: Callable[[Any], bool], rule: str,
+            what: str = "") -> Callable[[str], Any]:
+    """An argparse type: ``kind(text)`` that must satisfy ``ok``, else a message stating ``rule``."""
+    def parse(text: str) -> Any:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not (value > 0 and math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not (ok(value) and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"{what}{text!r} {rule}")
         return value
     return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return value
+def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    return _number(kind, lambda v: v > 0, "must be > 0")
 
 
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (value >= 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number >= 0")
-    return value
-
-
-def _rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0 <= value <= 0.05:
-        raise argparse.ArgumentTypeError(f"fault rate {text!r} must be in [0, 0.05] per fault kind per job")
-    return value
+_non_negative_int = _number(int, lambda v: v >= 0, "must be >= 0")
+_non_negative_float = _number(float, lambda v: v >= 0, "must be a finite number >= 0")
+_rate = _number(float, lambda v: 0 <= v <= 0.05, "must be in [0, 0.05] per fault kind per job", "fault rate ")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1082,20 +1082,13 @@ class EngineDriver:
 
     def run_until(self, when: float) -> None:
         """Process every event up to ``when``; the clock ends at ``when``."""
-        guard = 0
+        stalls = 0
         while True:
             self.step()
             nxt = self.next_event_time()
-            now = self.clock.now()
             if nxt is None or nxt > when:
                 break
-            if nxt <= now:
-                guard += 1
-                if guard > 10_000:
-                    raise DefinitionError(f"no progress at t={now}: the next event stays at {nxt}")
-                continue
-            guard = 0
-            self.clock.set(nxt)
+            stalls = self._jump(nxt, stalls)
         if when > self.clock.now():
             self.clock.set(when)
             self.step()
@@ -1106,28 +1099,31 @@ class EngineDriver:
     def run_until_idle(self, max_time_s: float | None = None) -> float:
         """Step from event to event until nothing is left to do (or ``max_time_s`` of virtual time)."""
         limit = None if max_time_s is None else self.clock.now() + max_time_s
-        guard = 0
+        stalls = 0
         while True:
             self.step()
             if self.core.idle():
                 return self.clock.now()
             nxt = self.next_event_time()
-            now = self.clock.now()
             if nxt is None:
                 raise DefinitionError("work remains but no event is due: nothing will ever progress "
                                       f"(live={len(self.core.scheduler.registry)}, "
                                       f"inflight={self.core.executor.inflight()})")
             if limit is not None and nxt > limit:
-                self.clock.set(max(limit, now))
+                self.clock.set(max(limit, self.clock.now()))
                 self.step()
                 return self.clock.now()
-            if nxt <= now:
-                guard += 1
-                if guard > 10_000:
-                    raise DefinitionError(f"no progress at t={now}: the next event stays at {nxt}")
-                continue
-            guard = 0
-            self.clock.set(nxt)
+            stalls = self._jump(nxt, stalls)
+
+    def _jump(self, nxt: float, stalls: int) -> int:
+        """Move the clock to the next event; count ticks that found it already due (a livelock guard)."""
+        now = self.clock.now()
+        if nxt <= now:
+            if stalls + 1 > 10_000:
+                raise DefinitionError(f"no progress at t={now}: the next event stays at {nxt}")
+            return stalls + 1
+        self.clock.set(nxt)
+        return 0
 
     def _run(self, message: Callable[[], T]) -> T:
         reply = self._mailbox.post(message)

@@ -666,27 +666,22 @@ class RuntimeSession:
         return problems
 
     def destroy_kv_manager(self) -> list[str]:
-        self.begin_teardown()
-        kv = self._kv
-        if kv is None:
-            return []
-        self._kv = None
-        try:
-            self.device.destroy_kv_manager(kv)
-        except CalculetError as exc:
-            return [f"destroy KvManager: {rc_of(exc).name}"]
-        return []
+        return self._destroy("_kv", self.device.destroy_kv_manager, "KvManager")
 
     def destroy_calbin(self) -> list[str]:
+        return self._destroy("_calbin", self.device.destroy_calbin, "calbin")
+
+    def _destroy(self, attr: str, destroy: Callable[[object], None], label: str) -> list[str]:
+        """§12: destroy the object held in ``attr`` once; the problems found (empty: clean)."""
         self.begin_teardown()
-        calbin = self._calbin
-        if calbin is None:
+        held = getattr(self, attr)
+        if held is None:
             return []
-        self._calbin = None
+        setattr(self, attr, None)
         try:
-            self.device.destroy_calbin(calbin)
+            destroy(held)
         except CalculetError as exc:
-            return [f"destroy calbin: {rc_of(exc).name}"]
+            return [f"destroy {label}: {rc_of(exc).name}"]
         return []
 
     def reset_allowed(self, *, others_configured: bool) -> bool:
