@@ -125,7 +125,7 @@ class AdmissionController:
         self.wfq = WeightedFairClock({t.name: t.weight for t in self.tenants.values()}, queues.wfq_decode_weight)
         self._buckets = {t.name: TokenBucket(t.qps, max(t.qps, Fraction(1)), now)
                          for t in self.tenants.values() if t.qps is not None}
-        self._queue: FairQueue[RequestRecord] = FairQueue()
+        self._queue: FairQueue[RequestRecord] = FairQueue(self._head_tag)
         self._waiting = 0
         self._waiting_tokens = 0
         self._active = 0
@@ -190,7 +190,11 @@ class AdmissionController:
     # ------------------------------------------------------------------ waiting
 
     def accept(self, rec: RequestRecord) -> None:
-        """``rec`` passed screening: it now holds waiting budget and has its WFQ tags (§5.3)."""
+        """``rec`` passed screening: it now holds waiting budget and has its WFQ cost (§5.3).
+
+        Its virtual finish is computed when it reaches the head of its flow and fixed when it
+        is admitted (head-of-flow tagging, :mod:`calculet.runtime.fairness`).
+        """
         prompt = rec.prompt_tokens
         self._waiting += 1
         self._waiting_tokens += prompt
@@ -198,11 +202,10 @@ class AdmissionController:
         if rec.is_long:
             self._long_waiting += 1
         rec.cost = self.wfq.cost(prompt, rec.max_new_tokens)
-        rec.virtual_finish = self.wfq.stamp(rec.tenant, rec.cost)
 
     def enqueue(self, rec: RequestRecord) -> None:
         """``rec`` is bound to a generation and waits for budget in WFQ order."""
-        rec.entry = self._queue.push((rec.tenant, rec.is_long), rec.virtual_finish, rec)
+        rec.entry = self._queue.push((rec.tenant, rec.is_long), rec)
 
     def leave_waiting(self, rec: RequestRecord) -> None:
         """``rec`` left WaitingModel/WaitingAdmission (admitted, cancelled, expired, rejected)."""
@@ -217,6 +220,9 @@ class AdmissionController:
             self._queue.discard(entry)
             rec.entry = None
 
+    def _head_tag(self, flow: object, rec: RequestRecord) -> int:
+        return self.wfq.tag(rec.tenant, rec.cost)
+
     def timed_out(self) -> None:
         self._timeouts += 1
 
@@ -228,7 +234,7 @@ class AdmissionController:
             head = queue.peek()
             if head is None:
                 return None
-            flow, rec = head
+            flow, tag, rec = head
             tenant = self.tenants[rec.tenant]
             if tenant.max_active_sequences is not None and self._tenant_active[rec.tenant] >= tenant.max_active_sequences:
                 queue.park(flow)
@@ -250,6 +256,7 @@ class AdmissionController:
                 return None
             queue.pop()
             rec.entry = None
+            rec.virtual_finish = tag
             return rec
 
     # ------------------------------------------------------------------ active budget

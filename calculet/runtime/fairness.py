@@ -14,6 +14,17 @@ numerators. Ordering is therefore deterministic and never depends on rounding.
 Global virtual time follows self-clocked fair queuing: it is the finish tag of the last
 request taken into service, so a tenant that was idle restarts from it and gains no credit
 (R5.3.3). Weights and limits come only from configuration (R5.3.7).
+
+*When* a request is tagged is the spec's silence, and it matters: a request is tagged when it
+reaches the head of its flow (and keeps that tag), and a tenant's virtual time moves only when
+one of its requests is taken into service. For a backlogged tenant this gives the same order as tagging
+on arrival; the difference is what happens to a request that leaves the queue unserved
+(deadline, cancel). Tagged on arrival, it would still have advanced its tenant's virtual time,
+so an overloaded tenant whose old requests keep expiring would push every new request further
+into the virtual future and stall for as long as its queue takes to expire (the load
+simulation measured 30–60 s stalls at saturation). Tagged at the head, a request that never
+starts is never charged. (A tenant with a short and a long flow can have both heads tagged
+from the same virtual time: a credit of at most one request, bounded.)
 """
 
 from __future__ import annotations
@@ -23,7 +34,7 @@ import math
 from collections import Counter, deque
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any, Generic, Hashable, Iterable, Mapping, TypeVar
+from typing import Any, Callable, Generic, Hashable, Iterable, Mapping, TypeVar
 
 from calculet.config import TenantConfig
 
@@ -86,19 +97,23 @@ class WeightedFairClock:
     def cost(self, prompt_tokens: int, output_tokens: int) -> int:
         return wfq_cost(prompt_tokens, output_tokens, self.decode_weight)
 
-    def stamp(self, tenant: str, cost: int) -> int:
-        """Tag an arriving request: its virtual finish; the tenant's virtual time moves to it."""
+    def tag(self, tenant: str, cost: int) -> int:
+        """The virtual finish a request of ``tenant`` costing ``cost`` would get if served next.
+
+        Pure: the tenant's virtual time moves only in :meth:`served`, so a request that leaves
+        the queue unserved costs its tenant nothing.
+        """
         start = self._tenant_vt[tenant]
         if self._global_vt > start:
             start = self._global_vt
-        finish = start + cost * self._unit[tenant]
-        self._tenant_vt[tenant] = finish
-        return finish
+        return start + cost * self._unit[tenant]
 
     def served(self, tenant: str, tag: int, cost: int) -> None:
-        """A request tagged ``tag`` entered service: global virtual time advances to it."""
+        """A request tagged ``tag`` entered service: its tenant's and global virtual time move to it."""
         if tag > self._global_vt:
             self._global_vt = tag
+        if tag > self._tenant_vt[tenant]:
+            self._tenant_vt[tenant] = tag
         self._service[tenant] += cost
 
     def step_tag(self, tenant: str, tokens: int = 1) -> int:
@@ -157,17 +172,25 @@ class TokenBucket:
 class FairQueue(Generic[T]):
     """Items in ascending virtual-finish order, FIFO within a flow, with parkable flows.
 
-    Each flow is a FIFO (a tenant's tags only grow); a heap holds one entry per unparked,
-    non-empty flow, keyed by its head's tag, so ``peek``/``pop`` cost O(log flows) and a
-    removal is O(1) (the entry is marked dead and skipped later). A flow whose head cannot be
-    served for a reason of its own (its tenant's active limit, the long-task quota) is
-    *parked* so it does not block the others, and unparked when the reason goes away.
+    Each flow is a FIFO; a heap holds one entry per unparked, non-empty flow, keyed by its
+    head's tag, so ``peek``/``pop`` cost O(log flows) and a removal is O(1) (the entry is
+    marked dead and skipped later). An item's tag is computed by ``tag(flow, item)`` once,
+    when the item becomes its flow's head and is first looked at, and is fixed from then on
+    (head-of-flow tagging, see the module docstring). A flow whose head was just served is
+    re-tagged at the next :meth:`peek`, after the caller has recorded that service, so the
+    next head starts from its tenant's new virtual time.
+
+    A flow whose head cannot be served for a reason of its own (its tenant's active limit,
+    the long-task quota) is *parked* so it does not block the others, and unparked when the
+    reason goes away.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tag: Callable[[Hashable, T], int]) -> None:
+        self._tag = tag
         self._flows: dict[Hashable, deque[list[Any]]] = {}
         self._heap: list[tuple[int, int, Hashable]] = []
         self._in_heap: set[Hashable] = set()
+        self._pending: set[Hashable] = set()
         self._parked: set[Hashable] = set()
         self._seq = 0
         self._live = 0
@@ -175,17 +198,17 @@ class FairQueue(Generic[T]):
     def __len__(self) -> int:
         return self._live
 
-    def push(self, flow: Hashable, tag: int, item: T) -> list[Any]:
+    def push(self, flow: Hashable, item: T) -> list[Any]:
         """Append ``item`` to ``flow``; the returned entry is the handle for :meth:`discard`."""
         self._seq += 1
-        entry = [tag, self._seq, item]
+        entry: list[Any] = [None, self._seq, item]
         queue = self._flows.get(flow)
         if queue is None:
             queue = self._flows[flow] = deque()
         queue.append(entry)
         self._live += 1
         if flow not in self._in_heap and flow not in self._parked:
-            self._head_changed(flow)
+            self._pending.add(flow)
         return entry
 
     def discard(self, entry: list[Any]) -> bool:
@@ -196,40 +219,35 @@ class FairQueue(Generic[T]):
         self._live -= 1
         return True
 
-    def peek(self) -> tuple[Hashable, T] | None:
-        """The unparked flow whose head has the smallest tag, and that head."""
+    def peek(self) -> tuple[Hashable, int, T] | None:
+        """The unparked flow whose head has the smallest tag, that tag and that head."""
+        if self._pending:
+            for flow in self._pending:
+                self._enter(flow)
+            self._pending.clear()
         heap = self._heap
         while heap:
-            tag, seq, flow = heap[0]
-            queue = self._flows[flow]
-            while queue and queue[0][2] is None:
-                queue.popleft()
-            if not queue:
+            _, seq, flow = heap[0]
+            head = self._head(flow)
+            if head is None:
                 heapq.heappop(heap)
                 self._in_heap.discard(flow)
                 continue
-            head = queue[0]
             if head[1] != seq:
                 heapq.heapreplace(heap, (head[0], head[1], flow))
                 continue
-            return flow, head[2]
+            return flow, head[0], head[2]
         return None
 
     def pop(self) -> T:
         """Remove and return the head found by the last :meth:`peek` (no call in between)."""
-        tag, seq, flow = self._heap[0]
-        queue = self._flows[flow]
-        entry = queue.popleft()
+        _, _, flow = heapq.heappop(self._heap)
+        self._in_heap.discard(flow)
+        entry = self._flows[flow].popleft()
         item: T = entry[2]
         entry[2] = None
         self._live -= 1
-        while queue and queue[0][2] is None:
-            queue.popleft()
-        if queue:
-            heapq.heapreplace(self._heap, (queue[0][0], queue[0][1], flow))
-        else:
-            heapq.heappop(self._heap)
-            self._in_heap.discard(flow)
+        self._pending.add(flow)
         return item
 
     def park(self, flow: Hashable) -> None:
@@ -243,15 +261,27 @@ class FairQueue(Generic[T]):
         for flow in flows:
             if flow in self._parked:
                 self._parked.discard(flow)
-                self._head_changed(flow)
+                self._pending.add(flow)
 
     def parked(self) -> frozenset[Hashable]:
         return frozenset(self._parked)
 
-    def _head_changed(self, flow: Hashable) -> None:
-        queue = self._flows.get(flow)
+    def _head(self, flow: Hashable) -> list[Any] | None:
+        """The flow's live head, tagged (skipping removed entries), or None if it is empty."""
+        queue = self._flows[flow]
         while queue and queue[0][2] is None:
             queue.popleft()
-        if queue and flow not in self._in_heap:
-            heapq.heappush(self._heap, (queue[0][0], queue[0][1], flow))
+        if not queue:
+            return None
+        head = queue[0]
+        if head[0] is None:
+            head[0] = self._tag(flow, head[2])
+        return head
+
+    def _enter(self, flow: Hashable) -> None:
+        if flow in self._in_heap or flow in self._parked:
+            return
+        head = self._head(flow)
+        if head is not None:
+            heapq.heappush(self._heap, (head[0], head[1], flow))
             self._in_heap.add(flow)

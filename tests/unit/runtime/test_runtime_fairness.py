@@ -35,18 +35,67 @@ def test_virtual_finish_formula(tenant_vt, global_vt, cost, weight, expected):
 @pytest.mark.req("R5.3.3")
 def test_wfq_clock_idle_tenant_gains_no_credit_and_is_exact():
     clock = WeightedFairClock({"a": exact(2.0), "b": exact(1.0), "c": exact(0.1)}, decode_weight=8)
-    tag_a = clock.stamp("a", 180)
+    tag_a = clock.tag("a", 180)
     assert clock.to_fraction(tag_a) == 90
     clock.served("a", tag_a, 180)
-    tag_a2 = clock.stamp("a", 180)
+    tag_a2 = clock.tag("a", 180)
     assert clock.to_fraction(tag_a2) == 180
     clock.served("a", tag_a2, 180)
-    assert clock.global_virtual_time() == 180
+    assert clock.global_virtual_time() == 180 and clock.tenant_virtual_time("a") == 180
     # b was idle: it starts at global virtual time (180), not at its own 0
-    assert clock.to_fraction(clock.stamp("b", 180)) == 360
-    assert clock.to_fraction(clock.stamp("c", 1)) == 190
-    assert clock.tenant_virtual_time("c") == 190
+    assert clock.to_fraction(clock.tag("b", 180)) == 360
+    assert clock.to_fraction(clock.tag("c", 1)) == 190
     assert clock.to_fraction(clock.step_tag("a")) == 4 and clock.to_fraction(clock.step_tag("c")) == 80
+
+
+@pytest.mark.req("R5.3.3")
+def test_a_tag_is_charged_only_when_its_request_is_served():
+    clock = WeightedFairClock({"a": exact(1.0), "b": exact(1.0)}, decode_weight=8)
+    first = clock.tag("a", 100)
+    assert clock.tag("a", 100) == first           # asking twice charges nothing
+    assert clock.tenant_virtual_time("a") == 0 and clock.service() == {}
+    clock.served("a", first, 100)
+    assert clock.tenant_virtual_time("a") == 100 and clock.service() == {"a": 100}
+    # an older, smaller tag served late never moves a tenant's time backwards
+    clock.served("a", first - 50 * clock.scale, 10)
+    assert clock.tenant_virtual_time("a") == 100
+
+
+@pytest.mark.req("R5.3.1", "R5.3.3")
+def test_expired_requests_do_not_charge_their_tenant():
+    """Queued requests that expire cost their tenant nothing: it is served at its share at once.
+
+    Regression for the stall the load simulation found: with tags charged on arrival, a tenant
+    whose queued requests expired had pushed its virtual time far ahead and then waited for
+    the other tenant's whole backlog before its next request was served.
+    """
+    h = Harness.build(sizes=(1,), lanes=1, admission={"max_sequences": 1, "max_waiting_requests": 1000},
+                      tenants=[{"name": "a", "weight": 1.0, "api_key_sha256": "a" * 64}, {"name": "b", "weight": 1.0}])
+    blocker = h.submit(prompt=20, new=1, tenant="b")           # holds the only lane
+    doomed = [h.submit(prompt=20, new=1, tenant="a", deadline_ms=10) for _ in range(50)]
+    h.clock.advance(1.0)
+    plan = h.step()                                             # the deadlines pass in the queue
+    assert all(h.state(d.request_id) == "failed" for d in doomed)
+    assert plan.work is not None and plan.work.record.request_id == blocker.request_id
+    h.scheduler.submitted(plan.work.job_id)
+    for _ in range(10):
+        h.submit(prompt=20, new=1, tenant="b")
+    for _ in range(10):
+        h.submit(prompt=20, new=1, tenant="a")
+    h.complete(plan.work)
+    h.confirm_all()
+    order = []
+    for _ in range(10_000):
+        plan = h.step()
+        if plan.work is None:
+            break
+        order.append(plan.work.record.tenant)
+        h.run(plan)
+        h.confirm_all()
+    assert h.sinks[blocker.request_id].outcome.state == "completed"
+    # after the blocker, a and b alternate: a's expired requests are not charged to it
+    after = order[:10]
+    assert after.count("a") == 5 and after.count("b") == 5, order
 
 
 @pytest.mark.req("R5.3.1", "R5.3.3")
@@ -101,19 +150,35 @@ def test_a_large_request_is_never_overtaken_forever():
 
 
 def test_fair_queue_orders_by_tag_with_fifo_flows_parking_and_lazy_removal():
-    q: FairQueue[str] = FairQueue()
-    q.push("a", 10, "a1")
-    q.push("a", 30, "a2")
-    e = q.push("b", 20, "b1")
-    q.push("b", 25, "b2")
-    assert q.peek() == ("a", "a1") and q.pop() == "a1"
+    tags = {"a1": 10, "a2": 30, "b1": 20, "b2": 25}
+    q: FairQueue[str] = FairQueue(lambda flow, item: tags[item])
+    q.push("a", "a1")
+    q.push("a", "a2")
+    e = q.push("b", "b1")
+    q.push("b", "b2")
+    assert q.peek() == ("a", 10, "a1") and q.pop() == "a1"
     assert q.discard(e) and not q.discard(e)
-    assert q.peek() == ("b", "b2")
+    assert q.peek() == ("b", 25, "b2")
     q.park("b")
-    assert q.peek() == ("a", "a2")
+    assert q.peek() == ("a", 30, "a2")
     q.unpark(["b"])
-    assert q.peek() == ("b", "b2") and q.pop() == "b2"
+    assert q.peek() == ("b", 25, "b2") and q.pop() == "b2"
     assert q.pop() == "a2" and q.peek() is None and len(q) == 0
+
+
+def test_fair_queue_tags_an_item_when_it_becomes_head_and_keeps_that_tag():
+    """Head-of-flow tagging: the tag is computed once, when the item is first seen at the head."""
+    tags = {"a1": 10, "a2": 15, "b1": 20}
+    q: FairQueue[str] = FairQueue(lambda flow, item: tags[item])
+    q.push("a", "a1")
+    q.push("a", "a2")
+    q.push("b", "b1")
+    assert q.peek() == ("a", 10, "a1")
+    tags["a1"] = 99                     # a head's tag is fixed once computed
+    assert q.peek() == ("a", 10, "a1") and q.pop() == "a1"
+    tags["a2"] = 30                     # a2 was not a head yet: it is tagged now
+    assert q.peek() == ("b", 20, "b1") and q.pop() == "b1"
+    assert q.peek() == ("a", 30, "a2")
 
 
 def test_token_bucket_is_exact():
