@@ -182,6 +182,14 @@ class AdmissionConfig(_Section):
         default_factory=LongPrefillQuota,
         description="Long-task quota (§6, R6.11).",
     )
+    queue_needs_prospect: bool = Field(
+        True,
+        description="§5.2: a request is queued only with 'a prospect of obtaining resources before "
+        "the deadline'. When requests are already waiting, one whose estimated wait (from the "
+        "measured WFQ service rate) plus max_new_tokens decode steps (at the measured step time) "
+        "ends past its deadline is rejected at once with 429 instead of being accepted and "
+        "expiring later. false = queue whenever a limit has room.",
+    )
 
     def kv_token_limit(self, device_kv_tokens: int) -> int:
         """The KV token budget: the device's planned capacity, lowered by ``max_kv_tokens``.

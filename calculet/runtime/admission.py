@@ -30,7 +30,7 @@ queued request whose deadline passes fails with reason DEADLINE (the machine's `
 from __future__ import annotations
 
 import enum
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Iterable
@@ -39,6 +39,12 @@ from calculet.config import CapacityBudget, LongPrefillQuota, QueuesConfig
 from calculet.runtime.fairness import FairQueue, TenantPolicy, TokenBucket, WeightedFairClock
 from calculet.runtime.registry import RequestRecord
 from calculet.runtime.request import InferenceRequest
+
+
+BACKLOG_WINDOW_S = 60.0
+"""How far back the §5.2 wait estimate looks at backlogged admissions."""
+MIN_BACKLOG_SAMPLES = 8
+MIN_BACKLOG_SPAN_S = 1.0
 
 
 class Decision(enum.Enum):
@@ -107,6 +113,8 @@ class AdmissionStatistics:
     long_waiting: int
     outcomes: dict[str, int]
     timeouts: int
+    no_prospect: int
+    """§5.2: requests refused (429) because they had no prospect of service before their deadline."""
     blocked: dict[str, int]
     """Admission attempts that found the head of the queue blocked, by the limit that blocked it
     (``kv_lane`` is the §16 KV "lane wait")."""
@@ -140,6 +148,9 @@ class AdmissionController:
         self._blocked: Counter[str] = Counter()
         self._tenant_parked: dict[str, set[object]] = {}
         self._long_parked: set[object] = set()
+        self._queued_cost: Counter[str] = Counter()
+        self._no_prospect = 0
+        self._backlog_samples: deque[tuple[float, int]] = deque()
 
     # ------------------------------------------------------------------ §5.2 screening
 
@@ -183,6 +194,14 @@ class AdmissionController:
             return self._count(AdmissionOutcome(Decision.REJECT_CAPACITY, f"tenant {tenant.name} is over its QPS limit"))
         return None
 
+    def reject_no_prospect(self, wait_s: float, service_s: float, left_s: float) -> AdmissionOutcome:
+        """Count and return the §5.2 RejectCapacity of a request with no prospect before its deadline."""
+        self._no_prospect += 1
+        return self._count(AdmissionOutcome(
+            Decision.REJECT_CAPACITY,
+            f"no prospect of service before the deadline: estimated wait {wait_s:.1f} s + "
+            f"{service_s:.1f} s of decode > {left_s:.1f} s left"))
+
     def record(self, outcome: AdmissionOutcome) -> AdmissionOutcome:
         """Count an outcome decided by the caller (Admit / Queue)."""
         return self._count(outcome)
@@ -206,6 +225,7 @@ class AdmissionController:
     def enqueue(self, rec: RequestRecord) -> None:
         """``rec`` is bound to a generation and waits for budget in WFQ order."""
         rec.entry = self._queue.push((rec.tenant, rec.is_long), rec)
+        self._queued_cost[rec.tenant] += rec.cost
 
     def leave_waiting(self, rec: RequestRecord) -> None:
         """``rec`` left WaitingModel/WaitingAdmission (admitted, cancelled, expired, rejected)."""
@@ -218,6 +238,7 @@ class AdmissionController:
         entry = rec.entry
         if entry is not None and len(entry) == 3 and entry[2] is rec:
             self._queue.discard(entry)
+            self._queued_cost[rec.tenant] -= rec.cost
             rec.entry = None
 
     def _head_tag(self, flow: object, rec: RequestRecord) -> int:
@@ -255,13 +276,14 @@ class AdmissionController:
                 self._blocked["max_kv_tokens"] += 1
                 return None
             queue.pop()
+            self._queued_cost[rec.tenant] -= rec.cost
             rec.entry = None
             rec.virtual_finish = tag
             return rec
 
     # ------------------------------------------------------------------ active budget
 
-    def admitted(self, rec: RequestRecord) -> None:
+    def admitted(self, rec: RequestRecord, now: float) -> None:
         """``rec`` got its KV lease and enters prefill: it now holds active budget."""
         self._active += 1
         self._active_kv += rec.prompt_tokens + rec.max_new_tokens
@@ -269,6 +291,35 @@ class AdmissionController:
         if rec.is_long:
             self._long_admitted += 1
         self.wfq.served(rec.tenant, rec.virtual_finish, rec.cost)
+        samples = self._backlog_samples
+        if len(self._queue):
+            samples.append((now, self.wfq.global_tag()))
+            while len(samples) > 2 and samples[0][0] < now - BACKLOG_WINDOW_S:
+                samples.popleft()
+        else:
+            samples.clear()
+
+    # ------------------------------------------------------------------ §5.2 prospect
+
+    def estimated_wait(self, tenant: str, cost: int, now: float) -> float | None:
+        """Seconds until a request of ``tenant`` costing ``cost`` would be admitted, if there is a backlog.
+
+        None when nothing waits (it is admitted as soon as budget frees) or when too little
+        backlogged service has been seen to estimate a rate. Global virtual time advances at
+        (service rate) / (sum of backlogged weights) while a backlog lasts; the request's
+        finish tag is its tenant's queued work after the tenant's virtual time, so the wait is
+        the virtual distance to that tag over the measured rate of virtual time
+        (§5.2 "a prospect of obtaining resources before the deadline").
+        """
+        samples = self._backlog_samples
+        if not len(self._queue) or len(samples) < MIN_BACKLOG_SAMPLES:
+            return None
+        (t0, v0), (t1, v1) = samples[0], samples[-1]
+        if t1 - t0 < MIN_BACKLOG_SPAN_S or v1 <= v0 or now - t1 > BACKLOG_WINDOW_S:
+            return None
+        rate = (v1 - v0) / (t1 - t0)
+        finish = self.wfq.tag(tenant, self._queued_cost[tenant] + cost)
+        return max(0, finish - self.wfq.global_tag()) / rate
 
     def prefill_left(self, rec: RequestRecord) -> None:
         """An admitted request left PrefillReady/PrefillRunning: its long-quota slot frees."""
@@ -305,7 +356,7 @@ class AdmissionController:
                    for name in self.tenants}
         return AdmissionStatistics(self._waiting, self._waiting_tokens, self._active, self._active_kv,
                                    self._long_admitted, self._long_waiting, dict(self._outcomes), self._timeouts,
-                                   dict(self._blocked), len(self._queue.parked()), tenants)
+                                   self._no_prospect, dict(self._blocked), len(self._queue.parked()), tenants)
 
     def _count(self, outcome: AdmissionOutcome) -> AdmissionOutcome:
         self._outcomes[outcome.decision.value] += 1

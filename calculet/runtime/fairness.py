@@ -120,6 +120,10 @@ class WeightedFairClock:
         """Scaled virtual time of ``tokens`` decode steps for ``tenant`` (rotation among ties)."""
         return self.decode_weight * tokens * self._unit[tenant]
 
+    def global_tag(self) -> int:
+        """Global virtual time in scaled units (the tag of the last request taken into service)."""
+        return self._global_vt
+
     def to_fraction(self, tag: int) -> Fraction:
         return Fraction(tag, self.scale)
 

@@ -27,7 +27,7 @@ DECODE = "decode"
 class JobRecord:
     """A job the scheduler planned: its machine, its kind and what it carries."""
 
-    __slots__ = ("job_id", "kind", "generation", "machine", "work")
+    __slots__ = ("job_id", "kind", "generation", "machine", "work", "submitted_at")
 
     def __init__(self, job_id: int, kind: str, generation: int, machine: Any, work: Any) -> None:
         self.job_id = job_id
@@ -35,6 +35,7 @@ class JobRecord:
         self.generation = generation
         self.machine = machine
         self.work = work
+        self.submitted_at = 0.0
 
     @property
     def state(self) -> str:

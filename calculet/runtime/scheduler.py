@@ -54,6 +54,7 @@ from calculet.runtime.clock import Clock
 from calculet.runtime.completion import (DecodeCompletion, FaultKind, LaneVerdict, PrefillCompletion,
                                          check_decode_lanes)
 from calculet.runtime.decode import DecodeBatch, DecodeScheduler, DecodeStatistics, NoBatch, NoBatchReason
+from calculet.runtime.estimates import StepTimer, StepTimeStatistics
 from calculet.runtime.fairness import TenantPolicy
 from calculet.runtime.jobs import DECODE, PREFILL, InflightTable, JobRecord, JobStatistics
 from calculet.runtime.kv import FreeSequence, KvLease, KvManager, KvReservationFailure, KvStatistics, ShiftSequence
@@ -124,6 +125,7 @@ class SchedulerStatistics:
     stale_completions: int
     anomalies: int
     pending_commands: int
+    step_times: StepTimeStatistics
 
 
 class Scheduler:
@@ -143,6 +145,7 @@ class Scheduler:
             budget, tenants=[TenantPolicy.from_config(t) for t in config.tenants], queues=config.queues,
             long_quota=config.admission.long_prefill_quota, now=clock.now())
         self.prefill = PrefillScheduler(config.queues, clock=clock)
+        self.step_times = StepTimer(step_estimate_s)
         self.decode = DecodeScheduler(kv, batching_window_us=config.batch.batching_window_us,
                                       max_tenant_lane_share=config.batch.max_tenant_lane_share,
                                       step_estimate_s=step_estimate_s, step_cost=self.admission.wfq.step_tag)
@@ -261,6 +264,10 @@ class Scheduler:
         if rejection is not None:
             self.registry.reject(rec, rejection.http_status or 400, rejection.reason)
             return Submission(rec.request_id, rejection)
+        no_prospect = self._without_prospect(rec, now)
+        if no_prospect is not None:
+            self.registry.reject(rec, 429, no_prospect.reason)
+            return Submission(rec.request_id, no_prospect)
         self.admission.accept(rec)
         heapq.heappush(self._deadlines, (rec.deadline, rec.request_id))
         if availability is ModelAvailability.READY and not self._held:
@@ -336,6 +343,7 @@ class Scheduler:
         """The device accepted the planned job: jobs, KV lanes and requests fire ``submit``."""
         job = self._take_pending(job_id)
         self.jobs.fire(job, "submit")
+        job.submitted_at = self._clock.now()
         work = job.work
         if isinstance(work, DecodeBatch):
             self.decode.submitted(work)
@@ -382,6 +390,8 @@ class Scheduler:
                                            vocab_size=self.capabilities.vocab_size)
         self._anomalies += extra
         self._end_job(job, completion.ok, completion.fault)
+        if completion.ok:
+            self.decode.step_estimate_s = self.step_times.observe(now - job.submitted_at)
         ok = failed = 0
         registry, generation, job_id = self.registry, job.generation, job.job_id
         for check, rec, lease in zip(checks, batch.records, batch.kv.leases):
@@ -555,7 +565,7 @@ class Scheduler:
         return SchedulerStatistics(
             self._generation, self._availability.value, self.registry.statistics(), self.admission.statistics(),
             self.prefill.statistics(), self.decode.statistics(), self.kv.statistics(), self.jobs.statistics(),
-            self.arbiter.picks(), self._stale, self._anomalies, len(self._commands))
+            self.arbiter.picks(), self._stale, self._anomalies, len(self._commands), self.step_times.statistics())
 
     # ------------------------------------------------------------------ internals
 
@@ -596,9 +606,27 @@ class Scheduler:
             if not isinstance(lease, KvLease):
                 raise DefinitionError(f"admission found room but the KV pool refused: {lease.reason}")
             rec.lease = lease
-            self.admission.admitted(rec)
+            self.admission.admitted(rec, now)
             self.registry.fire(rec, "admit")
             self.prefill.add(rec, rec.prompt_tokens, now)
+
+    def _without_prospect(self, rec: RequestRecord, now: float) -> AdmissionOutcome | None:
+        """§5.2: the 429 of a request that would queue with no prospect of service before its deadline.
+
+        Only while others wait (admission.estimated_wait); the service time counted is
+        ``max_new_tokens`` decode steps at the measured step time, so a request that would be
+        admitted only to expire part-way is refused now, with nothing spent on it.
+        """
+        if not self.config.admission.queue_needs_prospect or self._availability is not ModelAvailability.READY:
+            return None
+        cost = self.admission.wfq.cost(rec.prompt_tokens, rec.max_new_tokens)
+        wait = self.admission.estimated_wait(rec.tenant, cost, now)
+        if wait is None:
+            return None
+        service = rec.max_new_tokens * self.step_times.decode_step_s
+        if now + wait + service <= rec.deadline:
+            return None
+        return self.admission.reject_no_prospect(wait, service, rec.deadline - now)
 
     def _expire_due(self, now: float) -> None:
         deadlines = self._deadlines

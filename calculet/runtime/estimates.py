@@ -1,0 +1,56 @@
+"""Measured decode step time: what the scheduler expects the next decode step to take.
+
+Two rules of the spec need a step time and neither says where it comes from: §7.2 item 4
+(the batching window must not make the earliest deadline time out, so it stops one step
+before it) and §5.2 (a request is queued only with a prospect of service before its
+deadline). A configured guess would be wrong on every device but one, so the scheduler
+measures it: each completed decode job's time from submission to completion, smoothed.
+Submission-to-completion is what a sequence waits per token, including the other engine's
+job under ping/pong, which is the figure both rules need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_SMOOTHING = 0.125
+"""Weight of the newest sample (the TCP RTT estimator's 1/8): about the last 16 steps count."""
+
+
+@dataclass(frozen=True)
+class StepTimeStatistics:
+    """§16-style view: the current estimate and how many steps it has seen."""
+
+    decode_step_s: float
+    samples: int
+
+
+class StepTimer:
+    """Exponentially smoothed decode step time, starting from a prior until a step is measured."""
+
+    __slots__ = ("_estimate", "_samples", "_alpha")
+
+    def __init__(self, prior_s: float = 0.0, smoothing: float = DEFAULT_SMOOTHING) -> None:
+        if prior_s < 0 or not 0 < smoothing <= 1:
+            raise ValueError("a step timer needs prior_s >= 0 and 0 < smoothing <= 1")
+        self._estimate = prior_s
+        self._samples = 0
+        self._alpha = smoothing
+
+    @property
+    def decode_step_s(self) -> float:
+        return self._estimate
+
+    def observe(self, seconds: float) -> float:
+        """One decode job took ``seconds`` from submission to completion; returns the new estimate."""
+        if seconds < 0:
+            return self._estimate
+        if self._samples == 0:
+            self._estimate = seconds
+        else:
+            self._estimate += self._alpha * (seconds - self._estimate)
+        self._samples += 1
+        return self._estimate
+
+    def statistics(self) -> StepTimeStatistics:
+        return StepTimeStatistics(self._estimate, self._samples)
