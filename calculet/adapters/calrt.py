@@ -1083,6 +1083,23 @@ class VirtualDevice(Protocol):
     def statistics(self) -> Any: ...
 
 
+MAX_CHIPLETS = 8
+"""How far :func:`read_board_memory` asks: ReadMem takes a chip id and the board's chiplet count
+is not part of the protocol, so the walk stops at the first refused id or here."""
+
+
+def read_board_memory(device: VirtualDevice) -> tuple[MemInfo, ...]:
+    """ReadMem for every chiplet of the board, in chip order (§13.1 capacity figures, §12 release
+    check); a refused chip id ends the board. Not evidence of chip isolation (§13.3)."""
+    board: list[MemInfo] = []
+    for chip in range(MAX_CHIPLETS):
+        try:
+            board.append(device.read_mem(chip))
+        except CalculetError:
+            break
+    return tuple(board)
+
+
 @runtime_checkable
 class CalRT(Protocol):
     """The CalRT library loaded in this process."""
@@ -1105,8 +1122,8 @@ __all__ = [
     "DeviceOutOfMemory", "DeviceTimeout", "DmaUnknown", "Engine", "EvidenceSource", "EvidenceTier",
     "GoldenVector", "InactiveLanePolicy", "JobBuffers", "JobId", "JobKind", "JobResult", "JobSpec",
     "JobTicket", "KvLayoutDescriptor", "KvManager", "KvManagerMode", "KvSeqId", "LaneResult",
-    "MaskContract", "MemInfo", "MemoryFootprint", "OperationNotSupported", "PrefillJob",
+    "MAX_CHIPLETS", "MaskContract", "MemInfo", "MemoryFootprint", "OperationNotSupported", "PrefillJob",
     "PrimitiveType", "ResetDomain", "ResultCheck", "ReturnCode", "SpecRating", "StatusCounters",
     "TensorRole", "TensorSpec", "VendorError", "VirtualDevice", "error_for", "map_exceptions",
-    "profile_tier", "rc_of", "vendor_boundary", "verify_result",
+    "profile_tier", "rc_of", "read_board_memory", "vendor_boundary", "verify_result",
 ]

@@ -369,18 +369,6 @@ class EngineCore:
         reason = FaultReason.DEVICE_STATE if rc is ReturnCode.INVALID_STATE else self.recovery.reason_for(rc)
         self._enter_recovery(reason, detail)
 
-    def resync_engines(self) -> None:
-        """Golden/warm-up jobs (§11 step 9) ran outside the executor and advanced the device's
-        per-engine ``engine_sequence`` counters: the executor must not read that jump as a counter
-        anomaly (§14 degrade). With nothing in flight and nothing bound, ``forget_all`` is exact;
-        with a co-resident generation still serving, only the sequence expectation is dropped (the
-        executor offers no narrower public call for this)."""
-        executor = self.executor
-        if executor.inflight() == 0 and executor.statistics().sequences_bound == 0:
-            executor.forget_all()
-        else:
-            executor._engine_seq = dict.fromkeys(executor._engine_seq)  # type: ignore[attr-defined]
-
     # ------------------------------------------------------------------ API (on the actor)
 
     def submit(self, request: GenerateRequest, sink: RequestSink) -> Submission:

@@ -75,7 +75,7 @@ from calculet.adapters.calrt import (
     verify_result,
 )
 from calculet.config import DegradeConfig, ExecutorConfig
-from calculet.errors import CalculetError
+from calculet.errors import CalculetError, DefinitionError
 from calculet.machines.job import Engine as MachineEngine
 from calculet.runtime.clock import Clock
 from calculet.runtime.completion import DecodeCompletion, FaultKind, LaneOutcome, PrefillCompletion
@@ -326,7 +326,9 @@ class DeviceExecutor:
                                       min_samples=degrade_min_samples)
         self._jobs: dict[int, InflightJob] = {}
         self._seqs: dict[int, KvSeqId] = {}
-        self._engine_seq: dict[Engine, int | None] = {Engine.PING: None, Engine.PONG: None}
+        self._engine_seq: dict[Engine, int | None] = dict.fromkeys(Engine)
+        """Per engine, the ``engine_sequence`` the last verified result carried; None: not known yet
+        (the next result on that engine sets it without a continuity check)."""
         self._submitted = 0
         self._submit_rc: Counter[str] = Counter()
         self._completion_rc: Counter[str] = Counter()
@@ -422,7 +424,10 @@ class DeviceExecutor:
         return job
 
     def verify(self, job: InflightJob, result: JobResult) -> list[tuple[Anomaly, str]]:
-        """Crosstalk and counter checks (module docstring); the engine sequence is resynchronised."""
+        """Crosstalk and counter checks (module docstring).
+
+        The engine's expected ``engine_sequence`` follows this result; after a counter anomaly it is
+        forgotten instead, since counters the device got wrong are no anchor for the next job."""
         engine = job.spec.engine
         rows = None
         if self.check_output_buffers and result.ok and any(lane.logits is not None for lane in result.lanes):
@@ -495,8 +500,30 @@ class DeviceExecutor:
         jobs = list(self._jobs.values())
         self._jobs.clear()
         self._seqs.clear()
-        self._engine_seq = {Engine.PING: None, Engine.PONG: None}
+        self.resync_engine_sequences()
         return jobs
+
+    def resync_engine_sequences(self) -> None:
+        """Forget the ``engine_sequence`` each engine is expected to report next (§14 counter check).
+
+        Why: jobs the device ran *outside* this executor — the golden and warm-up jobs of §11 step 9,
+        which the session drives itself — advance the device's per-engine counters as well, so the
+        executor's next result would look like a counter anomaly and degrade ping/pong for good.
+        After this call the first result on each engine re-anchors the expectation (every other
+        check still applies to it) and each later result must follow it by exactly one again.
+
+        Legal only while none of this executor's jobs is in flight, timed-out ones included: such a
+        job's result is still to be checked against the current expectation, and forgetting it would
+        let a real counter anomaly on that job pass unseen. Bound KV sequences are kept (a co-resident
+        generation may still be serving from them). Raises :class:`~calculet.errors.DefinitionError`
+        otherwise: calling it then is a bug in the caller, not a device condition to recover from.
+        """
+        if self._jobs:
+            raise DefinitionError(
+                f"resync_engine_sequences() with {len(self._jobs)} job(s) in flight: their results would "
+                "escape the engine_sequence check (§14); wait until the executor is idle",
+                inflight=len(self._jobs))
+        self._engine_seq = dict.fromkeys(Engine)
 
     def rebind(self, session: RuntimeSession) -> None:
         """Serve from a new session (after a restart on a new device)."""

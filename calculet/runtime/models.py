@@ -96,7 +96,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from calculet.adapters.calrt import MemoryFootprint, rc_of
+from calculet.adapters.calrt import MemoryFootprint, rc_of, read_board_memory
 from calculet.adapters.manifest import MANIFEST_FILE, CalbinManifest
 from calculet.adapters.packages import PackageCheck, VerifiedPackage, verify_package
 from calculet.errors import (
@@ -401,6 +401,11 @@ class ModelManagerStatistics:
     drain: DurationStatistics
     unload: DurationStatistics
     downtime: DurationStatistics
+
+
+_MEASURED = ("load", "configure", "warmup", "drain", "unload", "downtime")
+"""The durations the manager measures: one :class:`DurationStatistics` field each in
+:class:`ModelManagerStatistics` (every one but ``downtime`` also a generation's ``durations``)."""
 
 
 class _Durations:
@@ -783,12 +788,7 @@ class ModelManager:
         self._unloads = 0
         self._unload_problems = 0
         self._escalations = 0
-        self._d_load = _Durations()
-        self._d_configure = _Durations()
-        self._d_warmup = _Durations()
-        self._d_drain = _Durations()
-        self._d_unload = _Durations()
-        self._d_downtime = _Durations()
+        self._durations = {name: _Durations() for name in _MEASURED}
 
     # ------------------------------------------------------------------ binding
 
@@ -1063,18 +1063,16 @@ class ModelManager:
                 step = LoadStep.RESOLVE
                 t0 = self._step_start(step, gen)
                 self._resolve(package)
-                timings.append(StepTiming(step.name.lower(), t0, self.clock.now() - t0))
+                self._timed(timings, step, t0)
                 step = LoadStep.VERIFY
                 t0 = self._step_start(step, gen)
                 try:
-                    verified = verify_package(package, self.config.trust.trusted_roots,
-                                              self.config.trust.trusted_keys_dir,
-                                              max_file_bytes=self.config.trust.max_file_bytes)
+                    verified = self._verify(package)
                 except PackageError as exc:
                     if exc.context.get("reason") in _PATH_CHECKS:
                         step = LoadStep.RESOLVE
                     raise
-                timings.append(StepTiming(step.name.lower(), t0, self.clock.now() - t0))
+                self._timed(timings, step, t0)
                 manifest_bytes = verified.manifest_bytes
                 sha = verified.manifest_sha256
                 path, signed_by = verified.path, f"{verified.key_name} ({verified.key_id})"
@@ -1090,11 +1088,11 @@ class ModelManager:
             step = LoadStep.VALIDATE
             t0 = self._step_start(step, gen)
             plan = self._validate(alias, manifest_bytes, sha)
-            timings.append(StepTiming(step.name.lower(), t0, self.clock.now() - t0))
+            self._timed(timings, step, t0)
             step = LoadStep.PLAN
             t0 = self._step_start(step, gen)
             capacity = self._capacity(plan, snapshot)
-            timings.append(StepTiming(step.name.lower(), t0, self.clock.now() - t0))
+            self._timed(timings, step, t0)
         except Exception as exc:
             report = LoadReport(kind=kind, alias=alias, generation=gen.id, calbin_sha256="", ok=False,
                                 state="unloaded", failed_step=step.name.lower(), error=str(exc),
@@ -1109,17 +1107,11 @@ class ModelManager:
         gen = _Generation(next(self._ids), alias, package, self.clock.now())
         gen.machine.fire("load")
         self._gens[gen.id] = gen
-        chips = []
-        device = self._core.device
-        for chip in range(8):
-            try:
-                info = device.read_mem(chip)
-            except CalculetError:
-                break
-            chips.append(ChipMemory(chip, info.total_bytes, info.used_bytes))
+        chips = tuple(ChipMemory(chip, info.total_bytes, info.used_bytes)
+                      for chip, info in enumerate(read_board_memory(self._core.device)))
         resident = tuple((g.id, g.facts.memory, g.facts.capabilities) for g in self._gens.values()
                          if g.session is not None and g.session.has_calbin and g.facts is not None)
-        return gen, _Snapshot(gen.id, tuple(chips), resident)
+        return gen, _Snapshot(gen.id, chips, resident)
 
     def _abort_validation(self, gen: _Generation, step: LoadStep, exc: BaseException) -> None:
         """(actor) Steps 1–4 failed: nothing was created; the generation is Unloaded."""
@@ -1129,6 +1121,11 @@ class ModelManager:
         self._load_failures[step.name.lower()] += 1
         self._ended_generation(gen)
         log.warning("load refused", extra={"generation": gen.id, "step": int(step), "detail": str(exc)})
+
+    def _verify(self, package: Path) -> VerifiedPackage:
+        """Step 2 (R11.2) under the configured trust: for a load, and again for a restore."""
+        trust = self.config.trust
+        return verify_package(package, trust.trusted_roots, trust.trusted_keys_dir, max_file_bytes=trust.max_file_bytes)
 
     def _resolve(self, package: Path) -> None:
         """Step 1 (R11.1): the path, after following every symlink, lies under a trusted root."""
@@ -1210,6 +1207,11 @@ class ModelManager:
         previous_unload: UnloadReport | None = None
         step = LoadStep.LOCK
         golden = "skipped (verify_golden off)"
+
+        def progress(summary: str) -> None:
+            nonlocal golden  # the failure report shows how far step 9 got
+            golden = summary
+
         try:
             t0 = self._step(op, step, gen)
             if replacement:
@@ -1225,56 +1227,21 @@ class ModelManager:
                     previous_unload = yield from self._unload_body(op, old, deadline_s=self._drain_s(),
                                                                    replacement=True)
                     old_unloaded = True
-            timings.append(StepTiming(step.name.lower(), t0, self.clock.now() - t0))
+            self._timed(timings, step, t0)
             step = LoadStep.CREATE
             t0 = self._step(op, step, gen)
-            yield _Wait(lambda: core.recovery.pending is None, None, "device recovery to finish")
-            epoch = self._epoch
-            gen.epoch = epoch
-            assert gen.plan is not None
-            session = RuntimeSession(core.device, gen.package_path, self.config, generation=gen.id,
-                                     verify_golden=core.options.verify_golden, plan=gen.plan,
-                                     warmup=self._warmup_enabled())
-            gen.session = session
-            session.create_calbin()
-            self._calbin_gen[session.calbin.calbin_id] = gen.id
-            session.configure()
-            session.create_kv_manager()
-            session.create_pools()
-            gen.machine.fire("configured")
-            took = self.clock.now() - t0
-            gen.durations["configure"] = took
-            self._d_configure.add(took)
-            timings.append(StepTiming(step.name.lower(), t0, took))
+            session, epoch = yield from self._create_session(gen)
+            self._measured(gen, "configure", self._timed(timings, step, t0))
             step = LoadStep.INSPECT
             t0 = self._step(op, step, gen)
             session.inspect()
-            timings.append(StepTiming(step.name.lower(), t0, self.clock.now() - t0))
+            self._timed(timings, step, t0)
             step = LoadStep.GOLDEN
             t0 = self._step(op, step, gen)
-            core.hold_submissions(True)
-            try:
-                yield _Wait(lambda: core.executor.inflight() == 0 and core.recovery.pending is None, None,
-                            "the device to fall idle for golden/warmup")
-                self._check_epoch(gen, epoch)
-                with core.exclusive_device():
-                    if session.verify_golden:
-                        session.check_golden()
-                        golden = f"passed ({len(session.golden_outcomes)} vectors)"
-                    if session.run_warmup:
-                        session.warmup()
-                        golden += "; warmup passed"
-                    else:
-                        golden += "; warmup skipped"
-            finally:
-                core.resync_engines()
-                core.hold_submissions(False)
-            session.mark_ready()
-            gen.machine.fire("warmed")
-            took = self.clock.now() - t0
-            gen.durations["warmup"] = took
-            self._d_warmup.add(took)
-            timings.append(StepTiming(step.name.lower(), t0, took))
+            yield from self._golden_and_warmup(
+                gen, session, epoch, idle=lambda: core.executor.inflight() == 0 and core.recovery.pending is None,
+                waiting_for="the device to fall idle for golden/warmup", progress=progress)
+            self._measured(gen, "warmup", self._timed(timings, step, t0))
             step = LoadStep.PUBLISH
             t0 = self._step(op, step, gen)
             if old is not None and coresident:
@@ -1282,11 +1249,8 @@ class ModelManager:
                 yield from self._quiesce(old, self._drain_s())
             self._check_epoch(gen, epoch)
             self._publish(alias, gen)
-            downtime = None
-            if paused_at is not None:
-                downtime = self.clock.now() - paused_at
-                self._d_downtime.add(downtime)
-            timings.append(StepTiming(step.name.lower(), t0, self.clock.now() - t0))
+            downtime = self._downtime(paused_at)
+            self._timed(timings, step, t0)
         except Exception as exc:
             failure = yield from self._load_failed(op, prepared, step, exc, old, paused_at, timings, golden,
                                                    previous_unload, coresident)
@@ -1311,8 +1275,7 @@ class ModelManager:
             except Exception as exc:  # noqa: BLE001 - the new generation serves; the leak is reported
                 warnings.append(f"unloading generation {old.id} after the switch: {exc}")
         took = self.clock.now() - started
-        gen.durations["load"] = took
-        self._d_load.add(took)
+        self._measured(gen, "load", took)
         self._loads += 1
         if prepared.kind == "rollback":
             self._rollbacks += 1
@@ -1381,10 +1344,7 @@ class ModelManager:
             core.scheduler.reject_waiting_model(detail)
         else:
             core.scheduler.hold_new_requests(False)
-        downtime = None
-        if paused_at is not None:
-            downtime = self.clock.now() - paused_at
-            self._d_downtime.add(downtime)
+        downtime = self._downtime(paused_at)
         report = LoadReport(
             kind=prepared.kind, alias=gen.alias, generation=gen.id,
             calbin_sha256=gen.facts.package_sha256 if gen.facts else "", ok=False, state=state,
@@ -1401,9 +1361,7 @@ class ModelManager:
         gen.machine.fire("load")
         try:
             if old.trusted:
-                verified = verify_package(old.source, self.config.trust.trusted_roots,
-                                          self.config.trust.trusted_keys_dir,
-                                          max_file_bytes=self.config.trust.max_file_bytes)
+                verified = self._verify(old.source)
                 manifest_bytes, sha, path = verified.manifest_bytes, verified.manifest_sha256, verified.path
                 gen.verified = verified
             else:
@@ -1422,34 +1380,10 @@ class ModelManager:
         gen.machine.fire("validated")
         core = self._core
         try:
-            yield _Wait(lambda: core.recovery.pending is None, None, "device recovery to finish")
-            epoch = self._epoch
-            gen.epoch = epoch
-            session = RuntimeSession(core.device, path, self.config, generation=gen.id,
-                                     verify_golden=core.options.verify_golden, plan=plan,
-                                     warmup=self._warmup_enabled())
-            gen.session = session
-            session.create_calbin()
-            self._calbin_gen[session.calbin.calbin_id] = gen.id
-            session.configure()
-            session.create_kv_manager()
-            session.create_pools()
-            gen.machine.fire("configured")
+            session, epoch = yield from self._create_session(gen)
             session.inspect()
-            core.hold_submissions(True)
-            try:
-                yield _Wait(lambda: core.executor.inflight() == 0, None, "the device to fall idle for golden")
-                self._check_epoch(gen, epoch)
-                with core.exclusive_device():
-                    if session.verify_golden:
-                        session.check_golden()
-                    if session.run_warmup:
-                        session.warmup()
-            finally:
-                core.resync_engines()
-                core.hold_submissions(False)
-            session.mark_ready()
-            gen.machine.fire("warmed")
+            yield from self._golden_and_warmup(gen, session, epoch, idle=lambda: core.executor.inflight() == 0,
+                                               waiting_for="the device to fall idle for golden")
             self._publish(alias, gen)
         except Exception as exc:
             gen.error = f"restore: {exc}"
@@ -1458,6 +1392,66 @@ class ModelManager:
         log.warning("previous model version restored", extra={"alias": alias.name, "generation": gen.id,
                                                                "restored_from": old.id})
         return gen
+
+    def _create_session(self, gen: _Generation) -> Generator[_Wait, bool | None, tuple[RuntimeSession, int]]:
+        """§11 step 7 for ``gen`` once no device recovery is pending: CreateCalbin → configure →
+        KvManager → pools (Configuring → Warming). Shared by a load and a restore, which must bring a
+        generation up identically. Returns the session and the device epoch it was configured in
+        (a reset or restart after that killed its configuration: :meth:`_check_epoch`)."""
+        core = self._core
+        yield _Wait(lambda: core.recovery.pending is None, None, "device recovery to finish")
+        epoch = gen.epoch = self._epoch
+        assert gen.plan is not None
+        session = RuntimeSession(core.device, gen.package_path, self.config, generation=gen.id,
+                                 verify_golden=core.options.verify_golden, plan=gen.plan,
+                                 warmup=self._warmup_enabled())
+        gen.session = session
+        session.create_calbin()
+        self._calbin_gen[session.calbin.calbin_id] = gen.id
+        session.configure()
+        session.create_kv_manager()
+        session.create_pools()
+        gen.machine.fire("configured")
+        return session, epoch
+
+    def _golden_and_warmup(self, gen: _Generation, session: RuntimeSession, epoch: int, *,
+                           idle: Callable[[], bool], waiting_for: str,
+                           progress: Callable[[str], None] = lambda summary: None
+                           ) -> Generator[_Wait, bool | None, None]:
+        """§11 step 9 with the device to ourselves: golden vectors, then warm-up; then Ready.
+
+        Planned work is held and the step waits until ``idle()``; the golden/warm-up jobs then run
+        outside the executor with the completion thread paused (``exclusive_device``). They advance
+        the device's per-engine ``engine_sequence`` counters, so the executor's expectation is
+        resynchronised right after them (§14) — legal there, as the hold and ``idle()`` leave it
+        nothing in flight. If the wait is abandoned instead (the operation aborted, the epoch
+        changed), no such job ran and there is nothing to resynchronise. ``progress`` receives the
+        load report's golden summary each time it grows, so a failure shows how far step 9 got.
+        """
+        core = self._core
+        summary = "skipped (verify_golden off)"
+        core.hold_submissions(True)
+        try:
+            yield _Wait(idle, None, waiting_for)
+            self._check_epoch(gen, epoch)
+            with core.exclusive_device():
+                try:
+                    if session.verify_golden:
+                        session.check_golden()
+                        summary = f"passed ({len(session.golden_outcomes)} vectors)"
+                        progress(summary)
+                    if session.run_warmup:
+                        session.warmup()
+                        summary += "; warmup passed"
+                    else:
+                        summary += "; warmup skipped"
+                    progress(summary)
+                finally:
+                    core.executor.resync_engine_sequences()
+        finally:
+            core.hold_submissions(False)
+        session.mark_ready()
+        gen.machine.fire("warmed")
 
     def _publish(self, alias: _Alias, gen: _Generation) -> None:
         """Step 10: alias → gen, atomically on the actor (no reader sees a half-switched alias)."""
@@ -1601,8 +1595,7 @@ class ModelManager:
         elif m.at("draining"):
             m.fire("drained")
         drain_s = self.clock.now() - t_wait
-        self._d_drain.add(drain_s)
-        gen.durations["drain"] = drain_s
+        self._measured(gen, "drain", drain_s)
         timings.append(StepTiming("cancel", t0, self.clock.now() - t0))
         if self._serving is gen:
             self._serving = None
@@ -1660,8 +1653,7 @@ class ModelManager:
         gen.session = None
         timings.append(StepTiming("verify", t0 or self.clock.now(), 0.0))
         took = self.clock.now() - started
-        self._d_unload.add(took)
-        gen.durations["unload"] = took
+        self._measured(gen, "unload", took)
         self._unloads += 1
         self._release_extraction(gen)
         self._ended_generation(gen)
@@ -1736,22 +1728,13 @@ class ModelManager:
         log.error("device unclean after cleanup; restarting it", extra={"what": what})
         self._replace_device()
         leftovers = self._health()
-        used = self._device_used()
+        used = sum(info.used_bytes for info in read_board_memory(self._core.device))
         if used:
             leftovers.append(f"device memory {used} bytes in use on the restarted device")
         if leftovers:
             raise UnloadFailed(f"{what}: the device is not clean even after a restart: {'; '.join(leftovers)}",
                                rc=None)
         return "restart"
-
-    def _device_used(self) -> int:
-        total = 0
-        for chip in range(8):
-            try:
-                total += self._core.device.read_mem(chip).used_bytes
-            except CalculetError:
-                break
-        return total
 
     def _health(self) -> list[str]:
         device = self._core.device
@@ -1795,6 +1778,25 @@ class ModelManager:
         except Exception as exc:  # noqa: BLE001 - recorded as a problem of this step
             problems.append(f"step {int(step)} ({step.title}): {exc}")
             return None
+
+    def _timed(self, timings: list[StepTiming], step: LoadStep, t0: float) -> float:
+        """Record that ``step`` ran from ``t0`` until now (the report's ``steps``); its duration."""
+        took = self.clock.now() - t0
+        timings.append(StepTiming(step.name.lower(), t0, took))
+        return took
+
+    def _measured(self, gen: _Generation, phase: str, seconds: float) -> None:
+        """A §16 phase duration: the generation's last one, and the manager's running figures."""
+        gen.durations[phase] = seconds
+        self._durations[phase].add(seconds)
+
+    def _downtime(self, paused_at: float | None) -> float | None:
+        """How long new requests were held (from step 5), once a replacement ends; None if none were."""
+        if paused_at is None:
+            return None
+        downtime = self.clock.now() - paused_at
+        self._durations["downtime"].add(downtime)
+        return downtime
 
     def _drain_s(self) -> float:
         return self.config.executor.drain_deadline_ms / 1000.0
@@ -1844,15 +1846,15 @@ class ModelManager:
         """(actor) :meth:`statistics` without posting (the engine's ``statistics()`` includes it)."""
         states: collections.Counter[str] = collections.Counter(g.state for g in self._gens.values())
         current = self._aliases[self.alias].current
+        d = {name: durations.freeze() for name, durations in self._durations.items()}
         return ModelManagerStatistics(
             alias=self.alias, current_generation=current.id if current is not None else 0,
             generations_by_state=dict(states), loads=self._loads, load_failures=dict(self._load_failures),
             replacements=self._replacements, coresident_replacements=self._coresident, restores=self._restores,
             rollbacks=self._rollbacks, unloads=self._unloads, unload_problems=self._unload_problems,
             escalations=self._escalations, lifecycle_busy=self._active is not None,
-            queued_operations=len(self._queue), load=self._d_load.freeze(), configure=self._d_configure.freeze(),
-            warmup=self._d_warmup.freeze(), drain=self._d_drain.freeze(), unload=self._d_unload.freeze(),
-            downtime=self._d_downtime.freeze())
+            queued_operations=len(self._queue), load=d["load"], configure=d["configure"], warmup=d["warmup"],
+            drain=d["drain"], unload=d["unload"], downtime=d["downtime"])
 
     def generations(self) -> Iterable[_Generation]:
         """(actor) The generation records; for the engine and tests."""

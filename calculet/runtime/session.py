@@ -69,6 +69,7 @@ from calculet.adapters.calrt import (
     ReturnCode,
     VirtualDevice,
     rc_of,
+    read_board_memory,
 )
 from calculet.adapters.manifest import CalbinManifest
 from calculet.adapters.host_driver import GoldenOutcome, HostDriver
@@ -411,9 +412,7 @@ class RuntimeSession:
 
     @property
     def profiles(self) -> ProfileSet:
-        if self.plan is None:
-            raise DefinitionError("the session has no profiles (not created)")
-        return self.plan.profiles
+        return self._planned("profiles").profiles
 
     @property
     def max_seq(self) -> int:
@@ -426,23 +425,24 @@ class RuntimeSession:
     @property
     def kv_token_capacity(self) -> int:
         """§13.1: the KV the capacity plan reserves, in tokens of the smallest profile's layout."""
-        if self.plan is None:
-            raise DefinitionError("the session has no plan (not created)")
-        return self.plan.kv_token_capacity
+        return self._planned().kv_token_capacity
 
     @property
     def engines(self) -> tuple[Engine, ...]:
         return (Engine.PING, Engine.PONG) if self.config.executor.max_inflight == 2 else (Engine.PING,)
 
     def scheduling_capabilities(self) -> SchedulingCapabilities:
-        if self.plan is None:
-            raise DefinitionError("the session has no plan (not created)")
-        return self.plan.scheduling_capabilities()
+        return self._planned().scheduling_capabilities()
 
     def kv_capabilities(self) -> KvCapabilities:
+        return self._planned().kv_capabilities()
+
+    def _planned(self, what: str = "plan") -> SessionPlan:
+        """The plan, which a caller-built session only has once its calbin is created; asking for
+        ``what`` before that is a bug in the caller."""
         if self.plan is None:
-            raise DefinitionError("the session has no plan (not created)")
-        return self.plan.kv_capabilities()
+            raise DefinitionError(f"the session has no {what} (not created)")
+        return self.plan
 
     def buffers(self, engine: Engine, kind: JobKind, compiled_batch: int) -> JobBuffers:
         """The buffer pair of ``engine`` for a ``kind`` job of ``compiled_batch`` lanes (§14)."""
@@ -575,12 +575,7 @@ class RuntimeSession:
             raise DefinitionError(f"create() on a {self.state.value} session")
         try:
             self.create_calbin()
-            self.configure()
-            self.create_kv_manager()
-            self.create_pools()
-            self.inspect()
-            if self.verify_golden:
-                self.check_golden()
+            self._configure_and_check()
             if self.run_warmup:
                 self.warmup()
             self.mark_ready()
@@ -605,31 +600,39 @@ class RuntimeSession:
         self.device.reset_configuration()
         self._resets += 1
         self.drop_configuration()
+        self._configure_and_check()
+        self._acquired = self._memory_used() - self._baseline
+
+    def _configure_and_check(self) -> None:
+        """Steps 7b–9a on the created calbin: configure, KvManager, pools, inspect, golden. The same
+        sequence brings a new session up (:meth:`create`) and a reset one back (:meth:`reset`), so
+        a reset session is checked exactly as a new one was (only :meth:`create` warms up)."""
         self.configure()
         self.create_kv_manager()
         self.create_pools()
         self.inspect()
         if self.verify_golden:
             self.check_golden()
-        self._acquired = self._memory_used() - self._baseline
 
     def drop_configuration(self) -> None:
         """A ResetConfiguration (this session's or another's: the reset domain is the device) dropped
         the configuration, the KvManager, the buffers and every sequence; the calbin remains."""
         self._acquired -= sum(b.input.nbytes + b.output.nbytes for b in self._buffers.values())
-        self._kv = None
-        self._buffers.clear()
-        self._live.clear()
-        self._configured = ()
+        self._forget_configuration()
 
     def abandon(self) -> None:
         """The device was closed (a restart): every handle died with it; nothing is freed here."""
         self._calbin = None
+        self._forget_configuration()
+        self.state = SessionState.ABANDONED
+
+    def _forget_configuration(self) -> None:
+        """Drop the handles a configuration owns (KvManager, buffers, sequences) without freeing
+        them: the device already did, by a reset or by closing."""
         self._kv = None
         self._buffers.clear()
         self._live.clear()
         self._configured = ()
-        self.state = SessionState.ABANDONED
 
     # ------------------------------------------------------------------ §12, one step at a time
 
@@ -777,10 +780,4 @@ class RuntimeSession:
     # ------------------------------------------------------------------ internals
 
     def _memory_used(self) -> int:
-        total = 0
-        for chip in range(8):
-            try:
-                total += self.device.read_mem(chip).used_bytes
-            except CalculetError:
-                break
-        return total
+        return sum(info.used_bytes for info in read_board_memory(self.device))
