@@ -33,7 +33,7 @@ import typing
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
 import yaml
 from pydantic import (
@@ -323,6 +323,20 @@ class BatchConfig(_Section):
         0.5,
         description="Largest share of a batch's lanes one tenant may occupy unless no other "
         "tenant has a candidate (§7.2 item 3). 1.0 = no cap.",
+    )
+    deadline_order: Literal["at_risk", "strict"] = Field(
+        "at_risk",
+        description="§7.2 item 2 'prefer the earliest deadline': 'strict' orders every candidate "
+        "by deadline (with the 120 s default deadline, concurrent streams then run one after "
+        "another on B1); 'at_risk' orders by deadline only the candidates whose deadline is "
+        "within deadline_slack x (remaining tokens x measured step time), ahead of the rest, "
+        "which rotate by the fair decode tag (§7.2: 'for the same deadline use virtual finish / "
+        "fair round robin').",
+    )
+    deadline_slack: Annotated[PosFloat, Field(ge=1.0, le=100.0)] = Field(
+        2.0,
+        description="'at_risk' horizon: a candidate is at risk when its deadline is within this "
+        "many times the time its remaining tokens need at the measured step time.",
     )
 
     @field_validator("profiles")

@@ -49,7 +49,7 @@ class RequestRecord:
 
     __slots__ = ("request_id", "tenant", "machine", "sink", "arrival", "deadline", "prefill_class",
                  "virtual_finish", "decode_tag", "cost", "last_token", "lease", "entry",
-                 "ready_since", "reject_status", "detail")
+                 "ready_since", "reject_status", "detail", "at_risk")
 
     def __init__(self, request_id: RequestId, request: InferenceRequest, machine: Any,
                  sink: RequestSink, arrival: float, deadline: float) -> None:
@@ -69,6 +69,8 @@ class RequestRecord:
         self.ready_since = 0.0
         self.reject_status = 0
         self.detail = ""
+        self.at_risk = False
+        """Decode order (§7.2): its deadline came at risk; it keeps deadline priority from then on."""
 
     @property
     def state(self) -> str:

@@ -148,7 +148,9 @@ class Scheduler:
         self.step_times = StepTimer(step_estimate_s)
         self.decode = DecodeScheduler(kv, batching_window_us=config.batch.batching_window_us,
                                       max_tenant_lane_share=config.batch.max_tenant_lane_share,
-                                      step_estimate_s=step_estimate_s, step_cost=self.admission.wfq.step_tag)
+                                      step_estimate_s=step_estimate_s, step_cost=self.admission.wfq.step_tag,
+                                      deadline_order=config.batch.deadline_order,
+                                      deadline_slack=config.batch.deadline_slack)
         self.jobs = InflightTable(max_inflight=budget.max_inflight_jobs, fixed_engine=config.executor.fixed_engine)
         self.arbiter = SmoothWrr(config.queues.wrr_weights())
         self._default_max_seq = max_seq

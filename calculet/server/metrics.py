@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -82,7 +82,6 @@ RECOVERY_STATES = ("healthy", "recovering", "failed")
 DEVICE_STATUSES = ("ok", "poisoned", "closed")
 ADMISSION_LIMITS = ("kv_lane", "max_sequences", "max_kv_tokens")
 ENGINES = ("ping", "pong")
-MODEL_PHASES = ("load", "configure", "warmup", "drain", "unload")
 TENANT_LIMITS = {
     "max_active_sequences": ("calculet_admission_tenant_max_active_sequences", "Active sequences a tenant may hold"),
     "max_waiting_tokens": ("calculet_admission_tenant_max_waiting_tokens", "Prompt tokens a tenant may have waiting"),
@@ -208,16 +207,22 @@ class ModelFacts:
     kv_token_capacity: int
 
 
-def _gauge(name: str, doc: str, value: float | None = None, labels: Sequence[str] = ()) -> GaugeMetricFamily:
+_Family = TypeVar("_Family", GaugeMetricFamily, CounterMetricFamily)
+
+
+def _family(kind: type[_Family], name: str, doc: str, value: float | None, labels: Sequence[str]) -> _Family:
+    """A labelled family (samples added by the caller) or a single sample (``value``, 0 if None)."""
     if labels:
-        return GaugeMetricFamily(name, doc, labels=list(labels))
-    return GaugeMetricFamily(name, doc, value=value if value is not None else 0.0)
+        return kind(name, doc, labels=list(labels))
+    return kind(name, doc, value=value if value is not None else 0.0)
+
+
+def _gauge(name: str, doc: str, value: float | None = None, labels: Sequence[str] = ()) -> GaugeMetricFamily:
+    return _family(GaugeMetricFamily, name, doc, value, labels)
 
 
 def _counter(name: str, doc: str, value: float | None = None, labels: Sequence[str] = ()) -> CounterMetricFamily:
-    if labels:
-        return CounterMetricFamily(name, doc, labels=list(labels))
-    return CounterMetricFamily(name, doc, value=value if value is not None else 0.0)
+    return _family(CounterMetricFamily, name, doc, value, labels)
 
 
 def _by(family: GaugeMetricFamily | CounterMetricFamily, values: Mapping[str, float], keys: Iterable[str],
@@ -352,6 +357,8 @@ class EngineCollector(Collector):
                          labels=["reason"]), rejected, ("invalid", "capacity", "unavailable")),
             _counter("calculet_admission_timeouts", "Queued requests whose deadline passed before admission.",
                      a.timeouts),
+            _counter("calculet_admission_no_prospect", "Requests refused (429) with no prospect of service "
+                     "before their deadline (§5.2).", a.no_prospect),
             _by(_counter("calculet_admission_blocked", "Admission attempts blocked, by the limit that blocked.",
                          labels=["limit"]), a.blocked, ADMISSION_LIMITS),
             _gauge("calculet_admission_parked_flows", "Waiting flows parked by a tenant or long-task limit.",
@@ -404,6 +411,9 @@ class EngineCollector(Collector):
             _gauge("calculet_batch_wait_avg_seconds", "Average wait of a decode batch's oldest lane (s).",
                    d.batch_wait_avg_s),
             _gauge("calculet_batch_wait_max_seconds", "Longest decode batch wait (s).", d.batch_wait_max_s),
+            _gauge("calculet_decode_step_estimate_seconds", "Measured decode step time, submission to completion "
+                   "(smoothed); drives the §7.2 deadline order and the §5.2 prospect check.",
+                   s.scheduler.step_times.decode_step_s),
             _counter("calculet_batch_lane_waste_lanes", "Compiled lanes that carried no sequence.", d.lane_waste),
             _counter("calculet_batch_batches", "Decode batches dispatched.", d.batches),
             _by(_counter("calculet_batch_lanes", "Decode lanes dispatched, active vs compiled.", labels=["kind"]),

@@ -13,7 +13,8 @@ from tests.service.support import ALIAS, TENANT_KEYS, RunningServer, families_va
 SECTION_16: dict[str, tuple[str, ...]] = {
     "admission": ("calculet_admission_waiting_requests", "calculet_admission_waiting_prompt_tokens",
                   "calculet_admission_decisions", "calculet_admission_rejected_requests",
-                  "calculet_admission_timeouts", "calculet_admission_tenant_waiting_tokens",
+                  "calculet_admission_timeouts", "calculet_admission_no_prospect",
+                  "calculet_admission_tenant_waiting_tokens",
                   "calculet_admission_tenant_active_sequences", "calculet_admission_tenant_qps_rejected",
                   "calculet_admission_tenant_max_active_sequences", "calculet_admission_tenant_max_waiting_tokens",
                   "calculet_admission_tenant_qps_limit_requests_per_second", "calculet_admission_budget_sequences",
@@ -22,7 +23,7 @@ SECTION_16: dict[str, tuple[str, ...]] = {
                "calculet_queue_service_opportunities"),
     "batch": ("calculet_batch_compiled_size_lanes", "calculet_batch_active_lanes", "calculet_batch_fill_ratio",
               "calculet_batch_wait_avg_seconds", "calculet_batch_wait_max_seconds", "calculet_batch_lane_waste_lanes",
-              "calculet_batch_profile_info"),
+              "calculet_batch_profile_info", "calculet_decode_step_estimate_seconds"),
     "kv": ("calculet_kv_sequences", "calculet_kv_used_tokens", "calculet_kv_reserved_tokens",
            "calculet_kv_lane_wait_refusals", "calculet_kv_unknown_sequences", "calculet_kv_free_latency_avg_seconds",
            "calculet_kv_free_latency_max_seconds"),

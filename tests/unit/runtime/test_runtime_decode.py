@@ -84,7 +84,7 @@ def test_expired_candidate_found_at_build_time_is_reported_not_batched():
 
 @pytest.mark.req("R7.2.2")
 def test_earliest_deadline_first():
-    h = Harness.build(sizes=(4,), lanes=12)
+    h = Harness.build(sizes=(4,), lanes=12, batch={"deadline_order": "strict"})
     deadlines = [90_000, 30_000, 70_000, 10_000, 50_000, 20_000]
     ids = [h.submit(prompt=8, new=20, deadline_ms=d).request_id for d in deadlines]
     h.prefill_all()
@@ -92,6 +92,68 @@ def test_earliest_deadline_first():
     chosen = {b.request_id for b in batch.active}
     by_deadline = [rid for _, rid in sorted(zip(deadlines, ids))]
     assert chosen == set(by_deadline[:4])
+
+
+def _timed_step(h: Harness, seconds: float = 0.1) -> DecodeBatch:
+    """One decode job that takes ``seconds`` on the fake clock (so the measured step time is it)."""
+    plan = h.step()
+    batch = plan.work
+    assert isinstance(batch, DecodeBatch)
+    h.scheduler.submitted(batch.job_id)
+    h.clock.advance(seconds)
+    h.complete(batch)
+    return batch
+
+
+@pytest.mark.req("R7.2.2")
+def test_at_risk_deadlines_go_first_by_deadline():
+    """Default order: candidates whose deadline is within 2 x their remaining decode time lead, by deadline."""
+    h = Harness.build(sizes=(4,), lanes=12, step_estimate_s=0.1)
+    # 20 tokens at 0.1 s/step: at risk when the deadline is within 4 s
+    deadlines = [90_000, 3_000, 70_000, 2_000, 50_000, 3_500]
+    ids = [h.submit(prompt=8, new=20, deadline_ms=d).request_id for d in deadlines]
+    h.prefill_all()
+    batch = h.next_decode()
+    at_risk = {ids[1], ids[3], ids[5]}
+    chosen = {b.request_id for b in batch.active}
+    assert at_risk <= chosen
+
+
+@pytest.mark.req("R7.2.2", "R7.2.3")
+def test_streams_not_at_risk_rotate_instead_of_running_one_after_another():
+    """B1, four streams with the default 120 s deadline arriving 1 s apart: round robin, not serial."""
+    h = Harness.build(sizes=(1,), lanes=8, step_estimate_s=0.1)
+    ids = []
+    for _ in range(4):
+        ids.append(h.submit(prompt=8, new=100).request_id)
+        h.clock.advance(1.0)
+    h.prefill_all()
+    served = [_timed_step(h).active[0].request_id for _ in range(40)]
+    assert {i: served.count(i) for i in ids} == {i: 10 for i in ids}
+    strict = Harness.build(sizes=(1,), lanes=8, step_estimate_s=0.1, batch={"deadline_order": "strict"})
+    first = strict.submit(prompt=8, new=100).request_id
+    for _ in range(3):
+        strict.clock.advance(1.0)
+        strict.submit(prompt=8, new=100)
+    strict.prefill_all()
+    assert {_timed_step(strict).active[0].request_id for _ in range(40)} == {first}
+
+
+@pytest.mark.req("R7.2.2")
+def test_a_stream_is_promoted_when_its_deadline_comes_at_risk():
+    h = Harness.build(sizes=(1,), lanes=8, step_estimate_s=0.1)
+    urgent = h.submit(prompt=8, new=100, deadline_ms=100_000).request_id
+    relaxed = h.submit(prompt=8, new=100, deadline_ms=200_000).request_id
+    h.prefill_all()
+    early = [_timed_step(h).active[0].request_id for _ in range(10)]
+    assert early.count(urgent) == early.count(relaxed) == 5
+    # 94 tokens left at 0.1 s: at risk from 100 - 2 * 9.4 = 81.2 s
+    h.clock.advance(81.0 - h.clock.now())
+    assert [_timed_step(h).active[0].request_id for _ in range(2)] == [urgent, relaxed]
+    h.clock.advance(1.0)
+    late = [_timed_step(h).active[0].request_id for _ in range(10)]
+    assert late == [urgent] * 10
+    assert h.scheduler.statistics().step_times.decode_step_s == pytest.approx(0.1)
 
 
 @pytest.mark.req("R7.2.3", "R17.1.3")
