@@ -13,13 +13,24 @@ Definitions (times in seconds of virtual time):
   submitted) − arrival, for requests that started;
 * **fill ratio** — Σ active lanes / Σ compiled lanes over decode batches; **lane waste** = 1 −
   fill ratio (§16: a compiled B16 graph computes all 16 lanes whether valid or not);
-* **Jain's fairness index** of weight-normalised service ``x_t = tokens_t / weight_t`` over
-  *backlogged* tenants: ``(Σx)² / (n·Σx²)``, 1.0 when equal, → 1/n when one tenant gets all.
-  A tenant that offers little is not short-changed by receiving little, so only tenants with
-  work outstanding throughout a window are compared; the index is computed per window and
-  averaged weighted by tokens served in the window;
-* **starvation event** — a request still waiting after ``threshold`` seconds while a request
-  that arrived *later* starts service (§5.3: "long requests must not be starved forever").
+* **Jain's fairness index**, with Jain, Chiu and Hawe's (1984) normalisation ``x_t = served_t /
+  fair_t``: per window (a stretch over which the set of tenants with waiting work does not
+  change, :func:`fairness_index`), ``fair_t`` is the *weighted max-min fair* split (water-filling by weight)
+  of the tokens actually delivered in the window, given each tenant's demand — a tenant with
+  waiting work (arrived, not yet started) in the window is unsatisfied (unbounded demand); one
+  without demanded exactly what it got. Then ``(Σx)² / (n·Σx²)`` over the tenants with demand;
+  1.0 exactly when every tenant got its max-min fair share, so a tenant that asks for less than
+  its weight does not lower the index (§5.3). Per-window indices are averaged weighted by the
+  tokens served in each window;
+* **starvation event** (§5.3: "long requests must not be starved forever") — a request that
+  waited more than ``threshold`` seconds for service while a *later arrival of its own prompt
+  class* started service (after the threshold), or a request that expired (``deadline``) without
+  ever starting while a later arrival of its class started. Comparing within a class keeps the
+  §6 long-task quota, which serialises long prompts in arrival order, from counting as
+  starvation; the longest wait per class is reported separately (``queue_wait_by_class_s``);
+* **workload limit** — output tokens/s of the offered requests if the device were never idle,
+  every decode step ran the largest profile full, the host cost nothing and each prefill were
+  paid once (:func:`workload_limit`); the decode-only *device-bound limit* leaves prefill out.
 
 Percentiles use numpy's ``linear`` method (the default, named explicitly so the figures never
 change under a numpy upgrade that changes the default).
@@ -30,7 +41,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Literal, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -41,7 +52,8 @@ from calculet.loadsim.workload import PromptClass, SimRequest
 __all__ = [
     "PROMPT_CLASSES", "FINISH_REASONS", "SimRequestRecord", "SimBatchRecord", "LatencyStats",
     "StarvationEvent", "RunSummary", "ServiceTimeline", "latency_stats", "jain_index",
-    "fairness_index", "starvation_events", "service_timeline", "summarize",
+    "weighted_max_min_fair", "fairness_index", "starvation_events", "service_timeline", "summarize",
+    "workload_limit",
 ]
 
 PROMPT_CLASSES: tuple[PromptClass, ...] = ("short", "medium", "long")
@@ -176,9 +188,16 @@ def jain_index(values: Sequence[float]) -> float:
     return 1.0 if sq == 0 else float(arr.sum() ** 2 / (arr.size * sq))
 
 
+StarvationKind = Literal["overtaken", "expired"]
+
+
 @dataclass(frozen=True, slots=True)
 class StarvationEvent:
-    """A request overtaken by later arrivals after waiting past the threshold."""
+    """A request passed over by later arrivals of its own prompt class (module docstring).
+
+    ``kind`` is ``"overtaken"`` (it waited past the threshold while they started) or
+    ``"expired"`` (its deadline ended it before it ever started, while they started).
+    """
 
     request_id: int
     tenant: str
@@ -186,54 +205,113 @@ class StarvationEvent:
     waited_s: float
     """Arrival → service start (or → the end of its wait if it never started)."""
     overtaken_by: int
-    """Later arrivals that started service after the threshold, while this one still waited."""
+    """Later arrivals of the same class that started service in the counted part of its wait."""
     first_overtake_s: float
+    kind: StarvationKind = "overtaken"
 
 
 def starvation_events(records: Sequence[SimRequestRecord], threshold_s: float,
                       end_s: float | None = None) -> tuple[StarvationEvent, ...]:
-    """Requests waiting longer than ``threshold_s`` while later arrivals were being served.
+    """Requests passed over by later arrivals of their own prompt class (one event per request).
 
-    A request's wait ends at its service start, or at its finish (cancelled, timed out, rejected
-    after queueing), or at ``end_s`` if it is still waiting when the run ends. One event per
-    starved request, ordered by request id.
+    Why within a class: the §6 queues and the long-task quota deliberately serve short prompts
+    while a long one waits, and serve long prompts one at a time in arrival order; a 40K prompt
+    waiting for the quota is queued, not starved. Starvation is the scheduler preferring a
+    *later* request of the same kind.
+
+    * A request whose wait — arrival → service start, or → its finish if it ended unserved
+      (cancelled, failed), or → ``end_s`` if still waiting — exceeds ``threshold_s`` starves
+      when a later arrival of its class starts service after the threshold and before its wait
+      ends (overtakes inside the threshold are ordinary WFQ reordering).
+    * A request that expired (``deadline``) without ever starting starves when a later arrival
+      of its class started service before it expired, whatever the wait.
+
+    Rejected requests never waited in a queue and are not counted. Ordered by request id.
     """
     if threshold_s < 0:
         raise DefinitionError("starvation threshold must be >= 0")
     if not records:
         return ()
     horizon = end_s if end_s is not None else _last_event(records)
-    started = [r for r in records if r.service_start_s is not None]
-    starts = np.asarray([r.service_start_s for r in started], dtype=np.float64)
-    order = np.argsort(starts, kind="stable")
-    starts = starts[order]
-    arrivals_by_start = np.asarray([started[i].arrival_s for i in order], dtype=np.float64)
+    starts: dict[str, np.ndarray] = {}
+    arrivals: dict[str, np.ndarray] = {}
+    for klass in PROMPT_CLASSES:
+        started = sorted((r.service_start_s, r.arrival_s) for r in records
+                         if r.klass == klass and r.service_start_s is not None)
+        starts[klass] = np.asarray([s for s, _ in started], dtype=np.float64)
+        arrivals[klass] = np.asarray([a for _, a in started], dtype=np.float64)
     events: list[StarvationEvent] = []
     for r in records:
+        if not r.admitted:
+            continue
+        expired = r.service_start_s is None and r.finish_s is not None and r.finish_reason == "deadline"
         wait_end = (r.service_start_s if r.service_start_s is not None
                     else r.finish_s if r.finish_s is not None else horizon)
-        if wait_end - r.arrival_s <= threshold_s:
+        if expired:
+            from_s = r.arrival_s
+        elif wait_end - r.arrival_s > threshold_s:
+            from_s = r.arrival_s + threshold_s
+        else:
             continue
-        lo = int(np.searchsorted(starts, r.arrival_s + threshold_s, side="right"))
-        hi = int(np.searchsorted(starts, wait_end, side="left"))
+        class_starts = starts[r.klass]
+        lo = int(np.searchsorted(class_starts, from_s, side="left" if expired else "right"))
+        hi = int(np.searchsorted(class_starts, wait_end, side="left"))
         if hi <= lo:
             continue
-        later = np.flatnonzero(arrivals_by_start[lo:hi] > r.arrival_s)  # excludes r itself
+        later = np.flatnonzero(arrivals[r.klass][lo:hi] > r.arrival_s)  # excludes r itself
         if later.size:
             events.append(StarvationEvent(r.request_id, r.tenant, r.klass, float(wait_end - r.arrival_s),
-                                          int(later.size), float(starts[lo + int(later[0])])))
+                                          int(later.size), float(class_starts[lo + int(later[0])]),
+                                          "expired" if expired else "overtaken"))
     return tuple(sorted(events, key=lambda e: e.request_id))
 
 
-def fairness_index(records: Sequence[SimRequestRecord], weights: Mapping[str, float] | None = None,
-                   window_s: float | None = None, start_s: float | None = None,
-                   end_s: float | None = None) -> tuple[float | None, int]:
-    """Token-weighted mean of per-window Jain indices over backlogged tenants, and the window count.
+def weighted_max_min_fair(capacity: float, demands: Mapping[str, float],
+                          weights: Mapping[str, float]) -> dict[str, float]:
+    """Water-filling: the weighted max-min fair split of ``capacity`` among ``demands``.
 
-    A tenant is backlogged in a window when the union of its admitted requests' outstanding
-    intervals (arrival → finish, or → ``end_s`` if unfinished) covers the whole window. Windows
-    with fewer than two backlogged tenants or no service say nothing about fairness and are
-    skipped; ``(None, 0)`` when none is left. ``window_s`` defaults to a twentieth of the span.
+    ``math.inf`` is an unsatisfied demand. Tenants whose demand per weight is below the water
+    level get their demand; the rest share what is left in proportion to weight. The result sums
+    to ``capacity`` whenever some demand is unbounded or the demands exceed it.
+    """
+    if capacity < 0:
+        raise DefinitionError(f"capacity must be >= 0, got {capacity}")
+    if any(weights[t] <= 0 for t in demands):
+        raise DefinitionError("max-min fairness needs weights > 0")
+    fair: dict[str, float] = {}
+    remaining = float(capacity)
+    weight_left = sum(weights[t] for t in demands)
+    for tenant in sorted(demands, key=lambda t: demands[t] / weights[t]):
+        demand = demands[tenant]
+        if demand / weights[tenant] > remaining / weight_left:
+            break
+        fair[tenant] = demand
+        remaining -= demand
+        weight_left -= weights[tenant]
+    level = remaining / weight_left if weight_left > 0 else 0.0
+    for tenant in demands:
+        fair.setdefault(tenant, weights[tenant] * level)
+    return fair
+
+
+def fairness_index(records: Sequence[SimRequestRecord], weights: Mapping[str, float] | None = None,
+                   start_s: float | None = None, end_s: float | None = None) -> tuple[float | None, int]:
+    """Token-weighted mean of per-window Jain indices of served / max-min fair share, and the window count.
+
+    The windows are the stretches of ``[start_s, end_s]`` between consecutive changes of the set
+    of *waiting* tenants — a tenant waits while one of its admitted requests waits for service
+    (arrival → service start, or → finish / ``end_s`` if it never started) — so "had waiting work
+    in the window" means "waited throughout it". Why not fixed windows: in a fixed 15 s window
+    nearly every tenant has *some* request that waited a few hundred milliseconds for its
+    prefill, and counting it unsatisfied for the whole window charges it a large fair share it
+    never asked for (on noisy-neighbour, 20 fixed windows gave 0.45 where the well-behaved
+    tenants got everything they asked for; these windows give 0.98).
+
+    Per window ``[a, b)``: ``served`` = the tenant's tokens with a time in it (the last window
+    includes ``end_s``); tenants with tokens or waiting work have demand; the fair shares are
+    :func:`weighted_max_min_fair` of the window's tokens, waiting tenants unbounded and the
+    others at what they got. Windows with fewer than two tenants with demand, or with no
+    service, say nothing about fairness and are skipped; ``(None, 0)`` when none is left.
     """
     if not records:
         return None, 0
@@ -241,36 +319,72 @@ def fairness_index(records: Sequence[SimRequestRecord], weights: Mapping[str, fl
     t1 = _last_event(records) if end_s is None else end_s
     if t1 <= t0:
         return None, 0
-    width = (t1 - t0) / 20 if window_s is None else window_s
-    if width <= 0:
-        raise DefinitionError("fairness window must be > 0")
     w = defaultdict(lambda: 1.0, weights or {})
-    busy: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    waits: dict[str, list[tuple[float, float]]] = defaultdict(list)
     tokens: dict[str, list[float]] = defaultdict(list)
     for r in records:
         if not r.admitted:
             continue
-        busy[r.tenant].append((r.arrival_s, r.finish_s if r.finish_s is not None else t1))
+        wait_end = (r.service_start_s if r.service_start_s is not None
+                    else r.finish_s if r.finish_s is not None else t1)
+        if wait_end > r.arrival_s:
+            waits[r.tenant].append((r.arrival_s, wait_end))
         tokens[r.tenant].extend(r.token_times_s)
-    covered = {t: _merge(iv) for t, iv in busy.items()}
+    spans = {t: np.asarray(_merge(iv), dtype=np.float64).reshape(-1, 2) for t, iv in waits.items()}
     token_arrays = {t: np.sort(np.asarray(v, dtype=np.float64)) for t, v in tokens.items()}
-    n_windows = int(math.floor((t1 - t0) / width + 1e-9))
+    tenants = sorted(set(spans) | set(token_arrays))
+    cuts = {t0, t1} | {float(x) for arr in spans.values() for x in arr.ravel() if t0 < x < t1}
+    bounds = sorted(cuts)
+    bounds[-1] = float(np.nextafter(t1, math.inf))  # a token at end_s counts
     total_weight = 0.0
     acc = 0.0
     used = 0
-    for k in range(n_windows):
-        a, b = t0 + k * width, t0 + (k + 1) * width
-        backlogged = [t for t, iv in covered.items() if any(s <= a and e >= b for s, e in iv)]
-        if len(backlogged) < 2:
-            continue
-        served = {t: _count_in(token_arrays.get(t), a, b) for t in backlogged}
+    for a, b in zip(bounds, bounds[1:]):
+        mid = (a + b) / 2
+        served = {t: _count_in(token_arrays.get(t), a, b) for t in tenants}
+        waiting = {t for t, arr in spans.items() if _inside(arr, mid)}
+        demand = {t: (math.inf if t in waiting else float(served[t])) for t in tenants
+                  if t in waiting or served[t] > 0}
         mass = sum(served.values())
-        if mass == 0:
+        if len(demand) < 2 or mass == 0:
             continue
-        acc += mass * jain_index([served[t] / w[t] for t in backlogged])
+        fair = weighted_max_min_fair(mass, demand, w)
+        acc += mass * jain_index([served[t] / fair[t] for t in demand])
         total_weight += mass
         used += 1
     return (acc / total_weight if used else None), used
+
+
+class CostLike(Protocol):
+    """What :func:`workload_limit` needs of a cost model (``calculet.adapters.sim.cost.CostModel``)."""
+
+    def prefill_s(self, tokens: int) -> float: ...
+
+    def decode_s(self, compiled_batch: int) -> float: ...
+
+
+def workload_limit(requests: Iterable[SimRequest], cost: CostLike, max_profile: int) -> float | None:
+    """Output tokens/s of ``requests`` on a never-idle device with every decode step full.
+
+    ``Σ out / (Σ prefill_s(prompt) + Σ (out − 1) · decode_s(B) / B)`` with ``B = max_profile``:
+    each offered request's prefill paid exactly once (it yields the first token), every further
+    token a ``1/B`` share of a full B-lane decode step, no host cost, no ping/pong overlap. ``out``
+    is ``max_new_tokens``: the simulated model has no stop token, so the engine generates exactly
+    that many for a request that completes. Unlike the decode-only device-bound limit
+    (``B / decode_s(B)``) it charges the prefill work the workload cannot avoid, so it is a
+    ceiling a policy can approach. ``None`` for an empty list.
+    """
+    if isinstance(max_profile, bool) or not isinstance(max_profile, int) or max_profile < 1:
+        raise DefinitionError(f"max_profile must be an integer >= 1, got {max_profile!r}")
+    per_token = cost.decode_s(max_profile) / max_profile
+    out = 0
+    work = 0.0
+    for r in requests:
+        if r.max_new_tokens < 1:
+            raise DefinitionError(f"a request with max_new_tokens {r.max_new_tokens} < 1")
+        out += r.max_new_tokens
+        work += cost.prefill_s(r.prompt_tokens) + (r.max_new_tokens - 1) * per_token
+    return out / work if work > 0 else None
 
 
 @dataclass(frozen=True)
@@ -351,7 +465,7 @@ class RunSummary:
 
 def summarize(requests: Sequence[SimRequestRecord], batches: Sequence[SimBatchRecord] = (), *,
               window_s: float | None = None, weights: Mapping[str, float] | None = None,
-              starvation_threshold_s: float = 30.0, fairness_window_s: float | None = None) -> RunSummary:
+              starvation_threshold_s: float = 30.0) -> RunSummary:
     """All figures of a run. ``window_s`` (throughput denominator) defaults to first arrival → last event."""
     ids = [r.request_id for r in requests]
     if len(set(ids)) != len(ids):
@@ -383,7 +497,7 @@ def summarize(requests: Sequence[SimRequestRecord], batches: Sequence[SimBatchRe
     compiled = sum(b.compiled_batch for b in batches)
     active = sum(b.active_lanes for b in batches)
     fill = (active / compiled) if compiled else None
-    jain, n_windows = fairness_index(requests, weights, fairness_window_s, t0, t_end)
+    jain, n_windows = fairness_index(requests, weights, t0, t_end)
     tenant_tokens: Counter[str] = Counter()
     for r in requests:
         tenant_tokens[r.tenant] += r.generated_tokens
@@ -441,6 +555,12 @@ def _merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
         else:
             out.append((s, e))
     return out
+
+
+def _inside(spans: np.ndarray, t: float) -> bool:
+    """Whether ``t`` lies in one of the sorted, disjoint ``[start, end)`` rows of ``spans``."""
+    i = int(np.searchsorted(spans[:, 0], t, side="right")) - 1
+    return i >= 0 and t < spans[i, 1]
 
 
 def _count_in(times: np.ndarray | None, a: float, b: float) -> int:

@@ -31,17 +31,16 @@ Configuration decisions, stated once here and in every report:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 from calculet.adapters.sim.cost import CostModel
 from calculet.config import SchedulerConfig, parse_config
 from calculet.errors import ConfigError
-from calculet.loadsim.analysis import RunSummary, SimBatchRecord, SimRequestRecord, summarize
 from calculet.loadsim.baselines import simulate_multi_slot, simulate_serial_fcfs
-from calculet.loadsim.runner import DEFAULT_MAX_SEQ, default_options, run_engine
+from calculet.loadsim.runner import DEFAULT_MAX_SEQ, PolicyRun, decode_work_s, default_options, run_engine
 from calculet.loadsim.workload import SimRequest, Workload
-from calculet.runtime.engine import EngineOptions, EngineStatistics
+from calculet.runtime.engine import EngineOptions
 
 __all__ = [
     "BASELINE_NAMES", "DEFAULT_POLICIES", "POLICIES", "SELECT_THRESHOLDS", "PolicyError", "PolicyRun",
@@ -153,54 +152,18 @@ def parse_policies(text: str | Sequence[str]) -> tuple[PolicySpec, ...]:
     return tuple(POLICIES[n] for n in names)
 
 
-@dataclass(frozen=True)
-class PolicyRun:
-    """One policy on one request list: records, device-work accounting, engine statistics."""
-
-    policy: PolicySpec
-    requests: tuple[SimRequestRecord, ...]
-    batches: tuple[SimBatchRecord, ...]
-    end_s: float
-    wall_s: float
-    prefill_work_s: float
-    """Device time the cost model charges for every prefill job submitted (nominal, no overlap)."""
-    decode_work_s: float
-    """Device time charged for every decode job (compiled lanes, nominal)."""
-    statistics: EngineStatistics | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return self.policy.name
-
-    @property
-    def speedup(self) -> float:
-        """Virtual seconds per wall second (engine runs; baselines are closed-form and fast)."""
-        return self.end_s / self.wall_s if self.wall_s > 0 else float("inf")
-
-    def summary(self, **kwargs: Any) -> RunSummary:
-        return summarize(self.requests, self.batches, **kwargs)
-
-
 def run_policy(policy: PolicySpec, requests: Sequence[SimRequest], workload: Workload, cost: CostModel, *,
                progress: Callable[[float], None] | None = None, max_seq: int = DEFAULT_MAX_SEQ) -> PolicyRun:
     """Run ``requests`` under ``policy`` on ``cost``; baselines by simulation, the rest through the engine."""
+    if policy.kind == "engine":
+        return run_engine(requests, policy.scheduler_config(workload), cost=cost, policy_name=policy.name,
+                          max_seq=max_seq, options=policy.engine_options(), progress=progress)
     start = time.perf_counter()
-    if policy.kind == "baseline":
-        if policy.slots > 1:
-            base = simulate_multi_slot(requests, cost, policy.slots)
-        else:
-            base = simulate_serial_fcfs(requests, cost)
-        wall = time.perf_counter() - start
-        prefill = sum(cost.prefill_s(requests[r.request_id].prompt_tokens) for r in base.requests
-                      if r.service_start_s is not None)
-        decode = len(base.batches) * cost.decode_s(1)
-        if progress is not None:
-            progress(base.end_s)
-        return PolicyRun(policy, base.requests, base.batches, base.end_s, wall, prefill, decode)
-    config = policy.scheduler_config(workload)
-    run = run_engine(requests, config, cost=cost, policy_name=policy.name, max_seq=max_seq,
-                     options=policy.engine_options(), progress=progress)
-    decode = sum(cost.decode_s(b.compiled_batch) for b in run.batches)
-    return PolicyRun(policy, run.requests, run.batches, run.end_s, run.wall_s, run.prefill_work_s, decode,
-                     run.statistics, {"duplicate_closes": run.duplicate_closes, "late_tokens": run.late_tokens})
+    base = simulate_multi_slot(requests, cost, policy.slots) if policy.slots > 1 else simulate_serial_fcfs(requests, cost)
+    wall = time.perf_counter() - start
+    served = [r for r in base.requests if r.service_start_s is not None]
+    if progress is not None:
+        progress(base.end_s)
+    return PolicyRun(policy.name, base.requests, base.batches, base.end_s, wall, prefill_jobs=len(served),
+                     prefill_work_s=sum(cost.prefill_s(r.prompt_tokens) for r in served),
+                     decode_work_s=decode_work_s(base.batches, cost))

@@ -55,12 +55,15 @@ _TTFT = "p99_ttft_vs_load.png"
 
 def write_report(results: Sequence[PolicyResult], out_dir: str | Path, *, command_line: str | Sequence[str],
                  title: str = "Calculet load simulation", load_label: str = "offered load",
-                 device_bound_tokens_per_s: float | None = None, notes: Sequence[str] = ()) -> ReportFiles:
+                 device_bound_tokens_per_s: float | None = None, workload_limits: Mapping[float, float] | None = None,
+                 notes: Sequence[str] = ()) -> ReportFiles:
     """Write ``report.md`` and the PNG plots into ``out_dir`` (created if missing).
 
     ``command_line`` is quoted verbatim in the header (a sequence is joined with shell quoting).
-    ``device_bound_tokens_per_s`` (see :func:`~calculet.loadsim.baselines.device_bound_limit`)
-    is drawn as a ceiling on the throughput plot and listed in the header.
+    ``device_bound_tokens_per_s`` (the decode-only limit, see
+    :func:`~calculet.loadsim.baselines.device_bound_limit`) is drawn as a ceiling on the
+    throughput plot and listed in the header; ``workload_limits`` (per offered load, see
+    :func:`~calculet.loadsim.analysis.workload_limit`) likewise, as a second line.
     """
     if not results:
         raise DefinitionError("a report needs at least one PolicyResult")
@@ -69,7 +72,8 @@ def write_report(results: Sequence[PolicyResult], out_dir: str | Path, *, comman
     plots = [out / _THROUGHPUT, out / _TTFT]
     by_policy = _by_policy(results)
     _line_plot(plots[0], by_policy, lambda s: s.output_tokens_per_s, ylabel="output tokens/s",
-               title="Throughput vs offered load", xlabel=load_label, ceiling=device_bound_tokens_per_s)
+               title="Throughput vs offered load", xlabel=load_label, ceiling=device_bound_tokens_per_s,
+               workload_limits=workload_limits)
     _line_plot(plots[1], by_policy, lambda s: None if s.ttft_s.p99 is None else s.ttft_s.p99 * 1000,
                ylabel="P99 TTFT (ms)", title="P99 time to first token vs offered load", xlabel=load_label,
                log_y=True)
@@ -84,8 +88,8 @@ def write_report(results: Sequence[PolicyResult], out_dir: str | Path, *, comman
             service_plots[policy] = path
     plots += service_plots.values()
     text = render_markdown(results, command_line=command_line, title=title, load_label=load_label,
-                           device_bound_tokens_per_s=device_bound_tokens_per_s, notes=notes,
-                           plot_files={"throughput": _THROUGHPUT, "ttft": _TTFT,
+                           device_bound_tokens_per_s=device_bound_tokens_per_s, workload_limits=workload_limits,
+                           notes=notes, plot_files={"throughput": _THROUGHPUT, "ttft": _TTFT,
                                        **{f"service:{p}": path.name for p, path in service_plots.items()}})
     md = out / _REPORT
     md.write_text(text, encoding="utf-8")
@@ -94,18 +98,28 @@ def write_report(results: Sequence[PolicyResult], out_dir: str | Path, *, comman
 
 def render_markdown(results: Sequence[PolicyResult], *, command_line: str | Sequence[str],
                     title: str = "Calculet load simulation", load_label: str = "offered load",
-                    device_bound_tokens_per_s: float | None = None, notes: Sequence[str] = (),
+                    device_bound_tokens_per_s: float | None = None,
+                    workload_limits: Mapping[float, float] | None = None, notes: Sequence[str] = (),
                     plot_files: dict[str, str] | None = None) -> str:
     """The Markdown text of the report (no file I/O; ``plot_files`` names the images to link)."""
     cmd = command_line if isinstance(command_line, str) else shlex.join(list(command_line))
     lines = [f"# {title}", "", "Command line:", "", "```", cmd, "```", ""]
     if device_bound_tokens_per_s is not None:
-        lines += [f"Device-bound limit (largest profile, every lane busy, no host cost): "
+        lines += [f"Device-bound limit, decode only (largest profile, every lane busy, no host cost, no prefill): "
                   f"{device_bound_tokens_per_s:.1f} output tokens/s.", ""]
+    if workload_limits:
+        lines += ["Workload limit (the offered requests with the device never idle, every decode step of the "
+                  "largest profile full, each prefill paid once, no host cost), by " + load_label + ": "
+                  + ", ".join(f"{k:g}: {v:.1f}" for k, v in sorted(workload_limits.items()))
+                  + " output tokens/s.", ""]
     lines += [f"- {n}" for n in notes] + ([""] if notes else [])
     lines += ["Times are virtual (simulated device time). TTFT = first token − arrival; ITL = gap between "
               "consecutive tokens; queue wait = prefill start − arrival; fill = active / compiled lanes; "
-              "Jain = fairness of tokens/weight over backlogged tenants (1.0 = equal).", ""]
+              "Jain = Jain's index of each tenant's tokens over its weighted max-min fair share of the tokens "
+              "delivered (a tenant with a request waiting wants more; one without wanted what it got), "
+              "token-weighted over the stretches where the set of waiting tenants is constant: 1.0 = every tenant "
+              "got its fair share. Starvation = requests passed over by a later arrival of their own prompt class "
+              "(after a wait past the threshold, or expiring unserved).", ""]
     for policy, rows in _by_policy(results).items():
         lines += [f"## {policy}", ""]
         lines += _table(
@@ -118,12 +132,13 @@ def render_markdown(results: Sequence[PolicyResult], *, command_line: str | Sequ
               _ratio(r.summary.lane_waste), str(r.summary.requests), str(r.summary.completed),
               str(r.summary.rejected), _ratio(r.summary.jain_fairness), str(r.summary.starvation_events)]
              for r in rows])
-        for label, attr in (("TTFT P99 by prompt class (ms)", "ttft_by_class_s"),
-                            ("Inter-token latency P99 by prompt class (ms)", "itl_by_class_s"),
-                            ("Queue wait P99 by prompt class (ms)", "queue_wait_by_class_s")):
+        for label, attr, cell in (("TTFT P99 by prompt class (ms)", "ttft_by_class_s", _class_cell),
+                                  ("Inter-token latency P99 by prompt class (ms)", "itl_by_class_s", _class_cell),
+                                  ("Queue wait P99 / longest by prompt class (ms)", "queue_wait_by_class_s",
+                                   _class_cell_with_max)):
             lines += [f"**{label}**", ""]
             lines += _table([load_label, *PROMPT_CLASSES],
-                            [[f"{r.offered_load:g}", *(_class_cell(getattr(r.summary, attr)[k]) for k in PROMPT_CLASSES)]
+                            [[f"{r.offered_load:g}", *(cell(getattr(r.summary, attr)[k]) for k in PROMPT_CLASSES)]
                              for r in rows])
         lines += ["**Batches, rejections and finishes**", ""]
         lines += _table([load_label, "batches (B: count)", "batch wait P99 ms", "rejections", "finish reasons",
@@ -174,6 +189,11 @@ def _class_cell(stats: LatencyStats) -> str:
     return "—" if stats.count == 0 else f"{_ms(stats.p99)} (n={stats.count})"
 
 
+def _class_cell_with_max(stats: LatencyStats) -> str:
+    """P99 and the longest: a class's worst wait stays visible even when it is not starvation."""
+    return "—" if stats.count == 0 else f"{_ms(stats.p99)} / {_ms(stats.max)} (n={stats.count})"
+
+
 def _counts(mapping: Mapping[object, int]) -> str:
     return ", ".join(f"{k}: {v}" for k, v in mapping.items())
 
@@ -197,10 +217,11 @@ def _save(fig: Figure, path: Path) -> None:
 
 
 def _line_plot(path: Path, by_policy: dict[str, list[PolicyResult]], value: Callable[[RunSummary], float | None],
-               *, ylabel: str, title: str, xlabel: str, ceiling: float | None = None, log_y: bool = False) -> None:
+               *, ylabel: str, title: str, xlabel: str, ceiling: float | None = None,
+               workload_limits: Mapping[float, float] | None = None, log_y: bool = False) -> None:
     fig, ax = _new_figure()
     any_positive = False
-    labelled = ceiling is not None
+    labelled = ceiling is not None or bool(workload_limits)
     for policy, rows in by_policy.items():
         points = [(r.offered_load, value(r.summary)) for r in rows]
         points = [(x, y) for x, y in points if y is not None]
@@ -210,7 +231,10 @@ def _line_plot(path: Path, by_policy: dict[str, list[PolicyResult]], value: Call
             any_positive |= any(y > 0 for y in ys)
             labelled = True
     if ceiling is not None:
-        ax.axhline(ceiling, linestyle="--", color="grey", label="device-bound limit")
+        ax.axhline(ceiling, linestyle="--", color="grey", label="device-bound limit (decode only)")
+    if workload_limits:
+        xs_w, ys_w = zip(*sorted(workload_limits.items()))
+        ax.plot(xs_w, ys_w, linestyle=":", color="black", marker="x", label="workload limit")
     if log_y and any_positive:
         ax.set_yscale("log")
     ax.set_xlabel(xlabel)

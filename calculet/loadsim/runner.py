@@ -55,9 +55,9 @@ from calculet.runtime.registry import RequestRecord
 from calculet.runtime.request import RequestOutcome
 
 __all__ = [
-    "DEFAULT_MAX_SEQ", "BatchLog", "DeviceObserver", "EngineRun", "LiveOutcome", "RecordingRuntime",
-    "RequestTracker", "build_driver", "default_options", "generate_request", "loadsim_package_dir",
-    "prompt_for", "rejection_reason", "run_engine", "run_live",
+    "DEFAULT_MAX_SEQ", "BatchLog", "DeviceObserver", "LiveOutcome", "PolicyRun", "RecordingRuntime",
+    "RequestTracker", "build_driver", "decode_work_s", "default_options", "generate_request",
+    "loadsim_package_dir", "prompt_for", "rejection_reason", "run_engine", "run_live",
 ]
 
 DEFAULT_MAX_SEQ = 40960
@@ -456,20 +456,34 @@ class RequestTracker:
 
 
 @dataclass(frozen=True)
-class EngineRun:
-    """Records of one workload run through the engine, plus the engine's own statistics."""
+class PolicyRun:
+    """One policy on one request list — a baseline simulation or an engine run — as records.
+
+    The one result type of a load simulation (:func:`run_engine` and
+    :func:`calculet.loadsim.policies.run_policy` both return it), so the report code reads a
+    baseline and an engine run the same way; what only an engine run has is ``statistics``
+    (``None`` for a baseline) and the sink-level checks.
+    """
 
     policy_name: str
     requests: tuple[SimRequestRecord, ...]
+    """One per offered request, in input order (``request_id`` = input index)."""
     batches: tuple[SimBatchRecord, ...]
     end_s: float
-    """Virtual seconds from the run's origin (0) until the engine was idle."""
+    """Virtual seconds from the run's origin (0) until the last job ended (the engine was idle)."""
     wall_s: float
-    statistics: EngineStatistics
     prefill_jobs: int
+    """Prefill jobs submitted (one per served request, or one per chunk)."""
     prefill_work_s: float
-    duplicate_closes: int
-    late_tokens: int
+    """Device time the cost model charges every prefill job submitted (nominal, no overlap)."""
+    decode_work_s: float
+    """Device time charged for every decode job (compiled lanes, nominal, no overlap)."""
+    statistics: EngineStatistics | None = None
+    """The engine's own statistics at the end of the run; ``None`` for a baseline simulation."""
+    duplicate_closes: int = 0
+    """Sinks closed more than once (must be 0: one outcome per request)."""
+    late_tokens: int = 0
+    """Tokens delivered after a request's outcome (must be 0)."""
     token_ids: tuple[tuple[int, ...], ...] = ()
     """Delivered token ids per request (only with ``keep_tokens``; for agreement checks)."""
 
@@ -483,6 +497,11 @@ class EngineRun:
         return summarize(self.requests, self.batches, **kwargs)
 
 
+def decode_work_s(batches: Sequence[SimBatchRecord], cost: CostModel) -> float:
+    """Device time ``cost`` charges ``batches`` (every compiled lane computes, §16)."""
+    return sum(cost.decode_s(b.compiled_batch) for b in batches)
+
+
 def generate_request(index: int, req: SimRequest) -> GenerateRequest:
     """The engine request for an offered one (deterministic prompt bytes)."""
     return GenerateRequest(prompt_for(index, req.prompt_tokens), req.max_new_tokens, tenant=req.tenant,
@@ -493,7 +512,7 @@ def run_engine(requests: Sequence[SimRequest], config: SchedulerConfig, *, cost:
                policy_name: str = "calculet", max_seq: int = DEFAULT_MAX_SEQ, options: EngineOptions | None = None,
                fault_seed: int | None = None, fault_rates: Mapping[FaultKind, float] | None = None,
                progress: Callable[[float], None] | None = None, progress_every_s: float = 10.0,
-               keep_tokens: bool = False) -> EngineRun:
+               keep_tokens: bool = False) -> PolicyRun:
     """Run ``requests`` (sorted by arrival) through a fresh engine in virtual time and record them.
 
     Arrivals are submitted at their instants (the engine's fresh FakeClock starts at 0, the
@@ -541,7 +560,9 @@ def run_engine(requests: Sequence[SimRequest], config: SchedulerConfig, *, cost:
         except CalculetError:  # a teardown problem must not hide the run's own result or error
             pass
     records = tracker.records(requests)
-    return EngineRun(policy_name, records, log.records(), end, wall, stats, log.prefills, log.prefill_work_s,
+    batches = log.records()
+    return PolicyRun(policy_name, records, batches, end, wall, prefill_jobs=log.prefills,
+                     prefill_work_s=log.prefill_work_s, decode_work_s=decode_work_s(batches, cost), statistics=stats,
                      duplicate_closes=sum(max(0, s.closes - 1) for s in tracker.sinks),
                      late_tokens=sum(s.late_tokens for s in tracker.sinks),
                      token_ids=tuple(tuple(s.token_ids) for s in tracker.sinks) if keep_tokens else ())

@@ -39,6 +39,7 @@ def test_report_files_exist_and_pngs_are_non_empty(tmp_path: Path) -> None:
     out = tmp_path / "report"
     files = write_report(sweep(), out, command_line=COMMAND,
                          device_bound_tokens_per_s=device_bound_limit(CostModel.reference(), 16),
+                         workload_limits={0.5: 120.25, 1.0: 119.5, 2.0: 121.0},
                          notes=["cost model: CostModel.reference()"])
     assert files.markdown == out / "report.md" and files.markdown.is_file()
     names = sorted(p.name for p in files.plots)
@@ -52,7 +53,9 @@ def test_report_files_exist_and_pngs_are_non_empty(tmp_path: Path) -> None:
     assert "## b1-serial-fcfs" in text and "## multi-slot-rr-4" in text
     assert "TTFT P99 by prompt class" in text and "Inter-token latency P99" in text
     assert "reject_capacity" in text                       # the bounded serial queue rejected some
-    assert "Device-bound limit" in text and "200.0" in text
+    assert "Device-bound limit, decode only" in text and "200.0" in text
+    assert "Workload limit" in text and "0.5: 120.2, 1: 119.5, 2: 121.0 output tokens/s" in text
+    assert "Queue wait P99 / longest by prompt class" in text
     assert "- cost model: CostModel.reference()" in text
     for plot in files.plots:
         assert f"]({plot.name})" in text                   # every plot is linked

@@ -185,8 +185,9 @@ def test_run_policy_accounts_device_work(name: str) -> None:
     w = workload()
     requests = generate_requests(w)
     run = run_policy(POLICIES[name], requests, w, COST)
-    assert len(run.requests) == len(requests) and run.name == name
+    assert len(run.requests) == len(requests) and run.policy_name == name
     served = [r for r in run.requests if r.service_start_s is not None]
+    assert run.prefill_jobs == len(served)
     assert run.prefill_work_s == pytest.approx(sum(COST.prefill_s(r.prompt_tokens) for r in served))
     assert run.decode_work_s == pytest.approx(sum(COST.decode_s(b.compiled_batch) for b in run.batches))
     assert (run.statistics is None) == (POLICIES[name].kind == "baseline")

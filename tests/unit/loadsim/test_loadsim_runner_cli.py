@@ -16,9 +16,12 @@ import pytest
 
 from calculet.adapters.calrt import (DecodeJob, Engine, JobKind, JobResult, JobTicket, LaneResult, ReturnCode,
                                      StatusCounters)
+from calculet.adapters.sim.cost import CostModel
 from calculet.adapters.sim.model import pseudo_next_token
 from calculet.bench import main, parse_loads
+from calculet.loadsim.analysis import workload_limit
 from calculet.loadsim.soak import MemorySample, SoakOptions, _close_problem, _QuarantineGuard, _Soak, _SoakSink
+from calculet.loadsim.workload import generate_requests, load_preset
 from calculet.machines.request import FinishReason
 from calculet.runtime.request import RequestOutcome
 
@@ -90,6 +93,15 @@ def test_run_writes_report_plots_and_summary(tmp_path: Path, capsys: pytest.Capt
     rows = {(r["policy"], r["load"]): r for r in summary["runs"]}
     assert set(rows) == {(p, x) for p in ("b1-serial-fcfs", "calculet-b16") for x in (1.0, 2.0)}
     assert rows[("calculet-b16", 2.0)]["output_tokens_per_s"] > rows[("b1-serial-fcfs", 2.0)]["output_tokens_per_s"]
+    # both limits: the decode-only one and the workload limit of the requests offered at each load
+    limit = workload_limit(generate_requests(load_preset("steady"), 40.0, 2.0), CostModel.reference(), 16)
+    assert limit is not None and limit < summary["device_bound_tokens_per_s"] == 200.0
+    b16 = rows[("calculet-b16", 2.0)]
+    assert b16["workload_limit_tokens_per_s"] == pytest.approx(limit, abs=1e-4)
+    assert b16["workload_limit_ratio"] == pytest.approx(b16["output_tokens_per_s"] / limit, abs=1e-3)
+    assert "| × limit | × workload limit |" in report
+    assert "calculet-b16 at load 2 (saturation): ≥ 0.9 × device-bound limit |" in report
+    assert "calculet-b16 at load 2 (saturation): ≥ 0.9 × workload limit (not the issue's criterion" in report
 
 
 def test_storm_workloads_get_a_no_storm_reference(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
