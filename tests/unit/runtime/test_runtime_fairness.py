@@ -61,6 +61,19 @@ def test_a_tag_is_charged_only_when_its_request_is_served():
     assert clock.tenant_virtual_time("a") == 100
 
 
+def _serve_all(h: Harness) -> list[str]:
+    """Run one-token requests on the single lane until nothing is left; the tenants in service order."""
+    order = []
+    for _ in range(10_000):
+        plan = h.step()
+        if plan.work is None:
+            break
+        order.append(plan.work.record.tenant)
+        h.run(plan)
+        h.confirm_all()
+    return order
+
+
 @pytest.mark.req("R5.3.1", "R5.3.3")
 def test_expired_requests_do_not_charge_their_tenant():
     """Queued requests that expire cost their tenant nothing: it is served at its share at once.
@@ -84,14 +97,7 @@ def test_expired_requests_do_not_charge_their_tenant():
         h.submit(prompt=20, new=1, tenant="a")
     h.complete(plan.work)
     h.confirm_all()
-    order = []
-    for _ in range(10_000):
-        plan = h.step()
-        if plan.work is None:
-            break
-        order.append(plan.work.record.tenant)
-        h.run(plan)
-        h.confirm_all()
+    order = _serve_all(h)
     assert h.sinks[blocker.request_id].outcome.state == "completed"
     # after the blocker, a and b alternate: a's expired requests are not charged to it
     after = order[:10]
@@ -103,17 +109,10 @@ def test_two_saturating_tenants_share_service_by_weight():
     tenants = [{"name": "gold", "weight": 2.0, "api_key_sha256": "a" * 64}, {"name": "bronze", "weight": 1.0}]
     h = Harness.build(sizes=(1,), lanes=1, admission={"max_sequences": 1, "max_waiting_requests": 1000},
                       tenants=tenants)
-    order = []
     for _ in range(60):
         h.submit(prompt=20, new=1, tenant="gold")
         h.submit(prompt=20, new=1, tenant="bronze")
-    for _ in range(10_000):
-        plan = h.step()
-        if plan.work is None:
-            break
-        order.append(plan.work.record.tenant)
-        h.run(plan)
-        h.confirm_all()
+    order = _serve_all(h)
     first = order[:60]
     served = {t: first.count(t) for t in ("gold", "bronze")}
     assert served == {"gold": 40, "bronze": 20}      # cost 28 each: 2:1 service while both saturate
