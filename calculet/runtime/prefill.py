@@ -129,7 +129,7 @@ class PrefillScheduler:
         self._seq = 0
 
     def classify(self, tokens: int) -> str:
-        """R6.2: the class of a prefill job of ``tokens`` tokens."""
+        """R6.2: the class of a prompt of ``tokens`` tokens."""
         return self._config.prefill_class(tokens)
 
     def next_chunk(self, remaining: int) -> int:
@@ -138,9 +138,16 @@ class PrefillScheduler:
             return remaining
         return self.chunk_tokens
 
-    def add(self, rec: RequestRecord, remaining: int, now: float) -> str:
-        """Queue ``rec`` for a job of its next ``remaining``-token slice; returns the class."""
-        queue = self.classify(self.next_chunk(remaining))
+    def add(self, rec: RequestRecord, now: float) -> str:
+        """Queue ``rec`` for its next prefill job (the whole prompt, or its next chunk); returns the class.
+
+        The class is the *prompt's* (R6.2: "queues are classed by prompt length"), also for the
+        chunks of a chunked prompt. Classing a chunk by its own size would put every chunk of a
+        40K prompt in the short queue, where its early virtual finish wins each short
+        opportunity until the whole prompt is done: the short prompts chunking is meant to
+        protect would wait behind it as before.
+        """
+        queue = self.classify(rec.prompt_tokens)
         self._seq += 1
         entry = [rec.virtual_finish, self._seq, rec, queue]
         rec.entry = entry
@@ -179,9 +186,9 @@ class PrefillScheduler:
                 self._taken[queue] += 1
                 return rec
 
-    def restore(self, rec: RequestRecord, remaining: int) -> None:
+    def restore(self, rec: RequestRecord) -> None:
         """Put back a request whose job was not submitted; its place (virtual finish) is kept."""
-        self.add(rec, remaining, rec.ready_since)
+        self.add(rec, rec.ready_since)
 
     def count_chunk(self) -> None:
         self._chunked += 1

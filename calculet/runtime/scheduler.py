@@ -367,7 +367,7 @@ class Scheduler:
             self.decode.restore(work.records)
         else:
             rec = work.record
-            self.prefill.restore(rec, rec.prompt_tokens - self.kv.committed_len(work.lease))
+            self.prefill.restore(rec)
 
     # ------------------------------------------------------------------ completions (§4, §7.4)
 
@@ -450,7 +450,7 @@ class Scheduler:
             if rec.machine.cancel_requested or rec.machine.deadline_passed:
                 self._end_between_chunks(rec)
             else:
-                self.prefill.add(rec, rec.prompt_tokens - self.kv.committed_len(work.lease), now)
+                self.prefill.add(rec, now)
             self._pump(now)
             return Applied(job.job_id, False, 1, 0)
         ok = verdict is LaneVerdict.OK
@@ -610,7 +610,7 @@ class Scheduler:
             rec.lease = lease
             self.admission.admitted(rec, now)
             self.registry.fire(rec, "admit")
-            self.prefill.add(rec, rec.prompt_tokens, now)
+            self.prefill.add(rec, now)
 
     def _without_prospect(self, rec: RequestRecord, now: float) -> AdmissionOutcome | None:
         """§5.2: the 429 of a request that would queue with no prospect of service before its deadline.

@@ -135,6 +135,32 @@ def test_with_incremental_prefill_chunks_fall_on_profile_boundaries(prompt):
     assert h.sinks[rid].outcome.state == "completed" and len(h.sinks[rid].tokens) == 3
 
 
+@pytest.mark.req("R6.2", "R6.3")
+def test_chunks_of_a_long_prompt_stay_in_the_long_queue_so_short_prompts_pass_them():
+    """Classed by prompt length (R6.2), a 40K prompt's 512-token chunks use the long queue's share."""
+    h = Harness.build(sizes=(1,), lanes=8, max_seq=65_536, chunk=512,
+                      caps=SchedulingCapabilities(incremental_prefill=True))
+    long_id = h.submit(prompt=40_000, new=2).request_id
+    plan = h.step()
+    assert plan.work.queue == "long" and plan.work.tokens == 512
+    h.run(plan)
+    shorts = [h.submit(prompt=100, new=2).request_id for _ in range(3)]
+    queues = []
+    for _ in range(8):
+        plan = h.step()
+        if isinstance(plan.work, PrefillWork):
+            queues.append((plan.work.queue, plan.work.request_id))
+            h.run(plan)
+        else:
+            h.scheduler.submitted(plan.work.job_id)
+            h.complete(plan.work)
+    # the three short prompts are prefilled before the long prompt's next chunks pile up
+    firsts = [rid for q, rid in queues[:4]]
+    assert set(shorts) <= set(firsts), queues
+    assert all(q == "long" for q, rid in queues if rid == long_id)
+    assert all(q == "short" for q, rid in queues if rid in shorts)
+
+
 @pytest.mark.req("R4.4", "R4.5")
 def test_cancel_between_chunks_ends_at_once_and_during_a_chunk_drains():
     h, rid = chunked(64, 16)
