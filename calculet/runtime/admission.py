@@ -301,15 +301,17 @@ class AdmissionController:
 
     # ------------------------------------------------------------------ §5.2 prospect
 
-    def estimated_wait(self, tenant: str, cost: int, now: float) -> float | None:
-        """Seconds until a request of ``tenant`` costing ``cost`` would be admitted, if there is a backlog.
+    def estimated_wait(self, tenant: str, now: float) -> float | None:
+        """Seconds until a new request of ``tenant`` would start, if there is a backlog.
 
         None when nothing waits (it is admitted as soon as budget frees) or when too little
-        backlogged service has been seen to estimate a rate. Global virtual time advances at
-        (service rate) / (sum of backlogged weights) while a backlog lasts; the request's
-        finish tag is its tenant's queued work after the tenant's virtual time, so the wait is
-        the virtual distance to that tag over the measured rate of virtual time
-        (§5.2 "a prospect of obtaining resources before the deadline").
+        backlogged service has been seen to estimate a rate. While a backlog lasts, global
+        virtual time advances at (service rate) / (sum of backlogged weights); the request
+        starts after its tenant's queued work, so the wait is the virtual distance to its
+        *start* tag over the measured rate of virtual time (§5.2 "a prospect of obtaining
+        resources before the deadline"). The start, not the finish: the request's own cost
+        delays it only against other tenants' requests, and an estimate that refuses work is
+        better optimistic than not.
         """
         samples = self._backlog_samples
         if not len(self._queue) or len(samples) < MIN_BACKLOG_SAMPLES:
@@ -318,8 +320,8 @@ class AdmissionController:
         if t1 - t0 < MIN_BACKLOG_SPAN_S or v1 <= v0 or now - t1 > BACKLOG_WINDOW_S:
             return None
         rate = (v1 - v0) / (t1 - t0)
-        finish = self.wfq.tag(tenant, self._queued_cost[tenant] + cost)
-        return max(0, finish - self.wfq.global_tag()) / rate
+        start = self.wfq.tag(tenant, self._queued_cost[tenant])
+        return max(0, start - self.wfq.global_tag()) / rate
 
     def prefill_left(self, rec: RequestRecord) -> None:
         """An admitted request left PrefillReady/PrefillRunning: its long-quota slot frees."""

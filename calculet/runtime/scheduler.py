@@ -615,20 +615,26 @@ class Scheduler:
     def _without_prospect(self, rec: RequestRecord, now: float) -> AdmissionOutcome | None:
         """§5.2: the 429 of a request that would queue with no prospect of service before its deadline.
 
-        Only while others wait (admission.estimated_wait); the service time counted is
+        Only while others wait (admission.estimated_wait). The service time counted is
         ``max_new_tokens`` decode steps at the measured step time, so a request that would be
-        admitted only to expire part-way is refused now, with nothing spent on it.
+        admitted only to expire part-way is refused now, with nothing spent on it. A request
+        that could not finish by its deadline even if admitted at once (an open-ended one: a
+        chat request without ``max_tokens`` asks for the rest of the context) may still stop
+        early, so for it only one step is counted: its prospect is to start.
         """
         if not self.config.admission.queue_needs_prospect or self._availability is not ModelAvailability.READY:
             return None
-        cost = self.admission.wfq.cost(rec.prompt_tokens, rec.max_new_tokens)
-        wait = self.admission.estimated_wait(rec.tenant, cost, now)
+        wait = self.admission.estimated_wait(rec.tenant, now)
         if wait is None:
             return None
-        service = rec.max_new_tokens * self.step_times.decode_step_s
-        if now + wait + service <= rec.deadline:
+        left = rec.deadline - now
+        step = self.step_times.decode_step_s
+        service = rec.max_new_tokens * step
+        if service > left:
+            service = step
+        if wait + service <= left:
             return None
-        return self.admission.reject_no_prospect(wait, service, rec.deadline - now)
+        return self.admission.reject_no_prospect(wait, service, left)
 
     def _expire_due(self, now: float) -> None:
         deadlines = self._deadlines

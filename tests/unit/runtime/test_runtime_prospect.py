@@ -28,9 +28,9 @@ def _backlogged(queue_needs_prospect: bool = True) -> Harness:
 def test_a_request_without_a_prospect_before_its_deadline_is_refused_at_once():
     h = _backlogged()
     admission = h.scheduler.admission
-    wait = admission.estimated_wait("default", admission.wfq.cost(20, 1), h.clock.now())
-    # 21 admitted, 19 of cost 28 wait ahead; virtual time advanced 28 per 0.5 s: (19 + 1) * 0.5 s
-    assert wait == pytest.approx(10.0)
+    wait = admission.estimated_wait("default", h.clock.now())
+    # 21 admitted, 19 of cost 28 wait ahead; virtual time advanced 28 per 0.5 s: 19 * 0.5 s
+    assert wait == pytest.approx(9.5)
     hopeless = h.submit(prompt=20, new=1, deadline_ms=5_000)
     assert hopeless.outcome.http_status == 429
     assert "no prospect of service before the deadline" in hopeless.outcome.reason
@@ -42,12 +42,26 @@ def test_a_request_without_a_prospect_before_its_deadline_is_refused_at_once():
 
 
 @pytest.mark.req("R5.2.2")
+def test_an_open_ended_request_needs_only_the_prospect_of_starting():
+    """A request that could not finish by its deadline anyway (max_new_tokens the rest of the context)
+    may stop early: it is queued when it can start in time, refused only when it cannot."""
+    h = _backlogged()
+    h.scheduler.step_times.observe(0.1)                   # 0.1 s per decode step
+    # 5 000 tokens x 0.1 s = 500 s > any deadline here; the estimated wait is 9.5 s
+    assert h.submit(prompt=20, new=5_000, deadline_ms=60_000).outcome.decision.value == "queue"
+    late = h.submit(prompt=20, new=5_000, deadline_ms=5_000)
+    assert late.outcome.http_status == 429
+    # a bounded request whose decode does not fit after the wait is refused
+    assert h.submit(prompt=20, new=400, deadline_ms=45_000).outcome.http_status == 429
+
+
+@pytest.mark.req("R5.2.2")
 def test_prospect_check_can_be_switched_off_and_needs_a_backlog():
     h = _backlogged(queue_needs_prospect=False)
     assert h.submit(prompt=20, new=1, deadline_ms=5_000).outcome.decision.value == "queue"
     fresh = Harness.build(sizes=(1,), lanes=1, admission={"max_sequences": 1})
     # nothing measured yet: no estimate, so nothing is refused for want of one
-    assert fresh.scheduler.admission.estimated_wait("default", 28, 0.0) is None
+    assert fresh.scheduler.admission.estimated_wait("default", 0.0) is None
     fresh.submit(prompt=20, new=1)
     assert fresh.submit(prompt=20, new=1, deadline_ms=1).outcome.decision.value == "queue"
 
