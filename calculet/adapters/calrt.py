@@ -504,6 +504,13 @@ class BatchProfile:
 
     ``usable`` says whether the scheduler may put the profile in Ready: a B>1 profile without a
     mask contract may not (§7.3, R7.3.3).
+
+    ``prefill_chunk_tokens`` is the chunk size of the compiled incremental-prefill graph (§6):
+    when set, a prompt may be prefilled in jobs of this many tokens, each starting at a multiple
+    of it. Prefill jobs are always B1-shaped (§6 "current B1 prefill"), so only the B1 profile
+    may carry it; whether chunking is *allowed* is the capability contract's
+    ``incremental_prefill`` (the manifest refuses a chunk size without it, and the scheduler
+    chunks only when both are present).
     """
 
     exact_submodel: str
@@ -514,12 +521,21 @@ class BatchProfile:
     inactive_policy: InactiveLanePolicy
     kv_layout: KvLayoutDescriptor
     tensors: tuple[TensorSpec, ...]
+    prefill_chunk_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.compiled_batch < 1 or self.compiled_batch > 0xFFFF:
             raise DefinitionError(f"compiled_batch {self.compiled_batch} out of range (uint16, >= 1)")
         if self.max_seq < 1:
             raise DefinitionError(f"max_seq {self.max_seq} must be >= 1")
+        chunk = self.prefill_chunk_tokens
+        if chunk is not None:
+            if isinstance(chunk, bool) or not isinstance(chunk, int) or not 1 <= chunk <= self.max_seq:
+                raise DefinitionError(f"profile B{self.compiled_batch} prefill_chunk_tokens {chunk!r} must be an "
+                                      f"int in [1, max_seq={self.max_seq}] (§6)")
+            if self.compiled_batch != 1:
+                raise DefinitionError(f"profile B{self.compiled_batch} declares prefill_chunk_tokens; prefill jobs "
+                                      "are B1-shaped, so only the B1 profile may declare a chunk size (§6)")
         if not isinstance(self.inactive_policy, InactiveLanePolicy):
             raise DefinitionError(
                 f"profile B{self.compiled_batch} has no inactive-lane policy; the four §7.3 items are "

@@ -21,7 +21,16 @@ import json
 from pathlib import Path, PurePosixPath
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from calculet.adapters.calrt import (
     CALRT_VERSION,
@@ -145,7 +154,17 @@ class TensorModel(_Model):
 
 
 class ProfileModel(_Model):
-    """One compiled batch profile (§2 ``BatchProfile``)."""
+    """One compiled batch profile (§2 ``BatchProfile``).
+
+    ``prefill_chunk_tokens`` (optional) is the chunk size of the compiled incremental-prefill
+    graph (§6). Decision: only the B1 profile may declare it, because every prefill job is
+    B1-shaped (§6 "current B1 prefill"); on a B>1 profile it would describe a graph that is never
+    run, so it is refused rather than ignored. It must lie in ``[1, max_seq]``, and the package
+    must declare ``capabilities.incremental_prefill`` true (checked by :class:`CalbinManifest`):
+    a chunk size without the capability would be a lie about what the runtime can do. When the
+    field is absent it is also absent from the canonical JSON, so packages without it keep their
+    exact bytes (and signatures).
+    """
 
     exact_submodel: str
     compiled_batch: int = Field(ge=1, le=0xFFFF)
@@ -155,6 +174,28 @@ class ProfileModel(_Model):
     inactive_policy: InactivePolicyModel
     kv_layout: KvLayoutModel
     tensors: tuple[TensorModel, ...] = Field(min_length=1)
+    prefill_chunk_tokens: int | None = Field(default=None, ge=1, strict=True)
+
+    @model_validator(mode="after")
+    def _chunk(self) -> ProfileModel:
+        chunk = self.prefill_chunk_tokens
+        if chunk is None:
+            return self
+        if self.compiled_batch != 1:
+            raise ValueError(f"profile B{self.compiled_batch} declares prefill_chunk_tokens={chunk}; prefill jobs "
+                             "are B1-shaped, so only the B1 profile may declare a chunk size (§6)")
+        if chunk > self.max_seq:
+            raise ValueError(f"prefill_chunk_tokens {chunk} exceeds the profile's max_seq {self.max_seq}: such a "
+                             "chunk never splits a prompt (§6)")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_chunk(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Leave an absent chunk size out of the dump: existing packages stay byte-identical."""
+        data: dict[str, Any] = handler(self)
+        if data.get("prefill_chunk_tokens", 0) is None:
+            del data["prefill_chunk_tokens"]
+        return data
 
     def to_contract(self) -> BatchProfile:
         p = self.inactive_policy
@@ -173,6 +214,7 @@ class ProfileModel(_Model):
                 block_tokens=k.block_tokens, order=k.order),
             tensors=tuple(TensorSpec(name=t.name, shape=tuple(t.shape), dtype=t.dtype, role=t.role)
                           for t in self.tensors),
+            prefill_chunk_tokens=self.prefill_chunk_tokens,
         )
 
 
@@ -337,6 +379,11 @@ class CalbinManifest(_Model):
             if (p.kv_layout.n_layers, p.kv_layout.n_kv_heads, p.kv_layout.head_dim) != (
                     arch.n_layers, arch.n_heads, arch.head_dim):
                 raise ValueError(f"profile B{p.compiled_batch} kv_layout does not match the architecture")
+        chunked = [p.compiled_batch for p in self.profiles if p.prefill_chunk_tokens is not None]
+        if chunked and not self.capabilities.incremental_prefill.value:
+            raise ValueError(f"profile B{chunked[0]} declares prefill_chunk_tokens but capabilities."
+                             "incremental_prefill is false: a chunk size without incremental prefill is a capability "
+                             "the runtime does not have (§6)")
         if arch.weights_file not in self.files:
             raise ValueError(f"weights file {arch.weights_file!r} is not listed in files")
         # Build the contract views once so that tier/contract violations fail at parse time.

@@ -10,7 +10,12 @@ report (and the name is what the plots and tables show). The catalogue holds:
 * the real engine (:mod:`calculet.loadsim.runner`) with the B1 graph only (``calculet-b1``),
   with B4, B8 or B16 compiled and §8 profile selection over every compiled profile up to it
   (``calculet-b4``/``-b8``/``-b16``), and with ping/pong — two jobs in flight on the future
-  package's two engines (§14) — on B1 and on B16.
+  package's two engines (§14) — on B1 and on B16;
+* ``calculet-b16-chunked``: calculet-b16 on a package whose B1 profile declares a 512-token
+  incremental-prefill chunk, so long prompts are prefilled in chunks (§6). Incremental prefill
+  is a *simulated* capability: CalRT 0.7.6 does not provide it, and §6 forbids chunking until
+  the runtime supports it explicitly. The policy shows what chunking would buy, not what can
+  be deployed.
 
 Configuration decisions, stated once here and in every report:
 
@@ -73,6 +78,9 @@ class PolicySpec:
     """Jobs in flight: 2 is ping/pong (engine policies)."""
     slots: int = 1
     """Software slots (the multi-slot baseline)."""
+    prefill_chunk_tokens: int | None = None
+    """Incremental-prefill chunk the package's B1 profile declares (§6; simulated), or None:
+    the engine then prefills each prompt in one job, as CalRT 0.7.6 requires."""
 
     @property
     def lanes(self) -> int:
@@ -112,8 +120,10 @@ class PolicySpec:
         return default_options(**overrides)
 
 
-def _engine(name: str, profiles: tuple[int, ...], inflight: int, description: str) -> PolicySpec:
-    return PolicySpec(name, "engine", description, profiles=profiles, max_inflight=inflight)
+def _engine(name: str, profiles: tuple[int, ...], inflight: int, description: str, *,
+            prefill_chunk_tokens: int | None = None) -> PolicySpec:
+    return PolicySpec(name, "engine", description, profiles=profiles, max_inflight=inflight,
+                      prefill_chunk_tokens=prefill_chunk_tokens)
 
 
 POLICIES: Mapping[str, PolicySpec] = {p.name: p for p in (
@@ -127,6 +137,10 @@ POLICIES: Mapping[str, PolicySpec] = {p.name: p for p in (
     _engine("calculet-b1-pingpong", (1,), 2, "calculet, B1, ping/pong (two jobs in flight, §14)"),
     _engine("calculet-b16-pingpong", (1, 4, 8, 16), 2,
             "calculet, B1+B4+B8+B16 with §8 selection, ping/pong (two jobs in flight, §14)"),
+    _engine("calculet-b16-chunked", (1, 4, 8, 16), 1,
+            "calculet-b16 with prompts prefilled in 512-token chunks (§6); incremental prefill is a simulated "
+            "capability CalRT 0.7.6 does not provide, so this shows what chunking would buy, not what ships",
+            prefill_chunk_tokens=512),
 )}
 """Every policy by name, in report order."""
 
@@ -157,7 +171,8 @@ def run_policy(policy: PolicySpec, requests: Sequence[SimRequest], workload: Wor
     """Run ``requests`` under ``policy`` on ``cost``; baselines by simulation, the rest through the engine."""
     if policy.kind == "engine":
         return run_engine(requests, policy.scheduler_config(workload), cost=cost, policy_name=policy.name,
-                          max_seq=max_seq, options=policy.engine_options(), progress=progress)
+                          max_seq=max_seq, options=policy.engine_options(), progress=progress,
+                          prefill_chunk_tokens=policy.prefill_chunk_tokens)
     start = time.perf_counter()
     base = simulate_multi_slot(requests, cost, policy.slots) if policy.slots > 1 else simulate_serial_fcfs(requests, cost)
     wall = time.perf_counter() - start

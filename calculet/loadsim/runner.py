@@ -24,7 +24,10 @@ The simulated package is the ``future`` variant (B1/B4/B8/B16, ping/pong, multi-
 residency) built with a context of ``max_seq`` tokens (the workloads' 40K prompts do not fit
 the 256-token default) and the reference model's memory figures on the reference board, so
 the KV budget is the §13.1 one, not the tiny model's. Numerics are off, so the model size does
-not cost wall time; delivered tokens are the simulator's deterministic pseudo-tokens.
+not cost wall time; delivered tokens are the simulator's deterministic pseudo-tokens. With a
+``prefill_chunk_tokens`` the package's B1 profile also declares that incremental-prefill chunk
+(a simulated capability, like the rest of ``future``; CalRT 0.7.6 has none, §6), and the engine
+then prefills long prompts in chunks of that size.
 """
 
 from __future__ import annotations
@@ -91,32 +94,39 @@ def prompt_for(index: int, tokens: int) -> tuple[int, ...]:
 # the simulated package
 # --------------------------------------------------------------------------------------------
 
-_PACKAGES: dict[int, Path] = {}
+_PACKAGES: dict[tuple[int, int | None], Path] = {}
 _PACKAGE_LOCK = threading.Lock()
 _PACKAGE_ROOT: Path | None = None
 
 
-def loadsim_package_dir(max_seq: int = DEFAULT_MAX_SEQ) -> Path:
-    """The ``future`` sim package with a ``max_seq`` context and reference memory (built once per process).
+def loadsim_package_dir(max_seq: int = DEFAULT_MAX_SEQ, prefill_chunk_tokens: int | None = None) -> Path:
+    """The ``future`` sim package with a ``max_seq`` context and reference memory (built once per
+    process and argument pair).
 
+    ``prefill_chunk_tokens`` declares the B1 profile's incremental-prefill chunk (§6, simulated);
+    each chunk size gets its own directory, so an unchunked run never sees a chunked package.
     Built with the adapter's own :func:`~calculet.adapters.sim.build.build_package` into a
     temporary directory removed at exit — nothing binary is committed.
     """
     global _PACKAGE_ROOT
     if max_seq < 16:
         raise DefinitionError(f"max_seq must be >= 16, got {max_seq}")
+    if prefill_chunk_tokens is not None and not 1 <= prefill_chunk_tokens <= max_seq:
+        raise DefinitionError(f"prefill_chunk_tokens must be in [1, max_seq={max_seq}], got {prefill_chunk_tokens}")
     from calculet.adapters.sim.build import build_package  # deferred, as presets.package_dir does
 
+    key = (max_seq, prefill_chunk_tokens)
     with _PACKAGE_LOCK:
-        path = _PACKAGES.get(max_seq)
+        path = _PACKAGES.get(key)
         if path is None:
             if _PACKAGE_ROOT is None:
                 _PACKAGE_ROOT = Path(tempfile.mkdtemp(prefix="calculet-loadsim-pkg-"))
                 atexit.register(shutil.rmtree, _PACKAGE_ROOT, True)
-            path = _PACKAGE_ROOT / f"future-{max_seq}"
+            suffix = "" if prefill_chunk_tokens is None else f"-chunk{prefill_chunk_tokens}"
+            path = _PACKAGE_ROOT / f"future-{max_seq}{suffix}"
             build_package(path, variant="future", memory="reference", config=TinyConfig(max_seq=max_seq),
-                          name="loadsim-sim-future")
-            _PACKAGES[max_seq] = path
+                          name=f"loadsim-sim-future{suffix}", prefill_chunk_tokens=prefill_chunk_tokens)
+            _PACKAGES[key] = path
         return path
 
 
@@ -277,10 +287,12 @@ def build_driver(config: SchedulerConfig, *, cost: CostModel, max_seq: int = DEF
                  fault_seed: int | None = None, fault_rates: Mapping[FaultKind, float] | None = None,
                  options: EngineOptions | None = None,
                  observer: Callable[[RequestRecord, str, str], None] | None = None,
-                 device_observers: Sequence[DeviceObserver] = ()) -> tuple[EngineDriver, RecordingRuntime]:
+                 device_observers: Sequence[DeviceObserver] = (),
+                 prefill_chunk_tokens: int | None = None) -> tuple[EngineDriver, RecordingRuntime]:
     """An :class:`EngineDriver` on a virtual-time, numerics-off sim NPU, with a recording runtime.
 
     The board is the reference one (the package declares the reference model's memory).
+    ``prefill_chunk_tokens`` selects the package whose B1 profile declares that chunk (§6).
     Random faults (``fault_rates`` per submit, per kind) are seeded per device: a restart's new
     device gets ``fault_seed + index`` through the injector's ``set_random``, so a soak does not
     replay the first device's fault sequence after every restart.
@@ -292,7 +304,7 @@ def build_driver(config: SchedulerConfig, *, cost: CostModel, max_seq: int = DEF
     if fault_rates:
         observers.insert(0, _RandomFaults(0 if fault_seed is None else fault_seed, dict(fault_rates)))
     runtime = RecordingRuntime(sim, observers)
-    driver = EngineDriver(config, runtime, loadsim_package_dir(max_seq), clock=clock,
+    driver = EngineDriver(config, runtime, loadsim_package_dir(max_seq, prefill_chunk_tokens), clock=clock,
                           options=options or default_options(), observer=observer)
     return driver, runtime
 
@@ -330,6 +342,7 @@ _REASON_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"^waiting prompt tokens"), "waiting_tokens"),
     (re.compile(r"tenant .* waiting tokens"), "tenant_waiting_tokens"),
     (re.compile(r"long-prefill waiting quota"), "long_quota"),
+    (re.compile(r"no prospect of service"), "no_prospect"),
     (re.compile(r"over its QPS limit"), "tenant_qps"),
     (re.compile(r"unknown tenant"), "unknown_tenant"),
     (re.compile(r"exceeds the context|KV budget"), "too_long"),
@@ -512,14 +525,15 @@ def run_engine(requests: Sequence[SimRequest], config: SchedulerConfig, *, cost:
                policy_name: str = "calculet", max_seq: int = DEFAULT_MAX_SEQ, options: EngineOptions | None = None,
                fault_seed: int | None = None, fault_rates: Mapping[FaultKind, float] | None = None,
                progress: Callable[[float], None] | None = None, progress_every_s: float = 10.0,
-               keep_tokens: bool = False) -> PolicyRun:
+               keep_tokens: bool = False, prefill_chunk_tokens: int | None = None) -> PolicyRun:
     """Run ``requests`` (sorted by arrival) through a fresh engine in virtual time and record them.
 
     Arrivals are submitted at their instants (the engine's fresh FakeClock starts at 0, the
     workload's origin); a request with ``cancel_after_s`` is cancelled then if it is still open.
     After the last arrival the engine runs until idle, so every request ends with exactly one
     outcome. ``progress`` is called with the virtual time reached, about every
-    ``progress_every_s`` virtual seconds (a terminal progress bar).
+    ``progress_every_s`` virtual seconds (a terminal progress bar). ``prefill_chunk_tokens``
+    runs on the package that declares that incremental-prefill chunk (§6, simulated).
     """
     if any(b.arrival_s < a.arrival_s for a, b in zip(requests, requests[1:])):
         raise DefinitionError("requests must be sorted by arrival_s")
@@ -528,7 +542,7 @@ def run_engine(requests: Sequence[SimRequest], config: SchedulerConfig, *, cost:
     tracker = RequestTracker(lambda: clock_box[0].now(), log, keep_tokens=keep_tokens)
     driver, _runtime = build_driver(config, cost=cost, max_seq=max_seq, fault_seed=fault_seed,
                                     fault_rates=fault_rates, options=options, observer=tracker.observer,
-                                    device_observers=(log,))
+                                    device_observers=(log,), prefill_chunk_tokens=prefill_chunk_tokens)
     clock = driver.clock
     clock_box.append(clock)
     if clock.now() != 0.0:
@@ -617,7 +631,7 @@ class _LiveSink:
 
 def run_live(requests: Sequence[SimRequest], config: SchedulerConfig, *, cost: CostModel,
              max_seq: int = DEFAULT_MAX_SEQ, options: EngineOptions | None = None,
-             timeout_s: float = 60.0) -> tuple[LiveOutcome, ...]:
+             timeout_s: float = 60.0, prefill_chunk_tokens: int | None = None) -> tuple[LiveOutcome, ...]:
     """Serve ``requests`` on the live :class:`~calculet.runtime.engine.Engine` (threads, real clock).
 
     The simulated NPU runs in ``TimeMode.REAL`` (its worker thread completes jobs at their
@@ -629,7 +643,8 @@ def run_live(requests: Sequence[SimRequest], config: SchedulerConfig, *, cost: C
     from calculet.runtime.engine import Engine
 
     sim = SimCalRT(SimConfig(time_mode=TimeMode.REAL, numerics=False, cost=cost, board=BoardPreset.reference()))
-    engine = Engine(config, sim, loadsim_package_dir(max_seq), options=options or default_options())
+    engine = Engine(config, sim, loadsim_package_dir(max_seq, prefill_chunk_tokens),
+                    options=options or default_options())
     done = threading.Semaphore(0)
     sinks = [_LiveSink(done) for _ in requests]
     engine.start()

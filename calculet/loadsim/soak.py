@@ -383,7 +383,8 @@ class _Soak:
         rates = {kind: options.fault_rate for kind in FaultKind} if options.fault_rate > 0 else None
         self.driver, self.runtime = build_driver(
             config, cost=options.cost, max_seq=DEFAULT_MAX_SEQ, fault_seed=options.seed * 7919, fault_rates=rates,
-            options=self.policy.engine_options(), observer=self.observe, device_observers=(self.guard,))
+            options=self.policy.engine_options(), observer=self.observe, device_observers=(self.guard,),
+            prefill_chunk_tokens=self.policy.prefill_chunk_tokens)
         self.clock = self.driver.clock
 
     def now(self) -> float:

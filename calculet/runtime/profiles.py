@@ -56,13 +56,19 @@ class ProfileSpec:
     has_mask_contract: bool
     exact_submodel: str = ""
     prefill_chunk_tokens: int | None = None
-    """Chunk boundary for incremental prefill (multiples of it), if the profile declares one (§6)."""
+    """Chunk boundary for incremental prefill (multiples of it), if the profile declares one (§6).
+
+    Filled from the manifest's B1 profile (``adapters.manifest.ProfileModel``), the only one that
+    may declare it because prefill jobs are B1-shaped; :attr:`ProfileSet.prefill_chunk_tokens`
+    reads it from the smallest usable profile, which is B1 whenever B1 is requested."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.compiled_batch <= 0xFFFF:
             raise DefinitionError(f"compiled_batch {self.compiled_batch} out of range (uint16, >= 1)")
         if self.max_seq < 1:
             raise DefinitionError(f"max_seq {self.max_seq} must be >= 1")
+        if self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1:
+            raise DefinitionError(f"prefill_chunk_tokens {self.prefill_chunk_tokens} must be >= 1 (§6)")
 
     @property
     def unusable_reason(self) -> str | None:

@@ -337,10 +337,16 @@ def _best_effort(what: str, action: Callable[[], object]) -> None:
 
 
 def profile_spec(profile: BatchProfile) -> ProfileSpec:
-    """The scheduler's view of a manifest profile (§2, §7.3)."""
+    """The scheduler's view of a manifest profile (§2, §7.3, §6).
+
+    The chunk size is passed through as declared; the scheduler still chunks only when the
+    capability contract also says ``incremental_prefill`` (§6), so this never enables chunking
+    on its own.
+    """
     policy = profile.inactive_policy
     return ProfileSpec(profile.compiled_batch, profile.max_seq, InactiveLanePolicy(policy.fill_token),
-                       policy.mask is not MaskContract.NONE, profile.exact_submodel)
+                       policy.mask is not MaskContract.NONE, profile.exact_submodel,
+                       prefill_chunk_tokens=profile.prefill_chunk_tokens)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,6 +15,11 @@ timestamps), golden vectors are computed with the same numpy model, and ``manife
 written canonically — so two builds with the same arguments are byte-identical and the package
 can be signed by ``calculet.adapters.packages``.
 
+``--prefill-chunk-tokens N`` (``future`` only) declares an N-token incremental-prefill chunk on
+the B1 profile, so the scheduler runs §6 chunked prefill end to end. Like every ``future``
+capability it is simulated: CalRT 0.7.6 offers no incremental prefill (§6). Without it the
+manifest has no such key, so the default builds keep their exact bytes.
+
 ``--memory reference`` swaps the memory figures for the spec's reference model (16.938 GiB
 parameters, 3.750 GiB BF16 KV, 28.150 GiB reserved, §13.1) while keeping the tiny numerics, so a
 capacity test can load "two large models" on the reference board preset.
@@ -84,7 +89,9 @@ def capabilities_for(variant: Variant) -> DeviceCapabilities:
     )
 
 
-def _profile(cfg: TinyConfig, batch: int, mask: MaskContract) -> dict[str, Any]:
+def _profile(cfg: TinyConfig, batch: int, mask: MaskContract, prefill_chunk_tokens: int | None = None
+             ) -> dict[str, Any]:
+    """One profile's manifest entry; a chunk size is written on B1 only (prefill is B1-shaped, §6)."""
     tensors: list[dict[str, Any]] = [
         {"name": "token_ids", "shape": [batch], "dtype": "int32", "role": "input"},
         {"name": "positions", "shape": [batch], "dtype": "int32", "role": "input"},
@@ -96,7 +103,7 @@ def _profile(cfg: TinyConfig, batch: int, mask: MaskContract) -> dict[str, Any]:
     if batch == 1:
         tensors += [{"name": "prefill_tokens", "shape": [cfg.max_seq], "dtype": "int32", "role": "input"},
                     {"name": "prefill_logits", "shape": [1, cfg.vocab_size], "dtype": "fp64", "role": "output"}]
-    return {
+    out: dict[str, Any] = {
         "exact_submodel": EXACT_SUBMODEL,
         "compiled_batch": batch,
         "max_seq": cfg.max_seq,
@@ -113,6 +120,9 @@ def _profile(cfg: TinyConfig, batch: int, mask: MaskContract) -> dict[str, Any]:
                       "dtype": "fp64", "block_tokens": 16, "order": "layer,token,head,dim"},
         "tensors": tensors,
     }
+    if batch == 1 and prefill_chunk_tokens is not None:
+        out["prefill_chunk_tokens"] = prefill_chunk_tokens
+    return out
 
 
 def _golden(cfg: TinyConfig, model: TinyTransformer) -> list[dict[str, Any]]:
@@ -128,7 +138,8 @@ def _golden(cfg: TinyConfig, model: TinyTransformer) -> list[dict[str, Any]]:
 
 def build_manifest_dict(cfg: TinyConfig, weights_blob: bytes, index: Sequence[tuple[str, tuple[int, ...], int]],
                         *, name: str, variant: Variant, profiles: Sequence[int], memory: MemoryKind,
-                        batched_mask: MaskContract, golden: list[dict[str, Any]]) -> dict[str, Any]:
+                        batched_mask: MaskContract, golden: list[dict[str, Any]],
+                        prefill_chunk_tokens: int | None = None) -> dict[str, Any]:
     """The manifest content for a build (exposed so tests can derive malformed variants)."""
     kv_bytes_per_token = 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * 8
     if memory == "reference":
@@ -155,7 +166,8 @@ def build_manifest_dict(cfg: TinyConfig, weights_blob: bytes, index: Sequence[tu
             "weights_dtype": "float32",
             "tensors": [{"name": n, "shape": list(s), "offset": o} for n, s, o in index],
         },
-        "profiles": [_profile(cfg, b, MaskContract.NONE if b == 1 else batched_mask) for b in sorted(profiles)],
+        "profiles": [_profile(cfg, b, MaskContract.NONE if b == 1 else batched_mask, prefill_chunk_tokens)
+                     for b in sorted(profiles)],
         "capabilities": caps,
         "golden": golden,
         "memory": mem,
@@ -165,10 +177,14 @@ def build_manifest_dict(cfg: TinyConfig, weights_blob: bytes, index: Sequence[tu
 
 def build_package(outdir: str | Path, *, variant: Variant = "current", profiles: Sequence[int] | None = None,
                   memory: MemoryKind = "tiny", name: str | None = None, config: TinyConfig | None = None,
-                  batched_mask: MaskContract = MaskContract.TENSOR) -> CalbinManifest:
+                  batched_mask: MaskContract = MaskContract.TENSOR,
+                  prefill_chunk_tokens: int | None = None) -> CalbinManifest:
     """Write ``weights.bin`` and ``manifest.json`` into ``outdir``; return the validated manifest.
 
     ``profiles`` defaults to [1] for ``current`` and [1, 4, 8, 16] for ``future``.
+    ``prefill_chunk_tokens`` declares the B1 profile's incremental-prefill chunk (§6); the
+    manifest refuses it on ``current``, which does not declare incremental prefill. ``None``
+    (the default) writes nothing, so existing builds are byte-identical.
     """
     cfg = config or TinyConfig()
     chosen = tuple(profiles) if profiles is not None else ((1,) if variant == "current" else (1, 4, 8, 16))
@@ -179,7 +195,7 @@ def build_package(outdir: str | Path, *, variant: Variant = "current", profiles:
     model = TinyTransformer(cfg, weights)
     data = build_manifest_dict(cfg, blob, index, name=name or f"tiny-sim-{variant}", variant=variant,
                                profiles=chosen, memory=memory, batched_mask=batched_mask,
-                               golden=_golden(cfg, model))
+                               golden=_golden(cfg, model), prefill_chunk_tokens=prefill_chunk_tokens)
     manifest = CalbinManifest.parse(data)
     (out / WEIGHTS_FILE).write_bytes(blob)
     (out / MANIFEST_FILE).write_bytes(manifest.to_json_bytes())
@@ -195,10 +211,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--memory", choices=("tiny", "reference"), default="tiny")
     parser.add_argument("--name", default=None)
     parser.add_argument("--seed", type=int, default=TinyConfig().seed)
+    parser.add_argument("--max-seq", type=int, default=TinyConfig().max_seq, help="context of the tiny model")
+    parser.add_argument("--prefill-chunk-tokens", type=int, default=None,
+                        help="B1 incremental-prefill chunk size (future variant only; simulated, §6)")
     args = parser.parse_args(argv)
     profiles = None if args.profiles is None else [int(p) for p in args.profiles.split(",") if p.strip()]
     manifest = build_package(args.outdir, variant=args.variant, profiles=profiles, memory=args.memory,
-                             name=args.name, config=TinyConfig(seed=args.seed))
+                             name=args.name, config=TinyConfig(seed=args.seed, max_seq=args.max_seq),
+                             prefill_chunk_tokens=args.prefill_chunk_tokens)
     print(f"built {manifest.name} ({args.variant}, profiles {list(manifest.profile_batches())}, memory "
           f"{args.memory}) in {args.outdir}")
     return 0

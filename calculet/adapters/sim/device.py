@@ -785,6 +785,11 @@ class SimVirtualDevice:
             raise VendorError(ReturnCode.NOT_SUPPORTED,
                               "prefill onto a non-empty sequence is incremental prefill, which this calbin does not "
                               "offer (§6: chunking only with explicit compiler/runtime support)")
+        chunk = profile.prefill_chunk_tokens
+        if job.start_position > 0 and chunk is not None and job.start_position % chunk:
+            raise VendorError(ReturnCode.INVALID_ARGUMENT,
+                              f"prefill chunk starts at {job.start_position}, not a multiple of the B1 profile's "
+                              f"prefill_chunk_tokens {chunk} (§6)")
         if job.start_position + len(tokens) > profile.max_seq:
             raise VendorError(ReturnCode.INVALID_ARGUMENT,
                               f"prefill to {job.start_position + len(tokens)} tokens exceeds max_seq {profile.max_seq}")

@@ -270,3 +270,18 @@ def test_decode_job_arrays_must_span_the_compiled_batch() -> None:
     with pytest.raises(DefinitionError, match="compiled_batch is 4"):
         dataclasses.replace(job, lane_valid=np.array([1, 0], dtype=np.uint8))
     assert job.active_lanes == (0,)
+
+
+@pytest.mark.parametrize(("batch", "chunk", "needle"), [
+    (1, 0, r"must be an int in \[1, max_seq=256\]"),
+    (1, 257, r"must be an int in \[1, max_seq=256\]"),
+    (1, True, "must be an int"),
+    (4, 16, "only the B1 profile"),
+])
+def test_prefill_chunk_size_is_a_b1_only_positive_int_within_the_context(batch: int, chunk: object,
+                                                                         needle: str) -> None:
+    """Prefill jobs are B1-shaped (§6), so only B1 may carry the incremental-prefill chunk size."""
+    assert profile(1).prefill_chunk_tokens is None
+    assert dataclasses.replace(profile(1), prefill_chunk_tokens=256).prefill_chunk_tokens == 256
+    with pytest.raises(DefinitionError, match=needle):
+        dataclasses.replace(profile(batch), prefill_chunk_tokens=chunk)

@@ -153,3 +153,68 @@ def test_reference_memory_figures_are_the_spec_figures() -> None:
     assert round(fp.kv_bytes / gib, 3) == 3.750 and fp.kv_dtype == "bf16"
     assert round(fp.reserved_bytes / gib, 3) == 28.150
     assert round(fp.runtime_bytes / gib, 3) == 7.462
+
+
+# --- §6 prefill chunk size on the B1 profile ------------------------------------------------
+
+
+def _chunked(variant: str, chunk: Any, batch: int = 1) -> dict[str, Any]:
+    data = manifest_dict(variant)
+    profile = next(p for p in data["profiles"] if p["compiled_batch"] == batch)
+    profile["prefill_chunk_tokens"] = chunk
+    return data
+
+
+@pytest.mark.req("R6.5", "R6.6")
+def test_a_chunk_size_without_incremental_prefill_is_refused() -> None:
+    """The current product declares no incremental prefill (§6), so a chunk size would be a lie."""
+    with pytest.raises(PackageError, match="incremental_prefill is false"):
+        CalbinManifest.parse(_chunked("current", 128))
+    data = _chunked("future", 128)
+    data["capabilities"]["incremental_prefill"]["value"] = False
+    with pytest.raises(PackageError, match="incremental_prefill is false"):
+        CalbinManifest.parse(json.dumps(data))
+
+
+@pytest.mark.parametrize(("chunk", "batch", "needle"), [
+    (0, 1, "greater than or equal to 1"),
+    (-16, 1, "greater than or equal to 1"),
+    (True, 1, "valid integer"),
+    (512.0, 1, "valid integer"),
+    ("512", 1, "valid integer"),
+    (100_000, 1, "exceeds the profile's max_seq"),
+    (16, 4, "only the B1 profile"),
+])
+def test_bad_chunk_sizes_are_refused(chunk: Any, batch: int, needle: str) -> None:
+    with pytest.raises(PackageError, match=needle):
+        CalbinManifest.parse(json.dumps(_chunked("future", chunk, batch)))
+
+
+def test_a_declared_chunk_size_reaches_the_b1_contract_and_round_trips() -> None:
+    m = CalbinManifest.parse(json.dumps(_chunked("future", 16)))
+    assert [p.prefill_chunk_tokens for p in m.batch_profiles()] == [16, None, None, None]
+    assert CalbinManifest.parse(m.to_json_bytes()) == m
+    assert b'"prefill_chunk_tokens": 16' in m.to_json_bytes()
+
+
+@pytest.mark.parametrize("variant", ["current", "future"])
+def test_without_a_chunk_size_the_manifest_bytes_are_unchanged(variant: str, tmp_path: Path) -> None:
+    """An absent chunk size is not serialised (not even as null): old packages keep their bytes and signatures."""
+    pkg = package_dir(variant)  # type: ignore[arg-type]
+    raw = (pkg / MANIFEST_FILE).read_bytes()
+    assert b"prefill_chunk_tokens" not in raw
+    assert CalbinManifest.from_path(pkg).to_json_bytes() == raw
+    rebuilt = build_package(tmp_path, variant=variant, prefill_chunk_tokens=None)  # type: ignore[arg-type]
+    assert rebuilt.to_json_bytes() == raw
+
+
+def test_the_builder_writes_the_chunk_on_b1_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path / "c"), "--variant", "future", "--max-seq", "1024",
+                 "--prefill-chunk-tokens", "512"]) == 0
+    data = json.loads((tmp_path / "c" / MANIFEST_FILE).read_bytes())
+    assert {p["compiled_batch"]: p.get("prefill_chunk_tokens") for p in data["profiles"]} == {
+        1: 512, 4: None, 8: None, 16: None}
+    assert data["architecture"]["max_seq"] == 1024
+    with pytest.raises(PackageError, match="incremental_prefill is false"):
+        build_package(tmp_path / "d", variant="current", prefill_chunk_tokens=16)
+    assert not (tmp_path / "d" / MANIFEST_FILE).exists(), "nothing is written for a refused manifest"
