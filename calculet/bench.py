@@ -203,6 +203,13 @@ class Cell:
     summary: RunSummary
     workload_limit: float | None
     """:func:`~calculet.loadsim.analysis.workload_limit` of the offered requests on the largest profile."""
+    offered_output_tokens: int = 0
+    """Output tokens the offered requests ask for (``max_new_tokens``)."""
+
+    @property
+    def min_device_s(self) -> float | None:
+        """Device seconds the offered requests need at least: their output over the workload limit."""
+        return self.offered_output_tokens / self.workload_limit if self.workload_limit else None
 
 
 @dataclass(frozen=True)
@@ -325,12 +332,13 @@ def run_sweep(workload: Workload, policies: Sequence[PolicySpec], loads: Sequenc
                 largest = max(p.max_profile for p in POLICIES.values())
                 for reqs, sink, suffix in batches:
                     limit = workload_limit(reqs, cost, largest)
+                    offered = sum(r.max_new_tokens for r in reqs)
                     for policy in policies:
                         update = bars.start(f"{policy.name} @ {load:g}{suffix}", duration)
                         run = run_policy(policy, reqs, workload, cost, progress=update)
                         summary = run.summary(weights=workload.weights(),
                                               starvation_threshold_s=starvation_threshold_s)
-                        sink.append(Cell(load, policy, run, summary, limit))
+                        sink.append(Cell(load, policy, run, summary, limit, offered))
                         bars.done()
     finally:
         MONITOR.configure(enabled=monitor.enabled, mode=monitor.mode)  # type: ignore[arg-type]
@@ -585,6 +593,40 @@ def _storm_figures(c: Cell, ref: Cell) -> tuple[float | None, float | None, int,
     return storm, calm, done, len(longs), (max(waits) if waits else None)
 
 
+def _storm_capacity_text(result: SweepResult) -> str:
+    """Why the storm's two figures trade against each other: device time needed vs the deadline.
+
+    A storm's prefill work is fixed by the cost model; finishing it before the deadline needs a
+    share of the device over that window. The background traffic needs the share its no-storm
+    reference run used. When the two exceed one engine, a policy chooses which figure to miss.
+    """
+    w, cost = result.workload, result.cost
+    deadline_ms = w.deadline_ms.upper_bound() if w.deadline_ms is not None else None
+    parts = []
+    for storm in w.storms:
+        tokens = int(storm.prompt_tokens.upper_bound())
+        work = storm.count * cost.prefill_s(tokens)
+        text = f"{storm.count} × {tokens} tokens = {work:.0f} s of prefill"
+        if deadline_ms:
+            text += f" ({work / (deadline_ms / 1000):.0%} of the device over its {deadline_ms / 1000:.0f} s deadline)"
+        parts.append(text)
+    need = []
+    for load in _nominal_loads(result):
+        refs = [c for c in result.reference if c.load == load and c.min_device_s is not None]
+        arrivals = [r.arrival_s for c in refs[:1] for r in c.run.requests]
+        if refs and arrivals and max(arrivals) > 0:
+            need.append(f"{refs[0].min_device_s / max(arrivals):.0%} at load {load:g}")  # type: ignore[operator]
+    text = "Capacity: each storm brings " + "; ".join(dict.fromkeys(parts)) + "."
+    if need:
+        text += (" The background traffic alone needs at least " + ", ".join(need) + " of the device (its "
+                 "prefills once, every decode step full: the workload limit's accounting; real batches are not "
+                 "full, so more). Where a storm's share and the background's add up to more than one engine, no "
+                 "single-engine policy can both finish every long prompt before its deadline and keep short "
+                 "prompts' latency: chunking protects the short prompts and lets long ones miss their deadline; "
+                 "whole-prompt prefill finishes more long prompts and blocks the short ones behind them.")
+    return text
+
+
 def _storm_section(result: SweepResult) -> list[str]:
     if result.reference_label != "no storm":
         return []
@@ -665,14 +707,24 @@ def acceptance(result: SweepResult) -> tuple[list[tuple[str, str, bool]], list[s
                              f"{storm:.2f} s / {calm:.2f} s = {storm / calm:.2f}×; long {done}/{offered} (longest "
                              f"wait {_ratio_text(wait, 0)} s); starvation "
                              f"{', '.join(f'{k} {v}' for k, v in sorted(by_class.items())) or '0'}", ok))
-        notes.append("Prompts are never chunked: the simulated package declares incremental prefill, but no "
-                     "profile declares a chunk size, and §6 allows chunking only when five conditions are proven. "
-                     "So each 40K prompt holds one engine for ~24 s of prefill, and the long-prefill quota (1) "
-                     "serialises a storm's four prompts in arrival order: the third and fourth wait ~48 s and "
-                     "~72 s (the `long max wait` column) — queued, not starved, since no later long prompt starts "
-                     "before them. With one job in flight short requests queue behind each 24 s prefill; with "
-                     "ping/pong they run on the other engine at the cost model's 0.5 overlap rate, which alone "
-                     "doubles their service time during the ~64% of the run spent under storm prefill.")
+        chunked = {p.name: p.prefill_chunk_tokens for p in result.policies if p.prefill_chunk_tokens is not None}
+        longest = int(max(storm.prompt_tokens.upper_bound() for storm in result.workload.storms))
+        for policy_name, chunk in chunked.items():
+            notes.append(f"`{policy_name}` runs on a package whose B1 profile declares a {chunk}-token "
+                         f"incremental-prefill chunk, so the longest storm prompt ({longest} tokens) is prefilled as "
+                         f"{math.ceil(longest / chunk)} jobs with other work between them. Incremental "
+                         "prefill is a simulated capability CalRT 0.7.6 does not provide (§6): this shows what "
+                         "chunking would buy, not what can ship.")
+        notes.append(("Prompts are never chunked: the simulated package" if not chunked else
+                      "Under every other policy prompts are never chunked: the simulated package they run on")
+                     + " declares incremental prefill, but no profile declares a chunk size, and §6 allows "
+                     "chunking only when five conditions are proven. So each long prompt holds one engine for its "
+                     "whole prefill, and the long-prefill quota (1) serialises a storm's prompts in arrival order — "
+                     "queued, not starved, since no later long prompt starts before them (the `long max wait` "
+                     "column shows how long the last one waited). With one job in flight short requests queue "
+                     "behind each long prefill; with ping/pong they run on the other engine at the cost model's "
+                     "overlap rate.")
+        notes.append(_storm_capacity_text(result))
     elif name == "noisy-neighbour":
         noisy = result.noisy_tenant
         for load in _nominal_loads(result):
