@@ -24,7 +24,8 @@ Configuration decisions, stated once here and in every report:
   whose sequences then wait for a decode slot while holding KV; fewer would cap the batch.
 * Everything else is the shipped ``calculet-scheduler/v1`` default (waiting queue 128,
   WRR 8:4:2:1, §8 thresholds 12/6/3, long-prefill quota 1), with the workload's tenants
-  (weights and §5.3 limits) and prompt-class thresholds.
+  (weights and §5.3 limits) and prompt-class thresholds — except where a policy names its
+  own WRR weights (``calculet-b16-pingpong-chunked``: long weight 4, see its description).
 * **Ping/pong policies disarm the P99-regression degrade trigger** (the M2 gate, +5%): the
   reference cost model lets an overlapped job progress at half speed (``pingpong_overlap``
   0.5), so the shipped gate switches ping/pong off after its first 64 latency samples and
@@ -81,6 +82,9 @@ class PolicySpec:
     prefill_chunk_tokens: int | None = None
     """Incremental-prefill chunk the package's B1 profile declares (§6; simulated), or None:
     the engine then prefills each prompt in one job, as CalRT 0.7.6 requires."""
+    queue_weights: tuple[tuple[str, int], ...] = ()
+    """``queues.*_weight`` overrides of the §6 WRR (R6.4: tuned by load experiments), e.g.
+    ``(("long_prefill_weight", 4),)``; empty = the shipped 8:4:2:1."""
 
     @property
     def lanes(self) -> int:
@@ -103,7 +107,7 @@ class PolicySpec:
             "schema": "calculet-scheduler/v1",
             "admission": {"max_sequences": self.lanes},
             "queues": {"short_prefill_max_tokens": classes.short_max_tokens,
-                       "medium_prefill_max_tokens": classes.medium_max_tokens},
+                       "medium_prefill_max_tokens": classes.medium_max_tokens, **dict(self.queue_weights)},
             "batch": {"profiles": list(self.profiles),
                       "select_thresholds": {p: SELECT_THRESHOLDS[p] for p in self.profiles if p > 1}},
             "executor": {"max_inflight": self.max_inflight},
@@ -121,9 +125,9 @@ class PolicySpec:
 
 
 def _engine(name: str, profiles: tuple[int, ...], inflight: int, description: str, *,
-            prefill_chunk_tokens: int | None = None) -> PolicySpec:
+            prefill_chunk_tokens: int | None = None, queue_weights: tuple[tuple[str, int], ...] = ()) -> PolicySpec:
     return PolicySpec(name, "engine", description, profiles=profiles, max_inflight=inflight,
-                      prefill_chunk_tokens=prefill_chunk_tokens)
+                      prefill_chunk_tokens=prefill_chunk_tokens, queue_weights=queue_weights)
 
 
 POLICIES: Mapping[str, PolicySpec] = {p.name: p for p in (
@@ -141,6 +145,12 @@ POLICIES: Mapping[str, PolicySpec] = {p.name: p for p in (
             "calculet-b16 with prompts prefilled in 512-token chunks (§6); incremental prefill is a simulated "
             "capability CalRT 0.7.6 does not provide, so this shows what chunking would buy, not what ships",
             prefill_chunk_tokens=512),
+    _engine("calculet-b16-pingpong-chunked", (1, 4, 8, 16), 2,
+            "calculet-b16-pingpong with 512-token prefill chunks and WRR 8:4:2:4 (long weight chosen with this "
+            "tool on long-prefill-storm at load 1, R6.4: weight 1 left 2 of 8 long prompts past their deadline, "
+            "4 and 8 finished all 8 with short P99 TTFT 1.31x and 1.55x the no-storm run). Ping/pong overlap "
+            "and incremental prefill are both simulated assumptions (§14, §6)",
+            prefill_chunk_tokens=512, queue_weights=(("long_prefill_weight", 4),)),
 )}
 """Every policy by name, in report order."""
 

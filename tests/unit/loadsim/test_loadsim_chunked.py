@@ -45,9 +45,19 @@ def test_the_chunked_policy_is_b16_with_a_512_token_chunk_after_pingpong() -> No
     b16 = POLICIES["calculet-b16"]
     assert (spec.kind, spec.profiles, spec.max_inflight, spec.prefill_chunk_tokens) == ("engine", b16.profiles, 1, 512)
     assert "CalRT 0.7.6" in spec.description and "simulated" in spec.description and "§6" in spec.description
-    assert all(p.prefill_chunk_tokens is None for n, p in POLICIES.items() if n != spec.name)
+    chunked_names = {"calculet-b16-chunked", "calculet-b16-pingpong-chunked"}
+    assert all(p.prefill_chunk_tokens is None for n, p in POLICIES.items() if n not in chunked_names)
     w = storm_workload()
     assert spec.scheduler_config(w) == b16.scheduler_config(w), "only the package differs"
+
+
+def test_the_pingpong_chunked_policy_carries_its_own_wrr_weights() -> None:
+    spec, pingpong = POLICIES["calculet-b16-pingpong-chunked"], POLICIES["calculet-b16-pingpong"]
+    assert (spec.max_inflight, spec.prefill_chunk_tokens) == (2, 512)
+    w = storm_workload()
+    weights = spec.scheduler_config(w).queues.wrr_weights()
+    assert weights == {**pingpong.scheduler_config(w).queues.wrr_weights(), "long": 4}
+    assert "R6.4" in spec.description and "simulated" in spec.description
 
 
 def test_each_chunk_size_gets_its_own_package() -> None:
