@@ -1,11 +1,12 @@
 """``python -m calculet.verify``: prove the spec's invariants on the declared machines with z3.
 
 Runs every per-machine check (initiation, consecution, determinism, deadlock, home, vacuity,
-completeness), pool induction and bounded model checking; prints a summary table and any
-counterexample; writes ``specs/verification.md``; exits 0 only if everything holds.
+completeness), pool induction and bounded model checking, and the requests × lanes joint model's
+induction, vacuity and bounded model checking; prints a summary table and any counterexample;
+writes ``specs/verification.md``; exits 0 only if everything holds.
 
-``--fast`` (what CI runs) keeps every proof but searches the pool to a smaller depth, and does
-not rewrite ``specs/verification.md`` unless ``--write`` is given.
+``--fast`` (what CI runs) keeps every proof but searches the pool and the joint model to smaller
+depths, and does not rewrite ``specs/verification.md`` unless ``--write`` is given.
 """
 
 from __future__ import annotations
@@ -25,19 +26,27 @@ from calculet.invariants.report import (VerifyOptions, format_counterexample, ru
 from calculet.invariants.traceability import software_figure
 from calculet.machines import ALL_MACHINES
 from calculet.machines.kv_pool import KvLanePool
+from calculet.machines.request_lanes import RequestLaneSystem
 from calculet.specgen import SPECS_DIR
 
 POOLS = (KvLanePool,)
+SYSTEMS = (RequestLaneSystem,)
 FAST_DEPTH = 7
+SYSTEM_DEPTH = 8        # requests × lanes: bounded model checking depth (3 × 3 instance)
+FAST_SYSTEM_DEPTH = 6
 
 
 def main(argv: list[str] | None = None) -> int:
-    names = [m.definition.name for m in ALL_MACHINES] + [p.definition.name for p in POOLS]
+    names = ([m.definition.name for m in ALL_MACHINES] + [p.definition.name for p in POOLS]
+             + [x.definition.name for x in SYSTEMS])
     parser = argparse.ArgumentParser(prog="python -m calculet.verify", description=__doc__.splitlines()[0])
     parser.add_argument("--machine", action="append", choices=names, default=[],
                         help="check only this machine (or pool); repeatable")
     parser.add_argument("--lanes", type=int, default=16, help="pool size N (default 16)")
     parser.add_argument("--depth", type=int, default=None, help=f"bounded model checking depth (default 10; {FAST_DEPTH} with --fast)")
+    parser.add_argument("--system-depth", type=int, default=None,
+                        help=f"requests × lanes bounded model checking depth (default {SYSTEM_DEPTH}; "
+                             f"{FAST_SYSTEM_DEPTH} with --fast)")
     parser.add_argument("--json", type=Path, help="also write every result, with counterexamples, as JSON")
     parser.add_argument("--fast", action="store_true", help="CI profile: smaller search depth, no document rewrite")
     parser.add_argument("--write", action="store_true", help="with --fast: still rewrite specs/verification.md")
@@ -48,12 +57,18 @@ def main(argv: list[str] | None = None) -> int:
     depth = args.depth if args.depth is not None else (FAST_DEPTH if args.fast else 10)
     if depth < 1:
         parser.error("--depth must be at least 1")
+    system_depth = args.system_depth if args.system_depth is not None else (
+        FAST_SYSTEM_DEPTH if args.fast else SYSTEM_DEPTH)
+    if system_depth < 1:
+        parser.error("--system-depth must be at least 1")
 
     console = Console(stderr=False)
-    options = VerifyOptions(lanes=args.lanes, depth=depth, machines=tuple(args.machine), fast=args.fast)
+    options = VerifyOptions(lanes=args.lanes, depth=depth, machines=tuple(args.machine), fast=args.fast,
+                            system_depth=system_depth)
     machines = [m for m in ALL_MACHINES if not args.machine or m.definition.name in args.machine]
     steps = len(machines) + 2 * sum(1 for p in POOLS if not args.machine or p.definition.name in args.machine
-                                    or p.definition.instance.definition.name in args.machine)
+                                    or p.definition.instance.definition.name in args.machine) \
+        + 2 * sum(1 for x in SYSTEMS if not args.machine or x.definition.name in args.machine)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as bar:
         task = bar.add_task("verifying", total=steps)
@@ -63,9 +78,10 @@ def main(argv: list[str] | None = None) -> int:
             if not console.is_terminal:
                 console.print(f"… {message}")
 
-        run = run_checks(options, machines, POOLS, progress=advance)
+        run = run_checks(options, machines, POOLS, progress=advance, systems=SYSTEMS)
 
-    table = Table(title=f"calculet.verify — lanes {options.lanes}, depth {options.depth}")
+    table = Table(title=f"calculet.verify — lanes {options.lanes}, depth {options.depth}; requests × lanes "
+                        f"{options.system_requests}×{options.system_lanes}, depth {options.system_depth}")
     for column in ("check", "machine", "result", "passed", "seconds"):
         table.add_column(column, justify="right" if column in ("passed", "seconds") else "left")
     for check, machine, verdict, passed, total, seconds in summary_rows(run):

@@ -13,12 +13,23 @@ from typing import Any, Callable, Iterable
 
 from calculet.invariants.checks import CheckResult, Counterexample, check_machine
 from calculet.invariants.pool_checks import check_pool_bmc, check_pool_induction
+from calculet.invariants.system_checks import check_system
 from calculet.invariants.traceability import software_figure, traceability_document
 from calculet.machines.core import Machine
 from calculet.machines.pool import Pool
+from calculet.machines.system import CoupledSystem
 from calculet.specgen import BANNER, register_document
 
+
+def _request_lanes_document() -> str:
+    from calculet.invariants.system_checks import system_document
+    from calculet.machines.request_lanes import RequestLaneSystem
+
+    return system_document(RequestLaneSystem.definition)
+
+
 register_document("traceability.md", traceability_document)
+register_document("request_lanes.md", _request_lanes_document)
 
 Progress = Callable[[str], None]
 
@@ -30,6 +41,11 @@ class VerifyOptions:
     machines: tuple[str, ...] = ()  # empty: all
     pools: bool = True
     fast: bool = False
+    # Coupled systems (requests × lanes): bounded model checking over a small instance; the
+    # induction runs at the cutoff size that makes it hold for every size (see system_checks).
+    system_requests: int = 3
+    system_lanes: int = 3
+    system_depth: int = 8
 
 
 @dataclass
@@ -47,7 +63,7 @@ class VerifyRun:
 
 
 def run_checks(options: VerifyOptions, machines: Iterable[type[Machine]], pools: Iterable[type[Pool]],
-               progress: Progress | None = None) -> VerifyRun:
+               progress: Progress | None = None, systems: Iterable[type[CoupledSystem]] = ()) -> VerifyRun:
     run = VerifyRun(options)
     start = time.perf_counter()
     for machine in machines:
@@ -68,6 +84,11 @@ def run_checks(options: VerifyOptions, machines: Iterable[type[Machine]], pools:
             run.results.append(check_pool_bmc(pool.definition, options.lanes, options.depth))
             if progress:
                 progress(f"{pool.definition.name}: bounded model checking to depth {options.depth}")
+        for system in systems:
+            if options.machines and system.definition.name not in options.machines:
+                continue
+            run.results += check_system(system.definition, requests=options.system_requests,
+                                        lanes=options.system_lanes, depth=options.system_depth, progress=progress)
     run.seconds = time.perf_counter() - start
     return run
 
@@ -84,7 +105,7 @@ def summary_rows(run: VerifyRun) -> list[tuple[str, str, str, int, int, float]]:
             verdict = "report"
         else:
             verdict = "proved" if passed == len(items) else "FAILED"
-        if check == "pool-bmc" and verdict == "proved":
+        if check in ("pool-bmc", "system-bmc") and verdict == "proved":
             verdict = "no bug found"
         rows.append((check, machine, verdict, passed, len(items), sum(r.seconds for r in items)))
     return rows
@@ -100,6 +121,8 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> list[str]:
 def format_counterexample(cx: Counterexample) -> str:
     """Pre-state, arguments and post-state side by side (or a bounded trace, step by step)."""
     lines = [f"invariant {cx.invariant} ({cx.rid or '—'}) broken by {cx.transition}"]
+    if cx.trace and "system" in cx.trace[0]:
+        return "\n".join(lines + _system_trace(cx.trace))
     if cx.trace:
         for step in cx.trace:
             head = f"step {step['step']}" + (f": lane {step['lane']} takes {step['transition']} {step['args']}"
@@ -123,6 +146,80 @@ def format_counterexample(cx: Counterexample) -> str:
     if cx.args:
         lines.append(f"  arguments: {cx.args}")
     return "\n".join(lines)
+
+
+def _system_trace(trace: list[dict[str, Any]]) -> list[str]:
+    """A coupled system's run, step by step: which request and lane moved, then every request
+    that has left New and every lane that is not Free (the others are as they started)."""
+    lines = []
+    for step in trace:
+        if step["step"] == 0:
+            lines.append("step 0: initial system (requests New, lanes Free, nothing bound)")
+        else:
+            who = {"request": f"request {step['request']}", "lane": f"lane {step['lane']}"}.get(
+                step.get("involves", ""), f"request {step['request']} on lane {step['lane']}")
+            lines.append(f"step {step['step']}: {who} takes {step['transition']} {step['args']}")
+        for key, values in step["system"].items():
+            if key.startswith("request"):
+                idle = values.get("state") == "new" and values.get("lane") == "none"
+            else:
+                idle = values.get("state") == "free"
+            if step["step"] == 0 or not idle:  # the initial system in full: its parameters matter
+                lines.append(f"    {key}: {values}")
+    return lines
+
+
+def _system_sections(run: VerifyRun) -> list[str]:
+    """One section per coupled system checked: each invariant, how it was proved, and why each
+    strengthening was needed."""
+    from calculet.machines.request_lanes import RequestLaneSystem
+
+    o = run.options
+    out: list[str] = []
+    for system in (RequestLaneSystem,):
+        sd = system.definition
+        results = [r for r in run.results if r.machine == sd.name and r.check.startswith("system")]
+        if not results:
+            continue
+        ind = [r for r in results if r.check == "system-induction"]
+        vac = [r for r in results if r.check == "system-vacuity"]
+        bmc = [r for r in results if r.check == "system-bmc"]
+        broken = {name for r in ind if not r.ok for name in (r.broken or [])}
+        steps = [r for r in ind if r.subject != "(initial system)"]
+        out += ["", "## Requests × lanes (joint model)", "",
+                f"`{sd.name}`: R × {sd.request.definition.name} and L × {sd.lane.definition.name} moved together, "
+                f"{len(sd.steps)} coupled steps ({len(sd.variants)} row chains) — see "
+                "[request_lanes.md](request_lanes.md). Induction moves request 0 and lane 0 by every step "
+                f"with R={o.system_requests}, L={o.system_lanes} symbolic instances and bindings that may name a "
+                "lane outside them, which makes it hold for every R and L (argument in "
+                "`calculet/invariants/system_checks.py`); bounded model checking searches every run from the "
+                f"initial system ({bmc[0].subject if bmc else '—'}); vacuity: "
+                f"{sum(r.ok for r in vac)}/{len(vac)} steps can fire under the invariants.", ""]
+        rows = []
+        for inv in sd.invariants:
+            if inv.name in broken:
+                how = "NOT INDUCTIVE"
+            elif all(r.ok for r in ind):
+                every = " (every R, L)" if steps and "every R, L" in steps[0].detail else ""
+                how = f"proved{every}: initiation + {len(steps)} step variants"
+            else:
+                how = "not checked (another property failed)"
+            if not bmc:
+                search = "—"
+            elif bmc[0].ok:
+                search = f"no violation in any run of ≤{o.system_depth} steps"
+            elif inv.name in bmc[0].broken:
+                search = "BROKEN: " + bmc[0].detail
+            else:
+                search = "holds on the failing run"
+            rows.append(dict(property=f"`{inv.name}`", requirement=inv.rid,
+                             kind="strengthening" if inv.strengthening else "asked", induction=how, bmc=search))
+        out += _table(rows, ["property", "requirement", "kind", "induction", "bmc"])
+        notes = [inv for inv in sd.invariants if inv.strengthening]
+        if notes:
+            out += ["", "Strengthenings the solver forced (each rules out a counterexample to induction):", ""]
+            out += [f"- `{inv.name}`: {inv.strengthening}." for inv in notes]
+    return out
 
 
 def verification_document(run: VerifyRun) -> str:
@@ -177,6 +274,7 @@ def verification_document(run: VerifyRun) -> str:
         out += _table(rows, ["property", "requirement", "induction", "bmc"])
         out += ["", "Per-instance properties that lift to the whole pool (proved per machine above):", ""]
         out += [f"- `{m}.{n}`: {why}" for m, n, why in p.related]
+    out += _system_sections(run)
     failures = run.failures()
     if failures:
         out += ["", "## Failures", ""]

@@ -45,9 +45,11 @@ def catalogue() -> tuple[Requirement, ...]:
 
 
 def proof_references() -> dict[str, list[str]]:
-    """R-id → the declared invariants and pool properties that state it (proved by verify)."""
+    """R-id → the declared invariants, pool properties and requests × lanes properties that state
+    it (proved by verify)."""
     from calculet.machines import ALL_MACHINES
     from calculet.machines.kv_pool import KvLanePool
+    from calculet.machines.request_lanes import RequestLaneSystem
 
     refs: dict[str, list[str]] = {}
     for machine in ALL_MACHINES:
@@ -57,6 +59,8 @@ def proof_references() -> dict[str, list[str]]:
                 refs.setdefault(prop.rid, []).append(f"{d.name}.{prop.name}")
     for inv in KvLanePool.definition.invariants:
         refs.setdefault(inv.rid, []).append(f"{KvLanePool.definition.name}.{inv.name}")
+    for inv in RequestLaneSystem.definition.invariants:
+        refs.setdefault(inv.rid, []).append(f"{RequestLaneSystem.definition.name}.{inv.name}")
     return refs
 
 

@@ -3,17 +3,23 @@ counterexample naming the invariant they break; the unmutated machines are accep
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from calculet.invariants.checks import check_machine
 from calculet.invariants.expr import And
 from calculet.invariants.mutation import Mutant, derive, derive_pool, replace_row, rows_of
 from calculet.invariants.pool_checks import check_pool_bmc, check_pool_induction
+from calculet.invariants.system_checks import (check_system_bmc, check_system_induction, check_system_initiation,
+                                               check_system_vacuity)
+from calculet.invariants.expr import Or
 from calculet.machines import ALL_MACHINES, DeviceJobMachine, KvSequenceMachine, ModelMachine, RequestMachine
 from calculet.machines.core import T
 from calculet.machines.kv_pool import KvLanePool, _held_count, _reserved_total
 from calculet.machines.pool import PoolOp
 from calculet.machines.request import FinishReason
+from calculet.machines.request_lanes import RequestLaneSystem
 
 
 def _add(machine, row_factory):
@@ -114,6 +120,62 @@ MUTANTS = [
                "submit", ghost=lambda pool, i, tokens: {"position": pool.lanes[i].committed_len + tokens})]),
            "batch_position_is_committed_len", kind="pool"),
 ]
+
+
+def _coupled(step: str, name: str, description: str, expected: str, depth: int, extra: str = "", **changes):
+    """A requests × lanes mutant: one coupled step of RequestLaneSystem edited (``changes`` are
+    Coupled fields) — or, with ``extra``, a copy of it added under that name beside the original;
+    ``depth`` is how far from the initial system its violation lies."""
+    original = next(s for s in RequestLaneSystem.definition.steps if s.name == step)
+    edited = dataclasses.replace(original, **changes, **({"name": extra} if extra else {}))
+    mutant = Mutant(name, description,
+                    lambda: RequestLaneSystem.derive(name, add=[edited]) if extra
+                    else RequestLaneSystem.derive(name, replace={step: edited}),
+                    expected, kind="system")
+    return mutant, extra or step, depth
+
+
+SYSTEM_MUTANTS = [
+    _coupled("decode_ok:decode_done_continue", "SysDecodeCommitSkipsLane",
+             "a decode step advances the request but does not commit the lane", "decode_position_is_committed_len",
+             6, lane=(), involves="both"),
+    _coupled("admit", "SysAdmitWithoutReserve", "admission binds the request to a lane it never reserved",
+             "holding_request_owns_one_lane", 2, lane=(), involves="both"),
+    _coupled("cancel@prefill_ready", "SysReleaseWithoutEnding",
+             "the lane is released (and the lease dropped) while the request carries on", "holding_request_owns_one_lane",
+             3, request=(), involves="both"),
+    _coupled("admit", "SysBindBoundLane", "admission may bind the request to a lane another request holds",
+             "lane_bound_at_most_once", 4, extra="admit_to_a_bound_lane", lane=(), involves="both",
+             guard=lambda sys, i, j: Or(*[sys.bound(k, j) for k in range(len(sys.requests)) if k != i])),
+    _coupled("prefill_fault:prefill_done_error", "SysFaultKeepsBinding",
+             "a faulted (Unknown) lane stays bound to its ended request", "unknown_lane_unbound", 4, binding="keep"),
+    _coupled("cancel@prefill_ready", "SysEndKeepsLease", "a request ends but keeps its lease (no release)",
+             "ended_request_holds_no_lane", 3, lane=(), binding="keep", involves="both"),
+]
+MUTANTS += [m for m, _, _ in SYSTEM_MUTANTS]
+
+
+@pytest.mark.req("R9.2.1", "R9.2.2", "R9.2.4", "R9.2.6", "R17.2.4")
+@pytest.mark.parametrize("mutant, step, depth", [pytest.param(*m, id=m[0].name) for m in SYSTEM_MUTANTS])
+def test_system_mutant_is_rejected_by_induction_and_found_by_bmc(mutant, step, depth):
+    system = mutant.build().definition
+    induction = [r for r in check_system_induction(system, steps=[step]) if not r.ok]
+    assert induction, f"{mutant.name} ({mutant.description}) was not caught by induction"
+    assert any(mutant.expected_invariant in r.broken for r in induction), [r.detail for r in induction]
+    cx = next(r.counterexample for r in induction if mutant.expected_invariant in r.broken)
+    assert cx.pre and cx.post and cx.pre != cx.post
+    bmc = check_system_bmc(system, 3, 3, depth)
+    assert not bmc.ok and mutant.expected_invariant in bmc.broken, bmc.detail
+    assert len(bmc.counterexample.trace) == int(bmc.detail.split("depth ")[1].split(":")[0]) + 1
+    assert bmc.counterexample.trace[-1]["transition"].startswith(step)  # the mutated step breaks it
+
+
+def test_unmutated_system_is_accepted():
+    system = RequestLaneSystem.definition
+    assert check_system_initiation(system).ok
+    assert [r.detail for r in check_system_induction(system) if not r.ok] == []
+    assert [r.subject for r in check_system_vacuity(system) if not r.ok] == []
+    assert check_system_bmc(system, 3, 3, 6).ok
 
 
 @pytest.mark.req("R17.2.3", "R9.2.3")
