@@ -153,6 +153,29 @@ def _initial_is_neutral(p: PoolDefinition, n: int) -> bool:
     return s.check() == z3.unsat
 
 
+Violation = tuple[z3.ModelRef, int, list[tuple[str, str]]]
+
+
+def first_violation(s: z3.Solver, all_props: list[list[tuple[str, str, Any]]]
+                    ) -> tuple[z3.CheckSatResult, Violation | None]:
+    """One query for every depth at once, and the shallowest depth the model breaks.
+
+    ``all_props[k - 1]`` holds ``(name, rid, property)`` of the frame after step ``k``. Asking
+    "is some property false at some depth ≤ K" once, without push/pop, keeps z3 on its
+    non-incremental linear-arithmetic tactics, much faster here than K incremental queries.
+    Returns the solver's verdict and, when sat, (model, depth, broken (name, rid) pairs).
+    """
+    s.add(z3.Or(*[z3.Not(z3.And(*[prop for _, _, prop in props])) for props in all_props]))
+    verdict = s.check()
+    if verdict == z3.sat:
+        model = s.model()
+        for k, props in enumerate(all_props, start=1):
+            broken = [(nm, r) for nm, r, prop in props if z3.is_false(model.eval(prop, model_completion=True))]
+            if broken:
+                return verdict, (model, k, broken)
+    return verdict, None
+
+
 def check_pool_bmc(p: PoolDefinition, n: int, depth: int, progress: Progress | None = None,
                    instance_properties: bool = False) -> CheckResult:
     """Search every run of up to ``depth`` steps from the initial pool of ``n`` instances.
@@ -263,20 +286,14 @@ def check_pool_bmc(p: PoolDefinition, n: int, depth: int, progress: Progress | N
         all_props.append(properties(new_lanes, new_ghosts, (prev_lanes, prev_ghosts)))
         if progress:
             progress(f"encoded depth {k}")
-    # One query for every depth at once: a violation at some depth k ≤ depth. Without push/pop
-    # z3 keeps its non-incremental linear-arithmetic tactics, much faster here.
-    s.add(z3.Or(*[z3.Not(z3.And(*[prop for _, _, prop in props])) for props in all_props]))
-    verdict = s.check()
-    if verdict == z3.sat:
-        model = s.model()
-        for k, props in enumerate(all_props, start=1):
-            broken = [(nm, r) for nm, r, prop in props if z3.is_false(model.eval(prop, model_completion=True))]
-            if broken:
-                name, rid = broken[0]
-                steps = trace(model, k)
-                cx = Counterexample(name, rid, steps[-1].get("transition", ""), trace=steps)
-                return CheckResult("pool-bmc", p.name, subject, False, time.perf_counter() - start,
-                                   f"reachable at depth {k}: breaks {name} ({rid})", cx, queries=1)
+    verdict, found = first_violation(s, all_props)
+    if found is not None:
+        model, k, broken = found
+        name, rid = broken[0]
+        steps = trace(model, k)
+        cx = Counterexample(name, rid, steps[-1].get("transition", ""), trace=steps)
+        return CheckResult("pool-bmc", p.name, subject, False, time.perf_counter() - start,
+                           f"reachable at depth {k}: breaks {name} ({rid})", cx, queries=1)
     if verdict != z3.unsat:
         return CheckResult("pool-bmc", p.name, subject, False, time.perf_counter() - start,
                            f"solver answered {verdict}", queries=1)

@@ -43,6 +43,7 @@ import z3
 from calculet.invariants.checks import (CheckResult, Counterexample, _as_bool, _value, invariants_hold, post_state,
                                         read_state, takes)
 from calculet.invariants.symbolic import SymbolicVars, arg_domain
+from calculet.invariants.pool_checks import first_violation
 from calculet.machines.core import Bool, Definition, Machine
 from calculet.machines.system import NONE, SystemDefinition, SystemView, Variant
 
@@ -538,28 +539,23 @@ def check_system_bmc(sd: SystemDefinition, requests: int = 3, lanes: int = 3, de
         all_props.append(_system_goals(sd, nxt))
         if progress:
             progress(f"encoded depth {k}")
-    # One query for every depth at once (a violation at some k ≤ depth), as for pools.
-    s.add(z3.Or(*[z3.Not(z3.And(*[p for _, _, p in props])) for props in all_props]))
-    verdict = s.check()
-    if verdict == z3.sat:
-        m = s.model()
-        for k, props in enumerate(all_props, start=1):
-            broken = [(n, r) for n, r, p in props if z3.is_false(m.eval(p, model_completion=True))]
-            if broken:
-                trace: list[dict[str, Any]] = [{"step": 0, "system": _read_frame(m, sd, frames[0])}]
-                for step in range(1, k + 1):
-                    sel, options = chosen[step - 1]
-                    opt = options[m.eval(sel, model_completion=True).as_long()]
-                    mv = next((mv for mv in opt.moves if z3.is_true(m.eval(mv.enabled, model_completion=True))),
-                              opt.moves[0])
-                    trace.append({"step": step, "transition": mv_name(opt, mv), "request": opt.i, "lane": opt.j,
-                                  "involves": opt.involves,
-                                  "args": {a: _value(m, t) for a, t in mv.args.items()},
-                                  "system": _read_frame(m, sd, frames[step], params=False)})
-                cx = Counterexample(broken[0][0], broken[0][1], trace[-1]["transition"], trace=trace)
-                return CheckResult("system-bmc", sd.name, subject, False, time.perf_counter() - start,
-                                   f"reachable at depth {k}: breaks {', '.join(n for n, _ in broken)}", cx, queries=1,
-                                   broken=[n for n, _ in broken])
+    verdict, found = first_violation(s, all_props)
+    if found is not None:
+        m, k, broken = found
+        trace: list[dict[str, Any]] = [{"step": 0, "system": _read_frame(m, sd, frames[0])}]
+        for step in range(1, k + 1):
+            sel, options = chosen[step - 1]
+            opt = options[m.eval(sel, model_completion=True).as_long()]
+            mv = next((mv for mv in opt.moves if z3.is_true(m.eval(mv.enabled, model_completion=True))),
+                      opt.moves[0])
+            trace.append({"step": step, "transition": mv_name(opt, mv), "request": opt.i, "lane": opt.j,
+                          "involves": opt.involves,
+                          "args": {a: _value(m, t) for a, t in mv.args.items()},
+                          "system": _read_frame(m, sd, frames[step], params=False)})
+        cx = Counterexample(broken[0][0], broken[0][1], trace[-1]["transition"], trace=trace)
+        return CheckResult("system-bmc", sd.name, subject, False, time.perf_counter() - start,
+                           f"reachable at depth {k}: breaks {', '.join(n for n, _ in broken)}", cx, queries=1,
+                           broken=[n for n, _ in broken])
     if verdict != z3.unsat:
         return CheckResult("system-bmc", sd.name, subject, False, time.perf_counter() - start,
                            f"solver answered {verdict}", queries=1)

@@ -109,11 +109,12 @@ MUTANTS = [
                    _reserved_total(pool, pool.others(i)) + tokens <= pool.max_kv_tokens,
                    _held_count(pool, pool.others(i)) + 1 <= pool.max_sequences))]),
            "unique_owner_per_generation", kind="pool"),
-    Mutant("PoolNoKvBudget", "reserve ignores the KV-token budget",
+    Mutant("PoolNoKvBudget", "reserve ignores the KV-token budget (the sequence budget stays, so the KV one is "
+           "the only invariant the mutant can break and the solver cannot report another)",
            lambda: derive_pool(KvLanePool, "PoolNoKvBudget", [PoolOp(
                "reserve", guard=lambda pool, i, seq, gen, tokens: And(*[
                    ~((pool.lanes[j].seq_id == seq) & (pool.lanes[j].generation == gen) & ~pool.lanes[j].at("free"))
-                   for j in pool.others(i)]))]),
+                   for j in pool.others(i)], _held_count(pool, pool.others(i)) + 1 <= pool.max_sequences))]),
            "kv_tokens_within_budget", kind="pool"),
     Mutant("PoolStalePosition", "the batch binds a position other than committed_len",
            lambda: derive_pool(KvLanePool, "PoolStalePosition", [PoolOp(
