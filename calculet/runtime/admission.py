@@ -64,6 +64,9 @@ class AdmissionOutcome:
 
     decision: Decision
     reason: str = ""
+    retry_after_s: float | None = None
+    """For a 429 whose cause has a duration (no prospect before the deadline): how long until a
+    retry could fit, from the same estimate; None = the service's default."""
 
     @property
     def http_status(self) -> int | None:
@@ -200,7 +203,8 @@ class AdmissionController:
         return self._count(AdmissionOutcome(
             Decision.REJECT_CAPACITY,
             f"no prospect of service before the deadline: estimated wait {wait_s:.1f} s + "
-            f"{service_s:.1f} s of decode > {left_s:.1f} s left"))
+            f"{service_s:.1f} s of decode > {left_s:.1f} s left",
+            retry_after_s=wait_s + service_s - left_s))
 
     def record(self, outcome: AdmissionOutcome) -> AdmissionOutcome:
         """Count an outcome decided by the caller (Admit / Queue)."""

@@ -29,6 +29,7 @@ error tree (``calculet.errors``) at the boundary, so no runtime exception reache
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from fastapi.responses import JSONResponse
@@ -92,12 +93,20 @@ def unsupported(param: str, message: str) -> APIError:
 _ADMISSION_CODES = {400: "invalid_request", 429: "over_capacity", 503: "model_unavailable"}
 
 
-def admission_error(status: int, reason: str, *, param: str | None = None) -> APIError:
-    """The §5.2 rejection the engine answered with (400 / 429 / 503)."""
+def admission_error(status: int, reason: str, *, param: str | None = None,
+                    retry_after_s: float | None = None) -> APIError:
+    """The §5.2 rejection the engine answered with (400 / 429 / 503).
+
+    ``retry_after_s``: the engine's estimate of when a retry could be served (a 429 for want of
+    a prospect before the deadline); ``Retry-After`` is it rounded up, else the default.
+    """
     code = _ADMISSION_CODES.get(status, "request_failed")
     if status == 400 and "context" in reason:
         code = "context_length_exceeded"
-    return APIError(status, reason or "request rejected", code=code, param=param)
+    headers = None
+    if status == 429 and retry_after_s is not None:
+        headers = {"Retry-After": str(max(RETRY_AFTER_S, math.ceil(retry_after_s)))}
+    return APIError(status, reason or "request rejected", code=code, param=param, headers=headers)
 
 
 def from_calculet(exc: CalculetError, *, admin: bool = False) -> APIError:

@@ -318,7 +318,7 @@ async def _generate(service: Service, request: Request, tenant: str, gen: Genera
              "generation": service.info.generation, "model": gen.model}
     if outcome.rejected:
         log.info("request rejected", extra={**extra, "status": outcome.http_status, "reason": outcome.reason})
-        raise admission_error(outcome.http_status or 400, outcome.reason)
+        raise admission_error(outcome.http_status or 400, outcome.reason, retry_after_s=outcome.retry_after_s)
     log.debug("request accepted", extra={**extra, "decision": outcome.decision.value, "prompt_tokens": n,
                                          "max_tokens": gen.max_tokens, "stream": gen.stream})
     response_id = ("cmpl-" if gen.kind == "completion" else "chatcmpl-") + http_id

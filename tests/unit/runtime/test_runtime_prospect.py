@@ -35,6 +35,8 @@ def test_a_request_without_a_prospect_before_its_deadline_is_refused_at_once():
     assert hopeless.outcome.http_status == 429
     assert "no prospect of service before the deadline" in hopeless.outcome.reason
     assert h.sinks[hopeless.request_id].outcome.http_status == 429
+    # retry when the estimate would fit: 9.5 s wait + 0 s decode - 5 s left
+    assert hopeless.outcome.retry_after_s == pytest.approx(4.5)
     hopeful = h.submit(prompt=20, new=1, deadline_ms=60_000)
     assert hopeful.outcome.decision.value == "queue"
     stats = admission.statistics()
@@ -91,3 +93,13 @@ def test_step_timer_smooths_and_refuses_bad_parameters():
         StepTimer(prior_s=-1)
     with pytest.raises(ValueError):
         StepTimer(smoothing=0)
+
+
+@pytest.mark.req("R5.2.4")
+def test_the_429_of_no_prospect_carries_the_estimate_as_retry_after():
+    from calculet.server.errors import RETRY_AFTER_S, admission_error
+
+    assert admission_error(429, "no prospect", retry_after_s=4.5).headers["Retry-After"] == "5"
+    assert admission_error(429, "no prospect", retry_after_s=0.2).headers["Retry-After"] == str(RETRY_AFTER_S)
+    assert admission_error(429, "queue full").headers["Retry-After"] == str(RETRY_AFTER_S)
+    assert "Retry-After" not in admission_error(400, "too long", retry_after_s=3.0).headers
