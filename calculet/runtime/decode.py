@@ -244,7 +244,12 @@ class DecodeScheduler:
             return 0.0
         return now - self._oldest_since(bucket)
 
-    def earliest_deadline(self, generation: int) -> float | None:
+    def _earliest_deadline(self, generation: int) -> float | None:
+        """The earliest candidate deadline, for the batching window's bound (§7.2 item 4).
+
+        Under ``at_risk`` the deadlines are kept in their own heap only while a batching window
+        is configured (the only reader), so a tick without one pays nothing for it.
+        """
         bucket = self._buckets.get(generation)
         if bucket is None or not bucket.count:
             return None
@@ -276,7 +281,7 @@ class DecodeScheduler:
         if bucket.count >= compiled_batch or self.window_s <= 0:
             return True, None
         fire_at = self._oldest_since(bucket) + self.window_s
-        deadline = self.earliest_deadline(generation)
+        deadline = self._earliest_deadline(generation)
         if deadline is not None and deadline - self.step_estimate_s < fire_at:
             fire_at = deadline - self.step_estimate_s
         if now >= fire_at:
