@@ -116,6 +116,10 @@ class WeightedFairClock:
             self._tenant_vt[tenant] = tag
         self._service[tenant] += cost
 
+    def prefill_tag(self, tenant: str, tokens: int) -> int:
+        """Scaled virtual time of ``tokens`` prompt tokens for ``tenant`` (a chunk's place in its class)."""
+        return tokens * self._unit[tenant]
+
     def step_tag(self, tenant: str, tokens: int = 1) -> int:
         """Scaled virtual time of ``tokens`` decode steps for ``tenant`` (rotation among ties)."""
         return self.decode_weight * tokens * self._unit[tenant]

@@ -2,7 +2,8 @@
 
 * Prompts are classed short (≤ ``short_prefill_max_tokens``, 512), medium (≤
   ``medium_prefill_max_tokens``, 4096) or long (beyond) (R6.2). Within a class, requests are
-  served in WFQ virtual-finish order (§5.3).
+  served in WFQ virtual-finish order (§5.3); the later chunks of a chunked prompt rotate with
+  the others by start-time fair queuing (:meth:`PrefillScheduler.requeue`).
 * Service opportunities — one device job each — are shared by weighted round robin over
   decode:short:medium:long (default 8:4:2:1, from ``queues.*_weight``) (R6.3, R6.4). The
   arbiter is *smooth* WRR: a deterministic interleaving whose period is the sum of the
@@ -21,7 +22,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Collection, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 from calculet.config import QueuesConfig
 from calculet.runtime.clock import Clock
@@ -115,7 +116,8 @@ class PrefillStatistics:
 class PrefillScheduler:
     """Three class queues of admitted requests waiting for their (next) prefill job."""
 
-    def __init__(self, queues: QueuesConfig, *, chunk_tokens: int | None = None, clock: Clock | None = None) -> None:
+    def __init__(self, queues: QueuesConfig, *, chunk_tokens: int | None = None, clock: Clock | None = None,
+                 chunk_cost: Callable[[str, int], int] | None = None) -> None:
         if chunk_tokens is not None and chunk_tokens < 1:
             raise ValueError("chunk_tokens must be >= 1")
         self._config = queues
@@ -127,6 +129,9 @@ class PrefillScheduler:
         self._taken: Counter[str] = Counter()
         self._chunked = 0
         self._seq = 0
+        self._chunk_cost = chunk_cost or (lambda tenant, tokens: tokens)
+        self._vt: dict[str, int] = {q: 0 for q in PREFILL_QUEUES}
+        """Per class, the largest tag taken so far: where a re-queued chunk starts (no banked credit)."""
 
     def classify(self, tokens: int) -> str:
         """R6.2: the class of a prompt of ``tokens`` tokens."""
@@ -147,9 +152,26 @@ class PrefillScheduler:
         opportunity until the whole prompt is done: the short prompts chunking is meant to
         protect would wait behind it as before.
         """
+        rec.prefill_tag = rec.virtual_finish
+        return self._push(rec, now)
+
+    def requeue(self, rec: RequestRecord, now: float, tokens: int) -> str:
+        """Queue ``rec`` for its next chunk of ``tokens`` tokens after one completed.
+
+        Start-time fair queuing within the class, as decode rotates its sequences: the chunk's
+        tag is where the request's last one left off, or the class's virtual time if that is
+        later, plus the chunk's weighted cost. Kept at its first virtual finish, a chunked
+        prompt would run all its chunks before any later request of its class starts, and a
+        medium prompt arriving behind a 16K one would wait for all 32 of its chunks.
+        """
+        queue = self.classify(rec.prompt_tokens)
+        rec.prefill_tag = max(rec.prefill_tag, self._vt[queue]) + self._chunk_cost(rec.tenant, tokens)
+        return self._push(rec, now)
+
+    def _push(self, rec: RequestRecord, now: float) -> str:
         queue = self.classify(rec.prompt_tokens)
         self._seq += 1
-        entry = [rec.virtual_finish, self._seq, rec, queue]
+        entry = [rec.prefill_tag, self._seq, rec, queue]
         rec.entry = entry
         rec.ready_since = now
         heapq.heappush(self._heaps[queue], entry)
@@ -174,7 +196,7 @@ class PrefillScheduler:
         return {q for q, n in self._depth.items() if n > 0}
 
     def take(self, queue: str) -> RequestRecord:
-        """Pop the head (smallest virtual finish) of ``queue``; it must be non-empty."""
+        """Pop the head (smallest tag) of ``queue``; it must be non-empty."""
         heap = self._heaps[queue]
         while True:
             entry = heapq.heappop(heap)
@@ -184,11 +206,13 @@ class PrefillScheduler:
                 rec.entry = None
                 self._depth[queue] -= 1
                 self._taken[queue] += 1
+                if entry[0] > self._vt[queue]:
+                    self._vt[queue] = entry[0]
                 return rec
 
     def restore(self, rec: RequestRecord) -> None:
-        """Put back a request whose job was not submitted; its place (virtual finish) is kept."""
-        self.add(rec, rec.ready_since)
+        """Put back a request whose job was not submitted; its place (its tag) is kept."""
+        self._push(rec, rec.ready_since)
 
     def count_chunk(self) -> None:
         self._chunked += 1

@@ -49,7 +49,7 @@ class RequestRecord:
 
     __slots__ = ("request_id", "tenant", "machine", "sink", "arrival", "deadline", "prefill_class",
                  "virtual_finish", "decode_tag", "cost", "last_token", "lease", "entry",
-                 "ready_since", "reject_status", "detail", "at_risk")
+                 "ready_since", "reject_status", "detail", "at_risk", "prefill_tag")
 
     def __init__(self, request_id: RequestId, request: InferenceRequest, machine: Any,
                  sink: RequestSink, arrival: float, deadline: float) -> None:
@@ -70,6 +70,8 @@ class RequestRecord:
         self.reject_status = 0
         self.detail = ""
         self.at_risk = False
+        self.prefill_tag = 0
+        """Prefill order within its class (§6): its virtual finish, then rotated per chunk."""
         """Decode order (§7.2): its deadline came at risk; it keeps deadline priority from then on."""
 
     @property

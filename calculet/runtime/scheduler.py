@@ -144,7 +144,7 @@ class Scheduler:
         self.admission = AdmissionController(
             budget, tenants=[TenantPolicy.from_config(t) for t in config.tenants], queues=config.queues,
             long_quota=config.admission.long_prefill_quota, now=clock.now())
-        self.prefill = PrefillScheduler(config.queues, clock=clock)
+        self.prefill = PrefillScheduler(config.queues, clock=clock, chunk_cost=self.admission.wfq.prefill_tag)
         self.step_times = StepTimer(step_estimate_s)
         self.decode = DecodeScheduler(kv, batching_window_us=config.batch.batching_window_us,
                                       max_tenant_lane_share=config.batch.max_tenant_lane_share,
@@ -450,7 +450,8 @@ class Scheduler:
             if rec.machine.cancel_requested or rec.machine.deadline_passed:
                 self._end_between_chunks(rec)
             else:
-                self.prefill.add(rec, now)
+                remaining = rec.prompt_tokens - self.kv.committed_len(work.lease)
+                self.prefill.requeue(rec, now, self.prefill.next_chunk(remaining))
             self._pump(now)
             return Applied(job.job_id, False, 1, 0)
         ok = verdict is LaneVerdict.OK

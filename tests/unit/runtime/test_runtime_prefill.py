@@ -161,6 +161,32 @@ def test_chunks_of_a_long_prompt_stay_in_the_long_queue_so_short_prompts_pass_th
     assert all(q == "short" for q, rid in queues if rid in shorts)
 
 
+@pytest.mark.req("R6.2", "R5.3.3")
+def test_a_later_prompt_of_the_same_class_does_not_wait_for_every_chunk_of_an_earlier_one():
+    """Chunks rotate within their class: a 1000-token prompt arriving after a 4000-token one's first
+    chunk starts after a chunk or two of it, not after all eight."""
+    h = Harness.build(sizes=(1,), lanes=8, max_seq=65_536, chunk=512,
+                      caps=SchedulingCapabilities(incremental_prefill=True))
+    big = h.submit(prompt=4000, new=2).request_id
+    plan = h.step()
+    assert plan.work.request_id == big and plan.work.queue == "medium"
+    h.run(plan)
+    small = h.submit(prompt=1000, new=2).request_id
+    order = []
+    while h.state(small) in ("prefill_ready", "prefill_running") or h.state(big) in ("prefill_ready",
+                                                                                      "prefill_running"):
+        plan = h.step()
+        if isinstance(plan.work, PrefillWork):
+            order.append(plan.work.request_id)
+            h.run(plan)
+        else:
+            h.scheduler.submitted(plan.work.job_id)
+            h.complete(plan.work)
+    first_small = order.index(small)
+    assert first_small <= 2, order
+    assert order.count(big) == 7 and order.count(small) == 2
+
+
 @pytest.mark.req("R4.4", "R4.5")
 def test_cancel_between_chunks_ends_at_once_and_during_a_chunk_drains():
     h, rid = chunked(64, 16)
