@@ -148,7 +148,7 @@ POLICIES: Mapping[str, PolicySpec] = {p.name: p for p in (
     _engine("calculet-b16-pingpong-chunked", (1, 4, 8, 16), 2,
             "calculet-b16-pingpong with 512-token prefill chunks and WRR 8:4:2:4 (long weight chosen with this "
             "tool on long-prefill-storm at load 1, R6.4: weight 1 left 2 of 8 long prompts past their deadline, "
-            "4 and 8 finished all 8 with short P99 TTFT 1.31x and 1.55x the no-storm run). Ping/pong overlap "
+            "4 and 8 finished all 8 with short P99 TTFT 1.42x and 1.48x the no-storm run). Ping/pong overlap "
             "and incremental prefill are both simulated assumptions (§14, §6)",
             prefill_chunk_tokens=512, queue_weights=(("long_prefill_weight", 4),)),
 )}
