@@ -27,7 +27,6 @@ the verified package manifest and the runtime's capability contract, and fails f
 from __future__ import annotations
 
 import difflib
-import io
 import types
 import typing
 from collections.abc import Collection, Mapping
@@ -35,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -47,6 +45,7 @@ from pydantic import (
 )
 
 from calculet.errors import ConfigError
+from calculet.yamlfile import read_yaml_file
 
 __all__ = [
     "SCHEMA_ID",
@@ -786,18 +785,7 @@ def load_config(path: str | Path) -> SchedulerConfig:
     each offending field path.
     """
     file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{file}: config file not found", source=str(file)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{file}: cannot read config file: {exc}", source=str(file)) from None
-    stream = io.StringIO(text)
-    stream.name = str(file)  # PyYAML puts the stream's name into its error marks
-    try:
-        data = yaml.load(stream, Loader=_StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{file}: invalid YAML: {exc}", source=str(file)) from None
+    data = read_yaml_file(file, ConfigError, "config")
     if data is None:
         raise ConfigError(
             f"{file}: the file is empty; it needs at least 'schema: {SCHEMA_ID}'",
@@ -915,46 +903,6 @@ def config_json_schema() -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 # helpers
 # --------------------------------------------------------------------------------------------
-
-
-class _StrictSafeLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that rejects duplicate keys.
-
-    PyYAML keeps the last of two equal keys silently; in a config that hides a mistake (two
-    ``queues:`` sections, the second one winning), so it is an error here.
-    """
-
-
-def _construct_mapping_no_duplicates(
-    loader: _StrictSafeLoader, node: yaml.MappingNode, deep: bool = False
-) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
-    result: dict[Any, Any] = {}
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            duplicate = key in result
-        except TypeError:
-            raise yaml.constructor.ConstructorError(
-                "while constructing a mapping",
-                node.start_mark,
-                f"unhashable key {key!r}",
-                key_node.start_mark,
-            ) from None
-        if duplicate:
-            raise yaml.constructor.ConstructorError(
-                "while constructing a mapping",
-                node.start_mark,
-                f"duplicate key {key!r}",
-                key_node.start_mark,
-            )
-        result[key] = loader.construct_object(value_node, deep=deep)
-    return result
-
-
-_StrictSafeLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping_no_duplicates
-)
 
 
 def _rebase_paths(config: SchedulerConfig, base_dir: Path) -> SchedulerConfig:

@@ -22,7 +22,6 @@ blocking") are *not* scaled by ``load_scale``: they are a fixed event placed at 
 from __future__ import annotations
 
 import hashlib
-import io
 import math
 import zlib
 from dataclasses import dataclass
@@ -30,13 +29,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Union
 
 import numpy as np
-import yaml
 from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict,
                       ValidationError, field_validator, model_validator)
 
 from calculet.config import LabelName, PosFloat, PosInt, TenantConfig
 from calculet.errors import ConfigError
 from calculet.loadsim.arrivals import on_off_arrivals, poisson_arrivals, spread_arrivals
+from calculet.yamlfile import read_yaml_file
 
 __all__ = [
     "SCHEMA_ID", "PRESETS_DIR", "PromptClass", "SimRequest", "OfferedLoad", "WorkloadError",
@@ -583,18 +582,7 @@ def parse_workload(data: object, *, source: str = "<workload>") -> Workload:
 def load_workload(path: str | Path) -> Workload:
     """Load a workload YAML file; errors name the file and each offending field path."""
     file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise WorkloadError(f"{file}: workload file not found", source=str(file)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise WorkloadError(f"{file}: cannot read workload file: {exc}", source=str(file)) from None
-    stream = io.StringIO(text)
-    stream.name = str(file)
-    try:
-        data = yaml.load(stream, Loader=_NoDuplicatesLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise WorkloadError(f"{file}: invalid YAML: {exc}", source=str(file)) from None
+    data = read_yaml_file(file, WorkloadError, "workload")
     return parse_workload(data, source=str(file))
 
 
@@ -610,24 +598,6 @@ def load_preset(name: str) -> Workload:
         raise WorkloadError(f"unknown preset {name!r}; presets: {', '.join(names)}", source=name)
     return load_workload(PRESETS_DIR / f"{name}.yaml")
 
-
-class _NoDuplicatesLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys (PyYAML silently keeps the last one)."""
-
-
-def _mapping_no_duplicates(loader: _NoDuplicatesLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    loader.flatten_mapping(node)
-    result: dict[Any, Any] = {}
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in result:
-            raise yaml.constructor.ConstructorError(
-                "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}", key_node.start_mark)
-        result[key] = loader.construct_object(value_node, deep=deep)
-    return result
-
-
-_NoDuplicatesLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_no_duplicates)
 
 _TAGS = {"fixed", "lognormal", "empirical", "poisson", "on_off"}
 
