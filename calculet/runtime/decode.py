@@ -48,6 +48,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from calculet.errors import DefinitionError
+from calculet.runtime.estimates import StepTimer
 from calculet.runtime.kv import KvBatchReservation, KvManager, KvReservationFailure
 from calculet.runtime.profiles import ProfileSpec
 from calculet.runtime.registry import RequestRecord
@@ -173,7 +174,7 @@ class DecodeScheduler:
     """Holds Ready sequences and builds decode batches (§7)."""
 
     def __init__(self, kv: KvManager, *, batching_window_us: int = 0, max_tenant_lane_share: float = 1.0,
-                 step_estimate_s: float = 0.0, step_cost: Callable[[str], int] | None = None,
+                 step_times: StepTimer | None = None, step_cost: Callable[[str], int] | None = None,
                  deadline_order: str = "strict", deadline_slack: float = 2.0) -> None:
         if not 0 < max_tenant_lane_share <= 1:
             raise ValueError("max_tenant_lane_share must be in (0, 1]")
@@ -186,7 +187,7 @@ class DecodeScheduler:
         self.slack = deadline_slack
         self.window_s = batching_window_us / 1_000_000
         self.share = max_tenant_lane_share
-        self.step_estimate_s = step_estimate_s
+        self._step_times = step_times if step_times is not None else StepTimer()
         self._step_cost = step_cost or (lambda tenant: 1)
         self._buckets: dict[int, _Bucket] = {}
         self._vt = 0
@@ -202,6 +203,11 @@ class DecodeScheduler:
         self._invalid = 0
         self._cap_hits = 0
         self._kv_refusals = 0
+
+    @property
+    def step_estimate_s(self) -> float:
+        """The scheduler's measured decode step time (one owner: its :class:`StepTimer`)."""
+        return self._step_times.decode_step_s
 
     # ------------------------------------------------------------------ the ready set
 
@@ -374,7 +380,7 @@ class DecodeScheduler:
         if not (self.strict or rec.at_risk):
             machine = rec.machine
             remaining = machine.max_new_tokens - machine.generated_tokens
-            at_risk_from = deadline - self.slack * remaining * self.step_estimate_s
+            at_risk_from = deadline - self.slack * remaining * self._step_times.decode_step_s
             if at_risk_from > since:
                 priority = math.inf
             else:

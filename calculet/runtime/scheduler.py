@@ -148,7 +148,7 @@ class Scheduler:
         self.step_times = StepTimer(step_estimate_s)
         self.decode = DecodeScheduler(kv, batching_window_us=config.batch.batching_window_us,
                                       max_tenant_lane_share=config.batch.max_tenant_lane_share,
-                                      step_estimate_s=step_estimate_s, step_cost=self.admission.wfq.step_tag,
+                                      step_times=self.step_times, step_cost=self.admission.wfq.step_tag,
                                       deadline_order=config.batch.deadline_order,
                                       deadline_slack=config.batch.deadline_slack)
         self.jobs = InflightTable(max_inflight=budget.max_inflight_jobs, fixed_engine=config.executor.fixed_engine)
@@ -393,7 +393,7 @@ class Scheduler:
         self._anomalies += extra
         self._end_job(job, completion.ok, completion.fault)
         if completion.ok:
-            self.decode.step_estimate_s = self.step_times.observe(now - job.submitted_at)
+            self.step_times.observe(now - job.submitted_at)
         ok = failed = 0
         registry, generation, job_id = self.registry, job.generation, job.job_id
         for check, rec, lease in zip(checks, batch.records, batch.kv.leases):
