@@ -25,7 +25,7 @@ import numpy as np
 from calculet.adapters.calrt import KvSeqId
 from calculet.adapters.sim import CostModel, SimConfig, open_sim
 from calculet.adapters.host_driver import HostDriver
-from calculet.runtime.clock import FakeClock
+from calculet.clock import FakeClock
 
 PROFILES = (1, 4, 8, 16)
 

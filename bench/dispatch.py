@@ -15,7 +15,7 @@ import statistics
 import time
 from typing import Any, Callable
 
-from calculet.invariants.monitor import MONITOR
+from calculet.machines.monitor import MONITOR
 from calculet.machines import RequestMachine
 
 PARAMS = dict(prompt_tokens=32, max_new_tokens=101, max_seq=512)

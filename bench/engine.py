@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 from calculet.adapters.sim import CostModel, SimCalRT, SimConfig, package_dir
 from calculet.config import parse_config
-from calculet.invariants.monitor import MONITOR
-from calculet.runtime.clock import FakeClock
-from calculet.runtime.engine import EngineDriver, EngineOptions, GenerateRequest
+from calculet.machines.monitor import MONITOR
+from calculet.clock import FakeClock
+from calculet.runtime.engine.core import EngineDriver, EngineOptions, GenerateRequest
 from calculet.runtime.request import NullSink
 
 PROFILES = (1, 4, 8, 16)

@@ -24,15 +24,15 @@ import time
 from typing import Any
 
 from calculet.config import SchedulerConfig, parse_config
-from calculet.invariants.monitor import MONITOR
-from calculet.runtime.admission import ModelAvailability
-from calculet.runtime.clock import FakeClock
-from calculet.runtime.completion import DecodeCompletion, LaneOutcome, PrefillCompletion
-from calculet.runtime.decode import DecodeBatch
-from calculet.runtime.kv import KvManager
-from calculet.runtime.profiles import InactiveLanePolicy, ProfileSet, ProfileSpec
+from calculet.machines.monitor import MONITOR
+from calculet.runtime.scheduling.admission import ModelAvailability
+from calculet.clock import FakeClock
+from calculet.runtime.scheduling.completion import DecodeCompletion, LaneOutcome, PrefillCompletion
+from calculet.runtime.scheduling.decode import DecodeBatch
+from calculet.runtime.scheduling.kv import KvManager
+from calculet.runtime.scheduling.profiles import InactiveLanePolicy, ProfileSet, ProfileSpec
 from calculet.runtime.request import InferenceRequest, NullSink
-from calculet.runtime.scheduler import Scheduler
+from calculet.runtime.scheduling.scheduler import Scheduler
 
 B = 16
 MAX_SEQ = 8192

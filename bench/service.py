@@ -45,9 +45,9 @@ import numpy as np
 
 from calculet.adapters.sim import CostModel, SimCalRT, SimConfig, TimeMode, package_dir
 from calculet.config import default_config
-from calculet.runtime.engine import Engine, EngineOptions, GenerateRequest
-from calculet.runtime.sampler import SamplingParams
-from calculet.runtime.stream import StreamWriter
+from calculet.runtime.engine.core import Engine, EngineOptions, GenerateRequest
+from calculet.runtime.execution.sampler import SamplingParams
+from calculet.runtime.streams.writer import StreamWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "Calculet NPU benchmark prompt"

@@ -40,7 +40,7 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 
 from calculet.adapters.sim.cost import CostModel
 from calculet.config import DegradeConfig
-from calculet.invariants.monitor import MONITOR
+from calculet.machines.monitor import MONITOR
 from calculet.loadsim.analysis import RunSummary, SimRequestRecord, latency_stats, service_timeline, workload_limit
 from calculet.loadsim.baselines import device_bound_limit
 from calculet.loadsim.policies import POLICIES, PolicyError, PolicySpec, parse_policies, run_policy

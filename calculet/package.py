@@ -1,6 +1,6 @@
 """``python -m calculet.package``: build, sign, verify, inspect and pack model packages.
 
-The command line over :mod:`calculet.adapters.packages` (§11 steps 1–2), for the people who
+The command line over :mod:`calculet.packages.verify` (§11 steps 1–2), for the people who
 produce packages (build, sign, pack, keygen) and those who receive them (verify, inspect).
 ``verify`` runs exactly the checks a model load runs, so a package that verifies here loads
 past step 2. Every failure prints ``error: ...`` naming the package and file, and exits 1.
@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from calculet.adapters.packages import (
+from calculet.packages.verify import (
     DEFAULT_MAX_FILE_BYTES,
     build_package,
     generate_keypair,

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from calculet.invariants.symbolic import SymbolicVars, symbolic_args
+from calculet.logic.symbolic import SymbolicVars, symbolic_args
 from calculet.machines import ALL_MACHINES
 from calculet.machines.codegen import MathPrinter
 from calculet.machines.core import Definition, Machine

@@ -7,7 +7,7 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
-from calculet.invariants.monitor import MONITOR
+from calculet.machines.monitor import MONITOR
 
 # DESIGN principle 9: two depths of fuzzing. `ci` is bounded and derandomized (no flakes, no
 # deadline noise on a loaded 2-core machine); `deep` is for `make soak`.

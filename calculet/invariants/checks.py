@@ -1,6 +1,6 @@
 """Per-machine proofs over every declared transition, with z3.
 
-Everything is encoded from the one declaration (:mod:`calculet.invariants.symbolic`): the
+Everything is encoded from the one declaration (:mod:`calculet.logic.symbolic`): the
 checks below never restate a machine. For each machine:
 
 * **initiation** — the initial state satisfies every invariant, for every parameter value;
@@ -29,7 +29,7 @@ from typing import Any, Iterable
 
 import z3
 
-from calculet.invariants.symbolic import SymbolicVars, arg_domain, symbolic_args
+from calculet.logic.symbolic import SymbolicVars, arg_domain, symbolic_args
 from calculet.machines.core import Bool, Definition, EnumType, Transition
 
 

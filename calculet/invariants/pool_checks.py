@@ -30,7 +30,7 @@ import z3
 
 from calculet.invariants.checks import (CheckResult, Counterexample, _as_bool, enabled, invariants_hold, post_state,
                                         read_args, read_state, takes)
-from calculet.invariants.symbolic import SymbolicVars, arg_domain, symbolic_args, type_domain
+from calculet.logic.symbolic import SymbolicVars, arg_domain, symbolic_args, type_domain
 from calculet.machines.pool import PoolDefinition, PoolView
 
 Progress = Callable[[str], None]

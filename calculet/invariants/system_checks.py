@@ -42,7 +42,7 @@ import z3
 
 from calculet.invariants.checks import (CheckResult, Counterexample, _as_bool, _value, invariants_hold, post_state,
                                         read_state, takes)
-from calculet.invariants.symbolic import SymbolicVars, arg_domain
+from calculet.logic.symbolic import SymbolicVars, arg_domain
 from calculet.invariants.pool_checks import first_violation
 from calculet.machines.core import Bool, Definition, Machine
 from calculet.machines.system import NONE, SystemDefinition, SystemView, Variant

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Iterable
 
-from calculet.invariants.symbolic import solve_arguments
+from calculet.logic.symbolic import solve_arguments
 
 Step = tuple[str, dict[str, Any]]
 

@@ -46,7 +46,7 @@ from calculet.errors import ConfigError
 from calculet.loadsim.baselines import simulate_multi_slot, simulate_serial_fcfs
 from calculet.loadsim.runner import DEFAULT_MAX_SEQ, PolicyRun, decode_work_s, default_options, run_engine
 from calculet.loadsim.workload import SimRequest, Workload
-from calculet.runtime.engine import EngineOptions
+from calculet.runtime.engine.core import EngineOptions
 
 __all__ = [
     "BASELINE_NAMES", "DEFAULT_POLICIES", "POLICIES", "SELECT_THRESHOLDS", "PolicyError", "PolicyRun",

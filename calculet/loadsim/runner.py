@@ -2,7 +2,7 @@
 
 Why the real engine and not a model of it: a policy figure is only worth something if it was
 produced by the code that will serve traffic. So the runner hands each
-:class:`~calculet.loadsim.workload.SimRequest` to :class:`~calculet.runtime.engine.EngineDriver`
+:class:`~calculet.loadsim.workload.SimRequest` to :class:`~calculet.runtime.engine.core.EngineDriver`
 — admission, WFQ, WRR prefill queues, profile selection, batch building, the executor with
 ping/pong, completion, sampling, recovery — on the simulated NPU in cost-model mode (numerics
 off, virtual time), and turns what the engine delivers into the same
@@ -52,9 +52,9 @@ from calculet.errors import CalculetError, DefinitionError
 from calculet.loadsim.analysis import RunSummary, SimBatchRecord, SimRequestRecord, summarize
 from calculet.loadsim.workload import SimRequest
 from calculet.machines.request import FinishReason
-from calculet.runtime.clock import FakeClock
-from calculet.runtime.engine import EngineDriver, EngineOptions, EngineStatistics, GenerateRequest
-from calculet.runtime.registry import RequestRecord
+from calculet.clock import FakeClock
+from calculet.runtime.engine.core import EngineDriver, EngineOptions, EngineStatistics, GenerateRequest
+from calculet.runtime.scheduling.registry import RequestRecord
 from calculet.runtime.request import RequestOutcome
 
 __all__ = [
@@ -632,7 +632,7 @@ class _LiveSink:
 def run_live(requests: Sequence[SimRequest], config: SchedulerConfig, *, cost: CostModel,
              max_seq: int = DEFAULT_MAX_SEQ, options: EngineOptions | None = None,
              timeout_s: float = 60.0, prefill_chunk_tokens: int | None = None) -> tuple[LiveOutcome, ...]:
-    """Serve ``requests`` on the live :class:`~calculet.runtime.engine.Engine` (threads, real clock).
+    """Serve ``requests`` on the live :class:`~calculet.runtime.engine.core.Engine` (threads, real clock).
 
     The simulated NPU runs in ``TimeMode.REAL`` (its worker thread completes jobs at their
     cost-model instants on the monotonic clock). Requests are submitted back to back from this
@@ -640,7 +640,7 @@ def run_live(requests: Sequence[SimRequest], config: SchedulerConfig, *, cost: C
     short enough to expire, no cancel, no rate limit) must then equal the virtual-time run's —
     which is what the agreement test checks. Waits on the sinks, never sleeps.
     """
-    from calculet.runtime.engine import Engine
+    from calculet.runtime.engine.core import Engine
 
     sim = SimCalRT(SimConfig(time_mode=TimeMode.REAL, numerics=False, cost=cost, board=BoardPreset.reference()))
     engine = Engine(config, sim, loadsim_package_dir(max_seq, prefill_chunk_tokens),

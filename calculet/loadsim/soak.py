@@ -48,13 +48,13 @@ from calculet.adapters.calrt import DecodeJob, JobResult, JobSpec, JobTicket, Re
 from calculet.adapters.sim import CostModel, FaultKind, SimVirtualDevice
 from calculet.adapters.sim.model import pseudo_next_token
 from calculet.errors import CalculetError, DefinitionError
-from calculet.invariants.monitor import MONITOR, MonitorStatistics
+from calculet.machines.monitor import MONITOR, MonitorStatistics
 from calculet.loadsim.policies import POLICIES, PolicySpec
 from calculet.loadsim.runner import DEFAULT_MAX_SEQ, DeviceObserver, build_driver, generate_request
 from calculet.loadsim.workload import SimRequest, Workload, generate_requests, load_preset
 from calculet.machines.request import FinishReason
-from calculet.runtime.engine import EngineStatistics
-from calculet.runtime.registry import RequestRecord
+from calculet.runtime.engine.core import EngineStatistics
+from calculet.runtime.scheduling.registry import RequestRecord
 from calculet.runtime.request import RequestOutcome
 
 __all__ = ["MemorySample", "SoakOptions", "SoakReport", "run_soak"]
@@ -92,7 +92,7 @@ class SoakOptions:
     """Object types the runtime keeps in a deliberately bounded history, with the bound: they may
     grow by up to that many. ``RequestOutcome``: the registry keeps the last ``retain_terminal``
     (65 536) ended requests' outcomes so a late ``cancel``/status call still gets an answer
-    (``runtime/registry.py``); a day at the steady preset's rate ends ~43 000 requests, so that
+    (``runtime/scheduling/registry.py``); a day at the steady preset's rate ends ~43 000 requests, so that
     history is still filling when the soak ends and grows by one object per request."""
     trace_memory: bool = False
     """Also run ``tracemalloc`` (exact Python allocations; measured ~4.5x slower here, so off by

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import z3
 
-from calculet.invariants.symbolic import SymbolicVars, symbolic_args
+from calculet.logic.symbolic import SymbolicVars, symbolic_args
 from calculet.machines.core import Definition, EnumType, InvalidDefinition, Transition
 
 

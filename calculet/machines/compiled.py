@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from calculet.invariants import monitor as _monitor_module
+from calculet.machines import monitor as _monitor_module
 from calculet.machines.codegen import generate_dispatch, generate_invariant_check
 from calculet.machines.core import Definition, Transition, TransitionNotAllowed
 

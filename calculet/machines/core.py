@@ -10,7 +10,7 @@ A declaration is a subclass of :class:`Machine` whose body lists
 
 Guards, effects and invariants are plain callables over a *variables view* ``v`` (a live
 instance, or its z3 twin) and the event's arguments, written with the helpers of
-:mod:`calculet.invariants.expr` so that the same code evaluates concretely and symbolically.
+:mod:`calculet.logic.expr` so that the same code evaluates concretely and symbolically.
 Effects are pure: they return the updated variables as a dict.
 
 From the declaration come: a compiled dispatch table (:mod:`calculet.machines.compiled`), a
@@ -21,15 +21,16 @@ Faults a declaration can have are caught when its class is created, as ``Invalid
 
 from __future__ import annotations
 
-import enum
 import inspect
-from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Mapping
 
 import z3
 
 from calculet.errors import CalculetError, DefinitionError
+from calculet.logic.expr import And, Implies, is_symbolic
+from calculet.logic.symbolic import SymbolicVars, symbolic_args
+from calculet.logic.types import Bool, EnumType, Int, VarType
 
 __all__ = [
     "Int", "Bool", "EnumType", "Param", "Var", "State", "Event", "T", "Transition",
@@ -82,127 +83,6 @@ class InvariantViolation(DefinitionError):
         self.transition = transition
         self.pre = dict(pre)
         self.post = dict(post)
-
-
-# --------------------------------------------------------------------------------------------
-# Types
-
-
-class VarType(ABC):
-    """A bounded type: how to check a plain value, and how to make and constrain a z3 term."""
-
-    default: Any = None
-
-    @abstractmethod
-    def check(self, value: Any) -> str | None:
-        """None when ``value`` belongs to the type, otherwise the reason it does not."""
-
-    @abstractmethod
-    def symbol(self, name: str) -> z3.ExprRef:
-        """A fresh z3 constant of this type's sort."""
-
-    def constraint(self, term: Any) -> Any:
-        """The z3 domain constraint of ``term`` (None when the sort alone is the domain)."""
-        return None
-
-    @abstractmethod
-    def describe(self) -> str:
-        """How the documents print the type."""
-
-    @abstractmethod
-    def is_sort_of(self, term: Any) -> bool:
-        """Whether an effect's value (plain or z3) can be assigned to a variable of this type."""
-
-
-@dataclass(frozen=True)
-class Int(VarType):
-    """An integer, unbounded unless ``ge``/``le`` say otherwise (CalRT ids and lengths are unsigned)."""
-
-    ge: int | None = None
-    le: int | None = None
-    default: int = 0
-
-    def check(self, value: Any) -> str | None:
-        if isinstance(value, bool) or not isinstance(value, int):
-            return f"expected an int, got {type(value).__name__}"
-        if self.ge is not None and value < self.ge:
-            return f"{value} < {self.ge}"
-        if self.le is not None and value > self.le:
-            return f"{value} > {self.le}"
-        return None
-
-    def symbol(self, name: str) -> z3.ArithRef:
-        return z3.Int(name)
-
-    def constraint(self, term: Any) -> Any:
-        parts = []
-        if self.ge is not None:
-            parts.append(term >= self.ge)
-        if self.le is not None:
-            parts.append(term <= self.le)
-        if not parts:
-            return None
-        return z3.And(*parts) if len(parts) > 1 else parts[0]
-
-    def describe(self) -> str:
-        lo = "" if self.ge is None else f"{self.ge} ≤ "
-        hi = "" if self.le is None else f" ≤ {self.le}"
-        return f"{lo}int{hi}"
-
-    def is_sort_of(self, term: Any) -> bool:
-        if isinstance(term, z3.ExprRef):
-            return term.sort() == z3.IntSort()
-        return isinstance(term, int) and not isinstance(term, bool)
-
-
-@dataclass(frozen=True)
-class Bool(VarType):
-    default: bool = False
-
-    def check(self, value: Any) -> str | None:
-        return None if isinstance(value, bool) else f"expected a bool, got {type(value).__name__}"
-
-    def symbol(self, name: str) -> z3.BoolRef:
-        return z3.Bool(name)
-
-    def describe(self) -> str:
-        return "bool"
-
-    def is_sort_of(self, term: Any) -> bool:
-        if isinstance(term, z3.ExprRef):
-            return z3.is_bool(term)
-        return isinstance(term, bool)
-
-
-@dataclass(frozen=True)
-class EnumType(VarType):
-    """An ``IntEnum``; encoded for z3 as an integer restricted to the members' values."""
-
-    enum_cls: type[enum.IntEnum] = enum.IntEnum
-    default: Any = None
-
-    def __post_init__(self) -> None:
-        if self.default is None:
-            object.__setattr__(self, "default", next(iter(self.enum_cls)))
-
-    def check(self, value: Any) -> str | None:
-        if isinstance(value, self.enum_cls):
-            return None
-        return f"expected a {self.enum_cls.__name__}, got {value!r}"
-
-    def symbol(self, name: str) -> z3.ArithRef:
-        return z3.Int(name)
-
-    def constraint(self, term: Any) -> Any:
-        return z3.Or(*[term == int(member) for member in self.enum_cls])
-
-    def describe(self) -> str:
-        return f"{self.enum_cls.__name__} ({', '.join(m.name for m in self.enum_cls)})"
-
-    def is_sort_of(self, term: Any) -> bool:
-        if isinstance(term, z3.ExprRef):
-            return term.sort() == z3.IntSort()
-        return isinstance(term, self.enum_cls)
 
 
 # --------------------------------------------------------------------------------------------
@@ -537,14 +417,10 @@ def _resolve(cls: type[Machine]) -> Definition:
 
 
 def _terminal_predicate(terminal: tuple[str, ...]) -> Callable[[Any, Any], Any]:
-    from calculet.invariants.expr import And, Implies
-
     return lambda pre, post: And(*[Implies(pre.at(s), post.at(s)) for s in terminal])
 
 
 def _bounds_predicate(var: Var) -> Callable[[Any], Any]:
-    from calculet.invariants.expr import And, is_symbolic
-
     typ = var.type
     attr = var.name
 
@@ -566,8 +442,6 @@ def _check(d: Definition, structure: bool = True) -> None:
     ``structure=False`` (only for the mutation suite's deliberately broken copies) skips the
     graph checks, so that the formal checks, not the import, are what must catch the fault.
     """
-    from calculet.invariants.symbolic import SymbolicVars, symbolic_args
-
     def fault(msg: str) -> InvalidDefinition:
         return InvalidDefinition(d.name, msg)
 
@@ -605,8 +479,6 @@ def _check(d: Definition, structure: bool = True) -> None:
 def _check_expressions(d: Definition) -> None:
     """Every expression names only declared variables, parameters and arguments, with the right
     sort. Evaluating it on z3 terms visits every branch, which plain values do not."""
-    from calculet.invariants.symbolic import SymbolicVars, symbolic_args
-
     def fault(msg: str) -> InvalidDefinition:
         return InvalidDefinition(d.name, msg)
 

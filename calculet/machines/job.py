@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from calculet.invariants.expr import And, Implies, Not
+from calculet.logic.expr import And, Implies, Not
 from calculet.machines.core import Bool, EnumType, Event, Int, Invariant, Machine, Param, State, StepProperty, T, Var
 
 

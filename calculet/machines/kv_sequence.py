@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from calculet.invariants.expr import And, Implies, Not, Or
+from calculet.logic.expr import And, Implies, Not, Or
 from calculet.machines.core import Event, Int, Invariant, Machine, Param, State, StepProperty, T, Var
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from calculet.invariants.expr import And, Implies, Not
+from calculet.logic.expr import And, Implies, Not
 from calculet.machines.core import Bool, Event, Int, Invariant, Machine, Param, State, StepProperty, T, Var
 
 

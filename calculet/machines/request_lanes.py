@@ -3,8 +3,8 @@
 Each request is a :class:`RequestMachine` and each lane a :class:`KvSequenceMachine`, with their
 own invariants proved per machine. What neither machine can state is how they move together —
 "a decoding request's kv_length equals its lane's committed_len" needs both — so this module
-declares the coupling the scheduler (``calculet/runtime/scheduler.py``) and the KV manager
-(``calculet/runtime/kv.py``) implement, as one :class:`~calculet.machines.system.CoupledSystem`
+declares the coupling the scheduler (``calculet/runtime/scheduling/scheduler.py``) and the KV manager
+(``calculet/runtime/scheduling/kv.py``) implement, as one :class:`~calculet.machines.system.CoupledSystem`
 (why not a ``Pool``: see that module). Its proofs are in
 :mod:`calculet.invariants.system_checks`; its document is ``specs/request_lanes.md``.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from calculet.invariants.expr import And, Implies, Not
+from calculet.logic.expr import And, Implies, Not
 from calculet.machines.core import Bool, Int
 from calculet.machines.kv_sequence import KvSequenceMachine
 from calculet.machines.request import RequestMachine

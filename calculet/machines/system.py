@@ -40,7 +40,8 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
-from calculet.invariants.expr import And
+from calculet.logic.expr import And
+from calculet.logic.symbolic import SymbolicVars
 from calculet.machines.core import InvalidDefinition, Machine, Transition, VarType, _callable_args
 
 NONE = -1  # binding value: the request holds no lane
@@ -293,8 +294,6 @@ def _check_wirings(sd: SystemDefinition, fault: Callable[[str], InvalidDefinitio
     evaluated once on z3 terms (a two-request, two-lane system), which visits every branch.
     Returns the steps that read only their own request and lane (see ``SystemDefinition.local``)."""
     import z3
-
-    from calculet.invariants.symbolic import SymbolicVars
 
     requests = [SymbolicVars(sd.request.definition, f"_wr{i}") for i in range(2)]
     lanes = [SymbolicVars(sd.lane.definition, f"_wl{j}") for j in range(2)]

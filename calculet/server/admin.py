@@ -22,7 +22,7 @@ Routes (all behind ``Authorization: Bearer <admin token>``, checked against
 ``Unavailable`` (503), ``NotSupported`` (501).
 
 :class:`ManagedModelAdmin` binds it to the engine's
-:class:`~calculet.runtime.models.ModelManager` (``engine.models``).
+:class:`~calculet.runtime.models.manager.ModelManager` (``engine.models``).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from calculet.adapters.calrt import CALRT_VERSION, DeviceCapabilities, profile_tier
 from calculet.config import SchedulerConfig
 from calculet.errors import CalculetError, NotFound, NotSupported, Unavailable
-from calculet.runtime.engine import Engine, EngineStatistics, ModelInfo
-from calculet.runtime.models import LoadReport, ModelManager, OperationHandle, StepTiming, UnloadReport
-from calculet.runtime.models import ModelStatus as ManagerStatus
+from calculet.runtime.engine.core import Engine, EngineStatistics, ModelInfo
+from calculet.runtime.models.manager import LoadReport, ModelManager, OperationHandle, StepTiming, UnloadReport
+from calculet.runtime.models.manager import ModelStatus as ManagerStatus
 from calculet.server.errors import from_calculet
 from calculet.server.schemas import (
     CapabilityContract,
@@ -177,7 +177,7 @@ def _unload_report(report: UnloadReport, deadline_ms: int) -> dict[str, Any]:
 
 
 class ManagedModelAdmin:
-    """``ModelAdmin`` over the engine's :class:`~calculet.runtime.models.ModelManager` (``engine.models``).
+    """``ModelAdmin`` over the engine's :class:`~calculet.runtime.models.manager.ModelManager` (``engine.models``).
 
     * ``load`` — §11 steps 1–11 on the calling thread and the engine's actor; the package must
       resolve under ``trust.trusted_roots`` and be signed by a key in ``trust.trusted_keys_dir``
@@ -195,7 +195,7 @@ class ManagedModelAdmin:
       state, package sha256, signer, pinned requests and in-flight jobs; ``stopped`` says when
       the engine's actor has ended, after which the records are read directly.
 
-    Failures keep the runtime's error tree: :class:`~calculet.runtime.models.LoadFailed` names the
+    Failures keep the runtime's error tree: :class:`~calculet.runtime.models.manager.LoadFailed` names the
     §11 step (400 for a package or config the checks refuse); another configured alias is 501
     (one alias per process on CalRT 0.7.6, §13.1); an unknown alias is 404.
     """

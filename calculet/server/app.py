@@ -1,7 +1,7 @@
 """The service object and the FastAPI app factory (DESIGN "server → runtime", §3 API threads).
 
 :class:`Service` joins what the HTTP layer needs: the configuration, the running
-:class:`~calculet.runtime.engine.Engine` (the only owner of request state — HTTP handlers only
+:class:`~calculet.runtime.engine.core.Engine` (the only owner of request state — HTTP handlers only
 post to it, §4), the :class:`~calculet.server.admin.ModelAdmin` binding (by default
 :class:`~calculet.server.admin.ManagedModelAdmin` over ``engine.models``), tenants and the admin
 guard, and the metrics registry. :func:`create_app` builds the FastAPI app over it:
@@ -41,7 +41,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from calculet.adapters.calrt import DeviceCapabilities
 from calculet.config import SchedulerConfig
 from calculet.errors import CalculetError
-from calculet.runtime.engine import Engine
+from calculet.runtime.engine.core import Engine
 from calculet.server.admin import EngineLifecycle, ManagedModelAdmin, ModelAdmin, admin_router
 from calculet.server.auth import AdminGuard, TenantDirectory
 from calculet.server.errors import APIError, from_calculet, internal

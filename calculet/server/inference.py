@@ -43,11 +43,11 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from calculet.errors import BadRequest, CalculetError
 from calculet.machines.request import FinishReason
-from calculet.runtime.engine import GenerateRequest
+from calculet.runtime.engine.core import GenerateRequest
 from calculet.runtime.request import RequestOutcome
-from calculet.runtime.sampler import SamplingParams
-from calculet.runtime.stream import StreamFinish, StreamWriter
-from calculet.runtime.tokenizer import ByteTokenizer
+from calculet.runtime.execution.sampler import SamplingParams
+from calculet.runtime.streams.writer import StreamFinish, StreamWriter
+from calculet.runtime.streams.tokenizer import ByteTokenizer
 from calculet.server.errors import APIError, admission_error, from_calculet, invalid
 from calculet.server.schemas import (
     AssistantMessage,

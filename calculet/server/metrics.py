@@ -50,16 +50,16 @@ from prometheus_client.registry import Collector
 
 from calculet.adapters.calrt import Anomaly, ReturnCode, profile_tier
 from calculet.config import SchedulerConfig
-from calculet.invariants.monitor import MONITOR
+from calculet.machines.monitor import MONITOR
 from calculet.machines import ALL_MACHINES
 from calculet.machines.job import DeviceJobMachine
 from calculet.machines.kv_sequence import KvSequenceMachine
 from calculet.machines.model import ModelMachine
 from calculet.machines.request import FinishReason, RequestMachine
-from calculet.runtime.admission import Decision
-from calculet.runtime.engine import EngineStatistics
-from calculet.runtime.executor import DegradeReason
-from calculet.runtime.recovery import FaultReason
+from calculet.runtime.scheduling.admission import Decision
+from calculet.runtime.engine.core import EngineStatistics
+from calculet.runtime.execution.executor import DegradeReason
+from calculet.runtime.execution.recovery import FaultReason
 
 log = logging.getLogger("calculet.server.metrics")
 

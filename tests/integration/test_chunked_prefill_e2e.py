@@ -26,10 +26,10 @@ from calculet.adapters.host_driver import HostDriver
 from calculet.adapters.sim import BoardPreset, SimCalRT, SimConfig
 from calculet.adapters.sim.build import build_package
 from calculet.adapters.sim.model import TinyConfig
-from calculet.runtime.clock import FakeClock
-from calculet.runtime.engine import EngineDriver, EngineOptions, GenerateRequest
-from calculet.runtime.sampler import SamplingParams
-from calculet.runtime.stream import StreamWriter
+from calculet.clock import FakeClock
+from calculet.runtime.engine.core import EngineDriver, EngineOptions, GenerateRequest
+from calculet.runtime.execution.sampler import SamplingParams
+from calculet.runtime.streams.writer import StreamWriter
 from tests.integration.test_engine_support import RecordingRuntime, assert_clean, engine_config
 from tests.integration.test_sim_golden import assert_chunked_equals_one_shot
 

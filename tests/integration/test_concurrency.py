@@ -25,14 +25,14 @@ import pytest
 
 from calculet.errors import NotFound
 from calculet.runtime.actor import Mailbox
-from calculet.runtime.admission import ModelAvailability
-from calculet.runtime.clock import FakeClock
-from calculet.runtime.completion import DecodeCompletion, FaultKind, LaneOutcome, PrefillCompletion
-from calculet.runtime.decode import DecodeBatch
-from calculet.runtime.kv import FreeSequence, KvManager
-from calculet.runtime.prefill import PrefillWork
+from calculet.runtime.scheduling.admission import ModelAvailability
+from calculet.clock import FakeClock
+from calculet.runtime.scheduling.completion import DecodeCompletion, FaultKind, LaneOutcome, PrefillCompletion
+from calculet.runtime.scheduling.decode import DecodeBatch
+from calculet.runtime.scheduling.kv import FreeSequence, KvManager
+from calculet.runtime.scheduling.prefill import PrefillWork
 from calculet.runtime.request import InferenceRequest, RequestOutcome
-from calculet.runtime.scheduler import Scheduler, SchedulingCapabilities
+from calculet.runtime.scheduling.scheduler import Scheduler, SchedulingCapabilities
 from tests.unit.runtime.runtime_support import make_config, profile_set
 
 REQUESTS = 1000

@@ -20,12 +20,12 @@ from calculet.adapters.calrt import Engine as DeviceEngine, JobKind, JobResult, 
 from calculet.adapters.sim import FaultKind, FaultRule, SimCalRT, SimConfig, TimeMode, package_dir
 from calculet.errors import NotFound, Unavailable
 from calculet.machines.request import FinishReason
-from calculet.runtime.admission import Decision
-from calculet.runtime.clock import FakeClock
-from calculet.runtime.engine import Engine, EngineOptions, ExecutionMode, GenerateRequest
-from calculet.runtime.registry import CancelResult
+from calculet.runtime.scheduling.admission import Decision
+from calculet.clock import FakeClock
+from calculet.runtime.engine.core import Engine, EngineOptions, ExecutionMode, GenerateRequest
+from calculet.runtime.scheduling.registry import CancelResult
 from calculet.runtime.request import RequestOutcome
-from calculet.runtime.stream import StreamFinish, StreamWriter
+from calculet.runtime.streams.writer import StreamFinish, StreamWriter
 from tests.integration.test_engine_support import (
     RecordingRuntime,
     assert_clean,
@@ -367,7 +367,7 @@ def run_trace(mode: ExecutionMode, events: list[tuple[float, str, Any]]) -> dict
                                         4100: ReturnCode.INVALID_STATE})
     runtime.hooks.result_rc.update({555: ReturnCode.INTERNAL, 2555: ReturnCode.NOT_FOUND})
     config = engine_config(recovery={"max_resets_per_10min": 100})
-    from calculet.runtime.engine import EngineDriver
+    from calculet.runtime.engine.core import EngineDriver
 
     driver = EngineDriver(config, runtime, package_dir("current"), clock=clock,
                           options=EngineOptions(mode=mode, verify_golden=False, job_timeout_s=0.05, monitor_mode=None),

@@ -17,11 +17,11 @@ import pytest
 from calculet.adapters.calrt import JobKind
 from calculet.adapters.sim import FaultKind, FaultRule, SimCalRT, SimConfig, package_dir
 from calculet.errors import ConfigError
-from calculet.runtime.clock import FakeClock
-from calculet.runtime.engine import EngineDriver, EngineOptions
-from calculet.runtime.registry import CancelResult
-from calculet.runtime.session import GoldenFailed, RuntimeSession
-from calculet.runtime.stream import StreamFinish
+from calculet.clock import FakeClock
+from calculet.runtime.engine.core import EngineDriver, EngineOptions
+from calculet.runtime.scheduling.registry import CancelResult
+from calculet.runtime.execution.session import GoldenFailed, RuntimeSession
+from calculet.runtime.streams.writer import StreamFinish
 from tests.integration.test_engine_support import (
     assert_clean,
     engine_config,

@@ -20,10 +20,10 @@ import pytest
 from calculet.adapters.calrt import DecodeJob, JobResult, JobSpec, JobTicket, ReturnCode, error_for
 from calculet.adapters.sim import FaultKind, SimCalRT, SimConfig, SimVirtualDevice, package_dir
 from calculet.config import SchedulerConfig
-from calculet.runtime.clock import FakeClock
-from calculet.runtime.engine import EngineDriver, EngineOptions, GenerateRequest
-from calculet.runtime.sampler import SamplingParams
-from calculet.runtime.stream import StreamWriter
+from calculet.clock import FakeClock
+from calculet.runtime.engine.core import EngineDriver, EngineOptions, GenerateRequest
+from calculet.runtime.execution.sampler import SamplingParams
+from calculet.runtime.streams.writer import StreamWriter
 from tests.unit.runtime.runtime_support import make_config
 
 

@@ -25,11 +25,11 @@ import pytest
 
 from calculet.adapters.sim import CostModel, SimCalRT, SimConfig, TimeMode
 from calculet.adapters.sim.model import pseudo_next_token
-from calculet.runtime.engine import Engine, EngineOptions, GenerateRequest
-from calculet.runtime.models import OperationHandle
+from calculet.runtime.engine.core import Engine, EngineOptions, GenerateRequest
+from calculet.runtime.models.manager import OperationHandle
 from calculet.runtime.request import RequestOutcome
-from calculet.runtime.sampler import SamplingParams
-from calculet.runtime.stream import StreamWriter
+from calculet.runtime.execution.sampler import SamplingParams
+from calculet.runtime.streams.writer import StreamWriter
 from tests.integration.test_models_support import (
     ALIAS,
     Client,

@@ -12,7 +12,7 @@ and fails lifecycle calls, drivers built from configuration, and token-provenanc
   them, to report a calbin whose tensors differ from its manifest (§11 step 8), or to report
   leftover device memory (§12 verify).
 * :class:`Client` — submits requests, keeps their streams, and checks every delivered token's
-  :class:`~calculet.runtime.engine.TokenProvenance` (R19.16, simulated).
+  :class:`~calculet.runtime.engine.core.TokenProvenance` (R19.16, simulated).
 
 The tests at the bottom check the helpers themselves.
 """
@@ -33,18 +33,18 @@ from typing import Any
 import pytest
 
 from calculet.adapters.calrt import BatchProfile, JobSpec, JobTicket, MemInfo, ReturnCode, error_for
-from calculet.adapters.manifest import CalbinManifest
-from calculet.adapters.packages import KeyPair, generate_keypair, sign_package, verify_package
+from calculet.packages.manifest import CalbinManifest
+from calculet.packages.verify import KeyPair, generate_keypair, sign_package, verify_package
 from calculet.adapters.sim import CostModel, SimCalRT, SimConfig, SimVirtualDevice
 from calculet.adapters.sim.build import build_package
 from calculet.adapters.sim.memory import BoardPreset
 from calculet.adapters.sim.model import TinyConfig
 from calculet.config import SchedulerConfig
-from calculet.runtime.clock import FakeClock
-from calculet.runtime.engine import EngineDriver, EngineOptions, GenerateRequest, TokenProvenance
+from calculet.clock import FakeClock
+from calculet.runtime.engine.core import EngineDriver, EngineOptions, GenerateRequest, TokenProvenance
 from calculet.runtime.request import RequestOutcome
-from calculet.runtime.sampler import SamplingParams
-from calculet.runtime.stream import StreamWriter
+from calculet.runtime.execution.sampler import SamplingParams
+from calculet.runtime.streams.writer import StreamWriter
 from tests.unit.runtime.runtime_support import make_config
 
 ALIAS = "qwen3"

@@ -16,9 +16,9 @@ import pytest
 
 from calculet.adapters.calrt import MemoryFootprint
 from calculet.adapters.sim import SimCalRT, SimConfig, TimeMode
-from calculet.runtime.engine import Engine, EngineOptions, TokenProvenance
-from calculet.runtime.models import CapacityPlan, CapacityPlanner, ChipMemory, LoadStep, ResidentModel
-from calculet.runtime.stream import StreamWriter
+from calculet.runtime.engine.core import Engine, EngineOptions, TokenProvenance
+from calculet.runtime.models.manager import CapacityPlan, CapacityPlanner, ChipMemory, LoadStep, ResidentModel
+from calculet.runtime.streams.writer import StreamWriter
 from tests.integration.test_models_support import (
     ALIAS,
     ModelsEnv,

@@ -14,10 +14,10 @@ import pytest
 
 from calculet.adapters.calrt import JobKind
 from calculet.adapters.sim import FaultKind, FaultRule
-from calculet.runtime.admission import Decision
-from calculet.runtime.engine import EngineOptions
-from calculet.runtime.models import UnloadFailed, UnloadStep
-from calculet.runtime.stream import StreamWriter
+from calculet.runtime.scheduling.admission import Decision
+from calculet.runtime.engine.core import EngineOptions
+from calculet.runtime.models.manager import UnloadFailed, UnloadStep
+from calculet.runtime.streams.writer import StreamWriter
 from tests.integration.test_models_support import (
     ALIAS,
     Client,

@@ -29,7 +29,7 @@ from calculet.adapters.calrt import (
 )
 from calculet.adapters.sim import FaultKind, FaultRule, SimConfig, SimSession, open_sim
 from calculet.adapters.host_driver import HostDriver
-from calculet.runtime.clock import FakeClock
+from calculet.clock import FakeClock
 
 
 @pytest.fixture

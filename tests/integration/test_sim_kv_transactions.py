@@ -19,7 +19,7 @@ import pytest
 from calculet.adapters.calrt import NO_SEQUENCE, Engine, JobResult, KvSeqId, ReturnCode, verify_result
 from calculet.adapters.sim import FaultKind, FaultRule, SimCalRT, SimConfig, SimSession, open_sim, package_dir
 from calculet.adapters.host_driver import HostDriver
-from calculet.runtime.clock import FakeClock
+from calculet.clock import FakeClock
 
 
 @pytest.fixture

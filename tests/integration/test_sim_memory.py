@@ -8,7 +8,7 @@ from calculet.adapters.calrt import DeviceInvalidArgument, DeviceOutOfMemory, Jo
 from calculet.adapters.sim import BoardPreset, SimCalRT, SimConfig, open_sim, package_dir
 from calculet.adapters.sim.memory import GIB
 from calculet.errors import CapacityExhausted
-from calculet.runtime.clock import FakeClock
+from calculet.clock import FakeClock
 
 
 def split(reserved: int, chips: int = 2) -> int:

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,
                                  run_state_machine_as_test)
 
-from calculet.invariants.monitor import MONITOR
-from calculet.invariants.symbolic import solve_arguments
+from calculet.machines.monitor import MONITOR
+from calculet.logic.symbolic import solve_arguments
 from calculet.invariants.witness import witness_paths
 from calculet.machines import ALL_MACHINES
 from calculet.machines.core import Bool, EnumType, Int, Machine, TransitionNotAllowed

@@ -19,10 +19,10 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
                                  run_state_machine_as_test)
 
 from calculet.errors import NotSupported
-from calculet.invariants.monitor import MONITOR
+from calculet.machines.monitor import MONITOR
 from calculet.machines import TransitionNotAllowed
-from calculet.runtime.clock import FakeClock
-from calculet.runtime.kv import FreeSequence, KvCapabilities, KvLease, KvManager, NoCapacity, StaleLease
+from calculet.clock import FakeClock
+from calculet.runtime.scheduling.kv import FreeSequence, KvCapabilities, KvLease, KvManager, NoCapacity, StaleLease
 
 MAX_SEQ = 24
 COVERED: Counter[str] = Counter()

@@ -8,12 +8,12 @@ import dataclasses
 import pytest
 
 from calculet.invariants.checks import check_machine
-from calculet.invariants.expr import And
+from calculet.logic.expr import And
 from calculet.invariants.mutation import Mutant, derive, derive_pool, replace_row, rows_of
 from calculet.invariants.pool_checks import check_pool_bmc, check_pool_induction
 from calculet.invariants.system_checks import (check_system_bmc, check_system_induction, check_system_initiation,
                                                check_system_vacuity)
-from calculet.invariants.expr import Or
+from calculet.logic.expr import Or
 from calculet.machines import ALL_MACHINES, DeviceJobMachine, KvSequenceMachine, ModelMachine, RequestMachine
 from calculet.machines.core import T
 from calculet.machines.kv_pool import KvLanePool, _held_count, _reserved_total

@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from calculet.invariants.expr import And
+from calculet.logic.expr import And
 from calculet.machines.request_lanes import ENDED, RequestLaneSystem
 from calculet.machines.core import InvalidDefinition
 from calculet.machines.system import NONE, Coupled, SystemView
-from calculet.runtime.admission import ModelAvailability
-from calculet.runtime.clock import FakeClock
-from calculet.runtime.kv import KvManager
-from calculet.runtime.scheduler import Scheduler, SchedulingCapabilities
+from calculet.runtime.scheduling.admission import ModelAvailability
+from calculet.clock import FakeClock
+from calculet.runtime.scheduling.kv import KvManager
+from calculet.runtime.scheduling.scheduler import Scheduler, SchedulingCapabilities
 from tests.unit.runtime.runtime_support import Harness, make_config, profile_set
 
 SYSTEM = RequestLaneSystem.definition

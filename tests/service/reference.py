@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 from calculet.adapters.sim import SimCalRT, SimConfig, package_dir
 from calculet.config import parse_config
-from calculet.runtime.clock import FakeClock
-from calculet.runtime.engine import EngineDriver, EngineOptions, GenerateRequest
-from calculet.runtime.sampler import SamplingParams
-from calculet.runtime.stream import StreamWriter
-from calculet.runtime.tokenizer import ByteTokenizer
+from calculet.clock import FakeClock
+from calculet.runtime.engine.core import EngineDriver, EngineOptions, GenerateRequest
+from calculet.runtime.execution.sampler import SamplingParams
+from calculet.runtime.streams.writer import StreamWriter
+from calculet.runtime.streams.tokenizer import ByteTokenizer
 
 
 @dataclass(frozen=True)

@@ -74,14 +74,14 @@ from calculet.adapters.calrt import (
     VendorError,
     vendor_boundary,
 )
-from calculet.adapters.manifest import MANIFEST_FILE, CalbinManifest
+from calculet.packages.manifest import MANIFEST_FILE, CalbinManifest
 from calculet.adapters.sim.cost import CostModel
 from calculet.adapters.sim.faults import FaultDecision, FaultInjector, FaultKind, FaultRule, FaultStatistics
 from calculet.adapters.sim.kv import SimKvManager
 from calculet.adapters.sim.memory import BoardPreset, MemoryLedger, MemoryStatistics
 from calculet.adapters.sim.model import TinyConfig, TinyTransformer, pseudo_next_token, unpack_weights
 from calculet.errors import DefinitionError
-from calculet.runtime.clock import Clock, FakeClock, MonotonicClock
+from calculet.clock import Clock, FakeClock, MonotonicClock
 
 
 class TimeMode(str, enum.Enum):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from calculet.adapters.sim.device import SimCalbin, SimCalRT, SimConfig, SimVirtualDevice
 from calculet.adapters.sim.kv import SimKvManager
-from calculet.runtime.clock import FakeClock
+from calculet.clock import FakeClock
 
 if TYPE_CHECKING:
     from calculet.adapters.sim.build import MemoryKind, Variant

@@ -45,7 +45,7 @@ from calculet.adapters.host_driver import HostDriver
 from calculet.adapters.sim.faults import FaultKind, FaultRule
 from calculet.adapters.sim.model import pseudo_next_token
 from calculet.errors import DefinitionError
-from calculet.runtime.clock import FakeClock
+from calculet.clock import FakeClock
 
 PROMPT = [256, *b"batching"]
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from calculet.adapters.calrt import EvidenceSource, EvidenceTier, MaskContract
-from calculet.adapters.manifest import MANIFEST_FILE, CalbinManifest
+from calculet.packages.manifest import MANIFEST_FILE, CalbinManifest
 from calculet.adapters.sim import package_dir
 from calculet.adapters.sim.build import build_package, main
 from calculet.errors import PackageError

@@ -8,7 +8,7 @@ import pytest
 
 from calculet import verify
 from calculet.invariants.checks import check_machine
-from calculet.invariants.monitor import MONITOR
+from calculet.machines.monitor import MONITOR
 from calculet.invariants.mutation import derive, replace_row
 from calculet.invariants.report import format_counterexample
 from calculet.invariants.traceability import catalogue, software_figure, unknown_references

@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from calculet.adapters.manifest import MANIFEST_FILE
+from calculet.packages.manifest import MANIFEST_FILE
 from calculet.adapters.sim import CostModel
 from calculet.errors import DefinitionError
 from calculet.loadsim.policies import POLICIES, run_policy

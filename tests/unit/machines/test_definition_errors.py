@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from calculet.invariants.expr import And
+from calculet.logic.expr import And
 from calculet.machines.core import Event, Int, Invariant, InvalidDefinition, Machine, State, T, Var
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from calculet.adapters.packages import (
+from calculet.packages.verify import (
     KeyPair,
     build_package,
     manifest_bytes,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from package_testkit import PACKAGE_FILES, Env
 
-from calculet.adapters.packages import (
+from calculet.packages.verify import (
     PackageCheck,
     inspect_package,
     pack_archive,

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from calculet.adapters.packages import (
+from calculet.packages.verify import (
     MANIFEST_NAME,
     SIGNATURE_NAME,
     PackageCheck,

@@ -7,15 +7,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from calculet.config import SchedulerConfig, parse_config
-from calculet.runtime.admission import ModelAvailability
-from calculet.runtime.clock import FakeClock
-from calculet.runtime.completion import DecodeCompletion, FaultKind, LaneOutcome, PrefillCompletion
-from calculet.runtime.decode import DecodeBatch
-from calculet.runtime.kv import KvCapabilities, KvManager
-from calculet.runtime.prefill import PrefillWork
-from calculet.runtime.profiles import InactiveLanePolicy, ProfileSet, ProfileSpec
+from calculet.runtime.scheduling.admission import ModelAvailability
+from calculet.clock import FakeClock
+from calculet.runtime.scheduling.completion import DecodeCompletion, FaultKind, LaneOutcome, PrefillCompletion
+from calculet.runtime.scheduling.decode import DecodeBatch
+from calculet.runtime.scheduling.kv import KvCapabilities, KvManager
+from calculet.runtime.scheduling.prefill import PrefillWork
+from calculet.runtime.scheduling.profiles import InactiveLanePolicy, ProfileSet, ProfileSpec
 from calculet.runtime.request import InferenceRequest, RequestOutcome
-from calculet.runtime.scheduler import Plan, Scheduler, SchedulingCapabilities, Submission
+from calculet.runtime.scheduling.scheduler import Plan, Scheduler, SchedulingCapabilities, Submission
 
 FILL_TOKEN = 7
 

@@ -24,10 +24,10 @@ from calculet.adapters.calrt import (
 )
 from calculet.adapters.sim.build import capabilities_for
 from calculet.config import DegradeConfig, RecoveryConfig
-from calculet.runtime.clock import FakeClock
-from calculet.runtime.executor import DegradeMonitor, DegradeReason, InflightJob, check_result, fault_kind
-from calculet.runtime.completion import FaultKind
-from calculet.runtime.recovery import FaultReason, HealthRecovery, RecoveryAction
+from calculet.clock import FakeClock
+from calculet.runtime.execution.executor import DegradeMonitor, DegradeReason, InflightJob, check_result, fault_kind
+from calculet.runtime.scheduling.completion import FaultKind
+from calculet.runtime.execution.recovery import FaultReason, HealthRecovery, RecoveryAction
 
 
 def recovery(max_resets: int = 2, *, verified: bool = True, restart_on_dma: bool = True) -> tuple[HealthRecovery,

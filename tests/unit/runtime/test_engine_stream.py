@@ -10,8 +10,8 @@ import pytest
 from calculet.errors import BadRequest
 from calculet.machines.request import FinishReason
 from calculet.runtime.request import RequestOutcome
-from calculet.runtime.stream import StreamFinish, StreamWriter
-from calculet.runtime.tokenizer import ByteTokenizer
+from calculet.runtime.streams.writer import StreamFinish, StreamWriter
+from calculet.runtime.streams.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
 

@@ -21,11 +21,11 @@ from calculet.adapters.calrt import Anomaly
 from calculet.adapters.sim import FaultKind, FaultRule, SimCalRT, SimConfig, SimVirtualDevice, package_dir
 from calculet.errors import DefinitionError
 from calculet.machines.job import Engine as MachineEngine
-from calculet.runtime import models
-from calculet.runtime.clock import FakeClock
-from calculet.runtime.executor import DeviceExecutor, InflightJob
-from calculet.runtime.prefill import PrefillWork
-from calculet.runtime.session import RuntimeSession
+from calculet.runtime.models import manager as models
+from calculet.clock import FakeClock
+from calculet.runtime.execution.executor import DeviceExecutor, InflightJob
+from calculet.runtime.scheduling.prefill import PrefillWork
+from calculet.runtime.execution.session import RuntimeSession
 from tests.unit.runtime.runtime_support import make_config
 
 PROMPT = (256, 67, 97, 108)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from calculet.adapters.calrt import DeviceCapabilities, MemoryFootprint
-from calculet.adapters.manifest import CalbinManifest
+from calculet.packages.manifest import CalbinManifest
 from calculet.adapters.sim import package_dir
 from calculet.adapters.sim.memory import (
     GIB,
@@ -22,9 +22,9 @@ from calculet.adapters.sim.memory import (
 )
 from calculet.errors import ConfigError, DefinitionError
 from calculet.machines import ModelMachine
-from calculet.runtime.admission import Decision, ModelAvailability
-from calculet.runtime.clock import FakeClock
-from calculet.runtime.models import (
+from calculet.runtime.scheduling.admission import Decision, ModelAvailability
+from calculet.clock import FakeClock
+from calculet.runtime.models.manager import (
     CapacityPlanner,
     ChipMemory,
     LoadStep,
@@ -33,7 +33,7 @@ from calculet.runtime.models import (
     UnloadStep,
     _Wait,
 )
-from calculet.runtime.session import ModelFacts, plan_session
+from calculet.runtime.execution.session import ModelFacts, plan_session
 from tests.unit.runtime.runtime_support import Harness, make_config
 
 REFERENCE = MemoryFootprint(REFERENCE_PARAMETER_BYTES, REFERENCE_KV_BYTES, REFERENCE_RESERVED_BYTES, "bf16", (0, 1))

@@ -6,8 +6,8 @@ import pytest
 
 from calculet.config import CapacityBudget
 from calculet.machines.request import FinishReason
-from calculet.runtime.admission import Decision, ModelAvailability
-from calculet.runtime.prefill import PrefillWork
+from calculet.runtime.scheduling.admission import Decision, ModelAvailability
+from calculet.runtime.scheduling.prefill import PrefillWork
 from tests.unit.runtime.runtime_support import Harness, profile_set
 
 

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from calculet.errors import DefinitionError
-from calculet.runtime.admission import ModelAvailability
-from calculet.runtime.decode import DecodeBatch, NoBatch, NoBatchReason
-from calculet.runtime.profiles import ProfileSpec
+from calculet.runtime.scheduling.admission import ModelAvailability
+from calculet.runtime.scheduling.decode import DecodeBatch, NoBatch, NoBatchReason
+from calculet.runtime.scheduling.profiles import ProfileSpec
 from tests.unit.runtime.runtime_support import FILL_TOKEN, Harness, default_token, profile
 
 

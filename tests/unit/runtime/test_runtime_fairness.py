@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from calculet.runtime.fairness import (FairQueue, TokenBucket, WeightedFairClock, exact, virtual_finish, wfq_cost)
+from calculet.runtime.scheduling.fairness import (FairQueue, TokenBucket, WeightedFairClock, exact, virtual_finish, wfq_cost)
 from calculet.runtime.request import InferenceRequest
 from tests.unit.runtime.runtime_support import Harness
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from calculet.errors import NotSupported
-from calculet.invariants.monitor import MONITOR
+from calculet.machines.monitor import MONITOR
 from calculet.machines import TransitionNotAllowed
-from calculet.runtime.clock import FakeClock
-from calculet.runtime.kv import (FreeSequence, KvCapabilities, KvLease, KvManager, KvReservationFailure, NoCapacity,
+from calculet.clock import FakeClock
+from calculet.runtime.scheduling.kv import (FreeSequence, KvCapabilities, KvLease, KvManager, KvReservationFailure, NoCapacity,
                                  StaleLease)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from calculet.errors import ConfigError, DefinitionError
-from calculet.runtime.profiles import InactiveLanePolicy, ProfileSet, ProfileSpec
+from calculet.runtime.scheduling.profiles import InactiveLanePolicy, ProfileSet, ProfileSpec
 from tests.unit.runtime.runtime_support import make_config, profile
 
 THRESHOLDS = {16: 12, 8: 6, 4: 3}

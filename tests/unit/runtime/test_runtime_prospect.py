@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from calculet.runtime.estimates import StepTimer
+from calculet.runtime.scheduling.estimates import StepTimer
 from tests.unit.runtime.runtime_support import Harness
 
 

@@ -9,9 +9,9 @@ import pytest
 from calculet.errors import BadRequest, NotFound
 from calculet.machines import TransitionNotAllowed
 from calculet.machines.request import FinishReason
-from calculet.runtime.decode import DecodeBatch
-from calculet.runtime.prefill import PrefillWork
-from calculet.runtime.registry import CallbackResult, CancelResult, RequestRegistry
+from calculet.runtime.scheduling.decode import DecodeBatch
+from calculet.runtime.scheduling.prefill import PrefillWork
+from calculet.runtime.scheduling.registry import CallbackResult, CancelResult, RequestRegistry
 from calculet.runtime.request import InferenceRequest
 from tests.unit.runtime.runtime_support import CountingSink, Harness
 

@@ -10,9 +10,9 @@ import pytest
 from calculet.errors import DefinitionError
 from calculet.machines.job import Engine
 from calculet.machines.request import FinishReason
-from calculet.runtime.admission import ModelAvailability
-from calculet.runtime.prefill import PrefillWork
-from calculet.runtime.registry import CancelResult
+from calculet.runtime.scheduling.admission import ModelAvailability
+from calculet.runtime.scheduling.prefill import PrefillWork
+from calculet.runtime.scheduling.registry import CancelResult
 from tests.unit.runtime.runtime_support import Harness, default_token
 
 

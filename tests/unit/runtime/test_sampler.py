@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from calculet.errors import BadRequest
-from calculet.runtime.sampler import Sample, Sampler, SamplerPool, SamplingParams
+from calculet.runtime.execution.sampler import Sample, Sampler, SamplerPool, SamplingParams
 
 LOGITS = np.array([0.0, 2.0, 1.0, 3.0, -1.0, 2.5])
 

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from calculet.adapters.manifest import MANIFEST_FILE, CalbinManifest
+from calculet.packages.manifest import MANIFEST_FILE, CalbinManifest
 from calculet.adapters.sim import package_dir
 from calculet.errors import DefinitionError
-from calculet.runtime.profiles import ProfileSpec
-from calculet.runtime.session import ModelFacts, plan_session, profile_spec
+from calculet.runtime.scheduling.profiles import ProfileSpec
+from calculet.runtime.execution.session import ModelFacts, plan_session, profile_spec
 from tests.unit.runtime.runtime_support import make_config
 
 CONFIG: dict[str, Any] = {"batch": {"profiles": [1, 4, 8, 16], "select_thresholds": {4: 3, 8: 6, 16: 12}}}

@@ -48,10 +48,10 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 
 from calculet.errors import DefinitionError
-from calculet.runtime.estimates import StepTimer
-from calculet.runtime.kv import KvBatchReservation, KvManager, KvReservationFailure
-from calculet.runtime.profiles import ProfileSpec
-from calculet.runtime.registry import RequestRecord
+from calculet.runtime.scheduling.estimates import StepTimer
+from calculet.runtime.scheduling.kv import KvBatchReservation, KvManager, KvReservationFailure
+from calculet.runtime.scheduling.profiles import ProfileSpec
+from calculet.runtime.scheduling.registry import RequestRecord
 
 
 class LaneBinding(NamedTuple):

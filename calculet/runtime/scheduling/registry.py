@@ -32,7 +32,7 @@ from calculet.machines import RequestMachine, TransitionNotAllowed
 from calculet.machines.request import TERMINAL, FinishReason
 from calculet.runtime.request import InferenceRequest, RequestId, RequestOutcome, RequestSink
 
-log = logging.getLogger("calculet.runtime.registry")
+log = logging.getLogger("calculet.runtime.scheduling.registry")
 
 TERMINAL_STATES = frozenset(TERMINAL)
 WAITING_STATES = frozenset({"waiting_model", "waiting_admission"})

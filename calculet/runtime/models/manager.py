@@ -16,7 +16,7 @@ thread before the operation is queued, so a slow hash or plan never holds the li
 (§11 step 4, R11.4). The lifecycle lock is the actor's operation queue: one operation at a time
 runs steps 5 and later, the others wait in order (R11.5). The public methods are thread-safe and
 block with a timeout (:class:`ActorPort` posts to the actor); bound to an
-:class:`~calculet.runtime.engine.EngineDriver` the same methods run in virtual time, the calling
+:class:`~calculet.runtime.engine.core.EngineDriver` the same methods run in virtual time, the calling
 thread stepping the engine from event to event until the operation ends. ``begin_*`` variants
 return an :class:`OperationHandle` at once (Trio's ``op``/``op_nowait``).
 
@@ -71,8 +71,8 @@ Decisions where the spec is silent (requirements.md ambiguities 5, 14, 15):
   queued requests at once (R12.4). Nothing accepted is lost to a model switch;
 * with a co-residency contract (simulated only), the old generation serves during steps 7–9 and
   the switch at step 10 waits until its pinned requests have ended (one generation is scheduled
-  at a time, see :mod:`calculet.runtime.scheduler`); then the old one is unloaded;
-* a replacement must keep the engine contract (:class:`~calculet.runtime.session.EngineContract`:
+  at a time, see :mod:`calculet.runtime.scheduling.scheduler`); then the old one is unloaded;
+* a replacement must keep the engine contract (:class:`~calculet.runtime.execution.session.EngineContract`:
   tokenizer, context, KV geometry, scheduling capabilities); anything else needs a new engine;
 * step 11 keeps the previous artifact by reference (its path, signer and manifest hash; a
   cheap presence check); rollback verifies it fully again (steps 1–2) before loading it;
@@ -97,8 +97,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from calculet.adapters.calrt import MemoryFootprint, rc_of, read_board_memory
-from calculet.adapters.manifest import MANIFEST_FILE, CalbinManifest
-from calculet.adapters.packages import PackageCheck, VerifiedPackage, verify_package
+from calculet.packages.manifest import MANIFEST_FILE, CalbinManifest
+from calculet.packages.verify import PackageCheck, VerifiedPackage, verify_package
 from calculet.errors import (
     BadRequest,
     CalculetError,
@@ -114,15 +114,15 @@ from calculet.errors import (
 from calculet.machines import ModelMachine
 from calculet.machines.request import TERMINAL
 from calculet.runtime.actor import Reply
-from calculet.runtime.admission import ModelAvailability
-from calculet.runtime.session import (EngineContract, ModelFacts, RuntimeSession, SessionPlan, SessionState,
+from calculet.runtime.scheduling.admission import ModelAvailability
+from calculet.runtime.execution.session import (EngineContract, ModelFacts, RuntimeSession, SessionPlan, SessionState,
                                       plan_session)
 
 if TYPE_CHECKING:
-    from calculet.runtime.engine import EngineCore
-    from calculet.runtime.registry import RequestRecord
+    from calculet.runtime.engine.core import EngineCore
+    from calculet.runtime.scheduling.registry import RequestRecord
 
-log = logging.getLogger("calculet.runtime.models")
+log = logging.getLogger("calculet.runtime.models.manager")
 
 T = TypeVar("T")
 

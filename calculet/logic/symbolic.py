@@ -11,7 +11,8 @@ from typing import Any, Iterable, Mapping
 
 import z3
 
-from calculet.invariants.expr import In
+from calculet.logic.expr import In
+from calculet.logic.types import Bool, EnumType
 
 
 class SymbolicVars:
@@ -102,8 +103,6 @@ def solve_arguments(instance: Any, transition: Any,
     z3 answers "which arguments make this row fire now?". Used to steer fuzzing and the checker
     toward rows that random arguments rarely hit (a job id that must match exactly, say).
     """
-    from calculet.machines.core import Bool, EnumType
-
     d = instance.definition
     if transition.source != instance.state:
         return None

@@ -6,7 +6,7 @@ architecture, the compiled batch profiles with their exact tensors and inactive-
 vectors (§11 step 9), memory figures (§13.1) and a ``files`` map ``{relative path: {sha256,
 size}}``.
 
-Trust is not this module's business: ``calculet.adapters.packages`` verifies the Ed25519
+Trust is not this module's business: ``calculet.packages.verify`` verifies the Ed25519
 signature over ``manifest.json`` (stored as ``manifest.sig``) and the sha256 of every file in
 ``files`` (§11 step 2). :meth:`CalbinManifest.from_path` only parses and validates the schema,
 so it can be called before or after verification but never replaces it.

@@ -17,7 +17,7 @@ What a client sees (``StreamEvent.tokens`` / ``text``) is the generated tokens m
 ended the request: EOS, and a completed stop sequence. Tokens that might still turn out to
 be the start of a stop sequence are held back until they cannot be; ``raw_tokens`` keeps
 everything the model produced, in order. Text is decoded incrementally
-(:class:`~calculet.runtime.tokenizer.Detokenizer`): a multi-byte character split across
+(:class:`~calculet.runtime.streams.tokenizer.Detokenizer`): a multi-byte character split across
 tokens appears once it is complete.
 """
 
@@ -31,7 +31,7 @@ from typing import AsyncIterator, Iterator, Sequence
 
 from calculet.machines.request import FinishReason
 from calculet.runtime.request import RequestOutcome
-from calculet.runtime.tokenizer import ByteTokenizer, Detokenizer
+from calculet.runtime.streams.tokenizer import ByteTokenizer, Detokenizer
 
 
 class StreamFinish(str, enum.Enum):

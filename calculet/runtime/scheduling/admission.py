@@ -17,7 +17,7 @@ outcome                status  when
 The service tracks tokens itself (§5.1: ``canAllocate`` is only a hint): active sequences,
 KV tokens reserved (prompt + max_new_tokens per admitted request), waiting requests and
 waiting prompt tokens, per tenant too. Waiting requests leave in WFQ order
-(:class:`~calculet.runtime.fairness.FairQueue`); a head that does not fit the *global*
+(:class:`~calculet.runtime.scheduling.fairness.FairQueue`); a head that does not fit the *global*
 budget blocks everything behind it (no overtaking, so a large request is never starved,
 R5.3.4), while a head held back by its *own* tenant's active limit or by the long-task quota
 is parked so it does not block other tenants (R5.3.6).
@@ -36,8 +36,8 @@ from fractions import Fraction
 from typing import Iterable
 
 from calculet.config import CapacityBudget, LongPrefillQuota, QueuesConfig
-from calculet.runtime.fairness import FairQueue, TenantPolicy, TokenBucket, WeightedFairClock
-from calculet.runtime.registry import RequestRecord
+from calculet.runtime.scheduling.fairness import FairQueue, TenantPolicy, TokenBucket, WeightedFairClock
+from calculet.runtime.scheduling.registry import RequestRecord
 from calculet.runtime.request import InferenceRequest
 
 
@@ -216,7 +216,7 @@ class AdmissionController:
         """``rec`` passed screening: it now holds waiting budget and has its WFQ cost (§5.3).
 
         Its virtual finish is computed when it reaches the head of its flow and fixed when it
-        is admitted (head-of-flow tagging, :mod:`calculet.runtime.fairness`).
+        is admitted (head-of-flow tagging, :mod:`calculet.runtime.scheduling.fairness`).
         """
         prompt = rec.prompt_tokens
         self._waiting += 1

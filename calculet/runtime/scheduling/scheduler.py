@@ -48,19 +48,19 @@ from calculet.config import SchedulerConfig
 from calculet.errors import BadRequest, DefinitionError
 from calculet.machines.job import Engine
 from calculet.machines.request import FinishReason
-from calculet.runtime.admission import (AdmissionController, AdmissionOutcome, AdmissionStatistics, Decision,
+from calculet.runtime.scheduling.admission import (AdmissionController, AdmissionOutcome, AdmissionStatistics, Decision,
                                         ModelAvailability)
-from calculet.runtime.clock import Clock
-from calculet.runtime.completion import (DecodeCompletion, FaultKind, LaneVerdict, PrefillCompletion,
+from calculet.clock import Clock
+from calculet.runtime.scheduling.completion import (DecodeCompletion, FaultKind, LaneVerdict, PrefillCompletion,
                                          check_decode_lanes)
-from calculet.runtime.decode import DecodeBatch, DecodeScheduler, DecodeStatistics, NoBatch, NoBatchReason
-from calculet.runtime.estimates import StepTimer, StepTimeStatistics
-from calculet.runtime.fairness import TenantPolicy
-from calculet.runtime.jobs import DECODE, PREFILL, InflightTable, JobRecord, JobStatistics
-from calculet.runtime.kv import FreeSequence, KvLease, KvManager, KvReservationFailure, KvStatistics, ShiftSequence
-from calculet.runtime.prefill import PrefillScheduler, PrefillStatistics, PrefillWork, SmoothWrr
-from calculet.runtime.profiles import ProfileSet, ProfileSpec
-from calculet.runtime.registry import (RUNNING_STATES, WAITING_STATES, CallbackResult, Cancellation, CancelResult,
+from calculet.runtime.scheduling.decode import DecodeBatch, DecodeScheduler, DecodeStatistics, NoBatch, NoBatchReason
+from calculet.runtime.scheduling.estimates import StepTimer, StepTimeStatistics
+from calculet.runtime.scheduling.fairness import TenantPolicy
+from calculet.runtime.scheduling.jobs import DECODE, PREFILL, InflightTable, JobRecord, JobStatistics
+from calculet.runtime.scheduling.kv import FreeSequence, KvLease, KvManager, KvReservationFailure, KvStatistics, ShiftSequence
+from calculet.runtime.scheduling.prefill import PrefillScheduler, PrefillStatistics, PrefillWork, SmoothWrr
+from calculet.runtime.scheduling.profiles import ProfileSet, ProfileSpec
+from calculet.runtime.scheduling.registry import (RUNNING_STATES, WAITING_STATES, CallbackResult, Cancellation, CancelResult,
                                        RegistryStatistics, RequestRecord, RequestRegistry, TransitionListener)
 from calculet.runtime.request import InferenceRequest, RequestOutcome, RequestSink
 

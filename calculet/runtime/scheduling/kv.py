@@ -25,7 +25,7 @@ from typing import Any, Iterable, Sequence
 
 from calculet.errors import DefinitionError, NotSupported
 from calculet.machines import KvSequenceMachine
-from calculet.runtime.clock import Clock
+from calculet.clock import Clock
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,10 +2,10 @@
 
 A session owns what a generation needs on the device — the calbin, its configuration, the
 CalRT KvManager, the job buffers — and what the scheduler needs to know about it — the
-:class:`~calculet.runtime.profiles.ProfileSet` and capability facts, all read from the
+:class:`~calculet.runtime.scheduling.profiles.ProfileSet` and capability facts, all read from the
 verified manifest and the capability contract, never from configuration alone (DESIGN
 principle 8). Package trust (§11 steps 1–2), alias publication and rollback belong to the
-model manager (:mod:`calculet.runtime.models`) that drives it one step at a time; the
+model manager (:mod:`calculet.runtime.models.manager`) that drives it one step at a time; the
 :meth:`RuntimeSession.create` / :meth:`RuntimeSession.destroy` pair runs every step in order
 for callers that need no more.
 
@@ -71,15 +71,15 @@ from calculet.adapters.calrt import (
     rc_of,
     read_board_memory,
 )
-from calculet.adapters.manifest import CalbinManifest
+from calculet.packages.manifest import CalbinManifest
 from calculet.adapters.host_driver import GoldenOutcome, HostDriver
 from calculet.config import SchedulerConfig, cross_validate
 from calculet.errors import CalculetError, DefinitionError
-from calculet.runtime.kv import KvCapabilities
-from calculet.runtime.profiles import InactiveLanePolicy, ProfileSet, ProfileSpec
-from calculet.runtime.scheduler import SchedulingCapabilities
+from calculet.runtime.scheduling.kv import KvCapabilities
+from calculet.runtime.scheduling.profiles import InactiveLanePolicy, ProfileSet, ProfileSpec
+from calculet.runtime.scheduling.scheduler import SchedulingCapabilities
 
-log = logging.getLogger("calculet.runtime.session")
+log = logging.getLogger("calculet.runtime.execution.session")
 
 __all__ = ["EngineContract", "GoldenFailed", "InspectionFailed", "ModelFacts", "RuntimeSession", "SessionPlan",
            "SessionState", "SessionStatistics", "plan_session", "profile_spec"]

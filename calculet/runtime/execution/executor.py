@@ -1,7 +1,7 @@
 """DeviceExecutor, result verification, ping/pong degrade and the CompletionDispatcher (§3, §7.4, §14).
 
 **DeviceExecutor** — one per physical device (§3). It turns the scheduler's planned work
-(:class:`~calculet.runtime.prefill.PrefillWork`, :class:`~calculet.runtime.decode.DecodeBatch`)
+(:class:`~calculet.runtime.scheduling.prefill.PrefillWork`, :class:`~calculet.runtime.scheduling.decode.DecodeBatch`)
 into CalRT jobs on the engine the job machine chose (PING or PONG, §14), submits them, and keeps
 every submitted job — its spec, ticket, engine, buffers and deadline — keyed by the device's job
 id until the device is provably done with it. Each engine has its own InputBuf/OutputBuf pairs
@@ -42,7 +42,7 @@ uncertain recovery switch the executor to one job in flight. Only new jobs are a
 already submitted drain (R14.10). The degrade is sticky for the life of the engine.
 
 **CompletionDispatcher** — §7.4: splits a verified result per lane, samples each OK lane
-through its own request's sampler (:mod:`calculet.runtime.sampler`) and builds the
+through its own request's sampler (:mod:`calculet.runtime.execution.sampler`) and builds the
 scheduler's completion, carrying the CalRT return code as the failed requests' error detail
 (R19.2).
 """
@@ -77,15 +77,15 @@ from calculet.adapters.calrt import (
 from calculet.config import DegradeConfig, ExecutorConfig
 from calculet.errors import CalculetError, DefinitionError
 from calculet.machines.job import Engine as MachineEngine
-from calculet.runtime.clock import Clock
-from calculet.runtime.completion import DecodeCompletion, FaultKind, LaneOutcome, PrefillCompletion
-from calculet.runtime.decode import DecodeBatch
-from calculet.runtime.kv import FreeSequence
-from calculet.runtime.prefill import PrefillWork
-from calculet.runtime.sampler import SamplerPool
-from calculet.runtime.session import RuntimeSession
+from calculet.clock import Clock
+from calculet.runtime.scheduling.completion import DecodeCompletion, FaultKind, LaneOutcome, PrefillCompletion
+from calculet.runtime.scheduling.decode import DecodeBatch
+from calculet.runtime.scheduling.kv import FreeSequence
+from calculet.runtime.scheduling.prefill import PrefillWork
+from calculet.runtime.execution.sampler import SamplerPool
+from calculet.runtime.execution.session import RuntimeSession
 
-log = logging.getLogger("calculet.runtime.executor")
+log = logging.getLogger("calculet.runtime.execution.executor")
 
 Work = Union[PrefillWork, DecodeBatch]
 

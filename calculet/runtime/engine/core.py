@@ -43,7 +43,7 @@ Decisions where the spec is silent:
   recovery"); the model manager decides about new generations.
 
 **Models** (§10–§13). The engine brings its model up through its
-:class:`~calculet.runtime.models.ModelManager` (``engine.models``): from the configuration's
+:class:`~calculet.runtime.models.manager.ModelManager` (``engine.models``): from the configuration's
 ``models[model_alias]`` with every trust check (§11 steps 1–11), or from a package directory the
 caller vouches for (tests, simulation: steps 1–2 skipped and reported). The tokenizer, KV lane
 pool and scheduler are built from that first package's verified manifest; later generations
@@ -69,14 +69,14 @@ from typing import Any, Callable, ContextManager, Literal, TypeVar
 from calculet.adapters.calrt import CalRT, DeviceCapabilities, JobResult, ReturnCode, VirtualDevice, rc_of
 from calculet.config import SchedulerConfig
 from calculet.errors import BadRequest, CalculetError, DefinitionError, Unavailable
-from calculet.invariants.monitor import MONITOR
+from calculet.machines.monitor import MONITOR
 from calculet.machines.request import FinishReason
 from calculet.runtime.actor import Mailbox, MailboxStatistics
-from calculet.runtime.admission import AdmissionOutcome, Decision, ModelAvailability
-from calculet.runtime.clock import Clock, FakeClock, MonotonicClock
-from calculet.runtime.completion import DecodeCompletion, FaultKind, PrefillCompletion
-from calculet.runtime.decode import DecodeBatch
-from calculet.runtime.executor import (
+from calculet.runtime.scheduling.admission import AdmissionOutcome, Decision, ModelAvailability
+from calculet.clock import Clock, FakeClock, MonotonicClock
+from calculet.runtime.scheduling.completion import DecodeCompletion, FaultKind, PrefillCompletion
+from calculet.runtime.scheduling.decode import DecodeBatch
+from calculet.runtime.execution.executor import (
     CompletionDispatcher,
     CompletionStatistics,
     DegradeReason,
@@ -85,8 +85,8 @@ from calculet.runtime.executor import (
     InflightJob,
     SubmitRefused,
 )
-from calculet.runtime.kv import FreeSequence, KvManager
-from calculet.runtime.models import (
+from calculet.runtime.scheduling.kv import FreeSequence, KvManager
+from calculet.runtime.models.manager import (
     CapacityPlanner,
     LoadFailed,
     LoadReport,
@@ -94,16 +94,16 @@ from calculet.runtime.models import (
     ModelManagerStatistics,
     Operation,
 )
-from calculet.runtime.prefill import PrefillWork
-from calculet.runtime.recovery import FaultReason, HealthRecovery, RecoveryAction, RecoveryStatistics
-from calculet.runtime.registry import Cancellation, RequestRecord
+from calculet.runtime.scheduling.prefill import PrefillWork
+from calculet.runtime.execution.recovery import FaultReason, HealthRecovery, RecoveryAction, RecoveryStatistics
+from calculet.runtime.scheduling.registry import Cancellation, RequestRecord
 from calculet.runtime.request import InferenceRequest, RequestOutcome, RequestSink
-from calculet.runtime.sampler import SamplerPool, SamplerStatistics, SamplingParams
-from calculet.runtime.scheduler import Plan, Scheduler, SchedulerStatistics, Submission
-from calculet.runtime.session import RuntimeSession, SessionStatistics
-from calculet.runtime.tokenizer import ByteTokenizer
+from calculet.runtime.execution.sampler import SamplerPool, SamplerStatistics, SamplingParams
+from calculet.runtime.scheduling.scheduler import Plan, Scheduler, SchedulerStatistics, Submission
+from calculet.runtime.execution.session import RuntimeSession, SessionStatistics
+from calculet.runtime.streams.tokenizer import ByteTokenizer
 
-log = logging.getLogger("calculet.runtime.engine")
+log = logging.getLogger("calculet.runtime.engine.core")
 
 T = TypeVar("T")
 

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 from calculet.adapters.calrt import DeviceCapabilities, ReturnCode
 from calculet.config import RecoveryConfig
-from calculet.runtime.clock import Clock
+from calculet.clock import Clock
 
-log = logging.getLogger("calculet.runtime.recovery")
+log = logging.getLogger("calculet.runtime.execution.recovery")
 
 WINDOW_S = 600.0
 """``max_resets_per_10min`` counts resets in any sliding 10-minute window (§15)."""

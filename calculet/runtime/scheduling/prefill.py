@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Mapping
 
 from calculet.config import QueuesConfig
-from calculet.runtime.clock import Clock
-from calculet.runtime.kv import KvLease
-from calculet.runtime.registry import RequestRecord
+from calculet.clock import Clock
+from calculet.runtime.scheduling.kv import KvLease
+from calculet.runtime.scheduling.registry import RequestRecord
 
 PREFILL_QUEUES = ("short", "medium", "long")
 QUEUES = ("decode", *PREFILL_QUEUES)
