@@ -34,11 +34,6 @@ class BadRequest(CalculetError):
     code = "invalid_request"
 
 
-class Unauthorized(BadRequest):
-    http_status = 401
-    code = "unauthorized"
-
-
 class NotFound(BadRequest):
     http_status = 404
     code = "not_found"

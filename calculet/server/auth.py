@@ -26,10 +26,6 @@ from calculet.config import SchedulerConfig
 from calculet.server.errors import APIError
 
 
-def sha256_hex(secret: str) -> str:
-    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
-
-
 def bearer(authorization: str | None) -> str | None:
     """The token of an ``Authorization: Bearer <token>`` header (None when absent or empty)."""
     if not authorization:
@@ -50,10 +46,6 @@ class TenantDirectory:
         keyless = [t.name for t in config.tenants if t.api_key_sha256 is None]
         self._keyless: str | None = keyless[0] if keyless else None
         self.names: tuple[str, ...] = tuple(t.name for t in config.tenants)
-
-    @property
-    def keys_configured(self) -> bool:
-        return bool(self._keyed)
 
     def resolve(self, authorization: str | None) -> str:
         """The tenant of a request; :class:`APIError` 401 for an unknown or missing key."""

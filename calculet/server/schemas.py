@@ -260,28 +260,6 @@ class ChatCompletionResponse(_Response):
     usage: Usage
 
 
-class ChatDelta(_Response):
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
-
-class ChatChunkChoice(_Response):
-    index: int
-    delta: ChatDelta
-    finish_reason: FinishReasonOut | None = None
-    logprobs: None = None
-
-
-class ChatCompletionChunk(_Response):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    system_fingerprint: str
-    choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-
-
 class ModelDetails(_Response):
     """What the served generation is, with honest device facts (R1.1, R20.7)."""
 
