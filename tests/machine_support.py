@@ -6,9 +6,10 @@ import itertools
 from collections import deque
 from typing import Any, Iterator
 
-from calculet.machines.core import Bool, EnumType, Int, Machine, TransitionNotAllowed, VarType
-
+from calculet.logic.types import Bool, EnumType, Int, VarType
 from calculet.machines import ALL_MACHINES
+from calculet.machines.core import Machine
+from calculet.machines.errors import TransitionNotAllowed
 
 # The declarations' own small parameter sets (they reach every row).
 PARAMS: dict[str, list[dict[str, Any]]] = {m.definition.name: list(m.definition.examples) for m in ALL_MACHINES}

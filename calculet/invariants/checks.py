@@ -30,7 +30,8 @@ from typing import Any, Iterable
 import z3
 
 from calculet.logic.symbolic import SymbolicVars, arg_domain, symbolic_args
-from calculet.machines.core import Bool, Definition, EnumType, Transition
+from calculet.logic.types import Bool, EnumType
+from calculet.machines.definition import Definition, Transition
 
 
 @dataclass

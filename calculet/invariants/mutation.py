@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from calculet.machines.core import Machine, T, Transition
+from calculet.machines.core import Machine
+from calculet.machines.definition import T, Transition
 from calculet.machines.pool import Pool, PoolOp
 
 Edit = Callable[[list[T], Any], list[T]]

@@ -44,7 +44,9 @@ from calculet.invariants.checks import (CheckResult, Counterexample, _as_bool, _
                                         read_state, takes)
 from calculet.logic.symbolic import SymbolicVars, arg_domain
 from calculet.invariants.pool_checks import first_violation
-from calculet.machines.core import Bool, Definition, Machine
+from calculet.logic.types import Bool
+from calculet.machines.core import Machine
+from calculet.machines.definition import Definition
 from calculet.machines.system import NONE, SystemDefinition, SystemView, Variant
 
 Progress = Callable[[str], None]

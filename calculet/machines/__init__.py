@@ -4,7 +4,8 @@ Each machine is declared exactly once, here; its compiled dispatch, its referenc
 python-statemachine class, its z3 encoding and its document are derived from that declaration.
 """
 
-from calculet.machines.core import InvalidDefinition, InvariantViolation, Machine, TransitionNotAllowed
+from calculet.machines.core import Machine
+from calculet.machines.errors import InvalidDefinition, InvariantViolation, TransitionNotAllowed
 from calculet.machines.job import DeviceJobMachine
 from calculet.machines.kv_sequence import KvSequenceMachine
 from calculet.machines.model import ModelMachine

@@ -16,8 +16,9 @@ from typing import Any, Callable
 import z3
 
 from calculet.logic.symbolic import SymbolicVars, symbolic_args
-from calculet.machines.core import Definition, EnumType, InvalidDefinition, Transition
-
+from calculet.logic.types import EnumType
+from calculet.machines.definition import Definition, Transition
+from calculet.machines.errors import InvalidDefinition
 
 
 class ExprPrinter:

@@ -12,8 +12,8 @@ from typing import Any, Callable
 
 from calculet.machines import monitor as _monitor_module
 from calculet.machines.codegen import generate_dispatch, generate_invariant_check
-from calculet.machines.core import Definition, Transition, TransitionNotAllowed
-
+from calculet.machines.definition import Definition, Transition
+from calculet.machines.errors import TransitionNotAllowed
 
 
 class CompiledInstance:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import enum
 
 from calculet.logic.expr import And, Implies, Not
-from calculet.machines.core import Bool, EnumType, Event, Int, Invariant, Machine, Param, State, StepProperty, T, Var
+from calculet.logic.types import Bool, EnumType, Int
+from calculet.machines.core import Machine
+from calculet.machines.definition import Event, Invariant, Param, State, StepProperty, T, Var
 
 
-class Engine(enum.IntEnum):
+class JobEngine(enum.IntEnum):
     """The two job engines/banks of §14; a job runs wholly on one (batches are never split)."""
 
     PING = 0
@@ -30,12 +32,12 @@ class DeviceJobMachine(Machine):
     """
 
     spec = "§7.4, §12, §14"
-    examples = [dict(job_id=1, generation=1, engine=Engine.PING, lanes=4),
-                dict(job_id=2, generation=1, engine=Engine.PONG, lanes=1)]
+    examples = [dict(job_id=1, generation=1, engine=JobEngine.PING, lanes=4),
+                dict(job_id=2, generation=1, engine=JobEngine.PONG, lanes=1)]
 
     job_id = Param(Int(ge=1))
     generation = Param(Int(ge=1))
-    engine = Param(EnumType(Engine))
+    engine = Param(EnumType(JobEngine))
     lanes = Param(Int(ge=1, le=16), doc="compiled batch of the job's profile")
 
     buffers_held = Var(Bool(), init=True, doc="input/output buffers and backing storage are allocated")

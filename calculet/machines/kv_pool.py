@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from calculet.logic.expr import And, If, Implies, Not
-from calculet.machines.core import Int
+from calculet.logic.types import Int
 from calculet.machines.kv_sequence import KvSequenceMachine
 from calculet.machines.pool import Pool, PoolInvariant, PoolOp
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from calculet.logic.expr import And, Implies, Not, Or
-from calculet.machines.core import Event, Int, Invariant, Machine, Param, State, StepProperty, T, Var
+from calculet.logic.types import Int
+from calculet.machines.core import Machine
+from calculet.machines.definition import Event, Invariant, Param, State, StepProperty, T, Var
 
 
 class KvSequenceMachine(Machine):

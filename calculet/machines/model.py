@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from calculet.logic.expr import And, Implies, Not
-from calculet.machines.core import Bool, Event, Int, Invariant, Machine, Param, State, StepProperty, T, Var
+from calculet.logic.types import Bool, Int
+from calculet.machines.core import Machine
+from calculet.machines.definition import Event, Invariant, Param, State, StepProperty, T, Var
 
 
 def _self_loops(states, event, guard=None, effect=None) -> list[T]:

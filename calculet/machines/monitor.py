@@ -1,7 +1,7 @@
 """Run-time monitors: the declared invariants, evaluated concretely after every transition.
 
 The predicates are the very ones z3 proves (DESIGN: declare once). Monitoring is on in every
-test, where a violation raises :class:`~calculet.machines.core.InvariantViolation`; in
+test, where a violation raises :class:`~calculet.machines.errors.InvariantViolation`; in
 production it is a configuration switch, and a violation is counted per (machine, invariant)
 and logged with the pre- and post-state instead of stopping the service.
 """
@@ -13,6 +13,8 @@ import threading
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from calculet.machines.errors import InvariantViolation
 
 log = logging.getLogger("calculet.invariants")
 
@@ -61,8 +63,6 @@ class Monitor:
         broken = self.broken(instance, pre)
         if not broken:
             return
-        from calculet.machines.core import InvariantViolation
-
         d = instance.definition
         with self._lock:
             for name, _rid in broken:

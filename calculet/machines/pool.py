@@ -17,7 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
-from calculet.machines.core import Int, InvalidDefinition, Machine
+from calculet.logic.types import Int
+from calculet.machines.core import Machine
+from calculet.machines.errors import InvalidDefinition
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from statemachine import State as SMState
 from statemachine import StateMachine
 from statemachine.exceptions import TransitionNotAllowed as SMTransitionNotAllowed
 
-from calculet.machines.core import Definition, Transition, TransitionNotAllowed
+from calculet.machines.definition import Definition, Transition
+from calculet.machines.errors import TransitionNotAllowed
 
 
 class _Vars:

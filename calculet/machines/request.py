@@ -5,8 +5,9 @@ from __future__ import annotations
 import enum
 
 from calculet.logic.expr import And, If, Implies, In, Not, Or
-from calculet.machines.core import (Bool, EnumType, Event, Int, Invariant, Machine, Param, State,
-                                    StepProperty, T, Var)
+from calculet.logic.types import Bool, EnumType, Int
+from calculet.machines.core import Machine
+from calculet.machines.definition import Event, Invariant, Param, State, StepProperty, T, Var
 
 
 class FinishReason(enum.IntEnum):

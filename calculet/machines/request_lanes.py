@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping
 
 from calculet.logic.expr import And, Implies, Not
-from calculet.machines.core import Bool, Int
+from calculet.logic.types import Bool, Int
 from calculet.machines.kv_sequence import KvSequenceMachine
 from calculet.machines.request import RequestMachine
 from calculet.machines.system import NONE, Coupled, CoupledSystem, SystemInvariant

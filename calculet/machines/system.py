@@ -40,9 +40,15 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
+import z3
+
 from calculet.logic.expr import And
 from calculet.logic.symbolic import SymbolicVars
-from calculet.machines.core import InvalidDefinition, Machine, Transition, VarType, _callable_args
+from calculet.logic.types import VarType
+from calculet.machines.core import Machine
+from calculet.machines.definition import Transition
+from calculet.machines.errors import InvalidDefinition
+from calculet.machines.resolution import callable_args
 
 NONE = -1  # binding value: the request holds no lane
 
@@ -219,9 +225,9 @@ class CoupledSystem:
                     raise fault(f"step argument {arg!r} has two types: {step_args[arg]} and {typ}")
                 step_args[arg] = typ
             try:
-                guard_args = _callable_args(step.guard, 3) if step.guard else ()
-                req_wiring = _callable_args(step.request_args, 3) if step.request_args else ()
-                lane_wiring = _callable_args(step.lane_args, 3) if step.lane_args else ()
+                guard_args = callable_args(step.guard, 3) if step.guard else ()
+                req_wiring = callable_args(step.request_args, 3) if step.request_args else ()
+                lane_wiring = callable_args(step.lane_args, 3) if step.lane_args else ()
             except TypeError as exc:
                 raise fault(f"step {step.name!r}: {exc}") from None
             for arg in (*guard_args, *req_wiring, *lane_wiring):
@@ -293,8 +299,6 @@ def _check_wirings(sd: SystemDefinition, fault: Callable[[str], InvalidDefinitio
     """Every guard, wiring and invariant reads only declared names and has the right sort:
     evaluated once on z3 terms (a two-request, two-lane system), which visits every branch.
     Returns the steps that read only their own request and lane (see ``SystemDefinition.local``)."""
-    import z3
-
     requests = [SymbolicVars(sd.request.definition, f"_wr{i}") for i in range(2)]
     lanes = [SymbolicVars(sd.lane.definition, f"_wl{j}") for j in range(2)]
     binding = [z3.Int(f"bind_w{i}") for i in range(2)]

@@ -18,7 +18,9 @@ from calculet.machines.monitor import MONITOR
 from calculet.logic.symbolic import solve_arguments
 from calculet.invariants.witness import witness_paths
 from calculet.machines import ALL_MACHINES
-from calculet.machines.core import Bool, EnumType, Int, Machine, TransitionNotAllowed
+from calculet.logic.types import Bool, EnumType, Int
+from calculet.machines.core import Machine
+from calculet.machines.errors import TransitionNotAllowed
 from tests.machine_support import PARAMS
 
 

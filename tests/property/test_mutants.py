@@ -15,7 +15,7 @@ from calculet.invariants.system_checks import (check_system_bmc, check_system_in
                                                check_system_vacuity)
 from calculet.logic.expr import Or
 from calculet.machines import ALL_MACHINES, DeviceJobMachine, KvSequenceMachine, ModelMachine, RequestMachine
-from calculet.machines.core import T
+from calculet.machines.definition import T
 from calculet.machines.kv_pool import KvLanePool, _held_count, _reserved_total
 from calculet.machines.pool import PoolOp
 from calculet.machines.request import FinishReason

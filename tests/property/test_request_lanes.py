@@ -17,7 +17,7 @@ import pytest
 
 from calculet.logic.expr import And
 from calculet.machines.request_lanes import ENDED, RequestLaneSystem
-from calculet.machines.core import InvalidDefinition
+from calculet.machines.errors import InvalidDefinition
 from calculet.machines.system import NONE, Coupled, SystemView
 from calculet.runtime.scheduling.admission import ModelAvailability
 from calculet.clock import FakeClock

@@ -13,7 +13,7 @@ from calculet.invariants.mutation import derive, replace_row
 from calculet.invariants.report import format_counterexample
 from calculet.invariants.traceability import catalogue, software_figure, unknown_references
 from calculet.machines import KvSequenceMachine, RequestMachine
-from calculet.machines.core import InvariantViolation
+from calculet.machines.errors import InvariantViolation
 
 
 @pytest.mark.req("R9.2.3", "R17.2.3")

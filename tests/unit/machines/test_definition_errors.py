@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 
 from calculet.logic.expr import And
-from calculet.machines.core import Event, Int, Invariant, InvalidDefinition, Machine, State, T, Var
+from calculet.logic.types import Int
+from calculet.machines.core import Machine
+from calculet.machines.definition import Event, Invariant, State, T, Var
+from calculet.machines.errors import InvalidDefinition
 
 
 def test_unreachable_state_is_refused():

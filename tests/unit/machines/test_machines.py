@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from calculet.machines import ALL_MACHINES, KvSequenceMachine, ModelMachine, RequestMachine, DeviceJobMachine
-from calculet.machines.core import TransitionNotAllowed
+from calculet.machines.errors import TransitionNotAllowed
 from calculet.machines.request import FinishReason
 from tests.machine_support import PARAMS, arg_sets, explore, key
 

@@ -1,0 +1,185 @@
+"""The declaration elements and the resolved :class:`Definition` every derived form reads.
+
+A declaration (a :class:`~calculet.machines.core.Machine` subclass) lists these elements in its
+class body; :mod:`calculet.machines.resolution` turns them into one frozen ``Definition``. The
+compiled dispatch, the reference class, the generated code, the z3 checks and the documents in
+``specs/`` all read that ``Definition`` and nothing else (DESIGN: declare once). This module
+holds data only, so that all of them can import it while ``Machine`` — which derives the
+compiled instance and the reference class when a declaration is created — sits above them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from calculet.logic.types import VarType
+
+__all__ = ["Definition", "Effect", "Event", "Guard", "Invariant", "Param", "State", "StepProperty", "T",
+           "Transition", "Var"]
+
+
+@dataclass
+class Param:
+    """Fixed when an instance is created (e.g. a KV sequence's ``max_seq``)."""
+
+    type: VarType
+    doc: str = ""
+    name: str = ""
+
+
+@dataclass
+class Var:
+    """Changed only by transition effects; starts at ``init`` (the type's default if omitted)."""
+
+    type: VarType
+    init: Any = None
+    doc: str = ""
+    name: str = ""
+
+    def initial(self) -> Any:
+        return self.type.default if self.init is None else self.init
+
+
+@dataclass(eq=False)
+class State:
+    initial: bool = False
+    terminal: bool = False
+    doc: str = ""
+    name: str = ""
+
+    def __repr__(self) -> str:
+        return f"State({self.name})"
+
+
+@dataclass(eq=False)
+class Event:
+    """An event and its typed arguments; arguments outside their types are refused before any guard."""
+
+    doc: str = ""
+    args: dict[str, VarType] = field(default_factory=dict)
+    name: str = ""
+
+    def __init__(self, doc: str = "", **args: VarType) -> None:
+        self.doc = doc
+        self.args = dict(args)
+        self.name = ""
+
+    def __repr__(self) -> str:
+        return f"Event({self.name})"
+
+
+Guard = Callable[..., Any]
+Effect = Callable[..., Mapping[str, Any]]
+
+
+@dataclass(eq=False)
+class T:
+    """One declared row ``source --event[guard]/effect--> target``; ``source`` may be a tuple.
+
+    ``choice=True`` marks a deliberate overlap with an earlier row of the same (state, event):
+    the first enabled row in declaration order wins, and the determinism check allows it.
+    ``emits`` names commands the engine executes through the adapter after the transition.
+    """
+
+    source: State | tuple[State, ...]
+    event: Event
+    target: State
+    guard: Guard | None = None
+    effect: Effect | None = None
+    name: str | None = None
+    choice: bool = False
+    emits: tuple[str, ...] = ()
+    doc: str = ""
+
+
+@dataclass(frozen=True, eq=False)
+class Transition:
+    """A resolved row for one source state (what ``T`` expands to)."""
+
+    name: str
+    machine: str
+    source: str
+    event: str
+    target: str
+    guard: Guard | None
+    guard_args: tuple[str, ...]
+    effect: Effect | None
+    effect_args: tuple[str, ...]
+    choice: bool
+    emits: tuple[str, ...]
+    doc: str
+    order: int
+
+    def __repr__(self) -> str:
+        return f"Transition({self.name})"
+
+
+@dataclass(eq=False)
+class Invariant:
+    """A named predicate over one state's variables that must hold in every reachable state."""
+
+    rid: str
+    predicate: Callable[[Any], Any]
+    doc: str = ""
+    name: str = ""
+
+
+@dataclass(eq=False)
+class StepProperty:
+    """A named predicate over (pre, post) of every transition (e.g. a generation never changes)."""
+
+    rid: str
+    predicate: Callable[[Any, Any], Any]
+    doc: str = ""
+    name: str = ""
+
+
+@dataclass(frozen=True, eq=False)
+class Definition:
+    """A declaration after resolution: named elements, rows expanded per source state, derived
+    properties added (see :func:`calculet.machines.resolution.resolve`)."""
+
+    name: str
+    doc: str
+    spec: str
+    states: dict[str, State]
+    initial: str
+    terminal: frozenset[str]
+    params: dict[str, Param]
+    vars: dict[str, Var]
+    events: dict[str, Event]
+    transitions: tuple[Transition, ...]
+    invariants: tuple[Invariant, ...]
+    step_properties: tuple[StepProperty, ...]
+    examples: tuple[dict[str, Any], ...] = ()
+
+    def transitions_from(self, state: str, event: str | None = None) -> list[Transition]:
+        return [t for t in self.transitions
+                if t.source == state and (event is None or t.event == event)]
+
+    def successors(self) -> dict[str, set[str]]:
+        graph: dict[str, set[str]] = {s: set() for s in self.states}
+        for t in self.transitions:
+            graph[t.source].add(t.target)
+        return graph
+
+    def reachable_from(self, start: str) -> set[str]:
+        graph = self.successors()
+        seen = {start}
+        todo = [start]
+        while todo:
+            for nxt in graph[todo.pop()]:
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    @property
+    def home(self) -> frozenset[str]:
+        """Where every life must be able to end: the terminal states, or (for cyclic machines
+        such as a KV lane, which is reused forever) the initial state."""
+        return self.terminal if self.terminal else frozenset({self.initial})
+
+    def initial_values(self) -> dict[str, Any]:
+        return {name: var.initial() for name, var in self.vars.items()}
