@@ -58,7 +58,6 @@ from calculet.adapters.calrt import (
     ContextOpSupport,
     DeviceCapabilities,
     DeviceFault,
-    Engine,
     GoldenVector,
     JobBuffers,
     JobKind,
@@ -75,6 +74,7 @@ from calculet.packages.manifest import CalbinManifest
 from calculet.adapters.host_driver import GoldenOutcome, HostDriver
 from calculet.config import SchedulerConfig, cross_validate
 from calculet.errors import CalculetError, DefinitionError
+from calculet.machines.job import JobEngine
 from calculet.runtime.scheduling.kv import KvCapabilities
 from calculet.runtime.scheduling.profiles import InactiveLanePolicy, ProfileSet, ProfileSpec
 from calculet.runtime.scheduling.scheduler import SchedulingCapabilities
@@ -236,7 +236,7 @@ class SessionPlan:
     max_seq: int
     kv_token_capacity: int
     lanes: int
-    engines: tuple[Engine, ...]
+    engines: tuple[JobEngine, ...]
 
     @property
     def capabilities(self) -> DeviceCapabilities:
@@ -301,7 +301,7 @@ def plan_session(facts: ModelFacts, config: SchedulerConfig) -> SessionPlan:
                           thresholds=config.batch.select_thresholds,
                           multi_profile_residency=caps.multi_profile_residency.value, manifest_label=label)
     smallest = next(p for p in facts.profiles if p.compiled_batch == min(configure))
-    engines = (Engine.PING, Engine.PONG) if config.executor.max_inflight == 2 else (Engine.PING,)
+    engines = (JobEngine.PING, JobEngine.PONG) if config.executor.max_inflight == 2 else (JobEngine.PING,)
     return SessionPlan(facts=facts, configured=tuple(configure), profiles=profiles, max_seq=profiles.max_seq,
                        kv_token_capacity=facts.memory.kv_bytes // smallest.kv_layout.bytes_per_token,
                        lanes=lanes, engines=engines)
@@ -374,7 +374,7 @@ class RuntimeSession:
         self._calbin: Calbin | None = None
         self._kv: KvManager | None = None
         self._configured: tuple[int, ...] = ()
-        self._buffers: dict[tuple[Engine, JobKind, int], JobBuffers] = {}
+        self._buffers: dict[tuple[JobEngine, JobKind, int], JobBuffers] = {}
         self._live: set[int] = set()
         self._allocated = 0
         self._freed = 0
@@ -434,8 +434,8 @@ class RuntimeSession:
         return self._planned().kv_token_capacity
 
     @property
-    def engines(self) -> tuple[Engine, ...]:
-        return (Engine.PING, Engine.PONG) if self.config.executor.max_inflight == 2 else (Engine.PING,)
+    def engines(self) -> tuple[JobEngine, ...]:
+        return (JobEngine.PING, JobEngine.PONG) if self.config.executor.max_inflight == 2 else (JobEngine.PING,)
 
     def scheduling_capabilities(self) -> SchedulingCapabilities:
         return self._planned().scheduling_capabilities()
@@ -450,12 +450,12 @@ class RuntimeSession:
             raise DefinitionError(f"the session has no {what} (not created)")
         return self.plan
 
-    def buffers(self, engine: Engine, kind: JobKind, compiled_batch: int) -> JobBuffers:
+    def buffers(self, engine: JobEngine, kind: JobKind, compiled_batch: int) -> JobBuffers:
         """The buffer pair of ``engine`` for a ``kind`` job of ``compiled_batch`` lanes (§14)."""
         try:
             return self._buffers[(engine, kind, compiled_batch)]
         except KeyError:
-            raise DefinitionError(f"no {kind.value} B{compiled_batch} buffers for engine {engine.value}") from None
+            raise DefinitionError(f"no {kind.value} B{compiled_batch} buffers for engine {engine.name.lower()}") from None
 
     # ------------------------------------------------------------------ sequences
 
@@ -479,10 +479,6 @@ class RuntimeSession:
     def live_sequences(self) -> tuple[KvSeqId, ...]:
         """The CalRT sequences this session allocated and has not freed (leak checks, tests)."""
         return tuple(KvSeqId(s) for s in sorted(self._live))
-
-    def forget_sequences(self) -> None:
-        """The device dropped every sequence (reset/restart): nothing is left to free."""
-        self._live.clear()
 
     # ------------------------------------------------------------------ §11 steps 7–9, one at a time
 

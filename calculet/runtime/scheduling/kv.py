@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import Counter, deque
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from calculet.errors import DefinitionError, NotSupported
 from calculet.machines import KvSequenceMachine
@@ -215,11 +215,8 @@ class KvManager:
 
     def fault(self, lease: KvLease) -> None:
         """Timeout / CCU fault / DMA unknown: the lane becomes Unknown and is quarantined."""
-        self._fault_lane(self._owned(lease))
-
-    def fault_lane(self, lane: int) -> None:
-        """As :meth:`fault`, for a lane whose lease is no longer at hand."""
-        self._fault_lane(lane)
+        self._fire(self._owned(lease), "fault")
+        self._faults += 1
 
     def release(self, lease: KvLease) -> FreeSequence | None:
         """The owner ended: start freeing the lane, or detach from a quarantined one.
@@ -375,10 +372,6 @@ class KvManager:
             free_latency_avg_s=self._latency_sum / confirms if confirms else 0.0,
             free_latency_max_s=self._latency_max)
 
-    def held_lanes(self) -> Iterable[int]:
-        """Lanes that are not Free (for leak checks)."""
-        return (i for i, m in enumerate(self._lanes) if m.state != "free")
-
     # ------------------------------------------------------------------ internals
 
     def _lane(self, lease: KvLease) -> Any:
@@ -388,10 +381,6 @@ class KvManager:
         if self._owner[lease.lane] != lease.lease_id:
             raise StaleLease(f"lease {lease.lease_id} no longer owns lane {lease.lane}")
         return lease.lane
-
-    def _fault_lane(self, lane: int) -> None:
-        self._fire(lane, "fault")
-        self._faults += 1
 
     def _releasing(self, lane: int) -> FreeSequence:
         machine = self._lanes[lane]

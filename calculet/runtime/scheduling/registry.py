@@ -169,9 +169,6 @@ class RequestRegistry:
         self._stale = 0
         self._sink_errors = 0
 
-    def set_listener(self, listener: TransitionListener) -> None:
-        self._listener = listener
-
     # ------------------------------------------------------------------ lookups
 
     def get(self, request_id: RequestId) -> RequestRecord | None:
