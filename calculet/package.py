@@ -1,6 +1,6 @@
 """``python -m calculet.package``: build, sign, verify, inspect and pack model packages.
 
-The command line over :mod:`calculet.packages.verify` (§11 steps 1–2), for the people who
+The command line over :mod:`calculet.packages` (§11 steps 1–2), for the people who
 produce packages (build, sign, pack, keygen) and those who receive them (verify, inspect).
 ``verify`` runs exactly the checks a model load runs, so a package that verifies here loads
 past step 2. Every failure prints ``error: ...`` naming the package and file, and exits 1.
@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from calculet.packages.verify import (
+from calculet.packages import (
     DEFAULT_MAX_FILE_BYTES,
     build_package,
     generate_keypair,
@@ -208,7 +208,7 @@ def _cmd_verify(args: argparse.Namespace) -> None:
 
 def _cmd_inspect(args: argparse.Namespace) -> None:
     info = inspect_package(args.package, args.keys)
-    manifest = _thaw(info.manifest)
+    manifest = info.manifest_dict()
     if args.json:
         print(json.dumps({
             "verified": False,
@@ -250,14 +250,6 @@ def _cmd_keygen(args: argparse.Namespace) -> None:
 def _cmd_pack(args: argparse.Namespace) -> None:
     archive = pack_archive(args.package, args.archive)
     print(f"packed {archive}")
-
-
-def _thaw(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {k: _thaw(v) for k, v in value.items()}
-    if isinstance(value, tuple):
-        return [_thaw(v) for v in value]
-    return value
 
 
 _HANDLERS = {

@@ -6,7 +6,7 @@ architecture, the compiled batch profiles with their exact tensors and inactive-
 vectors (§11 step 9), memory figures (§13.1) and a ``files`` map ``{relative path: {sha256,
 size}}``.
 
-Trust is not this module's business: ``calculet.packages.verify`` verifies the Ed25519
+Trust is not this module's business: :mod:`calculet.packages.verify` verifies the Ed25519
 signature over ``manifest.json`` (stored as ``manifest.sig``) and the sha256 of every file in
 ``files`` (§11 step 2). :meth:`CalbinManifest.from_path` only parses and validates the schema,
 so it can be called before or after verification but never replaces it.
@@ -55,9 +55,9 @@ from calculet.adapters.calrt import (
     TensorSpec,
 )
 from calculet.errors import CalculetError, PackageError
+from calculet.packages.checks import DEFAULT_FORMAT as MANIFEST_FORMAT
+from calculet.packages.checks import MANIFEST_NAME as MANIFEST_FILE
 
-MANIFEST_FORMAT = "calbin-package/v1"
-MANIFEST_FILE = "manifest.json"
 
 
 class _Model(BaseModel):

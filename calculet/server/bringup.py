@@ -11,7 +11,7 @@ plan (4), CreateCalbin → configure → KvManager → pools, golden, publish �
 * **embedded default** (no ``models`` and no ``trust``): the bundled tiny model package (the
   simulated NPU's ``current`` variant: B1 only, the capability contract as the spec states it
   for CalRT 0.7.6) is built into a private temporary directory and signed with this machine's
-  development key (:func:`~calculet.packages.verify.ensure_dev_keypair`); the *effective*
+  development key (:func:`~calculet.packages.keys.ensure_dev_keypair`); the *effective*
   configuration is a copy with ``models = [{alias: model_alias, package: <that package>}]`` and
   ``trust = {trusted_roots: [<that directory>], trusted_keys_dir: <the dev key directory>}``.
   The development key is trusted for that private directory only, which holds nothing else.
@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from calculet.packages.verify import ensure_dev_keypair, sign_package
+from calculet.packages import ensure_dev_keypair, sign_package
 from calculet.adapters.sim import SimCalRT, SimConfig, TimeMode
 from calculet.adapters.sim.build import build_package as build_sim_package
 from calculet.config import ModelEntry, SchedulerConfig, TrustConfig

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from calculet.packages.verify import sign_package, verify_package
+from calculet.packages import sign_package, verify_package
 from calculet.adapters.sim import SimConfig
 from calculet.adapters.sim.memory import BoardPreset
 from calculet.errors import CapacityExhausted, ConfigError, NotFound, NotSupported, PackageError

@@ -34,7 +34,7 @@ import pytest
 
 from calculet.adapters.calrt import BatchProfile, JobSpec, JobTicket, MemInfo, ReturnCode, error_for
 from calculet.packages.manifest import CalbinManifest
-from calculet.packages.verify import KeyPair, generate_keypair, sign_package, verify_package
+from calculet.packages import KeyPair, generate_keypair, sign_package, verify_package
 from calculet.adapters.sim import CostModel, SimCalRT, SimConfig, SimVirtualDevice
 from calculet.adapters.sim.build import build_package
 from calculet.adapters.sim.memory import BoardPreset

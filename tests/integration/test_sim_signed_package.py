@@ -1,7 +1,7 @@
 """A simulated calbin package goes through signing and verification (§11 steps 1–3, 7).
 
 The sim builder writes ``manifest.json`` with the ``files`` map that
-``calculet.packages.verify`` signs and verifies; the manifest model then parses the verified
+``calculet.packages`` signs and verifies; the manifest model then parses the verified
 bytes and the device loads the verified directory.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from calculet.packages.manifest import CalbinManifest
-from calculet.packages.verify import generate_keypair, sign_package, verify_package
+from calculet.packages import generate_keypair, sign_package, verify_package
 from calculet.adapters.sim import SimCalRT, SimConfig
 from calculet.adapters.sim.build import build_package
 from calculet.adapters.host_driver import HostDriver

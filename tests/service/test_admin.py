@@ -11,7 +11,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from calculet.packages.verify import ensure_dev_keypair, sign_package
+from calculet.packages import ensure_dev_keypair, sign_package
 from calculet.adapters.sim.build import build_package as build_sim_package
 from calculet.server.admin import ManagedModelAdmin, ModelAdmin
 from tests.service.conftest import PACED

@@ -13,7 +13,7 @@ one the spec designs for:
 The weights are generated from a fixed seed and written as raw little-endian float32 (no zip
 timestamps), golden vectors are computed with the same numpy model, and ``manifest.json`` is
 written canonically — so two builds with the same arguments are byte-identical and the package
-can be signed by ``calculet.packages.verify``.
+can be signed by ``calculet.packages.build.sign_package``.
 
 ``--prefill-chunk-tokens N`` (``future`` only) declares an N-token incremental-prefill chunk on
 the B1 profile, so the scheduler runs §6 chunked prefill end to end. Like every ``future``

@@ -98,7 +98,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from calculet.adapters.calrt import MemoryFootprint, rc_of, read_board_memory
 from calculet.packages.manifest import MANIFEST_FILE, CalbinManifest
-from calculet.packages.verify import PackageCheck, VerifiedPackage, verify_package
+from calculet.packages import PackageCheck, VerifiedPackage, verify_package
 from calculet.errors import (
     BadRequest,
     CalculetError,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from package_testkit import Env
 
-from calculet.packages.verify import generate_keypair
+from calculet.packages import generate_keypair
 
 
 @pytest.fixture

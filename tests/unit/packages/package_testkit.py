@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from calculet.packages.verify import (
+from calculet.packages import (
     KeyPair,
     build_package,
     manifest_bytes,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from package_testkit import PACKAGE_FILES, Env
 
-from calculet.packages.verify import (
+from calculet.packages import (
     PackageCheck,
     inspect_package,
     pack_archive,

@@ -12,7 +12,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from package_testkit import EXTRA_FIELDS, PACKAGE_FILES, Env
 
-from calculet.packages.verify import (
+from calculet.packages import (
     MANIFEST_NAME,
     SIGNATURE_NAME,
     PackageCheck,

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from calculet.packages.verify import (
+from calculet.packages import (
     MANIFEST_NAME,
     SIGNATURE_NAME,
     PackageCheck,
