@@ -18,7 +18,6 @@ from calculet.adapters.calrt import (
     NO_SEQUENCE,
     Calbin,
     DecodeJob,
-    Engine,
     GoldenVector,
     JobBuffers,
     JobKind,
@@ -29,6 +28,7 @@ from calculet.adapters.calrt import (
     VirtualDevice,
     error_for,
 )
+from calculet.machines.job import JobEngine
 
 
 @dataclass(frozen=True)
@@ -62,12 +62,12 @@ class HostDriver:
         self.kv = kv
         self.generation = generation
         self.timeout_s = timeout_s
-        self._buffers: dict[tuple[JobKind, int, Engine], JobBuffers] = {}
+        self._buffers: dict[tuple[JobKind, int, JobEngine], JobBuffers] = {}
         self._prefills = 0
         self._decodes = 0
         self._failed = 0
 
-    def buffers(self, kind: JobKind, compiled_batch: int, engine: Engine = Engine.PING) -> JobBuffers:
+    def buffers(self, kind: JobKind, compiled_batch: int, engine: JobEngine = JobEngine.PING) -> JobBuffers:
         key = (kind, compiled_batch, engine)
         if key not in self._buffers:
             self._buffers[key] = self.device.allocate_job_buffers(self.calbin, kind, compiled_batch)
@@ -80,19 +80,19 @@ class HostDriver:
             self._failed += 1
         return result
 
-    def prefill_job(self, seq_id: KvSeqId, tokens: Sequence[int], engine: Engine = Engine.PING) -> PrefillJob:
+    def prefill_job(self, seq_id: KvSeqId, tokens: Sequence[int], engine: JobEngine = JobEngine.PING) -> PrefillJob:
         """A prefill of ``tokens`` starting at the sequence's committed length."""
         return PrefillJob(generation=self.generation, calbin_id=self.calbin.calbin_id, engine=engine,
                           buffers=self.buffers(JobKind.PREFILL, 1, engine), seq_id=seq_id,
                           tokens=np.asarray(tokens, dtype=np.int32),
                           start_position=self.kv.committed_length(seq_id))
 
-    def prefill(self, seq_id: KvSeqId, tokens: Sequence[int], engine: Engine = Engine.PING) -> JobResult:
+    def prefill(self, seq_id: KvSeqId, tokens: Sequence[int], engine: JobEngine = JobEngine.PING) -> JobResult:
         self._prefills += 1
         return self._run(self.prefill_job(seq_id, tokens, engine))
 
     def decode_job(self, compiled_batch: int, lanes: Sequence[tuple[KvSeqId, int] | None],
-                   engine: Engine = Engine.PING, inactive_seqs: Sequence[int] | None = None) -> DecodeJob:
+                   engine: JobEngine = JobEngine.PING, inactive_seqs: Sequence[int] | None = None) -> DecodeJob:
         """A decode job: ``lanes[i]`` is (seq, last token) or None for an inactive lane.
 
         ``inactive_seqs[i]`` may name a sequence parked in an inactive lane (its KV must not change).
@@ -120,7 +120,7 @@ class HostDriver:
                          seq_ids=tuple(seq_ids), token_ids=tokens, positions=positions, lane_valid=valid)
 
     def decode(self, compiled_batch: int, lanes: Sequence[tuple[KvSeqId, int] | None],
-               engine: Engine = Engine.PING, inactive_seqs: Sequence[int] | None = None) -> JobResult:
+               engine: JobEngine = JobEngine.PING, inactive_seqs: Sequence[int] | None = None) -> JobResult:
         self._decodes += 1
         return self._run(self.decode_job(compiled_batch, lanes, engine, inactive_seqs))
 

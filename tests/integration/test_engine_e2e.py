@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from calculet.adapters.calrt import Engine as DeviceEngine, JobKind, JobResult, ReturnCode, StatusCounters
+from calculet.adapters.calrt import JobKind, JobResult, ReturnCode, StatusCounters
 from calculet.adapters.sim import FaultKind, FaultRule, SimCalRT, SimConfig, TimeMode, package_dir
 from calculet.errors import NotFound, Unavailable
 from calculet.machines.request import FinishReason
@@ -35,6 +35,7 @@ from tests.integration.test_engine_support import (
     request,
     submit_all,
 )
+from calculet.machines.job import JobEngine
 
 PREFILL_FIRST = {"decode_weight": 1, "short_prefill_weight": 64}
 
@@ -224,7 +225,7 @@ def test_a_result_for_an_unknown_job_is_dropped_as_stale() -> None:
     driver.run_until_idle()
     before = driver.statistics()
     real = stream.result(0)
-    fake = JobResult(job_id=987654, generation=1, kind=JobKind.DECODE, engine=DeviceEngine.PING,  # type: ignore[arg-type]
+    fake = JobResult(job_id=987654, generation=1, kind=JobKind.DECODE, engine=JobEngine.PING,  # type: ignore[arg-type]
                      calbin_id=1, compiled_batch=1, rc=ReturnCode.OK, lanes=(),
                      counters=StatusCounters(1, 1, 1, 1), submitted_at=0.0, completed_at=0.0,
                      output_buffer=None)  # type: ignore[arg-type]

@@ -21,7 +21,6 @@ from calculet.adapters.calrt import (
     DeviceInvalidState,
     DeviceNotFound,
     DeviceTimeout,
-    Engine,
     JobKind,
     KvSeqId,
     ReturnCode,
@@ -30,6 +29,7 @@ from calculet.adapters.calrt import (
 from calculet.adapters.sim import FaultKind, FaultRule, SimConfig, SimSession, open_sim
 from calculet.adapters.host_driver import HostDriver
 from calculet.clock import FakeClock
+from calculet.machines.job import JobEngine
 
 
 @pytest.fixture
@@ -61,11 +61,11 @@ def test_timeout_job_never_completes_and_wait_reports_timeout(future: SimSession
     future.clock.advance(3600.0)
     assert dev.poll() == [] and dev.statistics().inflight_never_completing == 1
     with pytest.raises(DeviceInvalidState, match="being written"):
-        dev.submit(driver.decode_job(4, [(s, 1) for s in seqs], engine=Engine.PONG))
+        dev.submit(driver.decode_job(4, [(s, 1) for s in seqs], engine=JobEngine.PONG))
     other = future.kv.allocate_sequence()
     with pytest.raises(DeviceBusy, match="engine PING is running"):
         dev.submit(driver.prefill_job(other, [256, 1]))
-    assert driver.prefill(other, [256, 1], engine=Engine.PONG).ok, "the other engine still works"
+    assert driver.prefill(other, [256, 1], engine=JobEngine.PONG).ok, "the other engine still works"
 
 
 @pytest.mark.req("R19.2", "R15.17")
@@ -145,12 +145,12 @@ def test_timed_out_job_never_completes_late_into_a_reused_buffer(future: SimSess
     driver, seqs = setup(future, 2)
     dev, kv, clock = future.device, future.kv, future.clock
     # The 3rd decode job on engine PONG times out.
-    dev.faults.add(FaultRule(FaultKind.TIMEOUT, job_kind=JobKind.DECODE, engine=Engine.PONG, nth=3))
+    dev.faults.add(FaultRule(FaultKind.TIMEOUT, job_kind=JobKind.DECODE, engine=JobEngine.PONG, nth=3))
     for step in range(2):
-        assert driver.decode(4, [(seqs[0], 1)], engine=Engine.PONG).ok
-    stuck_job = driver.decode_job(4, [(seqs[0], 1)], engine=Engine.PONG)
+        assert driver.decode(4, [(seqs[0], 1)], engine=JobEngine.PONG).ok
+    stuck_job = driver.decode_job(4, [(seqs[0], 1)], engine=JobEngine.PONG)
     stuck = dev.submit(stuck_job)
-    healthy = dev.submit(driver.decode_job(4, [(seqs[1], 1)], engine=Engine.PING))
+    healthy = dev.submit(driver.decode_job(4, [(seqs[1], 1)], engine=JobEngine.PING))
     with pytest.raises(DeviceTimeout):
         dev.wait(stuck.job_id, 2.0)
     assert [r.job_id for r in dev.poll()] == [healthy.job_id], "the other engine's job drains normally"
@@ -159,7 +159,7 @@ def test_timed_out_job_never_completes_late_into_a_reused_buffer(future: SimSess
     retry = dataclasses.replace(stuck_job, seq_ids=(seqs[1], 0, 0, 0),
                                 positions=np.array([kv.committed_length(seqs[1]), 0, 0, 0]))
     with pytest.raises(BufferInUse):
-        dev.submit(dataclasses.replace(retry, engine=Engine.PING))
+        dev.submit(dataclasses.replace(retry, engine=JobEngine.PING))
     with pytest.raises(BufferInUse):
         dev.free_job_buffers(stuck_job.buffers)
     with pytest.raises(DeviceInvalidState):
@@ -177,7 +177,7 @@ def test_timed_out_job_never_completes_late_into_a_reused_buffer(future: SimSess
     fresh = HostDriver(dev, future.calbin, kv2)
     seq = kv2.allocate_sequence()
     assert fresh.prefill(seq, [256, 1, 2]).ok
-    job = fresh.decode_job(4, [(seq, 3)], engine=Engine.PONG)
+    job = fresh.decode_job(4, [(seq, 3)], engine=JobEngine.PONG)
     mine = dev.wait(dev.submit(job).job_id, 1.0)
     clock.advance(3600.0)
     assert dev.poll() == [] and dev.wait_any(10.0) == []

@@ -16,10 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calculet.adapters.calrt import NO_SEQUENCE, Engine, JobResult, KvSeqId, ReturnCode, verify_result
+from calculet.adapters.calrt import NO_SEQUENCE, JobResult, KvSeqId, ReturnCode, verify_result
 from calculet.adapters.sim import FaultKind, FaultRule, SimCalRT, SimConfig, SimSession, open_sim, package_dir
 from calculet.adapters.host_driver import HostDriver
 from calculet.clock import FakeClock
+from calculet.machines.job import JobEngine
 
 
 @pytest.fixture
@@ -81,7 +82,7 @@ def test_a_failed_batch_commits_nothing_in_any_lane(future: SimSession, kind: Fa
     kv, dev = future.kv, future.device
     seqs = prefilled(driver, 4, seed=3)
     before = {s: (kv.inspect(s).backing_sha256, kv.committed_length(s)) for s in seqs}
-    dev.faults.add(FaultRule(kind, engine=Engine.PING))
+    dev.faults.add(FaultRule(kind, engine=JobEngine.PING))
     ticket = dev.submit(driver.decode_job(4, [(s, 9) for s in seqs]))
     if kind is FaultKind.TIMEOUT:
         assert dev.wait_any(10.0) == [] and [t.job_id for t in dev.inflight()] == [ticket.job_id]
@@ -101,9 +102,9 @@ def test_ping_and_pong_jobs_have_independent_buffers_and_transactions(future: Si
     seqs = prefilled(driver, 8, seed=5)
     ping_seqs, pong_seqs = seqs[:4], seqs[4:]
     before = {s: (kv.inspect(s).backing_sha256, kv.committed_length(s)) for s in seqs}
-    dev.faults.add(FaultRule(FaultKind.CCU_FAULT, engine=Engine.PONG))
-    ping_job = driver.decode_job(4, [(s, 1) for s in ping_seqs], engine=Engine.PING)
-    pong_job = driver.decode_job(4, [(s, 2) for s in pong_seqs], engine=Engine.PONG)
+    dev.faults.add(FaultRule(FaultKind.CCU_FAULT, engine=JobEngine.PONG))
+    ping_job = driver.decode_job(4, [(s, 1) for s in ping_seqs], engine=JobEngine.PING)
+    pong_job = driver.decode_job(4, [(s, 2) for s in pong_seqs], engine=JobEngine.PONG)
     ids = {ping_job.buffers.input.buffer_id, ping_job.buffers.output.buffer_id,
            pong_job.buffers.input.buffer_id, pong_job.buffers.output.buffer_id}
     assert len(ids) == 4, "each in-flight job has its own InputBuf/OutputBuf"

@@ -53,7 +53,6 @@ from calculet.adapters.calrt import (
     Calbin,
     DecodeJob,
     DeviceCapabilities,
-    Engine,
     GoldenVector,
     JobBuffers,
     JobId,
@@ -74,6 +73,7 @@ from calculet.adapters.calrt import (
     VendorError,
     vendor_boundary,
 )
+from calculet.machines.job import JobEngine
 from calculet.packages.manifest import MANIFEST_FILE, CalbinManifest
 from calculet.adapters.sim.cost import CostModel
 from calculet.adapters.sim.faults import FaultDecision, FaultInjector, FaultKind, FaultRule, FaultStatistics
@@ -153,7 +153,7 @@ class DeviceStatistics:
     submitted: int
     submit_refused: Mapping[ReturnCode, int]
     completed: Mapping[ReturnCode, int]
-    completed_per_engine: Mapping[Engine, int]
+    completed_per_engine: Mapping[JobEngine, int]
     results_uncollected: int
     discarded_by_reset: int
     resets: int
@@ -372,13 +372,13 @@ class SimVirtualDevice:
         self._pending: dict[int, _Job] = {}
         self._done: dict[int, JobResult] = {}
         self._discarded: set[int] = set()
-        self._engine_job: dict[Engine, int | None] = {Engine.PING: None, Engine.PONG: None}
-        self._engine_seq: dict[Engine, int] = {Engine.PING: 0, Engine.PONG: 0}
+        self._engine_job: dict[JobEngine, int | None] = {JobEngine.PING: None, JobEngine.PONG: None}
+        self._engine_seq: dict[JobEngine, int] = {JobEngine.PING: 0, JobEngine.PONG: 0}
         self._poisoned: ReturnCode | None = None
         self._submitted = 0
         self._refused: Counter[ReturnCode] = Counter()
         self._completed: Counter[ReturnCode] = Counter()
-        self._per_engine: Counter[Engine] = Counter()
+        self._per_engine: Counter[JobEngine] = Counter()
         self._discarded_count = 0
         self._resets = 0
         self._wait_timeouts = 0
@@ -546,7 +546,7 @@ class SimVirtualDevice:
         for kv in self._kvs.values():
             kv.invalidate()
         self._kvs.clear()
-        self._engine_job = {Engine.PING: None, Engine.PONG: None}
+        self._engine_job = {JobEngine.PING: None, JobEngine.PONG: None}
         self._poisoned = None
         self._epoch += 1
 
@@ -669,7 +669,7 @@ class SimVirtualDevice:
             raise VendorError(ReturnCode.INVALID_STATE,
                               f"device faulted ({self._poisoned.name}); it accepts no job until reset (§12)")
         caps = cb.capabilities
-        if job.engine is Engine.PONG and not caps.ping_pong.value:
+        if job.engine is JobEngine.PONG and not caps.ping_pong.value:
             raise VendorError(ReturnCode.NOT_SUPPORTED,
                               "engine PONG needs the ping/pong capability (§14, C1/C2), which this calbin does not offer")
         kv = self._kv_for(cb)
@@ -689,7 +689,7 @@ class SimVirtualDevice:
         if fault is not None and fault.kind is FaultKind.DEVICE_BUSY:
             raise VendorError(ReturnCode.DEVICE_BUSY, f"injected DeviceBusy ({fault.origin})")
         now = self.clock.now()
-        other = Engine.PONG if job.engine is Engine.PING else Engine.PING
+        other = JobEngine.PONG if job.engine is JobEngine.PING else JobEngine.PING
         other_job = self._pending.get(self._engine_job[other] or -1)
         finish: float | None = self.cost.finish_time(now, duration, other_job.finish if other_job else None)
         if fault is not None and fault.kind is FaultKind.TIMEOUT:

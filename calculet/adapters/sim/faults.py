@@ -13,7 +13,7 @@ codes visible"). Kinds:
 * ``BAD_COUNTERS`` — rc OK, but the status counters are wrong.
 
 A rule such as "the 3rd decode job on engine PONG times out" is
-``FaultRule(FaultKind.TIMEOUT, job_kind=JobKind.DECODE, engine=Engine.PONG, nth=3)``.
+``FaultRule(FaultKind.TIMEOUT, job_kind=JobKind.DECODE, engine=JobEngine.PONG, nth=3)``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from calculet.adapters.calrt import Engine, JobKind
+from calculet.adapters.calrt import JobKind
+from calculet.machines.job import JobEngine
 from calculet.errors import DefinitionError
 
 
@@ -49,7 +50,7 @@ class FaultRule:
 
     kind: FaultKind
     job_kind: JobKind | None = None
-    engine: Engine | None = None
+    engine: JobEngine | None = None
     nth: int = 1
     count: int = 1
     lanes: tuple[int, ...] = ()
@@ -60,7 +61,7 @@ class FaultRule:
         if self.kind is FaultKind.LANE_CROSSTALK and self.lanes and len(self.lanes) != 2:
             raise DefinitionError("a LANE_CROSSTALK rule swaps exactly two lanes")
 
-    def applies(self, job_kind: JobKind, engine: Engine, valid_lanes: Sequence[int]) -> bool:
+    def applies(self, job_kind: JobKind, engine: JobEngine, valid_lanes: Sequence[int]) -> bool:
         if self.job_kind is not None and self.job_kind is not job_kind:
             return False
         if self.engine is not None and self.engine is not engine:
@@ -74,8 +75,8 @@ class FaultRule:
         parts = [self.kind.value, f"nth={self.nth}", f"count={self.count or 'inf'}"]
         if self.job_kind:
             parts.append(f"job={self.job_kind.value}")
-        if self.engine:
-            parts.append(f"engine={self.engine.value}")
+        if self.engine is not None:
+            parts.append(f"engine={self.engine.name.lower()}")
         if self.lanes:
             parts.append(f"lanes={list(self.lanes)}")
         return " ".join(parts)
@@ -142,7 +143,7 @@ class FaultInjector:
             self._rng = random.Random(seed)
             self._rates = dict(rates)
 
-    def decide(self, job_kind: JobKind, engine: Engine, valid_lanes: Sequence[int]) -> FaultDecision | None:
+    def decide(self, job_kind: JobKind, engine: JobEngine, valid_lanes: Sequence[int]) -> FaultDecision | None:
         """Consume one submit; return the fault to apply, or None."""
         with self._lock:
             self._decisions += 1

@@ -61,7 +61,6 @@ from calculet.adapters.calrt import (
     NO_SEQUENCE,
     Anomaly,
     DecodeJob,
-    Engine,
     JobId,
     JobKind,
     JobResult,
@@ -76,7 +75,7 @@ from calculet.adapters.calrt import (
 )
 from calculet.config import DegradeConfig, ExecutorConfig
 from calculet.errors import CalculetError, DefinitionError
-from calculet.machines.job import Engine as MachineEngine
+from calculet.machines.job import JobEngine
 from calculet.clock import Clock
 from calculet.runtime.scheduling.completion import DecodeCompletion, FaultKind, LaneOutcome, PrefillCompletion
 from calculet.runtime.scheduling.decode import DecodeBatch
@@ -96,10 +95,6 @@ _FAULT_FOR_RC = {ReturnCode.OK: FaultKind.NONE, ReturnCode.TIMEOUT: FaultKind.TI
 def fault_kind(rc: ReturnCode) -> FaultKind:
     """The completion's fault for a job return code (every other failure is a known ERROR)."""
     return _FAULT_FOR_RC.get(rc, FaultKind.ERROR)
-
-
-def adapter_engine(engine: MachineEngine) -> Engine:
-    return Engine.PING if engine is MachineEngine.PING else Engine.PONG
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,8 +251,8 @@ def check_result(job: InflightJob, result: JobResult, *, previous_engine_sequenc
             or result.compiled_batch != spec.compiled_batch
             or result.output_buffer.buffer_id != out.buffer_id):
         found.append((Anomaly.CROSSTALK,
-                      f"result names engine {result.engine.value}, {result.kind.value} B{result.compiled_batch}, "
-                      f"OutputBuf {result.output_buffer.buffer_id}; the job ran on {spec.engine.value}, "
+                      f"result names engine {result.engine.name.lower()}, {result.kind.value} B{result.compiled_batch}, "
+                      f"OutputBuf {result.output_buffer.buffer_id}; the job ran on {spec.engine.name.lower()}, "
                       f"{spec.kind.value} B{spec.compiled_batch}, OutputBuf {out.buffer_id}"))
     if isinstance(spec, DecodeJob):
         positions = [int(p) for p in spec.positions]
@@ -326,7 +321,7 @@ class DeviceExecutor:
                                       min_samples=degrade_min_samples)
         self._jobs: dict[int, InflightJob] = {}
         self._seqs: dict[int, KvSeqId] = {}
-        self._engine_seq: dict[Engine, int | None] = dict.fromkeys(Engine)
+        self._engine_seq: dict[JobEngine, int | None] = dict.fromkeys(JobEngine)
         """Per engine, the ``engine_sequence`` the last verified result carried; None: not known yet
         (the next result on that engine sets it without a continuity check)."""
         self._submitted = 0
@@ -343,21 +338,20 @@ class DeviceExecutor:
 
     # ------------------------------------------------------------------ building and submitting
 
-    def build(self, work: Work, engine: MachineEngine, prompt: Sequence[int] | None) -> JobSpec:
+    def build(self, work: Work, engine: JobEngine, prompt: Sequence[int] | None) -> JobSpec:
         """The CalRT job for planned work (KV sequences bound on first use).
 
         Raises a :class:`CalculetError` carrying ``rc`` if a sequence cannot be allocated.
         """
         session = self.session
-        eng = adapter_engine(engine)
         calbin_id = session.calbin.calbin_id
         if isinstance(work, DecodeBatch):
             size = work.profile.compiled_batch
             seqs = [NO_SEQUENCE] * size
             for binding in work.active:
                 seqs[binding.lane] = self._seqs[binding.seq_id]
-            return DecodeJob(generation=work.generation, calbin_id=calbin_id, compiled_batch=size, engine=eng,
-                             buffers=session.buffers(eng, JobKind.DECODE, size), seq_ids=tuple(int(s) for s in seqs),
+            return DecodeJob(generation=work.generation, calbin_id=calbin_id, compiled_batch=size, engine=engine,
+                             buffers=session.buffers(engine, JobKind.DECODE, size), seq_ids=tuple(int(s) for s in seqs),
                              token_ids=work.token_ids, positions=work.positions, lane_valid=work.lane_valid)
         assert prompt is not None
         seq = self._seqs.get(work.seq_id)
@@ -365,8 +359,8 @@ class DeviceExecutor:
             seq = self._seqs[work.seq_id] = session.allocate_sequence()
         start = work.start_position
         tokens = np.asarray(prompt[start:start + work.tokens], dtype=np.int32)
-        return PrefillJob(generation=work.generation, calbin_id=calbin_id, engine=eng,
-                          buffers=session.buffers(eng, JobKind.PREFILL, 1), seq_id=seq, tokens=tokens,
+        return PrefillJob(generation=work.generation, calbin_id=calbin_id, engine=engine,
+                          buffers=session.buffers(engine, JobKind.PREFILL, 1), seq_id=seq, tokens=tokens,
                           start_position=start)
 
     def submit(self, work: Work, spec: JobSpec) -> InflightJob | SubmitRefused:
@@ -523,14 +517,14 @@ class DeviceExecutor:
                 f"resync_engine_sequences() with {len(self._jobs)} job(s) in flight: their results would "
                 "escape the engine_sequence check (§14); wait until the executor is idle",
                 inflight=len(self._jobs))
-        self._engine_seq = dict.fromkeys(Engine)
+        self._engine_seq = dict.fromkeys(JobEngine)
 
     def rebind(self, session: RuntimeSession) -> None:
         """Serve from a new session (after a restart on a new device)."""
         self.session = session
 
     def statistics(self) -> ExecutorStatistics:
-        by_engine = Counter(j.spec.engine.value for j in self._jobs.values())
+        by_engine = Counter(j.spec.engine.name.lower() for j in self._jobs.values())
         return ExecutorStatistics(
             inflight=len(self._jobs), inflight_by_engine=dict(by_engine),
             quarantined_jobs=sum(1 for j in self._jobs.values() if j.timed_out), submitted=self._submitted,

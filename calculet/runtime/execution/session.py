@@ -57,7 +57,6 @@ from calculet.adapters.calrt import (
     Calbin,
     ContextOpSupport,
     DeviceCapabilities,
-    DeviceFault,
     GoldenVector,
     JobBuffers,
     JobKind,

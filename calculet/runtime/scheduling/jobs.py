@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 from calculet.errors import DefinitionError
 from calculet.machines import DeviceJobMachine
-from calculet.machines.job import Engine
+from calculet.machines.job import JobEngine
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -42,7 +42,7 @@ class JobRecord:
         return self.machine.state  # type: ignore[no-any-return]
 
     @property
-    def engine(self) -> Engine:
+    def engine(self) -> JobEngine:
         return self.machine.engine  # type: ignore[no-any-return]
 
 
@@ -108,9 +108,9 @@ class InflightTable:
         return JobStatistics(len(self._jobs), self.max_inflight, dict(states), dict(engines), self._planned,
                              dict(self._ended))
 
-    def _free_engine(self) -> Engine | None:
+    def _free_engine(self) -> JobEngine | None:
         used = {j.engine for j in self._jobs.values()}
-        engines = (Engine.PING,) if self.fixed_engine or self.max_inflight == 1 else (Engine.PING, Engine.PONG)
+        engines = (JobEngine.PING,) if self.fixed_engine or self.max_inflight == 1 else (JobEngine.PING, JobEngine.PONG)
         for engine in engines:
             if engine not in used:
                 return engine

@@ -46,7 +46,7 @@ from typing import Union
 
 from calculet.config import SchedulerConfig
 from calculet.errors import BadRequest, DefinitionError
-from calculet.machines.job import Engine
+from calculet.machines.job import JobEngine
 from calculet.machines.request import FinishReason
 from calculet.runtime.scheduling.admission import (AdmissionController, AdmissionOutcome, AdmissionStatistics, Decision,
                                         ModelAvailability)
@@ -96,7 +96,7 @@ class Plan:
     """One scheduler step: the job to submit (if any), its engine, and when to step again."""
 
     work: PrefillWork | DecodeBatch | None
-    engine: Engine | None = None
+    engine: JobEngine | None = None
     wake_at: float | None = None
     reason: str = ""
 

@@ -27,7 +27,6 @@ from calculet.adapters.calrt import (
     DeviceOutOfMemory,
     DeviceTimeout,
     DmaUnknown,
-    Engine,
     EvidenceSource,
     EvidenceTier,
     InactiveLanePolicy,
@@ -59,6 +58,7 @@ from calculet.errors import (
     DeviceFault,
     NotSupported,
 )
+from calculet.machines.job import JobEngine
 
 LAYOUT = KvLayoutDescriptor(n_layers=2, n_kv_heads=4, head_dim=16, dtype=PrimitiveType.FP64, block_tokens=16,
                             order="layer,token,head,dim")
@@ -230,7 +230,7 @@ def test_capability_contract_rejects_impossible_inflight_combinations() -> None:
 def _decode_job(seqs: tuple[int, ...], valid: tuple[int, ...], generation: int = 5) -> DecodeJob:
     handle = BufferHandle(1, BufferKind.INPUT, JobKind.DECODE, len(seqs), 64)
     out = BufferHandle(2, BufferKind.OUTPUT, JobKind.DECODE, len(seqs), 64)
-    return DecodeJob(generation=generation, calbin_id=1, compiled_batch=len(seqs), engine=Engine.PING,
+    return DecodeJob(generation=generation, calbin_id=1, compiled_batch=len(seqs), engine=JobEngine.PING,
                      buffers=JobBuffers(handle, out), seq_ids=seqs, token_ids=np.array([3] * len(seqs)),
                      positions=np.zeros(len(seqs), dtype=np.int32), lane_valid=np.array(valid, dtype=np.uint8))
 
@@ -238,7 +238,7 @@ def _decode_job(seqs: tuple[int, ...], valid: tuple[int, ...], generation: int =
 def _result(job: DecodeJob, lanes: list[tuple[int, int, bool]], counters: StatusCounters, job_id: int = 9,
             generation: int | None = None) -> JobResult:
     return JobResult(job_id=JobId(job_id), generation=job.generation if generation is None else generation,
-                     kind=JobKind.DECODE, engine=Engine.PING, calbin_id=1, compiled_batch=job.compiled_batch,
+                     kind=JobKind.DECODE, engine=JobEngine.PING, calbin_id=1, compiled_batch=job.compiled_batch,
                      rc=ReturnCode.OK,
                      lanes=tuple(LaneResult(lane, seq, valid, ReturnCode.OK, 0, 1, None, 1) for lane, seq, valid in lanes),
                      counters=counters, submitted_at=0.0, completed_at=1.0, output_buffer=job.buffers.output)
@@ -247,7 +247,7 @@ def _result(job: DecodeJob, lanes: list[tuple[int, int, bool]], counters: Status
 @pytest.mark.req("R4.8", "R7.4.2", "R14.5", "R14.6")
 def test_verify_result_finds_wrong_job_generation_crosstalk_and_counters() -> None:
     job = _decode_job((11, 12, 0, 0), (1, 1, 0, 0))
-    ticket = JobTicket(JobId(9), 5, JobKind.DECODE, Engine.PING, 1, 0.0)
+    ticket = JobTicket(JobId(9), 5, JobKind.DECODE, JobEngine.PING, 1, 0.0)
     good_lanes = [(0, 11, True), (1, 12, True), (2, 0, False), (3, 0, False)]
     good = StatusCounters(engine_sequence=4, lanes_valid=2, tokens_processed=2, kv_tokens_written=2)
     assert verify_result(job, ticket, _result(job, good_lanes, good), previous_engine_sequence=3).ok

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from calculet.adapters.calrt import Engine, JobKind
+from calculet.adapters.calrt import JobKind
 from calculet.adapters.sim import CostModel, FaultInjector, FaultKind, FaultRule, SimSession
 from calculet.adapters.host_driver import HostDriver
 from calculet.errors import DefinitionError
+from calculet.machines.job import JobEngine
 
 
 def test_decode_cost_grows_with_compiled_batch_and_throughput_with_lanes() -> None:
@@ -44,8 +45,8 @@ def test_ping_and_pong_jobs_overlap_on_the_device_per_the_cost_model(future: Sim
     a, b = kv.allocate_sequence(), kv.allocate_sequence()
     assert driver.prefill(a, [1, 2, 3]).ok and driver.prefill(b, [4, 5, 6]).ok
     t0 = future.clock.now()
-    ping = dev.submit(driver.decode_job(8, [(a, 7)], engine=Engine.PING))
-    pong = dev.submit(driver.decode_job(8, [(b, 8)], engine=Engine.PONG))
+    ping = dev.submit(driver.decode_job(8, [(a, 7)], engine=JobEngine.PING))
+    pong = dev.submit(driver.decode_job(8, [(b, 8)], engine=JobEngine.PONG))
     d = dev.cost.decode_s(8)
     expected_pong = dev.cost.finish_time(t0, d, t0 + d)
     results = {r.job_id: r for r in dev.wait_any(1.0)}
@@ -54,29 +55,29 @@ def test_ping_and_pong_jobs_overlap_on_the_device_per_the_cost_model(future: Sim
     (late,) = dev.wait_any(1.0)
     assert late.job_id == pong.job_id and late.completed_at == pytest.approx(expected_pong)
     assert t0 + d < expected_pong < t0 + 2 * d, "partial overlap (factor 0.5)"
-    assert {r.engine for r in (results[ping.job_id], late)} == {Engine.PING, Engine.PONG}
+    assert {r.engine for r in (results[ping.job_id], late)} == {JobEngine.PING, JobEngine.PONG}
 
 
 def test_rule_fires_on_the_nth_matching_submit_only() -> None:
-    inj = FaultInjector([FaultRule(FaultKind.TIMEOUT, job_kind=JobKind.DECODE, engine=Engine.PONG, nth=3)])
+    inj = FaultInjector([FaultRule(FaultKind.TIMEOUT, job_kind=JobKind.DECODE, engine=JobEngine.PONG, nth=3)])
     decisions = []
-    for engine in (Engine.PONG, Engine.PING, Engine.PONG, Engine.PONG, Engine.PONG):
+    for engine in (JobEngine.PONG, JobEngine.PING, JobEngine.PONG, JobEngine.PONG, JobEngine.PONG):
         decisions.append(inj.decide(JobKind.DECODE, engine, [0]))
     assert decisions.count(None) == 4 and decisions[3] is not None and decisions[3].kind is FaultKind.TIMEOUT
-    assert inj.decide(JobKind.PREFILL, Engine.PONG, [0]) is None
+    assert inj.decide(JobKind.PREFILL, JobEngine.PONG, [0]) is None
     assert inj.statistics().injected[FaultKind.TIMEOUT] == 1 and inj.statistics().decisions == 6
 
 
 def test_rule_windows_and_crosstalk_applicability() -> None:
     inj = FaultInjector([FaultRule(FaultKind.BAD_COUNTERS, nth=2, count=0),
                          FaultRule(FaultKind.LANE_CROSSTALK, lanes=(1, 3))])
-    assert inj.decide(JobKind.DECODE, Engine.PING, [0, 1]) is None  # crosstalk rule needs lanes 1 and 3
-    first = inj.decide(JobKind.DECODE, Engine.PING, [0, 1, 2, 3])
+    assert inj.decide(JobKind.DECODE, JobEngine.PING, [0, 1]) is None  # crosstalk rule needs lanes 1 and 3
+    first = inj.decide(JobKind.DECODE, JobEngine.PING, [0, 1, 2, 3])
     assert first is not None and first.kind is FaultKind.BAD_COUNTERS, "earlier rule wins"
-    third = inj.decide(JobKind.DECODE, Engine.PING, [0, 1, 2, 3])
+    third = inj.decide(JobKind.DECODE, JobEngine.PING, [0, 1, 2, 3])
     assert third is not None and third.kind is FaultKind.BAD_COUNTERS
     inj.clear()
-    assert inj.decide(JobKind.DECODE, Engine.PING, [0, 1]) is None
+    assert inj.decide(JobKind.DECODE, JobEngine.PING, [0, 1]) is None
     with pytest.raises(DefinitionError):
         FaultRule(FaultKind.LANE_CROSSTALK, lanes=(1,))
     with pytest.raises(DefinitionError):
@@ -90,7 +91,7 @@ def test_random_faults_replay_exactly_from_a_seed() -> None:
         inj = FaultInjector(seed=seed, rates=rates)
         out = []
         for _ in range(200):
-            d = inj.decide(JobKind.DECODE, Engine.PING, [0, 1, 2])
+            d = inj.decide(JobKind.DECODE, JobEngine.PING, [0, 1, 2])
             out.append(None if d is None else d.kind)
         return out
 

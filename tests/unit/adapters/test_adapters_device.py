@@ -22,7 +22,6 @@ from calculet.adapters.calrt import (
     DeviceInvalidState,
     DeviceNotFound,
     DeviceTimeout,
-    Engine,
     JobKind,
     KvManager,
     OperationNotSupported,
@@ -46,6 +45,7 @@ from calculet.adapters.sim.faults import FaultKind, FaultRule
 from calculet.adapters.sim.model import pseudo_next_token
 from calculet.errors import DefinitionError
 from calculet.clock import FakeClock
+from calculet.machines.job import JobEngine
 
 PROMPT = [256, *b"batching"]
 
@@ -153,7 +153,7 @@ def test_current_product_runs_one_b1_job_at_a_time_on_ping_only(current: SimSess
     driver = HostDriver(dev, current.calbin, kv)
     a, b = kv.allocate_sequence(), kv.allocate_sequence()
     with pytest.raises(OperationNotSupported, match="PONG"):
-        dev.submit(driver.prefill_job(a, PROMPT, engine=Engine.PONG))
+        dev.submit(driver.prefill_job(a, PROMPT, engine=JobEngine.PONG))
     ticket = dev.submit(driver.prefill_job(a, PROMPT))
     other = dataclasses.replace(driver.prefill_job(b, PROMPT),
                                 buffers=dev.allocate_job_buffers(current.calbin, JobKind.PREFILL))
@@ -230,7 +230,7 @@ def test_a_buffer_is_bound_until_its_job_completes(future: SimSession) -> None:
     job_a = driver.prefill_job(a, PROMPT)
     ticket = dev.submit(job_a)
     with pytest.raises(BufferInUse) as exc:
-        dev.submit(dataclasses.replace(driver.prefill_job(b, PROMPT), engine=Engine.PONG))
+        dev.submit(dataclasses.replace(driver.prefill_job(b, PROMPT), engine=JobEngine.PONG))
     assert exc.value.rc is ReturnCode.BUFFER_IN_USE
     with pytest.raises(BufferInUse):
         dev.free_job_buffers(job_a.buffers)
@@ -281,7 +281,7 @@ def test_real_time_mode_completes_jobs_on_the_device_worker() -> None:
         seq = kv.allocate_sequence()
         caller = threading.current_thread()
         assert driver.prefill(seq, PROMPT).ok
-        tickets = [dev.submit(driver.decode_job(4, [(seq, 7)], engine=Engine.PING))]
+        tickets = [dev.submit(driver.decode_job(4, [(seq, 7)], engine=JobEngine.PING))]
         results = dev.wait_any(10.0)
         assert [r.job_id for r in results] == [t.job_id for t in tickets]
         assert any(t.name.startswith("calrt-sim-dev") for t in threading.enumerate() if t is not caller)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calculet.adapters.calrt import (DecodeJob, Engine, JobKind, JobResult, JobTicket, LaneResult, ReturnCode,
+from calculet.adapters.calrt import (DecodeJob, JobKind, JobResult, JobTicket, LaneResult, ReturnCode,
                                      StatusCounters)
 from calculet.adapters.sim.cost import CostModel
 from calculet.adapters.sim.model import pseudo_next_token
@@ -24,6 +24,7 @@ from calculet.loadsim.soak import MemorySample, SoakOptions, _close_problem, _Qu
 from calculet.loadsim.workload import generate_requests, load_preset
 from calculet.machines.request import FinishReason
 from calculet.runtime.request import RequestOutcome
+from calculet.machines.job import JobEngine
 
 
 def run_cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -192,7 +193,7 @@ def test_close_must_fit_what_happened(reason: FinishReason, kwargs: dict[str, ob
 
 def decode_job(seqs: tuple[int, ...]) -> DecodeJob:
     b = len(seqs)
-    return DecodeJob(generation=1, calbin_id=1, compiled_batch=b, engine=Engine.PING, buffers=None,  # type: ignore[arg-type]
+    return DecodeJob(generation=1, calbin_id=1, compiled_batch=b, engine=JobEngine.PING, buffers=None,  # type: ignore[arg-type]
                      seq_ids=seqs, token_ids=np.ones(b, dtype=np.int32), positions=np.zeros(b, dtype=np.int32),
                      lane_valid=np.ones(b, dtype=np.uint8))
 
@@ -202,12 +203,12 @@ def result_for(job: DecodeJob, job_id: int, rc: ReturnCode) -> JobResult:
                   for i, s in enumerate(job.seq_ids))
     ok = rc is ReturnCode.OK
     counters = StatusCounters(1, len(lanes), len(lanes), len(lanes) if ok else 0)
-    return JobResult(job_id, 1, JobKind.DECODE, Engine.PING, 1, job.compiled_batch, rc, lanes, counters, 0.0, 0.0,
+    return JobResult(job_id, 1, JobKind.DECODE, JobEngine.PING, 1, job.compiled_batch, rc, lanes, counters, 0.0, 0.0,
                      None)  # type: ignore[arg-type]
 
 
 def ticket(job_id: int) -> JobTicket:
-    return JobTicket(job_id=job_id, generation=1, kind=JobKind.DECODE, engine=Engine.PING, calbin_id=1,  # type: ignore[arg-type]
+    return JobTicket(job_id=job_id, generation=1, kind=JobKind.DECODE, engine=JobEngine.PING, calbin_id=1,  # type: ignore[arg-type]
                      submitted_at=0.0)
 
 

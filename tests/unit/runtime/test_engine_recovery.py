@@ -13,7 +13,6 @@ from calculet.adapters.calrt import (
     BufferKind,
     DecodeJob,
     DeviceCapabilities,
-    Engine,
     JobBuffers,
     JobKind,
     JobResult,
@@ -28,6 +27,7 @@ from calculet.clock import FakeClock
 from calculet.runtime.execution.executor import DegradeMonitor, DegradeReason, InflightJob, check_result, fault_kind
 from calculet.runtime.scheduling.completion import FaultKind
 from calculet.runtime.execution.recovery import FaultReason, HealthRecovery, RecoveryAction
+from calculet.machines.job import JobEngine
 
 
 def recovery(max_resets: int = 2, *, verified: bool = True, restart_on_dma: bool = True) -> tuple[HealthRecovery,
@@ -159,17 +159,17 @@ def buffers(base: int) -> JobBuffers:
 
 
 def job() -> tuple[InflightJob, JobResult, np.ndarray]:
-    spec = DecodeJob(generation=1, calbin_id=1, compiled_batch=4, engine=Engine.PING, buffers=buffers(10),
+    spec = DecodeJob(generation=1, calbin_id=1, compiled_batch=4, engine=JobEngine.PING, buffers=buffers(10),
                      seq_ids=(5, 6, 7, 0), token_ids=np.array([1, 2, 3, -1]), positions=np.array([4, 9, 2, 0]),
                      lane_valid=np.array([1, 1, 1, 0], dtype=np.uint8))
-    ticket = JobTicket(job_id=77, generation=1, kind=JobKind.DECODE, engine=Engine.PING, calbin_id=1,  # type: ignore[arg-type]
+    ticket = JobTicket(job_id=77, generation=1, kind=JobKind.DECODE, engine=JobEngine.PING, calbin_id=1,  # type: ignore[arg-type]
                        submitted_at=0.0)
     rows = np.arange(4 * V, dtype=np.float64).reshape(4, V)
     lanes = tuple(LaneResult(i, s, i < 3, ReturnCode.OK, int(p), int(p) + (1 if i < 3 else 0),
                              rows[i].copy() if i < 3 else None, int(np.argmax(rows[i])) if i < 3 else None)
                   for i, (s, p) in enumerate(zip((5, 6, 7, 0), (4, 9, 2, 0))))
     lanes = lanes[:3] + (LaneResult(3, 0, False, ReturnCode.OK, 0, 0, None, None),)
-    result = JobResult(job_id=77, generation=1, kind=JobKind.DECODE, engine=Engine.PING, calbin_id=1,  # type: ignore[arg-type]
+    result = JobResult(job_id=77, generation=1, kind=JobKind.DECODE, engine=JobEngine.PING, calbin_id=1,  # type: ignore[arg-type]
                        compiled_batch=4, rc=ReturnCode.OK, lanes=lanes,
                        counters=StatusCounters(engine_sequence=8, lanes_valid=3, tokens_processed=3,
                                                kv_tokens_written=3),
@@ -200,7 +200,7 @@ def test_swapped_lanes_are_found_by_tags_and_by_the_output_buffer() -> None:
 @pytest.mark.req("R14.5")
 def test_a_result_carrying_the_other_engines_buffer_is_crosstalk() -> None:
     inflight, result, rows = job()
-    wrong = dataclasses.replace(result, output_buffer=buffers(20).output, engine=Engine.PONG)
+    wrong = dataclasses.replace(result, output_buffer=buffers(20).output, engine=JobEngine.PONG)
     found = check_result(inflight, wrong, previous_engine_sequence=None, output_rows=rows)
     assert any(k is Anomaly.CROSSTALK and "OutputBuf 21" in t for k, t in found)
 

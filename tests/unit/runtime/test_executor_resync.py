@@ -20,7 +20,7 @@ import pytest
 from calculet.adapters.calrt import Anomaly
 from calculet.adapters.sim import FaultKind, FaultRule, SimCalRT, SimConfig, SimVirtualDevice, package_dir
 from calculet.errors import DefinitionError
-from calculet.machines.job import Engine as MachineEngine
+from calculet.machines.job import JobEngine
 from calculet.runtime.models import manager as models
 from calculet.clock import FakeClock
 from calculet.runtime.execution.executor import DeviceExecutor, InflightJob
@@ -45,7 +45,7 @@ class Rig:
         work = PrefillWork(job_id=n, generation=self.session.generation, request_id=n, seq_id=n, kv_lane=0,
                            start_position=0, tokens=len(PROMPT), prompt_tokens=len(PROMPT), last_chunk=True,
                            queue="short", request_job=n, lease=cast(Any, None), record=cast(Any, None))
-        job = self.executor.submit(work, self.executor.build(work, MachineEngine.PING, PROMPT))
+        job = self.executor.submit(work, self.executor.build(work, JobEngine.PING, PROMPT))
         assert isinstance(job, InflightJob), job
         return job
 

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from calculet.errors import DefinitionError
-from calculet.machines.job import Engine
+from calculet.machines.job import JobEngine
 from calculet.machines.request import FinishReason
 from calculet.runtime.scheduling.admission import ModelAvailability
 from calculet.runtime.scheduling.prefill import PrefillWork
@@ -20,7 +20,7 @@ def test_one_request_flows_admission_prefill_decode_completion():
     h = Harness.build(sizes=(1,), lanes=2)
     sub = h.submit(prompt=12, new=3)
     plan = h.step()
-    assert isinstance(plan.work, PrefillWork) and plan.engine is Engine.PING
+    assert isinstance(plan.work, PrefillWork) and plan.engine is JobEngine.PING
     assert h.state(sub.request_id) == "prefill_ready"
     h.scheduler.submitted(plan.work.job_id)
     assert h.state(sub.request_id) == "prefill_running"
@@ -57,7 +57,7 @@ def test_two_jobs_in_flight_use_ping_and_pong():
     h.scheduler.submitted(first.work.job_id)
     second = h.step()
     h.scheduler.submitted(second.work.job_id)
-    assert {first.engine, second.engine} == {Engine.PING, Engine.PONG}
+    assert {first.engine, second.engine} == {JobEngine.PING, JobEngine.PONG}
     assert h.step().reason == "no in-flight slot"
     h.complete(second.work)
     h.complete(first.work)
