@@ -72,7 +72,7 @@ from calculet.adapters.calrt import (
 from calculet.packages.manifest import CalbinManifest
 from calculet.adapters.host_driver import GoldenOutcome, HostDriver
 from calculet.config import SchedulerConfig, cross_validate
-from calculet.errors import CalculetError, DefinitionError
+from calculet.errors import CalculetError, DefinitionError, DeviceFault
 from calculet.machines.job import JobEngine
 from calculet.runtime.scheduling.kv import KvCapabilities
 from calculet.runtime.scheduling.profiles import InactiveLanePolicy, ProfileSet, ProfileSpec
