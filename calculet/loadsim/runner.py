@@ -284,7 +284,7 @@ class RecordingRuntime:
 
 
 def build_driver(config: SchedulerConfig, *, cost: CostModel, max_seq: int = DEFAULT_MAX_SEQ,
-                 fault_seed: int | None = None, fault_rates: Mapping[FaultKind, float] | None = None,
+                 fault_seed: int | None = None, fault_rates: Mapping[InjectedFault, float] | None = None,
                  options: EngineOptions | None = None,
                  observer: Callable[[RequestRecord, str, str], None] | None = None,
                  device_observers: Sequence[DeviceObserver] = (),
@@ -312,7 +312,7 @@ def build_driver(config: SchedulerConfig, *, cost: CostModel, max_seq: int = DEF
 class _RandomFaults(DeviceObserver):
     """Arms every new device's fault injector (``set_random``) with its own seed."""
 
-    def __init__(self, seed: int, rates: Mapping[FaultKind, float]) -> None:
+    def __init__(self, seed: int, rates: Mapping[InjectedFault, float]) -> None:
         self.seed = seed
         self.rates = rates
 
@@ -523,7 +523,7 @@ def generate_request(index: int, req: SimRequest) -> GenerateRequest:
 
 def run_engine(requests: Sequence[SimRequest], config: SchedulerConfig, *, cost: CostModel,
                policy_name: str = "calculet", max_seq: int = DEFAULT_MAX_SEQ, options: EngineOptions | None = None,
-               fault_seed: int | None = None, fault_rates: Mapping[FaultKind, float] | None = None,
+               fault_seed: int | None = None, fault_rates: Mapping[InjectedFault, float] | None = None,
                progress: Callable[[float], None] | None = None, progress_every_s: float = 10.0,
                keep_tokens: bool = False, prefill_chunk_tokens: int | None = None) -> PolicyRun:
     """Run ``requests`` (sorted by arrival) through a fresh engine in virtual time and record them.

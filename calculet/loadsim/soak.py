@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from calculet.adapters.calrt import DecodeJob, JobResult, JobSpec, JobTicket, ReturnCode, verify_result
-from calculet.adapters.sim import CostModel, FaultKind, SimVirtualDevice
+from calculet.adapters.sim import CostModel, InjectedFault, SimVirtualDevice
 from calculet.adapters.sim.model import pseudo_next_token
 from calculet.errors import CalculetError, DefinitionError
 from calculet.machines.monitor import MONITOR, MonitorStatistics
@@ -380,7 +380,7 @@ class _Soak:
         self.guard = _QuarantineGuard(self.violations)
         config = self.policy.scheduler_config(self.workload,
                                               recovery={"max_resets_per_10min": options.max_resets_per_10min})
-        rates = {kind: options.fault_rate for kind in FaultKind} if options.fault_rate > 0 else None
+        rates = {kind: options.fault_rate for kind in InjectedFault} if options.fault_rate > 0 else None
         self.driver, self.runtime = build_driver(
             config, cost=options.cost, max_seq=DEFAULT_MAX_SEQ, fault_seed=options.seed * 7919, fault_rates=rates,
             options=self.policy.engine_options(), observer=self.observe, device_observers=(self.guard,),

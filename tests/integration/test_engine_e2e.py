@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from calculet.adapters.calrt import JobKind, JobResult, ReturnCode, StatusCounters
-from calculet.adapters.sim import FaultKind, FaultRule, SimCalRT, SimConfig, TimeMode, package_dir
+from calculet.adapters.sim import InjectedFault, FaultRule, SimCalRT, SimConfig, TimeMode, package_dir
 from calculet.errors import NotFound, Unavailable
 from calculet.machines.request import FinishReason
 from calculet.runtime.scheduling.admission import Decision
@@ -90,7 +90,7 @@ def test_injected_crosstalk_under_ping_pong_degrades_and_no_wrong_token_is_strea
     engine drains normally), and every stream holds only correct tokens (simulated)."""
     driver, runtime = make_driver("future", profiles=[1, 4], inflight=2, queues=PREFILL_FIRST,
                                   admission={"max_sequences": 8})
-    runtime.device.faults.add(FaultRule(FaultKind.LANE_CROSSTALK, job_kind=JobKind.DECODE, nth=3, lanes=(0, 2)))
+    runtime.device.faults.add(FaultRule(InjectedFault.LANE_CROSSTALK, job_kind=JobKind.DECODE, nth=3, lanes=(0, 2)))
     streams = submit_all(driver, [request(i, 8) for i in range(8)])
     driver.run_until_idle()
     degrade = driver.statistics().executor.degrade
@@ -123,7 +123,7 @@ def test_injected_crosstalk_under_ping_pong_degrades_and_no_wrong_token_is_strea
 @pytest.mark.req("R14.6")
 def test_a_status_counter_anomaly_degrades_and_the_job_output_is_not_used() -> None:
     driver, runtime = make_driver("future", profiles=[1, 4], inflight=2, queues=PREFILL_FIRST)
-    runtime.device.faults.add(FaultRule(FaultKind.BAD_COUNTERS, job_kind=JobKind.DECODE, nth=2))
+    runtime.device.faults.add(FaultRule(InjectedFault.BAD_COUNTERS, job_kind=JobKind.DECODE, nth=2))
     streams = submit_all(driver, [request(i, 6) for i in range(8)])
     driver.run_until_idle()
     stats = driver.statistics().executor
@@ -139,7 +139,7 @@ def test_a_status_counter_anomaly_degrades_and_the_job_output_is_not_used() -> N
 @pytest.mark.req("R14.8", "R19.2")
 def test_consecutive_device_busy_degrades_and_is_retried() -> None:
     driver, runtime = make_driver("future", profiles=[1, 4], inflight=2, queues=PREFILL_FIRST)
-    runtime.device.faults.add(FaultRule(FaultKind.DEVICE_BUSY, job_kind=JobKind.DECODE, nth=1, count=3))
+    runtime.device.faults.add(FaultRule(InjectedFault.DEVICE_BUSY, job_kind=JobKind.DECODE, nth=1, count=3))
     streams = submit_all(driver, [request(i, 5) for i in range(8)])
     driver.run_until_idle()
     stats = driver.statistics().executor
@@ -155,7 +155,7 @@ def test_an_uncertain_recovery_restarts_and_degrades() -> None:
     config = engine_config(profiles=[1, 4], inflight=2, queues=PREFILL_FIRST, recovery={"max_resets_per_10min": 5})
     driver, runtime = make_driver("future", config=config,
                                   options=EngineOptions(job_timeout_s=0.2, monitor_mode=None))
-    runtime.device.faults.add(FaultRule(FaultKind.CCU_FAULT, job_kind=JobKind.DECODE, nth=2))
+    runtime.device.faults.add(FaultRule(InjectedFault.CCU_FAULT, job_kind=JobKind.DECODE, nth=2))
     runtime.hooks.reset_fails = 1
     submit_all(driver, [request(i, 6) for i in range(8)])
     driver.run_until_idle()
@@ -176,8 +176,8 @@ def test_an_uncertain_recovery_restarts_and_degrades() -> None:
 
 SUBMIT_CODES = [ReturnCode.INVALID_ARGUMENT, ReturnCode.OUT_OF_MEMORY, ReturnCode.NOT_SUPPORTED, ReturnCode.NOT_FOUND,
                 ReturnCode.ALREADY_EXISTS, ReturnCode.BUFFER_IN_USE, ReturnCode.INTERNAL, ReturnCode.INVALID_STATE]
-SIM_FAULTS = {ReturnCode.TIMEOUT: FaultKind.TIMEOUT, ReturnCode.CCU_FAULT: FaultKind.CCU_FAULT,
-              ReturnCode.DMA_UNKNOWN: FaultKind.DMA_UNKNOWN}
+SIM_FAULTS = {ReturnCode.TIMEOUT: InjectedFault.TIMEOUT, ReturnCode.CCU_FAULT: InjectedFault.CCU_FAULT,
+              ReturnCode.DMA_UNKNOWN: InjectedFault.DMA_UNKNOWN}
 
 
 @pytest.mark.req("R19.2", "R16.5", "R16.8", "R16.10")
@@ -193,7 +193,7 @@ def test_every_return_code_reaches_the_request_the_log_and_a_counter(rc: ReturnC
     if rc in SIM_FAULTS:
         runtime.device.faults.add(FaultRule(SIM_FAULTS[rc], job_kind=JobKind.DECODE, nth=1))
     elif rc is ReturnCode.DEVICE_BUSY:
-        runtime.device.faults.add(FaultRule(FaultKind.DEVICE_BUSY, job_kind=JobKind.DECODE, nth=1))
+        runtime.device.faults.add(FaultRule(InjectedFault.DEVICE_BUSY, job_kind=JobKind.DECODE, nth=1))
     else:
         runtime.hooks.submit_errors[2] = rc  # the first decode submit
     caplog.set_level(logging.INFO, logger="calculet")
@@ -247,7 +247,7 @@ def test_past_the_reset_budget_the_model_fails_and_admission_answers_503() -> No
     config = engine_config(recovery={"max_resets_per_10min": 1})
     driver, runtime = make_driver("current", config=config, numerics=False,
                                   options=EngineOptions(verify_golden=False, job_timeout_s=0.1, monitor_mode=None))
-    rule = FaultRule(FaultKind.TIMEOUT, job_kind=JobKind.DECODE, nth=2)
+    rule = FaultRule(InjectedFault.TIMEOUT, job_kind=JobKind.DECODE, nth=2)
     runtime.device.faults.add(rule)
     first = submit_all(driver, [request(i, 6) for i in range(3)])
     driver.run_until_idle()
@@ -273,7 +273,7 @@ def test_past_the_reset_budget_the_model_fails_and_admission_answers_503() -> No
 def test_unknown_dma_restarts_when_configured(restart: bool) -> None:
     config = engine_config(profiles=[1, 4], queues=PREFILL_FIRST, recovery={"restart_on_unknown_dma": restart})
     driver, runtime = make_driver("future", config=config)
-    runtime.device.faults.add(FaultRule(FaultKind.DMA_UNKNOWN, job_kind=JobKind.DECODE, nth=1))
+    runtime.device.faults.add(FaultRule(InjectedFault.DMA_UNKNOWN, job_kind=JobKind.DECODE, nth=1))
     streams = submit_all(driver, [request(i, 4) for i in range(2)])
     driver.run_until_idle()
     stats = driver.statistics().recovery
@@ -357,11 +357,11 @@ def build_trace(n: int, seed: int) -> list[tuple[float, str, Any]]:
 def run_trace(mode: ExecutionMode, events: list[tuple[float, str, Any]]) -> dict[str, Any]:
     transitions: dict[int, list[tuple[str, str]]] = {}
     # each restart brings a new device: device k gets rule set k
-    device_rules = [(FaultRule(FaultKind.DEVICE_BUSY, nth=250, count=2),
-                     FaultRule(FaultKind.TIMEOUT, job_kind=JobKind.DECODE, nth=600)),
-                    (FaultRule(FaultKind.BAD_COUNTERS, job_kind=JobKind.DECODE, nth=100),
-                     FaultRule(FaultKind.CCU_FAULT, job_kind=JobKind.DECODE, nth=400)),
-                    (FaultRule(FaultKind.DMA_UNKNOWN, job_kind=JobKind.PREFILL, nth=300),)]
+    device_rules = [(FaultRule(InjectedFault.DEVICE_BUSY, nth=250, count=2),
+                     FaultRule(InjectedFault.TIMEOUT, job_kind=JobKind.DECODE, nth=600)),
+                    (FaultRule(InjectedFault.BAD_COUNTERS, job_kind=JobKind.DECODE, nth=100),
+                     FaultRule(InjectedFault.CCU_FAULT, job_kind=JobKind.DECODE, nth=400)),
+                    (FaultRule(InjectedFault.DMA_UNKNOWN, job_kind=JobKind.PREFILL, nth=300),)]
     clock = FakeClock()
     runtime = RecordingRuntime(SimConfig(clock=clock, numerics=False), device_rules=device_rules)
     runtime.hooks.submit_errors.update({333: ReturnCode.INVALID_ARGUMENT, 1777: ReturnCode.OUT_OF_MEMORY,

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from calculet.adapters.calrt import JobKind
-from calculet.adapters.sim import FaultKind, FaultRule, SimCalRT, SimConfig, package_dir
+from calculet.adapters.sim import InjectedFault, FaultRule, SimCalRT, SimConfig, package_dir
 from calculet.errors import ConfigError
 from calculet.clock import FakeClock
 from calculet.runtime.engine.core import EngineDriver, EngineOptions
@@ -210,9 +210,9 @@ def test_cancel_while_running_drains_the_batch(batch: int) -> None:
 
 
 @pytest.mark.req("R18.11", "R18.12", "R7.4.5", "R9.2.6", "R9.2.5", "R19.2")
-@pytest.mark.parametrize(("variant", "kind"), [("current", FaultKind.TIMEOUT), ("current", FaultKind.CCU_FAULT),
-                                               ("future", FaultKind.TIMEOUT), ("future", FaultKind.CCU_FAULT)])
-def test_timeout_and_ccu_fault_recover_every_lane(variant: str, kind: FaultKind) -> None:
+@pytest.mark.parametrize(("variant", "kind"), [("current", InjectedFault.TIMEOUT), ("current", InjectedFault.CCU_FAULT),
+                                               ("future", InjectedFault.TIMEOUT), ("future", InjectedFault.CCU_FAULT)])
+def test_timeout_and_ccu_fault_recover_every_lane(variant: str, kind: InjectedFault) -> None:
     """A fault in the 2nd decode job: every lane of it goes Unknown (quarantined until the reset),
     every request of it fails with the return code, the generation recovers (reset where the
     contract verifies it, restart where not) and serves correctly again (simulated)."""
@@ -226,7 +226,7 @@ def test_timeout_and_ccu_fault_recover_every_lane(variant: str, kind: FaultKind)
     streams = submit_all(driver, [request(i, 6) for i in range(batch)])
     driver.run_until_idle()
     runtime.hooks.before_recovery = None
-    rc = "TIMEOUT" if kind is FaultKind.TIMEOUT else "CCU_FAULT"
+    rc = "TIMEOUT" if kind is InjectedFault.TIMEOUT else "CCU_FAULT"
     assert at_recovery and at_recovery[0].count("unknown") == batch, at_recovery
     for stream in streams:
         result = stream.result(0)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from calculet.adapters.calrt import ReturnCode
-from calculet.adapters.sim import FaultKind
+from calculet.adapters.sim import InjectedFault
 from calculet.adapters.sim.model import pseudo_next_token
 from calculet.machines.request import FinishReason
 from calculet.runtime.engine.core import EngineOptions, GenerateRequest
@@ -73,7 +73,7 @@ def soak(n: int, seed: int) -> dict[str, object]:
                            admission={"max_sequences": 32, "max_waiting_requests": 256},
                            recovery={"max_resets_per_10min": 1000})
     driver, runtime = make_driver("future", config=config, numerics=False, fault_seed=seed,
-                                  fault_rates={kind: 0.01 for kind in FaultKind},
+                                  fault_rates={kind: 0.01 for kind in InjectedFault},
                                   options=EngineOptions(verify_golden=False, job_timeout_s=0.05, monitor_mode=None))
     clock = driver.clock
     core = driver.core
@@ -151,7 +151,7 @@ def soak(n: int, seed: int) -> dict[str, object]:
 def _check_every_kind(report: dict[str, object]) -> None:
     injected = report["injected"]
     assert isinstance(injected, dict)
-    assert all(injected.get(kind.value, 0) > 0 for kind in FaultKind), injected
+    assert all(injected.get(kind.value, 0) > 0 for kind in InjectedFault), injected
     reasons = report["reasons"]
     assert isinstance(reasons, dict) and reasons.get("LENGTH", 0) > 0 and reasons.get("ERROR", 0) > 0
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from calculet.adapters.calrt import DecodeJob, JobResult, JobSpec, JobTicket, ReturnCode, error_for
-from calculet.adapters.sim import FaultKind, SimCalRT, SimConfig, SimVirtualDevice, package_dir
+from calculet.adapters.sim import InjectedFault, SimCalRT, SimConfig, SimVirtualDevice, package_dir
 from calculet.config import SchedulerConfig
 from calculet.clock import FakeClock
 from calculet.runtime.engine.core import EngineDriver, EngineOptions, GenerateRequest
@@ -123,7 +123,7 @@ class RecordingRuntime(SimCalRT):
     """SimCalRT whose devices record jobs; random faults are reseeded per device (so a restart
     does not replay the same fault sequence)."""
 
-    def __init__(self, config: SimConfig, *, fault_rates: Mapping[FaultKind, float] | None = None,
+    def __init__(self, config: SimConfig, *, fault_rates: Mapping[InjectedFault, float] | None = None,
                  fault_seed: int = 0, device_rules: Sequence[Sequence[Any]] = ()) -> None:
         super().__init__(config)
         self.hooks = Hooks()
@@ -166,7 +166,7 @@ def engine_config(*, profiles: Sequence[int] = (1,), inflight: int = 1, **sectio
 
 
 def make_driver(variant: str = "current", *, config: SchedulerConfig | None = None, numerics: bool = True,
-                options: EngineOptions | None = None, fault_rates: Mapping[FaultKind, float] | None = None,
+                options: EngineOptions | None = None, fault_rates: Mapping[InjectedFault, float] | None = None,
                 fault_seed: int = 0, observer: Callable[..., None] | None = None,
                 **config_kwargs: Any) -> tuple[EngineDriver, RecordingRuntime]:
     clock = FakeClock()

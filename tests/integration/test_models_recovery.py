@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from calculet.adapters.calrt import JobKind
-from calculet.adapters.sim import FaultKind, FaultRule
+from calculet.adapters.sim import InjectedFault, FaultRule
 from calculet.runtime.engine.core import EngineOptions
 from calculet.runtime.models.manager import LoadFailed, LoadStep
 from tests.integration.test_models_support import (
@@ -35,7 +35,7 @@ def test_a_job_fault_during_a_replacement_drain_is_recovered_and_the_switch_comp
     requests complete on generation 2."""
     a, b = env.package("model-a"), env.package("model-b", seed=7)
     rig = make_rig(env.config(a), options=EngineOptions(job_timeout_s=0.5, monitor_mode=None))
-    rig.runtime.device.inner.faults.add(FaultRule(FaultKind.TIMEOUT, job_kind=JobKind.DECODE, nth=2))
+    rig.runtime.device.inner.faults.add(FaultRule(InjectedFault.TIMEOUT, job_kind=JobKind.DECODE, nth=2))
     client = Client(rig)
     doomed = client.submit(8)
     rig.driver.advance(0.01)
@@ -71,7 +71,7 @@ def test_a_restart_before_the_switch_fails_the_load_and_the_old_generation_recov
 
     def arm(step: object, gen: int) -> None:
         if step is LoadStep.PUBLISH:
-            rig.runtime.device.inner.faults.add(FaultRule(FaultKind.DMA_UNKNOWN, job_kind=JobKind.DECODE, nth=1))
+            rig.runtime.device.inner.faults.add(FaultRule(InjectedFault.DMA_UNKNOWN, job_kind=JobKind.DECODE, nth=1))
 
     rig.models.step_hook = arm
     with pytest.raises(LoadFailed) as failed:
@@ -102,7 +102,7 @@ def test_a_device_fault_in_a_golden_job_is_recovered_before_anything_serves_agai
 
     def arm(step: object, gen: int) -> None:
         if step is LoadStep.GOLDEN:
-            rig.runtime.device.inner.faults.add(FaultRule(FaultKind.DMA_UNKNOWN, job_kind=JobKind.DECODE, nth=1))
+            rig.runtime.device.inner.faults.add(FaultRule(InjectedFault.DMA_UNKNOWN, job_kind=JobKind.DECODE, nth=1))
 
     rig.models.step_hook = arm
     with pytest.raises(LoadFailed) as failed:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from calculet.adapters.calrt import JobKind
-from calculet.adapters.sim import FaultKind, FaultRule
+from calculet.adapters.sim import InjectedFault, FaultRule
 from calculet.runtime.scheduling.admission import Decision
 from calculet.runtime.engine.core import EngineOptions
 from calculet.runtime.models.manager import UnloadFailed, UnloadStep
@@ -138,7 +138,7 @@ def test_at_the_drain_deadline_a_job_still_submitted_keeps_its_buffers_and_the_g
     a = env.package("model-a")
     rig = make_rig(env.config(a, executor={"drain_deadline_ms": 200}),
                    options=EngineOptions(job_timeout_s=2.0, monitor_mode=None))
-    rig.runtime.device.inner.faults.add(FaultRule(FaultKind.TIMEOUT, job_kind=JobKind.DECODE, nth=2))
+    rig.runtime.device.inner.faults.add(FaultRule(InjectedFault.TIMEOUT, job_kind=JobKind.DECODE, nth=2))
     client = Client(rig)
     stuck = client.submit(8)
     rig.driver.advance(0.05)

@@ -26,7 +26,7 @@ from calculet.adapters.calrt import (
     ReturnCode,
     verify_result,
 )
-from calculet.adapters.sim import FaultKind, FaultRule, SimConfig, SimSession, open_sim
+from calculet.adapters.sim import InjectedFault, FaultRule, SimConfig, SimSession, open_sim
 from calculet.adapters.host_driver import HostDriver
 from calculet.clock import FakeClock
 from calculet.machines.job import JobEngine
@@ -52,7 +52,7 @@ def setup(session: SimSession, n: int = 4) -> tuple[HostDriver, list[KvSeqId]]:
 def test_timeout_job_never_completes_and_wait_reports_timeout(future: SimSession) -> None:
     driver, seqs = setup(future)
     dev = future.device
-    dev.faults.add(FaultRule(FaultKind.TIMEOUT, job_kind=JobKind.DECODE))
+    dev.faults.add(FaultRule(InjectedFault.TIMEOUT, job_kind=JobKind.DECODE))
     ticket = dev.submit(driver.decode_job(4, [(s, 1) for s in seqs]))
     assert dev.next_completion_time() is None
     with pytest.raises(DeviceTimeout) as exc:
@@ -69,10 +69,10 @@ def test_timeout_job_never_completes_and_wait_reports_timeout(future: SimSession
 
 
 @pytest.mark.req("R19.2", "R15.17")
-@pytest.mark.parametrize(("kind", "rc"), [(FaultKind.CCU_FAULT, ReturnCode.CCU_FAULT),
-                                          (FaultKind.DMA_UNKNOWN, ReturnCode.DMA_UNKNOWN)])
+@pytest.mark.parametrize(("kind", "rc"), [(InjectedFault.CCU_FAULT, ReturnCode.CCU_FAULT),
+                                          (InjectedFault.DMA_UNKNOWN, ReturnCode.DMA_UNKNOWN)])
 def test_ccu_and_dma_faults_are_reported_and_block_the_device_until_reset(
-        future: SimSession, kind: FaultKind, rc: ReturnCode) -> None:
+        future: SimSession, kind: InjectedFault, rc: ReturnCode) -> None:
     driver, seqs = setup(future)
     dev = future.device
     dev.faults.add(FaultRule(kind))
@@ -81,7 +81,7 @@ def test_ccu_and_dma_faults_are_reported_and_block_the_device_until_reset(
     assert result.rc is rc and not result.ok and "rule[0]" in result.message
     assert [lane.rc for lane in result.lanes] == [rc] * 4
     out = dev.read_buffer(job.buffers.output)
-    assert np.isnan(out).all() if kind is FaultKind.DMA_UNKNOWN else not np.isnan(out).any()
+    assert np.isnan(out).all() if kind is InjectedFault.DMA_UNKNOWN else not np.isnan(out).any()
     with pytest.raises(DeviceInvalidState, match=rc.name) as exc:
         dev.submit(job)
     assert exc.value.rc is ReturnCode.INVALID_STATE
@@ -97,7 +97,7 @@ def test_ccu_and_dma_faults_are_reported_and_block_the_device_until_reset(
 def test_device_busy_is_injected_at_submit(future: SimSession) -> None:
     driver, seqs = setup(future)
     dev = future.device
-    dev.faults.add(FaultRule(FaultKind.DEVICE_BUSY, job_kind=JobKind.DECODE, count=2))
+    dev.faults.add(FaultRule(InjectedFault.DEVICE_BUSY, job_kind=JobKind.DECODE, count=2))
     job = driver.decode_job(4, [(s, 1) for s in seqs])
     for _ in range(2):
         with pytest.raises(DeviceBusy, match="injected") as exc:
@@ -113,7 +113,7 @@ def test_lane_crosstalk_swaps_outputs_with_their_tags_and_is_detected(future: Si
     driver, seqs = setup(future)
     dev = future.device
     reference = driver.decode_job(4, [(s, 1) for s in seqs])
-    dev.faults.add(FaultRule(FaultKind.LANE_CROSSTALK, lanes=(0, 2)))
+    dev.faults.add(FaultRule(InjectedFault.LANE_CROSSTALK, lanes=(0, 2)))
     ticket = dev.submit(reference)
     result = dev.wait(ticket.job_id, 1.0)
     assert result.rc is ReturnCode.OK, "crosstalk is silent at the return-code level"
@@ -130,7 +130,7 @@ def test_wrong_status_counters_are_detected(future: SimSession) -> None:
     driver, seqs = setup(future)
     dev = future.device
     prev = dev.wait(dev.submit(driver.decode_job(4, [(s, 1) for s in seqs])).job_id, 1.0).counters.engine_sequence
-    dev.faults.add(FaultRule(FaultKind.BAD_COUNTERS))
+    dev.faults.add(FaultRule(InjectedFault.BAD_COUNTERS))
     job = driver.decode_job(4, [(s, 2) for s in seqs])
     ticket = dev.submit(job)
     result = dev.wait(ticket.job_id, 1.0)
@@ -145,7 +145,7 @@ def test_timed_out_job_never_completes_late_into_a_reused_buffer(future: SimSess
     driver, seqs = setup(future, 2)
     dev, kv, clock = future.device, future.kv, future.clock
     # The 3rd decode job on engine PONG times out.
-    dev.faults.add(FaultRule(FaultKind.TIMEOUT, job_kind=JobKind.DECODE, engine=JobEngine.PONG, nth=3))
+    dev.faults.add(FaultRule(InjectedFault.TIMEOUT, job_kind=JobKind.DECODE, engine=JobEngine.PONG, nth=3))
     for step in range(2):
         assert driver.decode(4, [(seqs[0], 1)], engine=JobEngine.PONG).ok
     stuck_job = driver.decode_job(4, [(seqs[0], 1)], engine=JobEngine.PONG)
@@ -190,8 +190,8 @@ def test_timed_out_job_never_completes_late_into_a_reused_buffer(future: SimSess
 
 @pytest.mark.req("R19.2", "R17.3.6")
 def test_random_faults_replay_from_a_seed_and_every_code_is_counted() -> None:
-    rates = {FaultKind.CCU_FAULT: 0.05, FaultKind.DEVICE_BUSY: 0.1, FaultKind.LANE_CROSSTALK: 0.1,
-             FaultKind.BAD_COUNTERS: 0.1}
+    rates = {InjectedFault.CCU_FAULT: 0.05, InjectedFault.DEVICE_BUSY: 0.1, InjectedFault.LANE_CROSSTALK: 0.1,
+             InjectedFault.BAD_COUNTERS: 0.1}
 
     def run(seed: int) -> list[str]:
         cfg = SimConfig(clock=FakeClock(), fault_seed=seed, fault_rates=rates, fault_requires_reset=False)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from calculet.adapters.calrt import NO_SEQUENCE, JobResult, KvSeqId, ReturnCode, verify_result
-from calculet.adapters.sim import FaultKind, FaultRule, SimCalRT, SimConfig, SimSession, open_sim, package_dir
+from calculet.adapters.sim import InjectedFault, FaultRule, SimCalRT, SimConfig, SimSession, open_sim, package_dir
 from calculet.adapters.host_driver import HostDriver
 from calculet.clock import FakeClock
 from calculet.machines.job import JobEngine
@@ -76,15 +76,15 @@ def test_inactive_lanes_kv_is_byte_identical_after_a_batch(future: SimSession) -
 
 
 @pytest.mark.req("R9.3.1", "R9.2.5", "R7.4.5", "R18.12")
-@pytest.mark.parametrize("kind", [FaultKind.CCU_FAULT, FaultKind.DMA_UNKNOWN, FaultKind.TIMEOUT])
-def test_a_failed_batch_commits_nothing_in_any_lane(future: SimSession, kind: FaultKind) -> None:
+@pytest.mark.parametrize("kind", [InjectedFault.CCU_FAULT, InjectedFault.DMA_UNKNOWN, InjectedFault.TIMEOUT])
+def test_a_failed_batch_commits_nothing_in_any_lane(future: SimSession, kind: InjectedFault) -> None:
     driver = HostDriver(future.device, future.calbin, future.kv)
     kv, dev = future.kv, future.device
     seqs = prefilled(driver, 4, seed=3)
     before = {s: (kv.inspect(s).backing_sha256, kv.committed_length(s)) for s in seqs}
     dev.faults.add(FaultRule(kind, engine=JobEngine.PING))
     ticket = dev.submit(driver.decode_job(4, [(s, 9) for s in seqs]))
-    if kind is FaultKind.TIMEOUT:
+    if kind is InjectedFault.TIMEOUT:
         assert dev.wait_any(10.0) == [] and [t.job_id for t in dev.inflight()] == [ticket.job_id]
     else:
         (result,) = dev.wait_any(1.0)
@@ -102,7 +102,7 @@ def test_ping_and_pong_jobs_have_independent_buffers_and_transactions(future: Si
     seqs = prefilled(driver, 8, seed=5)
     ping_seqs, pong_seqs = seqs[:4], seqs[4:]
     before = {s: (kv.inspect(s).backing_sha256, kv.committed_length(s)) for s in seqs}
-    dev.faults.add(FaultRule(FaultKind.CCU_FAULT, engine=JobEngine.PONG))
+    dev.faults.add(FaultRule(InjectedFault.CCU_FAULT, engine=JobEngine.PONG))
     ping_job = driver.decode_job(4, [(s, 1) for s in ping_seqs], engine=JobEngine.PING)
     pong_job = driver.decode_job(4, [(s, 2) for s in pong_seqs], engine=JobEngine.PONG)
     ids = {ping_job.buffers.input.buffer_id, ping_job.buffers.output.buffer_id,
@@ -144,7 +144,7 @@ def test_lane_level_isolation_only_when_the_contract_declares_it(tmp_path: Path)
         driver = HostDriver(dev, calbin, kv)
         seqs = prefilled(driver, 4, seed=9)
         lengths = [kv.committed_length(s) for s in seqs]
-        dev.faults.add(FaultRule(FaultKind.CCU_FAULT, lanes=(1,)))
+        dev.faults.add(FaultRule(InjectedFault.CCU_FAULT, lanes=(1,)))
         result = driver.decode(4, [(s, 4) for s in seqs])
         assert result.rc is ReturnCode.CCU_FAULT
         assert [lane.rc for lane in result.lanes] == [ReturnCode.OK, ReturnCode.CCU_FAULT, ReturnCode.OK,

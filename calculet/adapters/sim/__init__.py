@@ -24,14 +24,14 @@ from calculet.adapters.sim.device import (
     TimeMode,
 )
 from calculet.adapters.host_driver import GoldenOutcome, HostDriver
-from calculet.adapters.sim.faults import FaultInjector, FaultKind, FaultRule
+from calculet.adapters.sim.faults import FaultInjector, InjectedFault, FaultRule
 from calculet.adapters.sim.kv import KvSequenceView, SimKvManager
 from calculet.adapters.sim.memory import BoardPreset, MemoryLedger
 from calculet.adapters.sim.model import TinyConfig, TinyTransformer
 from calculet.adapters.sim.presets import SimSession, open_sim, package_dir
 
 __all__ = [
-    "BoardPreset", "CalbinStatistics", "CostModel", "DeviceStatistics", "FaultInjector", "FaultKind",
+    "BoardPreset", "CalbinStatistics", "CostModel", "DeviceStatistics", "FaultInjector", "InjectedFault",
     "FaultRule", "GoldenOutcome", "HostDriver", "KvSequenceView", "MemoryLedger", "RuntimeStatistics",
     "SimCalRT", "SimCalbin", "SimConfig", "SimKvManager", "SimSession", "SimVirtualDevice", "TimeMode",
     "TinyConfig", "TinyTransformer", "open_sim", "package_dir",

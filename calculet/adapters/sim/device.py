@@ -76,7 +76,7 @@ from calculet.adapters.calrt import (
 from calculet.machines.job import JobEngine
 from calculet.packages.manifest import MANIFEST_FILE, CalbinManifest
 from calculet.adapters.sim.cost import CostModel
-from calculet.adapters.sim.faults import FaultDecision, FaultInjector, FaultKind, FaultRule, FaultStatistics
+from calculet.adapters.sim.faults import FaultDecision, FaultInjector, InjectedFault, FaultRule, FaultStatistics
 from calculet.adapters.sim.kv import SimKvManager
 from calculet.adapters.sim.memory import BoardPreset, MemoryLedger, MemoryStatistics
 from calculet.adapters.sim.model import TinyConfig, TinyTransformer, pseudo_next_token, unpack_weights
@@ -107,7 +107,7 @@ class SimConfig:
     board: BoardPreset = field(default_factory=BoardPreset.tiny)
     fault_rules: tuple[FaultRule, ...] = ()
     fault_seed: int | None = None
-    fault_rates: Mapping[FaultKind, float] = field(default_factory=dict)
+    fault_rates: Mapping[InjectedFault, float] = field(default_factory=dict)
     fault_requires_reset: bool = True
     """After CCU_FAULT / DMA_UNKNOWN, new submits fail INVALID_STATE until reset (§12)."""
     wait_advances_clock: bool = True
@@ -686,13 +686,13 @@ class SimVirtualDevice:
                               f"{len(self._pending)} job(s) in flight; the contract allows "
                               f"{caps.max_inflight_jobs.value}")
         fault = self.faults.decide(job.kind, job.engine, valid_lanes)
-        if fault is not None and fault.kind is FaultKind.DEVICE_BUSY:
+        if fault is not None and fault.kind is InjectedFault.DEVICE_BUSY:
             raise VendorError(ReturnCode.DEVICE_BUSY, f"injected DeviceBusy ({fault.origin})")
         now = self.clock.now()
         other = JobEngine.PONG if job.engine is JobEngine.PING else JobEngine.PING
         other_job = self._pending.get(self._engine_job[other] or -1)
         finish: float | None = self.cost.finish_time(now, duration, other_job.finish if other_job else None)
-        if fault is not None and fault.kind is FaultKind.TIMEOUT:
+        if fault is not None and fault.kind is InjectedFault.TIMEOUT:
             finish = None
         job_id = JobId(next(self._ids))
         ticket = JobTicket(job_id=job_id, generation=job.generation, kind=job.kind, engine=job.engine,
@@ -824,7 +824,7 @@ class SimVirtualDevice:
         spec = job.spec
         fault = job.fault.kind if job.fault else None
         isolated = job.calbin.capabilities.lane_failure_isolation.value
-        if fault is FaultKind.DMA_UNKNOWN or (fault is FaultKind.CCU_FAULT and not isolated):
+        if fault is InjectedFault.DMA_UNKNOWN or (fault is InjectedFault.CCU_FAULT and not isolated):
             return None
         model = job.calbin.model
         kv = job.kv
@@ -880,11 +880,11 @@ class SimVirtualDevice:
             n_tokens = [len(spec.tokens)]
         job_rc = ReturnCode.OK
         lane_rc = [ReturnCode.OK] * b
-        if fault is FaultKind.CCU_FAULT:
+        if fault is InjectedFault.CCU_FAULT:
             job_rc = ReturnCode.CCU_FAULT
             hit = set(job.fault.lanes if (isolated and job.fault and job.fault.lanes) else range(b))
             lane_rc = [ReturnCode.CCU_FAULT if (i in hit and valid[i]) else ReturnCode.OK for i in range(b)]
-        elif fault is FaultKind.DMA_UNKNOWN:
+        elif fault is InjectedFault.DMA_UNKNOWN:
             job_rc = ReturnCode.DMA_UNKNOWN
             lane_rc = [ReturnCode.DMA_UNKNOWN if valid[i] else ReturnCode.OK for i in range(b)]
         out_buf = self._buffers.get(spec.buffers.output.buffer_id)
@@ -915,19 +915,19 @@ class SimVirtualDevice:
         for sid in job.seqs:
             if job.kv.exists(sid):
                 job.kv.lookup(sid).inflight_job = None
-        if fault is FaultKind.DMA_UNKNOWN and out_buf is not None:
+        if fault is InjectedFault.DMA_UNKNOWN and out_buf is not None:
             out_buf.data[:] = np.nan
         engine = spec.engine
         self._engine_seq[engine] += 1
         counters = StatusCounters(engine_sequence=self._engine_seq[engine], lanes_valid=sum(valid),
                                   tokens_processed=sum(n_tokens[i] for i in range(b) if valid[i]),
                                   kv_tokens_written=kv_written)
-        if fault is FaultKind.LANE_CROSSTALK and job.fault is not None:
+        if fault is InjectedFault.LANE_CROSSTALK and job.fault is not None:
             a, c = job.fault.lanes
             lanes[a], lanes[c] = lanes[c], lanes[a]
             if out_buf is not None:
                 out_buf.data[[a, c]] = out_buf.data[[c, a]]
-        if fault is FaultKind.BAD_COUNTERS:
+        if fault is InjectedFault.BAD_COUNTERS:
             counters = StatusCounters(engine_sequence=self._engine_seq[engine] - 1,
                                       lanes_valid=counters.lanes_valid + 1,
                                       tokens_processed=counters.tokens_processed + 1,
@@ -983,7 +983,7 @@ class SimVirtualDevice:
                 computed = self._compute(job)
             except Exception:  # noqa: BLE001 - a numerics failure is a device fault, not a crash
                 computed = None
-                job.fault = FaultDecision(FaultKind.CCU_FAULT, (), "simulator numerics raised")
+                job.fault = FaultDecision(InjectedFault.CCU_FAULT, (), "simulator numerics raised")
             with self._cond:
                 self._finalize(job, computed, self.clock.now())
                 self._cond.notify_all()

@@ -13,7 +13,7 @@ codes visible"). Kinds:
 * ``BAD_COUNTERS`` — rc OK, but the status counters are wrong.
 
 A rule such as "the 3rd decode job on engine PONG times out" is
-``FaultRule(FaultKind.TIMEOUT, job_kind=JobKind.DECODE, engine=JobEngine.PONG, nth=3)``.
+``FaultRule(InjectedFault.TIMEOUT, job_kind=JobKind.DECODE, engine=JobEngine.PONG, nth=3)``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,10 @@ from calculet.machines.job import JobEngine
 from calculet.errors import DefinitionError
 
 
-class FaultKind(str, enum.Enum):
+class InjectedFault(str, enum.Enum):
+    """A fault the simulator injects into one job (what goes wrong on the device), not how the
+    runtime classifies a failed job (:class:`calculet.runtime.scheduling.completion.FaultKind`)."""
+
     TIMEOUT = "timeout"
     CCU_FAULT = "ccu_fault"
     DMA_UNKNOWN = "dma_unknown"
@@ -48,7 +51,7 @@ class FaultRule:
     isolation, the lanes a CCU_FAULT hits (default: all).
     """
 
-    kind: FaultKind
+    kind: InjectedFault
     job_kind: JobKind | None = None
     engine: JobEngine | None = None
     nth: int = 1
@@ -58,7 +61,7 @@ class FaultRule:
     def __post_init__(self) -> None:
         if self.nth < 1 or self.count < 0:
             raise DefinitionError(f"FaultRule nth must be >= 1 and count >= 0, got nth={self.nth} count={self.count}")
-        if self.kind is FaultKind.LANE_CROSSTALK and self.lanes and len(self.lanes) != 2:
+        if self.kind is InjectedFault.LANE_CROSSTALK and self.lanes and len(self.lanes) != 2:
             raise DefinitionError("a LANE_CROSSTALK rule swaps exactly two lanes")
 
     def applies(self, job_kind: JobKind, engine: JobEngine, valid_lanes: Sequence[int]) -> bool:
@@ -66,7 +69,7 @@ class FaultRule:
             return False
         if self.engine is not None and self.engine is not engine:
             return False
-        if self.kind is FaultKind.LANE_CROSSTALK:
+        if self.kind is InjectedFault.LANE_CROSSTALK:
             chosen = self.lanes or tuple(valid_lanes[:2])
             return len(chosen) == 2 and all(lane in valid_lanes for lane in chosen)
         return True
@@ -86,7 +89,7 @@ class FaultRule:
 class FaultDecision:
     """The fault the device will apply to one submitted job."""
 
-    kind: FaultKind
+    kind: InjectedFault
     lanes: tuple[int, ...]
     origin: str
 
@@ -94,9 +97,9 @@ class FaultDecision:
 @dataclass(frozen=True)
 class FaultStatistics:
     rules: int
-    random_rates: Mapping[FaultKind, float]
+    random_rates: Mapping[InjectedFault, float]
     decisions: int
-    injected: Mapping[FaultKind, int]
+    injected: Mapping[InjectedFault, int]
 
 
 class FaultInjector:
@@ -107,15 +110,15 @@ class FaultInjector:
     """
 
     def __init__(self, rules: Sequence[FaultRule] = (), seed: int | None = None,
-                 rates: Mapping[FaultKind, float] | None = None) -> None:
+                 rates: Mapping[InjectedFault, float] | None = None) -> None:
         self._lock = threading.Lock()
         self._rules: list[FaultRule] = []
         self._seen: list[int] = []
         self._fired: list[int] = []
         self._rng = random.Random(seed)
-        self._rates: dict[FaultKind, float] = {}
+        self._rates: dict[InjectedFault, float] = {}
         self._decisions = 0
-        self._injected: dict[FaultKind, int] = {k: 0 for k in FaultKind}
+        self._injected: dict[InjectedFault, int] = {k: 0 for k in InjectedFault}
         for rule in rules:
             self.add(rule)
         if rates:
@@ -135,7 +138,7 @@ class FaultInjector:
             self._fired.clear()
             self._rates.clear()
 
-    def set_random(self, seed: int | None, rates: Mapping[FaultKind, float]) -> None:
+    def set_random(self, seed: int | None, rates: Mapping[InjectedFault, float]) -> None:
         for kind, rate in rates.items():
             if not 0.0 <= rate <= 1.0:
                 raise DefinitionError(f"fault rate for {kind.value} must be in [0, 1], got {rate}")
@@ -157,20 +160,20 @@ class FaultInjector:
                     self._fired[i] += 1
                     chosen = FaultDecision(rule.kind, rule.lanes or self._default_lanes(rule.kind, valid_lanes),
                                            f"rule[{i}] {rule.describe()}")
-            for kind in FaultKind:
+            for kind in InjectedFault:
                 rate = self._rates.get(kind, 0.0)
                 if rate <= 0.0:
                     continue
                 hit = self._rng.random() < rate
-                if hit and chosen is None and (kind is not FaultKind.LANE_CROSSTALK or len(valid_lanes) >= 2):
+                if hit and chosen is None and (kind is not InjectedFault.LANE_CROSSTALK or len(valid_lanes) >= 2):
                     chosen = FaultDecision(kind, self._default_lanes(kind, valid_lanes), f"random {kind.value}")
             if chosen is not None:
                 self._injected[chosen.kind] += 1
             return chosen
 
     @staticmethod
-    def _default_lanes(kind: FaultKind, valid_lanes: Sequence[int]) -> tuple[int, ...]:
-        if kind is FaultKind.LANE_CROSSTALK:
+    def _default_lanes(kind: InjectedFault, valid_lanes: Sequence[int]) -> tuple[int, ...]:
+        if kind is InjectedFault.LANE_CROSSTALK:
             return tuple(valid_lanes[:2])
         return tuple(valid_lanes)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from calculet.adapters.calrt import JobKind
-from calculet.adapters.sim import CostModel, FaultInjector, FaultKind, FaultRule, SimSession
+from calculet.adapters.sim import CostModel, FaultInjector, InjectedFault, FaultRule, SimSession
 from calculet.adapters.host_driver import HostDriver
 from calculet.errors import DefinitionError
 from calculet.machines.job import JobEngine
@@ -59,35 +59,35 @@ def test_ping_and_pong_jobs_overlap_on_the_device_per_the_cost_model(future: Sim
 
 
 def test_rule_fires_on_the_nth_matching_submit_only() -> None:
-    inj = FaultInjector([FaultRule(FaultKind.TIMEOUT, job_kind=JobKind.DECODE, engine=JobEngine.PONG, nth=3)])
+    inj = FaultInjector([FaultRule(InjectedFault.TIMEOUT, job_kind=JobKind.DECODE, engine=JobEngine.PONG, nth=3)])
     decisions = []
     for engine in (JobEngine.PONG, JobEngine.PING, JobEngine.PONG, JobEngine.PONG, JobEngine.PONG):
         decisions.append(inj.decide(JobKind.DECODE, engine, [0]))
-    assert decisions.count(None) == 4 and decisions[3] is not None and decisions[3].kind is FaultKind.TIMEOUT
+    assert decisions.count(None) == 4 and decisions[3] is not None and decisions[3].kind is InjectedFault.TIMEOUT
     assert inj.decide(JobKind.PREFILL, JobEngine.PONG, [0]) is None
-    assert inj.statistics().injected[FaultKind.TIMEOUT] == 1 and inj.statistics().decisions == 6
+    assert inj.statistics().injected[InjectedFault.TIMEOUT] == 1 and inj.statistics().decisions == 6
 
 
 def test_rule_windows_and_crosstalk_applicability() -> None:
-    inj = FaultInjector([FaultRule(FaultKind.BAD_COUNTERS, nth=2, count=0),
-                         FaultRule(FaultKind.LANE_CROSSTALK, lanes=(1, 3))])
+    inj = FaultInjector([FaultRule(InjectedFault.BAD_COUNTERS, nth=2, count=0),
+                         FaultRule(InjectedFault.LANE_CROSSTALK, lanes=(1, 3))])
     assert inj.decide(JobKind.DECODE, JobEngine.PING, [0, 1]) is None  # crosstalk rule needs lanes 1 and 3
     first = inj.decide(JobKind.DECODE, JobEngine.PING, [0, 1, 2, 3])
-    assert first is not None and first.kind is FaultKind.BAD_COUNTERS, "earlier rule wins"
+    assert first is not None and first.kind is InjectedFault.BAD_COUNTERS, "earlier rule wins"
     third = inj.decide(JobKind.DECODE, JobEngine.PING, [0, 1, 2, 3])
-    assert third is not None and third.kind is FaultKind.BAD_COUNTERS
+    assert third is not None and third.kind is InjectedFault.BAD_COUNTERS
     inj.clear()
     assert inj.decide(JobKind.DECODE, JobEngine.PING, [0, 1]) is None
     with pytest.raises(DefinitionError):
-        FaultRule(FaultKind.LANE_CROSSTALK, lanes=(1,))
+        FaultRule(InjectedFault.LANE_CROSSTALK, lanes=(1,))
     with pytest.raises(DefinitionError):
-        FaultRule(FaultKind.TIMEOUT, nth=0)
+        FaultRule(InjectedFault.TIMEOUT, nth=0)
 
 
 def test_random_faults_replay_exactly_from_a_seed() -> None:
-    rates = {FaultKind.CCU_FAULT: 0.2, FaultKind.DEVICE_BUSY: 0.1, FaultKind.LANE_CROSSTALK: 0.1}
+    rates = {InjectedFault.CCU_FAULT: 0.2, InjectedFault.DEVICE_BUSY: 0.1, InjectedFault.LANE_CROSSTALK: 0.1}
 
-    def run(seed: int) -> list[FaultKind | None]:
+    def run(seed: int) -> list[InjectedFault | None]:
         inj = FaultInjector(seed=seed, rates=rates)
         out = []
         for _ in range(200):
@@ -97,6 +97,6 @@ def test_random_faults_replay_exactly_from_a_seed() -> None:
 
     assert run(7) == run(7) and run(7) != run(8)
     kinds = set(run(7))
-    assert {FaultKind.CCU_FAULT, FaultKind.DEVICE_BUSY, FaultKind.LANE_CROSSTALK, None} <= kinds
+    assert {InjectedFault.CCU_FAULT, InjectedFault.DEVICE_BUSY, InjectedFault.LANE_CROSSTALK, None} <= kinds
     with pytest.raises(DefinitionError):
-        FaultInjector(seed=1, rates={FaultKind.TIMEOUT: 2.0})
+        FaultInjector(seed=1, rates={InjectedFault.TIMEOUT: 2.0})

@@ -41,7 +41,7 @@ from calculet.adapters.sim import (
 )
 from calculet.adapters.sim.build import build_package
 from calculet.adapters.host_driver import HostDriver
-from calculet.adapters.sim.faults import FaultKind, FaultRule
+from calculet.adapters.sim.faults import InjectedFault, FaultRule
 from calculet.adapters.sim.model import pseudo_next_token
 from calculet.errors import DefinitionError
 from calculet.clock import FakeClock
@@ -285,7 +285,7 @@ def test_real_time_mode_completes_jobs_on_the_device_worker() -> None:
         results = dev.wait_any(10.0)
         assert [r.job_id for r in results] == [t.job_id for t in tickets]
         assert any(t.name.startswith("calrt-sim-dev") for t in threading.enumerate() if t is not caller)
-        dev.faults.add(FaultRule(FaultKind.TIMEOUT))
+        dev.faults.add(FaultRule(InjectedFault.TIMEOUT))
         hung = dev.submit(driver.decode_job(1, [(seq, 9)]))
         with pytest.raises(DeviceTimeout):
             dev.wait(hung.job_id, 0.05)

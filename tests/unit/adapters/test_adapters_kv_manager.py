@@ -15,7 +15,7 @@ from calculet.adapters.calrt import (
 )
 from calculet.adapters.sim import SimSession
 from calculet.adapters.host_driver import HostDriver
-from calculet.adapters.sim.faults import FaultKind, FaultRule
+from calculet.adapters.sim.faults import InjectedFault, FaultRule
 from calculet.errors import NotSupported
 
 PROMPT = [256, *b"the quick brown fox"]
@@ -107,7 +107,7 @@ def test_sequence_written_by_an_unfinished_job_cannot_be_freed_or_edited(
         current: SimSession, current_driver: HostDriver) -> None:
     kv, dev = current.kv, current.device
     seq = kv.allocate_sequence()
-    dev.faults.add(FaultRule(FaultKind.TIMEOUT))
+    dev.faults.add(FaultRule(InjectedFault.TIMEOUT))
     dev.submit(current_driver.prefill_job(seq, PROMPT))
     for op in (lambda: kv.free_sequence(seq), lambda: kv.remove_tokens_at_end(seq, 0),
                lambda: kv.do_shift(seq, 0)):

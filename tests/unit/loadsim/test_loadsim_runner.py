@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from calculet.adapters.calrt import DecodeJob
-from calculet.adapters.sim import CostModel, FaultKind
+from calculet.adapters.sim import CostModel, InjectedFault
 from calculet.adapters.sim.model import pseudo_next_token
 from calculet.errors import DefinitionError
 from calculet.loadsim.analysis import summarize
@@ -128,8 +128,8 @@ def test_faults_end_every_request_exactly_once() -> None:
     spec = POLICIES["calculet-b16-pingpong"]
     config = spec.scheduler_config(w, recovery={"max_resets_per_10min": 1000})
     run = run_engine(requests, config, cost=COST, options=spec.engine_options(), fault_seed=5,
-                     fault_rates={kind: 0.02 for kind in (FaultKind.TIMEOUT, FaultKind.CCU_FAULT,
-                                                         FaultKind.DEVICE_BUSY, FaultKind.LANE_CROSSTALK)})
+                     fault_rates={kind: 0.02 for kind in (InjectedFault.TIMEOUT, InjectedFault.CCU_FAULT,
+                                                         InjectedFault.DEVICE_BUSY, InjectedFault.LANE_CROSSTALK)})
     assert run.duplicate_closes == 0 and run.late_tokens == 0
     reasons = Counter(r.finish_reason for r in run.requests)
     assert reasons["error"] > 0 and reasons["length"] > 0 and sum(reasons.values()) == len(requests)

@@ -18,7 +18,7 @@ from typing import Any, cast
 import pytest
 
 from calculet.adapters.calrt import Anomaly
-from calculet.adapters.sim import FaultKind, FaultRule, SimCalRT, SimConfig, SimVirtualDevice, package_dir
+from calculet.adapters.sim import InjectedFault, FaultRule, SimCalRT, SimConfig, SimVirtualDevice, package_dir
 from calculet.errors import DefinitionError
 from calculet.machines.job import JobEngine
 from calculet.runtime.models import manager as models
@@ -100,7 +100,7 @@ def test_after_a_resync_the_next_job_verifies_and_continuity_is_checked_again(ri
 @pytest.mark.req("R14.6")
 def test_a_resync_with_a_job_in_flight_is_refused_and_changes_nothing(rig: Rig) -> None:
     assert rig.complete(rig.submit()) == []
-    rig.device.faults.add(FaultRule(FaultKind.BAD_COUNTERS))
+    rig.device.faults.add(FaultRule(InjectedFault.BAD_COUNTERS))
     job = rig.submit()
     with pytest.raises(DefinitionError, match=r"1 job\(s\) in flight") as refused:
         rig.executor.resync_engine_sequences()
