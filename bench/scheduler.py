@@ -29,8 +29,8 @@ from calculet.runtime.scheduling.admission import ModelAvailability
 from calculet.clock import FakeClock
 from calculet.runtime.scheduling.completion import DecodeCompletion, LaneOutcome, PrefillCompletion
 from calculet.runtime.scheduling.decode import DecodeBatch
-from calculet.runtime.scheduling.kv import KvManager
-from calculet.runtime.scheduling.profiles import InactiveLanePolicy, ProfileSet, ProfileSpec
+from calculet.runtime.scheduling.kv import KvLaneManager
+from calculet.runtime.scheduling.profiles import LaneFill, ProfileSet, ProfileSpec
 from calculet.runtime.request import InferenceRequest, NullSink
 from calculet.runtime.scheduling.scheduler import Scheduler
 
@@ -55,9 +55,9 @@ def config(waiting: int, sequences: int) -> SchedulerConfig:
 
 def scheduler(cfg: SchedulerConfig, lanes: int) -> tuple[Scheduler, FakeClock]:
     clock = FakeClock()
-    kv = KvManager(lanes, MAX_SEQ, clock=clock)
+    kv = KvLaneManager(lanes, MAX_SEQ, clock=clock)
     s = Scheduler(cfg, clock=clock, kv=kv, device_kv_tokens=lanes * (PROMPT + NEW), max_seq=MAX_SEQ)
-    profiles = ProfileSet([ProfileSpec(B, MAX_SEQ, InactiveLanePolicy(7), True)], requested=[B],
+    profiles = ProfileSet([ProfileSpec(B, MAX_SEQ, LaneFill(7), True)], requested=[B],
                           thresholds=cfg.batch.select_thresholds, multi_profile_residency=False)
     s.set_model(1, ModelAvailability.READY, profiles)
     return s, clock

@@ -9,8 +9,9 @@ With no arguments: the simulated NPU in real time, the bundled tiny model packag
 signed with this machine's development key at start-up, the default configuration (§15) with
 ``models``/``trust`` naming that package and key (so §11 steps 1–2 really verify it), on
 127.0.0.1:8000. The engine starts through its model manager either way, and the admin API's
-load/unload/drain/rollback drive that manager (:class:`~calculet.server.admin.ManagedModelAdmin`). ``--host``/``--port`` override ``server.host``/``server.port``; ``--port 0``
-picks a free port (the ``listening`` log line names it).
+load/unload/drain/rollback drive that manager
+(:class:`~calculet.server.model_admin.ManagedModelAdmin`). ``--host``/``--port`` override
+``server.host``/``server.port``; ``--port 0`` picks a free port (the ``listening`` log line names it).
 
 Start-up stops with exit code 2 and a message naming the field when the configuration is
 invalid (``queues.decode_weight: must be > 0``), when it asks for what the package cannot do
@@ -30,11 +31,14 @@ import socket
 import sys
 from collections.abc import Sequence
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from calculet.adapters.sim import CostModel, SimConfig, TimeMode
 from calculet.config import SchedulerConfig, default_config, load_config
 from calculet.errors import CalculetError, ConfigError
+
+if TYPE_CHECKING:
+    from calculet.server.bringup import BroughtUp
 
 log = logging.getLogger("calculet.run")
 
@@ -74,9 +78,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     host = args.host or config.server.host
     port = args.port if args.port is not None else config.server.port
 
-    import uvicorn
-
-    from calculet.server.app import Service, create_app
     from calculet.server.bringup import bring_up
 
     try:
@@ -89,17 +90,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"calculet: bring-up failed, not starting: {exc}", file=sys.stderr)
         return 2
     try:
-        # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that say they are TCP; without
-        # it a response written in two parts waits ~40 ms for a delayed ACK (Nagle).
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM,
-                             socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
+        sock = _listen(host, port)
     except OSError as exc:
         brought.engine.stop(0)
         brought.close()
         print(f"calculet: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
         return 2
+    _serve(brought, sock, host)
+    return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A bound TCP socket for uvicorn (``port`` 0: any free port)."""
+    # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that say they are TCP; without
+    # it a response written in two parts waits ~40 ms for a delayed ACK (Nagle).
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM,
+                         socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def _serve(brought: BroughtUp, sock: socket.socket, host: str) -> None:
+    """Serve until a signal, then drain (§12) and release the device."""
+    import uvicorn
+
+    from calculet.server.app import create_app
+    from calculet.server.service import Service
+
+    config = brought.config
     drain_s = config.executor.drain_deadline_ms / 1000
     service = Service(brought.config, brought.engine)  # the ModelManager bound as the admin API (ManagedModelAdmin)
     service.start()
@@ -131,7 +150,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         brought.close()
         final = service.lifecycle.final
         log.info("stopped", extra={"clean": stopped, "finished": final.finished if final else None})
-    return 0
 
 
 if __name__ == "__main__":

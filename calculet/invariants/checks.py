@@ -25,13 +25,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import z3
 
+from calculet.invariants.witness import witness_paths
 from calculet.logic.symbolic import SymbolicVars, arg_domain, symbolic_args
 from calculet.logic.types import Bool, EnumType
 from calculet.machines.definition import Definition, Transition
+
+Progress = Callable[[str], None]  # told what a long check is doing (verify's progress bar)
 
 
 @dataclass
@@ -75,7 +78,7 @@ class CheckResult:
 # Reading models
 
 
-def _value(model: z3.ModelRef, term: Any, decl: Any = None) -> Any:
+def model_value(model: z3.ModelRef, term: Any, decl: Any = None) -> Any:
     if not isinstance(term, z3.ExprRef):
         return term.name if hasattr(term, "name") else term
     value = model.eval(term, model_completion=True)
@@ -92,16 +95,16 @@ def _value(model: z3.ModelRef, term: Any, decl: Any = None) -> Any:
 
 def read_state(model: z3.ModelRef, d: Definition, v: SymbolicVars) -> dict[str, Any]:
     """A symbolic state's values in ``model``, with state and enum names spelled out."""
-    index = _value(model, v.state)
+    index = model_value(model, v.state)
     names = list(d.states)
     out: dict[str, Any] = {"state": names[index] if 0 <= index < len(names) else index}
     for name, decl in list(d.params.items()) + list(d.vars.items()):
-        out[name] = _value(model, v.value(name), decl)
+        out[name] = model_value(model, v.value(name), decl)
     return out
 
 
 def read_args(model: z3.ModelRef, d: Definition, event: str, args: dict[str, Any]) -> dict[str, Any]:
-    return {name: _value(model, term) for name, term in args.items()}
+    return {name: model_value(model, term) for name, term in args.items()}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -112,15 +115,23 @@ def invariants_hold(d: Definition, v: SymbolicVars) -> list[Any]:
     return [inv.predicate(v) for inv in d.invariants]
 
 
-def _as_bool(expr: Any) -> Any:
+def as_bool(expr: Any) -> Any:
     return expr if isinstance(expr, z3.ExprRef) else z3.BoolVal(bool(expr))
+
+
+def initial_instance(d: Definition, tag: str) -> SymbolicVars:
+    """An instance in the initial state with initial variables and symbolic parameters."""
+    base = SymbolicVars(d, tag)
+    typed = {k: (z3.BoolVal(v) if isinstance(v, bool) else z3.IntVal(int(v))) for k, v in d.initial_values().items()}
+    return SymbolicVars(d, tag, state=z3.IntVal(list(d.states).index(d.initial)),
+                        values={**{p: base.value(p) for p in d.params}, **typed})
 
 
 def enabled(t: Transition, v: SymbolicVars, args: dict[str, Any]) -> Any:
     """The row's guard as a z3 term (True when unguarded)."""
     if t.guard is None:
         return z3.BoolVal(True)
-    return _as_bool(t.guard(v, *[args[a] for a in t.guard_args]))
+    return as_bool(t.guard(v, *[args[a] for a in t.guard_args]))
 
 
 def takes(d: Definition, t: Transition, v: SymbolicVars, args: dict[str, Any]) -> Any:
@@ -167,7 +178,7 @@ def check_initiation(d: Definition) -> CheckResult:
     for inv in d.invariants:
         s = _solver()
         s.add(*params_only.domain()[2:])  # parameter/variable domains; the state is fixed
-        s.add(z3.Not(_as_bool(inv.predicate(v))))
+        s.add(z3.Not(as_bool(inv.predicate(v))))
         if s.check() == z3.sat:
             cx = Counterexample(inv.name, inv.rid, "(initial state)", pre=read_state(s.model(), d, v))
             return CheckResult("initiation", d.name, d.initial, False, time.perf_counter() - start,
@@ -184,10 +195,10 @@ def check_consecution(d: Definition, t: Transition) -> CheckResult:
     args = symbolic_args(ev)
     post = post_state(d, t, v, args)
     s = _solver()
-    s.add(*v.domain(), *arg_domain(ev, args), *[_as_bool(p) for p in invariants_hold(d, v)])
+    s.add(*v.domain(), *arg_domain(ev, args), *[as_bool(p) for p in invariants_hold(d, v)])
     s.add(takes(d, t, v, args))
-    goals = [(inv.name, inv.rid, _as_bool(inv.predicate(post))) for inv in d.invariants]
-    goals += [(sp.name, sp.rid, _as_bool(sp.predicate(v, post))) for sp in d.step_properties]
+    goals = [(inv.name, inv.rid, as_bool(inv.predicate(post))) for inv in d.invariants]
+    goals += [(sp.name, sp.rid, as_bool(sp.predicate(v, post))) for sp in d.step_properties]
     broken: list[str] = []
     first: Counterexample | None = None
     unknown: list[str] = []
@@ -231,7 +242,7 @@ def check_determinism(d: Definition) -> list[CheckResult]:
                     continue
                 pairs += 1
                 s = _solver()
-                s.add(*v.domain(), *arg_domain(ev, args), *[_as_bool(p) for p in invariants_hold(d, v)],
+                s.add(*v.domain(), *arg_domain(ev, args), *[as_bool(p) for p in invariants_hold(d, v)],
                       v.state == v.state_index(state), enabled(first, v, args), enabled(second, v, args))
                 if s.check() == z3.sat:
                     m = s.model()
@@ -261,7 +272,7 @@ def check_completeness(d: Definition) -> list[CheckResult]:
         v = SymbolicVars(d)
         args = symbolic_args(ev)
         s = _solver()
-        s.add(*v.domain(), *arg_domain(ev, args), *[_as_bool(p) for p in invariants_hold(d, v)],
+        s.add(*v.domain(), *arg_domain(ev, args), *[as_bool(p) for p in invariants_hold(d, v)],
               v.state == v.state_index(state))
         s.add(*[z3.Not(enabled(t, v, args)) for t in d.transitions_from(state, event)])
         if s.check() == z3.sat:
@@ -283,7 +294,7 @@ def check_deadlock(d: Definition) -> list[CheckResult]:
         start = time.perf_counter()
         v = SymbolicVars(d)
         s = _solver()
-        s.add(*v.domain(), *[_as_bool(p) for p in invariants_hold(d, v)], v.state == v.state_index(state))
+        s.add(*v.domain(), *[as_bool(p) for p in invariants_hold(d, v)], v.state == v.state_index(state))
         for event in sorted({t.event for t in d.transitions_from(state)}):
             ev = d.events[event]
             args = symbolic_args(ev, f"_{event}")
@@ -307,12 +318,7 @@ def check_home(d: Definition) -> CheckResult:
     graph = d.successors()
     stuck = []
     for state in d.states:
-        seen, todo = {state}, [state]
-        while todo:
-            for nxt in graph[todo.pop()]:
-                if nxt not in seen:
-                    seen.add(nxt)
-                    todo.append(nxt)
+        seen = d.reachable_from(state)
         if not (seen & d.home) or (state in d.home and state not in d.terminal and not (seen - {state}) and graph[state] == set()):
             stuck.append(state)
     what = "a terminal state" if d.terminal else f"the initial state {d.initial!r}"
@@ -324,8 +330,6 @@ def check_home(d: Definition) -> CheckResult:
 
 
 def check_reachability(machine: Any) -> CheckResult:
-    from calculet.invariants.witness import witness_paths
-
     start = time.perf_counter()
     d = machine.definition
     found, missing = witness_paths(machine, d.examples)
@@ -345,7 +349,7 @@ def check_vacuity(d: Definition, t: Transition) -> CheckResult:
     v = SymbolicVars(d)
     args = symbolic_args(ev)
     s = _solver()
-    s.add(*v.domain(), *arg_domain(ev, args), *[_as_bool(p) for p in invariants_hold(d, v)], takes(d, t, v, args))
+    s.add(*v.domain(), *arg_domain(ev, args), *[as_bool(p) for p in invariants_hold(d, v)], takes(d, t, v, args))
     verdict = s.check()
     if verdict == z3.sat:
         return CheckResult("vacuity", d.name, t.name, True, time.perf_counter() - start, "can fire")

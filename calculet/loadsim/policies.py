@@ -44,7 +44,8 @@ from calculet.adapters.sim.cost import CostModel
 from calculet.config import SchedulerConfig, parse_config
 from calculet.errors import ConfigError
 from calculet.loadsim.baselines import simulate_multi_slot, simulate_serial_fcfs
-from calculet.loadsim.runner import DEFAULT_MAX_SEQ, PolicyRun, decode_work_s, default_options, run_engine
+from calculet.loadsim.engine_inputs import DEFAULT_MAX_SEQ
+from calculet.loadsim.runner import PolicyRun, decode_work_s, default_options, run_engine
 from calculet.loadsim.workload import SimRequest, Workload
 from calculet.runtime.engine.core import EngineOptions
 

@@ -12,123 +12,44 @@ emit, so one :func:`~calculet.loadsim.analysis.summarize` judges every policy al
 Everything is observed through the engine's public surface, by composition:
 
 * per-request facts come from the request's sink (token times, the one outcome) and from the
-  ``observer`` transition hook (service start = the transition into ``prefill_running``,
-  decode-ready instants for batch waits);
+  ``observer`` transition hook (:class:`~calculet.loadsim.tracking.RequestTracker`);
 * per-batch facts come from a recording wrapper around the CalRT runtime and its devices: each
   accepted :class:`~calculet.adapters.calrt.DecodeJob` gives the compiled batch and its valid
   lanes. The scheduler fires the batch's ``submit_decode`` transitions right after the device
   accepted the job, so the observer attaches the batch wait to the job the device logged last.
   Wrapping the runtime (not one device) keeps the log across a device restart in recovery.
 
-The simulated package is the ``future`` variant (B1/B4/B8/B16, ping/pong, multi-profile
-residency) built with a context of ``max_seq`` tokens (the workloads' 40K prompts do not fit
-the 256-token default) and the reference model's memory figures on the reference board, so
-the KV budget is the §13.1 one, not the tiny model's. Numerics are off, so the model size does
-not cost wall time; delivered tokens are the simulator's deterministic pseudo-tokens. With a
-``prefill_chunk_tokens`` the package's B1 profile also declares that incremental-prefill chunk
-(a simulated capability, like the rest of ``future``; CalRT 0.7.6 has none, §6), and the engine
-then prefills long prompts in chunks of that size.
+The simulated package (:mod:`calculet.loadsim.engine_inputs`) runs on the reference board.
+Numerics are off, so the model size does not cost wall time; delivered tokens are the
+simulator's deterministic pseudo-tokens. With a ``prefill_chunk_tokens`` the engine prefills
+long prompts in chunks of that size (§6, simulated). The same workload on the live, real-time
+engine is :mod:`calculet.loadsim.live`.
 """
 
 from __future__ import annotations
 
-import atexit
 import heapq
 import math
-import re
-import shutil
-import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from calculet.adapters.calrt import DecodeJob, JobResult, JobSpec, JobTicket
 from calculet.adapters.sim import BoardPreset, CostModel, FaultKind, SimCalRT, SimConfig, SimVirtualDevice, TimeMode
-from calculet.adapters.sim.model import TinyConfig
 from calculet.config import SchedulerConfig
 from calculet.errors import CalculetError, DefinitionError
 from calculet.loadsim.analysis import RunSummary, SimBatchRecord, SimRequestRecord, summarize
+from calculet.loadsim.engine_inputs import DEFAULT_MAX_SEQ, generate_request, loadsim_package_dir
+from calculet.loadsim.tracking import RequestTracker
 from calculet.loadsim.workload import SimRequest
-from calculet.machines.request import FinishReason
 from calculet.clock import FakeClock
-from calculet.runtime.engine.core import EngineDriver, EngineOptions, EngineStatistics, GenerateRequest
+from calculet.runtime.engine.core import EngineDriver, EngineOptions, EngineStatistics
 from calculet.runtime.scheduling.registry import RequestRecord
-from calculet.runtime.request import RequestOutcome
 
 __all__ = [
-    "DEFAULT_MAX_SEQ", "BatchLog", "DeviceObserver", "LiveOutcome", "PolicyRun", "RecordingRuntime",
-    "RequestTracker", "build_driver", "decode_work_s", "default_options", "generate_request",
-    "loadsim_package_dir", "prompt_for", "rejection_reason", "run_engine", "run_live",
+    "BatchLog", "DeviceObserver", "PolicyRun", "RecordingRuntime", "build_driver", "decode_work_s",
+    "default_options", "run_engine",
 ]
-
-DEFAULT_MAX_SEQ = 40960
-"""Context of the simulated package: the presets' ``context_limit_tokens`` (a 40K prompt + output)."""
-
-_PROMPT_PERIOD = 251
-_PROMPT_POOL: tuple[int, ...] = ()
-_POOL_LOCK = threading.Lock()
-
-
-def prompt_for(index: int, tokens: int) -> tuple[int, ...]:
-    """Deterministic byte-token prompt ``index`` of ``tokens`` tokens.
-
-    A slice of one cached pseudo-random byte string, offset by the index, so prompts differ
-    (their pseudo-token chains differ) without building 40K-element tuples token by token.
-    """
-    global _PROMPT_POOL
-    if tokens < 1:
-        raise DefinitionError(f"a prompt needs >= 1 token, got {tokens}")
-    need = tokens + _PROMPT_PERIOD
-    if len(_PROMPT_POOL) < need:
-        with _POOL_LOCK:
-            if len(_PROMPT_POOL) < need:
-                size = max(need, 2 * len(_PROMPT_POOL), DEFAULT_MAX_SEQ + _PROMPT_PERIOD)
-                _PROMPT_POOL = tuple((j * 197 + (j >> 3) * 31 + 11) % 256 for j in range(size))
-    offset = index % _PROMPT_PERIOD
-    return _PROMPT_POOL[offset: offset + tokens]
-
-
-# --------------------------------------------------------------------------------------------
-# the simulated package
-# --------------------------------------------------------------------------------------------
-
-_PACKAGES: dict[tuple[int, int | None], Path] = {}
-_PACKAGE_LOCK = threading.Lock()
-_PACKAGE_ROOT: Path | None = None
-
-
-def loadsim_package_dir(max_seq: int = DEFAULT_MAX_SEQ, prefill_chunk_tokens: int | None = None) -> Path:
-    """The ``future`` sim package with a ``max_seq`` context and reference memory (built once per
-    process and argument pair).
-
-    ``prefill_chunk_tokens`` declares the B1 profile's incremental-prefill chunk (§6, simulated);
-    each chunk size gets its own directory, so an unchunked run never sees a chunked package.
-    Built with the adapter's own :func:`~calculet.adapters.sim.build.build_package` into a
-    temporary directory removed at exit — nothing binary is committed.
-    """
-    global _PACKAGE_ROOT
-    if max_seq < 16:
-        raise DefinitionError(f"max_seq must be >= 16, got {max_seq}")
-    if prefill_chunk_tokens is not None and not 1 <= prefill_chunk_tokens <= max_seq:
-        raise DefinitionError(f"prefill_chunk_tokens must be in [1, max_seq={max_seq}], got {prefill_chunk_tokens}")
-    from calculet.adapters.sim.build import build_package  # deferred, as presets.package_dir does
-
-    key = (max_seq, prefill_chunk_tokens)
-    with _PACKAGE_LOCK:
-        path = _PACKAGES.get(key)
-        if path is None:
-            if _PACKAGE_ROOT is None:
-                _PACKAGE_ROOT = Path(tempfile.mkdtemp(prefix="calculet-loadsim-pkg-"))
-                atexit.register(shutil.rmtree, _PACKAGE_ROOT, True)
-            suffix = "" if prefill_chunk_tokens is None else f"-chunk{prefill_chunk_tokens}"
-            path = _PACKAGE_ROOT / f"future-{max_seq}{suffix}"
-            build_package(path, variant="future", memory="reference", config=TinyConfig(max_seq=max_seq),
-                          name=f"loadsim-sim-future{suffix}", prefill_chunk_tokens=prefill_chunk_tokens)
-            _PACKAGES[key] = path
-        return path
-
 
 # --------------------------------------------------------------------------------------------
 # device observation by composition (runtime, device and KvManager wrappers)
@@ -334,136 +255,6 @@ def default_options(**overrides: Any) -> EngineOptions:
 
 
 # --------------------------------------------------------------------------------------------
-# request tracking
-# --------------------------------------------------------------------------------------------
-
-_REASON_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"requests already waiting"), "queue_full"),
-    (re.compile(r"^waiting prompt tokens"), "waiting_tokens"),
-    (re.compile(r"tenant .* waiting tokens"), "tenant_waiting_tokens"),
-    (re.compile(r"long-prefill waiting quota"), "long_quota"),
-    (re.compile(r"no prospect of service"), "no_prospect"),
-    (re.compile(r"over its QPS limit"), "tenant_qps"),
-    (re.compile(r"unknown tenant"), "unknown_tenant"),
-    (re.compile(r"exceeds the context|KV budget"), "too_long"),
-    (re.compile(r"stopping|model is"), "unavailable"),
-)
-_STATUS_DECISION = {400: "reject_invalid", 429: "reject_capacity", 503: "reject_unavailable"}
-
-
-def rejection_reason(outcome: RequestOutcome) -> str:
-    """A bounded label for a rejection: the §5.2 decision and which limit refused it.
-
-    ``reject_capacity:tenant_qps``, ``reject_capacity:queue_full``... — the free-text detail
-    names tenants and numbers, which must not become label values (§16 bounded labels).
-    """
-    decision = _STATUS_DECISION.get(outcome.http_status, f"reject_{outcome.http_status}")
-    for pattern, label in _REASON_PATTERNS:
-        if pattern.search(outcome.detail):
-            return f"{decision}:{label}"
-    return decision
-
-
-class _Sink:
-    """One request's sink: token instants and the single outcome (a second close is counted)."""
-
-    __slots__ = ("tracker", "index", "tokens", "token_ids", "outcome", "closes", "late_tokens")
-
-    def __init__(self, tracker: RequestTracker, index: int) -> None:
-        self.tracker = tracker
-        self.index = index
-        self.tokens: list[float] = []
-        self.token_ids: list[int] = []
-        self.outcome: RequestOutcome | None = None
-        self.closes = 0
-        self.late_tokens = 0
-
-    def token(self, request_id: int, token: int) -> None:
-        if self.outcome is not None:
-            self.late_tokens += 1
-        self.tokens.append(self.tracker.now())
-        if self.tracker.keep_tokens:
-            self.token_ids.append(token)
-
-    def close(self, outcome: RequestOutcome) -> None:
-        self.closes += 1
-        if self.outcome is None:
-            self.outcome = outcome
-            self.tracker.closed_at[self.index] = self.tracker.now()
-
-
-class RequestTracker:
-    """Turns sink callbacks and request transitions into :class:`SimRequestRecord` s.
-
-    ``now`` returns the virtual time (seconds since the run's origin). Use :meth:`observer` as the
-    engine's transition observer; it also completes the batch log's wait figures.
-    """
-
-    def __init__(self, now: Callable[[], float], log: BatchLog | None = None, *, keep_tokens: bool = False) -> None:
-        self.now = now
-        self.log = log
-        self.keep_tokens = keep_tokens
-        self.sinks: list[_Sink] = []
-        self.request_ids: list[int] = []
-        self.closed_at: dict[int, float] = {}
-        self._service_start: dict[int, float] = {}
-        self._ready_since: dict[int, float] = {}
-
-    def new_sink(self) -> _Sink:
-        sink = _Sink(self, len(self.sinks))
-        self.sinks.append(sink)
-        self.request_ids.append(0)
-        return sink
-
-    def bind(self, index: int, request_id: int) -> None:
-        """The engine's id for the request at input ``index`` (0: rejected before an id was made)."""
-        self.request_ids[index] = request_id
-
-    def observer(self, rec: RequestRecord, source: str, target: str) -> None:
-        """The engine's transition hook: service start, decode-ready instants, batch waits."""
-        if source == target:
-            return
-        rid = rec.request_id
-        if target == "prefill_running":
-            self._service_start.setdefault(rid, self.now())
-        elif target == "decode_ready":
-            self._ready_since[rid] = self.now()
-        elif target == "decode_running":
-            since = self._ready_since.pop(rid, None)
-            log = self.log
-            if since is not None and log is not None and log.batches:
-                batch = log.batches[-1]
-                wait = self.now() - since
-                if wait > batch[3]:
-                    batch[3] = wait
-        if target in ("completed", "cancelled", "failed"):
-            self._ready_since.pop(rid, None)
-
-    def records(self, requests: Sequence[SimRequest]) -> tuple[SimRequestRecord, ...]:
-        """One record per offered request, in input order (``request_id`` = input index)."""
-        if len(requests) != len(self.sinks):
-            raise DefinitionError(f"{len(requests)} requests but {len(self.sinks)} sinks")
-        out: list[SimRequestRecord] = []
-        for i, (req, sink) in enumerate(zip(requests, self.sinks)):
-            outcome = sink.outcome
-            if outcome is None:
-                raise DefinitionError(f"request {i} has no outcome: the run did not finish")
-            reason = outcome.finish_reason
-            finish = self.closed_at.get(i)
-            if reason is FinishReason.REJECTED and not sink.tokens:
-                out.append(SimRequestRecord.for_request(i, req, admitted=False, rejection_reason=rejection_reason(outcome),
-                                                        finish_s=finish, finish_reason="rejected"))
-                continue
-            rid = self.request_ids[i]
-            times = tuple(sink.tokens)
-            out.append(SimRequestRecord.for_request(
-                i, req, admitted=True, service_start_s=self._service_start.get(rid),
-                first_token_s=times[0] if times else None, token_times_s=times, finish_s=finish,
-                finish_reason=reason.name.lower()))
-        return tuple(out)
-
-
-# --------------------------------------------------------------------------------------------
 # the run
 # --------------------------------------------------------------------------------------------
 
@@ -514,11 +305,6 @@ def decode_work_s(batches: Sequence[SimBatchRecord], cost: CostModel) -> float:
     """Device time ``cost`` charges ``batches`` (every compiled lane computes, §16)."""
     return sum(cost.decode_s(b.compiled_batch) for b in batches)
 
-
-def generate_request(index: int, req: SimRequest) -> GenerateRequest:
-    """The engine request for an offered one (deterministic prompt bytes)."""
-    return GenerateRequest(prompt_for(index, req.prompt_tokens), req.max_new_tokens, tenant=req.tenant,
-                           deadline_ms=req.deadline_ms)
 
 
 def run_engine(requests: Sequence[SimRequest], config: SchedulerConfig, *, cost: CostModel,
@@ -593,75 +379,3 @@ def _advance_to(driver: EngineDriver, when: float, cancels: list[tuple[float, in
             driver.cancel(tracker.request_ids[index])
     if when > driver.clock.now():
         driver.run_until(when)
-
-
-# --------------------------------------------------------------------------------------------
-# the same workload on the live, real-time engine
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LiveOutcome:
-    """What one request got from the live engine: its tokens and its single outcome."""
-
-    tokens: tuple[int, ...]
-    finish_reason: str
-    http_status: int
-    closes: int
-
-
-class _LiveSink:
-    """Thread-safe sink for the real-time engine: the actor thread writes, the caller waits."""
-
-    def __init__(self, done: threading.Semaphore) -> None:
-        self.tokens: list[int] = []
-        self.outcome: RequestOutcome | None = None
-        self.closes = 0
-        self._done = done
-
-    def token(self, request_id: int, token: int) -> None:
-        self.tokens.append(token)
-
-    def close(self, outcome: RequestOutcome) -> None:
-        self.closes += 1
-        if self.outcome is None:
-            self.outcome = outcome
-            self._done.release()
-
-
-def run_live(requests: Sequence[SimRequest], config: SchedulerConfig, *, cost: CostModel,
-             max_seq: int = DEFAULT_MAX_SEQ, options: EngineOptions | None = None,
-             timeout_s: float = 60.0, prefill_chunk_tokens: int | None = None) -> tuple[LiveOutcome, ...]:
-    """Serve ``requests`` on the live :class:`~calculet.runtime.engine.core.Engine` (threads, real clock).
-
-    The simulated NPU runs in ``TimeMode.REAL`` (its worker thread completes jobs at their
-    cost-model instants on the monotonic clock). Requests are submitted back to back from this
-    thread, not at their arrival instants: outcomes that do not depend on timing (no deadline
-    short enough to expire, no cancel, no rate limit) must then equal the virtual-time run's —
-    which is what the agreement test checks. Waits on the sinks, never sleeps.
-    """
-    from calculet.runtime.engine.core import Engine
-
-    sim = SimCalRT(SimConfig(time_mode=TimeMode.REAL, numerics=False, cost=cost, board=BoardPreset.reference()))
-    engine = Engine(config, sim, loadsim_package_dir(max_seq, prefill_chunk_tokens),
-                    options=options or default_options())
-    done = threading.Semaphore(0)
-    sinks = [_LiveSink(done) for _ in requests]
-    engine.start()
-    try:
-        for i, (req, sink) in enumerate(zip(requests, sinks)):
-            engine.submit(generate_request(i, req), sink)
-        deadline = time.monotonic() + timeout_s
-        for _ in sinks:
-            if not done.acquire(timeout=max(0.0, deadline - time.monotonic())):
-                open_ = [i for i, s in enumerate(sinks) if s.outcome is None]
-                raise DefinitionError(f"the live engine left {len(open_)} request(s) open after {timeout_s} s "
-                                      f"(e.g. {open_[:5]})")
-    finally:
-        engine.stop(drain_timeout_s=5.0)
-    out: list[LiveOutcome] = []
-    for sink in sinks:
-        assert sink.outcome is not None
-        out.append(LiveOutcome(tuple(sink.tokens), sink.outcome.finish_reason.name.lower(), sink.outcome.http_status,
-                               sink.closes))
-    return tuple(out)

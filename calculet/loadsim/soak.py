@@ -50,7 +50,8 @@ from calculet.adapters.sim.model import pseudo_next_token
 from calculet.errors import CalculetError, DefinitionError
 from calculet.machines.monitor import MONITOR, MonitorStatistics
 from calculet.loadsim.policies import POLICIES, PolicySpec
-from calculet.loadsim.runner import DEFAULT_MAX_SEQ, DeviceObserver, build_driver, generate_request
+from calculet.loadsim.engine_inputs import DEFAULT_MAX_SEQ, generate_request
+from calculet.loadsim.runner import DeviceObserver, build_driver
 from calculet.loadsim.workload import SimRequest, Workload, generate_requests, load_preset
 from calculet.machines.request import FinishReason
 from calculet.runtime.engine.core import EngineStatistics

@@ -21,7 +21,7 @@ def _held_count(pool, lanes):
 
 
 class KvLanePool(Pool):
-    """The rules a KvManager adds on top of each lane's own lifecycle.
+    """The rules the runtime's KvLaneManager adds on top of each lane's own lifecycle.
 
     * ``reserve`` may not give a (seq_id, generation) that another held lane already owns
       (§9.2: one active hardware lane per seq_id within a generation), and must stay within the

@@ -23,7 +23,7 @@ A declaration names
 
 The binding is a ghost map: ``binding[i]`` is the lane request ``i`` holds, or :data:`NONE`
 (the runtime's ``RequestRecord.lease``). Each request also has ``seq[i]``, a positive id no
-other request shares: the KV sequence id its lease names (the KvManager draws it from a
+other request shares: the KV sequence id its lease names (the KvLaneManager draws it from a
 counter, so it is fresh; a request is admitted at most once).
 
 Guards, argument wirings and invariants are written with the expression helpers, so they

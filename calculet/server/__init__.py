@@ -4,7 +4,9 @@
 brings a model up (:mod:`calculet.server.bringup`) and serves it with uvicorn.
 """
 
-from calculet.server.admin import EngineLifecycle, ManagedModelAdmin, ModelAdmin
-from calculet.server.app import Service, ServiceOptions, create_app
+from calculet.server.app import create_app
+from calculet.server.lifecycle import EngineLifecycle
+from calculet.server.model_admin import ManagedModelAdmin, ModelAdmin
+from calculet.server.service import Service, ServiceOptions
 
 __all__ = ["EngineLifecycle", "ManagedModelAdmin", "ModelAdmin", "Service", "ServiceOptions", "create_app"]

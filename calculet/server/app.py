@@ -1,10 +1,6 @@
-"""The service object and the FastAPI app factory (DESIGN "server → runtime", §3 API threads).
+"""The FastAPI app factory over a :class:`~calculet.server.service.Service` (DESIGN "server → runtime", §3).
 
-:class:`Service` joins what the HTTP layer needs: the configuration, the running
-:class:`~calculet.runtime.engine.core.Engine` (the only owner of request state — HTTP handlers only
-post to it, §4), the :class:`~calculet.server.admin.ModelAdmin` binding (by default
-:class:`~calculet.server.admin.ManagedModelAdmin` over ``engine.models``), tenants and the admin
-guard, and the metrics registry. :func:`create_app` builds the FastAPI app over it:
+:func:`create_app` builds the app:
 
 * ``/v1/*`` — the OpenAI-compatible API (:mod:`calculet.server.inference`);
 * ``/admin/*`` — the admin API (:mod:`calculet.server.admin`);
@@ -22,14 +18,10 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
 from typing import Any
 
-import anyio
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
@@ -38,16 +30,12 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_late
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from calculet.adapters.calrt import DeviceCapabilities
-from calculet.config import SchedulerConfig
 from calculet.errors import CalculetError
-from calculet.runtime.engine.core import Engine
-from calculet.server.admin import EngineLifecycle, ManagedModelAdmin, ModelAdmin, admin_router
-from calculet.server.auth import AdminGuard, TenantDirectory
+from calculet.server.admin import admin_router
 from calculet.server.errors import APIError, from_calculet, internal
-from calculet.server.inference import TimedStream, inference_router
-from calculet.server.metrics import EngineCollector, ModelFacts, ServiceMetrics, make_registry
+from calculet.server.inference import inference_router
 from calculet.server.schemas import Health
+from calculet.server.service import Service
 
 log = logging.getLogger("calculet.server")
 
@@ -56,170 +44,6 @@ _METHODS = frozenset({"GET", "POST", "DELETE", "PUT", "PATCH", "HEAD", "OPTIONS"
 _QUIET_ROUTES = frozenset({"/metrics", "/health/live", "/health/ready"})
 MAX_BODY_BYTES = 8 * 1024 * 1024
 """Largest declared request body; a context of a few thousand tokens never needs more."""
-
-
-@dataclass(frozen=True)
-class ServiceOptions:
-    """Service settings that are not part of ``calculet-scheduler/v1``."""
-
-    submit_timeout_s: float = 30.0
-    """Longest wait for the engine's actor to answer a submit/cancel/statistics call."""
-    starvation_threshold_s: float = 30.0
-    """§5.3 starvation event threshold (see :class:`calculet.server.metrics.StarvationWatch`)."""
-    max_threads: int = 64
-    """Worker threads for blocking engine calls (submit, statistics)."""
-    device_label: str = "simulated NPU (calculet.adapters.sim)"
-    """Where the device facts come from, shown next to every capability."""
-
-
-class Service:
-    """What the HTTP layer serves: engine, admin binding, tenants, metrics, shutdown."""
-
-    def __init__(self, config: SchedulerConfig, engine: Engine, *, admin: ModelAdmin | None = None,
-                 options: ServiceOptions = ServiceOptions()) -> None:
-        self.config = config
-        self.engine = engine
-        self.options = options
-        self.alias = config.model_alias
-        self.info = engine.model_info()
-        self.capabilities: DeviceCapabilities = engine.capabilities()
-        self.tokenizer = engine.tokenizer
-        self.device_label = options.device_label
-        self.submit_timeout_s = options.submit_timeout_s
-        self.created = int(time.time())
-        self.lifecycle = EngineLifecycle(engine, drain_timeout_s=config.executor.drain_deadline_ms / 1000)
-        self.admin: ModelAdmin = admin if admin is not None else ManagedModelAdmin(
-            engine.models, config, stopped=lambda: self.lifecycle.state == "stopped")
-        self.tenants = TenantDirectory(config)
-        self.admin_guard = AdminGuard(config)
-        self.registry = make_registry()
-        self.metrics = ServiceMetrics(self.registry, self.tenants.names,
-                                      starvation_threshold_s=options.starvation_threshold_s)
-        kv_tokens = engine.statistics().session.kv_token_capacity
-        self.registry.register(EngineCollector(statistics=lambda: engine.statistics(timeout=self.submit_timeout_s),
-                                               models=self.admin.status, config=config,
-                                               facts=ModelFacts(self.info.profiles, kv_tokens)))
-        self.limiter = anyio.CapacityLimiter(options.max_threads)
-        self._accepting = True
-        self._streams = 0
-        self._streams_cv = threading.Condition()
-
-    # ------------------------------------------------------------------ lifecycle
-
-    def start(self) -> None:
-        """Start the engine (idempotent)."""
-        self.lifecycle.start()
-
-    @property
-    def accepting(self) -> bool:
-        return self._accepting and self.lifecycle.state == "running"
-
-    def begin_shutdown(self, drain_timeout_s: float | None = None) -> None:
-        """SIGTERM/SIGINT: stop admission now (503, not ready), drain within the deadline (§12)."""
-        if self._accepting:
-            self._accepting = False
-            log.info("shutdown: admission stopped, draining",
-                     extra={"drain_timeout_s": drain_timeout_s if drain_timeout_s is not None
-                            else self.lifecycle.drain_timeout_s})
-        self.lifecycle.begin_stop(drain_timeout_s)
-
-    def stop(self, drain_timeout_s: float | None = None, wait_s: float | None = None) -> bool:
-        """Begin the shutdown and wait for the engine to stop; True when it has."""
-        self.begin_shutdown(drain_timeout_s)
-        return self.lifecycle.wait_stopped(wait_s)
-
-    def published(self, entry: Mapping[str, Any]) -> None:
-        """A load or rollback published ``entry``'s generation: what responses and logs name follows it
-        (the engine contract — tokenizer, context, profiles, capabilities — stays, §11 step 3)."""
-        if entry.get("state") != "ready" or not entry.get("active"):
-            return
-        self.info = replace(self.info, generation=int(entry["generation"]),
-                            calbin=str(entry.get("calbin") or self.info.calbin),
-                            exact_submodel=str(entry.get("exact_submodel") or self.info.exact_submodel),
-                            package_sha256=str(entry.get("package_sha256") or self.info.package_sha256))
-
-    # ------------------------------------------------------------------ requests
-
-    def check_model(self, model: str) -> None:
-        """The served alias passes (its availability is the engine's to answer: 503 while draining,
-        recovering, failed or stopped) unless the admin API unloaded it and no load is on its way
-        (503); another alias the configuration or the admin binding knows is 503 "not loaded";
-        anything else is 404."""
-        if model == self.alias:
-            if self.admin.unloaded(model):
-                raise APIError(503, f"the model {model!r} is unloaded; POST /admin/models/{model}/load loads it",
-                               code="model_unavailable", param="model")
-            return
-        known = {m.alias for m in self.config.models}
-        try:
-            known.update(str(e["alias"]) for e in self.admin.status())
-        except CalculetError:
-            pass
-        if model in known:
-            raise APIError(503, f"the model {model!r} is not loaded; this process serves {self.alias!r}",
-                           code="model_unavailable", param="model")
-        raise APIError(404, f"the model {model!r} does not exist; GET /v1/models lists what is served",
-                       code="model_not_found", param="model")
-
-    def open_stream(self, *, tenant: str, stop: tuple[tuple[int, ...], ...]) -> TimedStream:
-        """A sink for one request; its close updates the latency metrics and the open-stream count."""
-        stream = TimedStream(tokenizer=self.tokenizer, stop=stop, tenant=tenant, arrival=time.perf_counter(),
-                             on_first_token=self._first_token, on_close=self._closed)
-        self.metrics.watch.arrived(id(stream), tenant, stream.arrival)
-        with self._streams_cv:
-            self._streams += 1
-            self._streams_cv.notify_all()
-        self.metrics.open_streams.inc()
-        return stream
-
-    def _first_token(self, stream: TimedStream) -> None:
-        self.metrics.watch.started(id(stream), stream.token_times[0])
-
-    def _closed(self, stream: TimedStream) -> None:
-        self.metrics.watch.ended(id(stream))
-        outcome = stream.final
-        if outcome is not None and outcome.http_status not in (400, 429, 503):
-            self.metrics.observe_request(stream.tenant, stream.arrival, stream.token_times,
-                                         stream.closed_at or time.perf_counter())
-        self.metrics.open_streams.dec()
-        with self._streams_cv:
-            self._streams -= 1
-            self._streams_cv.notify_all()
-
-    @property
-    def open_streams(self) -> int:
-        with self._streams_cv:
-            return self._streams
-
-    def wait_streams_closed(self, timeout: float) -> bool:
-        """Block until every engine request the service opened has its terminal outcome."""
-        return self.wait_streams(lambda n: n == 0, timeout)
-
-    def wait_streams(self, predicate: Callable[[int], bool], timeout: float) -> bool:
-        """Block until ``predicate(open streams)`` holds (woken by every open and close)."""
-        with self._streams_cv:
-            return self._streams_cv.wait_for(lambda: predicate(self._streams), timeout)
-
-    # ------------------------------------------------------------------ health
-
-    def readiness(self) -> tuple[bool, str]:
-        """Ready while accepting and at least one model generation is Ready (§10)."""
-        if not self.accepting:
-            return False, "shutting down"
-        try:
-            entries = self.admin.status()
-        except CalculetError as exc:
-            return False, str(exc)
-        ready = [str(e["alias"]) for e in entries if e.get("state") == "ready" and e.get("active", True)]
-        if ready:
-            return True, "ready: " + ", ".join(ready)
-        states = ", ".join(f"{e['alias']}={e.get('state')}" for e in entries) or "no model loaded"
-        return False, states
-
-
-# ---------------------------------------------------------------------------------------------
-# the ASGI app
-# ---------------------------------------------------------------------------------------------
 
 
 class RequestContext:
@@ -314,6 +138,17 @@ def create_app(service: Service) -> FastAPI:
                                "scheduler. Device batch, continuous batching, prompt cache, fork and beam search "
                                "are not offered; the capability contract with evidence tiers is at "
                                "GET /admin/capabilities."))
+    _add_error_handlers(app)
+    app.add_middleware(RequestContext, service=service)
+    app.include_router(inference_router(service))
+    app.include_router(admin_router(service))
+    _add_health_and_metrics(app, service)
+    app.openapi = _openapi_without_422(app)  # type: ignore[method-assign]
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as an OpenAI-style JSON body; validation errors 400, an unexpected one 500 and logged."""
 
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -338,9 +173,9 @@ def create_app(service: Service) -> FastAPI:
                   extra={"request_id": getattr(request.state, "request_id", None)})
         return internal().response()
 
-    app.add_middleware(RequestContext, service=service)
-    app.include_router(inference_router(service))
-    app.include_router(admin_router(service))
+
+def _add_health_and_metrics(app: FastAPI, service: Service) -> None:
+    """``/health/live``, ``/health/ready`` and ``/metrics``."""
 
     @app.get("/health/live", response_model=Health, tags=["health"], summary="The process serves HTTP")
     def live() -> Health:
@@ -362,6 +197,10 @@ def create_app(service: Service) -> FastAPI:
     def metrics() -> Response:
         return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_PLAIN_0_0_4)
 
+
+def _openapi_without_422(app: FastAPI) -> Any:
+    """The app's OpenAPI document without FastAPI's 422 responses and schemas (validation is 400 here)."""
+
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description,
@@ -375,8 +214,7 @@ def create_app(service: Service) -> FastAPI:
             app.openapi_schema = schema
         return app.openapi_schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
-    return app
+    return openapi
 
 
-__all__ = ["RequestContext", "Service", "ServiceOptions", "create_app"]
+__all__ = ["MAX_BODY_BYTES", "RequestContext", "create_app"]

@@ -9,8 +9,8 @@ One request's path (§3, §4, §5.2):
    ``max_seq`` is 400 ``context_length_exceeded`` (§5.2 RejectInvalid, R5.2.3);
 3. ``Engine.submit`` answers the §5.2 outcome at once: 400 / 429 (with ``Retry-After``) / 503
    become OpenAI error bodies; Admit and Queue proceed;
-4. tokens arrive through a :class:`TimedStream` (a ``StreamWriter`` that also records token
-   times for the TTFT / inter-token histograms) — as server-sent events ending with
+4. tokens arrive through a :class:`~calculet.server.timed_stream.TimedStream` (a ``StreamWriter``
+   that also records token times for the TTFT / inter-token histograms) — as server-sent events ending with
    ``data: [DONE]`` when ``stream`` is true, as one JSON body otherwise;
 5. a client that disconnects cancels its request (§4: cancel is idempotent; a running job still
    drains and its KV is freed when it does).
@@ -31,10 +31,10 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import anyio
 from fastapi import APIRouter, Depends, Request
@@ -46,7 +46,7 @@ from calculet.machines.request import FinishReason
 from calculet.runtime.engine.core import GenerateRequest
 from calculet.runtime.request import RequestOutcome
 from calculet.runtime.execution.sampler import SamplingParams
-from calculet.runtime.streams.writer import StreamFinish, StreamWriter
+from calculet.runtime.streams.writer import StreamFinish
 from calculet.runtime.streams.tokenizer import ByteTokenizer
 from calculet.server.errors import APIError, admission_error, from_calculet, invalid
 from calculet.server.schemas import (
@@ -64,9 +64,8 @@ from calculet.server.schemas import (
     ModelList,
     Usage,
 )
-
-if TYPE_CHECKING:
-    from calculet.server.app import Service
+from calculet.server.service import Service
+from calculet.server.timed_stream import TimedStream
 
 log = logging.getLogger("calculet.server.inference")
 
@@ -74,52 +73,6 @@ Kind = Literal["completion", "chat"]
 
 _api_bearer = HTTPBearer(auto_error=False, scheme_name="ApiKey",
                          description="A tenant's API key (its SHA-256 is tenants[].api_key_sha256).")
-
-
-# ---------------------------------------------------------------------------------------------
-# the sink
-# ---------------------------------------------------------------------------------------------
-
-
-class TimedStream(StreamWriter):
-    """A StreamWriter that records when each token arrives and reports its close once.
-
-    ``token``/``close`` run on the engine's actor thread: they only append a timestamp and,
-    at the first token and at the close, call the service's bookkeeping (a few µs).
-    """
-
-    def __init__(self, *, tokenizer: ByteTokenizer, stop: tuple[tuple[int, ...], ...], tenant: str, arrival: float,
-                 on_first_token: Callable[[TimedStream], None], on_close: Callable[[TimedStream], None]) -> None:
-        super().__init__(tokenizer=tokenizer, stop=stop)
-        self.tenant = tenant
-        self.arrival = arrival
-        self.token_times: list[float] = []
-        self.closed_at: float | None = None
-        self.final: RequestOutcome | None = None
-        self._on_first_token = on_first_token
-        self._on_close = on_close
-        self._released = False
-
-    def token(self, request_id: int, token: int) -> None:
-        self.token_times.append(time.perf_counter())
-        if len(self.token_times) == 1:
-            self._on_first_token(self)
-        super().token(request_id, token)
-
-    def close(self, outcome: RequestOutcome) -> None:
-        first = self.closed_at is None
-        if first:
-            self.closed_at = time.perf_counter()
-            self.final = outcome
-        super().close(outcome)
-        if first:
-            self.release()
-
-    def release(self) -> None:
-        """Report the end of this stream exactly once (also when the engine never saw it)."""
-        if not self._released:
-            self._released = True
-            self._on_close(self)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,7 +178,7 @@ SSE_EVENT_SCHEMA: dict[str, Any] = {
 
 
 def inference_router(service: Service) -> APIRouter:
-    """The /v1 routes of ``service`` (a :class:`calculet.server.app.Service`)."""
+    """The /v1 routes of ``service``."""
     router = APIRouter(tags=["inference"])
     errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 429, 503)}
     stream_doc = {"content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
@@ -240,18 +193,7 @@ def inference_router(service: Service) -> APIRouter:
     @router.get("/v1/models", response_model=ModelList, responses={401: {"model": ErrorResponse}},
                 summary="Models this service serves")
     def list_models(tenant: str = Depends(tenant_of)) -> ModelList:
-        info = service.info
-        cards = []
-        for entry in service.admin.status():
-            if not entry.get("active", True):
-                continue
-            cards.append(ModelCard(
-                id=str(entry["alias"]), created=service.created, owned_by="calculet",
-                calculet=ModelDetails(generation=int(entry.get("generation", 0)), state=str(entry.get("state")),
-                                      calbin=entry.get("calbin"), context_length=entry.get("max_seq", info.max_seq),
-                                      npu_compiled_batch_profiles=list(entry.get("profiles") or info.profiles),
-                                      evidence=service.device_label)))
-        return ModelList(data=cards)
+        return _model_list(service)
 
     @router.post("/v1/completions", response_model=CompletionResponse, responses={**errors, 200: stream_doc},
                  summary="Text completion (OpenAI-compatible)")
@@ -286,6 +228,22 @@ def inference_router(service: Service) -> APIRouter:
         return await _generate(service, request, tenant, gen, prompt_param="messages")
 
     return router
+
+
+def _model_list(service: Service) -> ModelList:
+    """The active generations as OpenAI model cards, with the honest device facts (R1.1, R20.7)."""
+    info = service.info
+    cards = []
+    for entry in service.admin.status():
+        if not entry.get("active", True):
+            continue
+        cards.append(ModelCard(
+            id=str(entry["alias"]), created=service.created, owned_by="calculet",
+            calculet=ModelDetails(generation=int(entry.get("generation", 0)), state=str(entry.get("state")),
+                                  calbin=entry.get("calbin"), context_length=entry.get("max_seq", info.max_seq),
+                                  npu_compiled_batch_profiles=list(entry.get("profiles") or info.profiles),
+                                  evidence=service.device_label)))
+    return ModelList(data=cards)
 
 
 async def _generate(service: Service, request: Request, tenant: str, gen: Generation, *,

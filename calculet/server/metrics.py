@@ -1,5 +1,7 @@
-"""Prometheus metrics (§16): a custom Collector reading ``Engine.statistics()`` at scrape time,
-plus the latencies and HTTP counts only the service layer can see.
+"""Prometheus metrics (§16): a custom Collector reading ``Engine.statistics()`` at scrape time.
+
+The latencies, HTTP counts and starvation events only the service layer can see are recorded
+as requests pass, in :mod:`calculet.server.request_metrics`; both share the app's registry.
 
 Naming: ``calculet_<component>_<what>_<unit>`` in base units (seconds, tokens, lanes, bytes);
 counters end in ``_total``. Labels come only from bounded sets (§16, R16.9): tenant names
@@ -16,17 +18,17 @@ admission   ``AdmissionStatistics``: waiting requests/tokens, decisions (admit/q
 queues      ``PrefillStatistics`` / ``DecodeStatistics``: depth and oldest wait per queue, WRR
             service opportunities
 batch       ``DecodeStatistics``: compiled B, active lanes, fill ratio, batch wait, lane waste
-KV          ``KvStatistics``: sequences by state, tokens used/reserved, lane wait, Unknown, free
+KV          ``KvLaneStatistics``: sequences by state, tokens used/reserved, lane wait, Unknown, free
             latency
 executor    ``ExecutorStatistics`` / ``JobStatistics`` / mailbox: in flight (ping/pong),
             submit/Wait return codes, device status, job and queue counters
 model       the ModelAdmin's ``status()``: generation and state per alias; the ModelManager's
             ``statistics()``: last load/configure/warmup/drain/unload duration, generations by state
 fairness    ``TenantStatistics``: service tokens, virtual lag; starvation events are counted
-            here (:class:`StarvationWatch`), where arrival and first token are both seen
+            here (:class:`~calculet.server.request_metrics.StarvationWatch`), where arrival and first token are both seen
 recovery    ``RecoveryStatistics`` + executor/KV: faults by reason, quarantined jobs/buffers/KV,
             resets/restarts, recovery time
-latency     TTFT, inter-token and end-to-end histograms, per tenant (:class:`ServiceMetrics`)
+latency     TTFT, inter-token and end-to-end histograms, per tenant (:class:`~calculet.server.request_metrics.ServiceMetrics`)
 invariants  ``calculet_invariant_violations_total{machine,invariant}`` from the run-time monitor
 ==========  ==================================================================================
 
@@ -38,13 +40,11 @@ Decode "oldest wait": ``DecodeStatistics`` does not carry it yet, so the decode 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -96,103 +96,6 @@ BUDGET = {
     "max_inflight_jobs": ("calculet_admission_budget_inflight_jobs", "Device jobs in flight at most"),
 }
 
-TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
-ITL_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
-E2E_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-HTTP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0)
-
-STARVATION_THRESHOLD_S = 30.0
-"""A request still waiting for its first token after this long while a later arrival gets its
-first token is one starvation event (the load simulation's definition, §5.3)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# what only the service layer sees
-# ---------------------------------------------------------------------------------------------
-
-
-class StarvationWatch:
-    """Counts §5.3 starvation events: a request waiting > threshold while a later one starts.
-
-    Thread-safe; ``arrived``/``started``/``ended`` are called once per request (``started`` on
-    the engine's actor thread at the first token). O(waiting requests) per first token; the
-    waiting set is bounded by the admission budget.
-    """
-
-    def __init__(self, on_event: Callable[[str], None], threshold_s: float = STARVATION_THRESHOLD_S) -> None:
-        self.threshold_s = threshold_s
-        self._on_event = on_event
-        self._lock = threading.Lock()
-        self._waiting: dict[int, tuple[float, str, bool]] = {}
-        self.events = 0
-
-    def arrived(self, key: int, tenant: str, at: float) -> None:
-        with self._lock:
-            self._waiting[key] = (at, tenant, False)
-
-    def started(self, key: int, at: float) -> None:
-        starved: list[str] = []
-        with self._lock:
-            mine = self._waiting.pop(key, None)
-            if mine is None:
-                return
-            arrival = mine[0]
-            for other, (since, tenant, flagged) in self._waiting.items():
-                if not flagged and since < arrival and at - since > self.threshold_s:
-                    self._waiting[other] = (since, tenant, True)
-                    starved.append(tenant)
-            self.events += len(starved)
-        for tenant in starved:
-            self._on_event(tenant)
-
-    def ended(self, key: int) -> None:
-        with self._lock:
-            self._waiting.pop(key, None)
-
-
-class ServiceMetrics:
-    """Histograms and counters the HTTP layer measures (registered in the app's own registry)."""
-
-    def __init__(self, registry: CollectorRegistry, tenants: Sequence[str], *,
-                 starvation_threshold_s: float = STARVATION_THRESHOLD_S) -> None:
-        self.ttft = Histogram("calculet_request_ttft_seconds", "Time to first token, from HTTP arrival (s).",
-                              ["tenant"], buckets=TTFT_BUCKETS, registry=registry)
-        self.itl = Histogram("calculet_request_inter_token_latency_seconds",
-                             "Gap between consecutive generated tokens of a request (s).", ["tenant"],
-                             buckets=ITL_BUCKETS, registry=registry)
-        self.e2e = Histogram("calculet_request_e2e_latency_seconds",
-                             "HTTP arrival to the request's terminal outcome (s).", ["tenant"],
-                             buckets=E2E_BUCKETS, registry=registry)
-        self.generated = Counter("calculet_request_generated_tokens", "Tokens generated, per tenant.",
-                                 ["tenant"], registry=registry)
-        self.http_requests = Counter("calculet_http_requests", "HTTP requests by route template, method, status.",
-                                     ["route", "method", "status"], registry=registry)
-        self.http_duration = Histogram("calculet_http_request_duration_seconds",
-                                       "HTTP request duration by route template (s); streams until their end.",
-                                       ["route"], buckets=HTTP_BUCKETS, registry=registry)
-        self.disconnects = Counter("calculet_http_client_disconnects",
-                                   "Clients that went away before their request ended (the request is cancelled).",
-                                   ["tenant"], registry=registry)
-        self.open_streams = Gauge("calculet_http_open_streams", "Engine requests whose stream has not closed.",
-                                  registry=registry)
-        self.starvation = Counter("calculet_fairness_starvation_events",
-                                  f"Requests still waiting after {starvation_threshold_s:g} s while a later "
-                                  "arrival got its first token (§5.3).", ["tenant"], registry=registry)
-        self.watch = StarvationWatch(lambda tenant: self.starvation.labels(tenant).inc(), starvation_threshold_s)
-        for tenant in tenants:
-            for metric in (self.ttft, self.itl, self.e2e, self.generated, self.disconnects, self.starvation):
-                metric.labels(tenant)
-
-    def observe_request(self, tenant: str, arrival: float, token_times: Sequence[float], closed_at: float) -> None:
-        """One finished request's latencies (times from ``time.perf_counter``)."""
-        if token_times:
-            self.ttft.labels(tenant).observe(max(0.0, token_times[0] - arrival))
-            itl = self.itl.labels(tenant)
-            for before, after in zip(token_times, token_times[1:]):
-                itl.observe(after - before)
-            self.generated.labels(tenant).inc(len(token_times))
-        self.e2e.labels(tenant).observe(max(0.0, closed_at - arrival))
-
 
 # ---------------------------------------------------------------------------------------------
 # the engine collector
@@ -200,8 +103,9 @@ class ServiceMetrics:
 
 
 @dataclass(frozen=True)
-class ModelFacts:
-    """Static facts of the served package (read once at bring-up)."""
+class ServedModelFacts:
+    """What the collector needs of the served package, read once at bring-up (not the runtime's
+    :class:`~calculet.runtime.execution.session.ModelFacts`, what a calbin states about itself)."""
 
     profiles: tuple[int, ...]
     kv_token_capacity: int
@@ -244,11 +148,30 @@ def _one_hot(family: GaugeMetricFamily, current: str, keys: Iterable[str], *pref
     return family
 
 
+def _mailbox_and_memory(s: EngineStatistics) -> list[Metric]:
+    """The actor mailbox's stages and the device's DRAM accounting (§16 executor row)."""
+    mailbox = s.mailbox
+    posted = run = failed = pending = 0
+    if mailbox is not None:
+        posted, run, failed, pending = mailbox.posted, mailbox.run, mailbox.failed, mailbox.pending
+    memory = getattr(s.device, "memory", None)
+    mem = _gauge("calculet_device_memory_bytes", "Device DRAM accounting.", labels=["kind"])
+    if memory is not None:
+        for kind, attr in (("total", "total_bytes"), ("used", "used_bytes"), ("peak", "peak_used_bytes")):
+            mem.add_metric([kind], float(getattr(memory, attr, 0)))
+    return [
+        _by(_counter("calculet_executor_mailbox_messages", "Actor mailbox messages by stage.", labels=["stage"]),
+            {"posted": posted, "run": run, "failed": failed}, ("posted", "run", "failed")),
+        _gauge("calculet_executor_mailbox_pending_messages", "Messages waiting for the actor.", pending),
+        mem,
+    ]
+
+
 class EngineCollector(Collector):
     """Reads every component's statistics at scrape time and turns them into §16 families."""
 
     def __init__(self, *, statistics: Callable[[], EngineStatistics], models: Callable[[], list[dict[str, Any]]],
-                 config: SchedulerConfig, facts: ModelFacts) -> None:
+                 config: SchedulerConfig, facts: ServedModelFacts) -> None:
         self._statistics = statistics
         self._models = models
         self._config = config
@@ -503,22 +426,7 @@ class EngineCollector(Collector):
                 {"sampled": c.lanes_sampled, "failed": c.lanes_failed, "unmatched": c.lanes_unmatched},
                 ("sampled", "failed", "unmatched")),
         ]
-        mailbox = s.mailbox
-        posted = run = failed = pending = 0
-        if mailbox is not None:
-            posted, run, failed, pending = mailbox.posted, mailbox.run, mailbox.failed, mailbox.pending
-        families.append(_by(_counter("calculet_executor_mailbox_messages", "Actor mailbox messages by stage.",
-                                     labels=["stage"]), {"posted": posted, "run": run, "failed": failed},
-                            ("posted", "run", "failed")))
-        families.append(_gauge("calculet_executor_mailbox_pending_messages", "Messages waiting for the actor.",
-                               pending))
-        memory = getattr(dev, "memory", None)
-        mem = _gauge("calculet_device_memory_bytes", "Device DRAM accounting.", labels=["kind"])
-        if memory is not None:
-            for kind, attr in (("total", "total_bytes"), ("used", "used_bytes"), ("peak", "peak_used_bytes")):
-                mem.add_metric([kind], float(getattr(memory, attr, 0)))
-        families.append(mem)
-        return families
+        return families + _mailbox_and_memory(s)
 
     # ------------------------------------------------------------------ §16 fairness
 
@@ -621,11 +529,4 @@ class EngineCollector(Collector):
         return [violations, _counter("calculet_invariant_checks", "Invariant checks run.", mon.checks)]
 
 
-def make_registry() -> CollectorRegistry:
-    """A registry private to one app (tests run several services in one process).
-
-    The ``*_created`` series of prometheus-client are switched off (process-wide): they double
-    the exposition without carrying a §16 fact.
-    """
-    disable_created_metrics()
-    return CollectorRegistry(auto_describe=False)
+__all__ = ["EngineCollector", "ServedModelFacts"]

@@ -305,7 +305,7 @@ class OperationReport(_Response):
     steps: dict[str, float] = Field(default_factory=dict, description="Seconds per §11/§12 step.")
 
 
-class ModelStatus(BaseModel):
+class ModelStatusResponse(BaseModel):
     """One model generation as the admin API lists it (the ModelAdmin ``status()`` entry)."""
 
     model_config = ConfigDict(extra="allow")
@@ -332,7 +332,7 @@ class ModelStatus(BaseModel):
 
 class ModelStatusList(_Response):
     object: Literal["list"] = "list"
-    data: list[ModelStatus]
+    data: list[ModelStatusResponse]
 
 
 class CapabilityRow(_Response):

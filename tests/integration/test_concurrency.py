@@ -29,7 +29,7 @@ from calculet.runtime.scheduling.admission import ModelAvailability
 from calculet.clock import FakeClock
 from calculet.runtime.scheduling.completion import DecodeCompletion, FaultKind, LaneOutcome, PrefillCompletion
 from calculet.runtime.scheduling.decode import DecodeBatch
-from calculet.runtime.scheduling.kv import FreeSequence, KvManager
+from calculet.runtime.scheduling.kv import FreeSequence, KvLaneManager
 from calculet.runtime.scheduling.prefill import PrefillWork
 from calculet.runtime.request import InferenceRequest, RequestOutcome
 from calculet.runtime.scheduling.scheduler import Scheduler, SchedulingCapabilities
@@ -172,7 +172,7 @@ def build(seed: int, chunk: int | None) -> tuple[Scheduler, FakeClock]:
                    "long_prefill_quota": {"max_admitted": 2, "max_waiting": 6}},
         batch={"profiles": [1, 4, 8], "batching_window_us": 1000})
     clock = FakeClock()
-    kv = KvManager(24, 8192, clock=clock)
+    kv = KvLaneManager(24, 8192, clock=clock)
     scheduler = Scheduler(config, clock=clock, kv=kv, device_kv_tokens=120_000, max_seq=8192,
                           capabilities=SchedulingCapabilities(incremental_prefill=chunk is not None,
                                                               vocab_size=30_001))

@@ -21,7 +21,9 @@ import pytest
 
 from calculet.adapters.sim import CostModel
 from calculet.loadsim.policies import POLICIES
-from calculet.loadsim.runner import DEFAULT_MAX_SEQ, run_engine, run_live
+from calculet.loadsim.engine_inputs import DEFAULT_MAX_SEQ
+from calculet.loadsim.live import run_live
+from calculet.loadsim.runner import run_engine
 from calculet.loadsim.workload import SimRequest, Workload, generate_requests, load_preset, preset_names
 
 COST = CostModel.tiny()

@@ -1,4 +1,4 @@
-"""§17.2: KvManager against a pure in-memory reference model, driven by random operation sequences.
+"""§17.2: KvLaneManager against a pure in-memory reference model, driven by random operation sequences.
 
 Hypothesis generates reserve / append (submit → commit | abort) / remove / free / confirm /
 cancel / fault / recover / double-free sequences. After every step the implementation and the
@@ -22,7 +22,7 @@ from calculet.errors import NotSupported
 from calculet.machines.monitor import MONITOR
 from calculet.machines import TransitionNotAllowed
 from calculet.clock import FakeClock
-from calculet.runtime.scheduling.kv import FreeSequence, KvCapabilities, KvLease, KvManager, NoCapacity, StaleLease
+from calculet.runtime.scheduling.kv import FreeSequence, KvCapabilities, KvLease, KvLaneManager, NoCapacity, StaleLease
 
 MAX_SEQ = 24
 COVERED: Counter[str] = Counter()
@@ -101,7 +101,7 @@ class ReferencePool:
 class KvPoolMachine(RuleBasedStateMachine):
     @initialize(lanes=st.integers(1, 5), remove_tail=st.booleans())
     def setup(self, lanes: int, remove_tail: bool) -> None:
-        self.kv = KvManager(lanes, MAX_SEQ, capabilities=KvCapabilities(remove_tail=remove_tail), clock=FakeClock())
+        self.kv = KvLaneManager(lanes, MAX_SEQ, capabilities=KvCapabilities(remove_tail=remove_tail), clock=FakeClock())
         self.ref = ReferencePool(lanes, remove_tail)
         self.leases: list[KvLease] = []
         self.commands: list[FreeSequence] = []

@@ -21,7 +21,7 @@ from calculet.machines.errors import InvalidDefinition
 from calculet.machines.system import NONE, Coupled, SystemView
 from calculet.runtime.scheduling.admission import ModelAvailability
 from calculet.clock import FakeClock
-from calculet.runtime.scheduling.kv import KvManager
+from calculet.runtime.scheduling.kv import KvLaneManager
 from calculet.runtime.scheduling.scheduler import Scheduler, SchedulingCapabilities
 from tests.unit.runtime.runtime_support import Harness, make_config, profile_set
 
@@ -41,7 +41,7 @@ class Coupling:
         if rec.lease is not None:
             self.seq.setdefault(rec.request_id, rec.lease.seq_id)
 
-    def view(self, kv: KvManager) -> tuple[SystemView, list[Any]]:
+    def view(self, kv: KvLaneManager) -> tuple[SystemView, list[Any]]:
         named = {(kv.lane(j).seq_id, kv.lane(j).generation) for j in range(kv.lanes) if kv.lane(j).state != "free"}
         for rid, rec in list(self.records.items()):  # an ended request no lane names is done with lanes for good
             if rec.machine.state in ENDED and (self.seq.get(rid), rec.machine.generation) not in named:
@@ -60,7 +60,7 @@ def build(*, lanes: int, chunk: int | None, max_inflight: int = 2) -> tuple[Harn
                          admission={"max_sequences": lanes, "max_waiting_requests": 40,
                                     "long_prefill_quota": {"max_admitted": 2, "max_waiting": 4}})
     clock = FakeClock()
-    kv = KvManager(lanes, 8192, clock=clock)
+    kv = KvLaneManager(lanes, 8192, clock=clock)
     scheduler = Scheduler(config, clock=clock, kv=kv, device_kv_tokens=10**7, max_seq=8192,
                           capabilities=SchedulingCapabilities(incremental_prefill=chunk is not None),
                           observer=coupling.observe)

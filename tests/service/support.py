@@ -3,7 +3,7 @@
 A server is the production stack — :func:`calculet.server.bringup.bring_up` (unless the config
 names packages: the bundled tiny package built, signed with a development key made for the test;
 either way loaded through the model manager's §11 steps 1–11 on the simulated NPU in real time),
-:class:`~calculet.server.app.Service` (its admin API bound to that manager), :func:`create_app`, uvicorn.
+:class:`~calculet.server.service.Service` (its admin API bound to that manager), :func:`create_app`, uvicorn.
 The listening socket is bound before uvicorn starts, so clients can connect at once (the
 kernel queues them) and nothing polls for readiness.
 """
@@ -27,8 +27,9 @@ from prometheus_client.samples import Sample
 from calculet.adapters.sim import CostModel, SimConfig, TimeMode
 from calculet.config import SchedulerConfig, parse_config
 from calculet.runtime.engine.core import EngineOptions
-from calculet.server.app import Service, create_app
+from calculet.server.app import create_app
 from calculet.server.bringup import BroughtUp, bring_up
+from calculet.server.service import Service, ServiceOptions
 
 TENANT_KEYS = {"alpha": "sk-alpha-0001", "beta": "sk-beta-0002", "gamma": "sk-gamma-0003", "delta": "sk-delta-0004"}
 TENANT_WEIGHTS = {"alpha": 1.0, "beta": 2.0, "gamma": 1.0, "delta": 1.0}
@@ -106,8 +107,6 @@ class RunningServer:
 def start_server(config: SchedulerConfig, key_dir: Path, *, cost: CostModel | None = None,
                  service_options: Mapping[str, Any] | None = None) -> RunningServer:
     """Bring up the bundled model and serve it on 127.0.0.1:<free port> from a thread."""
-    from calculet.server.app import ServiceOptions
-
     sim = SimConfig(time_mode=TimeMode.REAL, cost=cost or CostModel.tiny())
     brought = bring_up(config, sim=sim, key_dir=key_dir, options=EngineOptions(monitor_mode=None))
     service = Service(brought.config, brought.engine, options=ServiceOptions(**dict(service_options or {})))

@@ -13,7 +13,7 @@ import pytest
 
 from calculet.packages import ensure_dev_keypair, sign_package
 from calculet.adapters.sim.build import build_package as build_sim_package
-from calculet.server.admin import ManagedModelAdmin, ModelAdmin
+from calculet.server.model_admin import ManagedModelAdmin, ModelAdmin
 from tests.service.conftest import PACED
 from tests.service.support import ALIAS, TENANT_KEYS, RunningServer, service_config, start_server
 

@@ -13,7 +13,7 @@ import socket
 import openai
 import pytest
 
-from calculet.server.admin import ManagedModelAdmin
+from calculet.server.model_admin import ManagedModelAdmin
 from tests.service.support import ADMIN_TOKEN, ALIAS, TENANT_KEYS, RunningServer, families_value
 
 LONG = {"temperature": 0, "extra_body": {"ignore_eos": True}}

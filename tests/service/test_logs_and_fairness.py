@@ -9,7 +9,7 @@ import logging
 import pytest
 
 from calculet.server.logs import JsonFormatter, TextFormatter, configure_logging
-from calculet.server.metrics import StarvationWatch
+from calculet.server.request_metrics import StarvationWatch
 from tests.service.support import ALIAS, RunningServer
 
 

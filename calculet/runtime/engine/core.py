@@ -85,7 +85,7 @@ from calculet.runtime.execution.executor import (
     InflightJob,
     SubmitRefused,
 )
-from calculet.runtime.scheduling.kv import FreeSequence, KvManager
+from calculet.runtime.scheduling.kv import FreeSequence, KvLaneManager
 from calculet.runtime.models.manager import (
     CapacityPlanner,
     LoadFailed,
@@ -312,7 +312,7 @@ class EngineCore:
             facts = plan.facts
             self._contract_capabilities = plan.capabilities
             self.tokenizer = ByteTokenizer(facts.vocab_size, bos=facts.bos_token, eos=facts.eos_token)
-            self.kv = KvManager(plan.lanes, plan.max_seq, capabilities=plan.kv_capabilities(), clock=clock)
+            self.kv = KvLaneManager(plan.lanes, plan.max_seq, capabilities=plan.kv_capabilities(), clock=clock)
             self.scheduler = Scheduler(config, clock=clock, kv=self.kv, device_kv_tokens=plan.kv_token_capacity,
                                        max_seq=plan.max_seq, capabilities=plan.scheduling_capabilities(),
                                        observer=self._observe)

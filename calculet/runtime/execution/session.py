@@ -75,7 +75,7 @@ from calculet.config import SchedulerConfig, cross_validate
 from calculet.errors import CalculetError, DefinitionError, DeviceFault
 from calculet.machines.job import JobEngine
 from calculet.runtime.scheduling.kv import KvCapabilities
-from calculet.runtime.scheduling.profiles import InactiveLanePolicy, ProfileSet, ProfileSpec
+from calculet.runtime.scheduling.profiles import LaneFill, ProfileSet, ProfileSpec
 from calculet.runtime.scheduling.scheduler import SchedulingCapabilities
 
 log = logging.getLogger("calculet.runtime.execution.session")
@@ -343,7 +343,7 @@ def profile_spec(profile: BatchProfile) -> ProfileSpec:
     on its own.
     """
     policy = profile.inactive_policy
-    return ProfileSpec(profile.compiled_batch, profile.max_seq, InactiveLanePolicy(policy.fill_token),
+    return ProfileSpec(profile.compiled_batch, profile.max_seq, LaneFill(policy.fill_token),
                        policy.mask is not MaskContract.NONE, profile.exact_submodel,
                        prefill_chunk_tokens=profile.prefill_chunk_tokens)
 

@@ -49,7 +49,7 @@ import numpy as np
 
 from calculet.errors import DefinitionError
 from calculet.runtime.scheduling.estimates import StepTimer
-from calculet.runtime.scheduling.kv import KvBatchReservation, KvManager, KvReservationFailure
+from calculet.runtime.scheduling.kv import KvBatchReservation, KvLaneManager, KvReservationFailure
 from calculet.runtime.scheduling.profiles import ProfileSpec
 from calculet.runtime.scheduling.registry import RequestRecord
 
@@ -173,7 +173,7 @@ def _push_compacting(heap: list[tuple[float, int, list[Any]]], item: tuple[float
 class DecodeScheduler:
     """Holds Ready sequences and builds decode batches (§7)."""
 
-    def __init__(self, kv: KvManager, *, batching_window_us: int = 0, max_tenant_lane_share: float = 1.0,
+    def __init__(self, kv: KvLaneManager, *, batching_window_us: int = 0, max_tenant_lane_share: float = 1.0,
                  step_times: StepTimer | None = None, step_cost: Callable[[str], int] | None = None,
                  deadline_order: str = "strict", deadline_slack: float = 2.0) -> None:
         if not 0 < max_tenant_lane_share <= 1:
@@ -321,17 +321,17 @@ class DecodeScheduler:
             return NoBatch(NoBatchReason.KV_RESERVATION, failure=reservation, refused=refused,
                            expired=tuple(expired), invalid=tuple(invalid))
         count = len(chosen)
-        if count < size and profile.inactive_policy is None:
+        if count < size and profile.lane_fill is None:
             self.restore(tuple(chosen))
             raise DefinitionError(f"B{size} has no inactive-lane policy; a partial batch cannot be built and "
                                   "token 0 is never a default (§7.3)")
-        policy = profile.inactive_policy
+        fill = profile.lane_fill
         pad = size - count
         tokens = [rec.last_token for rec in chosen]
         if pad:
-            assert policy is not None
-            tokens.extend([policy.fill_token] * pad)
-            positions.extend([policy.fill_position] * pad)
+            assert fill is not None
+            tokens.extend([fill.fill_token] * pad)
+            positions.extend([fill.fill_position] * pad)
         valid = np.zeros(size, dtype=np.uint8)
         valid[:count] = 1
         oldest = min(rec.ready_since for rec in chosen)

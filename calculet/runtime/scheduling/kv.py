@@ -1,4 +1,8 @@
-"""KvManager (§9): a pool of KV sequences / hardware lanes, each a KvSequenceMachine.
+"""KvLaneManager (§9): a pool of KV sequences / hardware lanes, each a KvSequenceMachine.
+
+The scheduler's own account of the lanes; the device's sequence store it is bound to (by the
+executor) is the CalRT vendor protocol's ``KvManager`` (:mod:`calculet.adapters.calrt`), which
+keeps the vendor's name.
 
 The pool hands lanes to requests as *leases*. A lease names (lane, seq_id, generation,
 lease_id); the lease id changes every time the lane is handed out, so a stale or repeated
@@ -41,7 +45,7 @@ class KvLease:
 
 @dataclass(frozen=True, slots=True)
 class FreeSequence:
-    """Command: free this sequence in the runtime, then call ``KvManager.confirm_release``."""
+    """Command: free this sequence in the runtime, then call ``KvLaneManager.confirm_release``."""
 
     lane: int
     seq_id: int
@@ -93,7 +97,7 @@ class KvCapabilities:
 
 
 @dataclass(frozen=True)
-class KvStatistics:
+class KvLaneStatistics:
     """§16 KV metrics: sequences by state, tokens used/reserved, lane wait, unknown, free latency."""
 
     lanes: int
@@ -121,7 +125,7 @@ class StaleLease(DefinitionError):
 _STATES = tuple(KvSequenceMachine.definition.states)
 
 
-class KvManager:
+class KvLaneManager:
     """The KV lane pool of one model generation's runtime session (§9)."""
 
     def __init__(self, lanes: int, max_seq: int, *, capabilities: KvCapabilities = KvCapabilities(),
@@ -354,7 +358,7 @@ class KvManager:
 
     # ------------------------------------------------------------------ statistics
 
-    def statistics(self) -> KvStatistics:
+    def statistics(self) -> KvLaneStatistics:
         """Counts by state and token sums are read from the lanes (O(lanes), off the hot path)."""
         by_state: Counter[str] = Counter()
         used = reserved = 0
@@ -363,7 +367,7 @@ class KvManager:
             used += machine.committed_len
             reserved += machine.reserved_len
         confirms = self._confirms
-        return KvStatistics(
+        return KvLaneStatistics(
             lanes=len(self._lanes), by_state={s: by_state.get(s, 0) for s in _STATES},
             free_lanes=len(self._free), unknown=by_state.get("unknown", 0),
             tokens_used=used, tokens_reserved=reserved, reservations=self._reservations,

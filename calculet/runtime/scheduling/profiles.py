@@ -25,13 +25,16 @@ from calculet.errors import ConfigError, DefinitionError
 
 
 @dataclass(frozen=True, slots=True)
-class InactiveLanePolicy:
-    """What an inactive lane carries, as the vendor profile declares it (§7.3).
+class LaneFill:
+    """What an inactive lane of a partial batch carries: the token and position (§7.3).
 
-    There is no default: a profile that declares no fill token has ``inactive_policy=None``
-    and may only run full batches (B1). Token 0 is refused outright, because padding with
-    token 0 is exactly what §7.3 forbids (R7.3.1); a negative token (an out-of-vocabulary
-    sentinel, as the vendor manifest may declare) is allowed.
+    The scheduler's part of the vendor profile's inactive-lane policy
+    (:class:`calculet.adapters.calrt.InactiveLanePolicy`: the four §7.3 items plus its
+    ``fill_token``), which only the session reads; the scheduler needs no more than what to put
+    in the lane. There is no default: a profile that declares no fill token has
+    ``lane_fill=None`` and may only run full batches (B1). Token 0 is refused outright, because
+    padding with token 0 is exactly what §7.3 forbids (R7.3.1); a negative token (an
+    out-of-vocabulary sentinel, as the vendor manifest may declare) is allowed.
     """
 
     fill_token: int
@@ -52,7 +55,7 @@ class ProfileSpec:
 
     compiled_batch: int
     max_seq: int
-    inactive_policy: InactiveLanePolicy | None
+    lane_fill: LaneFill | None
     has_mask_contract: bool
     exact_submodel: str = ""
     prefill_chunk_tokens: int | None = None
@@ -78,7 +81,7 @@ class ProfileSpec:
         if not self.has_mask_contract:
             return (f"B{self.compiled_batch} has no mask contract (valid-mask tensor or CSR); a B>1 profile "
                     "without one never enters Ready (§7.3)")
-        if self.inactive_policy is None:
+        if self.lane_fill is None:
             return (f"B{self.compiled_batch} declares no inactive-lane policy; partial batches cannot be "
                     "built and token 0 is never a default (§7.3)")
         return None

@@ -16,7 +16,7 @@ allowed (it raises): planning and submission form one step of the actor, so noth
 cancel a request whose lane is being handed to the device.
 
 Every state change is a declared machine's event: requests (``RequestRegistry``), KV lanes
-(``KvManager``) and jobs (``InflightTable``). Resources are reclaimed in one place, the
+(``KvLaneManager``) and jobs (``InflightTable``). Resources are reclaimed in one place, the
 registry's transition listener (:meth:`Scheduler._on_transition`): leaving a waiting state
 returns waiting budget, leaving prefill returns the long-quota slot, leaving decode-ready
 removes the queue entry, and reaching Finishing or a terminal state releases the KV lease
@@ -57,7 +57,7 @@ from calculet.runtime.scheduling.decode import DecodeBatch, DecodeScheduler, Dec
 from calculet.runtime.scheduling.estimates import StepTimer, StepTimeStatistics
 from calculet.runtime.scheduling.fairness import TenantPolicy
 from calculet.runtime.scheduling.jobs import DECODE, PREFILL, InflightTable, JobRecord, JobStatistics
-from calculet.runtime.scheduling.kv import FreeSequence, KvLease, KvManager, KvReservationFailure, KvStatistics, ShiftSequence
+from calculet.runtime.scheduling.kv import FreeSequence, KvLease, KvLaneManager, KvReservationFailure, KvLaneStatistics, ShiftSequence
 from calculet.runtime.scheduling.prefill import PrefillScheduler, PrefillStatistics, PrefillWork, SmoothWrr
 from calculet.runtime.scheduling.profiles import ProfileSet, ProfileSpec
 from calculet.runtime.scheduling.registry import (RUNNING_STATES, WAITING_STATES, CallbackResult, Cancellation, CancelResult,
@@ -119,7 +119,7 @@ class SchedulerStatistics:
     admission: AdmissionStatistics
     prefill: PrefillStatistics
     decode: DecodeStatistics
-    kv: KvStatistics
+    kv: KvLaneStatistics
     jobs: JobStatistics
     wrr_picks: dict[str, int]
     stale_completions: int
@@ -131,7 +131,7 @@ class SchedulerStatistics:
 class Scheduler:
     """Registry, admission, fairness, prefill and decode scheduling and KV lanes, wired together."""
 
-    def __init__(self, config: SchedulerConfig, *, clock: Clock, kv: KvManager, device_kv_tokens: int,
+    def __init__(self, config: SchedulerConfig, *, clock: Clock, kv: KvLaneManager, device_kv_tokens: int,
                  max_seq: int, capabilities: SchedulingCapabilities = SchedulingCapabilities(),
                  step_estimate_s: float = 0.0, observer: TransitionListener | None = None) -> None:
         self.config = config

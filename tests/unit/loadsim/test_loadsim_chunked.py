@@ -18,7 +18,7 @@ from calculet.packages.manifest import MANIFEST_FILE
 from calculet.adapters.sim import CostModel
 from calculet.errors import DefinitionError
 from calculet.loadsim.policies import POLICIES, run_policy
-from calculet.loadsim.runner import DEFAULT_MAX_SEQ, loadsim_package_dir
+from calculet.loadsim.engine_inputs import DEFAULT_MAX_SEQ, loadsim_package_dir
 from calculet.loadsim.workload import generate_requests, parse_workload
 
 COST = CostModel.reference()

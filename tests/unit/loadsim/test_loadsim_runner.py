@@ -20,7 +20,9 @@ from calculet.adapters.sim.model import pseudo_next_token
 from calculet.errors import DefinitionError
 from calculet.loadsim.analysis import summarize
 from calculet.loadsim.policies import POLICIES, PolicyError, parse_policies, run_policy
-from calculet.loadsim.runner import (BatchLog, loadsim_package_dir, prompt_for, rejection_reason, run_engine)
+from calculet.loadsim.engine_inputs import loadsim_package_dir, prompt_for
+from calculet.loadsim.runner import BatchLog, run_engine
+from calculet.loadsim.tracking import rejection_reason
 from calculet.loadsim.workload import SimRequest, generate_requests, parse_workload
 from calculet.machines.request import FinishReason
 from calculet.runtime.request import RequestOutcome

@@ -11,9 +11,9 @@ from calculet.runtime.scheduling.admission import ModelAvailability
 from calculet.clock import FakeClock
 from calculet.runtime.scheduling.completion import DecodeCompletion, FaultKind, LaneOutcome, PrefillCompletion
 from calculet.runtime.scheduling.decode import DecodeBatch
-from calculet.runtime.scheduling.kv import KvCapabilities, KvManager
+from calculet.runtime.scheduling.kv import KvCapabilities, KvLaneManager
 from calculet.runtime.scheduling.prefill import PrefillWork
-from calculet.runtime.scheduling.profiles import InactiveLanePolicy, ProfileSet, ProfileSpec
+from calculet.runtime.scheduling.profiles import LaneFill, ProfileSet, ProfileSpec
 from calculet.runtime.request import InferenceRequest, RequestOutcome
 from calculet.runtime.scheduling.scheduler import Plan, Scheduler, SchedulingCapabilities, Submission
 
@@ -55,7 +55,7 @@ def make_config(**sections: Any) -> SchedulerConfig:
 
 def profile(size: int, *, max_seq: int = 8192, mask: bool = True, fill: int | None = FILL_TOKEN,
             chunk: int | None = None) -> ProfileSpec:
-    policy = InactiveLanePolicy(fill) if fill is not None else None
+    policy = LaneFill(fill) if fill is not None else None
     return ProfileSpec(size, max_seq, policy, mask if size > 1 else False, f"sim-b{size}", chunk)
 
 
@@ -78,7 +78,7 @@ class Harness:
 
     scheduler: Scheduler
     clock: FakeClock
-    kv: KvManager
+    kv: KvLaneManager
     sinks: dict[int, CountingSink] = field(default_factory=dict)
     confirmed: list[tuple[int, int]] = field(default_factory=list)
 
@@ -95,7 +95,7 @@ class Harness:
             admission.setdefault("max_sequences", lanes)
             config = make_config(batch=batch, admission=admission, **sections)
         clock = FakeClock()
-        kv = KvManager(lanes, max_seq, capabilities=kv_caps, clock=clock)
+        kv = KvLaneManager(lanes, max_seq, capabilities=kv_caps, clock=clock)
         scheduler = Scheduler(config, clock=clock, kv=kv, device_kv_tokens=kv_tokens, max_seq=max_seq,
                               capabilities=caps, step_estimate_s=step_estimate_s)
         if ready:

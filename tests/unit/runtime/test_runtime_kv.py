@@ -1,4 +1,4 @@
-"""KvManager (§9): leases, transactions, quarantine, confirmed release, §9.3 gates, statistics."""
+"""KvLaneManager (§9): leases, transactions, quarantine, confirmed release, §9.3 gates, statistics."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from calculet.errors import NotSupported
 from calculet.machines.monitor import MONITOR
 from calculet.machines import TransitionNotAllowed
 from calculet.clock import FakeClock
-from calculet.runtime.scheduling.kv import (FreeSequence, KvCapabilities, KvLease, KvManager, KvReservationFailure, NoCapacity,
+from calculet.runtime.scheduling.kv import (FreeSequence, KvCapabilities, KvLease, KvLaneManager, KvReservationFailure, NoCapacity,
                                  StaleLease)
 
 
-def pool(lanes: int = 2, max_seq: int = 64, **caps: bool) -> KvManager:
-    return KvManager(lanes, max_seq, capabilities=KvCapabilities(**caps), clock=FakeClock())
+def pool(lanes: int = 2, max_seq: int = 64, **caps: bool) -> KvLaneManager:
+    return KvLaneManager(lanes, max_seq, capabilities=KvCapabilities(**caps), clock=FakeClock())
 
 
 @pytest.mark.req("R9.2.5", "R9.3.1")
@@ -155,7 +155,7 @@ def test_empty_context_operations_raise_not_supported():
 @pytest.mark.req("R16.4")
 def test_statistics_track_states_tokens_lane_wait_and_free_latency():
     clock = FakeClock()
-    kv = KvManager(2, 64, clock=clock)
+    kv = KvLaneManager(2, 64, clock=clock)
     a = kv.reserve(1, 20)
     b = kv.reserve(1, 30)
     assert isinstance(kv.reserve(1, 5), NoCapacity)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from calculet.errors import ConfigError, DefinitionError
-from calculet.runtime.scheduling.profiles import InactiveLanePolicy, ProfileSet, ProfileSpec
+from calculet.runtime.scheduling.profiles import LaneFill, ProfileSet, ProfileSpec
 from tests.unit.runtime.runtime_support import make_config, profile
 
 THRESHOLDS = {16: 12, 8: 6, 4: 3}
@@ -66,7 +66,7 @@ def test_a_profile_missing_from_the_manifest_fails_fast():
 
 @pytest.mark.req("R7.3.3", "R7.3.2")
 def test_a_batched_profile_without_mask_contract_never_enters_ready():
-    manifest = [profile(1), ProfileSpec(4, 8192, InactiveLanePolicy(7), has_mask_contract=False)]
+    manifest = [profile(1), ProfileSpec(4, 8192, LaneFill(7), has_mask_contract=False)]
     profiles = ProfileSet(manifest, requested=[1, 4], thresholds=THRESHOLDS, multi_profile_residency=True)
     assert profiles.sizes == (1,) and "mask contract" in profiles.unusable[4]
     assert {profiles.select_profile(n).compiled_batch for n in range(20)} == {1}
@@ -79,7 +79,7 @@ def test_a_batched_profile_without_mask_contract_never_enters_ready():
 @pytest.mark.req("R7.3.1")
 def test_inactive_policy_never_defaults_to_token_zero():
     with pytest.raises(DefinitionError, match="token 0"):
-        InactiveLanePolicy(0)
+        LaneFill(0)
     no_fill = ProfileSpec(8, 8192, None, has_mask_contract=True)
     assert "inactive-lane policy" in (no_fill.unusable_reason or "")
     assert ProfileSpec(1, 8192, None, has_mask_contract=False).unusable_reason is None

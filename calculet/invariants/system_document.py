@@ -1,0 +1,68 @@
+"""``specs/request_lanes.md``: the coupled request × lane system as a document (§9.2, §4).
+
+Its steps (with the request and lane rows each can take), the binding and the invariants are
+read from the :class:`~calculet.machines.system.CoupledSystem` declaration, like the machine
+documents, so the document cannot drift from what :mod:`calculet.invariants.system_checks`
+proves. :mod:`calculet.specgen` lists :func:`request_lanes_document` among its producers.
+"""
+
+from __future__ import annotations
+
+from calculet.machines.request_lanes import RequestLaneSystem
+from calculet.machines.system import SystemDefinition, Variant
+
+__all__ = ["request_lanes_document", "system_document"]
+
+
+def request_lanes_document() -> str:
+    """The document of the one coupled system calculet declares."""
+    return system_document(RequestLaneSystem.definition)
+
+
+def system_document(sd: SystemDefinition) -> str:
+    """The coupled steps, the binding and the invariants of ``sd``, all read from the
+    declaration (specgen puts its banner on top)."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    def rows(v: Variant) -> tuple[str, str]:
+        return (" → ".join(f"`{t.name}`" for t in v.request_rows) or "—",
+                " → ".join(f"`{t.name}`" for t in v.lane_rows) or "—")
+
+    rd, ld = sd.request.definition, sd.lane.definition
+    out = [f"# {sd.name}", ""]
+    if sd.spec:
+        out += [f"Spec: {sd.spec}", ""]
+    out += [sd.doc, "",
+            f"Instances: R × `{rd.name}` ([request.md](request.md)) and L × `{ld.name}` "
+            "([kv_sequence.md](kv_sequence.md)). Ghost state: `binding[i]` — the lane request *i* holds, "
+            "or none; `seq[i]` — its KV sequence id (positive, shared with no other request). Lane *j* "
+            "*names* request *i* when it holds `(seq[i], generation of i)`.", "",
+            "## Steps", "",
+            "Each step is atomic: the request rows and the lane rows fire together, on request *i* and "
+            "lane *j*. An event (not a row name) fires the machine's first enabled row, as the runtime "
+            "does; the row chains it can take are listed. *local*: the step reads only its own request "
+            "and lane (so steps on other requests and lanes commute).", "",
+            "| step | request rows | lane rows | binding | local | meaning |", "|---|---|---|---|---|---|"]
+    for step in sd.steps:
+        variants = sd.variants_of(step.name)
+        req = sorted({rows(v)[0] for v in variants})
+        lane = sorted({rows(v)[1] for v in variants})
+        binding = {"keep": "—", "bind": "i → j", "unbind": "i → none"}[step.binding]
+        out.append(f"| `{step.name}` | {'<br>'.join(req)} | {'<br>'.join(lane)} | {binding} | "
+                   f"{'yes' if step.name in sd.local else 'no'} | {cell(step.doc)} |")
+    out += ["", "## Invariants", "",
+            "Proved by induction for every number of requests and lanes, and searched by bounded model "
+            "checking from the initial system (`python -m calculet.verify`; results in "
+            "[verification.md](verification.md)). *strengthening*: not asked for, but needed to make the "
+            "others inductive; the note names the counterexample to induction it rules out.", "",
+            "| invariant | requirement | kind | meaning |", "|---|---|---|---|"]
+    for inv in sd.invariants:
+        kind = "strengthening" if inv.strengthening else "asked"
+        meaning = inv.doc + (f" — *needed because* {inv.strengthening}" if inv.strengthening else "")
+        out.append(f"| `{inv.name}` | {inv.rid} | {kind} | {cell(meaning)} |")
+    if sd.omitted:
+        out += ["", "## Rows no step takes", ""]
+        out += [f"- `{row}`: {why}" for row, why in sd.omitted]
+    out.append("")
+    return "\n".join(out)

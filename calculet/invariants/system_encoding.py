@@ -1,0 +1,245 @@
+"""The coupled system as z3 terms: frames of R requests × L lanes, and moves between them.
+
+A *frame* is one symbolic state of a :class:`~calculet.machines.system.CoupledSystem` (each
+request's and lane's :class:`~calculet.logic.symbolic.SymbolicVars`, the ghost binding and the
+seq ids); a *move* is one declared variant applied to (request i, lane j) of a frame — when it is
+enabled and what it changes — built from the per-machine blocks of
+:mod:`calculet.invariants.checks` (``takes``, ``post_state``), so nothing of either machine is
+restated. Induction (:mod:`calculet.invariants.system_induction`) and bounded model checking
+(:mod:`calculet.invariants.system_bmc`) are both written over these two notions (§9.2, §4).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import z3
+
+from calculet.invariants.checks import as_bool, initial_instance, invariants_hold, model_value, post_state, read_state, takes
+from calculet.logic.symbolic import SymbolicVars, arg_domain
+from calculet.logic.types import Bool
+from calculet.machines.core import Machine
+from calculet.machines.definition import Definition
+from calculet.machines.system import NONE, SystemDefinition, SystemView, Variant
+
+__all__ = ["Frame", "Move", "assume_invariants", "flat", "fresh_frame", "initial_frame", "read_frame", "seq_domain",
+           "step_args", "system_goals"]
+
+
+class _Memo:
+    """Terms the declared predicates build again and again (``at(...)``, ``bound(i, j)``), built
+    once per instance: most of a step's post-state is its pre-state, and without this the
+    Python side of building the same z3 terms dominates the checks' time."""
+
+    def __init__(self) -> None:
+        self.proxies: dict[int, tuple[SymbolicVars, _Cached]] = {}
+        self.eq: dict[tuple[int, int], tuple[Any, Any]] = {}
+
+    def proxy(self, v: SymbolicVars) -> "_Cached":
+        hit = self.proxies.get(id(v))
+        if hit is None:
+            hit = self.proxies[id(v)] = (v, _Cached(v))  # keeps v alive, so its id stays its own
+        return hit[1]
+
+
+class _Cached:
+    """A ``SymbolicVars`` whose ``at(...)`` terms are built once."""
+
+    __slots__ = ("_v", "_at")
+
+    def __init__(self, v: SymbolicVars) -> None:
+        self._v = v
+        self._at: dict[tuple[str, ...], Any] = {}
+
+    def at(self, *states: str) -> Any:
+        term = self._at.get(states)
+        if term is None:
+            term = self._at[states] = self._v.at(*states)
+        return term
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._v, name)
+
+
+class _View(SystemView):
+    def __init__(self, memo: _Memo, frame: "Frame") -> None:
+        super().__init__([memo.proxy(r) for r in frame.requests], [memo.proxy(lane) for lane in frame.lanes],
+                         frame.binding, frame.seq)
+        self._memo = memo
+
+    def bound(self, i: int, j: int) -> Any:
+        term = self.binding[i]
+        key = (term.get_id(), j)
+        hit = self._memo.eq.get(key)
+        if hit is None:
+            hit = self._memo.eq[key] = (term == j, term)  # the pair keeps `term` (and its id) alive
+        return hit[0]
+
+
+class Frame:
+    """One symbolic state of the system: requests, lanes, bindings and seq ids."""
+
+    def __init__(self, requests: list[SymbolicVars], lanes: list[SymbolicVars], binding: list[Any],
+                 seq: list[Any], memo: _Memo | None = None) -> None:
+        self.requests = requests
+        self.lanes = lanes
+        self.binding = binding
+        self.seq = seq
+        self.memo = memo or _Memo()
+
+    def view(self) -> SystemView:
+        return _View(self.memo, self)
+
+
+def fresh_frame(sd: SystemDefinition, r: int, l: int, tag: str) -> Frame:
+    return Frame([SymbolicVars(sd.request.definition, f"_{tag}r{i}") for i in range(r)],
+                 [SymbolicVars(sd.lane.definition, f"_{tag}l{j}") for j in range(l)],
+                 [z3.Int(f"bind_{tag}{i}") for i in range(r)],
+                 [z3.Int(f"seq_{tag}{i}") for i in range(r)])
+
+
+def seq_domain(frame: Frame) -> list[Any]:
+    return [*[s >= 1 for s in frame.seq], *([z3.Distinct(*frame.seq)] if len(frame.seq) > 1 else [])]
+
+
+def _typed(value: Any, typ: Any) -> Any:
+    if isinstance(value, z3.ExprRef):
+        return value
+    return z3.BoolVal(bool(value)) if isinstance(typ, Bool) else z3.IntVal(int(value))
+
+
+def _wire(machine: type[Machine], rows: tuple[Any, ...], wiring: Any, names: tuple[str, ...], needs: tuple[str, ...],
+          view: SystemView, i: int, j: int, args: dict[str, Any]) -> tuple[dict[str, Any], list[Any]]:
+    """The event arguments one side's rows receive, typed, with their declared domains."""
+    d = machine.definition
+    raw = dict(wiring(view, i, j, **{a: args[a] for a in names})) if wiring is not None else \
+        {a: args[a] for a in needs}
+    types = {a: t for row in rows for a, t in d.events[row.event].args.items()}
+    typed = {a: _typed(raw[a], types[a]) for a in needs}
+    domain = [c for row in rows for c in arg_domain(d.events[row.event], typed)]
+    return typed, domain
+
+
+def _chain(d: Definition, rows: tuple[Any, ...], start: SymbolicVars,
+           args: dict[str, Any]) -> tuple[list[Any], list[tuple[Any, SymbolicVars, SymbolicVars]]]:
+    """Fire ``rows`` in order from ``start``: (conditions, [(row, pre, post)])."""
+    conditions, hops = [], []
+    current = start
+    for row in rows:
+        conditions.append(takes(d, row, current, args))
+        after = post_state(d, row, current, args)
+        hops.append((row, current, after))
+        current = after
+    return conditions, hops
+
+
+class Move:
+    """A variant applied to (request i, lane j) of a frame: when it is enabled and what it changes."""
+
+    def __init__(self, sd: SystemDefinition, v: Variant, frame: Frame, i: int, j: int, args: dict[str, Any]) -> None:
+        view = frame.view()
+        step = v.step
+        parts: list[Any] = []
+        if step.guard is not None:
+            parts.append(as_bool(step.guard(view, i, j, **{a: args[a] for a in v.guard_args})))
+        req_args, req_domain = _wire(sd.request, v.request_rows, step.request_args, v.request_wiring_args,
+                                     v.request_needs, view, i, j, args)
+        lane_args, lane_domain = _wire(sd.lane, v.lane_rows, step.lane_args, v.lane_wiring_args,
+                                       v.lane_needs, view, i, j, args)
+        parts += req_domain + lane_domain
+        req_cond, self.request_hops = _chain(sd.request.definition, v.request_rows, frame.requests[i], req_args)
+        lane_cond, self.lane_hops = _chain(sd.lane.definition, v.lane_rows, frame.lanes[j], lane_args)
+        parts += req_cond + lane_cond
+        self.enabled = z3.And(*parts) if parts else z3.BoolVal(True)
+        self.request = self.request_hops[-1][2] if self.request_hops else None
+        self.lane = self.lane_hops[-1][2] if self.lane_hops else None
+        self.binding = {"keep": None, "bind": z3.IntVal(j), "unbind": z3.IntVal(NONE)}[step.binding]
+        self.args = {**req_args, **lane_args, **{a: args[a] for a in step.args}}
+        self.i, self.j = i, j
+
+    def after(self, frame: Frame) -> Frame:
+        requests, lanes, binding = list(frame.requests), list(frame.lanes), list(frame.binding)
+        if self.request is not None:
+            requests[self.i] = self.request
+        if self.lane is not None:
+            lanes[self.j] = self.lane
+        if self.binding is not None:
+            binding[self.i] = self.binding
+        return Frame(requests, lanes, binding, frame.seq, frame.memo)
+
+    def instance_goals(self, sd: SystemDefinition) -> list[tuple[str, str, Any]]:
+        """Instance invariants after the step and each row's step properties (proved per machine;
+        restated so a chaining mistake in this encoding cannot hide)."""
+        goals = []
+        for machine, hops in ((sd.request, self.request_hops), (sd.lane, self.lane_hops)):
+            d = machine.definition
+            for _, pre, post in hops:
+                goals += [(f"{d.name}.{sp.name}", sp.rid, as_bool(sp.predicate(pre, post))) for sp in d.step_properties]
+            if hops:
+                goals += [(f"{d.name}.{inv.name}", inv.rid, as_bool(inv.predicate(hops[-1][2]))) for inv in d.invariants]
+        return goals
+
+
+def step_args(sd: SystemDefinition, tag: str) -> tuple[dict[str, Any], list[Any]]:
+    args = {name: typ.symbol(f"{name}{tag}") for name, typ in sd.step_args.items()}
+    domain = [c for name, typ in sd.step_args.items() if (c := typ.constraint(args[name])) is not None]
+    return args, domain
+
+
+def system_goals(sd: SystemDefinition, frame: Frame) -> list[tuple[str, str, Any]]:
+    view = frame.view()
+    return [(inv.name, inv.rid, as_bool(inv.predicate(view))) for inv in sd.invariants]
+
+
+def read_frame(model: z3.ModelRef, sd: SystemDefinition, frame: Frame, params: bool = True) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for i, r in enumerate(frame.requests):
+        values = read_state(model, sd.request.definition, r)
+        if not params:
+            values = {k: v for k, v in values.items() if k not in sd.request.definition.params}
+        values["lane"] = _binding_name(model_value(model, frame.binding[i]), len(frame.lanes))
+        values["seq"] = model_value(model, frame.seq[i])
+        out[f"request{i}"] = values
+    for j, lane in enumerate(frame.lanes):
+        values = read_state(model, sd.lane.definition, lane)
+        if not params:
+            values = {k: v for k, v in values.items() if k not in sd.lane.definition.params}
+        out[f"lane{j}"] = values
+    return out
+
+
+def _binding_name(value: int, lanes: int) -> Any:
+    return "none" if value == NONE else ("elsewhere" if value >= lanes else value)
+
+
+def flat(state: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    short = {"request": "r", "lane": "l"}
+    out = {}
+    for key, values in state.items():
+        prefix = next(short[k] + key[len(k):] for k in short if key.startswith(k))
+        out.update({f"{prefix}.{name}": value for name, value in values.items()})
+    return out
+
+
+
+def assume_invariants(sd: SystemDefinition, s: z3.Solver, frame: Frame, outside: bool) -> None:
+    """Domains, every instance invariant and every system invariant on ``frame``; a binding is
+    NONE, an encoded lane, or (``outside``) ``len(lanes)``: a lane outside the encoded ones."""
+    rd, ld = sd.request.definition, sd.lane.definition
+    top = len(frame.lanes) if outside else len(frame.lanes) - 1
+    s.add(*seq_domain(frame), *[z3.And(b >= NONE, b <= top) for b in frame.binding])
+    for r in frame.requests:
+        s.add(*r.domain(), *[as_bool(x) for x in invariants_hold(rd, r)])
+    for lane in frame.lanes:
+        s.add(*lane.domain(), *[as_bool(x) for x in invariants_hold(ld, lane)])
+    s.add(*[goal for _, _, goal in system_goals(sd, frame)])
+
+
+
+def initial_frame(sd: SystemDefinition, requests: int, lanes: int) -> Frame:
+    """Requests New, lanes Free, nothing bound; parameters and seq ids symbolic."""
+    rd, ld = sd.request.definition, sd.lane.definition
+    return Frame([initial_instance(rd, f"_0r{i}") for i in range(requests)],
+                 [initial_instance(ld, f"_0l{j}") for j in range(lanes)],
+                 [z3.IntVal(NONE)] * requests, [z3.Int(f"seq{i}") for i in range(requests)])
+

@@ -1,0 +1,151 @@
+"""What the engine delivered to each offered request, as :class:`~calculet.loadsim.analysis.SimRequestRecord` s.
+
+A load simulation observes the real engine only through its public surface: each request's
+sink (token instants, the one outcome) and the engine's transition ``observer`` hook (service
+start = the transition into ``prefill_running``; decode-ready instants for batch waits). The
+:class:`RequestTracker` joins the two into the same records the baselines emit, so one
+:func:`~calculet.loadsim.analysis.summarize` judges every policy alike. Rejections get a
+bounded reason label (:func:`rejection_reason`, §16 bounded labels).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from calculet.errors import DefinitionError
+from calculet.loadsim.analysis import SimRequestRecord
+from calculet.loadsim.workload import SimRequest
+from calculet.machines.request import FinishReason
+from calculet.runtime.request import RequestOutcome
+from calculet.runtime.scheduling.registry import RequestRecord
+
+if TYPE_CHECKING:
+    from calculet.loadsim.runner import BatchLog
+
+__all__ = ["RequestTracker", "rejection_reason"]
+
+_REASON_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"requests already waiting"), "queue_full"),
+    (re.compile(r"^waiting prompt tokens"), "waiting_tokens"),
+    (re.compile(r"tenant .* waiting tokens"), "tenant_waiting_tokens"),
+    (re.compile(r"long-prefill waiting quota"), "long_quota"),
+    (re.compile(r"no prospect of service"), "no_prospect"),
+    (re.compile(r"over its QPS limit"), "tenant_qps"),
+    (re.compile(r"unknown tenant"), "unknown_tenant"),
+    (re.compile(r"exceeds the context|KV budget"), "too_long"),
+    (re.compile(r"stopping|model is"), "unavailable"),
+)
+_STATUS_DECISION = {400: "reject_invalid", 429: "reject_capacity", 503: "reject_unavailable"}
+
+
+def rejection_reason(outcome: RequestOutcome) -> str:
+    """A bounded label for a rejection: the §5.2 decision and which limit refused it.
+
+    ``reject_capacity:tenant_qps``, ``reject_capacity:queue_full``... — the free-text detail
+    names tenants and numbers, which must not become label values (§16 bounded labels).
+    """
+    decision = _STATUS_DECISION.get(outcome.http_status, f"reject_{outcome.http_status}")
+    for pattern, label in _REASON_PATTERNS:
+        if pattern.search(outcome.detail):
+            return f"{decision}:{label}"
+    return decision
+
+
+class _Sink:
+    """One request's sink: token instants and the single outcome (a second close is counted)."""
+
+    __slots__ = ("tracker", "index", "tokens", "token_ids", "outcome", "closes", "late_tokens")
+
+    def __init__(self, tracker: RequestTracker, index: int) -> None:
+        self.tracker = tracker
+        self.index = index
+        self.tokens: list[float] = []
+        self.token_ids: list[int] = []
+        self.outcome: RequestOutcome | None = None
+        self.closes = 0
+        self.late_tokens = 0
+
+    def token(self, request_id: int, token: int) -> None:
+        if self.outcome is not None:
+            self.late_tokens += 1
+        self.tokens.append(self.tracker.now())
+        if self.tracker.keep_tokens:
+            self.token_ids.append(token)
+
+    def close(self, outcome: RequestOutcome) -> None:
+        self.closes += 1
+        if self.outcome is None:
+            self.outcome = outcome
+            self.tracker.closed_at[self.index] = self.tracker.now()
+
+
+class RequestTracker:
+    """Turns sink callbacks and request transitions into :class:`SimRequestRecord` s.
+
+    ``now`` returns the virtual time (seconds since the run's origin). Use :meth:`observer` as the
+    engine's transition observer; it also completes the batch log's wait figures.
+    """
+
+    def __init__(self, now: Callable[[], float], log: BatchLog | None = None, *, keep_tokens: bool = False) -> None:
+        self.now = now
+        self.log = log
+        self.keep_tokens = keep_tokens
+        self.sinks: list[_Sink] = []
+        self.request_ids: list[int] = []
+        self.closed_at: dict[int, float] = {}
+        self._service_start: dict[int, float] = {}
+        self._ready_since: dict[int, float] = {}
+
+    def new_sink(self) -> _Sink:
+        sink = _Sink(self, len(self.sinks))
+        self.sinks.append(sink)
+        self.request_ids.append(0)
+        return sink
+
+    def bind(self, index: int, request_id: int) -> None:
+        """The engine's id for the request at input ``index`` (0: rejected before an id was made)."""
+        self.request_ids[index] = request_id
+
+    def observer(self, rec: RequestRecord, source: str, target: str) -> None:
+        """The engine's transition hook: service start, decode-ready instants, batch waits."""
+        if source == target:
+            return
+        rid = rec.request_id
+        if target == "prefill_running":
+            self._service_start.setdefault(rid, self.now())
+        elif target == "decode_ready":
+            self._ready_since[rid] = self.now()
+        elif target == "decode_running":
+            since = self._ready_since.pop(rid, None)
+            log = self.log
+            if since is not None and log is not None and log.batches:
+                batch = log.batches[-1]
+                wait = self.now() - since
+                if wait > batch[3]:
+                    batch[3] = wait
+        if target in ("completed", "cancelled", "failed"):
+            self._ready_since.pop(rid, None)
+
+    def records(self, requests: Sequence[SimRequest]) -> tuple[SimRequestRecord, ...]:
+        """One record per offered request, in input order (``request_id`` = input index)."""
+        if len(requests) != len(self.sinks):
+            raise DefinitionError(f"{len(requests)} requests but {len(self.sinks)} sinks")
+        out: list[SimRequestRecord] = []
+        for i, (req, sink) in enumerate(zip(requests, self.sinks)):
+            outcome = sink.outcome
+            if outcome is None:
+                raise DefinitionError(f"request {i} has no outcome: the run did not finish")
+            reason = outcome.finish_reason
+            finish = self.closed_at.get(i)
+            if reason is FinishReason.REJECTED and not sink.tokens:
+                out.append(SimRequestRecord.for_request(i, req, admitted=False, rejection_reason=rejection_reason(outcome),
+                                                        finish_s=finish, finish_reason="rejected"))
+                continue
+            rid = self.request_ids[i]
+            times = tuple(sink.tokens)
+            out.append(SimRequestRecord.for_request(
+                i, req, admitted=True, service_start_s=self._service_start.get(rid),
+                first_token_s=times[0] if times else None, token_times_s=times, finish_s=finish,
+                finish_reason=reason.name.lower()))
+        return tuple(out)

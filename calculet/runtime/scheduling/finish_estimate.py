@@ -1,0 +1,329 @@
+"""When will each admitted request finish, and which ones can finish on time (issue #13, §5.2, §7.2)?
+
+Why this module exists: the §5.2 prospect check and the ``at_risk`` test of §7.2 used to
+estimate a request's finish from *its own* remaining tokens × the step time. On B1 the device
+is shared: N admitted sequences each get 1/N of the decode steps, so every estimate was N
+times too optimistic and fair rotation then made all of them finish late together. This is
+the one estimator admission, decode ordering and ``Retry-After`` are meant to share. It is
+sans-io and pure: plain frozen dataclasses in, plain values out, no runtime imports, so the
+scheduler, the load simulator and tests all call the same functions.
+
+The device model (:class:`DeviceModel`) is deliberately small:
+
+* a decode step serves up to ``lanes = compiled_batch × engines`` sequences (one token each)
+  and takes ``decode_step_s`` — the *submission-to-completion* time of one decode job, which
+  is what :class:`~calculet.runtime.scheduling.estimates.StepTimer` measures; with ping/pong
+  (``engines=2``) two jobs are in flight, each taking that long;
+* a prefill is device-exclusive: ``prefill_s(tokens)`` seconds (per chunk fixed cost when
+  chunked prefill is on; chunking changes interleaving, not the total device time).
+
+Three policy shapes are estimated:
+
+``fair_share_finish`` — today's policy: fair rotation (WFQ decode tags, R7.2.3) is processor
+  sharing of the lanes. Pending prefills run first (the §6 WRR serves prefill queues ahead of a
+  long decode), then each sequence progresses at rate ``min(1, lanes·w/W)`` tokens per step.
+  The fluid finish is an upper bound of round-robin on B1 (a sequence finishes somewhere in
+  its last round; the fluid model puts it at the end) and is off by under one rotation
+  (⌈n/lanes⌉ steps) on B>1.
+``edf_finish`` — earliest deadline first on the lanes, each job holding its lane until done
+  (list scheduling). On B1 a job's prefill runs right before its decode (a job is one unit of
+  work), which is exact; on B>1 the prefill backlog runs first and the lanes decode after it.
+``on_time_selection`` — overload. EDF alone has the *domino effect*: once the set is
+  infeasible, EDF serves the job that is already doomed first and every later one misses too
+  (Locke 1986; Buttazzo's "Hard Real-Time Computing Systems" §9). The maximum number of
+  on-time jobs on one machine with common release is Moore–Hodgson (1968): take jobs in EDF
+  order, and whenever the newest misses drop the longest kept job (possibly the newest).
+  For ``lanes > 1`` the same rule runs on an EDF list schedule of ``lanes`` identical lanes:
+  the dropped job's lane shifts its later jobs earlier (they stay on time), and the newest job
+  may move to that lane. That extension is a heuristic (P||ΣU_j is NP-hard) but every kept
+  set it returns *is* feasible under the EDF lane schedule it built. Shedding the rest early,
+  before spending device time on them, is what turns overload into goodput. With tenant
+  weights the dropped job is the one with the largest work per weight (weighted ΣU_j is
+  NP-hard; with equal weights this is exact Moore–Hodgson on B1).
+
+``fits`` answers admission's question (§5.2): does the candidate and every job the selection
+would keep finish on time under EDF, and if not, from when would it fit (``Retry-After``; a
+retry gets a new deadline, so the candidate's relative deadline is kept).
+
+Every call is O(n log n) (plus O(n·lanes) for the lane scan); a job with no deadline is never
+shed and never constrains the others (it runs after them).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class PendingJob:
+    """One admitted (or candidate) request as the estimator sees it.
+
+    ``decode_steps`` is the number of decode steps still to run (the prefill yields the first
+    token, so a request not yet prefilled needs ``max_new_tokens - 1`` steps). ``deadline`` is
+    absolute, in the scheduler's clock seconds; ``None`` means none.
+    """
+
+    id: int
+    prefill_tokens: int
+    decode_steps: int
+    deadline: float | None = None
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.prefill_tokens < 0 or self.decode_steps < 0:
+            raise ValueError("a pending job needs prefill_tokens >= 0 and decode_steps >= 0")
+        if not self.weight > 0:
+            raise ValueError("a pending job's weight must be > 0")
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """How long device work takes: one profile, as the scheduler measures or the cost model states."""
+
+    decode_step_s: float
+    compiled_batch: int = 1
+    engines: int = 1
+    """2 with ping/pong: two decode jobs in flight, each taking ``decode_step_s``."""
+    prefill_fixed_s: float = 0.0
+    prefill_per_token_s: float = 0.0
+    prefill_chunk_tokens: int | None = None
+    """Chunked prefill: the fixed cost is paid per chunk."""
+
+    def __post_init__(self) -> None:
+        if self.decode_step_s < 0 or self.prefill_fixed_s < 0 or self.prefill_per_token_s < 0:
+            raise ValueError("device model times must be >= 0")
+        if self.compiled_batch < 1 or self.engines not in (1, 2):
+            raise ValueError("a device model needs compiled_batch >= 1 and engines in (1, 2)")
+        if self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1:
+            raise ValueError("prefill_chunk_tokens must be >= 1")
+
+    @property
+    def lanes(self) -> int:
+        """Sequences that progress by one token per ``decode_step_s``."""
+        return self.compiled_batch * self.engines
+
+    def prefill_s(self, tokens: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        chunks = 1 if self.prefill_chunk_tokens is None else -(-tokens // self.prefill_chunk_tokens)
+        return chunks * self.prefill_fixed_s + self.prefill_per_token_s * tokens
+
+    def itl_s(self, streams: int) -> float:
+        """Inter-token latency of each of ``streams`` rotating sequences (one rotation)."""
+        return -(-max(streams, 1) // self.lanes) * self.decode_step_s
+
+    def max_streams_for_itl(self, itl_target_s: float) -> int:
+        """The largest decode set whose rotation keeps every stream within ``itl_target_s`` (≥ 0)."""
+        if self.decode_step_s <= 0:
+            return 2**31 - 1
+        return self.lanes * math.floor(itl_target_s / self.decode_step_s + 1e-9)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Who to finish and who to shed now, with the kept jobs' planned EDF finish times."""
+
+    keep: tuple[int, ...]
+    shed: tuple[int, ...]
+    finish: dict[int, float]
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Admission's answer: ``ok``; if not, ``retry_at`` is when it would fit (None: never)."""
+
+    ok: bool
+    retry_at: float | None
+    finish: float | None
+    """The candidate's planned finish when ``ok``."""
+
+
+_INF = math.inf
+
+
+def _deadline(job: PendingJob) -> float:
+    return _INF if job.deadline is None else job.deadline
+
+
+def _plan(jobs: Sequence[PendingJob], model: DeviceModel) -> tuple[float, list[float]]:
+    """(device time before the lanes start, per-job lane length): the EDF work model."""
+    step, prefill = model.decode_step_s, model.prefill_s
+    if model.lanes == 1:
+        return 0.0, [prefill(j.prefill_tokens) + j.decode_steps * step for j in jobs]
+    return sum([prefill(j.prefill_tokens) for j in jobs]), [j.decode_steps * step for j in jobs]
+
+
+def _edf_order(jobs: Sequence[PendingJob]) -> list[int]:
+    """Indices by deadline (none last); ties keep the given order (``sorted`` is stable)."""
+    deadlines = [_INF if j.deadline is None else j.deadline for j in jobs]
+    return sorted(range(len(jobs)), key=deadlines.__getitem__)
+
+
+def _list_schedule(order: Sequence[int], lengths: Sequence[float], lanes: int, start: float) -> dict[int, float]:
+    """Each job in ``order`` takes the earliest free lane and holds it ``lengths[i]``: finish per index."""
+    free = [start] * lanes
+    heapq.heapify(free)
+    finish: dict[int, float] = {}
+    for i in order:
+        end = heapq.heappop(free) + lengths[i]
+        finish[i] = end
+        heapq.heappush(free, end)
+    return finish
+
+
+def fair_share_finish(jobs: Sequence[PendingJob], now: float, model: DeviceModel) -> dict[int, float]:
+    """Expected finish of every job under fair rotation (processor sharing of the lanes).
+
+    Pending prefills (in the given order) run first; a job with no decode step left finishes
+    with its prefill. The others then share the lanes: with ``W`` the alive jobs' total weight
+    each progresses at ``w · min(lanes/W, 1/w_max)`` tokens per step (never above one token per
+    step), so they finish in order of ``decode_steps / weight``.
+    """
+    clock, result = now, {}
+    for job in jobs:
+        clock += model.prefill_s(job.prefill_tokens)
+        if job.decode_steps == 0:
+            result[job.id] = clock
+    decoding = [j for j in jobs if j.decode_steps > 0]
+    order = sorted(decoding, key=lambda j: j.decode_steps / j.weight)
+    wmax_suffix = [0.0] * (len(order) + 1)
+    for k in range(len(order) - 1, -1, -1):
+        wmax_suffix[k] = max(wmax_suffix[k + 1], order[k].weight)
+    total_w = sum(j.weight for j in order)
+    steps = virtual = 0.0
+    for k, job in enumerate(order):
+        target = job.decode_steps / job.weight
+        steps += (target - virtual) / min(model.lanes / total_w, 1.0 / wmax_suffix[k])
+        virtual = target
+        total_w -= job.weight
+        result[job.id] = clock + steps * model.decode_step_s
+    return result
+
+
+def edf_finish(jobs: Sequence[PendingJob], now: float, model: DeviceModel) -> dict[int, float]:
+    """Finish of every job when all are served earliest-deadline-first on the lanes (no shedding)."""
+    base, lengths = _plan(jobs, model)
+    finish = _list_schedule(_edf_order(jobs), lengths, model.lanes, now + base)
+    return {jobs[i].id: t for i, t in finish.items()}
+
+
+def _select(order: Sequence[int], lengths: Sequence[float], deadlines: Sequence[float],
+            weights: Sequence[float], lanes: int, start: float) -> tuple[list[int], dict[int, float]]:
+    """Moore–Hodgson on an EDF list schedule of ``lanes`` lanes: (shed indices, kept finish)."""
+    free = [start] * lanes
+    lane_of = [0] * len(lengths)
+    finish: dict[int, float] = {}
+    longest: list[tuple[float, int]] = []
+    push, pop = heapq.heappush, heapq.heappop
+    shed: list[int] = []
+    for i in order:
+        length, deadline = lengths[i], deadlines[i]
+        lane = free.index(min(free)) if lanes > 1 else 0
+        end = free[lane] = free[lane] + length
+        lane_of[i] = lane
+        finish[i] = end
+        if deadline == _INF:
+            continue
+        push(longest, (-length / weights[i], -i))
+        while end > deadline + 1e-12:
+            victim = -pop(longest)[1]
+            shed.append(victim)
+            gone = lane_of[victim]
+            free[gone] -= lengths[victim]
+            del finish[victim]
+            if victim == i:
+                break
+            if gone != lane and free[gone] + length < end:
+                free[lane] -= length
+                lane = lane_of[i] = gone
+                free[gone] += length
+            end = finish[i] = free[lane]
+    return shed, finish
+
+
+def on_time_selection(jobs: Sequence[PendingJob], now: float, model: DeviceModel) -> Selection:
+    """The jobs to keep so that the most of them finish by their deadlines, and the ones to shed.
+
+    Exact (Moore–Hodgson) on one lane with equal weights; on several lanes the documented
+    EDF-list-schedule extension. Kept finish times are those of the EDF lane schedule built
+    (a kept job's finish may only have moved earlier after a later drop, so it is an upper bound).
+    On B>1 the prefill backlog of *all* jobs is charged before the lanes start (conservative:
+    shedding a job also removes its prefill).
+    """
+    base, lengths = _plan(jobs, model)
+    deadlines = [_INF if j.deadline is None else j.deadline for j in jobs]
+    order = sorted(range(len(jobs)), key=deadlines.__getitem__)
+    shed, finish = _select(order, lengths, deadlines, [j.weight for j in jobs], model.lanes, now + base)
+    dropped = set(shed)
+    return Selection(keep=tuple(jobs[i].id for i in order if i not in dropped),
+                     shed=tuple(jobs[i].id for i in order if i in dropped),
+                     finish={jobs[i].id: t for i, t in finish.items()})
+
+
+def _all_on_time(jobs: Sequence[PendingJob], now: float, model: DeviceModel) -> dict[int, float] | None:
+    finish = edf_finish(jobs, now, model)
+    return finish if all(finish[j.id] <= _deadline(j) + 1e-12 for j in jobs) else None
+
+
+def _remaining_at(kept: Sequence[PendingJob], plan: dict[int, float], now: float, t: float,
+                  model: DeviceModel) -> list[PendingJob]:
+    """The kept jobs as they would stand at ``t`` had they run by their EDF plan from ``now``.
+
+    Conservative: a job whose prefill is not finished by ``t`` is kept whole, and decode
+    progress is rounded down to whole steps, so remaining work is never under-stated.
+    """
+    step = model.decode_step_s
+    prefills_done = model.lanes == 1 or t >= now + _plan(kept, model)[0]
+    out = []
+    for job in kept:
+        end = plan[job.id]
+        if end <= t:
+            continue
+        decode = job.decode_steps * step
+        if not prefills_done or end - t > decode or step <= 0:
+            out.append(job)
+        else:
+            steps = min(job.decode_steps, math.ceil((end - t) / step - 1e-9))
+            out.append(PendingJob(job.id, 0, steps, job.deadline, job.weight))
+    return out
+
+
+def fits(candidate: PendingJob, admitted: Sequence[PendingJob], now: float, model: DeviceModel) -> Fit:
+    """§5.2: would admitting ``candidate`` keep it and every job the selection keeps on time?
+
+    Jobs the selection of ``admitted`` already sheds do not count against the candidate (they
+    are to be shed anyway). When it does not fit now, ``retry_at`` is the earliest instant
+    among the kept jobs' planned finishes at which the same request (same *relative*
+    deadline, the kept jobs progressed by their EDF plan) would fit; it is found by a binary
+    search over those instants and verified, so it always fits but may be later than the
+    true earliest. ``None``: it cannot fit even on an idle device.
+    """
+    kept_ids = set(on_time_selection(admitted, now, model).keep)
+    kept = [j for j in admitted if j.id in kept_ids]
+    finish = _all_on_time([*kept, candidate], now, model)
+    if finish is not None:
+        return Fit(True, None, finish[candidate.id])
+    if candidate.deadline is None:
+        return Fit(True, None, edf_finish([*kept, candidate], now, model)[candidate.id])
+    relative = candidate.deadline - now
+    plan = edf_finish(kept, now, model)
+    instants = sorted({t for t in plan.values() if t > now})
+
+    def fits_at(t: float) -> bool:
+        moved = PendingJob(candidate.id, candidate.prefill_tokens, candidate.decode_steps, t + relative,
+                           candidate.weight)
+        return _all_on_time([*_remaining_at(kept, plan, now, t, model), moved], t, model) is not None
+
+    if not instants or not fits_at(instants[-1]):
+        return Fit(False, None, None)
+    lo, hi = 0, len(instants) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fits_at(instants[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return Fit(False, instants[lo], None)

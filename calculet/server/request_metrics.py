@@ -1,0 +1,120 @@
+"""What only the service layer measures (§16 latency rows, §5.3 starvation, HTTP counts).
+
+The engine's statistics (:mod:`calculet.server.metrics`) know nothing of HTTP arrival, the
+first byte a client saw or a client that went away; the service does. These histograms and
+counters are recorded as requests pass (not read at scrape time) and live in the same
+per-app registry as the engine collector. Names follow ``calculet_<component>_<what>_<unit>``;
+the only label values are configured tenant names and route templates (R16.9).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+ITL_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+E2E_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+HTTP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0)
+
+STARVATION_THRESHOLD_S = 30.0
+"""A request still waiting for its first token after this long while a later arrival gets its
+first token is one starvation event (the load simulation's definition, §5.3)."""
+
+
+class StarvationWatch:
+    """Counts §5.3 starvation events: a request waiting > threshold while a later one starts.
+
+    Thread-safe; ``arrived``/``started``/``ended`` are called once per request (``started`` on
+    the engine's actor thread at the first token). O(waiting requests) per first token; the
+    waiting set is bounded by the admission budget.
+    """
+
+    def __init__(self, on_event: Callable[[str], None], threshold_s: float = STARVATION_THRESHOLD_S) -> None:
+        self.threshold_s = threshold_s
+        self._on_event = on_event
+        self._lock = threading.Lock()
+        self._waiting: dict[int, tuple[float, str, bool]] = {}
+        self.events = 0
+
+    def arrived(self, key: int, tenant: str, at: float) -> None:
+        with self._lock:
+            self._waiting[key] = (at, tenant, False)
+
+    def started(self, key: int, at: float) -> None:
+        starved: list[str] = []
+        with self._lock:
+            mine = self._waiting.pop(key, None)
+            if mine is None:
+                return
+            arrival = mine[0]
+            for other, (since, tenant, flagged) in self._waiting.items():
+                if not flagged and since < arrival and at - since > self.threshold_s:
+                    self._waiting[other] = (since, tenant, True)
+                    starved.append(tenant)
+            self.events += len(starved)
+        for tenant in starved:
+            self._on_event(tenant)
+
+    def ended(self, key: int) -> None:
+        with self._lock:
+            self._waiting.pop(key, None)
+
+
+class ServiceMetrics:
+    """Histograms and counters the HTTP layer measures (registered in the app's own registry)."""
+
+    def __init__(self, registry: CollectorRegistry, tenants: Sequence[str], *,
+                 starvation_threshold_s: float = STARVATION_THRESHOLD_S) -> None:
+        self.ttft = Histogram("calculet_request_ttft_seconds", "Time to first token, from HTTP arrival (s).",
+                              ["tenant"], buckets=TTFT_BUCKETS, registry=registry)
+        self.itl = Histogram("calculet_request_inter_token_latency_seconds",
+                             "Gap between consecutive generated tokens of a request (s).", ["tenant"],
+                             buckets=ITL_BUCKETS, registry=registry)
+        self.e2e = Histogram("calculet_request_e2e_latency_seconds",
+                             "HTTP arrival to the request's terminal outcome (s).", ["tenant"],
+                             buckets=E2E_BUCKETS, registry=registry)
+        self.generated = Counter("calculet_request_generated_tokens", "Tokens generated, per tenant.",
+                                 ["tenant"], registry=registry)
+        self.http_requests = Counter("calculet_http_requests", "HTTP requests by route template, method, status.",
+                                     ["route", "method", "status"], registry=registry)
+        self.http_duration = Histogram("calculet_http_request_duration_seconds",
+                                       "HTTP request duration by route template (s); streams until their end.",
+                                       ["route"], buckets=HTTP_BUCKETS, registry=registry)
+        self.disconnects = Counter("calculet_http_client_disconnects",
+                                   "Clients that went away before their request ended (the request is cancelled).",
+                                   ["tenant"], registry=registry)
+        self.open_streams = Gauge("calculet_http_open_streams", "Engine requests whose stream has not closed.",
+                                  registry=registry)
+        self.starvation = Counter("calculet_fairness_starvation_events",
+                                  f"Requests still waiting after {starvation_threshold_s:g} s while a later "
+                                  "arrival got its first token (§5.3).", ["tenant"], registry=registry)
+        self.watch = StarvationWatch(lambda tenant: self.starvation.labels(tenant).inc(), starvation_threshold_s)
+        for tenant in tenants:
+            for metric in (self.ttft, self.itl, self.e2e, self.generated, self.disconnects, self.starvation):
+                metric.labels(tenant)
+
+    def observe_request(self, tenant: str, arrival: float, token_times: Sequence[float], closed_at: float) -> None:
+        """One finished request's latencies (times from ``time.perf_counter``)."""
+        if token_times:
+            self.ttft.labels(tenant).observe(max(0.0, token_times[0] - arrival))
+            itl = self.itl.labels(tenant)
+            for before, after in zip(token_times, token_times[1:]):
+                itl.observe(after - before)
+            self.generated.labels(tenant).inc(len(token_times))
+        self.e2e.labels(tenant).observe(max(0.0, closed_at - arrival))
+
+
+def make_registry() -> CollectorRegistry:
+    """A registry private to one app (tests run several services in one process).
+
+    The ``*_created`` series of prometheus-client are switched off (process-wide): they double
+    the exposition without carrying a §16 fact.
+    """
+    disable_created_metrics()
+    return CollectorRegistry(auto_describe=False)
+
+
+__all__ = ["STARVATION_THRESHOLD_S", "ServiceMetrics", "StarvationWatch", "make_registry"]

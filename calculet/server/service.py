@@ -1,0 +1,199 @@
+"""The service object: what the HTTP layer serves (DESIGN "server → runtime", §3 API threads).
+
+:class:`Service` joins what the routes need: the configuration, the running
+:class:`~calculet.runtime.engine.core.Engine` (the only owner of request state — HTTP handlers only
+post to it, §4), the :class:`~calculet.server.model_admin.ModelAdmin` binding (by default
+:class:`~calculet.server.model_admin.ManagedModelAdmin` over ``engine.models``), tenants and the
+admin guard, the metrics registry, the open-stream count and the shutdown (§12).
+
+It lives apart from the FastAPI app (:mod:`calculet.server.app`) so that the routers
+(:mod:`calculet.server.admin`, :mod:`calculet.server.inference`) and the app factory all import
+it from below: the state type of the app has one home and no import points back up.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import anyio
+
+from calculet.adapters.calrt import DeviceCapabilities
+from calculet.config import SchedulerConfig
+from calculet.errors import CalculetError
+from calculet.runtime.engine.core import Engine
+from calculet.server.auth import AdminGuard, TenantDirectory
+from calculet.server.errors import APIError
+from calculet.server.lifecycle import EngineLifecycle
+from calculet.server.metrics import EngineCollector, ServedModelFacts
+from calculet.server.model_admin import ManagedModelAdmin, ModelAdmin
+from calculet.server.request_metrics import ServiceMetrics, make_registry
+from calculet.server.timed_stream import TimedStream
+
+log = logging.getLogger("calculet.server")
+
+
+@dataclass(frozen=True)
+class ServiceOptions:
+    """Service settings that are not part of ``calculet-scheduler/v1``."""
+
+    submit_timeout_s: float = 30.0
+    """Longest wait for the engine's actor to answer a submit/cancel/statistics call."""
+    starvation_threshold_s: float = 30.0
+    """§5.3 starvation event threshold (see :class:`calculet.server.request_metrics.StarvationWatch`)."""
+    max_threads: int = 64
+    """Worker threads for blocking engine calls (submit, statistics)."""
+    device_label: str = "simulated NPU (calculet.adapters.sim)"
+    """Where the device facts come from, shown next to every capability."""
+
+
+class Service:
+    """What the HTTP layer serves: engine, admin binding, tenants, metrics, shutdown."""
+
+    def __init__(self, config: SchedulerConfig, engine: Engine, *, admin: ModelAdmin | None = None,
+                 options: ServiceOptions = ServiceOptions()) -> None:
+        self.config = config
+        self.engine = engine
+        self.options = options
+        self.alias = config.model_alias
+        self.info = engine.model_info()
+        self.capabilities: DeviceCapabilities = engine.capabilities()
+        self.tokenizer = engine.tokenizer
+        self.device_label = options.device_label
+        self.submit_timeout_s = options.submit_timeout_s
+        self.created = int(time.time())
+        self.lifecycle = EngineLifecycle(engine, drain_timeout_s=config.executor.drain_deadline_ms / 1000)
+        self.admin: ModelAdmin = admin if admin is not None else ManagedModelAdmin(
+            engine.models, config, stopped=lambda: self.lifecycle.state == "stopped")
+        self.tenants = TenantDirectory(config)
+        self.admin_guard = AdminGuard(config)
+        self.registry = make_registry()
+        self.metrics = ServiceMetrics(self.registry, self.tenants.names,
+                                      starvation_threshold_s=options.starvation_threshold_s)
+        kv_tokens = engine.statistics().session.kv_token_capacity
+        self.registry.register(EngineCollector(statistics=lambda: engine.statistics(timeout=self.submit_timeout_s),
+                                               models=self.admin.status, config=config,
+                                               facts=ServedModelFacts(self.info.profiles, kv_tokens)))
+        self.limiter = anyio.CapacityLimiter(options.max_threads)
+        self._accepting = True
+        self._streams = 0
+        self._streams_cv = threading.Condition()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start the engine (idempotent)."""
+        self.lifecycle.start()
+
+    @property
+    def accepting(self) -> bool:
+        return self._accepting and self.lifecycle.state == "running"
+
+    def begin_shutdown(self, drain_timeout_s: float | None = None) -> None:
+        """SIGTERM/SIGINT: stop admission now (503, not ready), drain within the deadline (§12)."""
+        if self._accepting:
+            self._accepting = False
+            log.info("shutdown: admission stopped, draining",
+                     extra={"drain_timeout_s": drain_timeout_s if drain_timeout_s is not None
+                            else self.lifecycle.drain_timeout_s})
+        self.lifecycle.begin_stop(drain_timeout_s)
+
+    def stop(self, drain_timeout_s: float | None = None, wait_s: float | None = None) -> bool:
+        """Begin the shutdown and wait for the engine to stop; True when it has."""
+        self.begin_shutdown(drain_timeout_s)
+        return self.lifecycle.wait_stopped(wait_s)
+
+    def published(self, entry: Mapping[str, Any]) -> None:
+        """A load or rollback published ``entry``'s generation: what responses and logs name follows it
+        (the engine contract — tokenizer, context, profiles, capabilities — stays, §11 step 3)."""
+        if entry.get("state") != "ready" or not entry.get("active"):
+            return
+        self.info = replace(self.info, generation=int(entry["generation"]),
+                            calbin=str(entry.get("calbin") or self.info.calbin),
+                            exact_submodel=str(entry.get("exact_submodel") or self.info.exact_submodel),
+                            package_sha256=str(entry.get("package_sha256") or self.info.package_sha256))
+
+    # ------------------------------------------------------------------ requests
+
+    def check_model(self, model: str) -> None:
+        """The served alias passes (its availability is the engine's to answer: 503 while draining,
+        recovering, failed or stopped) unless the admin API unloaded it and no load is on its way
+        (503); another alias the configuration or the admin binding knows is 503 "not loaded";
+        anything else is 404."""
+        if model == self.alias:
+            if self.admin.unloaded(model):
+                raise APIError(503, f"the model {model!r} is unloaded; POST /admin/models/{model}/load loads it",
+                               code="model_unavailable", param="model")
+            return
+        known = {m.alias for m in self.config.models}
+        try:
+            known.update(str(e["alias"]) for e in self.admin.status())
+        except CalculetError:
+            pass
+        if model in known:
+            raise APIError(503, f"the model {model!r} is not loaded; this process serves {self.alias!r}",
+                           code="model_unavailable", param="model")
+        raise APIError(404, f"the model {model!r} does not exist; GET /v1/models lists what is served",
+                       code="model_not_found", param="model")
+
+    def open_stream(self, *, tenant: str, stop: tuple[tuple[int, ...], ...]) -> TimedStream:
+        """A sink for one request; its close updates the latency metrics and the open-stream count."""
+        stream = TimedStream(tokenizer=self.tokenizer, stop=stop, tenant=tenant, arrival=time.perf_counter(),
+                             on_first_token=self._first_token, on_close=self._closed)
+        self.metrics.watch.arrived(id(stream), tenant, stream.arrival)
+        with self._streams_cv:
+            self._streams += 1
+            self._streams_cv.notify_all()
+        self.metrics.open_streams.inc()
+        return stream
+
+    def _first_token(self, stream: TimedStream) -> None:
+        self.metrics.watch.started(id(stream), stream.token_times[0])
+
+    def _closed(self, stream: TimedStream) -> None:
+        self.metrics.watch.ended(id(stream))
+        outcome = stream.final
+        if outcome is not None and outcome.http_status not in (400, 429, 503):
+            self.metrics.observe_request(stream.tenant, stream.arrival, stream.token_times,
+                                         stream.closed_at or time.perf_counter())
+        self.metrics.open_streams.dec()
+        with self._streams_cv:
+            self._streams -= 1
+            self._streams_cv.notify_all()
+
+    @property
+    def open_streams(self) -> int:
+        with self._streams_cv:
+            return self._streams
+
+    def wait_streams_closed(self, timeout: float) -> bool:
+        """Block until every engine request the service opened has its terminal outcome."""
+        return self.wait_streams(lambda n: n == 0, timeout)
+
+    def wait_streams(self, predicate: Callable[[int], bool], timeout: float) -> bool:
+        """Block until ``predicate(open streams)`` holds (woken by every open and close)."""
+        with self._streams_cv:
+            return self._streams_cv.wait_for(lambda: predicate(self._streams), timeout)
+
+    # ------------------------------------------------------------------ health
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready while accepting and at least one model generation is Ready (§10)."""
+        if not self.accepting:
+            return False, "shutting down"
+        try:
+            entries = self.admin.status()
+        except CalculetError as exc:
+            return False, str(exc)
+        ready = [str(e["alias"]) for e in entries if e.get("state") == "ready" and e.get("active", True)]
+        if ready:
+            return True, "ready: " + ", ".join(ready)
+        states = ", ".join(f"{e['alias']}={e.get('state')}" for e in entries) or "no model loaded"
+        return False, states
+
+
+__all__ = ["Service", "ServiceOptions"]
