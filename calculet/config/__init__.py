@@ -29,7 +29,7 @@ The rooms: :mod:`~calculet.config.base` (strict scalars, the section base),
 :mod:`~calculet.config.service` (tenants, models, trust, server),
 :mod:`~calculet.config.scheduler` (the whole file and its JSON Schema),
 :mod:`~calculet.config.loading` (YAML and data to a config),
-:mod:`~calculet.config.error_messages` and :mod:`~calculet.config.cross_validate`.
+:mod:`~calculet.config.error_messages` and :mod:`~calculet.config.cross_validation`.
 Their public names are re-exported here.
 """
 
@@ -48,7 +48,7 @@ from calculet.config.base import (
     Sha256Hex,
     StrictBool,
 )
-from calculet.config.cross_validate import cross_validate
+from calculet.config.cross_validation import cross_validate
 from calculet.config.execution import (
     BatchConfig,
     DegradeConfig,
