@@ -30,6 +30,10 @@ Checked continuously:
 Checked at the end: every submitted request closed exactly once (none lost); the engine is
 idle with every lane free, no device sequence live, no waiting or active request; after the
 orderly stop the device memory is back at its baseline.
+
+What a soak runs and reports is :mod:`calculet.loadsim.soak_report`; the violation ledger and
+the device-level quarantine guard are :mod:`calculet.loadsim.soak_checks`. This module is the
+run: the client sinks, the lane ledger, the sampling and the end-of-run checks.
 """
 
 from __future__ import annotations
@@ -41,200 +45,32 @@ import os
 import time
 import tracemalloc
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable
 
-from calculet.adapters.calrt import DecodeJob, JobResult, JobSpec, JobTicket, ReturnCode, verify_result
-from calculet.adapters.sim import CostModel, InjectedFault, SimVirtualDevice
+from calculet.adapters.calrt import ReturnCode
+from calculet.adapters.sim import InjectedFault
 from calculet.adapters.sim.model import pseudo_next_token
-from calculet.errors import CalculetError, DefinitionError
+from calculet.errors import CalculetError
 from calculet.machines.monitor import MONITOR, MonitorStatistics
 from calculet.loadsim.policies import POLICIES, PolicySpec
 from calculet.loadsim.engine_inputs import DEFAULT_MAX_SEQ, generate_request
-from calculet.loadsim.runner import DeviceObserver, build_driver
-from calculet.loadsim.workload import SimRequest, Workload, generate_requests, load_preset
+from calculet.loadsim.runner import build_driver
+from calculet.loadsim.soak_checks import QuarantineGuard, Violations
+from calculet.loadsim.soak_report import MIB, MemorySample, SoakOptions, SoakReport
+from calculet.loadsim.workload import SimRequest, generate_requests, load_preset
 from calculet.machines.request import FinishReason
-from calculet.runtime.engine.core import EngineStatistics
+from calculet.runtime.engine.types import EngineStatistics
 from calculet.runtime.scheduling.registry import RequestRecord
 from calculet.runtime.request import RequestOutcome
 
-__all__ = ["MemorySample", "SoakOptions", "SoakReport", "run_soak"]
+__all__ = ["run_soak"]
 
-MIB = 1 << 20
 _RC_NAMES = tuple(rc.name for rc in ReturnCode if rc is not ReturnCode.OK)
 
 
-@dataclass(frozen=True)
-class SoakOptions:
-    """What a soak runs. Defaults: 24 h of ``steady`` under ping/pong B16, ~1e-5 faults per kind per job."""
-
-    hours: float = 24.0
-    preset: str = "steady"
-    workload: Workload | None = None
-    """Overrides ``preset`` when given."""
-    load_scale: float = 1.0
-    policy: str = "calculet-b16-pingpong"
-    """ping/pong + B16 + §8 selection: every executor path (two engines, degrade) is exercised."""
-    fault_rate: float = 1e-5
-    """Per fault kind, per submitted job (six kinds)."""
-    seed: int = 1
-    cost: CostModel = field(default_factory=CostModel.reference)
-    chunk_s: float = 3600.0
-    """Requests are generated this many virtual seconds at a time (each chunk its own seed)."""
-    sample_every_s: float = 1800.0
-    """Virtual seconds between memory samples and lane audits."""
-    warmup_fraction: float = 0.1
-    """Memory growth is measured after this share of the run (caches, pools and the allocator settle)."""
-    rss_growth_limit_bytes: int = 64 * MIB
-    traced_growth_limit_bytes: int = 8 * MIB
-    object_growth_limit: int = 20_000
-    """Growth of GC-tracked objects after warm-up, per type and in total, beyond the allowances."""
-    bounded_histories: Mapping[str, int] = field(default_factory=lambda: {"RequestOutcome": 65_536})
-    """Object types the runtime keeps in a deliberately bounded history, with the bound: they may
-    grow by up to that many. ``RequestOutcome``: the registry keeps the last ``retain_terminal``
-    (65 536) ended requests' outcomes so a late ``cancel``/status call still gets an answer
-    (``runtime/scheduling/registry.py``); a day at the steady preset's rate ends ~43 000 requests, so that
-    history is still filling when the soak ends and grows by one object per request."""
-    trace_memory: bool = False
-    """Also run ``tracemalloc`` (exact Python allocations; measured ~4.5x slower here, so off by
-    default: RSS and the GC object count are sampled in every run)."""
-    max_resets_per_10min: int = 50
-    """Recovery budget (§15): high enough that injected faults never exhaust it."""
-    monitors: bool = True
-    """Run the declared machines' invariant monitors (counting mode) throughout."""
-
-    def __post_init__(self) -> None:
-        if not (self.hours > 0 and math.isfinite(self.hours)):
-            raise DefinitionError(f"hours must be finite and > 0, got {self.hours}")
-        if not (self.load_scale > 0 and math.isfinite(self.load_scale)):
-            raise DefinitionError(f"load_scale must be finite and > 0, got {self.load_scale}")
-        if not 0 <= self.fault_rate <= 0.05:
-            raise DefinitionError(f"fault_rate must be in [0, 0.05] per kind per job, got {self.fault_rate}")
-        if self.policy not in POLICIES or POLICIES[self.policy].kind != "engine":
-            engines = [n for n, p in POLICIES.items() if p.kind == "engine"]
-            raise DefinitionError(f"soak policy must be an engine policy ({', '.join(engines)}), got {self.policy!r}")
-        if self.chunk_s <= 0 or self.sample_every_s <= 0:
-            raise DefinitionError("chunk_s and sample_every_s must be > 0")
-
-
-@dataclass(frozen=True)
-class MemorySample:
-    virtual_s: float
-    wall_s: float
-    rss_bytes: int
-    traced_bytes: int | None
-    objects: int
-    """Objects tracked by the garbage collector: a leak of Python objects shows here exactly,
-    at a fraction of tracemalloc's cost (one ``gc.get_objects()`` per sample)."""
-
-
-@dataclass(frozen=True)
-class SoakReport:
-    """The soak's figures and every violation found (empty: the run passed)."""
-
-    options: SoakOptions
-    virtual_s: float
-    wall_s: float
-    submitted: int
-    outcomes: Mapping[str, int]
-    tokens: int
-    injected: Mapping[str, int]
-    resets: int
-    restarts: int
-    degrade: str
-    lanes: int
-    audits: int
-    quarantines: int
-    """Device sequences quarantined by the guard (their job failed or did not check out)."""
-    monitor_checks: int
-    memory: tuple[MemorySample, ...]
-    rss_growth_bytes: int
-    traced_growth_bytes: int | None
-    object_growth: int
-    type_growth: Mapping[str, int]
-    """Largest per-type growth of GC-tracked objects from the end of the warm-up to the end."""
-    bounded_growth: int
-    """Growth of the object types in ``options.bounded_histories`` (each capped at its bound)."""
-    violations: tuple[str, ...]
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
-
-    @property
-    def speedup(self) -> float:
-        return self.virtual_s / self.wall_s if self.wall_s > 0 else math.inf
-
-    def to_json(self, command_line: str = "") -> dict[str, object]:
-        """The headline figures, machine-readable (``soak.json``)."""
-        o = self.options
-        return {"command": command_line, "ok": self.ok, "hours": o.hours, "workload": o.workload.name if o.workload
-                else o.preset, "load_scale": o.load_scale, "policy": o.policy, "fault_rate": o.fault_rate,
-                "virtual_s": self.virtual_s, "wall_s": round(self.wall_s, 3), "speedup": round(self.speedup, 1),
-                "submitted": self.submitted, "outcomes": dict(self.outcomes), "tokens": self.tokens,
-                "injected": dict(self.injected), "resets": self.resets, "restarts": self.restarts,
-                "quarantines": self.quarantines, "monitor_checks": self.monitor_checks,
-                "rss_growth_bytes": self.rss_growth_bytes, "object_growth": self.object_growth,
-                "bounded_growth": self.bounded_growth, "violations": list(self.violations)}
-
-    def markdown(self, command_line: str = "") -> str:
-        """A short Markdown report (what ``python -m calculet.bench soak --out`` writes)."""
-        o = self.options
-        lines = ["# Calculet soak (virtual time)", ""]
-        if command_line:
-            lines += ["Command line:", "", "```", command_line, "```", ""]
-        lines += [f"- result: **{'PASS' if self.ok else 'FAIL'}**",
-                  f"- virtual time {self.virtual_s / 3600:.2f} h in {self.wall_s / 60:.1f} min wall "
-                  f"({self.speedup:.0f}x real time)",
-                  f"- workload `{o.workload.name if o.workload else o.preset}` at load {o.load_scale:g}, policy "
-                  f"`{o.policy}`, {self.lanes} KV lanes, cost model {_cost_text(o.cost)}",
-                  f"- faults: rate {o.fault_rate:g} per kind per job; injected {_counts(self.injected) or 'none'}; "
-                  f"device resets {self.resets}, restarts {self.restarts}; ping/pong degrade: {self.degrade or 'none'}",
-                  f"- requests submitted {self.submitted}; outcomes {_counts(self.outcomes)}; tokens delivered "
-                  f"{self.tokens}",
-                  f"- lane audits {self.audits}; device sequences quarantined after a failed job "
-                  f"{self.quarantines} (a use before a free or reset is a violation); invariant monitor checks "
-                  f"{self.monitor_checks}",
-                  f"- memory after warm-up ({o.warmup_fraction:.0%} of the run): RSS "
-                  f"{self.rss_growth_bytes / MIB:+.1f} MiB (limit {o.rss_growth_limit_bytes / MIB:.0f} MiB); "
-                  f"GC-tracked objects {self.object_growth:+d}, of which bounded histories "
-                  f"{self.bounded_growth:+d} (allowed: {_counts(dict(o.bounded_histories))}), limit "
-                  f"{o.object_growth_limit} beyond those; largest growth by type: "
-                  f"{_counts(self.type_growth) or 'none'}"
-                  + ("" if self.traced_growth_bytes is None else
-                     f"; tracemalloc {self.traced_growth_bytes / MIB:+.2f} MiB "
-                     f"(limit {o.traced_growth_limit_bytes / MIB:.0f} MiB)"), ""]
-        if self.violations:
-            lines += ["## Violations", ""] + [f"- {v}" for v in self.violations[:200]] + [""]
-        lines += ["## Memory samples", "", "| virtual h | wall s | RSS MiB | GC objects | traced MiB |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {m.virtual_s / 3600:.2f} | {m.wall_s:.0f} | {m.rss_bytes / MIB:.1f} | {m.objects} | "
-                  f"{'—' if m.traced_bytes is None else f'{m.traced_bytes / MIB:.2f}'} |" for m in self.memory]
-        return "\n".join(lines) + "\n"
-
-
 # --------------------------------------------------------------------------------------------
-# checks
+# the client
 # --------------------------------------------------------------------------------------------
-
-
-class _Violations:
-    """Collects violations; keeps the first ``limit`` texts and counts the rest by kind."""
-
-    def __init__(self, limit: int = 500) -> None:
-        self.items: list[str] = []
-        self.by_kind: Counter[str] = Counter()
-        self.limit = limit
-
-    def add(self, kind: str, detail: str) -> None:
-        self.by_kind[kind] += 1
-        if len(self.items) < self.limit:
-            self.items.append(f"{kind}: {detail}")
-
-    def all(self) -> tuple[str, ...]:
-        extra = [f"{kind}: {n - shown} more" for kind, n in self.by_kind.items()
-                 if (shown := sum(1 for i in self.items if i.startswith(kind + ":"))) < n]
-        return tuple(self.items + extra)
 
 
 class _SoakSink:
@@ -308,63 +144,13 @@ def _close_problem(sink: _SoakSink, outcome: RequestOutcome, now: float) -> str:
     return ""
 
 
-class _QuarantineGuard(DeviceObserver):
-    """Device-level check: a sequence whose job failed is not used again until freed or reset."""
-
-    def __init__(self, violations: _Violations) -> None:
-        self.violations = violations
-        self.jobs: dict[int, tuple[JobSpec, JobTicket]] = {}
-        self.quarantined: dict[int, str] = {}
-        self.quarantines = 0
-
-    @staticmethod
-    def _seqs(job: JobSpec) -> tuple[int, ...]:
-        if isinstance(job, DecodeJob):
-            return tuple(int(job.seq_ids[i]) for i in job.active_lanes)
-        return (int(job.seq_id),)
-
-    def device_created(self, device: SimVirtualDevice, index: int) -> None:
-        self.device_reset()
-
-    def submitted(self, job: JobSpec, ticket: JobTicket) -> None:
-        for seq in self._seqs(job):
-            why = self.quarantined.get(seq)
-            if why is not None:
-                self.violations.add("quarantined_reuse", f"sequence {seq} used by job {int(ticket.job_id)} "
-                                                         f"while quarantined ({why})")
-        self.jobs[int(ticket.job_id)] = (job, ticket)
-
-    def completed(self, result: JobResult) -> None:
-        entry = self.jobs.pop(int(result.job_id), None)
-        if entry is None:
-            return
-        job, ticket = entry
-        check = verify_result(job, ticket, result)
-        if result.rc is ReturnCode.OK and check.ok:
-            return
-        why = result.rc.name if result.rc is not ReturnCode.OK else check.anomalies[0][0].value
-        for seq in self._seqs(job):
-            self.quarantined[seq] = f"job {int(result.job_id)} {why}"
-            self.quarantines += 1
-
-    def sequence_allocated(self, seq: int) -> None:
-        self.quarantined.pop(seq, None)
-
-    def sequence_freed(self, seq: int) -> None:
-        self.quarantined.pop(seq, None)
-
-    def device_reset(self) -> None:
-        self.jobs.clear()
-        self.quarantined.clear()
-
-
 class _Soak:
     """State of one soak run (the engine, the open clients, the lane ledger)."""
 
     def __init__(self, options: SoakOptions, progress: Callable[[float, float], None] | None) -> None:
         self.options = options
         self.progress = progress
-        self.violations = _Violations()
+        self.violations = Violations()
         self.workload = options.workload or load_preset(options.preset)
         self.policy: PolicySpec = POLICIES[options.policy]
         self.outcomes: Counter[str] = Counter()
@@ -378,7 +164,7 @@ class _Soak:
         self.memory: list[MemorySample] = []
         self.census_start: Counter[str] | None = None
         self.census_end: Counter[str] = Counter()
-        self.guard = _QuarantineGuard(self.violations)
+        self.guard = QuarantineGuard(self.violations)
         config = self.policy.scheduler_config(self.workload,
                                               recovery={"max_resets_per_10min": options.max_resets_per_10min})
         rates = {kind: options.fault_rate for kind in InjectedFault} if options.fault_rate > 0 else None
@@ -418,7 +204,6 @@ class _Soak:
 
     def run(self) -> SoakReport:
         o = self.options
-        driver = self.driver
         total = o.hours * 3600.0
         traced = o.trace_memory
         if traced and not tracemalloc.is_tracing():
@@ -430,32 +215,13 @@ class _Soak:
         else:
             MONITOR.configure(enabled=False)
         start = time.perf_counter()
-        cancels: list[tuple[float, int, _SoakSink]] = []
-        next_sample = 0.0
-        chunk = 0
-        index = 0
         try:
-            while chunk * o.chunk_s < total:
-                base = chunk * o.chunk_s
-                length = min(o.chunk_s, total - base)
-                requests = generate_requests(self.workload, length, o.load_scale, seed=o.seed * 100_003 + chunk)
-                for req in requests:
-                    at = base + req.arrival_s
-                    next_sample = self._advance(at, cancels, next_sample, start)
-                    index += 1
-                    self._submit(index, req, at, cancels)
-                del requests
-                chunk += 1
-            while cancels:
-                next_sample = self._advance(cancels[0][0], cancels, next_sample, start)
-            driver.run_until_idle()
-            self._sample(start)
-            self._audit()
+            self._serve(total, start)
             wall = time.perf_counter() - start
-            stats = driver.statistics()
+            stats = self.driver.statistics()
         finally:
             try:
-                driver.stop(drain_timeout_s=1.0)
+                self.driver.stop(drain_timeout_s=1.0)
             except CalculetError as exc:
                 self.violations.add("stop", str(exc))
             monitor = MONITOR.statistics()
@@ -463,21 +229,52 @@ class _Soak:
             if traced:
                 tracemalloc.stop()
         self._final_checks(stats, monitor)
-        rss_growth, traced_growth, object_growth, type_growth, bounded_growth = self._memory_growth()
+        growth = self._memory_growth()
+        if self.progress is not None:
+            self.progress(total, total)
+        return self._report(stats, monitor, wall, growth)
+
+    def _serve(self, total: float, start: float) -> None:
+        """Offer the traffic an hour-sized chunk at a time (each its own seed), issue the client
+        cancels as they fall due, run until idle, then take the last sample and audit."""
+        o = self.options
+        cancels: list[tuple[float, int, _SoakSink]] = []
+        next_sample = 0.0
+        chunk = 0
+        index = 0
+        while chunk * o.chunk_s < total:
+            base = chunk * o.chunk_s
+            length = min(o.chunk_s, total - base)
+            requests = generate_requests(self.workload, length, o.load_scale, seed=o.seed * 100_003 + chunk)
+            for req in requests:
+                at = base + req.arrival_s
+                next_sample = self._advance(at, cancels, next_sample, start)
+                index += 1
+                self._submit(index, req, at, cancels)
+            del requests
+            chunk += 1
+        while cancels:
+            next_sample = self._advance(cancels[0][0], cancels, next_sample, start)
+        self.driver.run_until_idle()
+        self._sample(start)
+        self._audit()
+
+    def _report(self, stats: EngineStatistics, monitor: MonitorStatistics, wall: float,
+                growth: tuple[int, int | None, int, dict[str, int], int]) -> SoakReport:
+        rss_growth, traced_growth, object_growth, type_growth, bounded_growth = growth
         injected: Counter[str] = Counter()
         for device in self.runtime.devices:
             for kind, count in device.statistics().faults.injected.items():
                 injected[kind.value] += count
-        if self.progress is not None:
-            self.progress(total, total)
         return SoakReport(
-            options=o, virtual_s=self.clock.now(), wall_s=wall, submitted=self.submitted,
+            options=self.options, virtual_s=self.clock.now(), wall_s=wall, submitted=self.submitted,
             outcomes=dict(sorted(self.outcomes.items())), tokens=self.tokens,
             injected={k: v for k, v in sorted(injected.items()) if v}, resets=stats.recovery.resets,
             restarts=stats.recovery.restarts, degrade=stats.executor.degrade.reason, lanes=self.policy.lanes,
-            audits=self.audits, quarantines=self.guard.quarantines, monitor_checks=monitor.checks, memory=tuple(self.memory),
-            rss_growth_bytes=rss_growth, traced_growth_bytes=traced_growth, object_growth=object_growth,
-            type_growth=type_growth, bounded_growth=bounded_growth, violations=self.violations.all())
+            audits=self.audits, quarantines=self.guard.quarantines, monitor_checks=monitor.checks,
+            memory=tuple(self.memory), rss_growth_bytes=rss_growth, traced_growth_bytes=traced_growth,
+            object_growth=object_growth, type_growth=type_growth, bounded_growth=bounded_growth,
+            violations=self.violations.all())
 
     def _submit(self, index: int, req: SimRequest, at: float, cancels: list[tuple[float, int, _SoakSink]]) -> None:
         request = generate_request(index, req)
@@ -613,16 +410,6 @@ def _rss_bytes() -> int:
         import resource
 
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-def _counts(mapping: Mapping[str, int]) -> str:
-    return ", ".join(f"{k}: {v}" for k, v in mapping.items())
-
-
-def _cost_text(cost: CostModel) -> str:
-    return (f"(prefill {cost.prefill_fixed_s * 1e3:g} ms + {cost.prefill_per_token_s * 1e3:g} ms/token, decode "
-            f"{cost.decode_fixed_s * 1e3:g} ms + {cost.decode_per_lane_s * 1e3:g} ms/lane, ping/pong overlap "
-            f"{cost.pingpong_overlap:g})")
 
 
 def run_soak(options: SoakOptions = SoakOptions(),

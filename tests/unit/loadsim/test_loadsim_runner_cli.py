@@ -20,7 +20,9 @@ from calculet.adapters.sim.cost import CostModel
 from calculet.adapters.sim.model import pseudo_next_token
 from calculet.bench import main, parse_loads
 from calculet.loadsim.analysis import workload_limit
-from calculet.loadsim.soak import MemorySample, SoakOptions, _close_problem, _QuarantineGuard, _Soak, _SoakSink
+from calculet.loadsim.soak import _close_problem, _Soak, _SoakSink
+from calculet.loadsim.soak_checks import QuarantineGuard, Violations
+from calculet.loadsim.soak_report import MemorySample, SoakOptions
 from calculet.loadsim.workload import generate_requests, load_preset
 from calculet.machines.request import FinishReason
 from calculet.runtime.request import RequestOutcome
@@ -137,9 +139,7 @@ def test_short_soak_passes_with_faults(tmp_path: Path, capsys: pytest.CaptureFix
 
 class _FakeSoak:
     def __init__(self) -> None:
-        from calculet.loadsim.soak import _Violations
-
-        self.violations = _Violations()
+        self.violations = Violations()
         self.tokens = 0
         self.closed = 0
         self.outcomes: Counter[str] = Counter()
@@ -213,10 +213,8 @@ def ticket(job_id: int) -> JobTicket:
 
 
 def test_quarantine_guard_flags_a_failed_jobs_sequence_reused_before_free() -> None:
-    from calculet.loadsim.soak import _Violations
-
-    v = _Violations()
-    guard = _QuarantineGuard(v)
+    v = Violations()
+    guard = QuarantineGuard(v)
     ok_job, bad_job = decode_job((1, 2)), decode_job((3, 4))
     guard.submitted(ok_job, ticket(1))
     guard.submitted(bad_job, ticket(2))
@@ -236,10 +234,8 @@ def test_quarantine_guard_flags_a_failed_jobs_sequence_reused_before_free() -> N
 
 def test_soak_memory_check_flags_growth_beyond_bounded_histories() -> None:
     soak = _Soak.__new__(_Soak)
-    from calculet.loadsim.soak import _Violations
-
     soak.options = SoakOptions(hours=1.0, object_growth_limit=100, bounded_histories={"RequestOutcome": 1000})
-    soak.violations = _Violations()
+    soak.violations = Violations()
     soak.memory = [MemorySample(t, 0.0, 100 << 20, None, 0) for t in (0.0, 600.0, 1200.0, 2400.0, 3600.0)]
     soak.census_start = Counter({"dict": 500, "RequestOutcome": 10})
     soak.census_end = Counter({"dict": 550, "RequestOutcome": 900})
@@ -247,7 +243,7 @@ def test_soak_memory_check_flags_growth_beyond_bounded_histories() -> None:
     soak.census_end = Counter({"dict": 700, "RequestOutcome": 900})
     soak._memory_growth()
     assert any("200 more dict objects" in v for v in soak.violations.items)
-    soak.violations = _Violations()
+    soak.violations = Violations()
     soak.census_end = Counter({"dict": 500, "RequestOutcome": 10})
     soak.memory[-1] = MemorySample(3600.0, 0.0, 300 << 20, None, 0)
     soak._memory_growth()
