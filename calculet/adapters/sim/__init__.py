@@ -6,25 +6,18 @@ Entry points::
     session = open_sim("future")            # virtual time, FakeClock, real numerics, B1/B4/B8/B16
     dev, kv, calbin = session.device, session.kv, session.calbin
 
-See :mod:`calculet.adapters.sim.device` for the device contract, :mod:`.build` for packages,
-:mod:`.cost` for the latency model, :mod:`.memory` for DRAM accounting and :mod:`.faults` for
-fault injection. (``build`` is not imported here so that ``python -m
+See :mod:`calculet.adapters.sim.device` for the device contract, :mod:`.config` for how a
+device is built, :mod:`.build` for packages, :mod:`.cost` for the latency model, :mod:`.memory` for
+DRAM accounting and :mod:`.faults` / :mod:`.fault_effects` for fault injection. (``build`` is not imported here so that ``python -m
 calculet.adapters.sim.build`` runs it as a fresh module.)
 """
 
 from calculet.adapters.sim.cost import CostModel
-from calculet.adapters.sim.device import (
-    CalbinStatistics,
-    DeviceStatistics,
-    RuntimeStatistics,
-    SimCalbin,
-    SimCalRT,
-    SimConfig,
-    SimVirtualDevice,
-    TimeMode,
-)
+from calculet.adapters.sim.calbin import CalbinStatistics, SimCalbin
+from calculet.adapters.sim.config import SimConfig, TimeMode
+from calculet.adapters.sim.device import DeviceStatistics, RuntimeStatistics, SimCalRT, SimVirtualDevice
 from calculet.adapters.host_driver import GoldenOutcome, HostDriver
-from calculet.adapters.sim.faults import FaultInjector, InjectedFault, FaultRule
+from calculet.adapters.sim.faults import FaultInjector, FaultRule, InjectedFault
 from calculet.adapters.sim.kv import KvSequenceView, SimKvManager
 from calculet.adapters.sim.memory import BoardPreset, MemoryLedger
 from calculet.adapters.sim.model import TinyConfig, TinyTransformer

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from calculet.adapters.sim.device import SimCalbin, SimCalRT, SimConfig, SimVirtualDevice
+from calculet.adapters.sim.calbin import SimCalbin
+from calculet.adapters.sim.config import SimConfig
+from calculet.adapters.sim.device import SimCalRT, SimVirtualDevice
 from calculet.adapters.sim.kv import SimKvManager
 from calculet.clock import FakeClock
 

@@ -1,0 +1,144 @@
+"""Execution of one job on the simulated NPU: the numerics, and the commit of its KV and outputs.
+
+A job's numerics are computed from the model and the committed KV (outside the device lock, so a
+real-time device's worker does not block the host), then committed under the lock when the job
+completes. Commit is the §9.2 transaction: only a lane whose return code is OK writes its KV
+rows; a failed lane, and every lane of a failed job, leaves its sequence byte-identical. Inactive
+lanes never write KV and return NaN logits only when the profile says so (§7.3). With numerics
+off the device returns the deterministic pseudo-tokens of :func:`pseudo_next_token` and no logits.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from calculet.adapters.calrt import NO_SEQUENCE, DecodeJob, JobSpec, JobTicket, LaneResult, PrefillJob, ReturnCode
+from calculet.adapters.sim.calbin import SimCalbin
+from calculet.adapters.sim.fault_effects import discards_numerics
+from calculet.adapters.sim.faults import FaultDecision
+from calculet.adapters.sim.kv import SimKvManager
+from calculet.adapters.sim.model import pseudo_next_token
+
+
+@dataclass
+class SimJob:
+    """A job the device accepted: on its engine until it completes or a reset discards it."""
+
+    ticket: JobTicket
+    spec: JobSpec
+    calbin: SimCalbin
+    kv: SimKvManager
+    fault: FaultDecision | None
+    finish: float | None
+    """Completion instant; None for a job that never completes (an injected TIMEOUT)."""
+    epoch: int
+    seqs: tuple[int, ...]
+    executing: bool = False
+
+
+@dataclass
+class Computed:
+    """Numerics of a job, computed outside the lock and committed under it."""
+
+    k_rows: list[np.ndarray | None]
+    v_rows: list[np.ndarray | None]
+    logits: list[np.ndarray | None]
+    tokens: list[int | None]
+
+
+@dataclass(frozen=True)
+class LaneLayout:
+    """A job's lanes as the device sees them: a prefill is one valid lane of its prompt's tokens."""
+
+    valid: tuple[bool, ...]
+    seq_ids: tuple[int, ...]
+    positions: tuple[int, ...]
+    n_tokens: tuple[int, ...]
+
+    @classmethod
+    def of(cls, spec: JobSpec) -> LaneLayout:
+        if isinstance(spec, DecodeJob):
+            b = spec.compiled_batch
+            return cls(tuple(bool(x) for x in spec.lane_valid), tuple(int(s) for s in spec.seq_ids),
+                       tuple(int(p) for p in spec.positions), (1,) * b)
+        return cls((True,), (int(spec.seq_id),), (spec.start_position,), (len(spec.tokens),))
+
+
+def compute(job: SimJob, lock: threading.RLock) -> Computed | None:
+    """Numerics of a job, or None when a whole-job fault means nothing will be committed."""
+    if discards_numerics(job.fault, job.calbin.capabilities.lane_failure_isolation.value):
+        return None
+    spec = job.spec
+    if isinstance(spec, DecodeJob):
+        return _compute_decode(job, spec, lock)
+    assert isinstance(spec, PrefillJob)
+    model, kv = job.calbin.model, job.kv
+    toks = np.asarray(spec.tokens)
+    if model is None:
+        last = pseudo_next_token(int(toks[-1]), spec.start_position + len(toks) - 1)
+        return Computed([None], [None], [None], [last])
+    with lock:
+        past_k, past_v = kv.past(kv.lookup(spec.seq_id))
+    k, v, lg = model.prefill(toks, spec.start_position, past_k, past_v)
+    return Computed([k], [v], [lg], [int(np.argmax(lg))])
+
+
+def _compute_decode(job: SimJob, spec: DecodeJob, lock: threading.RLock) -> Computed:
+    model, kv = job.calbin.model, job.kv
+    b = spec.compiled_batch
+    lanes = spec.active_lanes
+    k_rows: list[np.ndarray | None] = [None] * b
+    v_rows: list[np.ndarray | None] = [None] * b
+    logits: list[np.ndarray | None] = [None] * b
+    tokens: list[int | None] = [None] * b
+    if model is None:
+        for i in lanes:
+            tokens[i] = pseudo_next_token(int(spec.token_ids[i]), int(spec.positions[i]))
+        return Computed(k_rows, v_rows, logits, tokens)
+    with lock:
+        pasts = [kv.past(kv.lookup(int(spec.seq_ids[i]))) for i in lanes]
+    nk, nv, lg = model.decode(np.asarray(spec.token_ids)[list(lanes)], np.asarray(spec.positions)[list(lanes)],
+                              pasts)
+    for j, i in enumerate(lanes):
+        k_rows[i], v_rows[i], logits[i] = nk[j][:, None], nv[j][:, None], lg[j]
+        tokens[i] = int(np.argmax(lg[j]))
+    return Computed(k_rows, v_rows, logits, tokens)
+
+
+def commit(job: SimJob, computed: Computed | None, layout: LaneLayout, lane_rc: Sequence[ReturnCode],
+           output: np.ndarray | None, numerics: bool) -> tuple[list[LaneResult], int]:
+    """Commit the OK lanes' KV and logits (device lock held); the lane results and KV tokens written.
+
+    Every sequence the job held is released for the next job, whatever the outcome.
+    """
+    policy = job.calbin.profile(job.spec.compiled_batch).inactive_policy
+    lanes: list[LaneResult] = []
+    kv_written = 0
+    for i, sid in enumerate(layout.seq_ids):
+        seq = job.kv.lookup(sid) if sid != NO_SEQUENCE and job.kv.exists(sid) else None
+        if not layout.valid[i]:
+            row = np.full(job.calbin.vocab_size, np.nan) if policy.inactive_logits_returned and numerics else None
+            if row is not None and output is not None:
+                output[i] = row
+            lanes.append(LaneResult(i, sid, False, ReturnCode.OK, layout.positions[i],
+                                    seq.committed_len if seq else 0, row, None))
+            continue
+        assert seq is not None
+        ok = lane_rc[i] is ReturnCode.OK and computed is not None
+        logits = computed.logits[i] if (ok and computed is not None) else None
+        token = computed.tokens[i] if (ok and computed is not None) else None
+        if ok and computed is not None:
+            job.kv.commit(seq, computed.k_rows[i], computed.v_rows[i], layout.n_tokens[i])
+            kv_written += layout.n_tokens[i]
+            if logits is not None and output is not None:
+                output[i] = logits
+        lanes.append(LaneResult(i, sid, True, lane_rc[i], layout.positions[i], seq.committed_len,
+                                None if logits is None else logits.copy(), token))
+    for sid in job.seqs:
+        if job.kv.exists(sid):
+            job.kv.lookup(sid).inflight_job = None
+    return lanes, kv_written

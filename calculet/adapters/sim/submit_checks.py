@@ -1,0 +1,151 @@
+"""What the simulated NPU checks before it accepts a job (Submit), and the bytes it DMAs in.
+
+A refused job raises :class:`~calculet.adapters.calrt.VendorError` with the CalRT code and
+changes nothing. The rules are the device's side of the contract the runtime must keep: a valid
+lane's position equals its sequence's committed length (§9.2, R9.2.4), an inactive lane carries
+the profile's fill token and never token 0 (§7.3), a sequence is written by one job at a time, a
+prefill chunk needs incremental prefill and starts on a chunk boundary (§6), and a job's buffers
+fit it and are not bound to another job (§12, §14).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from calculet.adapters.calrt import (
+    NO_SEQUENCE,
+    BufferKind,
+    DecodeJob,
+    JobSpec,
+    MaskContract,
+    PrefillJob,
+    ReturnCode,
+    VendorError,
+)
+from calculet.adapters.sim.buffers import BufferTable, SimBuffer
+from calculet.adapters.sim.calbin import SimCalbin
+from calculet.adapters.sim.cost import CostModel
+from calculet.adapters.sim.kv import SimKvManager
+
+
+class Admitted(NamedTuple):
+    """What an accepted job touches: its sequences, its valid lanes, and its modelled device time."""
+
+    seqs: tuple[int, ...]
+    valid_lanes: tuple[int, ...]
+    duration_s: float
+
+
+def payload(job: JobSpec) -> bytes:
+    """The bytes the host DMAs into the job's InputBuf (tokens, positions, mask, sequences)."""
+    if isinstance(job, DecodeJob):
+        return (np.asarray(job.token_ids, dtype="<i4").tobytes() + np.asarray(job.positions, dtype="<i4").tobytes()
+                + np.asarray(job.lane_valid, dtype=np.uint8).tobytes()
+                + np.asarray(job.seq_ids, dtype="<i4").tobytes())
+    return np.asarray(job.tokens, dtype="<i4").tobytes()
+
+
+def check_decode(job: DecodeJob, cb: SimCalbin, kv: SimKvManager, cost: CostModel) -> Admitted:
+    """A decode job's lanes against its profile and its sequences' committed lengths (§7.3, §9.2)."""
+    b = job.compiled_batch
+    if b not in cb.configured_profiles:
+        raise VendorError(ReturnCode.INVALID_ARGUMENT,
+                          f"profile B{b} is not configured (configured: {list(cb.configured_profiles)})")
+    profile = cb.profile(b)
+    policy = profile.inactive_policy
+    valid = np.asarray(job.lane_valid)
+    if not np.all((valid == 0) | (valid == 1)):
+        raise VendorError(ReturnCode.INVALID_ARGUMENT, f"lane_valid must be 0/1, got {valid.tolist()}")
+    lanes = tuple(int(i) for i in np.flatnonzero(valid))
+    if not lanes:
+        raise VendorError(ReturnCode.INVALID_ARGUMENT, "decode job with no valid lane")
+    inactive = [i for i in range(b) if not valid[i]]
+    if inactive and policy.mask is MaskContract.NONE:
+        raise VendorError(ReturnCode.INVALID_ARGUMENT,
+                          f"profile B{b} has no mask contract; lanes {inactive} cannot be inactive (§7.3)")
+    for i in inactive:
+        if int(job.token_ids[i]) != policy.fill_token:
+            raise VendorError(ReturnCode.INVALID_ARGUMENT,
+                              f"inactive lane {i} carries token {int(job.token_ids[i])}; profile B{b} fills "
+                              f"inactive lanes with {policy.fill_token} (§7.3: never pad with token 0)")
+        sid = int(job.seq_ids[i])
+        if sid != NO_SEQUENCE and not kv.exists(sid):
+            raise VendorError(ReturnCode.NOT_FOUND, f"inactive lane {i} names unknown seq {sid}")
+    seen: set[int] = set()
+    for i in lanes:
+        sid = int(job.seq_ids[i])
+        if sid == NO_SEQUENCE:
+            raise VendorError(ReturnCode.INVALID_ARGUMENT, f"valid lane {i} has no sequence")
+        if sid in seen:
+            raise VendorError(ReturnCode.INVALID_ARGUMENT,
+                              f"seq {sid} appears in two valid lanes (§9.2: one seq, one lane)")
+        seen.add(sid)
+        seq = kv.lookup(sid)
+        tok, pos = int(job.token_ids[i]), int(job.positions[i])
+        if not 0 <= tok < cb.vocab_size:
+            raise VendorError(ReturnCode.INVALID_ARGUMENT, f"lane {i} token {tok} outside vocab {cb.vocab_size}")
+        if pos != seq.committed_len:
+            raise VendorError(ReturnCode.INVALID_ARGUMENT,
+                              f"lane {i} position {pos} != committed length {seq.committed_len} of seq {sid} "
+                              "(§9.2: position equals committed_len)")
+        if pos + 1 > profile.max_seq:
+            raise VendorError(ReturnCode.INVALID_ARGUMENT,
+                              f"lane {i} position {pos} reaches max_seq {profile.max_seq} of profile B{b}")
+        if seq.inflight_job is not None:
+            raise VendorError(ReturnCode.INVALID_STATE, f"seq {sid} is being written by job {seq.inflight_job}")
+    seqs = tuple(int(job.seq_ids[i]) for i in lanes)
+    return Admitted(seqs, lanes, cost.decode_s(b))
+
+
+def check_prefill(job: PrefillJob, cb: SimCalbin, kv: SimKvManager, cost: CostModel) -> Admitted:
+    """A prefill (or prefill chunk) against the B1 profile and its sequence (§6, §9.2)."""
+    if 1 not in cb.configured_profiles:
+        raise VendorError(ReturnCode.INVALID_ARGUMENT, "prefill needs the B1 profile configured")
+    profile = cb.profile(1)
+    seq = kv.lookup(job.seq_id)
+    tokens = np.asarray(job.tokens)
+    if tokens.dtype.kind not in "iu" or tokens.min() < 0 or tokens.max() >= cb.vocab_size:
+        raise VendorError(ReturnCode.INVALID_ARGUMENT, f"prefill tokens must be integers in [0, {cb.vocab_size})")
+    if job.start_position != seq.committed_len:
+        raise VendorError(ReturnCode.INVALID_ARGUMENT,
+                          f"prefill start {job.start_position} != committed length {seq.committed_len} of seq "
+                          f"{job.seq_id} (§9.2)")
+    if job.start_position > 0 and not cb.capabilities.incremental_prefill.value:
+        raise VendorError(ReturnCode.NOT_SUPPORTED,
+                          "prefill onto a non-empty sequence is incremental prefill, which this calbin does not "
+                          "offer (§6: chunking only with explicit compiler/runtime support)")
+    chunk = profile.prefill_chunk_tokens
+    if job.start_position > 0 and chunk is not None and job.start_position % chunk:
+        raise VendorError(ReturnCode.INVALID_ARGUMENT,
+                          f"prefill chunk starts at {job.start_position}, not a multiple of the B1 profile's "
+                          f"prefill_chunk_tokens {chunk} (§6)")
+    if job.start_position + len(tokens) > profile.max_seq:
+        raise VendorError(ReturnCode.INVALID_ARGUMENT,
+                          f"prefill to {job.start_position + len(tokens)} tokens exceeds max_seq {profile.max_seq}")
+    if seq.inflight_job is not None:
+        raise VendorError(ReturnCode.INVALID_STATE, f"seq {job.seq_id} is being written by job {seq.inflight_job}")
+    return Admitted((int(job.seq_id),), (0,), cost.prefill_s(len(tokens)))
+
+
+def check_buffers(job: JobSpec, cb: SimCalbin, table: BufferTable, epoch: int) -> tuple[SimBuffer, SimBuffer]:
+    """The job's InputBuf/OutputBuf: live, of its calbin, kind and batch, and not bound (§12, §14)."""
+    bufs = job.buffers
+    if bufs.input.buffer_id == bufs.output.buffer_id:
+        raise VendorError(ReturnCode.INVALID_ARGUMENT, "input and output buffer are the same buffer")
+    out: list[SimBuffer] = []
+    for handle, want in ((bufs.input, BufferKind.INPUT), (bufs.output, BufferKind.OUTPUT)):
+        b = table.lookup(handle, epoch)
+        if b.calbin_id != cb.calbin_id or b.handle.kind is not want or b.handle.job_kind is not job.kind \
+                or b.handle.compiled_batch != job.compiled_batch:
+            raise VendorError(ReturnCode.INVALID_ARGUMENT,
+                              f"buffer {handle.buffer_id} ({b.handle.kind.value}, {b.handle.job_kind.value} "
+                              f"B{b.handle.compiled_batch}) does not fit a {job.kind.value} B{job.compiled_batch} "
+                              f"job's {want.value}")
+        if b.bound_job is not None:
+            raise VendorError(ReturnCode.BUFFER_IN_USE,
+                              f"buffer {handle.buffer_id} is bound to job {b.bound_job}, which has not completed "
+                              "(a timed-out job's buffers stay bound until reset, §12)")
+        out.append(b)
+    return out[0], out[1]
