@@ -17,6 +17,8 @@ one per storm), each seeded from ``(seed, crc32(name))``. Two consequences are d
 
 Scripted long-prefill storms (§6 "a single 40K prefill will still cause head-of-line
 blocking") are *not* scaled by ``load_scale``: they are a fixed event placed at a known moment.
+
+The distributions a workload draws from are :mod:`calculet.loadsim.distributions`.
 """
 
 from __future__ import annotations
@@ -29,18 +31,20 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Union
 
 import numpy as np
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict,
-                      ValidationError, field_validator, model_validator)
+from pydantic import Field, Strict, ValidationError, field_validator, model_validator
 
 from calculet.config import LabelName, PosFloat, PosInt, TenantConfig
+from calculet.config.base import FieldProblem
 from calculet.errors import ConfigError
 from calculet.loadsim.arrivals import on_off_arrivals, poisson_arrivals, spread_arrivals
+from calculet.loadsim.distributions import (EmpiricalDist, FixedDist, LogNormalDist, NonNegFloat, TokenDist,
+                                            ValueDist, WorkloadModel, sample_tokens)
 from calculet.yamlfile import read_yaml_file
 
 __all__ = [
     "SCHEMA_ID", "PRESETS_DIR", "PromptClass", "SimRequest", "OfferedLoad", "WorkloadError",
-    "FixedDist", "LogNormalDist", "EmpiricalDist", "PoissonArrivals", "OnOffArrivals",
-    "Cancellation", "PromptClasses", "TenantSpec", "StormSpec", "Workload",
+    "PoissonArrivals", "OnOffArrivals",
+    "CancellationSpec", "PromptClasses", "TenantSpec", "StormSpec", "Workload",
     "prompt_class", "parse_workload", "load_workload", "preset_names", "load_preset",
     "generate_requests", "offered_load",
 ]
@@ -50,7 +54,6 @@ PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 
 PromptClass = Literal["short", "medium", "long"]
 
-NonNegFloat = Annotated[float, Strict(), Field(ge=0)]
 Probability = Annotated[float, Strict(), Field(ge=0, le=1)]
 
 
@@ -60,154 +63,12 @@ class WorkloadError(ConfigError):
     code = "workload_error"
 
 
-class _FieldProblem(ValueError):
-    """A cross-field check failed at ``field`` (relative to the model being validated)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-        self.message = message
-
-
-class _Model(BaseModel):
-    """Unknown keys are errors (a typo must not silently fall back to a default); immutable."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-
-# --------------------------------------------------------------------------------------------
-# distributions
-# --------------------------------------------------------------------------------------------
-
-
-class FixedDist(_Model):
-    """Always ``value``. A bare number in YAML means this (``max_new_tokens: 128``)."""
-
-    kind: Literal["fixed"] = "fixed"
-    value: PosFloat
-
-    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        return np.full(n, float(self.value))
-
-    def upper_bound(self) -> float:
-        return float(self.value)
-
-    def mean(self) -> float:
-        return float(self.value)
-
-
-class LogNormalDist(_Model):
-    """``median · exp(sigma · Z)`` clipped to ``[min, max]``.
-
-    Median and sigma rather than the underlying normal's μ/σ because a median is what people
-    know about their prompts ("typical prompt ~300 tokens"); the clip keeps the heavy tail from
-    producing prompts the model cannot take.
-    """
-
-    kind: Literal["lognormal"]
-    median: PosFloat
-    sigma: Annotated[float, Strict(), Field(ge=0, le=4)]
-    min: PosFloat
-    max: PosFloat
-
-    @model_validator(mode="after")
-    def _ordered(self) -> LogNormalDist:
-        if self.min > self.max:
-            raise _FieldProblem("min", f"min {self.min} > max {self.max}")
-        if not self.min <= self.median <= self.max:
-            raise _FieldProblem("median", f"median {self.median} is outside [min, max] = [{self.min}, {self.max}]")
-        return self
-
-    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        raw = self.median * np.exp(self.sigma * rng.standard_normal(n))
-        return np.clip(raw, self.min, self.max)
-
-    def upper_bound(self) -> float:
-        return float(self.max)
-
-    def mean(self) -> float:
-        """Exact mean of the clipped lognormal (used for the nominal offered load)."""
-        lo, hi, s = float(self.min), float(self.max), float(self.sigma)
-        if s == 0:
-            return float(self.median)
-        mu = math.log(self.median)
-
-        def phi(x: float) -> float:
-            return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
-
-        z_lo, z_hi = (math.log(lo) - mu) / s, (math.log(hi) - mu) / s
-        body = math.exp(mu + s * s / 2) * (phi(z_hi - s) - phi(z_lo - s))
-        return lo * phi(z_lo) + body + hi * (1.0 - phi(z_hi))
-
-
-class EmpiricalDist(_Model):
-    """Observed values with weights (equal weights when omitted) — e.g. a measured prompt mix."""
-
-    kind: Literal["empirical"]
-    values: tuple[PosFloat, ...] = Field(min_length=1)
-    weights: tuple[NonNegFloat, ...] | None = None
-
-    @model_validator(mode="after")
-    def _weights_match(self) -> EmpiricalDist:
-        if self.weights is not None:
-            if len(self.weights) != len(self.values):
-                raise _FieldProblem("weights", f"{len(self.weights)} weights for {len(self.values)} values")
-            if sum(self.weights) <= 0:
-                raise _FieldProblem("weights", "weights must not all be 0")
-        return self
-
-    def _probabilities(self) -> np.ndarray:
-        w = np.ones(len(self.values)) if self.weights is None else np.asarray(self.weights, dtype=np.float64)
-        return w / w.sum()
-
-    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        return rng.choice(np.asarray(self.values, dtype=np.float64), size=n, p=self._probabilities())
-
-    def upper_bound(self) -> float:
-        return float(max(self.values))
-
-    def mean(self) -> float:
-        return float(np.dot(np.asarray(self.values, dtype=np.float64), self._probabilities()))
-
-
-def _scalar_as_fixed(value: object) -> object:
-    """``128`` → ``{kind: fixed, value: 128}``: the common case stays one token long in YAML."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return {"kind": "fixed", "value": value}
-    return value
-
-
-def _integral_tokens(dist: Distribution) -> Distribution:
-    """Token counts are whole numbers ≥ 1; a bound of 0.5 tokens is a mistake worth reporting."""
-    if isinstance(dist, FixedDist):
-        bounds = {"value": dist.value}
-    elif isinstance(dist, LogNormalDist):
-        bounds = {"min": dist.min, "max": dist.max}
-    else:
-        bounds = {f"values[{i}]": v for i, v in enumerate(dist.values)}
-    for name, v in bounds.items():
-        if v != int(v) or v < 1:
-            raise ValueError(f"{name} must be a whole number of tokens >= 1, got {v}")
-    return dist
-
-
-Distribution = Annotated[Union[FixedDist, LogNormalDist, EmpiricalDist], Field(discriminator="kind")]
-"""A positive real distribution: seconds, milliseconds."""
-ValueDist = Annotated[Distribution, BeforeValidator(_scalar_as_fixed)]
-TokenDist = Annotated[Distribution, BeforeValidator(_scalar_as_fixed), AfterValidator(_integral_tokens)]
-"""A distribution of token counts (integers ≥ 1)."""
-
-
-def _sample_tokens(dist: FixedDist | LogNormalDist | EmpiricalDist, rng: np.random.Generator, n: int) -> np.ndarray:
-    return np.maximum(np.rint(dist.sample(rng, n)), 1).astype(np.int64)
-
-
 # --------------------------------------------------------------------------------------------
 # arrivals, tenants, storms
 # --------------------------------------------------------------------------------------------
 
 
-class PoissonArrivals(_Model):
+class PoissonArrivals(WorkloadModel):
     """Steady traffic: independent arrivals at ``rate_per_s`` (before ``load_scale``)."""
 
     kind: Literal["poisson"]
@@ -220,7 +81,7 @@ class PoissonArrivals(_Model):
         return poisson_arrivals(rng, self.rate_per_s * load_scale, duration_s)
 
 
-class OnOffArrivals(_Model):
+class OnOffArrivals(WorkloadModel):
     """Bursty traffic: ``on_rate_per_s`` for ``on_s`` seconds, ``off_rate_per_s`` for ``off_s``, repeated."""
 
     kind: Literal["on_off"]
@@ -240,14 +101,14 @@ class OnOffArrivals(_Model):
 Arrivals = Annotated[Union[PoissonArrivals, OnOffArrivals], Field(discriminator="kind")]
 
 
-class Cancellation(_Model):
+class CancellationSpec(WorkloadModel):
     """Each request is cancelled with ``probability``, ``delay_s`` seconds after it arrives."""
 
     probability: Probability
     delay_s: ValueDist
 
 
-class PromptClasses(_Model):
+class PromptClasses(WorkloadModel):
     """§6 queue-class thresholds: short ≤ ``short_max_tokens`` < medium ≤ ``medium_max_tokens`` < long."""
 
     short_max_tokens: PosInt = 512
@@ -256,12 +117,12 @@ class PromptClasses(_Model):
     @model_validator(mode="after")
     def _ordered(self) -> PromptClasses:
         if self.short_max_tokens >= self.medium_max_tokens:
-            raise _FieldProblem("medium_max_tokens",
+            raise FieldProblem("medium_max_tokens",
                                 f"must be > short_max_tokens ({self.short_max_tokens}); §6 classes must not overlap")
         return self
 
 
-class TenantSpec(_Model):
+class TenantSpec(WorkloadModel):
     """A tenant: its §5.3 weight and limits (for the scheduler) and its share of the traffic.
 
     ``share`` is relative: shares are normalised over all tenants, so ``5, 1, 1`` means 5/7,
@@ -278,10 +139,10 @@ class TenantSpec(_Model):
     prompt_tokens: TokenDist | None = None
     max_new_tokens: TokenDist | None = None
     deadline_ms: ValueDist | None = None
-    cancellation: Cancellation | None = None
+    cancellation: CancellationSpec | None = None
 
 
-class StormSpec(_Model):
+class StormSpec(WorkloadModel):
     """A long-prefill storm (§6): ``count`` long prompts from ``start_s``, evenly over ``spread_s``.
 
     ``tenant`` null: each storm request's tenant is drawn by traffic share. Deadlines and
@@ -300,7 +161,7 @@ def _default_tenants() -> tuple[TenantSpec, ...]:
     return (TenantSpec(name="default"),)
 
 
-class Workload(_Model):
+class Workload(WorkloadModel):
     """A ``calculet-loadsim/v1`` workload."""
 
     schema_id: Annotated[str, Strict()] = Field(alias="schema")
@@ -314,7 +175,7 @@ class Workload(_Model):
     prompt_tokens: TokenDist
     max_new_tokens: TokenDist
     deadline_ms: ValueDist | None = None
-    cancellation: Cancellation | None = None
+    cancellation: CancellationSpec | None = None
     tenants: tuple[TenantSpec, ...] = Field(default_factory=_default_tenants, min_length=1)
     storms: tuple[StormSpec, ...] = ()
 
@@ -330,12 +191,12 @@ class Workload(_Model):
         seen: dict[str, int] = {}
         for i, tenant in enumerate(self.tenants):
             if tenant.name in seen:
-                raise _FieldProblem(f"tenants[{i}].name",
+                raise FieldProblem(f"tenants[{i}].name",
                                     f"duplicate tenant name {tenant.name!r} (also tenants[{seen[tenant.name]}])")
             seen[tenant.name] = i
         for i, storm in enumerate(self.storms):
             if storm.tenant is not None and storm.tenant not in seen:
-                raise _FieldProblem(f"storms[{i}].tenant",
+                raise FieldProblem(f"storms[{i}].tenant",
                                     f"unknown tenant {storm.tenant!r} (tenants: {', '.join(seen)})")
         # Every request must fit the context window with at least one output token; checking the
         # distributions' upper bounds here turns a silent clip into an error at load time.
@@ -346,7 +207,7 @@ class Workload(_Model):
         prompt_sources += [(f"storms[{i}].prompt_tokens", s.prompt_tokens) for i, s in enumerate(self.storms)]
         for path, dist in prompt_sources:
             if dist.upper_bound() >= limit:
-                raise _FieldProblem(path, f"prompts up to {dist.upper_bound():g} tokens do not fit "
+                raise FieldProblem(path, f"prompts up to {dist.upper_bound():g} tokens do not fit "
                                           f"context_limit_tokens {limit} with at least one output token")
         return self
 
@@ -367,7 +228,7 @@ class Workload(_Model):
     def deadline_for(self, tenant: TenantSpec) -> FixedDist | LogNormalDist | EmpiricalDist | None:
         return tenant.deadline_ms if "deadline_ms" in tenant.model_fields_set else self.deadline_ms
 
-    def cancellation_for(self, tenant: TenantSpec) -> Cancellation | None:
+    def cancellation_for(self, tenant: TenantSpec) -> CancellationSpec | None:
         return tenant.cancellation if "cancellation" in tenant.model_fields_set else self.cancellation
 
     def shares(self) -> dict[str, float]:
@@ -447,6 +308,10 @@ def _deadlines_and_cancels(workload: Workload, tenant: TenantSpec, rng: np.rando
     return deadlines, np.where(hit, delays, np.nan)
 
 
+_Columns = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""Per-request arrays: arrival time, tenant index, prompt tokens, output tokens, deadline ms, cancel delay s."""
+
+
 def generate_requests(workload: Workload, duration_s: float | None = None, load_scale: float = 1.0,
                       *, seed: int | None = None) -> tuple[SimRequest, ...]:
     """The offered requests of one run, sorted by arrival (ties keep generation order).
@@ -464,57 +329,15 @@ def generate_requests(workload: Workload, duration_s: float | None = None, load_
     base_seed = workload.seed if seed is None else int(seed)
     if base_seed < 0:
         raise WorkloadError(f"seed must be >= 0, got {seed}")
-
-    times = workload.arrivals.times(_rng(base_seed, "arrivals"), duration, load_scale)
-    times = times[times < duration]
-    n = times.size
     names = [t.name for t in workload.tenants]
     share = np.asarray([workload.shares()[name] for name in names])
-    owner = _rng(base_seed, "tenants").choice(len(names), size=n, p=share)
-    prompts = np.zeros(n, dtype=np.int64)
-    outputs = np.zeros(n, dtype=np.int64)
-    deadlines = np.full(n, np.nan)
-    cancels = np.full(n, np.nan)
-    for ti, tenant in enumerate(workload.tenants):
-        idx = np.flatnonzero(owner == ti)
-        k = idx.size
-        prompts[idx] = _sample_tokens(workload.prompt_tokens_for(tenant), _rng(base_seed, f"tenant/{tenant.name}/prompt"), k)
-        outputs[idx] = _sample_tokens(workload.max_new_tokens_for(tenant), _rng(base_seed, f"tenant/{tenant.name}/output"), k)
-        deadlines[idx], cancels[idx] = _deadlines_and_cancels(
-            workload, tenant, _rng(base_seed, f"tenant/{tenant.name}/deadline-cancel"), k)
-
-    all_times = [times]
-    all_owner = [owner]
-    all_prompts, all_outputs, all_deadlines, all_cancels = [prompts], [outputs], [deadlines], [cancels]
-    for si, storm in enumerate(workload.storms):
-        st = spread_arrivals(storm.start_s, storm.count, storm.spread_s)
-        st = st[st < duration]
-        k = st.size
-        rng = _rng(base_seed, f"storm/{si}")
-        if storm.tenant is None:
-            s_owner = rng.choice(len(names), size=k, p=share)
-        else:
-            s_owner = np.full(k, names.index(storm.tenant))
-        s_deadlines = np.full(k, np.nan)
-        s_cancels = np.full(k, np.nan)
-        for ti, tenant in enumerate(workload.tenants):
-            idx = np.flatnonzero(s_owner == ti)
-            s_deadlines[idx], s_cancels[idx] = _deadlines_and_cancels(workload, tenant, rng, idx.size)
-        all_times.append(st)
-        all_owner.append(s_owner)
-        all_prompts.append(_sample_tokens(storm.prompt_tokens, rng, k))
-        all_outputs.append(_sample_tokens(storm.max_new_tokens, rng, k))
-        all_deadlines.append(s_deadlines)
-        all_cancels.append(s_cancels)
-
-    t_all = np.concatenate(all_times)
+    parts = [_background(workload, base_seed, duration, load_scale, share)]
+    parts += [_storm(workload, si, storm, base_seed, duration, share) for si, storm in enumerate(workload.storms)]
+    t_all, o_all, p_all, out_all, d_all, c_all = (np.concatenate(column) for column in zip(*parts))
     order = np.argsort(t_all, kind="stable")
-    o_all = np.concatenate(all_owner)[order]
-    p_all = np.concatenate(all_prompts)[order]
+    o_all, p_all, d_all, c_all = o_all[order], p_all[order], d_all[order], c_all[order]
     limit = workload.context_limit_tokens
-    m_all = np.minimum(np.concatenate(all_outputs)[order], limit - p_all)
-    d_all = np.concatenate(all_deadlines)[order]
-    c_all = np.concatenate(all_cancels)[order]
+    m_all = np.minimum(out_all[order], limit - p_all)
     classes = workload.prompt_classes
     return tuple(
         SimRequest(
@@ -524,6 +347,48 @@ def generate_requests(workload: Workload, duration_s: float | None = None, load_
             cancel_after_s=None if math.isnan(c_all[i]) else float(c_all[i]),
             klass=prompt_class(int(p_all[i]), classes.short_max_tokens, classes.medium_max_tokens))
         for i, j in enumerate(order))
+
+
+def _background(workload: Workload, base_seed: int, duration: float, load_scale: float,
+                share: np.ndarray) -> _Columns:
+    """The steady or bursty traffic: arrivals, then each tenant's lengths, deadlines and cancels."""
+    times = workload.arrivals.times(_rng(base_seed, "arrivals"), duration, load_scale)
+    times = times[times < duration]
+    n = times.size
+    owner = _rng(base_seed, "tenants").choice(len(workload.tenants), size=n, p=share)
+    prompts = np.zeros(n, dtype=np.int64)
+    outputs = np.zeros(n, dtype=np.int64)
+    deadlines = np.full(n, np.nan)
+    cancels = np.full(n, np.nan)
+    for ti, tenant in enumerate(workload.tenants):
+        idx = np.flatnonzero(owner == ti)
+        k = idx.size
+        prompts[idx] = sample_tokens(workload.prompt_tokens_for(tenant), _rng(base_seed, f"tenant/{tenant.name}/prompt"), k)
+        outputs[idx] = sample_tokens(workload.max_new_tokens_for(tenant), _rng(base_seed, f"tenant/{tenant.name}/output"), k)
+        deadlines[idx], cancels[idx] = _deadlines_and_cancels(
+            workload, tenant, _rng(base_seed, f"tenant/{tenant.name}/deadline-cancel"), k)
+    return times, owner, prompts, outputs, deadlines, cancels
+
+
+def _storm(workload: Workload, si: int, storm: StormSpec, base_seed: int, duration: float,
+           share: np.ndarray) -> _Columns:
+    """Storm ``si``'s requests, all drawn from its own stream (tenant, deadlines, lengths)."""
+    st = spread_arrivals(storm.start_s, storm.count, storm.spread_s)
+    st = st[st < duration]
+    k = st.size
+    rng = _rng(base_seed, f"storm/{si}")
+    if storm.tenant is None:
+        s_owner = rng.choice(len(workload.tenants), size=k, p=share)
+    else:
+        s_owner = np.full(k, [t.name for t in workload.tenants].index(storm.tenant))
+    s_deadlines = np.full(k, np.nan)
+    s_cancels = np.full(k, np.nan)
+    for ti, tenant in enumerate(workload.tenants):
+        idx = np.flatnonzero(s_owner == ti)
+        s_deadlines[idx], s_cancels[idx] = _deadlines_and_cancels(workload, tenant, rng, idx.size)
+    prompts = sample_tokens(storm.prompt_tokens, rng, k)
+    outputs = sample_tokens(storm.max_new_tokens, rng, k)
+    return st, s_owner, prompts, outputs, s_deadlines, s_cancels
 
 
 @dataclass(frozen=True, slots=True)
@@ -611,7 +476,7 @@ def _format_error(error: Mapping[str, Any]) -> tuple[str, str]:
     path = _path(loc)
     if kind == "value_error":
         problem = ctx.get("error")
-        if isinstance(problem, _FieldProblem):
+        if isinstance(problem, FieldProblem):
             return (f"{path}.{problem.field}" if path else problem.field), problem.message
         return path, str(problem if problem is not None else error["msg"]).removeprefix("Value error, ")
     if kind == "missing":

@@ -15,9 +15,9 @@ import pytest
 from calculet.config import SCHEMA_ID as SCHEDULER_SCHEMA, parse_config
 from calculet.errors import ConfigError
 from calculet.loadsim.arrivals import on_off_arrivals, poisson_arrivals
-from calculet.loadsim.workload import (LogNormalDist, SimRequest, WorkloadError, generate_requests,
-                                       load_preset, load_workload, offered_load, parse_workload,
-                                       preset_names, prompt_class)
+from calculet.loadsim.distributions import LogNormalDist
+from calculet.loadsim.workload import (SimRequest, WorkloadError, generate_requests, load_preset, load_workload,
+                                       offered_load, parse_workload, preset_names, prompt_class)
 
 
 def base(**overrides: Any) -> dict[str, Any]:
