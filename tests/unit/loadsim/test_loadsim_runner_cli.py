@@ -251,7 +251,7 @@ def test_soak_memory_check_flags_growth_beyond_bounded_histories() -> None:
 
 
 def test_tenant_stalls_measure_the_longest_gap_while_outstanding() -> None:
-    from calculet.bench import tenant_stalls
+    from calculet.bench.tenants import tenant_stalls
     from calculet.loadsim.analysis import SimRequestRecord
 
     def rec(i: int, tenant: str, arrival: float, tokens: tuple[float, ...], finish: float) -> SimRequestRecord:

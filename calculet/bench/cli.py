@@ -1,0 +1,167 @@
+"""The argument parser and entry point of ``python -m calculet.bench`` (see :mod:`calculet.bench`).
+
+Why this exists: the command line is the benchmark's interface — every report quotes the exact
+command that made it — so parsing, validating numbers and mapping errors to exit codes (2 bad
+input, 1 a failed soak) live in one thin module; the commands do the work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from calculet.bench.commands import PROG, BadInput, cmd_all, cmd_list, cmd_run
+from calculet.bench.soak_command import cmd_soak
+from calculet.bench.sweep import COSTS, PRESET_LOADS
+from calculet.loadsim.policies import POLICIES
+from calculet.loadsim.soak_report import SoakOptions
+from calculet.loadsim.workload import preset_names
+
+__all__ = ["build_parser", "main", "parse_loads"]
+
+DESCRIPTION = "policies judged in virtual time against the baselines and the device bound."
+
+
+def parse_loads(text: str) -> tuple[float, ...]:
+    """``"0.5,1,2"`` → ``(0.5, 1.0, 2.0)``: finite, > 0, no duplicates, sorted as given."""
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(not p for p in parts):
+        raise argparse.ArgumentTypeError(f"expected comma-separated load scales such as 0.5,1,2; got {text!r}")
+    loads: list[float] = []
+    for part in parts:
+        try:
+            value = float(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"load {part!r} is not a number") from None
+        if not (value > 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"load {part!r} must be a finite number > 0 (a multiple of the "
+                                             "workload's arrival rate)")
+        if value in loads:
+            raise argparse.ArgumentTypeError(f"load {part!r} is listed twice")
+        loads.append(value)
+    return tuple(loads)
+
+
+def _number(kind: Callable[[str], Any], ok: Callable[[Any], bool], rule: str,
+            what: str = "") -> Callable[[str], Any]:
+    """An argparse type: ``kind(text)`` that must satisfy ``ok``, else a message stating ``rule``."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if not (ok(value) and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"{what}{text!r} {rule}")
+        return value
+    return parse
+
+
+def _positive(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    return _number(kind, lambda v: v > 0, "must be > 0")
+
+
+_non_negative_int = _number(int, lambda v: v >= 0, "must be >= 0")
+_non_negative_float = _number(float, lambda v: v >= 0, "must be a finite number >= 0")
+_rate = _number(float, lambda v: 0 <= v <= 0.05, "must be in [0, 0.05] per fault kind per job", "fault rate ")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="{run,all,soak,list}")
+    sub.required = True
+
+    run = sub.add_parser("run", help="run a workload under several policies at several loads; write a report")
+    source = run.add_mutually_exclusive_group(required=True)
+    source.add_argument("--preset", help=f"a bundled workload: {', '.join(preset_names())}")
+    source.add_argument("--workload", type=Path, help="a calculet-loadsim/v1 YAML file")
+    _sweep_arguments(run)
+    run.add_argument("--loads", type=parse_loads, default=None,
+                     help="comma-separated load scales (multiples of the workload's arrival rate); default: "
+                          "the preset's sweep (" + "; ".join(f"{k} {','.join(f'{v:g}' for v in vs)}"
+                                                            for k, vs in PRESET_LOADS.items()) + ")")
+    run.add_argument("--out", type=Path, required=True, help="output folder (created; report.md, PNGs, summary.json)")
+    run.set_defaults(func=cmd_run, parser=run)
+
+    every = sub.add_parser("all", help="run the four presets with their default sweeps into OUT/<preset>/ and "
+                                       "write OUT/README.md")
+    _sweep_arguments(every)
+    every.add_argument("--out", type=Path, required=True, help="results folder, e.g. bench/results")
+    every.add_argument("--soak-hours", type=_non_negative_float, default=0.0,
+                       help="also run a soak of this many virtual hours into OUT/soak/ (default 0: none)")
+    every.set_defaults(func=cmd_all, parser=every)
+
+    soak = sub.add_parser("soak", help="24 h of traffic in virtual time with faults; exit 1 on any violation")
+    soak.add_argument("--hours", type=_positive(float), default=24.0, help="virtual hours (default 24)")
+    source = soak.add_mutually_exclusive_group()
+    source.add_argument("--preset", default="steady", help="bundled workload (default steady)")
+    source.add_argument("--workload", type=Path, help="a calculet-loadsim/v1 YAML file")
+    soak.add_argument("--load", type=_positive(float), default=1.0, help="load scale (default 1)")
+    soak.add_argument("--policy", default=SoakOptions.policy, help=f"engine policy (default {SoakOptions.policy})")
+    soak.add_argument("--fault-rate", type=_rate, default=SoakOptions.fault_rate,
+                      help=f"injected faults per kind per job (default {SoakOptions.fault_rate:g}; six kinds)")
+    soak.add_argument("--seed", type=_non_negative_int, default=1)
+    soak.add_argument("--cost", choices=sorted(COSTS), default="reference")
+    soak.add_argument("--tracemalloc", action="store_true", help="also trace Python allocations (~4.5x slower)")
+    soak.add_argument("--no-monitors", action="store_true", help="do not run the invariant monitors")
+    soak.add_argument("--out", type=Path, help="also write soak.md into this folder")
+    soak.add_argument("--quiet", action="store_true", help="no progress bar")
+    soak.set_defaults(func=cmd_soak, parser=soak)
+
+    listing = sub.add_parser("list", help="list presets and policies")
+    listing.set_defaults(func=cmd_list, parser=listing)
+    return parser
+
+
+def _sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--policies", default="all",
+                        help=f"comma-separated policies or 'all' (default): {', '.join(POLICIES)}")
+    parser.add_argument("--duration", type=_positive(float), default=None,
+                        help="virtual seconds of arrivals (default: the workload's duration_s)")
+    parser.add_argument("--seed", type=_non_negative_int, default=None, help="override the workload's seed")
+    parser.add_argument("--cost", choices=sorted(COSTS), default="reference",
+                        help="cost model of the simulated NPU (default reference; the presets are sized for it)")
+    parser.add_argument("--starvation-threshold", type=_positive(float), default=30.0,
+                        help="seconds a request may wait while later arrivals of its prompt class start before "
+                             "it counts as starved (default 30)")
+    parser.add_argument("--no-reference", action="store_true",
+                        help="skip the reference runs (the same requests without the workload's storms, or "
+                             "without its noisy tenant)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit code (2 for bad input, 1 for a failed soak)."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(args_list)
+    console = Console(stderr=False, highlight=False, soft_wrap=True)
+    command: argparse.ArgumentParser = args.parser
+    with _QuietEngineLogs():
+        try:
+            return int(args.func(args, args_list, console))
+        except BadInput as exc:
+            command.print_usage(sys.stderr)
+            print(f"{command.prog}: error: {exc}", file=sys.stderr)
+            return 2
+
+
+class _QuietEngineLogs:
+    """The engine logs every injected fault, recovery and ping/pong degrade as it happens; the
+    reports carry those as figures (faults by kind, resets, degrade reasons), so the terminal
+    keeps only the progress bars and critical errors."""
+
+    def __enter__(self) -> None:
+        self.logger = logging.getLogger("calculet")
+        self.level = self.logger.level
+        self.logger.setLevel(logging.CRITICAL)
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.setLevel(self.level)

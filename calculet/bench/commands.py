@@ -1,0 +1,167 @@
+"""The ``run``, ``all`` and ``list`` commands of ``python -m calculet.bench``.
+
+Why this exists: each command turns parsed arguments into a sweep (or several) and its reports;
+``all`` regenerates the committed results folder (``bench/results``) with one command line that
+every report quotes, so a figure can always be reproduced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from calculet.bench.acceptance import acceptance, acceptance_table
+from calculet.bench.report import write_sweep_report
+from calculet.bench.sweep import COSTS, DEFAULT_LOADS, PRESET_LOADS, SweepResult, run_sweep
+from calculet.loadsim.policies import POLICIES, PolicyError, PolicySpec, parse_policies
+from calculet.loadsim.workload import Workload, WorkloadError, load_preset, load_workload, preset_names
+
+__all__ = [
+    "PROG", "BadInput", "cmd_all", "cmd_list", "cmd_run", "command_line", "policies_of", "workload_of",
+]
+
+PROG = "python -m calculet.bench"
+
+
+class BadInput(Exception):
+    """A command-line error found after parsing (unknown preset, policy...): exit code 2."""
+
+
+def workload_of(preset: str | None, path: Path | None) -> Workload:
+    """The workload of ``--preset`` or ``--workload``; a bad one is a :class:`BadInput`."""
+    try:
+        return load_workload(path) if path is not None else load_preset(str(preset))
+    except WorkloadError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def policies_of(text: str) -> tuple[PolicySpec, ...]:
+    """The policies of ``--policies``; an unknown one is a :class:`BadInput`."""
+    try:
+        return parse_policies(text)
+    except PolicyError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """The command line a report quotes, so that it can be run again."""
+    return shlex.join([*PROG.split(), *argv])
+
+
+def _sweep(args: argparse.Namespace, workload: Workload, loads: Sequence[float], out: Path,
+           argv: Sequence[str], console: Console) -> tuple[SweepResult, Path]:
+    policies = policies_of(args.policies)
+    result = run_sweep(workload, policies, loads, cost=COSTS[args.cost](), duration_s=args.duration, seed=args.seed,
+                       starvation_threshold_s=args.starvation_threshold, reference=not args.no_reference,
+                       console=console, quiet=args.quiet)
+    report = write_sweep_report(result, out, command_line(argv))
+    return result, report
+
+
+def cmd_run(args: argparse.Namespace, argv: Sequence[str], console: Console) -> int:
+    workload = workload_of(args.preset, args.workload)
+    policies_of(args.policies)  # fail fast, before any run
+    loads = args.loads or PRESET_LOADS.get(workload.name, DEFAULT_LOADS)
+    _, report = _sweep(args, workload, loads, args.out, argv, console)
+    console.print(f"report: {report}")
+    return 0
+
+
+def cmd_all(args: argparse.Namespace, argv: Sequence[str], console: Console) -> int:
+    policies_of(args.policies)
+    sections: list[str] = []
+    for name in PRESET_LOADS:
+        sections += _preset_section(args, name, console)
+    soak_ok = True
+    if args.soak_hours > 0:
+        soak_ok, soak_lines = _soak_section(args)
+        sections += soak_lines
+    readme = args.out / "README.md"
+    readme.write_text("\n".join([
+        "# Load-simulation results", "",
+        "Each folder holds `report.md` (acceptance figures, headline table, per-policy tables, plots), the PNG "
+        "plots and `summary.json`, written by the command shown (also in each report's header). All figures "
+        "are virtual time on the simulated NPU's cost model (`CostModel.reference()`) — assumptions, not NPU "
+        "measurements; the engine, scheduler and executor are the real ones. Regenerate everything with:", "",
+        "```", command_line(argv), "```", "", "## Acceptance figures by preset", "", *sections]), encoding="utf-8")
+    console.print(f"index: {readme}")
+    return 0 if soak_ok else 1
+
+
+def _preset_section(args: argparse.Namespace, name: str, console: Console) -> list[str]:
+    """One preset's sweep with its default loads into OUT/<preset>/, and its lines of the index."""
+    workload = workload_of(name, None)
+    loads = PRESET_LOADS[name]
+    sub_argv = ["run", "--preset", name, "--loads", ",".join(f"{x:g}" for x in loads),
+                "--out", str(args.out / name)] + _passthrough(args)
+    result, report = _sweep(args, workload, loads, args.out / name, sub_argv, console)
+    rows, _ = acceptance(result)
+    lines = [f"### [{name}]({name}/report.md)", "", f"`{command_line(sub_argv)}` — "
+             f"{len(result.cells) + len(result.reference)} runs in {result.wall_s:.0f} s wall.", ""]
+    if rows:
+        lines += acceptance_table(rows)
+        lines.append("")
+    console.print(f"report: {report}")
+    return lines
+
+
+def _soak_section(args: argparse.Namespace) -> tuple[bool, list[str]]:
+    """The soak of ``all --soak-hours`` into OUT/soak/, and its lines of the index."""
+    # a fresh process: the sweeps' records would otherwise mask (or fake) the soak's memory growth
+    soak_argv = ["soak", "--hours", f"{args.soak_hours:g}", "--out", str(args.out / "soak")]
+    if args.cost != "reference":
+        soak_argv += ["--cost", args.cost]
+    if args.quiet:
+        soak_argv.append("--quiet")
+    code = subprocess.run([sys.executable, "-m", "calculet.bench", *soak_argv], check=False).returncode
+    figures: dict[str, Any] | None
+    try:
+        figures = json.loads((args.out / "soak" / "soak.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        figures = None
+    lines = ["### [soak](soak/soak.md)", "", f"`{command_line(soak_argv)}` (its own process)", ""]
+    if figures is None:
+        lines += [f"The soak did not write its report (exit code {code}).", ""]
+    else:
+        lines += [f"{'PASS' if figures['ok'] else 'FAIL'}: {figures['virtual_s'] / 3600:.1f} h of virtual "
+                  f"time in {figures['wall_s'] / 60:.1f} min wall ({figures['speedup']:.0f}x real time); "
+                  f"{figures['submitted']} requests; {sum(figures['injected'].values())} faults injected; "
+                  f"{len(figures['violations'])} violations.", ""]
+    return code == 0, lines
+
+
+def _passthrough(args: argparse.Namespace) -> list[str]:
+    out: list[str] = []
+    if args.policies != "all":
+        out += ["--policies", args.policies]
+    if args.duration is not None:
+        out += ["--duration", f"{args.duration:g}"]
+    if args.seed is not None:
+        out += ["--seed", str(args.seed)]
+    if args.cost != "reference":
+        out += ["--cost", args.cost]
+    if args.starvation_threshold != 30.0:
+        out += ["--starvation-threshold", f"{args.starvation_threshold:g}"]
+    if args.no_reference:
+        out.append("--no-reference")
+    return out
+
+
+def cmd_list(args: argparse.Namespace, argv: Sequence[str], console: Console) -> int:
+    console.print("presets:", highlight=False)
+    for name in preset_names():
+        w = load_preset(name)
+        loads = ",".join(f"{x:g}" for x in PRESET_LOADS.get(name, DEFAULT_LOADS))
+        console.print(f"  {name:20s} {w.description} (default loads {loads})", highlight=False, markup=False)
+    console.print("policies:", highlight=False)
+    for p in POLICIES.values():
+        console.print(f"  {p.name:22s} {p.description}", highlight=False, markup=False)
+    return 0
