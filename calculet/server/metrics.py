@@ -57,7 +57,7 @@ from calculet.machines.kv_sequence import KvSequenceMachine
 from calculet.machines.model import ModelMachine
 from calculet.machines.request import FinishReason, RequestMachine
 from calculet.runtime.scheduling.admission import Decision
-from calculet.runtime.engine.core import EngineStatistics
+from calculet.runtime.engine.types import EngineStatistics
 from calculet.runtime.execution.executor import DegradeReason
 from calculet.runtime.execution.recovery import FaultReason
 
