@@ -39,15 +39,7 @@ from calculet.config.admission import (
     LongPrefillQuota,
     QueuesConfig,
 )
-from calculet.config.base import (
-    SCHEMA_ID,
-    LabelName,
-    NonNegInt,
-    PosFloat,
-    PosInt,
-    Sha256Hex,
-    StrictBool,
-)
+from calculet.config.base import SCHEMA_ID, LabelName, PosFloat, PosInt
 from calculet.config.cross_validation import cross_validate
 from calculet.config.execution import (
     BatchConfig,
@@ -85,11 +77,8 @@ __all__ = [
     "SchedulerConfig",
     "CapacityBudget",
     "LabelName",
-    "NonNegInt",
     "PosFloat",
     "PosInt",
-    "Sha256Hex",
-    "StrictBool",
     "default_config",
     "parse_config",
     "load_config",
