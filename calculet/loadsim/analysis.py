@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Literal, Mapping, Protocol, Sequence
+from typing import Any, Iterable, Literal, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -476,24 +476,6 @@ def summarize(requests: Sequence[SimRequestRecord], batches: Sequence[SimBatchRe
     if window < 0:
         raise DefinitionError(f"window_s must be >= 0, got {window}")
     out_tokens = sum(r.generated_tokens for r in requests)
-
-    def by_class(values: Mapping[str, list[float]]) -> dict[str, LatencyStats]:
-        return {k: latency_stats(values.get(k, [])) for k in PROMPT_CLASSES}
-
-    ttft: dict[str, list[float]] = defaultdict(list)
-    itl: dict[str, list[float]] = defaultdict(list)
-    wait: dict[str, list[float]] = defaultdict(list)
-    for r in requests:
-        if r.first_token_s is not None:
-            ttft[r.klass].append(r.first_token_s - r.arrival_s)
-        if len(r.token_times_s) > 1:
-            itl[r.klass].extend(np.diff(np.asarray(r.token_times_s, dtype=np.float64)).tolist())
-        if r.service_start_s is not None:
-            wait[r.klass].append(r.service_start_s - r.arrival_s)
-
-    def pooled(values: Mapping[str, list[float]]) -> list[float]:
-        return [v for k in PROMPT_CLASSES for v in values.get(k, [])]
-
     compiled = sum(b.compiled_batch for b in batches)
     active = sum(b.active_lanes for b in batches)
     fill = (active / compiled) if compiled else None
@@ -509,9 +491,7 @@ def summarize(requests: Sequence[SimRequestRecord], batches: Sequence[SimBatchRe
         completed=sum(1 for r in requests if r.finish_reason in _COMPLETED),
         output_tokens=out_tokens,
         output_tokens_per_s=(out_tokens / window) if window > 0 else 0.0,
-        ttft_s=latency_stats(pooled(ttft)), ttft_by_class_s=by_class(ttft),
-        itl_s=latency_stats(pooled(itl)), itl_by_class_s=by_class(itl),
-        queue_wait_s=latency_stats(pooled(wait)), queue_wait_by_class_s=by_class(wait),
+        **_request_latencies(requests),
         batches=len(batches),
         fill_ratio=fill,
         lane_waste=None if fill is None else 1.0 - fill,
@@ -527,6 +507,30 @@ def summarize(requests: Sequence[SimRequestRecord], batches: Sequence[SimBatchRe
         fairness_windows=n_windows,
         starvation=starvation_events(requests, starvation_threshold_s, t_end),
     )
+
+
+def _request_latencies(requests: Sequence[SimRequestRecord]) -> dict[str, Any]:
+    """TTFT, inter-token latency and queue wait, pooled and by §6 prompt class (``RunSummary`` fields)."""
+    ttft: dict[str, list[float]] = defaultdict(list)
+    itl: dict[str, list[float]] = defaultdict(list)
+    wait: dict[str, list[float]] = defaultdict(list)
+    for r in requests:
+        if r.first_token_s is not None:
+            ttft[r.klass].append(r.first_token_s - r.arrival_s)
+        if len(r.token_times_s) > 1:
+            itl[r.klass].extend(np.diff(np.asarray(r.token_times_s, dtype=np.float64)).tolist())
+        if r.service_start_s is not None:
+            wait[r.klass].append(r.service_start_s - r.arrival_s)
+
+    def by_class(values: Mapping[str, list[float]]) -> dict[str, LatencyStats]:
+        return {k: latency_stats(values.get(k, [])) for k in PROMPT_CLASSES}
+
+    def pooled(values: Mapping[str, list[float]]) -> list[float]:
+        return [v for k in PROMPT_CLASSES for v in values.get(k, [])]
+
+    return {"ttft_s": latency_stats(pooled(ttft)), "ttft_by_class_s": by_class(ttft),
+            "itl_s": latency_stats(pooled(itl)), "itl_by_class_s": by_class(itl),
+            "queue_wait_s": latency_stats(pooled(wait)), "queue_wait_by_class_s": by_class(wait)}
 
 
 # --------------------------------------------------------------------------------------------

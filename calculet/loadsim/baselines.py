@@ -174,97 +174,133 @@ def simulate_multi_slot(requests: Sequence[SimRequest], cost: CostModel, slots: 
     if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
         raise DefinitionError(f"slots must be an integer >= 1, got {slots!r}")
     order = _check(requests, host_overhead_s, max_waiting_requests)
-    step = host_overhead_s + cost.decode_s(1)
-    records: dict[int, SimRequestRecord] = {}
-    batches: list[SimBatchRecord] = []
-    slot: list[_Seq | None] = [None] * slots
-    queue: deque[int] = deque()
-    queued: set[int] = set()
-    expiries: list[tuple[float, int]] = []   # heap over queued requests (lazy deletion)
-    info = {i: _expiry(requests[i], enforce_deadlines) for i in order}
-    t = 0.0
-    nxt = 0
-    rr = slots - 1
-    last_kind = ""
+    sim = _MultiSlot(requests, cost, slots, order, host_overhead_s=host_overhead_s,
+                     max_waiting_requests=max_waiting_requests, enforce_deadlines=enforce_deadlines)
+    while sim.turn():
+        pass
+    records = sim.records
+    end = max([sim.t] + [r.finish_s for r in records.values() if r.finish_s is not None])
+    return BaselineRun(f"multi-slot-rr-{slots}", tuple(records[i] for i in range(len(requests))),
+                       tuple(sim.batches), end)
 
-    def expire_waiting(upto: float) -> None:
-        while expiries and expiries[0][0] <= upto:
-            when, i = heapq.heappop(expiries)
-            if i in queued:
-                queued.discard(i)
-                records[i] = SimRequestRecord.for_request(i, requests[i], admitted=True, finish_s=when,
-                                                          finish_reason=info[i][1])
 
-    def finish(s: int, when: float, reason: str | None) -> None:
-        seq = slot[s]
+class _MultiSlot:
+    """The state of one multi-slot round-robin simulation: slots, the FCFS queue, the records."""
+
+    def __init__(self, requests: Sequence[SimRequest], cost: CostModel, slots: int, order: list[int], *,
+                 host_overhead_s: float, max_waiting_requests: int | None, enforce_deadlines: bool) -> None:
+        self.requests = requests
+        self.cost = cost
+        self.slots = slots
+        self.order = order
+        self.host_overhead_s = host_overhead_s
+        self.max_waiting_requests = max_waiting_requests
+        self.step = host_overhead_s + cost.decode_s(1)
+        self.records: dict[int, SimRequestRecord] = {}
+        self.batches: list[SimBatchRecord] = []
+        self.slot: list[_Seq | None] = [None] * slots
+        self.queue: deque[int] = deque()
+        self.queued: set[int] = set()
+        self.expiries: list[tuple[float, int]] = []   # heap over queued requests (lazy deletion)
+        self.info = {i: _expiry(requests[i], enforce_deadlines) for i in order}
+        self.t = 0.0
+        self.nxt = 0
+        self.rr = slots - 1
+        self.last_kind = ""
+
+    def turn(self) -> bool:
+        """One job boundary: arrivals, expiries, then a prefill, a decode step or an idle jump.
+        False once nothing is left to do."""
+        self._arrivals()
+        self._expire_waiting(self.t)
+        for s in range(self.slots):  # §7.2 item 1: expired sequences leave before the next job
+            seq = self.slot[s]
+            if seq is not None and seq.expiry <= self.t:
+                self._finish(s, self.t, seq.reason)
+        while self.queue and self.queue[0] not in self.queued:
+            self.queue.popleft()
+        decoding = [s for s in range(self.slots) if self.slot[s] is not None]
+        free_slot = next((s for s in range(self.slots) if self.slot[s] is None), None)
+        if self.queue and free_slot is not None and (not decoding or self.last_kind != "prefill"):
+            self._prefill(free_slot)
+        elif decoding:
+            self._decode()
+        elif self.nxt < len(self.order):
+            self.t = max(self.t, self.requests[self.order[self.nxt]].arrival_s)
+            self.last_kind = ""
+        else:
+            self._expire_waiting(math.inf)
+            return False
+        return True
+
+    def _arrivals(self) -> None:
+        """Queue every request that has arrived by now (or reject it when the queue is full)."""
+        requests, order = self.requests, self.order
+        while self.nxt < len(order) and requests[order[self.nxt]].arrival_s <= self.t:
+            i = order[self.nxt]
+            self.nxt += 1
+            a = requests[i].arrival_s
+            self._expire_waiting(a)
+            if self.max_waiting_requests is not None and len(self.queued) >= self.max_waiting_requests:
+                self.records[i] = SimRequestRecord.for_request(i, requests[i], admitted=False,
+                                                               rejection_reason=REJECT_CAPACITY, finish_s=a,
+                                                               finish_reason="rejected")
+                continue
+            self.queue.append(i)
+            self.queued.add(i)
+            heapq.heappush(self.expiries, (self.info[i][0], i))
+
+    def _prefill(self, free_slot: int) -> None:
+        i = self.queue.popleft()
+        self.queued.discard(i)
+        expiry, reason = self.info[i]
+        t = self.t
+        self.slot[free_slot] = _Seq(i, expiry, reason, t, [], t)
+        self.t = t + self.host_overhead_s + self.cost.prefill_s(self.requests[i].prompt_tokens)
+        self._complete(free_slot, self.t)
+        self.last_kind = "prefill"
+
+    def _decode(self) -> None:
+        slots = self.slots
+        s = next(k % slots for k in range(self.rr + 1, self.rr + 1 + slots) if self.slot[k % slots] is not None)
+        self.rr = s
+        seq = self.slot[s]
+        assert seq is not None
+        t = self.t
+        self.batches.append(SimBatchRecord(start_s=t, compiled_batch=1, active_lanes=1, wait_s=t - seq.ready_since))
+        self.t = t + self.step
+        self._complete(s, self.t)
+        self.last_kind = "decode"
+
+    def _expire_waiting(self, upto: float) -> None:
+        while self.expiries and self.expiries[0][0] <= upto:
+            when, i = heapq.heappop(self.expiries)
+            if i in self.queued:
+                self.queued.discard(i)
+                self.records[i] = SimRequestRecord.for_request(i, self.requests[i], admitted=True, finish_s=when,
+                                                               finish_reason=self.info[i][1])
+
+    def _finish(self, s: int, when: float, reason: str | None) -> None:
+        seq = self.slot[s]
         assert seq is not None
         tokens = tuple(seq.tokens)
-        records[seq.index] = SimRequestRecord.for_request(
-            seq.index, requests[seq.index], admitted=True, service_start_s=seq.service_start,
+        self.records[seq.index] = SimRequestRecord.for_request(
+            seq.index, self.requests[seq.index], admitted=True, service_start_s=seq.service_start,
             first_token_s=tokens[0] if tokens else None, token_times_s=tokens, finish_s=when,
             finish_reason=reason)
-        slot[s] = None
+        self.slot[s] = None
 
-    def complete(s: int, end: float) -> None:
+    def _complete(self, s: int, end: float) -> None:
         """A job of slot ``s`` ended at ``end``: deliver its token unless the request expired."""
-        seq = slot[s]
+        seq = self.slot[s]
         assert seq is not None
         if seq.expiry <= end:
-            finish(s, end, seq.reason)
+            self._finish(s, end, seq.reason)
             return
         seq.tokens.append(end)
         seq.ready_since = end
-        if len(seq.tokens) == requests[seq.index].max_new_tokens:
-            finish(s, end, "length")
-
-    while True:
-        while nxt < len(order) and requests[order[nxt]].arrival_s <= t:
-            i = order[nxt]
-            nxt += 1
-            a = requests[i].arrival_s
-            expire_waiting(a)
-            if max_waiting_requests is not None and len(queued) >= max_waiting_requests:
-                records[i] = SimRequestRecord.for_request(i, requests[i], admitted=False,
-                                                          rejection_reason=REJECT_CAPACITY, finish_s=a,
-                                                          finish_reason="rejected")
-                continue
-            queue.append(i)
-            queued.add(i)
-            heapq.heappush(expiries, (info[i][0], i))
-        expire_waiting(t)
-        for s in range(slots):  # §7.2 item 1: expired sequences leave before the next job
-            seq = slot[s]
-            if seq is not None and seq.expiry <= t:
-                finish(s, t, seq.reason)
-        while queue and queue[0] not in queued:
-            queue.popleft()
-        decoding = [s for s in range(slots) if slot[s] is not None]
-        free_slot = next((s for s in range(slots) if slot[s] is None), None)
-        if queue and free_slot is not None and (not decoding or last_kind != "prefill"):
-            i = queue.popleft()
-            queued.discard(i)
-            expiry, reason = info[i]
-            slot[free_slot] = _Seq(i, expiry, reason, t, [], t)
-            t = t + host_overhead_s + cost.prefill_s(requests[i].prompt_tokens)
-            complete(free_slot, t)
-            last_kind = "prefill"
-        elif decoding:
-            s = next(k % slots for k in range(rr + 1, rr + 1 + slots) if slot[k % slots] is not None)
-            rr = s
-            seq = slot[s]
-            assert seq is not None
-            batches.append(SimBatchRecord(start_s=t, compiled_batch=1, active_lanes=1, wait_s=t - seq.ready_since))
-            t = t + step
-            complete(s, t)
-            last_kind = "decode"
-        elif nxt < len(order):
-            t = max(t, requests[order[nxt]].arrival_s)
-            last_kind = ""
-        else:
-            expire_waiting(math.inf)
-            break
-    end = max([t] + [r.finish_s for r in records.values() if r.finish_s is not None])
-    return BaselineRun(f"multi-slot-rr-{slots}", tuple(records[i] for i in range(len(requests))), tuple(batches), end)
+        if len(seq.tokens) == self.requests[seq.index].max_new_tokens:
+            self._finish(s, end, "length")
 
 
 BASELINES: Mapping[str, Callable[..., BaselineRun]] = {
