@@ -65,7 +65,7 @@ class _Model(BaseModel):
 
 
 class FileEntry(_Model):
-    """One file of the package; packages.py checks ``sha256`` and ``size`` (§11 step 2)."""
+    """One file of the package; :mod:`calculet.packages.verify` checks ``sha256`` and ``size`` (§11 step 2)."""
 
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     size: int = Field(ge=0)
