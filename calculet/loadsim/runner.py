@@ -13,7 +13,8 @@ Everything is observed through the engine's public surface, by composition:
 
 * per-request facts come from the request's sink (token times, the one outcome) and from the
   ``observer`` transition hook (:class:`~calculet.loadsim.tracking.RequestTracker`);
-* per-batch facts come from a recording wrapper around the CalRT runtime and its devices: each
+* per-batch facts come from the observed CalRT runtime and its devices
+  (:class:`~calculet.adapters.observed.ObservedCalRT`): each
   accepted :class:`~calculet.adapters.calrt.DecodeJob` gives the compiled batch and its valid
   lanes. The scheduler fires the batch's ``submit_decode`` transitions right after the device
   accepted the job, so the observer attaches the batch wait to the job the device logged last.
@@ -34,8 +35,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from calculet.adapters.calrt import DecodeJob, JobResult, JobSpec, JobTicket
-from calculet.adapters.sim import BoardPreset, CostModel, FaultKind, SimCalRT, SimConfig, SimVirtualDevice, TimeMode
+from calculet.adapters.calrt import DecodeJob, JobSpec, JobTicket
+from calculet.adapters.observed import DeviceObserver, ObservedCalRT
+from calculet.adapters.sim import BoardPreset, CostModel, InjectedFault, SimCalRT, SimConfig, TimeMode
 from calculet.config import SchedulerConfig
 from calculet.errors import CalculetError, DefinitionError
 from calculet.loadsim.analysis import RunSummary, SimBatchRecord, SimRequestRecord, summarize
@@ -47,39 +49,13 @@ from calculet.runtime.engine.core import EngineDriver, EngineOptions, EngineStat
 from calculet.runtime.scheduling.registry import RequestRecord
 
 __all__ = [
-    "BatchLog", "DeviceObserver", "PolicyRun", "RecordingRuntime", "build_driver", "decode_work_s",
+    "BatchLog", "PolicyRun", "build_driver", "decode_work_s",
     "default_options", "run_engine",
 ]
 
 # --------------------------------------------------------------------------------------------
-# device observation by composition (runtime, device and KvManager wrappers)
+# device observation (through calculet.adapters.observed)
 # --------------------------------------------------------------------------------------------
-
-
-class DeviceObserver:
-    """Hooks a :class:`RecordingRuntime` calls around the CalRT calls of its devices (no-ops here).
-
-    Called on the engine's actor thread, in CalRT call order; an observer must not call the
-    device itself.
-    """
-
-    def device_created(self, device: SimVirtualDevice, index: int) -> None:
-        """A device was created (``index`` 0 at bring-up, then one per restart)."""
-
-    def submitted(self, job: JobSpec, ticket: JobTicket) -> None:
-        """The device accepted ``job`` (a refused submit raises before this)."""
-
-    def completed(self, result: JobResult) -> None:
-        """A result was handed to the runtime (poll, wait or wait_any)."""
-
-    def sequence_allocated(self, seq: int) -> None:
-        """A KV sequence was allocated on the device."""
-
-    def sequence_freed(self, seq: int) -> None:
-        """A KV sequence was freed on the device."""
-
-    def device_reset(self) -> None:
-        """ResetConfiguration or close: every job and KV sequence of the device is gone."""
 
 
 @dataclass
@@ -107,110 +83,13 @@ class BatchLog(DeviceObserver):
                      for b in self.batches)
 
 
-class _RecordingKv:
-    """A device KvManager whose allocations and frees are reported; everything else is delegated."""
-
-    def __init__(self, inner: Any, observers: Sequence[DeviceObserver]) -> None:
-        self.inner = inner
-        self._observers = observers
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def allocate_sequence(self) -> Any:
-        seq = self.inner.allocate_sequence()
-        for o in self._observers:
-            o.sequence_allocated(int(seq))
-        return seq
-
-    def free_sequence(self, seq: Any) -> None:
-        self.inner.free_sequence(seq)
-        for o in self._observers:
-            o.sequence_freed(int(seq))
-
-
-class _RecordingDevice:
-    """A sim device that reports jobs, results, sequences and resets; every call is delegated."""
-
-    def __init__(self, inner: SimVirtualDevice, observers: Sequence[DeviceObserver]) -> None:
-        self._inner = inner
-        self._observers = observers
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def submit(self, job: JobSpec) -> JobTicket:
-        ticket = self._inner.submit(job)  # a refusal raises before anything is reported
-        for o in self._observers:
-            o.submitted(job, ticket)
-        return ticket
-
-    def _seen(self, results: list[JobResult]) -> list[JobResult]:
-        for result in results:
-            for o in self._observers:
-                o.completed(result)
-        return results
-
-    def poll(self) -> list[JobResult]:
-        return self._seen(self._inner.poll())
-
-    def wait(self, job_id: Any, timeout_s: float) -> JobResult:
-        return self._seen([self._inner.wait(job_id, timeout_s)])[0]
-
-    def wait_any(self, timeout_s: float) -> list[JobResult]:
-        return self._seen(self._inner.wait_any(timeout_s))
-
-    def create_kv_manager(self, calbin: Any) -> Any:
-        return _RecordingKv(self._inner.create_kv_manager(calbin), self._observers)
-
-    def destroy_kv_manager(self, kv: Any) -> None:
-        self._inner.destroy_kv_manager(kv.inner if isinstance(kv, _RecordingKv) else kv)
-
-    def reset_configuration(self) -> None:
-        self._inner.reset_configuration()
-        for o in self._observers:
-            o.device_reset()
-
-    def close(self) -> None:
-        self._inner.close()
-        for o in self._observers:
-            o.device_reset()
-
-
-class RecordingRuntime:
-    """A :class:`SimCalRT` whose devices (the first and any a restart creates) report to observers."""
-
-    def __init__(self, inner: SimCalRT, observers: Sequence[DeviceObserver] = ()) -> None:
-        self._inner = inner
-        self.observers: list[DeviceObserver] = list(observers)
-        self.devices: list[SimVirtualDevice] = []
-
-    @property
-    def version(self) -> str:
-        return self._inner.version
-
-    @property
-    def config(self) -> SimConfig:
-        return self._inner.config
-
-    def create_virtual_device(self, physical_index: int = 0) -> Any:
-        device = self._inner.create_virtual_device(physical_index)
-        self.devices.append(device)
-        for o in self.observers:
-            o.device_created(device, len(self.devices) - 1)
-        return _RecordingDevice(device, self.observers)
-
-    def statistics(self) -> Any:
-        return self._inner.statistics()
-
-
 def build_driver(config: SchedulerConfig, *, cost: CostModel, max_seq: int = DEFAULT_MAX_SEQ,
                  fault_seed: int | None = None, fault_rates: Mapping[InjectedFault, float] | None = None,
                  options: EngineOptions | None = None,
                  observer: Callable[[RequestRecord, str, str], None] | None = None,
                  device_observers: Sequence[DeviceObserver] = (),
-                 prefill_chunk_tokens: int | None = None) -> tuple[EngineDriver, RecordingRuntime]:
-    """An :class:`EngineDriver` on a virtual-time, numerics-off sim NPU, with a recording runtime.
+                 prefill_chunk_tokens: int | None = None) -> tuple[EngineDriver, ObservedCalRT]:
+    """An :class:`EngineDriver` on a virtual-time, numerics-off sim NPU, with an observed runtime.
 
     The board is the reference one (the package declares the reference model's memory).
     ``prefill_chunk_tokens`` selects the package whose B1 profile declares that chunk (§6).
@@ -224,7 +103,7 @@ def build_driver(config: SchedulerConfig, *, cost: CostModel, max_seq: int = DEF
     observers = list(device_observers)
     if fault_rates:
         observers.insert(0, _RandomFaults(0 if fault_seed is None else fault_seed, dict(fault_rates)))
-    runtime = RecordingRuntime(sim, observers)
+    runtime = ObservedCalRT(sim, observers)
     driver = EngineDriver(config, runtime, loadsim_package_dir(max_seq, prefill_chunk_tokens), clock=clock,
                           options=options or default_options(), observer=observer)
     return driver, runtime
@@ -237,7 +116,7 @@ class _RandomFaults(DeviceObserver):
         self.seed = seed
         self.rates = rates
 
-    def device_created(self, device: SimVirtualDevice, index: int) -> None:
+    def device_created(self, device: Any, index: int) -> None:
         device.faults.set_random(self.seed + index, self.rates)
 
 

@@ -14,7 +14,7 @@ from collections import Counter
 
 from calculet.adapters.calrt import DecodeJob, JobResult, JobSpec, JobTicket, ReturnCode, verify_result
 from calculet.adapters.sim import SimVirtualDevice
-from calculet.loadsim.runner import DeviceObserver
+from calculet.adapters.observed import DeviceObserver
 
 __all__ = ["QuarantineGuard", "Violations"]
 

@@ -1,9 +1,9 @@
-"""Shared helpers for the engine tests: a recording CalRT wrapper, drivers and reference tokens.
+"""Shared helpers for the engine tests: a recording CalRT runtime, drivers and reference tokens.
 
-The wrapper is the simulated NPU unchanged, plus a log of every job it accepted (kind, engine,
-lanes, the device's in-flight count at submit) and hooks to inject any CalRT return code at
-submit or into a result — what the sim's fault kinds do not cover (R19.2). A restart creates a
-new wrapped device, so the hooks survive recovery. The two tests at the bottom check the
+The runtime is the simulated NPU observed (:class:`~calculet.adapters.observed.ObservedCalRT`: a
+log of every job it accepted — kind, engine, lanes, the device's in-flight count at submit) plus
+hooks to inject any CalRT return code at submit or into a result — what the sim's fault kinds do
+not cover (R19.2). A restart creates a new observed device, so the hooks survive recovery. The two tests at the bottom check the
 helpers themselves.
 """
 
@@ -17,29 +17,15 @@ from typing import Any
 
 import pytest
 
-from calculet.adapters.calrt import DecodeJob, JobResult, JobSpec, JobTicket, ReturnCode, error_for
-from calculet.adapters.sim import InjectedFault, SimCalRT, SimConfig, SimVirtualDevice, package_dir
+from calculet.adapters.calrt import JobResult, JobSpec, JobTicket, ReturnCode, error_for
+from calculet.adapters.observed import DeviceObserver, ObservedCalRT
+from calculet.adapters.sim import InjectedFault, SimCalRT, SimConfig, package_dir
 from calculet.config import SchedulerConfig
 from calculet.clock import FakeClock
 from calculet.runtime.engine.core import EngineDriver, EngineOptions, GenerateRequest
 from calculet.runtime.execution.sampler import SamplingParams
 from calculet.runtime.streams.writer import StreamWriter
 from tests.unit.runtime.runtime_support import make_config
-
-
-@dataclass
-class JobLog:
-    device_job: int
-    kind: str
-    engine: str
-    compiled_batch: int
-    seqs: tuple[int, ...]
-    """Device sequences of the valid lanes."""
-    inflight_before: int
-    submitted_at: float
-    buffers: tuple[int, int] = (0, 0)
-    completed_at: float | None = None
-    rc: str = ""
 
 
 @dataclass
@@ -58,101 +44,68 @@ class Hooks:
     accepted: int = 0
 
 
-class RecordingDevice:
-    """A SimVirtualDevice with a job log and injection hooks (everything else is delegated)."""
+class HookInjection(DeviceObserver):
+    """Plays the hooks into every device of a runtime, and sets up each new device's faults: random
+    faults reseeded per device (so a restart does not replay the same fault sequence) and the
+    fault rules for the 1st, 2nd, ... device created (a restart gets the next set)."""
 
-    def __init__(self, inner: SimVirtualDevice, runtime: RecordingRuntime) -> None:
-        self._inner = inner
-        self._runtime = runtime
-        self._nth: dict[int, int] = {}
+    def __init__(self, hooks: Hooks, rates: Mapping[InjectedFault, float], seed: int,
+                 device_rules: Sequence[Sequence[Any]]) -> None:
+        self.hooks = hooks
+        self.rates = dict(rates)
+        self.seed = seed
+        self.device_rules = [tuple(rules) for rules in device_rules]
+        self.created = 0
+        self.nth: dict[int, int] = {}
+        """Device job id → its accepted-job number (the current device's jobs)."""
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def submit(self, job: JobSpec) -> JobTicket:
-        hooks = self._runtime.hooks
-        hooks.submits += 1
-        rc = hooks.submit_errors.get(hooks.submits)
-        if rc is not None:
-            raise error_for(rc, f"injected {rc.name} at submit {hooks.submits}")
-        before = len(self._inner.inflight())
-        ticket = self._inner.submit(job)
-        hooks.accepted += 1
-        self._nth[int(ticket.job_id)] = hooks.accepted
-        seqs = (tuple(int(s) for s, v in zip(job.seq_ids, job.lane_valid) if v) if isinstance(job, DecodeJob)
-                else (int(job.seq_id),))
-        self._runtime.jobs.append(JobLog(int(ticket.job_id), job.kind.value, job.engine.value, job.compiled_batch,
-                                         seqs, before, ticket.submitted_at,
-                                         (job.buffers.input.buffer_id, job.buffers.output.buffer_id)))
-        return ticket
-
-    def _seen(self, results: list[JobResult]) -> list[JobResult]:
-        out = []
-        for result in results:
-            nth = self._nth.pop(int(result.job_id), None)
-            rc = self._runtime.hooks.result_rc.get(nth) if nth is not None else None
-            if rc is not None:
-                result = dataclasses.replace(result, rc=rc, message=f"injected {rc.name} into job {nth}")
-            for entry in reversed(self._runtime.jobs):
-                if entry.device_job == int(result.job_id):
-                    entry.completed_at, entry.rc = result.completed_at, result.rc.name
-                    break
-            out.append(result)
-        return out
-
-    def poll(self) -> list[JobResult]:
-        return self._seen(self._inner.poll())
-
-    def wait(self, job_id: Any, timeout_s: float) -> JobResult:
-        return self._seen([self._inner.wait(job_id, timeout_s)])[0]
-
-    def wait_any(self, timeout_s: float) -> list[JobResult]:
-        return self._seen(self._inner.wait_any(timeout_s))
-
-    def reset_configuration(self) -> None:
-        hooks = self._runtime.hooks
-        if hooks.before_recovery is not None:
+    def calling(self, call: str) -> None:
+        hooks = self.hooks
+        if call == "create_virtual_device" and self.created and hooks.before_recovery is not None:
             hooks.before_recovery()
-        if hooks.reset_fails > 0:
-            hooks.reset_fails -= 1
-            raise error_for(ReturnCode.INTERNAL, "injected: ResetConfiguration failed")
-        self._inner.reset_configuration()
+        elif call == "submit":
+            hooks.submits += 1
+            rc = hooks.submit_errors.get(hooks.submits)
+            if rc is not None:
+                raise error_for(rc, f"injected {rc.name} at submit {hooks.submits}")
+        elif call == "reset_configuration":
+            if hooks.before_recovery is not None:
+                hooks.before_recovery()
+            if hooks.reset_fails > 0:
+                hooks.reset_fails -= 1
+                raise error_for(ReturnCode.INTERNAL, "injected: ResetConfiguration failed")
+
+    def device_created(self, device: Any, index: int) -> None:
+        self.created += 1
+        self.nth.clear()
+        if self.rates:
+            device.faults.set_random(self.seed + index, self.rates)
+        for rule in self.device_rules[index] if index < len(self.device_rules) else ():
+            device.faults.add(rule)
+
+    def submitted(self, job: JobSpec, ticket: JobTicket) -> None:
+        self.hooks.accepted += 1
+        self.nth[int(ticket.job_id)] = self.hooks.accepted
+
+    def delivering(self, result: JobResult) -> JobResult:
+        nth = self.nth.pop(int(result.job_id), None)
+        rc = self.hooks.result_rc.get(nth) if nth is not None else None
+        if rc is not None:
+            result = dataclasses.replace(result, rc=rc, message=f"injected {rc.name} into job {nth}")
+        return result
 
 
-class RecordingRuntime(SimCalRT):
-    """SimCalRT whose devices record jobs; random faults are reseeded per device (so a restart
-    does not replay the same fault sequence)."""
+class RecordingRuntime(ObservedCalRT):
+    """The simulated CalRT, observed (:mod:`calculet.adapters.observed`: a job log across devices),
+    with the injection hooks."""
 
     def __init__(self, config: SimConfig, *, fault_rates: Mapping[InjectedFault, float] | None = None,
                  fault_seed: int = 0, device_rules: Sequence[Sequence[Any]] = ()) -> None:
-        super().__init__(config)
         self.hooks = Hooks()
-        self.jobs: list[JobLog] = []
-        self.devices: list[RecordingDevice] = []
-        self._rates = dict(fault_rates or {})
-        self._seed = fault_seed
-        self._device_rules = [tuple(rules) for rules in device_rules]
-        """Fault rules for the 1st, 2nd, ... device created (a restart gets the next set)."""
-
-    def create_virtual_device(self, physical_index: int = 0) -> Any:
-        if self.devices and self.hooks.before_recovery is not None:
-            self.hooks.before_recovery()
-        inner = super().create_virtual_device(physical_index)
-        if self._rates:
-            inner.faults.set_random(self._seed + len(self.devices), self._rates)
-        if len(self.devices) < len(self._device_rules):
-            for rule in self._device_rules[len(self.devices)]:
-                inner.faults.add(rule)
-        device = RecordingDevice(inner, self)
-        self.devices.append(device)
-        return device
-
-    @property
-    def device(self) -> RecordingDevice:
-        return self.devices[-1]
+        super().__init__(SimCalRT(config), [HookInjection(self.hooks, fault_rates or {}, fault_seed, device_rules)])
 
     def max_overlap(self) -> int:
-        return max((j.inflight_before + 1 for j in self.jobs), default=0)
+        return self.observation.statistics().max_overlap
 
 
 def engine_config(*, profiles: Sequence[int] = (1,), inflight: int = 1, **sections: Any) -> SchedulerConfig:

@@ -6,7 +6,7 @@ and fails lifecycle calls, drivers built from configuration, and token-provenanc
   the other model's output would show it). Variants: the reference memory figures (§13.1) and a
   *simulated* co-residency contract (``model_coresidency`` on, ``configure_device_global`` off),
   which no real CalRT offers — it exists so the "old generation keeps serving" path is tested.
-* :class:`LifecycleRuntime` / :class:`LifecycleDevice` — the simulated NPU unchanged, plus a log
+* :class:`LifecycleRuntime` — the simulated NPU, observed (:mod:`calculet.adapters.observed`): a log
   of every lifecycle call (CreateCalbin, configure, CreateKvManager, AllocateBuffers, FreeBuffers,
   DestroyKvManager, DestroyCalbin, ResetConfiguration) and hooks to fail the nth call of any of
   them, to report a calbin whose tensors differ from its manifest (§11 step 8), or to report
@@ -32,10 +32,11 @@ from typing import Any
 
 import pytest
 
-from calculet.adapters.calrt import BatchProfile, JobSpec, JobTicket, MemInfo, ReturnCode, error_for
+from calculet.adapters.calrt import BatchProfile, Calbin, MemInfo, ReturnCode, error_for
+from calculet.adapters.observed import LIFECYCLE_CALLS, DeviceObserver, ObservedCalRT
 from calculet.packages.manifest import CalbinManifest
 from calculet.packages import KeyPair, generate_keypair, sign_package, verify_package
-from calculet.adapters.sim import CostModel, SimCalRT, SimConfig, SimVirtualDevice
+from calculet.adapters.sim import CostModel, SimCalRT, SimConfig
 from calculet.adapters.sim.build import build_package
 from calculet.adapters.sim.memory import BoardPreset
 from calculet.adapters.sim.model import TinyConfig
@@ -49,9 +50,6 @@ from tests.unit.runtime.runtime_support import make_config
 
 ALIAS = "qwen3"
 PROMPT = (256, *b"generation isolation")
-
-LIFECYCLE_CALLS = ("create_calbin", "configure", "create_kv_manager", "allocate_job_buffers", "free_job_buffers",
-                   "destroy_kv_manager", "destroy_calbin", "reset_configuration")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,15 +118,6 @@ def env(tmp_path: Path) -> ModelsEnv:
 
 
 @dataclass
-class JobRecord:
-    device_job: int
-    generation: int
-    calbin_id: int
-    kind: str
-    buffers: tuple[int, int]
-
-
-@dataclass
 class LifecycleHooks:
     fail: dict[str, int] = field(default_factory=dict)
     """method name → fail its nth call from now (1 = the next one), with rc INTERNAL."""
@@ -143,65 +132,36 @@ class LifecycleHooks:
         self.fail[method] = nth
 
 
-class LifecycleDevice:
-    """A SimVirtualDevice with a lifecycle call log and failure hooks (everything else delegated)."""
+class LifecycleFaults(DeviceObserver):
+    """Fails the armed lifecycle calls and alters what the device reports, as the hooks say."""
 
-    def __init__(self, inner: SimVirtualDevice, runtime: LifecycleRuntime) -> None:
-        self._inner = inner
-        self._runtime = runtime
+    def __init__(self, hooks: LifecycleHooks) -> None:
+        self.hooks = hooks
 
-    def __getattr__(self, name: str) -> Any:
-        if name in LIFECYCLE_CALLS:
-            return functools.partial(self._lifecycle, name)
-        return getattr(self._inner, name)
+    def calling(self, call: str) -> None:
+        hooks = self.hooks
+        if call in LIFECYCLE_CALLS and call in hooks.fail:
+            hooks.counts[call] = hooks.counts.get(call, 0) + 1
+            if hooks.counts[call] == hooks.fail[call]:
+                del hooks.fail[call]
+                raise error_for(ReturnCode.INTERNAL, f"injected: {call} failed")
 
-    @property
-    def inner(self) -> SimVirtualDevice:
-        return self._inner
+    def calbin_created(self, calbin: Calbin) -> None:
+        if self.hooks.mutate_calbin is not None:
+            self.hooks.mutate_calbin(calbin)
 
-    def _lifecycle(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        hooks = self._runtime.hooks
-        self._runtime.calls.append(name)
-        if name in hooks.fail:
-            hooks.counts[name] = hooks.counts.get(name, 0) + 1
-            if hooks.counts[name] == hooks.fail[name]:
-                del hooks.fail[name]
-                raise error_for(ReturnCode.INTERNAL, f"injected: {name} failed")
-        result = getattr(self._inner, name)(*args, **kwargs)
-        if name == "create_calbin" and hooks.mutate_calbin is not None:
-            hooks.mutate_calbin(result)
-        return result
-
-    def submit(self, job: JobSpec) -> JobTicket:
-        ticket = self._inner.submit(job)
-        self._runtime.jobs.append(JobRecord(int(ticket.job_id), job.generation, job.calbin_id, job.kind.value,
-                                            (job.buffers.input.buffer_id, job.buffers.output.buffer_id)))
-        return ticket
-
-    def read_mem(self, chip: int) -> MemInfo:
-        info = self._inner.read_mem(chip)
-        extra = self._runtime.hooks.extra_used_bytes if chip == 0 else 0
+    def memory_read(self, chip: int, info: MemInfo) -> MemInfo:
+        extra = self.hooks.extra_used_bytes if chip == 0 else 0
         return dataclasses.replace(info, used_bytes=info.used_bytes + extra, free_bytes=info.free_bytes - extra)
 
 
-class LifecycleRuntime(SimCalRT):
-    """SimCalRT whose devices record and fail lifecycle calls; a restart gets a wrapped device too."""
+class LifecycleRuntime(ObservedCalRT):
+    """The simulated CalRT, observed (lifecycle call log, job log), whose devices fail lifecycle calls
+    as the hooks say; a restart gets an observed device too."""
 
     def __init__(self, config: SimConfig) -> None:
-        super().__init__(config)
         self.hooks = LifecycleHooks()
-        self.calls: list[str] = []
-        self.jobs: list[JobRecord] = []
-        self.devices: list[LifecycleDevice] = []
-
-    def create_virtual_device(self, physical_index: int = 0) -> Any:
-        device = LifecycleDevice(super().create_virtual_device(physical_index), self)
-        self.devices.append(device)
-        return device
-
-    @property
-    def device(self) -> LifecycleDevice:
-        return self.devices[-1]
+        super().__init__(SimCalRT(config), [LifecycleFaults(self.hooks)])
 
     def calls_since(self, mark: int) -> list[str]:
         return self.calls[mark:]
