@@ -4,7 +4,8 @@ The pieces that do not need the engine live here, so the scheduler can be measur
 the §1 baselines the moment the engine drives it in virtual time:
 
 * :mod:`.workload` — ``calculet-loadsim/v1`` YAML workloads (presets in ``presets/``) and the
-  seeded generator of :class:`SimRequest` lists;
+  seeded generator of :class:`SimRequest` lists; :mod:`.distributions` — the length, deadline
+  and delay distributions a workload draws from;
 * :mod:`.arrivals` — Poisson and on/off arrival processes;
 * :mod:`.analysis` — the record types every policy emits and the figures computed from them
   (fairness, starvation, the workload limit);
@@ -13,9 +14,11 @@ the §1 baselines the moment the engine drives it in virtual time:
 
 The pieces that drive the engine are imported on demand, not from here (importing this package
 must not bring up the runtime): :mod:`.runner` (a workload through ``EngineDriver`` in virtual
-time, and through the live ``Engine`` for agreement checks; :class:`~.runner.PolicyRun`, the one
-result record of a baseline or engine run), :mod:`.policies` (the compared
-policies by name) and :mod:`.soak` (the §19 M0 analogue); ``python -m calculet.bench`` is the CLI.
+time; :class:`~.runner.PolicyRun`, the one result record of a baseline or engine run) with
+:mod:`.engine_inputs` (the simulated package, prompts) and :mod:`.tracking` (sinks and transitions
+into records), :mod:`.live` (the same workload on the live ``Engine``, for agreement checks),
+:mod:`.policies` (the compared policies by name) and :mod:`.soak` (the §19 M0 analogue, with
+:mod:`.soak_report` and :mod:`.soak_checks`); ``python -m calculet.bench`` is the CLI.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ bounded reason label (:func:`rejection_reason`, §16 bounded labels).
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 from calculet.errors import DefinitionError
 from calculet.loadsim.analysis import SimRequestRecord
@@ -20,10 +20,15 @@ from calculet.machines.request import FinishReason
 from calculet.runtime.request import RequestOutcome
 from calculet.runtime.scheduling.registry import RequestRecord
 
-if TYPE_CHECKING:
-    from calculet.loadsim.runner import BatchLog
+__all__ = ["BatchWaits", "RequestTracker", "rejection_reason"]
 
-__all__ = ["RequestTracker", "rejection_reason"]
+
+class BatchWaits(Protocol):
+    """What the tracker needs of a batch log (:class:`~calculet.loadsim.runner.BatchLog`): the
+    accepted decode jobs in order, ``[start_s, compiled_batch, active_lanes, wait_s]`` each; the
+    tracker raises the last job's ``wait_s`` as its lanes start running."""
+
+    batches: list[list[float]]
 
 _REASON_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"requests already waiting"), "queue_full"),
@@ -87,7 +92,7 @@ class RequestTracker:
     engine's transition observer; it also completes the batch log's wait figures.
     """
 
-    def __init__(self, now: Callable[[], float], log: BatchLog | None = None, *, keep_tokens: bool = False) -> None:
+    def __init__(self, now: Callable[[], float], log: BatchWaits | None = None, *, keep_tokens: bool = False) -> None:
         self.now = now
         self.log = log
         self.keep_tokens = keep_tokens

@@ -214,7 +214,7 @@ class ModelGeneration:
     detail: str
 
     def as_dict(self) -> dict[str, Any]:
-        """The admin API's model entry (``calculet.server.schemas.ModelStatus`` shape)."""
+        """The admin API's model entry (``calculet.server.schemas.ModelStatusResponse`` shape)."""
         return {"alias": self.alias, "generation": self.id, "state": self.state, "active": self.published,
                 "calbin": self.name or None, "exact_submodel": self.exact_submodel or None,
                 "package": self.package or None, "package_sha256": self.calbin_sha256 or None,
