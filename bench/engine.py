@@ -35,7 +35,8 @@ from calculet.adapters.sim import CostModel, SimCalRT, SimConfig, package_dir
 from calculet.config import parse_config
 from calculet.machines.monitor import MONITOR
 from calculet.clock import FakeClock
-from calculet.runtime.engine.core import EngineDriver, EngineOptions, GenerateRequest
+from calculet.runtime.engine.driver import EngineDriver
+from calculet.runtime.engine.types import EngineOptions, GenerateRequest
 from calculet.runtime.request import NullSink
 
 PROFILES = (1, 4, 8, 16)

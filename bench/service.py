@@ -1,7 +1,7 @@
 """Cost of the HTTP layer, and streaming latency at a realistic device cost (a benchmark).
 
 Part 1 — the HTTP layer at zero device cost (``CostModel.instant()``): the same requests go
-(a) straight into an in-process ``Engine`` (submit + wait for the stream to close) and (b)
+(a) straight into an in-process ``ThreadedEngine`` (submit + wait for the stream to close) and (b)
 through ``python -m calculet.run`` over HTTP (a subprocess on 127.0.0.1; an httpx client in
 this process). With the device free, the difference is what the service adds: routing,
 validation, tokenisation, JSON/SSE encoding, the thread hop to the engine's actor, the client's
@@ -45,7 +45,8 @@ import numpy as np
 
 from calculet.adapters.sim import CostModel, SimCalRT, SimConfig, TimeMode, package_dir
 from calculet.config import default_config
-from calculet.runtime.engine.core import Engine, EngineOptions, GenerateRequest
+from calculet.runtime.engine.threaded import ThreadedEngine
+from calculet.runtime.engine.types import EngineOptions, GenerateRequest
 from calculet.runtime.execution.sampler import SamplingParams
 from calculet.runtime.streams.writer import StreamWriter
 
@@ -118,7 +119,7 @@ class DirectEngine:
     """The engine alone, in this process (same package, config and cost model as the server)."""
 
     def __init__(self) -> None:
-        self.engine = Engine(default_config(),
+        self.engine = ThreadedEngine(default_config(),
                              SimCalRT(SimConfig(time_mode=TimeMode.REAL, cost=CostModel.instant())),
                              package_dir("current"), options=EngineOptions(monitor_mode="count"))
         self.engine.start()

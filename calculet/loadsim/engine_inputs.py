@@ -24,7 +24,7 @@ from pathlib import Path
 from calculet.adapters.sim.model import TinyConfig
 from calculet.errors import DefinitionError
 from calculet.loadsim.workload import SimRequest
-from calculet.runtime.engine.core import GenerateRequest
+from calculet.runtime.engine.types import GenerateRequest
 
 __all__ = ["DEFAULT_MAX_SEQ", "generate_request", "loadsim_package_dir", "prompt_for"]
 

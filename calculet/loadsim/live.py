@@ -1,7 +1,7 @@
 """The same workload on the live, real-time engine — the agreement check of the virtual-time runner.
 
 Why: a virtual-time figure is only trustworthy if the virtual-time driver serves requests as
-the threaded :class:`~calculet.runtime.engine.core.Engine` does. :func:`run_live` serves a
+the threaded :class:`~calculet.runtime.engine.threaded.ThreadedEngine` does. :func:`run_live` serves a
 request list on the live engine (threads, the real clock, the simulated NPU in real time) and
 returns each request's tokens and single outcome, for a test to compare with
 :func:`~calculet.loadsim.runner.run_engine`'s.
@@ -20,7 +20,7 @@ from calculet.errors import DefinitionError
 from calculet.loadsim.engine_inputs import DEFAULT_MAX_SEQ, generate_request, loadsim_package_dir
 from calculet.loadsim.runner import default_options
 from calculet.loadsim.workload import SimRequest
-from calculet.runtime.engine.core import EngineOptions
+from calculet.runtime.engine.types import EngineOptions
 from calculet.runtime.request import RequestOutcome
 
 __all__ = ["LiveOutcome", "run_live"]
@@ -58,7 +58,7 @@ class _LiveSink:
 def run_live(requests: Sequence[SimRequest], config: SchedulerConfig, *, cost: CostModel,
              max_seq: int = DEFAULT_MAX_SEQ, options: EngineOptions | None = None,
              timeout_s: float = 60.0, prefill_chunk_tokens: int | None = None) -> tuple[LiveOutcome, ...]:
-    """Serve ``requests`` on the live :class:`~calculet.runtime.engine.core.Engine` (threads, real clock).
+    """Serve ``requests`` on the live :class:`~calculet.runtime.engine.threaded.ThreadedEngine` (threads, real clock).
 
     The simulated NPU runs in ``TimeMode.REAL`` (its worker thread completes jobs at their
     cost-model instants on the monotonic clock). Requests are submitted back to back from this
@@ -66,10 +66,10 @@ def run_live(requests: Sequence[SimRequest], config: SchedulerConfig, *, cost: C
     short enough to expire, no cancel, no rate limit) must then equal the virtual-time run's —
     which is what the agreement test checks. Waits on the sinks, never sleeps.
     """
-    from calculet.runtime.engine.core import Engine
+    from calculet.runtime.engine.threaded import ThreadedEngine
 
     sim = SimCalRT(SimConfig(time_mode=TimeMode.REAL, numerics=False, cost=cost, board=BoardPreset.reference()))
-    engine = Engine(config, sim, loadsim_package_dir(max_seq, prefill_chunk_tokens),
+    engine = ThreadedEngine(config, sim, loadsim_package_dir(max_seq, prefill_chunk_tokens),
                     options=options or default_options())
     done = threading.Semaphore(0)
     sinks = [_LiveSink(done) for _ in requests]

@@ -47,7 +47,7 @@ from calculet.loadsim.baselines import simulate_multi_slot, simulate_serial_fcfs
 from calculet.loadsim.engine_inputs import DEFAULT_MAX_SEQ
 from calculet.loadsim.runner import PolicyRun, decode_work_s, default_options, run_engine
 from calculet.loadsim.workload import SimRequest, Workload
-from calculet.runtime.engine.core import EngineOptions
+from calculet.runtime.engine.types import EngineOptions
 
 __all__ = [
     "BASELINE_NAMES", "DEFAULT_POLICIES", "POLICIES", "SELECT_THRESHOLDS", "PolicyError", "PolicyRun",

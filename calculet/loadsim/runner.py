@@ -2,7 +2,7 @@
 
 Why the real engine and not a model of it: a policy figure is only worth something if it was
 produced by the code that will serve traffic. So the runner hands each
-:class:`~calculet.loadsim.workload.SimRequest` to :class:`~calculet.runtime.engine.core.EngineDriver`
+:class:`~calculet.loadsim.workload.SimRequest` to :class:`~calculet.runtime.engine.driver.EngineDriver`
 — admission, WFQ, WRR prefill queues, profile selection, batch building, the executor with
 ping/pong, completion, sampling, recovery — on the simulated NPU in cost-model mode (numerics
 off, virtual time), and turns what the engine delivers into the same
@@ -45,7 +45,8 @@ from calculet.loadsim.engine_inputs import DEFAULT_MAX_SEQ, generate_request, lo
 from calculet.loadsim.tracking import RequestTracker
 from calculet.loadsim.workload import SimRequest
 from calculet.clock import FakeClock
-from calculet.runtime.engine.core import EngineDriver, EngineOptions, EngineStatistics
+from calculet.runtime.engine.driver import EngineDriver
+from calculet.runtime.engine.types import EngineOptions, EngineStatistics
 from calculet.runtime.scheduling.registry import RequestRecord
 
 __all__ = [

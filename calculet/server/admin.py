@@ -31,7 +31,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from calculet.adapters.calrt import CALRT_VERSION, DeviceCapabilities, profile_tier
 from calculet.config import SchedulerConfig
 from calculet.errors import CalculetError
-from calculet.runtime.engine.core import ModelInfo
+from calculet.runtime.engine.types import ModelInfo
 from calculet.server.errors import from_calculet
 from calculet.server.schemas import (
     CapabilityContract,

@@ -35,7 +35,8 @@ from calculet.adapters.sim import SimCalRT, SimConfig, TimeMode
 from calculet.adapters.sim.build import build_package as build_sim_package
 from calculet.config import ModelEntry, SchedulerConfig, TrustConfig
 from calculet.errors import ConfigError
-from calculet.runtime.engine.core import Engine, EngineOptions
+from calculet.runtime.engine.threaded import ThreadedEngine
+from calculet.runtime.engine.types import EngineOptions
 
 log = logging.getLogger("calculet.server.bringup")
 
@@ -46,7 +47,7 @@ BUNDLED_PACKAGE = "tiny-sim-current"
 class BroughtUp:
     """The engine over a verified package, the effective configuration, and what to clean up at exit."""
 
-    engine: Engine
+    engine: ThreadedEngine
     config: SchedulerConfig
     """The effective configuration (for the bundled package: with ``models`` and ``trust`` filled)."""
     bundled: bool
@@ -100,7 +101,7 @@ def bring_up(config: SchedulerConfig, *, sim: SimConfig | None = None, key_dir: 
         else:
             workdir = Path(tempfile.mkdtemp(prefix="calculet-bundled-"))
             effective, bundled = bundled_config(config, workdir, key_dir=key_dir), True
-        engine = Engine(effective, runtime, None, options=options)
+        engine = ThreadedEngine(effective, runtime, None, options=options)
     except BaseException:
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -35,7 +35,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from calculet.errors import CalculetError, CapacityExhausted, ConfigError, PackageError
-from calculet.runtime.models.manager import LoadFailed, LoadStep
+from calculet.runtime.models.reports import LoadFailed, LoadStep
 
 RETRY_AFTER_S = 1
 """``Retry-After`` of a 429: capacity frees as fast as requests finish, so retry soon (§5.2)."""
@@ -114,7 +114,7 @@ def from_calculet(exc: CalculetError, *, admin: bool = False) -> APIError:
 
     ``admin``: a package or config the operator handed to the admin API that fails its checks
     is the caller's input, so it is a 400 there (the tree's hint, 500, is for start-up). A
-    :class:`~calculet.runtime.models.manager.LoadFailed` keeps the status its cause implies (400 for a
+    :class:`~calculet.runtime.models.reports.LoadFailed` keeps the status its cause implies (400 for a
     package the §11 checks refuse) with ``code`` ``load_failed``, the step in the message and the
     offending field (``package`` at steps 1–3) in ``param``.
     """

@@ -43,7 +43,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from calculet.errors import BadRequest, CalculetError
 from calculet.machines.request import FinishReason
-from calculet.runtime.engine.core import GenerateRequest
+from calculet.runtime.engine.types import GenerateRequest
 from calculet.runtime.request import RequestOutcome
 from calculet.runtime.execution.sampler import SamplingParams
 from calculet.runtime.streams.writer import StreamFinish

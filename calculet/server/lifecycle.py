@@ -12,7 +12,8 @@ import logging
 import threading
 import time
 
-from calculet.runtime.engine.core import Engine, EngineStatistics
+from calculet.runtime.engine.threaded import ThreadedEngine
+from calculet.runtime.engine.types import EngineStatistics
 
 log = logging.getLogger("calculet.server.admin")
 
@@ -20,7 +21,7 @@ log = logging.getLogger("calculet.server.admin")
 class EngineLifecycle:
     """Starts the engine once and stops it once, from whichever asks first (drain, signal, test)."""
 
-    def __init__(self, engine: Engine, *, drain_timeout_s: float) -> None:
+    def __init__(self, engine: ThreadedEngine, *, drain_timeout_s: float) -> None:
         self.engine = engine
         self.drain_timeout_s = drain_timeout_s
         self._lock = threading.Lock()

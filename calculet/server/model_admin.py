@@ -21,8 +21,10 @@ from typing import Any, Protocol, runtime_checkable
 
 from calculet.config import SchedulerConfig
 from calculet.errors import CalculetError, NotFound, NotSupported, Unavailable
-from calculet.runtime.models.manager import LoadReport, ModelManager, OperationHandle, StepTiming, UnloadReport
-from calculet.runtime.models.manager import ModelStatus as ManagerStatus
+from calculet.runtime.models.manager import ModelManager
+from calculet.runtime.models.operations import OperationHandle
+from calculet.runtime.models.reports import LoadReport, StepTiming, UnloadReport
+from calculet.runtime.models.reports import ModelStatus as ManagerStatus
 
 log = logging.getLogger("calculet.server.admin")
 
@@ -99,7 +101,7 @@ class ManagedModelAdmin:
       state, package sha256, signer, pinned requests and in-flight jobs; ``stopped`` says when
       the engine's actor has ended, after which the records are read directly.
 
-    Failures keep the runtime's error tree: :class:`~calculet.runtime.models.manager.LoadFailed` names the
+    Failures keep the runtime's error tree: :class:`~calculet.runtime.models.reports.LoadFailed` names the
     §11 step (400 for a package or config the checks refuse); another configured alias is 501
     (one alias per process on CalRT 0.7.6, §13.1); an unknown alias is 404.
     """

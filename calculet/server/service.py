@@ -1,7 +1,7 @@
 """The service object: what the HTTP layer serves (DESIGN "server → runtime", §3 API threads).
 
 :class:`Service` joins what the routes need: the configuration, the running
-:class:`~calculet.runtime.engine.core.Engine` (the only owner of request state — HTTP handlers only
+:class:`~calculet.runtime.engine.threaded.ThreadedEngine` (the only owner of request state — HTTP handlers only
 post to it, §4), the :class:`~calculet.server.model_admin.ModelAdmin` binding (by default
 :class:`~calculet.server.model_admin.ManagedModelAdmin` over ``engine.models``), tenants and the
 admin guard, the metrics registry, the open-stream count and the shutdown (§12).
@@ -25,7 +25,7 @@ import anyio
 from calculet.adapters.calrt import DeviceCapabilities
 from calculet.config import SchedulerConfig
 from calculet.errors import CalculetError
-from calculet.runtime.engine.core import Engine
+from calculet.runtime.engine.threaded import ThreadedEngine
 from calculet.server.auth import AdminGuard, TenantDirectory
 from calculet.server.errors import APIError
 from calculet.server.lifecycle import EngineLifecycle
@@ -54,7 +54,7 @@ class ServiceOptions:
 class Service:
     """What the HTTP layer serves: engine, admin binding, tenants, metrics, shutdown."""
 
-    def __init__(self, config: SchedulerConfig, engine: Engine, *, admin: ModelAdmin | None = None,
+    def __init__(self, config: SchedulerConfig, engine: ThreadedEngine, *, admin: ModelAdmin | None = None,
                  options: ServiceOptions = ServiceOptions()) -> None:
         self.config = config
         self.engine = engine

@@ -27,7 +27,8 @@ from calculet.adapters.sim import BoardPreset, SimCalRT, SimConfig
 from calculet.adapters.sim.build import build_package
 from calculet.adapters.sim.model import TinyConfig
 from calculet.clock import FakeClock
-from calculet.runtime.engine.core import EngineDriver, EngineOptions, GenerateRequest
+from calculet.runtime.engine.driver import EngineDriver
+from calculet.runtime.engine.types import EngineOptions, GenerateRequest
 from calculet.runtime.execution.sampler import SamplingParams
 from calculet.runtime.streams.writer import StreamWriter
 from tests.integration.test_engine_support import RecordingRuntime, assert_clean, engine_config

@@ -22,7 +22,8 @@ from calculet.errors import NotFound, Unavailable
 from calculet.machines.request import FinishReason
 from calculet.runtime.scheduling.admission import Decision
 from calculet.clock import FakeClock
-from calculet.runtime.engine.core import Engine, EngineOptions, ExecutionMode, GenerateRequest
+from calculet.runtime.engine.threaded import ThreadedEngine
+from calculet.runtime.engine.types import EngineOptions, ExecutionMode, GenerateRequest
 from calculet.runtime.scheduling.registry import CancelResult
 from calculet.runtime.request import RequestOutcome
 from calculet.runtime.streams.writer import StreamFinish, StreamWriter
@@ -368,7 +369,7 @@ def run_trace(mode: ExecutionMode, events: list[tuple[float, str, Any]]) -> dict
                                         4100: ReturnCode.INVALID_STATE})
     runtime.hooks.result_rc.update({555: ReturnCode.INTERNAL, 2555: ReturnCode.NOT_FOUND})
     config = engine_config(recovery={"max_resets_per_10min": 100})
-    from calculet.runtime.engine.core import EngineDriver
+    from calculet.runtime.engine.driver import EngineDriver
 
     driver = EngineDriver(config, runtime, package_dir("current"), clock=clock,
                           options=EngineOptions(mode=mode, verify_golden=False, job_timeout_s=0.05, monitor_mode=None),
@@ -455,7 +456,7 @@ def test_the_threaded_engine_serves_concurrent_clients_and_stops_cleanly() -> No
     exactly once, completed ones carry their reference tokens; stop() drains and unloads.
     Waits are bounded by events (stream close, thread join), never by sleeps."""
     runtime = SimCalRT(SimConfig(time_mode=TimeMode.REAL))
-    engine = Engine(engine_config(profiles=[1, 4], admission={"max_sequences": 8}), runtime,
+    engine = ThreadedEngine(engine_config(profiles=[1, 4], admission={"max_sequences": 8}), runtime,
                     package_dir("future"), options=EngineOptions(monitor_mode=None))
     assert engine.capabilities().ping_pong.simulated and engine.model_info().profiles == (1, 4)
     with pytest.raises(Exception, match="not started"):

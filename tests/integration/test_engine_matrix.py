@@ -18,7 +18,8 @@ from calculet.adapters.calrt import JobKind
 from calculet.adapters.sim import InjectedFault, FaultRule, SimCalRT, SimConfig, package_dir
 from calculet.errors import ConfigError
 from calculet.clock import FakeClock
-from calculet.runtime.engine.core import EngineDriver, EngineOptions
+from calculet.runtime.engine.driver import EngineDriver
+from calculet.runtime.engine.types import EngineOptions
 from calculet.runtime.scheduling.registry import CancelResult
 from calculet.runtime.execution.session import GoldenFailed, RuntimeSession
 from calculet.runtime.streams.writer import StreamFinish

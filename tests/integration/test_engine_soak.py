@@ -29,7 +29,7 @@ from calculet.adapters.calrt import ReturnCode
 from calculet.adapters.sim import InjectedFault
 from calculet.adapters.sim.model import pseudo_next_token
 from calculet.machines.request import FinishReason
-from calculet.runtime.engine.core import EngineOptions, GenerateRequest
+from calculet.runtime.engine.types import EngineOptions, GenerateRequest
 from calculet.runtime.request import RequestOutcome
 from tests.integration.test_engine_support import assert_clean, engine_config, make_driver
 

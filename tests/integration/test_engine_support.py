@@ -22,7 +22,8 @@ from calculet.adapters.observed import DeviceObserver, ObservedCalRT
 from calculet.adapters.sim import InjectedFault, SimCalRT, SimConfig, package_dir
 from calculet.config import SchedulerConfig
 from calculet.clock import FakeClock
-from calculet.runtime.engine.core import EngineDriver, EngineOptions, GenerateRequest
+from calculet.runtime.engine.driver import EngineDriver
+from calculet.runtime.engine.types import EngineOptions, GenerateRequest
 from calculet.runtime.execution.sampler import SamplingParams
 from calculet.runtime.streams.writer import StreamWriter
 from tests.unit.runtime.runtime_support import make_config

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from calculet.runtime.models.manager import LoadFailed, LoadStep, UnloadStep
+from calculet.runtime.models.reports import LoadFailed, LoadStep, UnloadStep
 from tests.integration.test_models_support import (
     ALIAS,
     Client,

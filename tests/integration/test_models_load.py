@@ -1,6 +1,6 @@
 """§10–§11, §13: loading model generations through the ModelManager on the simulated NPU.
 
-Everything runs on an :class:`~calculet.runtime.engine.core.EngineDriver` in virtual time, so drains,
+Everything runs on an :class:`~calculet.runtime.engine.driver.EngineDriver` in virtual time, so drains,
 deadlines and switches are exact. "Co-residency" and "configure is not device-global" exist only
 as a *simulated* contract (CalRT 0.7.6 offers neither, §13.2); the default path is 0.7.6's.
 """
@@ -19,8 +19,8 @@ from calculet.adapters.sim.memory import BoardPreset
 from calculet.errors import CapacityExhausted, ConfigError, NotFound, NotSupported, PackageError
 from calculet.runtime.scheduling.admission import Decision
 from calculet.clock import FakeClock
-from calculet.runtime.engine.core import EngineDriver
-from calculet.runtime.models.manager import LoadFailed, LoadStep, ModelGeneration
+from calculet.runtime.engine.driver import EngineDriver
+from calculet.runtime.models.reports import LoadFailed, LoadStep, ModelGeneration
 from calculet.runtime.streams.writer import StreamWriter
 from tests.integration.test_models_support import (
     ALIAS,

@@ -25,8 +25,9 @@ import pytest
 
 from calculet.adapters.sim import CostModel, SimCalRT, SimConfig, TimeMode
 from calculet.adapters.sim.model import pseudo_next_token
-from calculet.runtime.engine.core import Engine, EngineOptions, GenerateRequest
-from calculet.runtime.models.manager import OperationHandle
+from calculet.runtime.engine.threaded import ThreadedEngine
+from calculet.runtime.engine.types import EngineOptions, GenerateRequest
+from calculet.runtime.models.operations import OperationHandle
 from calculet.runtime.request import RequestOutcome
 from calculet.runtime.execution.sampler import SamplingParams
 from calculet.runtime.streams.writer import StreamWriter
@@ -95,7 +96,7 @@ def test_load_unload_cycles_on_the_threaded_engine_leak_no_thread_or_file(env: M
     handle is left open; one physical VirtualDevice the whole time."""
     a, b = env.package("model-a"), env.package("model-b", seed=7)
     runtime = SimCalRT(SimConfig(time_mode=TimeMode.REAL))
-    engine = Engine(env.config(a), runtime, options=EngineOptions(monitor_mode=None))
+    engine = ThreadedEngine(env.config(a), runtime, options=EngineOptions(monitor_mode=None))
     engine.start()
     threads, fds = thread_count(), open_fds()
     for cycle in range(20):

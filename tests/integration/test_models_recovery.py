@@ -13,8 +13,8 @@ import pytest
 
 from calculet.adapters.calrt import JobKind
 from calculet.adapters.sim import InjectedFault, FaultRule
-from calculet.runtime.engine.core import EngineOptions
-from calculet.runtime.models.manager import LoadFailed, LoadStep
+from calculet.runtime.engine.types import EngineOptions
+from calculet.runtime.models.reports import LoadFailed, LoadStep
 from tests.integration.test_models_support import (
     ALIAS,
     Client,

@@ -12,7 +12,7 @@ and fails lifecycle calls, drivers built from configuration, and token-provenanc
   them, to report a calbin whose tensors differ from its manifest (§11 step 8), or to report
   leftover device memory (§12 verify).
 * :class:`Client` — submits requests, keeps their streams, and checks every delivered token's
-  :class:`~calculet.runtime.engine.core.TokenProvenance` (R19.16, simulated).
+  :class:`~calculet.runtime.engine.types.TokenProvenance` (R19.16, simulated).
 
 The tests at the bottom check the helpers themselves.
 """
@@ -42,7 +42,8 @@ from calculet.adapters.sim.memory import BoardPreset
 from calculet.adapters.sim.model import TinyConfig
 from calculet.config import SchedulerConfig
 from calculet.clock import FakeClock
-from calculet.runtime.engine.core import EngineDriver, EngineOptions, GenerateRequest, TokenProvenance
+from calculet.runtime.engine.driver import EngineDriver
+from calculet.runtime.engine.types import EngineOptions, GenerateRequest, TokenProvenance
 from calculet.runtime.request import RequestOutcome
 from calculet.runtime.execution.sampler import SamplingParams
 from calculet.runtime.streams.writer import StreamWriter

@@ -16,8 +16,10 @@ import pytest
 
 from calculet.adapters.calrt import MemoryFootprint
 from calculet.adapters.sim import SimCalRT, SimConfig, TimeMode
-from calculet.runtime.engine.core import Engine, EngineOptions, TokenProvenance
-from calculet.runtime.models.manager import CapacityPlan, CapacityPlanner, ChipMemory, LoadStep, ResidentModel
+from calculet.runtime.engine.threaded import ThreadedEngine
+from calculet.runtime.engine.types import EngineOptions, TokenProvenance
+from calculet.runtime.models.capacity import CapacityPlan, CapacityPlanner, ChipMemory, ResidentModel
+from calculet.runtime.models.reports import LoadStep
 from calculet.runtime.streams.writer import StreamWriter
 from tests.integration.test_models_support import (
     ALIAS,
@@ -32,7 +34,7 @@ WAIT = 30.0
 
 
 def _engine(env: ModelsEnv, package: Path, *, planner: CapacityPlanner | None = None
-            ) -> tuple[Engine, list[TokenProvenance]]:
+            ) -> tuple[ThreadedEngine, list[TokenProvenance]]:
     provenance: list[TokenProvenance] = []
     lock = threading.Lock()
 
@@ -41,7 +43,7 @@ def _engine(env: ModelsEnv, package: Path, *, planner: CapacityPlanner | None = 
             provenance.append(p)
 
     runtime = SimCalRT(SimConfig(time_mode=TimeMode.REAL))
-    engine = Engine(env.config(package), runtime, options=EngineOptions(monitor_mode=None), planner=planner,
+    engine = ThreadedEngine(env.config(package), runtime, options=EngineOptions(monitor_mode=None), planner=planner,
                     provenance=record)
     engine.start()
     return engine, provenance

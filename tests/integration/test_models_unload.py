@@ -15,8 +15,8 @@ import pytest
 from calculet.adapters.calrt import JobKind
 from calculet.adapters.sim import InjectedFault, FaultRule
 from calculet.runtime.scheduling.admission import Decision
-from calculet.runtime.engine.core import EngineOptions
-from calculet.runtime.models.manager import UnloadFailed, UnloadStep
+from calculet.runtime.engine.types import EngineOptions
+from calculet.runtime.models.reports import UnloadFailed, UnloadStep
 from calculet.runtime.streams.writer import StreamWriter
 from tests.integration.test_models_support import (
     ALIAS,

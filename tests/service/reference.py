@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from calculet.adapters.sim import SimCalRT, SimConfig, package_dir
 from calculet.config import parse_config
 from calculet.clock import FakeClock
-from calculet.runtime.engine.core import EngineDriver, EngineOptions, GenerateRequest
+from calculet.runtime.engine.driver import EngineDriver
+from calculet.runtime.engine.types import EngineOptions, GenerateRequest
 from calculet.runtime.execution.sampler import SamplingParams
 from calculet.runtime.streams.writer import StreamWriter
 from calculet.runtime.streams.tokenizer import ByteTokenizer

@@ -26,7 +26,7 @@ from prometheus_client.samples import Sample
 
 from calculet.adapters.sim import CostModel, SimConfig, TimeMode
 from calculet.config import SchedulerConfig, parse_config
-from calculet.runtime.engine.core import EngineOptions
+from calculet.runtime.engine.types import EngineOptions
 from calculet.server.app import create_app
 from calculet.server.bringup import BroughtUp, bring_up
 from calculet.server.service import Service, ServiceOptions

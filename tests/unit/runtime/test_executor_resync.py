@@ -4,7 +4,8 @@ Golden and warm-up jobs (§11 step 9) run on the device through the session's ow
 through the executor, and advance the device's per-engine ``engine_sequence`` counters. The
 executor must be told (``resync_engine_sequences``), may only be told while it has nothing in
 flight, and must keep checking continuity from the next job on. The ModelManager is the one
-caller and reaches the executor only through that public call.
+caller and reaches it only through its engine port (``EnginePort.resync_engine_sequences``),
+which the engine core forwards to that public call.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from calculet.adapters.calrt import Anomaly
 from calculet.adapters.sim import InjectedFault, FaultRule, SimCalRT, SimConfig, SimVirtualDevice, package_dir
 from calculet.errors import DefinitionError
 from calculet.machines.job import JobEngine
-from calculet.runtime.models import manager as models
+from calculet.runtime.engine.core import EngineCore
+from calculet.runtime.models import capacity, generations, load, manager, operations, port, prepare, recovery, reports
+from calculet.runtime.models import unload
 from calculet.clock import FakeClock
 from calculet.runtime.execution.executor import DeviceExecutor, InflightJob
 from calculet.runtime.scheduling.prefill import PrefillWork
@@ -121,12 +124,22 @@ def test_a_resync_keeps_the_bound_kv_sequences(rig: Rig) -> None:
     assert rig.executor.statistics().sequences_bound == bound
 
 
+MODELS_MODULES = (capacity, generations, load, manager, operations, port, prepare, recovery, reports, unload)
+
+
 def test_the_model_manager_reaches_no_private_executor_field() -> None:
-    """models.py resynchronises through the public call and reads nothing private of the executor."""
-    tree = ast.parse(inspect.getsource(models))
-    private = sorted({f"{ast.unparse(node.value)}.{node.attr}" for node in ast.walk(tree)
-                      if isinstance(node, ast.Attribute) and node.attr.startswith("_")
-                      and not node.attr.startswith("__") and "executor" in ast.unparse(node.value)})
-    assert private == []
-    calls = {ast.unparse(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
-    assert "core.executor.resync_engine_sequences" in calls
+    """The models package resynchronises through the engine port and reads nothing private of the
+    engine or the executor; the engine core forwards the call to the executor's public method."""
+    for module in MODELS_MODULES:
+        tree = ast.parse(inspect.getsource(module))
+        private = sorted({f"{ast.unparse(node.value)}.{node.attr}" for node in ast.walk(tree)
+                          if isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                          and not node.attr.startswith("__")
+                          and any(word in ast.unparse(node.value) for word in ("executor", "engine", "core"))})
+        assert private == [], module.__name__
+    calls = {ast.unparse(node.func) for node in ast.walk(ast.parse(inspect.getsource(load)))
+             if isinstance(node, ast.Call)}
+    assert "engine.resync_engine_sequences" in calls
+    forwarded = {ast.unparse(node.func) for node in ast.walk(ast.parse(inspect.getsource(EngineCore)))
+                 if isinstance(node, ast.Call)}
+    assert "self.executor.resync_engine_sequences" in forwarded

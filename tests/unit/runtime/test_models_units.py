@@ -24,15 +24,9 @@ from calculet.errors import ConfigError, DefinitionError
 from calculet.machines import ModelMachine
 from calculet.runtime.scheduling.admission import Decision, ModelAvailability
 from calculet.clock import FakeClock
-from calculet.runtime.models.manager import (
-    CapacityPlanner,
-    ChipMemory,
-    LoadStep,
-    Operation,
-    ResidentModel,
-    UnloadStep,
-    _Wait,
-)
+from calculet.runtime.models.capacity import CapacityPlanner, ChipMemory, ResidentModel
+from calculet.runtime.models.operations import Operation, Wait
+from calculet.runtime.models.reports import LoadStep, UnloadStep
 from calculet.runtime.execution.session import ModelFacts, plan_session
 from tests.unit.runtime.runtime_support import Harness, make_config
 
@@ -119,9 +113,9 @@ def test_an_operation_runs_until_it_waits_and_resumes_when_ready_or_at_its_deadl
 
     def body() -> Any:
         trail.append("start")
-        got = yield _Wait(lambda: flag["ready"], None, "the flag")
+        got = yield Wait(lambda: flag["ready"], None, "the flag")
         trail.append(("flag", got))
-        got = yield _Wait(lambda: False, clock.now() + 5.0, "a deadline")
+        got = yield Wait(lambda: False, clock.now() + 5.0, "a deadline")
         trail.append(("deadline", got))
         return "done"
 
@@ -140,7 +134,7 @@ def test_an_operation_delivers_its_error_and_an_aborted_one_fails_its_caller() -
     clock = FakeClock()
 
     def failing() -> Any:
-        yield _Wait(lambda: True, None, "nothing")
+        yield Wait(lambda: True, None, "nothing")
         raise DefinitionError("step failed")
 
     op = Operation("load", "qwen3", 2, clock).start(failing())
@@ -149,7 +143,7 @@ def test_an_operation_delivers_its_error_and_an_aborted_one_fails_its_caller() -
         op.reply.wait(0)
 
     def waiting() -> Any:
-        yield _Wait(lambda: False, None, "forever")
+        yield Wait(lambda: False, None, "forever")
 
     stuck = Operation("unload", "qwen3", 1, clock).start(waiting())
     assert not stuck.advance()

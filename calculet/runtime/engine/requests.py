@@ -1,0 +1,151 @@
+"""Requests as the engine sees them (§4, §5.2, §16): checked before admission, their prompt ids
+kept while they live, each streamed token timed and traced, each outcome counted.
+
+The scheduler owns a request's state (its machine, KV lease, queue place); this desk keeps only
+what the engine adds around it — the prompt the executor builds a prefill from, when the last
+token left (the degrade detector's latency figure), where a token came from (generation
+isolation, §10, R19.16) — and wraps the caller's sink so it sees every token and the close.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Callable
+
+from calculet.clock import Clock
+from calculet.errors import BadRequest
+from calculet.machines.request import FinishReason
+from calculet.runtime.engine.types import GenerateRequest, TokenProvenance
+from calculet.runtime.execution.executor import DeviceExecutor
+from calculet.runtime.execution.sampler import SamplerPool, SamplingParams
+from calculet.runtime.request import InferenceRequest, RequestOutcome, RequestSink
+from calculet.runtime.scheduling.admission import AdmissionOutcome, Decision
+from calculet.runtime.scheduling.scheduler import Scheduler, Submission
+from calculet.runtime.streams.tokenizer import ByteTokenizer
+
+log = logging.getLogger("calculet.runtime.engine.requests")
+
+__all__ = ["RequestDesk"]
+
+Trace = list[tuple[str, int]]
+
+
+class _Request:
+    """Engine-side facts of a live request: its prompt ids and its stream timing."""
+
+    __slots__ = ("prompt", "last_token_at")
+
+    def __init__(self, prompt: tuple[int, ...]) -> None:
+        self.prompt = prompt
+        self.last_token_at: float | None = None
+
+
+class _Sink:
+    """Wraps the caller's sink: the engine sees each token and the close, then forwards them."""
+
+    __slots__ = ("desk", "user", "closed")
+
+    def __init__(self, desk: RequestDesk, user: RequestSink) -> None:
+        self.desk = desk
+        self.user = user
+        self.closed = False
+
+    def token(self, request_id: int, token: int) -> None:
+        self.desk.on_token(request_id, token)
+        self.user.token(request_id, token)
+
+    def close(self, outcome: RequestOutcome) -> None:
+        self.closed = True
+        self.desk.on_close(outcome)
+        self.user.close(outcome)
+
+
+def _reject(sink: RequestSink, decision: Decision, status: int, reason: str) -> Submission:
+    outcome = RequestOutcome(0, "failed", FinishReason.REJECTED, 0, status, reason)
+    try:
+        sink.close(outcome)
+    except Exception:  # noqa: BLE001 - a broken client must not break the actor
+        log.exception("sink.close failed on a rejection")
+    return Submission(0, AdmissionOutcome(decision, reason))
+
+
+class RequestDesk:
+    """The live requests' engine-side facts and the counts of what came in and how it ended."""
+
+    def __init__(self, scheduler: Scheduler, tokenizer: ByteTokenizer, sampler: SamplerPool,
+                 executor: DeviceExecutor, clock: Clock, *, trace: Trace | None,
+                 provenance: Callable[[TokenProvenance], None] | None) -> None:
+        self._scheduler = scheduler
+        self._tokenizer = tokenizer
+        self._sampler = sampler
+        self._executor = executor
+        self._clock = clock
+        self._trace = trace
+        self._provenance = provenance
+        self._requests: dict[int, _Request] = {}
+        self.accepted = 0
+        self.rejected: Counter[str] = Counter()
+        self.finished: Counter[str] = Counter()
+        self.delivering: tuple[int, int, int] | None = None
+        """(job generation, result generation, calbin generation) of the result being delivered."""
+        self.overlapped = False
+        """Whether the job whose tokens are being delivered overlapped another (ping/pong)."""
+
+    @property
+    def tracks_provenance(self) -> bool:
+        return self._provenance is not None
+
+    def refuse(self, sink: RequestSink, why: str, decision: Decision, status: int, reason: str) -> Submission:
+        """Answer before admission (``why`` is the counted cause: stopping, invalid)."""
+        self.rejected[why] += 1
+        return _reject(sink, decision, status, reason)
+
+    def validate(self, request: GenerateRequest) -> tuple[int, ...]:
+        """The prompt's token ids; :class:`BadRequest` (400 before admission) if the request is malformed."""
+        prompt = self._tokenizer.validate(request.prompt)
+        if not prompt:
+            raise BadRequest("the prompt must hold at least one token", field="prompt")
+        if not isinstance(request.sampling, SamplingParams):
+            raise BadRequest("sampling must be SamplingParams", field="sampling")
+        return prompt
+
+    def admit(self, request: GenerateRequest, prompt: tuple[int, ...], sink: RequestSink) -> Submission:
+        """Hand a valid request to the scheduler's admission (§5.2); keep its facts if it was accepted."""
+        wrapper = _Sink(self, sink)
+        submission = self._scheduler.submit(
+            InferenceRequest(len(prompt), request.max_new_tokens, request.tenant, request.deadline_ms), wrapper)
+        rid = submission.request_id
+        if rid and not wrapper.closed:
+            self.accepted += 1
+            self._requests[rid] = _Request(prompt)
+            self._sampler.register(rid, request.sampling)
+            if self._trace is not None:
+                self._trace.extend((("api", rid), ("registry", rid), ("admission", rid)))
+        return submission
+
+    def prompt(self, request_id: int) -> tuple[int, ...] | None:
+        entry = self._requests.get(request_id)
+        return entry.prompt if entry is not None else None
+
+    def on_token(self, request_id: int, token: int) -> None:
+        provenance = self._provenance
+        if provenance is not None:
+            rec = self._scheduler.registry.get(request_id)
+            job_gen, result_gen, calbin_gen = self.delivering or (0, 0, 0)
+            provenance(TokenProvenance(request_id, token, rec.generation if rec is not None else 0, job_gen,
+                                       result_gen, calbin_gen))
+        entry = self._requests.get(request_id)
+        if entry is None:
+            return
+        now = self._clock.now()
+        if entry.last_token_at is not None:
+            self._executor.degrade.latency(now - entry.last_token_at, overlapped=self.overlapped)
+        entry.last_token_at = now
+        if self._trace is not None:
+            self._trace.append(("stream", request_id))
+
+    def on_close(self, outcome: RequestOutcome) -> None:
+        self.finished[outcome.finish_reason.name.lower()] += 1
+        self._requests.pop(outcome.request_id, None)
+        self._sampler.release(outcome.request_id)

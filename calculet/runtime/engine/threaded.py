@@ -1,0 +1,244 @@
+"""The threaded engine (§3; DESIGN principle 2): the engine as the HTTP service uses it.
+
+``start()`` spawns the actor thread (the tick loop over :class:`~calculet.runtime.engine.core.EngineCore`)
+and a completion thread that blocks in CalRT ``WaitAny`` and *posts* results to the actor's
+mailbox; HTTP handlers post ``submit``/``cancel`` and wait on the actor's
+:class:`~calculet.runtime.actor.Reply`. Real time (``MonotonicClock``); nothing busy-waits. The
+same core runs in virtual time under :class:`~calculet.runtime.engine.driver.EngineDriver`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from typing import Any, Callable, TypeVar
+
+from calculet.adapters.calrt import CalRT, DeviceCapabilities, VirtualDevice
+from calculet.clock import Clock, FakeClock, MonotonicClock
+from calculet.config import SchedulerConfig
+from calculet.errors import CalculetError, DefinitionError, Unavailable
+from calculet.machines.monitor import MONITOR
+from calculet.runtime.actor import Mailbox
+from calculet.runtime.engine.core import EngineCore
+from calculet.runtime.engine.types import (EngineOptions, EngineStatistics, ExecutionMode, GenerateRequest, ModelInfo,
+                                           TokenProvenance)
+from calculet.runtime.models.capacity import CapacityPlanner
+from calculet.runtime.models.manager import ModelManager
+from calculet.runtime.models.operations import Operation
+from calculet.runtime.request import RequestSink
+from calculet.runtime.scheduling.registry import Cancellation
+from calculet.runtime.scheduling.scheduler import Submission
+
+__all__ = ["ThreadedEngine"]
+
+T = TypeVar("T")
+
+
+class ThreadedEngine:
+    """The engine as the HTTP service uses it; every method may be called from any thread.
+
+    ::
+
+        engine = ThreadedEngine(config, runtime, package_dir)   # bring-up (§11 steps 7–9)
+        engine.start()
+        stream = StreamWriter(tokenizer=engine.tokenizer, stop=params.stop)
+        submission = engine.submit(GenerateRequest(prompt, 64, sampling=params), stream)
+        for event in stream.events(timeout=30): ...
+        engine.cancel(submission.request_id)
+        engine.stop(drain_timeout_s=30)
+    """
+
+    def __init__(self, config: SchedulerConfig, runtime: CalRT, package_dir: str | os.PathLike[str] | None = None, *,
+                 clock: Clock | None = None, options: EngineOptions = EngineOptions(),
+                 device: VirtualDevice | None = None, planner: CapacityPlanner | None = None,
+                 provenance: Callable[[TokenProvenance], None] | None = None) -> None:
+        if isinstance(clock, FakeClock):
+            raise DefinitionError("ThreadedEngine runs in real time; drive a FakeClock with EngineDriver")
+        if options.mode is not ExecutionMode.ASYNC:
+            raise DefinitionError("ThreadedEngine runs the async path; the sync baseline is EngineDriver's")
+        self._core = EngineCore(config, runtime, package_dir, clock=clock or MonotonicClock(), options=options,
+                                device=device, planner=planner, provenance=provenance)
+        self.models: ModelManager = self._core.models
+        """Load / unload / rollback / status, thread-safe and blocking with a timeout (§10–§13)."""
+        self.models.bind_port(_ThreadPort(self))
+        self._mailbox = Mailbox()
+        self._device_cv = threading.Condition()
+        self._exclusive = False
+        self._in_wait = False
+        self._core.use_exclusive_device(self._exclusive_device)
+        self._actor: threading.Thread | None = None
+        self._completer: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._stop_deadline: float | None = None
+        self._lock = threading.Lock()
+        self._final: EngineStatistics | None = None
+        self.tokenizer = self._core.tokenizer
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Start the actor (tick loop) and the completion thread."""
+        with self._lock:
+            if self._actor is not None:
+                raise DefinitionError("the engine was already started")
+            mode = self._core.options.monitor_mode
+            if mode is not None:
+                MONITOR.configure(enabled=self._core.config.monitoring.invariants, mode=mode)
+            self._actor = threading.Thread(target=self._run_actor, name="calculet-engine", daemon=True)
+            self._completer = threading.Thread(target=self._run_completer, name="calculet-completion", daemon=True)
+            self._actor.start()
+            self._completer.start()
+
+    def stop(self, drain_timeout_s: float = 30.0) -> EngineStatistics:
+        """Stop admission, drain accepted requests up to ``drain_timeout_s``, then cancel what is
+        left, wait for the device and unload. Every accepted request gets one terminal outcome."""
+        with self._lock:
+            actor = self._actor
+            if actor is None:
+                self._core.begin_stop()
+                self._core.shutdown()
+                self._core.teardown()
+                self._final = self._core.statistics()
+                return self._final
+        deadline = self._core.clock.now() + drain_timeout_s
+        self._mailbox.post(lambda: self._begin_stop(deadline))
+        actor.join()
+        self._stop.set()
+        if self._completer is not None:
+            self._completer.join()
+        assert self._final is not None
+        return self._final
+
+    # ------------------------------------------------------------------ requests
+
+    def submit(self, request: GenerateRequest, sink: RequestSink, timeout: float | None = 30.0) -> Submission:
+        """Admit a request; the §5.2 outcome comes back synchronously (the actor's Reply)."""
+        return self._call(lambda: self._core.submit(request, sink), timeout)
+
+    def cancel(self, request_id: int, timeout: float | None = 30.0) -> Cancellation:
+        """§4 cancel: idempotent; a running request drains. ``NotFound`` for an unknown id."""
+        return self._call(lambda: self._core.cancel(request_id), timeout)
+
+    # ------------------------------------------------------------------ reading
+
+    def statistics(self, timeout: float | None = 30.0) -> EngineStatistics:
+        """Every component's statistics, read on the actor (a consistent snapshot)."""
+        if self._final is not None:
+            return self._final
+        if self._actor is None:
+            return self._core.statistics(self._mailbox.statistics())
+        return self._call(lambda: self._core.statistics(self._mailbox.statistics()), timeout)
+
+    def capabilities(self) -> DeviceCapabilities:
+        """The device capability contract, with evidence tier and source per answer (§1, §20)."""
+        return self._core.capabilities
+
+    def model_info(self) -> ModelInfo:
+        return self._core.model_info()
+
+    # ------------------------------------------------------------------ threads
+
+    def _call(self, message: Callable[[], T], timeout: float | None) -> T:
+        if self._actor is None:
+            raise DefinitionError("the engine is not started")
+        if self._final is not None:
+            raise Unavailable("the engine has stopped")
+        return self._mailbox.call(message, timeout)
+
+    def _begin_stop(self, deadline: float) -> None:
+        self._stop_deadline = deadline
+        self._core.begin_stop()
+
+    def _run_actor(self) -> None:
+        core, mailbox = self._core, self._mailbox
+        clock = core.clock
+        try:
+            while True:
+                wake = core.next_wake()
+                now = clock.now()
+                idle = core.options.actor_idle_s
+                timeout = idle if wake is None else min(idle, max(0.0, wake - now))
+                if self._stop_deadline is not None:
+                    timeout = min(timeout, max(0.0, self._stop_deadline - now))
+                mailbox.run_until(timeout)
+                core.tick()
+                deadline = self._stop_deadline
+                if deadline is None:
+                    continue
+                if core.idle():
+                    break
+                if clock.now() >= deadline and core.accepting is False:
+                    core.shutdown()
+                    if core.executor.healthy_inflight() == 0 and not core.pending_frees:
+                        break
+        finally:
+            core.shutdown()
+            core.teardown()
+            self._final = core.statistics(mailbox.statistics())
+            mailbox.run_pending()
+
+    @contextlib.contextmanager
+    def _exclusive_device(self) -> Iterator[None]:
+        """(actor) Pause the completion thread: host-driven jobs (golden, warm-up) Wait for their own
+        results, which WaitAny must not collect first. Returns once WaitAny is not running."""
+        cv = self._device_cv
+        with cv:
+            self._exclusive = True
+            while self._in_wait:
+                cv.wait()
+        try:
+            yield
+        finally:
+            with cv:
+                self._exclusive = False
+                cv.notify_all()
+
+    def _run_completer(self) -> None:
+        """Blocks in CalRT WaitAny and posts results to the actor (DESIGN principle 2)."""
+        core = self._core
+        cv = self._device_cv
+        while not self._stop.is_set():
+            with cv:
+                while self._exclusive and not self._stop.is_set():
+                    cv.wait(0.5)
+                self._in_wait = True
+            device = core.device
+            try:
+                results = device.wait_any(0.1)
+            except CalculetError:
+                results = None
+            finally:
+                with cv:
+                    self._in_wait = False
+                    cv.notify_all()
+            if results is None:
+                self._stop.wait(0.05)
+                continue
+            if results:
+                self._mailbox.post(lambda r=results: core.on_results(r))  # type: ignore[misc]
+
+
+class _ThreadPort:
+    """The model manager's way to the real-time actor: post a message, wait for the reply."""
+
+    def __init__(self, engine: ThreadedEngine) -> None:
+        self._engine = engine
+
+    def call(self, fn: Callable[[], T], timeout: float | None) -> T:
+        engine = self._engine
+        if engine._final is not None:
+            raise Unavailable("the engine has stopped")
+        actor = engine._actor
+        if actor is None or actor.ident == threading.get_ident():
+            return fn()  # not started yet (the caller is the only thread), or already on the actor
+        return engine._mailbox.call(fn, timeout)
+
+    def run(self, op: Operation, timeout: float | None) -> Any:
+        engine = self._engine
+        if engine._actor is None and not op.done:
+            engine._core.models.poll()
+            if not op.done:
+                raise DefinitionError(f"start the engine first: {op.describe()}")
+        return op.reply.wait(timeout)
