@@ -21,13 +21,14 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from calculet.invariants.report import (VerifyOptions, format_counterexample, run_checks, summary_rows,
+from calculet.invariants.report import (VerifyOptions, VerifyRun, format_counterexample, run_checks, summary_rows,
                                         verification_document)
 from calculet.invariants.traceability import software_figure
 from calculet.machines import ALL_MACHINES
+from calculet.machines.core import Machine
 from calculet.machines.kv_pool import KvLanePool
 from calculet.machines.request_lanes import RequestLaneSystem
-from calculet.specgen import SPECS_DIR
+from calculet.specgen import SPECS_DIR, with_banner
 
 POOLS = (KvLanePool,)
 SYSTEMS = (RequestLaneSystem,)
@@ -37,6 +38,25 @@ FAST_SYSTEM_DEPTH = 6
 
 
 def main(argv: list[str] | None = None) -> int:
+    args, options = _parse(argv)
+    console = Console(stderr=False)
+    machines = [m for m in ALL_MACHINES if not args.machine or m.definition.name in args.machine]
+    run = _run(console, options, machines, args.machine)
+    _print_summary(console, run)
+
+    if args.json:
+        args.json.write_text(json.dumps({"options": dataclasses.asdict(options),
+                                         "ok": run.ok, "seconds": run.seconds,
+                                         "results": [r.as_dict() for r in run.results]}, indent=2, default=str))
+    write = not args.no_write and (not args.fast or args.write) and not args.machine
+    if write:
+        (SPECS_DIR / "verification.md").write_text(with_banner(verification_document(run), "calculet.verify"),
+                                                   encoding="utf-8")
+        console.print(f"wrote {SPECS_DIR / 'verification.md'}")
+    return 0 if run.ok else 1
+
+
+def _parse(argv: list[str] | None) -> tuple[argparse.Namespace, VerifyOptions]:
     names = ([m.definition.name for m in ALL_MACHINES] + [p.definition.name for p in POOLS]
              + [x.definition.name for x in SYSTEMS])
     parser = argparse.ArgumentParser(prog="python -m calculet.verify", description=__doc__.splitlines()[0])
@@ -61,14 +81,16 @@ def main(argv: list[str] | None = None) -> int:
         FAST_SYSTEM_DEPTH if args.fast else SYSTEM_DEPTH)
     if system_depth < 1:
         parser.error("--system-depth must be at least 1")
-
-    console = Console(stderr=False)
     options = VerifyOptions(lanes=args.lanes, depth=depth, machines=tuple(args.machine), fast=args.fast,
                             system_depth=system_depth)
-    machines = [m for m in ALL_MACHINES if not args.machine or m.definition.name in args.machine]
-    steps = len(machines) + 2 * sum(1 for p in POOLS if not args.machine or p.definition.name in args.machine
-                                    or p.definition.instance.definition.name in args.machine) \
-        + 2 * sum(1 for x in SYSTEMS if not args.machine or x.definition.name in args.machine)
+    return args, options
+
+
+def _run(console: Console, options: VerifyOptions, machines: list[type[Machine]], only: list[str]) -> VerifyRun:
+    """Every check, with a progress bar on a terminal (a line per step otherwise)."""
+    steps = len(machines) + 2 * sum(1 for p in POOLS if not only or p.definition.name in only
+                                    or p.definition.instance.definition.name in only) \
+        + 2 * sum(1 for x in SYSTEMS if not only or x.definition.name in only)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as bar:
         task = bar.add_task("verifying", total=steps)
@@ -78,8 +100,11 @@ def main(argv: list[str] | None = None) -> int:
             if not console.is_terminal:
                 console.print(f"… {message}")
 
-        run = run_checks(options, machines, POOLS, progress=advance, systems=SYSTEMS)
+        return run_checks(options, machines, POOLS, progress=advance, systems=SYSTEMS)
 
+
+def _print_summary(console: Console, run: VerifyRun) -> None:
+    options = run.options
     table = Table(title=f"calculet.verify — lanes {options.lanes}, depth {options.depth}; requests × lanes "
                         f"{options.system_requests}×{options.system_lanes}, depth {options.system_depth}")
     for column in ("check", "machine", "result", "passed", "seconds"):
@@ -95,16 +120,6 @@ def main(argv: list[str] | None = None) -> int:
     covered, total = software_figure()
     console.print(f"requirement coverage: {covered}/{total} \\[software] R-ids have a proof or a test")
     console.print(f"{'all checks hold' if run.ok else f'{len(run.failures())} check(s) FAILED'} in {run.seconds:.1f} s")
-
-    if args.json:
-        args.json.write_text(json.dumps({"options": dataclasses.asdict(options),
-                                         "ok": run.ok, "seconds": run.seconds,
-                                         "results": [r.as_dict() for r in run.results]}, indent=2, default=str))
-    write = not args.no_write and (not args.fast or args.write) and not args.machine
-    if write:
-        (SPECS_DIR / "verification.md").write_text(verification_document(run), encoding="utf-8")
-        console.print(f"wrote {SPECS_DIR / 'verification.md'}")
-    return 0 if run.ok else 1
 
 
 if __name__ == "__main__":

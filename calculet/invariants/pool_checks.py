@@ -24,16 +24,14 @@ instance machine's declaration; nothing is restated.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any
 
 import z3
 
-from calculet.invariants.checks import (CheckResult, Counterexample, _as_bool, enabled, invariants_hold, post_state,
-                                        read_args, read_state, takes)
+from calculet.invariants.checks import (CheckResult, Counterexample, Progress, as_bool, initial_instance,
+                                        invariants_hold, post_state, read_args, read_state, takes)
 from calculet.logic.symbolic import SymbolicVars, arg_domain, symbolic_args, type_domain
 from calculet.machines.pool import PoolDefinition, PoolView
-
-Progress = Callable[[str], None]
 
 
 def _lanes(p: PoolDefinition, n: int, tag: str) -> tuple[list[SymbolicVars], list[dict[str, Any]]]:
@@ -59,7 +57,7 @@ def _pool_guard(p: PoolDefinition, view: PoolView, lane: int, event: str, args: 
     op = p.ops[event]
     if op.guard is None:
         return z3.BoolVal(True)
-    return _as_bool(op.guard(view, lane, **args))
+    return as_bool(op.guard(view, lane, **args))
 
 
 def _ghost_updates(p: PoolDefinition, view: PoolView, lane: int, event: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -92,16 +90,16 @@ def check_pool_induction(p: PoolDefinition, n: int, progress: Progress | None = 
         s.set("timeout", 30000)
         s.add(*_param_domain(p, params), *_ghost_domain(p, ghosts), *arg_domain(ev, args))
         for lane in lanes:
-            s.add(*lane.domain(), *[_as_bool(x) for x in invariants_hold(d, lane)])
-        s.add(*[_as_bool(inv.predicate(view)) for inv in p.invariants])
+            s.add(*lane.domain(), *[as_bool(x) for x in invariants_hold(d, lane)])
+        s.add(*[as_bool(inv.predicate(view)) for inv in p.invariants])
         s.add(takes(d, t, lanes[0], args), _pool_guard(p, view, 0, t.event, args))
         moved = post_state(d, t, lanes[0], args)
         post_ghosts = [dict(g) for g in ghosts]
         post_ghosts[0].update(_ghost_updates(p, view, 0, t.event, args))
         post_view = PoolView([moved] + lanes[1:], params, post_ghosts)
-        goals = [(inv.name, inv.rid, _as_bool(inv.predicate(post_view))) for inv in p.invariants]
-        goals += [(inv.name, inv.rid, _as_bool(inv.predicate(moved))) for inv in d.invariants]
-        goals += [(sp.name, sp.rid, _as_bool(sp.predicate(lanes[0], moved))) for sp in d.step_properties]
+        goals = [(inv.name, inv.rid, as_bool(inv.predicate(post_view))) for inv in p.invariants]
+        goals += [(inv.name, inv.rid, as_bool(inv.predicate(moved))) for inv in d.invariants]
+        goals += [(sp.name, sp.rid, as_bool(sp.predicate(lanes[0], moved))) for sp in d.step_properties]
         failure = None
         for name, rid, goal in goals:
             s.push()
@@ -133,10 +131,7 @@ def _initial_is_neutral(p: PoolDefinition, n: int) -> bool:
     d = p.instance.definition
     lanes, ghosts = _lanes(p, n, "neutral")
     params = _pool_params(p, "_neutral")
-    initial = d.initial_values()
-    extra = SymbolicVars(d, "_extra", state=z3.IntVal(list(d.states).index(d.initial)), values={
-        **{q: SymbolicVars(d, "_extra").value(q) for q in d.params},
-        **{k: (z3.BoolVal(v) if isinstance(v, bool) else z3.IntVal(int(v))) for k, v in initial.items()}})
+    extra = initial_instance(d, "_extra")
     extra_ghost = {g: z3.IntVal(0) for g in p.ghosts}
     small = PoolView(lanes, params, ghosts)
     big = PoolView(lanes + [extra], params, ghosts + [extra_ghost])
@@ -144,7 +139,7 @@ def _initial_is_neutral(p: PoolDefinition, n: int) -> bool:
     s.add(*_param_domain(p, params), *_ghost_domain(p, ghosts))
     for lane in lanes:
         s.add(*lane.domain())
-    same = [_as_bool(inv.predicate(small)) == _as_bool(inv.predicate(big)) for inv in p.invariants]
+    same = [as_bool(inv.predicate(small)) == as_bool(inv.predicate(big)) for inv in p.invariants]
     for e, ev in d.events.items():
         args = symbolic_args(ev, "_neutral")
         for j in range(n):
@@ -188,109 +183,16 @@ def check_pool_bmc(p: PoolDefinition, n: int, depth: int, progress: Progress | N
     encoded = min(n, depth)
     if encoded < n and not _initial_is_neutral(p, 2):
         encoded = n  # the symmetry argument does not apply: encode every instance
-    d = p.instance.definition
-    rows = list(d.transitions)
-    params = _pool_params(p)
-    initial = d.initial_values()
-    init_state = z3.IntVal(list(d.states).index(d.initial))
-    lanes: list[SymbolicVars] = []
-    for j in range(encoded):
-        base = SymbolicVars(d, f"_0_{j}")
-        typed = {k: (z3.BoolVal(val) if isinstance(val, bool) else z3.IntVal(int(val))) for k, val in initial.items()}
-        lanes.append(SymbolicVars(d, f"_0_{j}", state=init_state,
-                                  values={**{q: base.value(q) for q in d.params}, **typed}))
-    ghosts = [{g: z3.IntVal(0) for g in p.ghosts} for _ in range(encoded)]
-    s = z3.SolverFor("QF_LIA")
-    s.set("timeout", 300000)
-    s.add(*_param_domain(p, params))
-    for lane in lanes:
-        s.add(*lane.domain()[2:])  # instance parameters in their domains (fixed for the run)
-    frames: list[tuple[list[SymbolicVars], list[dict[str, Any]]]] = [(lanes, ghosts)]
-    choices: list[tuple[Any, Any, dict[str, dict[str, Any]]]] = []
-
-    def properties(frame_lanes: list[SymbolicVars], frame_ghosts: list[dict[str, Any]],
-                   prev: tuple[list[SymbolicVars], list[dict[str, Any]]]) -> list[tuple[str, str, Any]]:
-        view = PoolView(frame_lanes, params, frame_ghosts)
-        props = [(inv.name, inv.rid, _as_bool(inv.predicate(view))) for inv in p.invariants]
-        if instance_properties:
-            for before, after in zip(prev[0], frame_lanes):
-                props += [(inv.name, inv.rid, _as_bool(inv.predicate(after))) for inv in d.invariants]
-                props += [(sp.name, sp.rid, _as_bool(sp.predicate(before, after))) for sp in d.step_properties]
-        return props
-
-    def trace(model: z3.ModelRef, upto: int) -> list[dict[str, Any]]:
-        steps = [{"step": 0, "pool": _pool_state(model, p, frames[0][0], frames[0][1], params)}]
-        for k in range(1, upto + 1):
-            lane_sel, row_sel, step_args = choices[k - 1]
-            j = model.eval(lane_sel, model_completion=True).as_long()
-            row = rows[model.eval(row_sel, model_completion=True).as_long()]
-            steps.append({"step": k, "lane": j, "transition": row.name,
-                          "args": read_args(model, d, row.event, step_args[row.event]),
-                          "pool": _pool_state(model, p, frames[k][0], frames[k][1], params)})
-        return steps
-
-    highest: Any = z3.IntVal(-1)  # the highest instance moved so far (symmetry breaking)
-    # Partial-order reduction: rows whose pool op has no guard and writes only their own ghosts
-    # read and write only their own instance, so two such steps on different instances commute
-    # and only the order with the lower instance first is explored. Every reachable state stays
-    # reachable (the last state of each reordered run is the same), and every depth's state is
-    # checked, so no reachable violation is missed.
-    local_rows = [i for i, t in enumerate(rows) if p.ops[t.event].guard is None]
-    previous: tuple[Any, Any] | None = None
-    all_props: list[list[tuple[str, str, Any]]] = []
+    unrolling = _PoolUnrolling(p, encoded, instance_properties)
     for k in range(1, depth + 1):
-        prev_lanes, prev_ghosts = frames[-1]
-        view = PoolView(prev_lanes, params, prev_ghosts)
-        lane_sel, row_sel = z3.Int(f"lane_sel_{k}"), z3.Int(f"row_sel_{k}")
-        step_args = {e: symbolic_args(ev, f"_s{k}") for e, ev in d.events.items()}
-        s.add(lane_sel >= 0, lane_sel < encoded, lane_sel <= highest + 1, row_sel >= 0, row_sel < len(rows))
-        highest = z3.If(lane_sel > highest, lane_sel, highest)
-        if previous is not None:
-            prev_lane, prev_row = previous
-            both_local = z3.And(z3.Or(*[prev_row == i for i in local_rows]), z3.Or(*[row_sel == i for i in local_rows]))
-            s.add(z3.Implies(both_local, lane_sel >= prev_lane))
-        previous = (lane_sel, row_sel)
-        s.add(*[c for e, ev in d.events.items() for c in arg_domain(ev, step_args[e])])
-        new_lanes, new_ghosts, options = [], [], []
-        for j in range(encoded):
-            nxt = SymbolicVars(d, f"_{k}_{j}", values={q: prev_lanes[j].value(q) for q in d.params})
-            nxt_ghost = {g: z3.Int(f"{g}_{k}_{j}") for g in p.ghosts}
-            # Unchanged unless this lane is the chosen one and takes the chosen row.
-            state_term: Any = prev_lanes[j].state
-            var_terms = {name: prev_lanes[j].value(name) for name in d.vars}
-            ghost_terms = dict(prev_ghosts[j])
-            for r_index, t in enumerate(rows):
-                args = step_args[t.event]
-                chosen = z3.And(lane_sel == j, row_sel == r_index)
-                options.append(z3.And(chosen, takes(d, t, prev_lanes[j], args),
-                                      _pool_guard(p, view, j, t.event, args)))
-                post = post_state(d, t, prev_lanes[j], args)
-                state_term = z3.If(chosen, post.state, state_term)
-                for name in d.vars:
-                    var_terms[name] = z3.If(chosen, post.value(name), var_terms[name])
-                for g, value in _ghost_updates(p, view, j, t.event, args).items():
-                    ghost_terms[g] = z3.If(chosen, value, ghost_terms[g])
-            s.add(nxt.state == state_term)
-            s.add(*[nxt.value(name) == var_terms[name] for name in d.vars])
-            s.add(*[nxt_ghost[g] == ghost_terms[g] for g in p.ghosts])
-            new_lanes.append(nxt)
-            new_ghosts.append(nxt_ghost)
-        s.add(z3.Or(*options))
-        if not instance_properties:
-            # Lemmas: every instance invariant is proved inductive per machine, so it holds in
-            # every reachable frame; stating it prunes the search without changing its answer.
-            for lane in new_lanes:
-                s.add(*[_as_bool(x) for x in invariants_hold(d, lane)])
-        frames.append((new_lanes, new_ghosts))
-        choices.append((lane_sel, row_sel, step_args))
-        all_props.append(properties(new_lanes, new_ghosts, (prev_lanes, prev_ghosts)))
+        unrolling.unroll(k)
         if progress:
             progress(f"encoded depth {k}")
-    verdict, found = first_violation(s, all_props)
+    verdict, found = first_violation(unrolling.solver, unrolling.all_props)
     if found is not None:
         model, k, broken = found
         name, rid = broken[0]
-        steps = trace(model, k)
+        steps = unrolling.trace(model, k)
         cx = Counterexample(name, rid, steps[-1].get("transition", ""), trace=steps)
         return CheckResult("pool-bmc", p.name, subject, False, time.perf_counter() - start,
                            f"reachable at depth {k}: breaks {name} ({rid})", cx, queries=1)
@@ -300,3 +202,118 @@ def check_pool_bmc(p: PoolDefinition, n: int, depth: int, progress: Progress | N
     how = f"{encoded} encoded by symmetry" if encoded < n else f"{n} encoded"
     return CheckResult("pool-bmc", p.name, subject, True, time.perf_counter() - start,
                        f"no property broken in any run of ≤{depth} steps over {n} lanes ({how})", queries=depth)
+
+
+PoolFrame = tuple[list[SymbolicVars], list[dict[str, Any]]]  # instances and their ghosts
+
+
+class _PoolUnrolling:
+    """The runs from the initial pool of ``encoded`` instances, one frame per depth: at depth
+    ``k`` one chosen instance takes one chosen row (its guard and the pool guard hold)."""
+
+    def __init__(self, p: PoolDefinition, encoded: int, instance_properties: bool) -> None:
+        self.p, self.encoded, self.instance_properties = p, encoded, instance_properties
+        self.d = d = p.instance.definition
+        self.rows = list(d.transitions)
+        self.params = _pool_params(p)
+        lanes = [initial_instance(d, f"_0_{j}") for j in range(encoded)]
+        ghosts = [{g: z3.IntVal(0) for g in p.ghosts} for _ in range(encoded)]
+        self.solver = s = z3.SolverFor("QF_LIA")
+        s.set("timeout", 300000)
+        s.add(*_param_domain(p, self.params))
+        for lane in lanes:
+            s.add(*lane.domain()[2:])  # instance parameters in their domains (fixed for the run)
+        self.frames: list[PoolFrame] = [(lanes, ghosts)]
+        self.choices: list[tuple[Any, Any, dict[str, dict[str, Any]]]] = []
+        self.all_props: list[list[tuple[str, str, Any]]] = []
+        self.highest: Any = z3.IntVal(-1)  # the highest instance moved so far (symmetry breaking)
+        # Partial-order reduction: rows whose pool op has no guard and writes only their own ghosts
+        # read and write only their own instance, so two such steps on different instances commute
+        # and only the order with the lower instance first is explored. Every reachable state stays
+        # reachable (the last state of each reordered run is the same), and every depth's state is
+        # checked, so no reachable violation is missed.
+        self.local_rows = [i for i, t in enumerate(self.rows) if p.ops[t.event].guard is None]
+        self.previous: tuple[Any, Any] | None = None
+
+    def unroll(self, k: int) -> None:
+        """Encode step ``k``: the choice of instance and row, its reductions, and frame ``k``."""
+        d, s = self.d, self.solver
+        prev_lanes, prev_ghosts = self.frames[-1]
+        view = PoolView(prev_lanes, self.params, prev_ghosts)
+        lane_sel, row_sel = z3.Int(f"lane_sel_{k}"), z3.Int(f"row_sel_{k}")
+        step_args = {e: symbolic_args(ev, f"_s{k}") for e, ev in d.events.items()}
+        s.add(lane_sel >= 0, lane_sel < self.encoded, lane_sel <= self.highest + 1, row_sel >= 0,
+              row_sel < len(self.rows))
+        self.highest = z3.If(lane_sel > self.highest, lane_sel, self.highest)
+        if self.previous is not None:
+            prev_lane, prev_row = self.previous
+            both_local = z3.And(z3.Or(*[prev_row == i for i in self.local_rows]),
+                                z3.Or(*[row_sel == i for i in self.local_rows]))
+            s.add(z3.Implies(both_local, lane_sel >= prev_lane))
+        self.previous = (lane_sel, row_sel)
+        s.add(*[c for e, ev in d.events.items() for c in arg_domain(ev, step_args[e])])
+        new_lanes, new_ghosts, options = [], [], []
+        for j in range(self.encoded):
+            nxt, nxt_ghost = self._lane_after(k, j, (prev_lanes, prev_ghosts), view, lane_sel, row_sel, step_args,
+                                              options)
+            new_lanes.append(nxt)
+            new_ghosts.append(nxt_ghost)
+        s.add(z3.Or(*options))
+        if not self.instance_properties:
+            # Lemmas: every instance invariant is proved inductive per machine, so it holds in
+            # every reachable frame; stating it prunes the search without changing its answer.
+            for lane in new_lanes:
+                s.add(*[as_bool(x) for x in invariants_hold(d, lane)])
+        self.frames.append((new_lanes, new_ghosts))
+        self.choices.append((lane_sel, row_sel, step_args))
+        self.all_props.append(self._properties(new_lanes, new_ghosts, (prev_lanes, prev_ghosts)))
+
+    def _lane_after(self, k: int, j: int, frame: PoolFrame, view: PoolView, lane_sel: Any, row_sel: Any,
+                    step_args: dict[str, dict[str, Any]], options: list[Any]) -> tuple[SymbolicVars, dict[str, Any]]:
+        """Instance ``j`` in frame ``k``: unchanged unless it is the chosen one and takes the chosen
+        row; appends to ``options`` when each (instance, row) choice is allowed."""
+        d, p = self.d, self.p
+        prev = frame[0][j]
+        nxt = SymbolicVars(d, f"_{k}_{j}", values={q: prev.value(q) for q in d.params})
+        nxt_ghost = {g: z3.Int(f"{g}_{k}_{j}") for g in p.ghosts}
+        state_term: Any = prev.state
+        var_terms = {name: prev.value(name) for name in d.vars}
+        ghost_terms = dict(frame[1][j])
+        for r_index, t in enumerate(self.rows):
+            args = step_args[t.event]
+            chosen = z3.And(lane_sel == j, row_sel == r_index)
+            options.append(z3.And(chosen, takes(d, t, prev, args), _pool_guard(p, view, j, t.event, args)))
+            post = post_state(d, t, prev, args)
+            state_term = z3.If(chosen, post.state, state_term)
+            for name in d.vars:
+                var_terms[name] = z3.If(chosen, post.value(name), var_terms[name])
+            for g, value in _ghost_updates(p, view, j, t.event, args).items():
+                ghost_terms[g] = z3.If(chosen, value, ghost_terms[g])
+        self.solver.add(nxt.state == state_term)
+        self.solver.add(*[nxt.value(name) == var_terms[name] for name in d.vars])
+        self.solver.add(*[nxt_ghost[g] == ghost_terms[g] for g in p.ghosts])
+        return nxt, nxt_ghost
+
+    def _properties(self, frame_lanes: list[SymbolicVars], frame_ghosts: list[dict[str, Any]],
+                    prev: PoolFrame) -> list[tuple[str, str, Any]]:
+        d, p = self.d, self.p
+        view = PoolView(frame_lanes, self.params, frame_ghosts)
+        props = [(inv.name, inv.rid, as_bool(inv.predicate(view))) for inv in p.invariants]
+        if self.instance_properties:
+            for before, after in zip(prev[0], frame_lanes):
+                props += [(inv.name, inv.rid, as_bool(inv.predicate(after))) for inv in d.invariants]
+                props += [(sp.name, sp.rid, as_bool(sp.predicate(before, after))) for sp in d.step_properties]
+        return props
+
+    def trace(self, model: z3.ModelRef, upto: int) -> list[dict[str, Any]]:
+        """The run to depth ``upto`` that ``model`` chose, step by step."""
+        p, d, frames = self.p, self.d, self.frames
+        steps = [{"step": 0, "pool": _pool_state(model, p, frames[0][0], frames[0][1], self.params)}]
+        for k in range(1, upto + 1):
+            lane_sel, row_sel, step_args = self.choices[k - 1]
+            j = model.eval(lane_sel, model_completion=True).as_long()
+            row = self.rows[model.eval(row_sel, model_completion=True).as_long()]
+            steps.append({"step": k, "lane": j, "transition": row.name,
+                          "args": read_args(model, d, row.event, step_args[row.event]),
+                          "pool": _pool_state(model, p, frames[k][0], frames[k][1], self.params)})
+        return steps

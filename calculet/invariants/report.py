@@ -1,37 +1,26 @@
 """Running every formal check, and the documents that report it.
 
 ``run_checks`` is what ``python -m calculet.verify`` and the tests call; ``verification_document``
-renders ``specs/verification.md``; ``format_counterexample`` the readable tables a failure
-prints. The traceability document is registered with specgen here.
+renders the body of ``specs/verification.md`` (verify writes it under specgen's banner);
+``format_counterexample`` the readable tables a failure prints.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
-from calculet.invariants.checks import CheckResult, Counterexample, check_machine
+from calculet.invariants.checks import CheckResult, Counterexample, Progress, check_machine
 from calculet.invariants.pool_checks import check_pool_bmc, check_pool_induction
 from calculet.invariants.system_checks import check_system
-from calculet.invariants.traceability import software_figure, traceability_document
+from calculet.invariants.traceability import software_figure
+from calculet.machines import ALL_MACHINES
 from calculet.machines.core import Machine
+from calculet.machines.kv_pool import KvLanePool
 from calculet.machines.pool import Pool
+from calculet.machines.request_lanes import RequestLaneSystem
 from calculet.machines.system import CoupledSystem
-from calculet.specgen import BANNER, register_document
-
-
-def _request_lanes_document() -> str:
-    from calculet.invariants.system_checks import system_document
-    from calculet.machines.request_lanes import RequestLaneSystem
-
-    return system_document(RequestLaneSystem.definition)
-
-
-register_document("traceability.md", traceability_document)
-register_document("request_lanes.md", _request_lanes_document)
-
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -172,8 +161,6 @@ def _system_trace(trace: list[dict[str, Any]]) -> list[str]:
 def _system_sections(run: VerifyRun) -> list[str]:
     """One section per coupled system checked: each invariant, how it was proved, and why each
     strengthening was needed."""
-    from calculet.machines.request_lanes import RequestLaneSystem
-
     o = run.options
     out: list[str] = []
     for system in (RequestLaneSystem,):
@@ -223,11 +210,10 @@ def _system_sections(run: VerifyRun) -> list[str]:
 
 
 def verification_document(run: VerifyRun) -> str:
-    from calculet.machines import ALL_MACHINES
-
+    """``specs/verification.md`` without its banner: what the last run proved, and how."""
     o = run.options
     covered, total = software_figure()
-    out = [BANNER.replace("calculet.specgen", "calculet.verify"), "", "# Verification", "",
+    out = ["# Verification", "",
            f"What `python -m calculet.verify{' --fast' if o.fast else ''}` proved on the declarations, "
            f"with z3. Pools: induction over {o.lanes} lanes; bounded model checking from the empty pool "
            f"to depth {o.depth}. Total time {run.seconds:.1f} s on this machine. Result: "
@@ -236,10 +222,20 @@ def verification_document(run: VerifyRun) -> str:
            "## Summary", ""]
     out += _table([dict(check=c, machine=m, result=v, passed=f"{p}/{t}", seconds=f"{s:.2f}")
                    for c, m, v, p, t, s in summary_rows(run)], ["check", "machine", "result", "passed", "seconds"])
-    out += ["", "## Invariants and their proof status", "",
-            "Consecution proves each invariant preserved by every declared transition (and its step",
-            "properties for every transition); initiation proves it of the initial state.", ""]
-    by_machine = {}
+    out += _machine_section(run)
+    out += _pool_section(run)
+    out += _system_sections(run)
+    out += _failure_sections(run)
+    out.append("")
+    return "\n".join(out)
+
+
+def _machine_section(run: VerifyRun) -> list[str]:
+    """Every machine's invariants and step properties with their consecution status."""
+    out = ["", "## Invariants and their proof status", "",
+           "Consecution proves each invariant preserved by every declared transition (and its step",
+           "properties for every transition); initiation proves it of the initial state.", ""]
+    by_machine: dict[str, list[CheckResult]] = {}
     for r in run.results:
         by_machine.setdefault(r.machine, []).append(r)
     inv_rows = []
@@ -255,26 +251,35 @@ def verification_document(run: VerifyRun) -> str:
             status = "BROKEN" if prop.name in broken else f"proved over {len(cons)} transitions"
             inv_rows.append(dict(machine=d.name, invariant=f"`{prop.name}`", kind=kind, requirement=prop.rid,
                                  status=status))
-    out += _table(inv_rows, ["machine", "invariant", "kind", "requirement", "status"])
-    pool_results = [r for r in run.results if r.check.startswith("pool")]
-    if pool_results:
-        from calculet.machines.kv_pool import KvLanePool
+    return out + _table(inv_rows, ["machine", "invariant", "kind", "requirement", "status"])
 
-        p = KvLanePool.definition
-        out += ["", "## Pool properties", "",
-                f"`{p.name}`: {p.instance.definition.name} × N with the pool's own rules ({p.spec}).", ""]
-        ind = [r for r in pool_results if r.check == "pool-induction"]
-        bmc = [r for r in pool_results if r.check == "pool-bmc"]
-        rows = []
-        for inv in p.invariants:
-            rows.append(dict(property=f"`{inv.name}`", requirement=inv.rid,
-                             induction=("proved, N=%d, %d transitions" % (o.lanes, len(ind)))
-                             if all(r.ok for r in ind) else "not inductive",
-                             bmc=bmc[0].detail if bmc else "—"))
-        out += _table(rows, ["property", "requirement", "induction", "bmc"])
-        out += ["", "Per-instance properties that lift to the whole pool (proved per machine above):", ""]
-        out += [f"- `{m}.{n}`: {why}" for m, n, why in p.related]
-    out += _system_sections(run)
+
+def _pool_section(run: VerifyRun) -> list[str]:
+    """The KV lane pool's invariants: induction and bounded model checking (none if not run)."""
+    pool_results = [r for r in run.results if r.check.startswith("pool")]
+    if not pool_results:
+        return []
+    o = run.options
+    p = KvLanePool.definition
+    out = ["", "## Pool properties", "",
+           f"`{p.name}`: {p.instance.definition.name} × N with the pool's own rules ({p.spec}).", ""]
+    ind = [r for r in pool_results if r.check == "pool-induction"]
+    bmc = [r for r in pool_results if r.check == "pool-bmc"]
+    rows = []
+    for inv in p.invariants:
+        rows.append(dict(property=f"`{inv.name}`", requirement=inv.rid,
+                         induction=("proved, N=%d, %d transitions" % (o.lanes, len(ind)))
+                         if all(r.ok for r in ind) else "not inductive",
+                         bmc=bmc[0].detail if bmc else "—"))
+    out += _table(rows, ["property", "requirement", "induction", "bmc"])
+    out += ["", "Per-instance properties that lift to the whole pool (proved per machine above):", ""]
+    out += [f"- `{m}.{n}`: {why}" for m, n, why in p.related]
+    return out
+
+
+def _failure_sections(run: VerifyRun) -> list[str]:
+    """Each failure with its counterexample, then the (state, event) pairs refused by decision."""
+    out: list[str] = []
     failures = run.failures()
     if failures:
         out += ["", "## Failures", ""]
@@ -289,5 +294,4 @@ def verification_document(run: VerifyRun) -> str:
                 "`TransitionNotAllowed`. Each is a decision of the declaration, not an accident.", ""]
         out += _table([dict(machine=r.machine, pair=r.subject, example=r.detail.replace("refused for some values, e.g. ", ""))
                        for r in informational], ["machine", "pair", "example"])
-    out.append("")
-    return "\n".join(out)
+    return out

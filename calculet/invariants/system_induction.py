@@ -18,9 +18,9 @@ from typing import Iterable
 import z3
 
 from calculet.invariants.checks import CheckResult, Counterexample, Progress, model_value
-from calculet.invariants.system_encoding import (Frame, Move, assume_invariants, flat, fresh_frame, initial_frame,
-                                                 read_frame, seq_domain, step_args, system_goals)
-from calculet.machines.system import SystemDefinition, Variant
+from calculet.invariants.system_encoding import (Move, assume_invariants, flat, fresh_frame, initial_frame, read_frame,
+                                                 seq_domain, step_args, system_goals)
+from calculet.machines.system import SystemDefinition
 
 __all__ = ["check_system_induction", "check_system_initiation", "check_system_vacuity"]
 

@@ -15,6 +15,10 @@ from pathlib import Path
 
 import yaml
 
+from calculet.machines import ALL_MACHINES
+from calculet.machines.kv_pool import KvLanePool
+from calculet.machines.request_lanes import RequestLaneSystem
+
 ROOT = Path(__file__).resolve().parents[2]
 CATALOGUE = Path(__file__).resolve().parents[1] / "data" / "requirements.yaml"
 
@@ -47,10 +51,6 @@ def catalogue() -> tuple[Requirement, ...]:
 def proof_references() -> dict[str, list[str]]:
     """R-id → the declared invariants, pool properties and requests × lanes properties that state
     it (proved by verify)."""
-    from calculet.machines import ALL_MACHINES
-    from calculet.machines.kv_pool import KvLanePool
-    from calculet.machines.request_lanes import RequestLaneSystem
-
     refs: dict[str, list[str]] = {}
     for machine in ALL_MACHINES:
         d = machine.definition
@@ -124,11 +124,10 @@ def unknown_references() -> list[str]:
 
 
 def traceability_document() -> str:
-    from calculet.specgen import BANNER
-
+    """``specs/traceability.md`` without its banner (specgen puts it on top)."""
     rows = coverage()
     covered, total = software_figure(rows)
-    out = [BANNER, "", "# Requirement traceability", "",
+    out = ["# Requirement traceability", "",
            "Every requirement of the seed checklist (`../shared/seed/requirements.md`) by id, with our own",
            "short title, the proofs (declared invariants proved by `python -m calculet.verify`) and the",
            "tests (`@pytest.mark.req`) that cover it. Hardware requirements need a real NPU; a test",

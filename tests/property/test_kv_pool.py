@@ -159,6 +159,13 @@ class KvPoolMachine(RuleBasedStateMachine):
         getattr(self.ref, outcome)(lease)
         COVERED[outcome] += 1
 
+    @precondition(lambda self: any((self.ref.owned(x) or {}).get("state") == "updating" for x in self.leases))
+    @rule(data=st.data(), outcome=st.sampled_from(["commit", "abort", "fault"]))
+    def finish_held_update(self, data: st.DataObject, outcome: str) -> None:
+        """A job left in flight (``append`` … ``hold``) completes: without this rule only
+        ``finish_update`` reaches an Updating lane, and a seed may never commit one."""
+        self.finish_update(data, outcome)
+
     @precondition(lambda self: self.leases)
     @rule(data=st.data(), tokens=st.integers(1, 4))
     def remove(self, data: st.DataObject, tokens: int) -> None:
@@ -277,12 +284,70 @@ class KvPoolMachine(RuleBasedStateMachine):
             assert self.kv.lane(index).state == "unknown"
 
 
+EVERY_PATH = {"reserve", "reserve refused", "append commit", "append abort", "append fault", "append hold",
+              "append refused", "commit", "abort", "fault", "remove", "remove not supported", "free",
+              "free refused or quarantined", "cancel drains", "confirm", "recover"}
+
+
+class _Script:
+    """Stands in for Hypothesis's ``data`` in the directed run: each draw takes the next value."""
+
+    def __init__(self, *values: object) -> None:
+        self.values = list(values)
+
+    def draw(self, strategy: object, label: object = None) -> object:
+        return self.values.pop(0)
+
+
+def _checked(machine: KvPoolMachine) -> KvPoolMachine:
+    for check in (machine.matches_reference, machine.lanes_are_unique, machine.lengths_in_range,
+                  machine.terminal_lanes_hold_nothing, machine.unknown_is_quarantined):
+        check()
+    return machine
+
+
+def test_every_path_matches_the_reference_model_directed():
+    """Every path the random run must reach, taken once in a fixed order, compared with the
+    reference after each step: the random run's coverage no longer rests on one seed's luck."""
+    COVERED.clear()
+    m = KvPoolMachine()
+    m.setup(lanes=2, remove_tail=True)
+    m.reserve(gen=1, tokens=4)
+    lease = m.leases[0]
+    m.reserve(gen=1, tokens=MAX_SEQ + 1)
+    steps = [("append", _Script(lease), 2, "commit"), ("append", _Script(lease), 1, "abort"),
+             ("append", _Script(lease), 6, "hold"), ("append", _Script(lease), 1, "hold"),
+             ("finish_update", _Script(lease), "commit"), ("append", _Script(lease), 1, "hold"),
+             ("finish_update", _Script(lease), "abort"), ("remove", _Script(lease), 1),
+             ("append", _Script(lease), 1, "hold"), ("cancel", _Script(lease))]
+    for name, *args in steps:
+        getattr(_checked(m), name)(*args)
+    m.confirm(_Script(m.commands[0]))
+    m.reserve(gen=2, tokens=3)
+    m.free(_Script(m.leases[-1]))
+    m.free(_Script(m.leases[-1]))
+    m.reserve(gen=2, tokens=3)
+    m.append(_Script(m.leases[-1]), 1, "fault")
+    m.recover(_Script(m.leases[-1].lane))
+    for command in list(m.commands):
+        _checked(m).confirm(_Script(command))
+    m.reserve(gen=1, tokens=2)
+    m.finish_update(_Script(m.leases[-1]), "fault")
+    _checked(m)
+    other = KvPoolMachine()
+    other.setup(lanes=1, remove_tail=False)
+    other.reserve(gen=1, tokens=2)
+    other.remove(_Script(other.leases[0]), 1)
+    _checked(other)
+    assert EVERY_PATH <= set(COVERED), sorted(EVERY_PATH - set(COVERED))
+
+
 @pytest.mark.req("R17.2.1", "R17.2.2", "R17.2.3", "R17.2.4", "R17.2.5", "R17.2.6",
                  "R9.2.1", "R9.2.2", "R9.2.3", "R9.2.5", "R9.2.6", "R9.3.1", "R9.3.2")
 def test_kv_pool_matches_the_reference_model():
     COVERED.clear()
     run_state_machine_as_test(KvPoolMachine)
-    expected = {"reserve", "reserve refused", "append commit", "append abort", "append fault", "append hold",
-                "append refused", "commit", "abort", "fault", "remove", "remove not supported", "free",
-                "free refused or quarantined", "cancel drains", "confirm", "recover"}
-    assert expected <= set(COVERED), sorted(expected - set(COVERED))
+    # The directed test takes every path; random sequences must still reach most of them (which
+    # few a seed misses shifts with any edit of the machine class, which seeds the ci profile).
+    reached = EVERY_PATH & set(COVERED)
+    assert len(reached) >= 0.75 * len(EVERY_PATH), sorted(EVERY_PATH - reached)
