@@ -53,6 +53,8 @@ from __future__ import annotations
 
 import heapq
 import math
+from itertools import accumulate
+from operator import le
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -148,12 +150,20 @@ def _deadline(job: PendingJob) -> float:
     return _INF if job.deadline is None else job.deadline
 
 
+def _prefills(jobs: Sequence[PendingJob], model: DeviceModel) -> list[float]:
+    """``model.prefill_s`` of every job, inlined (this runs on the admission path)."""
+    fixed, per, chunk = model.prefill_fixed_s, model.prefill_per_token_s, model.prefill_chunk_tokens
+    if chunk is None:
+        return [fixed + per * t if (t := j.prefill_tokens) else 0.0 for j in jobs]
+    return [-(-t // chunk) * fixed + per * t if (t := j.prefill_tokens) else 0.0 for j in jobs]
+
+
 def _plan(jobs: Sequence[PendingJob], model: DeviceModel) -> tuple[float, list[float]]:
     """(device time before the lanes start, per-job lane length): the EDF work model."""
-    step, prefill = model.decode_step_s, model.prefill_s
-    if model.lanes == 1:
-        return 0.0, [prefill(j.prefill_tokens) + j.decode_steps * step for j in jobs]
-    return sum([prefill(j.prefill_tokens) for j in jobs]), [j.decode_steps * step for j in jobs]
+    step, prefills = model.decode_step_s, _prefills(jobs, model)
+    if model.compiled_batch * model.engines == 1:
+        return 0.0, [p + j.decode_steps * step for p, j in zip(prefills, jobs)]
+    return sum(prefills), [j.decode_steps * step for j in jobs]
 
 
 def _edf_order(jobs: Sequence[PendingJob]) -> list[int]:
@@ -218,6 +228,10 @@ def _select(order: Sequence[int], lengths: Sequence[float], deadlines: Sequence[
     finish: dict[int, float] = {}
     longest: list[tuple[float, int]] = []
     push, pop = heapq.heappush, heapq.heappop
+    if lanes == 1:
+        ends = list(accumulate([lengths[i] for i in order], initial=start))[1:]
+        if all(map(le, ends, [deadlines[i] + 1e-12 for i in order])):
+            return [], dict(zip(order, ends))
     shed: list[int] = []
     for i in order:
         length, deadline = lengths[i], deadlines[i]
@@ -242,6 +256,20 @@ def _select(order: Sequence[int], lengths: Sequence[float], deadlines: Sequence[
                 free[gone] += length
             end = finish[i] = free[lane]
     return shed, finish
+
+
+def moore_hodgson(lengths: Sequence[float], deadlines: Sequence[float | None], *, lanes: int = 1,
+                  start: float = 0.0, weights: Sequence[float] | None = None) -> tuple[list[int], list[int]]:
+    """(kept, shed) indices of jobs all present at ``start`` with these lengths and absolute deadlines.
+
+    The plain-number form of :func:`on_time_selection` (the offline bound uses it on device
+    seconds). Exact maximum on-time count for ``lanes == 1`` and equal weights.
+    """
+    ds = [_INF if d is None else d for d in deadlines]
+    order = sorted(range(len(ds)), key=ds.__getitem__)
+    shed, _ = _select(order, lengths, ds, weights or [1.0] * len(ds), lanes, start)
+    dropped = set(shed)
+    return [i for i in order if i not in dropped], sorted(shed)
 
 
 def on_time_selection(jobs: Sequence[PendingJob], now: float, model: DeviceModel) -> Selection:
