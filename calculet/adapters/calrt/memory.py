@@ -7,12 +7,9 @@ chiplets for the §13.1 capacity figures and the §12 release check.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from calculet.errors import CalculetError
-
-if TYPE_CHECKING:
-    from calculet.adapters.calrt.protocol import VirtualDevice
 
 
 @dataclass(frozen=True)
@@ -47,7 +44,13 @@ MAX_CHIPLETS = 8
 is not part of the protocol, so the walk stops at the first refused id or here."""
 
 
-def read_board_memory(device: VirtualDevice) -> tuple[MemInfo, ...]:
+class ReadsMemory(Protocol):
+    """The one call of a VirtualDevice the board walk needs (the full protocol imports this module)."""
+
+    def read_mem(self, chip: int) -> MemInfo: ...
+
+
+def read_board_memory(device: ReadsMemory) -> tuple[MemInfo, ...]:
     """ReadMem for every chiplet of the board, in chip order (§13.1 capacity figures, §12 release
     check); a refused chip id ends the board. Not evidence of chip isolation (§13.3)."""
     board: list[MemInfo] = []
