@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from package_testkit import Env
+from tests.unit.packages.package_testkit import Env
 
 from calculet.packages import generate_keypair
 

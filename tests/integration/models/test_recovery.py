@@ -15,13 +15,12 @@ from calculet.adapters.calrt import JobKind
 from calculet.adapters.sim import InjectedFault, FaultRule
 from calculet.runtime.engine.types import EngineOptions
 from calculet.runtime.models.reports import LoadFailed, LoadStep
-from tests.integration.test_models_support import (
+from tests.integration.models.support import (
     ALIAS,
     Client,
     ModelsEnv,
     assert_counters_consistent,
     assert_isolated,
-    env,  # noqa: F401 - fixture
     make_rig,
     reference_tokens,
 )

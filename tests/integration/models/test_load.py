@@ -22,13 +22,12 @@ from calculet.clock import FakeClock
 from calculet.runtime.engine.driver import EngineDriver
 from calculet.runtime.models.reports import LoadFailed, LoadStep, ModelGeneration
 from calculet.runtime.streams.writer import StreamWriter
-from tests.integration.test_models_support import (
+from tests.integration.models.support import (
     ALIAS,
     Client,
     LifecycleRuntime,
     ModelsEnv,
     assert_isolated,
-    env,  # noqa: F401 - fixture
     make_rig,
     reference_tokens,
     request,

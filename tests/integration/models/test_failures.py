@@ -18,13 +18,12 @@ from typing import Any
 import pytest
 
 from calculet.runtime.models.reports import LoadFailed, LoadStep, UnloadStep
-from tests.integration.test_models_support import (
+from tests.integration.models.support import (
     ALIAS,
     Client,
     ModelsEnv,
     Rig,
     assert_isolated,
-    env,  # noqa: F401 - fixture
     make_rig,
     mismatched_tensors,
     reference_tokens,

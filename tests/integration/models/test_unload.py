@@ -18,11 +18,10 @@ from calculet.runtime.scheduling.admission import Decision
 from calculet.runtime.engine.types import EngineOptions
 from calculet.runtime.models.reports import UnloadFailed, UnloadStep
 from calculet.runtime.streams.writer import StreamWriter
-from tests.integration.test_models_support import (
+from tests.integration.models.support import (
     ALIAS,
     Client,
     ModelsEnv,
-    env,  # noqa: F401 - fixture
     make_rig,
     reference_tokens,
     request,

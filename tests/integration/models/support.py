@@ -108,11 +108,6 @@ class ModelsEnv:
         return True
 
 
-@pytest.fixture
-def env(tmp_path: Path) -> ModelsEnv:
-    return ModelsEnv.create(tmp_path)
-
-
 # ---------------------------------------------------------------------------------------------
 # a device that records and fails lifecycle calls
 # ---------------------------------------------------------------------------------------------

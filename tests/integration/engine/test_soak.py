@@ -20,7 +20,6 @@ their starting counts. Hardware R-ids are simulated evidence only.
 from __future__ import annotations
 
 import random
-import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -31,7 +30,7 @@ from calculet.adapters.sim.model import pseudo_next_token
 from calculet.machines.request import FinishReason
 from calculet.runtime.engine.types import EngineOptions, GenerateRequest
 from calculet.runtime.request import RequestOutcome
-from tests.integration.test_engine_support import assert_clean, engine_config, make_driver
+from tests.integration.engine.support import assert_clean, engine_config, make_driver
 
 RC_NAMES = tuple(rc.name for rc in ReturnCode if rc is not ReturnCode.OK)
 
@@ -82,7 +81,6 @@ def soak(n: int, seed: int) -> dict[str, object]:
     live: dict[int, SoakSink] = {}
     submitted = 0
     rounds = 0
-    start = time.perf_counter()
     while submitted < n or live:
         arrivals = 0
         while len(live) < 40 and submitted < n and arrivals < 6:
@@ -110,7 +108,6 @@ def soak(n: int, seed: int) -> dict[str, object]:
             assert all(core.kv.lane(lane).state != "unknown" for lane in held), "a live request holds an Unknown lane"
         assert rounds < 200 * n, "the soak does not converge"
     driver.run_until_idle()
-    wall = time.perf_counter() - start
 
     counts: dict[str, int] = {}
     for sink in sinks:
@@ -143,7 +140,7 @@ def soak(n: int, seed: int) -> dict[str, object]:
     assert stats.scheduler.kv.by_state["free"] == stats.scheduler.kv.lanes
     assert stats.scheduler.admission.waiting_requests == 0 and stats.scheduler.admission.active_sequences == 0
     driver.stop()
-    return {"wall_s": wall, "virtual_s": clock.now(), "reasons": counts, "injected": injected,
+    return {"virtual_s": clock.now(), "reasons": counts, "injected": injected,
             "resets": stats.recovery.resets, "restarts": stats.recovery.restarts,
             "degrade": stats.executor.degrade.reason}
 
@@ -160,12 +157,12 @@ def _check_every_kind(report: dict[str, object]) -> None:
 def test_fault_soak_1000_requests() -> None:
     report = soak(1000, seed=11)
     _check_every_kind(report)
-    assert report["wall_s"] < 30  # type: ignore[operator]
 
 
+@pytest.mark.slow
 @pytest.mark.req("R17.3.3", "R17.3.4", "R17.3.5", "R9.2.6", "R17.2.5", "R18.12", "R19.1")
 def test_fault_soak_10000_requests() -> None:
-    """About 7 s on this machine (virtual time), so it stays in the default suite."""
+    """The long tier (``make soak``); the 1 000-request soak above covers the same requirements in
+    the default suite. Wall time is a figure for the benchmarks, never an assertion here."""
     report = soak(10_000, seed=20260802)
     _check_every_kind(report)
-    assert report["wall_s"] < 60, report  # type: ignore[operator]

@@ -24,7 +24,7 @@ from calculet.packages import (
 )
 from calculet.errors import DefinitionError, PackageError
 
-from package_testkit import EXTRA_FIELDS, PACKAGE_FILES, Env
+from tests.unit.packages.package_testkit import EXTRA_FIELDS, PACKAGE_FILES, Env
 
 
 def _verify(env: Env, package: Path, **kwargs: object) -> object:

@@ -23,7 +23,7 @@ from calculet.runtime.engine.types import EngineOptions
 from calculet.runtime.scheduling.registry import CancelResult
 from calculet.runtime.execution.session import GoldenFailed, RuntimeSession
 from calculet.runtime.streams.writer import StreamFinish
-from tests.integration.test_engine_support import (
+from tests.integration.engine.support import (
     assert_clean,
     engine_config,
     make_driver,

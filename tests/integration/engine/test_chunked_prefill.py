@@ -31,8 +31,8 @@ from calculet.runtime.engine.driver import EngineDriver
 from calculet.runtime.engine.types import EngineOptions, GenerateRequest
 from calculet.runtime.execution.sampler import SamplingParams
 from calculet.runtime.streams.writer import StreamWriter
-from tests.integration.test_engine_support import RecordingRuntime, assert_clean, engine_config
-from tests.integration.test_sim_golden import assert_chunked_equals_one_shot
+from tests.integration.engine.support import RecordingRuntime, assert_clean, engine_config
+from tests.integration.sim.test_golden import assert_chunked_equals_one_shot
 
 CHUNK = 512
 MAX_SEQ = 2048

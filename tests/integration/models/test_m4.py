@@ -31,14 +31,13 @@ from calculet.runtime.models.operations import OperationHandle
 from calculet.runtime.request import RequestOutcome
 from calculet.runtime.execution.sampler import SamplingParams
 from calculet.runtime.streams.writer import StreamWriter
-from tests.integration.test_models_support import (
+from tests.integration.models.support import (
     ALIAS,
     Client,
     ModelsEnv,
     Rig,
     assert_counters_consistent,
     assert_isolated,
-    env,  # noqa: F401 - fixture
     make_rig,
     open_fds,
     reference_tokens,

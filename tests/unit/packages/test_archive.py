@@ -8,7 +8,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from package_testkit import PACKAGE_FILES, Env
+from tests.unit.packages.package_testkit import PACKAGE_FILES, Env
 
 from calculet.packages import (
     PackageCheck,

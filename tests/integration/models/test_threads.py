@@ -21,11 +21,10 @@ from calculet.runtime.engine.types import EngineOptions, TokenProvenance
 from calculet.runtime.models.capacity import CapacityPlan, CapacityPlanner, ChipMemory, ResidentModel
 from calculet.runtime.models.reports import LoadStep
 from calculet.runtime.streams.writer import StreamWriter
-from tests.integration.test_models_support import (
+from tests.integration.models.support import (
     ALIAS,
     ModelsEnv,
     assert_isolated,
-    env,  # noqa: F401 - fixture
     reference_tokens,
     request,
 )

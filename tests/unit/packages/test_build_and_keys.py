@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from package_testkit import EXTRA_FIELDS, PACKAGE_FILES, Env
+from tests.unit.packages.package_testkit import EXTRA_FIELDS, PACKAGE_FILES, Env
 
 from calculet.packages import (
     MANIFEST_NAME,

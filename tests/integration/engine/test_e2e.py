@@ -27,7 +27,7 @@ from calculet.runtime.engine.types import EngineOptions, ExecutionMode, Generate
 from calculet.runtime.scheduling.registry import CancelResult
 from calculet.runtime.request import RequestOutcome
 from calculet.runtime.streams.writer import StreamFinish, StreamWriter
-from tests.integration.test_engine_support import (
+from tests.integration.engine.support import (
     RecordingRuntime,
     assert_clean,
     engine_config,
