@@ -58,7 +58,7 @@ from calculet.machines.model import ModelMachine
 from calculet.machines.request import FinishReason, RequestMachine
 from calculet.runtime.scheduling.admission import Decision
 from calculet.runtime.engine.types import EngineStatistics
-from calculet.runtime.execution.executor import DegradeReason
+from calculet.runtime.execution.degrade import DegradeReason
 from calculet.runtime.execution.recovery import FaultReason
 
 log = logging.getLogger("calculet.server.metrics")

@@ -1,4 +1,5 @@
-"""DeviceExecutor, result verification, ping/pong degrade and the CompletionDispatcher (§3, §7.4, §14).
+"""DeviceExecutor (§3, §14): planned work becomes CalRT jobs on the device, tracked until the device
+is done with them.
 
 **DeviceExecutor** — one per physical device (§3). It turns the scheduler's planned work
 (:class:`~calculet.runtime.scheduling.prefill.PrefillWork`, :class:`~calculet.runtime.scheduling.decode.DecodeBatch`)
@@ -13,47 +14,17 @@ job's generation; a result the executor does not know (a job discarded by a rese
 device) is dropped and counted, and one the scheduler no longer expects is still handed to it so
 the job's slot and lanes are reclaimed (§4).
 
-**Result verification (crosstalk detection).** Four independent checks, each on data the host
-already has:
-
-1. :func:`~calculet.adapters.calrt.verify_result` — (generation, job id), one result per
-   compiled lane, slot *i* tagged (lane *i*, the sequence bound there, valid bit), status
-   counters (valid lanes, tokens processed, KV tokens written, and ``engine_sequence``
-   advancing by exactly one per job on each engine);
-2. job identity — the result names the job's engine, kind, calbin, compiled batch and *its own*
-   OutputBuf: a result carrying the other engine's buffer is cross-job crosstalk (ping/pong);
-3. lane echo — every valid lane echoes the position it was given and, when OK, the KV length
-   that position implies (+1 for decode, + the chunk for prefill); an inactive lane produces
-   no token: a lane whose tags are right but whose content belongs to another sequence shows
-   here;
-4. data channel against control channel — each lane's logits (the tagged result) must equal
-   the row of the job's OutputBuf at the lane the tag names. The tags and the buffer travel
-   different paths on a device; swapped lanes disagree even when each tag is self-consistent.
-
-Any crosstalk finding fails the whole job (no lane's token is delivered, its lanes' KV become
-Unknown and are recovered as a known failure) and degrades ping/pong. A counter anomaly does the
-same (the device's own bookkeeping is wrong, so its output is not trusted).
-
-**DegradeMonitor** — §14: any crosstalk, a status/counter anomaly, P99 inter-token latency
-under ping/pong beyond ``executor.degrade.p99_regression_ratio`` over the single-job baseline
-measured in the same run, ``consecutive_busy_or_timeout`` DeviceBusy refusals / Wait timeouts with no job accepted in
-between, or an
-uncertain recovery switch the executor to one job in flight. Only new jobs are affected: jobs
-already submitted drain (R14.10). The degrade is sticky for the life of the engine.
-
-**CompletionDispatcher** — §7.4: splits a verified result per lane, samples each OK lane
-through its own request's sampler (:mod:`calculet.runtime.execution.sampler`) and builds the
-scheduler's completion, carrying the CalRT return code as the failed requests' error detail
-(R19.2).
+Each result is checked against its job (:mod:`.verification`) before the completion
+dispatcher (:mod:`.dispatch`) samples it; crosstalk, counter anomalies and runs of DeviceBusy or
+timeouts feed the ping/pong degrade (:mod:`.degrade`).
 """
 
 from __future__ import annotations
 
-import enum
 import logging
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Sequence
 
 import numpy as np
 
@@ -61,68 +32,27 @@ from calculet.adapters.calrt import (
     NO_SEQUENCE,
     Anomaly,
     DecodeJob,
-    JobId,
     JobKind,
     JobResult,
     JobSpec,
-    JobTicket,
     KvSeqId,
     PrefillJob,
     ReturnCode,
     VirtualDevice,
     rc_of,
-    verify_result,
 )
-from calculet.config import DegradeConfig, ExecutorConfig
+from calculet.clock import Clock
+from calculet.config import ExecutorConfig
 from calculet.errors import CalculetError, DefinitionError
 from calculet.machines.job import JobEngine
-from calculet.clock import Clock
-from calculet.runtime.scheduling.completion import DecodeCompletion, FaultKind, LaneOutcome, PrefillCompletion
+from calculet.runtime.execution.degrade import DegradeMonitor, DegradeStatistics
+from calculet.runtime.execution.inflight import InflightJob, Work
+from calculet.runtime.execution.session import RuntimeSession
+from calculet.runtime.execution.verification import check_result
 from calculet.runtime.scheduling.decode import DecodeBatch
 from calculet.runtime.scheduling.kv import FreeSequence
-from calculet.runtime.scheduling.prefill import PrefillWork
-from calculet.runtime.execution.sampler import SamplerPool
-from calculet.runtime.execution.session import RuntimeSession
 
 log = logging.getLogger("calculet.runtime.execution.executor")
-
-Work = Union[PrefillWork, DecodeBatch]
-
-_FAULT_FOR_RC = {ReturnCode.OK: FaultKind.NONE, ReturnCode.TIMEOUT: FaultKind.TIMEOUT,
-                 ReturnCode.CCU_FAULT: FaultKind.CCU_FAULT, ReturnCode.DMA_UNKNOWN: FaultKind.DMA_UNKNOWN}
-
-
-def fault_kind(rc: ReturnCode) -> FaultKind:
-    """The completion's fault for a job return code (every other failure is a known ERROR)."""
-    return _FAULT_FOR_RC.get(rc, FaultKind.ERROR)
-
-
-# ---------------------------------------------------------------------------------------------
-# In-flight jobs
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(eq=False)
-class InflightJob:
-    """A job the device accepted, until its result is dispatched or a reset discards it."""
-
-    job_id: int
-    """The scheduler's job id (the DeviceJobMachine's)."""
-    ticket: JobTicket
-    work: Work
-    spec: JobSpec
-    deadline: float
-    overlapped: bool
-    """Another job was on the device when this one was submitted (ping/pong)."""
-    timed_out: bool = False
-
-    @property
-    def device_job(self) -> JobId:
-        return self.ticket.job_id
-
-    @property
-    def generation(self) -> int:
-        return self.ticket.generation
 
 
 @dataclass(frozen=True)
@@ -135,156 +65,6 @@ class SubmitRefused:
     @property
     def detail(self) -> str:
         return f"{self.rc.name}: {self.message}"
-
-
-# ---------------------------------------------------------------------------------------------
-# §14 degrade
-# ---------------------------------------------------------------------------------------------
-
-
-class DegradeReason(str, enum.Enum):
-    CROSSTALK = "crosstalk"
-    COUNTERS = "counters"
-    P99_REGRESSION = "p99_regression"
-    BUSY_OR_TIMEOUT = "busy_or_timeout"
-    UNCERTAIN_RECOVERY = "uncertain_recovery"
-
-
-@dataclass(frozen=True)
-class DegradeStatistics:
-    configured_inflight: int
-    effective_inflight: int
-    degraded: bool
-    reason: str
-    triggers: dict[str, int]
-    busy_or_timeout_streak: int
-    solo_samples: int
-    pingpong_samples: int
-    p99_solo_s: float
-    p99_pingpong_s: float
-
-
-class DegradeMonitor:
-    """Watches the §14 triggers and decides the effective in-flight depth (2 → 1, sticky)."""
-
-    CHECK_EVERY = 64
-
-    def __init__(self, config: DegradeConfig, *, configured_inflight: int, min_samples: int = 64,
-                 window: int = 2048) -> None:
-        self.config = config
-        self.configured = configured_inflight
-        self.min_samples = min_samples
-        self._degraded = False
-        self._reason = ""
-        self._triggers: Counter[str] = Counter()
-        self._streak = 0
-        self._solo: deque[float] = deque(maxlen=window)
-        self._pp: deque[float] = deque(maxlen=window)
-        self._since_check = 0
-
-    @property
-    def effective_inflight(self) -> int:
-        return 1 if self._degraded else self.configured
-
-    @property
-    def degraded(self) -> bool:
-        return self._degraded
-
-    def trigger(self, reason: DegradeReason, detail: str) -> bool:
-        """Record a §14 trigger; returns True when it newly degrades ping/pong."""
-        self._triggers[reason.value] += 1
-        if self._degraded or self.configured == 1:
-            return False
-        self._degraded = True
-        self._reason = f"{reason.value}: {detail}"
-        log.warning("ping/pong degraded to one job in flight", extra={"reason": reason.value, "detail": detail})
-        return True
-
-    def busy_or_timeout(self, detail: str) -> bool:
-        self._streak += 1
-        if self._streak >= self.config.consecutive_busy_or_timeout:
-            return self.trigger(DegradeReason.BUSY_OR_TIMEOUT, f"{self._streak} in a row; last {detail}")
-        return False
-
-    def accepted(self) -> None:
-        """The device accepted a job: the run of DeviceBusy/timeouts is broken."""
-        self._streak = 0
-
-    def latency(self, seconds: float, *, overlapped: bool) -> bool:
-        """One inter-token latency sample, taken while one job (solo) or two (ping/pong) ran."""
-        (self._pp if overlapped else self._solo).append(seconds)
-        self._since_check += 1
-        if self._since_check < self.CHECK_EVERY or self._degraded or self.configured == 1:
-            return False
-        self._since_check = 0
-        if len(self._pp) < self.min_samples or len(self._solo) < self.min_samples:
-            return False
-        solo, pp = self._p99(self._solo), self._p99(self._pp)
-        if pp > solo * (1.0 + self.config.p99_regression_ratio):
-            return self.trigger(DegradeReason.P99_REGRESSION,
-                                f"P99 {pp * 1e3:.3f} ms under ping/pong vs {solo * 1e3:.3f} ms single "
-                                f"(> +{self.config.p99_regression_ratio:.0%})")
-        return False
-
-    @staticmethod
-    def _p99(samples: deque[float]) -> float:
-        return float(np.percentile(np.fromiter(samples, dtype=np.float64), 99)) if samples else 0.0
-
-    def statistics(self) -> DegradeStatistics:
-        return DegradeStatistics(self.configured, self.effective_inflight, self._degraded, self._reason,
-                                 dict(self._triggers), self._streak, len(self._solo), len(self._pp),
-                                 self._p99(self._solo), self._p99(self._pp))
-
-
-# ---------------------------------------------------------------------------------------------
-# Result verification
-# ---------------------------------------------------------------------------------------------
-
-
-def check_result(job: InflightJob, result: JobResult, *, previous_engine_sequence: int | None,
-                 output_rows: np.ndarray | None) -> list[tuple[Anomaly, str]]:
-    """Every anomaly of ``result`` against the job that was submitted (the four checks above)."""
-    spec, ticket = job.spec, job.ticket
-    found = list(verify_result(spec, ticket, result, previous_engine_sequence).anomalies)
-    out = spec.buffers.output
-    if (result.engine is not spec.engine or result.kind is not spec.kind or result.calbin_id != spec.calbin_id
-            or result.compiled_batch != spec.compiled_batch
-            or result.output_buffer.buffer_id != out.buffer_id):
-        found.append((Anomaly.CROSSTALK,
-                      f"result names engine {result.engine.name.lower()}, {result.kind.value} B{result.compiled_batch}, "
-                      f"OutputBuf {result.output_buffer.buffer_id}; the job ran on {spec.engine.name.lower()}, "
-                      f"{spec.kind.value} B{spec.compiled_batch}, OutputBuf {out.buffer_id}"))
-    if isinstance(spec, DecodeJob):
-        positions = [int(p) for p in spec.positions]
-        valid = [bool(v) for v in spec.lane_valid]
-        step = [1] * spec.compiled_batch
-    else:
-        positions, valid, step = [spec.start_position], [True], [len(spec.tokens)]
-    for lane in result.lanes:
-        i = lane.lane
-        if not 0 <= i < len(positions):
-            found.append((Anomaly.CROSSTALK, f"a result names lane {i}, outside the job's {len(positions)} lanes"))
-            continue
-        if not valid[i]:
-            if lane.greedy_token is not None or (lane.logits is not None and not np.all(np.isnan(lane.logits))):
-                found.append((Anomaly.CROSSTALK, f"inactive lane {i} returned output"))
-            continue
-        if lane.position != positions[i]:
-            found.append((Anomaly.CROSSTALK, f"lane {i} echoes position {lane.position}; it was given "
-                                             f"{positions[i]}"))
-        elif lane.rc is ReturnCode.OK and result.ok and lane.kv_len != positions[i] + step[i]:
-            found.append((Anomaly.CROSSTALK, f"lane {i} reports KV length {lane.kv_len}; position {positions[i]} "
-                                             f"+ {step[i]} was expected"))
-        if output_rows is not None and lane.logits is not None and lane.rc is ReturnCode.OK:
-            row = output_rows[i] if i < len(output_rows) else None
-            if row is None or row.shape != lane.logits.shape or not np.array_equal(row, lane.logits):
-                found.append((Anomaly.CROSSTALK, f"lane {i}'s logits differ from OutputBuf row {i}"))
-    return found
-
-
-# ---------------------------------------------------------------------------------------------
-# The executor
-# ---------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -532,109 +312,3 @@ class DeviceExecutor:
             wait_timeouts=self._wait_timeouts, stale_results=self._stale, anomalies=dict(self._anomalies),
             sequences_bound=len(self._seqs), free_refusals=self._free_refusals,
             degrade=self.degrade.statistics())
-
-
-# ---------------------------------------------------------------------------------------------
-# CompletionDispatcher
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CompletionStatistics:
-    results: int
-    failed_results: int
-    rejected_results: int
-    lanes_sampled: int
-    lanes_failed: int
-    lanes_unmatched: int
-
-
-class CompletionDispatcher:
-    """§7.4: a verified result → per-lane sampling → the scheduler's completion."""
-
-    def __init__(self, sampler: SamplerPool, *, lane_isolation: bool) -> None:
-        self.sampler = sampler
-        self.lane_isolation = lane_isolation
-        self._results = 0
-        self._failed = 0
-        self._rejected = 0
-        self._sampled = 0
-        self._lanes_failed = 0
-        self._unmatched = 0
-
-    def prefill(self, job: InflightJob, result: JobResult, anomalies: list[tuple[Anomaly, str]]
-                ) -> PrefillCompletion:
-        work = job.work
-        assert isinstance(work, PrefillWork)
-        self._results += 1
-        if anomalies:
-            self._rejected += 1
-            return PrefillCompletion(work.job_id, work.generation, work.request_id, work.seq_id, False, None,
-                                     False, FaultKind.ERROR, _anomaly_detail(anomalies))
-        lane = result.lanes[0] if result.lanes else None
-        if not result.ok or lane is None or lane.rc is not ReturnCode.OK:
-            self._failed += 1
-            rc = result.rc if not result.ok else (lane.rc if lane is not None else ReturnCode.INTERNAL)
-            return PrefillCompletion(work.job_id, result.generation, work.request_id, work.seq_id, False, None,
-                                     False, fault_kind(rc), _rc_detail(rc, result.message))
-        token: int | None = None
-        stop = False
-        if work.last_chunk:
-            sample = self.sampler.sample(work.request_id, lane.logits, lane.greedy_token)
-            if sample is not None:
-                self._sampled += 1
-                token, stop = sample
-        return PrefillCompletion(work.job_id, result.generation, work.request_id, work.seq_id, True, token, stop,
-                                 FaultKind.NONE, "" if token is not None or not work.last_chunk
-                                 else "no usable output token")
-
-    def decode(self, job: InflightJob, result: JobResult, anomalies: list[tuple[Anomaly, str]]) -> DecodeCompletion:
-        batch = job.work
-        assert isinstance(batch, DecodeBatch)
-        self._results += 1
-        if anomalies:
-            self._rejected += 1
-            self._lanes_failed += len(batch.active)
-            return DecodeCompletion(batch.job_id, batch.generation, False, (), FaultKind.ERROR,
-                                    _anomaly_detail(anomalies))
-        detail = "" if result.ok else _rc_detail(result.rc, result.message)
-        if not result.ok:
-            self._failed += 1
-        by_seq = {int(job.spec.seq_ids[b.lane]): b for b in batch.active}  # type: ignore[union-attr]
-        usable = result.ok or self.lane_isolation
-        lanes: list[LaneOutcome] = []
-        for lane in result.lanes:
-            if not lane.valid:
-                continue
-            binding = by_seq.get(lane.seq_id)
-            if binding is None:
-                self._unmatched += 1
-                lanes.append(LaneOutcome(lane.lane, 0, 0, result.generation, False, None))
-                continue
-            token: int | None = None
-            stop = False
-            if usable and lane.rc is ReturnCode.OK:
-                sample = self.sampler.sample(binding.request_id, lane.logits, lane.greedy_token)
-                if sample is not None:
-                    self._sampled += 1
-                    token, stop = sample
-            if token is None:
-                self._lanes_failed += 1
-            lanes.append(LaneOutcome(lane.lane, binding.request_id, binding.seq_id, result.generation,
-                                     token is not None, token, stop))
-        return DecodeCompletion(batch.job_id, result.generation, result.ok, tuple(lanes), fault_kind(result.rc),
-                                detail)
-
-    def statistics(self) -> CompletionStatistics:
-        return CompletionStatistics(self._results, self._failed, self._rejected, self._sampled, self._lanes_failed,
-                                    self._unmatched)
-
-
-def _rc_detail(rc: ReturnCode, message: str) -> str:
-    return f"{rc.name}: {message}" if message else rc.name
-
-
-def _anomaly_detail(anomalies: list[tuple[Anomaly, str]]) -> str:
-    kind, text = anomalies[0]
-    more = f" (+{len(anomalies) - 1} more)" if len(anomalies) > 1 else ""
-    return f"result rejected, {kind.value}: {text}{more}"

@@ -24,7 +24,10 @@ from calculet.adapters.calrt import (
 from calculet.adapters.sim.build import capabilities_for
 from calculet.config import DegradeConfig, RecoveryConfig
 from calculet.clock import FakeClock
-from calculet.runtime.execution.executor import DegradeMonitor, DegradeReason, InflightJob, check_result, fault_kind
+from calculet.runtime.execution.degrade import DegradeMonitor, DegradeReason
+from calculet.runtime.execution.dispatch import fault_kind
+from calculet.runtime.execution.inflight import InflightJob
+from calculet.runtime.execution.verification import check_result
 from calculet.runtime.scheduling.completion import FaultKind
 from calculet.runtime.execution.recovery import FaultReason, HealthRecovery, RecoveryAction
 from calculet.machines.job import JobEngine

@@ -26,7 +26,8 @@ from calculet.runtime.engine.core import EngineCore
 from calculet.runtime.models import capacity, generations, load, manager, operations, port, prepare, recovery, reports
 from calculet.runtime.models import unload
 from calculet.clock import FakeClock
-from calculet.runtime.execution.executor import DeviceExecutor, InflightJob
+from calculet.runtime.execution.executor import DeviceExecutor
+from calculet.runtime.execution.inflight import InflightJob
 from calculet.runtime.scheduling.prefill import PrefillWork
 from calculet.runtime.execution.session import RuntimeSession
 from tests.unit.runtime.runtime_support import make_config

@@ -1,0 +1,128 @@
+"""From a verified result to the scheduler's completion (§7.4, R19.2): per-lane sampling.
+
+**CompletionDispatcher** splits a result the executor verified (:mod:`.verification`) per
+lane, samples each OK lane through its own request's sampler
+(:mod:`calculet.runtime.execution.sampler`) and builds the scheduler's completion, carrying the
+CalRT return code as the failed requests' error detail (R19.2). A result with a crosstalk or
+counter anomaly delivers no token at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from calculet.adapters.calrt import Anomaly, JobResult, ReturnCode
+from calculet.runtime.execution.inflight import InflightJob
+from calculet.runtime.execution.sampler import SamplerPool
+from calculet.runtime.scheduling.completion import DecodeCompletion, FaultKind, LaneOutcome, PrefillCompletion
+from calculet.runtime.scheduling.decode import DecodeBatch
+from calculet.runtime.scheduling.prefill import PrefillWork
+
+_FAULT_FOR_RC = {ReturnCode.OK: FaultKind.NONE, ReturnCode.TIMEOUT: FaultKind.TIMEOUT,
+                 ReturnCode.CCU_FAULT: FaultKind.CCU_FAULT, ReturnCode.DMA_UNKNOWN: FaultKind.DMA_UNKNOWN}
+
+
+def fault_kind(rc: ReturnCode) -> FaultKind:
+    """The completion's fault for a job return code (every other failure is a known ERROR)."""
+    return _FAULT_FOR_RC.get(rc, FaultKind.ERROR)
+
+
+@dataclass(frozen=True)
+class CompletionStatistics:
+    results: int
+    failed_results: int
+    rejected_results: int
+    lanes_sampled: int
+    lanes_failed: int
+    lanes_unmatched: int
+
+
+class CompletionDispatcher:
+    """§7.4: a verified result → per-lane sampling → the scheduler's completion."""
+
+    def __init__(self, sampler: SamplerPool, *, lane_isolation: bool) -> None:
+        self.sampler = sampler
+        self.lane_isolation = lane_isolation
+        self._results = 0
+        self._failed = 0
+        self._rejected = 0
+        self._sampled = 0
+        self._lanes_failed = 0
+        self._unmatched = 0
+
+    def prefill(self, job: InflightJob, result: JobResult, anomalies: list[tuple[Anomaly, str]]
+                ) -> PrefillCompletion:
+        work = job.work
+        assert isinstance(work, PrefillWork)
+        self._results += 1
+        if anomalies:
+            self._rejected += 1
+            return PrefillCompletion(work.job_id, work.generation, work.request_id, work.seq_id, False, None,
+                                     False, FaultKind.ERROR, _anomaly_detail(anomalies))
+        lane = result.lanes[0] if result.lanes else None
+        if not result.ok or lane is None or lane.rc is not ReturnCode.OK:
+            self._failed += 1
+            rc = result.rc if not result.ok else (lane.rc if lane is not None else ReturnCode.INTERNAL)
+            return PrefillCompletion(work.job_id, result.generation, work.request_id, work.seq_id, False, None,
+                                     False, fault_kind(rc), _rc_detail(rc, result.message))
+        token: int | None = None
+        stop = False
+        if work.last_chunk:
+            sample = self.sampler.sample(work.request_id, lane.logits, lane.greedy_token)
+            if sample is not None:
+                self._sampled += 1
+                token, stop = sample
+        return PrefillCompletion(work.job_id, result.generation, work.request_id, work.seq_id, True, token, stop,
+                                 FaultKind.NONE, "" if token is not None or not work.last_chunk
+                                 else "no usable output token")
+
+    def decode(self, job: InflightJob, result: JobResult, anomalies: list[tuple[Anomaly, str]]) -> DecodeCompletion:
+        batch = job.work
+        assert isinstance(batch, DecodeBatch)
+        self._results += 1
+        if anomalies:
+            self._rejected += 1
+            self._lanes_failed += len(batch.active)
+            return DecodeCompletion(batch.job_id, batch.generation, False, (), FaultKind.ERROR,
+                                    _anomaly_detail(anomalies))
+        detail = "" if result.ok else _rc_detail(result.rc, result.message)
+        if not result.ok:
+            self._failed += 1
+        by_seq = {int(job.spec.seq_ids[b.lane]): b for b in batch.active}  # type: ignore[union-attr]
+        usable = result.ok or self.lane_isolation
+        lanes: list[LaneOutcome] = []
+        for lane in result.lanes:
+            if not lane.valid:
+                continue
+            binding = by_seq.get(lane.seq_id)
+            if binding is None:
+                self._unmatched += 1
+                lanes.append(LaneOutcome(lane.lane, 0, 0, result.generation, False, None))
+                continue
+            token: int | None = None
+            stop = False
+            if usable and lane.rc is ReturnCode.OK:
+                sample = self.sampler.sample(binding.request_id, lane.logits, lane.greedy_token)
+                if sample is not None:
+                    self._sampled += 1
+                    token, stop = sample
+            if token is None:
+                self._lanes_failed += 1
+            lanes.append(LaneOutcome(lane.lane, binding.request_id, binding.seq_id, result.generation,
+                                     token is not None, token, stop))
+        return DecodeCompletion(batch.job_id, result.generation, result.ok, tuple(lanes), fault_kind(result.rc),
+                                detail)
+
+    def statistics(self) -> CompletionStatistics:
+        return CompletionStatistics(self._results, self._failed, self._rejected, self._sampled, self._lanes_failed,
+                                    self._unmatched)
+
+
+def _rc_detail(rc: ReturnCode, message: str) -> str:
+    return f"{rc.name}: {message}" if message else rc.name
+
+
+def _anomaly_detail(anomalies: list[tuple[Anomaly, str]]) -> str:
+    kind, text = anomalies[0]
+    more = f" (+{len(anomalies) - 1} more)" if len(anomalies) > 1 else ""
+    return f"result rejected, {kind.value}: {text}{more}"

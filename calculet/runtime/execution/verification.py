@@ -1,0 +1,71 @@
+"""Checking a job's result against the job that was submitted (§7.4, §14): crosstalk and counters.
+
+**Result verification (crosstalk detection).** Four independent checks, each on data the host
+already has:
+
+1. :func:`~calculet.adapters.calrt.verify_result` — (generation, job id), one result per
+   compiled lane, slot *i* tagged (lane *i*, the sequence bound there, valid bit), status
+   counters (valid lanes, tokens processed, KV tokens written, and ``engine_sequence``
+   advancing by exactly one per job on each engine);
+2. job identity — the result names the job's engine, kind, calbin, compiled batch and *its own*
+   OutputBuf: a result carrying the other engine's buffer is cross-job crosstalk (ping/pong);
+3. lane echo — every valid lane echoes the position it was given and, when OK, the KV length
+   that position implies (+1 for decode, + the chunk for prefill); an inactive lane produces
+   no token: a lane whose tags are right but whose content belongs to another sequence shows
+   here;
+4. data channel against control channel — each lane's logits (the tagged result) must equal
+   the row of the job's OutputBuf at the lane the tag names. The tags and the buffer travel
+   different paths on a device; swapped lanes disagree even when each tag is self-consistent.
+
+Any crosstalk finding fails the whole job (no lane's token is delivered, its lanes' KV become
+Unknown and are recovered as a known failure) and degrades ping/pong. A counter anomaly does the
+same (the device's own bookkeeping is wrong, so its output is not trusted).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from calculet.adapters.calrt import Anomaly, DecodeJob, JobResult, ReturnCode, verify_result
+from calculet.runtime.execution.inflight import InflightJob
+
+
+def check_result(job: InflightJob, result: JobResult, *, previous_engine_sequence: int | None,
+                 output_rows: np.ndarray | None) -> list[tuple[Anomaly, str]]:
+    """Every anomaly of ``result`` against the job that was submitted (the four checks above)."""
+    spec, ticket = job.spec, job.ticket
+    found = list(verify_result(spec, ticket, result, previous_engine_sequence).anomalies)
+    out = spec.buffers.output
+    if (result.engine is not spec.engine or result.kind is not spec.kind or result.calbin_id != spec.calbin_id
+            or result.compiled_batch != spec.compiled_batch
+            or result.output_buffer.buffer_id != out.buffer_id):
+        found.append((Anomaly.CROSSTALK,
+                      f"result names engine {result.engine.name.lower()}, {result.kind.value} B{result.compiled_batch}, "
+                      f"OutputBuf {result.output_buffer.buffer_id}; the job ran on {spec.engine.name.lower()}, "
+                      f"{spec.kind.value} B{spec.compiled_batch}, OutputBuf {out.buffer_id}"))
+    if isinstance(spec, DecodeJob):
+        positions = [int(p) for p in spec.positions]
+        valid = [bool(v) for v in spec.lane_valid]
+        step = [1] * spec.compiled_batch
+    else:
+        positions, valid, step = [spec.start_position], [True], [len(spec.tokens)]
+    for lane in result.lanes:
+        i = lane.lane
+        if not 0 <= i < len(positions):
+            found.append((Anomaly.CROSSTALK, f"a result names lane {i}, outside the job's {len(positions)} lanes"))
+            continue
+        if not valid[i]:
+            if lane.greedy_token is not None or (lane.logits is not None and not np.all(np.isnan(lane.logits))):
+                found.append((Anomaly.CROSSTALK, f"inactive lane {i} returned output"))
+            continue
+        if lane.position != positions[i]:
+            found.append((Anomaly.CROSSTALK, f"lane {i} echoes position {lane.position}; it was given "
+                                             f"{positions[i]}"))
+        elif lane.rc is ReturnCode.OK and result.ok and lane.kv_len != positions[i] + step[i]:
+            found.append((Anomaly.CROSSTALK, f"lane {i} reports KV length {lane.kv_len}; position {positions[i]} "
+                                             f"+ {step[i]} was expected"))
+        if output_rows is not None and lane.logits is not None and lane.rc is ReturnCode.OK:
+            row = output_rows[i] if i < len(output_rows) else None
+            if row is None or row.shape != lane.logits.shape or not np.array_equal(row, lane.logits):
+                found.append((Anomaly.CROSSTALK, f"lane {i}'s logits differ from OutputBuf row {i}"))
+    return found
