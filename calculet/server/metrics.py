@@ -105,7 +105,7 @@ BUDGET = {
 @dataclass(frozen=True)
 class ServedModelFacts:
     """What the collector needs of the served package, read once at bring-up (not the runtime's
-    :class:`~calculet.runtime.execution.session.ModelFacts`, what a calbin states about itself)."""
+    :class:`~calculet.runtime.execution.model_facts.ModelFacts`, what a calbin states about itself)."""
 
     profiles: tuple[int, ...]
     kv_token_capacity: int

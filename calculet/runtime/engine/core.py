@@ -82,7 +82,8 @@ from calculet.runtime.execution.dispatch import CompletionDispatcher
 from calculet.runtime.execution.executor import DeviceExecutor
 from calculet.runtime.execution.recovery import FaultReason, HealthRecovery, RecoveryAction
 from calculet.runtime.execution.sampler import SamplerPool
-from calculet.runtime.execution.session import RuntimeSession, SessionPlan
+from calculet.runtime.execution.session import RuntimeSession
+from calculet.runtime.execution.session_plan import SessionPlan
 from calculet.runtime.models.capacity import CapacityPlanner
 from calculet.runtime.models.manager import ModelManager
 from calculet.runtime.models.reports import LoadFailed, LoadReport

@@ -9,9 +9,10 @@ model manager (:mod:`calculet.runtime.models.manager`) that drives it one step a
 :meth:`RuntimeSession.create` / :meth:`RuntimeSession.destroy` pair runs every step in order
 for callers that need no more.
 
-What a package states about itself is a :class:`ModelFacts` (read from the verified manifest at
-§11 step 3, before any device call, or from a created calbin to compare at step 8), and what a
-generation will configure is its :class:`SessionPlan` (:func:`plan_session`: the requested
+What a package states about itself is a :class:`~calculet.runtime.execution.model_facts.ModelFacts`
+(read from the verified manifest at §11 step 3, before any device call, or from a created calbin
+to compare at step 8), and what a generation will configure is its
+:class:`~calculet.runtime.execution.session_plan.SessionPlan` (``plan_session``: the requested
 profiles cross-validated against the manifest and the contract, R15.19, fail fast).
 
 create (§11), one method per step so the manager can interleave them with serving:
@@ -21,7 +22,8 @@ create (§11), one method per step so the manager can interleave them with servi
      tensors, inactive-lane contract, KV layout, capabilities, memory and identity (a mismatch
      fails the load, R11.8), and the KvManager can hold the configured lanes;
   9. :meth:`check_golden` (every golden vector reproduces: greedy tokens and the logits
-     checksum) and :meth:`warmup` (one prefill and one decode per configured profile).
+     checksum) and :meth:`warmup` (one prefill and one decode per configured profile), run by
+     :mod:`calculet.runtime.execution.golden`.
 A failure at any step is cleaned up by :meth:`teardown` (``verify=False``), so the device is
 back to its baseline.
 
@@ -37,10 +39,8 @@ Buffers (§14): one InputBuf/OutputBuf pair per (engine, job kind, compiled batc
 wholly on one engine and an engine runs one job at a time, so two in-flight jobs never share a
 buffer; the buffers of a job stuck on the device stay bound until a reset or restart.
 
-Decisions: prefill is a B1 graph, so B1 is configured whenever prefill must run (a fixed
-B16-only instance needs multi-profile residency to prefill); the KV lanes the scheduler may
-use are ``admission.max_sequences``, checked against the KvManager's ``canAllocate`` hint; the
-KV token capacity is the manifest's KV bytes over the profile's bytes per token (§13.1).
+Decision: the KV lanes the scheduler may use (``admission.max_sequences``) are checked against
+the CalRT KvManager's ``canAllocate`` hint at step 8.
 """
 
 from __future__ import annotations
@@ -49,39 +49,35 @@ import enum
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from calculet.adapters.calrt import (
-    BatchProfile,
     Calbin,
-    ContextOpSupport,
     DeviceCapabilities,
-    GoldenVector,
     JobBuffers,
     JobKind,
     KvManager,
     KvSeqId,
-    MaskContract,
-    MemoryFootprint,
     ReturnCode,
     VirtualDevice,
     rc_of,
     read_board_memory,
 )
-from calculet.packages.manifest import CalbinManifest
-from calculet.adapters.host_driver import GoldenOutcome, HostDriver
-from calculet.config import SchedulerConfig, cross_validate
+from calculet.adapters.host_driver import GoldenOutcome
+from calculet.config import SchedulerConfig
 from calculet.errors import CalculetError, DefinitionError, DeviceFault
 from calculet.machines.job import JobEngine
+from calculet.runtime.execution.golden import require_reproduced, run_golden_vectors, warm_up
+from calculet.runtime.execution.model_facts import ModelFacts
+from calculet.runtime.execution.session_plan import SessionPlan, job_engines, plan_session
 from calculet.runtime.scheduling.kv import KvCapabilities
-from calculet.runtime.scheduling.profiles import LaneFill, ProfileSet, ProfileSpec
+from calculet.runtime.scheduling.profiles import ProfileSet
 from calculet.runtime.scheduling.scheduler import SchedulingCapabilities
 
 log = logging.getLogger("calculet.runtime.execution.session")
 
-__all__ = ["EngineContract", "GoldenFailed", "InspectionFailed", "ModelFacts", "RuntimeSession", "SessionPlan",
-           "SessionState", "SessionStatistics", "plan_session", "profile_spec"]
+__all__ = ["InspectionFailed", "RuntimeSession", "SessionState", "SessionStatistics"]
 
 
 class SessionState(str, enum.Enum):
@@ -92,218 +88,10 @@ class SessionState(str, enum.Enum):
     """The device was closed under the session (a restart): its handles are gone with it."""
 
 
-class GoldenFailed(DeviceFault):
-    """§11 step 9: a golden vector did not reproduce; the session is not usable."""
-
-    code = "golden_failed"
-
-
 class InspectionFailed(DeviceFault):
     """§11 step 8: the device reports tensors/profiles/contract other than the verified manifest's."""
 
     code = "inspection_failed"
-
-
-# ---------------------------------------------------------------------------------------------
-# What a package states, and what a generation configures
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelFacts:
-    """What one calbin package states about itself (§2, §7.3, §11 step 3, §13.1, §20).
-
-    Built from the verified manifest before any device call (:meth:`from_manifest`), and from the
-    calbin the device created (:meth:`from_calbin`) so that step 8 can compare the two.
-    ``max_sequences`` (the KvManager's slot count) is a manifest figure the calbin protocol does
-    not report; it is None when read from a calbin.
-    """
-
-    name: str
-    exact_submodel: str
-    package_sha256: str
-    profiles: tuple[BatchProfile, ...]
-    capabilities: DeviceCapabilities
-    memory: MemoryFootprint
-    golden: tuple[GoldenVector, ...]
-    vocab_size: int
-    bos_token: int
-    eos_token: int
-    max_sequences: int | None = None
-
-    @classmethod
-    def from_manifest(cls, manifest: CalbinManifest, sha256: str) -> ModelFacts:
-        """The facts of a verified manifest; ``sha256`` is the hash of its signed bytes."""
-        arch = manifest.architecture
-        return cls(name=manifest.name, exact_submodel=manifest.exact_submodel, package_sha256=sha256,
-                   profiles=manifest.batch_profiles(), capabilities=manifest.device_capabilities(),
-                   memory=manifest.memory_footprint(), golden=manifest.golden_vectors(),
-                   vocab_size=arch.vocab_size, bos_token=arch.special_tokens.bos, eos_token=arch.special_tokens.eos,
-                   max_sequences=manifest.memory.max_sequences)
-
-    @classmethod
-    def from_calbin(cls, calbin: Calbin) -> ModelFacts:
-        """The facts the device reports for a created calbin (§11 step 8 compares them)."""
-        return cls(name=calbin.name, exact_submodel=calbin.exact_submodel, package_sha256=calbin.package_sha256,
-                   profiles=tuple(sorted(calbin.profiles, key=lambda p: p.compiled_batch)),
-                   capabilities=calbin.capabilities, memory=calbin.memory, golden=tuple(calbin.golden),
-                   vocab_size=calbin.vocab_size, bos_token=calbin.bos_token, eos_token=calbin.eos_token)
-
-    def differences(self, reported: ModelFacts) -> list[str]:
-        """Where the device's report differs from these (manifest) facts; empty when exact (§11 step 8)."""
-        out: list[str] = []
-        for f in fields(self):
-            if f.name == "max_sequences":
-                continue
-            mine, theirs = getattr(self, f.name), getattr(reported, f.name)
-            if f.name == "profiles":
-                out.extend(_profile_differences(mine, theirs))
-            elif mine != theirs:
-                out.append(f"{f.name}: manifest {_short(mine)}, device {_short(theirs)}")
-        return out
-
-
-def _short(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 120 else text[:117] + "..."
-
-
-def _profile_differences(manifest: tuple[BatchProfile, ...], device: tuple[BatchProfile, ...]) -> list[str]:
-    want = {p.compiled_batch: p for p in manifest}
-    have = {p.compiled_batch: p for p in device}
-    out = []
-    if set(want) != set(have):
-        out.append(f"profiles: manifest B{sorted(want)}, device B{sorted(have)}")
-    for batch in sorted(set(want) & set(have)):
-        a, b = want[batch], have[batch]
-        if a == b:
-            continue
-        for f in fields(a):
-            x, y = getattr(a, f.name), getattr(b, f.name)
-            if x == y:
-                continue
-            if f.name == "tensors":
-                mine = {t.name: t for t in x}
-                theirs = {t.name: t for t in y}
-                for name in sorted(set(mine) | set(theirs)):
-                    t1, t2 = mine.get(name), theirs.get(name)
-                    if t1 != t2:
-                        show = (lambda t: "absent" if t is None
-                                else f"{list(t.shape)} {t.dtype.value} {t.role.value}")
-                        out.append(f"profile B{batch} tensor {name!r}: manifest {show(t1)}, device {show(t2)}")
-            else:
-                out.append(f"profile B{batch} {f.name}: manifest {_short(x)}, device {_short(y)}")
-    return out
-
-
-@dataclass(frozen=True)
-class EngineContract:
-    """The facts an engine's tokenizer, KV lane pool, scheduler and recovery are built on.
-
-    A running engine keeps them for its life, so a replacement package must offer the same ones
-    (checked at §11 step 3, before any device call); a package that differs here needs a new
-    engine (process), like any other change of the serving contract.
-    """
-
-    vocab_size: int
-    bos_token: int
-    eos_token: int
-    max_seq: int
-    kv_token_capacity: int
-    incremental_prefill: bool
-    lane_failure_isolation: bool
-    reset_configuration_verified: bool
-    kv_remove_tail: bool
-    kv_shift: bool
-
-    def differences(self, other: EngineContract) -> list[str]:
-        return [f"{f.name}: serving {getattr(self, f.name)!r}, package {getattr(other, f.name)!r}"
-                for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)]
-
-
-@dataclass(frozen=True)
-class SessionPlan:
-    """What one generation configures and what the scheduler may use (§2, §8, §11 step 3).
-
-    Derived from :class:`ModelFacts` and the configuration only, so it is known before the
-    first device call: an impossible configuration fails here (R15.19, R17.1.6).
-    """
-
-    facts: ModelFacts
-    configured: tuple[int, ...]
-    profiles: ProfileSet
-    max_seq: int
-    kv_token_capacity: int
-    lanes: int
-    engines: tuple[JobEngine, ...]
-
-    @property
-    def capabilities(self) -> DeviceCapabilities:
-        return self.facts.capabilities
-
-    def scheduling_capabilities(self) -> SchedulingCapabilities:
-        caps = self.facts.capabilities
-        return SchedulingCapabilities(incremental_prefill=caps.incremental_prefill.value,
-                                      lane_failure_isolation=caps.lane_failure_isolation.value,
-                                      vocab_size=self.facts.vocab_size)
-
-    def kv_capabilities(self) -> KvCapabilities:
-        ops = self.facts.capabilities.context_ops
-        return KvCapabilities(remove_tail=ops.remove_tail.value is ContextOpSupport.SUPPORTED,
-                              shift=ops.shift.value is ContextOpSupport.SUPPORTED)
-
-    def contract(self) -> EngineContract:
-        caps = self.facts.capabilities
-        kv = self.kv_capabilities()
-        return EngineContract(vocab_size=self.facts.vocab_size, bos_token=self.facts.bos_token,
-                              eos_token=self.facts.eos_token, max_seq=self.max_seq,
-                              kv_token_capacity=self.kv_token_capacity,
-                              incremental_prefill=caps.incremental_prefill.value,
-                              lane_failure_isolation=caps.lane_failure_isolation.value,
-                              reset_configuration_verified=caps.reset_configuration_verified.value,
-                              kv_remove_tail=kv.remove_tail, kv_shift=kv.shift)
-
-    def pool_bytes(self) -> int:
-        """Device bytes :meth:`RuntimeSession.create_pools` will allocate (for the capacity plan)."""
-        total = 0
-        for batch in self.configured:
-            profile = next(p for p in self.facts.profiles if p.compiled_batch == batch)
-            inputs = sum(t.nbytes for t in profile.tensors if t.role.value == "input")
-            outputs = batch * self.facts.vocab_size * profile.logit_dtype.itemsize
-            total += inputs + outputs
-        return total * len(self.engines) * 2
-
-
-def plan_session(facts: ModelFacts, config: SchedulerConfig) -> SessionPlan:
-    """Cross-validate the configuration against the package's facts and contract (R15.19, §8).
-
-    Raises :class:`~calculet.errors.ConfigError` / :class:`DefinitionError` naming the field; no
-    device call is made.
-    """
-    caps = facts.capabilities
-    label = f"calbin {facts.name!r}"
-    manifest = {p.compiled_batch for p in facts.profiles}
-    cross_validate(config, manifest_profiles=manifest, manifest_label=label,
-                   max_inflight_supported=caps.max_inflight_jobs.value, ping_pong=caps.ping_pong.value,
-                   physical_devices_supported=caps.physical_devices_per_process.value,
-                   multi_profile_residency=caps.multi_profile_residency.value)
-    requested = set(config.batch.profiles)
-    configure = sorted(requested | {1})
-    if len(configure) > 1 and not caps.multi_profile_residency.value:
-        raise DefinitionError(f"profiles {sorted(requested)} need the B1 prefill graph resident beside them, "
-                              "which needs multi-profile residency (§8); this calbin does not offer it")
-    lanes = config.admission.max_sequences
-    if facts.max_sequences is not None and lanes > facts.max_sequences:
-        raise DefinitionError(f"admission.max_sequences={lanes} exceeds the {facts.max_sequences} KV sequences "
-                              f"{label} reserves (§5.1, §13.1)")
-    profiles = ProfileSet([profile_spec(p) for p in facts.profiles], requested=sorted(requested),
-                          thresholds=config.batch.select_thresholds,
-                          multi_profile_residency=caps.multi_profile_residency.value, manifest_label=label)
-    smallest = next(p for p in facts.profiles if p.compiled_batch == min(configure))
-    engines = (JobEngine.PING, JobEngine.PONG) if config.executor.max_inflight == 2 else (JobEngine.PING,)
-    return SessionPlan(facts=facts, configured=tuple(configure), profiles=profiles, max_seq=profiles.max_seq,
-                       kv_token_capacity=facts.memory.kv_bytes // smallest.kv_layout.bytes_per_token,
-                       lanes=lanes, engines=engines)
 
 
 @dataclass(frozen=True)
@@ -327,30 +115,53 @@ class SessionStatistics:
     acquired_memory_bytes: int
 
 
-def _best_effort(what: str, action: Callable[[], object]) -> None:
-    """Cleanup after host-driven jobs must not hide the error that ended them."""
-    try:
-        action()
-    except CalculetError as exc:
-        log.warning("cleanup failed", extra={"what": what, "rc": rc_of(exc).name, "detail": str(exc)})
+class MemoryLedger:
+    """The device memory one session took, for §12's release check (R12.8).
 
-
-def profile_spec(profile: BatchProfile) -> ProfileSpec:
-    """The scheduler's view of a manifest profile (§2, §7.3, §6).
-
-    The chunk size is passed through as declared; the scheduler still chunks only when the
-    capability contract also says ``incremental_prefill`` (§6), so this never enables chunking
-    on its own.
+    Memory is checked as a difference: what the session reserved when it became ready must be
+    what its teardown gives back, so the check stays exact when another generation is resident
+    beside it (§13.2 co-residency, simulated).
     """
-    policy = profile.inactive_policy
-    return ProfileSpec(profile.compiled_batch, profile.max_seq, LaneFill(policy.fill_token),
-                       policy.mask is not MaskContract.NONE, profile.exact_submodel,
-                       prefill_chunk_tokens=profile.prefill_chunk_tokens)
 
+    def __init__(self, device: VirtualDevice) -> None:
+        self._device = device
+        self.baseline = 0
+        """Device memory in use before the session's first step."""
+        self.acquired = 0
+        """What the session holds now: set when it became ready (or was reset), less what it gave back."""
+        self._teardown_from: int | None = None
 
-# ---------------------------------------------------------------------------------------------
-# The session
-# ---------------------------------------------------------------------------------------------
+    def used(self) -> int:
+        return sum(info.used_bytes for info in read_board_memory(self._device))
+
+    def start(self) -> None:
+        self.baseline = self.used()
+
+    def settle(self) -> None:
+        """The session is ready (again): everything above the baseline is its own."""
+        self.acquired = self.used() - self.baseline
+
+    def give_back(self, nbytes: int) -> None:
+        """The device dropped ``nbytes`` of the session's memory by itself (a reset)."""
+        self.acquired -= nbytes
+
+    def begin_teardown(self) -> None:
+        """Record the memory before the first §12 step (once)."""
+        if self._teardown_from is None:
+            self._teardown_from = self.used()
+
+    def leak(self, *, ready: bool) -> str | None:
+        """What is not back after the teardown, or None: a ready session must give back what it
+        acquired; one that never became ready must leave the baseline."""
+        used = self.used()
+        if ready and self._teardown_from is not None:
+            expected = self._teardown_from - self.acquired
+        else:
+            expected = self.baseline
+        if used == expected:
+            return None
+        return (f"device memory {used} bytes after unload, expected {expected} "
+                f"(this generation reserved {self.acquired})")
 
 
 class RuntimeSession:
@@ -380,9 +191,7 @@ class RuntimeSession:
         self._resets = 0
         self._golden = 0
         self._warmups = 0
-        self._baseline = 0
-        self._acquired = 0
-        self._teardown_from: int | None = None
+        self._memory = MemoryLedger(device)
         self.golden_outcomes: tuple[GoldenOutcome, ...] = ()
 
     @classmethod
@@ -434,7 +243,7 @@ class RuntimeSession:
 
     @property
     def engines(self) -> tuple[JobEngine, ...]:
-        return (JobEngine.PING, JobEngine.PONG) if self.config.executor.max_inflight == 2 else (JobEngine.PING,)
+        return job_engines(self.config)
 
     def scheduling_capabilities(self) -> SchedulingCapabilities:
         return self._planned().scheduling_capabilities()
@@ -486,7 +295,7 @@ class RuntimeSession:
         calbin's own contract here, so a configuration it cannot serve fails before configure."""
         if self.state is not SessionState.NEW or self._calbin is not None or self.detached:
             raise DefinitionError(f"create_calbin() on a {self.state.value} session")
-        self._baseline = self._memory_used()
+        self._memory.start()
         self._calbin = calbin = self.device.create_calbin(self.package_dir)
         if self.plan is None:
             self.plan = plan_session(ModelFacts.from_calbin(calbin), self.config)
@@ -528,44 +337,21 @@ class RuntimeSession:
 
     def check_golden(self) -> None:
         """Step 9a: every golden vector of the manifest reproduces (greedy tokens, logits checksum)."""
-        driver = HostDriver(self.device, self.calbin, self.kv, generation=self.generation)
-        try:
-            outcomes = tuple(driver.check_golden(vector) for vector in self.calbin.golden)
-        finally:
-            _best_effort("free the golden driver's buffers", driver.close)
+        outcomes = run_golden_vectors(self.device, self.calbin, self.kv, generation=self.generation)
         self._golden += 1
         self.golden_outcomes = outcomes
-        bad = [o for o in outcomes if not o.ok]
-        if bad:
-            raise GoldenFailed("golden check failed: " + "; ".join(f"{o.name}: {o.detail}" for o in bad),
-                               rc=ReturnCode.INTERNAL)
+        require_reproduced(outcomes)
 
     def warmup(self) -> None:
-        """Step 9b: one prefill and one decode step on every configured profile, in a scratch
-        sequence freed afterwards (works with numerics off: the tokens are not checked)."""
+        """Step 9b: one prefill and one decode step on every configured profile (:func:`warm_up`)."""
         assert self.plan is not None
-        calbin = self.calbin
-        driver = HostDriver(self.device, calbin, self.kv, generation=self.generation)
-        seq = self.kv.allocate_sequence()
-        try:
-            first = driver.prefill(seq, [calbin.bos_token])
-            if not first.ok:
-                raise GoldenFailed(f"warmup prefill failed: {first.rc.name} {first.message}", rc=first.rc)
-            token = first.lanes[0].greedy_token if first.lanes[0].greedy_token is not None else calbin.bos_token
-            for size in self.plan.profiles.sizes:
-                result = driver.decode(size, [(seq, int(token) % calbin.vocab_size)])
-                if not result.ok:
-                    raise GoldenFailed(f"warmup decode on B{size} failed: {result.rc.name} {result.message}",
-                                       rc=result.rc)
-        finally:  # a job stuck on the device keeps its sequence and buffers (§12); teardown reports it
-            _best_effort("free the warm-up sequence", lambda: self.kv.free_sequence(seq))
-            _best_effort("free the warm-up driver's buffers", driver.close)
+        warm_up(self.device, self.calbin, self.kv, generation=self.generation, sizes=self.plan.profiles.sizes)
         self._warmups += 1
 
     def mark_ready(self) -> None:
         """Steps 7–9 passed: the session may serve; what it reserved is recorded for §12's check."""
         self.state = SessionState.READY
-        self._acquired = self._memory_used() - self._baseline
+        self._memory.settle()
         assert self.plan is not None
         log.info("session ready", extra={"generation": self.generation, "calbin": self.calbin.name,
                                          "profiles": self._configured})
@@ -602,7 +388,7 @@ class RuntimeSession:
         self._resets += 1
         self.drop_configuration()
         self._configure_and_check()
-        self._acquired = self._memory_used() - self._baseline
+        self._memory.settle()
 
     def _configure_and_check(self) -> None:
         """Steps 7b–9a on the created calbin: configure, KvManager, pools, inspect, golden. The same
@@ -618,7 +404,7 @@ class RuntimeSession:
     def drop_configuration(self) -> None:
         """A ResetConfiguration (this session's or another's: the reset domain is the device) dropped
         the configuration, the KvManager, the buffers and every sequence; the calbin remains."""
-        self._acquired -= sum(b.input.nbytes + b.output.nbytes for b in self._buffers.values())
+        self._memory.give_back(sum(b.input.nbytes + b.output.nbytes for b in self._buffers.values()))
         self._forget_configuration()
 
     def abandon(self) -> None:
@@ -639,8 +425,7 @@ class RuntimeSession:
 
     def begin_teardown(self) -> None:
         """Record the device memory before the first §12 step (the release check compares to it)."""
-        if self._teardown_from is None:
-            self._teardown_from = self._memory_used()
+        self._memory.begin_teardown()
 
     def free_sequences(self) -> list[str]:
         """§12: free every sequence still live on the KvManager. Returns the problems (empty: clean)."""
@@ -712,14 +497,9 @@ class RuntimeSession:
         if self.state is SessionState.ABANDONED:
             return []
         problems: list[str] = []
-        used = self._memory_used()
-        if self.state is SessionState.READY and self._teardown_from is not None:
-            expected = self._teardown_from - self._acquired
-        else:
-            expected = self._baseline
-        if used != expected:
-            problems.append(f"device memory {used} bytes after unload, expected {expected} "
-                            f"(this generation reserved {self._acquired})")
+        leak = self._memory.leak(ready=self.state is SessionState.READY)
+        if leak:
+            problems.append(leak)
         try:
             busy = [t for t in self.device.inflight() if t.generation == self.generation]
         except CalculetError as exc:
@@ -775,10 +555,5 @@ class RuntimeSession:
             lanes=self.lanes, max_seq=plan.max_seq if plan is not None and not self.detached else 0,
             kv_token_capacity=capacity, buffer_pairs=len(self._buffers), live_sequences=len(self._live),
             sequences_allocated=self._allocated, sequences_freed=self._freed, resets=self._resets,
-            golden_checks=self._golden, warmups=self._warmups, baseline_memory_bytes=self._baseline,
-            acquired_memory_bytes=self._acquired)
-
-    # ------------------------------------------------------------------ internals
-
-    def _memory_used(self) -> int:
-        return sum(info.used_bytes for info in read_board_memory(self.device))
+            golden_checks=self._golden, warmups=self._warmups, baseline_memory_bytes=self._memory.baseline,
+            acquired_memory_bytes=self._memory.acquired)

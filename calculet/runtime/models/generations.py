@@ -20,7 +20,9 @@ from calculet.adapters.calrt import MemoryFootprint
 from calculet.errors import DefinitionError, DeviceFault
 from calculet.machines import ModelMachine
 from calculet.packages import VerifiedPackage
-from calculet.runtime.execution.session import EngineContract, ModelFacts, RuntimeSession, SessionPlan
+from calculet.runtime.execution.model_facts import ModelFacts
+from calculet.runtime.execution.session import RuntimeSession
+from calculet.runtime.execution.session_plan import EngineContract, SessionPlan
 from calculet.runtime.models.capacity import CapacityPlan, ChipMemory
 from calculet.runtime.models.reports import GenerationIdentity, ModelGeneration, StepTiming
 

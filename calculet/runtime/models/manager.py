@@ -35,7 +35,7 @@ Decisions where the spec is silent (requirements.md ambiguities 5, 14, 15):
 * with a co-residency contract (simulated only), the old generation serves during steps 7–9 and
   the switch at step 10 waits until its pinned requests have ended (one generation is scheduled
   at a time, see :mod:`calculet.runtime.scheduling.scheduler`); then the old one is unloaded;
-* a replacement must keep the engine contract (:class:`~calculet.runtime.execution.session.EngineContract`:
+* a replacement must keep the engine contract (:class:`~calculet.runtime.execution.session_plan.EngineContract`:
   tokenizer, context, KV geometry, scheduling capabilities); anything else needs a new engine;
 * step 11 keeps the previous artifact by reference (its path, signer and manifest hash; a
   cheap presence check); rollback verifies it fully again (steps 1–2) before loading it;
@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING
 
 from calculet.errors import NotFound, Unavailable
 from calculet.machines.request import TERMINAL
-from calculet.runtime.execution.session import EngineContract
+from calculet.runtime.execution.session_plan import EngineContract
 from calculet.runtime.models.capacity import CapacityPlanner
 from calculet.runtime.models.generations import Generation, Generations, Prepared
 from calculet.runtime.models.load import Loader

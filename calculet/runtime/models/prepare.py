@@ -19,7 +19,8 @@ from calculet.config import SchedulerConfig
 from calculet.errors import BadRequest, CapacityExhausted, NotFound, NotSupported, PackageError
 from calculet.packages.manifest import MANIFEST_FILE, CalbinManifest
 from calculet.packages.verify import PackageCheck, VerifiedPackage, verify_package
-from calculet.runtime.execution.session import ModelFacts, SessionPlan, plan_session
+from calculet.runtime.execution.model_facts import ModelFacts
+from calculet.runtime.execution.session_plan import SessionPlan, plan_session
 from calculet.runtime.models.capacity import CapacityPlan, CapacityPlanner, ChipMemory, ResidentModel, coreside
 from calculet.runtime.models.generations import Generation, Generations, Prepared, Snapshot
 from calculet.runtime.models.operations import ActorPort, Steps

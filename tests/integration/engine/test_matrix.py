@@ -21,7 +21,8 @@ from calculet.clock import FakeClock
 from calculet.runtime.engine.driver import EngineDriver
 from calculet.runtime.engine.types import EngineOptions
 from calculet.runtime.scheduling.registry import CancelResult
-from calculet.runtime.execution.session import GoldenFailed, RuntimeSession
+from calculet.runtime.execution.golden import GoldenFailed
+from calculet.runtime.execution.session import RuntimeSession
 from calculet.runtime.streams.writer import StreamFinish
 from tests.integration.engine.support import (
     assert_clean,

@@ -27,7 +27,8 @@ from calculet.clock import FakeClock
 from calculet.runtime.models.capacity import CapacityPlanner, ChipMemory, ResidentModel
 from calculet.runtime.models.operations import Operation, Wait
 from calculet.runtime.models.reports import LoadStep, UnloadStep
-from calculet.runtime.execution.session import ModelFacts, plan_session
+from calculet.runtime.execution.model_facts import ModelFacts
+from calculet.runtime.execution.session_plan import plan_session
 from tests.unit.runtime.runtime_support import Harness, make_config
 
 REFERENCE = MemoryFootprint(REFERENCE_PARAMETER_BYTES, REFERENCE_KV_BYTES, REFERENCE_RESERVED_BYTES, "bf16", (0, 1))

@@ -16,7 +16,8 @@ from calculet.packages.manifest import MANIFEST_FILE, CalbinManifest
 from calculet.adapters.sim import package_dir
 from calculet.errors import DefinitionError
 from calculet.runtime.scheduling.profiles import ProfileSpec
-from calculet.runtime.execution.session import ModelFacts, plan_session, profile_spec
+from calculet.runtime.execution.model_facts import ModelFacts
+from calculet.runtime.execution.session_plan import plan_session, profile_spec
 from tests.unit.runtime.runtime_support import make_config
 
 CONFIG: dict[str, Any] = {"batch": {"profiles": [1, 4, 8, 16], "select_thresholds": {4: 3, 8: 6, 16: 12}}}
