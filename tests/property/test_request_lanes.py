@@ -22,7 +22,8 @@ from calculet.machines.system import NONE, Coupled, SystemView
 from calculet.runtime.scheduling.admission import ModelAvailability
 from calculet.clock import FakeClock
 from calculet.runtime.scheduling.kv import KvLaneManager
-from calculet.runtime.scheduling.scheduler import Scheduler, SchedulingCapabilities
+from calculet.runtime.scheduling.plan import SchedulingCapabilities
+from calculet.runtime.scheduling.scheduler import Scheduler
 from tests.unit.runtime.runtime_support import Harness, make_config, profile_set
 
 SYSTEM = RequestLaneSystem.definition

@@ -91,7 +91,8 @@ from calculet.runtime.request import RequestSink
 from calculet.runtime.scheduling.admission import Decision, ModelAvailability
 from calculet.runtime.scheduling.kv import KvLaneManager
 from calculet.runtime.scheduling.registry import Cancellation, RequestRecord
-from calculet.runtime.scheduling.scheduler import Scheduler, Submission
+from calculet.runtime.scheduling.plan import Submission
+from calculet.runtime.scheduling.scheduler import Scheduler
 from calculet.runtime.streams.tokenizer import ByteTokenizer
 
 log = logging.getLogger("calculet.runtime.engine.core")

@@ -26,7 +26,7 @@ from calculet.runtime.models.manager import ModelManager
 from calculet.runtime.models.operations import Operation
 from calculet.runtime.request import RequestSink
 from calculet.runtime.scheduling.registry import Cancellation, RequestRecord
-from calculet.runtime.scheduling.scheduler import Submission
+from calculet.runtime.scheduling.plan import Submission
 
 __all__ = ["EngineDriver"]
 

@@ -29,7 +29,8 @@ from calculet.runtime.scheduling.completion import DecodeCompletion, FaultKind, 
 from calculet.runtime.scheduling.decode import DecodeBatch
 from calculet.runtime.scheduling.kv import FreeSequence
 from calculet.runtime.scheduling.prefill import PrefillWork
-from calculet.runtime.scheduling.scheduler import Plan, Scheduler
+from calculet.runtime.scheduling.plan import Plan
+from calculet.runtime.scheduling.scheduler import Scheduler
 
 log = logging.getLogger("calculet.runtime.engine.jobs")
 

@@ -21,7 +21,8 @@ from calculet.runtime.execution.executor import DeviceExecutor
 from calculet.runtime.execution.sampler import SamplerPool, SamplingParams
 from calculet.runtime.request import InferenceRequest, RequestOutcome, RequestSink
 from calculet.runtime.scheduling.admission import AdmissionOutcome, Decision
-from calculet.runtime.scheduling.scheduler import Scheduler, Submission
+from calculet.runtime.scheduling.plan import Submission
+from calculet.runtime.scheduling.scheduler import Scheduler
 from calculet.runtime.streams.tokenizer import ByteTokenizer
 
 log = logging.getLogger("calculet.runtime.engine.requests")

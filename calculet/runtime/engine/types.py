@@ -19,7 +19,7 @@ from calculet.runtime.execution.recovery import RecoveryStatistics
 from calculet.runtime.execution.sampler import SamplerStatistics, SamplingParams
 from calculet.runtime.execution.session import SessionStatistics
 from calculet.runtime.models.reports import ModelManagerStatistics
-from calculet.runtime.scheduling.scheduler import SchedulerStatistics
+from calculet.runtime.scheduling.plan import SchedulerStatistics
 
 __all__ = ["EngineOptions", "EngineStatistics", "ExecutionMode", "GenerateRequest", "ModelInfo", "TokenProvenance"]
 

@@ -73,7 +73,7 @@ from calculet.runtime.execution.model_facts import ModelFacts
 from calculet.runtime.execution.session_plan import SessionPlan, job_engines, plan_session
 from calculet.runtime.scheduling.kv import KvCapabilities
 from calculet.runtime.scheduling.profiles import ProfileSet
-from calculet.runtime.scheduling.scheduler import SchedulingCapabilities
+from calculet.runtime.scheduling.plan import SchedulingCapabilities
 
 log = logging.getLogger("calculet.runtime.execution.session")
 

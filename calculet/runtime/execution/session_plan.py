@@ -23,7 +23,7 @@ from calculet.machines.job import JobEngine
 from calculet.runtime.execution.model_facts import ModelFacts
 from calculet.runtime.scheduling.kv import KvCapabilities
 from calculet.runtime.scheduling.profiles import LaneFill, ProfileSet, ProfileSpec
-from calculet.runtime.scheduling.scheduler import SchedulingCapabilities
+from calculet.runtime.scheduling.plan import SchedulingCapabilities
 
 
 def job_engines(config: SchedulerConfig) -> tuple[JobEngine, ...]:

@@ -327,6 +327,28 @@ class AdmissionController:
         start = self.wfq.tag(tenant, self._queued_cost[tenant])
         return max(0, start - self.wfq.global_tag()) / rate
 
+    def without_prospect(self, rec: RequestRecord, now: float, *, decode_step_s: float) -> AdmissionOutcome | None:
+        """§5.2: the 429 of a request that would queue with no prospect of service before its deadline.
+
+        Only while others wait (:meth:`estimated_wait`). The service time counted is
+        ``max_new_tokens`` decode steps of ``decode_step_s`` (the measured step time), so a
+        request that would be admitted only to expire part-way is refused now, with nothing
+        spent on it. A request that could not finish by its deadline even if admitted at once
+        (an open-ended one: a chat request without ``max_tokens`` asks for the rest of the
+        context) may still stop early, so for it only one step is counted: its prospect is to
+        start.
+        """
+        wait = self.estimated_wait(rec.tenant, now)
+        if wait is None:
+            return None
+        left = rec.deadline - now
+        service = rec.max_new_tokens * decode_step_s
+        if service > left:
+            service = decode_step_s
+        if wait + service <= left:
+            return None
+        return self.reject_no_prospect(wait, service, left)
+
     def prefill_left(self, rec: RequestRecord) -> None:
         """An admitted request left PrefillReady/PrefillRunning: its long-quota slot frees."""
         if rec.is_long:

@@ -32,7 +32,8 @@ from calculet.runtime.scheduling.decode import DecodeBatch
 from calculet.runtime.scheduling.kv import FreeSequence, KvLaneManager
 from calculet.runtime.scheduling.prefill import PrefillWork
 from calculet.runtime.request import InferenceRequest, RequestOutcome
-from calculet.runtime.scheduling.scheduler import Scheduler, SchedulingCapabilities
+from calculet.runtime.scheduling.plan import SchedulingCapabilities
+from calculet.runtime.scheduling.scheduler import Scheduler
 from tests.unit.runtime.runtime_support import make_config, profile_set
 
 REQUESTS = 1000

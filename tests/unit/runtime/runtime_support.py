@@ -15,7 +15,8 @@ from calculet.runtime.scheduling.kv import KvCapabilities, KvLaneManager
 from calculet.runtime.scheduling.prefill import PrefillWork
 from calculet.runtime.scheduling.profiles import LaneFill, ProfileSet, ProfileSpec
 from calculet.runtime.request import InferenceRequest, RequestOutcome
-from calculet.runtime.scheduling.scheduler import Plan, Scheduler, SchedulingCapabilities, Submission
+from calculet.runtime.scheduling.plan import Plan, SchedulingCapabilities, Submission
+from calculet.runtime.scheduling.scheduler import Scheduler
 
 FILL_TOKEN = 7
 

@@ -211,7 +211,7 @@ def test_while_held_new_requests_wait_unbound_and_are_pinned_when_the_hold_ends(
     during = h.submit()
     assert during.outcome.decision is Decision.QUEUE and h.state(during.request_id) == "waiting_model"
     assert h.rec(during.request_id).generation == 0 and h.rec(before).generation == 1
-    h.scheduler.set_model(2, ModelAvailability.READY, h.scheduler._profiles)
+    h.scheduler.set_model(2, ModelAvailability.READY, h.scheduler.profiles)
     assert h.state(during.request_id) == "waiting_model", "still held after the switch until released"
     h.scheduler.hold_new_requests(False)
     assert h.rec(during.request_id).generation == 2 and h.scheduler.holding_new_requests is False

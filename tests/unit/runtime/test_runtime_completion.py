@@ -9,7 +9,7 @@ import pytest
 from calculet.machines.request import FinishReason
 from calculet.runtime.scheduling.completion import (DecodeCompletion, FaultKind, LaneOutcome, LaneVerdict, check_decode_lanes)
 from calculet.runtime.scheduling.decode import DecodeBatch
-from calculet.runtime.scheduling.scheduler import SchedulingCapabilities
+from calculet.runtime.scheduling.plan import SchedulingCapabilities
 from tests.unit.runtime.runtime_support import Harness, default_token
 
 

@@ -10,7 +10,7 @@ from calculet.config import QueuesConfig
 from calculet.machines.request import FinishReason
 from calculet.runtime.scheduling.decode import DecodeBatch
 from calculet.runtime.scheduling.prefill import QUEUES, PrefillScheduler, PrefillWork, SmoothWrr
-from calculet.runtime.scheduling.scheduler import SchedulingCapabilities
+from calculet.runtime.scheduling.plan import SchedulingCapabilities
 from tests.unit.runtime.runtime_support import Harness
 
 

@@ -1,0 +1,301 @@
+"""Applying what the device did to requests, KV lanes and jobs (§4, §7.4, §9.2, §14).
+
+The scheduler (:mod:`calculet.runtime.scheduling.scheduler`) plans jobs; this is the other half
+of its contract with the device: a job's completion, its Wait timeout, a device reset, and a
+failure found outside any completion (a submit refused for good, KV lost in a reset). Every
+change is a declared machine's event — the job (``InflightTable``), each lane's KV transaction
+(``KvLaneManager``) and each request (``RequestRegistry``); the resources a request stops needing
+are reclaimed by the registry's transition listener, so nothing here frees anything by hand.
+
+Rules kept here:
+
+* §9.2 KV is committed only when the device *and* the output succeeded; a lane whose device
+  state is unknown (timeout, CCU fault, DMA unknown, mismatched result) becomes Unknown and is
+  quarantined until recovered;
+* §7.4 a decode result is checked lane by lane (``check_decode_lanes``); without lane-failure
+  isolation a failed job fails every lane (R7.4.6);
+* §4 a completion for a job that is no longer expected (timed out, reset) is stale: its results
+  are dropped, but the job's slot and lanes are reclaimed;
+* a chunked prompt's intermediate chunk commits KV and re-queues the next chunk (§6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from calculet.clock import Clock
+from calculet.runtime.scheduling.completion import (DecodeCompletion, FaultKind, LaneVerdict, PrefillCompletion,
+                                                    check_decode_lanes)
+from calculet.runtime.scheduling.decode import DecodeBatch, DecodeScheduler
+from calculet.runtime.scheduling.estimates import StepTimer
+from calculet.runtime.scheduling.jobs import DECODE, PREFILL, InflightTable, JobRecord
+from calculet.runtime.scheduling.kv import KvLaneManager, KvLease
+from calculet.runtime.scheduling.plan import Applied, Command, SchedulingCapabilities
+from calculet.runtime.scheduling.prefill import PrefillScheduler, PrefillWork
+from calculet.runtime.scheduling.registry import RUNNING_STATES, CallbackResult, RequestRecord, RequestRegistry
+
+
+def end_between_chunks(registry: RequestRegistry, rec: RequestRecord) -> None:
+    """A chunked prefill with nothing in flight ends now (its cancel/deadline flag decides how)."""
+    registry.fire(rec, "prefill_done", job=rec.job_id, ok=True, stop=False)
+
+
+class CompletionApplier:
+    """Completions, timeouts, resets and failures applied to the scheduler's machines."""
+
+    def __init__(self, *, registry: RequestRegistry, kv: KvLaneManager, jobs: InflightTable,
+                 decode: DecodeScheduler, prefill: PrefillScheduler, step_times: StepTimer,
+                 capabilities: SchedulingCapabilities, clock: Clock, commands: list[Command],
+                 pump: Callable[[float], None]) -> None:
+        self.registry = registry
+        self.kv = kv
+        self.jobs = jobs
+        self.decode = decode
+        self.prefill = prefill
+        self.step_times = step_times
+        self.capabilities = capabilities
+        self._clock = clock
+        self._commands = commands
+        """The scheduler's command list (shared: the engine takes from it)."""
+        self._pump = pump
+        """Admit waiting requests (the scheduler's ``_pump``): reclaimed room is used at once."""
+        self.stale = 0
+        self.anomalies = 0
+
+    # ------------------------------------------------------------------ completions (§4, §7.4)
+
+    def decode_complete(self, completion: DecodeCompletion) -> Applied:
+        """Apply a decode job's result lane by lane, or drop it as stale and reclaim."""
+        now = self._clock.now()
+        job = self.jobs.get(completion.job_id)
+        if job is None or job.kind != DECODE:
+            self.stale += 1
+            return Applied(completion.job_id, True)
+        batch: DecodeBatch = job.work
+        if job.state != "submitted":
+            return self._late(job, batch.kv.leases, now)
+        if completion.generation != job.generation:
+            self.anomalies += 1
+            completion = DecodeCompletion(completion.job_id, job.generation, False, (), FaultKind.ERROR,
+                                          f"result of generation {completion.generation} for a job of generation "
+                                          f"{job.generation}")
+        checks, extra = check_decode_lanes(batch.active, completion,
+                                           lane_isolation=self.capabilities.lane_failure_isolation,
+                                           vocab_size=self.capabilities.vocab_size)
+        self.anomalies += extra
+        self._end_job(job, completion.ok, completion.fault)
+        if completion.ok:
+            self.step_times.observe(now - job.submitted_at)
+        ok = failed = 0
+        registry, generation, job_id = self.registry, job.generation, job.job_id
+        for check, rec, lease in zip(checks, batch.records, batch.kv.leases):
+            verdict = check.verdict
+            good = verdict is LaneVerdict.OK
+            if verdict is LaneVerdict.MISMATCH:
+                self.anomalies += 1
+            self._settle_kv(lease, verdict)
+            detail = "" if good else (completion.detail or check.detail)
+            callback = registry.on_decode_complete(rec.request_id, generation=generation, job_id=job_id,
+                                                   ok=good, stop=check.stop, token=check.token, detail=detail)
+            if good:
+                ok += 1
+            else:
+                failed += 1
+            if callback.result is CallbackResult.APPLIED:
+                self._after_done(rec, callback.target, now)
+        self._pump(now)
+        return Applied(job.job_id, False, ok, failed)
+
+    def prefill_complete(self, completion: PrefillCompletion) -> Applied:
+        """Apply a prefill job's (or chunk's) result, or drop it as stale and reclaim."""
+        now = self._clock.now()
+        job = self.jobs.get(completion.job_id)
+        if job is None or job.kind != PREFILL:
+            self.stale += 1
+            return Applied(completion.job_id, True)
+        work: PrefillWork = job.work
+        if job.state != "submitted":
+            return self._late(job, (work.lease,), now)
+        consistent = (completion.generation, completion.request_id, completion.seq_id) == (
+            job.generation, work.request_id, work.seq_id)
+        if not consistent:
+            self.anomalies += 1
+        device_ok = completion.ok and consistent
+        self._end_job(job, device_ok, completion.fault if consistent else FaultKind.ERROR)
+        token = completion.token
+        verdict = self._prefill_verdict(device_ok, consistent, token, work.last_chunk)
+        self._settle_kv(work.lease, verdict)
+        rec = work.record
+        if verdict is LaneVerdict.OK and not work.last_chunk:
+            return self._next_chunk(job, work, rec, now)
+        ok = verdict is LaneVerdict.OK
+        detail = "" if ok else (completion.detail or (
+            "prefill result tags do not match the job" if not consistent else f"unusable token {token!r}"))
+        callback = self.registry.on_prefill_complete(rec.request_id, generation=job.generation,
+                                                     job_id=work.request_job, ok=ok, stop=completion.stop,
+                                                     token=token if ok else None, detail=detail)
+        if callback.result is CallbackResult.APPLIED:
+            self._after_done(rec, callback.target, now)
+        self._pump(now)
+        return Applied(job.job_id, callback.result is CallbackResult.STALE, int(ok), int(not ok))
+
+    def _prefill_verdict(self, device_ok: bool, consistent: bool, token: int | None, last_chunk: bool) -> LaneVerdict:
+        """A prefill's one lane: OK, unusable output (only the last chunk yields a token), or failed."""
+        vocab = self.capabilities.vocab_size
+        token_ok = token is not None and token >= 0 and (vocab is None or token < vocab)
+        if device_ok and (token_ok or not last_chunk):
+            return LaneVerdict.OK
+        if device_ok:
+            return LaneVerdict.OUTPUT_INVALID
+        return LaneVerdict.DEVICE_FAILED if consistent else LaneVerdict.MISMATCH
+
+    def _next_chunk(self, job: JobRecord, work: PrefillWork, rec: RequestRecord, now: float) -> Applied:
+        """An intermediate chunk succeeded: queue the next one, or end a request cancelled or
+        expired meanwhile (§6)."""
+        live = self.registry.get(rec.request_id) is rec and rec.state == "prefill_running"
+        if not live or rec.job_id != work.request_job:
+            self.stale += 1
+            return Applied(job.job_id, True)
+        if rec.machine.cancel_requested or rec.machine.deadline_passed:
+            end_between_chunks(self.registry, rec)
+        else:
+            remaining = rec.prompt_tokens - self.kv.committed_len(work.lease)
+            self.prefill.requeue(rec, now, self.prefill.next_chunk(remaining))
+        self._pump(now)
+        return Applied(job.job_id, False, 1, 0)
+
+    # ------------------------------------------------------------------ timeouts and resets (§9.2, §14)
+
+    def timed_out(self, job_id: int, detail: str = "") -> Applied:
+        """Wait timed out: the job keeps its slot (it may still write), its lanes go Unknown,
+        its requests end (Failed, or Cancelled if they were being cancelled)."""
+        job = self.jobs.get(job_id)
+        if job is None or job.state != "submitted":
+            self.stale += 1
+            return Applied(job_id, True)
+        self.jobs.fire(job, "timeout")
+        failed = self._fail_job_requests(job, detail or "TIMEOUT: Wait timed out")
+        self._pump(self._clock.now())
+        return Applied(job_id, False, 0, failed)
+
+    def device_reset(self, detail: str = "") -> None:
+        """A device reset per the contract ended every job: slots free, Unknown lanes recover."""
+        for job in self.jobs:
+            if job.state == "submitted":
+                self.jobs.fire(job, "fault")
+                self._fail_job_requests(job, detail or "job ended by a device reset")
+            elif job.state == "timed_out":
+                self.jobs.fire(job, "quarantine")
+            self.jobs.fire(job, "reset_done")
+        self._commands.extend(self.kv.recover_unknown())
+        self._pump(self._clock.now())
+
+    def recover_lanes(self) -> int:
+        """Recover Unknown lanes that no in-flight job can still write (after a known failure)."""
+        busy = {lease.lane for job in self.jobs for lease in _job_leases(job)}
+        recovered = 0
+        for lane in range(self.kv.lanes):
+            if lane not in busy and self.kv.lane(lane).state == "unknown":
+                self._commands.append(self.kv.recover(lane))
+                recovered += 1
+        return recovered
+
+    # ------------------------------------------------------------------ failures outside a completion (R19.2)
+
+    def fail(self, request_id: int, detail: str) -> bool:
+        """End a request that has no job in flight as Failed (ERROR) with ``detail``.
+
+        For failures the engine finds outside a completion: a submit the device refused for
+        good (INVALID_ARGUMENT, OUT_OF_MEMORY, ...), or KV lost in a reset (R19.2: the return
+        code reaches the request's error detail). Returns False if the request is unknown,
+        ended, finishing, or has a job on the device (that job's completion decides).
+        """
+        rec = self.registry.get(request_id)
+        if rec is None or rec.state == "finishing":
+            return False
+        if rec.state in RUNNING_STATES:
+            if rec.state != "prefill_running" or not self.prefill.queued(rec):
+                return False
+            if detail:  # between chunks: nothing in flight
+                rec.detail = detail
+            self.registry.fire(rec, "prefill_done", job=rec.job_id, ok=False, stop=False)
+        else:
+            self.registry.fail(rec, detail)
+        self._pump(self._clock.now())
+        return True
+
+    def fail_lost_kv(self, detail: str) -> int:
+        """The device lost every KV sequence (reset, restart): end each request whose committed
+        KV is gone (a lane with nothing committed yet is still usable). Returns how many ended."""
+        ended = 0
+        for rec in self.registry.live():
+            lease = rec.lease
+            if lease is None or not self.kv.owns(lease) or self.kv.committed_len(lease) == 0:
+                continue
+            ended += self.fail(rec.request_id, detail)
+        return ended
+
+    # ------------------------------------------------------------------ internals
+
+    def _after_done(self, rec: RequestRecord, target: str, now: float) -> None:
+        if target == "decode_ready":
+            self.decode.add(rec, now, stepped=rec.machine.generated_tokens > 1)
+        elif target == "finishing":
+            self.registry.finish(rec.request_id)
+
+    def _settle_kv(self, lease: KvLease, verdict: LaneVerdict) -> None:
+        """§9.2: commit only when device and output succeeded; Unknown when the device's state is."""
+        if verdict is LaneVerdict.OK:
+            self.kv.settle(lease, "commit")
+        elif verdict is LaneVerdict.OUTPUT_INVALID:
+            self.kv.settle(lease, "abort")
+        else:
+            self.kv.settle(lease, "fault")
+
+    def _end_job(self, job: JobRecord, ok: bool, fault: FaultKind) -> None:
+        if ok:
+            self.jobs.fire(job, "complete", ok=True)
+        elif fault.quarantines_job:
+            self.jobs.fire(job, "fault")
+        else:
+            self.jobs.fire(job, "complete", ok=False)
+
+    def _late(self, job: JobRecord, leases: tuple[KvLease, ...], now: float) -> Applied:
+        """A completion after a timeout: results dropped, the job's slot and lanes reclaimed."""
+        self.jobs.fire(job, "late_complete")
+        for lease in leases:
+            machine = self.kv.lane(lease.lane)
+            if (machine.state == "unknown" and machine.seq_id == lease.seq_id
+                    and machine.generation == lease.generation and not self.kv.owns(lease)):
+                self._commands.append(self.kv.recover(lease.lane))
+        self.stale += 1
+        self._pump(now)
+        return Applied(job.job_id, True)
+
+    def _fail_job_requests(self, job: JobRecord, detail: str = "") -> int:
+        """The job's device state is unknown: fault its lanes and end its requests."""
+        work = job.work
+        if isinstance(work, DecodeBatch):
+            pairs = list(zip(work.records, work.kv.leases))
+            request_job = job.job_id
+        else:
+            pairs = [(work.record, work.lease)]
+            request_job = work.request_job
+        failed = 0
+        for rec, lease in pairs:
+            self.kv.settle(lease, "fault")
+            if isinstance(work, DecodeBatch):
+                callback = self.registry.on_decode_complete(rec.request_id, generation=job.generation,
+                                                            job_id=request_job, ok=False, stop=False, token=None,
+                                                            detail=detail)
+            else:
+                callback = self.registry.on_prefill_complete(rec.request_id, generation=job.generation,
+                                                             job_id=request_job, ok=False, stop=False, token=None,
+                                                             detail=detail)
+            failed += callback.result is CallbackResult.APPLIED
+        return failed
+
+
+def _job_leases(job: JobRecord) -> tuple[KvLease, ...]:
+    work = job.work
+    return work.kv.leases if isinstance(work, DecodeBatch) else (work.lease,)
