@@ -43,7 +43,7 @@ import enum
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 import numpy as np
 
@@ -154,6 +154,22 @@ class _Bucket:
 def _clean(heap: list[list[Any]]) -> None:
     while heap and heap[0][4] is None:
         heapq.heappop(heap)
+
+
+def _tenant_heads(tenants: dict[str, list[list[Any]]], names: Iterable[str]) -> list[tuple[list[Any], str]]:
+    """A heap of the head entry of each named tenant that has one (dead entries dropped first).
+
+    A head is ``(entry, tenant)``; entries compare by (deadline, tag, virtual finish, arrival
+    seq) — the seq is unique, so the tenant and the record are never compared.
+    """
+    heads: list[tuple[list[Any], str]] = []
+    for tenant in names:
+        heap = tenants[tenant]
+        _clean(heap)
+        if heap:
+            heads.append((heap[0], tenant))
+    heapq.heapify(heads)
+    return heads
 
 
 def _push_compacting(heap: list[tuple[float, int, list[Any]]], item: tuple[float, int, list[Any]],
@@ -433,20 +449,11 @@ class DecodeScheduler:
 
     def _select(self, bucket: _Bucket, profile: ProfileSpec, generation: int, size: int, now: float
                 ) -> tuple[list[RequestRecord], list[int], list[RequestRecord], list[tuple[RequestRecord, str]]]:
-        """Merge the tenants' heads (a heap of at most T entries) and take up to ``size`` lanes.
-
-        A head is ``(entry, tenant)``; entries compare by (deadline, tag, virtual finish,
-        arrival seq) — the seq is unique, so the tenant and the record are never compared.
-        """
+        """Merge the tenants' heads (a heap of at most T entries) and take up to ``size`` lanes."""
         cap = max(1, math.floor(self.share * size))
         tenants = bucket.tenants
         heappop, heapreplace = heapq.heappop, heapq.heapreplace
-        heads: list[tuple[list[Any], str]] = []
-        for tenant, heap in tenants.items():
-            _clean(heap)
-            if heap:
-                heads.append((heap[0], tenant))
-        heapq.heapify(heads)
+        heads = _tenant_heads(tenants, tenants)
         chosen: list[RequestRecord] = []
         positions: list[int] = []
         expired: list[RequestRecord] = []
@@ -460,8 +467,7 @@ class DecodeScheduler:
                 if not capped:
                     break
                 # §7.2 item 3: the cap holds only while another tenant has a candidate.
-                heads = [(tenants[tenant][0], tenant) for tenant in capped if tenants[tenant]]
-                heapq.heapify(heads)
+                heads = _tenant_heads(tenants, capped)
                 capped = []
                 cap = size
                 continue
