@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from calculet.config_docs import SCHEMA_DOCUMENT, schema_document
+from calculet.config.document import SCHEMA_DOCUMENT, schema_document
 from calculet.invariants.system_document import request_lanes_document
 from calculet.invariants.traceability import traceability_document
 from calculet.logic.symbolic import SymbolicVars, symbolic_args

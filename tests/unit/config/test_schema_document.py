@@ -1,7 +1,7 @@
 """The ``calculet-scheduler/v1`` JSON Schema is a generated document in ``specs/`` (§15).
 
 It is produced from the pydantic model (never written by hand), registered with specgen by
-:mod:`calculet.config_docs`, and covers every section the loader reads — including ``models`` and
+:mod:`calculet.config.document`, and covers every section the loader reads — including ``models`` and
 ``trust``, which the model manager uses to start the engine (§11 steps 1–2).
 """
 
@@ -14,7 +14,7 @@ import yaml
 
 from calculet import specgen
 from calculet.config import EXAMPLE_CONFIG_PATH, SCHEMA_ID, config_json_schema
-from calculet.config_docs import SCHEMA_DOCUMENT, schema_document
+from calculet.config.document import SCHEMA_DOCUMENT, schema_document
 
 
 @pytest.mark.req("R15.1")
