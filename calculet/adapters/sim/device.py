@@ -227,7 +227,7 @@ class SimVirtualDevice:
 
     @vendor_boundary("VirtualDevice.CreateCalbin")
     def create_calbin(self, package_dir: str | os.PathLike[str]) -> SimCalbin:
-        """Load a calbin package (already verified by packages.py) and reserve its memory.
+        """Load a calbin package (already verified by calculet.packages) and reserve its memory.
 
         Memory is checked first, so a second large model fails OUT_OF_MEMORY with the figures
         (§13.1); then co-residency, which 0.7.6 does not offer (§13.2: NOT_SUPPORTED).
