@@ -112,6 +112,17 @@ def pseudo_next_token(token: int, position: int) -> int:
     return (int(token) * 131 + int(position) * 71 + 17) % 256
 
 
+def pseudo_continuation(prompt: Sequence[int], count: int) -> list[int]:
+    """The ``count`` tokens numerics-off mode generates after ``prompt``: what a test expects."""
+    out: list[int] = []
+    prev, pos = int(prompt[-1]), len(prompt) - 1
+    for _ in range(count):
+        prev = pseudo_next_token(prev, pos)
+        out.append(prev)
+        pos += 1
+    return out
+
+
 @dataclass(frozen=True)
 class ModelStatistics:
     prefill_calls: int

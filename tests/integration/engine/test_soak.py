@@ -26,7 +26,7 @@ import pytest
 
 from calculet.adapters.calrt import ReturnCode
 from calculet.adapters.sim import InjectedFault
-from calculet.adapters.sim.model import pseudo_next_token
+from calculet.adapters.sim.model import pseudo_continuation
 from calculet.machines.request import FinishReason
 from calculet.runtime.engine.types import EngineOptions, GenerateRequest
 from calculet.runtime.request import RequestOutcome
@@ -58,13 +58,7 @@ class SoakSink:
 
     def expected(self) -> list[int]:
         """The pseudo-token chain of numerics-off mode for this prompt."""
-        out: list[int] = []
-        prev, pos = self.prompt[-1], len(self.prompt) - 1
-        for _ in range(self.max_new):
-            prev = pseudo_next_token(prev, pos)
-            out.append(prev)
-            pos += 1
-        return out
+        return pseudo_continuation(self.prompt, self.max_new)
 
 
 def soak(n: int, seed: int) -> dict[str, object]:

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from calculet.adapters.sim import CostModel, SimCalRT, SimConfig, TimeMode
-from calculet.adapters.sim.model import pseudo_next_token
+from calculet.adapters.sim.model import pseudo_continuation
 from calculet.runtime.engine.threaded import ThreadedEngine
 from calculet.runtime.engine.types import EngineOptions, GenerateRequest
 from calculet.runtime.models.operations import OperationHandle
@@ -130,13 +130,7 @@ class _Sink:
         self.outcomes.append(outcome)
 
     def expected(self) -> list[int]:
-        out: list[int] = []
-        prev, pos = self.prompt[-1], len(self.prompt) - 1
-        for _ in range(self.max_new):
-            prev = pseudo_next_token(prev, pos)
-            out.append(prev)
-            pos += 1
-        return out
+        return pseudo_continuation(self.prompt, self.max_new)
 
 
 def soak(env: ModelsEnv, *, hours: float, switch_every_s: float, rate_per_s: float, seed: int) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import pytest
 
 from calculet.adapters.calrt import DecodeJob
 from calculet.adapters.sim import CostModel, InjectedFault
-from calculet.adapters.sim.model import pseudo_next_token
+from calculet.adapters.sim.model import pseudo_continuation
 from calculet.errors import DefinitionError
 from calculet.loadsim.analysis import summarize
 from calculet.loadsim.policies import POLICIES, PolicyError, parse_policies, run_policy
@@ -116,12 +116,7 @@ def test_cancel_deadline_and_rejection_outcomes_are_recorded() -> None:
     assert summary.rejections_by_reason == {"reject_invalid:too_long": 1, "reject_invalid:unknown_tenant": 1}
     # delivered tokens are the simulator's pseudo-token chain of each prompt
     prompt = prompt_for(0, 40)
-    prev, pos, chain = prompt[-1], len(prompt) - 1, []
-    for _ in range(200):
-        prev = pseudo_next_token(prev, pos)
-        chain.append(prev)
-        pos += 1
-    assert list(run.token_ids[0]) == chain
+    assert list(run.token_ids[0]) == pseudo_continuation(prompt, 200)
 
 
 def test_faults_end_every_request_exactly_once() -> None:
