@@ -84,6 +84,20 @@ class AdmissionConfig(Section):
         "expiring later. false = queue whenever a limit has room.",
     )
 
+    ttft_target_ms: PosInt | None = Field(
+        None,
+        description="Time-to-first-token target (latency SLO, issue #13) of a tenant that sets "
+        "none: with batch.deadline_order 'on_time' a request that would wait longer than this "
+        "for its first token gets 429 at once. null = only the deadline bounds the wait.",
+    )
+    itl_target_ms: PosInt | None = Field(
+        None,
+        description="Inter-token-latency target (latency SLO, issue #13) of a tenant that sets "
+        "none: with batch.deadline_order 'on_time' only as many streams enter decoding as the "
+        "device serves within the smallest target among them (measured step time); the rest "
+        "wait. null = no cap beyond the budget.",
+    )
+
     def kv_token_limit(self, device_kv_tokens: int) -> int:
         """The KV token budget: the device's planned capacity, lowered by ``max_kv_tokens``.
 

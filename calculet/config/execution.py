@@ -67,14 +67,17 @@ class BatchConfig(Section):
         description="Largest share of a batch's lanes one tenant may occupy unless no other "
         "tenant has a candidate (§7.2 item 3). 1.0 = no cap.",
     )
-    deadline_order: Literal["at_risk", "strict"] = Field(
-        "at_risk",
-        description="§7.2 item 2 'prefer the earliest deadline': 'strict' orders every candidate "
-        "by deadline (with the 120 s default deadline, concurrent streams then run one after "
-        "another on B1); 'at_risk' orders by deadline only the candidates whose deadline is "
-        "within deadline_slack x (remaining tokens x measured step time), ahead of the rest, "
-        "which rotate by the fair decode tag (§7.2: 'for the same deadline use virtual finish / "
-        "fair round robin').",
+    deadline_order: Literal["on_time", "at_risk", "strict"] = Field(
+        "on_time",
+        description="§7.2 item 2 'prefer the earliest deadline'. 'on_time' (issue #13): admission "
+        "accepts only what the shared-device finish estimate says can finish (429 with a computed "
+        "Retry-After otherwise); under overload the Moore-Hodgson selection keeps the most "
+        "requests that can finish on time and ends the rest early; a sequence whose fair-share "
+        "finish is past its deadline is ordered by deadline, the rest rotate by the fair decode "
+        "tag. 'at_risk' orders by deadline only the candidates whose deadline is within "
+        "deadline_slack x (their own remaining tokens x measured step time), ahead of the rest, "
+        "which rotate; 'strict' orders every candidate by deadline (with the 120 s default "
+        "deadline, concurrent streams then run one after another on B1).",
     )
     deadline_slack: Annotated[PosFloat, Field(ge=1.0, le=100.0)] = Field(
         2.0,

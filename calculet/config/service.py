@@ -45,6 +45,14 @@ class TenantConfig(Section):
         None, description="Requests per second admitted for this tenant; null = unlimited."
     )
 
+    ttft_target_ms: PosInt | None = Field(
+        None, description="This tenant's time-to-first-token target (its latency class); null = "
+        "admission.ttft_target_ms."
+    )
+    itl_target_ms: PosInt | None = Field(
+        None, description="This tenant's inter-token-latency target (its latency class, e.g. "
+        "interactive vs batch); null = admission.itl_target_ms."
+    )
 
 def default_tenants() -> tuple[TenantConfig, ...]:
     """With no tenants configured, every request belongs to one tenant ``default`` (weight 1)."""

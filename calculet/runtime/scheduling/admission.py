@@ -206,6 +206,20 @@ class AdmissionController:
             f"{service_s:.1f} s of decode > {left_s:.1f} s left",
             retry_after_s=wait_s + service_s - left_s))
 
+    def reject_unfit(self, reason: str, retry_after_s: float | None) -> AdmissionOutcome:
+        """Count and return the §5.2 RejectCapacity of a request the finish estimate cannot fit
+        (issue #13: the shared-device estimate, ``Retry-After`` when it would fit)."""
+        self._no_prospect += 1
+        return self._count(AdmissionOutcome(Decision.REJECT_CAPACITY, reason, retry_after_s=retry_after_s))
+
+    def shed_waiting(self) -> None:
+        """An accepted request was refused while it still waited: it had no prospect after all."""
+        self._no_prospect += 1
+
+    def tenants_present(self) -> list[str]:
+        """Tenants with an active sequence or a waiting request."""
+        return [name for name in self.tenants if self._tenant_active[name] or self._tenant_waiting[name]]
+
     def record(self, outcome: AdmissionOutcome) -> AdmissionOutcome:
         """Count an outcome decided by the caller (Admit / Queue)."""
         return self._count(outcome)

@@ -27,7 +27,7 @@ from calculet.clock import Clock
 from calculet.runtime.scheduling.completion import (DecodeCompletion, FaultKind, LaneVerdict, PrefillCompletion,
                                                     check_decode_lanes)
 from calculet.runtime.scheduling.decode import DecodeBatch, DecodeScheduler
-from calculet.runtime.scheduling.estimates import StepTimer
+from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.jobs import DECODE, PREFILL, InflightTable, JobRecord
 from calculet.runtime.scheduling.kv import KvLaneManager, KvLease
 from calculet.runtime.scheduling.plan import Applied, Command, SchedulingCapabilities
@@ -40,19 +40,33 @@ def end_between_chunks(registry: RequestRegistry, rec: RequestRecord) -> None:
     registry.fire(rec, "prefill_done", job=rec.job_id, ok=True, stop=False)
 
 
+def end_for_deadline(registry: RequestRegistry, prefill: PrefillScheduler, rec: RequestRecord) -> None:
+    """``rec`` cannot make its deadline (it passed, or the overload selection shed it): ``expire``.
+
+    Ended at once (DEADLINE) unless a job of it is on the device, which drains first; a chunked
+    prefill between chunks has nothing in flight and ends now."""
+    state = rec.state
+    if state in RUNNING_STATES and rec.machine.deadline_passed:
+        return
+    registry.fire(rec, "expire")
+    if state == "prefill_running" and prefill.queued(rec):
+        end_between_chunks(registry, rec)
+
+
 class CompletionApplier:
     """Completions, timeouts, resets and failures applied to the scheduler's machines."""
 
     def __init__(self, *, registry: RequestRegistry, kv: KvLaneManager, jobs: InflightTable,
                  decode: DecodeScheduler, prefill: PrefillScheduler, step_times: StepTimer,
                  capabilities: SchedulingCapabilities, clock: Clock, commands: list[Command],
-                 pump: Callable[[float], None]) -> None:
+                 pump: Callable[[float], None], prefill_times: PrefillTimer | None = None) -> None:
         self.registry = registry
         self.kv = kv
         self.jobs = jobs
         self.decode = decode
         self.prefill = prefill
         self.step_times = step_times
+        self.prefill_times = prefill_times if prefill_times is not None else PrefillTimer()
         self.capabilities = capabilities
         self._clock = clock
         self._commands = commands
@@ -122,6 +136,8 @@ class CompletionApplier:
             self.anomalies += 1
         device_ok = completion.ok and consistent
         self._end_job(job, device_ok, completion.fault if consistent else FaultKind.ERROR)
+        if device_ok:
+            self.prefill_times.observe(work.tokens, now - job.submitted_at)
         token = completion.token
         verdict = self._prefill_verdict(device_ok, consistent, token, work.last_chunk)
         self._settle_kv(work.lease, verdict)

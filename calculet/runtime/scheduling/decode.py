@@ -194,12 +194,14 @@ class DecodeScheduler:
                  deadline_order: str = "strict", deadline_slack: float = 2.0) -> None:
         if not 0 < max_tenant_lane_share <= 1:
             raise ValueError("max_tenant_lane_share must be in (0, 1]")
-        if deadline_order not in ("strict", "at_risk"):
-            raise ValueError(f"deadline_order must be 'strict' or 'at_risk', got {deadline_order!r}")
+        if deadline_order not in ("strict", "at_risk", "on_time"):
+            raise ValueError(f"deadline_order must be 'on_time', 'strict' or 'at_risk', got {deadline_order!r}")
         if deadline_slack < 1:
             raise ValueError("deadline_slack must be >= 1")
         self.kv = kv
         self.strict = deadline_order == "strict"
+        self.planned = deadline_order == "on_time"
+        """At risk is decided by the goodput planner (:meth:`prioritise`), not by own tokens × step."""
         self.slack = deadline_slack
         self.window_s = batching_window_us / 1_000_000
         self.share = max_tenant_lane_share
@@ -393,7 +395,10 @@ class DecodeScheduler:
         self._seq += 1
         deadline = rec.deadline
         priority = deadline
-        if not (self.strict or rec.at_risk):
+        if self.planned:
+            if not rec.at_risk:
+                priority = math.inf
+        elif not (self.strict or rec.at_risk):
             machine = rec.machine
             remaining = machine.max_new_tokens - machine.generated_tokens
             at_risk_from = deadline - self.slack * remaining * self._step_times.decode_step_s
@@ -408,13 +413,24 @@ class DecodeScheduler:
         if heap is None:
             heap = bucket.tenants[rec.tenant] = []
         heapq.heappush(heap, entry)
-        if priority == math.inf:
+        if priority == math.inf and not self.planned:
             bucket.watch = _push_compacting(bucket.watch, (at_risk_from, self._seq, entry), bucket.count)
         if self.window_s > 0:
             bucket.since = _push_compacting(bucket.since, (since, self._seq, entry), bucket.count)
             if not self.strict:
                 bucket.deadlines = _push_compacting(bucket.deadlines, (deadline, self._seq, entry), bucket.count)
         bucket.count += 1
+
+    def prioritise(self, rec: RequestRecord) -> None:
+        """The planner found ``rec`` at risk (issue #13): a queued entry takes its deadline as priority
+        now; one on the device takes it when it comes back (``rec.at_risk`` is read by ``_push``)."""
+        entry = rec.entry
+        if entry is None or len(entry) != 5 or entry[4] is not rec or entry[0] != math.inf:
+            return
+        entry[4] = None
+        bucket = self._buckets[rec.generation]
+        bucket.count -= 1
+        self._push_at_risk(bucket, rec)
 
     def _promote(self, bucket: _Bucket, now: float) -> None:
         """Entries whose deadline came at risk by ``now`` take their deadline as priority."""

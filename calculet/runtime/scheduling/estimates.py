@@ -54,3 +54,59 @@ class StepTimer:
 
     def statistics(self) -> StepTimeStatistics:
         return StepTimeStatistics(self._estimate, self._samples)
+
+
+@dataclass(frozen=True)
+class PrefillTimeStatistics:
+    """The measured prefill cost: ``fixed_s + per_token_s × tokens`` and how many jobs it has seen."""
+
+    fixed_s: float
+    per_token_s: float
+    samples: int
+
+
+class PrefillTimer:
+    """Prefill cost per job, measured like the decode step (issue #13: the finish estimate needs it).
+
+    A prefill (or chunk) job of ``tokens`` takes ``fixed + per_token × tokens``; both are fitted
+    by least squares over exponentially weighted sums (the same 1/8 weight of the newest
+    sample), so no configured guess is needed. While every sample has had one length, the
+    cost is all per token (``fixed`` 0): an estimate for other lengths then scales linearly.
+    """
+
+    __slots__ = ("_alpha", "_samples", "_w", "_t", "_s", "_tt", "_ts")
+
+    def __init__(self, smoothing: float = DEFAULT_SMOOTHING) -> None:
+        if not 0 < smoothing <= 1:
+            raise ValueError("a prefill timer needs 0 < smoothing <= 1")
+        self._alpha = smoothing
+        self._samples = 0
+        self._w = self._t = self._s = self._tt = self._ts = 0.0
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        if tokens < 1 or seconds < 0:
+            return
+        keep = 1.0 - self._alpha if self._samples else 0.0
+        self._w = keep * self._w + 1.0
+        self._t = keep * self._t + tokens
+        self._s = keep * self._s + seconds
+        self._tt = keep * self._tt + tokens * tokens
+        self._ts = keep * self._ts + tokens * seconds
+        self._samples += 1
+
+    def cost(self) -> tuple[float, float]:
+        """(fixed seconds, seconds per token); (0, 0) before the first sample."""
+        if not self._samples:
+            return 0.0, 0.0
+        w, t, s = self._w, self._t, self._s
+        var = self._tt - t * t / w
+        if var > 1e-9 * self._tt:
+            slope = (self._ts - t * s / w) / var
+            fixed = (s - slope * t) / w
+            if slope >= 0 and fixed >= 0:
+                return fixed, slope
+        return 0.0, s / t
+
+    def statistics(self) -> PrefillTimeStatistics:
+        fixed, per = self.cost()
+        return PrefillTimeStatistics(fixed, per, self._samples)

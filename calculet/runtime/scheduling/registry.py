@@ -49,7 +49,7 @@ class RequestRecord:
 
     __slots__ = ("request_id", "tenant", "machine", "sink", "arrival", "deadline", "prefill_class",
                  "virtual_finish", "decode_tag", "cost", "last_token", "lease", "entry",
-                 "ready_since", "reject_status", "detail", "at_risk", "prefill_tag")
+                 "ready_since", "reject_status", "detail", "at_risk", "prefill_tag", "estimated_finish")
 
     def __init__(self, request_id: RequestId, request: InferenceRequest, machine: Any,
                  sink: RequestSink, arrival: float, deadline: float) -> None:
@@ -70,9 +70,12 @@ class RequestRecord:
         self.reject_status = 0
         self.detail = ""
         self.at_risk = False
+        """Decode order (§7.2): its deadline came at risk; it keeps deadline priority from then on."""
         self.prefill_tag = 0
         """Prefill order within its class (§6): its virtual finish, then rotated per chunk."""
-        """Decode order (§7.2): its deadline came at risk; it keeps deadline priority from then on."""
+        self.estimated_finish: float | None = None
+        """Issue #13: when admission accepted it, the shared-device estimate of its finish
+        (absolute, scheduler clock seconds); None when there was no estimate."""
 
     @property
     def state(self) -> str:

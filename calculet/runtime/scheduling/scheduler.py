@@ -45,19 +45,20 @@ from calculet.errors import BadRequest, DefinitionError
 from calculet.machines.request import FinishReason
 from calculet.runtime.request import InferenceRequest, RequestOutcome, RequestSink
 from calculet.runtime.scheduling.admission import AdmissionController, AdmissionOutcome, Decision, ModelAvailability
-from calculet.runtime.scheduling.apply import CompletionApplier, end_between_chunks
+from calculet.runtime.scheduling.apply import CompletionApplier, end_between_chunks, end_for_deadline
 from calculet.runtime.scheduling.completion import DecodeCompletion, PrefillCompletion
 from calculet.runtime.scheduling.decode import DecodeBatch, DecodeScheduler, NoBatch, NoBatchReason
-from calculet.runtime.scheduling.estimates import StepTimer
+from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.fairness import TenantPolicy
 from calculet.runtime.scheduling.generations import GenerationBinding
 from calculet.runtime.scheduling.jobs import DECODE, PREFILL, InflightTable, JobRecord
 from calculet.runtime.scheduling.kv import KvLaneManager, KvLease, KvReservationFailure
+from calculet.runtime.scheduling.on_time import OnTimePolicy
 from calculet.runtime.scheduling.plan import (Applied, Command, Plan, SchedulerStatistics, SchedulingCapabilities,
                                               Submission)
 from calculet.runtime.scheduling.prefill import PrefillScheduler, PrefillWork, SmoothWrr
 from calculet.runtime.scheduling.profiles import ProfileSet, ProfileSpec
-from calculet.runtime.scheduling.registry import (RUNNING_STATES, WAITING_STATES, Cancellation, CancelResult,
+from calculet.runtime.scheduling.registry import (WAITING_STATES, Cancellation, CancelResult,
                                                   RequestRecord, RequestRegistry, TransitionListener)
 
 PREFILL_STATES = frozenset({"prefill_ready", "prefill_running"})
@@ -83,6 +84,7 @@ class Scheduler:
             long_quota=config.admission.long_prefill_quota, now=clock.now())
         self.prefill = PrefillScheduler(config.queues, clock=clock, chunk_cost=self.admission.wfq.prefill_tag)
         self.step_times = StepTimer(step_estimate_s)
+        self.prefill_times = PrefillTimer()
         self.decode = DecodeScheduler(kv, batching_window_us=config.batch.batching_window_us,
                                       max_tenant_lane_share=config.batch.max_tenant_lane_share,
                                       step_times=self.step_times, step_cost=self.admission.wfq.step_tag,
@@ -100,7 +102,11 @@ class Scheduler:
         self.completions = CompletionApplier(registry=self.registry, kv=kv, jobs=self.jobs, decode=self.decode,
                                              prefill=self.prefill, step_times=self.step_times,
                                              capabilities=capabilities, clock=clock, commands=self._commands,
-                                             pump=self._pump)
+                                             pump=self._pump, prefill_times=self.prefill_times)
+        self.on_time = None if config.batch.deadline_order != "on_time" else OnTimePolicy(
+            config, registry=self.registry, admission=self.admission, decode=self.decode, prefill=self.prefill,
+            step_times=self.step_times, prefill_times=self.prefill_times,
+            engines=lambda: self.jobs.max_inflight, profiles=lambda: self.generations.profiles)
 
     # ------------------------------------------------------------------ model (§10, §12)
 
@@ -170,8 +176,10 @@ class Scheduler:
         if rejection is not None:
             self.registry.reject(rec, rejection.http_status or 400, rejection.reason)
             return Submission(rec.request_id, rejection)
-        if self.config.admission.queue_needs_prospect and generations.availability is ModelAvailability.READY:
-            no_prospect = self.admission.without_prospect(rec, now, decode_step_s=self.step_times.decode_step_s)
+        if generations.availability is ModelAvailability.READY:  # §5.2 prospect: on_time's estimate, or the backlog
+            no_prospect = (self.on_time.screen(rec, now) if self.on_time is not None else self.admission.without_prospect(
+                rec, now, decode_step_s=self.step_times.decode_step_s) if self.config.admission.queue_needs_prospect
+                else None)
             if no_prospect is not None:
                 self.registry.reject(rec, 429, no_prospect.reason)
                 return Submission(rec.request_id, no_prospect)
@@ -201,6 +209,8 @@ class Scheduler:
         self._no_pending()
         now = self._clock.now()
         self._expire_due(now)
+        if self.on_time is not None:
+            self.on_time.tick(now)
         self._pump(now)
         wake = self._deadlines[0][0] if self._deadlines else None
         if not self.jobs.has_slot():
@@ -291,6 +301,8 @@ class Scheduler:
         """A device reset per the contract ended every job: slots free, Unknown lanes recover."""
         self._no_pending()
         self.completions.device_reset(detail)
+        if self.on_time is not None:
+            self.on_time.mark()
 
     def recover_lanes(self) -> int:
         """Recover Unknown lanes that no in-flight job can still write (after a known failure)."""
@@ -344,7 +356,8 @@ class Scheduler:
             self.generations.generation, self.generations.availability.value, self.registry.statistics(),
             self.admission.statistics(), self.prefill.statistics(), self.decode.statistics(), self.kv.statistics(),
             self.jobs.statistics(), self.arbiter.picks(), completions.stale, completions.anomalies,
-            len(self._commands), self.step_times.statistics())
+            len(self._commands), self.step_times.statistics(),
+            None if self.on_time is None else self.on_time.statistics())
 
     # ------------------------------------------------------------------ internals
 
@@ -354,6 +367,8 @@ class Scheduler:
             self._observer(rec, source, target)
         if source == target:
             return
+        if self.on_time is not None and (target == "prefill_ready" or target in ENDED_STATES):
+            self.on_time.mark()
         if source in WAITING_STATES:
             if target not in WAITING_STATES:
                 self.admission.leave_waiting(rec)
@@ -377,7 +392,8 @@ class Scheduler:
         if self.generations.availability is not ModelAvailability.READY:
             return
         kv = self.kv
-        while True:
+        cap = self.on_time.decode_cap() if self.on_time is not None else None
+        while cap is None or self.admission.active < cap:
             rec = self.admission.next_admissible(kv.free_lanes)
             if rec is None:
                 return
@@ -400,16 +416,9 @@ class Scheduler:
             state = rec.state
             if state == "finishing":
                 continue
-            if state in RUNNING_STATES:
-                if rec.machine.deadline_passed:
-                    continue
-                registry.fire(rec, "expire")
-                if state == "prefill_running" and self.prefill.queued(rec):
-                    end_between_chunks(self.registry, rec)
-            else:
-                if state in WAITING_STATES:
-                    self.admission.timed_out()
-                registry.fire(rec, "expire")
+            if state in WAITING_STATES:
+                self.admission.timed_out()
+            end_for_deadline(registry, self.prefill, rec)
 
     def _build_decode(self, profile: ProfileSpec, gen: int, now: float, job_id: int) -> DecodeBatch | None:
         result = self.decode.build_decode_batch(profile, gen, now, job_id)

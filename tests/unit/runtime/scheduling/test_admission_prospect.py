@@ -10,7 +10,7 @@ from tests.unit.runtime.runtime_support import Harness
 
 def _backlogged(queue_needs_prospect: bool = True) -> Harness:
     """One lane, 40 one-token requests queued, 20 served at one every 0.5 s: a measured backlog."""
-    h = Harness.build(sizes=(1,), lanes=1,
+    h = Harness.build(sizes=(1,), lanes=1, batch={"deadline_order": "at_risk"},  # the backlog rule (not on_time)
                       admission={"max_sequences": 1, "max_waiting_requests": 1000,
                                  "queue_needs_prospect": queue_needs_prospect})
     for _ in range(40):

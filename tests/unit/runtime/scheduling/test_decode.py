@@ -107,8 +107,8 @@ def _timed_step(h: Harness, seconds: float = 0.1) -> DecodeBatch:
 
 @pytest.mark.req("R7.2.2")
 def test_at_risk_deadlines_go_first_by_deadline():
-    """Default order: candidates whose deadline is within 2 x their remaining decode time lead, by deadline."""
-    h = Harness.build(sizes=(4,), lanes=12, step_estimate_s=0.1)
+    """'at_risk' order: candidates whose deadline is within 2 x their remaining decode time lead, by deadline."""
+    h = Harness.build(sizes=(4,), lanes=12, step_estimate_s=0.1, batch={"deadline_order": "at_risk"})
     # 20 tokens at 0.1 s/step: at risk when the deadline is within 4 s
     deadlines = [90_000, 3_000, 70_000, 2_000, 50_000, 3_500]
     ids = [h.submit(prompt=8, new=20, deadline_ms=d).request_id for d in deadlines]
@@ -141,7 +141,7 @@ def test_streams_not_at_risk_rotate_instead_of_running_one_after_another():
 
 @pytest.mark.req("R7.2.2")
 def test_a_stream_is_promoted_when_its_deadline_comes_at_risk():
-    h = Harness.build(sizes=(1,), lanes=8, step_estimate_s=0.1)
+    h = Harness.build(sizes=(1,), lanes=8, step_estimate_s=0.1, batch={"deadline_order": "at_risk"})
     urgent = h.submit(prompt=8, new=100, deadline_ms=100_000).request_id
     relaxed = h.submit(prompt=8, new=100, deadline_ms=200_000).request_id
     h.prefill_all()

@@ -1,0 +1,278 @@
+"""The ``on_time`` policy's decisions over the live requests: admit, shed, prioritise, cap (issue #13).
+
+Why this module exists: :mod:`.finish_estimate` answers questions about plain jobs; this is
+where the scheduler's requests become those jobs and the answers become decisions (DESIGN
+"Goodput before throughput"):
+
+* **admission (§5.2)** — a request is accepted only when it and every request the selection
+  keeps still finish by their deadlines under EDF on the shared device (``fits``); otherwise
+  429 with ``Retry-After`` from the same estimate. The answer is cached: a candidate whose
+  deadline is the latest (every request with the default deadline, in arrival order) is
+  placed at the end of the cached EDF lane schedule in O(lanes), without disturbing anyone;
+  only an earlier deadline pays the O(n log n) check;
+* **overload (§7.2)** — when the admitted set cannot all finish on time (a burst, a slower
+  device, a fault and reset), Moore–Hodgson keeps the most that can and the rest are shed at
+  once, before device time is spent on them. EDF alone would serve the doomed first (the
+  domino effect) and fair rotation would make everyone late together;
+* **ordering (§7.2 item 2)** — a sequence is *at risk* when its fair-share finish (the policy
+  actually running: rotation = processor sharing) is past its deadline. The at-risk set is
+  closed into an EDF prefix of the kept requests (every kept request with an earlier deadline
+  joins it), and the requests after it are re-estimated as rotating *after* that prefix, until
+  none of them is late: the prefix then runs as EDF, which the selection proved feasible, and
+  the rest keep fair rotation (R7.2.3) and tenant weights (§5.3) among themselves;
+* **latency SLOs** — with an ITL target only as many streams hold a sequence as one rotation
+  serves within it (``DeviceModel.max_streams_for_itl``; one rotation's worth, ``lanes``,
+  until the step time is measured); a request that would wait past its TTFT target is refused.
+
+Replanning happens on events — admission into prefill, a request ending, a shed, a device
+reset, the measured step time moving by more than 10 % — at the next tick, never per tick.
+Nothing is decided before a decode step has been measured: with no step time there is no
+estimate (``estimated_finish`` stays None) and nothing is shed for want of one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
+from calculet.runtime.scheduling.finish_estimate import (DeviceModel, Fit, PendingJob, edf_finish, fair_share_finish,
+                                                         fits, on_time_selection)
+from calculet.runtime.scheduling.registry import RequestRecord
+
+PLANNED_STATES = frozenset({"waiting_model", "waiting_admission", "prefill_ready", "prefill_running",
+                            "decode_ready", "decode_running"})
+DECODING_STATES = frozenset({"decode_ready", "decode_running"})
+REPLAN_DRIFT = 0.10
+"""Replan when the measured step time moved by more than this fraction since the last plan."""
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class GoodputStatistics:
+    """§16-style counters of the ``on_time`` policy."""
+
+    replans: int
+    unfit: int
+    """Requests refused at admission (429) because they could not finish by their deadline."""
+    ttft_refused: int
+    """Requests refused (429) because they would wait past their TTFT target."""
+    shed_waiting: int
+    """Accepted requests rejected (429) while still waiting, by the overload selection."""
+    shed_admitted: int
+    """Admitted requests ended early (DEADLINE) by the overload selection."""
+    at_risk: int
+    decode_cap: int | None
+
+
+@dataclass(frozen=True)
+class Replan:
+    shed: tuple[RequestRecord, ...]
+    at_risk: tuple[RequestRecord, ...]
+
+
+def pending_job(rec: RequestRecord, weight: float) -> PendingJob | None:
+    """The request as the estimator sees it, or None when it needs no more device time."""
+    state = rec.state
+    if state not in PLANNED_STATES:
+        return None
+    machine = rec.machine
+    if state in DECODING_STATES:
+        return PendingJob(rec.request_id, 0, machine.max_new_tokens - machine.generated_tokens, rec.deadline, weight)
+    return PendingJob(rec.request_id, rec.prompt_tokens, rec.max_new_tokens - 1, rec.deadline, weight)
+
+
+def _deadline(job: PendingJob) -> float:
+    return math.inf if job.deadline is None else job.deadline
+
+
+def at_risk_prefix(kept: list[PendingJob], now: float, model: DeviceModel) -> list[int]:
+    """Ids of the EDF prefix of ``kept`` that must run by deadline so the rest may rotate on time."""
+    order = sorted(kept, key=_deadline)
+    step, lanes = model.decode_step_s, model.lanes
+    k, prefix_s = 0, 0.0
+    while k < len(order):
+        rest = order[k:]
+        finish = fair_share_finish(rest, now + prefix_s / lanes, model)
+        late = [i for i, job in enumerate(rest) if finish[job.id] > _deadline(job) + _EPS]
+        if not late:
+            break
+        grown = k + late[-1] + 1
+        prefix_s += sum(model.prefill_s(j.prefill_tokens) + j.decode_steps * step for j in order[k:grown])
+        k = grown
+    return [job.id for job in order[:k]]
+
+
+class _EdfCache:
+    """The kept set's EDF lane schedule at the last plan: lane free times and the least slack."""
+
+    __slots__ = ("free", "min_slack", "latest", "single")
+
+    def __init__(self, kept: list[PendingJob], now: float, model: DeviceModel) -> None:
+        finish = edf_finish(kept, now, model)
+        self.single = model.lanes == 1
+        ends = sorted(finish.values(), reverse=True)[:model.lanes]
+        self.free = [max(now, t) for t in ends] + [now] * (model.lanes - len(ends))
+        heapq.heapify(self.free)
+        self.min_slack = min((_deadline(j) - finish[j.id] for j in kept), default=math.inf)
+        self.latest = max((_deadline(j) for j in kept), default=-math.inf)
+
+    def place(self, job: PendingJob, now: float, model: DeviceModel) -> float | None:
+        """The finish of a latest-deadline ``job`` appended to the schedule, or None if it would not fit."""
+        deadline = _deadline(job)
+        if deadline < self.latest:
+            return None
+        prefill = model.prefill_s(job.prefill_tokens)
+        shift = 0.0 if self.single else prefill
+        if shift > self.min_slack + _EPS:
+            return None
+        start = max(self.free[0] + shift, now + prefill)
+        finish = start + job.decode_steps * model.decode_step_s + (prefill if self.single else 0.0)
+        if finish > deadline + _EPS:
+            return None
+        if shift:
+            self.free = [t + shift for t in self.free]
+        heapq.heapreplace(self.free, finish)
+        self.min_slack = min(self.min_slack - shift, deadline - finish)
+        self.latest = deadline
+        return finish
+
+
+class GoodputPlanner:
+    """Estimates, the overload selection and the latency-SLO cap for the ``on_time`` policy."""
+
+    def __init__(self, *, step_times: StepTimer, prefill_times: PrefillTimer, weights: Mapping[str, float],
+                 ttft_s: Mapping[str, float | None], itl_s: Mapping[str, float | None]) -> None:
+        self.step_times = step_times
+        self.prefill_times = prefill_times
+        self.weights = dict(weights)
+        self.ttft_s = dict(ttft_s)
+        self.itl_s = dict(itl_s)
+        self.dirty = True
+        self._planned_step = 0.0
+        self._kept: list[PendingJob] = []
+        self._cache: _EdfCache | None = None
+        self._planned_at = -math.inf
+        self._slots: list[float] = []
+        """Fair-share finishes of the decoding requests at the last plan (when a stream slot frees)."""
+        self._replans = self._unfit = self._ttft_refused = self._shed_waiting = self._shed_admitted = 0
+        self._at_risk = 0
+        self._cap: int | None = None
+
+    # ------------------------------------------------------------------ the device
+
+    def device(self, compiled_batch: int, engines: int, chunk: int | None) -> DeviceModel | None:
+        """The measured device, or None until a decode step has been measured."""
+        step = self.step_times.decode_step_s
+        if step <= 0:
+            return None
+        fixed, per_token = self.prefill_times.cost()
+        return DeviceModel(step, compiled_batch, engines, fixed, per_token, chunk)
+
+    def drifted(self) -> bool:
+        """The step time moved enough since the last plan to warrant a new one."""
+        step, planned = self.step_times.decode_step_s, self._planned_step
+        return step > 0 and (planned <= 0 or abs(step - planned) > REPLAN_DRIFT * planned)
+
+    def job(self, rec: RequestRecord) -> PendingJob | None:
+        return pending_job(rec, self.weights.get(rec.tenant, 1.0))
+
+    # ------------------------------------------------------------------ replanning (events)
+
+    def replan(self, records: Iterable[RequestRecord], now: float, model: DeviceModel | None) -> Replan:
+        """Select whom to keep, whom to shed and who is at risk; rebuild the admission cache."""
+        self.dirty = False
+        self._replans += 1
+        live = {rec.request_id: rec for rec in records if rec.state in PLANNED_STATES}
+        if model is None:
+            self._kept, self._cache, self._slots = [], None, []
+            return Replan((), ())
+        self._planned_step = model.decode_step_s
+        jobs = [job for rec in live.values() if (job := self.job(rec)) is not None]
+        selection = on_time_selection(jobs, now, model)
+        shed = tuple(live[i] for i in selection.shed)
+        kept_ids = set(selection.keep)
+        self._kept = [j for j in jobs if j.id in kept_ids]
+        self._cache = _EdfCache(self._kept, now, model)
+        self._planned_at = now
+        decoding = [j for j in self._kept if live[j.id].state in DECODING_STATES]
+        self._slots = sorted(fair_share_finish(decoding, now, model).values())
+        risky = [live[i] for i in at_risk_prefix(self._kept, now, model)]
+        fresh = tuple(rec for rec in risky if not rec.at_risk)
+        for rec in fresh:
+            rec.at_risk = True
+        self._at_risk += len(fresh)
+        return Replan(shed, fresh)
+
+    def shed_counted(self, waiting: bool) -> None:
+        if waiting:
+            self._shed_waiting += 1
+        else:
+            self._shed_admitted += 1
+
+    # ------------------------------------------------------------------ admission (§5.2)
+
+    def admit(self, rec: RequestRecord, now: float, model: DeviceModel | None,
+              records: Iterable[RequestRecord]) -> Fit:
+        """Would ``rec`` finish on time with every kept request? Sets ``rec.estimated_finish`` if so."""
+        job = self.job(rec)
+        if model is None or job is None:
+            return Fit(True, None, None)
+        cache = self._cache
+        finish = cache.place(job, now, model) if cache is not None else None
+        if finish is None:
+            if self.dirty or self._planned_at != now or cache is None:
+                self.replan(records, now, model)  # sheds found here are applied at the next tick
+                self.dirty = True
+            fit = fits(job, self._kept, now, model)
+            if not fit.ok:
+                self._unfit += 1
+                return fit
+            finish = fit.finish
+            self._kept.append(job)
+            self._cache = _EdfCache(self._kept, now, model)
+        else:
+            self._kept.append(job)
+        rec.estimated_finish = finish
+        self.dirty = True
+        return Fit(True, None, finish)
+
+    def ttft_refusal(self, rec: RequestRecord, now: float, waiting_ahead: int) -> float | None:
+        """When ``rec`` could start within its TTFT target (None: it can, or no estimate) — else the
+        instant a stream slot is expected to free for it (its Retry-After)."""
+        target = self.ttft_s.get(rec.tenant)
+        cap = self._cap
+        if target is None or cap is None or not self._slots:
+            return None
+        slots = self._slots
+        free_now = max(0, cap - len(slots))
+        ahead = waiting_ahead - free_now
+        if ahead < 0:
+            return None
+        if ahead >= len(slots):
+            return None  # further out than one generation of streams: the wait timer decides
+        start = slots[ahead]
+        if start <= rec.arrival + target:
+            return None
+        self._ttft_refused += 1
+        return start
+
+    def ttft_deadline(self, rec: RequestRecord) -> float | None:
+        target = self.ttft_s.get(rec.tenant)
+        return None if target is None else rec.arrival + target
+
+    # ------------------------------------------------------------------ ITL cap (latency SLO)
+
+    def decode_cap(self, model: DeviceModel | None, lanes: int, tenants: Iterable[str]) -> int | None:
+        """How many streams may hold a sequence: the smallest ITL target among ``tenants``."""
+        targets = [t for name in tenants if (t := self.itl_s.get(name)) is not None]
+        if not targets:
+            return None
+        self._cap = lanes if model is None else max(1, model.max_streams_for_itl(min(targets)))
+        return self._cap
+
+    def statistics(self) -> GoodputStatistics:
+        return GoodputStatistics(self._replans, self._unfit, self._ttft_refused, self._shed_waiting,
+                                 self._shed_admitted, self._at_risk, self._cap)

@@ -1,0 +1,147 @@
+"""The ``on_time`` deadline order wired into the scheduler: what each decision *does* (issue #13).
+
+Why this module exists: :mod:`.goodput` decides from estimates; this applies the decisions to
+the request machines without new states or events (the declarations in ``calculet/machines``
+and their proofs are unchanged):
+
+* a request refused at submit, or shed while it still waits (WaitingModel/WaitingAdmission),
+  ends with the machine's ``reject`` — 429, FinishReason.REJECTED, counted as §5.2
+  no-prospect — with ``Retry-After`` from the same estimate;
+* an admitted request shed before or between its device jobs ends with ``expire`` at once
+  (FinishReason.DEADLINE: it cannot make its deadline, and it holds no device time any more);
+  one whose job is on the device gets the deadline flag and ends when that job drains;
+* a request still waiting at its TTFT target (latency SLO) is refused the same way as a
+  waiting request that is shed.
+
+The scheduler calls :meth:`OnTimePolicy.tick` once per ``step()``; replanning happens there
+only when an event marked the plan dirty (see :mod:`.goodput`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Callable
+
+from calculet.config import SchedulerConfig
+from calculet.runtime.scheduling.admission import AdmissionController, AdmissionOutcome
+from calculet.runtime.scheduling.apply import end_for_deadline
+from calculet.runtime.scheduling.decode import DecodeScheduler
+from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
+from calculet.runtime.scheduling.finish_estimate import DeviceModel
+from calculet.runtime.scheduling.goodput import GoodputPlanner, GoodputStatistics
+from calculet.runtime.scheduling.prefill import PrefillScheduler
+from calculet.runtime.scheduling.profiles import ProfileSet
+from calculet.runtime.scheduling.registry import WAITING_STATES, RequestRecord, RequestRegistry
+
+
+def _targets_s(config: SchedulerConfig, field: str) -> dict[str, float | None]:
+    default = getattr(config.admission, field)
+    result: dict[str, float | None] = {}
+    for tenant in config.tenants:
+        ms = getattr(tenant, field)
+        ms = default if ms is None else ms
+        result[tenant.name] = None if ms is None else ms / 1000
+    return result
+
+
+class OnTimePolicy:
+    """Admission, shedding, at-risk ordering and the ITL cap of ``batch.deadline_order: on_time``."""
+
+    def __init__(self, config: SchedulerConfig, *, registry: RequestRegistry, admission: AdmissionController,
+                 decode: DecodeScheduler, prefill: PrefillScheduler, step_times: StepTimer,
+                 prefill_times: PrefillTimer, engines: Callable[[], int],
+                 profiles: Callable[[], ProfileSet | None]) -> None:
+        self.registry = registry
+        self.admission = admission
+        self.decode = decode
+        self.prefill = prefill
+        self._engines = engines
+        self._profiles = profiles
+        self.planner = GoodputPlanner(step_times=step_times, prefill_times=prefill_times,
+                                      weights={t.name: float(t.weight) for t in config.tenants},
+                                      ttft_s=_targets_s(config, "ttft_target_ms"),
+                                      itl_s=_targets_s(config, "itl_target_ms"))
+        self._ttft_due: list[tuple[float, int]] = []
+
+    def model(self) -> DeviceModel | None:
+        profiles = self._profiles()
+        if profiles is None:
+            return None
+        batch = profiles.select_profile(2**31).compiled_batch
+        return self.planner.device(batch, self._engines(), profiles.prefill_chunk_tokens)
+
+    def lanes(self) -> int:
+        profiles = self._profiles()
+        batch = 1 if profiles is None else profiles.select_profile(2**31).compiled_batch
+        return batch * self._engines()
+
+    # ------------------------------------------------------------------ admission (§5.2)
+
+    def screen(self, rec: RequestRecord, now: float) -> AdmissionOutcome | None:
+        """The 429 of a request that cannot finish on time or would wait past its TTFT target."""
+        planner = self.planner
+        model = self.model()
+        ready = planner.ttft_refusal(rec, now, self.admission.waiting)
+        if ready is not None:
+            return self.admission.reject_unfit(
+                "no prospect of service within the time-to-first-token target: a stream slot is "
+                f"expected to free at {ready - now:.1f} s", _retry(ready, now))
+        fit = planner.admit(rec, now, model, self.registry.live())
+        if fit.ok:
+            due = planner.ttft_deadline(rec)
+            if due is not None:
+                heapq.heappush(self._ttft_due, (due, rec.request_id))
+            return None
+        when = "never on this device" if fit.retry_at is None else f"in {fit.retry_at - now:.1f} s"
+        return self.admission.reject_unfit(
+            "no prospect of service before the deadline: with the work already admitted the "
+            f"shared-device estimate finishes it late (it would fit {when})", _retry(fit.retry_at, now))
+
+    def decode_cap(self) -> int | None:
+        """Streams that may hold a sequence under the ITL targets of the tenants present (None: no cap)."""
+        return self.planner.decode_cap(self.model(), self.lanes(), self.admission.tenants_present())
+
+    # ------------------------------------------------------------------ the tick
+
+    def tick(self, now: float) -> None:
+        """Refuse waiting requests past their TTFT target; replan on events; apply the plan."""
+        due = self._ttft_due
+        while due and due[0][0] <= now:
+            _, request_id = heapq.heappop(due)
+            rec = self.registry.get(request_id)
+            if rec is not None and rec.state in WAITING_STATES:
+                self._refuse_waiting(rec, "waited past its time-to-first-token target")
+        planner = self.planner
+        if not (planner.dirty or planner.drifted()):
+            return
+        plan = planner.replan(self.registry.live(), now, self.model())
+        for rec in plan.shed:
+            self._shed(rec)
+        for rec in plan.at_risk:
+            self.decode.prioritise(rec)
+
+    def mark(self) -> None:
+        """An event changed the admitted set (admit, end, reset): replan at the next tick."""
+        self.planner.dirty = True
+
+    def _shed(self, rec: RequestRecord) -> None:
+        if rec.state in WAITING_STATES:
+            self._refuse_waiting(rec, "shed under overload: the most requests that can finish on time were kept")
+            return
+        self.planner.shed_counted(waiting=False)
+        if not rec.detail:
+            rec.detail = "shed under overload: it could no longer finish by its deadline"
+        end_for_deadline(self.registry, self.prefill, rec)
+
+    def _refuse_waiting(self, rec: RequestRecord, why: str) -> None:
+        self.planner.shed_counted(waiting=True)
+        self.admission.shed_waiting()
+        self.registry.reject(rec, 429, f"no prospect of service before the deadline: {why}")
+
+    def statistics(self) -> GoodputStatistics:
+        return self.planner.statistics()
+
+
+def _retry(at: float | None, now: float) -> float | None:
+    return None if at is None else max(0.0, math.ceil(at - now - 1e-9))
