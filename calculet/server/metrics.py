@@ -29,6 +29,8 @@ fairness    ``TenantStatistics``: service tokens, virtual lag; starvation events
 recovery    ``RecoveryStatistics`` + executor/KV: faults by reason, quarantined jobs/buffers/KV,
             resets/restarts, recovery time
 latency     TTFT, inter-token and end-to-end histograms, per tenant (:class:`~calculet.server.request_metrics.ServiceMetrics`)
+goodput     ``GoodputStatistics`` (issue #13, the engine's request desk): on-time and late completions per
+            tenant, device tokens by phase, wasted tokens by (phase, reason), device and wasted seconds
 invariants  ``calculet_invariant_violations_total{machine,invariant}`` from the run-time monitor
 ==========  ==================================================================================
 
@@ -57,6 +59,7 @@ from calculet.machines.kv_sequence import KvSequenceMachine
 from calculet.machines.model import ModelMachine
 from calculet.machines.request import FinishReason, RequestMachine
 from calculet.runtime.scheduling.admission import Decision
+from calculet.runtime.engine.goodput import PHASES, WASTE_REASONS
 from calculet.runtime.engine.types import EngineStatistics
 from calculet.runtime.execution.degrade import DegradeReason
 from calculet.runtime.execution.recovery import FaultReason
@@ -148,6 +151,33 @@ def _one_hot(family: GaugeMetricFamily, current: str, keys: Iterable[str], *pref
     return family
 
 
+def _goodput(s: EngineStatistics, tenants: Sequence[str]) -> list[Metric]:
+    """Issue #13: requests finished within their deadline and device work thrown away."""
+    g = s.goodput
+    on_time, late = (g.on_time, g.late) if g is not None else ({}, {})
+    computed = g.computed_tokens if g is not None else {}
+    wasted = g.wasted_tokens if g is not None else {}
+    wasted_s = g.wasted_device_seconds if g is not None else {}
+    tokens = _counter("calculet_request_wasted_tokens", "Tokens computed on the device for requests that then "
+                      "ended deadline or error, by phase and reason.", labels=["phase", "reason"])
+    for phase in PHASES:
+        for reason in WASTE_REASONS:
+            tokens.add_metric([phase, reason], float(wasted.get((phase, reason), 0)))
+    return [
+        _by(_counter("calculet_request_goodput", "Requests completed (stop/length) at or before their deadline.",
+                     labels=["tenant"]), on_time, tenants),
+        _by(_counter("calculet_request_late", "Requests completed after their deadline.", labels=["tenant"]),
+            late, tenants),
+        _by(_counter("calculet_device_computed_tokens", "Tokens the device computed for requests, by phase.",
+                     labels=["phase"]), computed, PHASES),
+        tokens,
+        _counter("calculet_device_busy_seconds", "Device busy seconds attributed to requests' jobs.",
+                 g.device_seconds if g is not None else 0.0),
+        _by(_counter("calculet_request_wasted_device_seconds", "Device seconds spent on requests that then ended "
+                     "deadline or error, by reason.", labels=["reason"]), wasted_s, WASTE_REASONS),
+    ]
+
+
 def _mailbox_and_memory(s: EngineStatistics) -> list[Metric]:
     """The actor mailbox's stages and the device's DRAM accounting (§16 executor row)."""
     mailbox = s.mailbox
@@ -190,6 +220,7 @@ class EngineCollector(Collector):
             for part in (self._engine, self._admission, self._queues, self._batch, self._kv, self._executor,
                          self._fairness, self._recovery):
                 families.extend(part(stats))
+            families.extend(_goodput(stats, self._tenants or ("default",)))
         families.extend(self._model(stats))
         families.extend(self._invariants())
         families.append(_gauge("calculet_metrics_scrape_duration_seconds",

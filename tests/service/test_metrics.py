@@ -125,3 +125,21 @@ def test_labels_are_bounded_and_never_carry_request_ids(server: RunningServer) -
 
 def families_of(text: str) -> dict[str, list]:  # type: ignore[type-arg]
     return {f.name: list(f.samples) for f in text_string_to_metric_families(text)}
+
+
+def test_goodput_and_wasted_work_are_exported_per_tenant_and_reason(server: RunningServer) -> None:
+    """Issue #13: on-time completions per configured tenant, device work by phase, waste by (phase, reason)."""
+    before = families_of(server.metrics_text())
+    _traffic(server, 3)
+    after = families_of(server.metrics_text())
+    gained = (families_value(after, "calculet_request_goodput", tenant="alpha")
+              - families_value(before, "calculet_request_goodput", tenant="alpha"))
+    assert gained == 3  # a 3-token completion is far inside the default deadline
+    assert {s.labels["tenant"] for s in after["calculet_request_goodput"]} == set(TENANT_KEYS)
+    wasted = {(s.labels["phase"], s.labels["reason"]) for s in after["calculet_request_wasted_tokens"]}
+    assert wasted == {(p, r) for p in ("prefill", "decode") for r in ("deadline", "error")}
+    assert families_value(after, "calculet_device_computed_tokens", phase="prefill") > \
+        families_value(before, "calculet_device_computed_tokens", phase="prefill")
+    assert families_value(after, "calculet_device_computed_tokens", phase="decode") >= 6  # 2 decode steps each
+    assert families_value(after, "calculet_device_busy_seconds") >= 0
+    assert {s.labels["reason"] for s in after["calculet_request_wasted_device_seconds"]} == {"deadline", "error"}

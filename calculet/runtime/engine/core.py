@@ -420,7 +420,7 @@ class EngineCore:
             executor=self.executor.statistics(), completion=self.dispatcher.statistics(),
             sampler=self.sampler.statistics(), recovery=self.recovery.statistics(),
             session=self.session.statistics(), mailbox=mailbox, device=device,
-            models=self.models.statistics_now())
+            models=self.models.statistics_now(), goodput=self.requests.goodput.statistics())
 
     # ------------------------------------------------------------------ submitting
 

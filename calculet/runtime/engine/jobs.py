@@ -119,6 +119,7 @@ class JobPath:
         work = job.work
         self.models.on_job_finished(work.generation)
         desk = self._desk
+        desk.on_job_done(work, result)  # device work per request, before the result can end one (#13)
         if desk.tracks_provenance:
             desk.delivering = (work.generation, result.generation, self.models.generation_of_calbin(result.calbin_id))
         try:

@@ -4,7 +4,9 @@ kept while they live, each streamed token timed and traced, each outcome counted
 The scheduler owns a request's state (its machine, KV lease, queue place); this desk keeps only
 what the engine adds around it — the prompt the executor builds a prefill from, when the last
 token left (the degrade detector's latency figure), where a token came from (generation
-isolation, §10, R19.16) — and wraps the caller's sink so it sees every token and the close.
+isolation, §10, R19.16), what the device computed for it and whether it ended on time
+(:mod:`calculet.runtime.engine.goodput`, issue #13) — and wraps the caller's sink so it sees
+every token and the close.
 """
 
 from __future__ import annotations
@@ -16,12 +18,16 @@ from typing import Callable
 from calculet.clock import Clock
 from calculet.errors import BadRequest
 from calculet.machines.request import FinishReason
+from calculet.adapters.calrt import JobResult
+from calculet.runtime.engine.goodput import GoodputLedger, RequestWork
 from calculet.runtime.engine.types import GenerateRequest, TokenProvenance
 from calculet.runtime.execution.executor import DeviceExecutor
 from calculet.runtime.execution.sampler import SamplerPool, SamplingParams
 from calculet.runtime.request import InferenceRequest, RequestOutcome, RequestSink
 from calculet.runtime.scheduling.admission import AdmissionOutcome, Decision
+from calculet.runtime.scheduling.decode import DecodeBatch
 from calculet.runtime.scheduling.plan import Submission
+from calculet.runtime.scheduling.prefill import PrefillWork
 from calculet.runtime.scheduling.scheduler import Scheduler
 from calculet.runtime.streams.tokenizer import ByteTokenizer
 
@@ -33,13 +39,14 @@ Trace = list[tuple[str, int]]
 
 
 class _Request:
-    """Engine-side facts of a live request: its prompt ids and its stream timing."""
+    """Engine-side facts of a live request: its prompt ids, its stream timing, its device work."""
 
-    __slots__ = ("prompt", "last_token_at")
+    __slots__ = ("prompt", "last_token_at", "work")
 
-    def __init__(self, prompt: tuple[int, ...]) -> None:
+    def __init__(self, prompt: tuple[int, ...], work: RequestWork) -> None:
         self.prompt = prompt
         self.last_token_at: float | None = None
+        self.work = work
 
 
 class _Sink:
@@ -88,6 +95,8 @@ class RequestDesk:
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
         self.finished: Counter[str] = Counter()
+        self.goodput = GoodputLedger()
+        """On-time completions and wasted device work (#13); ``statistics()`` reads it."""
         self.delivering: tuple[int, int, int] | None = None
         """(job generation, result generation, calbin generation) of the result being delivered."""
         self.overlapped = False
@@ -119,7 +128,9 @@ class RequestDesk:
         rid = submission.request_id
         if rid and not wrapper.closed:
             self.accepted += 1
-            self._requests[rid] = _Request(prompt)
+            rec = self._scheduler.registry.get(rid)
+            work = RequestWork(request.tenant, rec.deadline if rec is not None else float("inf"))
+            self._requests[rid] = _Request(prompt, work)
             self._sampler.register(rid, request.sampling)
             if self._trace is not None:
                 self._trace.extend((("api", rid), ("registry", rid), ("admission", rid)))
@@ -146,7 +157,17 @@ class RequestDesk:
         if self._trace is not None:
             self._trace.append(("stream", request_id))
 
+    def on_job_done(self, work: PrefillWork | DecodeBatch, result: JobResult) -> None:
+        """A device job returned: what it computed goes to its requests' work (#13)."""
+        requests = self._requests
+        ids = [b.request_id for b in work.active] if isinstance(work, DecodeBatch) else [work.request_id]
+        lanes = [e.work if e is not None else None for e in map(requests.get, ids)]
+        phase, tokens = ("decode", 1) if isinstance(work, DecodeBatch) else ("prefill", work.tokens)
+        self.goodput.job_done(lanes, phase, tokens, result.submitted_at, result.completed_at)
+
     def on_close(self, outcome: RequestOutcome) -> None:
         self.finished[outcome.finish_reason.name.lower()] += 1
-        self._requests.pop(outcome.request_id, None)
+        entry = self._requests.pop(outcome.request_id, None)
+        if entry is not None:
+            self.goodput.ended(entry.work, outcome.finish_reason, self._clock.now())
         self._sampler.release(outcome.request_id)

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from calculet.adapters.calrt import DeviceCapabilities
 from calculet.runtime.actor import MailboxStatistics
+from calculet.runtime.engine.goodput import GoodputStatistics
 from calculet.runtime.execution.dispatch import CompletionStatistics
 from calculet.runtime.execution.executor import ExecutorStatistics
 from calculet.runtime.execution.recovery import RecoveryStatistics
@@ -120,6 +121,8 @@ class EngineStatistics:
     mailbox: MailboxStatistics | None
     device: Any
     models: ModelManagerStatistics | None = None
+    goodput: GoodputStatistics | None = None
+    """On-time completions and wasted device work (issue #13), counted by the request desk."""
 
 
 @dataclass(frozen=True)
