@@ -89,6 +89,10 @@ class SimRequestRecord:
     token_times_s: tuple[float, ...] = ()
     finish_s: float | None = None
     finish_reason: str | None = None
+    deadline_s: float | None = None
+    """Absolute deadline (arrival + the request's ``deadline_ms``); None: none (issue #13 goodput)."""
+    estimated_finish_s: float | None = None
+    """The scheduler's finish estimate at admission (``RequestRecord.estimated_finish``), if any."""
 
     def __post_init__(self) -> None:
         where = f"request {self.request_id}"
@@ -125,9 +129,17 @@ class SimRequestRecord:
 
     @classmethod
     def for_request(cls, request_id: int, request: SimRequest, **outcome: object) -> SimRequestRecord:
-        """A record carrying the request's identity fields; ``outcome`` gives the rest."""
-        return cls(request_id=request_id, tenant=request.tenant, klass=request.klass,
-                   prompt_tokens=request.prompt_tokens, arrival_s=request.arrival_s, **outcome)  # type: ignore[arg-type]
+        """A record carrying the request's identity fields and deadline; ``outcome`` gives the rest."""
+        deadline = None if request.deadline_ms is None else request.arrival_s + request.deadline_ms / 1000.0
+        return cls(request_id=request_id, tenant=request.tenant, klass=request.klass,  # type: ignore[arg-type]
+                   prompt_tokens=request.prompt_tokens, arrival_s=request.arrival_s, deadline_s=deadline, **outcome)
+
+    @property
+    def on_time(self) -> bool:
+        """Completed (stop/length) at or before its deadline (always, without one): issue #13 goodput."""
+        if self.finish_reason not in _COMPLETED or self.finish_s is None:
+            return False
+        return self.deadline_s is None or self.finish_s <= self.deadline_s + 1e-9
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Markdown + PNG report of a load sweep: per-policy tables and three plots.
+"""Markdown + PNG report of a load sweep: per-policy tables and plots (goodput first, issue #13).
 
 Why a file report rather than console output: the spec wants policy thresholds "obtained from
 A/B tests" (§8) and acceptance gates stated as ratios against a baseline (§19 M1–M3); those
@@ -38,6 +38,11 @@ class PolicyResult:
     offered_load: float
     summary: RunSummary
     timeline: ServiceTimeline | None = None
+    goodput_per_s: float | None = None
+    """On-time completions per second (issue #13); plotted and tabled first when given."""
+    on_time_fraction: float | None = None
+    bound_per_s: float | None = None
+    """The offline bound on on-time completions of the same requests, per second (drawn dotted)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,7 @@ class ReportFiles:
 
 
 _REPORT = "report.md"
+_GOODPUT = "goodput_vs_load.png"
 _THROUGHPUT = "throughput_vs_load.png"
 _TTFT = "p99_ttft_vs_load.png"
 
@@ -71,10 +77,18 @@ def write_report(results: Sequence[PolicyResult], out_dir: str | Path, *, comman
     out.mkdir(parents=True, exist_ok=True)
     plots = [out / _THROUGHPUT, out / _TTFT]
     by_policy = _by_policy(results)
-    _line_plot(plots[0], by_policy, lambda s: s.output_tokens_per_s, ylabel="output tokens/s",
+    files = {"throughput": _THROUGHPUT, "ttft": _TTFT}
+    if any(r.goodput_per_s is not None for r in results):
+        plots.insert(0, out / _GOODPUT)
+        files["goodput"] = _GOODPUT
+        _line_plot(plots[0], by_policy, lambda r: r.goodput_per_s, ylabel="on-time completions/s",
+                   title="Goodput vs offered load (dotted: offline bound)", xlabel=load_label,
+                   dotted=lambda r: r.bound_per_s)
+    _line_plot(out / _THROUGHPUT, by_policy, lambda r: r.summary.output_tokens_per_s, ylabel="output tokens/s",
                title="Throughput vs offered load", xlabel=load_label, ceiling=device_bound_tokens_per_s,
                workload_limits=workload_limits)
-    _line_plot(plots[1], by_policy, lambda s: None if s.ttft_s.p99 is None else s.ttft_s.p99 * 1000,
+    _line_plot(out / _TTFT, by_policy,
+               lambda r: None if r.summary.ttft_s.p99 is None else r.summary.ttft_s.p99 * 1000,
                ylabel="P99 TTFT (ms)", title="P99 time to first token vs offered load", xlabel=load_label,
                log_y=True)
     service_plots: dict[str, Path] = {}
@@ -89,8 +103,8 @@ def write_report(results: Sequence[PolicyResult], out_dir: str | Path, *, comman
     plots += service_plots.values()
     text = render_markdown(results, command_line=command_line, title=title, load_label=load_label,
                            device_bound_tokens_per_s=device_bound_tokens_per_s, workload_limits=workload_limits,
-                           notes=notes, plot_files={"throughput": _THROUGHPUT, "ttft": _TTFT,
-                                       **{f"service:{p}": path.name for p, path in service_plots.items()}})
+                           notes=notes, plot_files={**files,
+                                                    **{f"service:{p}": path.name for p, path in service_plots.items()}})
     md = out / _REPORT
     md.write_text(text, encoding="utf-8")
     return ReportFiles(markdown=md, plots=tuple(plots))
@@ -121,41 +135,55 @@ def render_markdown(results: Sequence[PolicyResult], *, command_line: str | Sequ
               "got its fair share. Starvation = requests passed over by a later arrival of their own prompt class "
               "(after a wait past the threshold, or expiring unserved).", ""]
     for policy, rows in _by_policy(results).items():
-        lines += [f"## {policy}", ""]
-        lines += _table(
-            [load_label, "out tok/s", "TTFT P50 ms", "TTFT P99 ms", "ITL P50 ms", "ITL P99 ms",
-             "queue P50 ms", "queue P99 ms", "fill", "lane waste", "requests", "completed", "rejected",
-             "Jain", "starvation"],
-            [[f"{r.offered_load:g}", f"{r.summary.output_tokens_per_s:.2f}", _ms(r.summary.ttft_s.p50),
-              _ms(r.summary.ttft_s.p99), _ms(r.summary.itl_s.p50), _ms(r.summary.itl_s.p99),
-              _ms(r.summary.queue_wait_s.p50), _ms(r.summary.queue_wait_s.p99), _ratio(r.summary.fill_ratio),
-              _ratio(r.summary.lane_waste), str(r.summary.requests), str(r.summary.completed),
-              str(r.summary.rejected), _ratio(r.summary.jain_fairness), str(r.summary.starvation_events)]
-             for r in rows])
-        for label, attr, cell in (("TTFT P99 by prompt class (ms)", "ttft_by_class_s", _class_cell),
-                                  ("Inter-token latency P99 by prompt class (ms)", "itl_by_class_s", _class_cell),
-                                  ("Queue wait P99 / longest by prompt class (ms)", "queue_wait_by_class_s",
-                                   _class_cell_with_max)):
-            lines += [f"**{label}**", ""]
-            lines += _table([load_label, *PROMPT_CLASSES],
-                            [[f"{r.offered_load:g}", *(cell(getattr(r.summary, attr)[k]) for k in PROMPT_CLASSES)]
-                             for r in rows])
-        lines += ["**Batches, rejections and finishes**", ""]
-        lines += _table([load_label, "batches (B: count)", "batch wait P99 ms", "rejections", "finish reasons",
-                         "tokens by tenant"],
-                        [[f"{r.offered_load:g}", _counts(r.summary.compiled_batches) or "—",
-                          _ms(r.summary.batch_wait_s.p99), _counts(r.summary.rejections_by_reason) or "none",
-                          _counts(r.summary.finish_reasons) or "—", _counts(r.summary.tenant_output_tokens) or "—"]
-                         for r in rows])
-        if plot_files and f"service:{policy}" in plot_files:
-            lines += [f"![per-tenant service, {policy}]({plot_files[f'service:{policy}']})", ""]
+        lines += _policy_section(policy, rows, load_label, plot_files)
     if plot_files:
         lines += ["## Plots", ""]
+        if "goodput" in plot_files:
+            lines += [f"![goodput vs offered load]({plot_files['goodput']})", ""]
         if "throughput" in plot_files:
             lines += [f"![throughput vs offered load]({plot_files['throughput']})", ""]
         if "ttft" in plot_files:
             lines += [f"![P99 TTFT vs offered load]({plot_files['ttft']})", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _policy_section(policy: str, rows: Sequence[PolicyResult], load_label: str,
+                    plot_files: dict[str, str] | None) -> list[str]:
+    """One policy's tables (goodput first when given) and its per-tenant service plot."""
+    lines: list[str] = []
+    lines += [f"## {policy}", ""]
+    if any(r.goodput_per_s is not None for r in rows):
+        lines += _table([load_label, "goodput (on time/s)", "on-time fraction", "offline bound /s"],
+                        [[f"{r.offered_load:g}", _ratio(r.goodput_per_s), _ratio(r.on_time_fraction),
+                          _ratio(r.bound_per_s)] for r in rows])
+    lines += _table(
+        [load_label, "out tok/s", "TTFT P50 ms", "TTFT P99 ms", "ITL P50 ms", "ITL P99 ms",
+         "queue P50 ms", "queue P99 ms", "fill", "lane waste", "requests", "completed", "rejected",
+         "Jain", "starvation"],
+        [[f"{r.offered_load:g}", f"{r.summary.output_tokens_per_s:.2f}", _ms(r.summary.ttft_s.p50),
+          _ms(r.summary.ttft_s.p99), _ms(r.summary.itl_s.p50), _ms(r.summary.itl_s.p99),
+          _ms(r.summary.queue_wait_s.p50), _ms(r.summary.queue_wait_s.p99), _ratio(r.summary.fill_ratio),
+          _ratio(r.summary.lane_waste), str(r.summary.requests), str(r.summary.completed),
+          str(r.summary.rejected), _ratio(r.summary.jain_fairness), str(r.summary.starvation_events)]
+         for r in rows])
+    for label, attr, cell in (("TTFT P99 by prompt class (ms)", "ttft_by_class_s", _class_cell),
+                              ("Inter-token latency P99 by prompt class (ms)", "itl_by_class_s", _class_cell),
+                              ("Queue wait P99 / longest by prompt class (ms)", "queue_wait_by_class_s",
+                               _class_cell_with_max)):
+        lines += [f"**{label}**", ""]
+        lines += _table([load_label, *PROMPT_CLASSES],
+                        [[f"{r.offered_load:g}", *(cell(getattr(r.summary, attr)[k]) for k in PROMPT_CLASSES)]
+                         for r in rows])
+    lines += ["**Batches, rejections and finishes**", ""]
+    lines += _table([load_label, "batches (B: count)", "batch wait P99 ms", "rejections", "finish reasons",
+                     "tokens by tenant"],
+                    [[f"{r.offered_load:g}", _counts(r.summary.compiled_batches) or "—",
+                      _ms(r.summary.batch_wait_s.p99), _counts(r.summary.rejections_by_reason) or "none",
+                      _counts(r.summary.finish_reasons) or "—", _counts(r.summary.tenant_output_tokens) or "—"]
+                     for r in rows])
+    if plot_files and f"service:{policy}" in plot_files:
+        lines += [f"![per-tenant service, {policy}]({plot_files[f'service:{policy}']})", ""]
+    return lines
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,20 +244,25 @@ def _save(fig: Figure, path: Path) -> None:
     fig.savefig(path, format="png", metadata={"Software": None})
 
 
-def _line_plot(path: Path, by_policy: dict[str, list[PolicyResult]], value: Callable[[RunSummary], float | None],
+def _line_plot(path: Path, by_policy: dict[str, list[PolicyResult]], value: Callable[[PolicyResult], float | None],
                *, ylabel: str, title: str, xlabel: str, ceiling: float | None = None,
-               workload_limits: Mapping[float, float] | None = None, log_y: bool = False) -> None:
+               workload_limits: Mapping[float, float] | None = None, log_y: bool = False,
+               dotted: Callable[[PolicyResult], float | None] | None = None) -> None:
     fig, ax = _new_figure()
     any_positive = False
     labelled = ceiling is not None or bool(workload_limits)
     for policy, rows in by_policy.items():
-        points = [(r.offered_load, value(r.summary)) for r in rows]
+        points = [(r.offered_load, value(r)) for r in rows]
         points = [(x, y) for x, y in points if y is not None]
         if points:
             xs, ys = zip(*points)
-            ax.plot(xs, ys, marker="o", label=policy)
+            line = ax.plot(xs, ys, marker="o", label=policy)[0]
             any_positive |= any(y > 0 for y in ys)
             labelled = True
+            extra = [(r.offered_load, dotted(r)) for r in rows] if dotted is not None else []
+            extra = [(x, y) for x, y in extra if y is not None]
+            if extra:
+                ax.plot(*zip(*extra), linestyle=":", color=line.get_color())
     if ceiling is not None:
         ax.axhline(ceiling, linestyle="--", color="grey", label="device-bound limit (decode only)")
     if workload_limits:

@@ -2,7 +2,9 @@
 
 A load simulation observes the real engine only through its public surface: each request's
 sink (token instants, the one outcome) and the engine's transition ``observer`` hook (service
-start = the transition into ``prefill_running``; decode-ready instants for batch waits). The
+start = the transition into ``prefill_running``; decode-ready instants for batch waits; the
+scheduler's finish estimate, ``RequestRecord.estimated_finish``, the first time a transition
+shows one — issue #13 item 2, read with ``getattr`` so a scheduler without it is fine). The
 :class:`RequestTracker` joins the two into the same records the baselines emit, so one
 :func:`~calculet.loadsim.analysis.summarize` judges every policy alike. Rejections get a
 bounded reason label (:func:`rejection_reason`, §16 bounded labels).
@@ -101,6 +103,7 @@ class RequestTracker:
         self.closed_at: dict[int, float] = {}
         self._service_start: dict[int, float] = {}
         self._ready_since: dict[int, float] = {}
+        self._estimated: dict[int, float] = {}
 
     def new_sink(self) -> _Sink:
         sink = _Sink(self, len(self.sinks))
@@ -117,6 +120,10 @@ class RequestTracker:
         if source == target:
             return
         rid = rec.request_id
+        if rid not in self._estimated:
+            estimate = getattr(rec, "estimated_finish", None)
+            if estimate is not None:
+                self._estimated[rid] = float(estimate)
         if target == "prefill_running":
             self._service_start.setdefault(rid, self.now())
         elif target == "decode_ready":
@@ -152,5 +159,5 @@ class RequestTracker:
             out.append(SimRequestRecord.for_request(
                 i, req, admitted=True, service_start_s=self._service_start.get(rid),
                 first_token_s=times[0] if times else None, token_times_s=times, finish_s=finish,
-                finish_reason=reason.name.lower()))
+                finish_reason=reason.name.lower(), estimated_finish_s=self._estimated.get(rid)))
         return tuple(out)

@@ -275,7 +275,7 @@ def test_storms_are_scripted_and_not_scaled() -> None:
 
 
 def test_presets_load_and_generate() -> None:
-    assert preset_names() == ("bursty", "long-prefill-storm", "noisy-neighbour", "steady")
+    assert preset_names() == ("bursty", "long-prefill-storm", "noisy-neighbour", "overload", "steady")
     for name in preset_names():
         w = load_preset(name)
         assert w.name == name
