@@ -20,7 +20,7 @@ from rich.console import Console
 from calculet.bench.commands import PROG, BadInput, cmd_all, cmd_list, cmd_run
 from calculet.bench.soak_command import cmd_soak
 from calculet.bench.sweep import COSTS, PRESET_LOADS
-from calculet.loadsim.policies import POLICIES
+from calculet.loadsim.policies import GOODPUT_GROUP, POLICIES
 from calculet.loadsim.soak_report import SoakOptions
 from calculet.loadsim.workload import preset_names
 
@@ -122,7 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policies", default="all",
-                        help=f"comma-separated policies or 'all' (default): {', '.join(POLICIES)}")
+                        help=f"comma-separated policies, 'all' (default) or '{GOODPUT_GROUP}' (FCFS and calculet-b1/-b16 "
+                             f"under every batch.deadline_order): {', '.join(POLICIES)}; an engine policy may name "
+                             "a §7.2 decode order, e.g. calculet-b1@strict")
+    parser.add_argument("--deadline-scale", type=_positive(float), default=1.0,
+                        help="multiply every offered deadline (default 1; e.g. 4 turns the overload preset's tight "
+                             "10 s into a loose 40 s)")
     parser.add_argument("--duration", type=_positive(float), default=None,
                         help="virtual seconds of arrivals (default: the workload's duration_s)")
     parser.add_argument("--seed", type=_non_negative_int, default=None, help="override the workload's seed")

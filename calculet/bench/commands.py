@@ -61,6 +61,7 @@ def _sweep(args: argparse.Namespace, workload: Workload, loads: Sequence[float],
     policies = policies_of(args.policies)
     result = run_sweep(workload, policies, loads, cost=COSTS[args.cost](), duration_s=args.duration, seed=args.seed,
                        starvation_threshold_s=args.starvation_threshold, reference=not args.no_reference,
+                       deadline_scale=args.deadline_scale,
                        console=console, quiet=args.quiet)
     report = write_sweep_report(result, out, command_line(argv))
     return result, report
@@ -152,6 +153,8 @@ def _passthrough(args: argparse.Namespace) -> list[str]:
         out += ["--starvation-threshold", f"{args.starvation_threshold:g}"]
     if args.no_reference:
         out.append("--no-reference")
+    if args.deadline_scale != 1.0:
+        out += ["--deadline-scale", f"{args.deadline_scale:g}"]
     return out
 
 

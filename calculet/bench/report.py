@@ -14,6 +14,7 @@ from typing import Any
 
 from calculet.bench.acceptance import acceptance, acceptance_table
 from calculet.bench.figures import decode_efficiency, limits_text, ms, ratio_text
+from calculet.bench.goodput_section import estimator_json, goodput_json, goodput_section
 from calculet.bench.storm import storm_section
 from calculet.bench.sweep import Cell, SweepResult
 from calculet.bench.tenants import tenant_section
@@ -32,7 +33,11 @@ def write_sweep_report(result: SweepResult, out: Path, command_line: str) -> Pat
     """``report.md`` (the shared tables and plots, then this sweep's own sections) and ``summary.json``."""
     w = result.workload
     results = [PolicyResult(c.policy.name, c.load, c.summary,
-                            service_timeline(c.run.requests, weights=w.weights(), start_s=0.0))
+                            service_timeline(c.run.requests, weights=w.weights(), start_s=0.0),
+                            goodput_per_s=None if c.goodput is None else c.goodput.goodput_per_s,
+                            on_time_fraction=None if c.goodput is None else c.goodput.on_time_fraction,
+                            bound_per_s=None if c.bound is None or not c.summary.window_s
+                            else c.bound.bound / c.summary.window_s)
                for c in result.cells]
     notes = _setup_notes(result)
     files = write_report(results, out, command_line=command_line, title=f"Calculet load simulation — {w.name}",
@@ -96,15 +101,15 @@ def _degrade_text(c: Cell, ratio: float) -> str:
 def _headline(result: SweepResult) -> list[str]:
     bound = result.device_bound
     lines = ["## Headline figures", "",
-             limits_text(result) + " `× limit` = throughput / the decode-only limit; `× workload limit` = "
+             limits_text(result) + " Goodput and on time: see the Goodput section. `× limit` = throughput / the decode-only limit; `× workload limit` = "
              "throughput / the workload limit at that load; `× B1 serial` = throughput / the "
              "`b1-serial-fcfs` baseline's at the same load. Device work = what the cost model charges the jobs "
              "submitted (nominal; with ping/pong two jobs overlap, so work can exceed the run time). "
              "`decode eff.` = tokens produced by decode steps per second of decode work, over the limit of the "
              "policy's own largest profile (1.0 = every decode step ran full). Sim speed = virtual / wall time.", "",
-             "| load | policy | out tok/s | × limit | × workload limit | × B1 serial | TTFT P50/P99 ms | completed | "
+             "| load | policy | goodput /s | on time | out tok/s | × limit | × workload limit | × B1 serial | TTFT P50/P99 ms | completed | "
              "rejected | prefill share of work | decode eff. | fill | sim speed | ping/pong |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for load in result.loads:
         serial = result.cell("b1-serial-fcfs", load)
         for policy in result.policies:
@@ -115,8 +120,10 @@ def _headline(result: SweepResult) -> list[str]:
             work = run.prefill_work_s + run.decode_work_s
             base = serial.summary.output_tokens_per_s if serial is not None else 0.0
             speed = f"{run.speedup:.0f}x" if run.statistics is not None else "closed form"
+            g = c.goodput
             lines.append(
-                f"| {load:g} | {policy.name} | {s.output_tokens_per_s:.1f} | {s.output_tokens_per_s / bound:.2f} | "
+                f"| {load:g} | {policy.name} | {'—' if g is None else f'{g.goodput_per_s:.3f}'} | "
+                f"{'—' if g is None else f'{g.on_time_fraction:.0%}'} | {s.output_tokens_per_s:.1f} | {s.output_tokens_per_s / bound:.2f} | "
                 f"{ratio_text(s.output_tokens_per_s / c.workload_limit if c.workload_limit else None)} | "
                 f"{ratio_text(s.output_tokens_per_s / base if base else None)} | "
                 f"{ms(s.ttft_s.p50)}/{ms(s.ttft_s.p99)} | {s.completed} | {s.rejected} | "
@@ -135,7 +142,8 @@ def _targets(result: SweepResult) -> list[str]:
 
 
 def _extra_sections(result: SweepResult) -> str:
-    lines = _targets(result) + _headline(result) + storm_section(result) + tenant_section(result)
+    lines = goodput_section(result) + _targets(result) + _headline(result) + storm_section(result)
+    lines += tenant_section(result)
     lines += [f"Sweep wall time: {result.wall_s:.1f} s.", ""]
     return "\n".join(lines)
 
@@ -154,8 +162,9 @@ def _summary_json(result: SweepResult, command_line: str) -> dict[str, Any]:
                 "rejections_by_reason": dict(s.rejections_by_reason), "fill_ratio": s.fill_ratio,
                 "jain": s.jain_fairness, "starvation_events": s.starvation_events,
                 "prefill_work_s": round(c.run.prefill_work_s, 4), "decode_work_s": round(c.run.decode_work_s, 4),
-                "virtual_s": round(c.run.end_s, 4), "wall_s": round(c.run.wall_s, 4)}
+                "virtual_s": round(c.run.end_s, 4), "wall_s": round(c.run.wall_s, 4), **goodput_json(c)}
 
     return {"workload": result.workload.name, "command": command_line, "device_bound_tokens_per_s": result.device_bound,
             "loads": list(result.loads), "runs": [row(c) for c in result.cells],
+            "deadline_scale": result.deadline_scale, "estimator_error": estimator_json(result),
             "reference": result.reference_label, "reference_runs": [row(c) for c in result.reference]}

@@ -5,10 +5,16 @@ Why this exists: a benchmark judges policies against each other and against the 
 never a timed pass/fail). At each load scale the workload's requests are generated once and run
 under every policy in virtual time; the reference runs remove the workload's storms or its noisy
 tenant so the report can say what they cost.
+
+Each cell also carries its goodput figures (issue #13: on-time completions, wasted device work,
+the estimator's error; :mod:`calculet.loadsim.goodput`) and the offline bound on on-time
+completions of the requests it ran on the policy's device, computed once per device and request
+list. ``deadline_scale`` multiplies every offered deadline (tight vs loose on one preset).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +25,8 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedCo
 from calculet.adapters.sim.cost import CostModel
 from calculet.loadsim.analysis import RunSummary, workload_limit
 from calculet.loadsim.baselines import device_bound_limit
+from calculet.loadsim.bound import OnTimeBound
+from calculet.loadsim.goodput import GoodputFigures, goodput_figures, offline_bound
 from calculet.loadsim.policies import POLICIES, PolicySpec, run_policy
 from calculet.loadsim.runner import PolicyRun
 from calculet.loadsim.workload import SimRequest, Workload, generate_requests
@@ -33,6 +41,7 @@ __all__ = [
     "noisy_tenant",
     "reference_kind",
     "run_sweep",
+    "scale_deadlines",
 ]
 
 PRESET_LOADS: Mapping[str, tuple[float, ...]] = {
@@ -60,6 +69,10 @@ class Cell:
     """:func:`~calculet.loadsim.analysis.workload_limit` of the offered requests on the largest profile."""
     offered_output_tokens: int = 0
     """Output tokens the offered requests ask for (``max_new_tokens``)."""
+    goodput: GoodputFigures | None = None
+    """On-time completions, wasted device work and estimator error of the run (issue #13)."""
+    bound: OnTimeBound | None = None
+    """The offline upper bound on on-time completions of these requests on the policy's device."""
 
     @property
     def min_device_s(self) -> float | None:
@@ -81,6 +94,7 @@ class SweepResult:
     reference_label: str
     starvation_threshold_s: float
     wall_s: float
+    deadline_scale: float = 1.0
 
     def cell(self, policy: str, load: float, *, reference: bool = False) -> Cell | None:
         for c in (self.reference if reference else self.cells):
@@ -158,9 +172,45 @@ class _Bars:
         self.progress.advance(self.overall)
 
 
+def scale_deadlines(requests: Sequence[SimRequest], scale: float) -> tuple[SimRequest, ...]:
+    """The same requests with every deadline multiplied by ``scale`` (1: unchanged)."""
+    if scale == 1.0:
+        return tuple(requests)
+    return tuple(r if r.deadline_ms is None else dataclasses.replace(r, deadline_ms=max(1, round(r.deadline_ms * scale)))
+                 for r in requests)
+
+
+class _Bounds:
+    """Offline bounds per (request list, device): the solver runs once per device and load."""
+
+    def __init__(self, cost: CostModel) -> None:
+        self.cost = cost
+        self._done: dict[tuple[int, int, bool, int | None], tuple[Sequence[SimRequest], OnTimeBound]] = {}
+        """Keyed by the request list's id; the value keeps the list alive so an id is never reused."""
+
+    def of(self, requests: Sequence[SimRequest], policy: PolicySpec) -> OnTimeBound:
+        key = (id(requests), policy.max_profile, policy.max_inflight == 2, policy.prefill_chunk_tokens)
+        if key not in self._done:
+            self._done[key] = (requests, offline_bound(requests, self.cost, compiled_batch=policy.max_profile,
+                                                       pingpong=policy.max_inflight == 2,
+                                                       prefill_chunk_tokens=policy.prefill_chunk_tokens))
+        return self._done[key][1]
+
+
+def _cell(load: float, policy: PolicySpec, requests: Sequence[SimRequest], workload: Workload, cost: CostModel,
+          bounds: _Bounds, threshold_s: float, update: Callable[[float], None]) -> Cell:
+    """One policy on one request list, with its summary, goodput figures and offline bound."""
+    largest = max(p.max_profile for p in POLICIES.values())
+    run = run_policy(policy, requests, workload, cost, progress=update)
+    summary = run.summary(weights=workload.weights(), starvation_threshold_s=threshold_s)
+    return Cell(load, policy, run, summary, workload_limit(requests, cost, largest),
+                sum(r.max_new_tokens for r in requests), goodput_figures(run, cost, summary.window_s),
+                bounds.of(requests, policy))
+
+
 def run_sweep(workload: Workload, policies: Sequence[PolicySpec], loads: Sequence[float], *,
               cost: CostModel, duration_s: float | None = None, seed: int | None = None,
-              starvation_threshold_s: float = 30.0, reference: bool = True,
+              starvation_threshold_s: float = 30.0, reference: bool = True, deadline_scale: float = 1.0,
               console: Console | None = None, quiet: bool = True) -> SweepResult:
     """Every policy at every load on the same requests (per load), and with ``reference`` the
     reference runs of :func:`reference_kind`."""
@@ -172,30 +222,27 @@ def run_sweep(workload: Workload, policies: Sequence[PolicySpec], loads: Sequenc
     cells: list[Cell] = []
     refs: list[Cell] = []
     start = time.perf_counter()
+    bounds = _Bounds(cost)
     monitor = MONITOR.statistics()
     MONITOR.configure(enabled=False)  # figures of the production path; the tests run the monitors
     try:
         with _Bars(total, console, quiet) as bars:
             for load in loads:
-                requests = generate_requests(workload, duration, load, seed=seed)
+                requests = scale_deadlines(generate_requests(workload, duration, load, seed=seed), deadline_scale)
                 batches: list[tuple[tuple[SimRequest, ...], list[Cell], str]] = [(requests, cells, "")]
                 if label == "no storm":
                     calm = workload.model_copy(update={"storms": ()})
-                    batches.append((generate_requests(calm, duration, load, seed=seed), refs, f" ({label})"))
+                    batches.append((scale_deadlines(generate_requests(calm, duration, load, seed=seed),
+                                                    deadline_scale), refs, f" ({label})"))
                 elif noisy is not None:
                     batches.append((tuple(r for r in requests if r.tenant != noisy), refs, f" ({label})"))
-                largest = max(p.max_profile for p in POLICIES.values())
                 for reqs, sink, suffix in batches:
-                    limit = workload_limit(reqs, cost, largest)
-                    offered = sum(r.max_new_tokens for r in reqs)
                     for policy in policies:
                         update = bars.start(f"{policy.name} @ {load:g}{suffix}", duration)
-                        run = run_policy(policy, reqs, workload, cost, progress=update)
-                        summary = run.summary(weights=workload.weights(),
-                                              starvation_threshold_s=starvation_threshold_s)
-                        sink.append(Cell(load, policy, run, summary, limit, offered))
+                        sink.append(_cell(load, policy, reqs, workload, cost, bounds, starvation_threshold_s,
+                                          update))
                         bars.done()
     finally:
         MONITOR.configure(enabled=monitor.enabled, mode=monitor.mode)  # type: ignore[arg-type]
     return SweepResult(workload, tuple(policies), tuple(loads), cost, tuple(cells), tuple(refs), label,
-                       starvation_threshold_s, time.perf_counter() - start)
+                       starvation_threshold_s, time.perf_counter() - start, deadline_scale)

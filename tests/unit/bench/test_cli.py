@@ -267,3 +267,26 @@ def test_tenant_stalls_measure_the_longest_gap_while_outstanding() -> None:
     assert stalls["a"] == (1.0, 0.0)
     assert stalls["b"] == (39.5, 0.5)
     assert stalls["c"] == (20.0, 5.0)
+
+
+def test_goodput_leads_the_report_with_the_offline_bound(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #13: goodput, on-time fraction, bound (with its method) and wasted share, in report and JSON."""
+    out = tmp_path / "overload"
+    argv = ["run", "--preset", "overload", "--loads", "2", "--duration", "30", "--quiet", "--deadline-scale", "0.5",
+            "--policies", "b1-serial-fcfs,calculet-b1@strict", "--out", str(out)]
+    code, _, _ = run_cli(argv, capsys)
+    assert code == 0
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert report.index("## Goodput") < report.index("## Headline figures")
+    assert "| load | policy | goodput /s | on-time fraction | on time | bound (method, ×) |" in report
+    assert "Deadlines scaled by 0.5." in report and "goodput_vs_load.png" in report
+    assert (out / "goodput_vs_load.png").read_bytes().startswith(b"\x89PNG")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["deadline_scale"] == 0.5
+    for row in summary["runs"]:
+        assert 0 <= row["on_time"] <= row["offline_bound"]["on_time"] <= row["offered"]
+        assert row["offline_bound"]["method"] and 0.0 <= row["wasted_share"] <= 1.0
+        assert row["goodput_per_s"] == pytest.approx(row["on_time"] / 30, rel=0.5)
+    rows = {r["policy"]: r for r in summary["runs"]}
+    assert rows["b1-serial-fcfs"]["device_figures_from"] == "records"
+    assert rows["calculet-b1@strict"]["device_figures_from"] == "engine"
