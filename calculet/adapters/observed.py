@@ -55,7 +55,7 @@ _R = TypeVar("_R")
 
 
 @dataclass
-class JobRecord:
+class ObservedJob:
     """One job the device accepted, and its completion once a result was handed to the runtime.
 
     ``kind``, ``engine`` and ``rc`` are labels (``"decode"``, ``"ping"``, ``"CCU_FAULT"``).
@@ -138,7 +138,7 @@ class DeviceObservation:
     """What every device of one observed runtime did, in order; survives a device restart."""
 
     observers: list[DeviceObserver] = field(default_factory=list)
-    jobs: list[JobRecord] = field(default_factory=list)
+    jobs: list[ObservedJob] = field(default_factory=list)
     calls: list[str] = field(default_factory=list)
     devices: list[ObservedDevice] = field(default_factory=list)
     submits_refused: int = 0
@@ -149,7 +149,7 @@ class DeviceObservation:
     def record_submit(self, job: JobSpec, ticket: JobTicket, inflight_before: int) -> None:
         seqs = (tuple(int(s) for s, v in zip(job.seq_ids, job.lane_valid) if v) if isinstance(job, DecodeJob)
                 else (int(job.seq_id),))
-        self.jobs.append(JobRecord(int(ticket.job_id), job.generation, job.calbin_id, job.kind.value,
+        self.jobs.append(ObservedJob(int(ticket.job_id), job.generation, job.calbin_id, job.kind.value,
                                    job.engine.name.lower(), job.compiled_batch, seqs, inflight_before,
                                    ticket.submitted_at, (job.buffers.input.buffer_id, job.buffers.output.buffer_id)))
         for o in self.observers:
@@ -340,7 +340,7 @@ class ObservedCalRT:
         return self.observation.devices[-1]
 
     @property
-    def jobs(self) -> list[JobRecord]:
+    def jobs(self) -> list[ObservedJob]:
         return self.observation.jobs
 
     @property
@@ -362,6 +362,6 @@ class ObservedCalRT:
 
 
 __all__ = [
-    "LIFECYCLE_CALLS", "DeviceObservation", "DeviceObserver", "JobRecord", "ObservationStatistics",
+    "LIFECYCLE_CALLS", "DeviceObservation", "DeviceObserver", "ObservedJob", "ObservationStatistics",
     "ObservedCalRT", "ObservedDevice", "ObservedKvManager",
 ]

@@ -113,7 +113,10 @@ def completion_prompt(tokenizer: ByteTokenizer, prompt: Any) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class Generation:
+class ApiGeneration:
+    """One OpenAI completion or chat request, parsed and checked at the edge: what the engine is
+    asked to generate and how the answer is shaped (stream, usage)."""
+
     kind: Kind
     model: str
     prompt: tuple[int, ...]
@@ -206,7 +209,7 @@ def inference_router(service: Service) -> APIRouter:
         tokenizer = service.tokenizer
         prompt = completion_prompt(tokenizer, body.prompt)
         max_tokens = body.max_tokens if body.max_tokens is not None else 16
-        gen = Generation("completion", body.model, prompt, max_tokens, _sampling(body, tokenizer),
+        gen = ApiGeneration("completion", body.model, prompt, max_tokens, _sampling(body, tokenizer),
                          bool(body.stream), body.include_usage)
         return await _generate(service, request, tenant, gen, prompt_param="prompt")
 
@@ -223,7 +226,7 @@ def inference_router(service: Service) -> APIRouter:
         max_tokens = body.requested_max_tokens
         if max_tokens is None:
             max_tokens = max(1, service.info.max_seq - len(prompt))
-        gen = Generation("chat", body.model, prompt, max_tokens, _sampling(body, tokenizer),
+        gen = ApiGeneration("chat", body.model, prompt, max_tokens, _sampling(body, tokenizer),
                          bool(body.stream), body.include_usage)
         return await _generate(service, request, tenant, gen, prompt_param="messages")
 
@@ -246,7 +249,7 @@ def _model_list(service: Service) -> ModelList:
     return ModelList(data=cards)
 
 
-async def _generate(service: Service, request: Request, tenant: str, gen: Generation, *,
+async def _generate(service: Service, request: Request, tenant: str, gen: ApiGeneration, *,
                     prompt_param: str) -> Any:
     max_seq = service.info.max_seq
     n = len(gen.prompt)
@@ -353,7 +356,7 @@ def _sse_line(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-async def _sse(service: Service, request: Request, stream: TimedStream, rid: int, gen: Generation, response_id: str,
+async def _sse(service: Service, request: Request, stream: TimedStream, rid: int, gen: ApiGeneration, response_id: str,
                created: int, fingerprint: str, extra: dict[str, Any]) -> AsyncIterator[str]:
     """Server-sent events; if the client goes away, the request is cancelled in ``finally``."""
     head = {"id": response_id, "created": created, "model": gen.model, "system_fingerprint": fingerprint}

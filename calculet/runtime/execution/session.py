@@ -115,7 +115,7 @@ class SessionStatistics:
     acquired_memory_bytes: int
 
 
-class MemoryLedger:
+class SessionMemory:
     """The device memory one session took, for §12's release check (R12.8).
 
     Memory is checked as a difference: what the session reserved when it became ready must be
@@ -191,7 +191,7 @@ class RuntimeSession:
         self._resets = 0
         self._golden = 0
         self._warmups = 0
-        self._memory = MemoryLedger(device)
+        self._memory = SessionMemory(device)
         self.golden_outcomes: tuple[GoldenOutcome, ...] = ()
 
     @classmethod
