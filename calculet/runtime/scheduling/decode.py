@@ -27,6 +27,11 @@ tenant that reaches its lane cap (``batch.max_tenant_lane_share``) drops out of 
 and comes back only if no other tenant has a candidate (§7.2 item 3). Removal (cancel,
 deadline, failure) marks the heap entry dead in O(1).
 
+``on_time`` (the default, issue #13) keeps the same two-level order but does not decide "at risk"
+itself: the goodput planner (:mod:`.goodput`) marks a sequence at risk when its *shared-device*
+fair-share finish is past its deadline (:meth:`DecodeScheduler.prioritise`), on events rather
+than per tick, and sheds under overload what cannot finish; there is no watch heap.
+
 Candidates whose deadline has passed, or that fail validation (generation, KV position,
 context room, input token), are skipped and reported; the scheduler ends them (§7.2 item 1,
 R7.4.4). The batch is reserved in KV (``reserve_batch``); a refusal is a returned value and

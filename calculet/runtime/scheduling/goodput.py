@@ -42,7 +42,7 @@ from calculet.runtime.scheduling.finish_estimate import (DeviceModel, Fit, Pendi
                                                          fits, on_time_selection)
 from calculet.runtime.scheduling.registry import RequestRecord
 
-PLANNED_STATES = frozenset({"waiting_model", "waiting_admission", "prefill_ready", "prefill_running",
+PLANNED_STATES = frozenset({"new", "waiting_model", "waiting_admission", "prefill_ready", "prefill_running",
                             "decode_ready", "decode_running"})
 DECODING_STATES = frozenset({"decode_ready", "decode_running"})
 REPLAN_DRIFT = 0.10
@@ -224,7 +224,8 @@ class GoodputPlanner:
         finish = cache.place(job, now, model) if cache is not None else None
         if finish is None:
             if self.dirty or self._planned_at != now or cache is None:
-                self.replan(records, now, model)  # sheds found here are applied at the next tick
+                # sheds found here are applied at the next tick
+                self.replan((r for r in records if r is not rec), now, model)
                 self.dirty = True
             fit = fits(job, self._kept, now, model)
             if not fit.ok:
