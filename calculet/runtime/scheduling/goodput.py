@@ -35,7 +35,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.finish_estimate import (DeviceModel, Fit, PendingJob, edf_finish, fair_share_finish,
@@ -150,6 +150,7 @@ class GoodputPlanner:
         self.weights = dict(weights)
         self.ttft_s = dict(ttft_s)
         self.itl_s = dict(itl_s)
+        self.any_itl = any(t is not None for t in self.itl_s.values())
         self.dirty = True
         self._planned_step = 0.0
         self._kept: list[PendingJob] = []
@@ -184,11 +185,11 @@ class GoodputPlanner:
     def replan(self, records: Iterable[RequestRecord], now: float, model: DeviceModel | None) -> Replan:
         """Select whom to keep, whom to shed and who is at risk; rebuild the admission cache."""
         self.dirty = False
-        self._replans += 1
-        live = {rec.request_id: rec for rec in records if rec.state in PLANNED_STATES}
         if model is None:
             self._kept, self._cache, self._slots = [], None, []
             return Replan((), ())
+        self._replans += 1
+        live = {rec.request_id: rec for rec in records if rec.state in PLANNED_STATES}
         self._planned_step = model.decode_step_s
         jobs = [job for rec in live.values() if (job := self.job(rec)) is not None]
         selection = on_time_selection(jobs, now, model)
@@ -215,17 +216,21 @@ class GoodputPlanner:
     # ------------------------------------------------------------------ admission (§5.2)
 
     def admit(self, rec: RequestRecord, now: float, model: DeviceModel | None,
-              records: Iterable[RequestRecord]) -> Fit:
-        """Would ``rec`` finish on time with every kept request? Sets ``rec.estimated_finish`` if so."""
+              records: Callable[[], Iterable[RequestRecord]]) -> Fit:
+        """Would ``rec`` finish on time with every kept request? Sets ``rec.estimated_finish`` if so.
+
+        ``records`` lists the live requests; it is called only on the slow path."""
+        if model is None:
+            return Fit(True, None, None)
         job = self.job(rec)
-        if model is None or job is None:
+        if job is None:
             return Fit(True, None, None)
         cache = self._cache
         finish = cache.place(job, now, model) if cache is not None else None
         if finish is None:
             if self.dirty or self._planned_at != now or cache is None:
                 # sheds found here are applied at the next tick
-                self.replan((r for r in records if r is not rec), now, model)
+                self.replan((r for r in records() if r is not rec), now, model)
                 self.dirty = True
             fit = fits(job, self._kept, now, model)
             if not fit.ok:
@@ -268,6 +273,8 @@ class GoodputPlanner:
 
     def decode_cap(self, model: DeviceModel | None, lanes: int, tenants: Iterable[str]) -> int | None:
         """How many streams may hold a sequence: the smallest ITL target among ``tenants``."""
+        if not self.any_itl:
+            return None
         targets = [t for name in tenants if (t := self.itl_s.get(name)) is not None]
         if not targets:
             return None

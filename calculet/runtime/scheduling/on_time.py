@@ -66,7 +66,7 @@ class OnTimePolicy:
 
     def model(self) -> DeviceModel | None:
         profiles = self._profiles()
-        if profiles is None:
+        if profiles is None or self.planner.step_times.decode_step_s <= 0:
             return None
         batch = profiles.select_profile(2**31).compiled_batch
         return self.planner.device(batch, self._engines(), profiles.prefill_chunk_tokens)
@@ -87,7 +87,7 @@ class OnTimePolicy:
             return self.admission.reject_unfit(
                 "no prospect of service within the time-to-first-token target: a stream slot is "
                 f"expected to free at {ready - now:.1f} s", _retry(ready, now))
-        fit = planner.admit(rec, now, model, self.registry.live())
+        fit = planner.admit(rec, now, model, self.registry.live)
         if fit.ok:
             due = planner.ttft_deadline(rec)
             if due is not None:
@@ -100,6 +100,8 @@ class OnTimePolicy:
 
     def decode_cap(self) -> int | None:
         """Streams that may hold a sequence under the ITL targets of the tenants present (None: no cap)."""
+        if not self.planner.any_itl:
+            return None
         return self.planner.decode_cap(self.model(), self.lanes(), self.admission.tenants_present())
 
     # ------------------------------------------------------------------ the tick
@@ -115,7 +117,10 @@ class OnTimePolicy:
         planner = self.planner
         if not (planner.dirty or planner.drifted()):
             return
-        plan = planner.replan(self.registry.live(), now, self.model())
+        model = self.model()
+        if model is None:  # no measured step yet: nothing to estimate, nothing to shed
+            return
+        plan = planner.replan(self.registry.live(), now, model)
         for rec in plan.shed:
             self._shed(rec)
         for rec in plan.at_risk:
