@@ -151,6 +151,27 @@ def _one_hot(family: GaugeMetricFamily, current: str, keys: Iterable[str], *pref
     return family
 
 
+def _on_time(s: EngineStatistics) -> list[Metric]:
+    """Issue #13: what the ``on_time`` deadline order decided (all zero under another order)."""
+    o = s.scheduler.on_time
+    refused = {"cannot_finish": o.unfit, "ttft_target": o.ttft_refused} if o is not None else {}
+    shed = {"waiting": o.shed_waiting, "admitted": o.shed_admitted} if o is not None else {}
+    return [
+        _by(_counter("calculet_scheduler_on_time_refused", "Requests refused (429) at admission because the "
+                     "shared-device estimate says they cannot finish by their deadline or start within their "
+                     "TTFT target (§5.2).", labels=["reason"]), refused, ("cannot_finish", "ttft_target")),
+        _by(_counter("calculet_scheduler_on_time_shed", "Accepted requests the overload selection ended early, "
+                     "before device time was spent on them: still waiting (429) or admitted (deadline) (§7.2).",
+                     labels=["stage"]), shed, ("waiting", "admitted")),
+        _counter("calculet_scheduler_on_time_replans", "Times the on-time selection was recomputed (admission, "
+                 "an end, a reset, a step-time drift).", o.replans if o is not None else 0),
+        _gauge("calculet_scheduler_at_risk_sequences", "Sequences ordered earliest-deadline-first because their "
+               "shared-device finish estimate is past their deadline (§7.2 item 2).", o.at_risk if o else 0),
+        _gauge("calculet_scheduler_decode_cap_streams", "Streams allowed to decode at once under the ITL target "
+               "(0: no cap).", (o.decode_cap or 0) if o is not None else 0),
+    ]
+
+
 def _goodput(s: EngineStatistics, tenants: Sequence[str]) -> list[Metric]:
     """Issue #13: requests finished within their deadline and device work thrown away."""
     g = s.goodput
@@ -221,6 +242,7 @@ class EngineCollector(Collector):
                          self._fairness, self._recovery):
                 families.extend(part(stats))
             families.extend(_goodput(stats, self._tenants or ("default",)))
+            families.extend(_on_time(stats))
         families.extend(self._model(stats))
         families.extend(self._invariants())
         families.append(_gauge("calculet_metrics_scrape_duration_seconds",

@@ -143,3 +143,15 @@ def test_goodput_and_wasted_work_are_exported_per_tenant_and_reason(server: Runn
     assert families_value(after, "calculet_device_computed_tokens", phase="decode") >= 6  # 2 decode steps each
     assert families_value(after, "calculet_device_busy_seconds") >= 0
     assert {s.labels["reason"] for s in after["calculet_request_wasted_device_seconds"]} == {"deadline", "error"}
+
+
+def test_on_time_decisions_are_exported_with_bounded_labels(server: RunningServer) -> None:
+    """Issue #13: what the default ``on_time`` order refused, shed and replanned is on /metrics."""
+    _traffic(server, 2)
+    after = families_of(server.metrics_text())
+    assert {s.labels["reason"] for s in after["calculet_scheduler_on_time_refused"]} == {"cannot_finish",
+                                                                                        "ttft_target"}
+    assert {s.labels["stage"] for s in after["calculet_scheduler_on_time_shed"]} == {"waiting", "admitted"}
+    assert families_value(after, "calculet_scheduler_on_time_replans") >= 1  # every admission replans
+    assert families_value(after, "calculet_scheduler_decode_cap_streams") == 0  # no ITL target configured
+    assert families_value(after, "calculet_scheduler_at_risk_sequences") >= 0

@@ -28,7 +28,7 @@ and comes back only if no other tenant has a candidate (§7.2 item 3). Removal (
 deadline, failure) marks the heap entry dead in O(1).
 
 ``on_time`` (the default, issue #13) keeps the same two-level order but does not decide "at risk"
-itself: the goodput planner (:mod:`.goodput`) marks a sequence at risk when its *shared-device*
+itself: the goodput planner (:mod:`.on_time_planner`) marks a sequence at risk when its *shared-device*
 fair-share finish is past its deadline (:meth:`DecodeScheduler.prioritise`), on events rather
 than per tick, and sheds under overload what cannot finish; there is no watch heap.
 

@@ -1,6 +1,6 @@
 """The ``on_time`` deadline order wired into the scheduler: what each decision *does* (issue #13).
 
-Why this module exists: :mod:`.goodput` decides from estimates; this applies the decisions to
+Why this module exists: :mod:`.on_time_planner` decides from estimates; this applies the decisions to
 the request machines without new states or events (the declarations in ``calculet/machines``
 and their proofs are unchanged):
 
@@ -14,7 +14,7 @@ and their proofs are unchanged):
   waiting request that is shed.
 
 The scheduler calls :meth:`OnTimePolicy.tick` once per ``step()``; replanning happens there
-only when an event marked the plan dirty (see :mod:`.goodput`).
+only when an event marked the plan dirty (see :mod:`.on_time_planner`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from calculet.runtime.scheduling.apply import end_for_deadline
 from calculet.runtime.scheduling.decode import DecodeScheduler
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.finish_estimate import DeviceModel
-from calculet.runtime.scheduling.goodput import GoodputPlanner, GoodputStatistics
+from calculet.runtime.scheduling.on_time_planner import OnTimePlanner, OnTimeStatistics
 from calculet.runtime.scheduling.prefill import PrefillScheduler
 from calculet.runtime.scheduling.profiles import ProfileSet
 from calculet.runtime.scheduling.registry import WAITING_STATES, RequestRecord, RequestRegistry
@@ -58,7 +58,7 @@ class OnTimePolicy:
         self.prefill = prefill
         self._engines = engines
         self._profiles = profiles
-        self.planner = GoodputPlanner(step_times=step_times, prefill_times=prefill_times,
+        self.planner = OnTimePlanner(step_times=step_times, prefill_times=prefill_times,
                                       weights={t.name: float(t.weight) for t in config.tenants},
                                       ttft_s=_targets_s(config, "ttft_target_ms"),
                                       itl_s=_targets_s(config, "itl_target_ms"))
@@ -144,7 +144,7 @@ class OnTimePolicy:
         self.admission.shed_waiting()
         self.registry.reject(rec, 429, f"no prospect of service before the deadline: {why}")
 
-    def statistics(self) -> GoodputStatistics:
+    def statistics(self) -> OnTimeStatistics:
         return self.planner.statistics()
 
 

@@ -18,7 +18,7 @@ from calculet.machines.job import JobEngine
 from calculet.runtime.scheduling.admission import AdmissionOutcome, AdmissionStatistics
 from calculet.runtime.scheduling.decode import DecodeBatch, DecodeStatistics
 from calculet.runtime.scheduling.estimates import StepTimeStatistics
-from calculet.runtime.scheduling.goodput import GoodputStatistics
+from calculet.runtime.scheduling.on_time_planner import OnTimeStatistics
 from calculet.runtime.scheduling.jobs import JobStatistics
 from calculet.runtime.scheduling.kv import FreeSequence, KvLaneStatistics, ShiftSequence
 from calculet.runtime.scheduling.prefill import PrefillStatistics, PrefillWork
@@ -83,5 +83,5 @@ class SchedulerStatistics:
     anomalies: int
     pending_commands: int
     step_times: StepTimeStatistics
-    goodput: GoodputStatistics | None = None
+    on_time: OnTimeStatistics | None = None
     """The ``on_time`` policy's counters (issue #13); None under another deadline order."""

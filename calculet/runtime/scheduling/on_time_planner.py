@@ -51,7 +51,7 @@ _EPS = 1e-9
 
 
 @dataclass(frozen=True)
-class GoodputStatistics:
+class OnTimeStatistics:
     """§16-style counters of the ``on_time`` policy."""
 
     replans: int
@@ -140,7 +140,7 @@ class _EdfCache:
         return finish
 
 
-class GoodputPlanner:
+class OnTimePlanner:
     """Estimates, the overload selection and the latency-SLO cap for the ``on_time`` policy."""
 
     def __init__(self, *, step_times: StepTimer, prefill_times: PrefillTimer, weights: Mapping[str, float],
@@ -281,6 +281,6 @@ class GoodputPlanner:
         self._cap = lanes if model is None else max(1, model.max_streams_for_itl(min(targets)))
         return self._cap
 
-    def statistics(self) -> GoodputStatistics:
-        return GoodputStatistics(self._replans, self._unfit, self._ttft_refused, self._shed_waiting,
+    def statistics(self) -> OnTimeStatistics:
+        return OnTimeStatistics(self._replans, self._unfit, self._ttft_refused, self._shed_waiting,
                                  self._shed_admitted, self._at_risk, self._cap)

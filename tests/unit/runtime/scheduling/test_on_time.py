@@ -53,10 +53,10 @@ def test_admission_refuses_what_cannot_finish_with_a_computed_retry_after():
     assert late.outcome.retry_after_s == 1.0           # one request done: it would fit
     assert h.sinks[late.request_id].outcome.finish_reason is FinishReason.REJECTED
     assert h.scheduler.admission.statistics().no_prospect == 1
-    assert h.scheduler.statistics().goodput.unfit == 1
+    assert h.scheduler.statistics().on_time.unfit == 1
     # an earlier deadline goes through the full EDF check: it would push the last one late
     early = h.submit(prompt=8, new=2, deadline_ms=500)
-    assert early.outcome.http_status == 429 and h.scheduler.statistics().goodput.unfit == 2
+    assert early.outcome.http_status == 429 and h.scheduler.statistics().on_time.unfit == 2
 
 
 @pytest.mark.req("R7.2.2")
@@ -72,16 +72,16 @@ def test_a_slowdown_sheds_before_device_time_and_the_kept_finish_on_time():
     for i, o in outcomes.items():
         if o.state != "completed":
             assert o.finish_reason is FinishReason.DEADLINE and o.generated_tokens <= 11 // 4, o
-    assert h.scheduler.statistics().goodput.shed_admitted == 10 - len(done)
+    assert h.scheduler.statistics().on_time.shed_admitted == 10 - len(done)
 
 
 @pytest.mark.req("R7.2.2", "R7.4.5")
 def test_a_fault_and_reset_mid_burst_replans_and_nobody_admitted_expires_silently():
     h = Harness.build(sizes=(1,), lanes=16, step_estimate_s=STEP)
     ids = [h.submit(prompt=8, new=11, deadline_ms=12_000).request_id for _ in range(12)]
-    replans = h.scheduler.statistics().goodput.replans
+    replans = h.scheduler.statistics().on_time.replans
     closed = drive(h, reset_at=3.05, reset_s=2.0)
-    assert h.scheduler.statistics().goodput.replans > replans + 1
+    assert h.scheduler.statistics().on_time.replans > replans + 1
     late_with_tokens = []
     for i in ids:
         o = h.sinks[i].outcome
@@ -120,7 +120,7 @@ def test_estimated_finish_is_none_until_a_step_is_measured_and_old_orders_keep_n
     assert h.rec(rid).estimated_finish is None
     old = Harness.build(sizes=(1,), lanes=4, step_estimate_s=STEP, batch={"deadline_order": "at_risk"})
     assert old.rec(old.submit(prompt=8, new=4).request_id).estimated_finish is None
-    assert old.scheduler.statistics().goodput is None
+    assert old.scheduler.statistics().on_time is None
 
 
 @pytest.mark.req("R5.2.2")
@@ -130,7 +130,7 @@ def test_the_itl_cap_holds_streams_back_until_the_step_is_measured_then_admits_a
     assert h.scheduler.admission.active == 1            # step unknown: one rotation's worth (B1: 1)
     drive(h, until=1.0)
     assert h.scheduler.admission.active == 2            # 0.1 s a step: 2 streams within 250 ms
-    assert h.scheduler.statistics().goodput.decode_cap == 2
+    assert h.scheduler.statistics().on_time.decode_cap == 2
     assert all(h.state(i) != "failed" for i in ids)
 
 
