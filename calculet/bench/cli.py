@@ -21,6 +21,7 @@ from calculet.bench.commands import PROG, BadInput, cmd_all, cmd_list, cmd_run
 from calculet.bench.soak_command import cmd_soak
 from calculet.bench.sweep import COSTS, PRESET_LOADS
 from calculet.loadsim.policies import GOODPUT_GROUP, POLICIES
+from calculet.loadsim.soak_products import PRODUCTS
 from calculet.loadsim.soak_report import SoakOptions
 from calculet.loadsim.workload import preset_names
 
@@ -100,13 +101,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     soak = sub.add_parser("soak", help="24 h of traffic in virtual time with faults; exit 1 on any violation")
     soak.add_argument("--hours", type=_positive(float), default=24.0, help="virtual hours (default 24)")
+    soak.add_argument("--product", choices=list(PRODUCTS), default=SoakOptions.product,
+                      help="what to soak: " + "; ".join(f"{p.name}: {p.description} (default preset {p.preset}, "
+                                                        f"load {p.load_scale:g}, fault rate {p.fault_rate:g})"
+                                                        for p in PRODUCTS.values()))
     source = soak.add_mutually_exclusive_group()
-    source.add_argument("--preset", default="steady", help="bundled workload (default steady)")
+    source.add_argument("--preset", default=None, help="bundled workload (default: the product's, steady)")
     source.add_argument("--workload", type=Path, help="a calculet-loadsim/v1 YAML file")
-    soak.add_argument("--load", type=_positive(float), default=1.0, help="load scale (default 1)")
-    soak.add_argument("--policy", default=SoakOptions.policy, help=f"engine policy (default {SoakOptions.policy})")
-    soak.add_argument("--fault-rate", type=_rate, default=SoakOptions.fault_rate,
-                      help=f"injected faults per kind per job (default {SoakOptions.fault_rate:g}; six kinds)")
+    soak.add_argument("--load", type=_positive(float), default=None, help="load scale (default: the product's)")
+    soak.add_argument("--policy", default=None,
+                      help=f"engine policy of --product policy (default {SoakOptions.policy})")
+    soak.add_argument("--fault-rate", type=_rate, default=None,
+                      help="injected faults per kind per job (six kinds; default: the product's)")
     soak.add_argument("--seed", type=_non_negative_int, default=1)
     soak.add_argument("--cost", choices=sorted(COSTS), default="reference")
     soak.add_argument("--tracemalloc", action="store_true", help="also trace Python allocations (~4.5x slower)")

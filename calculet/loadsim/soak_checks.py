@@ -5,18 +5,21 @@ keeps the first violations verbatim and counts the rest by kind (a day of traffi
 grow memory with its own findings). The guard watches the device's CalRT calls and flags a
 device sequence used again after its job failed or its result did not check out
 (:func:`~calculet.adapters.calrt.verify_result`) before it was freed or the device reset (§9.2
-quarantine, §14).
+quarantine, §14). The reset window records when each reset and restart happened, so a report can
+say how close the run came to the §15 budget (``recovery.max_resets_per_10min`` in any sliding
+10 minutes): the peak count in any window, not only the totals.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
+from typing import Callable
 
 from calculet.adapters.calrt import DecodeJob, JobResult, JobSpec, JobTicket, ReturnCode, verify_result
 from calculet.adapters.sim import SimVirtualDevice
 from calculet.adapters.observed import DeviceObserver
 
-__all__ = ["QuarantineGuard", "Violations"]
+__all__ = ["QuarantineGuard", "ResetWindow", "Violations"]
 
 
 class Violations:
@@ -86,3 +89,45 @@ class QuarantineGuard(DeviceObserver):
     def device_reset(self) -> None:
         self.jobs.clear()
         self.quarantined.clear()
+
+
+class ResetWindow(DeviceObserver):
+    """Device-level record of recoveries: the most resets + restarts in any sliding window.
+
+    A reset is a ``reset_configuration`` call; a restart is a new device after the first. ``now``
+    is the engine's clock (set once the driver exists); the window matches the recovery budget's
+    (``runtime/execution/recovery.py``, 600 s). :meth:`stop` before the orderly stop, whose own
+    ``reset_configuration`` is not a recovery.
+    """
+
+    def __init__(self, window_s: float = 600.0) -> None:
+        self.window_s = window_s
+        self.now: Callable[[], float] = lambda: 0.0
+        self.times: deque[float] = deque()
+        self.peak = 0
+        self.peak_at = 0.0
+        self.count = 0
+        self.recording = True
+
+    def stop(self) -> None:
+        self.recording = False
+
+    def _recovered(self) -> None:
+        if not self.recording:
+            return
+        now = self.now()
+        times = self.times
+        times.append(now)
+        while times and times[0] <= now - self.window_s:
+            times.popleft()
+        self.count += 1
+        if len(times) > self.peak:
+            self.peak, self.peak_at = len(times), now
+
+    def calling(self, call: str) -> None:
+        if call == "reset_configuration":
+            self._recovered()
+
+    def device_created(self, device: SimVirtualDevice, index: int) -> None:
+        if index > 0:
+            self._recovered()

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping
 
 from calculet.adapters.sim import CostModel
 from calculet.errors import DefinitionError
 from calculet.loadsim.policies import POLICIES
+from calculet.loadsim.soak_products import PRODUCTS
 from calculet.loadsim.workload import Workload
+from calculet.runtime.engine.goodput import GoodputStatistics
 
 __all__ = ["MIB", "MemorySample", "SoakOptions", "SoakReport"]
 
@@ -24,9 +26,15 @@ MIB = 1 << 20
 
 @dataclass(frozen=True)
 class SoakOptions:
-    """What a soak runs. Defaults: 24 h of ``steady`` under ping/pong B16, ~1e-5 faults per kind per job."""
+    """What a soak runs. Defaults: 24 h of ``steady`` under ping/pong B16, ~1e-5 faults per kind per job.
+
+    :meth:`for_product` fills preset, load and fault rate from a product's defaults
+    (:mod:`calculet.loadsim.soak_products`)."""
 
     hours: float = 24.0
+    product: str = "policy"
+    """``policy``: the engine policy below with a raised reset budget; ``b1-shipped``: the shipped
+    ``default.yaml`` (B1, no ping/pong, the spec's reset budget; ``policy`` is then unused)."""
     preset: str = "steady"
     workload: Workload | None = None
     """Overrides ``preset`` when given."""
@@ -56,8 +64,9 @@ class SoakOptions:
     trace_memory: bool = False
     """Also run ``tracemalloc`` (exact Python allocations; measured ~4.5x slower here, so off by
     default: RSS and the GC object count are sampled in every run)."""
-    max_resets_per_10min: int = 50
-    """Recovery budget (§15): high enough that injected faults never exhaust it."""
+    max_resets_per_10min: int | None = None
+    """Recovery budget (§15); None = the product's (``policy``: 50, so injected faults never
+    exhaust it; ``b1-shipped``: the shipped 2). A value given is applied and named in the report."""
     monitors: bool = True
     """Run the declared machines' invariant monitors (counting mode) throughout."""
 
@@ -68,11 +77,26 @@ class SoakOptions:
             raise DefinitionError(f"load_scale must be finite and > 0, got {self.load_scale}")
         if not 0 <= self.fault_rate <= 0.05:
             raise DefinitionError(f"fault_rate must be in [0, 0.05] per kind per job, got {self.fault_rate}")
+        if self.product not in PRODUCTS:
+            raise DefinitionError(f"unknown soak product {self.product!r}; choose from: {', '.join(PRODUCTS)}")
         if self.policy not in POLICIES or POLICIES[self.policy].kind != "engine":
             engines = [n for n, p in POLICIES.items() if p.kind == "engine"]
             raise DefinitionError(f"soak policy must be an engine policy ({', '.join(engines)}), got {self.policy!r}")
         if self.chunk_s <= 0 or self.sample_every_s <= 0:
             raise DefinitionError("chunk_s and sample_every_s must be > 0")
+        if self.max_resets_per_10min is not None and not 0 <= self.max_resets_per_10min <= 1000:
+            raise DefinitionError(f"max_resets_per_10min must be in [0, 1000], got {self.max_resets_per_10min}")
+
+    @classmethod
+    def for_product(cls, product: str, *, preset: str | None = None, load_scale: float | None = None,
+                    fault_rate: float | None = None, **given: Any) -> SoakOptions:
+        """Options for ``product``: preset, load and fault rate default to the product's."""
+        if product not in PRODUCTS:
+            raise DefinitionError(f"unknown soak product {product!r}; choose from: {', '.join(PRODUCTS)}")
+        p = PRODUCTS[product]
+        return cls(product=product, preset=p.preset if preset is None else preset,
+                   load_scale=p.load_scale if load_scale is None else load_scale,
+                   fault_rate=p.fault_rate if fault_rate is None else fault_rate, **given)
 
 
 @dataclass(frozen=True)
@@ -114,6 +138,17 @@ class SoakReport:
     bounded_growth: int
     """Growth of the object types in ``options.bounded_histories`` (each capped at its bound)."""
     violations: tuple[str, ...]
+    label: str = ""
+    """What ran: the policy, or the product's configuration (``b1-shipped (default.yaml)``)."""
+    reset_budget: int = 0
+    budget_note: str = ""
+    """``shipped``, ``raised for the soak`` or ``changed from the shipped N``."""
+    peak_resets_in_window: int = 0
+    """Most resets + restarts in any sliding 10 minutes (the budget's window)."""
+    budget_refusals: int = 0
+    recovery_state: str = "healthy"
+    goodput: GoodputStatistics | None = None
+    """The engine's count (§16, issue #13): on time, late, device work and what was wasted."""
 
     @property
     def ok(self) -> bool:
@@ -133,7 +168,43 @@ class SoakReport:
                 "injected": dict(self.injected), "resets": self.resets, "restarts": self.restarts,
                 "quarantines": self.quarantines, "monitor_checks": self.monitor_checks,
                 "rss_growth_bytes": self.rss_growth_bytes, "object_growth": self.object_growth,
-                "bounded_growth": self.bounded_growth, "violations": list(self.violations)}
+                "bounded_growth": self.bounded_growth, "product": o.product, "configuration": self.label,
+                "lanes": self.lanes, "reset_budget_per_10min": self.reset_budget, "reset_budget_source": self.budget_note,
+                "peak_resets_in_10min": self.peak_resets_in_window, "budget_refusals": self.budget_refusals,
+                "recovery_state": self.recovery_state, "goodput": self.goodput_json(),
+                "violations": list(self.violations)}
+
+    @property
+    def on_time_fraction(self) -> float:
+        """On-time completions as a share of the submitted requests."""
+        return self.goodput.goodput / self.submitted if self.goodput and self.submitted else 0.0
+
+    def goodput_json(self) -> dict[str, object] | None:
+        g = self.goodput
+        if g is None:
+            return None
+        cancelled = self.outcomes.get("cancelled", 0)
+        return {"on_time": g.goodput, "late": sum(g.late.values()), "on_time_by_tenant": dict(sorted(g.on_time.items())),
+                "goodput_per_s": round(g.goodput / self.virtual_s, 6) if self.virtual_s > 0 else 0.0,
+                "on_time_fraction": round(self.on_time_fraction, 6),
+                "on_time_fraction_not_cancelled": round(g.goodput / (self.submitted - cancelled), 6)
+                if self.submitted > cancelled else 0.0,
+                "computed_tokens": dict(g.computed_tokens),
+                "wasted_tokens": {f"{phase}/{reason}": n for (phase, reason), n in sorted(g.wasted_tokens.items())},
+                "device_seconds": round(g.device_seconds, 3),
+                "wasted_device_seconds": {k: round(v, 3) for k, v in sorted(g.wasted_device_seconds.items())},
+                "wasted_share": round(g.wasted_share, 6)}
+
+
+    def _goodput_lines(self) -> list[str]:
+        g = self.goodput_json()
+        if g is None:
+            return ["- goodput: not counted by this engine"]
+        return [f"- goodput: {g['on_time']} requests completed on time ({g['goodput_per_s']:.4f}/s), on-time fraction "
+                f"{g['on_time_fraction']:.1%} of submitted ({g['on_time_fraction_not_cancelled']:.1%} of those not "
+                f"cancelled), late completions {g['late']}; wasted device work {g['wasted_share']:.2%} of "
+                f"{g['device_seconds']:.0f} device s ({_counts(g['wasted_device_seconds']) or 'none'} s; tokens "
+                f"{_counts(g['wasted_tokens']) or 'none'}; the work lost in a reset is not counted)"]  # type: ignore[arg-type]
 
     def markdown(self, command_line: str = "") -> str:
         """A short Markdown report (what ``python -m calculet.bench soak --out`` writes)."""
@@ -142,10 +213,15 @@ class SoakReport:
         if command_line:
             lines += ["Command line:", "", "```", command_line, "```", ""]
         lines += [f"- result: **{'PASS' if self.ok else 'FAIL'}**",
+                  *self._goodput_lines(),
                   f"- virtual time {self.virtual_s / 3600:.2f} h in {self.wall_s / 60:.1f} min wall "
                   f"({self.speedup:.0f}x real time)",
                   f"- workload `{o.workload.name if o.workload else o.preset}` at load {o.load_scale:g}, policy "
-                  f"`{o.policy}`, {self.lanes} KV lanes, cost model {_cost_text(o.cost)}",
+                  f"`{self.label or o.policy}`, {self.lanes} KV lanes, cost model {_cost_text(o.cost)}",
+                  f"- product `{o.product}`: reset budget {self.reset_budget} per 10 min "
+                  f"({self.budget_note or 'given'}); most resets + restarts in any 10 min "
+                  f"{self.peak_resets_in_window}; budget refusals {self.budget_refusals}; recovery ended "
+                  f"{self.recovery_state}",
                   f"- faults: rate {o.fault_rate:g} per kind per job; injected {_counts(self.injected) or 'none'}; "
                   f"device resets {self.resets}, restarts {self.restarts}; ping/pong degrade: {self.degrade or 'none'}",
                   f"- requests submitted {self.submitted}; outcomes {_counts(self.outcomes)}; tokens delivered "
