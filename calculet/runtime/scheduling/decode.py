@@ -426,6 +426,18 @@ class DecodeScheduler:
                 bucket.deadlines = _push_compacting(bucket.deadlines, (deadline, self._seq, entry), bucket.count)
         bucket.count += 1
 
+    def earliest_priority(self, generation: int) -> float:
+        """The first ready sequence's priority: its deadline if at risk, +inf if none is (O(tenants))."""
+        bucket = self._buckets.get(generation)
+        if bucket is None or not bucket.count:
+            return math.inf
+        best = math.inf
+        for heap in bucket.tenants.values():
+            _clean(heap)
+            if heap and heap[0][0] < best:
+                best = heap[0][0]
+        return best
+
     def prioritise(self, rec: RequestRecord) -> None:
         """The planner found ``rec`` at risk (issue #13): a queued entry takes its deadline as priority
         now; one on the device takes it when it comes back (``rec.at_risk`` is read by ``_push``)."""

@@ -125,6 +125,7 @@ class OnTimePolicy:
             self._shed(rec)
         for rec in plan.at_risk:
             self.decode.prioritise(rec)
+            self.prefill.prioritise(rec)
 
     def mark(self) -> None:
         """An event changed the admitted set (admit, end, reset): replan at the next tick."""

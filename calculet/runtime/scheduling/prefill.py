@@ -15,6 +15,15 @@
   declares incremental prefill *and* the profile names a chunk size; then a prompt goes in
   chunks whose boundaries are multiples of that size (§6). The long-task quota that bounds
   head-of-line blocking without chunking is admission's (R6.11).
+* Deadline first for at-risk work (issue #13; §7.2 item 2 "prefer the earliest deadline", the
+  rule the decode side already follows, applied to the prefill that precedes a decode): a
+  request the ``on_time`` planner marks at risk (:meth:`PrefillScheduler.prioritise`) is queued
+  ahead of its class by deadline, and :meth:`PrefillScheduler.deadline_first` gives it the
+  next service opportunity, overriding the §6 WRR, unless an at-risk decode has an
+  earlier deadline. §6 leaves the weights to load experiments ("e.g. 8:4:2:1") and bounds
+  nothing about order within a class; the at-risk set is the EDF prefix the overload selection
+  proved feasible, so what bypasses the WRR is bounded. Everyone else keeps WFQ order within
+  the class and the WRR's shares; the long-task quota is admission's and is unchanged.
 """
 
 from __future__ import annotations
@@ -22,12 +31,15 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping
 
 from calculet.config import QueuesConfig
 from calculet.clock import Clock
 from calculet.runtime.scheduling.kv import KvLease
 from calculet.runtime.scheduling.registry import RequestRecord
+
+if TYPE_CHECKING:
+    from calculet.runtime.scheduling.decode import DecodeScheduler
 
 PREFILL_QUEUES = ("short", "medium", "long")
 QUEUES = ("decode", *PREFILL_QUEUES)
@@ -111,10 +123,21 @@ class PrefillStatistics:
     oldest_wait_s: dict[str, float]
     taken: dict[str, int]
     chunked_jobs: int
+    deadline_first: int = 0
+    """Opportunities given to an at-risk prefill ahead of the WRR (issue #13)."""
+
+
+_NORMAL = 1
+_URGENT = 0
+"""Rank of a queue entry's key: urgent (at-risk) entries sort by deadline ahead of every WFQ tag."""
 
 
 class PrefillScheduler:
-    """Three class queues of admitted requests waiting for their (next) prefill job."""
+    """Three class queues of admitted requests waiting for their (next) prefill job.
+
+    A queue entry is ``[key, seq, record, class]``; ``key`` is ``(1, WFQ tag)``, or
+    ``(0, deadline)`` for a request at risk, so at-risk prompts lead their class by deadline.
+    """
 
     def __init__(self, queues: QueuesConfig, *, chunk_tokens: int | None = None, clock: Clock | None = None,
                  chunk_cost: Callable[[str, int], int] | None = None) -> None:
@@ -132,6 +155,9 @@ class PrefillScheduler:
         self._chunk_cost = chunk_cost or (lambda tenant, tokens: tokens)
         self._vt: dict[str, int] = {q: 0 for q in PREFILL_QUEUES}
         """Per class, the largest tag taken so far: where a re-queued chunk starts (no banked credit)."""
+        self.urgent = 0
+        """Queued at-risk entries (a tick with none pays nothing for the deadline-first check)."""
+        self._deadline_first = 0
 
     def classify(self, tokens: int) -> str:
         """R6.2: the class of a prompt of ``tokens`` tokens."""
@@ -171,7 +197,12 @@ class PrefillScheduler:
     def _push(self, rec: RequestRecord, now: float) -> str:
         queue = self.classify(rec.prompt_tokens)
         self._seq += 1
-        entry = [rec.prefill_tag, self._seq, rec, queue]
+        if rec.at_risk:
+            key: tuple[int, float] = (_URGENT, rec.deadline)
+            self.urgent += 1
+        else:
+            key = (_NORMAL, rec.prefill_tag)
+        entry = [key, self._seq, rec, queue]
         rec.entry = entry
         rec.ready_since = now
         heapq.heappush(self._heaps[queue], entry)
@@ -186,7 +217,47 @@ class PrefillScheduler:
         entry[2] = None
         rec.entry = None
         self._depth[entry[3]] -= 1
+        if entry[0][0] == _URGENT:
+            self.urgent -= 1
         return True
+
+    def prioritise(self, rec: RequestRecord) -> None:
+        """The planner found ``rec`` at risk (issue #13): a queued prefill moves ahead of its class,
+        by deadline (``rec.at_risk`` is set; a later :meth:`add`/:meth:`requeue` reads it)."""
+        entry = rec.entry
+        if not self.queued(rec) or entry is None or entry[0][0] == _URGENT or not rec.at_risk:
+            return
+        since = rec.ready_since
+        self.discard(rec)
+        self._push(rec, since)
+
+    def urgent_head(self) -> tuple[float, str] | None:
+        """(deadline, class) of the earliest at-risk queued prefill, or None."""
+        if not self.urgent:
+            return None
+        best: tuple[float, str] | None = None
+        for queue, heap in self._heaps.items():
+            while heap and heap[0][2] is None:
+                heapq.heappop(heap)
+            if heap and heap[0][0][0] == _URGENT and (best is None or heap[0][0][1] < best[0]):
+                best = (heap[0][0][1], queue)
+        return best
+
+    def deadline_first(self, eligible: Collection[str], decode: DecodeScheduler, generation: int) -> str | None:
+        """The class whose at-risk prefill takes this opportunity ahead of the §6 WRR, or None (issue #13).
+
+        §7.2 item 2 (prefer the earliest deadline) over the whole device: the at-risk set is the
+        EDF prefix the ``on_time`` selection proved feasible, so its earliest deadline goes first,
+        prefill or decode. When decode is due and its first ready sequence's priority (its deadline
+        if at risk) is no later, decode keeps the opportunity and the WRR decides. The WRR's credits are left as they were, so everyone else keeps its share.
+        """
+        if not self.urgent:
+            return None
+        head = self.urgent_head()
+        if head is None or ("decode" in eligible and decode.earliest_priority(generation) <= head[0]):
+            return None
+        self._deadline_first += 1
+        return head[1]
 
     def queued(self, rec: RequestRecord) -> bool:
         entry = rec.entry
@@ -206,8 +277,10 @@ class PrefillScheduler:
                 rec.entry = None
                 self._depth[queue] -= 1
                 self._taken[queue] += 1
-                if entry[0] > self._vt[queue]:
-                    self._vt[queue] = entry[0]
+                if entry[0][0] == _URGENT:
+                    self.urgent -= 1
+                if rec.prefill_tag > self._vt[queue]:
+                    self._vt[queue] = rec.prefill_tag
                 return rec
 
     def restore(self, rec: RequestRecord) -> None:
@@ -225,4 +298,5 @@ class PrefillScheduler:
                 heapq.heappop(since)
             oldest[queue] = now - since[0][0] if since and now is not None else 0.0
         return PrefillStatistics({q: self._depth.get(q, 0) for q in PREFILL_QUEUES}, oldest,
-                                 {q: self._taken.get(q, 0) for q in PREFILL_QUEUES}, self._chunked)
+                                 {q: self._taken.get(q, 0) for q in PREFILL_QUEUES}, self._chunked,
+                                 self._deadline_first)

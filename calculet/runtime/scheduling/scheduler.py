@@ -231,7 +231,7 @@ class Scheduler:
                     eligible.add("decode")
                 elif fire_at is not None:
                     wake = fire_at if wake is None else min(wake, fire_at)
-            choice = self.arbiter.choose(eligible)
+            choice = self.prefill.deadline_first(eligible, self.decode, gen) or self.arbiter.choose(eligible)
             if choice is None:
                 return Plan(None, wake_at=wake, reason="nothing ready")
             job_id = self._next_job

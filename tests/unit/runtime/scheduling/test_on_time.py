@@ -146,3 +146,36 @@ def test_prefill_timer_fits_fixed_and_per_token_costs():
     assert timer.statistics().samples == 5
     with pytest.raises(ValueError):
         PrefillTimer(smoothing=0)
+
+
+@pytest.mark.req("R7.2.2", "R6.3")
+def test_an_at_risk_prefill_takes_the_next_opportunity_ahead_of_the_wrr_and_its_class():
+    """Issue #13 (seeds 82 and 107 of the random B1 bursts): a request the planner marks at risk is
+    prefilled first — before the rotating decodes the WRR would serve and the prompts queued before it
+    — unless an at-risk decode has an earlier deadline; the others keep the WRR and WFQ order."""
+    h = Harness.build(sizes=(1,), lanes=16, step_estimate_s=STEP, admission={"max_sequences": 16})
+    streams = [h.submit(prompt=8, new=40, deadline_ms=100_000).request_id for _ in range(3)]
+    h.prefill_all()
+    queued = [h.submit(prompt=8, new=40, deadline_ms=100_000).request_id for _ in range(3)]
+    urgent = h.submit(prompt=8, new=6, deadline_ms=1_500).request_id   # EDF: 0.5 s; rotating: ~3 s
+    assert h.rec(urgent).estimated_finish is not None
+    plan = h.step()
+    assert h.rec(urgent).at_risk and not any(h.rec(i).at_risk for i in streams + queued)
+    assert not isinstance(plan.work, DecodeBatch) and plan.work.request_id == urgent
+    assert h.scheduler.statistics().prefill.deadline_first == 1
+    h.scheduler.submitted(plan.work.job_id)
+    h.clock.advance(STEP)
+    h.complete(plan.work)
+    # its decode is at risk and earliest: every decode step serves it; the other prefills keep the WRR
+    kinds = []
+    while not h.sinks[urgent].outcomes:
+        plan = h.step()
+        kinds.append(plan.work.request_id if not isinstance(plan.work, DecodeBatch)
+                     else [b.request_id for b in plan.work.active])
+        h.scheduler.submitted(plan.work.job_id)
+        h.clock.advance(STEP)
+        h.complete(plan.work)
+        h.confirm_all()
+    assert kinds == [[urgent], [urgent], queued[0], [urgent], [urgent], queued[1], [urgent]]
+    assert h.sinks[urgent].outcome.state == "completed" and h.clock.now() <= 1.5
+    assert h.scheduler.statistics().prefill.deadline_first == 1
