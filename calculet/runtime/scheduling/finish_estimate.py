@@ -33,10 +33,13 @@ Three policy shapes are estimated:
   (Locke 1986; Buttazzo's "Hard Real-Time Computing Systems" §9). The maximum number of
   on-time jobs on one machine with common release is Moore–Hodgson (1968): take jobs in EDF
   order, and whenever the newest misses drop the longest kept job (possibly the newest).
-  For ``lanes > 1`` the same rule runs on an EDF list schedule of ``lanes`` identical lanes:
-  the dropped job's lane shifts its later jobs earlier (they stay on time), and the newest job
-  may move to that lane. That extension is a heuristic (P||ΣU_j is NP-hard) but every kept
-  set it returns *is* feasible under the EDF lane schedule it built. Shedding the rest early,
+  For ``lanes > 1`` the same rule runs on an EDF list schedule of ``lanes`` identical lanes,
+  rebuilt after each drop: removing a job from a list schedule can make later jobs *later*
+  (Graham's anomalies), so the kept prefix is re-checked under the schedule the device will
+  run and the longest is dropped until it is on time. That extension is a heuristic
+  (P||ΣU_j is NP-hard) but every kept set it returns *is* feasible under :func:`edf_finish`
+  (an earlier version checked a lane assignment EDF would not make, and kept sets a B2
+  replay finished up to a second late). Shedding the rest early,
   before spending device time on them, is what turns overload into goodput. With tenant
   weights the dropped job is the one with the largest work per weight (weighted ΣU_j is
   NP-hard; with equal weights this is exact Moore–Hodgson on B1).
@@ -144,6 +147,11 @@ class Fit:
 
 
 _INF = math.inf
+ON_TIME_EPS_S = 1e-12
+"""A finish this close past its deadline is on time: the sums of step and prefill seconds here and in
+a step-by-step replay (the device, a test's simulation) differ only by float accumulation, about
+1e-15 s per addition. Kept far below anything a clock resolves, and below the 1e-9 s a replay's
+check allows, so a set the estimator keeps is never late in a replay by a rounding error."""
 
 
 def _deadline(job: PendingJob) -> float:
@@ -172,16 +180,17 @@ def _edf_order(jobs: Sequence[PendingJob]) -> list[int]:
     return sorted(range(len(jobs)), key=deadlines.__getitem__)
 
 
-def _list_schedule(order: Sequence[int], lengths: Sequence[float], lanes: int, start: float) -> dict[int, float]:
-    """Each job in ``order`` takes the earliest free lane and holds it ``lengths[i]``: finish per index."""
+def _list_schedule(order: Sequence[int], lengths: Sequence[float], lanes: int,
+                   start: float) -> tuple[dict[int, float], list[float]]:
+    """Each job in ``order`` takes the earliest free lane and holds it ``lengths[i]``: (finish per
+    index, the lanes' free times as a heap)."""
     free = [start] * lanes
-    heapq.heapify(free)
     finish: dict[int, float] = {}
     for i in order:
         end = heapq.heappop(free) + lengths[i]
         finish[i] = end
         heapq.heappush(free, end)
-    return finish
+    return finish, free
 
 
 def fair_share_finish(jobs: Sequence[PendingJob], now: float, model: DeviceModel) -> dict[int, float]:
@@ -216,45 +225,72 @@ def fair_share_finish(jobs: Sequence[PendingJob], now: float, model: DeviceModel
 def edf_finish(jobs: Sequence[PendingJob], now: float, model: DeviceModel) -> dict[int, float]:
     """Finish of every job when all are served earliest-deadline-first on the lanes (no shedding)."""
     base, lengths = _plan(jobs, model)
-    finish = _list_schedule(_edf_order(jobs), lengths, model.lanes, now + base)
+    finish, _ = _list_schedule(_edf_order(jobs), lengths, model.lanes, now + base)
     return {jobs[i].id: t for i, t in finish.items()}
 
 
 def _select(order: Sequence[int], lengths: Sequence[float], deadlines: Sequence[float],
             weights: Sequence[float], lanes: int, start: float) -> tuple[list[int], dict[int, float]]:
     """Moore–Hodgson on an EDF list schedule of ``lanes`` lanes: (shed indices, kept finish)."""
-    free = [start] * lanes
-    lane_of = [0] * len(lengths)
+    if lanes > 1:
+        return _select_lanes(order, lengths, deadlines, weights, lanes, start)
+    ends = list(accumulate([lengths[i] for i in order], initial=start))[1:]
+    if all(map(le, ends, [deadlines[i] + ON_TIME_EPS_S for i in order])):
+        return [], dict(zip(order, ends))
+    clock = start
     finish: dict[int, float] = {}
     longest: list[tuple[float, int]] = []
     push, pop = heapq.heappush, heapq.heappop
-    if lanes == 1:
-        ends = list(accumulate([lengths[i] for i in order], initial=start))[1:]
-        if all(map(le, ends, [deadlines[i] + 1e-12 for i in order])):
-            return [], dict(zip(order, ends))
     shed: list[int] = []
     for i in order:
-        length, deadline = lengths[i], deadlines[i]
-        lane = free.index(min(free)) if lanes > 1 else 0
-        end = free[lane] = free[lane] + length
-        lane_of[i] = lane
-        finish[i] = end
-        if deadline == _INF:
+        clock += lengths[i]
+        finish[i] = clock
+        if deadlines[i] == _INF:
             continue
-        push(longest, (-length / weights[i], -i))
-        while end > deadline + 1e-12:
+        push(longest, (-lengths[i] / weights[i], -i))
+        while clock > deadlines[i] + ON_TIME_EPS_S:  # one drop unless weights make a shorter job the victim
             victim = -pop(longest)[1]
             shed.append(victim)
-            gone = lane_of[victim]
-            free[gone] -= lengths[victim]
+            clock -= lengths[victim]
             del finish[victim]
             if victim == i:
                 break
-            if gone != lane and free[gone] + length < end:
-                free[lane] -= length
-                lane = lane_of[i] = gone
-                free[gone] += length
-            end = finish[i] = free[lane]
+            finish[i] = clock
+    return shed, finish
+
+
+def _select_lanes(order: Sequence[int], lengths: Sequence[float], deadlines: Sequence[float],
+                  weights: Sequence[float], lanes: int, start: float) -> tuple[list[int], dict[int, float]]:
+    """The ``lanes > 1`` extension: the kept prefix is always on time under its *own* EDF list schedule.
+
+    Removing a job from a list schedule can delay the jobs after it (Graham's anomalies, 1969:
+    the freed lane is taken by an earlier-deadline job and a later one lands behind it), so
+    after a drop the kept prefix is scheduled again, as the device will run it, and the
+    longest job is dropped until every kept job is on time. Jobs before the newest one are
+    unaffected by appending it, so the returned set is feasible under :func:`edf_finish`.
+    """
+    free = [start] * lanes
+    kept: list[int] = []
+    finish: dict[int, float] = {}
+    longest: list[tuple[float, int]] = []
+    shed: list[int] = []
+    for i in order:
+        end = heapq.heappop(free) + lengths[i]
+        heapq.heappush(free, end)
+        kept.append(i)
+        finish[i] = end
+        if deadlines[i] == _INF:
+            continue
+        heapq.heappush(longest, (-lengths[i] / weights[i], -i))
+        if end <= deadlines[i] + ON_TIME_EPS_S:
+            continue
+        while True:
+            victim = -heapq.heappop(longest)[1]
+            shed.append(victim)
+            kept.remove(victim)
+            finish, free = _list_schedule(kept, lengths, lanes, start)
+            if all(finish[k] <= deadlines[k] + ON_TIME_EPS_S for k in kept):
+                break
     return shed, finish
 
 
@@ -293,7 +329,7 @@ def on_time_selection(jobs: Sequence[PendingJob], now: float, model: DeviceModel
 
 def _all_on_time(jobs: Sequence[PendingJob], now: float, model: DeviceModel) -> dict[int, float] | None:
     finish = edf_finish(jobs, now, model)
-    return finish if all(finish[j.id] <= _deadline(j) + 1e-12 for j in jobs) else None
+    return finish if all(finish[j.id] <= _deadline(j) + ON_TIME_EPS_S for j in jobs) else None
 
 
 def _remaining_at(kept: Sequence[PendingJob], plan: dict[int, float], now: float, t: float,

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
-from calculet.runtime.scheduling.finish_estimate import (DeviceModel, Fit, PendingJob, edf_finish, fair_share_finish,
-                                                         fits, on_time_selection)
+from calculet.runtime.scheduling.finish_estimate import (ON_TIME_EPS_S, DeviceModel, Fit, PendingJob, edf_finish,
+                                                         fair_share_finish, fits, on_time_selection)
 from calculet.runtime.scheduling.registry import RequestRecord
 
 PLANNED_STATES = frozenset({"new", "waiting_model", "waiting_admission", "prefill_ready", "prefill_running",
@@ -47,7 +47,8 @@ PLANNED_STATES = frozenset({"new", "waiting_model", "waiting_admission", "prefil
 DECODING_STATES = frozenset({"decode_ready", "decode_running"})
 REPLAN_DRIFT = 0.10
 """Replan when the measured step time moved by more than this fraction since the last plan."""
-_EPS = 1e-9
+_EPS = ON_TIME_EPS_S
+"""The estimator's on-time tolerance: the admission cache accepts exactly what ``fits`` would."""
 
 
 @dataclass(frozen=True)

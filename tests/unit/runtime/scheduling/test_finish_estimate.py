@@ -6,12 +6,16 @@ import itertools
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from calculet.runtime.scheduling.finish_estimate import (
-    DeviceModel, PendingJob, edf_finish, fair_share_finish, fits, moore_hodgson, on_time_selection)
+    ON_TIME_EPS_S, DeviceModel, PendingJob, edf_finish, fair_share_finish, fits, moore_hodgson, on_time_selection)
 
+REPLAY_EPS_S = 1e-9
+"""A replay's on-time tolerance: the estimator's own (``ON_TIME_EPS_S``) plus the float accumulation of
+summing step and prefill seconds in another order (~1e-15 s per addition), with a wide margin."""
+assert ON_TIME_EPS_S < REPLAY_EPS_S
 REF_B1 = DeviceModel(decode_step_s=0.04, prefill_fixed_s=5e-3, prefill_per_token_s=0.6e-3)
 
 
@@ -69,7 +73,7 @@ def _jobs(raw: list[tuple[int, int, float | None]]) -> list[PendingJob]:
 
 
 def _on_time(finish: dict[int, float], jobs: list[PendingJob]) -> int:
-    return sum(1 for j in jobs if j.deadline is None or finish[j.id] <= j.deadline + 1e-9)
+    return sum(1 for j in jobs if j.deadline is None or finish[j.id] <= j.deadline + REPLAY_EPS_S)
 
 
 @pytest.mark.req("R7.2.2")
@@ -88,6 +92,8 @@ def test_moore_hodgson_is_the_brute_force_optimum_on_b1(raw: list[tuple[int, int
 
 @pytest.mark.req("R7.2.2")
 @given(jobs_st, st.sampled_from([2, 4]))
+@example([(245, 24, None), (189, 16, 3.793927101425139), (0, 37, 2.458), (0, 31, 3.099758071943623),
+          (57, 23, 2.918), (0, 23, 2.8065059412802364)], 2)  # a list-scheduling anomaly: 3.191 s vs 3.0998 s
 def test_lane_extension_keeps_a_set_that_edf_finishes_on_time(raw: list[tuple[int, int, float | None]],
                                                                batch: int) -> None:
     model = DeviceModel(0.05, compiled_batch=batch, prefill_per_token_s=1e-3)
@@ -159,7 +165,7 @@ def test_fits_agrees_with_an_edf_simulation(raw: list[tuple[int, int, float | No
     now_ok = _on_time(_simulate([*kept, candidate], 0.0, model, "edf"), [*kept, candidate]) == len(kept) + 1
     assert answer.ok == now_ok
     if answer.ok or answer.retry_at is None:
-        alone = _simulate([candidate], 0.0, model, "edf")[99] <= relative + 1e-9
+        alone = _simulate([candidate], 0.0, model, "edf")[99] <= relative + REPLAY_EPS_S
         assert answer.ok or not alone
         return
     assert answer.retry_at > 0.0
