@@ -24,8 +24,9 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(PY) -m calculet.run
 
+# Two workers on CI's two cores (pytest-xdist); the slow tier runs in `make soak`.
 test: $(STAMP)
-	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -m "not slow"
+	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -n auto -m "not slow"
 
 specs: $(STAMP)
 	$(PY) -m calculet.specgen
@@ -40,8 +41,8 @@ bench: $(STAMP)
 	@for script in bench/*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
 
 soak: $(STAMP)
-	HYPOTHESIS_PROFILE=deep $(PY) -m pytest -q -m "slow or not slow" tests/property
-	$(PY) -m pytest -q -m slow tests
+	HYPOTHESIS_PROFILE=deep $(PY) -m pytest -q -n auto -m "slow or not slow" tests/property
+	$(PY) -m pytest -q -n auto -m slow tests
 	$(PY) -m calculet.bench soak --hours 24
 
 clean:
