@@ -7,8 +7,12 @@ report (and the name is what the plots and tables show). The catalogue holds:
 * the two §1 baselines as they exist today, simulated on the same cost model —
   ``b1-serial-fcfs`` (the current product) and ``multi-slot-rr`` (llama.cpp-style software
   slots on the B1 graph; they improve time to first token, not throughput);
-* the real engine (:mod:`calculet.loadsim.runner`) with the B1 graph only (``calculet-b1``),
-  with B4, B8 or B16 compiled and §8 profile selection over every compiled profile up to it
+* the real engine (:mod:`calculet.loadsim.runner`) with the B1 graph only — ``calculet-b1``
+  with one KV lane (one sequence at a time: strictly serial, so no §7.2 decode order can
+  change anything), and ``calculet-b1-shared``, B1 as the HTTP service ships it: one job in
+  flight and as many KV sequences as the shipped configuration admits (``admission.max_sequences``
+  of ``default.yaml``, at most the package's ``memory.max_sequences``), so several streams share
+  the one device by decode rotation and the §7.2 orders differ (issue #13) —, with B4, B8 or B16 compiled and §8 profile selection over every compiled profile up to it
   (``calculet-b4``/``-b8``/``-b16``), and with ping/pong — two jobs in flight on the future
   package's two engines (§14) — on B1 and on B16;
 * ``calculet-b16-chunked``: calculet-b16 on a package whose B1 profile declares a 512-token
@@ -18,17 +22,19 @@ report (and the name is what the plots and tables show). The catalogue holds:
   be deployed.
 
 Goodput comparisons (issue #13 item 7) run an engine policy under a named §7.2 decode order:
-``calculet-b1@strict`` is ``calculet-b1`` with ``batch.deadline_order: strict``; any value the
-configuration accepts may follow the ``@`` (the schema is the one judge, so a new order needs no
-change here). ``--policies goodput`` is ``b1-serial-fcfs`` (FCFS, llama.cpp-style) plus
-``calculet-b1`` and ``calculet-b16`` under every order the configuration accepts, the shipped
-default named plainly (:func:`deadline_orders`).
+``calculet-b1-shared@strict`` is ``calculet-b1-shared`` with ``batch.deadline_order: strict``; any
+value the configuration accepts may follow the ``@`` (the schema is the one judge, so a new order
+needs no change here). ``--policies goodput`` is ``b1-serial-fcfs`` (FCFS, llama.cpp-style) plus
+``calculet-b1-shared`` and ``calculet-b16`` under every order the configuration accepts, the
+shipped default named plainly (:func:`deadline_orders`).
 
 Configuration decisions, stated once here and in every report:
 
 * **KV lanes** (``admission.max_sequences``) = largest profile × jobs in flight: exactly enough
   to fill every batch that can be on the device at once. More lanes would only admit prefills
   whose sequences then wait for a decode slot while holding KV; fewer would cap the batch.
+  The one exception is ``calculet-b1-shared``, which takes the shipped service's lanes
+  (:func:`shipped_kv_lanes`) because sharing one B1 device among streams is what it measures.
 * Everything else is the shipped ``calculet-scheduler/v1`` default (waiting queue 128,
   WRR 8:4:2:1, §8 thresholds 12/6/3, long-prefill quota 1), with the workload's tenants
   (weights and §5.3 limits) and prompt-class thresholds — except where a policy names its
@@ -50,8 +56,10 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 from pydantic import ValidationError
 
+from calculet.adapters.sim.build import TINY_MAX_SEQUENCES
 from calculet.adapters.sim.cost import CostModel
-from calculet.config import SchedulerConfig, parse_config
+from calculet.config import SchedulerConfig, load_config, parse_config
+from calculet.config.loading import DEFAULT_CONFIG_PATH
 from calculet.config.execution import BatchConfig
 from calculet.errors import ConfigError
 from calculet.loadsim.baselines import simulate_multi_slot, simulate_serial_fcfs
@@ -61,8 +69,9 @@ from calculet.loadsim.workload import SimRequest, Workload
 from calculet.runtime.engine.types import EngineOptions
 
 __all__ = [
-    "BASELINE_NAMES", "DEFAULT_POLICIES", "GOODPUT_GROUP", "POLICIES", "SELECT_THRESHOLDS", "PolicyError",
-    "PolicyRun", "PolicySpec", "deadline_orders", "goodput_policies", "parse_policies", "run_policy",
+    "BASELINE_NAMES", "DEFAULT_POLICIES", "GOODPUT_DEVICES", "GOODPUT_GROUP", "POLICIES", "SELECT_THRESHOLDS",
+    "PolicyError", "PolicyRun", "PolicySpec", "deadline_orders", "goodput_policies", "parse_policies", "run_policy",
+    "shipped_kv_lanes",
 ]
 
 SELECT_THRESHOLDS: Mapping[int, int] = {16: 12, 8: 6, 4: 3}
@@ -99,11 +108,13 @@ class PolicySpec:
     ``(("long_prefill_weight", 4),)``; empty = the shipped 8:4:2:1."""
     deadline_order: str | None = None
     """``batch.deadline_order`` (§7.2) for this run; None = the shipped default."""
+    kv_lanes: int | None = None
+    """``admission.max_sequences`` of this policy; None = largest profile × jobs in flight."""
 
     @property
     def lanes(self) -> int:
-        """KV lanes of an engine policy: largest profile × jobs in flight (module docstring)."""
-        return max(self.profiles) * self.max_inflight
+        """KV lanes of an engine policy: ``kv_lanes``, else largest profile × jobs in flight (module docstring)."""
+        return self.kv_lanes if self.kv_lanes is not None else max(self.profiles) * self.max_inflight
 
     @property
     def max_profile(self) -> int:
@@ -139,17 +150,29 @@ class PolicySpec:
         return default_options(**overrides)
 
 
+def shipped_kv_lanes() -> int:
+    """KV sequences the shipped service holds: ``admission.max_sequences`` of the shipped
+    ``default.yaml``, at most the simulated package's ``memory.max_sequences`` (the session plan
+    refuses more, §5.1, §13.1)."""
+    return min(load_config(DEFAULT_CONFIG_PATH).admission.max_sequences, TINY_MAX_SEQUENCES)
+
+
 def _engine(name: str, profiles: tuple[int, ...], inflight: int, description: str, *,
-            prefill_chunk_tokens: int | None = None, queue_weights: tuple[tuple[str, int], ...] = ()) -> PolicySpec:
+            prefill_chunk_tokens: int | None = None, queue_weights: tuple[tuple[str, int], ...] = (),
+            kv_lanes: int | None = None) -> PolicySpec:
     return PolicySpec(name, "engine", description, profiles=profiles, max_inflight=inflight,
-                      prefill_chunk_tokens=prefill_chunk_tokens, queue_weights=queue_weights)
+                      prefill_chunk_tokens=prefill_chunk_tokens, queue_weights=queue_weights, kv_lanes=kv_lanes)
 
 
 POLICIES: Mapping[str, PolicySpec] = {p.name: p for p in (
     PolicySpec("b1-serial-fcfs", "baseline", "§1 baseline: one request at a time on B1, FCFS (today's product)"),
     PolicySpec("multi-slot-rr", "baseline", "§1 baseline: 4 software slots round robin on B1 (llama.cpp-style)",
                slots=4),
-    _engine("calculet-b1", (1,), 1, "calculet, B1 graph only, one job in flight"),
+    _engine("calculet-b1", (1,), 1, "calculet, B1 graph only, one job in flight, one KV lane (one sequence at a "
+            "time, so the §7.2 decode orders cannot differ)"),
+    _engine("calculet-b1-shared", (1,), 1, f"calculet, B1 as the service ships it: B1 graph only, one job in flight, "
+            f"{shipped_kv_lanes()} KV lanes (the shipped admission.max_sequences) shared by decode rotation",
+            kv_lanes=shipped_kv_lanes()),
     _engine("calculet-b4", (1, 4), 1, "calculet, B1+B4 with §8 selection, one job in flight"),
     _engine("calculet-b8", (1, 4, 8), 1, "calculet, B1+B4+B8 with §8 selection, one job in flight"),
     _engine("calculet-b16", (1, 4, 8, 16), 1, "calculet, B1+B4+B8+B16 with §8 selection, one job in flight"),
@@ -175,6 +198,8 @@ BASELINE_NAMES: tuple[str, ...] = tuple(n for n, p in POLICIES.items() if p.kind
 
 GOODPUT_GROUP = "goodput"
 """``--policies goodput``: the issue #13 item 7 comparison (module docstring)."""
+GOODPUT_DEVICES: tuple[str, ...] = ("calculet-b1-shared", "calculet-b16")
+"""The engine policies the goodput comparison runs under every §7.2 order: B1 shared as shipped, and B16."""
 
 
 def deadline_orders() -> tuple[str, tuple[str, ...]]:
@@ -185,10 +210,10 @@ def deadline_orders() -> tuple[str, tuple[str, ...]]:
 
 
 def goodput_policies() -> tuple[str, ...]:
-    """FCFS on B1, then calculet-b1 and calculet-b16 under every §7.2 order (the default unsuffixed)."""
+    """FCFS on B1, then calculet-b1-shared and calculet-b16 under every §7.2 order (the default unsuffixed)."""
     default, values = deadline_orders()
     names = ["b1-serial-fcfs"]
-    for base in ("calculet-b1", "calculet-b16"):
+    for base in GOODPUT_DEVICES:
         names += [f"{base}@{v}" for v in values if v != default] + [base]
     return tuple(names)
 

@@ -77,7 +77,8 @@ def test_decode_order_variants_are_validated_by_the_configuration() -> None:
     assert strict.deadline_order == "strict" and strict.profiles == (1,)
     assert strict.scheduler_config(load_preset("overload")).batch.deadline_order == "strict"
     names = goodput_policies()
-    assert names[0] == "b1-serial-fcfs" and "calculet-b1" in names and "calculet-b16@strict" in names
+    assert names[0] == "b1-serial-fcfs" and "calculet-b1-shared" in names and "calculet-b16@strict" in names
+    assert "calculet-b1" not in names  # one KV lane: the orders cannot differ
     assert [p.name for p in parse_policies("goodput")] == list(names)
     with pytest.raises(PolicyError, match="deadline_order 'sooner'"):
         parse_policies("calculet-b16@sooner")
