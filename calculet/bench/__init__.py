@@ -4,7 +4,8 @@ Subcommands::
 
     python -m calculet.bench run --preset steady --loads 0.5,1,2,4 --out DIR [--policies all]
     python -m calculet.bench run --workload my.yaml --loads 1 --policies b1-serial-fcfs,calculet-b16 --out DIR
-    python -m calculet.bench all --out bench/results [--soak-hours 24]   # four presets (+ soak), README.md
+    python -m calculet.bench all --out bench/results [--soak-hours 24]   # presets, goodput (+ soak), README.md
+    python -m calculet.bench goodput --out DIR                # issue #13 item 7: decode orders on B1/B16
     python -m calculet.bench soak --hours 24 [--out DIR]      # §19 M0 analogue; exit 1 on any violation
     python -m calculet.bench list                             # presets and policies
 
@@ -20,7 +21,9 @@ Exit codes: 0 done (a benchmark reports figures, it does not pass or fail — DE
 10), 2 bad input (unknown preset or policy, bad loads), 1 a soak found a violation.
 
 The rooms: :mod:`~calculet.bench.cli` (arguments, exit codes), :mod:`~calculet.bench.commands`
-(run, all, list), :mod:`~calculet.bench.soak_command`, :mod:`~calculet.bench.sweep` (the runs),
+(run, all, goodput, list), :mod:`~calculet.bench.soak_command`, :mod:`~calculet.bench.sweep` (the
+runs), :mod:`~calculet.bench.comparison` (the goodput comparison's arms, its checks in
+:mod:`~calculet.bench.comparison_checks` and report in :mod:`~calculet.bench.comparison_report`),
 and the report: :mod:`~calculet.bench.report`, :mod:`~calculet.bench.acceptance`,
 :mod:`~calculet.bench.storm`, :mod:`~calculet.bench.tenants`, :mod:`~calculet.bench.figures`.
 """

@@ -5,6 +5,11 @@ but the bundled presets each carry a target (saturation throughput against the d
 limit and the B1 serial baseline; short-prompt latency under a long-prefill storm, §6; Jain's
 fairness with a noisy neighbour, §5.3) and the report says, for each, whether it was met and
 what the figures behind a miss are. Other workloads have none.
+
+Issue #13 adds, for ``calculet-b1-shared`` (B1 as the service ships it): Jain ≥ 0.9 with the
+well-behaved tenants' P99 TTFT ≤ 2× their value without the noisy tenant; every long prompt of a
+storm either completed or refused (429) before device time — none admitted and then expired;
+and on ``steady`` and ``bursty`` the admission-time finish estimate's P90 relative error ≤ 25 %.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import math
 from collections import Counter
 
 from calculet.bench.figures import decode_efficiency, limits_text, nominal_loads, ratio_text
+from calculet.bench.goodput_section import estimator_json
 from calculet.bench.storm import storm_capacity_text, storm_figures
 from calculet.bench.sweep import SweepResult
 from calculet.bench.tenants import per_tenant
@@ -24,6 +30,12 @@ TARGET_SERIAL_RATIO = 3.0
 TARGET_STORM_TTFT_RATIO = 2.0
 TARGET_JAIN = 0.95
 TARGET_SPEEDUP = 50.0
+SHARED_B1 = "calculet-b1-shared"
+"""The issue #13 rows' policy: B1 as the service ships it (loadsim.policies)."""
+TARGET_SHARED_JAIN = 0.9
+TARGET_TENANT_TTFT_RATIO = 2.0
+TARGET_ESTIMATE_P90 = 0.25
+ESTIMATOR_PRESETS = ("steady", "bursty")
 
 Row = tuple[str, str, bool]
 """(figure, value, met)."""
@@ -39,8 +51,12 @@ def acceptance(result: SweepResult) -> tuple[list[Row], list[str]]:
         _steady(result, rows, notes)
     elif name == "long-prefill-storm" and result.reference_label == "no storm":
         _storm(result, rows, notes)
+        rows += storm_outcome_rows(result)
     elif name == "noisy-neighbour":
         _noisy_neighbour(result, rows, notes)
+        rows += shared_fairness_rows(result)
+    if name in ESTIMATOR_PRESETS:
+        rows += estimator_rows(estimator_json(result))
     return rows, notes
 
 
@@ -147,6 +163,64 @@ def _noisy_neighbour(result: SweepResult, rows: list[Row], notes: list[str]) -> 
                  "for less than their weight no longer pull it down; it drops when a tenant waits while "
                  "another gets more than its share. The per-tenant TTFT with and without the noisy tenant "
                  "shows the same from the latency side.")
+
+
+def shared_fairness_rows(result: SweepResult) -> list[Row]:
+    """Issue #13: calculet-b1-shared at the nominal load — Jain ≥ 0.9 and every well-behaved
+    tenant's P99 TTFT ≤ 2× its value without the noisy tenant."""
+    rows: list[Row] = []
+    noisy = result.noisy_tenant
+    for load in nominal_loads(result):
+        c, ref = result.cell(SHARED_B1, load), result.cell(SHARED_B1, load, reference=True)
+        if c is None or ref is None or noisy is None:
+            continue
+        jain = c.summary.jain_fairness
+        with_noisy, alone = per_tenant(c.run.requests), per_tenant(ref.run.requests)
+        ratios = {t: _ratio(with_noisy.get(t, (0, None, 0))[1], alone[t][1]) for t in sorted(alone) if t != noisy}
+        ttft_ok = all(r is not None and r <= TARGET_TENANT_TTFT_RATIO for r in ratios.values())
+        value = (f"Jain {ratio_text(jain, 3)}; well-behaved P99 TTFT with / without {noisy}: " + ", ".join(
+            f"{t} {ratio_text(with_noisy.get(t, (0, None, 0))[1], 2)}/{ratio_text(alone[t][1], 2)} s = "
+            f"{ratio_text(r)}×" for t, r in ratios.items()))
+        rows.append((f"{SHARED_B1} at load {load:g} (issue #13): Jain ≥ {TARGET_SHARED_JAIN:g} and well-behaved "
+                     f"P99 TTFT ≤ {TARGET_TENANT_TTFT_RATIO:g} × without the noisy tenant", value,
+                     jain is not None and jain >= TARGET_SHARED_JAIN and ttft_ok))
+    return rows
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def storm_outcome_rows(result: SweepResult) -> list[Row]:
+    """Issue #13: on calculet-b1-shared, every long prompt completed or was refused (429) before
+    device time — none admitted and then expired (or failed)."""
+    rows: list[Row] = []
+    for load in result.loads:
+        c = result.cell(SHARED_B1, load)
+        if c is None:
+            continue
+        longs = [r for r in c.run.requests if r.klass == "long"]
+        outcomes = Counter("completed" if r.finish_reason in ("stop", "length") else
+                           "refused" if not r.admitted else f"admitted, then {r.finish_reason}" for r in longs)
+        bad = sum(n for k, n in outcomes.items() if k.startswith("admitted"))
+        rows.append((f"{SHARED_B1} at load {load:g} (issue #13): every long prompt completes or is refused at "
+                     "admission; none admitted and then expired",
+                     f"{len(longs)} long: " + ", ".join(f"{k} {n}" for k, n in sorted(outcomes.items())),
+                     bad == 0))
+    return rows
+
+
+def estimator_rows(pooled: dict[str, dict[str, float]]) -> list[Row]:
+    """Issue #13 item 2: per policy that gives an estimate, P90 relative finish error ≤ 25 %."""
+    rows: list[Row] = []
+    for policy, e in pooled.items():
+        p90 = float(e["p90_abs"])
+        over = "" if p90 <= TARGET_ESTIMATE_P90 else f" — {(p90 - TARGET_ESTIMATE_P90) * 100:.0f} points over"
+        rows.append((f"{policy}, every load: admission-time finish estimate P90 relative error ≤ "
+                     f"{TARGET_ESTIMATE_P90:.0%}", f"median {float(e['median_abs']):.0%}, P90 {p90:.0%} "
+                     f"(n={int(e['count'])}, signed median {float(e['median_signed']):+.0%}){over}",
+                     p90 <= TARGET_ESTIMATE_P90))
+    return rows
 
 
 def acceptance_table(rows: list[Row]) -> list[str]:

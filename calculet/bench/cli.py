@@ -17,7 +17,8 @@ from typing import Any
 
 from rich.console import Console
 
-from calculet.bench.commands import PROG, BadInput, cmd_all, cmd_list, cmd_run
+from calculet.bench.comparison import CAPACITY_MULTIPLES, COMPARISON_PRESET, DEADLINE_SETTINGS
+from calculet.bench.commands import PROG, BadInput, cmd_all, cmd_goodput, cmd_list, cmd_run
 from calculet.bench.soak_command import cmd_soak
 from calculet.bench.sweep import COSTS, PRESET_LOADS
 from calculet.loadsim.policies import GOODPUT_GROUP, POLICIES
@@ -76,7 +77,7 @@ _rate = _number(float, lambda v: 0 <= v <= 0.05, "must be in [0, 0.05] per fault
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", metavar="{run,all,soak,list}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,all,goodput,soak,list}")
     sub.required = True
 
     run = sub.add_parser("run", help="run a workload under several policies at several loads; write a report")
@@ -91,13 +92,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", type=Path, required=True, help="output folder (created; report.md, PNGs, summary.json)")
     run.set_defaults(func=cmd_run, parser=run)
 
-    every = sub.add_parser("all", help="run the four presets with their default sweeps into OUT/<preset>/ and "
-                                       "write OUT/README.md")
+    every = sub.add_parser("all", help="run the four presets with their default sweeps into OUT/<preset>/, the "
+                                       "goodput comparison into OUT/goodput/, and write OUT/README.md")
     _sweep_arguments(every)
     every.add_argument("--out", type=Path, required=True, help="results folder, e.g. bench/results")
     every.add_argument("--soak-hours", type=_non_negative_float, default=0.0,
                        help="also run a soak of this many virtual hours into OUT/soak/ (default 0: none)")
+    _multiples_argument(every)
+    every.add_argument("--no-goodput", dest="goodput", action="store_false",
+                       help="skip the goodput comparison (OUT/goodput/, see the goodput command)")
     every.set_defaults(func=cmd_all, parser=every)
+
+    _goodput_parser(sub)
 
     soak = sub.add_parser("soak", help="24 h of traffic in virtual time with faults; exit 1 on any violation")
     soak.add_argument("--hours", type=_positive(float), default=24.0, help="virtual hours (default 24)")
@@ -124,6 +130,29 @@ def build_parser() -> argparse.ArgumentParser:
     listing = sub.add_parser("list", help="list presets and policies")
     listing.set_defaults(func=cmd_list, parser=listing)
     return parser
+
+
+def _multiples_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--multiples", type=parse_loads, default=CAPACITY_MULTIPLES,
+                        help="goodput comparison: offered load as multiples of each device's capacity (default "
+                             + ",".join(f"{x:g}" for x in CAPACITY_MULTIPLES) + ")")
+
+
+def _goodput_parser(sub: Any) -> None:
+    """``goodput``: the issue #13 item 7 comparison in one run (calculet/bench/comparison.py)."""
+    settings = ", ".join(f"{label} x{scale:g}" for label, scale in DEADLINE_SETTINGS)
+    cmd = sub.add_parser("goodput", help=f"B1 FCFS, strict EDF, at_risk and the default on_time on B1 (shared) and "
+                                         f"B16, {COMPARISON_PRESET} preset, load multiples of each device's capacity, "
+                                         f"deadlines {settings}; acceptance table and report")
+    _multiples_argument(cmd)
+    cmd.add_argument("--duration", type=_positive(float), default=None,
+                     help="virtual seconds of arrivals (default: the preset's duration_s)")
+    cmd.add_argument("--seed", type=_non_negative_int, default=None, help="override the preset's seed")
+    cmd.add_argument("--cost", choices=sorted(COSTS), default="reference", help="cost model (default reference)")
+    cmd.add_argument("--out", type=Path, required=True, help="output folder (report.md, summary.json, one folder "
+                                                             "per device and deadline setting)")
+    cmd.add_argument("--quiet", action="store_true", help="no progress bar")
+    cmd.set_defaults(func=cmd_goodput, parser=cmd)
 
 
 def _sweep_arguments(parser: argparse.ArgumentParser) -> None:

@@ -19,13 +19,15 @@ from typing import Any
 from rich.console import Console
 
 from calculet.bench.acceptance import acceptance, acceptance_table
+from calculet.bench.comparison import CAPACITY_MULTIPLES, COMPARISON_PRESET, run_comparison
+from calculet.bench.comparison_report import acceptance_matrix, write_comparison_report
 from calculet.bench.report import write_sweep_report
 from calculet.bench.sweep import COSTS, DEFAULT_LOADS, PRESET_LOADS, SweepResult, run_sweep
 from calculet.loadsim.policies import POLICIES, PolicyError, PolicySpec, parse_policies
 from calculet.loadsim.workload import Workload, WorkloadError, load_preset, load_workload, preset_names
 
 __all__ = [
-    "PROG", "BadInput", "cmd_all", "cmd_list", "cmd_run", "command_line", "policies_of", "workload_of",
+    "PROG", "BadInput", "cmd_all", "cmd_goodput", "cmd_list", "cmd_run", "command_line", "policies_of", "workload_of",
 ]
 
 PROG = "python -m calculet.bench"
@@ -81,10 +83,14 @@ def cmd_all(args: argparse.Namespace, argv: Sequence[str], console: Console) -> 
     sections: list[str] = []
     for name in PRESET_LOADS:
         sections += _preset_section(args, name, console)
+    if args.goodput:
+        sections += _goodput_section(args, console)
     soak_ok = True
     if args.soak_hours > 0:
         soak_ok, soak_lines = _soak_section(args)
         sections += soak_lines
+    else:
+        sections += _committed_soaks(args.out)
     readme = args.out / "README.md"
     readme.write_text("\n".join([
         "# Load-simulation results", "",
@@ -114,6 +120,38 @@ def _preset_section(args: argparse.Namespace, name: str, console: Console) -> li
     return lines
 
 
+def cmd_goodput(args: argparse.Namespace, argv: Sequence[str], console: Console) -> int:
+    _, report = _comparison(args, args.out, argv, console)
+    console.print(f"report: {report}")
+    return 0
+
+
+def _comparison(args: argparse.Namespace, out: Path, argv: Sequence[str], console: Console) -> tuple[Any, Path]:
+    workload = workload_of(COMPARISON_PRESET, None)
+    comparison = run_comparison(workload, COSTS[args.cost](), multiples=args.multiples, duration_s=args.duration,
+                                seed=args.seed, console=console, quiet=args.quiet)
+    return comparison, write_comparison_report(comparison, out, command_line(argv))
+
+
+def _goodput_section(args: argparse.Namespace, console: Console) -> list[str]:
+    """The goodput comparison of ``all`` into OUT/goodput/, and its lines of the index."""
+    sub_argv = ["goodput", "--out", str(args.out / "goodput")]
+    if args.multiples != CAPACITY_MULTIPLES:
+        sub_argv += ["--multiples", ",".join(f"{x:g}" for x in args.multiples)]
+    if args.duration is not None:
+        sub_argv += ["--duration", f"{args.duration:g}"]
+    if args.seed is not None:
+        sub_argv += ["--seed", str(args.seed)]
+    if args.cost != "reference":
+        sub_argv += ["--cost", args.cost]
+    comparison, report = _comparison(args, args.out / "goodput", sub_argv, console)
+    matrix, met, judged = acceptance_matrix(comparison)
+    console.print(f"report: {report}")
+    return ["### [goodput comparison](goodput/report.md) (issue #13 item 7)", "",
+            f"`{command_line(sub_argv)}` — {sum(len(a.result.cells) for a in comparison.arms)} runs in "
+            f"{comparison.wall_s:.0f} s wall. {met} of {judged} judged checks met.", "", *matrix, ""]
+
+
 def _soak_section(args: argparse.Namespace) -> tuple[bool, list[str]]:
     """The soak of ``all --soak-hours`` into OUT/soak/, and its lines of the index."""
     # a fresh process: the sweeps' records would otherwise mask (or fake) the soak's memory growth
@@ -123,20 +161,32 @@ def _soak_section(args: argparse.Namespace) -> tuple[bool, list[str]]:
     if args.quiet:
         soak_argv.append("--quiet")
     code = subprocess.run([sys.executable, "-m", "calculet.bench", *soak_argv], check=False).returncode
-    figures: dict[str, Any] | None
-    try:
-        figures = json.loads((args.out / "soak" / "soak.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        figures = None
-    lines = ["### [soak](soak/soak.md)", "", f"`{command_line(soak_argv)}` (its own process)", ""]
-    if figures is None:
-        lines += [f"The soak did not write its report (exit code {code}).", ""]
-    else:
-        lines += [f"{'PASS' if figures['ok'] else 'FAIL'}: {figures['virtual_s'] / 3600:.1f} h of virtual "
-                  f"time in {figures['wall_s'] / 60:.1f} min wall ({figures['speedup']:.0f}x real time); "
-                  f"{figures['submitted']} requests; {sum(figures['injected'].values())} faults injected; "
-                  f"{len(figures['violations'])} violations.", ""]
+    lines = _soak_lines(args.out / "soak", f"`{command_line(soak_argv)}` (its own process)")
+    if lines is None:
+        lines = ["### [soak](soak/soak.md)", "", f"The soak did not write its report (exit code {code}).", ""]
     return code == 0, lines
+
+
+def _soak_lines(folder: Path, how: str) -> list[str] | None:
+    """A soak folder's lines of the index, from its ``soak.json``; None when it has none."""
+    try:
+        figures = json.loads((folder / "soak.json").read_text(encoding="utf-8"))
+        verdict = (f"{'PASS' if figures['ok'] else 'FAIL'}: {figures['virtual_s'] / 3600:.1f} h of virtual "
+                   f"time in {figures['wall_s'] / 60:.1f} min wall ({figures['speedup']:.0f}x real time); "
+                   f"{figures['submitted']} requests; {sum(figures['injected'].values())} faults injected; "
+                   f"{len(figures['violations'])} violations.")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return [f"### [{folder.name}]({folder.name}/soak.md)", "", how, "", verdict, ""]
+
+
+def _committed_soaks(out: Path) -> list[str]:
+    """``all`` without a soak: the soak reports already in OUT (each made by its own command)."""
+    lines: list[str] = []
+    for folder in sorted(p for p in out.glob("soak*") if p.is_dir()):
+        command = f"Not re-run by this command; made by the command in [its report]({folder.name}/soak.md)."
+        lines += _soak_lines(folder, command) or []
+    return lines
 
 
 def _passthrough(args: argparse.Namespace) -> list[str]:

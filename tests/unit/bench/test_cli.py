@@ -19,6 +19,7 @@ from calculet.adapters.calrt import (DecodeJob, JobKind, JobResult, JobTicket, L
 from calculet.adapters.sim.cost import CostModel
 from calculet.adapters.sim.model import pseudo_next_token
 from calculet.bench import main, parse_loads
+from calculet.bench.comparison_report import checks_from_json
 from calculet.loadsim.analysis import workload_limit
 from calculet.loadsim.soak import _close_problem, _Soak, _SoakSink
 from calculet.loadsim.soak_checks import QuarantineGuard, Violations
@@ -60,7 +61,8 @@ def test_parse_loads() -> None:
     (["soak", "--fault-rate", "0.5"], "fault rate '0.5' must be in [0, 0.05]"),
     (["soak", "--policy", "b1-serial-fcfs"], "a soak runs an engine policy"),
     (["soak", "--preset", "nope"], "unknown preset 'nope'"),
-    ([], "the following arguments are required: {run,all,soak,list}"),
+    ([], "the following arguments are required: {run,all,goodput,soak,list}"),
+    (["goodput", "--multiples", "2,2", "--out", "X"], "load '2' is listed twice"),
 ])
 def test_bad_input_is_a_clear_error_with_exit_code_2(argv: list[str], message: str, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
@@ -290,3 +292,38 @@ def test_goodput_leads_the_report_with_the_offline_bound(tmp_path: Path, capsys:
     rows = {r["policy"]: r for r in summary["runs"]}
     assert rows["b1-serial-fcfs"]["device_figures_from"] == "records"
     assert rows["calculet-b1@strict"]["device_figures_from"] == "engine"
+
+
+def test_goodput_comparison_in_one_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #13 item 7: B1 (shared) and B16, tight and loose, FCFS/strict/at_risk/on_time, checks per point."""
+    out = tmp_path / "goodput"
+    code, _, _ = run_cli(["goodput", "--multiples", "2", "--duration", "6", "--quiet", "--out", str(out)], capsys)
+    assert code == 0
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert report.index("## Acceptance") < report.index("## Figures")
+    for arm in ("b1-tight", "b1-loose", "b16-tight", "b16-loose"):
+        assert (out / arm / "report.md").exists() and f"({arm}/report.md)" in report
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(a["device"], a["deadline"]) for a in summary["arms"]] == [
+        ("calculet-b1-shared", "tight"), ("calculet-b1-shared", "loose"), ("calculet-b16", "tight"),
+        ("calculet-b16", "loose")]
+    for device, multiple, checks in checks_from_json(summary):
+        [point] = [p for a in summary["arms"] if a["device"] == device for p in a["points"]][:1]
+        assert multiple == 2.0 and len(checks) == 4 and all(c.met is not None for c in checks)
+        assert [f["policy"] for f in point["figures"]][0] == "b1-serial-fcfs"
+        verdict = " met |" if checks[0].met else " **missed** |"
+        assert checks[0].value + verdict in report
+
+
+def test_all_without_a_soak_keeps_the_committed_soaks_in_its_index(tmp_path: Path) -> None:
+    from calculet.bench.commands import _committed_soaks
+
+    (tmp_path / "soak-b1").mkdir()
+    (tmp_path / "soak-b1" / "soak.json").write_text(json.dumps(
+        {"ok": True, "virtual_s": 7200, "wall_s": 60, "speedup": 120, "submitted": 10, "injected": {"a": 2},
+         "violations": []}))
+    (tmp_path / "soak-broken").mkdir()  # no soak.json: not listed
+    lines = _committed_soaks(tmp_path)
+    assert lines[0] == "### [soak-b1](soak-b1/soak.md)" and "Not re-run" in lines[2]
+    assert lines[4] == ("PASS: 2.0 h of virtual time in 1.0 min wall (120x real time); 10 requests; 2 faults "
+                        "injected; 0 violations.") and len(lines) == 6
