@@ -97,7 +97,7 @@ def test_storm_row_counts_long_prompts_admitted_and_then_expired() -> None:
     bad = _cell([_rec(0, "d", "long"), _rec(1, "d", "long", reason="deadline")])
     rows = storm_outcome_rows(_result({(ON_TIME, 1.0, False): good, (ON_TIME, 2.0, False): bad}, (1.0, 2.0)))
     assert [r[2] for r in rows] == [True, False]
-    assert rows[0][1] == "2 long: completed 1, refused 1"
+    assert rows[0][1] == "2 long: completed 1, refused 1 (refused after up to 5.0 s in the queue)"
     assert rows[1][1] == "2 long: admitted, then deadline 1, completed 1"
 
 
@@ -109,7 +109,7 @@ def test_shared_fairness_row_needs_jain_and_every_tenant_ttft_ratio() -> None:
     for cell, met in ((fair, True), (slow, False), (unfair, False)):
         [row] = shared_fairness_rows(_result({(ON_TIME, 1.0, False): cell, (ON_TIME, 1.0, True): alone}, (1.0,), "n"))
         assert row[2] is met, row
-    assert "b 3.90/2.00 s = 1.95×" in row[1] and "Jain 0.850" in row[1]
+    assert "b 3.90/2.00 s = 1.95× (429 0 vs 0)" in row[1] and "Jain 0.850" in row[1]
 
 
 def test_estimator_rows_say_by_how_much_a_p90_misses() -> None:
