@@ -79,13 +79,17 @@ def _row(path: str, concurrency: int, latencies: list[float], wall: float) -> Ro
 
 
 class Server:
-    """``python -m calculet.run --port 0`` in a subprocess; the port comes from its log line."""
+    """``python -m calculet.run --port 0`` in a subprocess; the port comes from its log line.
 
-    def __init__(self, cost: str, home: Path) -> None:
+    ``config``: a calculet-scheduler/v1 file (default: the §15 defaults). Also used by
+    ``bench/overload_http.py``."""
+
+    def __init__(self, cost: str, home: Path, config: Path | None = None) -> None:
         env = {**os.environ, "CALCULET_HOME": str(home), "PYTHONPATH": str(ROOT)}
+        extra = ["--config", str(config)] if config is not None else []
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "calculet.run", "--host", "127.0.0.1", "--port", "0", "--log-format", "json",
-             "--log-level", "INFO", "--sim-cost", cost],
+             "--log-level", "INFO", "--sim-cost", cost, *extra],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         lines: Queue[str] = Queue()
         threading.Thread(target=lambda: [lines.put(line) for line in self.proc.stderr or ()], daemon=True).start()

@@ -1,0 +1,429 @@
+"""Overload through HTTP: a refused burst, Retry-After honoured, and streams under an ITL target (issue #13).
+
+Figures of issue #13's "What it must show" that only the real service can give, measured on
+``python -m calculet.run --sim-cost reference`` (the simulated NPU in real time on the assumed
+§13.1 cost shape: 40 ms + 2.5 ms/lane per B1 decode step, 5 ms + 0.6 ms/token prefill — not
+an NPU measurement) on 127.0.0.1, a server subprocess per configuration, an httpx client here.
+Each figure is printed beside its baseline measured in the same run.
+
+Part 1 — a burst (default 300 concurrent non-streaming completions, 16 tokens each, a 5 s
+deadline: on B1 only a handful can finish on time). Per ``batch.deadline_order``: ``on_time``
+(the default: refuse at admission what the shared-device estimate cannot finish, 429 with a
+computed Retry-After) against ``at_risk`` (the old behaviour: accept, then expire). Reported:
+time to the 429 (client-side, from the send to the response) P50/P99, the share of 429s that
+carry ``Retry-After``, the outcome of one retry per refused client (it sleeps its Retry-After —
+capped at ``--max-retry-wait`` — and retries once: admitted means not refused again), and goodput
+(completions within the deadline, first try or retry, per second of the run), the requests the
+on_time selection shed and the wasted device share from /metrics. The connection pool is opened
+before the burst and one request warms the server up (``on_time`` estimates from the *measured*
+step time). Two references in the same run separate the HTTP stack from the 429 path: the same
+number of concurrent ``GET /health/live`` (the floor of a burst on one uvicorn process, h11, and
+one Python client on this machine), and 50 refusals sent one at a time behind a request that
+fills the device (the 429 path without the burst's queue).
+
+Part 2 — 16 concurrent streaming clients × 32 tokens under ``admission.itl_target_ms: 200``
+against no ITL target (both ``on_time``). Reported: inter-token latency P50/P99 over every
+admitted stream's gaps, the worst stream's own ITL P99, TTFT P50/P99, streams refused (429) /
+completed / failed after admission, and the device's busy share
+(Δ ``calculet_device_busy_seconds_total`` / wall time of the run).
+
+Figures, not a pass/fail test (DESIGN principle 10): the targets are printed beside them.
+
+    python bench/overload_http.py [--burst 300] [--burst-tokens 16] [--deadline-ms 5000]
+                                  [--streams 16] [--stream-tokens 32] [--itl-target-ms 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from service import Server  # bench/service.py: the real entry point as a subprocess (bench/ is sys.path[0])
+
+PROMPT = "Calculet overload benchmark"
+STREAM_PROMPT = "stream 2"
+"""Its 32 greedy tokens on the bundled byte-level model each render text, so the client sees one SSE
+chunk per token (a token that renders none — a special id, part of a UTF-8 sequence — would merge
+two gaps into one); the table counts such silent tokens, so a changed model shows up."""
+MODEL = "qwen3"
+COUNTERS = ("calculet_request_goodput", "calculet_device_busy_seconds", "calculet_request_wasted_device_seconds",
+            "calculet_scheduler_on_time_shed", "calculet_scheduler_on_time_refused")
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q, method="linear")) if values else float("nan")
+
+
+def _write_config(directory: Path, name: str, *, order: str, deadline_ms: int | None = None,
+                  itl_ms: int | None = None) -> Path:
+    """A calculet-scheduler/v1 file (JSON is YAML) with the §15 defaults plus the bench's settings."""
+    admission: dict[str, Any] = {}
+    if deadline_ms is not None:
+        admission["deadline_default_ms"] = deadline_ms
+    if itl_ms is not None:
+        admission["itl_target_ms"] = itl_ms
+    document = {"schema": "calculet-scheduler/v1", "model_alias": MODEL, "admission": admission,
+                "batch": {"deadline_order": order}}
+    path = directory / f"{name}.yaml"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def _body(tokens: int, stream: bool, prompt: str = PROMPT) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": MODEL, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
+                            "ignore_eos": True, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+async def _counters(client: httpx.AsyncClient) -> dict[str, float]:
+    """:data:`COUNTERS` and the decode-cap gauge from /metrics, each summed over its labels."""
+    response = await client.get("/metrics")
+    response.raise_for_status()
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(response.text):
+        if family.name in COUNTERS or family.name == "calculet_scheduler_decode_cap_streams":
+            values[family.name] = sum(s.value for s in family.samples if not s.name.endswith("_created"))
+    return values
+
+
+def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {name: value - before.get(name, 0.0) for name, value in after.items()}
+
+
+async def _warm(client: httpx.AsyncClient, connections: int) -> None:
+    """Open the connection pool and let the server measure a decode step (one short completion)."""
+    (await client.post("/v1/completions", json=_body(4, False))).raise_for_status()
+    await asyncio.gather(*(client.get("/health/live") for _ in range(connections)))
+
+
+# ---------------------------------------------------------------------------------------------
+# part 1: the burst
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Attempt:
+    status: int
+    latency_s: float
+    retry_after: str | None
+
+
+@dataclass
+class BurstClient:
+    first: Attempt
+    retry: Attempt | None = None
+    waited_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class BurstRow:
+    order: str
+    statuses: dict[int, int]
+    floor_ms: tuple[float, float]
+    """P50/P99 of the same number of concurrent GET /health/live: the HTTP floor of a burst here."""
+    refused_ms: tuple[float, float]
+    probe_ms: tuple[float, float]
+    """P50/P99 of refusals sent one at a time while the device is busy: the 429 path without a queue."""
+    retry_after_share: float
+    retry_after_s: tuple[float, float]
+    retries: int
+    retries_admitted: int
+    retries_capped: int
+    on_time: int
+    expired: int
+    wall_s: float
+    server: dict[str, float]
+
+
+async def _attempt(client: httpx.AsyncClient, tokens: int) -> Attempt:
+    """One completion; status 0 when the connection failed (counted, never retried silently)."""
+    start = time.perf_counter()
+    try:
+        response = await client.post("/v1/completions", json=_body(tokens, False))
+    except httpx.TransportError:
+        return Attempt(0, time.perf_counter() - start, None)
+    return Attempt(response.status_code, time.perf_counter() - start, response.headers.get("Retry-After"))
+
+
+async def _burst_client(client: httpx.AsyncClient, tokens: int, max_wait_s: float) -> BurstClient:
+    one = BurstClient(await _attempt(client, tokens))
+    if one.first.status == 429 and one.first.retry_after is not None:
+        one.waited_s = float(one.first.retry_after)
+        if one.waited_s <= max_wait_s:
+            await asyncio.sleep(one.waited_s)
+            one.retry = await _attempt(client, tokens)
+    return one
+
+
+async def _floor(client: httpx.AsyncClient, requests: int) -> tuple[float, float]:
+    async def live() -> float:
+        start = time.perf_counter()
+        (await client.get("/health/live")).raise_for_status()
+        return time.perf_counter() - start
+
+    took = await asyncio.gather(*(live() for _ in range(requests)))
+    return _pct(took, 50) * 1e3, _pct(took, 99) * 1e3
+
+
+async def _probe(client: httpx.AsyncClient, tokens: int, deadline_s: float, count: int) -> tuple[float, float]:
+    """One request that fills 60 % of the deadline, then ``count`` requests of the same size one at a
+    time (two of them cannot both finish: each is refused)."""
+    steps = max(tokens, min(200, int(0.6 * deadline_s / 0.0425)))  # at the reference B1 step
+    backlog = asyncio.ensure_future(client.post("/v1/completions", json=_body(steps, False)))
+    await asyncio.sleep(0.3)  # let it be admitted
+    took = []
+    for _ in range(count):
+        attempt = await _attempt(client, steps)
+        if attempt.status == 429:
+            took.append(attempt.latency_s)
+    await backlog
+    return _pct(took, 50) * 1e3, _pct(took, 99) * 1e3
+
+
+def _burst_row(order: str, clients: list[BurstClient], deadline_s: float, wall_s: float, max_wait_s: float,
+               measured: dict[str, Any]) -> BurstRow:
+    attempts = [a for c in clients for a in (c.first, c.retry) if a is not None]
+    statuses: dict[int, int] = {}
+    for c in clients:
+        statuses[c.first.status] = statuses.get(c.first.status, 0) + 1
+    refused = [c.first for c in clients if c.first.status == 429]
+    waits = [float(a.retry_after) for a in refused if a.retry_after is not None]
+    retried = [c.retry for c in clients if c.retry is not None]
+    latencies = [a.latency_s for a in refused]
+    return BurstRow(
+        order, dict(sorted(statuses.items())), measured["floor"], (_pct(latencies, 50) * 1e3, _pct(latencies, 99) * 1e3),
+        measured["probe"], len(waits) / len(refused) if refused else float("nan"),
+        (_pct(waits, 50), max(waits, default=float("nan"))), len(retried), sum(1 for a in retried if a.status != 429),
+        sum(1 for c in clients if c.first.status == 429 and c.retry is None and c.waited_s > max_wait_s),
+        sum(1 for a in attempts if a.status == 200 and a.latency_s <= deadline_s),
+        sum(1 for a in attempts if a.status == 504), wall_s, measured["server"])
+
+
+def burst(url: str, order: str, requests: int, tokens: int, deadline_s: float, max_wait_s: float) -> BurstRow:
+    async def run() -> BurstRow:
+        # idle connections are dropped before uvicorn's 5 s keep-alive timeout closes them under a sleeping client
+        limits = httpx.Limits(max_connections=requests, max_keepalive_connections=requests, keepalive_expiry=2.0)
+        async with httpx.AsyncClient(base_url=url, timeout=deadline_s + max_wait_s + 120, limits=limits) as client:
+            await _warm(client, requests)
+            measured: dict[str, Any] = {"floor": await _floor(client, requests)}
+            before = await _counters(client)
+            started = time.perf_counter()
+            clients = await asyncio.gather(*(_burst_client(client, tokens, max_wait_s) for _ in range(requests)))
+            wall = time.perf_counter() - started
+            measured["server"] = _delta(await _counters(client), before)
+            measured["probe"] = await _probe(client, tokens, deadline_s, 50)
+        return _burst_row(order, list(clients), deadline_s, wall, max_wait_s, measured)
+
+    return asyncio.run(run())
+
+
+# ---------------------------------------------------------------------------------------------
+# part 2: streams under an ITL target
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StreamResult:
+    status: int = 0
+    ttft_s: float | None = None
+    gaps: list[float] = field(default_factory=list)
+    completed: bool = False
+    failed: bool = False
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class StreamRow:
+    label: str
+    refused: int
+    completed: int
+    failed: int
+    silent: int
+    itl_ms: tuple[float, float]
+    worst_stream_itl_p99_ms: float
+    ttft_ms: tuple[float, float]
+    busy_share: float
+    wall_s: float
+    decode_cap: float
+
+
+async def _stream(client: httpx.AsyncClient, tokens: int) -> StreamResult:
+    result = StreamResult()
+    start = time.perf_counter()
+    last: float | None = None
+    async with client.stream("POST", "/v1/completions", json=_body(tokens, True, STREAM_PROMPT)) as response:
+        result.status = response.status_code
+        if response.status_code != 200:
+            await response.aread()
+            return result
+        async for line in response.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            now = time.perf_counter()
+            payload = json.loads(line[6:])
+            result.failed = result.failed or "error" in payload
+            if payload.get("usage"):
+                result.tokens = int(payload["usage"]["completion_tokens"])
+            choices = payload.get("choices") or []
+            if not choices or not choices[0].get("text"):
+                result.completed = result.completed or bool(choices and choices[0].get("finish_reason"))
+                continue
+            if last is None:
+                result.ttft_s = now - start
+            else:
+                result.gaps.append(now - last)
+            last = now
+    result.failed = result.failed or not result.completed
+    return result
+
+
+def _stream_row(label: str, results: list[StreamResult], server: dict[str, float], wall: float) -> StreamRow:
+    admitted = [r for r in results if r.status == 200]
+    gaps = [g for r in admitted for g in r.gaps]
+    ttfts = [r.ttft_s for r in admitted if r.ttft_s is not None]
+    worst = max((_pct(r.gaps, 99) for r in admitted if r.gaps), default=float("nan"))
+    silent = sum(r.tokens - 1 - len(r.gaps) for r in admitted if r.completed)
+    return StreamRow(label, sum(1 for r in results if r.status == 429), sum(1 for r in admitted if r.completed),
+                     sum(1 for r in admitted if r.failed), silent, (_pct(gaps, 50) * 1e3, _pct(gaps, 99) * 1e3),
+                     worst * 1e3, (_pct(ttfts, 50) * 1e3, _pct(ttfts, 99) * 1e3),
+                     server.get("calculet_device_busy_seconds", 0.0) / wall, wall,
+                     server.get("calculet_scheduler_decode_cap_streams", 0.0))
+
+
+def streams(url: str, label: str, count: int, tokens: int) -> StreamRow:
+    async def run() -> StreamRow:
+        async with httpx.AsyncClient(base_url=url, timeout=600,
+                                     limits=httpx.Limits(max_connections=count + 4)) as client:
+            await _warm(client, count)
+            before = await _counters(client)
+            started = time.perf_counter()
+            results = await asyncio.gather(*(_stream(client, tokens) for _ in range(count)))
+            wall = time.perf_counter() - started
+            after = await _counters(client)
+        server = _delta(after, before)
+        server["calculet_scheduler_decode_cap_streams"] = after.get("calculet_scheduler_decode_cap_streams", 0.0)
+        return _stream_row(label, list(results), server, wall)
+
+    return asyncio.run(run())
+
+
+# ---------------------------------------------------------------------------------------------
+# the run and its tables
+# ---------------------------------------------------------------------------------------------
+
+
+def _pair(values: tuple[float, float], digits: int = 0) -> str:
+    return f"{values[0]:.{digits}f}/{values[1]:.{digits}f}"
+
+
+def _print_burst(rows: list[BurstRow], args: argparse.Namespace) -> None:
+    print(f"Part 1 — burst: {args.burst} concurrent non-streaming completions × {args.burst_tokens} tokens, "
+          f"deadline {args.deadline_ms} ms, B1 reference cost; each refused client sleeps Retry-After once "
+          f"(≤ {args.max_retry_wait:.0f} s) and retries")
+    header = (f"{'deadline_order':<15} {'first try':<22} {'429 p50/p99':>12} {'floor p50/p99':>13} "
+              f"{'1-by-1 p50/p99':>14} {'RA share':>8} {'RA p50/max':>10} {'retry admitted':>14} {'on time':>7} "
+              f"{'504':>4} {'shed':>4} {'goodput/s':>9} {'server':>6} {'wasted':>6} {'wall s':>6}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        statuses = " ".join(f"{code}:{n}" for code, n in r.statuses.items())
+        admitted = f"{r.retries_admitted}/{r.retries} {r.retries_admitted / r.retries:.0%}" if r.retries else "-"
+        busy = r.server.get("calculet_device_busy_seconds", 0.0)
+        wasted = r.server.get("calculet_request_wasted_device_seconds", 0.0) / busy if busy else float("nan")
+        print(f"{r.order:<15} {statuses:<22} {_pair(r.refused_ms):>12} {_pair(r.floor_ms):>13} "
+              f"{_pair(r.probe_ms, 1):>14} {r.retry_after_share:>8.0%} {_pair(r.retry_after_s):>10} {admitted:>14} "
+              f"{r.on_time:>7} {r.expired:>4} {r.server.get('calculet_scheduler_on_time_shed', 0.0):>4.0f} "
+              f"{r.on_time / r.wall_s:>9.2f} {r.server.get('calculet_request_goodput', 0.0):>6.0f} {wasted:>6.0%} "
+              f"{r.wall_s:>6.1f}")
+        if r.retries_capped:
+            print(f"{'':<15} ({r.retries_capped} refused clients were told to wait longer than the cap and did "
+                  "not retry)")
+    print("ms unless named. 429 p50/p99: time to the 429 in the burst (send → response, client side); floor: the "
+          "same number of concurrent GET /health/live just before (the HTTP stack's own queue for a burst on this "
+          "machine); 1-by-1: 50 refusals sent one at a time behind a request filling the device (the 429 path "
+          "alone). RA: Retry-After (share of 429s carrying it; p50/max s). retry admitted: retries not refused "
+          "again. on time: first tries and retries completed within the deadline; 504: ended deadline_exceeded; "
+          "shed: admitted or waiting requests the on_time selection ended early; goodput/s = on time / wall; server: "
+          "Δ calculet_request_goodput_total (on time by the engine's clock, which starts at submit, after the HTTP "
+          "queue); "
+          "wasted = Δ calculet_request_wasted_device_seconds / Δ calculet_device_busy_seconds. Targets (issue "
+          "#13): 429 p99 ≤ 50 ms; a client that waits Retry-After is admitted on ≥ 80 % of retries.\n")
+
+
+def _print_streams(rows: list[StreamRow], args: argparse.Namespace) -> None:
+    print(f"Part 2 — {args.streams} concurrent streaming clients × {args.stream_tokens} tokens, B1 reference cost, "
+          "deadline_order on_time")
+    header = (f"{'ITL target':<12} {'429':>4} {'done':>5} {'failed':>6} {'silent':>6} {'ITL p50/p99':>12} "
+              f"{'worst p99':>9} {'TTFT p50/p99':>13} {'busy':>5} {'cap':>4} {'wall s':>6}")
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r.label:<12} {r.refused:>4} {r.completed:>5} {r.failed:>6} {r.silent:>6} {_pair(r.itl_ms):>12} "
+              f"{r.worst_stream_itl_p99_ms:>9.0f} {_pair(r.ttft_ms):>13} {r.busy_share:>5.0%} {r.decode_cap:>4.0f} "
+              f"{r.wall_s:>6.1f}")
+    print("ms; ITL over every admitted stream's gaps between SSE chunks; worst p99 = the largest per-stream ITL p99; "
+          "failed = admitted (200) and then ended with an error; silent = tokens with no chunk of their own (each "
+          "merges two gaps; 0 means the gaps are per token); busy = Δ calculet_device_busy_seconds_total / wall; "
+          "cap = calculet_scheduler_decode_cap_streams (0: none). Targets (issue #13) with a "
+          f"{args.itl_target_ms} ms ITL target: every admitted stream's ITL p99 ≤ the target, none failed, device "
+          "≥ 90 % busy.")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--burst", type=int, default=300, help="concurrent requests of part 1")
+    parser.add_argument("--burst-tokens", type=int, default=16, help="max_tokens of part 1 requests")
+    parser.add_argument("--deadline-ms", type=int, default=5000, help="admission.deadline_default_ms of part 1")
+    parser.add_argument("--max-retry-wait", type=float, default=60.0, help="longest Retry-After a client honours (s)")
+    parser.add_argument("--streams", type=int, default=16, help="concurrent streams of part 2")
+    parser.add_argument("--stream-tokens", type=int, default=32, help="max_tokens of part 2 streams")
+    parser.add_argument("--itl-target-ms", type=int, default=200, help="admission.itl_target_ms of part 2")
+    parser.add_argument("--part", choices=("all", "burst", "itl"), default="all")
+    args = parser.parse_args(argv)
+    burst_rows: list[BurstRow] = []
+    stream_rows: list[StreamRow] = []
+    with tempfile.TemporaryDirectory(prefix="calculet-bench-overload-") as tmp:
+        home = Path(tmp)
+        runs: list[tuple[str, Path]] = []
+        if args.part in ("all", "burst"):
+            runs += [(f"burst {order}", _write_config(home, f"burst-{order}", order=order,
+                                                      deadline_ms=args.deadline_ms))
+                     for order in ("on_time", "at_risk")]
+        if args.part in ("all", "itl"):
+            runs += [(f"itl {args.itl_target_ms} ms", _write_config(home, "itl", order="on_time",
+                                                                    itl_ms=args.itl_target_ms)),
+                     ("itl none", _write_config(home, "no-itl", order="on_time"))]
+        for label, config in runs:
+            server = Server("reference", home, config)
+            try:
+                if label.startswith("burst"):
+                    burst_rows.append(burst(server.url, label.split()[1], args.burst, args.burst_tokens,
+                                            args.deadline_ms / 1000, args.max_retry_wait))
+                else:
+                    stream_rows.append(streams(server.url, label.split(maxsplit=1)[1], args.streams,
+                                               args.stream_tokens))
+            finally:
+                server.stop()
+    if burst_rows:
+        _print_burst(burst_rows, args)
+    if stream_rows:
+        _print_streams(stream_rows, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
