@@ -12,6 +12,7 @@ import json
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,7 @@ def cmd_run(args: argparse.Namespace, argv: Sequence[str], console: Console) -> 
 
 def cmd_all(args: argparse.Namespace, argv: Sequence[str], console: Console) -> int:
     policies_of(args.policies)
+    start = time.perf_counter()
     sections: list[str] = []
     for name in PRESET_LOADS:
         sections += _preset_section(args, name, console)
@@ -97,10 +99,25 @@ def cmd_all(args: argparse.Namespace, argv: Sequence[str], console: Console) -> 
         "Each folder holds `report.md` (acceptance figures, headline table, per-policy tables, plots), the PNG "
         "plots and `summary.json`, written by the command shown (also in each report's header). All figures "
         "are virtual time on the simulated NPU's cost model (`CostModel.reference()`) — assumptions, not NPU "
-        "measurements; the engine, scheduler and executor are the real ones. Regenerate everything with:", "",
-        "```", command_line(argv), "```", "", "## Acceptance figures by preset", "", *sections]), encoding="utf-8")
+        "measurements; the engine, scheduler and executor are the real ones. `calculet-b1-shared` is B1 as the "
+        "service ships it (one job in flight, the shipped KV lanes shared by decode rotation); `calculet-b1` is "
+        "one KV lane, strictly serial. Regenerate everything with:", "",
+        "```", command_line(argv), "```", "", f"Wall time of this command: {time.perf_counter() - start:.0f} s.",
+        *_omitted_policies(args.policies), "", "## Acceptance figures by preset", "",
+        *sections]), encoding="utf-8")
     console.print(f"index: {readme}")
     return 0 if soak_ok else 1
+
+
+def _omitted_policies(text: str) -> list[str]:
+    """The README's note when the preset sweeps ran part of the catalogue (``--policies``)."""
+    ran = {p.name for p in policies_of(text)}
+    left = [name for name in POLICIES if name not in ran]
+    if not left:
+        return []
+    return ["", "The preset sweeps ran part of the catalogue to fit the regeneration in about 15 minutes on a "
+            "shared 2-core machine; not run: " + ", ".join(f"`{n}`" for n in left) + " (`--policies all` runs "
+            "them; the goodput comparison always runs its own policies)."]
 
 
 def _preset_section(args: argparse.Namespace, name: str, console: Console) -> list[str]:

@@ -327,3 +327,13 @@ def test_all_without_a_soak_keeps_the_committed_soaks_in_its_index(tmp_path: Pat
     assert lines[0] == "### [soak-b1](soak-b1/soak.md)" and "Not re-run" in lines[2]
     assert lines[4] == ("PASS: 2.0 h of virtual time in 1.0 min wall (120x real time); 10 requests; 2 faults "
                         "injected; 0 violations.") and len(lines) == 6
+
+
+def test_all_names_the_policies_its_preset_sweeps_left_out() -> None:
+    from calculet.bench.commands import _omitted_policies
+    from calculet.loadsim.policies import POLICIES
+
+    assert _omitted_policies("all") == []
+    note = _omitted_policies("b1-serial-fcfs,calculet-b16")
+    assert "`calculet-b1-shared`" in note[1] and "`calculet-b16`" not in note[1] and "`b1-serial-fcfs`" not in note[1]
+    assert all(f"`{n}`" in note[1] for n in POLICIES if n not in ("b1-serial-fcfs", "calculet-b16"))
