@@ -18,7 +18,7 @@ Checked continuously:
 * no request is closed twice, and each close fits what happened (``length`` only with every
   token, ``cancelled`` only if the client cancelled, ``deadline`` only past the deadline,
   ``error`` only with a return code or result anomaly in its detail, ``rejected`` only with
-  no token);
+  no token; ``deadline`` before the deadline only when the on_time order shed it);
 * no KV lane is held by two live requests (the transition observer tracks lane leases);
 * no quarantined lane is reused: a device sequence whose job failed or whose result did not
   check out (rc ≠ OK, crosstalk, counters — :func:`~calculet.adapters.calrt.verify_result`)
@@ -66,6 +66,9 @@ from calculet.runtime.request import RequestOutcome
 __all__ = ["run_soak"]
 
 _RC_NAMES = tuple(rc.name for rc in ReturnCode if rc is not ReturnCode.OK)
+_SHED = "shed under overload"
+"""Detail of a request the on_time order ended DEADLINE before its deadline because it could no
+longer finish by it (``runtime/scheduling/on_time.py``): legitimate early, never late."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -131,8 +134,9 @@ def _close_problem(sink: _SoakSink, outcome: RequestOutcome, now: float) -> str:
         if not sink.cancelled:
             return "cancelled although the client never cancelled"
     elif reason is FinishReason.DEADLINE:
-        if sink.deadline_at is None or now < sink.deadline_at - 1e-9:
-            return f"deadline at {now:.3f} before the deadline {sink.deadline_at}"
+        shed = outcome.detail.startswith(_SHED)  # on_time (#13, §7.2): ended early, before more device time
+        if sink.deadline_at is None or (now < sink.deadline_at - 1e-9 and not shed):
+            return f"deadline at {now:.3f} before the deadline {sink.deadline_at}: {outcome.detail!r}"
     elif reason is FinishReason.ERROR:
         if not any(name in outcome.detail for name in _RC_NAMES) and "result rejected" not in outcome.detail:
             return f"error without a return code or anomaly in its detail: {outcome.detail!r}"

@@ -108,3 +108,17 @@ def test_reset_window_counts_the_most_recoveries_in_any_ten_minutes() -> None:
 def test_policy_is_refused_with_the_b1_shipped_product(capsys: pytest.CaptureFixture[str]) -> None:
     code, out = run_cli(["soak", "--product", "b1-shipped", "--policy", "calculet-b1", "--hours", "0.01"], capsys)
     assert code == 2 and "--policy applies to --product policy" in out
+
+
+def test_a_deadline_before_the_deadline_fits_only_when_the_on_time_order_shed_it() -> None:
+    from calculet.loadsim.soak import _close_problem, _SoakSink
+    from calculet.machines.request import FinishReason
+    from calculet.runtime.request import RequestOutcome
+
+    sink = _SoakSink(None, 1, 1, max_new=3, deadline_at=50.0, arrival=0.0)  # type: ignore[arg-type]
+    shed = RequestOutcome(1, "failed", FinishReason.DEADLINE, 0, 504,
+                          "shed under overload: it could no longer finish by its deadline")
+    early = RequestOutcome(1, "failed", FinishReason.DEADLINE, 0, 504, "deadline exceeded")
+    assert _close_problem(sink, shed, now=10.0) == ""
+    assert "before the deadline" in _close_problem(sink, early, now=10.0)
+    assert _close_problem(sink, early, now=50.0) == ""
