@@ -99,7 +99,9 @@ class CompletionApplier:
         self.anomalies += extra
         self._end_job(job, completion.ok, completion.fault)
         if completion.ok:
-            self.step_times.observe(now - job.submitted_at)
+            self.step_times.observe(now - job.submitted_at, lanes=len(batch.active), now=now,
+                                    compiled=batch.profile.compiled_batch,
+                                    decoding=len(batch.active) + self.decode.total_ready())
         ok = failed = 0
         registry, generation, job_id = self.registry, job.generation, job.job_id
         for check, rec, lease in zip(checks, batch.records, batch.kv.leases):
@@ -138,6 +140,7 @@ class CompletionApplier:
         self._end_job(job, device_ok, completion.fault if consistent else FaultKind.ERROR)
         if device_ok:
             self.prefill_times.observe(work.tokens, now - job.submitted_at)
+            self.step_times.prefill_ran(now - job.submitted_at)
         token = completion.token
         verdict = self._prefill_verdict(device_ok, consistent, token, work.last_chunk)
         self._settle_kv(work.lease, verdict)

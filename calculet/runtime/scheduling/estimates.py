@@ -23,12 +23,28 @@ class StepTimeStatistics:
 
     decode_step_s: float
     samples: int
+    token_s: float = 0.0
+    """Wall seconds per token of a decoding sequence (:attr:`StepTimer.token_s`)."""
+
+
+TOKEN_SMOOTHING = 1 / 256
+"""Weight of the newest decode step in the per-token time: prefills arrive every few seconds and
+streams come and go, so it is averaged over a few hundred steps (about a request's lifetime)."""
 
 
 class StepTimer:
-    """Exponentially smoothed decode step time, starting from a prior until a step is measured."""
+    """Exponentially smoothed decode step time, starting from a prior until a step is measured.
 
-    __slots__ = ("_estimate", "_samples", "_alpha")
+    It also measures the wall time per token a *decoding sequence* sees (issue #13), by Little's
+    law over a long window: Σ (sequences in decode × time since the previous decode step) /
+    Σ tokens produced. That includes what the step time alone does not: the prefills of later
+    arrivals run between steps (§6 WRR), the profile grows with the streams (§8), and a profile
+    smaller than the streams rotates them. Idle device time is not counted (the interval is
+    capped at the step plus the prefills completed since the previous step), nor is waiting for
+    a lane beyond the widest batch seen (the estimate's lane schedule models that rotation).
+    """
+
+    __slots__ = ("_estimate", "_samples", "_alpha", "_last_done", "_prefill_since", "_waited", "_tokens", "_widest")
 
     def __init__(self, prior_s: float = 0.0, smoothing: float = DEFAULT_SMOOTHING) -> None:
         if prior_s < 0 or not 0 < smoothing <= 1:
@@ -36,13 +52,30 @@ class StepTimer:
         self._estimate = prior_s
         self._samples = 0
         self._alpha = smoothing
+        self._last_done: float | None = None
+        self._prefill_since = self._waited = self._tokens = 0.0
+        self._widest = 0
 
     @property
     def decode_step_s(self) -> float:
         return self._estimate
 
-    def observe(self, seconds: float) -> float:
-        """One decode job took ``seconds`` from submission to completion; returns the new estimate."""
+    @property
+    def token_s(self) -> float:
+        """Wall seconds per token of a decoding sequence over the long window (0 until measured)."""
+        return self._waited / self._tokens if self._tokens > 0 else 0.0
+
+    def prefill_ran(self, seconds: float) -> None:
+        """A prefill job took ``seconds`` of device time (between two decode steps)."""
+        if seconds > 0:
+            self._prefill_since += seconds
+
+    def observe(self, seconds: float, *, lanes: int = 0, compiled: int = 0, decoding: int = 0,
+                now: float | None = None) -> float:
+        """One decode job took ``seconds`` from submission to completion; returns the new estimate.
+
+        ``lanes`` is its active lanes of ``compiled``, ``decoding`` the sequences in decode when it
+        completed (these lanes included) and ``now`` the completion instant: the per-token sample."""
         if seconds < 0:
             return self._estimate
         if self._samples == 0:
@@ -50,10 +83,19 @@ class StepTimer:
         else:
             self._estimate += self._alpha * (seconds - self._estimate)
         self._samples += 1
+        if now is not None and lanes > 0:
+            busy = seconds + self._prefill_since
+            interval = busy if self._last_done is None else min(busy, max(0.0, now - self._last_done))
+            keep = 1.0 - TOKEN_SMOOTHING
+            self._widest = max(self._widest, compiled, lanes)
+            self._waited = keep * self._waited + max(lanes, min(decoding, self._widest)) * interval
+            self._tokens = keep * self._tokens + lanes
+            self._last_done = now
+        self._prefill_since = 0.0
         return self._estimate
 
     def statistics(self) -> StepTimeStatistics:
-        return StepTimeStatistics(self._estimate, self._samples)
+        return StepTimeStatistics(self._estimate, self._samples, self.token_s)
 
 
 @dataclass(frozen=True)

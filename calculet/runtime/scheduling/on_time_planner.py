@@ -92,7 +92,7 @@ def _deadline(job: PendingJob) -> float:
 def at_risk_prefix(kept: list[PendingJob], now: float, model: DeviceModel) -> list[int]:
     """Ids of the EDF prefix of ``kept`` that must run by deadline so the rest may rotate on time."""
     order = sorted(kept, key=_deadline)
-    step, lanes = model.decode_step_s, model.lanes
+    step, lanes = model.lane_step_s, model.lanes
     k, prefix_s = 0, 0.0
     while k < len(order):
         rest = order[k:]
@@ -109,11 +109,11 @@ def at_risk_prefix(kept: list[PendingJob], now: float, model: DeviceModel) -> li
 class _EdfCache:
     """The kept set's EDF lane schedule at the last plan: lane free times and the least slack."""
 
-    __slots__ = ("free", "min_slack", "latest", "single")
+    __slots__ = ("free", "min_slack", "latest", "on_lane")
 
     def __init__(self, kept: list[PendingJob], now: float, model: DeviceModel) -> None:
         finish = edf_finish(kept, now, model)
-        self.single = model.lanes == 1
+        self.on_lane = model.prefill_on_lane
         ends = sorted(finish.values(), reverse=True)[:model.lanes]
         self.free = [max(now, t) for t in ends] + [now] * (model.lanes - len(ends))
         heapq.heapify(self.free)
@@ -126,11 +126,11 @@ class _EdfCache:
         if deadline < self.latest:
             return None
         prefill = model.prefill_s(job.prefill_tokens)
-        shift = 0.0 if self.single else prefill
+        shift = 0.0 if self.on_lane else prefill
         if shift > self.min_slack + _EPS:
             return None
         start = max(self.free[0] + shift, now + prefill)
-        finish = start + job.decode_steps * model.decode_step_s + (prefill if self.single else 0.0)
+        finish = start + job.decode_steps * model.lane_step_s + (prefill if self.on_lane else 0.0)
         if finish > deadline + _EPS:
             return None
         if shift:
@@ -171,7 +171,8 @@ class OnTimePlanner:
         if step <= 0:
             return None
         fixed, per_token = self.prefill_times.cost()
-        return DeviceModel(step, compiled_batch, engines, fixed, per_token, chunk)
+        return DeviceModel(step, compiled_batch, engines, fixed, per_token, chunk,
+                           self.step_times.token_s)
 
     def drifted(self) -> bool:
         """The step time moved enough since the last plan to warrant a new one."""

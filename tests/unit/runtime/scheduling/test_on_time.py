@@ -6,7 +6,8 @@ import pytest
 
 from calculet.machines.request import FinishReason
 from calculet.runtime.scheduling.decode import DecodeBatch
-from calculet.runtime.scheduling.estimates import PrefillTimer
+from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
+from calculet.runtime.scheduling.finish_estimate import DeviceModel
 from tests.unit.runtime.runtime_support import Harness
 
 STEP = 0.1
@@ -179,3 +180,28 @@ def test_an_at_risk_prefill_takes_the_next_opportunity_ahead_of_the_wrr_and_its_
     assert kinds == [[urgent], [urgent], queued[0], [urgent], [urgent], queued[1], [urgent]]
     assert h.sinks[urgent].outcome.state == "completed" and h.clock.now() <= 1.5
     assert h.scheduler.statistics().prefill.deadline_first == 1
+
+
+def test_the_step_timer_measures_the_wall_time_per_token_a_decoding_sequence_sees():
+    """Issue #13, B>1: 8 sequences rotate on 4 of 8 lanes (a smaller profile) and a 50 ms prefill runs
+    between 50 ms steps, so each gets a token every 0.2 s (Little's law); an idle gap is not counted, nor
+    waiting beyond the widest batch (the lane schedule models it)."""
+    timer = StepTimer()
+    now = 0.0
+    for _ in range(2000):
+        timer.prefill_ran(0.05)
+        now += 0.1
+        timer.observe(0.05, lanes=4, compiled=8, decoding=8, now=now)
+    assert timer.decode_step_s == pytest.approx(0.05)
+    assert timer.token_s == pytest.approx(0.2)
+    timer.observe(0.05, lanes=4, compiled=8, decoding=8, now=now + 60.0)     # a minute idle: one 50 ms step counted
+    assert timer.token_s == pytest.approx(0.2, rel=0.01)
+    assert timer.statistics().token_s == timer.token_s
+    wide = StepTimer()
+    for k in range(2000):
+        wide.observe(0.05, lanes=8, compiled=8, decoding=32, now=0.05 * (k + 1))
+    assert wide.token_s == pytest.approx(0.05)
+    b16 = DeviceModel(0.05, compiled_batch=16, token_s=0.2)
+    assert b16.lane_step_s == pytest.approx(0.2) and b16.itl_s(16) == pytest.approx(0.05)
+    assert DeviceModel(0.05, token_s=0.2).lane_step_s == 0.05    # B1 charges each job's prefill itself
+    assert DeviceModel(0.05, compiled_batch=16).lane_step_s == 0.05  # not measured yet
