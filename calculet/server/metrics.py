@@ -365,6 +365,8 @@ class EngineCollector(Collector):
                          labels=["queue"]), p.taken, PREFILL_QUEUES),
             _counter("calculet_queue_prefill_chunked_jobs", "Prefill jobs that were one chunk of a prompt.",
                      p.chunked_jobs),
+            _counter("calculet_prefill_deadline_first", "Prefills taken ahead of their class by deadline (§7.2, "
+                     "on_time order).", p.deadline_first),
         ]
 
     # ------------------------------------------------------------------ §16 batch
@@ -390,6 +392,8 @@ class EngineCollector(Collector):
             _gauge("calculet_decode_step_estimate_seconds", "Measured decode step time, submission to completion "
                    "(smoothed); drives the §7.2 deadline order and the §5.2 prospect check.",
                    s.scheduler.step_times.decode_step_s),
+            _gauge("calculet_decode_token_seconds", "Measured wall seconds per token of a decoding sequence "
+                   "(0: not measured); the B>1 lane step of the finish estimate.", s.scheduler.step_times.token_s),
             _counter("calculet_batch_lane_waste_lanes", "Compiled lanes that carried no sequence.", d.lane_waste),
             _counter("calculet_batch_batches", "Decode batches dispatched.", d.batches),
             _by(_counter("calculet_batch_lanes", "Decode lanes dispatched, active vs compiled.", labels=["kind"]),

@@ -149,11 +149,13 @@ class DeviceModel:
         """Inter-token latency of each of ``streams`` rotating sequences (one rotation)."""
         return -(-max(streams, 1) // self.lanes) * self.decode_step_s
 
-    def max_streams_for_itl(self, itl_target_s: float) -> int:
-        """The largest decode set whose rotation keeps every stream within ``itl_target_s`` (≥ 0)."""
+    def max_streams_for_itl(self, itl_target_s: float, prefill_s: float = 0.0) -> int:
+        """The largest decode set whose rotation keeps every stream within ``itl_target_s`` (≥ 0),
+        leaving ``prefill_s`` of headroom: the prefill of the request that takes a freed stream
+        slot runs between two steps, so one token of every stream waits a rotation plus it."""
         if self.decode_step_s <= 0:
             return 2**31 - 1
-        return self.lanes * math.floor(itl_target_s / self.decode_step_s + 1e-9)
+        return self.lanes * max(0, math.floor((itl_target_s - prefill_s) / self.decode_step_s + 1e-9))
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,18 @@ where the scheduler's requests become those jobs and the answers become decision
   deadline is the latest (every request with the default deadline, in arrival order) is
   placed at the end of the cached EDF lane schedule in O(lanes), without disturbing anyone;
   only an earlier deadline pays the O(n log n) check;
+* **fast refusal** — a refusal is answered from the same cache: a latest-deadline candidate that
+  the cached lane schedule finishes late is refused in O(lanes), and while the kept set and the
+  device model are unchanged (``_version``) a candidate with a deadline no later than the last
+  refused one's and no less work is refused in O(1) — EDF feasibility only gets harder with an
+  earlier deadline or more work (tested against the full computation). Only the rest pay the
+  replan and the retry search: under a burst the engine thread answers 429 at once;
+* **retry slots** — a refusal leaves a trace (:class:`RetrySlots`): the candidate's work is
+  reserved on the lanes from its ``Retry-After`` on (a *ghost*), and the next refusal's
+  ``Retry-After`` is computed behind the ghosts, so refused clients come back spread over the
+  time the device frees instead of all at once (issue #13 measured 9 % of retries admitted
+  when every refusal got the same 1-2 s). Ghosts only place ``Retry-After``; admission checks the
+  kept set alone (a ghost is a forecast, not a commitment);
 * **overload (§7.2)** — when the admitted set cannot all finish on time (a burst, a slower
   device, a fault and reset), Moore–Hodgson keeps the most that can and the rest are shed at
   once, before device time is spent on them. EDF alone would serve the doomed first (the
@@ -21,8 +33,12 @@ where the scheduler's requests become those jobs and the answers become decision
   none of them is late: the prefix then runs as EDF, which the selection proved feasible, and
   the rest keep fair rotation (R7.2.3) and tenant weights (§5.3) among themselves;
 * **latency SLOs** — with an ITL target only as many streams hold a sequence as one rotation
-  serves within it (``DeviceModel.max_streams_for_itl``; one rotation's worth, ``lanes``,
-  until the step time is measured); a request that would wait past its TTFT target is refused.
+  *plus one prefill of a typical prompt* serves within it (``DeviceModel.max_streams_for_itl``:
+  when a stream ends, the request taking its slot is prefilled between two decode steps, and
+  every other stream's token waits for it; the typical prompt is a smoothed mean of the
+  prompts seen at admission, its cost the measured prefill cost, 0 until measured; one rotation's worth,
+  ``lanes``, until the step time is measured); a request that would wait past its TTFT target
+  is refused.
 
 Replanning happens on events — admission into prefill, a request ending, a shed, a device
 reset, the measured step time moving by more than 10 % — at the next tick, never per tick.
@@ -34,7 +50,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
@@ -49,6 +65,12 @@ REPLAN_DRIFT = 0.10
 """Replan when the measured step time moved by more than this fraction since the last plan."""
 _EPS = ON_TIME_EPS_S
 """The estimator's on-time tolerance: the admission cache accepts exactly what ``fits`` would."""
+RETRY_GRACE_S = 2.0
+"""A ghost outlives its retry time by this long (a client's retry takes a round trip or two)."""
+MAX_RETRY_SLOTS = 512
+"""Ghosts kept at most: beyond it the oldest is dropped, so a flood of refusals stays bounded."""
+PROMPT_SMOOTHING = 1 / 8
+"""Weight of the newest admitted prompt in the typical prompt length (as the timers smooth)."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +142,13 @@ class _EdfCache:
         self.min_slack = min((_deadline(j) - finish[j.id] for j in kept), default=math.inf)
         self.latest = max((_deadline(j) for j in kept), default=-math.inf)
 
+    def tail_finish(self, job: PendingJob, now: float, model: DeviceModel) -> float | None:
+        """The finish of a latest-deadline ``job`` appended to the schedule, on time or not (None: the
+        schedule cannot say — an earlier deadline, or a backlog prefill that would shift the lanes)."""
+        if _deadline(job) < self.latest or not self.on_lane:
+            return None
+        return max(self.free[0], now) + model.prefill_s(job.prefill_tokens) + job.decode_steps * model.lane_step_s
+
     def place(self, job: PendingJob, now: float, model: DeviceModel) -> float | None:
         """The finish of a latest-deadline ``job`` appended to the schedule, or None if it would not fit."""
         deadline = _deadline(job)
@@ -129,7 +158,7 @@ class _EdfCache:
         shift = 0.0 if self.on_lane else prefill
         if shift > self.min_slack + _EPS:
             return None
-        start = max(self.free[0] + shift, now + prefill)
+        start = max(self.free[0] + shift, now + shift)  # on a lane, the prefill runs at its start
         finish = start + job.decode_steps * model.lane_step_s + (prefill if self.on_lane else 0.0)
         if finish > deadline + _EPS:
             return None
@@ -139,6 +168,96 @@ class _EdfCache:
         self.min_slack = min(self.min_slack - shift, deadline - finish)
         self.latest = deadline
         return finish
+
+
+@dataclass
+class _Ghost:
+    retry_at: float
+    length: float
+    """Lane seconds the refused request needs (its prefill and decode)."""
+    tenant: str
+
+
+@dataclass
+class RetrySlots:
+    """Future capacity reserved for refused requests, so their retries spread out (issue #13).
+
+    A refusal with a retry time places a *ghost*: the candidate's lane seconds, starting on the
+    earliest lane free at or after its retry time, behind the kept set's EDF lane schedule and
+    the earlier ghosts. The retry time handed out is the earliest whole second from ``now``
+    (``Retry-After`` is delay-seconds, RFC 9110 §10.2.3) at which the candidate, queued behind
+    all of that, still finishes within its relative deadline — and no earlier than the
+    estimator's own answer (``lower``). A ghost is dropped (the rule is deliberately simple):
+
+    * ``grace_s`` after its retry time (its client did not come back, or came back and ended);
+    * when a request of the same tenant is admitted from ``grace_s`` before its retry time on
+      (that request took its slot; the earliest such ghost goes);
+    * when more than ``limit`` are held (the oldest goes).
+
+    The lane heap is rebuilt from the kept schedule whenever that schedule (``key``) or the
+    ghosts changed, O(ghosts × log lanes); otherwise a reservation is O(log lanes).
+    """
+
+    grace_s: float = RETRY_GRACE_S
+    limit: int = MAX_RETRY_SLOTS
+    ghosts: list[_Ghost] = field(default_factory=list)
+    _free: list[float] | None = None
+    _key: object = None
+
+    def reserve(self, base: list[float], key: object, now: float, length: float, relative: float,
+                lower: float, tenant: str = "") -> float:
+        """The retry time of a refused candidate needing ``length`` lane seconds within ``relative``
+        seconds of its arrival; its ghost is placed there. ``base``: the kept lanes' free times."""
+        self.expire(now)
+        if self._free is None or key != self._key:
+            self._rebuild(base, key, now)
+        free = self._free
+        assert free is not None
+        lane = free[0]
+        retry = now + max(0, math.ceil(max(lower, lane + length - relative) - now - 1e-9))
+        heapq.heapreplace(free, max(retry, lane) + length)
+        self.ghosts.append(_Ghost(retry, length, tenant))
+        if len(self.ghosts) > self.limit:
+            del self.ghosts[0]
+            self._free = None
+        return retry
+
+    def admitted(self, tenant: str, now: float) -> None:
+        """A request of ``tenant`` was admitted: it takes the earliest of its tenant's due slots."""
+        due = [g for g in self.ghosts if g.tenant == tenant and g.retry_at <= now + self.grace_s]
+        if due:
+            self.ghosts.remove(min(due, key=lambda g: g.retry_at))
+            self._free = None
+
+    def expire(self, now: float) -> None:
+        kept = [g for g in self.ghosts if g.retry_at + self.grace_s >= now]
+        if len(kept) != len(self.ghosts):
+            self.ghosts, self._free = kept, None
+
+    def _rebuild(self, base: list[float], key: object, now: float) -> None:
+        free = [max(now, t) for t in base] or [now]
+        heapq.heapify(free)
+        for ghost in sorted(self.ghosts, key=lambda g: g.retry_at):
+            heapq.heapreplace(free, max(ghost.retry_at, free[0]) + ghost.length)
+        self._free, self._key = free, key
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    """The last slow-path refusal's facts: valid while the kept set and the device are unchanged."""
+
+    version: int
+    model: DeviceModel
+    deadline: float
+    prefill_tokens: int
+    decode_steps: int
+    retry_at: float | None
+
+    def covers(self, job: PendingJob, version: int, model: DeviceModel) -> bool:
+        """``job`` is refused too: same plan, a deadline no later and no less work."""
+        return (version == self.version and model == self.model and job.deadline is not None
+                and job.deadline <= self.deadline and job.prefill_tokens >= self.prefill_tokens
+                and job.decode_steps >= self.decode_steps)
 
 
 class OnTimePlanner:
@@ -153,6 +272,8 @@ class OnTimePlanner:
         self.itl_s = dict(itl_s)
         self.any_itl = any(t is not None for t in self.itl_s.values())
         self.dirty = True
+        self.stale = True
+        """Work left the kept set since the last plan: the caches may not refuse (they would over-state)."""
         self._planned_step = 0.0
         self._kept: list[PendingJob] = []
         self._cache: _EdfCache | None = None
@@ -162,6 +283,12 @@ class OnTimePlanner:
         self._replans = self._unfit = self._ttft_refused = self._shed_waiting = self._shed_admitted = 0
         self._at_risk = 0
         self._cap: int | None = None
+        self._version = 0
+        """Bumped whenever the kept set changes (a replan, an admission): keys the refusal caches."""
+        self._refusal: _Refusal | None = None
+        self.retry_slots = RetrySlots()
+        self._prompt_tokens = 0.0
+        """Smoothed prompt length of the requests seen at admission: the prefill the ITL cap leaves room for."""
 
     # ------------------------------------------------------------------ the device
 
@@ -186,11 +313,12 @@ class OnTimePlanner:
 
     def replan(self, records: Iterable[RequestRecord], now: float, model: DeviceModel | None) -> Replan:
         """Select whom to keep, whom to shed and who is at risk; rebuild the admission cache."""
-        self.dirty = False
+        self.dirty = self.stale = False
         if model is None:
             self._kept, self._cache, self._slots = [], None, []
             return Replan((), ())
         self._replans += 1
+        self._version += 1
         live = {rec.request_id: rec for rec in records if rec.state in PLANNED_STATES}
         self._planned_step = model.decode_step_s
         jobs = [job for rec in live.values() if (job := self.job(rec)) is not None]
@@ -222,6 +350,8 @@ class OnTimePlanner:
         """Would ``rec`` finish on time with every kept request? Sets ``rec.estimated_finish`` if so.
 
         ``records`` lists the live requests; it is called only on the slow path."""
+        weight = PROMPT_SMOOTHING if self._prompt_tokens else 1.0  # the first prompt seen sets it
+        self._prompt_tokens += weight * (rec.prompt_tokens - self._prompt_tokens)
         if model is None:
             return Fit(True, None, None)
         job = self.job(rec)
@@ -230,22 +360,55 @@ class OnTimePlanner:
         cache = self._cache
         finish = cache.place(job, now, model) if cache is not None else None
         if finish is None:
+            refused = self._fast_refusal(job, now, model)
+            if refused is not None:
+                return self._refuse(rec, job, refused, now, model)
             if self.dirty or self._planned_at != now or cache is None:
                 # sheds found here are applied at the next tick
                 self.replan((r for r in records() if r is not rec), now, model)
                 self.dirty = True
             fit = fits(job, self._kept, now, model)
             if not fit.ok:
-                self._unfit += 1
-                return fit
+                if job.deadline is not None:
+                    self._refusal = _Refusal(self._version, model, job.deadline, job.prefill_tokens,
+                                             job.decode_steps, fit.retry_at)
+                return self._refuse(rec, job, fit, now, model)
             finish = fit.finish
             self._kept.append(job)
             self._cache = _EdfCache(self._kept, now, model)
         else:
             self._kept.append(job)
+        self._version += 1
+        self.retry_slots.admitted(rec.tenant, now)
         rec.estimated_finish = finish
         self.dirty = True
         return Fit(True, None, finish)
+
+    def _fast_refusal(self, job: PendingJob, now: float, model: DeviceModel) -> Fit | None:
+        """The refusal of ``job`` without a replan, when the caches can tell (None: they cannot)."""
+        cache = self._cache
+        if cache is None or job.deadline is None or self.stale:
+            return None
+        late = cache.tail_finish(job, now, model)
+        if late is not None and late > job.deadline + _EPS:
+            alone = model.prefill_s(job.prefill_tokens) + job.decode_steps * model.lane_step_s
+            if alone > job.deadline - now + _EPS:
+                return Fit(False, None, None)  # late even on an idle device: never
+            return Fit(False, now, None)  # behind every kept job: the retry slots place it
+        last = self._refusal
+        if last is not None and last.covers(job, self._version, model):
+            return Fit(False, last.retry_at, None)
+        return None
+
+    def _refuse(self, rec: RequestRecord, job: PendingJob, fit: Fit, now: float, model: DeviceModel) -> Fit:
+        """Count the refusal; place its retry behind the kept work and the earlier refusals' slots."""
+        self._unfit += 1
+        if fit.retry_at is None or job.deadline is None or self._cache is None:
+            return fit
+        length = model.prefill_s(job.prefill_tokens) + job.decode_steps * model.lane_step_s
+        retry = self.retry_slots.reserve(self._cache.free, (self._version, model), now, length,
+                                         job.deadline - now, fit.retry_at, rec.tenant)
+        return Fit(False, retry, None)
 
     def ttft_refusal(self, rec: RequestRecord, now: float, waiting_ahead: int) -> float | None:
         """When ``rec`` could start within its TTFT target (None: it can, or no estimate) — else the
@@ -280,7 +443,8 @@ class OnTimePlanner:
         targets = [t for name in tenants if (t := self.itl_s.get(name)) is not None]
         if not targets:
             return None
-        self._cap = lanes if model is None else max(1, model.max_streams_for_itl(min(targets)))
+        prefill = 0.0 if model is None else model.prefill_s(round(self._prompt_tokens))
+        self._cap = lanes if model is None else max(1, model.max_streams_for_itl(min(targets), prefill))
         return self._cap
 
     def statistics(self) -> OnTimeStatistics:

@@ -368,7 +368,7 @@ class Scheduler:
         if source == target:
             return
         if self.on_time is not None and (target == "prefill_ready" or target in ENDED_STATES):
-            self.on_time.mark()
+            self.on_time.mark(ended=target != "prefill_ready")
         if source in WAITING_STATES:
             if target not in WAITING_STATES:
                 self.admission.leave_waiting(rec)
