@@ -24,7 +24,8 @@ instance machine's declaration; nothing is restated.
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import z3
 
@@ -148,26 +149,48 @@ def _initial_is_neutral(p: PoolDefinition, n: int) -> bool:
     return s.check() == z3.unsat
 
 
-Violation = tuple[z3.ModelRef, int, list[tuple[str, str]]]
+class Unrolling(Protocol):
+    """What a bounded search unrolls: a solver, each depth's properties, and a trace reader."""
+
+    solver: z3.Solver
+    all_props: list[list[tuple[str, str, Any]]]
+
+    def unroll(self, k: int) -> None: ...
+
+    def trace(self, model: z3.ModelRef, k: int) -> list[dict[str, Any]]: ...
 
 
-def first_violation(s: z3.Solver, all_props: list[list[tuple[str, str, Any]]]
-                    ) -> tuple[z3.CheckSatResult, Violation | None]:
-    """One query for every depth at once, and the shallowest depth the model breaks.
+@dataclass(frozen=True)
+class Violation:
+    """The shallowest broken frame of a bounded search and the run that reaches it."""
+
+    depth: int
+    broken: list[tuple[str, str]]
+    trace: list[dict[str, Any]]
+
+
+def search_unrolling(unrolling: Unrolling, depth: int, progress: Progress | None = None
+                     ) -> tuple[z3.CheckSatResult, Violation | None]:
+    """Unroll to ``depth``, then one query for every depth at once; the shallowest violation.
 
     ``all_props[k - 1]`` holds ``(name, rid, property)`` of the frame after step ``k``. Asking
     "is some property false at some depth ≤ K" once, without push/pop, keeps z3 on its
     non-incremental linear-arithmetic tactics, much faster here than K incremental queries.
-    Returns the solver's verdict and, when sat, (model, depth, broken (name, rid) pairs).
+    Shared by the pool and the joint-system BMCs.
     """
-    s.add(z3.Or(*[z3.Not(z3.And(*[prop for _, _, prop in props])) for props in all_props]))
+    for k in range(1, depth + 1):
+        unrolling.unroll(k)
+        if progress:
+            progress(f"encoded depth {k}")
+    s = unrolling.solver
+    s.add(z3.Or(*[z3.Not(z3.And(*[prop for _, _, prop in props])) for props in unrolling.all_props]))
     verdict = s.check()
     if verdict == z3.sat:
         model = s.model()
-        for k, props in enumerate(all_props, start=1):
+        for k, props in enumerate(unrolling.all_props, start=1):
             broken = [(nm, r) for nm, r, prop in props if z3.is_false(model.eval(prop, model_completion=True))]
             if broken:
-                return verdict, (model, k, broken)
+                return verdict, Violation(k, broken, unrolling.trace(model, k))
     return verdict, None
 
 
@@ -183,19 +206,12 @@ def check_pool_bmc(p: PoolDefinition, n: int, depth: int, progress: Progress | N
     encoded = min(n, depth)
     if encoded < n and not _initial_is_neutral(p, 2):
         encoded = n  # the symmetry argument does not apply: encode every instance
-    unrolling = _PoolUnrolling(p, encoded, instance_properties)
-    for k in range(1, depth + 1):
-        unrolling.unroll(k)
-        if progress:
-            progress(f"encoded depth {k}")
-    verdict, found = first_violation(unrolling.solver, unrolling.all_props)
+    verdict, found = search_unrolling(_PoolUnrolling(p, encoded, instance_properties), depth, progress)
     if found is not None:
-        model, k, broken = found
-        name, rid = broken[0]
-        steps = unrolling.trace(model, k)
-        cx = Counterexample(name, rid, steps[-1].get("transition", ""), trace=steps)
+        name, rid = found.broken[0]
+        cx = Counterexample(name, rid, found.trace[-1].get("transition", ""), trace=found.trace)
         return CheckResult("pool-bmc", p.name, subject, False, time.perf_counter() - start,
-                           f"reachable at depth {k}: breaks {name} ({rid})", cx, queries=1)
+                           f"reachable at depth {found.depth}: breaks {name} ({rid})", cx, queries=1)
     if verdict != z3.unsat:
         return CheckResult("pool-bmc", p.name, subject, False, time.perf_counter() - start,
                            f"solver answered {verdict}", queries=1)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 import z3
 
 from calculet.invariants.checks import CheckResult, Counterexample, Progress, model_value
-from calculet.invariants.pool_checks import first_violation
+from calculet.invariants.pool_checks import search_unrolling
 from calculet.invariants.system_encoding import Frame, Move, initial_frame, read_frame, seq_domain, step_args, system_goals
 from calculet.logic.symbolic import SymbolicVars
 from calculet.machines.system import SystemDefinition, Variant
@@ -34,19 +34,13 @@ def check_system_bmc(sd: SystemDefinition, requests: int = 3, lanes: int = 3, de
     (with the reductions of this module's docstring)."""
     start = time.perf_counter()
     subject = f"R={requests}, L={lanes}, depth≤{depth}"
-    unrolling = _Unrolling(sd, requests, lanes)
-    for k in range(1, depth + 1):
-        unrolling.unroll(k)
-        if progress:
-            progress(f"encoded depth {k}")
-    verdict, found = first_violation(unrolling.solver, unrolling.all_props)
+    verdict, found = search_unrolling(_Unrolling(sd, requests, lanes), depth, progress)
     if found is not None:
-        m, k, broken = found
-        trace = unrolling.trace(m, k)
-        cx = Counterexample(broken[0][0], broken[0][1], trace[-1]["transition"], trace=trace)
+        names = [n for n, _ in found.broken]
+        cx = Counterexample(found.broken[0][0], found.broken[0][1], found.trace[-1]["transition"], trace=found.trace)
         return CheckResult("system-bmc", sd.name, subject, False, time.perf_counter() - start,
-                           f"reachable at depth {k}: breaks {', '.join(n for n, _ in broken)}", cx, queries=1,
-                           broken=[n for n, _ in broken])
+                           f"reachable at depth {found.depth}: breaks {', '.join(names)}", cx, queries=1,
+                           broken=names)
     if verdict != z3.unsat:
         return CheckResult("system-bmc", sd.name, subject, False, time.perf_counter() - start,
                            f"solver answered {verdict}", queries=1)
