@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test bench soak specs verify verify-full clean help
+.PHONY: run test bench soak specs verify verify-full clean help system-tools
 
 help:
 	@echo "make run      install and start the service (simulated NPU, bundled tiny model)"
@@ -21,11 +21,24 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	touch $(STAMP)
 
+# System parts the tests drive for real (HAProxy for the fleet, promtool for metrics and alert rules),
+# installed with the system package manager when missing: CI runs as root on a fresh machine.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+system-tools:
+	@missing=""; \
+	command -v haproxy >/dev/null 2>&1 || missing="$$missing haproxy"; \
+	command -v promtool >/dev/null 2>&1 || missing="$$missing prometheus"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing system packages:$$missing"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+
 run: $(STAMP)
 	$(PY) -m calculet.run
 
 # Two workers on CI's two cores (pytest-xdist); the slow tier runs in `make soak`.
-test: $(STAMP)
+test: $(STAMP) system-tools
 	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -n auto -m "not slow"
 
 specs: $(STAMP)
