@@ -56,7 +56,7 @@ from calculet.config.loading import (
     parse_config,
 )
 from calculet.config.scheduler import SchedulerConfig, config_json_schema
-from calculet.config.service import ModelEntry, ServerConfig, TenantConfig, TrustConfig
+from calculet.config.service import DeviceConfig, ModelEntry, ServerConfig, TenantConfig, TrustConfig
 
 __all__ = [
     "SCHEMA_ID",
@@ -70,6 +70,7 @@ __all__ = [
     "ExecutorConfig",
     "RecoveryConfig",
     "MonitoringConfig",
+    "DeviceConfig",
     "TenantConfig",
     "ModelEntry",
     "TrustConfig",

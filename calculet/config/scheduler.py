@@ -22,6 +22,7 @@ from calculet.config.execution import (
     RecoveryConfig,
 )
 from calculet.config.service import (
+    DeviceConfig,
     ModelEntry,
     ServerConfig,
     TenantConfig,
@@ -81,6 +82,9 @@ class SchedulerConfig(Section):
     )
     server: ServerConfig = Field(
         default_factory=ServerConfig, description="HTTP service settings."
+    )
+    device: DeviceConfig = Field(
+        default_factory=DeviceConfig, description="The device plug-in and its conformance evidence (#18)."
     )
 
     @field_validator("schema_id")

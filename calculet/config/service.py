@@ -10,13 +10,13 @@ become metric labels (§16), so they are short identifiers.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, Strict
 
 from calculet.config.base import UINT64_MAX, LabelName, PosFloat, PosInt, Section, Sha256Hex
 
-__all__ = ["ModelEntry", "ServerConfig", "TenantConfig", "TrustConfig", "default_tenants"]
+__all__ = ["DeviceConfig", "ModelEntry", "ServerConfig", "TenantConfig", "TrustConfig", "default_tenants"]
 
 
 class TenantConfig(Section):
@@ -93,6 +93,22 @@ class TrustConfig(Section):
     )
 
 
+class DeviceConfig(Section):
+    """The device plug-in to drive (issue #18): an entry point of ``calculet.devices`` by name."""
+
+    name: LabelName = Field(
+        "sim", description="Device plug-in name (entry-point group 'calculet.devices'); 'sim' = the simulated NPU."
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Plug-in specific settings (the simulator: cost)."
+    )
+    evidence: Path | None = Field(
+        None,
+        description="Conformance evidence (JSON from python -m calculet.conformance) for this device and "
+        "package; without a passing report no capability is offered above C3 (§1, §20).",
+    )
+
+
 class ServerConfig(Section):
     """The HTTP service (OpenAI-compatible API, admin API, /metrics)."""
 
@@ -104,4 +120,30 @@ class ServerConfig(Section):
         None,
         description="SHA-256 (lowercase hex) of the admin API bearer token; null = admin API "
         "disabled.",
+    )
+    max_body_bytes: Annotated[PosInt, Field(le=1024**3)] = Field(
+        8 * 1024 * 1024,
+        description="Largest request body (bytes), counted while it is read, chunked or not; a "
+        "larger one is answered 413 and its connection closed before the rest is read.",
+    )
+    max_header_bytes: Annotated[PosInt, Field(ge=1024, le=1024 * 1024)] = Field(
+        16 * 1024,
+        description="Largest request line plus headers (bytes; h11's max incomplete event size); "
+        "beyond it the request is answered 400.",
+    )
+    header_timeout_s: Annotated[PosFloat, Field(le=300.0)] = Field(
+        10.0,
+        description="A connection whose request line and headers are not complete this many "
+        "seconds after their first byte (or after the connection opened) is answered 408 and "
+        "closed, so half-sent requests cannot hold connections.",
+    )
+    body_timeout_s: Annotated[PosFloat, Field(le=3600.0)] = Field(
+        30.0,
+        description="Longest pause between two pieces of a request body; past it the request is "
+        "answered 408 and its connection closed.",
+    )
+    keep_alive_timeout_s: Annotated[PosFloat, Field(le=3600.0)] = Field(
+        5.0,
+        description="An idle keep-alive connection is closed after this many seconds without a "
+        "new request (uvicorn's timeout_keep_alive).",
     )

@@ -257,7 +257,7 @@ def test_json_schema_is_complete_and_serialisable() -> None:
     assert schema["additionalProperties"] is False
     assert set(schema["properties"]) == {
         "schema", "model_alias", "admission", "queues", "batch", "executor", "recovery",
-        "monitoring", "tenants", "models", "trust", "server",
+        "monitoring", "tenants", "models", "trust", "server", "device",
     }
     for name, definition in schema["$defs"].items():
         assert definition.get("additionalProperties") is False, name
