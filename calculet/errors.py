@@ -39,6 +39,13 @@ class NotFound(BadRequest):
     code = "not_found"
 
 
+class Conflict(BadRequest):
+    """The request contradicts the target's current state (unload what is already unloaded) → 409."""
+
+    http_status = 409
+    code = "conflict"
+
+
 class NotSupported(BadRequest):
     """An operation the device contract does not offer (§9.3 empty adapter implementations)."""
 
