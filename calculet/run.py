@@ -2,7 +2,7 @@
 
 ::
 
-    python -m calculet.run [--config FILE] [--host 127.0.0.1] [--port 8000] [--log-format json|text]
+    python -m calculet.run [--config FILE] [--device NAME] [--host 127.0.0.1] [--port 8000] [--log-format json|text]
                            [--log-level INFO] [--sim-cost tiny|reference|instant]
 
 With no arguments: the simulated NPU in real time, the bundled tiny model package built and
@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default=None, help="listen address (default: server.host, 127.0.0.1)")
     parser.add_argument("--port", type=int, default=None, help="port (default: server.port, 8000; 0 = any free)")
     parser.add_argument("--log-format", choices=("json", "text"), default="text")
+    parser.add_argument("--device", metavar="NAME", default=None,
+                        help="device plug-in (entry-point group calculet.devices; default: device.name, 'sim')")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     parser.add_argument("--sim-cost", choices=tuple(COSTS), default="tiny",
                         help="latency cost model of the simulated NPU (tiny: ms-scale; reference: the §13.1 "
@@ -81,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from calculet.server.bringup import bring_up
 
     try:
-        brought = bring_up(config, sim=SimConfig(time_mode=TimeMode.REAL, cost=COSTS[args.sim_cost]()))
+        brought = bring_up(config, device=args.device, sim=SimConfig(time_mode=TimeMode.REAL, cost=COSTS[args.sim_cost]()))
     except ConfigError as exc:
         print(f"calculet: the configuration does not fit the package or device, not starting:\n{exc}",
               file=sys.stderr)
@@ -116,11 +118,13 @@ def _serve(brought: BroughtUp, sock: socket.socket, host: str) -> None:
     import uvicorn
 
     from calculet.server.app import create_app
-    from calculet.server.service import Service
+    from calculet.server.service import Service, ServiceOptions
 
     config = brought.config
     drain_s = config.executor.drain_deadline_ms / 1000
-    service = Service(brought.config, brought.engine)  # the ModelManager bound as the admin API (ManagedModelAdmin)
+    offered = brought.offered()  # #18: above C3 only with a passing conformance report for this device and package
+    service = Service(brought.config, brought.engine,
+                      options=ServiceOptions(device_label=brought.device_label, capabilities=offered.capabilities))  # the ModelManager bound as the admin API (ManagedModelAdmin)
     service.start()
     app = create_app(service)
 

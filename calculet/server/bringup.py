@@ -1,4 +1,11 @@
-"""Bring-up of the served model on the simulated NPU, for ``python -m calculet.run``.
+"""Bring-up of the served model on the configured device plug-in, for ``python -m calculet.run``.
+
+The device is chosen by name (``--device NAME`` or ``device.name``; default ``sim``, the simulated
+NPU) among the ``calculet.devices`` entry points (:mod:`calculet.adapters.devices`); the plug-in
+opens the CalRT runtime the engine drives. ``device.evidence`` names a conformance report
+(``python -m calculet.conformance``); :meth:`BroughtUp.offered` turns the package's capability
+contract into what the service may offer — above C3 only with a passing report for this device
+and this package (§1, §20; :mod:`calculet.adapters.calrt.evidence`).
 
 The engine always starts through its :class:`~calculet.runtime.models.manager.ModelManager` from the
 configuration's ``models[model_alias]``, so the first generation passes all eleven §11 steps —
@@ -30,9 +37,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from calculet.adapters.calrt.evidence import DeviceEvidence, OfferedContract, offered_capabilities
+from calculet.adapters.devices import DevicePlugin, DeviceRegistry, DeviceRequest, load_device
 from calculet.packages import ensure_dev_keypair, sign_package
-from calculet.adapters.sim import SimCalRT, SimConfig, TimeMode
+from calculet.adapters.sim import SimConfig
 from calculet.adapters.sim.build import build_package as build_sim_package
+from calculet.adapters.calrt import CalRT
 from calculet.config import ModelEntry, SchedulerConfig, TrustConfig
 from calculet.errors import ConfigError
 from calculet.runtime.engine.threaded import ThreadedEngine
@@ -52,6 +62,23 @@ class BroughtUp:
     """The effective configuration (for the bundled package: with ``models`` and ``trust`` filled)."""
     bundled: bool
     workdir: Path | None = field(default=None, repr=False)
+    device: DevicePlugin | None = None
+    """The device plug-in the engine drives."""
+    evidence: DeviceEvidence | None = None
+    """The conformance report ``device.evidence`` names, if any (checked by :meth:`offered`)."""
+
+    @property
+    def device_label(self) -> str:
+        """Where the device facts come from, for the capability endpoint."""
+        if self.device is None:
+            return "unknown device"
+        return f"{self.device.name}: {self.device.description}"
+
+    def offered(self) -> OfferedContract:
+        """The capability contract the service may offer (above C3 only with passing evidence)."""
+        info = self.engine.model_info()
+        return offered_capabilities(self.engine.capabilities(), self.evidence,
+                                    device=self.device.name if self.device else "", package_sha256=info.package_sha256)
 
     @property
     def package(self) -> str:
@@ -86,11 +113,24 @@ def bundled_config(config: SchedulerConfig, workdir: Path, *, key_dir: str | Pat
                                       "trust": trust})
 
 
+def open_device(config: SchedulerConfig, *, device: str | None = None, sim: SimConfig | None = None,
+                registry: DeviceRegistry | None = None) -> tuple[DevicePlugin, CalRT]:
+    """The plug-in named ``device`` (default ``config.device.name``) and the runtime it opens in real
+    time; ``sim`` is handed to a simulated plug-in as its whole configuration."""
+    plugin = load_device(device or config.device.name, registry)
+    options = dict(config.device.options)
+    if sim is not None and plugin.simulated:
+        options["sim_config"] = sim
+    return plugin, plugin.open_runtime(DeviceRequest(real_time=True, options=options))
+
+
 def bring_up(config: SchedulerConfig, *, sim: SimConfig | None = None, key_dir: str | Path | None = None,
-             options: EngineOptions = EngineOptions()) -> BroughtUp:
-    """Load the served package through the model manager on a simulated NPU in real time."""
+             options: EngineOptions = EngineOptions(), device: str | None = None,
+             registry: DeviceRegistry | None = None) -> BroughtUp:
+    """Load the served package through the model manager on the named device plug-in in real time."""
     started = time.perf_counter()
-    runtime = SimCalRT(sim if sim is not None else SimConfig(time_mode=TimeMode.REAL))
+    evidence = DeviceEvidence.load(config.device.evidence) if config.device.evidence is not None else None
+    plugin, runtime = open_device(config, device=device, sim=sim, registry=registry)
     workdir: Path | None = None
     try:
         if config.models:
@@ -112,4 +152,4 @@ def bring_up(config: SchedulerConfig, *, sim: SimConfig | None = None, key_dir: 
                                     "calbin": report.name, "package_sha256": report.calbin_sha256,
                                     "signed_by": report.signed_by, "profiles": list(report.profiles),
                                     "load_s": round(took, 4)})
-    return BroughtUp(engine, effective, bundled, workdir)
+    return BroughtUp(engine, effective, bundled, workdir, device=plugin, evidence=evidence)

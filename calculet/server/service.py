@@ -49,6 +49,9 @@ class ServiceOptions:
     """Worker threads for blocking engine calls (submit, statistics)."""
     device_label: str = "simulated NPU (calculet.adapters.sim)"
     """Where the device facts come from, shown next to every capability."""
+    capabilities: DeviceCapabilities | None = None
+    """The contract offered (bring-up's ``BroughtUp.offered()``: above C3 only with conformance evidence,
+    #18); None: the engine's package contract as it is."""
 
 
 class Service:
@@ -61,7 +64,7 @@ class Service:
         self.options = options
         self.alias = config.model_alias
         self.info = engine.model_info()
-        self.capabilities: DeviceCapabilities = engine.capabilities()
+        self.capabilities: DeviceCapabilities = options.capabilities or engine.capabilities()
         self.tokenizer = engine.tokenizer
         self.device_label = options.device_label
         self.submit_timeout_s = options.submit_timeout_s
