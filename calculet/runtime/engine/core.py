@@ -73,6 +73,7 @@ from calculet.clock import Clock
 from calculet.config import SchedulerConfig
 from calculet.errors import BadRequest, CalculetError, DefinitionError, Unavailable
 from calculet.runtime.actor import MailboxStatistics
+from calculet.runtime.distribution import HOST_TICK_BOUNDS, Distribution
 from calculet.runtime.engine.jobs import JobPath
 from calculet.runtime.engine.requests import RequestDesk, Trace
 from calculet.runtime.engine.types import (EngineOptions, EngineStatistics, ExecutionMode, GenerateRequest, ModelInfo,
@@ -126,8 +127,7 @@ class EngineCore:
         self._backoff_until = 0.0
         self._wake: float | None = None
         self._ticks = 0
-        self._host_time = 0.0
-        self._host_max = 0.0
+        self._host = Distribution(HOST_TICK_BOUNDS)
         self.models = ModelManager(self, planner=planner, first_generation=options.generation)
         try:
             # §11 steps 1–4 of the first generation; the components are built on its verified facts.
@@ -412,15 +412,15 @@ class EngineCore:
         return EngineStatistics(
             state=state, mode=self.options.mode.value, generation=self.generation,
             availability=scheduler.availability.value, accepting=self._accepting, ticks=self._ticks,
-            host_time_per_tick_s=self._host_time / self._ticks if self._ticks else 0.0,
-            host_time_max_s=self._host_max, accepted=self.requests.accepted,
+            host_time_per_tick_s=self._host.avg, host_time_max_s=self._host.max, accepted=self.requests.accepted,
             rejected_before_admission=dict(self.requests.rejected),
             finished=dict(self.requests.finished), live_requests=len(scheduler.registry),
             pending_frees=self.jobs.pending_frees, scheduler=scheduler.statistics(),
             executor=self.executor.statistics(), completion=self.dispatcher.statistics(),
             sampler=self.sampler.statistics(), recovery=self.recovery.statistics(),
             session=self.session.statistics(), mailbox=mailbox, device=device,
-            models=self.models.statistics_now(), goodput=self.requests.goodput.statistics())
+            models=self.models.statistics_now(), goodput=self.requests.goodput.statistics(),
+            host_tick=self._host.snapshot())
 
     # ------------------------------------------------------------------ submitting
 
@@ -483,7 +483,5 @@ class EngineCore:
     def _account(self, start: float) -> None:
         took = time.perf_counter() - start
         self._ticks += 1
-        self._host_time += took
-        if took > self._host_max:
-            self._host_max = took
+        self._host.add(took)
 

@@ -25,6 +25,7 @@ from calculet.runtime.models.capacity import CapacityPlanner
 from calculet.runtime.models.manager import ModelManager
 from calculet.runtime.models.operations import Operation
 from calculet.runtime.request import RequestSink
+from calculet.runtime.scheduling.jobs import JobRecord
 from calculet.runtime.scheduling.registry import Cancellation, RequestRecord
 from calculet.runtime.scheduling.plan import Submission
 
@@ -65,6 +66,10 @@ class EngineDriver:
 
     def statistics(self) -> EngineStatistics:
         return self.core.statistics(self._mailbox.statistics())
+
+    def job(self, job_id: int) -> JobRecord | None:
+        """The scheduler's record of a planned job (as ``ThreadedEngine.job``)."""
+        return self.core.scheduler.jobs.get(job_id)
 
     def capabilities(self) -> DeviceCapabilities:
         return self.core.capabilities

@@ -28,7 +28,8 @@ from calculet.runtime.models.capacity import CapacityPlanner
 from calculet.runtime.models.manager import ModelManager
 from calculet.runtime.models.operations import Operation
 from calculet.runtime.request import RequestSink
-from calculet.runtime.scheduling.registry import Cancellation
+from calculet.runtime.scheduling.jobs import JobRecord
+from calculet.runtime.scheduling.registry import Cancellation, RequestRecord
 from calculet.runtime.scheduling.plan import Submission
 
 __all__ = ["ThreadedEngine"]
@@ -53,13 +54,14 @@ class ThreadedEngine:
     def __init__(self, config: SchedulerConfig, runtime: CalRT, package_dir: str | os.PathLike[str] | None = None, *,
                  clock: Clock | None = None, options: EngineOptions = EngineOptions(),
                  device: VirtualDevice | None = None, planner: CapacityPlanner | None = None,
-                 provenance: Callable[[TokenProvenance], None] | None = None) -> None:
+                 provenance: Callable[[TokenProvenance], None] | None = None,
+                 observer: Callable[[RequestRecord, str, str], None] | None = None) -> None:
         if isinstance(clock, FakeClock):
             raise DefinitionError("ThreadedEngine runs in real time; drive a FakeClock with EngineDriver")
         if options.mode is not ExecutionMode.ASYNC:
             raise DefinitionError("ThreadedEngine runs the async path; the sync baseline is EngineDriver's")
         self._core = EngineCore(config, runtime, package_dir, clock=clock or MonotonicClock(), options=options,
-                                device=device, planner=planner, provenance=provenance)
+                                device=device, planner=planner, provenance=provenance, observer=observer)
         self.models: ModelManager = self._core.models
         """Load / unload / rollback / status, thread-safe and blocking with a timeout (§10–§13)."""
         self.models.bind_port(_ThreadPort(self))
@@ -130,6 +132,10 @@ class ThreadedEngine:
         if self._actor is None:
             return self._core.statistics(self._mailbox.statistics())
         return self._call(lambda: self._core.statistics(self._mailbox.statistics()), timeout)
+
+    def job(self, job_id: int) -> JobRecord | None:
+        """(the actor thread only, e.g. a request ``observer``) The scheduler's record of a planned job."""
+        return self._core.scheduler.jobs.get(job_id)
 
     def capabilities(self) -> DeviceCapabilities:
         """The device capability contract, with evidence tier and source per answer (§1, §20)."""

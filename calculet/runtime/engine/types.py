@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from calculet.adapters.calrt import DeviceCapabilities
 from calculet.runtime.actor import MailboxStatistics
+from calculet.runtime.distribution import DistributionSnapshot
 from calculet.runtime.engine.goodput import GoodputStatistics
 from calculet.runtime.execution.dispatch import CompletionStatistics
 from calculet.runtime.execution.executor import ExecutorStatistics
@@ -123,6 +124,8 @@ class EngineStatistics:
     models: ModelManagerStatistics | None = None
     goodput: GoodputStatistics | None = None
     """On-time completions and wasted device work (issue #13), counted by the request desk."""
+    host_tick: DistributionSnapshot | None = None
+    """Host time of every tick (§16 executor: the host tick time as a histogram)."""
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from calculet.adapters.calrt import DeviceCapabilities, ReturnCode
 from calculet.config import RecoveryConfig
 from calculet.clock import Clock
+from calculet.runtime.distribution import RECOVERY_BOUNDS, Distribution, DistributionSnapshot
 
 log = logging.getLogger("calculet.runtime.execution.recovery")
 
@@ -85,6 +86,8 @@ class RecoveryStatistics:
     recovery_time_avg_s: float
     recovery_time_max_s: float
     last_detail: str
+    recovery_time: DistributionSnapshot | None = None
+    """Every successful recovery's duration, fault to serving again (§16 recovery time as a histogram)."""
 
 
 class HealthRecovery:
@@ -101,9 +104,7 @@ class HealthRecovery:
         self._restarts = 0
         self._failed_recoveries = 0
         self._refusals = 0
-        self._time_sum = 0.0
-        self._time_max = 0.0
-        self._recoveries = 0
+        self._time = Distribution(RECOVERY_BOUNDS)
         self._failed = False
         self._last = ""
 
@@ -174,9 +175,7 @@ class HealthRecovery:
         now = self._clock.now()
         if ok:
             took = now - pending.since
-            self._recoveries += 1
-            self._time_sum += took
-            self._time_max = max(self._time_max, took)
+            self._time.add(took)
             self._pending = None
             log.info("device recovered", extra={"action": pending.action.name, "seconds": took})
             return
@@ -197,11 +196,10 @@ class HealthRecovery:
 
     def statistics(self) -> RecoveryStatistics:
         state = "failed" if self._failed else "recovering" if self._pending is not None else "healthy"
-        n = self._recoveries
         return RecoveryStatistics(
             state=state, faults=dict(self._faults), resets=self._resets, restarts=self._restarts,
             failed_recoveries=self._failed_recoveries, budget_refusals=self._refusals,
             resets_in_window=self.config.max_resets_per_10min - self.budget_left(),
             max_resets_per_10min=self.config.max_resets_per_10min,
-            recovery_time_avg_s=self._time_sum / n if n else 0.0, recovery_time_max_s=self._time_max,
-            last_detail=self._last)
+            recovery_time_avg_s=self._time.avg, recovery_time_max_s=self._time.max,
+            last_detail=self._last, recovery_time=self._time.snapshot())

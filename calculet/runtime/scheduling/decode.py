@@ -53,6 +53,7 @@ from typing import Any, Callable, Iterable, NamedTuple
 import numpy as np
 
 from calculet.errors import DefinitionError
+from calculet.runtime.distribution import BATCH_WAIT_BOUNDS, Distribution, DistributionSnapshot
 from calculet.runtime.scheduling.estimates import StepTimer
 from calculet.runtime.scheduling.kv import KvBatchReservation, KvLaneManager, KvReservationFailure
 from calculet.runtime.scheduling.profiles import ProfileSpec
@@ -139,6 +140,10 @@ class DecodeStatistics:
     skipped_invalid: int
     tenant_cap_hits: int
     kv_refusals: int
+    batch_wait: DistributionSnapshot | None = None
+    """Every dispatched batch's wait (§16 batch wait as a histogram)."""
+    oldest_wait_s: float = 0.0
+    """Age of the oldest sequence in decode Ready, any generation (§16 queues; 0 when empty)."""
 
 
 class _Bucket:
@@ -219,8 +224,7 @@ class DecodeScheduler:
         self._active = 0
         self._compiled = 0
         self._last = (0, 0)
-        self._wait_sum = 0.0
-        self._wait_max = 0.0
+        self._wait = Distribution(BATCH_WAIT_BOUNDS)
         self._window_waits = 0
         self._expired = 0
         self._invalid = 0
@@ -373,23 +377,24 @@ class DecodeScheduler:
         self._active += count
         self._compiled += size
         self._last = (size, count)
-        self._wait_sum += wait
-        if wait > self._wait_max:
-            self._wait_max = wait
+        self._wait.add(wait)
 
     # ------------------------------------------------------------------ statistics
 
-    def statistics(self) -> DecodeStatistics:
+    def statistics(self, now: float | None = None) -> DecodeStatistics:
+        """With ``now``, the oldest Ready sequence's age too."""
         compiled = self._compiled
+        since = min((e[4].ready_since for b in self._buckets.values() for heap in b.tenants.values() for e in heap
+                     if e[4] is not None), default=None)  # O(ready), at scrape time only
+        oldest = max(0.0, now - since) if now is not None and since is not None else 0.0
         return DecodeStatistics(
             ready=self.total_ready(), batches=self._batches, active_lanes=self._active,
             compiled_lanes=compiled, fill_ratio=self._active / compiled if compiled else 0.0,
             lane_waste=compiled - self._active, last_compiled_batch=self._last[0],
             last_active_lanes=self._last[1],
-            batch_wait_avg_s=self._wait_sum / self._batches if self._batches else 0.0,
-            batch_wait_max_s=self._wait_max, window_waits=self._window_waits,
+            batch_wait_avg_s=self._wait.avg, batch_wait_max_s=self._wait.max, window_waits=self._window_waits,
             skipped_expired=self._expired, skipped_invalid=self._invalid, tenant_cap_hits=self._cap_hits,
-            kv_refusals=self._kv_refusals)
+            kv_refusals=self._kv_refusals, batch_wait=self._wait.snapshot(), oldest_wait_s=oldest)
 
     # ------------------------------------------------------------------ internals
 

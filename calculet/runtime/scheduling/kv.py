@@ -30,6 +30,7 @@ from typing import Any, Sequence
 from calculet.errors import DefinitionError, NotSupported
 from calculet.machines import KvSequenceMachine
 from calculet.clock import Clock
+from calculet.runtime.distribution import FREE_LATENCY_BOUNDS, Distribution, DistributionSnapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +115,8 @@ class KvLaneStatistics:
     faults: int
     free_latency_avg_s: float
     free_latency_max_s: float
+    free_latency: DistributionSnapshot | None = None
+    """Every confirmed release's latency (§16 KV free latency as a histogram)."""
 
 
 class StaleLease(DefinitionError):
@@ -148,8 +151,7 @@ class KvLaneManager:
         self._confirms = 0
         self._double = 0
         self._faults = 0
-        self._latency_sum = 0.0
-        self._latency_max = 0.0
+        self._latency = Distribution(FREE_LATENCY_BOUNDS)
 
     # ------------------------------------------------------------------ reading
 
@@ -264,9 +266,7 @@ class KvLaneManager:
         self._confirms += 1
         started = self._release_started.pop(lane, None)
         if started is not None and self._clock is not None:
-            latency = self._clock.now() - started
-            self._latency_sum += latency
-            self._latency_max = max(self._latency_max, latency)
+            self._latency.add(self._clock.now() - started)
 
     # ------------------------------------------------------------------ batches (§7.1)
 
@@ -373,8 +373,8 @@ class KvLaneManager:
             tokens_used=used, tokens_reserved=reserved, reservations=self._reservations,
             lane_wait_refusals=self._refusals, releases=self._releases, confirmed_releases=confirms,
             refused_double_releases=self._double, faults=self._faults,
-            free_latency_avg_s=self._latency_sum / confirms if confirms else 0.0,
-            free_latency_max_s=self._latency_max)
+            free_latency_avg_s=self._latency.avg, free_latency_max_s=self._latency.max,
+            free_latency=self._latency.snapshot())
 
     # ------------------------------------------------------------------ internals
 
