@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from calculet.config.document import SCHEMA_DOCUMENT, schema_document
+from calculet.conformance import specs as conformance
 from calculet.invariants.system_document import request_lanes_document
 from calculet.invariants.traceability import traceability_document
 from calculet.logic.symbolic import SymbolicVars, symbolic_args
@@ -32,6 +33,8 @@ DOCUMENTS: tuple[tuple[str, Callable[[], str]], ...] = (
     ("traceability.md", traceability_document),
     ("request_lanes.md", request_lanes_document),
     (SCHEMA_DOCUMENT, schema_document),
+    (conformance.MARKDOWN_DOCUMENT, conformance.simulator_report_markdown),
+    (conformance.JSON_DOCUMENT, conformance.simulator_report_json),
 )
 # Written by other commands from a run (timings differ run to run), so not checked here.
 RUN_REPORTS = {"verification.md": "proof results of the last full `python -m calculet.verify`"}
