@@ -16,7 +16,7 @@ from typing import Any, Callable
 import z3
 
 from calculet.logic.symbolic import SymbolicVars, symbolic_args
-from calculet.logic.types import EnumType
+from calculet.logic.types import Bool, EnumType, Int
 from calculet.machines.definition import Definition, Transition
 from calculet.machines.errors import InvalidDefinition
 
@@ -165,53 +165,152 @@ def _balanced(text: str) -> bool:
     return depth == 0
 
 
-def generate_dispatch(d: Definition) -> tuple[dict[str, dict[str, Callable[..., int]]], str]:
-    """One function per (state, event): returns the index of the row taken, or -1 (nothing changed)."""
+class _LocalArgPrinter(ExprPrinter):
+    """The fast path's dialect: an event argument is a local variable ``_a_<name>``, read once."""
+
+    def symbol(self, name: str) -> str:
+        if name in self.arg_names:
+            return f"_a_{name}"
+        return super().symbol(name)
+
+
+def _row_code(d: Definition, t: Transition, tr: ExprPrinter, v: SymbolicVars, args: dict[str, Any],
+              enums: dict[str, Any]) -> tuple[str, list[tuple[str, str]]]:
+    """(guard, [(variable, value)]) of one row as Python in ``tr``'s dialect."""
+    try:
+        guard = "True" if t.guard is None else tr.expr(t.guard(v, *[args[n] for n in t.guard_args]))
+        updates = {} if t.effect is None else dict(t.effect(v, *[args[n] for n in t.effect_args]))
+        assigns = []
+        for key, value in updates.items():
+            code = tr.expr(value)
+            vtype = d.vars[key].type
+            if isinstance(vtype, EnumType):
+                enum_name = f"_enum_{vtype.enum_cls.__name__}"
+                enums[enum_name] = vtype.enum_cls
+                code = f"{enum_name}({code})"
+            assigns.append((key, code))
+    except TypeError as exc:
+        raise InvalidDefinition(d.name, f"{t.name}: cannot compile: {exc}") from None
+    return guard, assigns
+
+
+def _arg_accept(local: str, vtype: Any, namespace: dict[str, Any]) -> str:
+    """A cheap test that accepts a valid value of ``vtype`` held in ``local`` (a False sends the
+    call to the exact check, so the inline test may be stricter than ``vtype.check``, never looser)."""
+    if isinstance(vtype, Bool):
+        return f"({local} is True or {local} is False)"
+    if isinstance(vtype, Int):
+        parts = [f"{local}.__class__ is _int"]
+        if vtype.ge is not None:
+            parts.append(f"{local} >= {vtype.ge!r}")
+        if vtype.le is not None:
+            parts.append(f"{local} <= {vtype.le!r}")
+        return "(" + " and ".join(parts) + ")"
+    if isinstance(vtype, EnumType):
+        enum_name = f"_enum_{vtype.enum_cls.__name__}"
+        namespace[enum_name] = vtype.enum_cls
+        return f"({local}.__class__ is {enum_name})"
+    checker = f"_check_{len(namespace)}"
+    namespace[checker] = vtype.check
+    return f"({checker}({local}) is None)"
+
+
+def generate_dispatch(d: Definition) -> tuple[dict[str, dict[str, Callable[..., int]]],
+                                              dict[str, dict[str, Callable[..., int]]], str]:
+    """Two functions per (state, event), both returning the index of the row taken or -1 (nothing
+    changed): ``_dispatch_i(self, a)``, the guards and effects alone, and ``_fire_i(self, a)``, the
+    hot path, which first accepts the event's arguments with inline type and bound tests (-2 when
+    it cannot: the caller then runs the exact check, so a refusal says why) and records the row
+    taken in ``last_transition``."""
     v = SymbolicVars(d)
     lines: list[str] = []
-    names: dict[tuple[str, str], str] = {}
-    enums: dict[str, Any] = {}
+    names: dict[tuple[str, str], tuple[str, str]] = {}
+    namespace: dict[str, Any] = {"_int": int}
     by_key: dict[tuple[str, str], list[Transition]] = {}
     for t in d.transitions:
         by_key.setdefault((t.source, t.event), []).append(t)
     for index, ((state, event), rows) in enumerate(by_key.items()):
         ev = d.events[event]
         args = symbolic_args(ev)
-        tr = ExprPrinter(d, set(ev.args))
-        fname = f"_dispatch_{index}"
-        names[(state, event)] = fname
-        lines.append(f"def {fname}(self, a):  # {d.name}: {state} --{event}-->")
-        for i, t in enumerate(rows):
-            try:
-                guard = "True" if t.guard is None else tr.expr(t.guard(v, *[args[n] for n in t.guard_args]))
-                updates = {} if t.effect is None else dict(t.effect(v, *[args[n] for n in t.effect_args]))
-                assigns = []
-                for key, value in updates.items():
-                    code = tr.expr(value)
-                    vtype = d.vars[key].type
-                    if isinstance(vtype, EnumType):
-                        enum_name = f"_enum_{vtype.enum_cls.__name__}"
-                        enums[enum_name] = vtype.enum_cls
-                        code = f"{enum_name}({code})"
-                    assigns.append((key, code))
-            except TypeError as exc:
-                raise InvalidDefinition(d.name, f"{t.name}: cannot compile: {exc}") from None
-            lines.append(f"    if {guard}:  # {t.name}")
-            if assigns:
-                targets = ", ".join(f"self.{k}" for k, _ in assigns)
-                values = ", ".join(c for _, c in assigns)
-                lines.append(f"        {targets} = {values}")
-            lines.append(f"        self._state = {t.target!r}")
-            lines.append(f"        return {i}")
-        lines.append("    return -1")
-        lines.append("")
+        names[(state, event)] = (f"_dispatch_{index}", f"_fire_{index}")
+        for fast in (False, True):
+            tr = (_LocalArgPrinter if fast else ExprPrinter)(d, set(ev.args))
+            lines.append(f"def {names[(state, event)][fast]}(self, a):  # {d.name}: {state} --{event}-->")
+            if fast:
+                lines += _accept_lines(ev, namespace)
+            for i, t in enumerate(rows):
+                guard, assigns = _row_code(d, t, tr, v, args, namespace)
+                lines.append(f"    if {guard}:  # {t.name}")
+                if assigns:
+                    targets = ", ".join(f"self.{k}" for k, _ in assigns)
+                    values = ", ".join(c for _, c in assigns)
+                    lines.append(f"        {targets} = {values}")
+                lines.append(f"        self._state = {t.target!r}")
+                if fast:
+                    namespace[f"_row_{index}_{i}"] = t
+                    lines.append(f"        self.last_transition = _row_{index}_{i}")
+                lines.append(f"        return {i}")
+            lines.append("    return -1")
+            lines.append("")
     source = "\n".join(lines)
-    namespace: dict[str, Any] = dict(enums)
     exec(compile(source, f"<calculet dispatch {d.name}>", "exec"), namespace)  # noqa: S102 - generated from the declaration
     table: dict[str, dict[str, Callable[..., int]]] = {}
-    for (state, event), fname in names.items():
-        table.setdefault(state, {})[event] = namespace[fname]
-    return table, source
+    fire: dict[str, dict[str, Callable[..., int]]] = {}
+    for (state, event), (slow, fast) in names.items():
+        table.setdefault(state, {})[event] = namespace[slow]
+        fire.setdefault(state, {})[event] = namespace[fast]
+    return table, fire, source
+
+
+def _accept_lines(ev: Any, namespace: dict[str, Any]) -> list[str]:
+    """The fast path's argument acceptance: exactly the declared names, each of its type."""
+    if not ev.args:
+        return ["    if a:", "        return -2"]
+    out = [f"    if len(a) != {len(ev.args)}:", "        return -2", "    try:"]
+    out += [f"        _a_{name} = a[{name!r}]" for name in ev.args]
+    out += ["    except KeyError:", "        return -2"]
+    accept = " and ".join(_arg_accept(f"_a_{name}", vtype, namespace) for name, vtype in ev.args.items())
+    out += [f"    if not ({accept}):", "        return -2"]
+    return out
+
+
+def generate_lifecycle(d: Definition, slow_init: Callable[..., None]
+                       ) -> tuple[Callable[..., None], Callable[[Any], Any], str]:
+    """``__init__(self, **params)`` and ``snapshot(self)`` as straight-line Python: parameters
+    accepted with the same inline tests as event arguments (anything else takes the exact check
+    in ``slow_init(self, extra, **params)``), variables set to their initial values, slots copied one by one."""
+    namespace: dict[str, Any] = {"_int": int, "_slow_init": slow_init}
+    params = list(d.params)
+    lines = [f"def __init__(self, *, {''.join(f'{p}=_MISSING, ' for p in params)}**extra):  # {d.name}"]
+    if params:
+        accept = " and ".join(_arg_accept(p, d.params[p].type, namespace) for p in params)
+        lines += [f"    if extra or not ({accept}):",
+                  f"        return _slow_init(self, extra, {', '.join(f'{p}={p}' for p in params)})"]
+    else:
+        lines += ["    if extra:", "        return _slow_init(self, extra)"]
+    lines += [f"    self.{p} = {p}" for p in params]
+    for i, (name, value) in enumerate(d.initial_values().items()):
+        namespace[f"_init_{i}"] = value
+        lines.append(f"    self.{name} = _init_{i}")
+    lines += [f"    self._state = {d.initial!r}", "    self.last_transition = None", ""]
+    lines.append(f"def snapshot(self):  # {d.name}")
+    lines.append("    copy = _new(self.__class__)")
+    lines += [f"    copy.{n} = self.{n}" for n in [*params, *d.vars, "_state", "last_transition"]]
+    lines += ["    return copy", ""]
+    source = "\n".join(lines)
+    namespace["_new"] = object.__new__
+    namespace["_MISSING"] = _MISSING
+    exec(compile(source, f"<calculet lifecycle {d.name}>", "exec"), namespace)  # noqa: S102 - generated
+    return namespace["__init__"], namespace["snapshot"], source
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING = _Missing()
+"""A parameter the caller did not pass (the generated ``__init__``'s default)."""
 
 
 class _StepPrinter(ExprPrinter):

@@ -10,19 +10,25 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from calculet.machines import monitor as _monitor_module
-from calculet.machines.codegen import generate_dispatch, generate_invariant_check
+from calculet.machines.codegen import _MISSING, generate_dispatch, generate_invariant_check, generate_lifecycle
+from calculet.machines.monitor import MONITOR as _MONITOR
 from calculet.machines.definition import Definition, Transition
 from calculet.machines.errors import TransitionNotAllowed
 
 
 class CompiledInstance:
-    """State plus variables of one machine instance; ``fire`` is the only way to change them."""
+    """State plus variables of one machine instance; ``fire`` is the only way to change them.
+
+    ``__init__`` and ``snapshot`` are generated per machine (:func:`generate_lifecycle`); ``fire``
+    calls the generated ``_fire_i`` of (state, event), which accepts the arguments inline, so the
+    exact (slower) argument check runs only for a call the inline test does not accept.
+    """
 
     __slots__ = ("_state", "last_transition")
 
     definition: Definition
     _table: dict[str, dict[str, Callable[..., int]]]
+    _fire_table: dict[str, dict[str, Callable[..., int]]]
     _rows: dict[str, dict[str, tuple[Transition, ...]]]
     _source: str
     _argspec: dict[str, tuple[tuple[str, Callable[[Any], str | None]], ...]]
@@ -30,12 +36,14 @@ class CompiledInstance:
     _param_names: tuple[str, ...]
     _initial_values: tuple[tuple[str, Any], ...]
 
-    def __init__(self, **params: Any) -> None:
+    def _slow_init(self, extra: dict[str, Any], **given: Any) -> None:
+        """The exact parameter check (the generated ``__init__`` sends here what it cannot accept)."""
         d = self.definition
+        params = {**{k: v for k, v in given.items() if v is not _MISSING}, **extra}
         missing = [p for p in self._param_names if p not in params]
-        extra = [p for p in params if p not in d.params]
-        if missing or extra:
-            raise TypeError(f"{d.name}: missing parameters {missing}, unexpected {extra}")
+        unexpected = [p for p in params if p not in d.params]
+        if missing or unexpected:
+            raise TypeError(f"{d.name}: missing parameters {missing}, unexpected {unexpected}")
         for name in self._param_names:
             value = params[name]
             reason = d.params[name].type.check(value)
@@ -64,13 +72,8 @@ class CompiledInstance:
         return {name: getattr(self, name) for name in self._param_names}
 
     def snapshot(self) -> "CompiledInstance":
-        """A detached copy, used as the pre-state by monitors and step properties."""
-        copy = object.__new__(type(self))
-        for name in self._param_names + self._var_names:
-            object.__setattr__(copy, name, getattr(self, name))
-        copy._state = self._state
-        copy.last_transition = self.last_transition
-        return copy
+        """A detached copy, used as the pre-state by monitors and step properties (generated)."""
+        raise NotImplementedError  # replaced per machine by compile_instance_type
 
     def enabled_events(self) -> list[str]:
         return list(self._table.get(self._state, _EMPTY))
@@ -91,21 +94,33 @@ class CompiledInstance:
     def fire(self, event: str, **args: Any) -> str:
         """Take the first enabled row for (state, event); raise ``TransitionNotAllowed`` otherwise.
 
-        The generated dispatch evaluates the guards before it writes anything, so a refused
-        event leaves state and variables exactly as they were.
+        The generated code evaluates the guards before it writes anything, so a refused event
+        leaves state and variables exactly as they were. With monitors on, the declared
+        invariants are checked after the event (:meth:`_fire_monitored`). Each machine's class
+        has its own copy with its table bound (:func:`_make_fire`).
         """
+        raise NotImplementedError  # replaced per machine by compile_instance_type
+
+    def _fire_exact(self, event: str, args: dict[str, Any]) -> str:
+        """The slow path: exact argument check, then the guards (refusal raises with the reason)."""
         dispatch = self._check(event, args)
-        monitor = _monitor_module.MONITOR
-        pre = self.snapshot() if monitor.enabled else None
         source = self._state
         taken = dispatch(self, args)
         if taken < 0:
-            raise TransitionNotAllowed(self.definition.name, source, event,
-                                       "no guard is true for these values")
+            raise TransitionNotAllowed(self.definition.name, source, event, "no guard is true for these values")
+        self.last_transition = self._rows[source][event][taken]
+        return self._state
+
+    def _fire_monitored(self, event: str, args: dict[str, Any]) -> str:
+        dispatch = self._check(event, args)
+        pre = self.snapshot()
+        source = self._state
+        taken = dispatch(self, args)
+        if taken < 0:
+            raise TransitionNotAllowed(self.definition.name, source, event, "no guard is true for these values")
         row = self._rows[source][event][taken]
         self.last_transition = row
-        if pre is not None:
-            monitor.after(self, pre, row)
+        _MONITOR.after(self, pre, row)
         return self._state
 
     def _check(self, event: str, args: dict[str, Any]) -> Callable[..., int]:
@@ -135,9 +150,28 @@ class CompiledInstance:
 _EMPTY: dict[str, Any] = {}
 
 
+def _make_fire(fire_table: dict[str, dict[str, Callable[..., int]]]) -> Callable[..., str]:
+    """``fire`` with the machine's table in a closure cell (no attribute lookups on the hot path)."""
+    def fire(self: CompiledInstance, event: str, **args: Any) -> str:
+        if _MONITOR.enabled:
+            return self._fire_monitored(event, args)
+        try:
+            fast = fire_table[self._state][event]
+        except KeyError:
+            self._check(event, args)  # raises: an unknown event, or none in this state
+            raise
+        if fast(self, args) >= 0:
+            return self._state
+        return self._fire_exact(event, args)
+
+    fire.__doc__ = CompiledInstance.fire.__doc__
+    return fire
+
+
 def compile_instance_type(d: Definition) -> type[CompiledInstance]:
-    table, source = generate_dispatch(d)
+    table, fire_table, source = generate_dispatch(d)
     check_invariants, check_source = generate_invariant_check(d)
+    init, snapshot, life_source = generate_lifecycle(d, CompiledInstance._slow_init)
     rows: dict[str, dict[str, list[Transition]]] = {}
     for t in d.transitions:
         rows.setdefault(t.source, {}).setdefault(t.event, []).append(t)
@@ -148,8 +182,12 @@ def compile_instance_type(d: Definition) -> type[CompiledInstance]:
         "__doc__": f"Compiled instance of {d.name} (generated from its declaration).",
         "definition": d,
         "_table": table,
+        "_fire_table": fire_table,
+        "fire": _make_fire(fire_table),
+        "__init__": init,
+        "snapshot": snapshot,
         "_rows": {s: {e: tuple(r) for e, r in evs.items()} for s, evs in rows.items()},
-        "_source": source + "\n" + check_source,
+        "_source": source + "\n" + check_source + "\n" + life_source,
         "_check_invariants": check_invariants,
         "_argspec": argspec,
         "_var_names": tuple(d.vars),
