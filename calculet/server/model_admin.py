@@ -116,6 +116,10 @@ class ManagedModelAdmin:
         self._lock = threading.Lock()
         self._drains: dict[str, OperationHandle] = {}
         self._unloaded: set[str] = set()
+        self._operations: dict[str, OperationHandle] = {}
+        """The last load, rollback or unload begun here, by alias (readiness reads it, never the actor)."""
+        self._starting: dict[str, str] = {}
+        """Operations asked for whose begin (§11 steps 1–4, queueing on the actor) has not returned, by alias."""
 
     # ------------------------------------------------------------------ ModelAdmin
 
@@ -162,6 +166,19 @@ class ManagedModelAdmin:
             return False
         return status.operation is None and status.queued_operations == 0
 
+    # ------------------------------------------------------------------ operations under way
+
+    def operation_in_progress(self) -> str | None:
+        """A load, rollback, unload or drain asked for here and not yet ended, e.g. ``load of 'qwen3'
+        (generation 2)`` — known without asking the engine's actor, which may be busy with that very
+        operation, so ``/health/ready`` answers 503 at once while a board loads or drains (§10–§12: a
+        balancer routes elsewhere before the load holds new requests)."""
+        with self._lock:
+            running = [f"{h.kind} of {h.alias!r} (generation {h.generation})"
+                       for h in (*self._operations.values(), *self._drains.values()) if not h.done()]
+            running += [f"{kind} of {alias!r} (starting)" for alias, kind in self._starting.items()]
+        return ", ".join(running) or None
+
     # ------------------------------------------------------------------ waiting
 
     def wait(self, alias: str, timeout: float | None = None) -> bool:
@@ -203,7 +220,15 @@ class ManagedModelAdmin:
             self._unloaded.discard(alias)
 
     def _finish(self, kind: str, alias: str, begin: Callable[[], OperationHandle]) -> Any:
-        handle = begin()
+        with self._lock:
+            self._starting[alias] = kind
+        try:
+            handle = begin()
+            with self._lock:
+                self._operations[alias] = handle
+        finally:
+            with self._lock:
+                self._starting.pop(alias, None)
         try:
             return handle.result(self._timeout_s)
         except TimeoutError:

@@ -188,6 +188,10 @@ class Service:
         """Ready while accepting and at least one model generation is Ready (§10)."""
         if not self.accepting:
             return False, "shutting down"
+        operation = getattr(self.admin, "operation_in_progress", None)  # ManagedModelAdmin; fakes may lack it
+        busy = operation() if operation is not None else None
+        if busy:
+            return False, f"model operation under way: {busy}"
         try:
             entries = self.admin.status()
         except CalculetError as exc:
