@@ -15,6 +15,7 @@ from typing import Annotated, Final, Literal
 
 from pydantic import Field, Strict, field_validator, model_validator
 
+from calculet.config.tracing import TracingConfig
 from calculet.config.base import (
     UINT16_MAX,
     FieldProblem,
@@ -207,4 +208,8 @@ class MonitoringConfig(Section):
     invariants: StrictBool = Field(
         True,
         description="Check every declared invariant after each transition at run time.",
+    )
+    tracing: TracingConfig = Field(
+        default_factory=TracingConfig,
+        description="OpenTelemetry request traces, exported with OTLP when an endpoint is set (off by default).",
     )

@@ -26,13 +26,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from calculet.errors import CalculetError
 from calculet.server.admin import admin_router
 from calculet.server.errors import APIError, from_calculet, internal
+from calculet.server.metrics_runtime import exposition
 from calculet.server.inference import inference_router
 from calculet.server.schemas import Health
 from calculet.server.service import Service
@@ -191,11 +191,13 @@ def _add_health_and_metrics(app: FastAPI, service: Service) -> None:
         return JSONResponse(Health(status="not_ready", detail=detail).model_dump(), status_code=503)
 
     @app.get("/metrics", tags=["metrics"], response_class=Response,
-             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}},
-                              "description": "Prometheus text format 0.0.4."}},
+             responses={200: {"content": {"text/plain": {"schema": {"type": "string"}},
+                                          "application/openmetrics-text": {"schema": {"type": "string"}}},
+                              "description": "Prometheus text format 0.0.4, or OpenMetrics 1.0 when Accept asks."}},
              summary="Prometheus metrics (§16)")
-    def metrics() -> Response:
-        return Response(generate_latest(service.registry), media_type=CONTENT_TYPE_PLAIN_0_0_4)
+    def metrics(request: Request) -> Response:
+        body, content_type = exposition(service.registry, request.headers.get("accept"))
+        return Response(body, media_type=content_type)
 
 
 def _openapi_without_422(app: FastAPI) -> Any:

@@ -1,23 +1,38 @@
-"""What only the service layer measures (§16 latency rows, §5.3 starvation, HTTP counts).
+"""What only the service layer measures (§16 latency rows, §5.3 starvation, HTTP counts, request phases).
 
 The engine's statistics (:mod:`calculet.server.metrics`) know nothing of HTTP arrival, the
 first byte a client saw or a client that went away; the service does. These histograms and
 counters are recorded as requests pass (not read at scrape time) and live in the same
 per-app registry as the engine collector. Names follow ``calculet_<component>_<what>_<unit>``;
 the only label values are configured tenant names and route templates (R16.9).
+
+The request phases — time queued before the first prefill job, prefill time, decode time per
+token — and the prompt tokens admitted are timed by :class:`RequestPhases` from the request's
+§2 state transitions (the engine's request observer, on the actor thread, on the engine's clock:
+a FakeClock in virtual-time tests). They are what vLLM exports as ``request_queue_time_seconds``,
+``request_prefill_time_seconds``, ``time_per_output_token_seconds`` and ``prompt_tokens_total``.
+Buckets are chosen for LLM serving: milliseconds per decode step on the NPU, seconds for a long
+prefill or a queue under overload, minutes only at the deadline's edge.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+from calculet.clock import Clock
 
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 ITL_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 E2E_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 HTTP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0)
+QUEUE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+PREFILL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+DECODE_TOKEN_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
+                        2.5)
 
 STARVATION_THRESHOLD_S = 30.0
 """A request still waiting for its first token after this long while a later arrival gets its
@@ -92,8 +107,20 @@ class ServiceMetrics:
                                   f"Requests still waiting after {starvation_threshold_s:g} s while a later "
                                   "arrival got its first token (§5.3).", ["tenant"], registry=registry)
         self.watch = StarvationWatch(lambda tenant: self.starvation.labels(tenant).inc(), starvation_threshold_s)
+        self.queue_time = Histogram("calculet_request_queue_time_seconds", "Arrival to the first prefill job "
+                                    "on the device: admission wait plus prefill queue (s).", ["tenant"],
+                                    buckets=QUEUE_BUCKETS, registry=registry)
+        self.prefill_time = Histogram("calculet_request_prefill_time_seconds", "First prefill job submitted to "
+                                      "the prompt's last prefill job done, chunks included (s).", ["tenant"],
+                                      buckets=PREFILL_BUCKETS, registry=registry)
+        self.decode_token = Histogram("calculet_request_decode_time_per_token_seconds", "A request's decode phase "
+                                      "(prefill done to last decode step) divided by its decode steps (s).",
+                                      ["tenant"], buckets=DECODE_TOKEN_BUCKETS, registry=registry)
+        self.prompt_tokens = Counter("calculet_request_prompt_tokens", "Prompt tokens of admitted requests.",
+                                     ["tenant"], registry=registry)
         for tenant in tenants:
-            for metric in (self.ttft, self.itl, self.e2e, self.generated, self.disconnects, self.starvation):
+            for metric in (self.ttft, self.itl, self.e2e, self.generated, self.disconnects, self.starvation,
+                           self.queue_time, self.prefill_time, self.decode_token, self.prompt_tokens):
                 metric.labels(tenant)
 
     def observe_request(self, tenant: str, arrival: float, token_times: Sequence[float], closed_at: float) -> None:
@@ -107,6 +134,60 @@ class ServiceMetrics:
         self.e2e.labels(tenant).observe(max(0.0, closed_at - arrival))
 
 
+
+_WAITING = frozenset({"new", "waiting_model", "waiting_admission"})
+_PREFILL = frozenset({"prefill_ready", "prefill_running"})
+_ENDED = frozenset({"completed", "cancelled", "failed"})
+
+
+class RequestPhases:
+    """Times each request's phases from its §2 transitions (the engine's request observer).
+
+    Called on the engine's actor thread for every transition; holds one small list per live
+    request (dropped at its terminal state), so memory is bounded by the admission budget.
+    A phase is observed once: queue time at the first prefill submit, prefill time when the
+    request leaves prefill, decode time per token when it leaves decode.
+    """
+
+    def __init__(self, metrics: ServiceMetrics, clock: Clock) -> None:
+        self._metrics = metrics
+        self._clock = clock
+        self._open: dict[int, list[Any]] = {}
+        """request id → [prefill start, decode start, decode steps]."""
+
+    def observe(self, rec: Any, source: str, target: str) -> None:
+        """``observer(rec, source, target)`` of the engine (a ``RequestRecord``)."""
+        if source == target:
+            return
+        key = rec.request_id
+        phase = self._open.get(key)
+        if phase is None:
+            phase = self._open[key] = [None, None, 0]
+        now = self._clock.now()
+        m = self._metrics
+        if target == "prefill_ready" and source in _WAITING:
+            m.prompt_tokens.labels(rec.tenant).inc(rec.prompt_tokens)
+        elif target == "prefill_running" and phase[0] is None:
+            phase[0] = now
+            m.queue_time.labels(rec.tenant).observe(max(0.0, now - rec.arrival))
+        elif source == "prefill_running" and target not in _PREFILL:
+            m.prefill_time.labels(rec.tenant).observe(max(0.0, now - phase[0]))
+            phase[1] = now
+        elif source == "decode_running" and target in ("decode_ready", "finishing"):
+            phase[2] += 1
+        if target in _ENDED or (target == "finishing" and source == "decode_running"):
+            if phase[1] is not None and phase[2]:
+                m.decode_token.labels(rec.tenant).observe(max(0.0, now - phase[1]) / phase[2])
+                phase[1] = None
+            if target in _ENDED:
+                del self._open[key]
+
+    @property
+    def open(self) -> int:
+        """Requests being timed (for tests: 0 once every request ended)."""
+        return len(self._open)
+
+
 def make_registry() -> CollectorRegistry:
     """A registry private to one app (tests run several services in one process).
 
@@ -117,4 +198,4 @@ def make_registry() -> CollectorRegistry:
     return CollectorRegistry(auto_describe=False)
 
 
-__all__ = ["STARVATION_THRESHOLD_S", "ServiceMetrics", "StarvationWatch", "make_registry"]
+__all__ = ["STARVATION_THRESHOLD_S", "RequestPhases", "ServiceMetrics", "StarvationWatch", "make_registry"]

@@ -30,9 +30,11 @@ from calculet.server.auth import AdminGuard, TenantDirectory
 from calculet.server.errors import APIError
 from calculet.server.lifecycle import EngineLifecycle
 from calculet.server.metrics import EngineCollector, ServedModelFacts
+from calculet.server.metrics_runtime import add_process_collectors
 from calculet.server.model_admin import ManagedModelAdmin, ModelAdmin
-from calculet.server.request_metrics import ServiceMetrics, make_registry
+from calculet.server.request_metrics import RequestPhases, ServiceMetrics, make_registry
 from calculet.server.timed_stream import TimedStream
+from calculet.server.tracing import RequestTracer, otlp_provider
 
 log = logging.getLogger("calculet.server")
 
@@ -49,6 +51,9 @@ class ServiceOptions:
     """Worker threads for blocking engine calls (submit, statistics)."""
     device_label: str = "simulated NPU (calculet.adapters.sim)"
     """Where the device facts come from, shown next to every capability."""
+    tracer_provider: Any = None
+    """An OpenTelemetry ``TracerProvider`` to trace requests with (tests, benchmarks); None follows
+    ``monitoring.tracing`` (off unless an OTLP endpoint is configured)."""
     capabilities: DeviceCapabilities | None = None
     """The contract offered (bring-up's ``BroughtUp.offered()``: above C3 only with conformance evidence,
     #18); None: the engine's package contract as it is."""
@@ -81,10 +86,22 @@ class Service:
         self.registry.register(EngineCollector(statistics=lambda: engine.statistics(timeout=self.submit_timeout_s),
                                                models=self.admin.status, config=config,
                                                facts=ServedModelFacts(self.info.profiles, kv_tokens)))
+        add_process_collectors(self.registry)
+        self.phases = RequestPhases(self.metrics, engine.clock)
+        provider = options.tracer_provider or otlp_provider(config.monitoring.tracing)
+        self.tracer = (RequestTracer(provider, engine.clock, job=engine.job, alias=self.alias)
+                       if provider is not None else None)
+        engine.set_observer(self.phases.observe if self.tracer is None else self._observe_traced)
         self.limiter = anyio.CapacityLimiter(options.max_threads)
         self._accepting = True
         self._streams = 0
         self._streams_cv = threading.Condition()
+
+    def _observe_traced(self, rec: Any, source: str, target: str) -> None:
+        """(actor thread) Every request transition: its phase histograms, then its trace."""
+        self.phases.observe(rec, source, target)
+        assert self.tracer is not None
+        self.tracer.observe(rec, source, target)
 
     # ------------------------------------------------------------------ lifecycle
 

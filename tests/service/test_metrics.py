@@ -1,4 +1,8 @@
-"""GET /metrics (§16): parses, holds every row of §16, and no label carries a request or job id."""
+"""GET /metrics (§16): parses, holds every row of §16 (histograms included), passes ``promtool check metrics``,
+negotiates OpenMetrics, carries the process collectors, and no label carries a request or job id.
+
+The values of each row after a scripted scenario are checked in ``test_metrics_values.py``.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,9 @@ import re
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+
+from tests.service.promtool import run_promtool
 from tests.service.support import ALIAS, TENANT_KEYS, RunningServer, families_value
 
 # Family names as the parser reports them (counters without their `_total` suffix).
@@ -20,34 +27,43 @@ SECTION_16: dict[str, tuple[str, ...]] = {
                   "calculet_admission_tenant_qps_limit_requests_per_second", "calculet_admission_budget_sequences",
                   "calculet_admission_budget_waiting_requests", "calculet_admission_budget_waiting_prompt_tokens"),
     "queues": ("calculet_queue_depth_requests", "calculet_queue_oldest_wait_seconds",
-               "calculet_queue_service_opportunities", "calculet_prefill_deadline_first"),
+               "calculet_queue_service_opportunities", "calculet_prefill_deadline_first",
+               "calculet_request_waiting_requests", "calculet_request_running_requests"),
     "batch": ("calculet_batch_compiled_size_lanes", "calculet_batch_active_lanes", "calculet_batch_fill_ratio",
               "calculet_batch_wait_avg_seconds", "calculet_batch_wait_max_seconds", "calculet_batch_lane_waste_lanes",
               "calculet_batch_profile_info", "calculet_decode_step_estimate_seconds",
-              "calculet_decode_token_seconds"),
+              "calculet_decode_token_seconds", "calculet_batch_wait_seconds"),
     "kv": ("calculet_kv_sequences", "calculet_kv_used_tokens", "calculet_kv_reserved_tokens",
            "calculet_kv_lane_wait_refusals", "calculet_kv_unknown_sequences", "calculet_kv_free_latency_avg_seconds",
-           "calculet_kv_free_latency_max_seconds"),
+           "calculet_kv_free_latency_max_seconds", "calculet_kv_free_latency_seconds", "calculet_kv_usage_ratio"),
     "executor": ("calculet_executor_inflight_jobs", "calculet_executor_engine_inflight_jobs",
                  "calculet_executor_submit_rc", "calculet_executor_wait_rc", "calculet_executor_device_status",
                  "calculet_executor_jobs", "calculet_executor_mailbox_messages",
-                 "calculet_executor_mailbox_pending_messages"),
+                 "calculet_executor_mailbox_pending_messages", "calculet_engine_tick_host_seconds"),
     "model": ("calculet_model_generation", "calculet_model_state", "calculet_model_phase_duration_seconds"),
     "fairness": ("calculet_fairness_service_tokens", "calculet_fairness_virtual_lag_tokens",
                  "calculet_fairness_starvation_events"),
     "recovery": ("calculet_recovery_faults", "calculet_recovery_quarantined_jobs",
                  "calculet_recovery_quarantined_buffer_pairs", "calculet_recovery_quarantined_kv_sequences",
                  "calculet_recovery_resets", "calculet_recovery_restarts", "calculet_recovery_time_avg_seconds",
-                 "calculet_recovery_time_max_seconds"),
+                 "calculet_recovery_time_max_seconds", "calculet_recovery_time_seconds"),
     "latency": ("calculet_request_ttft_seconds", "calculet_request_inter_token_latency_seconds",
-                "calculet_request_e2e_latency_seconds"),
+                "calculet_request_e2e_latency_seconds", "calculet_request_queue_time_seconds",
+                "calculet_request_prefill_time_seconds", "calculet_request_decode_time_per_token_seconds",
+                "calculet_request_prompt_tokens", "calculet_request_generated_tokens"),
+    "process": ("process_cpu_seconds", "process_resident_memory_bytes", "process_open_fds", "python_info",
+                "python_gc_collections"),
     "invariants": ("calculet_invariant_violations",),
 }
 
 ALLOWED_LABELS = {"tenant", "queue", "state", "reason", "decision", "limit", "rc", "engine", "kind", "status",
                   "alias", "phase", "machine", "invariant", "compiled_batch", "tier", "route", "method", "stage",
-                  "result", "mode", "transition", "le"}
+                  "result", "mode", "transition", "le",
+                  # prometheus-client's platform and GC collectors: fixed by the interpreter, bounded
+                  "implementation", "major", "minor", "patchlevel", "version", "generation"}
 NAME = re.compile(r"^calculet_[a-z0-9]+(_[a-z0-9]+)+$")
+DEFAULT_COLLECTORS = re.compile(r"^(process|python)_[a-z0-9_]+$")
+"""prometheus-client's process and platform collectors keep their standard names (every dashboard reads them)."""
 
 
 def _traffic(server: RunningServer, n: int) -> list[str]:
@@ -69,7 +85,8 @@ def test_every_section_16_row_is_exported_and_parses(server: RunningServer) -> N
     missing = {row: [n for n in names if n not in families] for row, names in SECTION_16.items()}
     assert not any(missing.values()), missing
     for name in families:
-        assert NAME.match(name), f"{name} does not follow calculet_<component>_<what>_<unit>"
+        assert NAME.match(name) or DEFAULT_COLLECTORS.match(name), \
+            f"{name} does not follow calculet_<component>_<what>_<unit>"
     queues = {s.labels["queue"] for s in families["calculet_queue_depth_requests"].samples}
     assert queues == {"decode", "short", "medium", "long"}
     rcs = {s.labels["rc"] for s in families["calculet_executor_submit_rc"].samples}
@@ -156,3 +173,39 @@ def test_on_time_decisions_are_exported_with_bounded_labels(server: RunningServe
     assert families_value(after, "calculet_scheduler_on_time_replans") >= 1  # every admission replans
     assert families_value(after, "calculet_scheduler_decode_cap_streams") == 0  # no ITL target configured
     assert families_value(after, "calculet_scheduler_at_risk_sequences") >= 0
+
+
+@pytest.mark.req("R16.9")
+def test_a_scrape_after_load_passes_promtool_check_metrics_without_warning(server: RunningServer) -> None:
+    """Issue #19: Prometheus' own linter finds nothing to say (names, units, _total, HELP) after traffic."""
+    _traffic(server, 6)
+    checked = run_promtool("check", "metrics", stdin=server.metrics_text())
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert (checked.stdout + checked.stderr).strip() == "", checked.stdout + checked.stderr
+
+
+def test_openmetrics_is_negotiated_on_the_accept_header(server: RunningServer) -> None:
+    """Issue #19: a scraper asking for OpenMetrics gets it (# EOF, parseable); anyone else gets text 0.0.4."""
+    with server.http() as http:
+        plain = http.get("/metrics")
+        om = http.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0,text/plain;q=0.5"})
+    assert plain.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert om.headers["content-type"].startswith("application/openmetrics-text; version=1.0.0")
+    assert om.text.endswith("# EOF\n")
+    families = {f.name: f for f in openmetrics_families(om.text)}
+    assert "calculet_batch_wait_seconds" in families and families["calculet_batch_wait_seconds"].type == "histogram"
+    assert families["calculet_admission_decisions"].type == "counter"
+    assert "process_cpu_seconds" in families
+
+
+def test_process_and_platform_collectors_report_this_process(server: RunningServer) -> None:
+    """Issue #19: process_* and python_* from prometheus-client's default collectors, in the app's registry."""
+    import os
+    import platform
+    parsed = server.metrics()
+    assert families_value(parsed, "process_resident_memory_bytes") > 1_000_000
+    assert families_value(parsed, "process_open_fds") >= 3
+    info = parsed["python_info"][0].labels
+    assert info["version"] == platform.python_version()
+    assert families_value(parsed, "process_start_time_seconds") > 0
+    assert os.getpid() > 0

@@ -133,6 +133,15 @@ class ThreadedEngine:
             return self._core.statistics(self._mailbox.statistics())
         return self._call(lambda: self._core.statistics(self._mailbox.statistics()), timeout)
 
+    def set_observer(self, observer: Callable[[RequestRecord, str, str], None] | None) -> None:
+        """Install the request-transition observer (called on the actor thread); before ``start()``."""
+        self._core._observer = observer
+
+    @property
+    def clock(self) -> Clock:
+        """The engine's clock (request arrivals and every instant an observer sees are on it)."""
+        return self._core.clock
+
     def job(self, job_id: int) -> JobRecord | None:
         """(the actor thread only, e.g. a request ``observer``) The scheduler's record of a planned job."""
         return self._core.scheduler.jobs.get(job_id)

@@ -355,8 +355,7 @@ class Scheduler:
         return SchedulerStatistics(
             self.generations.generation, self.generations.availability.value, self.registry.statistics(),
             self.admission.statistics(), self.prefill.statistics(), self.decode.statistics(self._clock.now()),
-            self.kv.statistics(),
-            self.jobs.statistics(), self.arbiter.picks(), completions.stale, completions.anomalies,
+            self.kv.statistics(), self.jobs.statistics(), self.arbiter.picks(), completions.stale, completions.anomalies,
             len(self._commands), self.step_times.statistics(),
             None if self.on_time is None else self.on_time.statistics())
 

@@ -1,0 +1,177 @@
+"""Request traces with OpenTelemetry (§16: request and job ids go to traces and logs, never to metric labels).
+
+Why: a metric says the p99 queue time rose; a trace says which request waited, in which queue,
+behind which prefill jobs, and in which decode batches (id, compiled profile, lanes) it then
+ran. One trace per request:
+
+``calculet.request``            arrival → terminal state (request id, tenant, token counts, outcome)
+  ``calculet.admission``        arrival → the §5.2 decision (admit / queue / reject)
+  ``calculet.queue_wait``       the decision → its first prefill job on the device (queue class)
+  ``calculet.prefill``          one per prefill job or chunk (job id)
+  ``calculet.decode_batch``     one per decode batch the request had a lane in (job id, profile, lanes, engine)
+
+Spans are built at the server/engine boundary from what the engine already reports: the
+request's §2 transitions (the engine's request observer, on the actor thread) and the scheduler's
+record of each planned job (``engine.job(job_id)``); the runtime knows nothing of tracing. Span
+times are the engine clock's instants mapped onto the wall clock once, so a FakeClock gives
+exact durations in tests. No prompt or completion text is ever an attribute, only counts.
+
+Off by default: without ``monitoring.tracing.otlp_endpoint`` no tracer exists and the observer is
+not installed (no cost per transition). With one, spans go through a batching processor to an
+OTLP/HTTP exporter (``opentelemetry-exporter-otlp-proto-http``). Tests pass their own provider
+(the SDK's in-memory exporter).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.trace import Span, Status, StatusCode
+
+from calculet.clock import Clock
+from calculet.config.tracing import TracingConfig
+
+log = logging.getLogger("calculet.server.tracing")
+
+__all__ = ["RequestTracer", "otlp_provider"]
+
+_DECIDING = frozenset({"new", "waiting_model"})
+_ENDED = frozenset({"completed", "cancelled", "failed"})
+_DECISION = {"prefill_ready": "admit", "waiting_admission": "queue"}
+
+
+def otlp_provider(config: TracingConfig) -> TracerProvider | None:
+    """The provider exporting to ``config.otlp_endpoint`` with OTLP/HTTP; None when tracing is off."""
+    if config.otlp_endpoint is None:
+        return None
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    provider = TracerProvider(resource=Resource.create({"service.name": config.service_name}),
+                              sampler=ParentBased(TraceIdRatioBased(config.sample_ratio)))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=config.otlp_endpoint)))
+    log.info("request tracing on", extra={"otlp_endpoint": config.otlp_endpoint,
+                                          "sample_ratio": config.sample_ratio})
+    return provider
+
+
+class _Trace:
+    """The open spans of one request."""
+
+    __slots__ = ("root", "context", "phase", "batch")
+
+    def __init__(self, root: Span) -> None:
+        self.root = root
+        self.context = trace.set_span_in_context(root)
+        self.phase: Span | None = None
+        """The open admission / queue-wait / prefill span."""
+        self.batch: Span | None = None
+        """The open decode-batch span."""
+
+
+class RequestTracer:
+    """Turns a request's §2 transitions into its span tree (the engine's request observer).
+
+    ``job(job_id)`` is the scheduler's record of a planned job (``ThreadedEngine.job``), read on the
+    actor thread while the observer runs; ``alias`` names the served model in every root span.
+    """
+
+    def __init__(self, provider: trace.TracerProvider, clock: Clock, *,
+                 job: Callable[[int], Any] | None = None, alias: str = "") -> None:
+        self._tracer = provider.get_tracer("calculet.server.tracing")
+        self._clock = clock
+        self._job = job
+        self._alias = alias
+        self._offset_ns = time.time_ns() - int(clock.now() * 1e9)
+        self._open: dict[int, _Trace] = {}
+
+    def _ns(self, at: float) -> int:
+        return self._offset_ns + int(at * 1e9)
+
+    def observe(self, rec: Any, source: str, target: str) -> None:
+        """``observer(rec, source, target)`` of the engine (a ``RequestRecord``)."""
+        if source == target:
+            return
+        now = self._ns(self._clock.now())
+        tr = self._open.get(rec.request_id)
+        if tr is None:
+            tr = self._open[rec.request_id] = self._start(rec)
+        if source in _DECIDING and target not in _DECIDING:
+            self._end(tr, now, decision=_DECISION.get(target, "reject"))
+            if target in ("prefill_ready", "waiting_admission"):
+                tr.phase = self._child(tr, "calculet.queue_wait", now, {"calculet.queue": rec.prefill_class or "none"})
+        if target == "prefill_running":
+            self._end(tr, now)
+            tr.phase = self._child(tr, "calculet.prefill", now, {"calculet.batch.id": rec.job_id,
+                                                                  "calculet.queue": rec.prefill_class})
+        elif source == "prefill_running":
+            self._end(tr, now)
+            if target == "prefill_ready":  # the next chunk waits in its queue again
+                tr.phase = self._child(tr, "calculet.queue_wait", now, {"calculet.queue": rec.prefill_class})
+        if target == "decode_running":
+            tr.batch = self._child(tr, "calculet.decode_batch", now, self._batch_attributes(rec.job_id))
+        elif source == "decode_running" and tr.batch is not None:
+            tr.batch.set_attribute("calculet.batch.ok", target in ("decode_ready", "finishing"))
+            tr.batch.end(end_time=now)
+            tr.batch = None
+        if target in _ENDED:
+            self._finish(rec, tr, target, now)
+
+    @property
+    def open(self) -> int:
+        """Requests whose trace is still open (0 once every request ended)."""
+        return len(self._open)
+
+    # ------------------------------------------------------------------ internals
+
+    def _start(self, rec: Any) -> _Trace:
+        start = self._ns(rec.arrival)
+        root = self._tracer.start_span("calculet.request", start_time=start, attributes={
+            "calculet.request.id": rec.request_id, "calculet.tenant": rec.tenant, "calculet.model": self._alias,
+            "calculet.prompt_tokens": rec.prompt_tokens, "calculet.max_new_tokens": rec.max_new_tokens})
+        tr = _Trace(root)
+        tr.phase = self._child(tr, "calculet.admission", start, {})
+        return tr
+
+    def _child(self, tr: _Trace, name: str, start: int, attributes: dict[str, Any]) -> Span:
+        return self._tracer.start_span(name, context=tr.context, start_time=start, attributes=attributes)
+
+    @staticmethod
+    def _end(tr: _Trace, now: int, **attributes: str) -> None:
+        span = tr.phase
+        if span is not None:
+            for key, value in attributes.items():
+                span.set_attribute(f"calculet.{key}", value)
+            span.end(end_time=now)
+            tr.phase = None
+
+    def _batch_attributes(self, job_id: int) -> dict[str, Any]:
+        attributes: dict[str, Any] = {"calculet.batch.id": job_id}
+        job = self._job(job_id) if self._job is not None else None
+        if job is not None:
+            attributes["calculet.batch.profile"] = int(job.machine.lanes)
+            attributes["calculet.batch.engine"] = job.engine.name.lower()
+            active = getattr(job.work, "active", None)
+            if active is not None:
+                attributes["calculet.batch.lanes"] = len(active)
+        return attributes
+
+    def _finish(self, rec: Any, tr: _Trace, target: str, now: int) -> None:
+        self._end(tr, now)
+        if tr.batch is not None:
+            tr.batch.end(end_time=now)
+        root = tr.root
+        root.set_attribute("calculet.outcome", target)
+        root.set_attribute("calculet.generation", rec.generation)
+        root.set_attribute("calculet.generated_tokens", rec.machine.generated_tokens)
+        if target == "failed":
+            root.set_status(Status(StatusCode.ERROR, rec.detail[:200] if rec.detail else "failed"))
+        root.end(end_time=now)
+        del self._open[rec.request_id]
