@@ -98,14 +98,19 @@ def installed_entry_points() -> Iterable[metadata.EntryPoint]:
 class DeviceRegistry:
     """The device plug-ins the installed distributions register, found by name."""
 
-    source: EntryPointSource = installed_entry_points
+    source: EntryPointSource | None = None
+    """None: the installed distributions' table (:func:`installed_entry_points`, looked up at each call)."""
+
+    def _entries(self) -> list[metadata.EntryPoint]:
+        source = self.source if self.source is not None else installed_entry_points
+        return [ep for ep in source() if ep.group == ENTRY_POINT_GROUP]
 
     def names(self) -> tuple[str, ...]:
-        return tuple(sorted({ep.name for ep in self.source() if ep.group == ENTRY_POINT_GROUP}))
+        return tuple(sorted({ep.name for ep in self._entries()}))
 
     def load(self, name: str) -> DevicePlugin:
         """The plug-in registered as ``name``; :class:`ConfigError` naming the known ones otherwise."""
-        found = [ep for ep in self.source() if ep.group == ENTRY_POINT_GROUP and ep.name == name]
+        found = [ep for ep in self._entries() if ep.name == name]
         if not found:
             known = ", ".join(self.names()) or "none"
             raise ConfigError(f"device: no device plug-in named {name!r} (entry-point group {ENTRY_POINT_GROUP!r}; "
