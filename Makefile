@@ -2,6 +2,11 @@
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
+# What each target installs (pyproject extras): `run` only what serving needs, `test` adds the test
+# extras, `bench` the bench extras; STAMP is the whole development install (both).
+STAMP_RUN := $(VENV)/.installed-run
+STAMP_TEST := $(VENV)/.installed-test
+STAMP_BENCH := $(VENV)/.installed-bench
 STAMP := $(VENV)/.installed
 
 .PHONY: run test bench soak specs verify verify-full clean help system-tools
@@ -14,11 +19,21 @@ help:
 	@echo "make bench    run the benchmarks (figures, not pass/fail)"
 	@echo "make soak     deep fuzzing, the slow tests, and a 24 h virtual-time soak with faults"
 
-$(STAMP): pyproject.toml
+$(STAMP_RUN): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python >= 3.11) on PATH"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -e .
+	touch $(STAMP_RUN)
+
+$(STAMP_TEST): $(STAMP_RUN)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $(STAMP_TEST)
+
+$(STAMP_BENCH): $(STAMP_RUN)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[bench]'
+	touch $(STAMP_BENCH)
+
+$(STAMP): $(STAMP_TEST) $(STAMP_BENCH)
 	touch $(STAMP)
 
 # System parts the tests drive for real (HAProxy for the fleet, promtool for metrics and alert rules),
@@ -34,12 +49,13 @@ system-tools:
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	fi
 
-run: $(STAMP)
+run: $(STAMP_RUN)
 	$(PY) -m calculet.run
 
 # Two workers on CI's two cores (pytest-xdist); the slow tier runs in `make soak`.
-test: $(STAMP) system-tools
-	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -n auto -m "not slow"
+# --dist loadgroup: the fleet tests (one HAProxy + 3 boards, tests/fleet) stay on one worker.
+test: $(STAMP_TEST) system-tools
+	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -n auto --dist loadgroup -m "not slow"
 
 specs: $(STAMP)
 	$(PY) -m calculet.specgen
@@ -50,7 +66,7 @@ verify: $(STAMP)
 verify-full: $(STAMP)
 	$(PY) -m calculet.verify
 
-bench: $(STAMP)
+bench: $(STAMP_BENCH) system-tools
 	@for script in bench/*.py; do echo "== $$script"; $(PY) $$script || exit 1; done
 
 soak: $(STAMP)
