@@ -22,7 +22,9 @@ once at risk it stays so (running every step gains it slack, and dropping back w
 oscillate on the edge of its deadline).
 
 A tick (``build_decode_batch``) merges the tenants' heads in a heap of at most T entries and
-pops at most ``compiled_batch`` candidates: O(T + B log n), never a sort of everything. A
+pops at most ``compiled_batch`` candidates: O(T + B log n), never a sort of everything, where T
+counts only tenants with ready work (a tenant's heap leaves the index once found empty, so
+configured or formerly busy tenants cost nothing, issue #20). A
 tenant that reaches its lane cap (``batch.max_tenant_lane_share``) drops out of the merge,
 and comes back only if no other tenant has a candidate (§7.2 item 3). Removal (cancel,
 deadline, failure) marks the heap entry dead in O(1).
@@ -153,6 +155,8 @@ class _Bucket:
 
     def __init__(self) -> None:
         self.tenants: dict[str, list[list[Any]]] = {}
+        """The index of tenants with ready work: a tenant's heap is dropped once it is found empty
+        (issue #20: a tick must not walk the tenants that have none)."""
         self.since: list[tuple[float, int, list[Any]]] = []
         self.count = 0
         self.watch: list[tuple[float, int, list[Any]]] = []
@@ -173,11 +177,13 @@ def _tenant_heads(tenants: dict[str, list[list[Any]]], names: Iterable[str]) -> 
     seq) — the seq is unique, so the tenant and the record are never compared.
     """
     heads: list[tuple[list[Any], str]] = []
-    for tenant in names:
+    for tenant in tuple(names):
         heap = tenants[tenant]
         _clean(heap)
         if heap:
             heads.append((heap[0], tenant))
+        else:  # the index holds tenants with work only: a tick costs O(tenants with work)
+            del tenants[tenant]
     heapq.heapify(heads)
     return heads
 
@@ -473,7 +479,10 @@ class DecodeScheduler:
         self._seq += 1
         entry = [rec.deadline, rec.decode_tag, rec.virtual_finish, self._seq, rec]
         rec.entry = entry
-        heapq.heappush(bucket.tenants[rec.tenant], entry)
+        heap = bucket.tenants.get(rec.tenant)
+        if heap is None:
+            heap = bucket.tenants[rec.tenant] = []
+        heapq.heappush(heap, entry)
         if self.window_s > 0:
             heapq.heappush(bucket.since, (rec.ready_since, self._seq, entry))
             heapq.heappush(bucket.deadlines, (rec.deadline, self._seq, entry))
@@ -536,7 +545,9 @@ class DecodeScheduler:
                 heapreplace(heads, (heap[0], tenant))
                 continue
             heappop(heads)
-            if heap:
+            if not heap:
+                del tenants[tenant]
+            else:
                 capped.append(tenant)
                 if len(chosen) < size:
                     self._cap_hits += 1
