@@ -29,9 +29,11 @@ from typing import Any, Protocol
 
 import z3
 
-from calculet.invariants.checks import (CheckResult, Counterexample, Progress, as_bool, initial_instance,
-                                        invariants_hold, post_state, read_args, read_state, takes)
+from calculet.invariants.checks import (RLIMIT_SEARCH, CheckResult, Counterexample, Progress, as_bool,
+                                        initial_instance, invariants_hold, post_state, read_args, read_state,
+                                        solver, takes)
 from calculet.logic.symbolic import SymbolicVars, arg_domain, symbolic_args, type_domain
+from calculet.invariants.pool_reduction import reduction
 from calculet.machines.pool import PoolDefinition, PoolView
 
 
@@ -81,14 +83,13 @@ def check_pool_induction(p: PoolDefinition, n: int, progress: Progress | None = 
     d = p.instance.definition
     results = []
     for t in d.transitions:
-        start = time.perf_counter()
+        start = time.process_time()
         ev = d.events[t.event]
         lanes, ghosts = _lanes(p, n, "")
         params = _pool_params(p)
         view = PoolView(lanes, params, ghosts)
         args = symbolic_args(ev)
-        s = z3.Solver()
-        s.set("timeout", 30000)
+        s = solver()
         s.add(*_param_domain(p, params), *_ghost_domain(p, ghosts), *arg_domain(ev, args))
         for lane in lanes:
             s.add(*lane.domain(), *[as_bool(x) for x in invariants_hold(d, lane)])
@@ -114,13 +115,13 @@ def check_pool_induction(p: PoolDefinition, n: int, progress: Progress | None = 
                                         pre=_pool_state(m, p, lanes, ghosts, params),
                                         args=read_args(m, d, t.event, args),
                                         post=_pool_state(m, p, [moved] + lanes[1:], post_ghosts, params))
-                failure = CheckResult("pool-induction", p.name, t.name, False, time.perf_counter() - start,
+                failure = CheckResult("pool-induction", p.name, t.name, False, time.process_time() - start,
                                       f"N={n}: breaks {name} ({rid})" if verdict == z3.sat
                                       else f"N={n}: {name}: solver answered {verdict}", cx, queries=len(goals))
                 s.pop()
                 break
             s.pop()
-        results.append(failure or CheckResult("pool-induction", p.name, t.name, True, time.perf_counter() - start,
+        results.append(failure or CheckResult("pool-induction", p.name, t.name, True, time.process_time() - start,
                                               f"N={n}: {len(goals)} properties preserved", queries=len(goals)))
         if progress:
             progress(t.name)
@@ -136,7 +137,7 @@ def _initial_is_neutral(p: PoolDefinition, n: int) -> bool:
     extra_ghost = {g: z3.IntVal(0) for g in p.ghosts}
     small = PoolView(lanes, params, ghosts)
     big = PoolView(lanes + [extra], params, ghosts + [extra_ghost])
-    s = z3.Solver()
+    s = solver()
     s.add(*_param_domain(p, params), *_ghost_domain(p, ghosts))
     for lane in lanes:
         s.add(*lane.domain())
@@ -201,7 +202,7 @@ def check_pool_bmc(p: PoolDefinition, n: int, depth: int, progress: Progress | N
     Pool invariants are searched always; each instance's own invariants and step properties
     (already proved by per-machine induction) only with ``instance_properties``.
     """
-    start = time.perf_counter()
+    start = time.process_time()
     subject = f"N={n}, depth≤{depth}"
     encoded = min(n, depth)
     if encoded < n and not _initial_is_neutral(p, 2):
@@ -210,17 +211,32 @@ def check_pool_bmc(p: PoolDefinition, n: int, depth: int, progress: Progress | N
     if found is not None:
         name, rid = found.broken[0]
         cx = Counterexample(name, rid, found.trace[-1].get("transition", ""), trace=found.trace)
-        return CheckResult("pool-bmc", p.name, subject, False, time.perf_counter() - start,
+        return CheckResult("pool-bmc", p.name, subject, False, time.process_time() - start,
                            f"reachable at depth {found.depth}: breaks {name} ({rid})", cx, queries=1)
     if verdict != z3.unsat:
-        return CheckResult("pool-bmc", p.name, subject, False, time.perf_counter() - start,
+        return CheckResult("pool-bmc", p.name, subject, False, time.process_time() - start,
                            f"solver answered {verdict}", queries=1)
     how = f"{encoded} encoded by symmetry" if encoded < n else f"{n} encoded"
-    return CheckResult("pool-bmc", p.name, subject, True, time.perf_counter() - start,
+    return CheckResult("pool-bmc", p.name, subject, True, time.process_time() - start,
                        f"no property broken in any run of ≤{depth} steps over {n} lanes ({how})", queries=depth)
 
 
 PoolFrame = tuple[list[SymbolicVars], list[dict[str, Any]]]  # instances and their ghosts
+
+
+def _distances(d: Any) -> dict[str, int]:
+    """The fewest transitions from the initial state to each state of the instance machine."""
+    dist = {d.initial: 0}
+    frontier = [d.initial]
+    while frontier:
+        reached = []
+        for state in frontier:
+            for t in d.transitions_from(state):
+                if t.target not in dist:
+                    dist[t.target] = dist[state] + 1
+                    reached.append(t.target)
+        frontier = reached
+    return dist
 
 
 class _PoolUnrolling:
@@ -234,8 +250,7 @@ class _PoolUnrolling:
         self.params = _pool_params(p)
         lanes = [initial_instance(d, f"_0_{j}") for j in range(encoded)]
         ghosts = [{g: z3.IntVal(0) for g in p.ghosts} for _ in range(encoded)]
-        self.solver = s = z3.SolverFor("QF_LIA")
-        s.set("timeout", 300000)
+        self.solver = s = solver("QF_LIA", RLIMIT_SEARCH, search=True)
         s.add(*_param_domain(p, self.params))
         for lane in lanes:
             s.add(*lane.domain()[2:])  # instance parameters in their domains (fixed for the run)
@@ -243,12 +258,13 @@ class _PoolUnrolling:
         self.choices: list[tuple[Any, Any, dict[str, dict[str, Any]]]] = []
         self.all_props: list[list[tuple[str, str, Any]]] = []
         self.highest: Any = z3.IntVal(-1)  # the highest instance moved so far (symmetry breaking)
-        # Partial-order reduction: rows whose pool op has no guard and writes only their own ghosts
-        # read and write only their own instance, so two such steps on different instances commute
-        # and only the order with the lower instance first is explored. Every reachable state stays
-        # reachable (the last state of each reordered run is the same), and every depth's state is
-        # checked, so no reachable violation is missed.
-        self.local_rows = [i for i, t in enumerate(self.rows) if p.ops[t.event].guard is None]
+        # Partial-order reduction (the canonical runs of calculet.invariants.pool_reduction, each
+        # rule proved on this declaration first) and the fewest steps from the initial state to
+        # each state: lane j is first touched at step j+1 at the earliest, so before step k it has
+        # moved at most k-1-j times and only rows from states that close are encoded for it.
+        self.reduction = reduction(p, encoded, lemmas=not instance_properties)
+        self.local_rows = sorted(self.reduction.local)
+        self.distance = _distances(d)
         self.previous: tuple[Any, Any] | None = None
 
     def unroll(self, k: int) -> None:
@@ -258,15 +274,19 @@ class _PoolUnrolling:
         view = PoolView(prev_lanes, self.params, prev_ghosts)
         lane_sel, row_sel = z3.Int(f"lane_sel_{k}"), z3.Int(f"row_sel_{k}")
         step_args = {e: symbolic_args(ev, f"_s{k}") for e, ev in d.events.items()}
-        s.add(lane_sel >= 0, lane_sel < self.encoded, lane_sel <= self.highest + 1, row_sel >= 0,
+        s.add(lane_sel >= 0, lane_sel < min(self.encoded, k), lane_sel <= self.highest + 1, row_sel >= 0,
               row_sel < len(self.rows))
         self.highest = z3.If(lane_sel > self.highest, lane_sel, self.highest)
+        is_local = z3.Or(*[row_sel == i for i in self.local_rows]) if self.local_rows else z3.BoolVal(False)
         if self.previous is not None:
-            prev_lane, prev_row = self.previous
-            both_local = z3.And(z3.Or(*[prev_row == i for i in self.local_rows]),
-                                z3.Or(*[row_sel == i for i in self.local_rows]))
-            s.add(z3.Implies(both_local, lane_sel >= prev_lane))
-        self.previous = (lane_sel, row_sel)
+            prev_lane, prev_local = self.previous
+            other = lane_sel != prev_lane
+            s.add(z3.Implies(z3.And(prev_local, is_local, other), lane_sel > prev_lane))
+            if self.reduction.guarded_commute:
+                s.add(z3.Implies(z3.And(z3.Not(prev_local), z3.Not(is_local), other), lane_sel > prev_lane))
+            if self.reduction.local_first:
+                s.add(z3.Not(z3.And(z3.Not(prev_local), is_local, other)))
+        self.previous = (lane_sel, is_local)
         s.add(*[c for e, ev in d.events.items() for c in arg_domain(ev, step_args[e])])
         new_lanes, new_ghosts, options = [], [], []
         for j in range(self.encoded):
@@ -290,19 +310,23 @@ class _PoolUnrolling:
         row; appends to ``options`` when each (instance, row) choice is allowed."""
         d, p = self.d, self.p
         prev = frame[0][j]
+        rows = [(r, t) for r, t in enumerate(self.rows) if self.distance.get(t.source, k) <= k - 1 - j]
+        if not rows:  # this lane cannot move yet: it is the same terms
+            return prev, dict(frame[1][j])
         nxt = SymbolicVars(d, f"_{k}_{j}", values={q: prev.value(q) for q in d.params})
         nxt_ghost = {g: z3.Int(f"{g}_{k}_{j}") for g in p.ghosts}
         state_term: Any = prev.state
         var_terms = {name: prev.value(name) for name in d.vars}
         ghost_terms = dict(frame[1][j])
-        for r_index, t in enumerate(self.rows):
+        for r_index, t in rows:
             args = step_args[t.event]
             chosen = z3.And(lane_sel == j, row_sel == r_index)
             options.append(z3.And(chosen, takes(d, t, prev, args), _pool_guard(p, view, j, t.event, args)))
             post = post_state(d, t, prev, args)
             state_term = z3.If(chosen, post.state, state_term)
             for name in d.vars:
-                var_terms[name] = z3.If(chosen, post.value(name), var_terms[name])
+                if post.value(name) is not prev.value(name):  # unchanged by this row: no term
+                    var_terms[name] = z3.If(chosen, post.value(name), var_terms[name])
             for g, value in _ghost_updates(p, view, j, t.event, args).items():
                 ghost_terms[g] = z3.If(chosen, value, ghost_terms[g])
         self.solver.add(nxt.state == state_term)

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import z3
 
-from calculet.invariants.checks import CheckResult, Counterexample, Progress, model_value
+from calculet.invariants.checks import RLIMIT_SEARCH, CheckResult, Counterexample, Progress, model_value, solver
 from calculet.invariants.pool_checks import search_unrolling
 from calculet.invariants.system_encoding import Frame, Move, initial_frame, read_frame, seq_domain, step_args, system_goals
 from calculet.logic.symbolic import SymbolicVars
@@ -32,19 +32,19 @@ def check_system_bmc(sd: SystemDefinition, requests: int = 3, lanes: int = 3, de
                      progress: Progress | None = None) -> CheckResult:
     """Search every run of up to ``depth`` steps from the initial system for a broken invariant
     (with the reductions of this module's docstring)."""
-    start = time.perf_counter()
+    start = time.process_time()
     subject = f"R={requests}, L={lanes}, depth≤{depth}"
     verdict, found = search_unrolling(_Unrolling(sd, requests, lanes), depth, progress)
     if found is not None:
         names = [n for n, _ in found.broken]
         cx = Counterexample(found.broken[0][0], found.broken[0][1], found.trace[-1]["transition"], trace=found.trace)
-        return CheckResult("system-bmc", sd.name, subject, False, time.perf_counter() - start,
+        return CheckResult("system-bmc", sd.name, subject, False, time.process_time() - start,
                            f"reachable at depth {found.depth}: breaks {', '.join(names)}", cx, queries=1,
                            broken=names)
     if verdict != z3.unsat:
-        return CheckResult("system-bmc", sd.name, subject, False, time.perf_counter() - start,
+        return CheckResult("system-bmc", sd.name, subject, False, time.process_time() - start,
                            f"solver answered {verdict}", queries=1)
-    return CheckResult("system-bmc", sd.name, subject, True, time.perf_counter() - start,
+    return CheckResult("system-bmc", sd.name, subject, True, time.process_time() - start,
                        f"no invariant broken in any run of ≤{depth} steps over {requests} requests × {lanes} lanes",
                        queries=1)
 
@@ -111,8 +111,7 @@ class _Unrolling:
     def __init__(self, sd: SystemDefinition, requests: int, lanes: int) -> None:
         self.sd, self.requests, self.lanes = sd, requests, lanes
         init = initial_frame(sd, requests, lanes)
-        self.solver = s = z3.SolverFor("QF_LIA")
-        s.set("timeout", 300000)
+        self.solver = s = solver("QF_LIA", RLIMIT_SEARCH, search=True)
         s.add(*seq_domain(init))
         for inst in (*init.requests, *init.lanes):
             s.add(*inst.domain()[2:])  # parameters in their domains (fixed for the run)

@@ -17,7 +17,7 @@ from typing import Iterable
 
 import z3
 
-from calculet.invariants.checks import CheckResult, Counterexample, Progress, model_value
+from calculet.invariants.checks import CheckResult, Counterexample, Progress, model_value, solver
 from calculet.invariants.system_encoding import (Move, assume_invariants, flat, fresh_frame, initial_frame, read_frame,
                                                  seq_domain, step_args, system_goals)
 from calculet.machines.system import SystemDefinition
@@ -27,9 +27,9 @@ __all__ = ["check_system_induction", "check_system_initiation", "check_system_va
 
 def check_system_initiation(sd: SystemDefinition, requests: int = 3, lanes: int = 3) -> CheckResult:
     """The initial system satisfies every invariant (the base case of the induction)."""
-    start = time.perf_counter()
+    start = time.process_time()
     frame = initial_frame(sd, requests, lanes)
-    s = z3.SolverFor("QF_LIA")
+    s = solver("QF_LIA")
     s.add(*seq_domain(frame))
     for inst in (*frame.requests, *frame.lanes):
         s.add(*inst.domain()[2:])
@@ -37,7 +37,7 @@ def check_system_initiation(sd: SystemDefinition, requests: int = 3, lanes: int 
     s.add(z3.Not(z3.And(*[g for _, _, g in goals])))
     verdict = s.check()
     if verdict == z3.unsat:
-        return CheckResult("system-induction", sd.name, "(initial system)", True, time.perf_counter() - start,
+        return CheckResult("system-induction", sd.name, "(initial system)", True, time.process_time() - start,
                            f"{len(goals)} invariants hold initially")
     cx = None
     broken: list[str] = []
@@ -46,7 +46,7 @@ def check_system_initiation(sd: SystemDefinition, requests: int = 3, lanes: int 
         broken = [n for n, _, g in goals if z3.is_false(m.eval(g, model_completion=True))]
         cx = Counterexample(broken[0], next(r for n, r, _ in goals if n == broken[0]), "(initial system)",
                             pre=flat(read_frame(m, sd, frame)))
-    return CheckResult("system-induction", sd.name, "(initial system)", False, time.perf_counter() - start,
+    return CheckResult("system-induction", sd.name, "(initial system)", False, time.process_time() - start,
                        f"initial system breaks {', '.join(broken)}" if broken else f"solver answered {verdict}", cx,
                        broken=broken)
 
@@ -64,14 +64,13 @@ def check_system_induction(sd: SystemDefinition, requests: int = 3, lanes: int =
     results = []
     frame = fresh_frame(sd, requests, lanes, "")
     args, arg_dom = step_args(sd, "")
-    s = z3.SolverFor("QF_LIA")
-    s.set("timeout", 60000)
+    s = solver("QF_LIA")
     s.add(*arg_dom)
     assume_invariants(sd, s, frame, outside=True)
     for v in sd.variants:
         if wanted is not None and v.step.name not in wanted:
             continue
-        start = time.perf_counter()
+        start = time.process_time()
         move = Move(sd, v, frame, 0, 0, args)
         post = move.after(frame)
         goals = system_goals(sd, post) + move.instance_goals(sd)
@@ -79,7 +78,7 @@ def check_system_induction(sd: SystemDefinition, requests: int = 3, lanes: int =
         s.add(move.enabled, z3.Not(z3.And(*[g for _, _, g in goals])))
         verdict = s.check()
         if verdict == z3.unsat:
-            results.append(CheckResult("system-induction", sd.name, v.name, True, time.perf_counter() - start,
+            results.append(CheckResult("system-induction", sd.name, v.name, True, time.process_time() - start,
                                        f"R={requests}, L={lanes}{scope}: {len(goals)} properties preserved",
                                        queries=1))
         elif verdict == z3.sat:
@@ -89,11 +88,11 @@ def check_system_induction(sd: SystemDefinition, requests: int = 3, lanes: int =
             cx = Counterexample(name, rid, f"request 0, lane 0: {v.name}", pre=flat(read_frame(m, sd, frame)),
                                 args={a: model_value(m, t) for a, t in move.args.items()},
                                 post=flat(read_frame(m, sd, post)))
-            results.append(CheckResult("system-induction", sd.name, v.name, False, time.perf_counter() - start,
+            results.append(CheckResult("system-induction", sd.name, v.name, False, time.process_time() - start,
                                        f"R={requests}, L={lanes}: breaks {', '.join(broken)}", cx, queries=1,
                                        broken=broken))
         else:
-            results.append(CheckResult("system-induction", sd.name, v.name, False, time.perf_counter() - start,
+            results.append(CheckResult("system-induction", sd.name, v.name, False, time.process_time() - start,
                                        f"solver answered {verdict}", queries=1))
         s.pop()
         if progress:
@@ -106,18 +105,17 @@ def check_system_vacuity(sd: SystemDefinition, requests: int = 2, lanes: int = 2
     results = []
     frame = fresh_frame(sd, requests, lanes, "v")
     args, arg_dom = step_args(sd, "_v")
-    s = z3.SolverFor("QF_LIA")
-    s.set("timeout", 20000)
+    s = solver("QF_LIA")
     s.add(*arg_dom)
     assume_invariants(sd, s, frame, outside=False)
     for step in sd.steps:
-        start = time.perf_counter()
+        start = time.process_time()
         s.push()
         s.add(z3.Or(*[Move(sd, v, frame, 0, 0, args).enabled for v in sd.variants_of(step.name)]))
         verdict = s.check()
         s.pop()
         results.append(CheckResult("system-vacuity", sd.name, step.name, verdict == z3.sat,
-                                   time.perf_counter() - start,
+                                   time.process_time() - start,
                                    "can fire" if verdict == z3.sat else "can never fire under the invariants (dead step)"
                                    if verdict == z3.unsat else f"solver answered {verdict}"))
     return results

@@ -276,21 +276,21 @@ class CoupledSystem:
         return type(name, (CoupledSystem,), namespace)
 
 
-class _NotLocal(Exception):
-    pass
+class NotLocal(Exception):
+    """An expression read an instance it was not given (see :class:`Opaque`)."""
 
 
-class _Opaque:
+class Opaque:
     """An instance a local step must not read: any attribute or comparison refuses."""
 
     def __getattr__(self, name: str) -> Any:
-        raise _NotLocal(name)
+        raise NotLocal(name)
 
     def __eq__(self, other: object) -> Any:
-        raise _NotLocal("==")
+        raise NotLocal("==")
 
     def __ne__(self, other: object) -> Any:
-        raise _NotLocal("!=")
+        raise NotLocal("!=")
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -329,10 +329,10 @@ def _check_wirings(sd: SystemDefinition, fault: Callable[[str], InvalidDefinitio
             raise fault(f"step {v.step.name!r}: {exc}") from None
         mine_r = v.involves != "lane"
         mine_l = v.involves != "request"
-        narrow = SystemView([requests[0] if mine_r else _Opaque(), _Opaque()],
-                            [lanes[0] if mine_l else _Opaque(), _Opaque()],
-                            [binding[0] if mine_r else _Opaque(), _Opaque()],
-                            [seq[0] if mine_r else _Opaque(), _Opaque()])
+        narrow = SystemView([requests[0] if mine_r else Opaque(), Opaque()],
+                            [lanes[0] if mine_l else Opaque(), Opaque()],
+                            [binding[0] if mine_r else Opaque(), Opaque()],
+                            [seq[0] if mine_r else Opaque(), Opaque()])
         try:
             evaluate(v, narrow)
         except Exception:  # reads another instance (or anything of an uninvolved one)
@@ -347,4 +347,4 @@ def _check_wirings(sd: SystemDefinition, fault: Callable[[str], InvalidDefinitio
     return local
 
 
-__all__ = ["NONE", "Coupled", "CoupledSystem", "SystemDefinition", "SystemInvariant", "SystemView", "Variant"]
+__all__ = ["NONE", "Coupled", "NotLocal", "Opaque", "CoupledSystem", "SystemDefinition", "SystemInvariant", "SystemView", "Variant"]
