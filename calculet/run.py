@@ -3,7 +3,7 @@
 ::
 
     python -m calculet.run [--config FILE] [--device NAME] [--host 127.0.0.1] [--port 8000] [--log-format json|text]
-                           [--log-level INFO] [--sim-cost tiny|reference|instant]
+                           [--log-level INFO] [--sim-cost tiny|reference|instant|null]
 
 With no arguments: the simulated NPU in real time, the bundled tiny model package built and
 signed with this machine's development key at start-up, the default configuration (§15) with
@@ -36,13 +36,15 @@ from typing import TYPE_CHECKING, Any
 from calculet.adapters.sim import CostModel, SimConfig, TimeMode
 from calculet.config import SchedulerConfig, default_config, load_config
 from calculet.errors import CalculetError, ConfigError
+from calculet.runtime.engine.types import EngineOptions
 
 if TYPE_CHECKING:
     from calculet.server.bringup import BroughtUp
 
 log = logging.getLogger("calculet.run")
 
-COSTS = {"tiny": CostModel.tiny, "reference": CostModel.reference, "instant": CostModel.instant}
+COSTS = {"tiny": CostModel.tiny, "reference": CostModel.reference, "instant": CostModel.instant,
+         "null": CostModel.null}
 SHUTDOWN_MARGIN_S = 5.0
 """Extra time the HTTP server waits for streams after the drain deadline (they end by then)."""
 
@@ -59,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
     parser.add_argument("--sim-cost", choices=tuple(COSTS), default="tiny",
                         help="latency cost model of the simulated NPU (tiny: ms-scale; reference: the §13.1 "
-                             "model's assumed shape, 40 ms per B1 step; instant: zero device time)")
+                             "model's assumed shape, 40 ms per B1 step; instant: zero device time; null: zero "
+                             "device time and no numerics, the host alone)")
     return parser
 
 
@@ -83,7 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from calculet.server.bringup import bring_up
 
     try:
-        brought = bring_up(config, device=args.device, sim=SimConfig(time_mode=TimeMode.REAL, cost=COSTS[args.sim_cost]()))
+        cost = COSTS[args.sim_cost]()
+        # the null device computes no logits, so §11 step 9's golden vectors cannot be checked on it
+        brought = bring_up(config, device=args.device, sim=SimConfig(time_mode=TimeMode.REAL, cost=cost),
+                           options=EngineOptions(verify_golden=cost.numerics))
     except ConfigError as exc:
         print(f"calculet: the configuration does not fit the package or device, not starting:\n{exc}",
               file=sys.stderr)
@@ -102,14 +108,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+LISTEN_BACKLOG = 2048
+"""uvicorn's own default backlog."""
+
+
 def _listen(host: str, port: int) -> socket.socket:
-    """A bound TCP socket for uvicorn (``port`` 0: any free port)."""
+    """A TCP socket that already listens, for uvicorn (``port`` 0: any free port).
+
+    It listens before the ``listening`` log line is written: a client that connects on that line
+    is queued by the kernel until uvicorn accepts, never refused (issue #14: with ``bind`` alone,
+    the socket listened only once uvicorn's loop started serving)."""
     # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that say they are TCP; without
     # it a response written in two parts waits ~40 ms for a delayed ACK (Nagle).
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM,
                          socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
+    sock.listen(LISTEN_BACKLOG)
     return sock
 
 
@@ -118,6 +133,7 @@ def _serve(brought: BroughtUp, sock: socket.socket, host: str) -> None:
     import uvicorn
 
     from calculet.server.app import create_app
+    from calculet.server.http_server import uvicorn_config
     from calculet.server.service import Service, ServiceOptions
 
     config = brought.config
@@ -141,8 +157,7 @@ def _serve(brought: BroughtUp, sock: socket.socket, host: str) -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, after_serving)
-    server = Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
-                                   timeout_graceful_shutdown=int(drain_s + SHUTDOWN_MARGIN_S)))
+    server = Server(uvicorn_config(app, config.server, timeout_graceful_shutdown=int(drain_s + SHUTDOWN_MARGIN_S)))
     bound: Any = sock.getsockname()
     log.info("listening", extra={"url": f"http://{host}:{bound[1]}", "host": host, "port": bound[1],
                                  "model_alias": config.model_alias, "bundled_model": brought.bundled,

@@ -7,6 +7,7 @@ Routes (all behind ``Authorization: Bearer <admin token>``, checked against
 ``GET  /admin/models``                   every model generation with its §10 state
 ``POST /admin/models/{alias}/load``      load a signed package under ``alias`` (§11)
 ``POST /admin/models/{alias}/unload``    drain and unload the alias (§12); answers once Unloaded
+                                         (409 if it is unloaded or already being unloaded)
 ``POST /admin/models/{alias}/drain``     the same unload, answered at once (state ``draining``):
                                          new requests 503, accepted ones run to their end
 ``POST /admin/models/{alias}/rollback``  back to the previous signed artifact (§11 step 11)
@@ -89,7 +90,7 @@ def redacted_config(config: SchedulerConfig) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 501, 503)}
+    code: {"model": ErrorResponse} for code in (400, 401, 403, 404, 409, 501, 503)}
 
 _admin_bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken",
                            description="The admin token whose SHA-256 is server.admin_token_sha256.")

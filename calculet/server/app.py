@@ -4,14 +4,27 @@
 
 * ``/v1/*`` — the OpenAI-compatible API (:mod:`calculet.server.inference`);
 * ``/admin/*`` — the admin API (:mod:`calculet.server.admin`);
+* ``GET /health`` — vLLM's health check: 200 while the engine runs, 503 once it stops;
 * ``GET /health/live`` — the process serves HTTP;
 * ``GET /health/ready`` — 200 only while a model is Ready and the service accepts requests
-  (a load balancer routes on it, DESIGN "Scaling out");
+  (a load balancer routes on it, DESIGN "Scaling out"; 503 while loading, draining, recovering);
 * ``GET /metrics`` — Prometheus text, collected at scrape time (:mod:`calculet.server.metrics`).
 
+The edge against careless and hostile clients (issue #14), outermost first:
+
+1. :class:`RequestContext` gives every request a **server-generated** id (``x-request-id`` on
+   every response, 4xx and 5xx included); a client's own ``X-Request-Id`` is only a correlation
+   field (logged as ``client_request_id``, echoed as ``x-client-request-id``), never the id, so
+   two tenants cannot make ids collide. It writes one log line per request, naming the error
+   code and reason of every 4xx/5xx, and turns an unexpected exception into a 500 that carries
+   the id and keeps the connection;
+2. :class:`~calculet.server.body_gate.BodyGate` checks credentials before reading a body and
+   counts the body while reading it (``server.max_body_bytes``, ``server.body_timeout_s``);
+3. the routes parse bodies off the event loop (:mod:`calculet.server.request_parsing`).
+
 Every error is an OpenAI-style JSON body (:mod:`calculet.server.errors`); validation errors are
-400 naming the field, never FastAPI's 422. Each request gets an id (``X-Request-Id``, echoed or
-generated) that appears in its log lines and nowhere in metric labels (§16).
+400 naming the field, never FastAPI's 422. Request ids appear in log lines, never in metric
+labels (§16).
 """
 
 from __future__ import annotations
@@ -27,23 +40,88 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from calculet.errors import CalculetError
 from calculet.server.admin import admin_router
+from calculet.server.body_gate import BodyGate
 from calculet.server.errors import APIError, from_calculet, internal
 from calculet.server.metrics_runtime import exposition
-from calculet.server.inference import inference_router
+from calculet.server.inference import REQUEST_MODELS, inference_router
+from calculet.server.request_parsing import from_validation
 from calculet.server.schemas import Health
 from calculet.server.service import Service
 
 log = logging.getLogger("calculet.server")
 
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_CLIENT_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _METHODS = frozenset({"GET", "POST", "DELETE", "PUT", "PATCH", "HEAD", "OPTIONS"})
-_QUIET_ROUTES = frozenset({"/metrics", "/health/live", "/health/ready"})
+_QUIET_ROUTES = frozenset({"/metrics", "/health", "/health/live", "/health/ready"})
 MAX_BODY_BYTES = 8 * 1024 * 1024
-"""Largest declared request body; a context of a few thousand tokens never needs more."""
+"""The default of ``server.max_body_bytes``: a context of a few thousand tokens never needs more."""
+
+
+def new_request_id() -> str:
+    """A server-generated request id (32 hex digits), unique per request whatever the client sends."""
+    return uuid.uuid4().hex
+
+
+class _Exchange:
+    """One request as :class:`RequestContext` sees it: its ids, its status, and its one log line."""
+
+    def __init__(self, scope: Scope, service: Service) -> None:
+        given = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"x-request-id"), "")
+        self.client_id = given if _CLIENT_ID.match(given) else None
+        self.request_id = new_request_id()
+        self.scope = scope
+        self.state = scope.setdefault("state", {})
+        self.state["request_id"] = self.request_id
+        self.service = service
+        self.started = time.perf_counter()
+        self.status = 500
+        self.response_started = False
+        self.recorded = False
+
+    def record(self) -> None:
+        """Count and log the request once — before its last byte leaves, so a client that
+        has the whole response also finds it in the metrics and the log."""
+        if self.recorded:
+            return
+        self.recorded = True
+        took = time.perf_counter() - self.started
+        template = _route_template(self.scope)
+        method = self.scope.get("method", "OTHER")
+        method = method if method in _METHODS else "OTHER"
+        metrics = self.service.metrics
+        metrics.http_requests.labels(template, method, str(self.status)).inc()
+        metrics.http_duration.labels(template).observe(took)
+        level = logging.DEBUG if template in _QUIET_ROUTES and self.status < 400 else logging.INFO
+        extra: dict[str, Any] = {"request_id": self.request_id, "method": method, "route": template,
+                                 "status": self.status, "duration_s": round(took, 6), "tenant": self.state.get("tenant")}
+        if self.client_id is not None:
+            extra["client_request_id"] = self.client_id
+        if self.status >= 400:
+            code, reason = self.state.get("error") or ("http_" + str(self.status), "")
+            extra.update(code=code, reason=reason)
+        log.log(level, "http", extra=extra)
+
+    def sender(self, send: Send) -> Send:
+        """``send`` with the ids added to the response headers and the request recorded at its last byte."""
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.status = message["status"]
+                self.response_started = True
+                headers = [*message.get("headers", []), (b"x-request-id", self.request_id.encode())]
+                if self.client_id is not None:
+                    headers.append((b"x-client-request-id", self.client_id.encode()))
+                message["headers"] = headers
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                self.record()
+            await send(message)
+
+        return send_with_id
 
 
 class RequestContext:
@@ -61,74 +139,37 @@ class RequestContext:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = ""
-        declared = 0
-        for key, value in scope.get("headers", ()):
-            if key == b"x-request-id":
-                given = value.decode("latin-1")
-            elif key == b"content-length" and value.isdigit():
-                declared = int(value)
-        request_id = given if _REQUEST_ID.match(given) else uuid.uuid4().hex
-        state = scope.setdefault("state", {})
-        state["request_id"] = request_id
-        started = time.perf_counter()
-        status = 500
-        recorded = False
-
-        def record() -> None:
-            """Count and log the request once — before its last byte leaves, so a client that
-            has the whole response also finds it in the metrics and the log."""
-            nonlocal recorded
-            if recorded:
-                return
-            recorded = True
-            took = time.perf_counter() - started
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
-            method = scope.get("method", "OTHER")
-            method = method if method in _METHODS else "OTHER"
-            metrics = self.service.metrics
-            metrics.http_requests.labels(template, method, str(status)).inc()
-            metrics.http_duration.labels(template).observe(took)
-            level = logging.DEBUG if template in _QUIET_ROUTES and status < 400 else logging.INFO
-            log.log(level, "http", extra={"request_id": request_id, "method": method, "route": template,
-                                          "status": status, "duration_s": round(took, 6),
-                                          "tenant": state.get("tenant")})
-
-        async def send_with_id(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                message["headers"] = [*message.get("headers", []), (b"x-request-id", request_id.encode())]
-            elif message["type"] == "http.response.body" and not message.get("more_body", False):
-                record()
-            await send(message)
-
+        exchange = _Exchange(scope, self.service)
+        send_with_id = exchange.sender(send)
         try:
-            if declared > MAX_BODY_BYTES:
-                await APIError(413, f"the request body of {declared} bytes exceeds {MAX_BODY_BYTES}",
-                               code="body_too_large")(scope, receive, send_with_id)
-            else:
-                await self.app(scope, receive, send_with_id)
+            await self.app(scope, receive, send_with_id)
+        except Exception as exc:  # noqa: BLE001 - answered as a 500 with the request id; the connection stays usable
+            log.error("unhandled error", exc_info=exc, extra={"request_id": exchange.request_id,
+                                                              "path": scope.get("path")})
+            if not exchange.response_started:
+                error = internal()
+                exchange.state["error"] = (error.code, f"{type(exc).__name__}: {exc}")
+                await error(scope, receive, send_with_id)
         finally:
-            record()  # a response that never finished (client gone, error before the body)
+            exchange.record()  # a response that never finished (client gone, error before the body)
+
+
+def _route_template(scope: Scope) -> str:
+    """The route's path template, also for the routes FastAPI adds itself (``/openapi.json``, ``/docs``)."""
+    route = scope.get("route")
+    template = getattr(route, "path", None)
+    if template:
+        return str(template)
+    app = scope.get("app")
+    for candidate in getattr(getattr(app, "router", None), "routes", ()):
+        match, _ = candidate.matches(scope)
+        if match is Match.FULL:
+            return str(getattr(candidate, "path", "unmatched"))
+    return "unmatched"
 
 
 def _validation_error(exc: RequestValidationError) -> APIError:
-    errors = exc.errors()
-    if not errors:
-        return APIError(400, "invalid request", code="invalid_request")
-    first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
-    param = ".".join(loc) or None
-    kind = first.get("type", "")
-    if kind == "extra_forbidden":
-        message = f"unknown or unsupported field {param!r}: this service refuses fields it would otherwise ignore"
-        return APIError(400, message, code="unsupported_parameter", param=param)
-    if kind in ("json_invalid", "model_attributes_type") or (kind == "missing" and not loc):
-        return APIError(400, f"the body must be a JSON object: {first.get('msg', '')}", code="invalid_json")
-    more = f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})" if len(errors) > 1 else ""
-    return APIError(400, f"{param or 'body'}: {first.get('msg', 'invalid')}{more}", code="invalid_value", param=param)
+    return from_validation(exc.errors(), body_loc=True)
 
 
 def create_app(service: Service) -> FastAPI:
@@ -139,33 +180,68 @@ def create_app(service: Service) -> FastAPI:
                                "are not offered; the capability contract with evidence tiers is at "
                                "GET /admin/capabilities."))
     _add_error_handlers(app)
-    app.add_middleware(RequestContext, service=service)
+    server = service.config.server
+
+    def authorize(scope: Scope) -> APIError | None:
+        authorization = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"authorization"), None)
+        try:
+            service.authorize(str(scope.get("path", "")), authorization)
+        except APIError as exc:
+            return exc
+        return None
+
+    app.add_middleware(BodyGate, max_body_bytes=server.max_body_bytes, body_timeout_s=server.body_timeout_s,
+                       authorize=authorize)
+    app.add_middleware(RequestContext, service=service)  # outermost: every answer carries the request id
     app.include_router(inference_router(service))
     app.include_router(admin_router(service))
     _add_health_and_metrics(app, service)
-    app.openapi = _openapi_without_422(app)  # type: ignore[method-assign]
+    app.openapi = _openapi(app)  # type: ignore[method-assign]
     return app
 
 
-def _add_error_handlers(app: FastAPI) -> None:
-    """Every error as an OpenAI-style JSON body; validation errors 400, an unexpected one 500 and logged."""
+NOT_SERVED = {
+    "/v1/responses": ("the Responses API (POST /v1/responses) is not served: its point is server-side conversation "
+                      "state, tools and reasoning items, none of which this service has; send the same text through "
+                      "POST /v1/chat/completions"),
+}
 
-    @app.exception_handler(APIError)
-    async def api_error(_: Request, exc: APIError) -> JSONResponse:
+
+def _not_found(request: Request, detail: str) -> APIError:
+    path = request.url.path
+    message = NOT_SERVED.get(path) or (
+        f"no route {request.method} {path}: this service serves POST /v1/completions, POST /v1/chat/completions, "
+        "GET /v1/models, GET /v1/models/{model_id}, /admin/..., GET /health, /health/live, /health/ready, /metrics "
+        "and /openapi.json" if detail == "Not Found" else detail)
+    return APIError(404, message, code="not_found")
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as an OpenAI-style JSON body; validation errors 400, an unexpected one 500 and logged.
+    Each notes its code and reason in the request's state for the request's log line."""
+
+    def answer(request: Request, exc: APIError) -> JSONResponse:
+        request.state.error = (exc.code, exc.message)
         return exc.response()
 
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return answer(request, exc)
+
     @app.exception_handler(RequestValidationError)
-    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _validation_error(exc).response()
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return answer(request, _validation_error(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return APIError(exc.status_code, str(exc.detail), code=code, headers=dict(exc.headers or {})).response()
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            return answer(request, _not_found(request, str(exc.detail)))
+        code = {405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return answer(request, APIError(exc.status_code, str(exc.detail), code=code, headers=dict(exc.headers or {})))
 
     @app.exception_handler(CalculetError)
-    async def calculet_error(_: Request, exc: CalculetError) -> JSONResponse:
-        return from_calculet(exc).response()
+    async def calculet_error(request: Request, exc: CalculetError) -> JSONResponse:
+        return answer(request, from_calculet(exc))
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -175,7 +251,16 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def _add_health_and_metrics(app: FastAPI, service: Service) -> None:
-    """``/health/live``, ``/health/ready`` and ``/metrics``."""
+    """``/health``, ``/health/live``, ``/health/ready`` and ``/metrics``."""
+
+    @app.get("/health", response_model=Health, tags=["health"],
+             responses={503: {"model": Health, "description": "The engine has stopped."}},
+             summary="vLLM's health check: 200 while the engine runs")
+    def health() -> Any:
+        state = service.lifecycle.state
+        if state == "stopped":
+            return JSONResponse(Health(status="stopped", detail="the engine has stopped").model_dump(), status_code=503)
+        return Health(status="ok", detail=f"engine {state}")
 
     @app.get("/health/live", response_model=Health, tags=["health"], summary="The process serves HTTP")
     def live() -> Health:
@@ -200,8 +285,9 @@ def _add_health_and_metrics(app: FastAPI, service: Service) -> None:
         return Response(body, media_type=content_type)
 
 
-def _openapi_without_422(app: FastAPI) -> Any:
-    """The app's OpenAPI document without FastAPI's 422 responses and schemas (validation is 400 here)."""
+def _openapi(app: FastAPI) -> Any:
+    """The app's OpenAPI document: the bodies the routes parse themselves (:data:`REQUEST_MODELS`) in its components,
+    and without FastAPI's 422 responses and schemas (validation is 400 here)."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -210,9 +296,13 @@ def _openapi_without_422(app: FastAPI) -> Any:
             for path in schema.get("paths", {}).values():
                 for operation in path.values():
                     operation.get("responses", {}).pop("422", None)
-            components = schema.get("components", {}).get("schemas", {})
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
             components.pop("HTTPValidationError", None)
             components.pop("ValidationError", None)
+            for model in REQUEST_MODELS:
+                body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(body.pop("$defs", {}))
+                components[model.__name__] = body
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -31,8 +31,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import Any, Literal
 
@@ -41,20 +40,18 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from calculet.errors import BadRequest, CalculetError
+from calculet.errors import CalculetError
 from calculet.machines.request import FinishReason
 from calculet.runtime.engine.types import GenerateRequest
 from calculet.runtime.request import RequestOutcome
-from calculet.runtime.execution.sampler import SamplingParams
 from calculet.runtime.streams.writer import StreamFinish
-from calculet.runtime.streams.tokenizer import ByteTokenizer
-from calculet.server.errors import APIError, admission_error, from_calculet, invalid
+from calculet.server.errors import APIError, admission_error, from_calculet
+from calculet.server.request_parsing import ApiGeneration, prepare_chat, prepare_completion, stop_reason
 from calculet.server.schemas import (
     AssistantMessage,
     ChatChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChatMessage,
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
@@ -69,77 +66,8 @@ from calculet.server.timed_stream import TimedStream
 
 log = logging.getLogger("calculet.server.inference")
 
-Kind = Literal["completion", "chat"]
-
 _api_bearer = HTTPBearer(auto_error=False, scheme_name="ApiKey",
                          description="A tenant's API key (its SHA-256 is tenants[].api_key_sha256).")
-
-
-# ---------------------------------------------------------------------------------------------
-# prompts
-# ---------------------------------------------------------------------------------------------
-
-
-def chat_prompt(tokenizer: ByteTokenizer, messages: list[ChatMessage]) -> tuple[int, ...]:
-    """The chat template of the module docstring, tokenised."""
-    text = "".join(f"<|{m.role}|>\n{m.text()}\n" for m in messages) + "<|assistant|>\n"
-    return tuple(tokenizer.encode(text, add_bos=True))
-
-
-def completion_prompt(tokenizer: ByteTokenizer, prompt: Any) -> tuple[int, ...]:
-    """A string (BOS + UTF-8 bytes) or token ids used as given (one prompt per request)."""
-    if isinstance(prompt, str):
-        return tuple(tokenizer.encode(prompt, add_bos=True))
-    first = prompt[0]
-    if isinstance(first, str):
-        return tuple(tokenizer.encode(first, add_bos=True))
-    if isinstance(first, list):
-        if len(prompt) > 1:
-            raise invalid(f"{len(prompt)} prompts in one request are not supported; send one prompt per request",
-                          param="prompt", code="unsupported_parameter")
-        ids = first
-    else:
-        ids = prompt
-    for i, tok in enumerate(ids):
-        if not 0 <= tok < tokenizer.vocab_size:
-            raise invalid(f"prompt token {i} is {tok}; token ids must be in [0, {tokenizer.vocab_size})",
-                          param="prompt")
-    return tuple(ids)
-
-
-# ---------------------------------------------------------------------------------------------
-# one generation
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ApiGeneration:
-    """One OpenAI completion or chat request, parsed and checked at the edge: what the engine is
-    asked to generate and how the answer is shaped (stream, usage)."""
-
-    kind: Kind
-    model: str
-    prompt: tuple[int, ...]
-    max_tokens: int
-    sampling: SamplingParams
-    stream: bool
-    include_usage: bool
-
-
-def _sampling(body: CompletionRequest | ChatCompletionRequest, tokenizer: ByteTokenizer) -> SamplingParams:
-    stops = []
-    for text in body.stop_strings():
-        ids = tuple(tokenizer.encode(text, add_bos=False))
-        if not ids:
-            raise invalid("a stop string must not be empty", param="stop")
-        stops.append(ids)
-    try:
-        return SamplingParams(temperature=float(body.temperature if body.temperature is not None else 1.0),
-                              top_p=float(body.top_p if body.top_p is not None else 1.0),
-                              top_k=body.top_k or 0, seed=body.seed, stop=tuple(stops),
-                              ignore_eos=body.ignore_eos)
-    except BadRequest as exc:
-        raise from_calculet(exc) from None
 
 
 def _finish(reason: StreamFinish | None) -> Literal["stop", "length"]:
@@ -171,7 +99,8 @@ SSE_EVENT_SCHEMA: dict[str, Any] = {
     "properties": {
         "data": {"type": "string",
                  "description": "A JSON chunk (text_completion or chat.completion.chunk; a last chunk with usage when "
-                                "stream_options.include_usage), an error body {\"error\": {...}} if the request "
+                                "stream_options.include_usage, usage so far in every chunk when "
+                                "stream_options.continuous_usage_stats), an error body {\"error\": {...}} if the request "
                                 "fails mid-stream, and finally the literal [DONE]."},
         "event": {"type": "string"},
         "id": {"type": "string"},
@@ -180,10 +109,39 @@ SSE_EVENT_SCHEMA: dict[str, Any] = {
 }
 
 
+REQUEST_MODELS = (CompletionRequest, ChatCompletionRequest)
+"""Bodies parsed by the routes themselves (off the event loop); :mod:`calculet.server.app` puts their schemas in
+the OpenAPI document."""
+
+REFUSALS = {
+    "context_length_exceeded": "400: the prompt's tokens, or prompt + max_tokens, exceed the model's context "
+                               "(GET /v1/models/{model_id}: calculet.context_length); a byte-level vocabulary makes "
+                               "one token per UTF-8 byte of the prompt, plus BOS",
+    "over_capacity": "429 with Retry-After: admission budgets are full, or the request could not finish by its deadline",
+    "model_unavailable": "503: the model is loading, draining, recovering or unloaded, or the service is shutting down",
+    "body_too_large": "413: the body exceeds server.max_body_bytes",
+}
+"""Why a schema-valid request may still be refused (``x-calculet-refusals`` on each generation operation)."""
+
+
+def request_body(model: str) -> dict[str, Any]:
+    """The OpenAPI request body of a route that parses its own body, and the refusals it may still answer."""
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": f"#/components/schemas/{model}"}}}}, "x-calculet-refusals": REFUSALS}
+
+
+async def _prepare(service: Service, request: Request,
+                   prepare: Callable[[Service, bytes], ApiGeneration]) -> ApiGeneration:
+    """Parse, validate and tokenise the body on a worker thread: a large body never holds the event loop."""
+    raw = await request.body()
+    return await anyio.to_thread.run_sync(prepare, service, raw, limiter=service.limiter)
+
+
 def inference_router(service: Service) -> APIRouter:
     """The /v1 routes of ``service``."""
     router = APIRouter(tags=["inference"])
-    errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 429, 503)}
+    errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse}
+                                               for code in (400, 401, 404, 408, 413, 429, 503)}
     stream_doc = {"content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
                   "description": "JSON body, or server-sent events when stream is true (ending with data: [DONE])."}
 
@@ -198,36 +156,25 @@ def inference_router(service: Service) -> APIRouter:
     def list_models(tenant: str = Depends(tenant_of)) -> ModelList:
         return _model_list(service)
 
+    @router.get("/v1/models/{model_id}", response_model=ModelCard,
+                responses={401: {"model": ErrorResponse}, 404: {"model": ErrorResponse}}, summary="One served model")
+    def get_model(model_id: str, tenant: str = Depends(tenant_of)) -> ModelCard:
+        for card in _model_list(service).data:
+            if card.id == model_id:
+                return card
+        raise APIError(404, f"the model {model_id!r} does not exist; GET /v1/models lists what is served",
+                       code="model_not_found", param="model")
+
     @router.post("/v1/completions", response_model=CompletionResponse, responses={**errors, 200: stream_doc},
-                 summary="Text completion (OpenAI-compatible)")
-    async def completions(body: CompletionRequest, request: Request,
-                          tenant: str = Depends(tenant_of)) -> Any:
-        refusal = body.refusals()
-        if refusal is not None:
-            raise refusal
-        service.check_model(body.model)
-        tokenizer = service.tokenizer
-        prompt = completion_prompt(tokenizer, body.prompt)
-        max_tokens = body.max_tokens if body.max_tokens is not None else 16
-        gen = ApiGeneration("completion", body.model, prompt, max_tokens, _sampling(body, tokenizer),
-                         bool(body.stream), body.include_usage)
+                 openapi_extra=request_body("CompletionRequest"), summary="Text completion (OpenAI-compatible)")
+    async def completions(request: Request, tenant: str = Depends(tenant_of)) -> Any:
+        gen = await _prepare(service, request, prepare_completion)
         return await _generate(service, request, tenant, gen, prompt_param="prompt")
 
-    @router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
-                 responses={**errors, 200: stream_doc}, summary="Chat completion (OpenAI-compatible)")
-    async def chat_completions(body: ChatCompletionRequest, request: Request,
-                               tenant: str = Depends(tenant_of)) -> Any:
-        refusal = body.refusals()
-        if refusal is not None:
-            raise refusal
-        service.check_model(body.model)
-        tokenizer = service.tokenizer
-        prompt = chat_prompt(tokenizer, body.messages)
-        max_tokens = body.requested_max_tokens
-        if max_tokens is None:
-            max_tokens = max(1, service.info.max_seq - len(prompt))
-        gen = ApiGeneration("chat", body.model, prompt, max_tokens, _sampling(body, tokenizer),
-                         bool(body.stream), body.include_usage)
+    @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses={**errors, 200: stream_doc},
+                 openapi_extra=request_body("ChatCompletionRequest"), summary="Chat completion (OpenAI-compatible)")
+    async def chat_completions(request: Request, tenant: str = Depends(tenant_of)) -> Any:
+        gen = await _prepare(service, request, prepare_chat)
         return await _generate(service, request, tenant, gen, prompt_param="messages")
 
     return router
@@ -297,13 +244,20 @@ async def _generate(service: Service, request: Request, tenant: str, gen: ApiGen
     usage = Usage(prompt_tokens=n, completion_tokens=outcome_final.generated_tokens,
                   total_tokens=n + outcome_final.generated_tokens)
     finish = _finish(StreamFinish.of(outcome_final.finish_reason))
+    why = _stop_reason(gen, stream)
     if gen.kind == "completion":
         return CompletionResponse(id=response_id, created=created, model=gen.model, system_fingerprint=fingerprint,
-                                  choices=[CompletionChoice(index=0, text=result_text, finish_reason=finish)],
-                                  usage=usage)
+                                  choices=[CompletionChoice(index=0, text=result_text, finish_reason=finish,
+                                                            stop_reason=why)], usage=usage)
     return ChatCompletionResponse(id=response_id, created=created, model=gen.model, system_fingerprint=fingerprint,
                                   choices=[ChatChoice(index=0, message=AssistantMessage(content=result_text),
-                                                      finish_reason=finish)], usage=usage)
+                                                      finish_reason=finish, stop_reason=why)], usage=usage)
+
+
+def _stop_reason(gen: ApiGeneration, stream: TimedStream) -> str | None:
+    """vLLM's ``stop_reason`` of a closed stream: the stop string that ended it, else None."""
+    result = stream.result(0)
+    return stop_reason(gen, result.raw_tokens, gen.sampling.stop, result.finish_reason is StreamFinish.STOP)
 
 
 def _cancel(service: Service, request_id: int) -> None:
@@ -363,7 +317,11 @@ async def _sse(service: Service, request: Request, stream: TimedStream, rid: int
     chat = gen.kind == "chat"
     obj = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(text: str | None, finish: str | None, *, role: bool = False) -> str:
+    def usage(completion_tokens: int) -> dict[str, int]:
+        n = len(gen.prompt)
+        return {"prompt_tokens": n, "completion_tokens": completion_tokens, "total_tokens": n + completion_tokens}
+
+    def chunk(text: str | None, finish: str | None, *, role: bool = False, why: str | None = None) -> str:
         if chat:
             delta: dict[str, Any] = {}
             if role:
@@ -373,7 +331,11 @@ async def _sse(service: Service, request: Request, stream: TimedStream, rid: int
             choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
         else:
             choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
-        return _sse_line({**head, "object": obj, "choices": [choice]})
+        choice["stop_reason"] = why
+        payload = {**head, "object": obj, "choices": [choice]}
+        if gen.continuous_usage:  # vLLM's stream_options.continuous_usage_stats: the counts so far, every chunk
+            payload["usage"] = usage(len(stream.token_times))
+        return _sse_line(payload)
 
     finished = False
     try:
@@ -387,12 +349,9 @@ async def _sse(service: Service, request: Request, stream: TimedStream, rid: int
             outcome = event.outcome
             assert outcome is not None
             if outcome.state == "completed":
-                yield chunk(None if chat else "", _finish(event.finish_reason))
+                yield chunk(None if chat else "", _finish(event.finish_reason), why=_stop_reason(gen, stream))
                 if gen.include_usage:
-                    n = len(gen.prompt)
-                    usage = {"prompt_tokens": n, "completion_tokens": outcome.generated_tokens,
-                             "total_tokens": n + outcome.generated_tokens}
-                    yield _sse_line({**head, "object": obj, "choices": [], "usage": usage})
+                    yield _sse_line({**head, "object": obj, "choices": [], "usage": usage(outcome.generated_tokens)})
             else:
                 yield _sse_line(_outcome_error(outcome).body())
             yield "data: [DONE]\n\n"

@@ -6,7 +6,8 @@ small protocol between them — methods return plain dicts (the
 :class:`~calculet.server.schemas.ModelStatusResponse` shape, with an ``OperationReport`` under
 ``report`` for operations) and raise the runtime's error tree: ``NotFound`` (404),
 ``BadRequest`` / ``PackageError`` / ``ConfigError`` / a ``LoadFailed`` at §11 steps 1–3 (400),
-``Unavailable`` (503), ``NotSupported`` (501). Tests bind it to fakes.
+``Conflict`` (409: unload or drain what is already unloaded or draining), ``Unavailable`` (503),
+``NotSupported`` (501). Tests bind it to fakes.
 
 :class:`ManagedModelAdmin` binds it to the engine's
 :class:`~calculet.runtime.models.manager.ModelManager` (``engine.models``).
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from calculet.config import SchedulerConfig
-from calculet.errors import CalculetError, NotFound, NotSupported, Unavailable
+from calculet.errors import CalculetError, Conflict, NotFound, NotSupported, Unavailable
 from calculet.runtime.models.manager import ModelManager
 from calculet.runtime.models.operations import OperationHandle
 from calculet.runtime.models.reports import LoadReport, StepTiming, UnloadReport
@@ -114,6 +115,8 @@ class ManagedModelAdmin:
         self._deadline_ms = config.executor.drain_deadline_ms
         self._timeout_s = timeout_s if timeout_s is not None else self._deadline_ms / 1000 + OPERATION_MARGIN_S
         self._lock = threading.Lock()
+        self._exclusive = threading.Lock()
+        """Serialises the begin of unloads and drains (the state check and the begin are one step)."""
         self._drains: dict[str, OperationHandle] = {}
         self._unloaded: set[str] = set()
         self._operations: dict[str, OperationHandle] = {}
@@ -137,14 +140,13 @@ class ManagedModelAdmin:
 
     def unload(self, alias: str) -> dict[str, Any]:
         self._check_alias(alias)
-        report: UnloadReport = self._finish("unload", alias, lambda: self._begin_unload(alias))
+        handle = self._begin_exclusive_unload(alias)
+        report: UnloadReport = self._finish("unload", alias, lambda: handle)
         return self._entry(report.generation, report=_unload_report(report, self._deadline_ms))
 
     def drain(self, alias: str) -> dict[str, Any]:
         self._check_alias(alias)
-        handle = self._begin_unload(alias)
-        with self._lock:
-            self._drains[alias] = handle
+        handle = self._begin_exclusive_unload(alias)
         log.info("drain requested", extra={"alias": alias, "generation": handle.generation,
                                            "drain_deadline_ms": self._deadline_ms})
         return self._entry(handle.generation, report={"kind": "drain", "ok": True,
@@ -208,6 +210,25 @@ class ManagedModelAdmin:
             raise NotSupported(f"this process serves {served!r}; {alias!r} needs a process of its own: CalRT 0.7.6 "
                                "offers no multi-model runtime contract (§13.1–§13.2)", field="alias")
         raise NotFound(f"no model alias {alias!r}; this process serves {served!r}", field="alias")
+
+    def _begin_exclusive_unload(self, alias: str) -> OperationHandle:
+        """Begin an unload (or drain) of ``alias``, one caller at a time: while one is under way, or once the
+        alias has no generation and none is on its way, the answer is :class:`Conflict` (409) naming the state —
+        never a second unload that finds nothing and reports generation 0."""
+        with self._exclusive:
+            with self._lock:
+                pending = self._drains.get(alias)
+            if pending is not None and not pending.done():
+                raise Conflict(f"{alias!r} (generation {pending.generation}) is already being drained and unloaded; "
+                               "GET /admin/models shows its progress", field="alias")
+            status = self._status()
+            if status.current is None and status.operation is None and status.queued_operations == 0:
+                raise Conflict(f"{alias!r} is already unloaded; POST /admin/models/{alias}/load loads it",
+                               field="alias")
+            handle = self._begin_unload(alias)
+            with self._lock:
+                self._drains[alias] = handle
+            return handle
 
     def _begin_unload(self, alias: str) -> OperationHandle:
         handle = self._models.begin_unload(alias, drain_deadline_ms=self._deadline_ms)

@@ -1,37 +1,66 @@
 """Request and response bodies of the HTTP service: the OpenAI-compatible subset and the admin API.
 
-Accepted and refused fields (capability honesty, §1, §9.3, R1.1, R9.3.9, R19.12):
+The schema is the contract (issue #14): ``/openapi.json`` describes exactly what the server
+accepts, so a client generated from it is never refused for schema-valid input except for the
+reasons each operation states (``x-calculet-refusals``: a prompt that does not fit the context,
+capacity). Capability honesty (§1, §9.3, R1.1, R9.3.9, R19.12) shapes it:
 
-* accepted: ``model``, ``prompt`` / ``messages``, ``max_tokens`` (chat also
-  ``max_completion_tokens``), ``temperature``, ``top_p``, ``seed``, ``stop`` (up to 4 strings),
-  ``n`` (only 1), ``stream``, ``stream_options.include_usage``, ``user`` (not used); two
+* accepted: ``model``, ``prompt`` (one prompt: a string, token ids, or a list of exactly one of
+  either) / ``messages``, ``max_tokens`` (chat also ``max_completion_tokens``), ``temperature``,
+  ``top_p``, ``seed``, ``stop`` (up to 4 strings), ``stream``, ``stream_options``
+  (``include_usage``, and vLLM's ``continuous_usage_stats``: usage in every chunk); two
   extensions other OpenAI-compatible servers also accept: ``top_k`` and ``ignore_eos``;
-* refused with 400 naming the field when asked for: ``n > 1`` and ``best_of > 1`` (several
-  choices need fork / beam-search KV copies, §9.3), ``logprobs`` / ``top_logprobs``, ``echo``,
-  ``suffix``, ``logit_bias``, non-zero ``presence_penalty`` / ``frequency_penalty``, tools and
-  functions, a ``response_format`` other than text;
-* any other field is refused (``extra="forbid"``): nothing a client sends is silently ignored,
-  and nothing in a request can raise a tenant's weight or limits (§5.3, R5.3.7).
+* accepted only at their neutral value, the schema saying so (``n`` = 1, ``best_of`` = 1,
+  ``echo`` false, ``logprobs`` null/false, zero penalties, an empty ``logit_bias``, no tools or
+  functions, a ``text`` response format): other values need fork/beam-search KV copies (§9.3) or
+  features the service does not have, and are refused with 400 ``unsupported_parameter`` naming
+  the field;
+* accepted and ignored (logged at debug): OpenAI fields that do not change generation —
+  ``user``, ``store``, ``metadata``, ``service_tier``, ``prompt_cache_key``,
+  ``safety_identifier``, and for chat ``parallel_tool_calls`` — as vLLM and most compatible
+  servers do;
+* anything else is refused (``extra="forbid"``): unknown fields get 400 naming them, and nothing
+  in a request can raise a tenant's weight or limits (§5.3, R5.3.7).
 
-Nothing here declares NPU batch > 1, continuous batching, prompt cache, fork or beam search as
-supported (R1.1, R9.3.9, R19.12); the capability contract with its evidence tiers is served
-by the admin API (:mod:`calculet.server.admin`).
+Types are strict (``strict=True``): ``"max_tokens": "16"``, ``"max_tokens": true`` and
+``"stream": "yes"`` are 400, not coerced; non-finite numbers are refused.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from calculet.server.errors import APIError, unsupported
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 MAX_STOP_SEQUENCES = 4
 SEED_MAX = 2**63 - 1
 
+IGNORED_FIELDS = frozenset({"user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
+                            "parallel_tool_calls"})
+"""OpenAI request fields accepted and ignored: they do not change what is generated."""
+
+REFUSED: dict[str, str] = {
+    "n": "several choices per request are not supported (only n=1): they need fork/beam-search KV copies, "
+         "disabled by §9.3",
+    "best_of": "best_of is not supported (only 1): beam/best-of search needs KV copies that are disabled (§9.3)",
+    "logprobs": "logprobs are not supported: no log probabilities are returned",
+    "top_logprobs": "top_logprobs are not supported: no log probabilities are returned",
+    "echo": "echo is not supported",
+    "suffix": "suffix (insertion) is not supported",
+    "logit_bias": "logit_bias is not supported (only an empty object)",
+    "presence_penalty": "presence_penalty is not supported (only 0)",
+    "frequency_penalty": "frequency_penalty is not supported (only 0)",
+    "tools": "tools (tool calling) are not supported (only an empty list)",
+    "functions": "functions (function calling) are not supported (only an empty list)",
+    "tool_choice": "tool_choice is not supported (only 'none')",
+    "function_call": "function_call is not supported (only 'none')",
+    "response_format": "only response_format {'type': 'text'} is supported",
+}
+"""Fields the service refuses at any value but their neutral one (or, not in the schema, at all), and why."""
+
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class _Response(BaseModel):
@@ -45,43 +74,59 @@ class _Response(BaseModel):
 
 class StreamOptions(_Request):
     include_usage: bool = Field(False, description="Send a last chunk with the usage counts before [DONE].")
+    continuous_usage_stats: bool = Field(False, description="vLLM's extension: usage counts so far in every chunk.")
 
 
-StopField = Union[Annotated[str, Field(min_length=1)],
-                  Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_SEQUENCES)],
-                  None]
+def _shape(value: Any) -> str:
+    """The branch of a text-or-list union a value takes, decided by its shape, so that an error names the
+    element the client wrote (``stop.0``) and never pydantic's union tags. Tags are not identifiers, so they can
+    never be mistaken for a field name."""
+    if isinstance(value, str):
+        return "as-text"
+    if isinstance(value, list) and value:
+        first = value[0]
+        if isinstance(first, str):
+            return "as-texts"
+        if isinstance(first, list):
+            return "as-token-lists"
+        if isinstance(first, dict):
+            return "as-parts"
+    return "as-tokens" if isinstance(value, list) else "as-text"
+
+
+StopField = Annotated[Union[Annotated[Annotated[str, Field(min_length=1)], Tag("as-text")],
+                            Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_SEQUENCES),
+                                      Tag("as-texts")]],
+                      Discriminator(lambda v: "as-text" if isinstance(v, str) else "as-texts")] | None
+_IGNORED = "Accepted for compatibility and ignored: it does not change generation."
+_NEUTRAL = "Not supported beyond this value"
 
 
 class _Sampling(_Request):
     """Fields shared by both endpoints."""
 
     model: str = Field(min_length=1, max_length=128, description="A model alias from GET /v1/models.")
-    temperature: float | None = Field(1.0, ge=0.0, le=2.0, description="0 = greedy.")
+    temperature: float | None = Field(1.0, ge=0.0, le=2.0,
+                                      description="0 = greedy; below 1e-5 is treated as 0 (as vLLM does).")
     top_p: float | None = Field(1.0, gt=0.0, le=1.0)
     top_k: int | None = Field(None, ge=0, le=1_000_000,
                               description="Extension: keep the k most likely tokens (0 = off).")
     seed: int | None = Field(None, ge=0, le=SEED_MAX, description="Seed of this request's sampler.")
     stop: StopField = Field(None, description=f"Up to {MAX_STOP_SEQUENCES} stop strings; the match is not returned.")
-    n: int | None = Field(1, ge=1, le=128, description="Only 1: several choices need fork/beam KV copies (§9.3).")
+    n: int | None = Field(1, ge=1, le=1, description=f"{_NEUTRAL}: one choice per request (§9.3).")
     stream: bool | None = Field(False, description="Server-sent events ending with `data: [DONE]`.")
     stream_options: StreamOptions | None = None
     ignore_eos: bool = Field(False, description="Extension: keep generating past the end-of-sequence token.")
-    user: str | None = Field(None, max_length=256, description="Accepted for compatibility; not used.")
-    logit_bias: dict[str, float] | None = Field(None, description="Not supported: refused unless empty.")
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="Not supported: refused unless 0.")
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, description="Not supported: refused unless 0.")
-
-    def common_refusals(self) -> APIError | None:
-        if self.n is not None and self.n != 1:
-            return unsupported("n", f"n={self.n} is not supported: this service returns exactly one choice per "
-                                    "request (several choices need fork/beam-search KV copies, disabled by §9.3)")
-        if self.logit_bias:
-            return unsupported("logit_bias", "logit_bias is not supported")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if value not in (None, 0, 0.0):
-                return unsupported(name, f"{name} is not supported (only 0)")
-        return None
+    logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = Field(
+        None, description=f"{_NEUTRAL}: an empty object.")
+    presence_penalty: float | None = Field(None, ge=0.0, le=0.0, description=f"{_NEUTRAL}: 0.")
+    frequency_penalty: float | None = Field(None, ge=0.0, le=0.0, description=f"{_NEUTRAL}: 0.")
+    user: str | None = Field(None, max_length=256, description=_IGNORED)
+    store: bool | None = Field(None, description=_IGNORED)
+    metadata: Annotated[dict[str, str], Field(max_length=16)] | None = Field(None, description=_IGNORED)
+    service_tier: str | None = Field(None, max_length=64, description=_IGNORED)
+    prompt_cache_key: str | None = Field(None, max_length=256, description=_IGNORED)
+    safety_identifier: str | None = Field(None, max_length=256, description=_IGNORED)
 
     def stop_strings(self) -> tuple[str, ...]:
         if self.stop is None:
@@ -92,39 +137,33 @@ class _Sampling(_Request):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def continuous_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
-PromptField = Union[str,
-                    Annotated[list[str], Field(min_length=1)],
-                    Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)],
-                    Annotated[list[Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]],
-                              Field(min_length=1)]]
+    def ignored(self) -> list[str]:
+        """The accepted-and-ignored fields this request set."""
+        return sorted(IGNORED_FIELDS & self.model_fields_set)
+
+
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+PromptField = Annotated[Union[Annotated[str, Tag("as-text")],
+                              Annotated[list[str], Field(min_length=1, max_length=1), Tag("as-texts")],
+                              Annotated[TokenIds, Tag("as-tokens")],
+                              Annotated[list[TokenIds], Field(min_length=1, max_length=1), Tag("as-token-lists")]],
+                        Discriminator(_shape)]
 
 
 class CompletionRequest(_Sampling):
     """POST /v1/completions."""
 
-    prompt: PromptField = Field(description="Text, or token ids of the byte-level vocabulary; one prompt per request.")
+    prompt: PromptField = Field(description="One prompt: text, or token ids of the byte-level vocabulary (a list of "
+                                            "exactly one of either is the same prompt).")
     max_tokens: int | None = Field(16, ge=1,
                                    description="Tokens to generate (prompt + max_tokens must fit the context).")
-    best_of: int | None = Field(None, ge=1, le=128, description="Not supported: refused unless 1.")
-    logprobs: int | None = Field(None, ge=0, le=5, description="Not supported: refused unless null.")
-    echo: bool | None = Field(None, description="Not supported: refused unless false.")
-    suffix: str | None = Field(None, description="Not supported: refused unless null.")
-
-    def refusals(self) -> APIError | None:
-        if self.best_of not in (None, 1):
-            return unsupported("best_of", f"best_of={self.best_of} is not supported: beam/best-of search needs "
-                                          "KV copies that are disabled (§9.3)")
-        if self.logprobs is not None:
-            return unsupported("logprobs", "logprobs are not supported")
-        if self.echo:
-            return unsupported("echo", "echo is not supported")
-        if self.suffix is not None:
-            return unsupported("suffix", "suffix (insertion) is not supported")
-        if isinstance(self.prompt, list) and len(self.prompt) > 1 and not isinstance(self.prompt[0], int):
-            return unsupported("prompt", f"{len(self.prompt)} prompts in one request are not supported; send one "
-                                         "prompt per request")
-        return self.common_refusals()
+    best_of: int | None = Field(None, ge=1, le=1, description=f"{_NEUTRAL}: 1.")
+    logprobs: None = Field(None, description=f"{_NEUTRAL}: null.")
+    echo: Literal[False] | None = Field(None, description=f"{_NEUTRAL}: false.")
 
 
 class TextPart(_Request):
@@ -134,7 +173,8 @@ class TextPart(_Request):
 
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    content: Annotated[Union[Annotated[str, Tag("as-text")], Annotated[list[TextPart], Tag("as-parts")]],
+                       Discriminator(lambda v: "as-text" if isinstance(v, str) else "as-parts")] | None = None
     name: str | None = Field(None, max_length=64)
 
     def text(self) -> str:
@@ -146,7 +186,7 @@ class ChatMessage(_Request):
 
 
 class ResponseFormat(_Request):
-    type: str
+    type: Literal["text"]
 
 
 class ChatCompletionRequest(_Sampling):
@@ -154,36 +194,17 @@ class ChatCompletionRequest(_Sampling):
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
     max_tokens: int | None = Field(None, ge=1, description="Tokens to generate; default: what the context leaves.")
-    max_completion_tokens: int | None = Field(None, ge=1, description="Same as max_tokens.")
-    logprobs: bool | None = Field(None, description="Not supported: refused unless false.")
-    top_logprobs: int | None = Field(None, ge=0, le=20, description="Not supported: refused unless null.")
-    tools: list[dict[str, Any]] | None = Field(None, description="Not supported: refused unless empty.")
-    tool_choice: str | dict[str, Any] | None = Field(None, description="Not supported: refused unless null/none.")
-    functions: list[dict[str, Any]] | None = Field(None, description="Not supported: refused unless empty.")
-    function_call: str | dict[str, Any] | None = Field(None, description="Not supported: refused unless null/none.")
-    parallel_tool_calls: bool | None = Field(None, description="Not supported: refused unless null.")
-    response_format: ResponseFormat | None = Field(None, description="Only {'type': 'text'}.")
-
-    def refusals(self) -> APIError | None:
-        if self.logprobs:
-            return unsupported("logprobs", "logprobs are not supported")
-        if self.top_logprobs is not None:
-            return unsupported("top_logprobs", "top_logprobs are not supported")
-        for name in ("tools", "functions"):
-            if getattr(self, name):
-                return unsupported(name, f"{name} (tool/function calling) are not supported")
-        for name in ("tool_choice", "function_call"):
-            if getattr(self, name) not in (None, "none"):
-                return unsupported(name, f"{name} is not supported")
-        if self.parallel_tool_calls is not None:
-            return unsupported("parallel_tool_calls", "parallel_tool_calls is not supported")
-        if self.response_format is not None and self.response_format.type != "text":
-            return unsupported("response_format", f"response_format {self.response_format.type!r} is not supported "
-                                                  "(only 'text')")
-        if (self.max_tokens is not None and self.max_completion_tokens is not None
-                and self.max_tokens != self.max_completion_tokens):
-            return unsupported("max_completion_tokens", "max_tokens and max_completion_tokens disagree; send one")
-        return self.common_refusals()
+    max_completion_tokens: int | None = Field(None, ge=1, description="Same as max_tokens; it wins when both are "
+                                                                      "given (OpenAI's newer name).")
+    logprobs: Literal[False] | None = Field(None, description=f"{_NEUTRAL}: false.")
+    tools: Annotated[list[dict[str, Any]], Field(max_length=0)] | None = Field(
+        None, description=f"{_NEUTRAL}: an empty list.")
+    tool_choice: Literal["none"] | None = Field(None, description=f"{_NEUTRAL}: 'none'.")
+    functions: Annotated[list[dict[str, Any]], Field(max_length=0)] | None = Field(
+        None, description=f"{_NEUTRAL}: an empty list.")
+    function_call: Literal["none"] | None = Field(None, description=f"{_NEUTRAL}: 'none'.")
+    parallel_tool_calls: bool | None = Field(None, description=_IGNORED)
+    response_format: ResponseFormat | None = Field(None, description=f"{_NEUTRAL}: {{'type': 'text'}}.")
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -221,10 +242,16 @@ class Usage(_Response):
 FinishReasonOut = Literal["stop", "length"]
 
 
+StopReason = Union[str, int, None]
+_STOP_REASON = ("As vLLM gives it: the stop string that ended the choice, or null (end-of-sequence token, length "
+                "limit, or still running).")
+
+
 class CompletionChoice(_Response):
     index: int
     text: str
     finish_reason: FinishReasonOut | None
+    stop_reason: StopReason = Field(None, description=_STOP_REASON)
     logprobs: None = None
 
 
@@ -247,6 +274,7 @@ class ChatChoice(_Response):
     index: int
     message: AssistantMessage
     finish_reason: FinishReasonOut
+    stop_reason: StopReason = Field(None, description=_STOP_REASON)
     logprobs: None = None
 
 

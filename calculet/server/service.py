@@ -139,6 +139,20 @@ class Service:
 
     # ------------------------------------------------------------------ requests
 
+    @property
+    def max_seq(self) -> int:
+        """The served model's context (tokens)."""
+        return self.info.max_seq
+
+    def authorize(self, path: str, authorization: str | None) -> None:
+        """The credentials a path needs, from its ``Authorization`` header alone (the body gate asks this before
+        reading a body): a tenant's API key under ``/v1/``, the admin token under ``/admin/``; :class:`APIError`
+        401/403 otherwise."""
+        if path.startswith("/v1/"):
+            self.tenants.resolve(authorization)
+        elif path.startswith("/admin/"):
+            self.admin_guard.check(authorization)
+
     def check_model(self, model: str) -> None:
         """The served alias passes (its availability is the engine's to answer: 503 while draining,
         recovering, failed or stopped) unless the admin API unloaded it and no load is on its way

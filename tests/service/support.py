@@ -29,6 +29,7 @@ from calculet.config import SchedulerConfig, parse_config
 from calculet.runtime.engine.types import EngineOptions
 from calculet.server.app import create_app
 from calculet.server.bringup import BroughtUp, bring_up
+from calculet.server.http_server import uvicorn_config
 from calculet.server.service import Service, ServiceOptions
 
 TENANT_KEYS = {"alpha": "sk-alpha-0001", "beta": "sk-beta-0002", "gamma": "sk-gamma-0003", "delta": "sk-delta-0004"}
@@ -43,13 +44,15 @@ def sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def service_config(*, admin: bool = True, keyless: bool = False, **sections: Any) -> SchedulerConfig:
-    """Four keyed tenants (weights 1/2/1/1, a few limits), an admin token, alias ``tiny``, plus ``sections``."""
+def service_config(*, admin: bool = True, keyless: bool = False, server: Mapping[str, Any] | None = None,
+                   **sections: Any) -> SchedulerConfig:
+    """Four keyed tenants (weights 1/2/1/1, a few limits), an admin token, alias ``tiny``, ``server`` options, plus
+    ``sections``."""
     tenants = [{"name": name, "api_key_sha256": sha(key), "weight": TENANT_WEIGHTS[name], **TENANT_LIMITS.get(name, {})}
                for name, key in TENANT_KEYS.items()]
     if keyless:
         tenants.append({"name": "anonymous"})
-    server: dict[str, Any] = {"admin_token_sha256": sha(ADMIN_TOKEN)} if admin else {}
+    server = {**({"admin_token_sha256": sha(ADMIN_TOKEN)} if admin else {}), **dict(server or {})}
     return parse_config({"schema": "calculet-scheduler/v1", "model_alias": ALIAS, "tenants": tenants,
                          "server": server, **sections})
 
@@ -117,8 +120,7 @@ def start_server(config: SchedulerConfig, key_dir: Path, *, cost: CostModel | No
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
-                                           timeout_graceful_shutdown=10))
+    server = uvicorn.Server(uvicorn_config(app, brought.config.server, timeout_graceful_shutdown=10))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"uvicorn-{port}", daemon=True)
     thread.start()
     return RunningServer(service, brought, port, server, thread)

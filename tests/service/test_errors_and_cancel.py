@@ -8,8 +8,10 @@ wait is for an event (a chunk read from the socket, a stream closed inside the s
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 import socket
 
+import httpx
 import openai
 import pytest
 
@@ -185,3 +187,35 @@ def test_admin_token_is_required(server: RunningServer, paced_server: RunningSer
     with paced_server.http() as http:
         disabled = http.get("/admin/models", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     assert disabled.status_code == 403 and disabled.json()["error"]["code"] == "admin_disabled"
+
+
+@pytest.mark.req("R12.2")
+def test_admin_state_conflicts_are_409_and_concurrent_drains_get_one_answer_each(fresh_server: RunningServer) -> None:
+    """Issue #14: two concurrent drains used to answer 200 twice (one with generation 0); draining or unloading
+    what is already unloaded was 503. Now the begin of an unload is serialised: one caller drains, every other
+    one gets 409 naming the state."""
+    server = fresh_server
+    streaming = server.client("alpha").completions.create(model=ALIAS, prompt="hold", max_tokens=60, stream=True,
+                                                          extra_body={"ignore_eos": True})
+    next(iter(streaming))  # a stream in flight: the drain has something to wait for
+
+    def drain() -> httpx.Response:
+        with server.http() as http:
+            return http.post(f"/admin/models/{ALIAS}/drain", headers=server.admin_headers())
+
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda _: drain(), range(2)))
+    assert sorted(a.status_code for a in answers) == [200, 409], [a.text for a in answers]
+    won = next(a for a in answers if a.status_code == 200).json()
+    lost = next(a for a in answers if a.status_code == 409).json()["error"]
+    assert won["generation"] == 1 and lost["code"] == "conflict" and lost["param"] == "alias"
+    assert "already" in lost["message"]
+    list(streaming)  # the accepted stream runs to its end
+    admin = server.service.admin
+    assert isinstance(admin, ManagedModelAdmin) and admin.wait(ALIAS, 30)
+    with server.http() as http:
+        again = [http.post(f"/admin/models/{ALIAS}/{op}", headers=server.admin_headers()) for op in ("drain", "unload")]
+        ready = http.get("/health/ready")
+    for response in again:
+        assert response.status_code == 409 and "already unloaded" in response.json()["error"]["message"]
+    assert ready.status_code == 503

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from calculet.server.inference import chat_prompt
+from calculet.server.request_parsing import chat_prompt
 from calculet.server.schemas import ChatMessage
 from tests.service import reference
 from tests.service.support import ALIAS, TENANT_KEYS, RunningServer, families_value, iter_json
@@ -28,7 +28,8 @@ def test_completion_returns_the_engine_tokens_with_usage(server: RunningServer) 
     choice = out.choices[0]
     assert choice.text == expected.text and choice.finish_reason == "length"
     assert out.usage is not None
-    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (13, 12, 25)
+    prompt = len(expected.prompt)  # the bundled package's own BPE tokenizer (#18)
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (prompt, 12, prompt + 12)
     assert out.model == ALIAS and out.id.startswith("cmpl-") and out.object == "text_completion"
 
 
@@ -55,7 +56,7 @@ def test_streamed_completion_ends_with_done_and_carries_usage(server: RunningSer
 @pytest.mark.req("R5.2.1")
 def test_chat_completion_plain_and_streamed(server: RunningServer) -> None:
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "What is a KV lane?"}]
-    prompt = chat_prompt(reference.tokenizer(), [ChatMessage.model_validate(m) for m in messages])
+    prompt = chat_prompt(reference.tokenizer(), [ChatMessage.model_validate(m) for m in messages], 10_000)
     expected = reference.generate([(prompt, 16)])[0]
     client = server.client("gamma")
     out = client.chat.completions.create(model=ALIAS, messages=messages,  # type: ignore[arg-type]
@@ -77,8 +78,10 @@ def test_chat_completion_plain_and_streamed(server: RunningServer) -> None:
 def test_a_stop_string_ends_generation_and_is_not_returned(server: RunningServer) -> None:
     expected = reference.for_text([("stop here", 40)])[0]
     tokens = expected.tokens
-    index = next(i for i, t in enumerate(tokens) if i >= 1 and 0x21 <= t <= 0x7E and t not in tokens[:i])
-    stop = chr(tokens[index])
+    tok = reference.tokenizer()  # the bundled package's BPE (#18): a token that is its own text's only encoding
+    index = next(i for i, t in enumerate(tokens) if i >= 1 and tok.decode([t]).strip()
+                 and tok.encode(tok.decode([t]), add_bos=False) == [t] and tok.decode([t]) not in tok.decode(tokens[:i]))
+    stop = tok.decode([tokens[index]])
     out = server.client("delta").completions.create(model=ALIAS, prompt="stop here", max_tokens=40, stop=[stop],
                                                      **GREEDY)
     assert out.choices[0].finish_reason == "stop"
@@ -159,10 +162,13 @@ def test_nothing_claims_npu_batch_continuous_batching_prompt_cache_fork_or_beam(
     for row in contract["capabilities"]:
         assert row["tier"] in ("C0", "C1", "C1/C2", "C2", "C2/C3", "C3", "C4") and row["source"]
         assert not (row["proved"] and (row["simulated"] or row["tier"] != "C0"))
-    # the API documents these features only as refused
+    # the API offers these features only at their neutral value (issue #14: the schema states what is accepted)
     fields = openapi["components"]["schemas"]["CompletionRequest"]["properties"]
     for name in ("n", "best_of", "logprobs", "echo"):
-        assert "not supported" in fields[name]["description"].lower() or name == "n"
+        assert "not supported beyond" in fields[name]["description"].lower()
+    assert fields["n"]["anyOf"][0]["maximum"] == 1 and "suffix" not in fields
+    chat = openapi["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    assert "top_logprobs" not in chat and chat["tool_choice"]["anyOf"][0] == {"const": "none", "type": "string"}
 
 
 @pytest.mark.req("R9.3.9", "R5.2.3")
@@ -222,13 +228,21 @@ def test_health_endpoints(server: RunningServer) -> None:
     assert ready.status_code == 200 and ready.json()["status"] == "ready"
 
 
-def test_request_ids_are_echoed_and_generated(server: RunningServer) -> None:
+def test_request_ids_are_the_servers_and_a_client_id_is_only_a_correlation_field(server: RunningServer) -> None:
+    """Issue #14: a client-chosen X-Request-Id never becomes the id (two tenants could make ids collide); it is
+    echoed in its own header and logged as client_request_id."""
+    headers = {"Authorization": f"Bearer {TENANT_KEYS['alpha']}", "X-Request-Id": "trace-123"}
     with server.http() as http:
-        echoed = http.get("/health/live", headers={"X-Request-Id": "trace-123"})
+        given = [http.post("/v1/completions", headers=headers, json={"model": ALIAS, "prompt": "x", "max_tokens": 1})
+                 for _ in range(2)]
         generated = http.get("/health/live")
         bad = http.get("/health/live", headers={"X-Request-Id": "no spaces allowed"})
-    assert echoed.headers["x-request-id"] == "trace-123"
-    assert len(generated.headers["x-request-id"]) == 32 and bad.headers["x-request-id"] != "no spaces allowed"
+    ids = {r.headers["x-request-id"] for r in given}
+    assert len(ids) == 2 and "trace-123" not in ids
+    assert all(r.headers["x-client-request-id"] == "trace-123" for r in given)
+    assert {r.json()["id"] for r in given} == {f"cmpl-{i}" for i in ids}
+    assert len(generated.headers["x-request-id"]) == 32 and "x-client-request-id" not in generated.headers
+    assert bad.headers["x-request-id"] != "no spaces allowed" and "x-client-request-id" not in bad.headers
 
 
 def test_httpx_client_close_mid_body_is_harmless(server: RunningServer) -> None:

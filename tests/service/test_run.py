@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -41,6 +42,19 @@ def test_an_invalid_config_stops_start_up_naming_the_field(tmp_path: Path, monke
     assert "batch.profiles" in err and "B8" in err
     assert run.main(["--config", str(tmp_path / "missing.yaml")]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+def test_the_socket_listens_before_the_listening_line() -> None:
+    """Issue #14: ``_listen`` only bound the socket, which listened once uvicorn's loop served it, so a client
+    that connected on the ``listening`` line could be refused. The socket it returns accepts connections at once
+    (the kernel queues them until uvicorn accepts)."""
+    sock = run._listen("127.0.0.1", 0)
+    try:
+        port = sock.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=10):
+            pass  # refused (ConnectionRefusedError) if the socket did not listen
+    finally:
+        sock.close()
 
 
 class _Lines:

@@ -1,0 +1,130 @@
+"""The body gate: authenticate before reading, count the body while reading it (issue #14, §5.2).
+
+Why an ASGI layer of its own: FastAPI reads a request body whole, whatever its size, before any
+route or dependency runs, and the service's limit was checked only against a declared
+``Content-Length`` — a 40 MB chunked body was read into memory (RSS +436 MB) and parsed before
+its 400, and a body without any API key was read and parsed before its 401. This gate runs
+before routing:
+
+1. a route that needs credentials (``/v1/...``, ``/admin/...``) has them checked from the headers
+   alone; a refusal (401/403) is answered at once and the connection closed, the body unread;
+2. a declared ``Content-Length`` above ``server.max_body_bytes`` is 413 at once;
+3. otherwise the body is read here, chunk by chunk, counting: past the limit the answer is 413
+   and the connection closes (the rest is never read, so memory stays bounded by the limit);
+   a pause longer than ``server.body_timeout_s`` between two chunks is 408, also closed;
+4. the app then receives the body as one message, already read and bounded, and parses it off
+   the event loop (:mod:`calculet.server.request_parsing`).
+
+Refusals close the connection (``Connection: close``) because the rest of the body may still be
+on its way; keeping the connection would mean reading it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from calculet.server.errors import APIError
+
+Authorize = Callable[[Scope], "APIError | None"]
+"""Checks a request's credentials from its scope (headers and path) alone; the refusal, or None."""
+
+_CLOSE = {"Connection": "close"}
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return bytes(value)
+    return None
+
+
+def _has_body(scope: Scope) -> bool:
+    length = _header(scope, b"content-length")
+    if length is not None:
+        return length.strip() not in (b"", b"0")
+    return _header(scope, b"transfer-encoding") is not None
+
+
+def _refusal(exc: APIError, scope: Scope) -> APIError:
+    """``exc`` answered with ``Connection: close`` and noted for the request's log line."""
+    scope.setdefault("state", {})["error"] = (exc.code, exc.message)
+    return APIError(exc.status, exc.message, code=exc.code, param=exc.param, type=exc.type,
+                    headers={**exc.headers, **_CLOSE})
+
+
+class BodyGate:
+    """Pure ASGI middleware: credentials before the body, the body counted while it is read."""
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float, authorize: Authorize) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
+        self.authorize = authorize
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refused = self.authorize(scope) if _has_body(scope) else None
+        if refused is not None:
+            await _refusal(refused, scope)(scope, receive, send)
+            return
+        if not _has_body(scope):
+            await self.app(scope, receive, send)
+            return
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.strip().isdigit() and int(declared) > self.max_body_bytes:
+            await _refusal(self._too_large(f"the declared body of {int(declared)} bytes"), scope)(scope, receive, send)
+            return
+        body, problem = await self._read(receive)
+        if problem is not None:
+            await _refusal(problem, scope)(scope, receive, send)
+            return
+        if body is None:  # the client went away while sending: nobody to answer
+            scope.setdefault("state", {})["error"] = ("client_closed_request", "the client closed while sending")
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+    async def _read(self, receive: Receive) -> tuple[bytes | None, APIError | None]:
+        """The whole body (None if the client disconnected), or the refusal that ends the reading."""
+        buffer = bytearray()
+        while True:
+            try:
+                with anyio.fail_after(self.body_timeout_s):
+                    message = await receive()
+            except TimeoutError:
+                return None, APIError(408, f"the request body paused for more than {self.body_timeout_s:g} s "
+                                           f"after {len(buffer)} bytes", code="body_timeout")
+            if message["type"] == "http.disconnect":
+                return None, None
+            buffer += message.get("body", b"")
+            if len(buffer) > self.max_body_bytes:
+                return None, self._too_large(f"the body (more than {self.max_body_bytes} bytes read)")
+            if not message.get("more_body", False):
+                return bytes(buffer), None
+
+    def _too_large(self, what: str) -> APIError:
+        return APIError(413, f"{what} exceeds the limit of {self.max_body_bytes} bytes (server.max_body_bytes)",
+                        code="body_too_large")
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands the app the body already read, then waits on the real one (disconnects)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        message: Any = await receive()
+        return message  # type: ignore[no-any-return]
+
+    return replay
+
+
+__all__ = ["Authorize", "BodyGate"]

@@ -1,0 +1,335 @@
+"""The HTTP edge under hostile and careless clients (issue #14, R5.2.3, R16.10).
+
+Every client input is a 4xx in the OpenAI error shape naming the field the client wrote, with an
+``x-request-id`` on the answer — never a 5xx — and the process serves afterwards. Surrogates in
+every text field, extreme floats, wrong JSON types, deep nesting, huge and chunked bodies,
+half-sent headers and slow bodies, against a server of its own whose limits are small
+(``max_body_bytes`` 64 KiB, header and body timeouts 0.5 s) so that nothing here waits long.
+Timeouts are observed as their effect (a 408 and a closed socket), never as a measured duration.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.service.support import ALIAS, TENANT_KEYS, RunningServer, service_config, start_server
+
+MAX_BODY = 64 * 1024
+KEY = {"Authorization": f"Bearer {TENANT_KEYS['alpha']}"}
+SURROGATE = "\ud800"
+
+
+@pytest.fixture(scope="module")
+def edge(key_dir: Path) -> Iterator[RunningServer]:
+    config = service_config(server={"max_body_bytes": MAX_BODY, "header_timeout_s": 0.5, "body_timeout_s": 0.5})
+    running = start_server(config, key_dir)
+    yield running
+    running.stop()
+
+
+class Statuses:
+    """Every answer of a test, so that one assertion covers 'no response >= 500'."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int]] = []
+
+    def note(self, label: str, response: httpx.Response) -> httpx.Response:
+        self.seen.append((label, response.status_code))
+        assert response.headers.get("x-request-id"), (label, response.headers)
+        return response
+
+    def assert_no_5xx(self) -> None:
+        assert [s for s in self.seen if s[1] >= 500] == [], self.seen
+
+
+def _post(http: httpx.Client, path: str, body: Any) -> httpx.Response:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()  # ensure_ascii: "\ud800" stays an escape
+    return http.post(path, content=raw, headers={**KEY, "Content-Type": "application/json"})
+
+
+def _served(server: RunningServer) -> None:
+    """The process still serves a completion."""
+    with server.http() as http:
+        ok = _post(http, "/v1/completions", {"model": ALIAS, "prompt": "still here", "max_tokens": 2})
+    assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+COMPLETION = {"model": ALIAS, "prompt": "x", "max_tokens": 2}
+CHAT = {"model": ALIAS, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
+SURROGATE_CASES: list[tuple[str, dict[str, Any], str]] = [
+    ("/v1/completions", {**COMPLETION, "prompt": f"a{SURROGATE}b"}, "prompt"),
+    ("/v1/completions", {**COMPLETION, "prompt": ["\udfff"]}, "prompt.0"),
+    ("/v1/completions", {**COMPLETION, "stop": SURROGATE}, "stop"),
+    ("/v1/completions", {**COMPLETION, "stop": ["ok", SURROGATE]}, "stop.1"),
+    ("/v1/completions", {**COMPLETION, "model": SURROGATE}, "model"),
+    ("/v1/completions", {**COMPLETION, "user": SURROGATE}, "user"),
+    ("/v1/completions", {**COMPLETION, "metadata": {"k": SURROGATE}}, "metadata.k"),
+    ("/v1/completions", {**COMPLETION, "service_tier": SURROGATE}, "service_tier"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "\udfff"}]}, "messages.0.content"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": SURROGATE}]}]},
+     "messages.0.content.0.text"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "x", "name": SURROGATE}]},
+     "messages.0.name"),
+    ("/v1/chat/completions", {**CHAT, "stop": [SURROGATE]}, "stop.0"),
+]
+
+
+@pytest.mark.req("R5.2.3")
+@pytest.mark.parametrize("stream", [False, True])
+def test_lone_surrogates_in_every_text_field_are_400_naming_the_field(edge: RunningServer, stream: bool) -> None:
+    statuses = Statuses()
+    with edge.http() as http:  # one keep-alive connection for all: none may be reset
+        for path, body, param in SURROGATE_CASES:
+            response = statuses.note(param, _post(http, path, {**body, "stream": stream}))
+            error = response.json()["error"]
+            assert response.status_code == 400, (param, response.text)
+            assert (error["code"], error["param"]) == ("invalid_unicode", param), error
+    statuses.assert_no_5xx()
+    _served(edge)
+
+
+@pytest.mark.req("R5.2.3")
+def test_extreme_floats_are_served_greedily_or_refused(edge: RunningServer) -> None:
+    """temperature 1e-308 used to end in 500 'no usable output token': below 1e-5 is greedy (as vLLM)."""
+    statuses = Statuses()
+    greedy = {"model": ALIAS, "prompt": "float", "max_tokens": 6, "ignore_eos": True}
+    with edge.http() as http:
+        baseline = statuses.note("t=0", _post(http, "/v1/completions", {**greedy, "temperature": 0})).json()
+        for tiny in (1e-308, 1e-310, 5e-324, 9.9e-6):
+            for stream in (False, True):
+                response = statuses.note(f"t={tiny}", _post(http, "/v1/completions",
+                                                             {**greedy, "temperature": tiny, "stream": stream}))
+                assert response.status_code == 200, (tiny, response.text)
+                if not stream:
+                    assert response.json()["choices"][0]["text"] == baseline["choices"][0]["text"]
+        top = statuses.note("top_p", _post(http, "/v1/completions", {**greedy, "temperature": 1.0, "top_p": 5e-324}))
+        assert top.status_code == 200
+        for field, raw in (("temperature", b"1e308"), ("temperature", b"NaN"), ("top_p", b"Infinity"),
+                           ("temperature", b"-1e-320"), ("seed", b"1e400"), ("max_tokens", b"1e3")):
+            body = b'{"model": "%s", "prompt": "x", "%s": %s}' % (ALIAS.encode(), field.encode(), raw)
+            response = statuses.note(field, _post(http, "/v1/completions", body))
+            assert response.status_code == 400, (field, raw, response.text)
+            error = response.json()["error"]
+            assert error["param"] in (field, None) and error["type"] == "invalid_request_error", error
+    statuses.assert_no_5xx()
+
+
+WRONG_TYPES: list[tuple[str, dict[str, Any], str]] = [
+    ("/v1/completions", {**COMPLETION, "max_tokens": "16"}, "max_tokens"),
+    ("/v1/completions", {**COMPLETION, "max_tokens": True}, "max_tokens"),
+    ("/v1/completions", {**COMPLETION, "max_tokens": 2.0}, "max_tokens"),
+    ("/v1/completions", {**COMPLETION, "stream": "yes"}, "stream"),
+    ("/v1/completions", {**COMPLETION, "stream": 1}, "stream"),
+    ("/v1/completions", {**COMPLETION, "temperature": "0.5"}, "temperature"),
+    ("/v1/completions", {**COMPLETION, "seed": "7"}, "seed"),
+    ("/v1/completions", {**COMPLETION, "model": 5}, "model"),
+    ("/v1/completions", {**COMPLETION, "prompt": 5}, "prompt"),
+    ("/v1/completions", {**COMPLETION, "prompt": [1, "a"]}, "prompt.1"),
+    ("/v1/completions", {**COMPLETION, "stop": 5}, "stop"),
+    ("/v1/completions", {**COMPLETION, "stop": [5]}, "stop.0"),
+    ("/v1/completions", {**COMPLETION, "stream_options": {"include_usage": "true"}}, "stream_options.include_usage"),
+    ("/v1/completions", {**COMPLETION, "ignore_eos": 0}, "ignore_eos"),
+    ("/v1/chat/completions", {**CHAT, "messages": {"role": "user"}}, "messages"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+    ("/v1/chat/completions", {**CHAT, "max_completion_tokens": "2"}, "max_completion_tokens"),
+]
+
+
+@pytest.mark.req("R5.2.3")
+def test_wrong_json_types_are_refused_not_coerced(edge: RunningServer) -> None:
+    statuses = Statuses()
+    with edge.http() as http:
+        for path, body, param in WRONG_TYPES:
+            response = statuses.note(param, _post(http, path, body))
+            assert response.status_code == 400, (param, response.text)
+            error = response.json()["error"]
+            assert error["param"] == param, (body, error)
+            assert "-str" not in error["message"] and "constrained" not in error["message"], error
+        for body in (b"[]", b'"text"', b"17", b"null", b"{", b"\xff\xfe", b""):
+            response = statuses.note(repr(body), _post(http, "/v1/completions", body))
+            assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json", body
+    statuses.assert_no_5xx()
+
+
+@pytest.mark.req("R5.2.3")
+def test_deep_nesting_is_400(edge: RunningServer) -> None:
+    statuses = Statuses()
+    depth = 5_000  # under the body limit, far over any parser's recursion limit
+    with edge.http() as http:
+        for body in (b'{"model": "tiny", "prompt": ' + b"[" * depth + b"]" * depth + b"}",
+                     b'{"model": "tiny", "prompt": "x", "metadata": ' + b'{"a":' * depth + b"1" + b"}" * depth + b"}",
+                     b"[" * depth + b"]" * depth):
+            response = statuses.note("deep", _post(http, "/v1/completions", body))
+            assert response.status_code == 400, response.text[:200]
+    statuses.assert_no_5xx()
+    _served(edge)
+
+
+def _chunks(total: int, piece: int = 16 * 1024) -> Iterator[bytes]:
+    yield b'{"model": "tiny", "prompt": "'
+    sent = 0
+    while sent < total:
+        yield b"a" * piece
+        sent += piece
+    yield b'"}'
+
+
+@pytest.mark.req("R5.2.3")
+def test_huge_bodies_chunked_or_declared_are_413_and_unauthenticated_ones_401_unread(edge: RunningServer) -> None:
+    statuses = Statuses()
+    for headers in ({**KEY}, {}):
+        with edge.http() as http:
+            try:
+                response = http.post("/v1/completions", content=_chunks(MAX_BODY * 64),
+                                     headers={**headers, "Content-Type": "application/json"})
+            except httpx.TransportError:  # the server closed while the client was still sending: refused unread
+                continue
+            statuses.note("chunked", response)
+            assert response.status_code == (413 if headers else 401), response.text
+            assert response.headers["connection"] == "close"
+    with socket.create_connection(("127.0.0.1", edge.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer %s\r\nContent-Length: 900000000\r\n\r\n" % TENANT_KEYS["alpha"].encode())
+        answer = _read_all(sock)
+    assert answer.startswith(b"HTTP/1.1 413") and b"body_too_large" in answer and b"x-request-id" in answer
+    with edge.http() as http:  # exactly at the limit: read, parsed, answered (a prompt beyond the context)
+        body = b'{"model": "tiny", "prompt": "' + b"a" * (MAX_BODY - 40) + b'"}'
+        response = statuses.note("at limit", _post(http, "/v1/completions", body))
+        assert len(body) <= MAX_BODY and response.status_code == 400
+        assert response.json()["error"]["code"] == "context_length_exceeded"
+    statuses.assert_no_5xx()
+    _served(edge)
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes (each recv bounded by the socket's timeout)."""
+    data = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+
+
+@pytest.mark.req("R5.2.3")
+@pytest.mark.parametrize("half", [b"POST /v1/comple", b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nAuthoriz",
+                                  b"GET /health/live HTTP/1.1\r\nHost: t\r\n"])
+def test_a_half_sent_request_is_closed_within_the_header_timeout(edge: RunningServer, half: bytes) -> None:
+    """server.header_timeout_s 0.5: the server answers 408 and closes; the socket's own 30 s timeout would
+    fail the test first if it did not."""
+    with socket.create_connection(("127.0.0.1", edge.port), timeout=30) as sock:
+        sock.sendall(half)
+        answer = _read_all(sock)
+    assert answer.startswith(b"HTTP/1.1 408") and b"header_timeout" in answer
+    _served(edge)
+
+
+def test_a_half_sent_second_request_on_a_keep_alive_connection_is_closed_too(edge: RunningServer) -> None:
+    with socket.create_connection(("127.0.0.1", edge.port), timeout=30) as sock:
+        sock.sendall(b"GET /health/live HTTP/1.1\r\nHost: t\r\n\r\n")
+        first = b""
+        while not first.endswith(b"}"):  # the whole JSON answer (headers and body may come apart)
+            first += sock.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200")
+        sock.sendall(b"GET /health/live HTTP/1.1\r\nHo")
+        answer = _read_all(sock)
+    assert answer.startswith(b"HTTP/1.1 408")
+
+
+@pytest.mark.req("R5.2.3")
+def test_a_slow_body_is_408_and_closed(edge: RunningServer) -> None:
+    with socket.create_connection(("127.0.0.1", edge.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                     b"Authorization: Bearer %s\r\nContent-Length: 100\r\n\r\n{\"model\"" % TENANT_KEYS["alpha"].encode())
+        answer = _read_all(sock)
+    assert answer.startswith(b"HTTP/1.1 408") and b"body_timeout" in answer and b"x-request-id" in answer
+    _served(edge)
+
+
+def test_an_unexpected_error_is_a_500_with_the_request_id_and_the_connection_survives(
+        edge: RunningServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(model: str) -> None:
+        raise RuntimeError("injected")
+
+    with edge.http() as http:
+        monkeypatch.setattr(edge.service, "check_model", broken)
+        failed = _post(http, "/v1/completions", COMPLETION)
+        monkeypatch.undo()
+        after = _post(http, "/v1/completions", COMPLETION)  # the same keep-alive connection
+    assert failed.status_code == 500 and failed.json()["error"]["code"] == "internal_error"
+    assert failed.headers["x-request-id"] and after.status_code == 200
+
+
+def test_4xx_log_lines_say_why_and_framework_routes_are_named(edge: RunningServer,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="calculet.server"), edge.http() as http:
+        bad = _post(http, "/v1/completions", {**COMPLETION, "max_tokens": "16"})
+        docs = http.get("/openapi.json")
+    lines = {getattr(r, "request_id", None): r for r in caplog.records if r.getMessage() == "http"}
+    line = lines[bad.headers["x-request-id"]]
+    assert (line.status, line.code, line.route) == (400, "invalid_value", "/v1/completions")  # type: ignore[attr-defined]
+    assert "max_tokens" in line.reason  # type: ignore[attr-defined]
+    assert lines[docs.headers["x-request-id"]].route == "/openapi.json"  # type: ignore[attr-defined]
+
+
+def test_known_openai_fields_that_do_not_change_generation_are_accepted(edge: RunningServer) -> None:
+    ignored = {"store": False, "metadata": {"run": "1"}, "user": "u-1", "service_tier": "auto",
+               "prompt_cache_key": "k", "safety_identifier": "s"}
+    with edge.http() as http:
+        plain = _post(http, "/v1/completions", {**COMPLETION, **ignored, "temperature": 0})
+        chat = _post(http, "/v1/chat/completions", {**CHAT, **ignored, "parallel_tool_calls": True,
+                                                    "n": 1, "presence_penalty": 0, "logit_bias": {}, "tools": []})
+        unknown = _post(http, "/v1/completions", {**COMPLETION, "frobnicate": 1})
+        refused = _post(http, "/v1/chat/completions", {**CHAT, "top_logprobs": 2})
+    assert plain.status_code == 200 and chat.status_code == 200, (plain.text, chat.text)
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "frobnicate"
+    assert refused.json()["error"]["code"] == "unsupported_parameter" and "top_logprobs" in refused.text
+
+
+def test_vllm_and_openai_surface_health_model_card_usage_and_responses(edge: RunningServer) -> None:
+    greedy = {"model": ALIAS, "prompt": "stop here", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    with edge.http() as http:
+        health = http.get("/health")
+        card = http.get(f"/v1/models/{ALIAS}", headers=KEY)
+        missing = http.get("/v1/models/nope", headers=KEY)
+        responses = http.post("/v1/responses", headers=KEY, json={"model": ALIAS, "input": "hi"})
+        with http.stream("POST", "/v1/completions", headers=KEY,
+                         json={**greedy, "stream": True,
+                               "stream_options": {"continuous_usage_stats": True, "include_usage": True}}) as sse:
+            chunks = [json.loads(line[6:]) for line in sse.iter_lines() if line.startswith("data: {")]
+    assert health.status_code == 200 and card.json()["id"] == ALIAS and missing.status_code == 404
+    assert responses.status_code == 404 and "/v1/chat/completions" in responses.json()["error"]["message"]
+    counts = [c["usage"]["completion_tokens"] for c in chunks]
+    assert all("usage" in c for c in chunks) and counts == sorted(counts) and counts[-1] == 12
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length" and chunks[-2]["choices"][0]["stop_reason"] is None
+
+
+def test_stop_reason_names_the_stop_string_that_ended_the_choice(edge: RunningServer) -> None:
+    """vLLM's stop_reason: the stop string that ended the choice (null for EOS or length). A chunk's text is one
+    or a few generated tokens; the first whose text stops the same greedy generation is the stop string."""
+    greedy = {"model": ALIAS, "prompt": "stop here", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    with edge.http() as http:
+        with http.stream("POST", "/v1/completions", headers=KEY, json={**greedy, "stream": True}) as sse:
+            texts = [json.loads(line[6:])["choices"][0]["text"] for line in sse.iter_lines()
+                     if line.startswith("data: {")]
+        stopped = []
+        for text in dict.fromkeys(t for t in texts[1:] if t and "\ufffd" not in t):
+            for kind in ("completions", "chat/completions"):
+                body = {**greedy, "stop": ["\x00never", text]}
+                if kind != "completions":
+                    body = {k: v for k, v in body.items() if k != "prompt"}
+                    body["messages"] = [{"role": "user", "content": "stop here"}]
+                choice = _post(http, f"/v1/{kind}", body).json()["choices"][0]
+                if choice["finish_reason"] == "stop":
+                    stopped.append((kind, text, choice["stop_reason"]))
+                else:
+                    assert choice["stop_reason"] is None, choice
+    assert stopped and all(reason == text for _, text, reason in stopped), (texts, stopped)
