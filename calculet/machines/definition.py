@@ -15,8 +15,8 @@ from typing import Any, Callable, Mapping
 
 from calculet.logic.types import VarType
 
-__all__ = ["Definition", "Effect", "Event", "Guard", "Invariant", "Param", "State", "StepProperty", "T",
-           "Transition", "Var"]
+__all__ = ["Definition", "Effect", "Event", "Group", "Guard", "Invariant", "Param", "State", "StepProperty", "T",
+           "TERMINAL_GROUP", "Transition", "Var", "definition_of", "is_terminal"]
 
 
 @dataclass
@@ -43,10 +43,16 @@ class Var:
 
 @dataclass(eq=False)
 class State:
+    """A state; ``groups`` names the sets it belongs to (``waiting``, ``running``, ...), which the
+    resolution collects into ``Definition.groups`` — the one place such sets exist (issue #17:
+    a parallel tuple of "terminal" states let the proofs and the flags disagree). The group
+    ``terminal`` is derived from the ``terminal`` flags and cannot be declared by hand."""
+
     initial: bool = False
     terminal: bool = False
     doc: str = ""
     name: str = ""
+    groups: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         return f"State({self.name})"
@@ -153,6 +159,14 @@ class Definition:
     invariants: tuple[Invariant, ...]
     step_properties: tuple[StepProperty, ...]
     examples: tuple[dict[str, Any], ...] = ()
+    groups: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    def group(self, name: str) -> frozenset[str]:
+        """The states of a named group (``terminal`` included); unknown names are an error."""
+        try:
+            return self.groups[name]
+        except KeyError:
+            raise AttributeError(f"{self.name} declares no state group {name!r}") from None
 
     def transitions_from(self, state: str, event: str | None = None) -> list[Transition]:
         return [t for t in self.transitions
@@ -183,3 +197,51 @@ class Definition:
 
     def initial_values(self) -> dict[str, Any]:
         return {name: var.initial() for name, var in self.vars.items()}
+
+
+TERMINAL_GROUP = "terminal"
+
+
+def definition_of(view: Any) -> Definition:
+    """The declaration a variables view belongs to: a compiled instance (class attribute), a z3
+    view (``SymbolicVars._definition``) or the reference machine's view (its owner's)."""
+    d = getattr(type(view), "definition", None)
+    if isinstance(d, Definition):
+        return d
+    own = getattr(view, "__dict__", {})
+    if isinstance(own.get("_definition"), Definition):
+        return own["_definition"]  # type: ignore[no-any-return]
+    owner = own.get("_owner")
+    if owner is not None and isinstance(getattr(owner, "definition", None), Definition):
+        return owner.definition  # type: ignore[no-any-return]
+    raise AttributeError(f"cannot tell which machine {view!r} belongs to")
+
+
+class Group:
+    """A named set of states, read from the declaration of the instance it is applied to.
+
+    ``group(v)`` is ``v.at(<the group's states>)`` — on live instances and z3 terms alike — and
+    ``group.of(Machine)`` the set itself, for runtime code. Neither restates the members: they
+    are the states that declare the group (or, for ``terminal``, carry the flag), so a state
+    unflagged or regrouped in the declaration changes every proof, monitor and runtime test at once.
+    """
+
+    def __init__(self, *names: str) -> None:
+        self.names = names
+
+    def states(self, d: Definition) -> frozenset[str]:
+        return frozenset().union(*[d.group(n) for n in self.names])
+
+    def of(self, machine: Any) -> frozenset[str]:
+        return self.states(machine if isinstance(machine, Definition) else machine.definition)
+
+    def __call__(self, v: Any) -> Any:
+        d = definition_of(v)
+        members = self.states(d)
+        return v.at(*[s for s in d.states if s in members])
+
+    def __repr__(self) -> str:
+        return f"Group({', '.join(self.names)})"
+
+
+is_terminal = Group(TERMINAL_GROUP)

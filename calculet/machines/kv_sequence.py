@@ -5,7 +5,9 @@ from __future__ import annotations
 from calculet.logic.expr import And, Implies, Not, Or
 from calculet.logic.types import Int
 from calculet.machines.core import Machine
-from calculet.machines.definition import Event, Invariant, Param, State, StepProperty, T, Var
+from calculet.machines.definition import Event, Group, Invariant, Param, State, StepProperty, T, Var
+
+is_working = Group("working")  # owned and usable by its request: Reserved, Active or Updating
 
 
 class KvSequenceMachine(Machine):
@@ -42,9 +44,9 @@ class KvSequenceMachine(Machine):
     pending = Var(Int(ge=0), doc="tokens of the open transaction (Updating only)")
 
     free = State(initial=True, doc="no owner; may be reserved")
-    reserved = State(doc="owned, nothing committed yet (before prefill)")
-    active = State(doc="owned, KV committed, no job in flight")
-    updating = State(doc="a submitted job is writing `pending` tokens")
+    reserved = State(doc="owned, nothing committed yet (before prefill)", groups=("working",))
+    active = State(doc="owned, KV committed, no job in flight", groups=("working",))
+    updating = State(doc="a submitted job is writing `pending` tokens", groups=("working",))
     unknown = State(doc="device state unknown after timeout/CCU fault; quarantined")
     releasing = State(doc="owner gone; waiting for the runtime to confirm the free")
 

@@ -7,7 +7,7 @@ import enum
 from calculet.logic.expr import And, If, Implies, In, Not, Or
 from calculet.logic.types import Bool, EnumType, Int
 from calculet.machines.core import Machine
-from calculet.machines.definition import Event, Invariant, Param, State, StepProperty, T, Var
+from calculet.machines.definition import Event, Group, Invariant, Param, State, StepProperty, T, Var, is_terminal
 
 
 class FinishReason(enum.IntEnum):
@@ -22,12 +22,15 @@ class FinishReason(enum.IntEnum):
     REJECTED = 6    # admission refused it (400 / 429 / 503)
 
 
-TERMINAL = ("completed", "cancelled", "failed")
-WAITING = ("new", "waiting_model", "waiting_admission")
-READY = ("prefill_ready", "decode_ready")
-RUNNING = ("prefill_running", "decode_running")
-ADMITTED = ("prefill_ready", "prefill_running", "decode_ready", "decode_running", "finishing", "completed")
-DECODING = ("decode_ready", "decode_running", "finishing", "completed")
+# The state groups, as predicates over a view (``is_running(v)``); their members are the states
+# that declare them below (``terminal``: the states flagged terminal), never a tuple of names.
+is_waiting = Group("waiting")      # not admitted yet: no lane, no job
+is_ready = Group("ready")          # admitted, queued for its next job
+is_running = Group("running")      # a job of it is on the device
+is_admitted = Group("admitted")    # admitted and not cancelled or failed
+is_decoding = Group("decoding")    # past prefill: the first token exists
+is_holding = Group("holding")      # admitted and still owns its KV lane (ready or running)
+is_ended = Group("ended")          # its last token is produced or it ended: Finishing or terminal
 
 
 def _clean(v):  # neither cancelled nor past its deadline while the job ran
@@ -111,17 +114,18 @@ class RequestMachine(Machine):
     finish_reason = Var(EnumType(FinishReason), init=FinishReason.NONE)
     closes = Var(Int(ge=0, le=1), doc="stream closes so far (promise set + stream close)")
 
-    new = State(initial=True, doc="created, not yet routed to a generation")
-    waiting_model = State(doc="the alias has no Ready generation yet")
-    waiting_admission = State(doc="bound to a generation; waiting for budget (Queue outcome)")
-    prefill_ready = State(doc="admitted; in a prefill queue")
-    prefill_running = State(doc="its prefill job is on the device")
-    decode_ready = State(doc="in the decode ready queue")
-    decode_running = State(doc="its lane is in a submitted decode batch")
-    finishing = State(doc="last token produced; the stream close is pending")
-    completed = State(terminal=True)
-    cancelled = State(terminal=True)
-    failed = State(terminal=True)
+    new = State(initial=True, doc="created, not yet routed to a generation", groups=("waiting",))
+    waiting_model = State(doc="the alias has no Ready generation yet", groups=("waiting",))
+    waiting_admission = State(doc="bound to a generation; waiting for budget (Queue outcome)", groups=("waiting",))
+    prefill_ready = State(doc="admitted; in a prefill queue", groups=("ready", "admitted", "holding"))
+    prefill_running = State(doc="its prefill job is on the device", groups=("running", "admitted", "holding"))
+    decode_ready = State(doc="in the decode ready queue", groups=("ready", "admitted", "decoding", "holding"))
+    decode_running = State(doc="its lane is in a submitted decode batch",
+                           groups=("running", "admitted", "decoding", "holding"))
+    finishing = State(doc="last token produced; the stream close is pending", groups=("admitted", "decoding", "ended"))
+    completed = State(terminal=True, groups=("admitted", "decoding", "ended"))
+    cancelled = State(terminal=True, groups=("ended",))
+    failed = State(terminal=True, groups=("ended",))
 
     bind = Event("pin the request to a Ready generation", gen=Int(ge=1))
     wait_model = Event("the alias has no Ready generation yet")
@@ -168,11 +172,11 @@ class RequestMachine(Machine):
     invariants = [
         Invariant("R4.6", name="terminal_closed_once",
                   doc="the stream is closed exactly once, when a terminal state is entered",
-                  predicate=lambda v: v.closes == If(v.at(*TERMINAL), 1, 0)),
+                  predicate=lambda v: v.closes == If(is_terminal(v), 1, 0)),
         Invariant("R2.3", name="finish_reason_matches_state",
                   doc="a finish reason exists exactly when the request is finishing or ended, and fits the state",
                   predicate=lambda v: And(
-                      Implies(v.at(*WAITING, *READY, *RUNNING), v.finish_reason == FinishReason.NONE),
+                      Implies(Or(is_waiting(v), is_ready(v), is_running(v)), v.finish_reason == FinishReason.NONE),
                       Implies(v.at("finishing", "completed"),
                               In(v.finish_reason, (FinishReason.STOP, FinishReason.LENGTH))),
                       Implies(v.at("cancelled"), v.finish_reason == FinishReason.CANCELLED),
@@ -180,23 +184,23 @@ class RequestMachine(Machine):
                           FinishReason.ERROR, FinishReason.DEADLINE, FinishReason.REJECTED))))),
         Invariant("R4.8", name="job_only_while_running",
                   doc="a request names an in-flight job exactly while one runs",
-                  predicate=lambda v: (v.job_id >= 1) == v.at(*RUNNING)),
+                  predicate=lambda v: (v.job_id >= 1) == is_running(v)),
         Invariant("R4.5", name="flags_only_while_running",
                   doc="cancel/deadline flags exist only while a job drains",
-                  predicate=lambda v: Implies(Or(v.cancel_requested, v.deadline_passed), v.at(*RUNNING))),
+                  predicate=lambda v: Implies(Or(v.cancel_requested, v.deadline_passed), is_running(v))),
         Invariant("R10.3", name="pinned_exactly_after_bind",
                   doc="a request is pinned to a generation from bind on, and not before",
-                  predicate=lambda v: And(Implies(v.at(*ADMITTED, "waiting_admission"), v.generation >= 1),
+                  predicate=lambda v: And(Implies(Or(is_admitted(v), v.at("waiting_admission")), v.generation >= 1),
                                           Implies(v.at("new", "waiting_model"), v.generation == 0))),
         Invariant("R5.1.4", name="admitted_fits_context",
                   doc="an admitted request can never exceed the context",
-                  predicate=lambda v: Implies(v.at(*ADMITTED), v.prompt_tokens + v.max_new_tokens <= v.max_seq)),
+                  predicate=lambda v: Implies(is_admitted(v), v.prompt_tokens + v.max_new_tokens <= v.max_seq)),
         Invariant("R9.2.4", name="kv_length_tracks_tokens",
                   doc="after prefill, kv_length = prompt + generated - 1 (the last token is not yet in KV)",
                   predicate=lambda v: And(
-                      Implies(v.at(*DECODING), And(v.generated_tokens >= 1,
+                      Implies(is_decoding(v), And(v.generated_tokens >= 1,
                                                   v.kv_length + 1 == v.prompt_tokens + v.generated_tokens)),
-                      Implies(v.at(*WAITING, "prefill_ready", "prefill_running"),
+                      Implies(Or(is_waiting(v), v.at("prefill_ready", "prefill_running")),
                               And(v.generated_tokens == 0, v.kv_length == 0)),
                       v.generated_tokens <= v.max_new_tokens)),
         Invariant("R7.2.1", name="decoding_has_budget",
@@ -208,3 +212,14 @@ class RequestMachine(Machine):
                      predicate=lambda pre, post: Implies(pre.generation >= 1, post.generation == pre.generation)),
     ]
 
+
+
+# The groups as sets of state names, for runtime code (derived from the declaration above).
+TERMINAL: frozenset[str] = is_terminal.of(RequestMachine)
+WAITING: frozenset[str] = is_waiting.of(RequestMachine)
+READY: frozenset[str] = is_ready.of(RequestMachine)
+RUNNING: frozenset[str] = is_running.of(RequestMachine)
+ADMITTED: frozenset[str] = is_admitted.of(RequestMachine)
+DECODING: frozenset[str] = is_decoding.of(RequestMachine)
+HOLDING: frozenset[str] = is_holding.of(RequestMachine)
+ENDED: frozenset[str] = is_ended.of(RequestMachine)

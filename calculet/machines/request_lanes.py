@@ -15,15 +15,17 @@ from typing import Any, Callable, Mapping
 
 from calculet.logic.expr import And, Implies, Not
 from calculet.logic.types import Bool, Int
-from calculet.machines.kv_sequence import KvSequenceMachine
-from calculet.machines.request import RequestMachine
+from calculet.machines.kv_sequence import KvSequenceMachine, is_working
+from calculet.machines.request import ENDED, HOLDING, WAITING, RequestMachine, is_decoding, is_ended, is_holding, is_waiting
 from calculet.machines.system import NONE, Coupled, CoupledSystem, SystemInvariant
 
-PRE_ADMISSION = ("new", "waiting_model", "waiting_admission")
-HOLDING = ("prefill_ready", "prefill_running", "decode_ready", "decode_running")
-DECODING = ("decode_ready", "decode_running")
-ENDED = ("finishing", "completed", "cancelled", "failed")
-WORKING = ("reserved", "active", "updating")
+# State groups come from the two declarations (``State(groups=...)``), never restated here.
+PRE_ADMISSION = tuple(s for s in RequestMachine.definition.states if s in WAITING)  # declaration order
+DECODING = HOLDING & RequestMachine.definition.group("decoding")  # decode_ready, decode_running
+
+
+def _decoding(request: Any) -> Any:
+    return And(is_holding(request), is_decoding(request))
 
 
 def owns(sys: Any, i: int, j: int) -> Any:
@@ -207,7 +209,7 @@ class RequestLaneSystem(CoupledSystem):
             doc="an admitted request that has not ended holds exactly one lane, which it owns (held, same "
                 "seq_id and generation); no other held lane names it",
             predicate=lambda sys: sys.all_requests(lambda i: Implies(
-                sys.requests[i].at(*HOLDING),
+                is_holding(sys.requests[i]),
                 And(Not(sys.unbound(i)),
                     *[Implies(sys.bound(i, j), And(Not(sys.lanes[j].at("free")), owns(sys, i, j)))
                       for j in range(len(sys.lanes))],
@@ -225,15 +227,15 @@ class RequestLaneSystem(CoupledSystem):
             doc="a decoding request's kv_length (the position its next token is fed at) equals its lane's "
                 "committed_len",
             predicate=lambda sys: sys.all_pairs(lambda i, j: Implies(
-                And(sys.requests[i].at(*DECODING), sys.bound(i, j)),
+                And(_decoding(sys.requests[i]), sys.bound(i, j)),
                 sys.requests[i].kv_length == sys.lanes[j].committed_len))),
         SystemInvariant(
             "R17.2.4", "ended_request_holds_no_lane",
             doc="a request that has ended (Finishing or terminal) is bound to no lane, and no Reserved, Active "
                 "or Updating lane names it: its lane is Releasing, Unknown or Free",
             predicate=lambda sys: sys.all_requests(lambda i: Implies(
-                sys.requests[i].at(*ENDED),
-                And(sys.unbound(i), *[Not(And(sys.lanes[j].at(*WORKING), owns(sys, i, j)))
+                is_ended(sys.requests[i]),
+                And(sys.unbound(i), *[Not(And(is_working(sys.lanes[j]), owns(sys, i, j)))
                                       for j in range(len(sys.lanes))])))),
         SystemInvariant(
             "R9.2.6", "unknown_lane_unbound",
@@ -251,7 +253,7 @@ class RequestLaneSystem(CoupledSystem):
             doc="a request has a lane (SequenceState.hardware_lane) exactly from admission until it ends",
             strengthening="a New request bound to some lane was rejected and ended still bound "
                           "(ended_request_holds_no_lane broke on reject@new)",
-            predicate=lambda sys: sys.all_requests(lambda i: Not(sys.unbound(i)) == sys.requests[i].at(*HOLDING))),
+            predicate=lambda sys: sys.all_requests(lambda i: Not(sys.unbound(i)) == is_holding(sys.requests[i]))),
         SystemInvariant(
             "R9.2.1", "unadmitted_request_named_by_no_lane",
             doc="no held lane names a request that has not been admitted (seq ids are fresh)",
@@ -259,7 +261,7 @@ class RequestLaneSystem(CoupledSystem):
                           "(holding_request_owns_one_lane broke on admit), or ended while a Reserved lane named it "
                           "(ended_request_holds_no_lane broke on cancel@waiting_admission)",
             predicate=lambda sys: sys.all_pairs(lambda i, j: Implies(
-                sys.requests[i].at(*PRE_ADMISSION),
+                is_waiting(sys.requests[i]),
                 Not(And(Not(sys.lanes[j].at("free")), sys.lanes[j].seq_id == sys.seq[i]))))),
         SystemInvariant(
             "R9.2.5", "request_and_lane_phases_agree",
@@ -279,4 +281,4 @@ class RequestLaneSystem(CoupledSystem):
     ]
 
 
-__all__ = ["RequestLaneSystem", "owns", "NONE", "HOLDING", "DECODING", "ENDED", "WORKING"]
+__all__ = ["RequestLaneSystem", "owns", "NONE", "HOLDING", "DECODING", "ENDED"]

@@ -21,7 +21,8 @@ import z3
 from calculet.logic.expr import And, Implies, is_symbolic
 from calculet.logic.symbolic import SymbolicVars, symbolic_args
 from calculet.logic.types import EnumType
-from calculet.machines.definition import Definition, Event, Invariant, Param, State, StepProperty, T, Transition, Var
+from calculet.machines.definition import (TERMINAL_GROUP, Definition, Event, Invariant, Param, State, StepProperty, T,
+                                         Transition, Var)
 from calculet.machines.errors import InvalidDefinition
 
 __all__ = ["RESERVED_NAMES", "callable_args", "check", "resolve"]
@@ -58,11 +59,23 @@ def resolve(declaration: type) -> Definition:
     initial, terminal = _initial_and_terminal(name, states)
     transitions = _resolve_rows(name, getattr(declaration, "transitions", ()), states, events)
     invariants, steps = _properties(name, getattr(declaration, "invariants", ()), terminal, variables)
+    groups = _groups(name, states, terminal)
     return Definition(
         name=name, doc=inspect.cleandoc(declaration.__doc__ or ""), spec=getattr(declaration, "spec", ""),
         states=states, initial=initial, terminal=terminal, params=params, vars=variables, events=events,
         transitions=transitions, invariants=invariants, step_properties=steps,
-        examples=tuple(dict(e) for e in getattr(declaration, "examples", [{}])))
+        examples=tuple(dict(e) for e in getattr(declaration, "examples", [{}])), groups=groups)
+
+
+def _groups(name: str, states: dict[str, State], terminal: frozenset[str]) -> dict[str, frozenset[str]]:
+    """The declared state groups, and ``terminal`` from the flags (never declared by hand)."""
+    groups: dict[str, set[str]] = {}
+    for state in states.values():
+        for group in state.groups:
+            if group == TERMINAL_GROUP:
+                raise InvalidDefinition(name, f"state {state.name!r}: the terminal group comes from terminal=True")
+            groups.setdefault(group, set()).add(state.name)
+    return {TERMINAL_GROUP: terminal, **{g: frozenset(members) for g, members in groups.items()}}
 
 
 def _elements(declaration: type) -> Elements:

@@ -29,14 +29,15 @@ from typing import Any, Callable, NamedTuple
 
 from calculet.errors import BadRequest, NotFound
 from calculet.machines import RequestMachine, TransitionNotAllowed
-from calculet.machines.request import TERMINAL, FinishReason
+from calculet.machines.request import RUNNING, TERMINAL, WAITING, FinishReason
 from calculet.runtime.request import InferenceRequest, RequestId, RequestOutcome, RequestSink
 
 log = logging.getLogger("calculet.runtime.scheduling.registry")
 
-TERMINAL_STATES = frozenset(TERMINAL)
-WAITING_STATES = frozenset({"waiting_model", "waiting_admission"})
-RUNNING_STATES = frozenset({"prefill_running", "decode_running"})
+# The request machine's state groups (derived from its declaration, never restated here).
+TERMINAL_STATES = TERMINAL
+WAITING_STATES = WAITING - {RequestMachine.definition.initial}  # routed or queued, not yet admitted
+RUNNING_STATES = RUNNING
 
 
 class RequestRecord:
