@@ -19,6 +19,10 @@ settings.register_profile("deep", max_examples=3000, stateful_step_count=120, de
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+# Every test checks every event, whatever monitoring.sample_every a configuration says (#20).
+MONITOR.every_event = True
+
+
 @pytest.fixture(autouse=True)
 def _monitors_on():
     """Invariant monitors raise in every test (issue: run-time monitors)."""

@@ -112,6 +112,12 @@ class CompiledInstance:
         return self._state
 
     def _fire_monitored(self, event: str, args: dict[str, Any]) -> str:
+        """``fire`` with monitors on: the invariants checked after the event, if it is sampled."""
+        if not _MONITOR.sampled():
+            fast = self._fire_table.get(self._state, _EMPTY).get(event)
+            if fast is not None and fast(self, args) >= 0:
+                return self._state
+            return self._fire_exact(event, args)
         dispatch = self._check(event, args)
         pre = self.snapshot()
         source = self._state

@@ -1,14 +1,21 @@
 """Run-time monitors: the declared invariants, evaluated concretely after every transition.
 
 The predicates are the very ones z3 proves (DESIGN: declare once). Monitoring is on in every
-test, where a violation raises :class:`~calculet.machines.errors.InvariantViolation`; in
-production it is a configuration switch, and a violation is counted per (machine, invariant)
-and logged with the pre- and post-state instead of stopping the service.
+test, checking every event, where a violation raises
+:class:`~calculet.machines.errors.InvariantViolation`; in production it is configured by
+``monitoring.invariants`` and ``monitoring.sample_every`` (default: on, one event in 16 checked,
+drawn at random — issue #20's figures in the README, "Monitors"), and a violation is counted per
+(machine, invariant) and logged with the pre- and post-state instead of stopping the service.
+
+Sampling is random, not every Nth event: a decode step fires a fixed cycle of events, and a
+fixed period would check the same few events of it forever. A corrupted variable stays corrupted,
+so a sampled monitor still finds it at a later checked event of that instance.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from collections import Counter
 from dataclasses import dataclass
@@ -27,6 +34,8 @@ class MonitorStatistics:
     mode: str
     checks: int
     violations: dict[tuple[str, str], int]
+    sample_every: int = 1
+    """One event in this many is checked, on average (1: every event)."""
 
 
 class Monitor:
@@ -35,15 +44,29 @@ class Monitor:
     def __init__(self) -> None:
         self.enabled = False
         self.mode: Mode = "raise"
+        self.sample_every = 1
+        """Check one event in ``sample_every`` on average (1: every event)."""
+        self.every_event = False
+        """Set by the test suite: whatever ``configure`` is asked, every event is checked."""
+        self._rate = 1.0
+        self._random = random.Random(20).random
         self._lock = threading.Lock()
         self._violations: Counter[tuple[str, str]] = Counter()
         self._checks = 0
 
-    def configure(self, enabled: bool, mode: Mode = "raise") -> None:
+    def configure(self, enabled: bool, mode: Mode = "raise", sample_every: int = 1) -> None:
         if mode not in ("raise", "count"):
             raise ValueError(f"monitor mode must be 'raise' or 'count', not {mode!r}")
+        if sample_every < 1:
+            raise ValueError(f"sample_every must be >= 1, not {sample_every}")
         self.enabled = enabled
         self.mode = mode
+        self.sample_every = 1 if self.every_event else sample_every
+        self._rate = 1.0 / self.sample_every
+
+    def sampled(self) -> bool:
+        """Whether this event is checked (always, unless sampling is configured)."""
+        return self._rate >= 1.0 or self._random() < self._rate
 
     def reset(self) -> None:
         with self._lock:
@@ -78,7 +101,7 @@ class Monitor:
 
     def statistics(self) -> MonitorStatistics:
         with self._lock:
-            return MonitorStatistics(self.enabled, self.mode, self._checks, dict(self._violations))
+            return MonitorStatistics(self.enabled, self.mode, self._checks, dict(self._violations), self.sample_every)
 
 
 MONITOR = Monitor()

@@ -87,7 +87,8 @@ class ThreadedEngine:
                 raise DefinitionError("the engine was already started")
             mode = self._core.options.monitor_mode
             if mode is not None:
-                MONITOR.configure(enabled=self._core.config.monitoring.invariants, mode=mode)
+                monitoring = self._core.config.monitoring
+                MONITOR.configure(enabled=monitoring.invariants, mode=mode, sample_every=monitoring.sample_every)
             self._actor = threading.Thread(target=self._run_actor, name="calculet-engine", daemon=True)
             self._completer = threading.Thread(target=self._run_completer, name="calculet-completion", daemon=True)
             self._actor.start()

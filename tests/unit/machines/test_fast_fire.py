@@ -1,0 +1,68 @@
+"""``fire`` takes a generated fast path; what it accepts and refuses is exactly what the declared
+types say (issue #20: argument checks generated into the dispatch, not repeated per event)."""
+
+from __future__ import annotations
+
+import enum
+
+import pytest
+
+from calculet.machines import KvSequenceMachine, RequestMachine
+from calculet.machines.errors import TransitionNotAllowed
+from calculet.machines.monitor import MONITOR
+
+
+class Seven(enum.IntEnum):
+    SEVEN = 7
+
+
+@pytest.fixture(params=[True, False], ids=["monitors-on", "monitors-off"])
+def monitors(request: pytest.FixtureRequest) -> bool:
+    MONITOR.configure(enabled=request.param, mode="raise")
+    return bool(request.param)
+
+
+@pytest.mark.req("R9.2.3")
+def test_wrong_arguments_are_refused_with_the_reason_and_change_nothing(monitors: bool):
+    kv = KvSequenceMachine.create(max_seq=8, lane=0)
+    before = (kv.state, kv.values())
+    for args, reason in (({"seq": True, "gen": 1, "tokens": 4}, "argument seq: expected an int, got bool"),
+                         ({"seq": 1, "gen": 1, "tokens": 0}, "argument tokens: 0 < 1"),
+                         ({"seq": 1, "gen": 1}, "do not match"),
+                         ({"seq": 1, "gen": 1, "tokens": 4, "extra": 1}, "do not match"),
+                         ({"seq": 1, "gen": 1, "tokenz": 4}, "missing argument 'tokens'"),
+                         ({"seq": 1, "gen": 1, "tokens": 9}, "no guard is true")):
+        with pytest.raises(TransitionNotAllowed, match=reason):
+            kv.fire("reserve", **args)
+        assert (kv.state, kv.values()) == before
+    with pytest.raises(TransitionNotAllowed, match="unknown event"):
+        kv.fire("nonsense")
+    with pytest.raises(TransitionNotAllowed, match="no transition for this event"):
+        kv.fire("commit")
+
+
+def test_an_int_subclass_is_accepted_as_the_declared_type_says(monitors: bool):
+    kv = KvSequenceMachine.create(max_seq=8, lane=0)
+    assert kv.fire("reserve", seq=Seven.SEVEN, gen=1, tokens=4) == "reserved"
+    assert kv.seq_id == 7 and kv.last_transition.name == "reserve@free"
+
+
+def test_last_transition_and_parameters_are_those_of_the_row_taken(monitors: bool):
+    r = RequestMachine.create(prompt_tokens=2, max_new_tokens=3, max_seq=16)
+    assert r.last_transition is None and r.params() == {"prompt_tokens": 2, "max_new_tokens": 3, "max_seq": 16}
+    r.fire("bind", gen=1)
+    assert r.last_transition.name == "bind@new"
+    copy = r.snapshot()
+    r.fire("admit")
+    assert copy.state == "waiting_admission" and r.state != copy.state and copy.values()["generation"] == 1
+
+
+def test_instantiation_refuses_missing_unexpected_and_out_of_range_parameters():
+    with pytest.raises(TypeError, match=r"missing parameters \['max_seq'\]"):
+        RequestMachine.create(prompt_tokens=2, max_new_tokens=3)
+    with pytest.raises(TypeError, match=r"unexpected \['colour'\]"):
+        RequestMachine.create(prompt_tokens=2, max_new_tokens=3, max_seq=16, colour=1)
+    with pytest.raises(ValueError, match="prompt_tokens=0"):
+        RequestMachine.create(prompt_tokens=0, max_new_tokens=3, max_seq=16)
+    with pytest.raises(ValueError, match="expected an int, got bool"):
+        RequestMachine.create(prompt_tokens=True, max_new_tokens=3, max_seq=16)
