@@ -47,6 +47,10 @@ class SimConfig:
     wait_advances_clock: bool = True
     """Virtual time: ``wait``/``wait_any`` advance the FakeClock (waiting consumes virtual time)."""
 
+    def __post_init__(self) -> None:
+        if not self.cost.numerics:  # the null device (CostModel.null): its cost says numerics off
+            object.__setattr__(self, "numerics", False)
+
     def resolved_clock(self) -> Clock:
         if self.time_mode is TimeMode.REAL:
             if self.clock is None:

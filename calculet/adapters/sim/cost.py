@@ -7,6 +7,9 @@ take, so the simulator charges each job a modelled device time instead of its nu
 * decode: a fixed step cost plus a cost per *compiled* lane — a compiled B16 graph computes all
   16 lanes whether they are valid or not, so an under-filled batch wastes device time (§16 "lane
   waste");
+* null (``CostModel.null()``, ``--sim-cost null``): no device time *and* no numerics — the
+  device answers every lane with :func:`~calculet.adapters.sim.model.pseudo_next_token`, so a
+  benchmark measures the host alone (issue #20: host cost apart from simulated device cost);
 * ping/pong: while the other engine is busy, a job progresses at rate ``pingpong_overlap``
   (1.0: perfect overlap; 0.0: the engines serialise). §14 warns that two in-flight jobs do not
   automatically mean 2B lanes computing at once; the overlap factor is how the simulator states
@@ -31,6 +34,8 @@ class CostModel:
     decode_fixed_s: float
     decode_per_lane_s: float
     pingpong_overlap: float
+    numerics: bool = True
+    """False: the device computes no model (the null device); :class:`SimConfig` follows it."""
 
     def __post_init__(self) -> None:
         for name in ("prefill_fixed_s", "prefill_per_token_s", "decode_fixed_s", "decode_per_lane_s"):
@@ -61,6 +66,12 @@ class CostModel:
     def instant(cls) -> CostModel:
         """Zero device time: every job completes at its submit instant."""
         return cls(0.0, 0.0, 0.0, 0.0, 1.0)
+
+    @classmethod
+    def null(cls) -> CostModel:
+        """The null device: zero device time and numerics off (pseudo-tokens, no logits), so what
+        a benchmark measures is the host's own work per token."""
+        return cls(0.0, 0.0, 0.0, 0.0, 1.0, numerics=False)
 
     # --- costs -----------------------------------------------------------------------------
 
