@@ -97,7 +97,13 @@ class Architecture(_Model):
     d_ff: int = Field(ge=1)
     max_seq: int = Field(ge=1)
     norm_eps: float = Field(gt=0)
-    tokenizer: Literal["byte-level"]
+    tokenizer: Literal["byte-level", "hf-tokenizers"]
+    """``byte-level``: bytes 0..255 then the special ids (no file). ``hf-tokenizers``: the package's
+    ``tokenizer_file`` (a Hugging Face ``tokenizer.json``) and ``tokenizer_config_file`` (its
+    ``tokenizer_config.json``, holding the Jinja2 ``chat_template``), both listed in ``files`` and so
+    covered by the signature; loaded and checked against this section at model load (§11, #18)."""
+    tokenizer_file: str | None = None
+    tokenizer_config_file: str | None = None
     special_tokens: SpecialTokens
     position_semantics: Literal["committed-kv-length"]
     """§9.2: a token's position equals its lane's committed KV length (no special semantics)."""
@@ -113,11 +119,25 @@ class Architecture(_Model):
         for name, tok in self.special_tokens.model_dump().items():
             if tok >= self.vocab_size:
                 raise ValueError(f"special token {name}={tok} outside vocab_size {self.vocab_size}")
+        files = (self.tokenizer_file, self.tokenizer_config_file)
+        if self.tokenizer == "hf-tokenizers" and None in files:
+            raise ValueError("tokenizer 'hf-tokenizers' needs tokenizer_file and tokenizer_config_file")
+        if self.tokenizer == "byte-level" and files != (None, None):
+            raise ValueError("a byte-level tokenizer has no tokenizer_file or tokenizer_config_file")
         return self
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_tokenizer_files(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """A byte-level package has no tokenizer files: leave the keys out, so it stays byte-identical."""
+        data: dict[str, Any] = handler(self)
+        for key in ("tokenizer_file", "tokenizer_config_file"):
+            if data.get(key, 0) is None:
+                del data[key]
+        return data
 
 
 class InactivePolicyModel(_Model):
@@ -384,8 +404,10 @@ class CalbinManifest(_Model):
             raise ValueError(f"profile B{chunked[0]} declares prefill_chunk_tokens but capabilities."
                              "incremental_prefill is false: a chunk size without incremental prefill is a capability "
                              "the runtime does not have (§6)")
-        if arch.weights_file not in self.files:
-            raise ValueError(f"weights file {arch.weights_file!r} is not listed in files")
+        for role, rel in (("weights", arch.weights_file), ("tokenizer", arch.tokenizer_file),
+                          ("tokenizer config", arch.tokenizer_config_file)):
+            if rel is not None and rel not in self.files:
+                raise ValueError(f"{role} file {rel!r} is not listed in files")
         # Build the contract views once so that tier/contract violations fail at parse time.
         self.capabilities.to_contract()
         for p in self.profiles:

@@ -15,11 +15,15 @@ plan (4), CreateCalbin → configure → KvManager → pools, golden, publish �
 ``POST /admin/models/{alias}/load`` does. Two cases:
 
 * **configured** (``models`` lists the alias ``model_alias``): the configuration is used as it is;
-* **embedded default** (no ``models`` and no ``trust``): the bundled tiny model package (the
-  simulated NPU's ``current`` variant: B1 only, the capability contract as the spec states it
-  for CalRT 0.7.6) is built into a private temporary directory and signed with this machine's
-  development key (:func:`~calculet.packages.keys.ensure_dev_keypair`); the *effective*
-  configuration is a copy with ``models = [{alias: model_alias, package: <that package>}]`` and
+* **embedded default** (no ``models`` and no ``trust``): the bundled tiny model package
+  (:mod:`calculet.adapters.sim.bundled`: random weights, a BPE tokenizer trained at build time and
+  a chat template, both inside the signed package; the simulated NPU's ``current`` variant: B1
+  only, the capability contract as the spec states it for CalRT 0.7.6) is built into a private
+  temporary directory and signed with this machine's development key
+  (:func:`~calculet.packages.keys.ensure_dev_keypair`). It is served as ``tiny-random`` when the
+  configuration keeps the §15 example alias ``qwen3`` (which names a real model this is not), else
+  under the configured alias; the *effective*
+  configuration is a copy with ``models = [{alias: <that alias>, package: <that package>}]`` and
   ``trust = {trusted_roots: [<that directory>], trusted_keys_dir: <the dev key directory>}``.
   The development key is trusted for that private directory only, which holds nothing else.
 
@@ -41,7 +45,7 @@ from calculet.adapters.calrt.evidence import DeviceEvidence, OfferedContract, of
 from calculet.adapters.devices import DevicePlugin, DeviceRegistry, DeviceRequest, load_device
 from calculet.packages import ensure_dev_keypair, sign_package
 from calculet.adapters.sim import SimConfig
-from calculet.adapters.sim.build import build_package as build_sim_package
+from calculet.adapters.sim.bundled import BUNDLED_ALIAS, BUNDLED_NAME, build_bundled
 from calculet.adapters.calrt import CalRT
 from calculet.config import ModelEntry, SchedulerConfig, TrustConfig
 from calculet.errors import ConfigError
@@ -50,7 +54,9 @@ from calculet.runtime.engine.types import EngineOptions
 
 log = logging.getLogger("calculet.server.bringup")
 
-BUNDLED_PACKAGE = "tiny-sim-current"
+BUNDLED_PACKAGE = BUNDLED_NAME
+SPEC_EXAMPLE_ALIAS = "qwen3"
+"""The §15 example's alias (the default configuration's): it names a real model, not the bundled one."""
 
 
 @dataclass
@@ -101,16 +107,17 @@ def bundled_config(config: SchedulerConfig, workdir: Path, *, key_dir: str | Pat
                           errors=[("models", "empty while trust is set")])
     root = workdir / "packages"
     package_dir = root / BUNDLED_PACKAGE
-    build_sim_package(package_dir, variant="current")
+    build_bundled(package_dir)
+    alias = BUNDLED_ALIAS if config.model_alias == SPEC_EXAMPLE_ALIAS else config.model_alias
     pair = ensure_dev_keypair(key_dir)
     sign_package(package_dir, pair.private_key_path)
-    log.warning("serving the bundled tiny model, signed with this machine's development key "
-                "(trusted for its private directory only; never trust that key in production)",
-                extra={"key_id": pair.key_id, "package": str(package_dir)})
+    log.warning("serving the bundled tiny model (random weights: its output is random tokens), signed with this "
+                "machine's development key (trusted for its private directory only; never trust that key in "
+                "production)", extra={"key_id": pair.key_id, "package": str(package_dir), "alias": alias})
     trust = TrustConfig(trusted_roots=(root,), trusted_keys_dir=pair.public_key_path.parent,
                         max_file_bytes=config.trust.max_file_bytes)
-    return config.model_copy(update={"models": (ModelEntry(alias=config.model_alias, package=package_dir),),
-                                      "trust": trust})
+    return config.model_copy(update={"models": (ModelEntry(alias=alias, package=package_dir),),
+                                      "trust": trust, "model_alias": alias})
 
 
 def open_device(config: SchedulerConfig, *, device: str | None = None, sim: SimConfig | None = None,

@@ -26,7 +26,7 @@ def test_models_lists_the_generation_with_state_and_package(server: RunningServe
     assert len(active) == 1  # refused loads of other tests are listed too, as ended generations
     entry = active[0]
     assert (entry["alias"], entry["generation"], entry["state"]) == (ALIAS, 1, "ready")
-    assert entry["calbin"] == "tiny-sim-current" and entry["profiles"] == [1] and entry["max_seq"] == 256
+    assert entry["calbin"] == "tiny-random-bpe" and entry["profiles"] == [1] and entry["max_seq"] == 256
     assert len(entry["package_sha256"]) == 64 and entry["durations_s"]["load"] > 0
     assert entry["package"] == server.brought.package and "unverified" not in entry["signed_by"]
     assert entry["active_requests"] == 0 and entry["inflight_jobs"] == 0 and entry.get("report") is None

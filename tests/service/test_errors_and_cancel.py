@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from calculet.server.model_admin import ManagedModelAdmin
+from tests.service import reference
 from tests.service.support import ADMIN_TOKEN, ALIAS, TENANT_KEYS, RunningServer, families_value
 
 LONG = {"temperature": 0, "extra_body": {"ignore_eos": True}}
@@ -36,18 +37,19 @@ def _kv_is_free(server: RunningServer) -> dict[str, float]:
 @pytest.mark.req("R5.2.3", "R5.1.4")
 def test_400_prompt_or_prompt_plus_max_tokens_beyond_the_context(server: RunningServer) -> None:
     client = server.client("alpha")
+    short = len(reference.tokenizer().encode("short"))  # BOS + the bundled package's BPE tokens (#18)
     with pytest.raises(openai.BadRequestError) as long_prompt:
         client.completions.create(model=ALIAS, prompt="y" * 300, max_tokens=1)
     with pytest.raises(openai.BadRequestError) as too_many:
-        client.completions.create(model=ALIAS, prompt="short", max_tokens=251)
+        client.completions.create(model=ALIAS, prompt="short", max_tokens=257 - short)
     with pytest.raises(openai.BadRequestError) as token_ids:
         client.completions.create(model=ALIAS, prompt=[256, 70000], max_tokens=1)
     assert long_prompt.value.code == "context_length_exceeded" and long_prompt.value.param == "prompt"
     assert too_many.value.code == "context_length_exceeded" and too_many.value.param == "max_tokens"
     assert "256" in too_many.value.message
     assert token_ids.value.param == "prompt"
-    # exactly at the context is accepted: 6 prompt tokens + 250 = 256
-    ok = client.completions.create(model=ALIAS, prompt="short", max_tokens=250, **LONG)
+    # exactly at the context is accepted: the prompt's tokens + the rest of 256
+    ok = client.completions.create(model=ALIAS, prompt="short", max_tokens=256 - short, **LONG)
     assert ok.usage is not None and ok.usage.total_tokens == 256
 
 

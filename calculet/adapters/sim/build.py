@@ -1,4 +1,9 @@
-"""Build a simulated calbin package reproducibly: ``python -m calculet.adapters.sim.build OUTDIR``.
+"""Build a simulated calbin package reproducibly (tests, benchmarks; the documented path for people
+is ``python -m calculet.package tiny OUT``, :mod:`calculet.adapters.sim.bundled`).
+
+``python -m calculet.adapters.sim.build OUTDIR`` writes a complete, unsigned package directory;
+``python -m calculet.package sign OUTDIR --key K`` signs it in place (or ``package build OUTDIR
+NEW`` re-lays it out, reading the fields of its ``manifest.json``).
 
 Two variants, because the software must be tested against both the product that exists and the
 one the spec designs for:
@@ -46,6 +51,7 @@ from calculet.adapters.calrt import (
     ResetDomain,
 )
 from calculet.packages.manifest import MANIFEST_FILE, CalbinManifest, CapabilitiesModel
+from calculet.packages.tokenizer_files import TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, TokenizerFiles
 from calculet.adapters.sim.memory import (
     MIB,
     REFERENCE_KV_BYTES,
@@ -125,10 +131,11 @@ def _profile(cfg: TinyConfig, batch: int, mask: MaskContract, prefill_chunk_toke
     return out
 
 
-def _golden(cfg: TinyConfig, model: TinyTransformer) -> list[dict[str, Any]]:
+def _golden(cfg: TinyConfig, model: TinyTransformer, tokenizer: TokenizerFiles | None = None
+            ) -> list[dict[str, Any]]:
     out = []
     for name, text in GOLDEN_PROMPTS:
-        prompt = [cfg.bos, *text]
+        prompt = [cfg.bos, *(tokenizer.encode(text.decode()) if tokenizer is not None else text)]
         tokens, logits = greedy_generate(model, prompt, GOLDEN_TOKENS)
         out.append({"name": name, "prompt": prompt, "expected_tokens": tokens,
                     "logits_sum": round(float(np.sum(logits)), 9),
@@ -139,8 +146,12 @@ def _golden(cfg: TinyConfig, model: TinyTransformer) -> list[dict[str, Any]]:
 def build_manifest_dict(cfg: TinyConfig, weights_blob: bytes, index: Sequence[tuple[str, tuple[int, ...], int]],
                         *, name: str, variant: Variant, profiles: Sequence[int], memory: MemoryKind,
                         batched_mask: MaskContract, golden: list[dict[str, Any]],
-                        prefill_chunk_tokens: int | None = None) -> dict[str, Any]:
-    """The manifest content for a build (exposed so tests can derive malformed variants)."""
+                        prefill_chunk_tokens: int | None = None,
+                        tokenizer: TokenizerFiles | None = None) -> dict[str, Any]:
+    """The manifest content for a build (exposed so tests can derive malformed variants).
+
+    ``tokenizer``: the package carries these Hugging Face tokenizer files (listed in ``files``,
+    so signed with the weights); without it the vocabulary is byte-level."""
     kv_bytes_per_token = 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * 8
     if memory == "reference":
         mem = {"parameter_bytes": REFERENCE_PARAMETER_BYTES, "kv_bytes": REFERENCE_KV_BYTES,
@@ -152,6 +163,14 @@ def build_manifest_dict(cfg: TinyConfig, weights_blob: bytes, index: Sequence[tu
                "reserved_bytes": len(weights_blob) + kv_bytes + 4 * MIB, "kv_dtype": "fp64",
                "chiplets": [0, 1], "max_sequences": TINY_MAX_SEQUENCES}
     caps = CapabilitiesModel.from_contract(capabilities_for(variant)).model_dump(mode="json", exclude_none=True)
+    files = {WEIGHTS_FILE: {"sha256": hashlib.sha256(weights_blob).hexdigest(), "size": len(weights_blob)}}
+    tokenizer_fields: dict[str, Any] = {"tokenizer": "byte-level"}
+    if tokenizer is not None:
+        tokenizer_fields = {"tokenizer": "hf-tokenizers", "tokenizer_file": TOKENIZER_FILE,
+                            "tokenizer_config_file": TOKENIZER_CONFIG_FILE}
+        for rel, text in ((TOKENIZER_FILE, tokenizer.tokenizer_json), (TOKENIZER_CONFIG_FILE, tokenizer.config_json)):
+            blob = text.encode("utf-8")
+            files[rel] = {"sha256": hashlib.sha256(blob).hexdigest(), "size": len(blob)}
     return {
         "format": "calbin-package/v1",
         "name": name,
@@ -160,7 +179,7 @@ def build_manifest_dict(cfg: TinyConfig, weights_blob: bytes, index: Sequence[tu
         "architecture": {
             "family": "tiny-numpy-transformer", "vocab_size": cfg.vocab_size, "d_model": cfg.d_model,
             "n_layers": cfg.n_layers, "n_heads": cfg.n_heads, "d_ff": cfg.d_ff, "max_seq": cfg.max_seq,
-            "norm_eps": cfg.norm_eps, "tokenizer": "byte-level",
+            "norm_eps": cfg.norm_eps, **tokenizer_fields,
             "special_tokens": {"bos": cfg.bos, "eos": cfg.eos, "pad": cfg.pad, "unk": cfg.unk},
             "position_semantics": "committed-kv-length", "seed": cfg.seed, "weights_file": WEIGHTS_FILE,
             "weights_dtype": "float32",
@@ -171,22 +190,27 @@ def build_manifest_dict(cfg: TinyConfig, weights_blob: bytes, index: Sequence[tu
         "capabilities": caps,
         "golden": golden,
         "memory": mem,
-        "files": {WEIGHTS_FILE: {"sha256": hashlib.sha256(weights_blob).hexdigest(), "size": len(weights_blob)}},
+        "files": files,
     }
 
 
 def build_package(outdir: str | Path, *, variant: Variant = "current", profiles: Sequence[int] | None = None,
                   memory: MemoryKind = "tiny", name: str | None = None, config: TinyConfig | None = None,
                   batched_mask: MaskContract = MaskContract.TENSOR,
-                  prefill_chunk_tokens: int | None = None) -> CalbinManifest:
+                  prefill_chunk_tokens: int | None = None,
+                  tokenizer: TokenizerFiles | None = None) -> CalbinManifest:
     """Write ``weights.bin`` and ``manifest.json`` into ``outdir``; return the validated manifest.
 
     ``profiles`` defaults to [1] for ``current`` and [1, 4, 8, 16] for ``future``.
     ``prefill_chunk_tokens`` declares the B1 profile's incremental-prefill chunk (§6); the
     manifest refuses it on ``current``, which does not declare incremental prefill. ``None``
-    (the default) writes nothing, so existing builds are byte-identical.
+    (the default) writes nothing, so existing builds are byte-identical. ``tokenizer`` writes its
+    ``tokenizer.json``/``tokenizer_config.json`` into the package and sizes the model's vocabulary
+    and special ids from it (unless ``config`` is given).
     """
-    cfg = config or TinyConfig()
+    cfg = config or (TinyConfig() if tokenizer is None else TinyConfig(
+        vocab_size=tokenizer.vocab_size, bos=tokenizer.special_ids["bos"], eos=tokenizer.special_ids["eos"],
+        pad=tokenizer.special_ids["pad"], unk=tokenizer.special_ids["unk"]))
     chosen = tuple(profiles) if profiles is not None else ((1,) if variant == "current" else (1, 4, 8, 16))
     out = Path(outdir)
     out.mkdir(parents=True, exist_ok=True)
@@ -195,9 +219,12 @@ def build_package(outdir: str | Path, *, variant: Variant = "current", profiles:
     model = TinyTransformer(cfg, weights)
     data = build_manifest_dict(cfg, blob, index, name=name or f"tiny-sim-{variant}", variant=variant,
                                profiles=chosen, memory=memory, batched_mask=batched_mask,
-                               golden=_golden(cfg, model), prefill_chunk_tokens=prefill_chunk_tokens)
+                               golden=_golden(cfg, model, tokenizer), prefill_chunk_tokens=prefill_chunk_tokens,
+                               tokenizer=tokenizer)
     manifest = CalbinManifest.parse(data)
     (out / WEIGHTS_FILE).write_bytes(blob)
+    if tokenizer is not None:
+        tokenizer.write(out)
     (out / MANIFEST_FILE).write_bytes(manifest.to_json_bytes())
     return manifest
 

@@ -94,7 +94,7 @@ from calculet.runtime.scheduling.kv import KvLaneManager
 from calculet.runtime.scheduling.registry import Cancellation, RequestRecord
 from calculet.runtime.scheduling.plan import Submission
 from calculet.runtime.scheduling.scheduler import Scheduler
-from calculet.runtime.streams.tokenizer import ByteTokenizer
+from calculet.runtime.streams.package_tokenizer import loaded_tokenizer
 
 log = logging.getLogger("calculet.runtime.engine.core")
 
@@ -147,7 +147,9 @@ class EngineCore:
         config, options, clock = self.config, self.options, self.clock
         facts = plan.facts
         self._contract_capabilities = plan.capabilities
-        self.tokenizer = ByteTokenizer(facts.vocab_size, bos=facts.bos_token, eos=facts.eos_token)
+        # the package's own tokenizer and chat template, loaded and checked at §11 step 3 (#18)
+        self.tokenizer = loaded_tokenizer(facts.package_sha256, facts.vocab_size, bos=facts.bos_token,
+                                          eos=facts.eos_token)
         self.kv = KvLaneManager(plan.lanes, plan.max_seq, capabilities=plan.kv_capabilities(), clock=clock)
         self.scheduler = Scheduler(config, clock=clock, kv=self.kv, device_kv_tokens=plan.kv_token_capacity,
                                    max_seq=plan.max_seq, capabilities=plan.scheduling_capabilities(),

@@ -3,7 +3,11 @@
 They are pure reads and computation — reading and hashing the package, parsing the manifest, the
 capacity plan — so a slow hash or plan never holds the lifecycle lock (§11 step 4, R11.4). Two
 short actor messages frame them: one opens the generation (Validating) and reads the board, the
-other records a refusal (the generation returns to Unloaded; nothing was created). A restore and a
+other records a refusal (the generation returns to Unloaded; nothing was created). Step 3 also
+loads the package's tokenizer and chat template and checks them against its manifest
+(:func:`~calculet.runtime.streams.package_tokenizer.load_tokenizer`: vocabulary vs logits width,
+special tokens, a template that renders), so a mismatched tokenizer is refused before anything is
+created. A restore and a
 rollback verify and validate again through the same :meth:`Preparer.verify` and
 :meth:`Preparer.validate` (step 11 keeps the artifact by reference only).
 """
@@ -26,6 +30,7 @@ from calculet.runtime.models.generations import Generation, Generations, Prepare
 from calculet.runtime.models.operations import ActorPort, Steps
 from calculet.runtime.models.port import EnginePort
 from calculet.runtime.models.reports import LifecycleTally, LoadFailed, LoadReport, LoadStep, StepTiming
+from calculet.runtime.streams.package_tokenizer import load_tokenizer
 
 log = logging.getLogger("calculet.runtime.models.prepare")
 
@@ -99,6 +104,7 @@ class Preparer:
             step = LoadStep.VALIDATE
             t0 = self._steps.start(step, gen.id)
             plan = self.validate(alias, manifest_bytes, sha)
+            load_tokenizer(path, manifest_bytes, sha)  # the package's tokenizer and chat template (#18)
             self._steps.timed(timings, step, t0)
             step = LoadStep.PLAN
             t0 = self._steps.start(step, gen.id)

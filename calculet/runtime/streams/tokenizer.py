@@ -8,13 +8,18 @@ character split over several tokens is held back until it is complete, so a clie
 sees half a character (§3 StreamWriter).
 
 The ids are read from the calbin's manifest (:meth:`ByteTokenizer.for_calbin`), never
-assumed, so a package with another special-token layout is served correctly or refused.
+assumed, so a package with another special-token layout is served correctly or refused. A package
+that carries its own ``tokenizer.json`` and chat template is served by
+:class:`~calculet.runtime.streams.package_tokenizer.HfTokenizer` instead (#18); both offer the same
+interface, chat rendering included (:meth:`ByteTokenizer.chat_text` is the fixed template of a
+byte-level package, which has none of its own).
 """
 
 from __future__ import annotations
 
 import codecs
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Iterable, Protocol
 
 from calculet.errors import BadRequest, DefinitionError
@@ -67,12 +72,26 @@ class ByteTokenizer:
         ids = list(text.encode("utf-8"))
         return [self.bos, *ids] if add_bos else ids
 
+    def chat_text(self, messages: Sequence[tuple[str, str]]) -> str:
+        """The fixed template of a byte-level package: ``<|role|>\\ncontent\\n`` per message, then
+        ``<|assistant|>\\n`` (BOS is added by :meth:`encode_chat`)."""
+        return "".join(f"<|{role}|>\n{content}\n" for role, content in messages) + "<|assistant|>\n"
+
+    def encode_chat(self, text: str) -> list[int]:
+        """A rendered conversation as ids, after BOS."""
+        return self.encode(text, add_bos=True)
+
     def validate(self, tokens: Iterable[int]) -> tuple[int, ...]:
         """The tokens as a tuple of ints in the vocabulary; ``BadRequest`` (400) otherwise (R7.4.4)."""
+        return self.check_ids(tokens, self.vocab_size)
+
+    @staticmethod
+    def check_ids(tokens: Iterable[int], vocab_size: int) -> tuple[int, ...]:
+        """Token ids as a tuple of ints in ``[0, vocab_size)``; ``BadRequest`` (400) otherwise (R7.4.4)."""
         out = []
         for i, tok in enumerate(tokens):
-            if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < self.vocab_size:
-                raise BadRequest(f"prompt token {i} is {tok!r}; tokens must be integers in [0, {self.vocab_size})",
+            if isinstance(tok, bool) or not isinstance(tok, int) or not 0 <= tok < vocab_size:
+                raise BadRequest(f"prompt token {i} is {tok!r}; tokens must be integers in [0, {vocab_size})",
                                  field="prompt")
             out.append(tok)
         return tuple(out)

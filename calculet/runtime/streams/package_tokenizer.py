@@ -1,0 +1,215 @@
+"""The tokenizer and chat template a package carries, loaded and checked at model load (§11, #18).
+
+Why: the model's vocabulary and its chat template are part of the signed package (their files are
+listed in ``files``, so step 2 already verified their hashes); the runtime must use exactly those,
+and must refuse a package whose tokenizer cannot drive its model. At load (§11 step 3, in
+:meth:`calculet.runtime.models.prepare.Preparer.prepare`) :func:`load_tokenizer` reads them and
+checks them against the manifest:
+
+* ``tokenizer.json`` parses with Hugging Face ``tokenizers`` and its vocabulary (added tokens
+  included) is exactly the model's logits width (``architecture.vocab_size``): an id the tokenizer
+  cannot decode, or one the model cannot score, is refused;
+* every special id of the manifest (bos, eos, pad, unk) is a special token of the tokenizer, and
+  the config's ``bos_token`` / ``eos_token`` name the manifest's ids;
+* the config's ``chat_template`` compiles (Jinja2, sandboxed as Hugging Face renders it) and
+  renders a probe conversation.
+
+A byte-level manifest needs no file (:class:`~calculet.runtime.streams.tokenizer.ByteTokenizer`).
+The engine picks the loaded tokenizer up by the package's manifest sha256 (:func:`loaded_tokenizer`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HfBackend
+
+from calculet.errors import BadRequest, PackageError
+from calculet.packages.manifest import CalbinManifest
+from calculet.runtime.streams.tokenizer import ByteTokenizer, TokenizerStatistics
+
+_PROBE = (("system", "probe"), ("user", "probe"), ("assistant", "probe"), ("user", "probe"))
+
+
+def _raise(message: str) -> None:
+    raise jinja2.TemplateError(message)
+
+
+class ChatTemplate:
+    """A Hugging Face ``chat_template``: Jinja2 over ``messages``, rendered in a sandbox."""
+
+    def __init__(self, source: str, *, bos_token: str, eos_token: str) -> None:
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
+        env.globals["raise_exception"] = _raise
+        self.source = source
+        self._template = env.from_string(source)
+        self._bos, self._eos = bos_token, eos_token
+
+    def render(self, messages: Sequence[tuple[str, str]], *, add_generation_prompt: bool = True) -> str:
+        return self._template.render(messages=[{"role": r, "content": c} for r, c in messages],
+                                     bos_token=self._bos, eos_token=self._eos,
+                                     add_generation_prompt=add_generation_prompt)
+
+
+class HfTokenizer:
+    """A package's ``tokenizer.json`` and chat template, with the engine's tokenizer interface."""
+
+    def __init__(self, backend: HfBackend, template: ChatTemplate, *, vocab_size: int, bos: int, eos: int,
+                 specials: Iterable[int]) -> None:
+        self._backend = backend
+        self.template = template
+        self.vocab_size = vocab_size
+        self.bos = bos
+        self.eos = eos
+        self._specials = frozenset(specials)
+
+    def is_special(self, token: int) -> bool:
+        return token in self._specials
+
+    def encode(self, text: str, *, add_bos: bool = True) -> list[int]:
+        ids: list[int] = self._backend.encode(text, add_special_tokens=False).ids
+        return [self.bos, *ids] if add_bos else ids
+
+    def chat_text(self, messages: Sequence[tuple[str, str]]) -> str:
+        """The conversation rendered with the package's chat template (BOS as the template writes it)."""
+        try:
+            return self.template.render(messages)
+        except jinja2.TemplateError as exc:
+            raise BadRequest(f"the model's chat template refused the messages: {exc}", field="messages") from exc
+
+    def encode_chat(self, text: str) -> list[int]:
+        """A rendered conversation as ids; special tokens written in the text become their ids."""
+        ids: list[int] = self._backend.encode(text, add_special_tokens=False).ids
+        return ids
+
+    def validate(self, tokens: Iterable[int]) -> tuple[int, ...]:
+        return ByteTokenizer.check_ids(tokens, self.vocab_size)
+
+    def decode(self, tokens: Iterable[int]) -> str:
+        text: str = self._backend.decode([t for t in tokens if 0 <= t < self.vocab_size], skip_special_tokens=True)
+        return text
+
+    def detokenizer(self) -> HfDetokenizer:
+        return HfDetokenizer(self)
+
+    def statistics(self) -> TokenizerStatistics:
+        return TokenizerStatistics(self.vocab_size, self.bos, self.eos, tuple(sorted(self._specials)))
+
+
+class HfDetokenizer:
+    """Incremental decoding that holds back an incomplete UTF-8 character (U+FFFD at the end)."""
+
+    def __init__(self, tokenizer: HfTokenizer) -> None:
+        self._tok = tokenizer
+        self._ids: list[int] = []
+        self._prefix = 0
+        self._read = 0
+
+    def push(self, token: int) -> str:
+        if self._tok.is_special(token) or not 0 <= token < self._tok.vocab_size:
+            return ""
+        self._ids.append(token)
+        return self._emit(final=False)
+
+    def flush(self) -> str:
+        return self._emit(final=True)
+
+    def _emit(self, *, final: bool) -> str:
+        before = self._tok.decode(self._ids[self._prefix:self._read])
+        text = self._tok.decode(self._ids[self._prefix:])
+        if len(text) <= len(before) or (text.endswith("\ufffd") and not final):
+            return ""
+        self._prefix, self._read = self._read, len(self._ids)
+        return text[len(before):]
+
+
+def _refuse(manifest: CalbinManifest, detail: str) -> PackageError:
+    return PackageError(f"package {manifest.name!r}: {detail} (§11 step 3)", reason="tokenizer",
+                        package=manifest.name)
+
+
+def _read(package_dir: Path, manifest: CalbinManifest, rel: str) -> str:
+    try:
+        return (package_dir / rel).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _refuse(manifest, f"cannot read {rel}: {exc}") from exc
+
+
+def hf_tokenizer(package_dir: Path, manifest: CalbinManifest) -> HfTokenizer:
+    """Load the package's ``tokenizer.json`` and chat template and check them against the manifest."""
+    arch = manifest.architecture
+    assert arch.tokenizer_file is not None and arch.tokenizer_config_file is not None
+    try:
+        backend = HfBackend.from_str(_read(package_dir, manifest, arch.tokenizer_file))
+    except Exception as exc:  # noqa: BLE001 - the Rust parser raises plain Exceptions
+        raise _refuse(manifest, f"{arch.tokenizer_file} is not a Hugging Face tokenizer: {exc}") from exc
+    try:
+        config: dict[str, Any] = json.loads(_read(package_dir, manifest, arch.tokenizer_config_file))
+    except ValueError as exc:
+        raise _refuse(manifest, f"{arch.tokenizer_config_file} is not JSON: {exc}") from exc
+    size = backend.get_vocab_size(with_added_tokens=True)
+    if size != arch.vocab_size:
+        raise _refuse(manifest, f"the tokenizer's vocabulary has {size} tokens but the model's logits are "
+                                f"{arch.vocab_size} wide; they must be the same vocabulary")
+    added = {int(i): t for i, t in backend.get_added_tokens_decoder().items() if t.special}
+    for name, tok in arch.special_tokens.model_dump().items():
+        if tok not in added:
+            raise _refuse(manifest, f"special token {name}={tok} of the manifest is not a special token of "
+                                    f"{arch.tokenizer_file} (it is {backend.id_to_token(tok)!r})")
+    for name in ("bos", "eos"):
+        text = config.get(f"{name}_token")
+        text = text.get("content") if isinstance(text, dict) else text
+        if backend.token_to_id(str(text)) != getattr(arch.special_tokens, name):
+            raise _refuse(manifest, f"{arch.tokenizer_config_file} {name}_token {text!r} is not the manifest's "
+                                    f"{name} id {getattr(arch.special_tokens, name)}")
+    source = config.get("chat_template")
+    if not isinstance(source, str):
+        raise _refuse(manifest, f"{arch.tokenizer_config_file} has no chat_template string")
+    try:
+        template = ChatTemplate(source, bos_token=str(config["bos_token"]), eos_token=str(config["eos_token"]))
+        template.render(_PROBE)
+    except jinja2.TemplateError as exc:
+        raise _refuse(manifest, f"the chat template does not render: {exc}") from exc
+    return HfTokenizer(backend, template, vocab_size=size, bos=arch.special_tokens.bos,
+                       eos=arch.special_tokens.eos, specials=added)
+
+
+Tokenizer = ByteTokenizer | HfTokenizer
+
+_LOADED: OrderedDict[str, Tokenizer] = OrderedDict()
+_LOCK = threading.Lock()
+_KEEP = 16
+
+
+def load_tokenizer(package_dir: Path, manifest_bytes: bytes, sha256: str) -> Tokenizer:
+    """The package's tokenizer, checked against its manifest; remembered under the manifest sha256."""
+    manifest = CalbinManifest.parse(manifest_bytes)
+    arch = manifest.architecture
+    if arch.tokenizer == "byte-level":
+        tok: Tokenizer = ByteTokenizer(arch.vocab_size, bos=arch.special_tokens.bos, eos=arch.special_tokens.eos)
+    else:
+        tok = hf_tokenizer(package_dir, manifest)
+    with _LOCK:
+        _LOADED[sha256] = tok
+        _LOADED.move_to_end(sha256)
+        while len(_LOADED) > _KEEP:
+            _LOADED.popitem(last=False)
+    return tok
+
+
+def loaded_tokenizer(sha256: str, vocab_size: int, *, bos: int, eos: int) -> Tokenizer:
+    """The tokenizer :func:`load_tokenizer` loaded for this package (a byte-level one when none was)."""
+    with _LOCK:
+        tok = _LOADED.get(sha256)
+    return tok if tok is not None else ByteTokenizer(vocab_size, bos=bos, eos=eos)
+
+
+__all__ = ["ChatTemplate", "HfDetokenizer", "HfTokenizer", "Tokenizer", "hf_tokenizer", "load_tokenizer",
+           "loaded_tokenizer"]
