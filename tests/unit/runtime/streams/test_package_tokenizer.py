@@ -1,0 +1,118 @@
+"""A package's own tokenizer and chat template, loaded and checked against its manifest at model load
+(#18, §11 step 3): vocabulary vs logits width, special tokens, a template that renders."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from calculet.adapters.sim import SimCalRT, SimConfig
+from calculet.adapters.sim.build import build_package
+from calculet.adapters.sim.bundled import build_bundled
+from calculet.adapters.sim.model import TinyConfig
+from calculet.clock import FakeClock
+from calculet.config import parse_config
+from calculet.errors import BadRequest, PackageError
+from calculet.packages.tokenizer_files import (
+    CHAT_TEMPLATE,
+    TOKENIZER_CONFIG_FILE,
+    bundled_tokenizer_files,
+    corpus_text,
+    files_for,
+    train_bpe,
+)
+from calculet.runtime.engine.driver import EngineDriver
+from calculet.runtime.engine.types import EngineOptions
+from calculet.runtime.streams.package_tokenizer import HfTokenizer, load_tokenizer
+from calculet.runtime.streams.tokenizer import ByteTokenizer
+
+
+def load(path: Path) -> object:
+    manifest = (path / "manifest.json").read_bytes()
+    return load_tokenizer(path, manifest, hashlib.sha256(manifest).hexdigest())
+
+
+@pytest.fixture(scope="module")
+def bundled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("bundled") / "pkg"
+    build_bundled(path)
+    return path
+
+
+def test_the_bundled_tokenizer_is_a_trained_bpe_and_builds_reproducibly(bundled: Path,
+                                                                        tmp_path: Path) -> None:
+    again = tmp_path / "again"
+    build_bundled(again)
+    for name in ("manifest.json", "tokenizer.json", "tokenizer_config.json", "weights.bin"):
+        assert (again / name).read_bytes() == (bundled / name).read_bytes(), name
+    tok = load(bundled)
+    assert isinstance(tok, HfTokenizer) and tok.vocab_size == 512
+    text = "the scheduler serves KV lanes"
+    ids = tok.encode(text, add_bos=False)
+    assert len(ids) < len(text.encode()) and tok.decode(ids) == text  # merges learned, round trip exact
+    assert "scheduler" in corpus_text()
+
+
+def test_chat_is_rendered_by_the_package_template(bundled: Path) -> None:
+    tok = load(bundled)
+    assert isinstance(tok, HfTokenizer)
+    text = tok.chat_text([("system", "be brief"), ("user", "hi")])
+    assert text == "<|bos|><|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n"
+    ids = tok.encode_chat(text)
+    assert ids[:2] == [tok.bos, 4] and ids[-2] == 6  # <|bos|> <|system|> ... <|assistant|> "\n"
+    with pytest.raises(BadRequest, match="unknown role"):
+        tok.chat_text([("tool", "x")])
+
+
+def test_the_detokenizer_streams_text_without_splitting_characters(bundled: Path) -> None:
+    tok = load(bundled)
+    assert isinstance(tok, HfTokenizer)
+    text = "héllo, wörld — NPU ✓"
+    ids = tok.encode(text, add_bos=True)
+    detok = tok.detokenizer()
+    pieces = [detok.push(t) for t in ids]
+    assert "".join(pieces) + detok.flush() == text
+    assert all("\ufffd" not in p for p in pieces)
+
+
+def test_a_byte_level_package_keeps_the_byte_tokenizer(tmp_path: Path) -> None:
+    build_package(tmp_path / "byte")
+    assert isinstance(load(tmp_path / "byte"), ByteTokenizer)
+
+
+def test_a_tokenizer_whose_vocabulary_is_not_the_logits_width_is_refused(tmp_path: Path) -> None:
+    """The model scores 512 ids; a 300-token tokenizer cannot decode them: refused naming both sizes."""
+    small = files_for(train_bpe(corpus_text(), vocab_size=300))
+    build_package(tmp_path / "pkg", tokenizer=small, config=TinyConfig(vocab_size=512, bos=0, eos=1, pad=2, unk=3))
+    with pytest.raises(PackageError, match="vocabulary has 300 tokens but the model's logits are 512 wide"):
+        load(tmp_path / "pkg")
+
+
+def test_the_mismatch_stops_the_model_load(tmp_path: Path) -> None:
+    """§11 step 3: the engine does not come up on such a package (the error names the tokenizer)."""
+    small = files_for(train_bpe(corpus_text(), vocab_size=300))
+    build_package(tmp_path / "pkg", tokenizer=small, config=TinyConfig(vocab_size=512, bos=0, eos=1, pad=2, unk=3))
+    clock = FakeClock()
+    with pytest.raises(PackageError, match="logits are 512 wide"):
+        EngineDriver(parse_config({"schema": "calculet-scheduler/v1"}), SimCalRT(SimConfig(clock=clock)),
+                     tmp_path / "pkg", clock=clock, options=EngineOptions(monitor_mode=None))
+
+
+def test_special_tokens_and_template_are_checked(tmp_path: Path) -> None:
+    files = bundled_tokenizer_files()
+    build_package(tmp_path / "eos", tokenizer=files, config=TinyConfig(vocab_size=512, bos=0, eos=9, pad=2, unk=3))
+    with pytest.raises(PackageError, match="special token eos=9"):
+        load(tmp_path / "eos")
+    broken = bundled_tokenizer_files(chat_template="{% for m in messages %}{{ m['content'] }")
+    build_package(tmp_path / "tpl", tokenizer=broken)
+    with pytest.raises(PackageError, match="chat template does not render"):
+        load(tmp_path / "tpl")
+    build_package(tmp_path / "bos", tokenizer=files)
+    config = json.loads((tmp_path / "bos" / TOKENIZER_CONFIG_FILE).read_text())
+    (tmp_path / "bos" / TOKENIZER_CONFIG_FILE).write_text(json.dumps({**config, "bos_token": "<|pad|>"}))
+    with pytest.raises(PackageError, match="bos_token '<\\|pad\\|>' is not the manifest's bos id 0"):
+        load(tmp_path / "bos")
+    assert "{{ bos_token }}" in CHAT_TEMPLATE
