@@ -5,12 +5,26 @@ produce packages (build, sign, pack, keygen) and those who receive them (verify,
 ``verify`` runs exactly the checks a model load runs, so a package that verifies here loads
 past step 2. Every failure prints ``error: ...`` naming the package and file, and exits 1.
 
-Examples::
+The one path, for the bundled tiny model and for a model of one's own (#18)::
 
-    python -m calculet.package keygen --out keys/ --name release-2026
+    python -m calculet.package keygen --out keys/ --name my-key
+    python -m calculet.package tiny pkgs/tiny --key keys/my-key.key.pem      # the bundled model
+    python -m calculet.package build my-model/ pkgs/mine --key keys/my-key.key.pem
+    python -m calculet.package verify pkgs/tiny --trusted-root pkgs --keys keys/
+    python -m calculet.run --config serve.yaml    # models: [{alias: tiny-random, package: pkgs/tiny}]
+                                                   # trust: {trusted_roots: [pkgs], trusted_keys_dir: keys}
+
+``tiny`` builds the bundled model — random weights (seeded), a byte-level BPE tokenizer trained
+now from ``calculet/data/tokenizer/corpus.txt`` and a Jinja2 chat template — into a package
+through the same ``build`` as any model. A model of one's own is a directory holding its files —
+weights, ``tokenizer.json``, ``tokenizer_config.json`` (with ``chat_template``) — and a
+``manifest.json`` with the ``calbin-package/v1`` fields (architecture, profiles, capabilities,
+golden, memory; see ``tiny``'s for an example); ``build`` computes ``files`` and signs.
+
+Other examples::
+
     python -m calculet.package build model-src/ pkgs/qwen3-b1 --field 'profiles=[1]'
     python -m calculet.package sign pkgs/qwen3-b1 --key keys/release-2026.key.pem
-    python -m calculet.package verify pkgs/qwen3-b1 --trusted-root pkgs --keys trusted-keys/
     python -m calculet.package verify pkgs/qwen3-b1 --config scheduler.yaml
 """
 
@@ -102,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     keygen.add_argument("--out", type=Path, required=True, metavar="DIR")
     keygen.add_argument("--name", required=True)
 
+    tiny = sub.add_parser("tiny", help="build the bundled tiny model (random weights, trained BPE tokenizer, "
+                          "chat template) as a package")
+    tiny.add_argument("out", type=Path, help="new (or empty) package directory")
+    tiny.add_argument("--key", type=Path, metavar="PRIVATE_KEY", help="sign the new package with this private key")
+
     pack = sub.add_parser("pack", help="write a package directory as a reproducible .tar")
     pack.add_argument("package", type=Path)
     pack.add_argument("archive", type=Path)
@@ -153,6 +172,22 @@ def _cmd_build(args: argparse.Namespace) -> None:
         load_private_key(args.key)  # fail before copying gigabytes if the key is unusable
     package = build_package(args.src, args.out, fields, max_file_bytes=args.max_file_bytes)
     print(f"built {package}")
+    if args.key is not None:
+        _sign_and_report(package, args.key)
+
+
+def _cmd_tiny(args: argparse.Namespace) -> None:
+    import tempfile
+
+    from calculet.adapters.sim.bundled import BUNDLED_ALIAS, build_bundled
+
+    if args.key is not None:
+        load_private_key(args.key)
+    with tempfile.TemporaryDirectory(prefix="calculet-tiny-") as tmp:
+        manifest = build_bundled(Path(tmp) / "src")
+        package = build_package(Path(tmp) / "src", args.out)
+    print(f"built {package} ({manifest.name}: random weights, a {manifest.architecture.vocab_size}-token BPE "
+          f"tokenizer and its chat template; serve it as alias {BUNDLED_ALIAS!r})")
     if args.key is not None:
         _sign_and_report(package, args.key)
 
@@ -259,6 +294,7 @@ _HANDLERS = {
     "inspect": _cmd_inspect,
     "keygen": _cmd_keygen,
     "pack": _cmd_pack,
+    "tiny": _cmd_tiny,
 }
 
 

@@ -72,15 +72,20 @@ def build_package(
     hash is of the bytes actually written) plus ``extra_fields`` (e.g. the step-3 fields the
     manifest model defines). ``format`` defaults to ``calbin-package/v1``. The package is not
     signed yet: :func:`sign_package` does that, usually with a key kept elsewhere.
+
+    A source that already holds a ``manifest.json`` (a built package, e.g. the simulator's
+    builder's output) is re-laid out: that manifest's fields other than ``files`` are the
+    defaults ``extra_fields`` override, ``files`` is computed again, and neither it nor a
+    ``manifest.sig`` (which signed the old bytes) is copied (#18).
     Returns the package directory.
     """
     src = Path(src_dir).resolve()
     out = Path(out_dir).absolute()
     if not src.is_dir():
         fail(PackageCheck.BUILD, out, f"source {src} is not a directory")
-    fields = _manifest_fields(extra_fields, out)
+    fields = _manifest_fields({**_source_manifest_fields(src, out), **dict(extra_fields or {})}, out)
     _check_output(src, out)
-    regular = _source_files(src, out)
+    regular = [(rel, path) for rel, path in _source_files(src, out) if rel not in RESERVED_NAMES]
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
@@ -96,6 +101,21 @@ def build_package(
         _undo_build(out, created=created)
         raise
     return out
+
+
+def _source_manifest_fields(src: Path, out: Path) -> dict[str, Any]:
+    """The fields of a ``manifest.json`` already in the source (none when there is none)."""
+    path = src / MANIFEST_NAME
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        fail(PackageCheck.BUILD, out, f"the source's {MANIFEST_NAME} is not readable JSON: {exc}", file=MANIFEST_NAME)
+    if not isinstance(data, dict):
+        fail(PackageCheck.BUILD, out, f"the source's {MANIFEST_NAME} is not a JSON object", file=MANIFEST_NAME)
+    data.pop("files", None)
+    return data
 
 
 def _manifest_fields(extra_fields: Mapping[str, Any] | None, out: Path) -> dict[str, Any]:
@@ -128,9 +148,6 @@ def _source_files(src: Path, out: Path) -> list[tuple[str, Path]]:
         if problem is not None:
             fail(PackageCheck.BUILD, out, f"file name cannot go into a manifest: {problem}",
                  file=rel)
-        if rel in RESERVED_NAMES:
-            fail(PackageCheck.BUILD, out, f"the source may not contain {rel}; it is written "
-                 "by build/sign", file=rel)
     return regular
 
 

@@ -247,7 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              name=args.name, config=TinyConfig(seed=args.seed, max_seq=args.max_seq),
                              prefill_chunk_tokens=args.prefill_chunk_tokens)
     print(f"built {manifest.name} ({args.variant}, profiles {list(manifest.profile_batches())}, memory "
-          f"{args.memory}) in {args.outdir}")
+          f"{args.memory}) in {args.outdir} (unsigned: python -m calculet.package sign {args.outdir} --key KEY, or "
+          f"package build {args.outdir} NEW --key KEY)")
     return 0
 
 

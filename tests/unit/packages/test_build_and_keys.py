@@ -79,10 +79,18 @@ def test_build_rejects_bad_extra_fields(tmp_path: Path, fields: dict[str, object
     assert not (tmp_path / "out").exists()
 
 
-def test_build_refuses_reserved_names_in_the_source(tmp_path: Path) -> None:
-    src = _src(tmp_path, {"manifest.json": b"{}", "a.bin": b"a"})
-    with pytest.raises(PackageError, match="may not contain manifest.json"):
-        build_package(src, tmp_path / "out")
+def test_build_relays_out_a_built_package_from_its_own_manifest(tmp_path: Path) -> None:
+    """#18: the simulator builder's output (a manifest.json, maybe a stale manifest.sig) builds: its
+    fields are kept, files recomputed, the old manifest and signature not copied; a bad one is refused."""
+    old = {"format": "calbin-package/v1", "name": "kept", "files": {"gone.bin": {"sha256": "0" * 64, "size": 1}}}
+    src = _src(tmp_path, {"manifest.json": json.dumps(old).encode(), "manifest.sig": b"x" * 64, "a.bin": b"a"})
+    out = build_package(src, tmp_path / "out", {"extra": 1})
+    manifest = json.loads((out / "manifest.json").read_bytes())
+    assert manifest["name"] == "kept" and manifest["extra"] == 1 and set(manifest["files"]) == {"a.bin"}
+    assert not (out / "manifest.sig").exists()
+    bad = _src(tmp_path / "bad", {"manifest.json": b"[1]", "a.bin": b"a"})
+    with pytest.raises(PackageError, match="not a JSON object"):
+        build_package(bad, tmp_path / "out2")
 
 
 def test_build_refuses_names_a_manifest_cannot_carry(tmp_path: Path) -> None:
