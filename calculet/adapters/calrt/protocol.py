@@ -1,11 +1,14 @@
 """The CalRT 0.7.6 protocols calculet drives: the library, its VirtualDevice, Calbin and KvManager.
 
 The runtime talks to the device only through these protocols (DESIGN "Arrows point down":
-runtime → adapters through :mod:`calculet.adapters.calrt`). Two adapters implement them: the
-simulated NPU in :mod:`calculet.adapters.sim` (the embedded default and the device every test runs
-against) and, on a machine with the vendor SDK, a thin binding over the real CalRT. Lifecycle
-calls raise :class:`~calculet.errors.CalculetError`s carrying a return code
-(:mod:`.codes`); job outcomes are values (:class:`~.jobs.JobResult`).
+runtime → adapters through :mod:`calculet.adapters.calrt`). Calculet ships one implementation, the
+simulated NPU in :mod:`calculet.adapters.sim` (the default and the device every test runs against).
+A binding over the real CalRT is **not** part of calculet: a vendor distribution provides it as a
+device plug-in (entry-point group ``calculet.devices``, :mod:`calculet.adapters.devices`), written
+against ``docs/devices.md`` — every call, its errors and return codes, what must be atomic — and
+proved by ``python -m calculet.conformance``. Lifecycle calls raise
+:class:`~calculet.errors.CalculetError`s carrying a return code (:mod:`.codes`); job outcomes are
+values (:class:`~.jobs.JobResult`).
 """
 
 from __future__ import annotations
