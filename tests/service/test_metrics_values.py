@@ -433,3 +433,22 @@ def test_fairness_service_tokens_per_tenant_and_a_starving_setup_counts_one_star
     assert counter(m, "calculet_fairness_starvation_events", tenant="light") == 1
     assert counter(m, "calculet_fairness_starvation_events", tenant="heavy") == 0
     assert value(m, "calculet_fairness_weight", tenant="heavy") == 1000
+
+
+@pytest.mark.req("R16.8")
+def test_a_wait_timeout_counts_one_timeout_fault_and_one_reset() -> None:
+    """A decode job that never completes: its Wait deadline (0.2 s) passes, the fault is a timeout and
+    the device is reset (not restarted); the job's buffers were quarantined until then."""
+    config = engine_config(profiles=(1,), inflight=2, recovery={"max_resets_per_10min": 5})
+    st = stack(config, profiles=(1,), variant="future",
+               options=EngineOptions(verify_golden=False, monitor_mode=None, job_timeout_s=0.2))
+    st.runtime.device.faults.add(FaultRule(InjectedFault.TIMEOUT, job_kind=JobKind.DECODE, nth=2))
+    st.submit(8, 6), st.submit(8, 30)
+    st.driver.run_until_idle()
+    m = st.scrape()
+    assert counter(m, "calculet_recovery_faults", reason="timeout") == 1
+    assert counter(m, "calculet_executor_wait_timeouts") == 1
+    assert counter(m, "calculet_recovery_resets") == 1 and counter(m, "calculet_recovery_restarts") == 0
+    assert value(m, "calculet_recovery_resets_in_window") == 1
+    assert value(m, "calculet_recovery_reset_budget") == 5
+    assert value(m, "calculet_recovery_time_seconds", "_count") == 1
