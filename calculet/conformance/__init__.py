@@ -14,8 +14,8 @@ CalRT protocol alone:
   profiles, per-lane identity and crosstalk), inactive lanes that must stay silent, status counters;
 * the §9 transaction rules, faults and recovery (:mod:`.checks_faults`) — a failed job commits
   nothing and names its lanes (quarantine), release only when the device confirms it, a timed-out
-  job keeps its buffers until reset, reset leaves no stale KV, restart, ping/pong, the §9.3
-  context operations, ReadMem.
+  job keeps its buffers until reset, reset leaves no stale KV, restart, ping/pong, incremental
+  prefill, the §9.3 context operations, ReadMem.
 
 It writes a report (:mod:`.report`: Markdown, and the JSON the service reads as
 ``device.evidence``) stating per capability the tier established and the evidence. The rule for
@@ -62,6 +62,8 @@ CHECKS: tuple[Check, ...] = (
      faults.check_timeout_reset),
     ("fault.restart", "close and create the device again", "§12", faults.check_restart),
     ("pingpong.two_jobs", "PING and PONG jobs with their own buffers and KV", "§14, §18", faults.check_ping_pong),
+    ("prefill.incremental", "a prompt in two prefill chunks equals one prefill", "§6",
+     faults.check_incremental_prefill),
     ("ctx.operations", "§9.3 context operations: empty ones refuse, RemoveTokensAtEnd boundaries", "§9.3",
      faults.check_context_ops),
     ("memory.read_mem", "ReadMem per chiplet is consistent", "§13.1", faults.check_memory),

@@ -48,7 +48,7 @@ EARNINGS: Mapping[str, Earning] = {
     "reset_domain": Earning(("kv.reset_clean",), "the vendor's reset domain (§13.2, §20)"),
     "multi_profile_residency": Earning(("lanes.fill_and_identity",),
                                        "an official API for several resident profiles (§8, §20)"),
-    "incremental_prefill": Earning((), "a chunked-prefill calbin (§6); the kit has no check yet"),
+    "incremental_prefill": Earning(("prefill.incremental",), "a chunked-prefill calbin and runtime support (§6)"),
     "model_coresidency": Earning((), "the §13.2 multi-model runtime contract; the kit has no check"),
     "configure_device_global": Earning((), "the §13.2 contract (configure scope); the kit has no check"),
     "chiplet_scoped_models": Earning((), "two single-chiplet calbins with chip-scoped configure/queue/reset (§13.3)"),

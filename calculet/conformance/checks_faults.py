@@ -212,6 +212,28 @@ def check_context_ops(bench: Bench, probe: Probe) -> None:
         probe.note(f"RemoveTokensAtEnd: {n + 1} of {n} refused; removing 1 then re-decoding reproduces the prefill")
 
 
+def check_incremental_prefill(bench: Bench, probe: Probe) -> None:
+    """§6: a prompt prefilled in two chunks (the second onto a non-empty sequence) ends where one
+    prefill ends; without the capability the second chunk is refused NOT_SUPPORTED."""
+    (prompt,), (ref,) = bench.references(1, 0)
+    with bench.session() as s:
+        chunk = s.calbin.profile(1).prefill_chunk_tokens or max(1, len(prompt) // 2)
+        if len(prompt) <= chunk:
+            raise NotRun(f"the golden prompts are not longer than one chunk ({chunk} tokens)")
+        seq, _ = s.prefilled(prompt[:chunk])
+        if not s.calbin.capabilities.incremental_prefill.value:
+            rc = _refused(s.driver.prefill, seq, prompt[chunk:])
+            probe.expect(rc is ReturnCode.NOT_SUPPORTED, "prefill_without_capability",
+                         f"a second prefill chunk without incremental prefill answered {rc}")
+            probe.note("incremental prefill not offered: a second chunk is refused NOT_SUPPORTED")
+            return
+        res = s.driver.prefill(seq, prompt[chunk:])
+        probe.expect(res.ok and s.kv.committed_length(seq) == len(prompt)
+                     and same_output(res.lanes[0], ref[0], bench.atol), "chunked_prefill_mismatch",
+                     f"{chunk} + {len(prompt) - chunk} tokens in two prefills differ from one prefill")
+        probe.note(f"{chunk} + {len(prompt) - chunk} tokens in two prefills equal one prefill of {len(prompt)}")
+
+
 def check_memory(bench: Bench, probe: Probe) -> None:
     """§13.1: ReadMem per chiplet is consistent (used + free = total) and the calbin is accounted."""
     with bench.session() as s:

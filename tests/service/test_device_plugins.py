@@ -107,7 +107,7 @@ def test_a_plugin_device_is_found_by_name_and_serves_with_its_evidence(running: 
     assert rows["reset_configuration_verified"]["tier"] == "C2"
     assert rows["reset_configuration_verified"]["source"] == "measured"
     assert above_c3(contract) == {"reset_configuration_verified": "C2", "multi_profile_residency": "C2",
-                                  "reset_domain": "C2"}
+                                  "reset_domain": "C2", "incremental_prefill": "C2"}
 
 
 @pytest.mark.parametrize("running", [("fakeboard", None), ("fakeboard", "simulator"), ("sim", "board")],
