@@ -103,6 +103,9 @@ def admission(s: EngineStatistics, config: SchedulerConfig, facts: ServedModelFa
                  "before their deadline (§5.2).", a.no_prospect),
         by(counter("calculet_admission_blocked", "Admission attempts blocked, by the limit that blocked.",
                      labels=["limit"]), a.blocked, ADMISSION_LIMITS),
+        gauge("calculet_admission_default_deadline_seconds", "admission.deadline_default_ms: the deadline of a "
+              "request that names none (the queue-wait alert compares the oldest wait with it).",
+              config.admission.deadline_default_ms / 1000),
         gauge("calculet_admission_parked_flows", "Waiting flows parked by a tenant or long-task limit.",
                a.parked_flows),
         waiting_tokens, active, qps, *limits, *budgets,
