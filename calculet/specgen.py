@@ -145,6 +145,8 @@ def _invariants_section(d: Definition, v: SymbolicVars) -> list[str]:
     post = SymbolicVars(d, "_post")
     for sp in d.step_properties:
         out.append(f"| `{sp.name}` (step) | {sp.rid} | {_cell(printer.top(sp.predicate(v, post)))} | {_cell(sp.doc)} |")
+    for sp in d.event_properties:
+        out.append(f"| `{sp.name}` (step, sees the event) | {sp.rid} | per row, in the declaration | {_cell(sp.doc)} |")
     out.append("")
     return out
 
@@ -165,7 +167,7 @@ def index_document() -> str:
     for m in ALL_MACHINES:
         d = m.definition
         out.append(f"| [{d.name}]({_file_name(m)}) | {d.spec} | {len(d.states)} | {len(d.transitions)} | "
-                   f"{len(d.invariants) + len(d.step_properties)} |")
+                   f"{len(d.invariants) + len(d.all_step_properties)} |")
     for name, _ in DOCUMENTS:
         out.append(f"| [{name}]({name}) | generated | | | |")
     for name, what in RUN_REPORTS.items():

@@ -216,7 +216,7 @@ def check_consecution(d: Definition, t: Transition) -> CheckResult:
     s.add(*v.domain(), *arg_domain(ev, args), *[as_bool(p) for p in invariants_hold(d, v)])
     s.add(takes(d, t, v, args))
     goals = [(inv.name, inv.rid, as_bool(inv.predicate(post))) for inv in d.invariants]
-    goals += [(sp.name, sp.rid, as_bool(sp.predicate(v, post))) for sp in d.step_properties]
+    goals += [(name, rid, as_bool(goal)) for name, rid, goal in d.step_goals(v, post, t, args)]
     broken: list[str] = []
     first: Counterexample | None = None
     unknown: list[str] = []

@@ -37,7 +37,7 @@ def derive(machine: type[Machine], name: str, edit: Edit) -> type[Machine]:
     namespace.update(d.vars)
     namespace.update(d.events)
     namespace["transitions"] = edit(rows_of(machine), d)
-    declared = [p for p in (*d.invariants, *d.step_properties)
+    declared = [p for p in (*d.invariants, *d.all_step_properties)
                 if not p.name.startswith("bounds_") and p.name != "terminal_is_final"]
     namespace["invariants"] = declared
     return type(name, (Machine,), namespace)

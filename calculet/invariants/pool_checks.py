@@ -34,6 +34,7 @@ from calculet.invariants.checks import (RLIMIT_SEARCH, CheckResult, Counterexamp
                                         solver, takes)
 from calculet.logic.symbolic import SymbolicVars, arg_domain, symbolic_args, type_domain
 from calculet.invariants.pool_reduction import reduction
+from calculet.machines.definition import Step
 from calculet.machines.pool import PoolDefinition, PoolView
 
 
@@ -101,7 +102,7 @@ def check_pool_induction(p: PoolDefinition, n: int, progress: Progress | None = 
         post_view = PoolView([moved] + lanes[1:], params, post_ghosts)
         goals = [(inv.name, inv.rid, as_bool(inv.predicate(post_view))) for inv in p.invariants]
         goals += [(inv.name, inv.rid, as_bool(inv.predicate(moved))) for inv in d.invariants]
-        goals += [(sp.name, sp.rid, as_bool(sp.predicate(lanes[0], moved))) for sp in d.step_properties]
+        goals += [(name, rid, as_bool(goal)) for name, rid, goal in d.step_goals(lanes[0], moved, t, args)]
         failure = None
         for name, rid, goal in goals:
             s.push()
@@ -340,9 +341,16 @@ class _PoolUnrolling:
         view = PoolView(frame_lanes, self.params, frame_ghosts)
         props = [(inv.name, inv.rid, as_bool(inv.predicate(view))) for inv in p.invariants]
         if self.instance_properties:
-            for before, after in zip(prev[0], frame_lanes):
+            lane_sel, row_sel, step_args = self.choices[-1]
+            for j, (before, after) in enumerate(zip(prev[0], frame_lanes)):
                 props += [(inv.name, inv.rid, as_bool(inv.predicate(after))) for inv in d.invariants]
                 props += [(sp.name, sp.rid, as_bool(sp.predicate(before, after))) for sp in d.step_properties]
+                if d.event_properties:  # they see the row: one implication per row this lane may take
+                    for r, t in enumerate(self.rows):
+                        taken = z3.And(lane_sel == j, row_sel == r)
+                        props += [(sp.name, sp.rid, z3.Implies(taken, as_bool(sp.predicate(
+                            before, after, Step(t.event, t.name, step_args[t.event])))))
+                            for sp in d.event_properties]
         return props
 
     def trace(self, model: z3.ModelRef, upto: int) -> list[dict[str, Any]]:

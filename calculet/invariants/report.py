@@ -250,8 +250,8 @@ def _machine_section(run: VerifyRun) -> list[str]:
         broken = {r.counterexample.invariant for r in cons if r.counterexample}
         if not results:
             continue
-        for prop in (*d.invariants, *d.step_properties):
-            kind = "step" if prop in d.step_properties else "state"
+        for prop in (*d.invariants, *d.all_step_properties):
+            kind = "step" if prop in d.all_step_properties else "state"
             status = "BROKEN" if prop.name in broken else f"proved over {len(cons)} transitions"
             inv_rows.append(dict(machine=d.name, invariant=f"`{prop.name}`", kind=kind, requirement=prop.rid,
                                  status=status))

@@ -173,8 +173,9 @@ class Move:
         goals = []
         for machine, hops in ((sd.request, self.request_hops), (sd.lane, self.lane_hops)):
             d = machine.definition
-            for _, pre, post in hops:
-                goals += [(f"{d.name}.{sp.name}", sp.rid, as_bool(sp.predicate(pre, post))) for sp in d.step_properties]
+            for row, pre, post in hops:
+                goals += [(f"{d.name}.{name}", rid, as_bool(goal))
+                          for name, rid, goal in d.step_goals(pre, post, row, self.args)]
             if hops:
                 goals += [(f"{d.name}.{inv.name}", inv.rid, as_bool(inv.predicate(hops[-1][2]))) for inv in d.invariants]
         return goals

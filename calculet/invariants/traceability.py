@@ -54,7 +54,7 @@ def proof_references() -> dict[str, list[str]]:
     refs: dict[str, list[str]] = {}
     for machine in ALL_MACHINES:
         d = machine.definition
-        for prop in (*d.invariants, *d.step_properties):
+        for prop in (*d.invariants, *d.all_step_properties):
             if prop.rid.startswith("R"):
                 refs.setdefault(prop.rid, []).append(f"{d.name}.{prop.name}")
     for inv in KvLanePool.definition.invariants:

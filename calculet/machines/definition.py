@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 
 from calculet.logic.types import VarType
 
-__all__ = ["Definition", "Effect", "Event", "Group", "Guard", "Invariant", "Param", "State", "StepProperty", "T",
+__all__ = ["Definition", "Effect", "Event", "Group", "Guard", "Invariant", "Param", "State", "Step", "StepProperty", "T",
            "TERMINAL_GROUP", "Transition", "Var", "definition_of", "is_terminal"]
 
 
@@ -133,12 +133,27 @@ class Invariant:
 
 @dataclass(eq=False)
 class StepProperty:
-    """A named predicate over (pre, post) of every transition (e.g. a generation never changes)."""
+    """A named predicate over (pre, post) of every transition (e.g. a generation never changes).
+
+    A predicate with a third parameter sees the step itself (:class:`Step`: the event, the row
+    and its arguments), so a property can tell a commit from an abort where (pre, post) alone
+    cannot (issue #17: "abort commits the pending tokens" satisfied a (pre, post) property).
+    """
 
     rid: str
-    predicate: Callable[[Any, Any], Any]
+    predicate: Callable[..., Any]
     doc: str = ""
     name: str = ""
+
+
+@dataclass(frozen=True)
+class Step:
+    """What an event-aware step property sees of a transition: its event, its row and its
+    arguments (z3 terms in the proofs; the run-time monitor passes none)."""
+
+    event: str
+    row: str
+    args: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)
@@ -160,6 +175,17 @@ class Definition:
     step_properties: tuple[StepProperty, ...]
     examples: tuple[dict[str, Any], ...] = ()
     groups: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    event_properties: tuple[StepProperty, ...] = ()  # step properties that see the step
+
+    @property
+    def all_step_properties(self) -> tuple[StepProperty, ...]:
+        return self.step_properties + self.event_properties
+
+    def step_goals(self, pre: Any, post: Any, t: Transition, args: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
+        """(name, R-id, predicate) of every step property for ``t`` taken from ``pre`` to ``post``."""
+        out = [(sp.name, sp.rid, sp.predicate(pre, post)) for sp in self.step_properties]
+        step = Step(t.event, t.name, args)
+        return out + [(sp.name, sp.rid, sp.predicate(pre, post, step)) for sp in self.event_properties]
 
     def group(self, name: str) -> frozenset[str]:
         """The states of a named group (``terminal`` included); unknown names are an error."""

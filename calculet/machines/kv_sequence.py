@@ -110,10 +110,18 @@ class KvSequenceMachine(Machine):
                   predicate=lambda v: And(Implies(v.at("reserved"), v.committed_len == 0),
                                           Implies(v.at("active"), v.committed_len >= 1))),
         StepProperty("R9.2.5", name="commit_only_on_success",
-                     doc="committed_len grows only when an Updating transaction commits",
-                     predicate=lambda pre, post: Implies(
-                         post.committed_len > pre.committed_len,
-                         And(pre.at("updating"), post.at("active")))),
+                     doc="committed_len grows only by a commit (device and output succeeded), which adds exactly "
+                         "the transaction's pending tokens",
+                     predicate=lambda pre, post, step: And(
+                         Implies(post.committed_len > pre.committed_len, step.event == "commit"),
+                         Implies(step.event == "commit",
+                                 post.committed_len == pre.committed_len + pre.pending))),
+        StepProperty("R9.2.5", name="abort_keeps_committed",
+                     doc="an abort (or a fault) rolls the transaction back: committed_len is what it was, nothing "
+                         "pending stays",
+                     predicate=lambda pre, post, step: Implies(
+                         Or(step.event == "abort", step.event == "fault"),
+                         And(post.committed_len == pre.committed_len, post.pending == 0))),
         StepProperty("R9.2.1", name="owner_fixed_while_held",
                      doc="a held lane keeps its seq_id and generation until it is Free again",
                      predicate=lambda pre, post: Implies(

@@ -21,6 +21,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from calculet.machines.definition import Step
 from calculet.machines.errors import InvariantViolation
 
 log = logging.getLogger("calculet.invariants")
@@ -79,11 +80,22 @@ class Monitor:
         Evaluates the formulas compiled from the proved z3 terms (``codegen``), not the
         declaration's callables, so a monitored event costs microseconds.
         """
-        return instance._check_invariants(pre)
+        broken: list[tuple[str, str]] = instance._check_invariants(pre)
+        return broken
+
+    @staticmethod
+    def broken_on_step(instance: Any, pre: Any, transition: Any) -> list[tuple[str, str]]:
+        """(name, R-id) of every step property that sees the event and is false for this step
+        (evaluated on the live values: the event and row are known, the arguments are not)."""
+        d = instance.definition
+        step = Step(transition.event, transition.name)
+        return [(sp.name, sp.rid) for sp in d.event_properties if not sp.predicate(pre, instance, step)]
 
     def after(self, instance: Any, pre: Any, transition: Any) -> None:
         self._checks += 1
         broken = self.broken(instance, pre)
+        if instance.definition.event_properties:
+            broken = broken + self.broken_on_step(instance, pre, transition)
         if not broken:
             return
         d = instance.definition
@@ -98,6 +110,26 @@ class Monitor:
         log.error("invariant violated", extra={
             "machine": d.name, "invariants": [n for n, _ in broken], "transition": transition.name,
             "pre": pre_values, "post": post_values})
+
+    def check_whole(self, name: str, invariants: Any, view: Any, after: str, state: Any = None,
+                    extra: list[tuple[str, str]] = ()) -> None:  # type: ignore[assignment]
+        """Pool- or system-level monitoring: every declared invariant of ``invariants`` (objects
+        with ``name``, ``rid`` and ``predicate(view)``) evaluated on the live ``view`` after the
+        runtime operation ``after``, plus ``extra`` (name, R-id) faults the caller found (an index
+        kept beside the machines that no longer matches them). Counted, and raised in ``raise``
+        mode, exactly like an instance's invariants."""
+        self._checks += 1
+        broken = [(inv.name, inv.rid) for inv in invariants if not inv.predicate(view)] + list(extra)
+        if not broken:
+            return
+        with self._lock:
+            for inv_name, _rid in broken:
+                self._violations[(name, inv_name)] += 1
+        if self.mode == "raise":
+            first, rid = broken[0]
+            raise InvariantViolation(name, first, rid, after, {}, {"broken": broken, "state": state})
+        log.error("invariant violated", extra={"machine": name, "invariants": [n for n, _ in broken],
+                                               "transition": after, "post": state})
 
     def statistics(self) -> MonitorStatistics:
         with self._lock:

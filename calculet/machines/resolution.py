@@ -21,8 +21,8 @@ import z3
 from calculet.logic.expr import And, Implies, is_symbolic
 from calculet.logic.symbolic import SymbolicVars, symbolic_args
 from calculet.logic.types import EnumType
-from calculet.machines.definition import (TERMINAL_GROUP, Definition, Event, Invariant, Param, State, StepProperty, T,
-                                         Transition, Var)
+from calculet.machines.definition import (TERMINAL_GROUP, Definition, Event, Invariant, Param, State, Step, StepProperty,
+                                         T, Transition, Var)
 from calculet.machines.errors import InvalidDefinition
 
 __all__ = ["RESERVED_NAMES", "callable_args", "check", "resolve"]
@@ -58,13 +58,25 @@ def resolve(declaration: type) -> Definition:
     _check_names(name, params, variables, events)
     initial, terminal = _initial_and_terminal(name, states)
     transitions = _resolve_rows(name, getattr(declaration, "transitions", ()), states, events)
-    invariants, steps = _properties(name, getattr(declaration, "invariants", ()), terminal, variables)
+    invariants, all_steps = _properties(name, getattr(declaration, "invariants", ()), terminal, variables)
+    steps = tuple(sp for sp in all_steps if not _sees_step(name, sp))
+    event_steps = tuple(sp for sp in all_steps if _sees_step(name, sp))
     groups = _groups(name, states, terminal)
     return Definition(
         name=name, doc=inspect.cleandoc(declaration.__doc__ or ""), spec=getattr(declaration, "spec", ""),
         states=states, initial=initial, terminal=terminal, params=params, vars=variables, events=events,
         transitions=transitions, invariants=invariants, step_properties=steps,
-        examples=tuple(dict(e) for e in getattr(declaration, "examples", [{}])), groups=groups)
+        examples=tuple(dict(e) for e in getattr(declaration, "examples", [{}])), groups=groups,
+        event_properties=event_steps)
+
+
+def _sees_step(name: str, sp: StepProperty) -> bool:
+    """A step property's predicate takes (pre, post) or (pre, post, step)."""
+    params = [p for p in inspect.signature(sp.predicate).parameters.values()
+              if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(params) not in (2, 3):
+        raise InvalidDefinition(name, f"step property {sp.name} must take (pre, post) or (pre, post, step)")
+    return len(params) == 3
 
 
 def _groups(name: str, states: dict[str, State], terminal: frozenset[str]) -> dict[str, frozenset[str]]:
@@ -293,6 +305,10 @@ def _check_expressions(d: Definition) -> None:
     post = SymbolicVars(d, "_post")
     for sp in d.step_properties:
         _check_predicate(d, f"step property {sp.name}", lambda: sp.predicate(v, post))
+    for sp in d.event_properties:
+        for t in d.transitions:
+            step = Step(t.event, t.name, symbolic_args(d.events[t.event]))
+            _check_predicate(d, f"step property {sp.name} on {t.name}", lambda: sp.predicate(v, post, step))
 
 
 def _check_row_expressions(d: Definition, t: Transition, v: SymbolicVars) -> None:

@@ -26,6 +26,9 @@ from calculet.runtime.scheduling.kv import FreeSequence, KvCapabilities, KvLease
 
 MAX_SEQ = 24
 COVERED: Counter[str] = Counter()
+DRAWN: Counter[tuple[str, str]] = Counter()
+"""(lane state, event) of every KV operation the run drew — "committed" marks a lane that already
+held committed tokens, so abort-after-commit is counted apart from abort of a first chunk."""
 FIELDS = ("state", "seq", "gen", "committed", "reserved", "pending")
 
 
@@ -47,6 +50,14 @@ class ReferencePool:
 
     def owned(self, lease: KvLease) -> dict[str, object] | None:
         return self.lanes[lease.lane] if self.owner[lease.lane] == lease.lease_id else None
+
+    def draw(self, lease: KvLease, event: str) -> None:
+        """Record the (state, event) pair an operation is about to apply to the lease's lane."""
+        lane = self.owned(lease)
+        state = "stale" if lane is None else str(lane["state"])
+        if lane is not None and int(lane["committed"]) >= 1 and state in ("active", "updating"):
+            state += " committed"
+        DRAWN[(state, event)] += 1
 
     def reserve(self, lane: int, lease: KvLease, tokens: int) -> None:
         assert self.lanes[lane]["state"] == "free"
@@ -127,7 +138,9 @@ class KvPoolMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.leases)
     @rule(data=st.data(), tokens=st.integers(1, 6), outcome=st.sampled_from(["commit", "abort", "fault", "hold"]))
     def append(self, data: st.DataObject, tokens: int, outcome: str) -> None:
-        lease = data.draw(st.sampled_from(self.leases))
+        able = [x for x in self.leases if self.ref.can_submit(x, tokens)]
+        lease = data.draw(st.sampled_from(able or self.leases))
+        self.ref.draw(lease, "submit")
         if not self.ref.can_submit(lease, tokens):
             with pytest.raises((TransitionNotAllowed, StaleLease)):
                 self.kv.submit(lease, tokens)
@@ -138,6 +151,7 @@ class KvPoolMachine(RuleBasedStateMachine):
         COVERED[f"append {outcome}"] += 1
         if outcome == "hold":
             return
+        self.ref.draw(lease, outcome)
         getattr(self.kv, outcome)(lease)
         getattr(self.ref, outcome)(lease)
 
@@ -151,6 +165,7 @@ class KvPoolMachine(RuleBasedStateMachine):
             allowed = lane is not None and lane["state"] in ("reserved", "active", "updating")
         else:
             allowed = lane is not None and lane["state"] == "updating"
+        self.ref.draw(lease, outcome)
         if not allowed:
             with pytest.raises((TransitionNotAllowed, StaleLease)):
                 getattr(self.kv, outcome)(lease)
@@ -165,6 +180,18 @@ class KvPoolMachine(RuleBasedStateMachine):
         """A job left in flight (``append`` … ``hold``) completes: without this rule only
         ``finish_update`` reaches an Updating lane, and a seed may never commit one."""
         self.finish_update(data, outcome)
+
+    @precondition(lambda self: any(self.ref.can_submit(x, 1) for x in self.leases))
+    @rule(data=st.data(), outcome=st.sampled_from(["abort", "commit", "fault"]))
+    def decode_step(self, data: st.DataObject, outcome: str) -> None:
+        """§17.2: a one-token decode step on a lane that already holds committed tokens (after a
+        committed prefill chunk, taken first if the lane has none) — where an abort that commits
+        would show (issue #17: the ``ci`` profile drew no abort on such a lane before this rule)."""
+        lease = data.draw(st.sampled_from([x for x in self.leases if self.ref.can_submit(x, 1)]))
+        if int((self.ref.owned(lease) or {}).get("committed", 0)) == 0:
+            self.append(_Script(lease), 1, "commit")
+        if self.ref.can_submit(lease, 1):
+            self.append(_Script(lease), 1, outcome)
 
     @precondition(lambda self: self.leases)
     @rule(data=st.data(), tokens=st.integers(1, 4))
@@ -210,6 +237,7 @@ class KvPoolMachine(RuleBasedStateMachine):
         lease = data.draw(st.sampled_from(self.leases))
         lane = self.ref.owned(lease)
         if lane is not None and lane["state"] == "updating":
+            self.ref.draw(lease, "abort")
             self.kv.abort(lease)
             self.ref.abort(lease)
             COVERED["cancel drains"] += 1
@@ -342,11 +370,24 @@ def test_every_path_matches_the_reference_model_directed():
     assert EVERY_PATH <= set(COVERED), sorted(EVERY_PATH - set(COVERED))
 
 
+# The (lane state, event) pairs the random run must draw: every transaction outcome on a first
+# chunk and on a lane that already holds committed tokens (abort-after-commit included).
+REQUIRED_PAIRS = {("reserved", "submit"), ("active committed", "submit"), ("updating", "commit"),
+                  ("updating", "abort"), ("updating", "fault"), ("updating committed", "commit"),
+                  ("updating committed", "abort"), ("updating committed", "fault")}
+
+
 @pytest.mark.req("R17.2.1", "R17.2.2", "R17.2.3", "R17.2.4", "R17.2.5", "R17.2.6",
                  "R9.2.1", "R9.2.2", "R9.2.3", "R9.2.5", "R9.2.6", "R9.3.1", "R9.3.2")
 def test_kv_pool_matches_the_reference_model():
+    """The pool's declared invariants and the manager's indexes are monitored after every
+    operation (conftest turns monitors on; kv_checks raises), and the run must draw every pair
+    of REQUIRED_PAIRS — abort on a lane with committed tokens among them (R9.2.5)."""
     COVERED.clear()
+    DRAWN.clear()
     run_state_machine_as_test(KvPoolMachine)
+    assert REQUIRED_PAIRS <= set(DRAWN), sorted(REQUIRED_PAIRS - set(DRAWN))
+    assert DRAWN[("updating committed", "abort")] >= 1  # abort after commit (issue #17: 0 before)
     # The directed test takes every path; random sequences must still reach most of them (which
     # few a seed misses shifts with any edit of the machine class, which seeds the ci profile).
     reached = EVERY_PATH & set(COVERED)

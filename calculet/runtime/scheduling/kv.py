@@ -9,8 +9,15 @@ lease_id); the lease id changes every time the lane is handed out, so a stale or
 release is recognised and refused instead of freeing someone else's lane (§17.3 "no lease
 double free").
 
-* ``reserve`` takes a lane from the free list — O(1), never a scan — and fires ``reserve``;
-  running out is a value (:class:`NoCapacity`), not an exception (DESIGN principle 4).
+* ``reserve`` takes a lane from the free list and fires ``reserve`` only when the declared rules
+  allow it: the lane's own guard (``can_fire``) and the pool's reserve guard of
+  :class:`~calculet.machines.kv_pool.KvLanePool` (one owner per (seq, generation), the KV-token
+  and sequence budgets), evaluated on the live lanes — the very predicates ``verify`` proves,
+  not a hand-written copy (issue #17); running out is a value (:class:`NoCapacity`), not an
+  exception (DESIGN principle 4).
+* with monitors on, after every operation the pool's invariants run over the live lanes and the
+  indexes kept beside the machines (free list, owners, (generation, seq) → lane) are checked
+  against them (:mod:`calculet.runtime.scheduling.kv_checks`).
 * append/decode is a transaction: ``submit`` (Updating) → ``commit`` on success, ``abort`` on
   a known failure, ``fault`` on timeout/CCU/DMA-unknown (Unknown, quarantined: never handed
   out again until ``recover``) (§9.2, §9.3).
@@ -27,9 +34,13 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from calculet.clock import Clock
 from calculet.errors import DefinitionError, NotSupported
 from calculet.machines import KvSequenceMachine
-from calculet.clock import Clock
+from calculet.machines.kv_pool import KvLanePool
+from calculet.machines.monitor import MONITOR
+from calculet.machines.pool import PoolView
+from calculet.runtime.scheduling.kv_checks import check_pool
 from calculet.runtime.distribution import FREE_LATENCY_BOUNDS, Distribution, DistributionSnapshot
 
 
@@ -126,19 +137,27 @@ class StaleLease(DefinitionError):
 
 
 _STATES = tuple(KvSequenceMachine.definition.states)
+_POOL = KvLanePool.definition
 
 
 class KvLaneManager:
     """The KV lane pool of one model generation's runtime session (§9)."""
 
     def __init__(self, lanes: int, max_seq: int, *, capabilities: KvCapabilities = KvCapabilities(),
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, max_kv_tokens: int | None = None,
+                 max_sequences: int | None = None) -> None:
         if lanes < 1:
             raise ValueError("a KV pool needs at least one lane")
         self.max_seq = max_seq
         self.capabilities = capabilities
         self._clock = clock
         self._lanes = [KvSequenceMachine.create(max_seq=max_seq, lane=i) for i in range(lanes)]
+        # The pool declaration's parameters and ghosts, and a view of the live lanes its guards
+        # and invariants read (§5.1 budgets: by default every lane may hold a whole context).
+        self.pool_params = {"max_kv_tokens": max_kv_tokens if max_kv_tokens is not None else lanes * max_seq,
+                            "max_sequences": max_sequences if max_sequences is not None else lanes}
+        self._ghosts = [{g: 0 for g in _POOL.ghosts} for _ in range(lanes)]
+        self.view = PoolView(self._lanes, self.pool_params, self._ghosts)
         self._owner = [0] * lanes
         self._free: deque[int] = deque(range(lanes))
         self._by_seq: dict[tuple[int, int], int] = {}
@@ -182,47 +201,59 @@ class KvLaneManager:
     # ------------------------------------------------------------------ lifecycle
 
     def reserve(self, generation: int, tokens: int, seq_id: int | None = None) -> KvLease | NoCapacity:
-        """A lane for a sequence that may hold ``tokens`` positions, or why not (§9.1)."""
-        if tokens > self.max_seq:
-            return NoCapacity(f"{tokens} tokens exceed the sequence limit {self.max_seq}")
+        """A lane for a sequence that may hold ``tokens`` positions, or why not (§9.1).
+
+        The decision is the declaration's: the lane's own ``reserve`` guard and the pool's
+        (KvLanePool), evaluated on the live lanes."""
         if not self._free:
             self._refusals += 1
             return NoCapacity("no free KV lane")
-        if seq_id is None:
-            seq_id = self._next_seq
+        fresh = seq_id is None
+        seq = self._next_seq if seq_id is None else seq_id
+        lane = self._free[0]
+        args = {"seq": seq, "gen": generation, "tokens": tokens}
+        if not self._lanes[lane].can_fire("reserve", **args):
+            return NoCapacity(f"{tokens} tokens exceed the sequence limit {self.max_seq}")
+        if not _POOL.ops["reserve"].guard(self.view, lane, **args):  # type: ignore[misc]
+            if (generation, seq) in self._by_seq:  # a caller's fault, not a lack of capacity
+                raise DefinitionError(f"seq {seq} of generation {generation} already holds lane "
+                                      f"{self._by_seq[(generation, seq)]} (§9.2: one seq, one lane)")
+            self._refusals += 1
+            return NoCapacity("the KV-token or sequence budget is spent (§5.1)")
+        if fresh:
             self._next_seq += 1
+        self._free.popleft()
+        seq_id = seq
         key = (generation, seq_id)
-        if key in self._by_seq:
-            raise DefinitionError(f"seq {seq_id} of generation {generation} already holds lane "
-                                  f"{self._by_seq[key]} (§9.2: one seq, one lane)")
-        lane = self._free.popleft()
-        machine = self._lanes[lane]
-        if machine.state != "free":
-            raise DefinitionError(f"free list names lane {lane} in state {machine.state}")
         self._fire(lane, "reserve", seq=seq_id, gen=generation, tokens=tokens)
         lease_id = self._next_lease
         self._next_lease += 1
         self._owner[lane] = lease_id
         self._by_seq[key] = lane
         self._reservations += 1
+        self._checked("reserve")
         return KvLease(lane, seq_id, generation, lease_id, tokens)
 
     def submit(self, lease: KvLease, tokens: int) -> None:
         """The device accepted a job writing ``tokens`` positions (→ Updating)."""
-        self._fire(self._owned(lease), "submit", tokens=tokens)
+        self._submit(self._owned(lease), tokens)
+        self._checked("submit")
 
     def commit(self, lease: KvLease) -> None:
         """Device and output both succeeded: the pending tokens become committed (§9.2)."""
         self._fire(self._owned(lease), "commit")
+        self._checked("commit")
 
     def abort(self, lease: KvLease) -> None:
         """A known failure: nothing the job wrote is kept."""
         self._fire(self._owned(lease), "abort")
+        self._checked("abort")
 
     def fault(self, lease: KvLease) -> None:
         """Timeout / CCU fault / DMA unknown: the lane becomes Unknown and is quarantined."""
         self._fire(self._owned(lease), "fault")
         self._faults += 1
+        self._checked("fault")
 
     def release(self, lease: KvLease) -> FreeSequence | None:
         """The owner ended: start freeing the lane, or detach from a quarantined one.
@@ -238,15 +269,25 @@ class KvLaneManager:
         machine = self._lanes[lane]
         if machine.state == "unknown":
             self._owner[lane] = 0
+            self._checked("release (detach from Unknown)")
             return None
         self._fire(lane, "release")  # refused (and nothing changes) while a job is writing the lane
         self._owner[lane] = 0
+        self._checked("release")
         return self._releasing(lane)
+
+    def _submit(self, lane: int, tokens: int) -> None:
+        """Open the lane's transaction; with monitors on, record the position the job binds (the
+        pool's ghost, whose invariant says it is the lane's committed_len)."""
+        if MONITOR.enabled:
+            self._ghosts[lane].update(_POOL.ops["submit"].ghost(self.view, lane, tokens=tokens))  # type: ignore[misc]
+        self._lanes[lane].fire("submit", tokens=tokens)
 
     def recover(self, lane: int) -> FreeSequence:
         """Recovery made the Unknown lane safe again (reset, or the job provably finished)."""
         self._owner[lane] = 0
         self._fire(lane, "recover")
+        self._checked("recover")
         return self._releasing(lane)
 
     def recover_unknown(self) -> list[FreeSequence]:
@@ -264,6 +305,7 @@ class KvLaneManager:
         del self._by_seq[key]
         self._free.append(lane)
         self._confirms += 1
+        self._checked("confirm_release")
         started = self._release_started.pop(lane, None)
         if started is not None and self._clock is not None:
             self._latency.add(self._clock.now() - started)
@@ -302,7 +344,11 @@ class KvLaneManager:
         for lease in reservation.leases:
             if owner[lease.lane] != lease.lease_id:
                 raise StaleLease(f"lease {lease.lease_id} no longer owns lane {lease.lane}")
-            lanes[lease.lane].fire("submit", tokens=tokens)
+            if MONITOR.enabled:
+                self._submit(lease.lane, tokens)
+            else:
+                lanes[lease.lane].fire("submit", tokens=tokens)
+        self._checked("submit_batch")
 
     def settle(self, lease: KvLease, event: str) -> bool:
         """End the lane's open transaction with ``commit``, ``abort`` or ``fault``.
@@ -319,6 +365,7 @@ class KvLaneManager:
         machine.fire(event)
         if event == "fault":
             self._faults += 1
+        self._checked(event)
         return True
 
     # ------------------------------------------------------------------ §9.3 context operations
@@ -329,6 +376,7 @@ class KvLaneManager:
             raise NotSupported("remove tail is disabled until the RemoveTokensAtEnd boundary tests pass (§9.3)",
                                operation="remove_tail")
         self._fire(self._owned(lease), "remove_tail", tokens=tokens)
+        self._checked("remove_tail")
 
     def shift(self, lease: KvLease, tokens: int) -> ShiftSequence:
         """DoShift: C1/C2, only behind its capability; the lengths change like a tail removal."""
@@ -337,6 +385,7 @@ class KvLaneManager:
                                operation="shift")
         lane = self._owned(lease)
         self._fire(lane, "remove_tail", tokens=tokens)
+        self._checked("shift")
         return ShiftSequence(lane, lease.seq_id, lease.generation, tokens)
 
     def copy_prefix(self, source: KvLease, target: KvLease, tokens: int) -> None:
@@ -395,3 +444,14 @@ class KvLaneManager:
 
     def _fire(self, lane: int, event: str, **args: Any) -> None:
         self._lanes[lane].fire(event, **args)
+
+    def _checked(self, operation: str) -> None:
+        """With monitors on: the pool's invariants and this manager's indexes, after ``operation``
+        (sampled like every other monitor in production; every operation in tests)."""
+        if MONITOR.enabled and MONITOR.sampled():
+            check_pool(self, operation)
+
+    def indexes(self) -> tuple[tuple[int, ...], tuple[int, ...], dict[tuple[int, int], int]]:
+        """The indexes kept beside the lanes (free list, lease owner per lane, (generation, seq)
+        → lane), for the monitor that checks them against the machines."""
+        return tuple(self._free), tuple(self._owner), dict(self._by_seq)
