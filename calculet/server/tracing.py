@@ -5,8 +5,8 @@ behind which prefill jobs, and in which decode batches (id, compiled profile, la
 ran. One trace per request:
 
 ``calculet.request``            arrival → terminal state (request id, tenant, token counts, outcome)
-  ``calculet.admission``        arrival → the §5.2 decision (admit / queue / reject)
-  ``calculet.queue_wait``       the decision → its first prefill job on the device (queue class)
+  ``calculet.admission``        arrival → admitted or refused (§5.2; a Queue outcome waits inside it)
+  ``calculet.queue_wait``       admitted → its prefill job on the device (prefill queue class)
   ``calculet.prefill``          one per prefill job or chunk (job id)
   ``calculet.decode_batch``     one per decode batch the request had a lane in (job id, profile, lanes, engine)
 
@@ -43,9 +43,8 @@ log = logging.getLogger("calculet.server.tracing")
 
 __all__ = ["RequestTracer", "otlp_provider"]
 
-_DECIDING = frozenset({"new", "waiting_model"})
+_DECIDING = frozenset({"new", "waiting_model", "waiting_admission"})
 _ENDED = frozenset({"completed", "cancelled", "failed"})
-_DECISION = {"prefill_ready": "admit", "waiting_admission": "queue"}
 
 
 def otlp_provider(config: TracingConfig) -> TracerProvider | None:
@@ -104,9 +103,10 @@ class RequestTracer:
         if tr is None:
             tr = self._open[rec.request_id] = self._start(rec)
         if source in _DECIDING and target not in _DECIDING:
-            self._end(tr, now, decision=_DECISION.get(target, "reject"))
-            if target in ("prefill_ready", "waiting_admission"):
-                tr.phase = self._child(tr, "calculet.queue_wait", now, {"calculet.queue": rec.prefill_class or "none"})
+            decision = "admit" if target == "prefill_ready" else "reject" if rec.reject_status else target
+            self._end(tr, now, decision=decision)
+            if target == "prefill_ready":
+                tr.phase = self._child(tr, "calculet.queue_wait", now, {"calculet.queue": rec.prefill_class})
         if target == "prefill_running":
             self._end(tr, now)
             tr.phase = self._child(tr, "calculet.prefill", now, {"calculet.batch.id": rec.job_id,
