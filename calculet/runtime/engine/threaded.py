@@ -31,6 +31,7 @@ from calculet.runtime.request import RequestSink
 from calculet.runtime.scheduling.jobs import JobRecord
 from calculet.runtime.scheduling.registry import Cancellation, RequestRecord
 from calculet.runtime.scheduling.plan import Submission
+from calculet.runtime.streams.writer import batched_wakeups
 
 __all__ = ["ThreadedEngine"]
 
@@ -233,7 +234,13 @@ class ThreadedEngine:
                 self._stop.wait(0.05)
                 continue
             if results:
-                self._mailbox.post(lambda r=results: core.on_results(r))  # type: ignore[misc]
+                self._mailbox.post(lambda r=results: _apply_results(core, r))  # type: ignore[misc]
+
+
+def _apply_results(core: EngineCore, results: Any) -> None:
+    """(actor) One WaitAny's results; the streams' consumers are woken once for all of them."""
+    with batched_wakeups():
+        core.on_results(results)
 
 
 class _ThreadPort:

@@ -26,8 +26,10 @@ from __future__ import annotations
 import asyncio
 import enum
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import AsyncIterator, Iterator, Sequence
+from functools import partial
+from typing import AsyncIterator, Callable, Iterator, Sequence
 
 from calculet.machines.request import FinishReason
 from calculet.runtime.request import RequestOutcome
@@ -118,13 +120,16 @@ class StreamWriter:
                 return
             self._request_id = request_id
             self._raw.append(token)
-            self._held.append(token)
-            keep = self._holdback()
-            release = self._held[: len(self._held) - keep]
-            del self._held[: len(release)]
-            if release:
+            held = self._held
+            held.append(token)
+            keep = self._holdback() if (self._stops or self._eos is not None) else 0
+            if keep < len(held):
+                release = held[: len(held) - keep]
+                del held[: len(release)]
                 self._emit(release, finished=False)
-        self._notify()
+            waiters, self._async_waiters = self._async_waiters, []
+        if waiters:
+            _wake(waiters)
 
     def close(self, outcome: RequestOutcome) -> None:
         with self._lock:
@@ -144,7 +149,9 @@ class StreamWriter:
             self._outcome = outcome
             self._emit(list(held), finished=True)
             held.clear()
-        self._notify()
+            waiters, self._async_waiters = self._async_waiters, []
+        if waiters:
+            _wake(waiters)
 
     # ------------------------------------------------------------------ consumers (any thread)
 
@@ -185,12 +192,12 @@ class StreamWriter:
         loop = asyncio.get_running_loop()
         index = 0
         while True:
-            wake = asyncio.Event()
             with self._lock:
                 if len(self._events) > index:
-                    event = self._events[index]
-                else:
+                    event: StreamEvent | None = self._events[index]
+                else:  # an Event only when there is something to wait for
                     event = None
+                    wake = asyncio.Event()
                     self._async_waiters.append((loop, wake))
             if event is None:
                 await wake.wait()
@@ -234,11 +241,58 @@ class StreamWriter:
         self._events.append(StreamEvent(len(self._events), tuple(tokens), text, finished, reason, outcome))
         self._lock.notify_all()
 
-    def _notify(self) -> None:
-        with self._lock:
-            waiters, self._async_waiters = self._async_waiters, []
-        for loop, wake in waiters:
-            try:
-                loop.call_soon_threadsafe(wake.set)
-            except RuntimeError:  # the consumer's loop is closed: nobody is listening any more
-                pass
+
+
+Waiter = tuple[asyncio.AbstractEventLoop, asyncio.Event]
+_batch = threading.local()
+
+
+@contextmanager
+def batched_wakeups() -> Iterator[None]:
+    """Within this block (on one thread), stream wake-ups are collected and each consumer loop is
+    woken once at the end for all of them: the engine's actor wraps the application of one
+    device result in it, so a decode step of B lanes is one hop to the HTTP loop, not B (issue
+    #20). Nested blocks join the outermost."""
+    if getattr(_batch, "pending", None) is not None:
+        yield
+        return
+    pending: list[Waiter] = []
+    _batch.pending = pending
+    try:
+        yield
+    finally:
+        _batch.pending = None
+        if pending:
+            _wake_now(pending)
+
+
+def _wake(waiters: list[Waiter]) -> None:
+    pending: list[Waiter] | None = getattr(_batch, "pending", None)
+    if pending is not None:
+        pending.extend(waiters)
+    else:
+        _wake_now(waiters)
+
+
+def _wake_now(waiters: list[Waiter]) -> None:
+    if len(waiters) == 1:
+        loop, wake = waiters[0]
+        _call_soon(loop, wake.set)
+        return
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Event]] = {}
+    for loop, wake in waiters:
+        by_loop.setdefault(loop, []).append(wake)
+    for loop, wakes in by_loop.items():
+        _call_soon(loop, partial(_set_all, wakes))
+
+
+def _set_all(wakes: list[asyncio.Event]) -> None:
+    for wake in wakes:
+        wake.set()
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
+    try:
+        loop.call_soon_threadsafe(fn)
+    except RuntimeError:  # the consumer's loop is closed: nobody is listening any more
+        pass
