@@ -85,6 +85,7 @@ class LocalFleet:
     sim_cost: str = "reference"
     settings: BalancerSettings | None = None
     drain_deadline_ms: int = 30000
+    log_level: str = "INFO"
     admin_token: str = field(default_factory=lambda: secrets.token_hex(16))
     members: list[BoardProcess] = field(default_factory=list)
     haproxy: subprocess.Popen[bytes] | None = None
@@ -140,7 +141,8 @@ class LocalFleet:
         self._logs.append(log)
         member.process = subprocess.Popen(
             [sys.executable, "-m", "calculet.run", "--config", str(member.config), "--host", member.board.host,
-             "--port", str(member.board.port), "--sim-cost", self.sim_cost, "--log-format", "json"],
+             "--port", str(member.board.port), "--sim-cost", self.sim_cost, "--log-format", "json",
+             "--log-level", self.log_level],
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def wait_ready(self, member: BoardProcess, timeout_s: float = START_TIMEOUT_S) -> None:
