@@ -124,7 +124,12 @@ def admin_router(service: Service) -> APIRouter:
             raise from_calculet(exc, admin=True) from None
         return ModelStatusList(data=[ModelStatusResponse.model_validate(e) for e in entries])
 
-    @router.post("/models/{alias}/load", response_model=ModelStatusResponse, summary="Load a signed package (§11)")
+    @router.post("/models/{alias}/load", response_model=ModelStatusResponse, summary="Load a signed package (§11)",
+                 openapi_extra={"x-calculet-refusals": {
+                     "load_failed": "400: the package fails a §11 check (outside trust.trusted_roots, not signed by a "
+                                    "trusted key, a manifest the configuration does not fit)",
+                     "not_found": "404: the alias is not this process's model_alias",
+                     "not_supported": "501: another configured alias needs a process of its own (§13.1)"}})
     def load(body: LoadRequest, alias: str = alias_path) -> ModelStatusResponse:
         return ModelStatusResponse.model_validate(call("load", alias, body.package))
 

@@ -196,7 +196,7 @@ def create_app(service: Service) -> FastAPI:
     app.include_router(inference_router(service))
     app.include_router(admin_router(service))
     _add_health_and_metrics(app, service)
-    app.openapi = _openapi(app)  # type: ignore[method-assign]
+    app.openapi = _openapi(app, service.alias, service.tokenizer.vocab_size)  # type: ignore[method-assign]
     return app
 
 
@@ -285,9 +285,23 @@ def _add_health_and_metrics(app: FastAPI, service: Service) -> None:
         return Response(body, media_type=content_type)
 
 
-def _openapi(app: FastAPI) -> Any:
+def _token_ids_below(schema: Any, vocab_size: int) -> None:
+    """Every token id of a prompt schema (an integer ``minimum: 0``) bounded by the served vocabulary."""
+    if isinstance(schema, dict):
+        if schema.get("type") == "integer" and schema.get("minimum") == 0:
+            schema["maximum"] = vocab_size - 1
+        for value in schema.values():
+            _token_ids_below(value, vocab_size)
+    elif isinstance(schema, list):
+        for value in schema:
+            _token_ids_below(value, vocab_size)
+
+
+def _openapi(app: FastAPI, alias: str, vocab_size: int) -> Any:
     """The app's OpenAPI document: the bodies the routes parse themselves (:data:`REQUEST_MODELS`) in its components,
-    and without FastAPI's 422 responses and schemas (validation is 400 here)."""
+    their ``model`` the one alias this process serves (another is 404, or 503 when configured elsewhere) and their
+    token ids within the served vocabulary, and without FastAPI's 422 responses and schemas (validation is 400
+    here)."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -302,6 +316,9 @@ def _openapi(app: FastAPI) -> Any:
             for model in REQUEST_MODELS:
                 body = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 components.update(body.pop("$defs", {}))
+                body["properties"]["model"]["enum"] = [alias]
+                if "prompt" in body["properties"]:
+                    _token_ids_below(body["properties"]["prompt"], vocab_size)
                 components[model.__name__] = body
             app.openapi_schema = schema
         return app.openapi_schema

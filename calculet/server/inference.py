@@ -124,10 +124,15 @@ REFUSALS = {
 """Why a schema-valid request may still be refused (``x-calculet-refusals`` on each generation operation)."""
 
 
-def request_body(model: str) -> dict[str, Any]:
-    """The OpenAPI request body of a route that parses its own body, and the refusals it may still answer."""
+CHAT_REFUSALS = {**REFUSALS, "invalid_request": "400: the served model's chat template refuses the conversation "
+                                                 "(a role or an order of roles it has no place for)"}
+
+
+def request_body(model: str, example: dict[str, Any], refusals: dict[str, str]) -> dict[str, Any]:
+    """The OpenAPI request body of a route that parses its own body, an example, and the refusals it may still
+    answer to schema-valid input."""
     return {"requestBody": {"required": True, "content": {"application/json": {
-        "schema": {"$ref": f"#/components/schemas/{model}"}}}}, "x-calculet-refusals": REFUSALS}
+        "schema": {"$ref": f"#/components/schemas/{model}"}, "example": example}}}, "x-calculet-refusals": refusals}
 
 
 async def _prepare(service: Service, request: Request,
@@ -166,13 +171,17 @@ def inference_router(service: Service) -> APIRouter:
                        code="model_not_found", param="model")
 
     @router.post("/v1/completions", response_model=CompletionResponse, responses={**errors, 200: stream_doc},
-                 openapi_extra=request_body("CompletionRequest"), summary="Text completion (OpenAI-compatible)")
+                 openapi_extra=request_body("CompletionRequest", {"model": service.alias, "prompt": "Hello",
+                                                                  "max_tokens": 8}, REFUSALS),
+                 summary="Text completion (OpenAI-compatible)")
     async def completions(request: Request, tenant: str = Depends(tenant_of)) -> Any:
         gen = await _prepare(service, request, prepare_completion)
         return await _generate(service, request, tenant, gen, prompt_param="prompt")
 
     @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses={**errors, 200: stream_doc},
-                 openapi_extra=request_body("ChatCompletionRequest"), summary="Chat completion (OpenAI-compatible)")
+                 openapi_extra=request_body("ChatCompletionRequest", {
+                     "model": service.alias, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8},
+                     CHAT_REFUSALS), summary="Chat completion (OpenAI-compatible)")
     async def chat_completions(request: Request, tenant: str = Depends(tenant_of)) -> Any:
         gen = await _prepare(service, request, prepare_chat)
         return await _generate(service, request, tenant, gen, prompt_param="messages")

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, Tag
 
 MAX_STOP_SEQUENCES = 4
 SEED_MAX = 2**63 - 1
@@ -57,6 +57,30 @@ REFUSED: dict[str, str] = {
     "response_format": "only response_format {'type': 'text'} is supported",
 }
 """Fields the service refuses at any value but their neutral one (or, not in the schema, at all), and why."""
+
+
+def _integral(value: Any) -> Any:
+    """JSON Schema's ``integer`` is any number without a fractional part (``2.0`` included): such a float is the
+    integer; a boolean is never one (strict mode then refuses strings, ``true`` and ``2.5``)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _boolean(value: Any) -> Any:
+    """A ``false``-only field takes the JSON boolean ``false`` (or null), never ``0`` (``0 == False`` in Python)."""
+    if value is not None and not isinstance(value, bool):
+        raise ValueError("Input should be a valid boolean")
+    return value
+
+
+JsonInt = Annotated[int, BeforeValidator(_integral)]
+
+
+def json_int(**constraints: Any) -> Any:
+    """:data:`JsonInt` with ``constraints`` (``ge``, ``le``) on the integer itself, so the schema says ``minimum``."""
+    return Annotated[int, Field(**constraints), BeforeValidator(_integral)]
+JsonFalse = Annotated[Literal[False], BeforeValidator(_boolean)]
 
 
 class _Request(BaseModel):
@@ -109,11 +133,10 @@ class _Sampling(_Request):
     temperature: float | None = Field(1.0, ge=0.0, le=2.0,
                                       description="0 = greedy; below 1e-5 is treated as 0 (as vLLM does).")
     top_p: float | None = Field(1.0, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0, le=1_000_000,
-                              description="Extension: keep the k most likely tokens (0 = off).")
-    seed: int | None = Field(None, ge=0, le=SEED_MAX, description="Seed of this request's sampler.")
+    top_k: json_int(ge=0, le=1_000_000) | None = Field(None, description="Extension: keep the k most likely tokens (0 = off).")
+    seed: json_int(ge=0, le=SEED_MAX) | None = Field(None, description="Seed of this request's sampler.")
     stop: StopField = Field(None, description=f"Up to {MAX_STOP_SEQUENCES} stop strings; the match is not returned.")
-    n: int | None = Field(1, ge=1, le=1, description=f"{_NEUTRAL}: one choice per request (§9.3).")
+    n: json_int(ge=1, le=1) | None = Field(1, description=f"{_NEUTRAL}: one choice per request (§9.3).")
     stream: bool | None = Field(False, description="Server-sent events ending with `data: [DONE]`.")
     stream_options: StreamOptions | None = None
     ignore_eos: bool = Field(False, description="Extension: keep generating past the end-of-sequence token.")
@@ -146,7 +169,7 @@ class _Sampling(_Request):
         return sorted(IGNORED_FIELDS & self.model_fields_set)
 
 
-TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+TokenIds = Annotated[list[json_int(ge=0)], Field(min_length=1)]
 PromptField = Annotated[Union[Annotated[str, Tag("as-text")],
                               Annotated[list[str], Field(min_length=1, max_length=1), Tag("as-texts")],
                               Annotated[TokenIds, Tag("as-tokens")],
@@ -157,13 +180,12 @@ PromptField = Annotated[Union[Annotated[str, Tag("as-text")],
 class CompletionRequest(_Sampling):
     """POST /v1/completions."""
 
-    prompt: PromptField = Field(description="One prompt: text, or token ids of the byte-level vocabulary (a list of "
-                                            "exactly one of either is the same prompt).")
-    max_tokens: int | None = Field(16, ge=1,
-                                   description="Tokens to generate (prompt + max_tokens must fit the context).")
-    best_of: int | None = Field(None, ge=1, le=1, description=f"{_NEUTRAL}: 1.")
+    prompt: PromptField = Field(description="One prompt: text, or token ids of the served model's vocabulary (a "
+                                            "list of exactly one of either is the same prompt).")
+    max_tokens: json_int(ge=1) | None = Field(16, description="Tokens to generate (prompt + max_tokens must fit the context).")
+    best_of: json_int(ge=1, le=1) | None = Field(None, description=f"{_NEUTRAL}: 1.")
     logprobs: None = Field(None, description=f"{_NEUTRAL}: null.")
-    echo: Literal[False] | None = Field(None, description=f"{_NEUTRAL}: false.")
+    echo: JsonFalse | None = Field(None, description=f"{_NEUTRAL}: false.")
 
 
 class TextPart(_Request):
@@ -193,10 +215,10 @@ class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessage] = Field(min_length=1, max_length=1024)
-    max_tokens: int | None = Field(None, ge=1, description="Tokens to generate; default: what the context leaves.")
-    max_completion_tokens: int | None = Field(None, ge=1, description="Same as max_tokens; it wins when both are "
+    max_tokens: json_int(ge=1) | None = Field(None, description="Tokens to generate; default: what the context leaves.")
+    max_completion_tokens: json_int(ge=1) | None = Field(None, description="Same as max_tokens; it wins when both are "
                                                                       "given (OpenAI's newer name).")
-    logprobs: Literal[False] | None = Field(None, description=f"{_NEUTRAL}: false.")
+    logprobs: JsonFalse | None = Field(None, description=f"{_NEUTRAL}: false.")
     tools: Annotated[list[dict[str, Any]], Field(max_length=0)] | None = Field(
         None, description=f"{_NEUTRAL}: an empty list.")
     tool_choice: Literal["none"] | None = Field(None, description=f"{_NEUTRAL}: 'none'.")

@@ -1,83 +1,97 @@
-"""Schemathesis against the service's own OpenAPI schema: no 5xx, no response outside the schema.
+"""Schemathesis against the service's own OpenAPI schema, all four phases (issue #14, R5.2.3).
 
-Bounded: a fixed number of derandomized examples per operation and generation mode (positive
-and negative data), so the run is short and reproducible. Positive cases address the served
-model alias (a random ``model`` would only ever reach the 404 path). Every operation of the schema is
-exercised except ``POST /admin/models/{alias}/drain`` and ``.../unload`` — either would unload the
-shared server's model; they are covered by ``test_errors_and_cancel.py`` and ``test_admin.py``.
-``load`` (generated paths lie outside the trusted root: 400 at §11 step 1) and ``rollback``
-(nothing to roll back to: 404) leave the served generation as it is.
+The ``schemathesis run`` CLI (the test extra ``schemathesis>=4.0,<5``) runs the examples, coverage,
+fuzzing and stateful phases, positive and negative data, with a fixed seed, deterministic generation and
+a bounded number of examples per operation, against a test server on 127.0.0.1 whose simulated device
+takes no device time. Checks: no 5xx,
+status codes, content types, headers and bodies as the schema declares, negative data rejected, and
+``refused_only_for_a_stated_reason`` (``schemathesis_hooks.py``): a schema-valid request is refused only
+for a reason its operation states in ``x-calculet-refusals``.
 
-Needs ``schemathesis>=4.0,<5`` (test extra); skipped with that reason when it is not installed.
+``POST /admin/models/{alias}/drain`` and ``.../unload`` are left out: either would unload the shared
+server's model (``test_errors_and_cancel.py`` and ``test_admin.py`` cover them). ``load`` (generated paths
+lie outside the trusted root: 400 ``load_failed``, a stated refusal) and ``rollback`` (nothing to roll back
+to: 404) leave the served generation as it is.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from typing import Any
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis.errors import Unsatisfiable
 
-from tests.service.support import ADMIN_TOKEN, ALIAS, TENANT_KEYS, RunningServer
+from calculet.adapters.sim import CostModel
+from tests.service.support import ADMIN_TOKEN, TENANT_KEYS, RunningServer, service_config, start_server
 
-schemathesis = pytest.importorskip("schemathesis", reason="schemathesis>=4.0,<5 is not installed (test extra)")
+pytest.importorskip("schemathesis", reason="schemathesis>=4.0,<5 is not installed (test extra)")
 
-EXAMPLES = 20
-EXCLUDED = (("POST", "/admin/models/{alias}/drain"), ("POST", "/admin/models/{alias}/unload"))
-
-
-def _checks() -> list[Any]:
-    from schemathesis import checks
-
-    return [checks.not_a_server_error, checks.status_code_conformance, checks.content_type_conformance,
-            checks.response_schema_conformance, checks.response_headers_conformance,
-            checks.negative_data_rejection]
+ROOT = Path(__file__).resolve().parents[2]
+SEED = 14
+EXAMPLES = 15
+PHASES = ("examples", "coverage", "fuzzing", "stateful")
 
 
-def test_no_5xx_and_no_schema_violation(server: RunningServer) -> None:
-    from schemathesis import GenerationMode
+@pytest.fixture(scope="module")
+def instant_server(key_dir: Path) -> Iterator[RunningServer]:
+    """The default stack on a simulated device without device time (the model still runs): the phases send about
+    a thousand requests, many of them chats that generate to the end of the context."""
+    running = start_server(service_config(), key_dir, cost=CostModel.instant())
+    yield running
+    running.stop()
 
-    schema = schemathesis.openapi.from_url(f"{server.base_url}/openapi.json")
-    checks = _checks()
-    operations = [result.ok() for result in schema.get_all_operations()]
-    exercised = []
-    outcomes: Counter[tuple[str, int, str]] = Counter()
-    positives: Counter[str] = Counter()
-    for operation in operations:
-        if (operation.method.upper(), operation.path) in EXCLUDED:
-            continue
-        token = ADMIN_TOKEN if operation.path.startswith("/admin") else TENANT_KEYS["alpha"]
-        headers = {"Authorization": f"Bearer {token}"}
-        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
-            @given(case=operation.as_strategy(generation_mode=mode))
-            @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None, print_blob=True,
-                      suppress_health_check=list(HealthCheck))
-            def run(case: Any) -> None:
-                if mode is GenerationMode.POSITIVE:  # reach past 404: address the served model
-                    if isinstance(case.body, dict) and "model" in case.body:
-                        case.body["model"] = ALIAS
-                        positives[operation.path] += 1  # every other positive body streams (SSE), whatever
-                        case.body["stream"] = positives[operation.path] % 2 == 1  # the generated bodies
-                    if case.path_parameters and "alias" in case.path_parameters:
-                        case.path_parameters["alias"] = ALIAS
-                response = case.call_and_validate(base_url=server.base_url, headers=headers, checks=checks,
-                                                  timeout=30)
-                kind = response.headers.get("content-type", [""])[0].split(";")[0]
-                outcomes[(operation.path, response.status_code, kind)] += 1
 
-            try:
-                run()
-            except Unsatisfiable:
-                assert mode is GenerationMode.NEGATIVE, f"no positive data for {operation.path}"
-                # an operation without parameters or body has no invalid input to send
-        exercised.append(f"{operation.method.upper()} {operation.path}")
-    assert {"POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models", "GET /metrics",
-            "GET /admin/capabilities", "POST /admin/models/{alias}/load",
-            "POST /admin/models/{alias}/rollback"} <= set(exercised)
-    for path in ("/v1/completions", "/v1/chat/completions"):  # both bodies and streams were validated
-        assert outcomes[(path, 200, "application/json")] and outcomes[(path, 200, "text/event-stream")], outcomes
+def _config(tmp: Path) -> Path:
+    checks = ["not_a_server_error", "status_code_conformance", "content_type_conformance",
+              "response_headers_conformance", "response_schema_conformance", "negative_data_rejection"]
+    lines = [
+        f"seed = {SEED}",
+        'hooks = "tests.service.schemathesis_hooks"',
+        "request-timeout = 30",
+        "[generation]",
+        f"max-examples = {EXAMPLES}",
+        "deterministic = true",
+        'mode = "all"',
+        "[checks]",
+        "enabled = false",
+        *[f"{name}.enabled = true" for name in checks],
+        "refused_only_for_a_stated_reason.enabled = true",
+        "[phases]",
+        *[f"{phase}.enabled = true" for phase in PHASES],
+        "[[operations]]",
+        'include-path-regex = "^/admin/models/[^/]+/(drain|unload)$"',
+        "enabled = false",
+        "[[operations]]",
+        'include-path-regex = "^/admin"',
+        f'headers = {{ Authorization = "Bearer {ADMIN_TOKEN}" }}',
+        "[[operations]]",
+        'include-path-regex = "^/v1"',
+        f'headers = {{ Authorization = "Bearer {TENANT_KEYS["alpha"]}" }}',
+    ]
+    path = tmp / "schemathesis.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.req("R5.2.3")
+def test_all_phases_find_no_5xx_and_no_schema_valid_request_refused_for_an_unstated_reason(
+        instant_server: RunningServer, tmp_path: Path) -> None:
+    server = instant_server
+    cli = Path(sys.executable).parent / "schemathesis"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NO_COLOR": "1"}
+    junit = tmp_path / "junit.xml"
+    result = subprocess.run(
+        [str(cli), "--config-file", str(_config(tmp_path)), "run", f"{server.base_url}/openapi.json",
+         "--phases", ",".join(PHASES), "--workers", "1", "--report", "junit", "--report-junit-path", str(junit)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    for phase in ("Examples", "Coverage", "Fuzzing", "Stateful"):
+        assert phase in output, (phase, output[-3000:])
+    assert "POST /v1/completions" in junit.read_text() and "POST /v1/chat/completions" in junit.read_text()
     assert server.service.wait_streams_closed(30)
     served = [e for e in server.service.admin.status() if e["active"]]
-    assert [(e["generation"], e["state"]) for e in served] == [(1, "ready")]  # no operation changed the model
+    assert [e["state"] for e in served] == ["ready"]  # the model serves still (a rollback may have reloaded it)
