@@ -66,7 +66,7 @@ import heapq
 import math
 from itertools import accumulate
 from operator import le
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 
@@ -138,6 +138,14 @@ class DeviceModel:
         if self.compiled_batch * self.engines == 1 or self.token_s <= 0:
             return self.decode_step_s
         return max(self.token_s, self.decode_step_s)
+
+    def slowed(self, factor: float) -> DeviceModel:
+        """This device with every time multiplied by ``factor`` (≥ 1): admission's margin for the
+        estimator's measured error (:mod:`.estimate_error`). Finish times from ``now`` scale by it."""
+        if factor == 1.0:
+            return self
+        return replace(self, decode_step_s=self.decode_step_s * factor, prefill_fixed_s=self.prefill_fixed_s * factor,
+                       prefill_per_token_s=self.prefill_per_token_s * factor, token_s=self.token_s * factor)
 
     def prefill_s(self, tokens: int) -> float:
         if tokens <= 0:

@@ -27,6 +27,7 @@ from calculet.config import SchedulerConfig
 from calculet.runtime.scheduling.admission import AdmissionController, AdmissionOutcome
 from calculet.runtime.scheduling.apply import end_for_deadline
 from calculet.runtime.scheduling.decode import DecodeScheduler
+from calculet.runtime.scheduling.estimate_error import EstimateErrors
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.finish_estimate import DeviceModel
 from calculet.runtime.scheduling.on_time_planner import OnTimePlanner, OnTimeStatistics
@@ -61,7 +62,9 @@ class OnTimePolicy:
         self.planner = OnTimePlanner(step_times=step_times, prefill_times=prefill_times,
                                       weights={t.name: float(t.weight) for t in config.tenants},
                                       ttft_s=_targets_s(config, "ttft_target_ms"),
-                                      itl_s=_targets_s(config, "itl_target_ms"))
+                                      itl_s=_targets_s(config, "itl_target_ms"),
+                                      errors=EstimateErrors(config.admission.miss_target,
+                                                            config.admission.initial_margin))
         self._ttft_due: list[tuple[float, int]] = []
 
     def model(self) -> DeviceModel | None:
@@ -126,6 +129,13 @@ class OnTimePolicy:
         for rec in plan.at_risk:
             self.decode.prioritise(rec)
             self.prefill.prioritise(rec)
+
+    def transition(self, rec: RequestRecord, target: str, ends: bool, now: float) -> None:
+        """``rec`` moved to ``target``; ``ends``: this is its first step into an ended state (its outcome)."""
+        if target == "prefill_ready" or ends:
+            self.mark(ended=ends)
+        if ends:
+            self.planner.ended(rec, now)
 
     def mark(self, ended: bool = True) -> None:
         """An event changed the admitted set (admit, end, reset): replan at the next tick. ``ended``: work

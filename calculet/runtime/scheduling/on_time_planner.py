@@ -53,6 +53,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
+from calculet.machines.request import FinishReason
+from calculet.runtime.scheduling.estimate_error import EstimateErrors, EstimateErrorStatistics
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.finish_estimate import (ON_TIME_EPS_S, DeviceModel, Fit, PendingJob, edf_finish,
                                                          fair_share_finish, fits, on_time_selection)
@@ -88,6 +90,8 @@ class OnTimeStatistics:
     """Admitted requests ended early (DEADLINE) by the overload selection."""
     at_risk: int
     decode_cap: int | None
+    estimate: EstimateErrorStatistics | None = None
+    """The finish estimate's measured error and the admission margin it sets."""
 
 
 @dataclass(frozen=True)
@@ -264,7 +268,8 @@ class OnTimePlanner:
     """Estimates, the overload selection and the latency-SLO cap for the ``on_time`` policy."""
 
     def __init__(self, *, step_times: StepTimer, prefill_times: PrefillTimer, weights: Mapping[str, float],
-                 ttft_s: Mapping[str, float | None], itl_s: Mapping[str, float | None]) -> None:
+                 ttft_s: Mapping[str, float | None], itl_s: Mapping[str, float | None],
+                 errors: EstimateErrors | None = None) -> None:
         self.step_times = step_times
         self.prefill_times = prefill_times
         self.weights = dict(weights)
@@ -287,6 +292,8 @@ class OnTimePlanner:
         """Bumped whenever the kept set changes (a replan, an admission): keys the refusal caches."""
         self._refusal: _Refusal | None = None
         self.retry_slots = RetrySlots()
+        self.errors = errors or EstimateErrors()
+        """The estimate's measured error, and the margin admission plans with."""
         self._prompt_tokens = 0.0
         """Smoothed prompt length of the requests seen at admission: the prefill the ITL cap leaves room for."""
 
@@ -326,7 +333,7 @@ class OnTimePlanner:
         shed = tuple(live[i] for i in selection.shed)
         kept_ids = set(selection.keep)
         self._kept = [j for j in jobs if j.id in kept_ids]
-        self._cache = _EdfCache(self._kept, now, model)
+        self._cache = _EdfCache(self._kept, now, self._admission_model(model))
         self._planned_at = now
         decoding = [j for j in self._kept if live[j.id].state in DECODING_STATES]
         self._slots = sorted(fair_share_finish(decoding, now, model).values())
@@ -357,6 +364,7 @@ class OnTimePlanner:
         job = self.job(rec)
         if job is None:
             return Fit(True, None, None)
+        model = self._admission_model(model)
         cache = self._cache
         finish = cache.place(job, now, model) if cache is not None else None
         if finish is None:
@@ -380,9 +388,26 @@ class OnTimePlanner:
             self._kept.append(job)
         self._version += 1
         self.retry_slots.admitted(rec.tenant, now)
+        if finish is not None:  # the expected finish: the margin's slowdown taken back out
+            finish = now + (finish - now) / (1.0 + self.errors.margin)
         rec.estimated_finish = finish
         self.dirty = True
         return Fit(True, None, finish)
+
+    def _admission_model(self, model: DeviceModel) -> DeviceModel:
+        """The device as admission plans it: slowed by the estimator's measured error (:mod:`.estimate_error`)."""
+        return model.slowed(1.0 + self.errors.margin)
+
+    def ended(self, rec: RequestRecord, now: float) -> None:
+        """``rec`` reached its outcome: score the estimate it was admitted with."""
+        estimate = rec.estimated_finish
+        if estimate is None:
+            return
+        reason = rec.machine.finish_reason
+        if reason in (FinishReason.STOP, FinishReason.LENGTH):
+            self.errors.finished(rec.arrival, estimate, rec.deadline, now)
+        elif reason == FinishReason.DEADLINE:
+            self.errors.missed()
 
     def _fast_refusal(self, job: PendingJob, now: float, model: DeviceModel) -> Fit | None:
         """The refusal of ``job`` without a replan, when the caches can tell (None: they cannot)."""
@@ -449,4 +474,4 @@ class OnTimePlanner:
 
     def statistics(self) -> OnTimeStatistics:
         return OnTimeStatistics(self._replans, self._unfit, self._ttft_refused, self._shed_waiting,
-                                 self._shed_admitted, self._at_risk, self._cap)
+                                 self._shed_admitted, self._at_risk, self._cap, self.errors.statistics())

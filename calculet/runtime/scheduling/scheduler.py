@@ -231,7 +231,8 @@ class Scheduler:
                     eligible.add("decode")
                 elif fire_at is not None:
                     wake = fire_at if wake is None else min(wake, fire_at)
-            choice = self.prefill.deadline_first(eligible, self.decode, gen) or self.arbiter.choose(eligible)
+            full = ready >= profiles.largest.compiled_batch
+            choice = self.prefill.deadline_first(eligible, self.decode, gen, full) or self.arbiter.choose(eligible)
             if choice is None:
                 return Plan(None, wake_at=wake, reason="nothing ready")
             job_id = self._next_job
@@ -292,8 +293,7 @@ class Scheduler:
         return self.completions.prefill_complete(completion)
 
     def job_timed_out(self, job_id: int, detail: str = "") -> Applied:
-        """Wait timed out: the job keeps its slot (it may still write), its lanes go Unknown,
-        its requests end (Failed, or Cancelled if they were being cancelled)."""
+        """Wait timed out: the job keeps its slot (it may still write), lanes go Unknown, requests end."""
         self._no_pending()
         return self.completions.timed_out(job_id, detail)
 
@@ -367,8 +367,8 @@ class Scheduler:
             self._observer(rec, source, target)
         if source == target:
             return
-        if self.on_time is not None and (target == "prefill_ready" or target in ENDED_STATES):
-            self.on_time.mark(ended=target != "prefill_ready")
+        if self.on_time is not None:  # the third argument: its first step into an ended state (its outcome)
+            self.on_time.transition(rec, target, target in ENDED_STATES and source not in ENDED_STATES, self._clock.now())
         if source in WAITING_STATES:
             if target not in WAITING_STATES:
                 self.admission.leave_waiting(rec)

@@ -94,6 +94,9 @@ class Harness:
             batch.setdefault("profiles", sizes)
             admission = dict(sections.pop("admission", {}))
             admission.setdefault("max_sequences", lanes)
+            # the decisions here are checked to the step; the on_time admission margin (which starts
+            # at 0.2 and follows outcomes) has tests of its own that set it explicitly
+            admission.setdefault("initial_margin", 0.0)
             config = make_config(batch=batch, admission=admission, **sections)
         clock = FakeClock()
         kv = KvLaneManager(lanes, max_seq, capabilities=kv_caps, clock=clock)

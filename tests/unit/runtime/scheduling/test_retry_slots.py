@@ -62,12 +62,14 @@ def test_fifty_identical_refusals_get_spread_retry_slots_and_a_retry_at_its_slot
     back = _play(h, {base + a: [k] for k, a in enumerate(after)}, until=base + after[-1] + 10.0)
     assert len(back) == 50
     admitted = [s for s in back.values() if not s.outcome.rejected]
-    assert len(admitted) == 50
     # the estimator does not see the step in flight when a retry arrives mid-step (≤ one step, 0.1 s):
-    # a few end one token short of their deadline — a finding for the estimator, not the slots
+    # the first such retries end one token short of their deadline, each late outcome raises the
+    # admission margin (none at the start here), and from then on a retry the margin no longer admits
+    # is refused with a new Retry-After instead of admitted and late
     outcomes = [h.sinks[s.request_id].outcome for s in admitted]
     late = [o for o in outcomes if o.finish_reason is FinishReason.DEADLINE]
-    assert len(late) <= 0.1 * len(admitted) and all(o.generated_tokens >= 10 for o in late)
+    assert len(admitted) >= 0.9 * len(back) and len(late) <= 1
+    assert all(o.generated_tokens >= 10 for o in late)
 
 
 def test_a_retry_at_its_slot_fits_with_the_earlier_retries_admitted():

@@ -1,0 +1,119 @@
+"""Issue #13: the ``on_time`` admission margin — a controller on the share of admitted requests that end
+late — and the at-risk decode that goes ahead of prefills no lane is waiting for (sans-io, virtual time)."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from calculet.config import QueuesConfig
+from calculet.runtime.scheduling.estimate_error import MAX_MARGIN, RAISE, EstimateErrors
+from calculet.runtime.scheduling.prefill import PrefillScheduler
+from tests.unit.runtime.runtime_support import Harness
+from tests.unit.runtime.scheduling.test_on_time import STEP
+
+
+def test_each_miss_raises_the_margin_and_each_on_time_outcome_lowers_it_within_bounds():
+    errors = EstimateErrors(miss_target=0.01, initial_margin=0.0)
+    errors.missed()
+    assert errors.margin == pytest.approx(RAISE)
+    for _ in range(10):
+        errors.missed()
+    assert errors.margin == MAX_MARGIN                      # never above: a broken estimate must not refuse all
+    decay = RAISE * 0.01 / 0.99
+    errors.finished(0.0, 10.0, 20.0, 12.0)
+    assert errors.margin == pytest.approx(MAX_MARGIN - decay)
+    for _ in range(10_000):
+        errors.finished(0.0, 10.0, 20.0, 10.0)
+    assert errors.margin == 0.0
+    stats = errors.statistics()
+    assert (stats.outcomes, stats.misses) == (10_012, 11)
+    assert stats.p90_relative_error == 0.0 and errors.statistics().margin == 0.0
+
+
+def test_a_finish_after_the_deadline_is_a_miss_and_relative_errors_are_reported():
+    errors = EstimateErrors(initial_margin=0.0)
+    errors.finished(0.0, 10.0, 11.0, 12.0)                 # on its estimate's horizon: 20 % late, past 11 s
+    assert errors.margin == pytest.approx(RAISE) and errors.statistics().misses == 1
+    errors.finished(0.0, 10.0, 20.0, 9.0)
+    stats = errors.statistics()
+    assert stats.p50_relative_error == pytest.approx(0.1) and stats.p90_relative_error == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("bad", [dict(miss_target=0.0), dict(miss_target=0.5), dict(initial_margin=-0.1),
+                                 dict(initial_margin=MAX_MARGIN + 0.1), dict(window=0)])
+def test_nonsense_settings_are_refused(bad):
+    with pytest.raises(ValueError):
+        EstimateErrors(**bad)
+
+
+@pytest.mark.parametrize("target", [0.005, 0.01])
+def test_in_closed_loop_the_late_share_settles_at_the_target(target):
+    """A device whose late share falls as the margin grows (6 % bare, none past 0.3): the controller
+    finds the margin where ``target`` of the outcomes are late — the equilibrium p·RAISE = (1-p)·decay."""
+    rng = random.Random(7)
+    errors = EstimateErrors(miss_target=target, initial_margin=0.0)
+    late = 0
+    for n in range(60_000):
+        p = 0.06 * max(0.0, 1 - errors.margin / 0.3)
+        missed = rng.random() < p
+        if missed:
+            errors.missed()
+        else:
+            errors.finished(0.0, 1.0, 2.0, 1.0)
+        if n >= 20_000:
+            late += missed
+    assert late / 40_000 == pytest.approx(target, rel=0.3)
+    assert errors.margin == pytest.approx(0.3 * (1 - target / 0.06), abs=0.06)
+
+
+@pytest.mark.req("R5.2.2")
+def test_admission_plans_with_the_margin_and_reports_the_nominal_estimate():
+    """B1, each request 1 s of device time, deadline 10 s: with the 0.2 margin admission plans 1.2 s a
+    request, so 8 are admitted (9.6 s) and the 9th is refused; estimates stay the nominal 1, 2, … 8 s."""
+    h = Harness.build(sizes=(1,), lanes=16, step_estimate_s=STEP,
+                      admission={"max_sequences": 16, "initial_margin": 0.2})
+    subs = [h.submit(prompt=8, new=11, deadline_ms=10_000) for _ in range(9)]
+    assert [s.outcome.rejected for s in subs] == [False] * 8 + [True]
+    assert subs[8].outcome.http_status == 429
+    assert [h.rec(s.request_id).estimated_finish for s in subs[:8]] == pytest.approx([float(i) for i in range(1, 9)])
+    margin = h.scheduler.statistics().on_time.estimate
+    assert margin is not None and margin.margin == pytest.approx(0.2) and margin.outcomes == 0
+
+
+def test_the_margin_follows_the_outcomes_of_the_admitted_requests():
+    """Shed and expired requests raise the margin; requests that finish in time lower it."""
+    h = Harness.build(sizes=(1,), lanes=16, step_estimate_s=STEP, admission={"max_sequences": 16})
+    subs = [h.submit(prompt=8, new=11, deadline_ms=10_000) for _ in range(3)]
+    h.drive()
+    stats = h.scheduler.statistics().on_time.estimate
+    assert all(h.sinks[s.request_id].outcome.state == "completed" for s in subs)
+    assert (stats.outcomes, stats.misses, stats.margin) == (3, 0, 0.0)
+    h.scheduler.on_time.planner.errors.missed()
+    assert h.scheduler.statistics().on_time.estimate.margin == pytest.approx(RAISE)
+
+
+def _decode(priority: float, planned: bool = True) -> SimpleNamespace:
+    return SimpleNamespace(planned=planned, earliest_priority=lambda generation: priority)
+
+
+def _queued_prefill() -> PrefillScheduler:
+    harness = Harness.build(sizes=(1,), lanes=4)
+    sub = harness.submit(prompt=8, new=4)
+    prefill = PrefillScheduler(QueuesConfig())
+    prefill.add(harness.rec(sub.request_id), 0.0)
+    return prefill
+
+
+def test_an_at_risk_decode_goes_ahead_of_a_prefill_only_when_no_lane_is_free():
+    """Issue #13: the prefix proved feasible runs first when the lanes are full; with a free lane (or a
+    policy other than on_time, or no decode at risk) the WRR decides as before."""
+    prefill = _queued_prefill()
+    eligible = {"short", "decode"}
+    assert prefill.deadline_first(eligible, _decode(5.0), 1, lanes_full=True) == "decode"
+    assert prefill.deadline_first(eligible, _decode(5.0), 1, lanes_full=False) is None
+    assert prefill.deadline_first(eligible, _decode(5.0, planned=False), 1, lanes_full=True) is None
+    assert prefill.deadline_first(eligible, _decode(float("inf")), 1, lanes_full=True) is None
+    assert prefill.deadline_first({"decode"}, _decode(5.0), 1, lanes_full=True) is None
