@@ -129,6 +129,8 @@ def _measure(servers: dict[str, Server], args: argparse.Namespace) -> dict[str, 
                      "cpu_ms_per_request": 1000 * sum(cpu[name]) / (args.requests * args.rounds),
                      "cpu_ms_per_request_median_round": 1000 * statistics.median(cpu[name]) / args.requests}
     out["cpu_ratio_on_off"] = out["on"]["cpu_ms_per_request"] / out["off"]["cpu_ms_per_request"]
+    out["cpu_ratio_per_round"] = [on / off for on, off in zip(cpu["on"], cpu["off"])]
+    out["cpu_ratio_median_round"] = statistics.median(out["cpu_ratio_per_round"])
     out["throughput_ratio_on_off"] = out["on"]["requests_per_s"] / out["off"]["requests_per_s"]
     return out
 
@@ -141,6 +143,8 @@ def _report(f: dict[str, Any], args: argparse.Namespace) -> None:
         s = f[name]
         print(f"tracing {name:3}{s['requests_per_s']:>10.1f}{s['requests_per_s_median_round']:>22.1f}"
               f"{s['cpu_ms_per_request']:>20.3f}{s['cpu_ms_per_request_median_round']:>16.3f}")
+    rounds = ", ".join(f"{r:.3f}" for r in f["cpu_ratio_per_round"])
+    print(f"CPU on/off per round (paired, in run order): {rounds}; median {f['cpu_ratio_median_round']:.3f}")
     print(f"CPU per request on/off: {f['cpu_ratio_on_off']:.3f} ({100 * (f['cpu_ratio_on_off'] - 1):+.1f} %); "
           f"throughput on/off: {f['throughput_ratio_on_off']:.3f}; OTLP posts {f['otlp_posts']} "
           f"({f['otlp_bytes'] / 1024:.0f} KiB)")

@@ -8,7 +8,14 @@ ran. One trace per request:
   ``calculet.admission``        arrival → admitted or refused (§5.2; a Queue outcome waits inside it)
   ``calculet.queue_wait``       admitted → its prefill job on the device (prefill queue class)
   ``calculet.prefill``          one per prefill job or chunk (job id)
-  ``calculet.decode_batch``     one per decode batch the request had a lane in (job id, profile, lanes, engine)
+  ``calculet.decode``           its decode batches, one span per run of batches of one compiled profile:
+                                every batch's id, active lanes and engine as arrays, the step count
+
+Why decode batches are attributes of one span and not a span each: a request has a decode batch
+per generated token, and a span per token cost 20 % of the service's CPU per request on
+``--sim-cost instant`` (``bench/tracing_overhead.py``); the arrays keep every batch's id (shared
+by the requests that rode in it), lanes and engine, and a new span starts when the profile changes.
+Requests the sampler drops (``sample_ratio``) get no child spans at all.
 
 Spans are built at the server/engine boundary from what the engine already reports: the
 request's §2 transitions (the engine's request observer, on the actor thread) and the scheduler's
@@ -64,15 +71,21 @@ def otlp_provider(config: TracingConfig) -> TracerProvider | None:
 class _Trace:
     """The open spans of one request."""
 
-    __slots__ = ("root", "context", "phase", "batch")
+    __slots__ = ("root", "context", "phase", "decode", "profile", "ids", "lanes", "engines", "decode_end", "failed")
 
     def __init__(self, root: Span) -> None:
         self.root = root
         self.context = trace.set_span_in_context(root)
         self.phase: Span | None = None
         """The open admission / queue-wait / prefill span."""
-        self.batch: Span | None = None
-        """The open decode-batch span."""
+        self.decode: Span | None = None
+        """The open decode span (a run of batches of one profile)."""
+        self.profile = 0
+        self.ids: list[int] = []
+        self.lanes: list[int] = []
+        self.engines: list[str] = []
+        self.decode_end = 0
+        self.failed = False
 
 
 class RequestTracer:
@@ -89,7 +102,8 @@ class RequestTracer:
         self._job = job
         self._alias = alias
         self._offset_ns = time.time_ns() - int(clock.now() * 1e9)
-        self._open: dict[int, _Trace] = {}
+        self._open: dict[int, _Trace | None] = {}
+        """request id → its open spans; None for a request the sampler dropped."""
 
     def _ns(self, at: float) -> int:
         return self._offset_ns + int(at * 1e9)
@@ -98,10 +112,16 @@ class RequestTracer:
         """``observer(rec, source, target)`` of the engine (a ``RequestRecord``)."""
         if source == target:
             return
+        key = rec.request_id
+        if key in self._open:
+            tr = self._open[key]
+        else:
+            tr = self._open[key] = self._start(rec)
+        if tr is None:  # not sampled: nothing to record
+            if target in _ENDED:
+                del self._open[key]
+            return
         now = self._ns(self._clock.now())
-        tr = self._open.get(rec.request_id)
-        if tr is None:
-            tr = self._open[rec.request_id] = self._start(rec)
         if source in _DECIDING and target not in _DECIDING:
             decision = "admit" if target == "prefill_ready" else "reject" if rec.reject_status else target
             self._end(tr, now, decision=decision)
@@ -116,13 +136,13 @@ class RequestTracer:
             if target == "prefill_ready":  # the next chunk waits in its queue again
                 tr.phase = self._child(tr, "calculet.queue_wait", now, {"calculet.queue": rec.prefill_class})
         if target == "decode_running":
-            tr.batch = self._child(tr, "calculet.decode_batch", now, self._batch_attributes(rec.job_id))
-        elif source == "decode_running" and tr.batch is not None:
-            tr.batch.set_attribute("calculet.batch.ok", target in ("decode_ready", "finishing"))
-            tr.batch.end(end_time=now)
-            tr.batch = None
+            self._decode_batch(tr, rec.job_id, now)
+        elif source == "decode_running":
+            tr.decode_end = now
+            tr.failed = tr.failed or target not in ("decode_ready", "finishing")
         if target in _ENDED:
             self._finish(rec, tr, target, now)
+            del self._open[key]
 
     @property
     def open(self) -> int:
@@ -131,11 +151,13 @@ class RequestTracer:
 
     # ------------------------------------------------------------------ internals
 
-    def _start(self, rec: Any) -> _Trace:
+    def _start(self, rec: Any) -> _Trace | None:
         start = self._ns(rec.arrival)
         root = self._tracer.start_span("calculet.request", start_time=start, attributes={
             "calculet.request.id": rec.request_id, "calculet.tenant": rec.tenant, "calculet.model": self._alias,
             "calculet.prompt_tokens": rec.prompt_tokens, "calculet.max_new_tokens": rec.max_new_tokens})
+        if not root.is_recording():
+            return None
         tr = _Trace(root)
         tr.phase = self._child(tr, "calculet.admission", start, {})
         return tr
@@ -152,21 +174,36 @@ class RequestTracer:
             span.end(end_time=now)
             tr.phase = None
 
-    def _batch_attributes(self, job_id: int) -> dict[str, Any]:
-        attributes: dict[str, Any] = {"calculet.batch.id": job_id}
+    def _decode_batch(self, tr: _Trace, job_id: int, now: int) -> None:
+        """The request's lane went into decode batch ``job_id``: extend the decode span, or start one."""
         job = self._job(job_id) if self._job is not None else None
-        if job is not None:
-            attributes["calculet.batch.profile"] = int(job.machine.lanes)
-            attributes["calculet.batch.engine"] = job.engine.name.lower()
-            active = getattr(job.work, "active", None)
-            if active is not None:
-                attributes["calculet.batch.lanes"] = len(active)
-        return attributes
+        profile = int(job.machine.lanes) if job is not None else 0
+        if tr.decode is not None and profile != tr.profile:
+            self._close_decode(tr)
+        if tr.decode is None:
+            tr.decode = self._child(tr, "calculet.decode", now, {"calculet.batch.profile": profile})
+            tr.profile = profile
+        tr.ids.append(job_id)
+        active = getattr(job.work, "active", None) if job is not None else None
+        tr.lanes.append(len(active) if active is not None else 0)
+        tr.engines.append(job.engine.name.lower() if job is not None else "")
+
+    @staticmethod
+    def _close_decode(tr: _Trace) -> None:
+        span = tr.decode
+        if span is None:
+            return
+        span.set_attributes({"calculet.batch.ids": tr.ids, "calculet.batch.lanes": tr.lanes,
+                             "calculet.batch.engines": tr.engines, "calculet.decode.steps": len(tr.ids),
+                             "calculet.decode.ok": not tr.failed})
+        span.end(end_time=tr.decode_end)
+        tr.decode, tr.ids, tr.lanes, tr.engines = None, [], [], []
 
     def _finish(self, rec: Any, tr: _Trace, target: str, now: int) -> None:
         self._end(tr, now)
-        if tr.batch is not None:
-            tr.batch.end(end_time=now)
+        if tr.decode is not None:
+            tr.decode_end = tr.decode_end or now
+            self._close_decode(tr)
         root = tr.root
         root.set_attribute("calculet.outcome", target)
         root.set_attribute("calculet.generation", rec.generation)
@@ -174,4 +211,3 @@ class RequestTracer:
         if target == "failed":
             root.set_status(Status(StatusCode.ERROR, rec.detail[:200] if rec.detail else "failed"))
         root.end(end_time=now)
-        del self._open[rec.request_id]

@@ -1,10 +1,11 @@
 """Request traces with OpenTelemetry (issue #19; §16: request and job ids go to traces, never to labels).
 
 A completion through the running service produces one ``calculet.request`` span with children for
-admission, queue wait, prefill and every decode batch, with the expected attributes and no prompt
-text anywhere (the SDK's in-memory exporter). In virtual time, a B4 batch of 3 lanes gives decode
-spans with profile 4 and lanes 3, and span durations equal to the fake clock's. Tracing is off by
-default: no tracer without an OTLP endpoint.
+admission, queue wait, prefill and its decode batches (ids, profile, lanes, engines), with the
+expected attributes and no prompt text anywhere (the SDK's in-memory exporter). In virtual time,
+B4 batches of 3 lanes give decode spans with profile 4, lanes [3, 3], the same batch ids for the
+three requests, and span durations equal to the fake clock's. Tracing is off by default: no tracer
+without an OTLP endpoint; a request the sampler drops gets no child span.
 """
 
 from __future__ import annotations
@@ -60,13 +61,14 @@ def test_a_completion_produces_the_span_tree_with_attributes_and_no_prompt_text(
     assert attrs["calculet.outcome"] == "completed" and attrs["calculet.max_new_tokens"] == 4
     names = [s.name for s in children]
     assert names[:3] == ["calculet.admission", "calculet.queue_wait", "calculet.prefill"]
-    assert names[3:] == ["calculet.decode_batch"] * 3  # 4 tokens: the prefill's, then 3 decode steps
+    assert names[3:] == ["calculet.decode"]
     assert dict(children[0].attributes or {})["calculet.decision"] == "admit"
-    for batch in children[3:]:
-        battrs = dict(batch.attributes or {})
-        assert battrs["calculet.batch.profile"] == 1 and battrs["calculet.batch.lanes"] == 1
-        assert battrs["calculet.batch.engine"] in ("ping", "pong") and battrs["calculet.batch.ok"] is True
-        assert isinstance(battrs["calculet.batch.id"], int)
+    decode = dict(children[3].attributes or {})
+    assert decode["calculet.decode.steps"] == 3  # 4 tokens: the prefill's, then 3 decode batches
+    assert decode["calculet.batch.profile"] == 1 and tuple(decode["calculet.batch.lanes"]) == (1, 1, 1)
+    assert len(set(decode["calculet.batch.ids"])) == 3 and decode["calculet.decode.ok"] is True
+    assert set(decode["calculet.batch.engines"]) <= {"ping", "pong"}
+    assert dict(children[2].attributes or {})["calculet.batch.id"] not in decode["calculet.batch.ids"]
     for span in (root, *children):
         assert root.start_time <= span.start_time <= span.end_time <= root.end_time  # type: ignore[operator]
         for value in (span.attributes or {}).values():
@@ -74,7 +76,7 @@ def test_a_completion_produces_the_span_tree_with_attributes_and_no_prompt_text(
     assert server.service.tracer is not None and server.service.tracer.open == 0
 
 
-def test_decode_batch_spans_carry_b4_profile_and_3_lanes_with_fake_clock_durations() -> None:
+def test_decode_spans_carry_b4_profile_and_3_lanes_with_fake_clock_durations() -> None:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
@@ -87,15 +89,29 @@ def test_decode_batch_spans_carry_b4_profile_and_3_lanes_with_fake_clock_duratio
         st.submit(8, 3)
     st.driver.run_until_idle()
     spans = exporter.get_finished_spans()
-    batches = [s for s in spans if s.name == "calculet.decode_batch"]
-    assert len(batches) == 3 * 2
-    assert {dict(s.attributes or {})["calculet.batch.profile"] for s in batches} == {4}
-    assert {dict(s.attributes or {})["calculet.batch.lanes"] for s in batches} == {3}
-    assert len({dict(s.attributes or {})["calculet.batch.id"] for s in batches}) == 2  # 3 lanes share a job
-    ready, running = st.entered("decode_running"), [t for t, _, src, _ in st.transitions if src == "decode_running"]
-    durations = sorted(round((s.end_time - s.start_time) / 1e9, 9) for s in batches)  # type: ignore[operator]
-    assert durations == sorted(round(b - a, 9) for a, b in zip(ready, running))
+    decodes = [dict(s.attributes or {}) for s in spans if s.name == "calculet.decode"]
+    assert len(decodes) == 3  # one per request: its profile never changed
+    assert {d["calculet.batch.profile"] for d in decodes} == {4}
+    assert {tuple(d["calculet.batch.lanes"]) for d in decodes} == {(3, 3)}
+    assert len({tuple(d["calculet.batch.ids"]) for d in decodes}) == 1  # the 3 lanes rode the same 2 jobs
+    started = st.entered("decode_running")[0]
+    ended = [t for t, _, src, _ in st.transitions if src == "decode_running"][-1]
+    spans_by_name = [s for s in spans if s.name == "calculet.decode"]
+    assert {round((s.end_time - s.start_time) / 1e9, 9) for s in spans_by_name} == {round(ended - started, 9)}  # type: ignore[operator]
     assert tracer[0].open == 0
+
+
+def test_a_request_the_sampler_drops_gets_no_child_span() -> None:
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    st = stack(engine_config())
+    tracer = RequestTracer(provider, st.clock, job=st.driver.job)
+    st.driver.core._observer = _chain(st.driver.core._observer, tracer.observe)
+    st.submit(8, 3)
+    st.driver.run_until_idle()
+    assert exporter.get_finished_spans() == () and tracer.open == 0
 
 
 def _chain(first, second):  # type: ignore[no-untyped-def]
