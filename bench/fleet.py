@@ -15,12 +15,15 @@ on 127.0.0.1 — and, in order:
 4. **rolling upgrade** of a new package under steady load: failed or refused requests, duration,
    and whether every response started after it names each board's new generation;
 5. **failing rollout**: a package whose golden vector is wrong on board 2's copy: where it stopped,
-   what was rolled back, what every board serves after, and the requests that failed meanwhile.
+   what was rolled back, what every board serves after, and the requests that failed meanwhile;
+6. **agent-check vs leastconn**: a second fleet whose boards report their free KV-lane share through
+   HAProxy's agent check (``calculet fleet agent``), then the same fleet with the agents disabled and
+   the weights reset — step 1's workload on each, back to back.
 
 Figures are printed as JSON (and written with ``--out``); each acceptance line of the issue is
 judged from the figures beside them. Everything is stopped by PID at the end.
 
-    python bench/fleet.py [--requests 600] [--clients 64] [--tokens 8] [--out FILE]
+    python bench/fleet.py [--requests 600] [--clients 64] [--tokens 8] [--out FILE] [--only-agent]
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ from calculet.fleet.local import ALIAS, BACKEND, LocalFleet, make_package
 from calculet.fleet.rollout import Rollout
 
 BOARDS = ("board1", "board2", "board3")
+
+
+class _Skip(Exception):
+    """--only-agent: skip the main fleet's steps."""
 
 
 def wait_for(condition: Any, timeout_s: float) -> float:
@@ -152,6 +159,27 @@ def failing(fleet: LocalFleet, spec: LoadSpec, root: Path) -> dict[str, Any]:
     return figures
 
 
+def agent_versus_leastconn(spec: LoadSpec, workdir: Path) -> dict[str, Any]:
+    """A fleet whose boards report their free-lane share by agent-check, then the same fleet with the
+    agents disabled and the weights reset (plain leastconn), back to back on the same workload."""
+    fleet = LocalFleet(workdir, boards=len(BOARDS), sim_cost="reference", log_level="WARNING", agents=True)
+    try:
+        fleet.start()
+        runtime = fleet.runtime()
+        with_agent = drive(fleet.url, spec)
+        weights_seen = sorted({s.weight for s in runtime.servers(BACKEND).values()})
+        for name in BOARDS:
+            runtime.disable_agent(BACKEND, name)
+            runtime.set_weight(BACKEND, name, 100)
+        plain = drive(fleet.url, spec)
+    finally:
+        fleet.stop()
+    a, p = with_agent.summary(), plain.summary()
+    return {"agent_check": a, "leastconn": p, "weights_at_end_of_agent_run": weights_seen,
+            "agent_over_leastconn_throughput": round(float(a["requests_per_s"]) / float(p["requests_per_s"]), 3),
+            "ttft_p99_agent_minus_leastconn_s": round(float(a["ttft_p99_s"] or 0) - float(p["ttft_p99_s"] or 0), 3)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=600)
@@ -159,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--steady-clients", type=int, default=32)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--only-agent", action="store_true", help="only the agent-check vs leastconn comparison")
     args = parser.parse_args(argv)
     spec = LoadSpec(clients=args.clients, requests=args.requests, max_tokens=args.tokens, timeout_s=120.0)
     steady = LoadSpec(clients=args.steady_clients, requests=None, max_tokens=args.tokens, timeout_s=60.0)
@@ -170,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         fleet = LocalFleet(Path(tmp) / "fleet", boards=len(BOARDS), sim_cost="reference", log_level="WARNING")
         started = time.perf_counter()
         try:
+            if args.only_agent:
+                raise _Skip
             fleet.start()
             report["set_up"]["start_s"] = round(time.perf_counter() - started, 2)
             report["balance"], three = balance(fleet, spec)
@@ -177,8 +208,11 @@ def main(argv: list[str] | None = None) -> int:
             report["kill_9"] = kill_nine(fleet, steady)
             report["rolling_upgrade"] = rolling(fleet, steady, fleet.packages / "bench")
             report["failing_rollout"] = failing(fleet, steady, fleet.packages / "bench-bad")
+        except _Skip:
+            pass
         finally:
             fleet.stop()
+        report["agent_versus_leastconn"] = agent_versus_leastconn(spec, Path(tmp) / "agent-fleet")
     text = json.dumps(report, indent=2)
     print(text)
     if args.out is not None:

@@ -60,6 +60,14 @@ class BoardAdmin:
         """Requests pinned to any generation plus device jobs still in flight (0 = idle)."""
         return sum(int(e.get("active_requests", 0)) + int(e.get("inflight_jobs", 0)) for e in self.models())
 
+    def active_requests(self) -> int:
+        """Requests pinned to any generation (admitted and not yet ended)."""
+        return sum(int(e.get("active_requests", 0)) for e in self.models())
+
+    def config(self) -> dict[str, Any]:
+        """The board's effective configuration (``GET /admin/config``)."""
+        return self._call("GET", "/admin/config")
+
     def ready(self) -> tuple[bool, str]:
         """``GET /health/ready``: (200?, detail)."""
         try:

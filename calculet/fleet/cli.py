@@ -1,5 +1,5 @@
 """``calculet fleet …``: the HAProxy configuration, a rolling upgrade, the boards' state, one board's
-drain (a Kubernetes preStop) and reload (systemd ExecReload), a local fleet.
+drain (a Kubernetes preStop) and reload (systemd ExecReload), an agent-check responder, a local fleet.
 
 Why: what an operator of several boards types (spec §3: one process per board behind a balancer;
 §10–§12: an upgrade rolled board by board). The boards are read from HAProxy itself (``show servers
@@ -64,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     reload = sub.add_parser("reload", help="load a board's configured package again (systemctl reload)")
     reload.add_argument("--config", type=Path, required=True, help="the board's calculet-scheduler/v1 file")
     reload.add_argument("--admin-token-file", type=Path, help=f"the admin token (default: ${TOKEN_ENV})")
+    agent = sub.add_parser("agent", help="answer HAProxy's agent-check with one board's free-lane share")
+    agent.add_argument("--url", default="http://127.0.0.1:8000", help="the board's calculet")
+    agent.add_argument("--host", default="127.0.0.1")
+    agent.add_argument("--port", type=int, required=True)
+    agent.add_argument("--admin-token-file", type=Path, help=f"the admin token (default: ${TOKEN_ENV})")
     local = sub.add_parser("local", help="HAProxy and N simulated boards on 127.0.0.1 until Ctrl-C")
     local.add_argument("--boards", type=int, default=3)
     local.add_argument("--sim-cost", choices=("tiny", "reference", "instant"), default="reference")
@@ -165,6 +170,19 @@ def _cmd_reload(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_agent(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from calculet.fleet.agent import CapacityProbe, serve_agent
+
+    probe = CapacityProbe(BoardAdmin("board", args.url, _token(args)))
+    try:
+        asyncio.run(serve_agent(probe, args.host, args.port))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def _cmd_local(args: argparse.Namespace) -> int:
     from calculet.fleet.local import LocalFleet
 
@@ -185,7 +203,7 @@ def _cmd_local(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"haproxy-config": _cmd_haproxy_config, "rollout": _cmd_rollout, "status": _cmd_status,
-             "drain": _cmd_drain, "reload": _cmd_reload, "local": _cmd_local}
+             "drain": _cmd_drain, "reload": _cmd_reload, "agent": _cmd_agent, "local": _cmd_local}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -32,6 +32,8 @@ class Board:
     name: str
     host: str
     port: int
+    agent_port: int | None = None
+    """Where this board's agent-check responder listens (:mod:`calculet.fleet.agent`); None: no agent."""
 
     @property
     def address(self) -> str:
@@ -76,7 +78,9 @@ def render(boards: Sequence[Board], settings: BalancerSettings = BalancerSetting
     if len({b.name for b in boards}) != len(boards):
         raise BadRequest("board names must be unique", field="board")
     text = template if template is not None else default_template().read_text(encoding="utf-8")
-    servers = "\n".join(f"    server {b.name} {b.address}" for b in boards)
+    servers = "\n".join(f"    server {b.name} {b.address}" + (
+        f" agent-check agent-addr {b.host} agent-port {b.agent_port} agent-inter {settings.check_inter}"
+        if b.agent_port is not None else "") for b in boards)
     values = {"bind": settings.bind, "admin_socket": settings.admin_socket, "backend": settings.backend,
               "check_inter": settings.check_inter, "check_fall": settings.check_fall,
               "check_rise": settings.check_rise, "stream_timeout": settings.stream_timeout,

@@ -67,6 +67,17 @@ class HAProxyRuntime:
         if answer:  # HAProxy answers nothing on success
             raise Unavailable(f"HAProxy refused 'set server {backend}/{server} state {state}': {answer}")
 
+    def set_weight(self, backend: str, server: str, weight: int) -> None:
+        answer = self.command(f"set weight {backend}/{server} {int(weight)}").strip()
+        if answer:
+            raise Unavailable(f"HAProxy refused 'set weight {backend}/{server} {weight}': {answer}")
+
+    def disable_agent(self, backend: str, server: str) -> None:
+        """Stop the agent check of one server (its weight stays where the agent left it)."""
+        answer = self.command(f"disable agent {backend}/{server}").strip()
+        if answer:
+            raise Unavailable(f"HAProxy refused 'disable agent {backend}/{server}': {answer}")
+
     def servers(self, backend: str) -> dict[str, ServerStat]:
         """Every server of ``backend`` as ``show stat`` reports it now."""
         text = self.command("show stat").lstrip("# ")

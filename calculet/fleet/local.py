@@ -70,6 +70,7 @@ class BoardProcess:
     config: Path
     log: Path
     process: subprocess.Popen[bytes] | None = None
+    agent: subprocess.Popen[bytes] | None = None
 
     @property
     def pid(self) -> int | None:
@@ -86,6 +87,8 @@ class LocalFleet:
     settings: BalancerSettings | None = None
     drain_deadline_ms: int = 30000
     log_level: str = "INFO"
+    agents: bool = False
+    """Start an agent-check responder per board (:mod:`calculet.fleet.agent`) and weight by it."""
     admin_token: str = field(default_factory=lambda: secrets.token_hex(16))
     members: list[BoardProcess] = field(default_factory=list)
     haproxy: subprocess.Popen[bytes] | None = None
@@ -103,7 +106,7 @@ class LocalFleet:
         self.settings = self.settings or BalancerSettings(bind=f"127.0.0.1:{free_port()}",
                                                           admin_socket=str(self.workdir / "haproxy.sock"))
         for index in range(1, self.boards + 1):
-            board = Board(f"board{index}", "127.0.0.1", free_port())
+            board = Board(f"board{index}", "127.0.0.1", free_port(), free_port() if self.agents else None)
             config = self.workdir / f"{board.name}.yaml"
             config.write_text(yaml.safe_dump(self.board_config()), encoding="utf-8")
             self.members.append(BoardProcess(board, config, self.workdir / f"{board.name}.log"))
@@ -128,6 +131,11 @@ class LocalFleet:
             self._spawn(member)
         for member in self.members:
             self.wait_ready(member, timeout_s)
+            if member.board.agent_port is not None:
+                member.agent = subprocess.Popen(
+                    [sys.executable, "-m", "calculet.fleet.cli", "agent", "--url", member.board.url,
+                     "--port", str(member.board.agent_port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    env={**os.environ, "CALCULET_ADMIN_TOKEN": self.admin_token})
         log = open(self.workdir / "haproxy.log", "ab")  # noqa: SIM115 - closed in stop()
         self._logs.append(log)
         self.haproxy = subprocess.Popen([binary, "-f", str(self.workdir / "haproxy.cfg"), "-db"],
@@ -213,7 +221,8 @@ class LocalFleet:
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """SIGTERM to HAProxy and every board by PID (each drains, §12); SIGKILL what is left."""
-        processes = [p for p in [self.haproxy, *(m.process for m in self.members)] if p is not None]
+        processes = [p for p in [self.haproxy, *(m.process for m in self.members), *(m.agent for m in self.members)]
+                     if p is not None]
         for process in processes:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
