@@ -4,8 +4,8 @@ One request's path (§3, §4, §5.2):
 
 1. the API key names the tenant (:mod:`calculet.server.auth`); the body is validated and any
    unsupported feature is refused with 400 naming the field (§9.3, R9.3.9);
-2. the prompt is tokenised (byte-level vocabulary of the served calbin; chat messages through
-   the template below) and checked against the context: prompt, or prompt + max_tokens, beyond
+2. the prompt is tokenised (the served package's own tokenizer; chat messages through its chat
+   template, #18) and checked against the context: prompt, or prompt + max_tokens, beyond
    ``max_seq`` is 400 ``context_length_exceeded`` (§5.2 RejectInvalid, R5.2.3);
 3. ``Engine.submit`` answers the §5.2 outcome at once: 400 / 429 (with ``Retry-After``) / 503
    become OpenAI error bodies; Admit and Queue proceed;
@@ -15,7 +15,8 @@ One request's path (§3, §4, §5.2):
 5. a client that disconnects cancels its request (§4: cancel is idempotent; a running job still
    drains and its KV is freed when it does).
 
-Chat template (the tiny byte-level model has none of its own)::
+Chat template: the package's ``tokenizer_config.json`` ``chat_template`` (Jinja2, rendered in a sandbox);
+a byte-level package, which has none of its own, gets::
 
     BOS "<|system|>\\n" content "\\n" ... "<|user|>\\n" content "\\n" "<|assistant|>\\n"
 

@@ -30,7 +30,7 @@ from calculet.runtime.models.generations import Generation, Generations, Prepare
 from calculet.runtime.models.operations import ActorPort, Steps
 from calculet.runtime.models.port import EnginePort
 from calculet.runtime.models.reports import LifecycleTally, LoadFailed, LoadReport, LoadStep, StepTiming
-from calculet.runtime.streams.package_tokenizer import load_tokenizer
+from calculet.runtime.streams.package_tokenizer import Tokenizer, load_tokenizer
 
 log = logging.getLogger("calculet.runtime.models.prepare")
 
@@ -56,6 +56,7 @@ class Preparer:
         self._tally = tally
         self._steps = steps
         self.planner = planner
+        self._tokenizer_identity: str | None = None
 
     @property
     def alias(self) -> str:
@@ -104,7 +105,7 @@ class Preparer:
             step = LoadStep.VALIDATE
             t0 = self._steps.start(step, gen.id)
             plan = self.validate(alias, manifest_bytes, sha)
-            load_tokenizer(path, manifest_bytes, sha)  # the package's tokenizer and chat template (#18)
+            self._keep_tokenizer(load_tokenizer(path, manifest_bytes, sha))  # its tokenizer and chat template (#18)
             self._steps.timed(timings, step, t0)
             step = LoadStep.PLAN
             t0 = self._steps.start(step, gen.id)
@@ -118,6 +119,15 @@ class Preparer:
             port.call(lambda: self._abort_validation(gen, failed_step, error), ACTOR_CALL_TIMEOUT_S)
             raise LoadFailed(step, exc, report) from exc
         return Prepared(gen, kind, plan, capacity, timings, verified, path, signed_by, trusted)
+
+    def _keep_tokenizer(self, tokenizer: Tokenizer) -> None:
+        """The engine serves every generation with the first one's tokenizer and chat template, so a
+        replacement must carry the same files (#18; the rest of the contract is :meth:`validate`'s)."""
+        if self._gens.contract is None or self._tokenizer_identity is None:
+            self._tokenizer_identity = tokenizer.identity
+        elif tokenizer.identity != self._tokenizer_identity:
+            raise BadRequest("the package's tokenizer or chat template differs from the running engine's; a different "
+                             "tokenizer needs a new engine", field="package")
 
     def _open_generation(self, alias: str, package: Path) -> tuple[Generation, Snapshot]:
         """(actor) A new generation enters Validating; the board and residents are read for step 4."""

@@ -20,6 +20,7 @@ The engine picks the loaded tokenizer up by the package's manifest sha256 (:func
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from collections import OrderedDict
@@ -62,8 +63,10 @@ class HfTokenizer:
     """A package's ``tokenizer.json`` and chat template, with the engine's tokenizer interface."""
 
     def __init__(self, backend: HfBackend, template: ChatTemplate, *, vocab_size: int, bos: int, eos: int,
-                 specials: Iterable[int]) -> None:
+                 specials: Iterable[int], identity: str = "") -> None:
         self._backend = backend
+        self.identity = identity or f"hf/{vocab_size}/{bos}/{eos}"
+        """What a replacement package must keep: the sha256 of its tokenizer files."""
         self.template = template
         self.vocab_size = vocab_size
         self.bos = bos
@@ -146,12 +149,15 @@ def hf_tokenizer(package_dir: Path, manifest: CalbinManifest) -> HfTokenizer:
     """Load the package's ``tokenizer.json`` and chat template and check them against the manifest."""
     arch = manifest.architecture
     assert arch.tokenizer_file is not None and arch.tokenizer_config_file is not None
+    tokenizer_text = _read(package_dir, manifest, arch.tokenizer_file)
+    config_text = _read(package_dir, manifest, arch.tokenizer_config_file)
+    identity = "hf/" + hashlib.sha256(tokenizer_text.encode() + b"\0" + config_text.encode()).hexdigest()
     try:
-        backend = HfBackend.from_str(_read(package_dir, manifest, arch.tokenizer_file))
+        backend = HfBackend.from_str(tokenizer_text)
     except Exception as exc:  # noqa: BLE001 - the Rust parser raises plain Exceptions
         raise _refuse(manifest, f"{arch.tokenizer_file} is not a Hugging Face tokenizer: {exc}") from exc
     try:
-        config: dict[str, Any] = json.loads(_read(package_dir, manifest, arch.tokenizer_config_file))
+        config: dict[str, Any] = json.loads(config_text)
     except ValueError as exc:
         raise _refuse(manifest, f"{arch.tokenizer_config_file} is not JSON: {exc}") from exc
     size = backend.get_vocab_size(with_added_tokens=True)
@@ -178,7 +184,7 @@ def hf_tokenizer(package_dir: Path, manifest: CalbinManifest) -> HfTokenizer:
     except jinja2.TemplateError as exc:
         raise _refuse(manifest, f"the chat template does not render: {exc}") from exc
     return HfTokenizer(backend, template, vocab_size=size, bos=arch.special_tokens.bos,
-                       eos=arch.special_tokens.eos, specials=added)
+                       eos=arch.special_tokens.eos, specials=added, identity=identity)
 
 
 Tokenizer = ByteTokenizer | HfTokenizer

@@ -58,6 +58,8 @@ class ByteTokenizer:
         self.vocab_size = vocab_size
         self.bos = bos
         self.eos = eos
+        self.identity = f"byte-level/{vocab_size}/{bos}/{eos}"
+        """What a replacement package must keep (the same vocabulary and special ids)."""
 
     @classmethod
     def for_calbin(cls, calbin: _CalbinTokens) -> ByteTokenizer:
