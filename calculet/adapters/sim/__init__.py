@@ -6,8 +6,11 @@ Entry points::
     session = open_sim("future")            # virtual time, FakeClock, real numerics, B1/B4/B8/B16
     dev, kv, calbin = session.device, session.kv, session.calbin
 
-See :mod:`calculet.adapters.sim.device` for the device contract, :mod:`.config` for how a
-device is built, :mod:`.build` for packages, :mod:`.cost` for the latency model, :mod:`.memory` for
+It is a device plug-in like any other (:mod:`.plugin`, registered as ``sim`` in the
+``calculet.devices`` entry points) and proves nothing about hardware (§20). See
+:mod:`calculet.adapters.sim.device` for the device contract, :mod:`.config` for how a
+device is built, :mod:`.build` for packages (:mod:`.bundled`: the bundled tiny model with its BPE
+tokenizer and chat template), :mod:`.cost` for the latency model, :mod:`.memory` for
 DRAM accounting and :mod:`.faults` / :mod:`.fault_effects` for fault injection. (``build`` is not imported here so that ``python -m
 calculet.adapters.sim.build`` runs it as a fresh module.)
 """
