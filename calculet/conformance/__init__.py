@@ -14,7 +14,8 @@ CalRT protocol alone:
   profiles, per-lane identity and crosstalk), inactive lanes that must stay silent, status counters;
 * the §9 transaction rules, faults and recovery (:mod:`.checks_faults`) — a failed job commits
   nothing and names its lanes (quarantine), release only when the device confirms it, a timed-out
-  job keeps its buffers until reset, reset leaves no stale KV, restart, ping/pong, incremental
+  job keeps its buffers until reset, reset leaves no stale KV, restart, a short load/unload soak
+  against ReadMem, ping/pong, incremental
   prefill, the §9.3 context operations, ReadMem.
 
 It writes a report (:mod:`.report`: Markdown, and the JSON the service reads as
@@ -61,6 +62,8 @@ CHECKS: tuple[Check, ...] = (
     ("fault.timeout_reset", "a timed-out job keeps its buffers until reset; reset recovers", "§12, §18",
      faults.check_timeout_reset),
     ("fault.restart", "close and create the device again", "§12", faults.check_restart),
+    ("lifecycle.load_unload", "load/unload cycles leave device memory at its baseline", "§18, §12",
+     faults.check_load_unload),
     ("pingpong.two_jobs", "PING and PONG jobs with their own buffers and KV", "§14, §18", faults.check_ping_pong),
     ("prefill.incremental", "a prompt in two prefill chunks equals one prefill", "§6",
      faults.check_incremental_prefill),

@@ -32,7 +32,8 @@ class Earning:
 
 
 EARNINGS: Mapping[str, Earning] = {
-    "profile.b1": Earning(("matrix.single_sequence", "matrix.two_sequences", "status.counters"),
+    "profile.b1": Earning(("matrix.single_sequence", "matrix.two_sequences", "status.counters",
+                           "lifecycle.load_unload"),
                           "the current calbin and CalRT 0.7.6 (the shipped product)"),
     "profile.bN": Earning(("vendor.profiles", "lanes.fill_and_identity", "kv.inactive_lanes_silent",
                            "status.counters", "kv.commit_atomic"),

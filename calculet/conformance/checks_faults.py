@@ -234,6 +234,36 @@ def check_incremental_prefill(bench: Bench, probe: Probe) -> None:
         probe.note(f"{chunk} + {len(prompt) - chunk} tokens in two prefills equal one prefill of {len(prompt)}")
 
 
+LOAD_UNLOAD_CYCLES = 5
+
+
+def check_load_unload(bench: Bench, probe: Probe) -> None:
+    """§18 "load/unload soak" (a short one), §12 order: buffers, sequences, KvManager, calbin — and
+    ReadMem back at its baseline after every cycle (nothing leaks on the device)."""
+    (prompt,) = bench.prompts(1)
+    device = bench.runtime.create_virtual_device()
+    try:
+        baseline = [m.used_bytes for m in read_board_memory(device)]
+        for cycle in range(LOAD_UNLOAD_CYCLES):
+            calbin = device.create_calbin(bench.package)
+            device.configure(calbin, bench.configured)
+            kv = device.create_kv_manager(calbin)
+            driver = HostDriver(device, calbin, kv, timeout_s=bench.timeout_s)
+            seq = kv.allocate_sequence()
+            probe.expect(driver.prefill(seq, prompt).ok, "device_error", f"cycle {cycle}: prefill failed")
+            kv.free_sequence(seq)
+            driver.close()
+            device.destroy_kv_manager(kv)
+            device.destroy_calbin(calbin)
+            used = [m.used_bytes for m in read_board_memory(device)]
+            if not probe.expect(used == baseline, "memory_leak",
+                                f"cycle {cycle}: ReadMem used {used} after unload, baseline {baseline}"):
+                return
+    finally:
+        device.close()
+    probe.note(f"{LOAD_UNLOAD_CYCLES} load/prefill/unload cycles; ReadMem back at {baseline} after each")
+
+
 def check_memory(bench: Bench, probe: Probe) -> None:
     """§13.1: ReadMem per chiplet is consistent (used + free = total) and the calbin is accounted."""
     with bench.session() as s:
