@@ -1,8 +1,8 @@
 """One real fleet for the fleet tests: HAProxy 2.6 (the shipped template) and 3 simulated boards
 (``python -m calculet.run --sim-cost reference``) on free 127.0.0.1 ports, stopped by PID.
 
-The fleet is started once per test session (about 20 s on two cores) and the tests are kept on
-one xdist worker (``xdist_group``; ``make test`` runs ``--dist loadgroup``). Each test reads the
+The fleet is started once for the module that uses it (about 20 s on two cores), stopped when that
+module is done, and the fleet tests are kept on one xdist worker (``xdist_group``; ``make test`` runs ``--dist loadgroup``). Each test reads the
 state it starts from (what every board serves) instead of relying on another test's order.
 Without HAProxy the tests fail under ``CI=true`` (``make system-tools`` installs it) and are
 skipped elsewhere, saying why.
@@ -36,7 +36,7 @@ def require_haproxy() -> str:
     return binary
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalFleet]:
     require_haproxy()
     running = LocalFleet(tmp_path_factory.mktemp("fleet"), boards=3, sim_cost="reference")
