@@ -7,8 +7,10 @@ inference routes read tokens from it; both import it from here.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
+from typing import Any
 
 from calculet.runtime.request import RequestOutcome
 from calculet.runtime.streams.tokenizer import ByteTokenizer
@@ -56,4 +58,31 @@ class TimedStream(StreamWriter):
             self._on_close(self)
 
 
-__all__ = ["TimedStream"]
+class TextFrames:
+    """The SSE frame of a text chunk, encoded once per stream: the part that never changes (id,
+    created, model, fingerprint, object, the choice's fixed fields) is serialised here, and a
+    token's frame is that prefix + the JSON string of its text + the suffix (issue #20: the same
+    bytes ``json.dumps`` of the whole chunk gives, without building and encoding it per token).
+
+    ``payload`` is the whole chunk with the text field set to :attr:`SLOT`."""
+
+    SLOT = "\x00"
+
+    def __init__(self, payload: dict[str, Any]) -> None:
+        encoded = _dumps(payload)
+        slot = _dumps(self.SLOT)
+        if encoded.count(slot) != 1:
+            raise ValueError("the chunk must hold the text slot exactly once")
+        self._prefix, self._suffix = encoded.split(slot)
+        self._prefix = "data: " + self._prefix
+        self._suffix += "\n\n"
+
+    def frame(self, text: str) -> str:
+        return self._prefix + _dumps(text) + self._suffix
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+__all__ = ["TextFrames", "TimedStream"]
