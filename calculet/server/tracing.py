@@ -9,13 +9,18 @@ ran. One trace per request:
   ``calculet.queue_wait``       admitted → its prefill job on the device (prefill queue class)
   ``calculet.prefill``          one per prefill job or chunk (job id)
   ``calculet.decode``           its decode batches, one span per run of batches of one compiled profile:
-                                every batch's id, active lanes and engine as arrays, the step count
+                                every batch's id, active lanes and engine (space-separated, in order), the step count
 
 Why decode batches are attributes of one span and not a span each: a request has a decode batch
 per generated token, and a span per token cost 20 % of the service's CPU per request on
-``--sim-cost instant`` (``bench/tracing_overhead.py``); the arrays keep every batch's id (shared
-by the requests that rode in it), lanes and engine, and a new span starts when the profile changes.
-Requests the sampler drops (``sample_ratio``) get no child spans at all.
+``--sim-cost instant`` (``bench/tracing_overhead.py``); the lists keep every batch's id (shared
+by the requests that rode in it; TraceQL ``=~`` finds them), lanes and engine, and a new span
+starts when the profile changes. They are strings, not attribute arrays: the SDK validates and
+the OTLP encoder wraps every array element one by one, which cost more than the span itself.
+During the request only plain tuples are recorded (a few µs per transition on the actor thread);
+the spans are built once, at its terminal state, each started and ended with its final
+attributes — the SDK's per-span work is paid once per span, and a request the sampler drops
+(``sample_ratio``) gets no span at all beyond the sampling decision.
 
 Spans are built at the server/engine boundary from what the engine already reports: the
 request's §2 transitions (the engine's request observer, on the actor thread) and the scheduler's
@@ -41,7 +46,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.trace import Status, StatusCode
 
 from calculet.clock import Clock
 from calculet.config.tracing import TracingConfig
@@ -69,23 +74,29 @@ def otlp_provider(config: TracingConfig) -> TracerProvider | None:
 
 
 class _Trace:
-    """The open spans of one request."""
+    """What one request did, as plain values until its end (instants in ns)."""
 
-    __slots__ = ("root", "context", "phase", "decode", "profile", "ids", "lanes", "engines", "decode_end", "failed")
+    __slots__ = ("start", "admitted", "decision", "phases", "decodes", "profile", "ids", "lanes", "engines",
+                 "decode_start", "decode_end", "failed", "open_at", "open_name", "open_attrs")
 
-    def __init__(self, root: Span) -> None:
-        self.root = root
-        self.context = trace.set_span_in_context(root)
-        self.phase: Span | None = None
-        """The open admission / queue-wait / prefill span."""
-        self.decode: Span | None = None
-        """The open decode span (a run of batches of one profile)."""
+    def __init__(self, start: int) -> None:
+        self.start = start
+        self.admitted = 0
+        self.decision = ""
+        self.phases: list[tuple[str, int, int, dict[str, Any]]] = []
+        """Ended queue-wait and prefill spans: (name, start, end, attributes)."""
+        self.decodes: list[tuple[int, int, dict[str, Any]]] = []
+        """Ended decode spans: (start, end, attributes)."""
         self.profile = 0
         self.ids: list[int] = []
         self.lanes: list[int] = []
         self.engines: list[str] = []
+        self.decode_start = 0
         self.decode_end = 0
         self.failed = False
+        self.open_at = 0
+        self.open_name = ""
+        self.open_attrs: dict[str, Any] = {}
 
 
 class RequestTracer:
@@ -102,8 +113,7 @@ class RequestTracer:
         self._job = job
         self._alias = alias
         self._offset_ns = time.time_ns() - int(clock.now() * 1e9)
-        self._open: dict[int, _Trace | None] = {}
-        """request id → its open spans; None for a request the sampler dropped."""
+        self._open: dict[int, _Trace] = {}
 
     def _ns(self, at: float) -> int:
         return self._offset_ns + int(at * 1e9)
@@ -112,102 +122,93 @@ class RequestTracer:
         """``observer(rec, source, target)`` of the engine (a ``RequestRecord``)."""
         if source == target:
             return
-        key = rec.request_id
-        if key in self._open:
-            tr = self._open[key]
-        else:
-            tr = self._open[key] = self._start(rec)
-        if tr is None:  # not sampled: nothing to record
-            if target in _ENDED:
-                del self._open[key]
-            return
+        tr = self._open.get(rec.request_id)
+        if tr is None:
+            tr = self._open[rec.request_id] = _Trace(self._ns(rec.arrival))
         now = self._ns(self._clock.now())
         if source in _DECIDING and target not in _DECIDING:
-            decision = "admit" if target == "prefill_ready" else "reject" if rec.reject_status else target
-            self._end(tr, now, decision=decision)
+            tr.admitted = now
+            tr.decision = "admit" if target == "prefill_ready" else "reject" if rec.reject_status else target
             if target == "prefill_ready":
-                tr.phase = self._child(tr, "calculet.queue_wait", now, {"calculet.queue": rec.prefill_class})
+                self._open_phase(tr, "calculet.queue_wait", now, {"calculet.queue": rec.prefill_class})
         if target == "prefill_running":
-            self._end(tr, now)
-            tr.phase = self._child(tr, "calculet.prefill", now, {"calculet.batch.id": rec.job_id,
-                                                                  "calculet.queue": rec.prefill_class})
+            self._close_phase(tr, now)
+            self._open_phase(tr, "calculet.prefill", now, {"calculet.batch.id": rec.job_id,
+                                                           "calculet.queue": rec.prefill_class})
         elif source == "prefill_running":
-            self._end(tr, now)
+            self._close_phase(tr, now)
             if target == "prefill_ready":  # the next chunk waits in its queue again
-                tr.phase = self._child(tr, "calculet.queue_wait", now, {"calculet.queue": rec.prefill_class})
+                self._open_phase(tr, "calculet.queue_wait", now, {"calculet.queue": rec.prefill_class})
         if target == "decode_running":
             self._decode_batch(tr, rec.job_id, now)
         elif source == "decode_running":
             tr.decode_end = now
             tr.failed = tr.failed or target not in ("decode_ready", "finishing")
         if target in _ENDED:
-            self._finish(rec, tr, target, now)
-            del self._open[key]
+            del self._open[rec.request_id]
+            self._close_phase(tr, now)
+            self._close_decode(tr, now)
+            self._emit(rec, tr, target, now)
 
     @property
     def open(self) -> int:
         """Requests whose trace is still open (0 once every request ended)."""
         return len(self._open)
 
-    # ------------------------------------------------------------------ internals
-
-    def _start(self, rec: Any) -> _Trace | None:
-        start = self._ns(rec.arrival)
-        root = self._tracer.start_span("calculet.request", start_time=start, attributes={
-            "calculet.request.id": rec.request_id, "calculet.tenant": rec.tenant, "calculet.model": self._alias,
-            "calculet.prompt_tokens": rec.prompt_tokens, "calculet.max_new_tokens": rec.max_new_tokens})
-        if not root.is_recording():
-            return None
-        tr = _Trace(root)
-        tr.phase = self._child(tr, "calculet.admission", start, {})
-        return tr
-
-    def _child(self, tr: _Trace, name: str, start: int, attributes: dict[str, Any]) -> Span:
-        return self._tracer.start_span(name, context=tr.context, start_time=start, attributes=attributes)
+    # ------------------------------------------------------------------ recording
 
     @staticmethod
-    def _end(tr: _Trace, now: int, **attributes: str) -> None:
-        span = tr.phase
-        if span is not None:
-            for key, value in attributes.items():
-                span.set_attribute(f"calculet.{key}", value)
-            span.end(end_time=now)
-            tr.phase = None
+    def _open_phase(tr: _Trace, name: str, now: int, attributes: dict[str, Any]) -> None:
+        tr.open_name, tr.open_at, tr.open_attrs = name, now, attributes
+
+    @staticmethod
+    def _close_phase(tr: _Trace, now: int) -> None:
+        if tr.open_name:
+            tr.phases.append((tr.open_name, tr.open_at, now, tr.open_attrs))
+            tr.open_name = ""
 
     def _decode_batch(self, tr: _Trace, job_id: int, now: int) -> None:
-        """The request's lane went into decode batch ``job_id``: extend the decode span, or start one."""
+        """The request's lane went into decode batch ``job_id``: extend the decode run, or start one."""
         job = self._job(job_id) if self._job is not None else None
         profile = int(job.machine.lanes) if job is not None else 0
-        if tr.decode is not None and profile != tr.profile:
-            self._close_decode(tr)
-        if tr.decode is None:
-            tr.decode = self._child(tr, "calculet.decode", now, {"calculet.batch.profile": profile})
-            tr.profile = profile
+        if tr.ids and profile != tr.profile:
+            self._close_decode(tr, tr.decode_end)
+        if not tr.ids:
+            tr.decode_start, tr.profile = now, profile
         tr.ids.append(job_id)
         active = getattr(job.work, "active", None) if job is not None else None
         tr.lanes.append(len(active) if active is not None else 0)
         tr.engines.append(job.engine.name.lower() if job is not None else "")
 
     @staticmethod
-    def _close_decode(tr: _Trace) -> None:
-        span = tr.decode
-        if span is None:
+    def _close_decode(tr: _Trace, now: int) -> None:
+        if not tr.ids:
             return
-        span.set_attributes({"calculet.batch.ids": tr.ids, "calculet.batch.lanes": tr.lanes,
-                             "calculet.batch.engines": tr.engines, "calculet.decode.steps": len(tr.ids),
-                             "calculet.decode.ok": not tr.failed})
-        span.end(end_time=tr.decode_end)
-        tr.decode, tr.ids, tr.lanes, tr.engines = None, [], [], []
+        tr.decodes.append((tr.decode_start, tr.decode_end or now, {
+            "calculet.batch.profile": tr.profile, "calculet.batch.ids": " ".join(map(str, tr.ids)),
+            "calculet.batch.lanes": " ".join(map(str, tr.lanes)), "calculet.batch.engines": " ".join(tr.engines),
+            "calculet.decode.steps": len(tr.ids), "calculet.decode.ok": not tr.failed}))
+        tr.ids, tr.lanes, tr.engines = [], [], []
 
-    def _finish(self, rec: Any, tr: _Trace, target: str, now: int) -> None:
-        self._end(tr, now)
-        if tr.decode is not None:
-            tr.decode_end = tr.decode_end or now
-            self._close_decode(tr)
-        root = tr.root
-        root.set_attribute("calculet.outcome", target)
-        root.set_attribute("calculet.generation", rec.generation)
-        root.set_attribute("calculet.generated_tokens", rec.machine.generated_tokens)
+    # ------------------------------------------------------------------ the spans, once
+
+    def _emit(self, rec: Any, tr: _Trace, target: str, now: int) -> None:
+        tracer = self._tracer
+        root = tracer.start_span("calculet.request", start_time=tr.start, attributes={
+            "calculet.request.id": rec.request_id, "calculet.tenant": rec.tenant, "calculet.model": self._alias,
+            "calculet.prompt_tokens": rec.prompt_tokens, "calculet.max_new_tokens": rec.max_new_tokens,
+            "calculet.outcome": target, "calculet.generation": rec.generation,
+            "calculet.generated_tokens": rec.machine.generated_tokens})
+        if not root.is_recording():
+            return
+        context = trace.set_span_in_context(root)
+        tracer.start_span("calculet.admission", context=context, start_time=tr.start, attributes={
+            "calculet.decision": tr.decision or target}).end(end_time=tr.admitted or now)
+        for name, start, end, attributes in tr.phases:
+            tracer.start_span(name, context=context, start_time=start, attributes=attributes).end(end_time=end)
+        for start, end, attributes in tr.decodes:
+            tracer.start_span("calculet.decode", context=context, start_time=start,
+                              attributes=attributes).end(end_time=end)
         if target == "failed":
             root.set_status(Status(StatusCode.ERROR, rec.detail[:200] if rec.detail else "failed"))
         root.end(end_time=now)
