@@ -12,8 +12,9 @@ before routing:
 3. otherwise the body is read here, chunk by chunk, counting: past the limit the answer is 413
    and the connection closes (the rest is never read, so memory stays bounded by the limit);
    a pause longer than ``server.body_timeout_s`` between two chunks is 408, also closed;
-4. the app then receives the body as one message, already read and bounded, and parses it off
-   the event loop (:mod:`calculet.server.request_parsing`).
+4. the app then receives the body as one message, already read and bounded (the generation
+   routes take it from ``scope["state"]["body"]`` without a copy and parse it off the event
+   loop, :mod:`calculet.server.request_parsing`).
 
 Refusals close the connection (``Connection: close``) because the rest of the body may still be
 on its way; keeping the connection would mean reading it.
@@ -87,9 +88,10 @@ class BodyGate:
         if body is None:  # the client went away while sending: nobody to answer
             scope.setdefault("state", {})["error"] = ("client_closed_request", "the client closed while sending")
             return
+        scope.setdefault("state", {})["body"] = body  # read by the generation routes as it is: no copy
         await self.app(scope, _replay(body, receive), send)
 
-    async def _read(self, receive: Receive) -> tuple[bytes | None, APIError | None]:
+    async def _read(self, receive: Receive) -> tuple[bytearray | None, APIError | None]:
         """The whole body (None if the client disconnected), or the refusal that ends the reading."""
         buffer = bytearray()
         while True:
@@ -105,14 +107,14 @@ class BodyGate:
             if len(buffer) > self.max_body_bytes:
                 return None, self._too_large(f"the body (more than {self.max_body_bytes} bytes read)")
             if not message.get("more_body", False):
-                return bytes(buffer), None
+                return buffer, None
 
     def _too_large(self, what: str) -> APIError:
         return APIError(413, f"{what} exceeds the limit of {self.max_body_bytes} bytes (server.max_body_bytes)",
                         code="body_too_large")
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
+def _replay(body: bytearray, receive: Receive) -> Receive:
     """A ``receive`` that hands the app the body already read, then waits on the real one (disconnects)."""
     sent = False
 
@@ -120,7 +122,7 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         nonlocal sent
         if not sent:
             sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
         message: Any = await receive()
         return message  # type: ignore[no-any-return]
 

@@ -5,9 +5,8 @@ the event loop for about a second per body, stalling every other client (``/heal
 included). The routes hand the bytes the body gate (:mod:`calculet.server.body_gate`) has
 already read and bounded to :func:`prepare_completion` / :func:`prepare_chat` on a worker
 thread. Each step is bounded too: the JSON is validated by pydantic-core straight from bytes
-(no intermediate Python objects), and with the byte-level vocabulary a prompt longer than the
-context is refused from its length before it is tokenised (at least one token per character, so
-``len(text) + 1 > context`` already decides it).
+(no intermediate Python objects), and a prompt certainly longer than the context is refused
+before it is tokenised whole (:func:`_bounded_encode`).
 
 Every client error becomes a 400 in the OpenAI error shape whose ``param`` is the request field
 the client wrote (``messages.0.content``), never pydantic's internal union tags
@@ -19,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import typing
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -126,7 +125,7 @@ def _surrogate_path(value: Any, path: tuple[int | str, ...] = ()) -> Iterator[tu
             yield from _surrogate_path(item, (*path, i))
 
 
-def _lone_surrogate(raw: bytes) -> APIError | None:
+def _lone_surrogate(raw: bytes | bytearray) -> APIError | None:
     """The 400 naming the field of a lone UTF-16 surrogate escape, if that is what made ``raw`` invalid."""
     try:
         document = json.loads(raw)
@@ -139,7 +138,7 @@ def _lone_surrogate(raw: bytes) -> APIError | None:
     return None
 
 
-def parse_body(model: type[M], raw: bytes) -> M:
+def parse_body(model: type[M], raw: bytes | bytearray) -> M:
     """``raw`` validated as ``model`` (strict, straight from the JSON bytes); :class:`APIError` 400 otherwise."""
     try:
         return model.model_validate_json(raw)
@@ -178,22 +177,36 @@ def _too_long(param: str, length: int, max_seq: int) -> APIError:
                     code="context_length_exceeded", param=param)
 
 
-def _bounded_by_length(tokenizer: ByteTokenizer) -> bool:
-    """True when every character is at least one token (the byte-level vocabulary), so a text longer than the
-    context is refused from its length, untokenised. A package's own tokenizer (#18) may make one token of several
-    characters: its texts are tokenised whole (on the worker thread)."""
-    return type(tokenizer) is ByteTokenizer
+PREFIX_CHARS_PER_TOKEN = 32
+"""A text longer than ``context × 32`` characters is first tokenised on its prefix of that length only."""
+CUT_MARGIN = 64
+"""Tokens the cut of a prefix may add at its end (the word it splits); past ``context + 64`` the whole is too long."""
+
+
+def _bounded_encode(encode: Callable[[str], list[int]], tokenizer: ByteTokenizer, text: str, max_seq: int,
+                    param: str) -> tuple[int, ...]:
+    """``encode(text)``, refused with 400 ``context_length_exceeded`` without tokenising the whole of a text that
+    is certainly too long: with the byte-level vocabulary every character is at least one token, so the length
+    decides; with a package's own tokenizer (#18, several characters per token) a long text's prefix of
+    ``context × 32`` characters is tokenised first, and more than ``context + 64`` tokens there decide it (a
+    7.5 MB prompt used to be tokenised whole, holding the interpreter for seconds)."""
+    if type(tokenizer) is ByteTokenizer:
+        if len(text) + 1 > max_seq:
+            raise _too_long(param, len(text) + 1, max_seq)
+    elif len(text) > max_seq * PREFIX_CHARS_PER_TOKEN:
+        head = len(encode(text[: max_seq * PREFIX_CHARS_PER_TOKEN]))
+        if head > max_seq + CUT_MARGIN:
+            raise _too_long(param, head - CUT_MARGIN, max_seq)
+    ids = tuple(encode(text))
+    if len(ids) > max_seq:
+        raise _too_long(param, len(ids), max_seq)
+    return ids
 
 
 def chat_prompt(tokenizer: ByteTokenizer, messages: list[ChatMessage], max_seq: int) -> tuple[int, ...]:
     """The served package's chat template (its ``tokenizer_config.json``, or the byte-level default), tokenised (#18)."""
     text = tokenizer.chat_text([(m.role, m.text()) for m in messages])
-    if _bounded_by_length(tokenizer) and len(text) + 1 > max_seq:
-        raise _too_long("messages", len(text) + 1, max_seq)
-    ids = tuple(tokenizer.encode_chat(text))
-    if len(ids) > max_seq:
-        raise _too_long("messages", len(ids), max_seq)
-    return ids
+    return _bounded_encode(tokenizer.encode_chat, tokenizer, text, max_seq, "messages")
 
 
 def completion_prompt(tokenizer: ByteTokenizer, prompt: Any, max_seq: int) -> tuple[int, ...]:
@@ -201,9 +214,7 @@ def completion_prompt(tokenizer: ByteTokenizer, prompt: Any, max_seq: int) -> tu
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
         prompt = prompt[0]  # a list of exactly one prompt (the schema allows no more)
     if isinstance(prompt, str):
-        if _bounded_by_length(tokenizer) and len(prompt) + 1 > max_seq:
-            raise _too_long("prompt", len(prompt) + 1, max_seq)
-        return tuple(tokenizer.encode(prompt, add_bos=True))
+        return _bounded_encode(lambda text: tokenizer.encode(text, add_bos=True), tokenizer, prompt, max_seq, "prompt")
     if len(prompt) > max_seq:
         raise _too_long("prompt", len(prompt), max_seq)
     for i, tok in enumerate(prompt):
@@ -247,7 +258,7 @@ def _ignored(body: CompletionRequest | ChatCompletionRequest) -> None:
         log.debug("ignored request fields", extra={"fields": ignored})
 
 
-def prepare_completion(service: Served, raw: bytes) -> ApiGeneration:
+def prepare_completion(service: Served, raw: bytes | bytearray) -> ApiGeneration:
     """POST /v1/completions: bytes → :class:`ApiGeneration` (blocking; run it on a worker thread)."""
     body = parse_body(CompletionRequest, raw)
     _ignored(body)
@@ -259,7 +270,7 @@ def prepare_completion(service: Served, raw: bytes) -> ApiGeneration:
                          body.include_usage, body.stop_strings(), body.continuous_usage)
 
 
-def prepare_chat(service: Served, raw: bytes) -> ApiGeneration:
+def prepare_chat(service: Served, raw: bytes | bytearray) -> ApiGeneration:
     """POST /v1/chat/completions: bytes → :class:`ApiGeneration` (blocking; run it on a worker thread)."""
     body = parse_body(ChatCompletionRequest, raw)
     _ignored(body)

@@ -93,6 +93,8 @@ class Service:
                        if provider is not None else None)
         engine.set_observer(self.phases.observe if self.tracer is None else self._observe_traced)
         self.limiter = anyio.CapacityLimiter(options.max_threads)
+        self.large_body_limiter = anyio.CapacityLimiter(1)
+        """Large request bodies are parsed one at a time (see :mod:`calculet.server.inference`)."""
         self._accepting = True
         self._streams = 0
         self._streams_cv = threading.Condition()
