@@ -26,7 +26,7 @@ def test_every_command_names_a_module_main_and_the_console_script_is_declared() 
     for name, command in COMMANDS.items():
         assert callable(command.load()), name
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts == {"calculet": "calculet.cli:main"}
+    assert scripts["calculet"] == "calculet.cli:main"
     assert COMMANDS["serve"].module == "calculet.run"  # `calculet serve` is `python -m calculet.run`
     assert importlib.import_module("calculet.run").main is COMMANDS["serve"].load()
 
