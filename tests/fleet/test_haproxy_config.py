@@ -65,3 +65,13 @@ def test_boards_are_named_and_addressed_or_refused() -> None:
         render([BOARDS[0], BOARDS[0]])
     with pytest.raises(BadRequest, match="at least one"):
         render([])
+
+
+def test_without_haproxy_the_fleet_tests_fail_under_ci_and_skip_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("tests.fleet.conftest.haproxy_binary", lambda: None)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="make system-tools"):
+        require_haproxy()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception):
+        require_haproxy()
