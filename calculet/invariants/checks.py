@@ -182,6 +182,16 @@ def _solver() -> z3.Solver:
     return solver()
 
 
+def all_hold(s: z3.Solver, goals: list[Any]) -> bool:
+    """Whether every goal follows from ``s`` — one query for all; the caller asks goal by goal
+    (to name the broken ones) only when this answers no or does not know."""
+    s.push()
+    s.add(z3.Not(z3.And(*goals)))
+    verdict = s.check()
+    s.pop()
+    return verdict == z3.unsat
+
+
 # ----------------------------------------------------------------------------------------------
 # The checks
 
@@ -220,6 +230,9 @@ def check_consecution(d: Definition, t: Transition) -> CheckResult:
     broken: list[str] = []
     first: Counterexample | None = None
     unknown: list[str] = []
+    if all_hold(s, [g for _, _, g in goals]):  # one query when the row is fine (the usual case)
+        return CheckResult("consecution", d.name, t.name, True, time.process_time() - start,
+                           f"{len(goals)} properties preserved", queries=1)
     for name, rid, goal in goals:
         s.push()
         s.add(z3.Not(goal))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from calculet.machines.core import Machine
-from calculet.machines.definition import T, Transition
+from calculet.machines.definition import State, T, Transition
 from calculet.machines.pool import Pool, PoolOp
 
 Edit = Callable[[list[T], Any], list[T]]
@@ -24,23 +24,39 @@ def rows_of(machine: type[Machine]) -> list[T]:
     states = d.states
     events = d.events
     return [T(states[t.source], events[t.event], states[t.target], guard=t.guard, effect=t.effect,
-              name=t.name, choice=t.choice, emits=t.emits, doc=t.doc) for t in d.transitions]
+              name=t.name, choice=t.choice, emits=t.emits, doc=t.doc, policy=t.policy) for t in d.transitions]
 
 
-def derive(machine: type[Machine], name: str, edit: Edit) -> type[Machine]:
-    """A copy of ``machine`` whose rows are ``edit(rows, definition)``; invariants unchanged."""
+def derive(machine: type[Machine], name: str, edit: Edit, *, states: dict[str, State] | None = None,
+           properties: Callable[[list[Any]], list[Any]] | None = None) -> type[Machine]:
+    """A copy of ``machine`` whose rows are ``edit(rows, definition)``; invariants unchanged unless
+    ``properties`` edits the declared list; ``states`` replaces states by name (e.g. one whose
+    ``terminal`` flag is dropped — rows are re-pointed at the replacements)."""
     d = machine.definition
     namespace: dict[str, Any] = {"__doc__": f"Mutant {name} of {d.name}.", "spec": d.spec,
                                  "structure_checks": False, "examples": list(d.examples)}
-    namespace.update(d.states)
+    replaced = {n: State(initial=s.initial, terminal=s.terminal, doc=s.doc, groups=s.groups)
+                for n, s in d.states.items()}  # fresh objects: resolution names them in place
+    replaced.update(states or {})
+    namespace.update(replaced)
     namespace.update(d.params)
     namespace.update(d.vars)
     namespace.update(d.events)
-    namespace["transitions"] = edit(rows_of(machine), d)
+    rows = edit(rows_of(machine), d)
+    namespace["transitions"] = [_repointed(row, replaced) for row in rows]
     declared = [p for p in (*d.invariants, *d.all_step_properties)
                 if not p.name.startswith("bounds_") and p.name != "terminal_is_final"]
-    namespace["invariants"] = declared
+    namespace["invariants"] = properties(declared) if properties else declared
     return type(name, (Machine,), namespace)
+
+
+def _repointed(row: T, states: dict[str, State]) -> T:
+    """``row`` with its source and target states looked up by name in ``states``."""
+    sources = row.source if isinstance(row.source, tuple) else (row.source,)
+    fresh = tuple(states[s.name] for s in sources)
+    return T(fresh if isinstance(row.source, tuple) else fresh[0], row.event, states[row.target.name],
+             guard=row.guard, effect=row.effect, name=row.name, choice=row.choice, emits=row.emits, doc=row.doc,
+             policy=row.policy)
 
 
 def replace_row(rows: list[T], transition_name: str, **changes: Any) -> list[T]:
@@ -50,7 +66,8 @@ def replace_row(rows: list[T], transition_name: str, **changes: Any) -> list[T]:
         if row.name == transition_name:
             found = True
             fields = dict(source=row.source, event=row.event, target=row.target, guard=row.guard,
-                          effect=row.effect, name=row.name, choice=row.choice, emits=row.emits, doc=row.doc)
+                          effect=row.effect, name=row.name, choice=row.choice, emits=row.emits, doc=row.doc,
+                          policy=row.policy)
             fields.update(changes)
             row = T(**fields)
         out.append(row)

@@ -31,9 +31,10 @@ import z3
 
 from calculet.invariants.checks import (RLIMIT_SEARCH, CheckResult, Counterexample, Progress, as_bool,
                                         initial_instance, invariants_hold, post_state, read_args, read_state,
-                                        solver, takes)
+                                        all_hold, solver, takes)
 from calculet.logic.symbolic import SymbolicVars, arg_domain, symbolic_args, type_domain
 from calculet.invariants.pool_reduction import reduction
+from calculet.invariants.system_encoding import _Memo
 from calculet.machines.definition import Step
 from calculet.machines.pool import PoolDefinition, PoolView
 
@@ -81,30 +82,38 @@ def _pool_state(model: z3.ModelRef, p: PoolDefinition, lanes: list[SymbolicVars]
 
 
 def check_pool_induction(p: PoolDefinition, n: int, progress: Progress | None = None) -> list[CheckResult]:
+    """One result per row: lane 0 takes it from any pool satisfying every instance and pool
+    invariant, and every property holds after. The pre-state is the same for every row, so one
+    solver holds it and each row is a push/pop on top; the lanes' ``at(...)`` terms are built once
+    (without that, building the O(N²) pool invariants' terms dominated the time)."""
     d = p.instance.definition
     results = []
+    raw, ghosts = _lanes(p, n, "")
+    memo = _Memo()
+    lanes = [memo.proxy(lane) for lane in raw]
+    params = _pool_params(p)
+    view = PoolView(lanes, params, ghosts)
+    s = solver()
+    s.add(*_param_domain(p, params), *_ghost_domain(p, ghosts))
+    for lane in raw:
+        s.add(*lane.domain(), *[as_bool(x) for x in invariants_hold(d, lane)])
+    s.add(*[as_bool(inv.predicate(view)) for inv in p.invariants])
     for t in d.transitions:
         start = time.process_time()
         ev = d.events[t.event]
-        lanes, ghosts = _lanes(p, n, "")
-        params = _pool_params(p)
-        view = PoolView(lanes, params, ghosts)
         args = symbolic_args(ev)
-        s = solver()
-        s.add(*_param_domain(p, params), *_ghost_domain(p, ghosts), *arg_domain(ev, args))
-        for lane in lanes:
-            s.add(*lane.domain(), *[as_bool(x) for x in invariants_hold(d, lane)])
-        s.add(*[as_bool(inv.predicate(view)) for inv in p.invariants])
-        s.add(takes(d, t, lanes[0], args), _pool_guard(p, view, 0, t.event, args))
-        moved = post_state(d, t, lanes[0], args)
+        s.push()
+        s.add(*arg_domain(ev, args), takes(d, t, raw[0], args), _pool_guard(p, view, 0, t.event, args))
+        moved = post_state(d, t, raw[0], args)
         post_ghosts = [dict(g) for g in ghosts]
         post_ghosts[0].update(_ghost_updates(p, view, 0, t.event, args))
-        post_view = PoolView([moved] + lanes[1:], params, post_ghosts)
+        post_view = PoolView([memo.proxy(moved)] + lanes[1:], params, post_ghosts)
         goals = [(inv.name, inv.rid, as_bool(inv.predicate(post_view))) for inv in p.invariants]
         goals += [(inv.name, inv.rid, as_bool(inv.predicate(moved))) for inv in d.invariants]
-        goals += [(name, rid, as_bool(goal)) for name, rid, goal in d.step_goals(lanes[0], moved, t, args)]
+        goals += [(name, rid, as_bool(goal)) for name, rid, goal in d.step_goals(raw[0], moved, t, args)]
         failure = None
-        for name, rid, goal in goals:
+        count = len(goals)
+        for name, rid, goal in ([] if all_hold(s, [g for _, _, g in goals]) else goals):  # one query if fine
             s.push()
             s.add(z3.Not(goal))
             verdict = s.check()
@@ -113,17 +122,18 @@ def check_pool_induction(p: PoolDefinition, n: int, progress: Progress | None = 
                 if verdict == z3.sat:
                     m = s.model()
                     cx = Counterexample(name, rid, f"lane0: {t.name}",
-                                        pre=_pool_state(m, p, lanes, ghosts, params),
+                                        pre=_pool_state(m, p, raw, ghosts, params),
                                         args=read_args(m, d, t.event, args),
-                                        post=_pool_state(m, p, [moved] + lanes[1:], post_ghosts, params))
+                                        post=_pool_state(m, p, [moved] + raw[1:], post_ghosts, params))
                 failure = CheckResult("pool-induction", p.name, t.name, False, time.process_time() - start,
                                       f"N={n}: breaks {name} ({rid})" if verdict == z3.sat
                                       else f"N={n}: {name}: solver answered {verdict}", cx, queries=len(goals))
                 s.pop()
                 break
             s.pop()
+        s.pop()
         results.append(failure or CheckResult("pool-induction", p.name, t.name, True, time.process_time() - start,
-                                              f"N={n}: {len(goals)} properties preserved", queries=len(goals)))
+                                              f"N={n}: {count} properties preserved", queries=1))
         if progress:
             progress(t.name)
     return results
@@ -275,19 +285,23 @@ class _PoolUnrolling:
         view = PoolView(prev_lanes, self.params, prev_ghosts)
         lane_sel, row_sel = z3.Int(f"lane_sel_{k}"), z3.Int(f"row_sel_{k}")
         step_args = {e: symbolic_args(ev, f"_s{k}") for e, ev in d.events.items()}
+        # row_sel == len(rows) is a stutter: nothing moves, and nothing moves after it — so runs
+        # shorter than the depth (a pool where no row is enabled) are searched too.
+        stutter = row_sel == len(self.rows)
         s.add(lane_sel >= 0, lane_sel < min(self.encoded, k), lane_sel <= self.highest + 1, row_sel >= 0,
-              row_sel < len(self.rows))
+              row_sel <= len(self.rows), z3.Implies(stutter, lane_sel == 0))
         self.highest = z3.If(lane_sel > self.highest, lane_sel, self.highest)
         is_local = z3.Or(*[row_sel == i for i in self.local_rows]) if self.local_rows else z3.BoolVal(False)
         if self.previous is not None:
-            prev_lane, prev_local = self.previous
-            other = lane_sel != prev_lane
+            prev_lane, prev_local, prev_stutter = self.previous
+            s.add(z3.Implies(prev_stutter, stutter))
+            other = z3.And(lane_sel != prev_lane, z3.Not(stutter))
             s.add(z3.Implies(z3.And(prev_local, is_local, other), lane_sel > prev_lane))
             if self.reduction.guarded_commute:
                 s.add(z3.Implies(z3.And(z3.Not(prev_local), z3.Not(is_local), other), lane_sel > prev_lane))
             if self.reduction.local_first:
                 s.add(z3.Not(z3.And(z3.Not(prev_local), is_local, other)))
-        self.previous = (lane_sel, is_local)
+        self.previous = (lane_sel, is_local, stutter)
         s.add(*[c for e, ev in d.events.items() for c in arg_domain(ev, step_args[e])])
         new_lanes, new_ghosts, options = [], [], []
         for j in range(self.encoded):
@@ -295,7 +309,7 @@ class _PoolUnrolling:
                                               options)
             new_lanes.append(nxt)
             new_ghosts.append(nxt_ghost)
-        s.add(z3.Or(*options))
+        s.add(z3.Or(*options, stutter))
         if not self.instance_properties:
             # Lemmas: every instance invariant is proved inductive per machine, so it holds in
             # every reachable frame; stating it prunes the search without changing its answer.
@@ -360,7 +374,10 @@ class _PoolUnrolling:
         for k in range(1, upto + 1):
             lane_sel, row_sel, step_args = self.choices[k - 1]
             j = model.eval(lane_sel, model_completion=True).as_long()
-            row = self.rows[model.eval(row_sel, model_completion=True).as_long()]
+            r = model.eval(row_sel, model_completion=True).as_long()
+            if r == len(self.rows):  # the run ended before this depth
+                break
+            row = self.rows[r]
             steps.append({"step": k, "lane": j, "transition": row.name,
                           "args": read_args(model, d, row.event, step_args[row.event]),
                           "pool": _pool_state(model, p, frames[k][0], frames[k][1], self.params)})

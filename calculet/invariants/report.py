@@ -13,6 +13,8 @@ from typing import Any, Iterable
 
 from calculet.invariants.checks import CheckResult, Counterexample, Progress, check_machine
 from calculet.invariants.pool_checks import check_pool_bmc, check_pool_induction
+from calculet.invariants.reachability import check_pool_reachability, check_pool_vacuity
+from calculet.invariants.strength import check_guards, check_pool_witnesses, check_redundancy, check_witnesses
 from calculet.invariants.system_checks import check_system
 from calculet.invariants.traceability import software_figure
 from calculet.machines import ALL_MACHINES
@@ -61,6 +63,9 @@ def run_checks(options: VerifyOptions, machines: Iterable[type[Machine]], pools:
             continue
         for result in check_machine(machine.definition, machine=machine):
             run.results.append(result)
+        run.results.append(check_witnesses(machine.definition))
+        run.results += check_guards(machine.definition)
+        run.results += check_redundancy(machine.definition)
         if progress:
             progress(f"{machine.definition.name}: per-machine checks")
     if options.pools:
@@ -68,6 +73,9 @@ def run_checks(options: VerifyOptions, machines: Iterable[type[Machine]], pools:
             if options.machines and pool.definition.name not in options.machines \
                     and pool.definition.instance.definition.name not in options.machines:
                 continue
+            run.results.append(check_pool_witnesses(pool.definition))
+            run.results += check_pool_vacuity(pool.definition)
+            run.results.append(check_pool_reachability(pool.definition))
             run.results += check_pool_induction(pool.definition, options.lanes)
             if progress:
                 progress(f"{pool.definition.name}: induction over {options.lanes} lanes")
@@ -78,7 +86,8 @@ def run_checks(options: VerifyOptions, machines: Iterable[type[Machine]], pools:
             if options.machines and system.definition.name not in options.machines:
                 continue
             run.results += check_system(system.definition, requests=options.system_requests,
-                                        lanes=options.system_lanes, depth=options.system_depth, progress=progress)
+                                        lanes=options.system_lanes, depth=options.system_depth, progress=progress,
+                                        reach=not options.fast)
     run.seconds = time.process_time() - start
     return run
 

@@ -122,6 +122,7 @@ class _Unrolling:
         self.high_r: Any = z3.IntVal(-1)  # the highest request / lane touched so far (symmetry breaking)
         self.high_l: Any = z3.IntVal(-1)
         self.previous: tuple[Any, Any, Any, Any] | None = None
+        self.previous_stutter: Any = None
 
     def unroll(self, k: int) -> None:
         """Encode step ``k``: its options, the selector's constraints and frame ``k``."""
@@ -157,7 +158,14 @@ class _Unrolling:
         s = self.solver
         req_sel, lane_sel = z3.Int(f"req_sel_{k}"), z3.Int(f"lane_sel_{k}")
         touch_r, touch_l, local = z3.Bool(f"touch_r_{k}"), z3.Bool(f"touch_l_{k}"), z3.Bool(f"local_{k}")
-        s.add(sel >= 0, sel < len(options))
+        # sel == len(options) is a stutter: nothing moves, and nothing after it — so runs shorter
+        # than the depth (a system where no step is enabled) are searched too.
+        stutter = sel == len(options)
+        s.add(sel >= 0, sel <= len(options), z3.Implies(stutter, z3.And(z3.Not(touch_r), z3.Not(touch_l),
+                                                                          z3.Not(local))))
+        if self.previous_stutter is not None:
+            s.add(z3.Implies(self.previous_stutter, stutter))
+        self.previous_stutter = stutter
         for o, opt in enumerate(options):
             s.add(z3.Implies(sel == o, z3.And(
                 opt.enabled, req_sel == opt.i, lane_sel == opt.j, touch_r == (opt.involves != "lane"),
@@ -220,7 +228,10 @@ class _Unrolling:
         trace: list[dict[str, Any]] = [{"step": 0, "system": read_frame(m, sd, self.frames[0])}]
         for step in range(1, k + 1):
             sel, options = self.chosen[step - 1]
-            opt = options[m.eval(sel, model_completion=True).as_long()]
+            picked = m.eval(sel, model_completion=True).as_long()
+            if picked == len(options):  # the run ended before this depth
+                break
+            opt = options[picked]
             mv = next((mv for mv in opt.moves if z3.is_true(m.eval(mv.enabled, model_completion=True))),
                       opt.moves[0])
             trace.append({"step": step, "transition": opt.name_of(mv), "request": opt.i, "lane": opt.j,

@@ -41,6 +41,8 @@ This module is the entry point that runs them all; the symbolic system they shar
 from __future__ import annotations
 
 from calculet.invariants.checks import CheckResult, Progress
+from calculet.invariants.reachability import check_system_reachability
+from calculet.invariants.strength import check_system_witnesses
 from calculet.invariants.system_bmc import check_system_bmc
 from calculet.invariants.system_induction import check_system_induction, check_system_initiation, check_system_vacuity
 from calculet.machines.system import SystemDefinition
@@ -49,11 +51,16 @@ __all__ = ["check_system"]
 
 
 def check_system(sd: SystemDefinition, *, requests: int = 3, lanes: int = 3, depth: int = 6,
-                 progress: Progress | None = None) -> list[CheckResult]:
-    results = [check_system_initiation(sd, requests, lanes), *check_system_induction(sd, requests, lanes)]
+                 progress: Progress | None = None, reach: bool = True) -> list[CheckResult]:
+    """Every joint-system check; ``reach`` adds reachability of every step (≈10 s of CPU: the
+    full run does it, ``verify --fast`` keeps vacuity only)."""
+    results = [check_system_witnesses(sd), check_system_initiation(sd, requests, lanes),
+               *check_system_induction(sd, requests, lanes)]
     if progress:
         progress(f"{sd.name}: induction over {len(sd.variants)} step variants")
     results += check_system_vacuity(sd)
+    if reach:
+        results.append(check_system_reachability(sd))
     results.append(check_system_bmc(sd, requests, lanes, depth))
     if progress:
         progress(f"{sd.name}: bounded model checking to depth {depth}")

@@ -86,6 +86,8 @@ class T:
     ``choice=True`` marks a deliberate overlap with an earlier row of the same (state, event):
     the first enabled row in declaration order wins, and the determinism check allows it.
     ``emits`` names commands the engine executes through the adapter after the transition.
+    ``policy`` says why a guard is there when no property and no other row needs it (a policy
+    of the spec, not a safety rule): ``verify`` refuses a guard that is neither (issue #17).
     """
 
     source: State | tuple[State, ...]
@@ -97,6 +99,7 @@ class T:
     choice: bool = False
     emits: tuple[str, ...] = ()
     doc: str = ""
+    policy: str = ""
 
 
 @dataclass(frozen=True, eq=False)
@@ -116,6 +119,7 @@ class Transition:
     emits: tuple[str, ...]
     doc: str
     order: int
+    policy: str = ""
 
     def __repr__(self) -> str:
         return f"Transition({self.name})"
@@ -123,12 +127,18 @@ class Transition:
 
 @dataclass(eq=False)
 class Invariant:
-    """A named predicate over one state's variables that must hold in every reachable state."""
+    """A named predicate over one state's variables that must hold in every reachable state.
+
+    ``rejects``: negative witnesses — partial valuations (``{"state": ..., var: value}``; the rest
+    from the initial values and the first example) the predicate must be false on. ``verify``
+    checks each, so an invariant weakened until it accepts them fails loudly (issue #17).
+    """
 
     rid: str
     predicate: Callable[[Any], Any]
     doc: str = ""
     name: str = ""
+    rejects: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(eq=False)
@@ -144,6 +154,9 @@ class StepProperty:
     predicate: Callable[..., Any]
     doc: str = ""
     name: str = ""
+    # Negative witnesses: (pre, post) partial valuations — or (pre, post, row name) for a
+    # property that sees the step — the predicate must be false on.
+    rejects: tuple[tuple[Any, ...], ...] = ()
 
 
 @dataclass(frozen=True)

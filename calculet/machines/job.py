@@ -74,13 +74,13 @@ class DeviceJobMachine(Machine):
     ]
 
     invariants = [
-        Invariant("R4.7", name="delivered_only_when_completed",
+        Invariant("design", name="delivered_only_when_completed", rejects=({"state": "failed", "delivered": 1, "buffers_held": False},),
                   doc="results are delivered once, exactly by a completed job",
                   predicate=lambda v: (v.delivered == 1) == v.at("completed")),
-        Invariant("R14.3", name="buffers_held_until_device_done",
+        Invariant("R14.3", name="buffers_held_until_device_done", rejects=({"state": "timed_out", "buffers_held": False},),
                   doc="buffers stay allocated while the device may write them, and are released after",
                   predicate=lambda v: v.buffers_held == v.at("prepared", "submitted", "timed_out", "quarantined")),
-        StepProperty("R12.11", name="no_release_while_writable",
+        StepProperty("R12.11", name="no_release_while_writable", rejects=(({"state": "submitted", "buffers_held": True}, {"state": "timed_out", "buffers_held": False}),),
                      doc="a job still on the device (submitted) never releases its buffers without a completion",
                      predicate=lambda pre, post: Implies(And(pre.at("submitted"), Not(post.buffers_held)),
                                                          post.at("completed", "failed"))),

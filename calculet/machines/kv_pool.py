@@ -48,20 +48,22 @@ class KvLanePool(Pool):
     ]
 
     invariants = [
-        PoolInvariant("R9.2.1", "unique_owner_per_generation",
+        PoolInvariant("R9.2.1", "unique_owner_per_generation", rejects=({"params": {"max_kv_tokens": 8, "max_sequences": 2}, "lanes": [{"state": "reserved", "seq_id": 1, "generation": 1, "reserved_len": 1}, {"state": "reserved", "seq_id": 1, "generation": 1, "reserved_len": 1}]},),
                       doc="no two held lanes share a (seq_id, generation)",
                       predicate=lambda pool: And(*[
                           Implies(And(_held(pool.lanes[a]), _held(pool.lanes[b])),
                                   Not(And(pool.lanes[a].seq_id == pool.lanes[b].seq_id,
                                           pool.lanes[a].generation == pool.lanes[b].generation)))
                           for a in range(len(pool.lanes)) for b in range(a + 1, len(pool.lanes))])),
-        PoolInvariant("R5.1.2", "kv_tokens_within_budget",
+        PoolInvariant("R5.1.2", "kv_tokens_within_budget", rejects=({"params": {"max_kv_tokens": 2, "max_sequences": 2}, "lanes": [{"state": "reserved", "seq_id": 1, "generation": 1, "reserved_len": 3}]},),
                       doc="reserved tokens of all lanes never exceed max_kv_tokens",
                       predicate=lambda pool: _reserved_total(pool, range(len(pool.lanes))) <= pool.max_kv_tokens),
-        PoolInvariant("R5.1.2", "sequences_within_budget",
+        PoolInvariant("R5.1.2", "sequences_within_budget", rejects=({"params": {"max_kv_tokens": 8, "max_sequences": 1}, "lanes": [{"state": "reserved", "seq_id": 1, "generation": 1, "reserved_len": 1}, {"state": "reserved", "seq_id": 2, "generation": 1, "reserved_len": 1}]},),
                       doc="held lanes never exceed max_sequences",
                       predicate=lambda pool: _held_count(pool, range(len(pool.lanes))) <= pool.max_sequences),
-        PoolInvariant("R9.2.4", "batch_position_is_committed_len",
+        PoolInvariant("R9.2.4", "batch_position_is_committed_len", rejects=({"params": {"max_kv_tokens": 8, "max_sequences": 2},
+                                         "lanes": [{"state": "updating", "seq_id": 1, "generation": 1, "reserved_len": 3,
+                                                    "committed_len": 1, "pending": 1}], "ghosts": [{"position": 0}]},),
                       doc="while a lane's job is in flight, the position it was bound at equals its committed_len",
                       predicate=lambda pool: And(*[
                           Implies(pool.lanes[j].at("updating"), pool.ghost(j, "position") == pool.lanes[j].committed_len)

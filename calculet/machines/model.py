@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from calculet.logic.expr import And, Implies, Not
+from calculet.logic.expr import And, If, Implies, Not
 from calculet.logic.types import Bool, Int
 from calculet.machines.core import Machine
 from calculet.machines.definition import Event, Invariant, Param, State, StepProperty, T, Var
@@ -41,6 +41,8 @@ class ModelMachine(Machine):
     active_requests = Var(Int(ge=0), doc="requests pinned to this generation and not yet terminal")
     inflight_jobs = Var(Int(ge=0), doc="jobs submitted to the device and not yet drained")
     buffers = Var(Bool(), doc="device resources of step 7 exist")
+    in_doubt = Var(Int(ge=0), doc="submitted jobs a fault or the drain deadline left in doubt: the device may "
+                                  "still write them, and only a reset or their own late end settles them")
 
     unloaded = State(initial=True)
     validating = State(doc="steps 1–4: trusted path, signature and hashes, static checks, capacity plan")
@@ -87,46 +89,58 @@ class ModelMachine(Machine):
                       effect=lambda v: {"inflight_jobs": v.inflight_jobs + 1}),
         *_self_loops((ready, draining, recovering), job_finished,
                       guard=lambda v: v.inflight_jobs >= 1,
-                      effect=lambda v: {"inflight_jobs": v.inflight_jobs - 1}),
+                      effect=lambda v: {"inflight_jobs": v.inflight_jobs - 1,
+                                        "in_doubt": If(v.in_doubt >= v.inflight_jobs, v.inflight_jobs - 1, v.in_doubt)}),
         T(ready, drain, draining),
         T(draining, drained, unloading,
           guard=lambda v: And(v.active_requests == 0, v.inflight_jobs == 0)),
-        T(draining, drain_deadline, recovering, guard=lambda v: v.inflight_jobs >= 1),
-        T((ready, draining), fault, recovering),
-        T(recovering, reset, recovering, effect=lambda v: {"inflight_jobs": 0}),
-        T(recovering, recovered, ready, guard=lambda v: v.inflight_jobs == 0),
+        T(draining, drain_deadline, recovering, guard=lambda v: v.inflight_jobs >= 1,
+          effect=lambda v: {"in_doubt": v.inflight_jobs},
+          policy="§12: the deadline matters only while jobs are still submitted; with none the drain ends"),
+        T((ready, draining), fault, recovering, effect=lambda v: {"in_doubt": v.inflight_jobs}),
+        T(recovering, reset, recovering, effect=lambda v: {"inflight_jobs": 0, "in_doubt": 0}),
+        T(recovering, recovered, ready, guard=lambda v: v.in_doubt == 0),
         T(recovering, give_up, failed, guard=lambda v: v.inflight_jobs == 0),
         T(recovering, resume_unload, unloading,
           guard=lambda v: And(v.inflight_jobs == 0, v.active_requests == 0)),
         T(failed, drain, unloading, name="unload_failed",
           guard=lambda v: v.active_requests == 0),
-        T(unloading, freed, unloading, guard=lambda v: v.buffers, effect=lambda v: {"buffers": False}),
+        T(unloading, freed, unloading, guard=lambda v: v.buffers, effect=lambda v: {"buffers": False},
+          policy="§12 step 12 destroys what step 7 created, once: a second free is refused, not repeated"),
         T(unloading, verified, unloaded, guard=lambda v: Not(v.buffers)),
     ]
 
     invariants = [
-        Invariant("R12.10", name="no_free_with_inflight",
+        Invariant("R12.10", name="no_free_with_inflight", rejects=({"state": "ready", "inflight_jobs": 1, "buffers": False},),
                   doc="while any job is in flight its buffers exist (a forced delete is not a cancel)",
                   predicate=lambda v: Implies(v.inflight_jobs >= 1, v.buffers)),
-        Invariant("R3.3", name="serving_has_resources",
+        Invariant("R3.3", name="serving_has_resources", rejects=({"state": "ready", "buffers": False},),
                   doc="from warm-up until unload, the generation owns its device resources",
                   predicate=lambda v: Implies(v.at("warming", "ready", "draining", "recovering", "failed"),
                                               v.buffers)),
-        Invariant("R12.9", name="unloaded_is_clean",
+        Invariant("R12.9", name="unloaded_is_clean", rejects=({"state": "unloaded", "buffers": True}, {"state": "warming", "buffers": True, "active_requests": 1}),
                   doc="before step 7 nothing is on the device; before Ready nothing is pinned or in flight",
                   predicate=lambda v: And(
                       Implies(v.at("unloaded", "validating", "configuring"), Not(v.buffers)),
                       Implies(v.at("unloaded", "validating", "configuring", "warming"),
                               And(v.active_requests == 0, v.inflight_jobs == 0)))),
-        Invariant("R12.5", name="unloading_is_idle",
+        Invariant("R12.3", name="unloading_is_idle", rejects=({"state": "unloading", "inflight_jobs": 1, "buffers": True},),
                   doc="cleanup runs only when no request is pinned and no job is in flight",
                   predicate=lambda v: Implies(v.at("unloading", "failed"), And(
                       v.inflight_jobs == 0, Implies(v.at("unloading"), v.active_requests == 0)))),
-        StepProperty("R12.11", name="buffers_freed_only_when_idle",
+        Invariant("R12.10", name="ready_only_with_no_job_in_doubt",
+                  doc="jobs are in doubt only while Recovering, where every in-flight job is; a generation serves "
+                      "(Ready) again only once none is (§12, §15: reset per the contract or each job's own end)",
+                  predicate=lambda v: And(v.in_doubt <= v.inflight_jobs,
+                                          Implies(v.at("recovering"), v.in_doubt == v.inflight_jobs),
+                                          Implies(Not(v.at("recovering")), v.in_doubt == 0)),
+                  rejects=({"state": "ready", "inflight_jobs": 1, "in_doubt": 1, "buffers": True},
+                           {"state": "recovering", "inflight_jobs": 2, "in_doubt": 1, "buffers": True})),
+        StepProperty("R12.11", name="buffers_freed_only_when_idle", rejects=(({"state": "unloading", "buffers": True, "inflight_jobs": 1}, {"buffers": False}),),
                      doc="no transition frees device resources while a job is in flight",
                      predicate=lambda pre, post: Implies(And(pre.buffers, Not(post.buffers)),
                                                          pre.inflight_jobs == 0)),
-        StepProperty("R12.2", name="admission_only_when_ready",
+        StepProperty("R12.2", name="admission_only_when_ready", rejects=(({"state": "draining", "active_requests": 0}, {"active_requests": 1}),),
                      doc="new requests are pinned only to a Ready generation",
                      predicate=lambda pre, post: Implies(post.active_requests > pre.active_requests,
                                                          pre.at("ready"))),

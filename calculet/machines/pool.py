@@ -15,7 +15,7 @@ pairs); that is what lets the induction move only instance 0.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Mapping
 
 from calculet.logic.types import Int
 from calculet.machines.core import Machine
@@ -38,10 +38,14 @@ class PoolOp:
 
 @dataclass(frozen=True)
 class PoolInvariant:
+    """A pool predicate; ``rejects`` are negative witnesses (``{"params": {...}, "lanes": [{...}],
+    "ghosts": [{...}]}``, partial; lanes default to the instance's initial state) it must be false on."""
+
     rid: str
     name: str
     predicate: Callable[[Any], Any]
     doc: str = ""
+    rejects: tuple[Mapping[str, Any], ...] = ()
 
 
 class PoolView:

@@ -170,10 +170,10 @@ class RequestMachine(Machine):
     ]
 
     invariants = [
-        Invariant("R4.6", name="terminal_closed_once",
+        Invariant("R4.6", name="terminal_closed_once", rejects=({"state": "completed", "closes": 0},),
                   doc="the stream is closed exactly once, when a terminal state is entered",
                   predicate=lambda v: v.closes == If(is_terminal(v), 1, 0)),
-        Invariant("R2.3", name="finish_reason_matches_state",
+        Invariant("R2.3", name="finish_reason_matches_state", rejects=({"state": "decode_ready", "finish_reason": FinishReason.STOP},),
                   doc="a finish reason exists exactly when the request is finishing or ended, and fits the state",
                   predicate=lambda v: And(
                       Implies(Or(is_waiting(v), is_ready(v), is_running(v)), v.finish_reason == FinishReason.NONE),
@@ -182,20 +182,20 @@ class RequestMachine(Machine):
                       Implies(v.at("cancelled"), v.finish_reason == FinishReason.CANCELLED),
                       Implies(v.at("failed"), In(v.finish_reason, (
                           FinishReason.ERROR, FinishReason.DEADLINE, FinishReason.REJECTED))))),
-        Invariant("R4.8", name="job_only_while_running",
+        Invariant("R4.8", name="job_only_while_running", rejects=({"state": "decode_ready", "job_id": 3},),
                   doc="a request names an in-flight job exactly while one runs",
                   predicate=lambda v: (v.job_id >= 1) == is_running(v)),
-        Invariant("R4.5", name="flags_only_while_running",
+        Invariant("R4.5", name="flags_only_while_running", rejects=({"state": "decode_ready", "cancel_requested": True},),
                   doc="cancel/deadline flags exist only while a job drains",
                   predicate=lambda v: Implies(Or(v.cancel_requested, v.deadline_passed), is_running(v))),
-        Invariant("R10.3", name="pinned_exactly_after_bind",
+        Invariant("R10.3", name="pinned_exactly_after_bind", rejects=({"state": "prefill_ready", "generation": 0}, {"state": "waiting_model", "generation": 1}),
                   doc="a request is pinned to a generation from bind on, and not before",
                   predicate=lambda v: And(Implies(Or(is_admitted(v), v.at("waiting_admission")), v.generation >= 1),
                                           Implies(v.at("new", "waiting_model"), v.generation == 0))),
-        Invariant("R5.1.4", name="admitted_fits_context",
+        Invariant("R5.1.4", name="admitted_fits_context", rejects=({"state": "prefill_ready", "prompt_tokens": 6, "max_new_tokens": 4, "max_seq": 8},),
                   doc="an admitted request can never exceed the context",
                   predicate=lambda v: Implies(is_admitted(v), v.prompt_tokens + v.max_new_tokens <= v.max_seq)),
-        Invariant("R9.2.4", name="kv_length_tracks_tokens",
+        Invariant("R9.2.4", name="kv_length_tracks_tokens", rejects=({"state": "decode_ready", "generated_tokens": 1, "kv_length": 5},),
                   doc="after prefill, kv_length = prompt + generated - 1 (the last token is not yet in KV)",
                   predicate=lambda v: And(
                       Implies(is_decoding(v), And(v.generated_tokens >= 1,
@@ -203,11 +203,11 @@ class RequestMachine(Machine):
                       Implies(Or(is_waiting(v), v.at("prefill_ready", "prefill_running")),
                               And(v.generated_tokens == 0, v.kv_length == 0)),
                       v.generated_tokens <= v.max_new_tokens)),
-        Invariant("R7.2.1", name="decoding_has_budget",
+        Invariant("R5.1.4", name="decoding_has_budget", rejects=({"state": "decode_ready", "generated_tokens": 3, "kv_length": 4},),
                   doc="a request in decode has tokens left to produce and room in the context",
                   predicate=lambda v: Implies(v.at("decode_ready", "decode_running"), And(
                       v.generated_tokens < v.max_new_tokens, v.kv_length + 1 <= v.max_seq))),
-        StepProperty("R10.3", name="generation_fixed",
+        StepProperty("R10.3", name="generation_fixed", rejects=(({"state": "decode_ready", "generation": 1}, {"generation": 2}),),
                      doc="once bound, the generation never changes (no switch when the alias moves)",
                      predicate=lambda pre, post: Implies(pre.generation >= 1, post.generation == pre.generation)),
     ]

@@ -205,7 +205,7 @@ class RequestLaneSystem(CoupledSystem):
 
     invariants = [
         SystemInvariant(
-            "R9.2.1", "holding_request_owns_one_lane",
+            "R9.2.1", "holding_request_owns_one_lane", rejects=({"requests": [{"state": "prefill_ready", "generation": 1}], "binding": [NONE]},),
             doc="an admitted request that has not ended holds exactly one lane, which it owns (held, same "
                 "seq_id and generation); no other held lane names it",
             predicate=lambda sys: sys.all_requests(lambda i: Implies(
@@ -216,21 +216,28 @@ class RequestLaneSystem(CoupledSystem):
                     *[Implies(And(Not(sys.lanes[j].at("free")), owns(sys, i, j)), sys.bound(i, j))
                       for j in range(len(sys.lanes))])))),
         SystemInvariant(
-            "R9.2.2", "lane_bound_at_most_once",
+            "R9.2.2", "lane_bound_at_most_once", rejects=({"requests": [{"state": "prefill_ready", "generation": 1}, {"state": "prefill_ready", "generation": 1}],
+                                "lanes": [{"state": "reserved", "seq_id": 1, "generation": 1, "reserved_len": 4}],
+                                "binding": [0, 0], "seq": [1, 2]},),
             doc="no lane is bound to two requests (a lane is not reused while its sequence lives)",
             predicate=lambda sys: And(*[
                 Not(And(sys.bound(a, j), sys.bound(b, j)))
                 for a in range(len(sys.requests)) for b in range(a + 1, len(sys.requests))
                 for j in range(len(sys.lanes))])),
         SystemInvariant(
-            "R9.2.4", "decode_position_is_committed_len",
+            "R9.2.4", "decode_position_is_committed_len", rejects=({"requests": [{"state": "decode_ready", "generation": 1, "generated_tokens": 1,
+                                                    "kv_length": 2}],
+                                       "lanes": [{"state": "active", "seq_id": 1, "generation": 1, "reserved_len": 5,
+                                                  "committed_len": 1}], "binding": [0], "seq": [1]},),
             doc="a decoding request's kv_length (the position its next token is fed at) equals its lane's "
                 "committed_len",
             predicate=lambda sys: sys.all_pairs(lambda i, j: Implies(
                 And(_decoding(sys.requests[i]), sys.bound(i, j)),
                 sys.requests[i].kv_length == sys.lanes[j].committed_len))),
         SystemInvariant(
-            "R17.2.4", "ended_request_holds_no_lane",
+            "R17.2.4", "ended_request_holds_no_lane", rejects=({"requests": [{"state": "cancelled", "generation": 1}],
+                                   "lanes": [{"state": "reserved", "seq_id": 1, "generation": 1, "reserved_len": 4}],
+                                   "binding": [NONE], "seq": [1]},),
             doc="a request that has ended (Finishing or terminal) is bound to no lane, and no Reserved, Active "
                 "or Updating lane names it: its lane is Releasing, Unknown or Free",
             predicate=lambda sys: sys.all_requests(lambda i: Implies(
@@ -238,24 +245,30 @@ class RequestLaneSystem(CoupledSystem):
                 And(sys.unbound(i), *[Not(And(is_working(sys.lanes[j]), owns(sys, i, j)))
                                       for j in range(len(sys.lanes))])))),
         SystemInvariant(
-            "R9.2.6", "unknown_lane_unbound",
+            "R9.2.6", "unknown_lane_unbound", rejects=({"requests": [{"state": "decode_ready", "generation": 1}],
+                            "lanes": [{"state": "unknown", "seq_id": 1, "generation": 1, "reserved_len": 4}],
+                            "binding": [0], "seq": [1]},),
             doc="an Unknown lane is bound to no request (so none that can still be scheduled): the step "
                 "that faults it ends and detaches its request",
             predicate=lambda sys: sys.all_pairs(lambda i, j: Implies(sys.bound(i, j), Not(sys.lanes[j].at("unknown"))))),
         SystemInvariant(
-            "R9.2.2", "free_lane_unbound",
+            "R9.2.2", "free_lane_unbound", rejects=({"requests": [{"state": "decode_ready", "generation": 1}], "binding": [0], "seq": [1]},),
             doc="a Free lane is bound to no request",
             predicate=lambda sys: sys.all_pairs(lambda i, j: Implies(sys.bound(i, j), Not(sys.lanes[j].at("free"))))),
         # Strengthenings: the six properties above are not inductive alone; each of these rules
         # out the counterexample to induction named in its `strengthening` note.
         SystemInvariant(
-            "R2.4", "bound_exactly_while_holding",
+            "R2.4", "bound_exactly_while_holding", rejects=({"requests": [{"state": "new"}],
+                                   "lanes": [{"state": "reserved", "seq_id": 1, "generation": 1, "reserved_len": 4}],
+                                   "binding": [0], "seq": [1]},),
             doc="a request has a lane (SequenceState.hardware_lane) exactly from admission until it ends",
             strengthening="a New request bound to some lane was rejected and ended still bound "
                           "(ended_request_holds_no_lane broke on reject@new)",
             predicate=lambda sys: sys.all_requests(lambda i: Not(sys.unbound(i)) == is_holding(sys.requests[i]))),
         SystemInvariant(
-            "R9.2.1", "unadmitted_request_named_by_no_lane",
+            "R9.2.1", "unadmitted_request_named_by_no_lane", rejects=({"requests": [{"state": "waiting_admission", "generation": 1}],
+                                           "lanes": [{"state": "reserved", "seq_id": 1, "generation": 1,
+                                                      "reserved_len": 4}], "binding": [NONE], "seq": [1]},),
             doc="no held lane names a request that has not been admitted (seq ids are fresh)",
             strengthening="a waiting request whose seq a held lane already named was admitted to a second lane "
                           "(holding_request_owns_one_lane broke on admit), or ended while a Reserved lane named it "
@@ -264,7 +277,9 @@ class RequestLaneSystem(CoupledSystem):
                 is_waiting(sys.requests[i]),
                 Not(And(Not(sys.lanes[j].at("free")), sys.lanes[j].seq_id == sys.seq[i]))))),
         SystemInvariant(
-            "R9.2.5", "request_and_lane_phases_agree",
+            "R9.2.5", "request_and_lane_phases_agree", rejects=({"requests": [{"state": "prefill_ready", "generation": 1}],
+                                     "lanes": [{"state": "active", "seq_id": 1, "generation": 1, "reserved_len": 4,
+                                                "committed_len": 1}], "binding": [0], "seq": [1]},),
             doc="a job is in flight for the request exactly when its lane is Updating: PrefillReady ↔ "
                 "Reserved, PrefillRunning ↔ Updating or Active between chunks, DecodeReady ↔ Active, "
                 "DecodeRunning ↔ Updating with one pending token",

@@ -58,7 +58,8 @@ def resolve(declaration: type) -> Definition:
     _check_names(name, params, variables, events)
     initial, terminal = _initial_and_terminal(name, states)
     transitions = _resolve_rows(name, getattr(declaration, "transitions", ()), states, events)
-    invariants, all_steps = _properties(name, getattr(declaration, "invariants", ()), terminal, variables)
+    invariants, all_steps = _properties(name, getattr(declaration, "invariants", ()), terminal, variables,
+                                        list(states))
     steps = tuple(sp for sp in all_steps if not _sees_step(name, sp))
     event_steps = tuple(sp for sp in all_steps if _sees_step(name, sp))
     groups = _groups(name, states, terminal)
@@ -150,7 +151,7 @@ def _resolve_rows(name: str, rows: Iterable[Any], states: dict[str, State],
                 name=tname, machine=name, source=src.name, event=row.event.name,
                 target=row.target.name, guard=row.guard, guard_args=guard_args,
                 effect=row.effect, effect_args=effect_args, choice=row.choice,
-                emits=tuple(row.emits), doc=row.doc, order=order))
+                emits=tuple(row.emits), doc=row.doc, order=order, policy=row.policy))
     return tuple(resolved)
 
 
@@ -191,8 +192,8 @@ def _row_name(row: T, src: State, n_sources: int, seen_names: set[str]) -> str:
     return base if base not in seen_names else f"{base}->{row.target.name}"
 
 
-def _properties(name: str, declared: Iterable[Any], terminal: frozenset[str],
-                variables: dict[str, Var]) -> tuple[tuple[Invariant, ...], tuple[StepProperty, ...]]:
+def _properties(name: str, declared: Iterable[Any], terminal: frozenset[str], variables: dict[str, Var],
+                states_order: Iterable[str] = ()) -> tuple[tuple[Invariant, ...], tuple[StepProperty, ...]]:
     """The declared invariants and step properties, then the derived ones."""
     invariants: list[Invariant] = []
     steps: list[StepProperty] = []
@@ -212,16 +213,32 @@ def _properties(name: str, declared: Iterable[Any], terminal: frozenset[str],
     # A terminal state is entered once and never left (§4): derived, so that a checker given a
     # mutated copy (a row out of a terminal state) reports it as a broken property.
     if terminal:
+        some_terminal = sorted(terminal)[0]
+        leaving = next(s for s in states_order if s not in terminal)
         steps.append(StepProperty(
             rid="R4.6", name="terminal_is_final", doc="a terminal state is never left",
-            predicate=_terminal_predicate(tuple(sorted(terminal)))))
+            predicate=_terminal_predicate(tuple(sorted(terminal))),
+            rejects=(({"state": some_terminal}, {"state": leaving}),)))
     # Declared bounds are invariants too: they are proved and monitored like any other.
     for var in variables.values():
         if var.type.constraint(var.type.symbol(var.name)) is not None:
             invariants.append(Invariant(
                 rid="type", name=f"bounds_{var.name}", doc=f"{var.name} stays {var.type.describe()}",
-                predicate=_bounds_predicate(var)))
+                predicate=_bounds_predicate(var), rejects=_out_of_bounds(var)))
     return tuple(invariants), tuple(steps)
+
+
+def _out_of_bounds(var: Var) -> tuple[dict[str, Any], ...]:
+    """A value just outside each declared bound of ``var`` (the derived invariant's witnesses)."""
+    typ: Any = var.type
+    if isinstance(typ, EnumType):
+        return ({var.name: max(int(m) for m in typ.enum_cls) + 1},)
+    out = []
+    if getattr(typ, "ge", None) is not None:
+        out.append({var.name: typ.ge - 1})
+    if getattr(typ, "le", None) is not None:
+        out.append({var.name: typ.le + 1})
+    return tuple(out)
 
 
 def _terminal_predicate(terminal: tuple[str, ...]) -> Callable[[Any, Any], Any]:

@@ -91,6 +91,9 @@ class SystemInvariant:
     predicate: Callable[[Any], Any]
     doc: str = ""
     strengthening: str = ""
+    # Negative witnesses: {"requests": [{...}], "lanes": [{...}], "binding": [...], "seq": [...]},
+    # partial (instances default to their initial state), the predicate must be false on.
+    rejects: tuple[Mapping[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, eq=False)

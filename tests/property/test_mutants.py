@@ -228,3 +228,116 @@ def test_a_derived_copy_without_edits_is_accepted():
     copy = derive(KvSequenceMachine, "KvCopy", lambda rows, d: rows)
     assert len(rows_of(copy)) == len(KvSequenceMachine.definition.transitions)
     assert all(r.ok for r in check_machine(copy.definition))
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue #17: one seeded fault per class of bug that got past the checks before, each with what
+# rejects it now. Each `reject` returns the names the rejecting check reports.
+
+def _weakened_lengths(props):
+    """lengths_ordered without its `reserved_len <= max_seq` half (the rule reserve's guard keeps)."""
+    return [dataclasses.replace(p, predicate=lambda v: v.committed_len + v.pending <= v.reserved_len)
+            if p.name == "lengths_ordered" else p for p in props]
+
+
+def _reject_by_witnesses(machine):
+    from calculet.invariants.strength import check_witnesses
+    result = check_witnesses(machine.definition)
+    assert not result.ok
+    return set(result.broken)
+
+
+def _reject_by_pool_vacuity(pool):
+    from calculet.invariants.reachability import check_pool_reachability, check_pool_vacuity
+    dead = {r.subject for r in check_pool_vacuity(pool.definition) if not r.ok}
+    reach = check_pool_reachability(pool.definition)
+    assert not reach.ok and "reserve@free" in reach.broken, reach.detail
+    return dead
+
+
+def _reject_by_consecution(machine):
+    failures = [r for r in check_machine(machine.definition, include=["consecution"]) if not r.ok]
+    return {name for r in failures for name in r.broken}
+
+
+def _reject_by_index_monitor(_):
+    """A KvLaneManager whose confirm_release leaves (generation, seq) -> lane behind: the index
+    monitor (kv_checks, on in every test) raises at the stale confirm."""
+    from calculet.clock import FakeClock
+    from calculet.machines.errors import InvariantViolation
+    from calculet.runtime.scheduling.kv import KvLaneManager
+
+    class StaleIndexManager(KvLaneManager):
+        def _checked(self, operation):
+            if operation == "confirm_release":
+                self._by_seq[(1, 1)] = 0  # the fault: the released sequence still maps to its lane
+            super()._checked(operation)
+
+    kv = StaleIndexManager(2, 8, clock=FakeClock())
+    lease = kv.reserve(1, 4, seq_id=1)
+    command = kv.release(lease)
+    with pytest.raises(InvariantViolation) as caught:
+        kv.confirm_release(command.lane, command.seq_id)
+    return {caught.value.invariant}
+
+
+def _unflagged_completed():
+    d = RequestMachine.definition
+    completed = d.states["completed"]
+    from calculet.machines.definition import State
+    return {"completed": State(terminal=False, doc=completed.doc, groups=completed.groups)}
+
+
+CLASS_MUTANTS = [
+    # 1. an invariant weakened together with the guard it protects
+    ("WeakenedWithItsGuard", "reserve drops tokens <= max_seq and lengths_ordered drops reserved_len <= max_seq",
+     lambda: derive(KvSequenceMachine, "WeakenedWithItsGuard",
+                    lambda rows, d: replace_row(rows, "reserve@free", guard=None), properties=_weakened_lengths),
+     _reject_by_witnesses, "lengths_ordered"),
+    # 2. vacuity in the pool: a pool guard that can never hold (a variable typed for another)
+    ("PoolDeadReserve", "reserve's budget compares against the other lanes' total instead of max_kv_tokens",
+     lambda: derive_pool(KvLanePool, "PoolDeadReserve", [PoolOp(
+         "reserve", guard=lambda pool, i, seq, gen, tokens: And(
+             _reserved_total(pool, pool.others(i)) + tokens <= _reserved_total(pool, pool.others(i)),
+             _held_count(pool, pool.others(i)) + 1 <= pool.max_sequences))]),
+     _reject_by_pool_vacuity, "reserve@free"),
+    # 3. two sources of truth for "terminal": unflag a state and add a way out of it
+    ("UnflaggedTerminal", "completed is no longer flagged terminal and a cancel leaves it",
+     lambda: derive(RequestMachine, "UnflaggedTerminal",
+                    lambda rows, d: rows + [T(d.states["completed"], d.events["cancel"], d.states["cancelled"],
+                                              effect=lambda v: {"finish_reason": FinishReason.CANCELLED},
+                                              name="cancel@completed")],
+                    states=_unflagged_completed()),
+     _reject_by_consecution, "terminal_closed_once"),
+    # 4. commit and abort look the same: abort commits the pending tokens
+    ("AbortCommits", "abort_to_active adds the pending tokens to committed_len",
+     lambda: derive(KvSequenceMachine, "AbortCommits",
+                    lambda rows, d: replace_row(rows, "abort_to_active", effect=lambda v: {
+                        "committed_len": v.committed_len + v.pending, "pending": 0})),
+     _reject_by_consecution, "abort_keeps_committed"),
+    # 5. a model declared Ready while jobs are in doubt
+    ("ReadyWithJobsInDoubt", "recovered fires with jobs still in doubt",
+     lambda: derive(ModelMachine, "ReadyWithJobsInDoubt",
+                    lambda rows, d: replace_row(rows, "recovered@recovering", guard=None)),
+     _reject_by_consecution, "ready_only_with_no_job_in_doubt"),
+    # 6. state outside the machines: an index left stale after a confirmed release
+    ("StaleSeqIndex", "KvLaneManager keeps (generation, seq) -> lane after the release is confirmed",
+     lambda: None, _reject_by_index_monitor, "index_seq_names_the_held_lanes"),
+]
+
+
+@pytest.mark.req("R17.2.3", "R9.2.3", "R9.2.5", "R4.6", "R12.10", "R9.2.1")
+@pytest.mark.parametrize("name, description, build, reject, expected", CLASS_MUTANTS, ids=[m[0] for m in CLASS_MUTANTS])
+def test_issue_17_fault_class_is_rejected(name, description, build, reject, expected):
+    """Each of the six classes of issue #17 has a seeded fault, and the check named in its row
+    rejects it, naming the property (or dead row, or index) it breaks."""
+    assert expected in reject(build()), f"{name} ({description}) was not rejected naming {expected}"
+
+
+def test_issue_17_faults_pass_the_old_checks_where_they_did():
+    """The faults are real: the first passes every per-machine proof (only the witness check sees
+    it), and the dead pool guard passes pool induction (vacuously)."""
+    weakened = CLASS_MUTANTS[0][2]()
+    assert all(r.ok for r in check_machine(weakened.definition, include=["initiation", "consecution"]))
+    dead = CLASS_MUTANTS[1][2]()
+    assert all(r.ok for r in check_pool_induction(dead.definition, 4))
