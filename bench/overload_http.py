@@ -57,7 +57,8 @@ STREAM_PROMPT = "stream 2"
 """Its 32 greedy tokens on the bundled byte-level model each render text, so the client sees one SSE
 chunk per token (a token that renders none — a special id, part of a UTF-8 sequence — would merge
 two gaps into one); the table counts such silent tokens, so a changed model shows up."""
-MODEL = "qwen3"
+MODEL = "tiny-random"
+"""The bundled model's alias (#18: random weights and a BPE tokenizer; ``qwen3`` would name a real model)."""
 COUNTERS = ("calculet_request_goodput", "calculet_device_busy_seconds", "calculet_request_wasted_device_seconds",
             "calculet_scheduler_on_time_shed", "calculet_scheduler_on_time_refused")
 
