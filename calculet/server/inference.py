@@ -63,7 +63,7 @@ from calculet.server.schemas import (
     Usage,
 )
 from calculet.server.service import Service
-from calculet.server.timed_stream import TextFrames, TimedStream
+from calculet.server.timed_stream import TextFrames, TimedStream, sse_json
 
 log = logging.getLogger("calculet.server.inference")
 
@@ -325,7 +325,7 @@ async def _collect(service: Service, request: Request, stream: TimedStream,
 
 
 def _sse_line(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+    return f"data: {sse_json(payload)}\n\n"
 
 
 async def _sse(service: Service, request: Request, stream: TimedStream, rid: int, gen: ApiGeneration, response_id: str,

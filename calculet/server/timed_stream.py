@@ -81,8 +81,17 @@ class TextFrames:
         return self._prefix + _dumps(text) + self._suffix
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+_LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
 
-__all__ = ["TextFrames", "TimedStream"]
+def sse_json(value: Any) -> str:
+    """``value`` as the JSON of one SSE ``data:`` line. Characters that ``str.splitlines`` takes for line breaks
+    (NEL, U+2028, U+2029; JSON already escapes the control ones) are written as escapes: clients that split a
+    stream with it (httpx's ``iter_lines``, GuideLLM) otherwise cut a chunk in two (#14)."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).translate(_LINE_BREAKS)
+
+
+_dumps = sse_json
+
+
+__all__ = ["TextFrames", "TimedStream", "sse_json"]

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from calculet.server.timed_stream import TextFrames
+from calculet.server.timed_stream import TextFrames, sse_json
 
 
 def _chunk(text: str, chat: bool) -> dict[str, Any]:
@@ -25,8 +25,11 @@ def _chunk(text: str, chat: bool) -> dict[str, Any]:
 @given(text=st.text(min_size=1), chat=st.booleans())
 def test_a_frame_is_the_json_of_the_whole_chunk(text: str, chat: bool) -> None:
     frames = TextFrames(_chunk(TextFrames.SLOT, chat))
-    expected = "data: " + json.dumps(_chunk(text, chat), ensure_ascii=False, separators=(",", ":")) + "\n\n"
-    assert frames.frame(text) == expected
+    expected = "data: " + sse_json(_chunk(text, chat)) + "\n\n"
+    frame = frames.frame(text)
+    assert frame == expected
+    line = frame[len("data: "):-2]  # one line for any splitter, str.splitlines too (#14), and the chunk's JSON
+    assert line.splitlines() == [line] and json.loads(line) == _chunk(text, chat)
 
 
 def test_a_chunk_without_exactly_one_slot_is_refused() -> None:
