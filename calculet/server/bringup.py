@@ -83,8 +83,17 @@ class BroughtUp:
     def offered(self) -> OfferedContract:
         """The capability contract the service may offer (above C3 only with passing evidence)."""
         info = self.engine.model_info()
-        return offered_capabilities(self.engine.capabilities(), self.evidence,
-                                    device=self.device.name if self.device else "", package_sha256=info.package_sha256)
+        offered = offered_capabilities(self.engine.capabilities(), self.evidence,
+                                       device=self.device.name if self.device else "",
+                                       package_sha256=info.package_sha256)
+        if self.evidence is not None and offered.evidence_problem is not None:
+            log.warning("conformance evidence not used", extra={"reason": offered.evidence_problem})
+        for name, why in offered.refused.items():
+            log.warning("capability refused above C3", extra={"capability": name, "reason": why})
+        if offered.earned:
+            log.info("capabilities earned by conformance evidence",
+                     extra={"earned": {k: v.value for k, v in offered.earned.items()}})
+        return offered
 
     @property
     def package(self) -> str:
