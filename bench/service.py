@@ -1,5 +1,8 @@
 """Cost of the HTTP layer, and streaming latency at a realistic device cost (a benchmark).
 
+Part 0, the host's CPU per streamed token beside a bare SSE server (issue #20), is
+``bench/host_path.py``; it starts its servers with :class:`Server` from here.
+
 Part 1 — the HTTP layer at zero device cost (``CostModel.instant()``): the same requests go
 (a) straight into an in-process ``ThreadedEngine`` (submit + wait for the stream to close) and (b)
 through ``python -m calculet.run`` over HTTP (a subprocess on 127.0.0.1; an httpx client in
@@ -35,15 +38,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from queue import Empty, Queue
-from typing import Any
 
 import httpx
-from fastapi import FastAPI, Request
-from fastapi.responses import StreamingResponse
 import numpy as np
 
 from calculet.adapters.sim import CostModel, SimCalRT, SimConfig, TimeMode, package_dir
@@ -112,6 +112,9 @@ class Server:
                 self.url = f"http://127.0.0.1:{record['port']}"
                 break
         self._drain = lines
+        if cost:  # calculet (not the baseline): ask for the served model's id (the bundled default changes)
+            global SERVED_MODEL
+            SERVED_MODEL = httpx.get(f"{self.url}/v1/models", timeout=60).json()["data"][0]["id"]
 
     def cpu_s(self) -> float:
         """CPU time (user + system, all threads) the server process has used so far."""
@@ -127,196 +130,6 @@ def process_cpu_s(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` (every thread, finished ones included)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-# ---------------------------------------------------------------------------------------------
-# part 0: host CPU per streamed token, beside a bare SSE server (issue #20)
-# ---------------------------------------------------------------------------------------------
-
-
-def baseline_app() -> Any:
-    """The bare baseline: FastAPI streaming the same OpenAI-style ``text_completion`` SSE chunks
-    as calculet (one per token, a finish chunk, ``[DONE]``), with no scheduling, model or engine —
-    what any Python SSE endpoint on this stack costs per token."""
-    app = FastAPI()
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> StreamingResponse:
-        body = await request.json()
-        n = int(body.get("max_tokens", 16))
-        head = {"id": "cmpl-" + os.urandom(16).hex(), "created": int(time.time()), "model": body["model"],
-                "system_fingerprint": "baseline", "object": "text_completion"}
-
-        async def events() -> AsyncIterator[str]:
-            token = 17
-            for i in range(n):
-                token = (token * 131 + i * 71 + 17) % 95 + 32  # printable ASCII, one per token
-                choice = {"index": 0, "text": chr(token), "finish_reason": None, "logprobs": None}
-                yield f"data: {json.dumps({**head, 'choices': [choice]}, separators=(',', ':'))}\n\n"
-                await asyncio.sleep(0)  # one token per loop turn, as a stream fed by a device would
-            choice = {"index": 0, "text": "", "finish_reason": "length", "logprobs": None}
-            yield f"data: {json.dumps({**head, 'choices': [choice]}, separators=(',', ':'))}\n\n"
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-    return app
-
-
-def profiled_server(out: str, argv: Sequence[str]) -> None:
-    """``calculet.run`` with cProfile on in every thread (the engine's actor, the device worker and
-    the HTTP loop), merged into ``out`` when the server stops."""
-    import cProfile
-    import pstats
-
-    from calculet import run
-
-    profiles: list[cProfile.Profile] = []
-
-    def start(*_: object) -> None:
-        profile = cProfile.Profile(time.thread_time)  # CPU time of the thread it profiles
-        profiles.append(profile)
-        profile.enable()
-
-    threading.setprofile(start)
-    start()
-    try:
-        run.main(argv)
-    finally:
-        stats = pstats.Stats(profiles[0])
-        for other in profiles[1:]:
-            try:
-                stats.add(other)
-            except TypeError:  # a thread that never ran Python code
-                continue
-        stats.dump_stats(out)
-
-
-def serve_baseline() -> None:
-    """Serve :func:`baseline_app` on 127.0.0.1 (a free port, named in a JSON ``listening`` line on
-    stderr as ``calculet.run`` does) with calculet's uvicorn settings."""
-    import socket
-
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    print(json.dumps({"msg": "listening", "port": sock.getsockname()[1]}), file=sys.stderr, flush=True)
-    server = uvicorn.Server(uvicorn.Config(baseline_app(), log_config=None, access_log=False, lifespan="off"))
-    server.run(sockets=[sock])
-
-
-@dataclass(frozen=True)
-class HostRound:
-    """One round of one server: server CPU and client-seen tokens and completions."""
-
-    cpu_s: float
-    wall_s: float
-    tokens: int
-    completions: int
-
-    @property
-    def cpu_per_token_ms(self) -> float:
-        return self.cpu_s / max(self.tokens, 1) * 1e3
-
-    @property
-    def completions_per_s(self) -> float:
-        return self.completions / self.wall_s
-
-
-@dataclass(frozen=True)
-class HostRow:
-    streams: int
-    calculet: list[HostRound]
-    baseline: list[HostRound]
-
-    def cpu_ratio(self) -> float:
-        """Median over rounds of calculet / baseline server CPU per streamed token."""
-        return float(np.median([c.cpu_per_token_ms / b.cpu_per_token_ms
-                                for c, b in zip(self.calculet, self.baseline)]))
-
-    def rate_ratio(self) -> float:
-        """Median over rounds of calculet / baseline completions per second."""
-        return float(np.median([c.completions_per_s / b.completions_per_s
-                                for c, b in zip(self.calculet, self.baseline)]))
-
-
-def stream_round(server: Server, streams: int, per_stream: int, tokens: int) -> HostRound:
-    """``streams`` concurrent clients each stream ``per_stream`` completions of ``tokens`` tokens."""
-    counted = [0, 0]
-
-    async def run() -> float:
-        limits = httpx.Limits(max_connections=streams, max_keepalive_connections=streams)
-        async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as client:
-            async def one() -> None:
-                async with client.stream("POST", "/v1/completions", json=completion_body(tokens, True)) as response:
-                    response.raise_for_status()
-                    async for line in response.aiter_lines():
-                        if line.startswith("data: {") and '"finish_reason":null' in line:
-                            counted[0] += 1
-                counted[1] += 1
-
-            async def worker() -> None:
-                for _ in range(per_stream):
-                    await one()
-
-            await asyncio.gather(*(one() for _ in range(streams)))  # warm the connections
-            counted[0] = counted[1] = 0
-            started = time.perf_counter()
-            await asyncio.gather(*(worker() for _ in range(streams)))
-            return time.perf_counter() - started
-
-    cpu0 = server.cpu_s()
-    wall = asyncio.run(run())
-    return HostRound(server.cpu_s() - cpu0, wall, counted[0], counted[1])
-
-
-def part0(home: Path, rounds: int, tokens: int, levels: Sequence[int], profile: Path | None) -> list[HostRow]:
-    """calculet on the null device beside the bare baseline, the rounds interleaved so machine noise
-    hits both alike; ``profile``: write the calculet server's cProfile there."""
-    command = None
-    if profile is not None:
-        command = [sys.executable, str(Path(__file__).resolve()), "--profile-server", str(profile), "--",
-                   "--host", "127.0.0.1", "--port", "0", "--log-format", "json", "--log-level", "INFO",
-                   "--sim-cost", "null"]
-    calc = Server("null", home, command=command)
-    base = Server("", home, command=[sys.executable, str(Path(__file__).resolve()), "--serve-baseline"])
-    rows = []
-    try:
-        for streams in levels:
-            per_stream = max(2, 48 // streams)
-            rounds_c: list[HostRound] = []
-            rounds_b: list[HostRound] = []
-            for r in range(rounds):
-                pair = (calc, base) if r % 2 == 0 else (base, calc)
-                for server in pair:
-                    got = stream_round(server, streams, per_stream, tokens)
-                    (rounds_c if server is calc else rounds_b).append(got)
-            rows.append(HostRow(streams, rounds_c, rounds_b))
-    finally:
-        calc.stop()
-        base.stop()
-    return rows
-
-
-def print_part0(rows: Sequence[HostRow], tokens: int) -> None:
-    print(f"Part 0 — server CPU per streamed token, calculet --sim-cost null (monitors at the production default) "
-          f"beside a bare FastAPI/uvicorn SSE server streaming the same chunks; {tokens}-token streams, same "
-          f"httpx client, rounds interleaved; ratios are medians of per-round ratios")
-    header = (f"{'streams':>7} {'calc CPU/tok ms':>15} {'base CPU/tok ms':>15} {'CPU ratio':>9} "
-              f"{'calc compl/s':>12} {'base compl/s':>12} {'compl/s ratio':>13}")
-    print(header)
-    print("-" * len(header))
-    for row in rows:
-        c = float(np.median([x.cpu_per_token_ms for x in row.calculet]))
-        b = float(np.median([x.cpu_per_token_ms for x in row.baseline]))
-        cr = float(np.median([x.completions_per_s for x in row.calculet]))
-        br = float(np.median([x.completions_per_s for x in row.baseline]))
-        print(f"{row.streams:>7} {c:>15.3f} {b:>15.3f} {row.cpu_ratio():>9.2f} {cr:>12.1f} {br:>12.1f} "
-              f"{row.rate_ratio():>13.2f}")
-    print("targets (#20): CPU ratio <= 3, completions/s ratio >= 0.33\n")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,8 +178,12 @@ class DirectEngine:
         self.engine.stop(5)
 
 
+SERVED_MODEL = "qwen3"
+"""The model id the last calculet server started here serves (the baseline takes any)."""
+
+
 def completion_body(tokens: int, stream: bool) -> dict[str, object]:
-    return {"model": "qwen3", "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
+    return {"model": SERVED_MODEL, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "ignore_eos": True,
             "stream": stream}
 
 
@@ -519,31 +336,11 @@ def part2(url: str, tokens: int, prompt_tokens: int) -> list[StreamRow]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--serve-baseline"]:
-        serve_baseline()
-        return 0
-    if argv[:1] == ["--profile-server"]:
-        profiled_server(argv[1], argv[3:])
-        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--parts", default="0,1,2", help="which parts to run (0: host CPU vs the bare baseline)")
-    parser.add_argument("--rounds", type=int, default=4, help="interleaved rounds per level of part 0")
-    parser.add_argument("--host-tokens", type=int, default=64, help="tokens per stream of part 0")
-    parser.add_argument("--streams", default="1,16,64", help="concurrent streams of part 0")
-    parser.add_argument("--profile", type=Path, default=None,
-                        help="part 0: write a cProfile of the calculet server (every thread) to this file")
     parser.add_argument("--requests", type=int, default=192, help="requests per row of part 1")
     parser.add_argument("--tokens", type=int, default=16, help="max_tokens of part 1 requests")
     parser.add_argument("--stream-tokens", type=int, default=24, help="max_tokens of part 2 streams")
     args = parser.parse_args(argv)
-    parts = {int(p) for p in args.parts.split(",")}
-    if 0 in parts:
-        with tempfile.TemporaryDirectory(prefix="calculet-bench-home-") as home:
-            levels = [int(n) for n in args.streams.split(",")]
-            print_part0(part0(Path(home), args.rounds, args.host_tokens, levels, args.profile), args.host_tokens)
-    if not parts & {1, 2}:
-        return 0
     with tempfile.TemporaryDirectory(prefix="calculet-bench-home-") as home:
         server = Server("instant", Path(home))
         try:

@@ -1,0 +1,246 @@
+"""The host's CPU per streamed token, beside a bare SSE server (issue #20: the figure it is judged by).
+
+``python -m calculet.run --sim-cost null`` (the null device: no device time and no numerics, so
+all the server's CPU is host work; invariant monitors at their production default, README
+"Monitors") beside a bare FastAPI/uvicorn endpoint (:func:`baseline_app`: the same
+``text_completion`` SSE chunks, one per token, no scheduling, served as calculet serves), both
+subprocesses on 127.0.0.1 (:class:`service.Server`), driven by the same httpx client at 1, 16 and
+64 concurrent 64-token streams, rounds interleaved so machine noise hits both alike. Reported:
+server CPU (utime + stime of every thread, from /proc, warm-up excluded) per streamed token and
+completions/s, each with its ratio calculet / baseline (median of per-round ratios). Targets:
+CPU ratio ≤ 3, completions/s ratio ≥ 1/3. A 429 under load is retried after its Retry-After and
+counted. ``--profile FILE`` writes a cProfile of every calculet server thread in CPU time
+(``time.thread_time``) — where the host's time goes. Figures, not a pass/fail test (DESIGN
+principle 10); the baseline is measured in the same run.
+
+    python bench/host_path.py [--rounds 3] [--streams 1,16,64] [--tokens 64] [--profile FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+
+from service import Server, completion_body  # bench/service.py (bench/ is sys.path[0])
+
+
+def baseline_app() -> Any:
+    """The bare baseline: FastAPI streaming the same OpenAI-style ``text_completion`` SSE chunks
+    as calculet (one per token, a finish chunk, ``[DONE]``), with no scheduling, model or engine —
+    what any Python SSE endpoint on this stack costs per token."""
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> StreamingResponse:
+        body = await request.json()
+        n = int(body.get("max_tokens", 16))
+        head = {"id": "cmpl-" + os.urandom(16).hex(), "created": int(time.time()), "model": body["model"],
+                "system_fingerprint": "baseline", "object": "text_completion"}
+
+        async def events() -> AsyncIterator[str]:
+            token = 17
+            for i in range(n):
+                token = (token * 131 + i * 71 + 17) % 95 + 32  # printable ASCII, one per token
+                choice = {"index": 0, "text": chr(token), "finish_reason": None, "logprobs": None}
+                yield f"data: {json.dumps({**head, 'choices': [choice]}, separators=(',', ':'))}\n\n"
+                await asyncio.sleep(0)  # one token per loop turn, as a stream fed by a device would
+            choice = {"index": 0, "text": "", "finish_reason": "length", "logprobs": None}
+            yield f"data: {json.dumps({**head, 'choices': [choice]}, separators=(',', ':'))}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    return app
+
+
+def profiled_server(out: str, argv: Sequence[str]) -> None:
+    """``calculet.run`` with cProfile on in every thread (the engine's actor, the device worker and
+    the HTTP loop), merged into ``out`` when the server stops."""
+    import cProfile
+    import pstats
+
+    from calculet import run
+    profiles: list[cProfile.Profile] = []
+
+    def start(*_: object) -> None:
+        profile = cProfile.Profile(time.thread_time)  # CPU time of the thread it profiles
+        profiles.append(profile)
+        profile.enable()
+
+    threading.setprofile(start)
+    start()
+    try:
+        run.main(argv)
+    finally:
+        stats = pstats.Stats(profiles[0])
+        for other in profiles[1:]:
+            with contextlib.suppress(TypeError):  # a thread that never ran Python code
+                stats.add(other)
+        stats.dump_stats(out)
+
+
+def serve_baseline() -> None:
+    """Serve :func:`baseline_app` on 127.0.0.1 (a free port, named in a JSON ``listening`` line on
+    stderr as ``calculet.run`` does) with calculet's uvicorn settings and its listening socket."""
+    import uvicorn
+
+    from calculet.run import _listen
+    sock = _listen("127.0.0.1", 0)
+    print(json.dumps({"msg": "listening", "port": sock.getsockname()[1]}), file=sys.stderr, flush=True)
+    server = uvicorn.Server(uvicorn.Config(baseline_app(), log_config=None, access_log=False, lifespan="off"))
+    server.run(sockets=[sock])
+
+
+@dataclass(frozen=True)
+class HostRound:
+    """One round of one server: server CPU and client-seen tokens and completions."""
+
+    cpu_s: float
+    wall_s: float
+    tokens: int
+    completions: int
+    refused: int = 0
+    """429s (retried after their Retry-After; their CPU is in ``cpu_s``)."""
+
+    cpu_per_token_ms = property(lambda self: self.cpu_s / max(self.tokens, 1) * 1e3)
+    completions_per_s = property(lambda self: self.completions / self.wall_s)
+
+
+@dataclass(frozen=True)
+class HostRow:
+    streams: int
+    calculet: list[HostRound]
+    baseline: list[HostRound]
+
+    def ratio(self, figure: str) -> float:
+        """Median over rounds of calculet / baseline ``figure`` (a HostRound property)."""
+        return float(np.median([getattr(c, figure) / getattr(b, figure) for c, b in zip(self.calculet, self.baseline)]))
+
+
+def stream_round(server: Server, streams: int, per_stream: int, tokens: int) -> HostRound:
+    """``streams`` concurrent clients each stream ``per_stream`` completions of ``tokens`` tokens."""
+    counted = [0, 0, 0]
+
+    async def run() -> float:
+        limits = httpx.Limits(max_connections=streams, max_keepalive_connections=streams)
+        async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as client:
+            async def one() -> None:
+                while True:
+                    async with client.stream("POST", "/v1/completions",
+                                             json=completion_body(tokens, True)) as response:
+                        if response.status_code == 429:  # refused under load: retry when told, counted
+                            counted[2] += 1
+                            await response.aread()
+                            await asyncio.sleep(float(response.headers.get("retry-after", "1")))
+                            continue
+                        response.raise_for_status()
+                        async for line in response.aiter_lines():
+                            if line.startswith("data: {") and '"finish_reason":"length"' in line:
+                                counted[0] += tokens  # ignore_eos: every completion streams max_tokens
+                    counted[1] += 1
+                    return
+
+            async def worker() -> None:
+                for _ in range(per_stream):
+                    await one()
+
+            await asyncio.gather(*(one() for _ in range(streams)))  # warm the connections
+            counted[0] = counted[1] = counted[2] = 0
+            cpu[0] = server.cpu_s()  # after the warm-up: its tokens are not counted either
+            started = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(streams)))
+            return time.perf_counter() - started
+
+    cpu = [0.0]
+    wall = asyncio.run(run())
+    return HostRound(server.cpu_s() - cpu[0], wall, counted[0], counted[1], counted[2])
+
+
+def measure(home: Path, rounds: int, tokens: int, levels: Sequence[int], profile: Path | None) -> list[HostRow]:
+    """calculet on the null device beside the bare baseline, the rounds interleaved so machine noise
+    hits both alike; ``profile``: write the calculet server's cProfile there."""
+    command = None
+    if profile is not None:
+        command = [sys.executable, str(Path(__file__).resolve()), "--profile-server", str(profile), "--",
+                   "--host", "127.0.0.1", "--port", "0", "--log-format", "json", "--log-level", "INFO",
+                   "--sim-cost", "null"]
+    calc = Server("null", home, command=command)
+    base = Server("", home, command=[sys.executable, str(Path(__file__).resolve()), "--serve-baseline"])
+    rows = []
+    try:
+        for streams in levels:
+            per_stream = max(2, 48 // streams)
+            rounds_c: list[HostRound] = []
+            rounds_b: list[HostRound] = []
+            for r in range(rounds):
+                pair = (calc, base) if r % 2 == 0 else (base, calc)
+                for server in pair:
+                    got = stream_round(server, streams, per_stream, tokens)
+                    (rounds_c if server is calc else rounds_b).append(got)
+            rows.append(HostRow(streams, rounds_c, rounds_b))
+    finally:
+        calc.stop()
+        base.stop()
+    return rows
+
+
+def report(rows: Sequence[HostRow], tokens: int) -> None:
+    print(f"Server CPU per streamed token, calculet --sim-cost null (monitors at the production default) "
+          f"beside a bare FastAPI/uvicorn SSE server streaming the same chunks; {tokens}-token streams, same "
+          f"httpx client, rounds interleaved; ratios are medians of per-round ratios")
+    header = (f"{'streams':>7} {'calc CPU/tok ms':>15} {'base CPU/tok ms':>15} {'CPU ratio':>9} "
+              f"{'calc compl/s':>12} {'base compl/s':>12} {'compl/s ratio':>13}")
+    print(header)
+    print("-" * len(header))
+    def med(rounds: list[HostRound], figure: str) -> float:
+        return float(np.median([getattr(x, figure) for x in rounds]))
+
+    for row in rows:
+        c, b = med(row.calculet, "cpu_per_token_ms"), med(row.baseline, "cpu_per_token_ms")
+        cr, br = med(row.calculet, "completions_per_s"), med(row.baseline, "completions_per_s")
+        refused = sum(x.refused for x in row.calculet)
+        print(f"{row.streams:>7} {c:>15.3f} {b:>15.3f} {row.ratio('cpu_per_token_ms'):>9.2f} {cr:>12.1f} {br:>12.1f} "
+              f"{row.ratio('completions_per_s'):>13.2f}" + (f"   ({refused} refused with 429 and retried)" if refused else ""))
+    print("targets (#20): CPU ratio <= 3, completions/s ratio >= 0.33\n")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--serve-baseline"]:
+        serve_baseline()
+        return 0
+    if argv[:1] == ["--profile-server"]:
+        profiled_server(argv[1], argv[3:])
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per level")
+    parser.add_argument("--tokens", type=int, default=64, help="tokens per stream")
+    parser.add_argument("--streams", default="1,16,64", help="concurrent streams per level")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="write a cProfile of the calculet server (every thread, CPU time) to this file")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="calculet-bench-home-") as home:
+        levels = [int(n) for n in args.streams.split(",")]
+        report(measure(Path(home), args.rounds, args.tokens, levels, args.profile), args.tokens)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
