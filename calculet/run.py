@@ -140,7 +140,8 @@ def _serve(brought: BroughtUp, sock: socket.socket, host: str) -> None:
     drain_s = config.executor.drain_deadline_ms / 1000
     offered = brought.offered()  # #18: above C3 only with a passing conformance report for this device and package
     service = Service(brought.config, brought.engine,
-                      options=ServiceOptions(device_label=brought.device_label, capabilities=offered.capabilities))  # the ModelManager bound as the admin API (ManagedModelAdmin)
+                      options=ServiceOptions(device_label=brought.device_label, capabilities=offered.capabilities,
+                                             profile_tiers=offered.profiles))  # admin API: the ModelManager
     service.start()
     app = create_app(service)
 

@@ -24,12 +24,13 @@ manager); this module only turns them into HTTP.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from fastapi import APIRouter, Depends, Path
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from calculet.adapters.calrt import CALRT_VERSION, DeviceCapabilities, profile_tier
+from calculet.adapters.calrt import CALRT_VERSION, DeviceCapabilities, EvidenceTier, profile_tier
 from calculet.config import SchedulerConfig
 from calculet.errors import CalculetError
 from calculet.runtime.engine.types import ModelInfo
@@ -55,12 +56,15 @@ ALIAS_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 # ---------------------------------------------------------------------------------------------
 
 
-def capability_contract(caps: DeviceCapabilities, info: ModelInfo, *, device: str) -> CapabilityContract:
-    """Every capability with the spec's tier and its evidence source (§1, §20, R20.7)."""
+def capability_contract(caps: DeviceCapabilities, info: ModelInfo, *, device: str,
+                        profile_tiers: Mapping[int, EvidenceTier] | None = None) -> CapabilityContract:
+    """Every capability with its tier and evidence source (§1, §20, R20.7); a profile's tier is the
+    spec's unless conformance evidence earned a better one (``profile_tiers``, #18)."""
     rows = [CapabilityRow(name=c.name, value=v, tier=c.tier.value, source=c.source.value, ref=c.ref,
                           simulated=c.simulated, proved=c.proved)
             for c, (_, v, _, _, _) in zip(caps.all(), caps.rows())]
-    profiles = [ProfileRow(compiled_batch=b, tier=profile_tier(b).value, usable=True, max_seq=info.max_seq)
+    profiles = [ProfileRow(compiled_batch=b, tier=(profile_tiers or {}).get(b, profile_tier(b)).value, usable=True,
+                           max_seq=info.max_seq)
                 for b in info.profiles]
     largest = max(profiles, key=lambda p: p.compiled_batch, default=None)
     return CapabilityContract(
@@ -153,7 +157,8 @@ def admin_router(service: Service) -> APIRouter:
     @router.get("/capabilities", response_model=CapabilityContract,
                 summary="The device capability contract with tiers C0–C4 and evidence sources")
     def capabilities() -> CapabilityContract:
-        return capability_contract(service.capabilities, service.info, device=service.device_label)
+        return capability_contract(service.capabilities, service.info, device=service.device_label,
+                                   profile_tiers=service.options.profile_tiers)
 
     return router
 

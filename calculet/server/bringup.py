@@ -85,7 +85,7 @@ class BroughtUp:
         info = self.engine.model_info()
         offered = offered_capabilities(self.engine.capabilities(), self.evidence,
                                        device=self.device.name if self.device else "",
-                                       package_sha256=info.package_sha256)
+                                       package_sha256=info.package_sha256, batches=info.profiles)
         if self.evidence is not None and offered.evidence_problem is not None:
             log.warning("conformance evidence not used", extra={"reason": offered.evidence_problem})
         for name, why in offered.refused.items():

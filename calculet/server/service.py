@@ -22,7 +22,7 @@ from typing import Any
 
 import anyio
 
-from calculet.adapters.calrt import DeviceCapabilities
+from calculet.adapters.calrt import DeviceCapabilities, EvidenceTier
 from calculet.config import SchedulerConfig
 from calculet.errors import CalculetError
 from calculet.runtime.engine.threaded import ThreadedEngine
@@ -57,6 +57,8 @@ class ServiceOptions:
     capabilities: DeviceCapabilities | None = None
     """The contract offered (bring-up's ``BroughtUp.offered()``: above C3 only with conformance evidence,
     #18); None: the engine's package contract as it is."""
+    profile_tiers: Mapping[int, EvidenceTier] | None = None
+    """Compiled batch → offered tier (``BroughtUp.offered().profiles``, #18); None: the spec's (§1)."""
 
 
 class Service:

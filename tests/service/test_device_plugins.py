@@ -54,11 +54,13 @@ def serve(device: str, package: tuple[Path, Path], key_dir: Path, evidence: Path
     pair = ensure_dev_keypair(key_dir)
     config = service_config(models=[{"alias": ALIAS, "package": str(pkg)}],
                             trust={"trusted_roots": [str(root)], "trusted_keys_dir": str(pair.public_key_path.parent)},
-                            device={"name": device, **({"evidence": str(evidence)} if evidence else {})})
+                            device={"name": device, **({"evidence": str(evidence)} if evidence else {})},
+                            batch={"profiles": [1, 4]})
     brought = bring_up(config, sim=SimConfig(time_mode=TimeMode.REAL), options=EngineOptions(monitor_mode=None))
+    offered = brought.offered()
     service = Service(brought.config, brought.engine,
-                      options=ServiceOptions(device_label=brought.device_label,
-                                             capabilities=brought.offered().capabilities))
+                      options=ServiceOptions(device_label=brought.device_label, capabilities=offered.capabilities,
+                                             profile_tiers=offered.profiles))
     service.start()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
@@ -108,6 +110,7 @@ def test_a_plugin_device_is_found_by_name_and_serves_with_its_evidence(running: 
     assert rows["reset_configuration_verified"]["source"] == "measured"
     assert above_c3(contract) == {"reset_configuration_verified": "C2", "multi_profile_residency": "C2",
                                   "reset_domain": "C2", "incremental_prefill": "C2"}
+    assert {p["compiled_batch"]: p["tier"] for p in contract["profiles"]} == {1: "C0", 4: "C2"}
 
 
 @pytest.mark.parametrize("running", [("fakeboard", None), ("fakeboard", "simulator"), ("sim", "board")],
@@ -118,3 +121,4 @@ def test_without_a_passing_report_for_this_device_nothing_rises_above_its_spec_t
     rows = {r["name"]: r for r in contract["capabilities"]}
     assert rows["reset_configuration_verified"]["tier"] == "C3"
     assert above_c3(contract) == {}
+    assert {p["compiled_batch"]: p["tier"] for p in contract["profiles"]} == {1: "C0", 4: "C3"}

@@ -22,7 +22,7 @@ evidence (:attr:`OfferedContract.evidence_problem` says why).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from calculet.adapters.calrt.capabilities import (
     DeviceCapabilities,
     EvidenceSource,
     EvidenceTier,
+    profile_tier,
 )
 from calculet.errors import ConfigError
 
@@ -162,6 +163,9 @@ class OfferedContract:
     """Capability name → why its claimed tier above C3 was refused (offered at C3)."""
     earned: Mapping[str, EvidenceTier] = field(default_factory=dict)
     """Capability name → the tier a passing report established (offered as ``measured``)."""
+    profiles: Mapping[int, EvidenceTier] = field(default_factory=dict)
+    """Compiled batch → the tier its profile is offered at (the spec's, or a better one a passing
+    report established as ``profile.bN``)."""
 
 
 def evidence_problem(evidence: DeviceEvidence | None, *, device: str, package_sha256: str) -> str | None:
@@ -203,9 +207,18 @@ def _offer(cap: Capability[Any], evidence: DeviceEvidence | None, refused: dict[
     return Capability(cap.name, cap.value, EvidenceTier.C3, EvidenceSource.VENDOR, cap.ref)
 
 
+def _profile_tier(batch: int, evidence: DeviceEvidence | None) -> EvidenceTier:
+    spec = profile_tier(batch)
+    found = evidence.capability(f"profile.b{batch}") if evidence is not None else None
+    if found is not None and found.passed and found.established is not None and better(found.established, spec):
+        return found.established
+    return spec
+
+
 def offered_capabilities(contract: DeviceCapabilities, evidence: DeviceEvidence | None, *, device: str,
-                         package_sha256: str) -> OfferedContract:
-    """The contract the service may offer for ``device`` serving the package ``package_sha256``."""
+                         package_sha256: str, batches: Sequence[int] = ()) -> OfferedContract:
+    """The contract the service may offer for ``device`` serving the package ``package_sha256``
+    (and the tier of each served profile in ``batches``)."""
     problem = evidence_problem(evidence, device=device, package_sha256=package_sha256)
     accepted = evidence if problem is None else None
     refused: dict[str, str] = {}
@@ -215,7 +228,8 @@ def offered_capabilities(contract: DeviceCapabilities, evidence: DeviceEvidence 
     kwargs: dict[str, Any] = {}
     for name in DeviceCapabilities.__dataclass_fields__:
         kwargs[name] = new_ops if name == "context_ops" else _offer(getattr(contract, name), accepted, refused, earned)
-    return OfferedContract(replace(contract, **kwargs), problem, refused, earned)
+    return OfferedContract(replace(contract, **kwargs), problem, refused, earned,
+                           {b: _profile_tier(b, accepted) for b in batches})
 
 
 __all__ = ["EVIDENCE_FORMAT", "TIER_ORDER", "CapabilityEvidence", "CheckOutcome", "DeviceEvidence", "Finding",
