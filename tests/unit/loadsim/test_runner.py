@@ -90,7 +90,7 @@ def test_engine_run_records_match_the_requests_and_the_engine_statistics() -> No
     assert sum(r.generated_tokens - 1 for r in run.requests) == decode.active_lanes
     assert run.prefill_jobs == len(requests)
     assert run.prefill_work_s == pytest.approx(sum(COST.prefill_s(r.prompt_tokens) for r in requests))
-    assert run.end_s >= requests[-1].arrival_s and run.speedup > 1
+    assert run.end_s >= requests[-1].arrival_s  # (speedup = virtual / wall time is a figure, never asserted: #14)
     s = summarize(run.requests, run.batches, weights=w.weights())
     assert s.completed == len(requests) and s.fill_ratio is not None and 0 < s.fill_ratio <= 1
 
