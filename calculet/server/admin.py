@@ -77,6 +77,12 @@ def capability_contract(caps: DeviceCapabilities, info: ModelInfo, *, device: st
                              "above (software multi-slot, C0); this is not NPU batch (R1.1)."))
 
 
+def served_contract(service: Service) -> CapabilityContract:
+    """The contract the service offers: its capabilities and the profile tiers evidence earned (#18)."""
+    return capability_contract(service.capabilities, service.info, device=service.device_label,
+                               profile_tiers=service.options.profile_tiers)
+
+
 def redacted_config(config: SchedulerConfig) -> dict[str, Any]:
     """The effective configuration, with key and token hashes shortened to an 8-hex prefix."""
     data = config.model_dump(mode="json", by_alias=True)
@@ -157,8 +163,7 @@ def admin_router(service: Service) -> APIRouter:
     @router.get("/capabilities", response_model=CapabilityContract,
                 summary="The device capability contract with tiers C0–C4 and evidence sources")
     def capabilities() -> CapabilityContract:
-        return capability_contract(service.capabilities, service.info, device=service.device_label,
-                                   profile_tiers=service.options.profile_tiers)
+        return served_contract(service)
 
     return router
 
