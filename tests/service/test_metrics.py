@@ -207,3 +207,17 @@ def test_process_and_platform_collectors_report_this_process(server: RunningServ
     info = parsed["python_info"][0].labels
     assert info["version"] == platform.python_version()
     assert families_value(parsed, "process_start_time_seconds") > 0
+
+
+def test_every_calculet_series_in_the_readme_vllm_table_is_exported(server: RunningServer) -> None:
+    """Issue #19: the README's vLLM → calculet table names only series a running calculet exports."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme.split("**From vLLM's metric names.**", 1)[1].split("\n###", 1)[0]
+    named = {m.split("{")[0] for m in re.findall(r"`(calculet_[a-z0-9_]+(?:\{[^`]*\})?)`", table)}
+    assert len(named) >= 12, named
+    _traffic(server, 1)
+    families = list(text_string_to_metric_families(server.metrics_text()))
+    exported = {s.name for f in families for s in f.samples} | {f.name for f in families if f.type == "histogram"}
+    assert named <= exported, sorted(named - exported)
