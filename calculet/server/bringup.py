@@ -167,5 +167,5 @@ def bring_up(config: SchedulerConfig, *, sim: SimConfig | None = None, key_dir: 
     log.info("model loaded", extra={"alias": effective.model_alias, "generation": report.id,
                                     "calbin": report.name, "package_sha256": report.calbin_sha256,
                                     "signed_by": report.signed_by, "profiles": list(report.profiles),
-                                    "load_s": round(took, 4)})
+                                    "load_s": round(took, 4), "device": plugin.name})
     return BroughtUp(engine, effective, bundled, workdir, device=plugin, evidence=evidence)
