@@ -108,14 +108,16 @@ class LocalFleet:
         for index in range(1, self.boards + 1):
             board = Board(f"board{index}", "127.0.0.1", free_port(), free_port() if self.agents else None)
             config = self.workdir / f"{board.name}.yaml"
-            config.write_text(yaml.safe_dump(self.board_config()), encoding="utf-8")
+            config.write_text(yaml.safe_dump(self.board_config(board)), encoding="utf-8")
             self.members.append(BoardProcess(board, config, self.workdir / f"{board.name}.log"))
         (self.workdir / "haproxy.cfg").write_text(render([m.board for m in self.members], self.settings),
                                                   encoding="utf-8")
 
-    def board_config(self) -> dict[str, object]:
+    def board_config(self, board: Board) -> dict[str, object]:
+        """One board's own configuration file: its address, the admin token's hash, the package and trust."""
         return {"schema": "calculet-scheduler/v1", "model_alias": ALIAS,
-                "server": {"admin_token_sha256": hashlib.sha256(self.admin_token.encode()).hexdigest()},
+                "server": {"host": board.host, "port": board.port,
+                           "admin_token_sha256": hashlib.sha256(self.admin_token.encode()).hexdigest()},
                 "executor": {"drain_deadline_ms": self.drain_deadline_ms},
                 "models": [{"alias": ALIAS, "package": str(self.packages / "gen-a")}],
                 "trust": {"trusted_roots": [str(self.packages)], "trusted_keys_dir": str(self.workdir / "keys")}}

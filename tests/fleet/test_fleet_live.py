@@ -133,6 +133,29 @@ def test_ready_answers_503_while_a_board_loads(fleet: LocalFleet, packages: Path
     wait_for(lambda: fleet.runtime().server(BACKEND, name).up, 30, "board1 UP")
 
 
+@pytest.mark.req("R12.1", "R12.2", "R12.3", "R11.1")
+def test_drain_then_reload_one_board_as_the_prestop_hook_and_systemctl_reload_do(
+        fleet: LocalFleet, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    name = "board2"
+    member, admin = fleet.member(name), fleet.admin(name)
+    monkeypatch.setenv("CALCULET_ADMIN_TOKEN", fleet.admin_token)
+    fleet.runtime().set_state(BACKEND, name, "drain")
+    try:
+        assert fleet_main(["drain", "--url", member.board.url, "--alias", ALIAS, "--timeout", "60"]) == 0
+        ready, detail = admin.ready()
+        assert not ready and admin.busy() == 0 and admin.served() is None, detail
+        assert fleet_main(["reload", "--config", str(member.config)]) == 0  # the configured package, again
+        served = admin.served()
+        assert admin.ready()[0] and served is not None and served.state == "ready"
+    finally:
+        fleet.runtime().set_state(BACKEND, name, "ready")
+    wait_for(lambda: fleet.runtime().server(BACKEND, name).up, 30, "board2 UP")
+    assert "drained" in capsys.readouterr().out
+    assert fleet_main(["status", "--haproxy-socket", fleet.runtime().socket_path, "--backend", BACKEND]) == 0
+    shown = capsys.readouterr().out
+    assert all(f"board{i}" in shown for i in (1, 2, 3)) and "UP" in shown
+
+
 @pytest.mark.req("R13.1.4", "R3.5")
 def test_kill_9_fails_only_that_boards_streams_and_it_comes_back_by_itself(fleet: LocalFleet) -> None:
     victim = "board3"
