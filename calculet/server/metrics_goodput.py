@@ -14,6 +14,7 @@ from prometheus_client.core import Metric
 
 from calculet.runtime.engine.goodput import PHASES, WASTE_REASONS
 from calculet.runtime.engine.types import EngineStatistics
+from calculet.runtime.scheduling.estimate_error import EstimateErrorStatistics
 from calculet.server.metrics_families import by, counter, gauge
 
 
@@ -35,6 +36,20 @@ def on_time(s: EngineStatistics) -> list[Metric]:
                "shared-device finish estimate is past their deadline (§7.2 item 2).", o.at_risk if o else 0),
         gauge("calculet_scheduler_decode_cap_streams", "Streams allowed to decode at once under the ITL target "
                "(0: no cap).", (o.decode_cap or 0) if o is not None else 0),
+        *_estimate(o.estimate if o is not None else None),
+    ]
+
+
+def _estimate(e: EstimateErrorStatistics | None) -> list[Metric]:
+    """The admission margin and the finish estimate's measured error (runtime/scheduling/estimate_error.py)."""
+    errors = {"50": e.p50_relative_error, "90": e.p90_relative_error} if e is not None else {}
+    return [
+        gauge("calculet_scheduler_admission_margin_ratio", "Fraction by which on_time admission slows the device "
+               "model: raised by each admitted request that ends late, lowered by each on time (§5.2).",
+               e.margin if e is not None else 0.0),
+        by(gauge("calculet_scheduler_finish_estimate_error_ratio", "Relative error |actual - estimate| / "
+                  "(estimate - arrival) of the admission-time finish estimate over recent finished requests.",
+                  labels=["percentile"]), errors, ("50", "90")),
     ]
 
 

@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from calculet.adapters.sim import CostModel
+from calculet.runtime.scheduling.estimate_error import RAISE
 from tests.service.support import ALIAS, RunningServer, families_value, service_config, start_server
 
 STEP_S = 0.1
@@ -96,6 +97,13 @@ def test_a_request_that_cannot_finish_gets_429_with_retry_after_from_the_estimat
                                                      temperature=0, extra_body={"ignore_eos": True})
     assert alone.choices[0].finish_reason == "length" and alone.usage is not None
     assert alone.usage.completion_tokens == CANDIDATE_TOKENS
+    # issue #13: one admitted request with an estimate finished on time ('warm' had none: no step was
+    # measured yet; the cancelled streams are not scored), so the admission margin moved down from its
+    # initial 0.2 by one decay, and the estimate's error is exported
+    families = server.metrics()
+    decay = RAISE * 0.005 / (1 - 0.005)
+    assert families_value(families, "calculet_scheduler_admission_margin_ratio") == pytest.approx(0.2 - decay)
+    assert families_value(families, "calculet_scheduler_finish_estimate_error_ratio", percentile="90") >= 0
 
 
 async def _one_stream(server: RunningServer, tenant: str, tokens: int) -> tuple[str, int]:
