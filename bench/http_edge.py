@@ -250,8 +250,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\nPart 2 — four clients x 7.5 MB bodies, beside /health/live and 1-token completions")
             base_health, base_done, base_failed = probed(url, model, lambda: time.sleep(args.baseline_s))
             statuses: list[int] = []
+            cpu_before, wall_before = server.cpu_s(), time.perf_counter()
             load_health, load_done, load_failed = probed(
                 url, model, lambda: statuses.extend(uploads(url, model, 4, int(7.5e6), args.rounds)))
+            cpu_s, wall_s = server.cpu_s() - cpu_before, time.perf_counter() - wall_before
+            print(f"  server CPU during the uploads {cpu_s:.2f} s over {wall_s:.2f} s wall "
+                  f"({len(statuses)} bodies of 7.5 MB, probes included)")
             print(f"  uploads answered: {sorted(statuses)} (400 = refused as beyond the context after parsing)")
             for name, latencies, failed in (("baseline (no upload)", (base_health, base_done), base_failed),
                                              ("during the uploads", (load_health, load_done), load_failed)):
