@@ -236,7 +236,8 @@ class ChatCompletionRequest(_Sampling):
 class LoadRequest(_Request):
     """POST /admin/models/{alias}/load: a signed package under a trusted root (§11 steps 1–2)."""
 
-    package: str = Field(min_length=1, max_length=4096, description="Package directory or .tar archive path.")
+    package: str = Field(min_length=1, max_length=4096, pattern=r"^[^\x00]+$",
+                         description="Package directory or .tar archive path (no NUL: no file system has one).")
 
 
 # ---------------------------------------------------------------------------------------------

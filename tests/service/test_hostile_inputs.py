@@ -333,3 +333,17 @@ def test_stop_reason_names_the_stop_string_that_ended_the_choice(edge: RunningSe
                 else:
                     assert choice["stop_reason"] is None, choice
     assert stopped and all(reason == text for _, text, reason in stopped), (texts, stopped)
+
+
+def test_hostile_admin_bodies_are_400_naming_the_field(edge: RunningServer) -> None:
+    """The admin API's load body too: a NUL in a path used to reach the file system (500 'embedded null byte')."""
+    statuses = Statuses()
+    headers = {**edge.admin_headers(), "Content-Type": "application/json"}
+    with edge.http() as http:
+        for body in (b'{"package": "a\\u0000b"}', b'{"package": "\\ud800"}', b'{"package": 5}', b'{"package": ""}',
+                     b'{"package": "x", "trust": "me"}'):
+            response = statuses.note(repr(body), http.post(f"/admin/models/{ALIAS}/load", content=body,
+                                                           headers=headers))
+            assert response.status_code == 400, (body, response.text)
+            assert response.json()["error"]["param"] in ("package", "trust"), response.text
+    statuses.assert_no_5xx()
