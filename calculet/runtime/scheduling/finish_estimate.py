@@ -110,8 +110,14 @@ class DeviceModel:
     arrivals run between steps, the profile growing with the streams and rotation below the
     largest profile. On B>1 the lane step of the estimates (:attr:`lane_step_s`)."""
 
+    step_period_s: float = 0.0
+    """Measured completion-to-completion time of back-to-back decode steps (the step and the host's
+    time between steps, :attr:`~.estimates.StepTimer.period_s`; 0: not measured): the latency SLO's
+    rotation is sized on it."""
+
     def __post_init__(self) -> None:
-        if min(self.decode_step_s, self.prefill_fixed_s, self.prefill_per_token_s, self.token_s) < 0:
+        if min(self.decode_step_s, self.prefill_fixed_s, self.prefill_per_token_s, self.token_s,
+               self.step_period_s) < 0:
             raise ValueError("device model times must be >= 0")
         if self.compiled_batch < 1 or self.engines not in (1, 2):
             raise ValueError("a device model needs compiled_batch >= 1 and engines in (1, 2)")
@@ -145,7 +151,8 @@ class DeviceModel:
         if factor == 1.0:
             return self
         return replace(self, decode_step_s=self.decode_step_s * factor, prefill_fixed_s=self.prefill_fixed_s * factor,
-                       prefill_per_token_s=self.prefill_per_token_s * factor, token_s=self.token_s * factor)
+                       prefill_per_token_s=self.prefill_per_token_s * factor, token_s=self.token_s * factor,
+                       step_period_s=self.step_period_s * factor)
 
     def prefill_s(self, tokens: int) -> float:
         if tokens <= 0:
@@ -161,9 +168,10 @@ class DeviceModel:
         """The largest decode set whose rotation keeps every stream within ``itl_target_s`` (≥ 0),
         leaving ``prefill_s`` of headroom: the prefill of the request that takes a freed stream
         slot runs between two steps, so one token of every stream waits a rotation plus it."""
-        if self.decode_step_s <= 0:
+        step = max(self.decode_step_s, self.step_period_s)
+        if step <= 0:
             return 2**31 - 1
-        return self.lanes * max(0, math.floor((itl_target_s - prefill_s) / self.decode_step_s + 1e-9))
+        return self.lanes * max(0, math.floor((itl_target_s - prefill_s) / step + 1e-9))
 
 
 @dataclass(frozen=True)

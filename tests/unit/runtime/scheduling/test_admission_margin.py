@@ -1,5 +1,6 @@
 """Issue #13: the ``on_time`` admission margin — a controller on the share of admitted requests that end
-late — and the at-risk decode that goes ahead of prefills no lane is waiting for (sans-io, virtual time)."""
+late —, the at-risk decode that goes ahead of prefills no lane is waiting for, and the ITL cap sized on
+the measured step period (sans-io, virtual time)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import pytest
 
 from calculet.config import QueuesConfig
 from calculet.runtime.scheduling.estimate_error import MAX_MARGIN, RAISE, EstimateErrors
+from calculet.runtime.scheduling.estimates import StepTimer
+from calculet.runtime.scheduling.finish_estimate import DeviceModel
 from calculet.runtime.scheduling.prefill import PrefillScheduler
 from tests.unit.runtime.runtime_support import Harness
 from tests.unit.runtime.scheduling.test_on_time import STEP
@@ -117,3 +120,31 @@ def test_an_at_risk_decode_goes_ahead_of_a_prefill_only_when_no_lane_is_free():
     assert prefill.deadline_first(eligible, _decode(5.0, planned=False), 1, lanes_full=True) is None
     assert prefill.deadline_first(eligible, _decode(float("inf")), 1, lanes_full=True) is None
     assert prefill.deadline_first({"decode"}, _decode(5.0), 1, lanes_full=True) is None
+
+
+@pytest.mark.req("R7.2.5")
+def test_the_step_period_counts_the_hosts_time_between_back_to_back_steps_and_not_idle_time():
+    """Issue #13 (ITL P99 206 ms under a 200 ms target): a stream's token waits a whole period per step of
+    its rotation — the device step plus the host's time before the next submission — not the step alone."""
+    timer = StepTimer()
+    now = 0.0
+    for _ in range(40):                                    # 100 ms steps, 20 ms of host time between them
+        now += 0.1
+        timer.observe(0.1, lanes=1, compiled=1, decoding=4, now=now)
+        now += 0.02
+    assert timer.decode_step_s == pytest.approx(0.1) and timer.period_s == pytest.approx(0.12)
+    timer.observe(0.1, lanes=1, compiled=1, decoding=1, now=now + 5.0)  # the device idled: not a period
+    assert timer.period_s == pytest.approx(0.12)
+    timer.prefill_ran(0.05)                                # a prefill between two steps is not host time
+    timer.observe(0.1, lanes=1, compiled=1, decoding=1, now=now + 5.0 + 0.17)
+    assert timer.period_s == pytest.approx(0.12)
+    assert timer.statistics().period_s == pytest.approx(0.12)
+
+
+@pytest.mark.req("R7.2.5")
+def test_the_itl_cap_is_sized_on_the_step_period():
+    """B1, 40 ms steps: 200 ms holds 5 streams on the step alone, 4 once 10 ms of host time is measured."""
+    bare = DeviceModel(decode_step_s=0.04)
+    assert bare.max_streams_for_itl(0.2) == 5
+    assert DeviceModel(decode_step_s=0.04, step_period_s=0.05).max_streams_for_itl(0.2) == 4
+    assert DeviceModel(decode_step_s=0.04, step_period_s=0.02).max_streams_for_itl(0.2) == 5  # ping/pong: step
