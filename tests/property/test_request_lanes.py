@@ -21,6 +21,7 @@ from calculet.machines.errors import InvalidDefinition
 from calculet.machines.system import NONE, Coupled, SystemView
 from calculet.runtime.scheduling.admission import ModelAvailability
 from calculet.clock import FakeClock
+from calculet.runtime.scheduling.joint_checks import JointMonitor
 from calculet.runtime.scheduling.kv import KvLaneManager
 from calculet.runtime.scheduling.plan import SchedulingCapabilities
 from calculet.runtime.scheduling.scheduler import Scheduler
@@ -29,29 +30,7 @@ from tests.unit.runtime.runtime_support import Harness, make_config, profile_set
 SYSTEM = RequestLaneSystem.definition
 
 
-class Coupling:
-    """Every request record the scheduler creates, with the seq id of its lease (the model's
-    ``seq[i]``), kept until nothing can ever name it again."""
-
-    def __init__(self) -> None:
-        self.records: dict[int, Any] = {}
-        self.seq: dict[int, int] = {}
-
-    def observe(self, rec: Any, source: str, target: str) -> None:
-        self.records.setdefault(rec.request_id, rec)
-        if rec.lease is not None:
-            self.seq.setdefault(rec.request_id, rec.lease.seq_id)
-
-    def view(self, kv: KvLaneManager) -> tuple[SystemView, list[Any]]:
-        named = {(kv.lane(j).seq_id, kv.lane(j).generation) for j in range(kv.lanes) if kv.lane(j).state != "free"}
-        for rid, rec in list(self.records.items()):  # an ended request no lane names is done with lanes for good
-            if rec.machine.state in ENDED and (self.seq.get(rid), rec.machine.generation) not in named:
-                del self.records[rid]
-        recs = list(self.records.values())
-        view = SystemView([rec.machine for rec in recs], [kv.lane(j) for j in range(kv.lanes)],
-                          [rec.lease.lane if rec.lease is not None else NONE for rec in recs],
-                          [self.seq.get(rec.request_id, -rec.request_id) for rec in recs])
-        return view, recs
+Coupling = JointMonitor  # the runtime's own monitor of the coupling (calculet/runtime/scheduling/joint_checks.py)
 
 
 def build(*, lanes: int, chunk: int | None, max_inflight: int = 2) -> tuple[Harness, Coupling]:
@@ -189,3 +168,20 @@ def test_the_declaration_shape_is_pinned():
 def test_a_faulty_coupled_step_is_refused_at_declaration(step, fault):
     with pytest.raises(InvalidDefinition, match=fault):
         RequestLaneSystem.derive("Faulty", add=[step])
+
+
+@pytest.mark.req("R9.2.1", "R17.2.4")
+def test_the_engine_monitor_catches_a_lease_dropped_without_its_lane():
+    """The runtime's joint monitor (on in every test, checked by the engine each tick) raises when
+    a holding request silently loses its lease — state outside the machines drifting (#17)."""
+    from calculet.machines.errors import InvariantViolation
+
+    h, monitor = build(lanes=2, chunk=None)
+    h.submit(prompt=3, new=2)
+    recs = [rec for rec in h.scheduler.registry.live() if rec.lease is not None]
+    assert recs, "a request was admitted"
+    monitor.check(h.kv, "after admission")  # the real coupling holds
+    recs[0].lease = None                   # the fault: the lease is dropped, the lane still reserved for it
+    with pytest.raises(InvariantViolation) as caught:
+        monitor.check(h.kv, "after the silent drop")
+    assert caught.value.invariant in {"holding_request_owns_one_lane", "bound_exactly_while_holding"}

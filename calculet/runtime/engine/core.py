@@ -90,6 +90,7 @@ from calculet.runtime.models.manager import ModelManager
 from calculet.runtime.models.reports import LoadFailed, LoadReport
 from calculet.runtime.request import RequestSink
 from calculet.runtime.scheduling.admission import Decision, ModelAvailability
+from calculet.runtime.scheduling.joint_checks import JointMonitor
 from calculet.runtime.scheduling.kv import KvLaneManager
 from calculet.runtime.scheduling.registry import Cancellation, RequestRecord
 from calculet.runtime.scheduling.plan import Submission
@@ -118,6 +119,7 @@ class EngineCore:
         self.package_dir = package_dir
         self.clock = clock
         self._observer = observer
+        self._joint = JointMonitor()  # requests × lanes invariants on the live system (#17)
         self._hold = False
         self._exclusive: Callable[[], ContextManager[None]] = contextlib.nullcontext
         self._device: VirtualDevice = device if device is not None else runtime.create_virtual_device()
@@ -478,11 +480,13 @@ class EngineCore:
     # ------------------------------------------------------------------ sink callbacks
 
     def _observe(self, rec: RequestRecord, source: str, target: str) -> None:
+        self._joint.observe(rec)
         self.models.on_request_transition(rec, source, target)
         if self._observer is not None:
             self._observer(rec, source, target)
 
     def _account(self, start: float) -> None:
+        self._joint.check(self.kv, "engine tick")  # each coupled step is complete here (monitors on)
         took = time.perf_counter() - start
         self._ticks += 1
         self._host.add(took)
