@@ -59,7 +59,7 @@ SECTION_16: dict[str, tuple[str, ...]] = {
 
 ALLOWED_LABELS = {"tenant", "queue", "state", "reason", "decision", "limit", "rc", "engine", "kind", "status",
                   "alias", "phase", "machine", "invariant", "compiled_batch", "tier", "route", "method", "stage",
-                  "result", "mode", "transition", "le",
+                  "result", "mode", "transition", "le", "percentile",
                   # prometheus-client's platform and GC collectors: fixed by the interpreter, bounded
                   "implementation", "major", "minor", "patchlevel", "version", "generation"}
 NAME = re.compile(r"^calculet_[a-z0-9]+(_[a-z0-9]+)+$")
