@@ -486,7 +486,8 @@ class EngineCore:
             self._observer(rec, source, target)
 
     def _account(self, start: float) -> None:
-        self._joint.check(self.kv, "engine tick")  # each coupled step is complete here (monitors on)
+        self._joint.check(self.kv, "engine tick",  # each coupled step is complete here
+                          lambda: self.models.counter_faults(self.scheduler.registry.live()))
         took = time.perf_counter() - start
         self._ticks += 1
         self._host.add(took)

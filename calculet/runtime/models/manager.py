@@ -52,7 +52,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 from calculet.errors import NotFound, Unavailable
 from calculet.machines.request import TERMINAL
@@ -233,6 +233,19 @@ class ModelManager:
                 gen.machine.fire("release_request")
         elif target == "waiting_admission" and source in ("new", "waiting_model"):
             self._gens[gen_id].machine.fire("acquire")
+
+    def counter_faults(self, live: "Iterable[RequestRecord]") -> list[tuple[str, str]]:
+        """The ModelMachine counter checked against what it counts (#17, R10.2, R12.3): each
+        generation's ``active_requests`` equals the live requests pinned to it. Reported by the
+        engine's monitor like a broken invariant."""
+        pinned: dict[int, int] = {}
+        for rec in live:
+            if rec.generation:
+                pinned[rec.generation] = pinned.get(rec.generation, 0) + 1
+        for gen in self._gens:
+            if gen.machine.active_requests != pinned.get(gen.id, 0):
+                return [(f"active_requests_of_generation_{gen.id}_is_its_pinned_requests", "R10.2")]
+        return []
 
     def may_submit(self, gen_id: int) -> bool:
         gen = self._gens.get(gen_id)

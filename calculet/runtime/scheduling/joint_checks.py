@@ -21,7 +21,7 @@ proportional to what moved, not to the whole system.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from calculet.machines.monitor import MONITOR
 from calculet.machines.request import ENDED, WAITING
@@ -102,15 +102,17 @@ class JointMonitor:
         view, _ = self.view(kv)
         return [inv.name for inv in _SYSTEM.invariants if not inv.predicate(view)]
 
-    def check(self, kv: Any, after: str) -> None:
-        """Every joint invariant on the part of the live system that moved (see the module doc)."""
+    def check(self, kv: Any, after: str, extra: Callable[[], list[tuple[str, str]]] | None = None) -> None:
+        """Every joint invariant on the part of the live system that moved (see the module doc);
+        ``extra`` adds the faults of other indexes kept beside machines (reported the same way)."""
         if not MONITOR.enabled or not MONITOR.sampled():
             return
         ids = self._involved(kv)
-        if ids:
+        faults = extra() if extra is not None else []
+        if ids or faults:
             view, recs = self.view(kv, sorted(ids))
             state = {"requests": {rec.request_id: (rec.machine.state, rec.lease.lane if rec.lease else None)
                                   for rec in recs},
                      "lanes": [(kv.lane(j).state, kv.lane(j).seq_id) for j in range(kv.lanes)]}
-            MONITOR.check_whole(_SYSTEM.name, _SYSTEM.invariants, view, after, state=state)
+            MONITOR.check_whole(_SYSTEM.name, _SYSTEM.invariants, view, after, state=state, extra=faults)
         self._forget_ended(kv, ids)
