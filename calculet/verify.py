@@ -1,12 +1,18 @@
 """``python -m calculet.verify``: prove the spec's invariants on the declared machines with z3.
 
 Runs every per-machine check (initiation, consecution, determinism, deadlock, home, vacuity,
-completeness), pool induction and bounded model checking, and the requests × lanes joint model's
-induction, vacuity and bounded model checking; prints a summary table and any counterexample;
-writes ``specs/verification.md``; exits 0 only if everything holds.
+completeness), the checks that the proofs can fail (negative witnesses of every property, guards
+no property needs, redundancy — :mod:`calculet.invariants.strength`), the pool's witnesses,
+vacuity, reachability, induction and bounded model checking, and the requests × lanes joint
+model's witnesses, induction, vacuity, reachability and bounded model checking; prints a summary
+table and any counterexample; writes ``specs/verification.md``; exits 0 only if everything holds.
+
+Every solver query is bounded by z3's deterministic ``rlimit``, never by wall-clock time, and the
+times reported are CPU time: the verdict and the figures do not depend on the machine's load.
 
 ``--fast`` (what CI runs) keeps every proof but searches the pool and the joint model to smaller
-depths, and does not rewrite ``specs/verification.md`` unless ``--write`` is given.
+depths, leaves out the joint model's reachability search, and does not rewrite
+``specs/verification.md`` unless ``--write`` is given.
 """
 
 from __future__ import annotations

@@ -11,14 +11,13 @@ the system; it means the runtime's coupling is not the one the model proves.
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import pytest
 
 from calculet.logic.expr import And
-from calculet.machines.request_lanes import ENDED, RequestLaneSystem
+from calculet.machines.request_lanes import RequestLaneSystem
 from calculet.machines.errors import InvalidDefinition
-from calculet.machines.system import NONE, Coupled, SystemView
+from calculet.machines.system import Coupled
 from calculet.runtime.scheduling.admission import ModelAvailability
 from calculet.clock import FakeClock
 from calculet.runtime.scheduling.joint_checks import JointMonitor
