@@ -6,8 +6,10 @@ every request's spans (request, admission, queue wait, prefill, one per decode s
 OTLP/HTTP exporter through a batching processor to a sink in this process (an HTTP server that
 accepts and discards ``POST /v1/traces``, as a collector would). With the device free
 (``instant`` cost), the service's own work is all there is, so the tracing share is as large as it
-can ever be. Rounds alternate between the two servers (off, on, off, on, ...) so that the shared
-machine's noise falls on both.
+can ever be. Rounds alternate between the servers (off, on, control, off, on, control, ...) so
+that the shared machine's noise falls on all; the control is a second server with tracing off, so
+its ratio to the first (an A/A comparison) shows how far two identical servers differ in the same
+run — the noise floor the on/off ratio must be read against.
 
 Reported per server: requests/s (wall) and server CPU seconds per request (user + system of the
 server process from /proc, every thread, the OTLP exporter's included); and the ratios
@@ -96,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         off_cfg, on_cfg = home / "off.yaml", home / "on.yaml"
         off_cfg.write_text("schema: calculet-scheduler/v1\n")
         on_cfg.write_text(f"schema: calculet-scheduler/v1\nmonitoring:\n  tracing:\n    otlp_endpoint: {endpoint}\n")
-        servers = {"off": Server("instant", home, off_cfg), "on": Server("instant", home, on_cfg)}
+        servers = {"off": Server("instant", home, off_cfg), "on": Server("instant", home, on_cfg),
+                   "control": Server("instant", home, off_cfg)}
         try:
             figures = _measure(servers, args)
         finally:
@@ -114,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
 def _measure(servers: dict[str, Server], args: argparse.Namespace) -> dict[str, Any]:
     for server in servers.values():  # warm-up: imports, first JIT-less paths, connection setup
         asyncio.run(_round(server.url, max(10, args.requests // 10), args.tokens, args.concurrency))
-    wall: dict[str, list[float]] = {"off": [], "on": []}
-    cpu: dict[str, list[float]] = {"off": [], "on": []}
+    wall: dict[str, list[float]] = {name: [] for name in servers}
+    cpu: dict[str, list[float]] = {name: [] for name in servers}
     for _ in range(args.rounds):
         for name, server in servers.items():
             before = server.cpu_s()
@@ -123,7 +126,7 @@ def _measure(servers: dict[str, Server], args: argparse.Namespace) -> dict[str, 
             cpu[name].append(server.cpu_s() - before)
     out: dict[str, Any] = {"requests_per_round": args.requests, "rounds": args.rounds, "tokens": args.tokens,
                            "concurrency": args.concurrency}
-    for name in ("off", "on"):
+    for name in servers:
         out[name] = {"requests_per_s": args.requests * args.rounds / sum(wall[name]),
                      "requests_per_s_median_round": args.requests / statistics.median(wall[name]),
                      "cpu_ms_per_request": 1000 * sum(cpu[name]) / (args.requests * args.rounds),
@@ -131,6 +134,9 @@ def _measure(servers: dict[str, Server], args: argparse.Namespace) -> dict[str, 
     out["cpu_ratio_on_off"] = out["on"]["cpu_ms_per_request"] / out["off"]["cpu_ms_per_request"]
     out["cpu_ratio_per_round"] = [on / off for on, off in zip(cpu["on"], cpu["off"])]
     out["cpu_ratio_median_round"] = statistics.median(out["cpu_ratio_per_round"])
+    out["control_cpu_ratio"] = out["control"]["cpu_ms_per_request"] / out["off"]["cpu_ms_per_request"]
+    out["control_cpu_ratio_per_round"] = [c / off for c, off in zip(cpu["control"], cpu["off"])]
+    out["control_throughput_ratio"] = out["control"]["requests_per_s"] / out["off"]["requests_per_s"]
     out["throughput_ratio_on_off"] = out["on"]["requests_per_s"] / out["off"]["requests_per_s"]
     return out
 
@@ -139,15 +145,19 @@ def _report(f: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"tracing overhead — {args.rounds} alternating rounds × {args.requests} completions of {args.tokens} "
           f"tokens per server, {args.concurrency} concurrent, --sim-cost instant, 127.0.0.1")
     print(f"{'':10}{'req/s':>10}{'req/s (median round)':>22}{'server CPU ms/req':>20}{'(median round)':>16}")
-    for name in ("off", "on"):
+    for name in ("off", "on", "control"):
         s = f[name]
-        print(f"tracing {name:3}{s['requests_per_s']:>10.1f}{s['requests_per_s_median_round']:>22.1f}"
+        label = "control" if name == "control" else f"tracing {name}"
+        print(f"{label:10}{s['requests_per_s']:>10.1f}{s['requests_per_s_median_round']:>22.1f}"
               f"{s['cpu_ms_per_request']:>20.3f}{s['cpu_ms_per_request_median_round']:>16.3f}")
     rounds = ", ".join(f"{r:.3f}" for r in f["cpu_ratio_per_round"])
     print(f"CPU on/off per round (paired, in run order): {rounds}; median {f['cpu_ratio_median_round']:.3f}")
     print(f"CPU per request on/off: {f['cpu_ratio_on_off']:.3f} ({100 * (f['cpu_ratio_on_off'] - 1):+.1f} %); "
           f"throughput on/off: {f['throughput_ratio_on_off']:.3f}; OTLP posts {f['otlp_posts']} "
           f"({f['otlp_bytes'] / 1024:.0f} KiB)")
+    rounds = ", ".join(f"{r:.3f}" for r in f["control_cpu_ratio_per_round"])
+    print(f"A/A control (a second server, tracing off) / off: CPU per request {f['control_cpu_ratio']:.3f}, "
+          f"throughput {f['control_throughput_ratio']:.3f}; per round: {rounds}")
 
 
 if __name__ == "__main__":

@@ -17,12 +17,12 @@ Where each row is built:
 ==========  ==================================================================================
 admission   :mod:`~calculet.server.metrics_scheduling` (``AdmissionStatistics``)
 queues      :mod:`~calculet.server.metrics_scheduling`: depth and oldest wait of decode/short/medium/long
-batch       :mod:`~calculet.server.metrics_scheduling`; batch wait histogram in :mod:`~calculet.server.metrics_histograms`
-KV          :mod:`~calculet.server.metrics_scheduling`; free latency histogram in :mod:`~calculet.server.metrics_histograms`
+batch       ``metrics_scheduling``; batch wait histogram in ``metrics_histograms``
+KV          ``metrics_scheduling``; free latency histogram in ``metrics_histograms``
 executor    :mod:`~calculet.server.metrics_device`; host tick histogram in :mod:`~calculet.server.metrics_histograms`
 model       :mod:`~calculet.server.metrics_device` (ModelAdmin status, ModelManager statistics)
 fairness    :mod:`~calculet.server.metrics_scheduling`; starvation events in :mod:`~calculet.server.request_metrics`
-recovery    :mod:`~calculet.server.metrics_device`; recovery time histogram in :mod:`~calculet.server.metrics_histograms`
+recovery    ``metrics_device``; recovery time histogram in ``metrics_histograms``
 latency     TTFT, inter-token, end-to-end, queue, prefill, decode per token: :mod:`~calculet.server.request_metrics`
 goodput     :mod:`~calculet.server.metrics_goodput` (issue #13)
 ==========  ==================================================================================

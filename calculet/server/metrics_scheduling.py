@@ -175,6 +175,7 @@ def batch(s: EngineStatistics, facts: ServedModelFacts) -> list[Metric]:
 
 def kv(s: EngineStatistics, facts: ServedModelFacts) -> list[Metric]:
     kv = s.scheduler.kv
+    capacity = facts.kv_token_capacity
     return [
         by(gauge("calculet_kv_sequences", "KV sequences (lanes) by §9.1 state.", labels=["state"]),
             kv.by_state, KV_STATES),
@@ -185,7 +186,7 @@ def kv(s: EngineStatistics, facts: ServedModelFacts) -> list[Metric]:
         gauge("calculet_kv_capacity_tokens", "KV tokens the capacity plan reserves.",
               facts.kv_token_capacity),
         gauge("calculet_kv_usage_ratio", "Reserved KV tokens / the capacity plan's KV tokens (0-1; vLLM's "
-              "kv_cache_usage_perc).", kv.tokens_reserved / facts.kv_token_capacity if facts.kv_token_capacity else 0.0),
+              "kv_cache_usage_perc).", kv.tokens_reserved / capacity if capacity else 0.0),
         gauge("calculet_kv_unknown_sequences", "KV sequences in Unknown (quarantined, §9.2).", kv.unknown),
         counter("calculet_kv_lane_wait_refusals", "Reservations refused for want of a free lane.",
                  kv.lane_wait_refusals),
