@@ -213,7 +213,7 @@ class MonitoringConfig(Section):
     sample_every: Annotated[int, Strict()] = Field(
         16, ge=1,
         description="Check one transition in this many, drawn at random (1: every transition). 16 by "
-        "default: bench/dispatch.py measures ~2 µs per checked event, and a B16 decode tick fires ~66 "
+        "default: bench/dispatch.py measures ~2-3 µs extra per checked event, and a B16 decode tick fires ~66 "
         "events (issue #20); the test suite checks every event.",
     )
     tracing: TracingConfig = Field(
