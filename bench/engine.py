@@ -16,7 +16,7 @@ result verification, sampling, streaming, KV release — and reports:
   device step time: the host keeps up in real time while host/step stays well below 1.
 
 Numerics are off (the device computes no model, so wall time is host time); invariant monitors
-run at the production default (``monitoring``: on, one event in 16 checked — README "Monitors"). Figures, not a pass/fail test (DESIGN principle 10). The
+run at the production default (``monitoring``: on, one event in 256 checked — README "Monitors"). Figures, not a pass/fail test (DESIGN principle 10). The
 cost model is an assumption (``--cost tiny`` ms-scale, ``--cost reference`` the assumed
 reference-model shape, §13.1), never a measurement of the NPU.
 

@@ -224,7 +224,7 @@ def run_sweep(workload: Workload, policies: Sequence[PolicySpec], loads: Sequenc
     start = time.perf_counter()
     bounds = _Bounds(cost)
     monitor = MONITOR.statistics()
-    MONITOR.configure(enabled=False)  # the scheduling alone (production samples 1 event in 16, README "Monitors")
+    MONITOR.configure(enabled=False)  # the scheduling alone (production samples 1 event in 256, README "Monitors")
     try:
         with _Bars(total, console, quiet) as bars:
             for load in loads:

@@ -3,7 +3,7 @@
 The predicates are the very ones z3 proves (DESIGN: declare once). Monitoring is on in every
 test, checking every event, where a violation raises
 :class:`~calculet.machines.errors.InvariantViolation`; in production it is configured by
-``monitoring.invariants`` and ``monitoring.sample_every`` (default: on, one event in 16 checked,
+``monitoring.invariants`` and ``monitoring.sample_every`` (default: on, one event in 256 checked,
 drawn at random — issue #20's figures in the README, "Monitors"), and a violation is counted per
 (machine, invariant) and logged with the pre- and post-state instead of stopping the service.
 

@@ -39,9 +39,9 @@ def _decode_life(steps: int, budget: int = 0) -> RequestMachine:
     return r
 
 
-def test_the_shipped_default_monitors_one_event_in_16():
+def test_the_shipped_default_monitors_one_event_in_256():
     monitoring = default_config().monitoring
-    assert monitoring.invariants is True and monitoring.sample_every == 16
+    assert monitoring.invariants is True and monitoring.sample_every == 256
 
 
 def test_one_event_in_n_is_checked_on_average(sampling_allowed: None):
