@@ -29,7 +29,6 @@
 from __future__ import annotations
 
 import heapq
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Collection, Mapping
@@ -244,27 +243,23 @@ class PrefillScheduler:
                 best = (heap[0][0][1], queue)
         return best
 
-    def deadline_first(self, eligible: Collection[str], decode: DecodeScheduler, generation: int,
-                       lanes_full: bool = False) -> str | None:
-        """The class (a prefill queue, or ``"decode"``) that takes this opportunity ahead of the §6 WRR,
-        or None: the WRR decides (issue #13).
+    def deadline_first(self, eligible: Collection[str], decode: DecodeScheduler, generation: int) -> str | None:
+        """The class whose at-risk prefill takes this opportunity ahead of the §6 WRR, or None (issue #13).
 
         §7.2 item 2 (prefer the earliest deadline) over the whole device: the at-risk set is the
         EDF prefix the ``on_time`` selection proved feasible, so its earliest deadline goes first,
-        prefill or decode. An at-risk prefill goes ahead when no at-risk decode is due with an
-        earlier or equal deadline. An at-risk decode goes ahead of a prefill that is *not* at risk
-        under ``on_time`` when the ready sequences fill the widest profile (``lanes_full``): the selection proved the
-        prefix feasible with each later request's prefill run after it, and a prefill that no lane
-        is waiting for only delays every at-risk token by its length (issue #13 measured 5-13 % of
-        admitted requests on B1 shed that way). With a free lane the WRR decides: the prefill
-        fills it, and on B>1 starving prefills would leave lanes idle. The WRR's credits are left
-        as they were, so everyone else keeps its share.
+        prefill or decode. When decode is due and its first ready sequence's priority (its deadline
+        if at risk) is no later, decode keeps the opportunity and the WRR decides. The WRR's credits
+        are left as they were, so everyone else keeps its share. (An at-risk *decode* does not take
+        the opportunity from a prefill that is not at risk: tried in issue #13, it cut the admitted
+        requests shed on B1 but starved the other tenants' prefills behind a noisy tenant's at-risk
+        streams — Jain 0.53 on noisy-neighbour — while the admission margin alone sheds none.)
         """
-        at_risk_decode = decode.earliest_priority(generation) if "decode" in eligible else math.inf
-        head = self.urgent_head() if self.urgent else None
-        if head is None or at_risk_decode <= head[0]:
-            take = lanes_full and decode.planned and at_risk_decode < math.inf and len(eligible) > 1
-            return "decode" if take else None
+        if not self.urgent:
+            return None
+        head = self.urgent_head()
+        if head is None or ("decode" in eligible and decode.earliest_priority(generation) <= head[0]):
+            return None
         self._deadline_first += 1
         return head[1]
 

@@ -231,8 +231,7 @@ class Scheduler:
                     eligible.add("decode")
                 elif fire_at is not None:
                     wake = fire_at if wake is None else min(wake, fire_at)
-            full = ready >= profiles.largest.compiled_batch
-            choice = self.prefill.deadline_first(eligible, self.decode, gen, full) or self.arbiter.choose(eligible)
+            choice = self.prefill.deadline_first(eligible, self.decode, gen) or self.arbiter.choose(eligible)
             if choice is None:
                 return Plan(None, wake_at=wake, reason="nothing ready")
             job_id = self._next_job

@@ -1,19 +1,15 @@
 """Issue #13: the ``on_time`` admission margin — a controller on the share of admitted requests that end
-late —, the at-risk decode that goes ahead of prefills no lane is waiting for, and the ITL cap sized on
-the measured step period (sans-io, virtual time)."""
+late — and the ITL cap sized on the measured step period (sans-io, virtual time)."""
 
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 
 import pytest
 
-from calculet.config import QueuesConfig
 from calculet.runtime.scheduling.estimate_error import MAX_MARGIN, RAISE, EstimateErrors
 from calculet.runtime.scheduling.estimates import StepTimer
 from calculet.runtime.scheduling.finish_estimate import DeviceModel
-from calculet.runtime.scheduling.prefill import PrefillScheduler
 from tests.unit.runtime.runtime_support import Harness
 from tests.unit.runtime.scheduling.test_on_time import STEP
 
@@ -96,30 +92,6 @@ def test_the_margin_follows_the_outcomes_of_the_admitted_requests():
     assert (stats.outcomes, stats.misses, stats.margin) == (3, 0, 0.0)
     h.scheduler.on_time.planner.errors.missed()
     assert h.scheduler.statistics().on_time.estimate.margin == pytest.approx(RAISE)
-
-
-def _decode(priority: float, planned: bool = True) -> SimpleNamespace:
-    return SimpleNamespace(planned=planned, earliest_priority=lambda generation: priority)
-
-
-def _queued_prefill() -> PrefillScheduler:
-    harness = Harness.build(sizes=(1,), lanes=4)
-    sub = harness.submit(prompt=8, new=4)
-    prefill = PrefillScheduler(QueuesConfig())
-    prefill.add(harness.rec(sub.request_id), 0.0)
-    return prefill
-
-
-def test_an_at_risk_decode_goes_ahead_of_a_prefill_only_when_no_lane_is_free():
-    """Issue #13: the prefix proved feasible runs first when the lanes are full; with a free lane (or a
-    policy other than on_time, or no decode at risk) the WRR decides as before."""
-    prefill = _queued_prefill()
-    eligible = {"short", "decode"}
-    assert prefill.deadline_first(eligible, _decode(5.0), 1, lanes_full=True) == "decode"
-    assert prefill.deadline_first(eligible, _decode(5.0), 1, lanes_full=False) is None
-    assert prefill.deadline_first(eligible, _decode(5.0, planned=False), 1, lanes_full=True) is None
-    assert prefill.deadline_first(eligible, _decode(float("inf")), 1, lanes_full=True) is None
-    assert prefill.deadline_first({"decode"}, _decode(5.0), 1, lanes_full=True) is None
 
 
 @pytest.mark.req("R7.2.5")
