@@ -3,9 +3,12 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 # What each target installs (pyproject extras): `run` only what serving needs, `test` adds the test
-# extras, `bench` the bench extras; STAMP is the whole development install (both). The run install
-# skips byte-compiling every installed file (--no-compile: ~30 % of the install here); Python
-# compiles what it imports on first use.
+# extras, `bench` the bench extras; STAMP is the whole development install (both). The installer is
+# uv (from PyPI, into the venv): on this 2-core machine a fresh `make run` spent 23 s creating a venv
+# with pip and 78 s in `pip install -e .`; a venv without pip, then uv, takes about 30 s in all. The
+# venv has no pip of its own: `.venv/bin/uv pip install ...` adds packages to it.
+UV := $(VENV)/bin/uv
+INSTALL := $(UV) pip install --quiet --python $(PY)
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_TEST := $(VENV)/.installed-test
 STAMP_BENCH := $(VENV)/.installed-bench
@@ -23,16 +26,17 @@ help:
 
 $(STAMP_RUN): pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "need $(PYTHON) (Python >= 3.11) on PATH"; exit 1; }
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check --no-compile -e .
+	test -x $(PY) || $(PYTHON) -m venv --without-pip $(VENV)
+	test -x $(UV) || $(PYTHON) -m pip --python $(PY) install --quiet --disable-pip-version-check 'uv>=0.4,<1'
+	$(INSTALL) -e .
 	touch $(STAMP_RUN)
 
 $(STAMP_TEST): $(STAMP_RUN)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(INSTALL) -e '.[test]'
 	touch $(STAMP_TEST)
 
 $(STAMP_BENCH): $(STAMP_RUN)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[bench]'
+	$(INSTALL) -e '.[bench]'
 	touch $(STAMP_BENCH)
 
 $(STAMP): $(STAMP_TEST) $(STAMP_BENCH)
