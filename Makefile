@@ -2,8 +2,8 @@
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
-# What each target installs (pyproject extras): `run` only what serving needs, `test` adds the test
-# extras, `bench` the bench extras; STAMP is the whole development install (both). The installer is
+# What each target installs (pyproject extras): `run` only what serving needs, `bench` adds the bench
+# extras; `test` installs both extras (STAMP): the suite also tests the bench code and its plots. The installer is
 # uv (from PyPI, into the venv): on this 2-core machine a fresh `make run` spent 23 s creating a venv
 # with pip and 78 s in `pip install -e .`; a venv without pip, then uv, takes about 30 s in all. The
 # venv has no pip of its own: `.venv/bin/uv pip install ...` adds packages to it.
@@ -60,7 +60,7 @@ run: $(STAMP_RUN)
 
 # Two workers on CI's two cores (pytest-xdist); the slow tier runs in `make soak`.
 # --dist loadgroup: the fleet tests (one HAProxy + 3 boards, tests/fleet) stay on one worker.
-test: $(STAMP_TEST) system-tools
+test: $(STAMP) system-tools
 	HYPOTHESIS_PROFILE=ci $(PY) -m pytest -q -n auto --dist loadgroup -m "not slow"
 
 specs: $(STAMP)
