@@ -4,7 +4,7 @@ Why a table: each entry point is a module with its own ``main(argv)`` (``python 
 keeps working; so do the others); this command only maps a name to that module and hands it the
 rest of the arguments, importing it only when it is asked for (``calculet --help`` starts fast and
 ``calculet serve`` never imports the test or bench extras). Adding a command is one row in
-:data:`COMMANDS` — e.g. the device conformance kit's ``conformance`` (#18) goes there.
+:data:`COMMANDS` — the device conformance kit's ``conformance`` (#18) among them.
 
 ``calculet config check FILE`` validates a ``calculet-scheduler/v1`` file without starting (§15):
 the schema and every field, and, when it names packages, §11 steps 1–3 for the served alias —
@@ -48,7 +48,8 @@ COMMANDS: dict[str, Command] = {
     "config": Command("calculet.cli", "check a configuration without starting: calculet config check FILE",
                       "config_main"),
     "fleet": Command("calculet.fleet.cli", "many boards behind HAProxy: haproxy-config, rollout, status, local"),
-    # "conformance": the device conformance kit (#18) adds its row here.
+    "conformance": Command("calculet.conformance.__main__", "run the device conformance kit and write its evidence "
+                           "report (= python -m calculet.conformance)"),
 }
 
 
