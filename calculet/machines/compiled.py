@@ -72,8 +72,12 @@ class CompiledInstance:
         return {name: getattr(self, name) for name in self._param_names}
 
     def snapshot(self) -> "CompiledInstance":
-        """A detached copy, used as the pre-state by monitors and step properties (generated)."""
-        raise NotImplementedError  # replaced per machine by compile_instance_type
+        """A detached copy, used as the pre-state by monitors and step properties. This generic copy is
+        what each machine's generated ``snapshot`` does without the loop (:func:`compile_instance_type`)."""
+        copy = object.__new__(type(self))
+        for name in ("_state", "last_transition", *self._param_names, *self._var_names):
+            setattr(copy, name, getattr(self, name))
+        return copy
 
     def enabled_events(self) -> list[str]:
         return list(self._table.get(self._state, _EMPTY))
@@ -97,9 +101,12 @@ class CompiledInstance:
         The generated code evaluates the guards before it writes anything, so a refused event
         leaves state and variables exactly as they were. With monitors on, the declared
         invariants are checked after the event (:meth:`_fire_monitored`). Each machine's class
-        has its own copy with its table bound (:func:`_make_fire`).
+        has its own faster copy with its table bound (:func:`_make_fire`); this is the exact path it
+        falls back to.
         """
-        raise NotImplementedError  # replaced per machine by compile_instance_type
+        if _MONITOR.enabled:
+            return self._fire_monitored(event, args)
+        return self._fire_exact(event, args)
 
     def _fire_exact(self, event: str, args: dict[str, Any]) -> str:
         """The slow path: exact argument check, then the guards (refusal raises with the reason)."""

@@ -31,11 +31,14 @@ def serving(fleet: LocalFleet) -> dict[str, Served]:
 
 
 def wait_for(condition: object, timeout_s: float, what: str) -> float:
-    """Poll a real system (other processes) until ``condition()``; returns when it held."""
-    deadline = time.monotonic() + timeout_s
+    """Poll a real system (other processes: HAProxy, the boards) until ``condition()``; returns when it
+    held. ``timeout_s`` is a hang guard, tripled for a loaded machine, not a measured figure (the
+    figures, e.g. 'marked down within 3 s', come from bench/fleet.py)."""
+    deadline = time.monotonic() + 3 * timeout_s  # allowed: a hang guard on other processes, not a duration asserted
     while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.05)
+        if time.monotonic() >= deadline:  # allowed: the same hang guard
+            pytest.fail(f"{what}: not within {3 * timeout_s} s")
+        time.sleep(0.05)  # allowed: polling other processes, which have no fake clock
     return time.monotonic()
 
 

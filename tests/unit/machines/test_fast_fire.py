@@ -66,3 +66,20 @@ def test_instantiation_refuses_missing_unexpected_and_out_of_range_parameters():
         RequestMachine.create(prompt_tokens=0, max_new_tokens=3, max_seq=16)
     with pytest.raises(ValueError, match="expected an int, got bool"):
         RequestMachine.create(prompt_tokens=True, max_new_tokens=3, max_seq=16)
+
+
+@pytest.mark.req("R9.2.3")
+def test_the_base_class_exact_fire_and_generic_snapshot_agree_with_the_generated_ones(monitors: bool):
+    """The generic ``CompiledInstance.fire``/``snapshot`` (the exact path the generated ones fall back
+    to) take the same transition and copy the same values as the generated per-machine methods."""
+    from calculet.machines.compiled import CompiledInstance
+    fast, exact = KvSequenceMachine.create(max_seq=8, lane=0), KvSequenceMachine.create(max_seq=8, lane=0)
+    assert fast.fire("reserve", seq=1, gen=1, tokens=4) == CompiledInstance.fire(exact, "reserve", seq=1, gen=1,
+                                                                                 tokens=4)
+    assert (fast.state, fast.values()) == (exact.state, exact.values())
+    copy, generated = CompiledInstance.snapshot(exact), exact.snapshot()
+    assert type(copy) is type(exact) and (copy.state, copy.values(), copy.params()) == (
+        generated.state, generated.values(), generated.params())
+    with pytest.raises(TransitionNotAllowed, match="no transition for this event"):
+        CompiledInstance.fire(exact, "reserve", seq=2, gen=1, tokens=4)
+    assert (exact.state, exact.values()) == (fast.state, fast.values())
