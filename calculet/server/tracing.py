@@ -50,13 +50,14 @@ from opentelemetry.trace import Status, StatusCode
 
 from calculet.clock import Clock
 from calculet.config.tracing import TracingConfig
+from calculet.machines.request import TERMINAL, WAITING
 
 log = logging.getLogger("calculet.server.tracing")
 
 __all__ = ["RequestTracer", "otlp_provider"]
 
-_DECIDING = frozenset({"new", "waiting_model", "waiting_admission"})
-_ENDED = frozenset({"completed", "cancelled", "failed"})
+_DECIDING = WAITING  # not admitted yet: the admission decision is pending (RequestMachine's "waiting" group)
+_ENDED = TERMINAL  # the states flagged terminal in the declaration (#17: never a parallel tuple)
 
 
 def otlp_provider(config: TracingConfig) -> TracerProvider | None:
