@@ -24,6 +24,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from calculet.clock import Clock
+from calculet.machines.request import DECODING, HOLDING, TERMINAL, WAITING
 
 TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 ITL_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
@@ -135,9 +136,11 @@ class ServiceMetrics:
 
 
 
-_WAITING = frozenset({"new", "waiting_model", "waiting_admission"})
-_PREFILL = frozenset({"prefill_ready", "prefill_running"})
-_ENDED = frozenset({"completed", "cancelled", "failed"})
+# The request states each phase spans, derived from RequestMachine's declared groups and terminal
+# flags (#17: one source of truth — a state regrouped in the declaration moves here too).
+_WAITING = WAITING                # not admitted yet
+_PREFILL = HOLDING - DECODING     # admitted, holding a lane, no first token yet: prefill queued or running
+_ENDED = TERMINAL                 # the stream closed
 
 
 class RequestPhases:
