@@ -34,7 +34,7 @@ from calculet.server.metrics_runtime import add_process_collectors
 from calculet.server.model_admin import ManagedModelAdmin, ModelAdmin
 from calculet.server.request_metrics import RequestPhases, ServiceMetrics, make_registry
 from calculet.server.timed_stream import TimedStream
-from calculet.server.tracing import RequestTracer, otlp_provider
+from calculet.server.tracing import RequestTracer, SpanPipeline, otlp_pipeline
 
 log = logging.getLogger("calculet.server")
 
@@ -51,8 +51,8 @@ class ServiceOptions:
     """Worker threads for blocking engine calls (submit, statistics)."""
     device_label: str = "simulated NPU (calculet.adapters.sim)"
     """Where the device facts come from, shown next to every capability."""
-    tracer_provider: Any = None
-    """An OpenTelemetry ``TracerProvider`` to trace requests with (tests, benchmarks); None follows
+    span_pipeline: SpanPipeline | None = None
+    """Where request traces go (tests: a simple processor with the in-memory exporter); None follows
     ``monitoring.tracing`` (off unless an OTLP endpoint is configured)."""
     capabilities: DeviceCapabilities | None = None
     """The contract offered (bring-up's ``BroughtUp.offered()``: above C3 only with conformance evidence,
@@ -90,9 +90,9 @@ class Service:
                                                facts=ServedModelFacts(self.info.profiles, kv_tokens)))
         add_process_collectors(self.registry)
         self.phases = RequestPhases(self.metrics, engine.clock)
-        provider = options.tracer_provider or otlp_provider(config.monitoring.tracing)
-        self.tracer = (RequestTracer(provider, engine.clock, job=engine.job, alias=self.alias)
-                       if provider is not None else None)
+        pipeline = options.span_pipeline or otlp_pipeline(config.monitoring.tracing)
+        self.tracer = (RequestTracer(pipeline, engine.clock, job=engine.job, alias=self.alias)
+                       if pipeline is not None else None)
         engine.set_observer(self.phases.observe if self.tracer is None else self._observe_traced)
         self.limiter = anyio.CapacityLimiter(options.max_threads)
         self.large_body_limiter = anyio.CapacityLimiter(1)
@@ -129,7 +129,10 @@ class Service:
     def stop(self, drain_timeout_s: float | None = None, wait_s: float | None = None) -> bool:
         """Begin the shutdown and wait for the engine to stop; True when it has."""
         self.begin_shutdown(drain_timeout_s)
-        return self.lifecycle.wait_stopped(wait_s)
+        stopped = self.lifecycle.wait_stopped(wait_s)
+        if self.tracer is not None:  # the traces of the drained requests go out before the process does
+            self.tracer.shutdown()
+        return stopped
 
     def published(self, entry: Mapping[str, Any]) -> None:
         """A load or rollback published ``entry``'s generation: what responses and logs name follows it

@@ -1,50 +1,85 @@
 """Request traces with OpenTelemetry (issue #19; §16: request and job ids go to traces, never to labels).
 
 A completion through the running service produces one ``calculet.request`` span with children for
-admission, queue wait, prefill and its decode batches (ids, profile, lanes, engines), with the
-expected attributes and no prompt text anywhere (the SDK's in-memory exporter). In virtual time,
-B4 batches of 3 lanes give decode spans with profile 4, lanes [3, 3], the same batch ids for the
-three requests, and span durations equal to the fake clock's. Tracing is off by default: no tracer
-without an OTLP endpoint; a request the sampler drops gets no child span.
+admission, queue wait, prefill and decode, the decode span linked to one ``calculet.decode_batch``
+span per decode batch (id, profile, lanes, engine), with the expected attributes and no prompt
+text anywhere (the SDK's in-memory exporter). In virtual time, B4 batches of 3 lanes give one
+batch span per batch — not per request — shared by the three requests' links, with durations
+equal to the fake clock's. Tracing is off by default: no tracer without an OTLP endpoint; a
+request the sampler drops gets no span, and neither does a batch that carries only such requests.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from calculet.config import parse_config
-from calculet.server.tracing import RequestTracer, otlp_provider
+from calculet.server.tracing import RequestTracer, SpanPipeline, otlp_pipeline
 from tests.integration.engine.support import engine_config
 from tests.service.support import ALIAS, RunningServer, service_config, start_server
-from tests.service.test_metrics_values import stack
+from tests.service.test_metrics_values import Stack, stack
 
 PROMPT = "the secret prompt text 7f3a"
+
+Observer = Callable[[Any, str, str], None]
+
+
+def _pipeline(sample_ratio: float = 1.0) -> tuple[SpanPipeline, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    return SpanPipeline(SimpleSpanProcessor(exporter), sample_ratio=sample_ratio), exporter
 
 
 @pytest.fixture
 def traced(key_dir: Path) -> Iterator[tuple[RunningServer, InMemorySpanExporter]]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    running = start_server(service_config(), key_dir, service_options={"tracer_provider": provider})
+    pipeline, exporter = _pipeline()
+    running = start_server(service_config(), key_dir, service_options={"span_pipeline": pipeline})
     yield running, exporter
     running.stop()
 
 
-def _tree(spans: tuple[ReadableSpan, ...]) -> tuple[ReadableSpan, list[ReadableSpan]]:
-    roots = [s for s in spans if s.name == "calculet.request"]
-    assert len(roots) == 1, [s.name for s in spans]
-    root = roots[0]
-    children = [s for s in spans if s.parent is not None and s.parent.span_id == root.context.span_id]
-    assert len(children) == len(spans) - 1, "every other span is a child of the request span"
-    assert all(s.context.trace_id == root.context.trace_id for s in spans)
-    return root, sorted(children, key=lambda s: (s.start_time or 0, s.name))
+def _chain(first: Observer, second: Observer) -> Observer:
+    def both(rec: Any, source: str, target: str) -> None:
+        first(rec, source, target)
+        second(rec, source, target)
+    return both
+
+
+def _traced_stack(st: Stack, sample_ratio: float = 1.0) -> tuple[RequestTracer, InMemorySpanExporter]:
+    pipeline, exporter = _pipeline(sample_ratio)
+    tracer = RequestTracer(pipeline, st.clock, job=st.driver.job, alias="tiny")
+    st.driver.core._observer = _chain(st.driver.core._observer, tracer.observe)
+    return tracer, exporter
+
+
+def _requests(spans: tuple[ReadableSpan, ...]) -> dict[int, tuple[ReadableSpan, list[ReadableSpan]]]:
+    """Each request trace: its root span and its children (sorted by start), checked to be one tree."""
+    out = {}
+    for root in (s for s in spans if s.name == "calculet.request"):
+        in_trace = [s for s in spans if s.context.trace_id == root.context.trace_id and s is not root]
+        assert all(s.parent is not None and s.parent.span_id == root.context.span_id for s in in_trace)
+        out[root.context.trace_id] = (root, sorted(in_trace, key=lambda s: (s.start_time or 0, s.name)))
+    return out
+
+
+def _batches(spans: tuple[ReadableSpan, ...]) -> dict[tuple[int, int], ReadableSpan]:
+    """The decode-batch spans by (trace id, span id): each the root of a trace of its own."""
+    batches = {(s.context.trace_id, s.context.span_id): s for s in spans if s.name == "calculet.decode_batch"}
+    assert all(s.parent is None for s in batches.values())
+    assert len({trace_id for trace_id, _ in batches}) == len(batches)
+    return batches
+
+
+def _linked(decode: ReadableSpan, batches: dict[tuple[int, int], ReadableSpan]) -> list[dict[str, Any]]:
+    """The attributes of the batch spans ``decode`` links to, in link order (every link resolves)."""
+    return [dict(batches[(link.context.trace_id, link.context.span_id)].attributes or {})
+            for link in decode.links]
 
 
 def test_a_completion_produces_the_span_tree_with_attributes_and_no_prompt_text(
@@ -53,84 +88,84 @@ def test_a_completion_produces_the_span_tree_with_attributes_and_no_prompt_text(
     completion = server.client("beta").completions.create(model=ALIAS, prompt=PROMPT, max_tokens=4)
     assert completion.usage is not None
     server.service.wait_streams_closed(10)
-    root, children = _tree(exporter.get_finished_spans())
+    spans = exporter.get_finished_spans()
+    (root, children), = _requests(spans).values()
+    batches = _batches(spans)
+    assert len(spans) == 1 + len(children) + len(batches)
     attrs = dict(root.attributes or {})
     assert attrs["calculet.tenant"] == "beta" and attrs["calculet.model"] == ALIAS
     assert attrs["calculet.prompt_tokens"] == completion.usage.prompt_tokens
     assert attrs["calculet.generated_tokens"] == completion.usage.completion_tokens == 4
     assert attrs["calculet.outcome"] == "completed" and attrs["calculet.max_new_tokens"] == 4
-    names = [s.name for s in children]
-    assert names[:3] == ["calculet.admission", "calculet.queue_wait", "calculet.prefill"]
-    assert names[3:] == ["calculet.decode"]
+    assert [s.name for s in children] == ["calculet.admission", "calculet.queue_wait", "calculet.prefill",
+                                          "calculet.decode"]
     assert dict(children[0].attributes or {})["calculet.decision"] == "admit"
-    decode = dict(children[3].attributes or {})
-    assert decode["calculet.decode.steps"] == 3  # 4 tokens: the prefill's, then 3 decode batches
-    assert decode["calculet.batch.profile"] == 1 and decode["calculet.batch.lanes"] == "1 1 1"
-    ids = [int(i) for i in str(decode["calculet.batch.ids"]).split()]
-    assert len(set(ids)) == 3 and decode["calculet.decode.ok"] is True
-    assert set(str(decode["calculet.batch.engines"]).split()) <= {"ping", "pong"}
-    assert dict(children[2].attributes or {})["calculet.batch.id"] not in ids
+    decode = children[3]
+    assert dict(decode.attributes or {}) == {"calculet.decode.steps": 3, "calculet.decode.ok": True}
+    linked = _linked(decode, batches)  # 4 tokens: the prefill's, then 3 decode batches, a span each
+    assert len(linked) == len(batches) == 3
+    assert [b["calculet.batch.profile"] for b in linked] == [1, 1, 1]
+    assert [b["calculet.batch.lanes"] for b in linked] == [1, 1, 1]
+    assert all(b["calculet.batch.ok"] is True and b["calculet.batch.engine"] in ("ping", "pong") for b in linked)
+    ids = [b["calculet.batch.id"] for b in linked]
+    assert len(set(ids)) == 3 and dict(children[2].attributes or {})["calculet.batch.id"] not in ids
     for span in (root, *children):
         assert root.start_time <= span.start_time <= span.end_time <= root.end_time  # type: ignore[operator]
-        for value in (span.attributes or {}).values():
-            assert "secret" not in str(value)
+    for batch in batches.values():
+        assert decode.start_time <= batch.start_time <= batch.end_time <= decode.end_time  # type: ignore[operator]
+    for span in spans:
+        assert all("secret" not in str(value) for value in (span.attributes or {}).values())
     assert server.service.tracer is not None and server.service.tracer.open == 0
 
 
-def test_decode_spans_carry_b4_profile_and_3_lanes_with_fake_clock_durations() -> None:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+def test_one_span_per_decode_batch_shared_by_its_lanes_with_fake_clock_durations() -> None:
+    """Three requests on B4 (3 and 3 and 5 new tokens): batches of 3 lanes, then of 1 — a span each,
+    linked from every request that rode in it; a span lasts from its batch's submission to its end."""
     config = engine_config(profiles=(4,), batch={"batching_window_us": 50_000})
-    tracer: list[RequestTracer] = []
     st = stack(config, profiles=(1, 4), variant="future")
-    tracer.append(RequestTracer(provider, st.clock, job=st.driver.job, alias="tiny"))
-    st.driver.core._observer = _chain(st.driver.core._observer, tracer[0].observe)
-    for _ in range(3):
-        st.submit(8, 3)
+    tracer, exporter = _traced_stack(st)
+    for new in (3, 3, 5):
+        st.submit(8, new)
     st.driver.run_until_idle()
     spans = exporter.get_finished_spans()
-    decodes = [dict(s.attributes or {}) for s in spans if s.name == "calculet.decode"]
-    assert len(decodes) == 3  # one per request: its profile never changed
-    assert {d["calculet.batch.profile"] for d in decodes} == {4}
-    assert {d["calculet.batch.lanes"] for d in decodes} == {"3 3"}
-    assert len({d["calculet.batch.ids"] for d in decodes}) == 1  # the 3 lanes rode the same 2 jobs
-    assert len(str(decodes[0]["calculet.batch.ids"]).split()) == 2
+    batches = _batches(spans)
+    boarded = sorted({at for at, _, _, target in st.transitions if target == "decode_running"})
+    assert len(batches) == len(boarded) == 4  # one span per batch, not one per request per batch
+    decodes = [c for _, children in _requests(spans).values() for c in children if c.name == "calculet.decode"]
+    links = sorted((_linked(d, batches) for d in decodes), key=len)
+    assert [len(x) for x in links] == [2, 2, 4]
+    assert [b["calculet.batch.lanes"] for b in links[2]] == [3, 3, 1, 1]
+    assert {b["calculet.batch.profile"] for b in links[2][:2]} == {4}
+    shared = [tuple(b["calculet.batch.id"] for b in x[:2]) for x in links]
+    assert len(set(shared)) == 1  # the three requests link to the same two 3-lane batches
+    for batch, at in zip(sorted(batches.values(), key=lambda s: s.start_time or 0), boarded):
+        left = min(t for t, _, source, _ in st.transitions if source == "decode_running" and t >= at)
+        assert (batch.end_time - batch.start_time) / 1e9 == pytest.approx(left - at, abs=1e-9)  # type: ignore[operator]
     started = st.entered("decode_running")[0]
-    ended = [t for t, _, src, _ in st.transitions if src == "decode_running"][-1]
-    spans_by_name = [s for s in spans if s.name == "calculet.decode"]
-    assert {round((s.end_time - s.start_time) / 1e9, 9) for s in spans_by_name} == {round(ended - started, 9)}  # type: ignore[operator]
-    assert tracer[0].open == 0
+    ended = [t for t, _, source, _ in st.transitions if source == "decode_running"][-1]
+    longest = max(decodes, key=lambda d: len(d.links))
+    assert (longest.end_time - longest.start_time) / 1e9 == pytest.approx(ended - started, abs=1e-9)  # type: ignore[operator]
+    assert dict(longest.attributes or {})["calculet.decode.steps"] == 4
+    assert tracer.open == 0
 
 
-def test_a_request_the_sampler_drops_gets_no_child_span() -> None:
-    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(sampler=ALWAYS_OFF)
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+def test_a_request_the_sampler_drops_gets_no_span_nor_do_its_batches() -> None:
     st = stack(engine_config())
-    tracer = RequestTracer(provider, st.clock, job=st.driver.job)
-    st.driver.core._observer = _chain(st.driver.core._observer, tracer.observe)
+    tracer, exporter = _traced_stack(st, sample_ratio=0.0)
     st.submit(8, 3)
     st.driver.run_until_idle()
-    assert exporter.get_finished_spans() == () and tracer.open == 0
-
-
-def _chain(first, second):  # type: ignore[no-untyped-def]
-    def both(rec, source, target):  # type: ignore[no-untyped-def]
-        first(rec, source, target)
-        second(rec, source, target)
-    return both
+    assert st.entered("decode_running") and exporter.get_finished_spans() == () and tracer.open == 0
 
 
 def test_tracing_is_off_by_default_and_on_with_an_otlp_endpoint() -> None:
     base = {"schema": "calculet-scheduler/v1"}
-    assert otlp_provider(parse_config(base).monitoring.tracing) is None
+    assert otlp_pipeline(parse_config(base).monitoring.tracing) is None
     on = parse_config({**base, "monitoring": {"tracing": {"otlp_endpoint": "http://127.0.0.1:1/v1/traces",
-                                                          "sample_ratio": 0.5}}})
-    provider = otlp_provider(on.monitoring.tracing)
-    assert isinstance(provider, TracerProvider)
-    provider.shutdown()
+                                                          "sample_ratio": 0.5, "service_name": "board7"}}})
+    pipeline = otlp_pipeline(on.monitoring.tracing)
+    assert pipeline is not None and pipeline.sample_ratio == 0.5
+    assert pipeline.resource.attributes["service.name"] == "board7"
+    pipeline.processor.shutdown()
 
 
 def test_the_default_service_installs_no_tracer(key_dir: Path) -> None:
