@@ -12,7 +12,8 @@ before routing:
 3. otherwise the body is read here, chunk by chunk, counting: past the limit the answer is 413
    and the connection closes (the rest is never read, so memory stays bounded by the limit);
    a pause longer than ``server.body_timeout_s`` between two chunks is 408, also closed;
-4. the app then receives the body as one message, already read and bounded (the generation
+4. a connection that closes before its body ends is recorded as such (``_unanswered``);
+5. the app then receives the body as one message, already read and bounded (the generation
    routes take it from ``scope["state"]["body"]`` without a copy and parse it off the event
    loop, :mod:`calculet.server.request_parsing`).
 
@@ -70,6 +71,9 @@ class BodyGate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if "protocol_error" in scope.get("state", {}):  # the server refused the body's framing before we ran
+            await _unanswered(scope, receive, send)
+            return
         refused = self.authorize(scope) if _has_body(scope) else None
         if refused is not None:
             await _refusal(refused, scope)(scope, receive, send)
@@ -85,8 +89,8 @@ class BodyGate:
         if problem is not None:
             await _refusal(problem, scope)(scope, receive, send)
             return
-        if body is None:  # the client went away while sending: nobody to answer
-            scope.setdefault("state", {})["error"] = ("client_closed_request", "the client closed while sending")
+        if body is None:  # the connection closed while the body was on its way: nobody to answer
+            await _unanswered(scope, receive, send)
             return
         scope.setdefault("state", {})["body"] = body  # read by the generation routes as it is: no copy
         await self.app(scope, _replay(body, receive), send)
@@ -112,6 +116,22 @@ class BodyGate:
     def _too_large(self, what: str) -> APIError:
         return APIError(413, f"{what} exceeds the limit of {self.max_body_bytes} bytes (server.max_body_bytes)",
                         code="body_too_large")
+
+
+async def _unanswered(scope: Scope, receive: Receive, send: Send) -> None:
+    """The request's end when its connection closed before its body did: no client reads an answer, but the
+    request's one log line and its status in the HTTP metrics say what happened — the protocol's refusal
+    if h11 refused the body's framing (a broken chunk: the 400 the client got, noted in the scope by
+    :class:`calculet.server.http_server.EdgeProtocol`), else 499 (the client closed), not the 500 a request
+    that never answered counts as."""
+    state = scope.setdefault("state", {})
+    status, code, reason = state.get("protocol_error") or (
+        499, "client_closed_request", "the client closed the connection while sending the body")
+    state["error"] = (code, reason)
+    try:
+        await APIError(status, reason, code=code)(scope, receive, send)  # the server drops it: the connection is gone
+    except OSError:  # an ASGI server may raise on a send after the disconnect (ASGI 2.4) instead of dropping it
+        pass
 
 
 def _replay(body: bytearray, receive: Receive) -> Receive:

@@ -13,8 +13,15 @@ status  type                            when
 401     ``authentication_error``        unknown API key / admin token
 403     ``permission_error``            the admin API is disabled (no admin token set)
 404     ``invalid_request_error``       unknown model alias or route
+408     ``invalid_request_error``       request headers or a body pause past
+                                        ``server.header_timeout_s`` / ``body_timeout_s``
+409     ``invalid_request_error``       an admin operation conflicting with the
+                                        model's state
 413     ``invalid_request_error``       a request body larger than 8 MiB
+431     ``invalid_request_error``       request headers past ``server.max_header_bytes``
 429     ``rate_limit_error``            RejectCapacity (§5.2), with ``Retry-After``
+499     ``invalid_request_error``       the client closed the connection first (logged
+                                        and counted only: nobody reads the answer)
 501     ``not_implemented_error``       what CalRT 0.7.6 cannot do (e.g. a second model
                                         alias in one process, §13.1)
 503     ``service_unavailable_error``   RejectUnavailable (§5.2): model draining,
@@ -45,9 +52,12 @@ _TYPES: dict[int, str] = {
     401: "authentication_error",
     403: "permission_error",
     404: "invalid_request_error",
+    408: "invalid_request_error",
     409: "invalid_request_error",
     413: "invalid_request_error",
+    431: "invalid_request_error",
     429: "rate_limit_error",
+    499: "invalid_request_error",
     501: "not_implemented_error",
     503: "service_unavailable_error",
     504: "timeout_error",

@@ -1,13 +1,33 @@
-"""uvicorn as the service runs it: h11 with a header timeout, and the limits of ``server`` (issue #14, §3).
+"""uvicorn as the service runs it: h11 with a header timeout, and protocol errors answered like the app's (issue #14, §3).
 
-Why our own protocol class: uvicorn times out only *idle* keep-alive connections
-(``timeout_keep_alive``); a client that sends half a request line or half its headers and then
-waits holds a connection (and a slot of the accept backlog) for as long as it likes — the issue
-measured 40 s and counting. :class:`HeaderTimeoutProtocol` arms a timer when a connection opens
-and whenever a new request's first byte arrives after a response, and disarms it once h11 has
-parsed the request line and headers; if it fires first, the client gets a ``408`` and the
-connection is closed. The timer is armed once per request, not once per byte, so a client
-trickling one byte at a time gains nothing.
+Why our own protocol class: two kinds of answer never reach the ASGI app, so the app's middleware
+(:class:`~calculet.server.app.RequestContext`) cannot give them a request id or a log line:
+
+* **a half-sent request.** uvicorn times out only *idle* keep-alive connections
+  (``timeout_keep_alive``); a client that sends half a request line or half its headers and then
+  waits holds a connection (and a slot of the accept backlog) for as long as it likes — the issue
+  measured 40 s and counting. :class:`EdgeProtocol` arms a timer when a connection opens and
+  whenever a new request's first byte arrives after a response, and disarms it once h11 has parsed
+  the request line and headers; if it fires first, the client gets a ``408`` and the connection is
+  closed. The timer is armed once per request, not once per byte, so a client trickling one byte
+  at a time gains nothing.
+* **bytes that are not HTTP/1.1.** A malformed request line, an invalid header, a bad
+  ``Content-Length``, a transfer coding other than chunked, headers past ``server.max_header_bytes``
+  while they arrive, a broken chunk inside a body: h11 refuses them and uvicorn answers a bare
+  ``400 Invalid HTTP request received.`` in plain text, without an id, and logs only that sentence.
+
+Both are answered here in the service's error shape (:mod:`calculet.server.errors`) with a
+server-generated ``x-request-id``, and one ``http`` log line with the same fields as the app's
+(``request_id``, ``status``, ``code``, ``reason`` — h11's own words — and the client address), so
+"every 4xx and 5xx response carries x-request-id, and its log line says why" (issue #14) holds for
+them too. Never a 5xx for the client's bytes: h11 hints 501 for a transfer coding it does not
+implement; that is the client's request, answered 400 (issue #14: 0 responses ≥ 500 from input).
+
+A broken chunk inside a body belongs to a request the app has (or is about to start): its answer
+carries the request's id (``request_id`` in its scope state, which the app's middleware adopts)
+and notes the status and reason there (``protocol_error``), so the request's one log line (written
+when the body gate sees the connection closed, :mod:`calculet.server.body_gate`) says why instead
+of a second line here.
 
 :func:`uvicorn_config` is the one place that turns ``server.*`` of ``calculet-scheduler/v1`` into
 uvicorn options (``python -m calculet.run`` and the service tests both use it).
@@ -18,35 +38,73 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import uuid
 from typing import Any
 
 import h11
 import uvicorn
+from h11._connection import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from calculet.config.service import ServerConfig
 
 log = logging.getLogger("calculet.server")
 
-
-def _timeout_response() -> bytes:
-    body = json.dumps({"error": {"message": "the request line and headers did not arrive within the header timeout",
-                                 "type": "invalid_request_error", "code": "header_timeout", "param": None}}).encode()
-    head = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n")
-    return head + body
+_ANSWERABLE = (h11.IDLE, h11.SEND_RESPONSE)
+"""Our side's h11 states in which no byte of a response to the current request has been written."""
 
 
-TIMEOUT_RESPONSE = _timeout_response()
+def new_request_id() -> str:
+    """A server-generated request id (32 hex digits), the same form as the app's."""
+    return uuid.uuid4().hex
 
 
-class HeaderTimeoutProtocol(H11Protocol):
-    """uvicorn's h11 protocol, plus a deadline for each request's line and headers."""
+def error_response(status: int, code: str, message: str, request_id: str) -> bytes:
+    """A whole ``Connection: close`` HTTP/1.1 response in the service's error shape, as bytes."""
+    phrase = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}.get(status, b"")
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "code": code,
+                                 "param": None}}).encode()
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\nx-request-id: %s\r\n"
+            b"content-length: %d\r\n\r\n" % (status, phrase, request_id.encode(), len(body)) + body)
+
+
+class _Connection(h11.Connection):
+    """h11's server connection, keeping the error that made it refuse the client's bytes: uvicorn's
+    handler catches it and keeps only the sentence "Invalid HTTP request received."."""
+
+    last_error: h11.RemoteProtocolError | None = None
+
+    def next_event(self) -> Any:
+        try:
+            return super().next_event()
+        except h11.RemoteProtocolError as exc:
+            self.last_error = exc
+            raise
+
+
+def _status_and_code(error: h11.RemoteProtocolError | None) -> tuple[int, str]:
+    hint = error.error_status_hint if error is not None else 400
+    if hint == 431:
+        return 431, "headers_too_large"
+    if hint == 501:
+        return 400, "unsupported_transfer_encoding"
+    return 400, "malformed_request"
+
+
+class EdgeProtocol(H11Protocol):
+    """uvicorn's h11 protocol, plus a deadline for each request's line and headers, and its own
+    answers (and log lines) carrying a request id."""
 
     header_timeout_s: float = 10.0
     """Set by :func:`protocol_class` from ``server.header_timeout_s``."""
 
     _header_timer: asyncio.TimerHandle | None = None
+
+    def __init__(self, config: uvicorn.Config, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
+        self.conn = _Connection(h11.SERVER, config.h11_max_incomplete_event_size
+                                if config.h11_max_incomplete_event_size is not None
+                                else DEFAULT_MAX_INCOMPLETE_EVENT_SIZE)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -54,8 +112,10 @@ class HeaderTimeoutProtocol(H11Protocol):
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if self.conn.their_state is h11.IDLE:
-            if self._header_timer is None and not self.transport.is_closing():
+        if self.transport.is_closing():
+            self._disarm_header_timer()
+        elif self.conn.their_state is h11.IDLE:
+            if self._header_timer is None:
                 self._arm_header_timer()  # the first byte of a request after a keep-alive pause
         else:
             self._disarm_header_timer()  # h11 has the request line and headers
@@ -67,6 +127,13 @@ class HeaderTimeoutProtocol(H11Protocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._disarm_header_timer()  # idle now: uvicorn's keep-alive timeout applies until the next byte
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes h11 refused, as the service's: the status h11 hints, h11's reason, an id."""
+        error = self.conn.last_error
+        status, code = _status_and_code(error)
+        detail = str(error) if error is not None and str(error) else msg
+        self._refuse(status, code, f"the request is not valid HTTP/1.1: {detail}")
 
     def _arm_header_timer(self) -> None:
         self._disarm_header_timer()
@@ -83,25 +150,51 @@ class HeaderTimeoutProtocol(H11Protocol):
             return
         if self.conn.our_state is not h11.IDLE:  # a response of a previous request is still going out
             return
-        client = self.client
-        log.info("http header timeout: connection closed", extra={
-            "client": f"{client[0]}:{client[1]}" if client else None, "status": 408, "code": "header_timeout",
-            "header_timeout_s": self.header_timeout_s})
-        self.transport.write(TIMEOUT_RESPONSE)
+        self._refuse(408, "header_timeout", f"the request line and headers did not arrive within the header "
+                                            f"timeout of {self.header_timeout_s:g} s (server.header_timeout_s)")
+
+    def _refuse(self, status: int, code: str, reason: str) -> None:
+        """Log why, answer ``status`` (if no response has begun), close the connection. The line is written
+        before the answer, so a client that has the answer also finds its line (as the app's, ``record``)."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete and self.scope is not None:
+            # the request the app has (or is about to start: its task is created, not yet run) — its body
+            # broke. One id and one log line for it: the app's, which adopts this id and reads the reason
+            # (RequestContext, then the body gate)
+            state = self.scope["state"]
+            request_id = str(state.setdefault("request_id", new_request_id()))
+            state["protocol_error"] = (status, code, reason)
+            cycle.disconnected = True  # the app's receive() answers http.disconnect, its send() writes nothing
+            cycle.message_event.set()
+        else:
+            request_id = new_request_id()
+            client = self.client
+            log.info("http", extra={"request_id": request_id, "method": "OTHER", "route": "unparsed",
+                                    "status": status, "code": code, "reason": reason,
+                                    "client": f"{client[0]}:{client[1]}" if client else None})
+        if self.conn.our_state in _ANSWERABLE and not self.transport.is_closing():
+            self.transport.write(error_response(status, code, reason, request_id))
         self.transport.close()
 
 
-def protocol_class(header_timeout_s: float) -> type[HeaderTimeoutProtocol]:
-    """A :class:`HeaderTimeoutProtocol` with its timeout set (uvicorn instantiates the class itself)."""
-    return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout_s": header_timeout_s})
+def _not_uvicorns_sentence(record: logging.LogRecord) -> bool:
+    """uvicorn's "Invalid HTTP request received." warning: :class:`EdgeProtocol`'s line says the same with the reason."""
+    return record.msg != "Invalid HTTP request received."
+
+
+def protocol_class(header_timeout_s: float) -> type[EdgeProtocol]:
+    """An :class:`EdgeProtocol` with its timeout set (uvicorn instantiates the class itself)."""
+    return type("EdgeProtocol", (EdgeProtocol,), {"header_timeout_s": header_timeout_s})
 
 
 def uvicorn_config(app: Any, server: ServerConfig, **options: Any) -> uvicorn.Config:
     """uvicorn's configuration for ``app`` under ``server``'s limits; ``options`` pass through."""
+    logging.getLogger("uvicorn.error").addFilter(_not_uvicorns_sentence)  # idempotent: one filter object
     return uvicorn.Config(app, http=protocol_class(server.header_timeout_s),  # type: ignore[arg-type]
                           h11_max_incomplete_event_size=server.max_header_bytes,
                           timeout_keep_alive=server.keep_alive_timeout_s,  # type: ignore[arg-type]
                           log_config=None, access_log=False, lifespan="off", **options)
 
 
-__all__ = ["HeaderTimeoutProtocol", "TIMEOUT_RESPONSE", "protocol_class", "uvicorn_config"]
+__all__ = ["EdgeProtocol", "error_response", "new_request_id", "protocol_class",
+           "uvicorn_config"]

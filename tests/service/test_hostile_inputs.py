@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -219,16 +221,154 @@ def _read_all(sock: socket.socket) -> bytes:
         data += chunk
 
 
+class HttpLines(logging.Handler):
+    """The service's ``http`` log lines as they are written (from the server's thread), waited for by request id."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: dict[str, logging.LogRecord] = {}
+        self.written = threading.Condition()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage() == "http":
+            with self.written:
+                self.lines[str(getattr(record, "request_id", ""))] = record
+                self.written.notify_all()
+
+    def line(self, request_id: str) -> logging.LogRecord:
+        """The line of ``request_id`` (the 30 s bound is a hang guard: it is written before or just after the answer)."""
+        with self.written:
+            assert self.written.wait_for(lambda: request_id in self.lines, timeout=30), request_id
+            return self.lines[request_id]
+
+
+@pytest.fixture
+def http_lines() -> Iterator[HttpLines]:
+    logger = logging.getLogger("calculet.server")
+    handler, level = HttpLines(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def _raw_answer(port: int, *pieces: bytes) -> tuple[int, dict[str, str], bytes]:
+    """``pieces`` sent on a fresh connection; the answer's status, headers and body once the server closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        try:
+            for piece in pieces:
+                sock.sendall(piece)
+        except OSError:  # the server refused and closed while we were still sending
+            pass
+        answer = _read_all(sock)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = dict((k.strip().lower(), v.strip()) for k, _, v in (line.partition(":") for line in header_lines))
+    return int(status_line.split()[1]), headers, body
+
+
+AUTH = b"Authorization: Bearer " + TENANT_KEYS["alpha"].encode() + b"\r\n"
+PROTOCOL_ERRORS: list[tuple[str, tuple[bytes, ...], int, str, str]] = [
+    ("malformed request line", (b"GARBAGE\r\n\r\n",), 400, "malformed_request", "request line"),
+    ("request line without version", (b"GET /health/live\r\n\r\n",), 400, "malformed_request", "request line"),
+    ("non-ASCII target", (b"GET /h\xc3\xa9alth HTTP/1.1\r\nHost: t\r\n\r\n",), 400, "malformed_request",
+     "request line"),
+    ("header without a colon", (b"GET /health/live HTTP/1.1\r\nHost: t\r\nno colon here\r\n\r\n",), 400,
+     "malformed_request", "header line"),
+    ("space in a header name", (b"GET /health/live HTTP/1.1\r\nHost: t\r\nBad Header: x\r\n\r\n",), 400,
+     "malformed_request", "header line"),
+    ("HTTP/1.1 without Host", (b"GET /health/live HTTP/1.1\r\n\r\n",), 400, "malformed_request", "Host"),
+    ("Content-Length not a number", (b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 1e3\r\n\r\n",),
+     400, "malformed_request", "Content-Length"),
+    ("two different Content-Lengths", (b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n"
+                                       b"Content-Length: 4\r\n\r\n{}",), 400, "malformed_request", "Content-Length"),
+    ("a transfer coding other than chunked", (b"POST /v1/completions HTTP/1.1\r\nHost: t\r\n"
+                                              b"Transfer-Encoding: gzip\r\n\r\n",), 400,
+     "unsupported_transfer_encoding", "Transfer-Encoding"),
+    ("headers growing past server.max_header_bytes", (b"GET /health/live HTTP/1.1\r\nHost: t\r\nX-Big: "
+                                                      + b"a" * (40 * 1024),), 431, "headers_too_large",
+     "buffer too long"),
+]
+
+
+@pytest.mark.req("R5.2.3")
+@pytest.mark.req("R16.10")
+@pytest.mark.parametrize("label,pieces,status,code,says", PROTOCOL_ERRORS, ids=[c[0] for c in PROTOCOL_ERRORS])
+def test_bytes_that_are_not_http_are_refused_with_a_request_id_and_a_line_saying_why(
+        edge: RunningServer, http_lines: HttpLines, label: str, pieces: tuple[bytes, ...], status: int, code: str,
+        says: str) -> None:
+    """What h11 refuses never reaches the app: uvicorn answered a plain-text 400 without an id, logged only
+    'Invalid HTTP request received.', and said 501 for a transfer coding. The edge's protocol answers in the
+    error shape with a server-generated x-request-id and logs h11's reason under that id (issue #14)."""
+    got, headers, body = _raw_answer(edge.port, *pieces)
+    assert got == status < 500, (label, got, body)
+    error = json.loads(body)["error"]
+    assert error["code"] == code and error["type"] == "invalid_request_error", error
+    request_id = headers["x-request-id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", request_id) and headers["connection"] == "close"
+    line = http_lines.line(request_id)
+    assert (line.status, line.code) == (status, code)  # type: ignore[attr-defined]
+    assert says.lower() in line.reason.lower() and line.reason == error["message"]  # type: ignore[attr-defined]
+    _served(edge)
+
+
+@pytest.mark.req("R5.2.3")
+@pytest.mark.req("R16.10")
+def test_a_broken_chunk_inside_a_body_is_400_with_the_requests_own_id_and_one_line(
+        edge: RunningServer, http_lines: HttpLines) -> None:
+    """The request was parsed, so the app has it (and its id): the protocol's 400 carries that id, and the request's
+    one line says 400 with h11's reason — not the 'client closed' 500 it was counted as. Twice: all bytes at once
+    (refused before the app runs), and after the app is reading the body (uvicorn's '100 Continue' says so)."""
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: t\r\n" + AUTH + b"Transfer-Encoding: chunked\r\n"
+    broken = b"5\r\n{\"mod\r\nel\": \"tiny\"}\r\n"  # a chunk, then data where the next size line belongs
+    answers = [_raw_answer(edge.port, head + b"\r\n" + broken)]
+    with socket.create_connection(("127.0.0.1", edge.port), timeout=30) as sock:
+        sock.sendall(head + b"Expect: 100-continue\r\n\r\n")
+        interim = b""
+        while not interim.endswith(b"\r\n\r\n"):
+            interim += sock.recv(1)
+        assert interim.startswith(b"HTTP/1.1 100"), interim
+        sock.sendall(broken)
+        head_bytes, _, body = _read_all(sock).partition(b"\r\n\r\n")
+        lines = head_bytes.decode("latin-1").split("\r\n")
+        answers.append((int(lines[0].split()[1]), dict((k.strip().lower(), v.strip()) for k, _, v in
+                                                       (line.partition(":") for line in lines[1:])), body))
+    for status, headers, body in answers:
+        assert status == 400 and json.loads(body)["error"]["code"] == "malformed_request", body
+        line = http_lines.line(headers["x-request-id"])
+        assert (line.status, line.code) == (400, "malformed_request")  # type: ignore[attr-defined]
+        assert line.method == "POST" and "chunk" in line.reason  # type: ignore[attr-defined]
+    assert [r for r in list(http_lines.lines.values()) if r.status >= 500] == []  # type: ignore[attr-defined]
+    _served(edge)
+
+
+@pytest.mark.req("R16.10")
+def test_a_client_that_closes_while_sending_its_body_is_logged_499_not_500(edge: RunningServer,
+                                                                          http_lines: HttpLines) -> None:
+    with socket.create_connection(("127.0.0.1", edge.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\n" + AUTH + b"X-Request-Id: closer-1\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"model\"")
+    with http_lines.written:
+        assert http_lines.written.wait_for(
+            lambda: any(getattr(r, "client_request_id", None) == "closer-1" for r in http_lines.lines.values()), 30)
+        line = next(r for r in http_lines.lines.values() if getattr(r, "client_request_id", None) == "closer-1")
+    assert (line.status, line.code) == (499, "client_closed_request")  # type: ignore[attr-defined]
+    _served(edge)
+
+
 @pytest.mark.req("R5.2.3")
 @pytest.mark.parametrize("half", [b"POST /v1/comple", b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nAuthoriz",
                                   b"GET /health/live HTTP/1.1\r\nHost: t\r\n"])
-def test_a_half_sent_request_is_closed_within_the_header_timeout(edge: RunningServer, half: bytes) -> None:
-    """server.header_timeout_s 0.5: the server answers 408 and closes; the socket's own 30 s timeout would
-    fail the test first if it did not."""
-    with socket.create_connection(("127.0.0.1", edge.port), timeout=30) as sock:
-        sock.sendall(half)
-        answer = _read_all(sock)
-    assert answer.startswith(b"HTTP/1.1 408") and b"header_timeout" in answer
+def test_a_half_sent_request_is_closed_within_the_header_timeout(edge: RunningServer, http_lines: HttpLines,
+                                                                 half: bytes) -> None:
+    """server.header_timeout_s 0.5: the server answers 408 with a request id, logs why, and closes; the socket's
+    own 30 s timeout would fail the test first if it did not."""
+    status, headers, body = _raw_answer(edge.port, half)
+    assert status == 408 and json.loads(body)["error"]["code"] == "header_timeout"
+    line = http_lines.line(headers["x-request-id"])
+    assert (line.status, line.code) == (408, "header_timeout")  # type: ignore[attr-defined]
+    assert "server.header_timeout_s" in line.reason  # type: ignore[attr-defined]
     _served(edge)
 
 
@@ -245,12 +385,15 @@ def test_a_half_sent_second_request_on_a_keep_alive_connection_is_closed_too(edg
 
 
 @pytest.mark.req("R5.2.3")
-def test_a_slow_body_is_408_and_closed(edge: RunningServer) -> None:
-    with socket.create_connection(("127.0.0.1", edge.port), timeout=30) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-                     b"Authorization: Bearer %s\r\nContent-Length: 100\r\n\r\n{\"model\"" % TENANT_KEYS["alpha"].encode())
-        answer = _read_all(sock)
-    assert answer.startswith(b"HTTP/1.1 408") and b"body_timeout" in answer and b"x-request-id" in answer
+@pytest.mark.parametrize("framing", [b"Content-Length: 100\r\n\r\n{\"model\"",
+                                     b"Transfer-Encoding: chunked\r\n\r\n8\r\n{\"model\"\r\n"])
+def test_a_slow_body_is_408_and_closed(edge: RunningServer, http_lines: HttpLines, framing: bytes) -> None:
+    status, headers, body = _raw_answer(edge.port, b"POST /v1/completions HTTP/1.1\r\nHost: t\r\n"
+                                                   b"Content-Type: application/json\r\n" + AUTH + framing)
+    assert status == 408 and json.loads(body)["error"]["code"] == "body_timeout" and headers["connection"] == "close"
+    line = http_lines.line(headers["x-request-id"])
+    assert (line.status, line.code, line.route) == (408, "body_timeout", "unmatched")  # type: ignore[attr-defined]
+    assert "paused" in line.reason  # type: ignore[attr-defined]
     _served(edge)
 
 
