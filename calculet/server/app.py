@@ -73,7 +73,8 @@ class _Exchange:
     def __init__(self, scope: Scope, service: Service) -> None:
         given = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"x-request-id"), "")
         self.client_id = given if _CLIENT_ID.match(given) else None
-        self.request_id = new_request_id()
+        self.request_id = str(scope.get("state", {}).get("request_id") or new_request_id())  # the server's own
+        # protocol may have answered this request already (a broken chunked body): that id, not a second one
         self.scope = scope
         self.state = scope.setdefault("state", {})
         self.state["request_id"] = self.request_id
