@@ -34,11 +34,12 @@ from calculet.invariants.traceability import software_figure
 from calculet.machines import ALL_MACHINES
 from calculet.machines.core import Machine
 from calculet.machines.kv_pool import KvLanePool
+from calculet.machines.model_couplings import GenerationJobSystem, GenerationRequestSystem
 from calculet.machines.request_lanes import RequestLaneSystem
 from calculet.specgen import SPECS_DIR, with_banner
 
 POOLS = (KvLanePool,)
-SYSTEMS = (RequestLaneSystem,)
+SYSTEMS = (RequestLaneSystem, GenerationRequestSystem, GenerationJobSystem)
 FAST_DEPTH = 7
 SYSTEM_DEPTH = 8        # requests × lanes: bounded model checking depth (3 × 3 instance)
 FAST_SYSTEM_DEPTH = 6

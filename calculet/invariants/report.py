@@ -21,6 +21,7 @@ from calculet.machines import ALL_MACHINES
 from calculet.machines.core import Machine
 from calculet.machines.kv_pool import KvLanePool
 from calculet.machines.pool import Pool
+from calculet.machines.model_couplings import GenerationJobSystem, GenerationRequestSystem
 from calculet.machines.request_lanes import RequestLaneSystem
 from calculet.machines.system import CoupledSystem
 
@@ -168,12 +169,20 @@ def _system_trace(trace: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+_COUPLED = (GenerationRequestSystem, GenerationJobSystem)
+_SYSTEM_TITLES = {
+    "RequestLaneSystem": "Requests × lanes (joint model)",
+    "GenerationRequestSystem": "Generations × requests (joint model)",
+    "GenerationJobSystem": "Generations × device jobs (joint model)",
+}
+
+
 def _system_sections(run: VerifyRun) -> list[str]:
     """One section per coupled system checked: each invariant, how it was proved, and why each
     strengthening was needed."""
     o = run.options
     out: list[str] = []
-    for system in (RequestLaneSystem,):
+    for system in (RequestLaneSystem, *_COUPLED):
         sd = system.definition
         results = [r for r in run.results if r.machine == sd.name and r.check.startswith("system")]
         if not results:
@@ -183,22 +192,31 @@ def _system_sections(run: VerifyRun) -> list[str]:
         bmc = [r for r in results if r.check == "system-bmc"]
         broken = {name for r in ind if not r.ok for name in (r.broken or [])}
         steps = [r for r in ind if r.subject != "(initial system)"]
-        out += ["", "## Requests × lanes (joint model)", "",
-                f"`{sd.name}`: R × {sd.request.definition.name} and L × {sd.lane.definition.name} moved together, "
-                f"{len(sd.steps)} coupled steps ({len(sd.variants)} row chains) — see "
-                "[request_lanes.md](request_lanes.md). Induction moves request 0 and lane 0 by every step "
-                f"with R={o.system_requests}, L={o.system_lanes} symbolic instances and bindings that may name a "
-                "lane outside them, which makes it hold for every R and L (argument in "
-                "`calculet/invariants/system_checks.py`); bounded model checking searches every run from the "
-                f"initial system ({bmc[0].subject if bmc else '—'}); vacuity: "
+        every = bool(steps) and "every R, L" in steps[0].detail
+        rd, ld = sd.request.definition.name, sd.lane.definition.name
+        if system is RequestLaneSystem:
+            scope = ("[request_lanes.md](request_lanes.md). Induction moves request 0 and lane 0 by every step "
+                     f"with R={o.system_requests}, L={o.system_lanes} symbolic instances and bindings that may "
+                     "name a lane outside them, which makes it hold for every R and L (argument in "
+                     "`calculet/invariants/system_checks.py`)")
+        else:
+            scope = (f"{' '.join(sd.doc.split(chr(10) * 2)[0].split()) if sd.doc else sd.name} Induction moves instance 0 of each by "
+                     f"every step with R={o.system_requests}, L={o.system_lanes} symbolic instances: "
+                     + ("this holds for every size" if every else
+                        "proved for this size only (an invariant counts every instance, or a step reads other "
+                        "instances — the runtime checks the counts on the live instances)"))
+        out += ["", f"## {_SYSTEM_TITLES.get(sd.name, sd.name)}", "",
+                f"`{sd.name}`: R × {rd} and L × {ld} moved together, "
+                f"{len(sd.steps)} coupled steps ({len(sd.variants)} row chains) — {scope}; bounded model checking "
+                f"searches every run from the initial system ({bmc[0].subject if bmc else '—'}); vacuity: "
                 f"{sum(r.ok for r in vac)}/{len(vac)} steps can fire under the invariants.", ""]
         rows = []
         for inv in sd.invariants:
             if inv.name in broken:
                 how = "NOT INDUCTIVE"
             elif all(r.ok for r in ind):
-                every = " (every R, L)" if steps and "every R, L" in steps[0].detail else ""
-                how = f"proved{every}: initiation + {len(steps)} step variants"
+                size = " (every R, L)" if every else f" (R={o.system_requests}, L={o.system_lanes})"
+                how = f"proved{size}: initiation + {len(steps)} step variants"
             else:
                 how = "not checked (another property failed)"
             if not bmc:

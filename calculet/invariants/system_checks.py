@@ -60,7 +60,7 @@ def check_system(sd: SystemDefinition, *, requests: int = 3, lanes: int = 3, dep
         progress(f"{sd.name}: induction over {len(sd.variants)} step variants")
     results += check_system_vacuity(sd)
     if reach:
-        results.append(check_system_reachability(sd))
+        results.append(check_system_reachability(sd, depth=sd.reach_depth))
     results.append(check_system_bmc(sd, requests, lanes, depth))
     if progress:
         progress(f"{sd.name}: bounded model checking to depth {depth}")

@@ -59,8 +59,11 @@ def check_system_induction(sd: SystemDefinition, requests: int = 3, lanes: int =
     The pre-state is the same for every variant, so one solver holds it and each variant is a
     push/pop on top (one query each: all goals at once, then which ones broke)."""
     wanted = None if steps is None else set(steps)
-    everywhere = len(sd.local) == len(sd.steps) and requests >= 3 and lanes >= 2
-    scope = " (so every R, L)" if everywhere else " (this size only: a step reads other instances)"
+    local = len(sd.local) == len(sd.steps)
+    counting = any(inv.counts for inv in sd.invariants)
+    everywhere = local and not counting and requests >= 3 and lanes >= 2
+    scope = (" (so every R, L)" if everywhere else " (this size only: a step reads other instances)" if not local
+             else " (this size only: an invariant counts every request)")
     results = []
     frame = fresh_frame(sd, requests, lanes, "")
     args, arg_dom = step_args(sd, "")

@@ -17,6 +17,7 @@ import yaml
 
 from calculet.machines import ALL_MACHINES
 from calculet.machines.kv_pool import KvLanePool
+from calculet.machines.model_couplings import GenerationJobSystem, GenerationRequestSystem
 from calculet.machines.request_lanes import RequestLaneSystem
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,8 +60,9 @@ def proof_references() -> dict[str, list[str]]:
                 refs.setdefault(prop.rid, []).append(f"{d.name}.{prop.name}")
     for inv in KvLanePool.definition.invariants:
         refs.setdefault(inv.rid, []).append(f"{KvLanePool.definition.name}.{inv.name}")
-    for inv in RequestLaneSystem.definition.invariants:
-        refs.setdefault(inv.rid, []).append(f"{RequestLaneSystem.definition.name}.{inv.name}")
+    for system in (RequestLaneSystem, GenerationRequestSystem, GenerationJobSystem):
+        for inv in system.definition.invariants:
+            refs.setdefault(inv.rid, []).append(f"{system.definition.name}.{inv.name}")
     return refs
 
 

@@ -94,6 +94,10 @@ class SystemInvariant:
     # Negative witnesses: {"requests": [{...}], "lanes": [{...}], "binding": [...], "seq": [...]},
     # partial (instances default to their initial state), the predicate must be false on.
     rejects: tuple[Mapping[str, Any], ...] = ()
+    # A count over every request (``active_requests == #pinned``), not a ∀ over at most two requests
+    # and one lane: the induction then holds for the encoded size only (system_checks' argument
+    # needs the ∀-shape), and the report says so.
+    counts: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -156,6 +160,9 @@ class SystemDefinition:
     # different requests and lanes commute (bounded model checking's partial-order reduction),
     # and they make the induction at a small size hold for every size (system_checks).
     local: frozenset[str] = frozenset()
+    # How deep the reachability search goes (the longest shortest run to a step: a generation
+    # needs four steps to be Ready before a request can be pinned to it).
+    reach_depth: int = 8
 
     def variants_of(self, step: str) -> list[Variant]:
         return [v for v in self.variants if v.step.name == step]
@@ -199,6 +206,7 @@ class CoupledSystem:
     invariants: ClassVar[Sequence[SystemInvariant]] = ()
     # Rows of either machine no step takes, with the reason (shown in the documents).
     omitted: ClassVar[Sequence[tuple[str, str]]] = ()
+    reach_depth: ClassVar[int] = 8
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -258,7 +266,7 @@ class CoupledSystem:
         cls.definition = SystemDefinition(
             name=name, doc=inspect.cleandoc(cls.__doc__ or ""), spec=cls.spec, request=cls.request, lane=cls.lane,
             steps=tuple(cls.steps), variants=tuple(variants), invariants=tuple(invariants), step_args=step_args,
-            omitted=tuple(cls.omitted))
+            omitted=tuple(cls.omitted), reach_depth=cls.reach_depth)
         cls.definition = dataclasses.replace(cls.definition, local=frozenset(_check_wirings(cls.definition, fault)))
 
     @classmethod

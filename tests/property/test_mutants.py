@@ -341,3 +341,63 @@ def test_issue_17_faults_pass_the_old_checks_where_they_did():
     assert all(r.ok for r in check_machine(weakened.definition, include=["initiation", "consecution"]))
     dead = CLASS_MUTANTS[1][2]()
     assert all(r.ok for r in check_pool_induction(dead.definition, 4))
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue #17: the couplings of a model generation with what it counts (requests, device jobs), each
+# seeded with a fault the joint proofs reject (induction names the property, bounded model checking
+# finds a run from the initial system that breaks it).
+
+def _generation_mutant(system, step: str, name: str, description: str, expected: str, depth: int, **changes):
+    original = next(s for s in system.definition.steps if s.name == step)
+    edited = dataclasses.replace(original, **changes)
+    return Mutant(name, description, lambda: system.derive(name, replace={step: edited}), expected,
+                  kind="system"), step, depth
+
+
+def _generation_mutants():
+    from calculet.machines.model_couplings import GenerationJobSystem, GenerationRequestSystem
+    return [
+        _generation_mutant(GenerationRequestSystem, "bind@new", "GenBindWithoutAcquire",
+                           "a request is pinned to a generation that does not count it (acquire dropped)",
+                           "active_requests_are_the_pinned_live_requests", 5, lane=(), involves="both"),
+        _generation_mutant(GenerationRequestSystem, "cancel@waiting_admission", "GenEndWithoutRelease",
+                           "a pinned request is cancelled and its generation keeps counting it",
+                           "active_requests_are_the_pinned_live_requests", 6, lane=(), involves="both"),
+        _generation_mutant(GenerationJobSystem, "submit", "JobSubmitOnBusyEngine",
+                           "a job is submitted on an engine another job on the device uses",
+                           "one_engine_per_job_on_the_device", 6,
+                           guard=lambda sys, i, j: And(sys.unbound(i),
+                                                       sys.requests[i].generation == sys.lanes[j].generation)),
+        _generation_mutant(GenerationJobSystem, "timeout", "JobTimeoutKeepsReady",
+                           "a job times out and its generation stays Ready (no fault)",
+                           "job_in_doubt_only_while_recovering", 6, lane=(), involves="both"),
+        _generation_mutant(GenerationJobSystem, "complete_ok", "JobEndsUncounted",
+                           "a job completes and its generation keeps counting it (job_finished dropped)",
+                           "inflight_jobs_are_the_generations_jobs_on_the_device", 6, lane=(), involves="both"),
+    ]
+
+
+GENERATION_MUTANTS = _generation_mutants()
+
+
+@pytest.mark.req("R10.2", "R12.3", "R14.3", "R12.10")
+@pytest.mark.parametrize("mutant, step, depth", [pytest.param(*m, id=m[0].name) for m in GENERATION_MUTANTS])
+def test_generation_coupling_mutant_is_rejected_by_induction_and_found_by_bmc(mutant, step, depth):
+    system = mutant.build().definition
+    induction = [r for r in check_system_induction(system, steps=[step]) if not r.ok]
+    assert induction, f"{mutant.name} ({mutant.description}) was not caught by induction"
+    assert any(mutant.expected_invariant in r.broken for r in induction), [r.detail for r in induction]
+    bmc = check_system_bmc(system, 2, 2, depth)
+    assert not bmc.ok and mutant.expected_invariant in bmc.broken, bmc.detail
+    assert bmc.counterexample.trace[-1]["transition"].startswith(step)  # the mutated step breaks it
+
+
+def test_unmutated_generation_couplings_are_accepted():
+    from calculet.machines.model_couplings import GenerationJobSystem, GenerationRequestSystem
+    for system in (GenerationRequestSystem, GenerationJobSystem):
+        sd = system.definition
+        assert check_system_initiation(sd).ok
+        assert [r.detail for r in check_system_induction(sd) if not r.ok] == []
+        assert [r.subject for r in check_system_vacuity(sd) if not r.ok] == []
+        assert check_system_bmc(sd, 2, 2, 6).ok
