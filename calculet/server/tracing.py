@@ -11,7 +11,8 @@ ran. One trace per request, and one span per decode batch:
   ``calculet.decode``           first decode batch submitted → last one done (steps, ok); one span
                                 **link** per decode batch it rode in, in order
 ``calculet.decode_batch``       one per decode batch, the root of a trace of its own (batch id,
-                                compiled profile, active lanes, engine, ok), submitted → done
+                                compiled profile, active lanes; status ERROR when the batch failed
+                                its lanes), submitted → done
 
 Why a decode batch is one span of its own, linked, and not a child of each request: a batch is
 shared — a B16 batch carries up to 16 requests — and it has one parent at most, while a request
@@ -19,7 +20,9 @@ rides one batch per generated token. A child span per request per token cost 20 
 service's CPU per request on ``--sim-cost instant`` (``bench/tracing_overhead.py``); one span per
 batch costs one span per batch, and each request pays a link (two ids) per token. This is the
 shape OpenTelemetry gives batch processing (a batch span linked with the traces it served); a
-trace UI follows the link from a request's decode span to each batch and its lanes.
+trace UI follows the link from a request's decode span to each batch and its lanes. A batch span
+carries the three attributes the issue names and nothing else: at B1 every token is a batch span,
+and each attribute costs ~6 µs of OTLP encoding per span here (``bench/tracing_overhead.py``).
 
 Why spans are built from plain values, once, at the end (``ReadableSpan`` handed to the span
 processor, not ``Tracer.start_span``): the SDK's live span takes a lock, validates and copies every
@@ -74,6 +77,7 @@ _DECODE_OK = frozenset({"decode_ready", "finishing"})
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _SCOPE = InstrumentationScope("calculet.server.tracing")
 _OK = Status(StatusCode.UNSET)
+_BATCH_FAILED = Status(StatusCode.ERROR, "the decode batch did not produce its lanes' tokens")
 
 
 class _Resource(Resource):
@@ -252,8 +256,7 @@ class RequestTracer:
             batch = self._batches[job_id] = _Batch(now, {
                 "calculet.batch.id": job_id,
                 "calculet.batch.profile": int(job.machine.lanes) if job is not None else 0,
-                "calculet.batch.lanes": len(active) if active is not None else 0,
-                "calculet.batch.engine": job.engine.name.lower() if job is not None else ""})
+                "calculet.batch.lanes": len(active) if active is not None else 0})
         batch.riders += 1
         tr.batch = job_id
         if not tr.decode_start:
@@ -270,9 +273,9 @@ class RequestTracer:
             return
         if batch.context is None:
             batch.context = SpanContext(self._ids.generate_trace_id(), self._ids.generate_span_id(), False, _SAMPLED)
-            batch.attributes["calculet.batch.ok"] = ok
             self._end(ReadableSpan("calculet.decode_batch", batch.context, None, self._resource, batch.attributes,
-                                   start_time=batch.start, end_time=now, instrumentation_scope=_SCOPE))
+                                   status=_OK if ok else _BATCH_FAILED, start_time=batch.start, end_time=now,
+                                   instrumentation_scope=_SCOPE))
         tr.links.append(Link(batch.context))
         batch.riders -= 1
         if not batch.riders:
