@@ -188,8 +188,9 @@ def kv(s: EngineStatistics, facts: ServedModelFacts) -> list[Metric]:
         gauge("calculet_kv_usage_ratio", "Reserved KV tokens / the capacity plan's KV tokens (0-1; vLLM's "
               "kv_cache_usage_perc).", kv.tokens_reserved / capacity if capacity else 0.0),
         gauge("calculet_kv_unknown_sequences", "KV sequences in Unknown (quarantined, §9.2).", kv.unknown),
-        counter("calculet_kv_lane_wait_refusals", "Reservations refused for want of a free lane.",
-                 kv.lane_wait_refusals),
+        counter("calculet_kv_lane_wait_refusals", "KV reservations the pool refused for want of a free lane "
+                "(0 while admission holds a request until a lane is free: those lane waits are "
+                "calculet_admission_blocked_total{limit=\"kv_lane\"}).", kv.lane_wait_refusals),
         gauge("calculet_kv_free_latency_avg_seconds", "Average release → confirmed-free latency (s).",
                kv.free_latency_avg_s),
         gauge("calculet_kv_free_latency_max_seconds", "Longest release → confirmed-free latency (s).",

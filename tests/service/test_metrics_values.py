@@ -26,6 +26,7 @@ from calculet.runtime.engine.driver import EngineDriver
 from calculet.runtime.engine.types import EngineOptions, GenerateRequest
 from calculet.runtime.execution.sampler import SamplingParams
 from calculet.runtime.request import RequestOutcome
+from calculet.runtime.scheduling.kv import KvLease
 from calculet.server.metrics import EngineCollector, ServedModelFacts
 from calculet.server.metrics_runtime import exposition
 from calculet.server.model_admin import ManagedModelAdmin
@@ -337,6 +338,36 @@ def test_kv_states_tokens_unknown_and_recovery_series_follow_an_injected_dma_unk
     assert {first.outcome.state, second.outcome.state} >= {"failed"}  # type: ignore[union-attr]
 
 
+@pytest.mark.req("R16.4")
+def test_lane_wait_every_lane_held_the_next_request_waits_at_admission_and_the_pool_refuses_a_reservation() -> None:
+    """Every KV lane held by a running sequence and one more request: it waits at admission for a
+    lane (admission blocked by ``kv_lane``), and the engine never asks the pool for a lane it does
+    not have (0 refusals); a reservation asked of the full pool is refused and counted (1), and once
+    the sequences end the waiting request gets its lane and the waits stop."""
+    st = stack(engine_config(profiles=(1,), admission={"max_kv_tokens": 1_000_000}))
+    lanes = st.driver.core.scheduler.kv.lanes
+    for _ in range(lanes):
+        st.submit(8, 30)
+    st.driver.schedule()
+    m = st.scrape()
+    assert value(m, "calculet_kv_free_lanes") == 0 and value(m, "calculet_kv_lanes") == lanes
+    assert counter(m, "calculet_admission_blocked", limit="kv_lane") == 0
+    late = st.submit(8, 2)
+    st.driver.schedule()
+    m = st.scrape()
+    waited = counter(m, "calculet_admission_blocked", limit="kv_lane")
+    assert waited >= 1 and value(m, "calculet_admission_waiting_requests") == 1
+    assert counter(m, "calculet_kv_lane_wait_refusals") == 0
+    refused = st.driver.core.scheduler.kv.reserve(1, 16)
+    assert not isinstance(refused, KvLease)
+    assert counter(st.scrape(), "calculet_kv_lane_wait_refusals") == 1
+    st.driver.run_until_idle()
+    m = st.scrape()
+    assert late.outcome is not None and late.tokens == 2
+    assert counter(m, "calculet_kv_lane_wait_refusals") == 1 and value(m, "calculet_kv_free_lanes") == lanes
+    assert counter(m, "calculet_admission_blocked", limit="kv_lane") >= waited
+
+
 # ---------------------------------------------------------------------------------------------
 # §16 executor
 # ---------------------------------------------------------------------------------------------
@@ -370,6 +401,36 @@ def test_executor_in_flight_by_engine_and_return_codes_match_the_devices_job_log
     assert value(m, "calculet_engine_tick_host_seconds", "_count") == ticks > 0
     assert value(m, "calculet_engine_tick_host_seconds", "_sum") == pytest.approx(
         value(m, "calculet_engine_tick_host_avg_seconds") * ticks)
+
+
+@pytest.mark.req("R16.5")
+def test_executor_mailbox_counts_posted_run_failed_and_pending_messages() -> None:
+    """The actor's mailbox: each submit is one message posted and run; two messages posted and not
+    yet run are pending; when they run, the one that raised is counted failed."""
+    st = stack(engine_config())
+    m = st.scrape()
+    base = {stage: counter(m, "calculet_executor_mailbox_messages", stage=stage) for stage in ("posted", "run",
+                                                                                                "failed")}
+    assert value(m, "calculet_executor_mailbox_pending_messages") == 0
+    for _ in range(3):
+        st.submit(8, 2)
+    mailbox = st.driver._mailbox
+
+    def broken() -> None:
+        raise RuntimeError("a message that fails on the actor")
+
+    mailbox.post(lambda: None)
+    mailbox.post(broken)
+    m = st.scrape()
+    assert value(m, "calculet_executor_mailbox_pending_messages") == 2
+    assert counter(m, "calculet_executor_mailbox_messages", stage="posted") == base["posted"] + 5
+    assert counter(m, "calculet_executor_mailbox_messages", stage="run") == base["run"] + 3
+    assert counter(m, "calculet_executor_mailbox_messages", stage="failed") == base["failed"]
+    st.driver.run_until_idle()
+    m = st.scrape()
+    assert value(m, "calculet_executor_mailbox_pending_messages") == 0
+    assert counter(m, "calculet_executor_mailbox_messages", stage="run") == base["run"] + 5
+    assert counter(m, "calculet_executor_mailbox_messages", stage="failed") == base["failed"] + 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -433,6 +494,31 @@ def test_fairness_service_tokens_per_tenant_and_a_starving_setup_counts_one_star
     assert counter(m, "calculet_fairness_starvation_events", tenant="light") == 1
     assert counter(m, "calculet_fairness_starvation_events", tenant="heavy") == 0
     assert value(m, "calculet_fairness_weight", tenant="heavy") == 1000
+
+
+@pytest.mark.req("R16.7")
+def test_fairness_virtual_lag_is_each_tenants_virtual_time_behind_the_global_one() -> None:
+    """§5.3: a request entering service moves its tenant's virtual time and the global one to its
+    finish tag, max(tenant, global) + cost / weight. Tenant ``a`` (weight 2) is served alone, then
+    ``b`` (weight 1): a's tag is cost/2 (lags: a 0, b -cost/2); b's is cost/2 + cost (lags: a -cost,
+    b 0). Cost = prompt + wfq_decode_weight x max tokens."""
+    config = engine_config(tenants=[{"name": "a", "weight": 2.0, "api_key_sha256": "a" * 64},
+                                    {"name": "b", "weight": 1.0, "api_key_sha256": "b" * 64}])
+    st = stack(config)
+    cost = 8 + config.queues.wfq_decode_weight * 4
+    m = st.scrape()
+    assert value(m, "calculet_fairness_virtual_lag_tokens", tenant="a") == 0
+    assert value(m, "calculet_fairness_virtual_lag_tokens", tenant="b") == 0
+    st.submit(8, 4, tenant="a")
+    st.driver.run_until_idle()
+    m = st.scrape()
+    assert value(m, "calculet_fairness_virtual_lag_tokens", tenant="a") == 0
+    assert value(m, "calculet_fairness_virtual_lag_tokens", tenant="b") == -cost / 2
+    st.submit(8, 4, tenant="b")
+    st.driver.run_until_idle()
+    m = st.scrape()
+    assert value(m, "calculet_fairness_virtual_lag_tokens", tenant="a") == -cost
+    assert value(m, "calculet_fairness_virtual_lag_tokens", tenant="b") == 0
 
 
 @pytest.mark.req("R16.8")
