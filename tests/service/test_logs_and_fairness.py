@@ -10,7 +10,7 @@ import pytest
 
 from calculet.server.logs import JsonFormatter, TextFormatter, configure_logging
 from calculet.server.request_metrics import StarvationWatch
-from tests.service.support import ALIAS, RunningServer
+from tests.service.support import ALIAS, TENANT_KEYS, RunningServer
 
 
 @pytest.mark.req("R16.10")
@@ -66,3 +66,44 @@ def test_a_request_overtaken_after_the_threshold_is_one_starvation_event() -> No
     watch.arrived(6, "delta", at=200.0)
     watch.started(6, at=201.0)
     assert events == ["alpha"]
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+FOUR_XX = [  # (label, method, path, headers, json body or raw bytes, status)
+    ("no prompt", "POST", "/v1/completions", _bearer(TENANT_KEYS["alpha"]), {"model": ALIAS}, 400),
+    ("negative max_tokens", "POST", "/v1/completions", _bearer(TENANT_KEYS["alpha"]),
+     {"model": ALIAS, "prompt": "x", "max_tokens": -1}, 400),
+    ("body not json", "POST", "/v1/completions", {**_bearer(TENANT_KEYS["alpha"]), "content-type": "application/json"},
+     b"{not json", 400),
+    ("no api key", "POST", "/v1/completions", {}, {"model": ALIAS, "prompt": "x"}, 401),
+    ("wrong api key", "POST", "/v1/completions", _bearer("sk-nobody"), {"model": ALIAS, "prompt": "x"}, 401),
+    ("admin with a tenant key", "GET", "/admin/models", _bearer(TENANT_KEYS["alpha"]), None, 401),
+    ("unknown route", "GET", "/v1/nothing-here", _bearer(TENANT_KEYS["alpha"]), None, 404),
+    ("unknown model", "POST", "/v1/completions", _bearer(TENANT_KEYS["alpha"]), {"model": "nope", "prompt": "x"}, 404),
+    ("method not allowed", "DELETE", "/v1/models", _bearer(TENANT_KEYS["alpha"]), None, 405),
+]
+
+
+@pytest.mark.req("R16.10")
+@pytest.mark.parametrize("label,method,path,headers,body,status", FOUR_XX, ids=[c[0] for c in FOUR_XX])
+def test_every_4xx_log_line_names_its_code_and_reason(server: RunningServer, caplog: pytest.LogCaptureFixture,
+                                                       label: str, method: str, path: str, headers: dict[str, str],
+                                                       body: object, status: int) -> None:
+    """Issue #19: 4xx lines carried only the status (429 lines the reason). The request's one "http" line
+    names the code and the reason the client was told — the error body's code and message — for each
+    kind of refusal, not a bare status."""
+    with caplog.at_level(logging.INFO, logger="calculet"), server.http() as http:
+        content = {"content": body} if isinstance(body, bytes) else {"json": body} if body is not None else {}
+        response = http.request(method, path, headers=headers, **content)  # type: ignore[arg-type]
+    assert response.status_code == status, (label, response.text)
+    error = response.json()["error"]
+    request_id = response.headers["x-request-id"]
+    lines = [r for r in caplog.records if r.getMessage() == "http" and getattr(r, "request_id", None) == request_id]
+    assert len(lines) == 1, label
+    line = lines[0]
+    assert line.status == status and line.levelno == logging.INFO  # type: ignore[attr-defined]
+    assert line.code == error["code"] and not line.code.startswith("http_")  # type: ignore[attr-defined]
+    assert line.reason and line.reason == error["message"], (label, line.reason)  # type: ignore[attr-defined]
