@@ -44,6 +44,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from queue import Empty
 from typing import Any
 
 import httpx
@@ -116,6 +117,83 @@ async def _warm(client: httpx.AsyncClient, connections: int) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+class RawConnection:
+    """One keep-alive HTTP/1.1 connection driven by hand (asyncio streams, pre-encoded requests).
+
+    Why not httpx for the burst: one Python httpx client spends about 2 ms of CPU per request on
+    this machine, so 300 concurrent requests measure the client's own queue (the 300
+    ``GET /health/live`` floor was 2.2 s P99 with httpx). Writing pre-built bytes and reading the
+    status line and ``Content-Length`` body costs tens of microseconds, so the figure is the
+    server's. A connection the server closes is reopened on the next request."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def open(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+
+    async def request(self, data: bytes) -> tuple[int, dict[str, str], float]:
+        """(status, headers, seconds from the write to the response head) of one request; a kept-alive
+        connection the server closed while idle (uvicorn's keep-alive timeout) is reopened once."""
+        if self.writer is not None and not self.writer.is_closing():
+            try:
+                return await self._exchange(data)
+            except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError):
+                await self.close()
+        await self.open()
+        return await self._exchange(data)
+
+    async def _exchange(self, data: bytes) -> tuple[int, dict[str, str], float]:
+        assert self.reader is not None and self.writer is not None
+        start = time.perf_counter()
+        self.writer.write(data)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        took = time.perf_counter() - start
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)}
+        await self.reader.readexactly(int(headers.get("content-length", "0")))
+        if headers.get("connection", "").lower() == "close":
+            await self.close()
+        return int(lines[0].split()[1]), headers, took
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            try:
+                await self.writer.wait_closed()
+            except OSError:
+                pass
+            self.writer = self.reader = None
+
+
+def _raw(method: str, path: str, host: str, body: dict[str, Any] | None = None) -> bytes:
+    """A pre-encoded HTTP/1.1 request."""
+    payload = b"" if body is None else json.dumps(body).encode()
+    head = f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(payload)}\r\n"
+    if body is not None:
+        head += "Content-Type: application/json\r\n"
+    return (head + "\r\n").encode() + payload
+
+
+def _server_refusals(server: Server) -> list[float]:
+    """Seconds from the app receiving each refused completion to its 429, from the server's JSON log
+    (the ``duration_s`` of its access line): the server's own time to refuse, without the accept queue."""
+    took: list[float] = []
+    while True:
+        try:
+            line = server._drain.get_nowait()
+        except Empty:
+            return took
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if record.get("status") == 429 and record.get("route") == "/v1/completions" and "duration_s" in record:
+            took.append(float(record["duration_s"]))
+
+
 @dataclass
 class Attempt:
     status: int
@@ -137,6 +215,8 @@ class BurstRow:
     floor_ms: tuple[float, float]
     """P50/P99 of the same number of concurrent GET /health/live: the HTTP floor of a burst here."""
     refused_ms: tuple[float, float]
+    server_refused_ms: tuple[float, float]
+    """P50/P99 of the server's own time to each 429 (app receive → response, from its access log)."""
     probe_ms: tuple[float, float]
     """P50/P99 of refusals sent one at a time while the device is busy: the 429 path without a queue."""
     retry_after_share: float
@@ -150,45 +230,44 @@ class BurstRow:
     server: dict[str, float]
 
 
-async def _attempt(client: httpx.AsyncClient, tokens: int) -> Attempt:
+async def _attempt(conn: RawConnection, data: bytes) -> Attempt:
     """One completion; status 0 when the connection failed (counted, never retried silently)."""
     start = time.perf_counter()
     try:
-        response = await client.post("/v1/completions", json=_body(tokens, False))
-    except httpx.TransportError:
+        status, headers, took = await conn.request(data)
+    except (OSError, asyncio.IncompleteReadError, ValueError):
+        await conn.close()
         return Attempt(0, time.perf_counter() - start, None)
-    return Attempt(response.status_code, time.perf_counter() - start, response.headers.get("Retry-After"))
+    return Attempt(status, took, headers.get("retry-after"))
 
 
-async def _burst_client(client: httpx.AsyncClient, tokens: int, max_wait_s: float) -> BurstClient:
-    one = BurstClient(await _attempt(client, tokens))
+async def _burst_client(conn: RawConnection, data: bytes, max_wait_s: float) -> BurstClient:
+    one = BurstClient(await _attempt(conn, data))
     if one.first.status == 429 and one.first.retry_after is not None:
         one.waited_s = float(one.first.retry_after)
         if one.waited_s <= max_wait_s:
             await asyncio.sleep(one.waited_s)
-            one.retry = await _attempt(client, tokens)
+            one.retry = await _attempt(conn, data)
     return one
 
 
-async def _floor(client: httpx.AsyncClient, requests: int) -> tuple[float, float]:
-    async def live() -> float:
-        start = time.perf_counter()
-        (await client.get("/health/live")).raise_for_status()
-        return time.perf_counter() - start
-
-    took = await asyncio.gather(*(live() for _ in range(requests)))
+async def _floor(conns: list[RawConnection], host: str) -> tuple[float, float]:
+    data = _raw("GET", "/health/live", host)
+    took = [t for _, _, t in await asyncio.gather(*(c.request(data) for c in conns))]
     return _pct(took, 50) * 1e3, _pct(took, 99) * 1e3
 
 
-async def _probe(client: httpx.AsyncClient, tokens: int, deadline_s: float, count: int) -> tuple[float, float]:
+async def _probe(client: httpx.AsyncClient, conn: RawConnection, host: str, tokens: int, deadline_s: float,
+                 count: int) -> tuple[float, float]:
     """One request that fills 60 % of the deadline, then ``count`` requests of the same size one at a
     time (two of them cannot both finish: each is refused)."""
     steps = max(tokens, min(200, int(0.6 * deadline_s / 0.0425)))  # at the reference B1 step
     backlog = asyncio.ensure_future(client.post("/v1/completions", json=_body(steps, False)))
     await asyncio.sleep(0.3)  # let it be admitted
+    data = _raw("POST", "/v1/completions", host, _body(steps, False))
     took = []
     for _ in range(count):
-        attempt = await _attempt(client, steps)
+        attempt = await _attempt(conn, data)
         if attempt.status == 429:
             took.append(attempt.latency_s)
     await backlog
@@ -207,26 +286,36 @@ def _burst_row(order: str, clients: list[BurstClient], deadline_s: float, wall_s
     latencies = [a.latency_s for a in refused]
     return BurstRow(
         order, dict(sorted(statuses.items())), measured["floor"], (_pct(latencies, 50) * 1e3, _pct(latencies, 99) * 1e3),
-        measured["probe"], len(waits) / len(refused) if refused else float("nan"),
+        (_pct(measured["server_429"], 50) * 1e3, _pct(measured["server_429"], 99) * 1e3), measured["probe"], len(waits) / len(refused) if refused else float("nan"),
         (_pct(waits, 50), max(waits, default=float("nan"))), len(retried), sum(1 for a in retried if a.status != 429),
         sum(1 for c in clients if c.first.status == 429 and c.retry is None and c.waited_s > max_wait_s),
         sum(1 for a in attempts if a.status == 200 and a.latency_s <= deadline_s),
         sum(1 for a in attempts if a.status == 504), wall_s, measured["server"])
 
 
-def burst(url: str, order: str, requests: int, tokens: int, deadline_s: float, max_wait_s: float) -> BurstRow:
+def burst(server: Server, order: str, requests: int, tokens: int, deadline_s: float,
+          max_wait_s: float) -> BurstRow:
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+
     async def run() -> BurstRow:
-        # idle connections are dropped before uvicorn's 5 s keep-alive timeout closes them under a sleeping client
-        limits = httpx.Limits(max_connections=requests, max_keepalive_connections=requests, keepalive_expiry=2.0)
-        async with httpx.AsyncClient(base_url=url, timeout=deadline_s + max_wait_s + 120, limits=limits) as client:
-            await _warm(client, requests)
-            measured: dict[str, Any] = {"floor": await _floor(client, requests)}
+        async with httpx.AsyncClient(base_url=server.url, timeout=deadline_s + max_wait_s + 120) as client:
+            (await client.post("/v1/completions", json=_body(4, False))).raise_for_status()  # measure a step
+            conns = [RawConnection(host, int(port)) for _ in range(requests)]
+            await asyncio.gather(*(c.open() for c in conns))
+            measured: dict[str, Any] = {"floor": await _floor(conns, host)}
             before = await _counters(client)
+            _server_refusals(server)  # drop the log lines so far
+            data = _raw("POST", "/v1/completions", host, _body(tokens, False))
             started = time.perf_counter()
-            clients = await asyncio.gather(*(_burst_client(client, tokens, max_wait_s) for _ in range(requests)))
+            clients = await asyncio.gather(*(_burst_client(c, data, max_wait_s) for c in conns))
             wall = time.perf_counter() - started
             measured["server"] = _delta(await _counters(client), before)
-            measured["probe"] = await _probe(client, tokens, deadline_s, 50)
+            await asyncio.sleep(0.5)  # the last access lines reach the log reader
+            measured["server_429"] = _server_refusals(server)
+            await asyncio.gather(*(c.close() for c in conns))
+            probe = RawConnection(host, int(port))
+            measured["probe"] = await _probe(client, probe, host, tokens, deadline_s, 50)
+            await probe.close()
         return _burst_row(order, list(clients), deadline_s, wall, max_wait_s, measured)
 
     return asyncio.run(run())
@@ -335,7 +424,7 @@ def _print_burst(rows: list[BurstRow], args: argparse.Namespace) -> None:
     print(f"Part 1 — burst: {args.burst} concurrent non-streaming completions × {args.burst_tokens} tokens, "
           f"deadline {args.deadline_ms} ms, B1 reference cost; each refused client sleeps Retry-After once "
           f"(≤ {args.max_retry_wait:.0f} s) and retries")
-    header = (f"{'deadline_order':<15} {'first try':<22} {'429 p50/p99':>12} {'floor p50/p99':>13} "
+    header = (f"{'deadline_order':<15} {'first try':<22} {'429 p50/p99':>12} {'server p50/p99':>14} {'floor p50/p99':>13} "
               f"{'1-by-1 p50/p99':>14} {'RA share':>8} {'RA p50/max':>10} {'retry admitted':>14} {'on time':>7} "
               f"{'504':>4} {'shed':>4} {'goodput/s':>9} {'server':>6} {'wasted':>6} {'wall s':>6}")
     print(header)
@@ -345,7 +434,8 @@ def _print_burst(rows: list[BurstRow], args: argparse.Namespace) -> None:
         admitted = f"{r.retries_admitted}/{r.retries} {r.retries_admitted / r.retries:.0%}" if r.retries else "-"
         busy = r.server.get("calculet_device_busy_seconds", 0.0)
         wasted = r.server.get("calculet_request_wasted_device_seconds", 0.0) / busy if busy else float("nan")
-        print(f"{r.order:<15} {statuses:<22} {_pair(r.refused_ms):>12} {_pair(r.floor_ms):>13} "
+        print(f"{r.order:<15} {statuses:<22} {_pair(r.refused_ms):>12} {_pair(r.server_refused_ms, 1):>14} "
+              f"{_pair(r.floor_ms):>13} "
               f"{_pair(r.probe_ms, 1):>14} {r.retry_after_share:>8.0%} {_pair(r.retry_after_s):>10} {admitted:>14} "
               f"{r.on_time:>7} {r.expired:>4} {r.server.get('calculet_scheduler_on_time_shed', 0.0):>4.0f} "
               f"{r.on_time / r.wall_s:>9.2f} {r.server.get('calculet_request_goodput', 0.0):>6.0f} {wasted:>6.0%} "
@@ -353,7 +443,9 @@ def _print_burst(rows: list[BurstRow], args: argparse.Namespace) -> None:
         if r.retries_capped:
             print(f"{'':<15} ({r.retries_capped} refused clients were told to wait longer than the cap and did "
                   "not retry)")
-    print("ms unless named. 429 p50/p99: time to the 429 in the burst (send → response, client side); floor: the "
+    print("ms unless named. 429 p50/p99: time to the 429 in the burst (send → response head, client side, a "
+          "hand-driven HTTP/1.1 client on one kept-alive connection per request); server: the server's own time to "
+          "each of those 429s (app receive → response, its access log's duration_s); floor: the "
           "same number of concurrent GET /health/live just before (the HTTP stack's own queue for a burst on this "
           "machine); 1-by-1: 50 refusals sent one at a time behind a request filling the device (the 429 path "
           "alone). RA: Retry-After (share of 429s carrying it; p50/max s). retry admitted: retries not refused "
@@ -412,7 +504,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             server = Server("reference", home, config)
             try:
                 if label.startswith("burst"):
-                    burst_rows.append(burst(server.url, label.split()[1], args.burst, args.burst_tokens,
+                    burst_rows.append(burst(server, label.split()[1], args.burst, args.burst_tokens,
                                             args.deadline_ms / 1000, args.max_retry_wait))
                 else:
                     stream_rows.append(streams(server.url, label.split(maxsplit=1)[1], args.streams,

@@ -27,8 +27,15 @@ class StepTimeStatistics:
     """Wall seconds per token of a decoding sequence (:attr:`StepTimer.token_s`)."""
     period_s: float = 0.0
     """Back-to-back decode steps' completion-to-completion time (:attr:`StepTimer.period_s`)."""
+    period_high_s: float = 0.0
+    """Its tail, mean plus four mean deviations (:attr:`StepTimer.period_high_s`)."""
 
 
+PERIOD_DEVIATION_WEIGHT = 0.25
+"""Weight of the newest sample in the period's mean deviation (RFC 6298's β = 1/4)."""
+PERIOD_DEVIATIONS = 4.0
+"""The high period is the mean plus this many mean deviations (RFC 6298's RTO = SRTT + 4·RTTVAR): a
+stream's inter-token latency is judged at its P99, not its mean, so the cap is sized on the tail."""
 PERIOD_CAP = 2.0
 """A completion-to-completion interval longer than this many step times is idle time, not a period."""
 TOKEN_SMOOTHING = 1 / 256
@@ -49,7 +56,7 @@ class StepTimer:
     """
 
     __slots__ = ("_estimate", "_samples", "_alpha", "_last_done", "_prefill_since", "_waited", "_tokens", "_widest",
-                 "_period")
+                 "_period", "_period_dev")
 
     def __init__(self, prior_s: float = 0.0, smoothing: float = DEFAULT_SMOOTHING) -> None:
         if prior_s < 0 or not 0 < smoothing <= 1:
@@ -58,7 +65,7 @@ class StepTimer:
         self._samples = 0
         self._alpha = smoothing
         self._last_done: float | None = None
-        self._prefill_since = self._waited = self._tokens = self._period = 0.0
+        self._prefill_since = self._waited = self._tokens = self._period = self._period_dev = 0.0
         self._widest = 0
 
     @property
@@ -77,6 +84,13 @@ class StepTimer:
         a stream's inter-token latency pays once per step of its rotation and the step time does not
         show (issue #13 measured ITL P99 206 ms under a 200 ms target sized on the step alone)."""
         return self._period
+
+    @property
+    def period_high_s(self) -> float:
+        """The period's tail (0 until measured): the mean plus four mean deviations, as TCP bounds a round
+        trip (RFC 6298). The ITL cap is sized on it: issue #13 measured the worst stream's ITL P99 at
+        203 ms under a 200 ms target sized on the mean period (the host's time between steps varies)."""
+        return self._period + PERIOD_DEVIATIONS * self._period_dev
 
     def prefill_ran(self, seconds: float) -> None:
         """A prefill job took ``seconds`` of device time (between two decode steps)."""
@@ -115,10 +129,15 @@ class StepTimer:
             return
         sample = now - self._last_done - self._prefill_since
         if 0 < sample <= PERIOD_CAP * seconds:
-            self._period = sample if self._period == 0 else self._period + self._alpha * (sample - self._period)
+            if self._period == 0:
+                self._period = sample  # no spread seen yet (RFC 6298 starts at R/2; a cap held that low would
+                                       # keep streams back for dozens of steps after start-up)
+            else:
+                self._period_dev += PERIOD_DEVIATION_WEIGHT * (abs(sample - self._period) - self._period_dev)
+                self._period += self._alpha * (sample - self._period)
 
     def statistics(self) -> StepTimeStatistics:
-        return StepTimeStatistics(self._estimate, self._samples, self.token_s, self._period)
+        return StepTimeStatistics(self._estimate, self._samples, self.token_s, self._period, self.period_high_s)
 
 
 @dataclass(frozen=True)

@@ -111,9 +111,9 @@ class DeviceModel:
     largest profile. On B>1 the lane step of the estimates (:attr:`lane_step_s`)."""
 
     step_period_s: float = 0.0
-    """Measured completion-to-completion time of back-to-back decode steps (the step and the host's
-    time between steps, :attr:`~.estimates.StepTimer.period_s`; 0: not measured): the latency SLO's
-    rotation is sized on it."""
+    """Measured completion-to-completion time of back-to-back decode steps at its tail (the step and
+    the host's time between steps, mean plus four deviations: :attr:`~.estimates.StepTimer.period_high_s`;
+    0: not measured): the latency SLO's rotation is sized on it, since ITL is judged at its P99."""
 
     def __post_init__(self) -> None:
         if min(self.decode_step_s, self.prefill_fixed_s, self.prefill_per_token_s, self.token_s,

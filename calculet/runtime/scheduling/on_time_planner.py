@@ -306,7 +306,7 @@ class OnTimePlanner:
             return None
         fixed, per_token = self.prefill_times.cost()
         return DeviceModel(step, compiled_batch, engines, fixed, per_token, chunk,
-                           self.step_times.token_s, self.step_times.period_s)
+                           self.step_times.token_s, self.step_times.period_high_s)
 
     def drifted(self) -> bool:
         """The step time moved enough since the last plan to warrant a new one."""

@@ -114,6 +114,28 @@ def test_the_step_period_counts_the_hosts_time_between_back_to_back_steps_and_no
 
 
 @pytest.mark.req("R7.2.5")
+def test_the_periods_tail_grows_with_its_spread_and_the_cap_is_sized_on_it():
+    """Issue #13 (worst stream ITL P99 203 ms under 200 ms, cap sized on the mean period): B1, 40 ms device
+    steps. A period alternating 44/52 ms has mean 48 ms but a tail near 64 ms (RFC 6298: mean + 4 mean
+    deviations), so a 200 ms target holds 3 streams, not the 4 the mean allows; a steady 48 ms period has
+    no spread, its tail is its mean and the cap stays 4."""
+    steady, spread = StepTimer(), StepTimer()
+    now_s = now_v = 0.0
+    for k in range(200):
+        now_s += 0.048
+        steady.observe(0.04, lanes=1, compiled=1, decoding=4, now=now_s)
+        now_v += 0.044 if k % 2 else 0.052
+        spread.observe(0.04, lanes=1, compiled=1, decoding=4, now=now_v)
+    assert steady.period_high_s == pytest.approx(steady.period_s, rel=1e-6)
+    assert steady.period_s == pytest.approx(0.048)
+    assert spread.period_s == pytest.approx(0.048, abs=0.001)
+    assert spread.period_high_s == pytest.approx(0.064, abs=0.002)
+    assert spread.statistics().period_high_s == spread.period_high_s
+    assert DeviceModel(decode_step_s=0.04, step_period_s=steady.period_high_s).max_streams_for_itl(0.2) == 4
+    assert DeviceModel(decode_step_s=0.04, step_period_s=spread.period_high_s).max_streams_for_itl(0.2) == 3
+
+
+@pytest.mark.req("R7.2.5")
 def test_the_itl_cap_is_sized_on_the_step_period():
     """B1, 40 ms steps: 200 ms holds 5 streams on the step alone, 4 once 10 ms of host time is measured."""
     bare = DeviceModel(decode_step_s=0.04)
