@@ -9,7 +9,7 @@ the answer (target ≤ 1 s), the status, how much of the body the client had wri
 RSS (``/proc/<pid>/status`` VmRSS, sampled every 5 ms) before, at its peak and after (target: growth ≤ 20 MB).
 
 Part 2 — four clients (threads of a process of their own) each upload a 7.5 MB body (a completion whose prompt is 7.5 MB of text: read, parsed and
-refused as beyond the context) twice, while one client polls ``GET /health/live`` every 10 ms and another sends
+refused as beyond the context) ``--rounds`` times, while one client polls ``GET /health/live`` every 10 ms and another sends
 1-token completions back to back. Reported: ``/health/live`` latency P50/P99/max and 1-token completion
 latency P50/P99/max under the uploads, beside the same two probes with no upload (the baseline, measured in
 the same run just before). Targets: ``/health/live`` P99 ≤ 100 ms; the completions' P99 not more than 100 ms
@@ -18,7 +18,10 @@ above the baseline's.
 Figures, not a pass/fail test (DESIGN principle 10); the targets are printed beside them. Wall-clock figures
 on a shared 2-core machine move with whatever else runs: compare each with its baseline from the same run.
 
-    python bench/http_edge.py [--rounds 2] [--baseline-s 3]
+Also reported: the server's CPU time during the uploads, and its event-loop thread's (the work the loop
+itself does per body, load-independent), beside the loop's CPU over the same span with no traffic.
+
+    python bench/http_edge.py [--rounds 4] [--baseline-s 3]
 """
 
 from __future__ import annotations
@@ -51,6 +54,16 @@ def rss_bytes(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError("no VmRSS")
+
+
+def thread_cpu_s(pid: int, tid: int) -> float:
+    """User + system CPU seconds of thread ``tid`` of process ``pid`` (``/proc/<pid>/task/<tid>/stat``)."""
+    fields = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -229,7 +242,7 @@ def chunked_40mb(port: int, pid: int, total: int = 40 * 1000 * 1000) -> ChunkedR
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=2, help="7.5 MB uploads per client (4 clients)")
+    parser.add_argument("--rounds", type=int, default=4, help="7.5 MB uploads per client (4 clients)")
     parser.add_argument("--baseline-s", type=float, default=3.0, help="seconds of probing with no upload")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="calculet-bench-edge-") as home:
@@ -238,6 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             url = server.url
             port = int(url.rsplit(":", 1)[1])
             model = httpx.get(f"{url}/v1/models", timeout=60).json()["data"][0]["id"]
+            print(f"machine load average (1/5/15 min) at the start: {_load()} on {os.cpu_count()} cores\n")
             print("Part 1 — one 40 MB chunked body (limit 8 MiB)")
             result = chunked_40mb(port, server.proc.pid)
             refused = (f"{result.refused_after_8mib_s * 1000:.0f} ms" if result.refused_after_8mib_s is not None
@@ -250,12 +264,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("\nPart 2 — four clients x 7.5 MB bodies, beside /health/live and 1-token completions")
             base_health, base_done, base_failed = probed(url, model, lambda: time.sleep(args.baseline_s))
             statuses: list[int] = []
-            cpu_before, wall_before = server.cpu_s(), time.perf_counter()
+            pid = server.proc.pid
+            base_loop = thread_cpu_s(pid, pid)  # uvicorn's event loop runs in calculet.run's main thread
+            time.sleep(args.baseline_s)  # the loop's CPU with no traffic at all, over the same span as the baseline
+            idle_loop = thread_cpu_s(pid, pid) - base_loop
+            cpu_before, wall_before, loop_before = server.cpu_s(), time.perf_counter(), thread_cpu_s(pid, pid)
             load_health, load_done, load_failed = probed(
                 url, model, lambda: statuses.extend(uploads(url, model, 4, int(7.5e6), args.rounds)))
             cpu_s, wall_s = server.cpu_s() - cpu_before, time.perf_counter() - wall_before
+            loop_s = thread_cpu_s(pid, pid) - loop_before
             print(f"  server CPU during the uploads {cpu_s:.2f} s over {wall_s:.2f} s wall "
-                  f"({len(statuses)} bodies of 7.5 MB, probes included)")
+                  f"({len(statuses)} bodies of 7.5 MB, probes included); its event-loop thread {loop_s:.2f} s "
+                  f"({loop_s / max(1, len(statuses)) * 1000:.0f} ms per body, probes included; "
+                  f"{idle_loop:.2f} s over {args.baseline_s:g} s idle)")
             print(f"  uploads answered: {sorted(statuses)} (400 = refused as beyond the context after parsing)")
             for name, latencies, failed in (("baseline (no upload)", (base_health, base_done), base_failed),
                                              ("during the uploads", (load_health, load_done), load_failed)):
@@ -267,8 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  /health/live P99 during uploads {health_p99:.1f} ms (target <= 100 ms; baseline "
                   f"{_pct(base_health.values, 0.99) * 1000:.1f} ms)")
             print(f"  1-token completion P99 delay vs baseline {delay:+.1f} ms (target <= 100 ms)")
-            print(f"  machine load average (1/5/15 min) at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())} "
-                  f"on {os.cpu_count()} cores")
+            print(f"\nmachine load average (1/5/15 min) at the end: {_load()} on {os.cpu_count()} cores")
         finally:
             server.stop()
     return 0

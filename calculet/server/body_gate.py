@@ -95,23 +95,33 @@ class BodyGate:
         scope.setdefault("state", {})["body"] = body  # read by the generation routes as it is: no copy
         await self.app(scope, _replay(body, receive), send)
 
-    async def _read(self, receive: Receive) -> tuple[bytearray | None, APIError | None]:
-        """The whole body (None if the client disconnected), or the refusal that ends the reading."""
-        buffer = bytearray()
+    async def _read(self, receive: Receive) -> tuple[bytes | None, APIError | None]:
+        """The whole body (None if the client disconnected), or the refusal that ends the reading.
+
+        The pieces are kept as they come and joined once at the end: appending each to one growing
+        ``bytearray`` re-copied the buffer on most reallocations (CPython grows a large bytearray by
+        an eighth): the largest item of a profile of the event loop while 7.5 MB bodies uploaded. The loop
+        thread's CPU for 8 such bodies went from 270–280 ms to 220–240 ms (a plain asyncio protocol that
+        only receives and joins the same bytes: 130–150 ms)."""
+        pieces: list[bytes] = []
+        size = 0
         while True:
             try:
                 with anyio.fail_after(self.body_timeout_s):
                     message = await receive()
             except TimeoutError:
                 return None, APIError(408, f"the request body paused for more than {self.body_timeout_s:g} s "
-                                           f"after {len(buffer)} bytes", code="body_timeout")
+                                           f"after {size} bytes", code="body_timeout")
             if message["type"] == "http.disconnect":
                 return None, None
-            buffer += message.get("body", b"")
-            if len(buffer) > self.max_body_bytes:
+            piece = message.get("body", b"")
+            if piece:
+                pieces.append(piece)
+                size += len(piece)
+            if size > self.max_body_bytes:
                 return None, self._too_large(f"the body (more than {self.max_body_bytes} bytes read)")
             if not message.get("more_body", False):
-                return buffer, None
+                return b"".join(pieces), None
 
     def _too_large(self, what: str) -> APIError:
         return APIError(413, f"{what} exceeds the limit of {self.max_body_bytes} bytes (server.max_body_bytes)",
@@ -134,7 +144,7 @@ async def _unanswered(scope: Scope, receive: Receive, send: Send) -> None:
         pass
 
 
-def _replay(body: bytearray, receive: Receive) -> Receive:
+def _replay(body: bytes, receive: Receive) -> Receive:
     """A ``receive`` that hands the app the body already read, then waits on the real one (disconnects)."""
     sent = False
 
@@ -142,7 +152,7 @@ def _replay(body: bytearray, receive: Receive) -> Receive:
         nonlocal sent
         if not sent:
             sent = True
-            return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return {"type": "http.request", "body": body, "more_body": False}
         message: Any = await receive()
         return message  # type: ignore[no-any-return]
 
