@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from calculet.machines.codegen import _MISSING, generate_dispatch, generate_invariant_check, generate_lifecycle
+from calculet.machines.codegen import (_MISSING, generate_dispatch, generate_fire, generate_invariant_check,
+                                       generate_lifecycle)
 from calculet.machines.monitor import MONITOR as _MONITOR
 from calculet.machines.definition import Definition, Transition
 from calculet.machines.errors import TransitionNotAllowed
@@ -19,9 +20,11 @@ from calculet.machines.errors import TransitionNotAllowed
 class CompiledInstance:
     """State plus variables of one machine instance; ``fire`` is the only way to change them.
 
-    ``__init__`` and ``snapshot`` are generated per machine (:func:`generate_lifecycle`); ``fire``
-    calls the generated ``_fire_i`` of (state, event), which accepts the arguments inline, so the
-    exact (slower) argument check runs only for a call the inline test does not accept.
+    ``__init__``, ``snapshot`` and ``fire`` are generated per machine (:func:`generate_lifecycle`,
+    :func:`generate_fire`): ``fire`` takes the event's arguments as named parameters (no dict per
+    event) and calls the generated ``_fire_i`` of (state, event) with them positionally; that
+    function accepts them with inline type tests, so the exact (slower) argument check runs only
+    for a call the inline test does not accept, or for an event the monitor samples.
     """
 
     __slots__ = ("_state", "last_transition")
@@ -100,12 +103,13 @@ class CompiledInstance:
 
         The generated code evaluates the guards before it writes anything, so a refused event
         leaves state and variables exactly as they were. With monitors on, the declared
-        invariants are checked after the event (:meth:`_fire_monitored`). Each machine's class
-        has its own faster copy with its table bound (:func:`_make_fire`); this is the exact path it
+        invariants are checked after each sampled event (:meth:`_fire_checked`). Each machine's
+        class has its own faster ``fire`` (:func:`~calculet.machines.codegen.generate_fire`: the
+        arguments as named parameters, no dict per event); this generic one is the exact path it
         falls back to.
         """
-        if _MONITOR.enabled:
-            return self._fire_monitored(event, args)
+        if _MONITOR.enabled and _MONITOR.sampled():
+            return self._fire_checked(event, args)
         return self._fire_exact(event, args)
 
     def _fire_exact(self, event: str, args: dict[str, Any]) -> str:
@@ -118,13 +122,8 @@ class CompiledInstance:
         self.last_transition = self._rows[source][event][taken]
         return self._state
 
-    def _fire_monitored(self, event: str, args: dict[str, Any]) -> str:
-        """``fire`` with monitors on: the invariants checked after the event, if it is sampled."""
-        if not _MONITOR.sampled():
-            fast = self._fire_table.get(self._state, _EMPTY).get(event)
-            if fast is not None and fast(self, args) >= 0:
-                return self._state
-            return self._fire_exact(event, args)
+    def _fire_checked(self, event: str, args: dict[str, Any]) -> str:
+        """The exact path with the monitor: the invariants and step properties checked after the event."""
         dispatch = self._check(event, args)
         pre = self.snapshot()
         source = self._state
@@ -163,26 +162,16 @@ class CompiledInstance:
 _EMPTY: dict[str, Any] = {}
 
 
-def _make_fire(fire_table: dict[str, dict[str, Callable[..., int]]]) -> Callable[..., str]:
-    """``fire`` with the machine's table in a closure cell (no attribute lookups on the hot path)."""
-    def fire(self: CompiledInstance, event: str, **args: Any) -> str:
-        if _MONITOR.enabled:
-            return self._fire_monitored(event, args)
-        try:
-            fast = fire_table[self._state][event]
-        except KeyError:
-            self._check(event, args)  # raises: an unknown event, or none in this state
-            raise
-        if fast(self, args) >= 0:
-            return self._state
-        return self._fire_exact(event, args)
-
-    fire.__doc__ = CompiledInstance.fire.__doc__
-    return fire
+def _fire_exact_or_checked(instance: CompiledInstance, event: str, args: dict[str, Any]) -> str:
+    """Where the generated ``fire`` sends what its fast path does not take (or the monitor samples)."""
+    if _MONITOR.enabled:
+        return instance._fire_checked(event, args)
+    return instance._fire_exact(event, args)
 
 
 def compile_instance_type(d: Definition) -> type[CompiledInstance]:
     table, fire_table, source = generate_dispatch(d)
+    fire, fire_source = generate_fire(d, fire_table, _MONITOR, _fire_exact_or_checked)
     check_invariants, check_source = generate_invariant_check(d)
     init, snapshot, life_source = generate_lifecycle(d, CompiledInstance._slow_init)
     rows: dict[str, dict[str, list[Transition]]] = {}
@@ -196,11 +185,11 @@ def compile_instance_type(d: Definition) -> type[CompiledInstance]:
         "definition": d,
         "_table": table,
         "_fire_table": fire_table,
-        "fire": _make_fire(fire_table),
+        "fire": fire,
         "__init__": init,
         "snapshot": snapshot,
         "_rows": {s: {e: tuple(r) for e, r in evs.items()} for s, evs in rows.items()},
-        "_source": source + "\n" + check_source + "\n" + life_source,
+        "_source": source + "\n" + fire_source + "\n" + check_source + "\n" + life_source,
         "_check_invariants": check_invariants,
         "_argspec": argspec,
         "_var_names": tuple(d.vars),

@@ -83,3 +83,16 @@ def test_the_base_class_exact_fire_and_generic_snapshot_agree_with_the_generated
     with pytest.raises(TransitionNotAllowed, match="no transition for this event"):
         CompiledInstance.fire(exact, "reserve", seq=2, gen=1, tokens=4)
     assert (exact.state, exact.values()) == (fast.state, fast.values())
+
+
+@pytest.mark.req("R9.2.3")
+def test_an_argument_of_another_event_is_refused_not_ignored(monitors: bool):
+    """The generated ``fire`` takes every argument name of the machine as a keyword; one that this
+    event does not declare sends the call to the exact check, which refuses it (issue #20)."""
+    r = RequestMachine.create(prompt_tokens=2, max_new_tokens=3, max_seq=16)
+    with pytest.raises(TransitionNotAllowed, match="do not match"):
+        r.fire("bind", gen=1, job=3)
+    with pytest.raises(TransitionNotAllowed, match="do not match"):
+        r.fire("wait_model", ok=True)
+    assert r.state == "new" and r.generation == 0 and r.last_transition is None
+    assert r.fire("bind", gen=1) == "waiting_admission" and r.generation == 1
