@@ -109,8 +109,9 @@ def test_every_section_16_row_is_exported_and_parses(server: RunningServer) -> N
     assert {"RequestMachine", "KvSequenceMachine", "ModelMachine", "DeviceJobMachine"} <= monitored
     assert monitored <= {"RequestMachine", "KvSequenceMachine", "ModelMachine", "DeviceJobMachine",
                          "RequestLaneSystem", "KvLanePool"}
-    # the monitor's counts are per process: other tests in this worker break invariants on purpose, so the
-    # traffic here must add none
+    # the monitor's counts are per process: tests that break invariants on purpose reset them when they end
+    # (tests/conftest.py), so none is inherited, and the traffic here must add none
+    assert not any(before.values()), before
     grown = {k: v for k, v in _violations(text).items() if v != before.get(k, 0.0)}
     assert not grown, grown
     tenants = {s.labels["tenant"] for s in families["calculet_fairness_service_tokens"].samples}
