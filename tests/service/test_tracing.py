@@ -19,7 +19,9 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
+from calculet.adapters.calrt import ReturnCode
 from calculet.config import parse_config
 from calculet.server.tracing import RequestTracer, SpanPipeline, otlp_pipeline
 from tests.integration.engine.support import engine_config
@@ -148,6 +150,26 @@ def test_one_span_per_decode_batch_shared_by_its_lanes_with_fake_clock_durations
     assert (longest.end_time - longest.start_time) / 1e9 == pytest.approx(ended - started, abs=1e-9)  # type: ignore[operator]
     assert dict(longest.attributes or {})["calculet.decode.steps"] == 4
     assert tracer.open == 0
+
+
+def test_a_decode_batch_the_device_fails_is_an_error_span_and_its_request_a_failed_trace() -> None:
+    """The request's second decode job ends INTERNAL: that batch's span has status ERROR, the first
+    batch's does not; the decode span says not ok and links both; the request span is an error."""
+    st = stack(engine_config())
+    _, exporter = _traced_stack(st)
+    st.submit(8, 6)
+    st.runtime.hooks.result_rc[st.runtime.hooks.accepted + 3] = ReturnCode.INTERNAL  # prefill, decode, decode
+    st.driver.run_until_idle()
+    assert [target for _, _, _, target in st.transitions][-1] == "failed"
+    spans = exporter.get_finished_spans()
+    (root, children), = _requests(spans).values()
+    decode = [c for c in children if c.name == "calculet.decode"][0]
+    batches = _batches(spans)
+    linked = [batches[(link.context.trace_id, link.context.span_id)] for link in decode.links]
+    assert [b.status.status_code for b in linked] == [StatusCode.UNSET, StatusCode.ERROR]
+    assert dict(decode.attributes or {}) == {"calculet.decode.steps": 2, "calculet.decode.ok": False}
+    assert root.status.status_code is StatusCode.ERROR
+    assert dict(root.attributes or {})["calculet.outcome"] == "failed"
 
 
 def test_a_request_the_sampler_drops_gets_no_span_nor_do_its_batches() -> None:
