@@ -64,11 +64,19 @@ _TYPES: dict[int, str] = {
 }
 
 
+def _encodable(text: str) -> str:
+    """``text`` with any lone UTF-16 surrogate written as its escape (``\\ud800``): a message or param that
+    names what the client wrote (a JSON key ``"\\ud800"``) must still encode as UTF-8 — it did not, and the
+    error about the client's surrogate became a 500 (issue #14)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 class APIError(Exception):
     """An error answer: HTTP status, OpenAI error type and code, the offending field."""
 
     def __init__(self, status: int, message: str, *, code: str, param: str | None = None,
                  type: str | None = None, headers: dict[str, str] | None = None) -> None:  # noqa: A002
+        message, param = _encodable(message), None if param is None else _encodable(param)
         super().__init__(message)
         self.status = status
         self.message = message

@@ -81,6 +81,20 @@ SURROGATE_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "x", "name": SURROGATE}]},
      "messages.0.name"),
     ("/v1/chat/completions", {**CHAT, "stop": [SURROGATE]}, "stop.0"),
+    ("/v1/completions", {**COMPLETION, "prompt_cache_key": SURROGATE}, "prompt_cache_key"),
+    ("/v1/completions", {**COMPLETION, "safety_identifier": SURROGATE}, "safety_identifier"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": SURROGATE, "content": "x"}]}, "messages.0.role"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [{"type": SURROGATE, "text": "x"}]}]},
+     "messages.0.content.0.type"),
+    ("/v1/chat/completions", {**CHAT, "tool_choice": SURROGATE}, "tool_choice"),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": SURROGATE}}, "response_format.type"),
+    # in a key: the error names the key, written as its escape (naming it raw made the error itself a 500)
+    ("/v1/completions", {**COMPLETION, "metadata": {SURROGATE: "v"}}, "metadata.\\ud800"),
+    ("/v1/completions", {**COMPLETION, "logit_bias": {SURROGATE: 1.0}}, "logit_bias.\\ud800"),
+    ("/v1/completions", {**COMPLETION, "stream_options": {SURROGATE: True}}, "stream_options.\\ud800"),
+    ("/v1/completions", {**COMPLETION, SURROGATE: 1}, "\\ud800"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "x", SURROGATE: "y"}]},
+     "messages.0.\\ud800"),
 ]
 
 
@@ -96,6 +110,20 @@ def test_lone_surrogates_in_every_text_field_are_400_naming_the_field(edge: Runn
             assert (error["code"], error["param"]) == ("invalid_unicode", param), error
     statuses.assert_no_5xx()
     _served(edge)
+
+
+def test_surrogate_pairs_and_raw_surrogate_bytes(edge: RunningServer) -> None:
+    """A surrogate *pair* is one character (😀) and is served; a surrogate written as raw UTF-8 bytes (CESU) is
+    the same lone surrogate, named by its field; other invalid UTF-8 is invalid JSON."""
+    with edge.http() as http:
+        paired = [_post(http, "/v1/completions", {**COMPLETION, "prompt": "\U0001f600 ok", "stop": "\U0001f600"}),
+                  _post(http, "/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "\U0001f600"}]})]
+        cesu = _post(http, "/v1/completions", b'{"model": "tiny", "prompt": "\xed\xa0\x80"}')
+        invalid = _post(http, "/v1/completions", b'{"model": "tiny", "prompt": "\xff"}')
+    assert [r.status_code for r in paired] == [200, 200], [r.text for r in paired]
+    assert cesu.status_code == 400 and (cesu.json()["error"]["code"], cesu.json()["error"]["param"]) == (
+        "invalid_unicode", "prompt")
+    assert invalid.status_code == 400 and invalid.json()["error"]["code"] == "invalid_json"
 
 
 @pytest.mark.req("R5.2.3")
@@ -121,6 +149,17 @@ def test_extreme_floats_are_served_greedily_or_refused(edge: RunningServer) -> N
             assert response.status_code == 400, (field, raw, response.text)
             error = response.json()["error"]
             assert error["param"] in (field, None) and error["type"] == "invalid_request_error", error
+        for field, raw in (("max_tokens", b"1" + b"0" * 30), ("max_tokens", b"9223372036854775808"),
+                           ("seed", b"18446744073709551616"), ("top_k", b"-1"), ("max_tokens", b"-0"),
+                           ("prompt", b"[18446744073709551616]"), ("max_tokens", b"1" + b"0" * 5000)):
+            body = b'{"model": "%s", "prompt": "x", "%s": %s}' % (ALIAS.encode(), field.encode(), raw)
+            if field == "prompt":
+                body = b'{"model": "%s", "prompt": %s}' % (ALIAS.encode(), raw)
+            response = statuses.note(field, _post(http, "/v1/completions", body))
+            assert response.status_code == 400 and response.json()["error"]["param"] in (field, None), response.text
+        for raw in (b"-0.0", b"1e-400", b"0." + b"0" * 5000 + b"1"):  # zero, an underflow to zero, a tiny number
+            body = b'{"model": "%s", "prompt": "x", "max_tokens": 2, "temperature": %s}' % (ALIAS.encode(), raw)
+            assert statuses.note("temperature", _post(http, "/v1/completions", body)).status_code == 200
     statuses.assert_no_5xx()
 
 
