@@ -257,14 +257,14 @@ def _add_health_and_metrics(app: FastAPI, service: Service) -> None:
     @app.get("/health", response_model=Health, tags=["health"],
              responses={503: {"model": Health, "description": "The engine has stopped."}},
              summary="vLLM's health check: 200 while the engine runs")
-    def health() -> Any:
+    async def health() -> Any:  # async (on the event loop, no thread hop): it reads one flag, never blocks
         state = service.lifecycle.state
         if state == "stopped":
             return JSONResponse(Health(status="stopped", detail="the engine has stopped").model_dump(), status_code=503)
         return Health(status="ok", detail=f"engine {state}")
 
     @app.get("/health/live", response_model=Health, tags=["health"], summary="The process serves HTTP")
-    def live() -> Health:
+    async def live() -> Health:  # answered by the event loop itself: that it serves is what liveness means (#14)
         return Health(status="live")
 
     @app.get("/health/ready", response_model=Health, tags=["health"],
