@@ -129,7 +129,7 @@ class ServerConfig(Section):
     max_header_bytes: Annotated[PosInt, Field(ge=1024, le=1024 * 1024)] = Field(
         16 * 1024,
         description="Largest request line plus headers (bytes; h11's max incomplete event size); "
-        "beyond it the request is answered 400.",
+        "headers still incomplete beyond it are answered 431 and the connection closed.",
     )
     header_timeout_s: Annotated[PosFloat, Field(le=300.0)] = Field(
         10.0,
@@ -141,6 +141,13 @@ class ServerConfig(Section):
         30.0,
         description="Longest pause between two pieces of a request body; past it the request is "
         "answered 408 and its connection closed.",
+    )
+    body_min_rate_bytes_s: Annotated[PosFloat, Field(le=1024.0**3)] = Field(
+        1024.0,
+        description="Slowest average rate a request body may arrive at once body_timeout_s has passed: "
+        "by t seconds after the headers, at least (t - body_timeout_s) x this many bytes must have "
+        "arrived, else 408 and closed — a body trickled a byte at a time, each pause under "
+        "body_timeout_s, cannot hold a connection for hours (issue #14).",
     )
     keep_alive_timeout_s: Annotated[PosFloat, Field(le=3600.0)] = Field(
         5.0,

@@ -11,7 +11,10 @@ before routing:
 2. a declared ``Content-Length`` above ``server.max_body_bytes`` is 413 at once;
 3. otherwise the body is read here, chunk by chunk, counting: past the limit the answer is 413
    and the connection closes (the rest is never read, so memory stays bounded by the limit);
-   a pause longer than ``server.body_timeout_s`` between two chunks is 408, also closed;
+   a pause longer than ``server.body_timeout_s`` between two chunks is 408, also closed, and so is a
+   body that, after the grace of one such pause, arrives slower on average than
+   ``server.body_min_rate_bytes_s`` (a body trickled a byte at a time, each pause just under the
+   limit, would otherwise hold its connection for as long as the client likes);
 4. a connection that closes before its body ends is recorded as such (``_unanswered``);
 5. the app then receives the body as one message, already read and bounded (the generation
    routes take it from ``scope["state"]["body"]`` without a copy and parse it off the event
@@ -61,10 +64,12 @@ def _refusal(exc: APIError, scope: Scope) -> APIError:
 class BodyGate:
     """Pure ASGI middleware: credentials before the body, the body counted while it is read."""
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float, authorize: Authorize) -> None:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float, authorize: Authorize,
+                 body_min_rate_bytes_s: float = 1024.0) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
+        self.body_min_rate_bytes_s = body_min_rate_bytes_s
         self.authorize = authorize
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -105,11 +110,21 @@ class BodyGate:
         only receives and joins the same bytes: 130–150 ms)."""
         pieces: list[bytes] = []
         size = 0
+        started = anyio.current_time()
         while True:
+            # the next piece is due within the pause limit, and early enough to keep the minimum average rate
+            # after the grace of one pause (by t: (t - body_timeout_s) x rate bytes; mod_reqtimeout's MinRate)
+            pause = self.body_timeout_s
+            rate = started + self.body_timeout_s + size / self.body_min_rate_bytes_s - anyio.current_time()
             try:
-                with anyio.fail_after(self.body_timeout_s):
+                with anyio.fail_after(max(0.0, min(pause, rate))):
                     message = await receive()
             except TimeoutError:
+                if rate < pause:
+                    took = anyio.current_time() - started
+                    return None, APIError(408, f"the request body arrived slower than {self.body_min_rate_bytes_s:g} "
+                                               f"bytes/s on average ({size} bytes in {took:.1f} s; "
+                                               "server.body_min_rate_bytes_s)", code="body_too_slow")
                 return None, APIError(408, f"the request body paused for more than {self.body_timeout_s:g} s "
                                            f"after {size} bytes", code="body_timeout")
             if message["type"] == "http.disconnect":

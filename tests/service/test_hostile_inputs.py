@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import select
 import socket
 import threading
 from collections.abc import Iterator
@@ -31,7 +32,8 @@ SURROGATE = "\ud800"
 
 @pytest.fixture(scope="module")
 def edge(key_dir: Path) -> Iterator[RunningServer]:
-    config = service_config(server={"max_body_bytes": MAX_BODY, "header_timeout_s": 0.5, "body_timeout_s": 0.5})
+    config = service_config(server={"max_body_bytes": MAX_BODY, "header_timeout_s": 0.5, "body_timeout_s": 0.5,
+                                    "body_min_rate_bytes_s": 100.0})
     running = start_server(config, key_dir)
     yield running
     running.stop()
@@ -421,6 +423,46 @@ def test_a_half_sent_second_request_on_a_keep_alive_connection_is_closed_too(edg
         sock.sendall(b"GET /health/live HTTP/1.1\r\nHo")
         answer = _read_all(sock)
     assert answer.startswith(b"HTTP/1.1 408")
+
+
+def _trickle(port: int, head: bytes, trickled: bytes) -> tuple[bytes, int]:
+    """``head``, then ``trickled`` one byte at a time, each after waiting up to 0.1 s for the server to answer;
+    the answer and how many trickled bytes went out before it."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head)
+        sent = 0
+        for byte in trickled:
+            if select.select([sock], [], [], 0.1)[0]:
+                break  # the server answered (or closed)
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                break
+            sent += 1
+        return _read_all(sock), sent
+
+
+@pytest.mark.req("R5.2.3")
+@pytest.mark.parametrize("part", ["headers", "body"])
+def test_a_request_trickled_a_byte_at_a_time_is_cut_off(edge: RunningServer, http_lines: HttpLines,
+                                                        part: str) -> None:
+    """Each pause (0.1 s) is under the timeouts (0.5 s): headers are timed once per request, not per byte, and a
+    body must keep server.body_min_rate_bytes_s (100 B/s here) on average after one pause's grace. Trickling
+    10 000 bytes at most 10 B/s would take over 15 minutes; the server answers 408 long before."""
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n" + AUTH
+    if part == "headers":
+        answer, sent = _trickle(edge.port, b"", head + b"X-Pad: " + b"a" * 10_000)
+        code = b"header_timeout"
+    else:
+        answer, sent = _trickle(edge.port, head + b"Content-Length: 10030\r\n\r\n",
+                                b'{"model": "tiny", "prompt": "' + b"a" * 10_000 + b'"}')
+        code = b"body_too_slow"
+    assert answer.startswith(b"HTTP/1.1 408") and code in answer and sent < 10_000, (answer[:300], sent)
+    request_id = next(line.split(b":", 1)[1].strip() for line in answer.split(b"\r\n")
+                      if line.lower().startswith(b"x-request-id:"))
+    line = http_lines.line(request_id.decode())
+    assert (line.status, line.code) == (408, code.decode())  # type: ignore[attr-defined]
+    _served(edge)
 
 
 @pytest.mark.req("R5.2.3")
