@@ -192,7 +192,7 @@ def create_app(service: Service) -> FastAPI:
         return None
 
     app.add_middleware(BodyGate, max_body_bytes=server.max_body_bytes, body_timeout_s=server.body_timeout_s,
-                       authorize=authorize)
+                       body_min_rate_bytes_s=server.body_min_rate_bytes_s, authorize=authorize)
     app.add_middleware(RequestContext, service=service)  # outermost: every answer carries the request id
     app.include_router(inference_router(service))
     app.include_router(admin_router(service))
