@@ -2,8 +2,10 @@
 
 Why a section of its own: tracing is off by default (no exporter, no span, no cost on the
 request path) and turns on only when an OTLP endpoint is named; the service then exports one
-trace per request — admission, queue wait, prefill jobs, decode batches — with OpenTelemetry
-(:mod:`calculet.server.tracing`). No prompt or completion text is ever put in a span.
+trace per request — admission, queue wait, prefill jobs, decode — and one span per decode batch,
+linked from the requests that rode in it, with OpenTelemetry (:mod:`calculet.server.tracing`).
+``sample_ratio`` is decided once per request at its arrival; a batch is traced when it carries a
+traced request. No prompt or completion text is ever put in a span.
 """
 
 from __future__ import annotations
