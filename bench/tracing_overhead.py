@@ -22,9 +22,9 @@ Part 2 — the tracer's own work, measured directly (no noise from the rest of t
 engine in virtual time (``EngineDriver``, the default configuration and package, no numerics)
 runs the same completions; its request transitions (and what the tracer reads of each) are
 recorded, then replayed into the tracer (with the service's batching span processor, holding the
-spans) in one loop timed with ``time.thread_time``; that CPU time and the export's (the real ``OTLPSpanExporter`` posting the spans to
-the sink in batches of 512, as the batching processor does, encoding included) are summed and
-divided by the completions. Two arrival patterns bound the batch shape: one request at a time
+spans) in one loop timed with ``time.thread_time``; that CPU time and the export's (the real
+``OTLPSpanExporter`` posting the spans to the sink in batches of 512, as the batching processor
+does, encoding included) are summed and divided by the completions. Two arrival patterns bound the batch shape: one request at a time
 (every decode batch has one lane, so one batch span per token: the worst case) and eight at a
 time (batches shared). Reported in µs per completion and as a share of part 1's tracing-off
 server CPU per completion from the same run.

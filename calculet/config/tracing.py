@@ -32,5 +32,5 @@ class TracingConfig(Section):
     )
     service_name: LabelName = Field("calculet", description="The traces' service.name resource attribute.")
     sample_ratio: Annotated[float, Field(ge=0.0, le=1.0)] = Field(
-        1.0, description="Share of requests traced (parent-based trace-id ratio sampling)."
+        1.0, description="Share of requests traced (trace-id ratio, decided once per request at its arrival)."
     )
