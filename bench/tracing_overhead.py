@@ -24,10 +24,11 @@ runs the same completions; its request transitions (and what the tracer reads of
 recorded, then replayed into the tracer (with the service's batching span processor, holding the
 spans) in one loop timed with ``time.thread_time``; that CPU time and the export's (the real
 ``OTLPSpanExporter`` posting the spans to the sink in batches of 512, as the batching processor
-does, encoding included) are summed and divided by the completions. Two arrival patterns bound the batch shape: one request at a time
-(every decode batch has one lane, so one batch span per token: the worst case) and eight at a
-time (batches shared). Reported in µs per completion and as a share of part 1's tracing-off
-server CPU per completion from the same run.
+does, encoding included) are summed and divided by the completions. Two arrival patterns: one
+request at a time and eight at a time. The default configuration compiles B1 only, so every decode
+batch has one lane and every token is a batch span — the most spans tracing can make per
+completion (on B4–B16 lanes share a batch's span). Reported in µs per completion and as a share
+of part 1's tracing-off server CPU per completion from the same run.
 
     python bench/tracing_overhead.py [--requests 40] [--rounds 12] [--tokens 16] [--concurrency 8]
 """
