@@ -302,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(f: dict[str, Any], args: argparse.Namespace) -> None:
-    print(f"tracing overhead — {args.rounds} rounds (order rotating) × {args.requests} completions of "
+    schedule = "the three servers loaded at once" if args.together else "servers in turn, order rotating"
+    print(f"tracing overhead — {args.rounds} rounds ({schedule}) × {args.requests} completions of "
           f"{args.tokens} tokens per server, {args.concurrency} concurrent, --sim-cost instant, 127.0.0.1")
     print(f"{'':16}{'server CPU ms/completion':>26}{'completions/s':>16}   (medians over rounds)")
     for name in SERVERS:
