@@ -20,8 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import pytest
+
+from calculet.server import body_gate
 
 from tests.service.support import ALIAS, TENANT_KEYS, RunningServer, service_config, start_server
 
@@ -571,3 +574,39 @@ def test_hostile_admin_bodies_are_400_naming_the_field(edge: RunningServer) -> N
             assert response.status_code == 400, (body, response.text)
             assert response.json()["error"]["param"] in ("package", "trust"), response.text
     statuses.assert_no_5xx()
+
+
+def test_the_bulk_pacer_spaces_bulk_bytes_at_its_rate_across_bodies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """BulkPacer on a fake clock: every body's bulk shares one budget of ``rate`` bytes a second; a piece waits
+    exactly until the bytes before it fit, and a pacer left idle does not bank credit."""
+    clock = [100.0]
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock[0] += seconds
+
+    monkeypatch.setattr(body_gate.anyio, "current_time", lambda: clock[0])
+    monkeypatch.setattr(body_gate.anyio, "sleep", sleep)
+    pacer = body_gate.BulkPacer(1000.0)
+
+    async def run() -> list[float]:
+        waits = [await pacer.take(500), await pacer.take(500), await pacer.take(250)]  # one body, back to back
+        waits.append(await pacer.take(1000))  # another body: the same budget
+        clock[0] += 60.0  # idle for a minute
+        waits.append(await pacer.take(500))
+        return waits
+
+    assert anyio.run(run) == [0.0, 0.5, 0.5, 0.25, 0.0]
+    assert slept == [0.5, 0.5, 0.25]
+
+
+@pytest.mark.req("R5.2.3")
+def test_a_body_past_the_bulk_threshold_is_read_whole_at_the_pace(server: RunningServer) -> None:
+    """A 3 MiB body (2 MiB of it paced) arrives whole: parsed and answered for what it says (a prompt beyond the
+    context), chunked or not."""
+    body = b'{"model": "tiny", "prompt": "' + b"a" * (3 * 1024 * 1024) + b'"}'
+    with server.http() as http:
+        for content in (body, iter([body[i:i + 65536] for i in range(0, len(body), 65536)])):
+            response = http.post("/v1/completions", content=content, headers={**KEY, "Content-Type": "application/json"})
+            assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
