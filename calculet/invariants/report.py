@@ -209,7 +209,9 @@ def _system_sections(run: VerifyRun) -> list[str]:
                 f"`{sd.name}`: R × {rd} and L × {ld} moved together, "
                 f"{len(sd.steps)} coupled steps ({len(sd.variants)} row chains) — {scope}; bounded model checking "
                 f"searches every run from the initial system ({bmc[0].subject if bmc else '—'}); vacuity: "
-                f"{sum(r.ok for r in vac)}/{len(vac)} steps can fire under the invariants.", ""]
+                f"{sum(r.ok for r in vac)}/{len(vac)} steps can fire under the invariants"
+                + ("" if o.fast or sd.reach_depth else
+                   "; reachability from the initial system not searched for this system (vacuity only)") + ".", ""]
         rows = []
         for inv in sd.invariants:
             if inv.name in broken:

@@ -59,9 +59,9 @@ def check_system(sd: SystemDefinition, *, requests: int = 3, lanes: int = 3, dep
     if progress:
         progress(f"{sd.name}: induction over {len(sd.variants)} step variants")
     results += check_system_vacuity(sd)
-    if reach:
+    if reach and sd.reach_depth:
         results.append(check_system_reachability(sd, depth=sd.reach_depth))
-    results.append(check_system_bmc(sd, requests, lanes, depth))
+    results.append(check_system_bmc(sd, *(sd.bmc_size or (requests, lanes)), depth))
     if progress:
         progress(f"{sd.name}: bounded model checking to depth {depth}")
     return results

@@ -163,6 +163,8 @@ class SystemDefinition:
     # How deep the reachability search goes (the longest shortest run to a step: a generation
     # needs four steps to be Ready before a request can be pinned to it).
     reach_depth: int = 8
+    # Instances bounded model checking searches over (requests, lanes); None: verify's default.
+    bmc_size: tuple[int, int] | None = None
 
     def variants_of(self, step: str) -> list[Variant]:
         return [v for v in self.variants if v.step.name == step]
@@ -207,6 +209,7 @@ class CoupledSystem:
     # Rows of either machine no step takes, with the reason (shown in the documents).
     omitted: ClassVar[Sequence[tuple[str, str]]] = ()
     reach_depth: ClassVar[int] = 8
+    bmc_size: ClassVar[tuple[int, int] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -266,7 +269,8 @@ class CoupledSystem:
         cls.definition = SystemDefinition(
             name=name, doc=inspect.cleandoc(cls.__doc__ or ""), spec=cls.spec, request=cls.request, lane=cls.lane,
             steps=tuple(cls.steps), variants=tuple(variants), invariants=tuple(invariants), step_args=step_args,
-            omitted=tuple(cls.omitted), reach_depth=cls.reach_depth)
+            omitted=tuple(cls.omitted), reach_depth=cls.reach_depth,
+            bmc_size=cls.bmc_size)
         cls.definition = dataclasses.replace(cls.definition, local=frozenset(_check_wirings(cls.definition, fault)))
 
     @classmethod

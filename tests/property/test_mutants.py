@@ -401,3 +401,83 @@ def test_unmutated_generation_couplings_are_accepted():
         assert [r.detail for r in check_system_induction(sd) if not r.ok] == []
         assert [r.subject for r in check_system_vacuity(sd) if not r.ok] == []
         assert check_system_bmc(sd, 2, 2, 6).ok
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue #17 class 6, the second index: the scheduler's availability is set by hand beside the
+# model machine (Scheduler.set_model). The engine's tick monitor (ModelManager.counter_faults)
+# checks it against the serving generation's ModelMachine; a recovery hook that moves the machine
+# but forgets the scheduler is rejected.
+
+class _SchedulerStub:
+    """The SchedulerView the recovery hooks steer: generation, availability, hold (no requests)."""
+
+    def __init__(self, generation: int, availability) -> None:
+        self.generation = generation
+        self.availability = availability
+        self.holding_new_requests = False
+
+    def set_model(self, generation, availability, profiles=None, detail=""):
+        self.generation, self.availability = generation, availability
+
+
+class _EngineStub:
+    def __init__(self, scheduler) -> None:
+        self.scheduler = scheduler
+
+
+def _serving_generation():
+    from pathlib import Path
+
+    from calculet.runtime.models.generations import Generations
+    from calculet.runtime.scheduling.admission import ModelAvailability
+
+    gens = Generations("m", 1)
+    gen = gens.new("m", Path("pkg"), 0.0)
+    for event in ("validated", "configured", "warmed"):
+        gen.machine.fire(event)
+    gens.serving = gen
+    return gens, _SchedulerStub(gen.id, ModelAvailability.READY)
+
+
+def _fault_with(recovery_class):
+    """A serving generation, then a job fault handled by ``recovery_class``'s on_fault; returns
+    the availability faults the engine's monitor would report."""
+    from calculet.runtime.models.availability import availability_faults
+
+    gens, scheduler = _serving_generation()
+    assert availability_faults(gens, scheduler) == []
+    recovery_class(_EngineStub(scheduler), gens, None, None).on_fault()
+    return {name for name, _ in availability_faults(gens, scheduler)}
+
+
+@pytest.mark.req("R12.2", "R10.4", "R12.10")
+def test_scheduler_availability_diverging_from_the_model_machine_is_rejected():
+    from calculet.runtime.models.recovery import GenerationRecovery
+
+    class ForgetfulRecovery(GenerationRecovery):
+        def on_fault(self) -> None:  # the fault: the machine goes Recovering, the scheduler still says READY
+            gen = self._gens.serving
+            if gen is not None and gen.machine.at("ready", "draining"):
+                gen.machine.fire("fault")
+
+    assert _fault_with(GenerationRecovery) == set()  # the real hook keeps them in step
+    assert "scheduler_availability_is_the_model_machines" in _fault_with(ForgetfulRecovery)
+
+
+@pytest.mark.req("R10.4", "R12.2")
+def test_scheduler_pinning_to_a_generation_that_is_not_ready_is_rejected():
+    """READY (new requests pinned) is allowed only of a Ready generation; a draining one is READY
+    only while a replacement holds new requests."""
+    from calculet.runtime.models.availability import allowed_availability
+    from calculet.runtime.scheduling.admission import ModelAvailability as A
+
+    gens, _ = _serving_generation()
+    gen = gens.serving
+    assert A.READY in allowed_availability(gen, serving=True, held=False)
+    gen.machine.fire("drain")
+    assert A.READY not in allowed_availability(gen, serving=True, held=False)
+    assert A.READY in allowed_availability(gen, serving=True, held=True)
+    gen.machine.fire("drained")
+    assert A.READY not in allowed_availability(gen, serving=True, held=True)
+    assert allowed_availability(gen, serving=False, held=False) == {A.UNLOADED, A.LOADING, A.FAILED, A.SHUTDOWN}

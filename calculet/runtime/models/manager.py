@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Iterable
 from calculet.errors import NotFound, Unavailable
 from calculet.machines.request import TERMINAL
 from calculet.runtime.execution.session_plan import EngineContract
+from calculet.runtime.models.availability import availability_faults
 from calculet.runtime.models.capacity import CapacityPlanner
 from calculet.runtime.models.generations import Generation, Generations, Prepared
 from calculet.runtime.models.load import Loader
@@ -88,6 +89,7 @@ class ModelManager:
                  first_generation: int = 1) -> None:
         self.config = engine.config
         self.clock = engine.clock
+        self._engine = engine
         self._gens = Generations(engine.config.model_alias, first_generation)
         self._lock = LifecycleLock(engine.run_commands)
         self._tally = LifecycleTally()
@@ -235,17 +237,26 @@ class ModelManager:
             self._gens[gen_id].machine.fire("acquire")
 
     def counter_faults(self, live: "Iterable[RequestRecord]") -> list[tuple[str, str]]:
-        """The ModelMachine counter checked against what it counts (#17, R10.2, R12.3): each
-        generation's ``active_requests`` equals the live requests pinned to it. Reported by the
-        engine's monitor like a broken invariant."""
+        """The ModelMachine's counters and the scheduler's availability checked against what they
+        stand for (#17, R10.2, R12.3, R12.2): each generation's ``active_requests`` equals the live
+        requests pinned to it; the generations' ``inflight_jobs`` add up to the jobs the executor
+        has on the device; the availability the scheduler was given agrees with the serving
+        generation's machine (:mod:`calculet.runtime.models.availability`). The same equalities are
+        proved on the declarations by ``GenerationRequestSystem`` and ``GenerationJobSystem``;
+        reported by the engine's monitor like a broken invariant."""
         pinned: dict[int, int] = {}
         for rec in live:
             if rec.generation:
                 pinned[rec.generation] = pinned.get(rec.generation, 0) + 1
+        faults: list[tuple[str, str]] = []
         for gen in self._gens:
             if gen.machine.active_requests != pinned.get(gen.id, 0):
-                return [(f"active_requests_of_generation_{gen.id}_is_its_pinned_requests", "R10.2")]
-        return []
+                faults.append((f"active_requests_of_generation_{gen.id}_is_its_pinned_requests", "R10.2"))
+                break
+        if sum(gen.machine.inflight_jobs for gen in self._gens) != self._engine.inflight_jobs():
+            faults.append(("inflight_jobs_are_the_executors_jobs_on_the_device", "R10.2"))
+        faults += availability_faults(self._gens, self._engine.scheduler)
+        return faults
 
     def may_submit(self, gen_id: int) -> bool:
         gen = self._gens.get(gen_id)

@@ -18,6 +18,23 @@ def test_requirements_are_credited_only_to_properties_that_state_them():
     assert "ModelMachine.ready_only_with_no_job_in_doubt" in refs["R12.10"]
 
 
+def test_the_generation_couplings_are_credited_to_what_they_state():
+    """#17: the counters (R10.2), the unload's wait (R12.3), sequences freed before the pools
+    (R12.5), one engine per job (R14.3) and no job in doubt on a Ready generation (R12.10) are
+    credited to the joint properties that state them — and nothing else is credited to those."""
+    refs = proof_references()
+    assert refs["R10.2"] == ["GenerationRequestSystem.active_requests_are_the_pinned_live_requests",
+                             "GenerationRequestSystem.counted_exactly_while_pinned_and_live",
+                             "GenerationJobSystem.inflight_jobs_are_the_generations_jobs_on_the_device",
+                             "GenerationJobSystem.counted_exactly_while_on_the_device"]
+    assert refs["R12.5"] == ["GenerationRequestSystem.holding_request_keeps_its_generations_buffers"]
+    assert "GenerationRequestSystem.requests_pinned_only_to_a_live_generation" in refs["R12.3"]
+    assert "GenerationJobSystem.one_engine_per_job_on_the_device" in refs["R14.3"]
+    assert "GenerationJobSystem.job_in_doubt_only_while_recovering" in refs["R12.10"]
+    # no proof states R14.4 (each in-flight job its own KV transaction): not credited to one
+    assert "R14.4" not in refs
+
+
 def test_every_credited_proof_names_a_catalogued_requirement():
     from calculet.invariants.traceability import catalogue
     known = {r.id for r in catalogue()}

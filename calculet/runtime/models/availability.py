@@ -1,0 +1,69 @@
+"""The scheduler's view of the model checked against the ModelMachine it reflects (#17, §10–§12, §15).
+
+The scheduler keeps the alias's availability (``Scheduler.set_model``) because scheduling sits
+below the model manager and must not reach into its generations; the manager sets it at each
+lifecycle step. That is a second copy of what the serving generation's :class:`ModelMachine`
+already says, so it is checked against the machine on every engine tick, like the counters
+(``ModelManager.counter_faults``). A hand-set availability that drifts from the machine — Ready
+while the generation is Recovering, new requests pinned to a generation that is not Ready — is a
+broken invariant.
+
+The derivation is a relation, not a function of the machine state alone, for two reasons the
+runtime decided elsewhere (``runtime/models/unload.py``, ``recovery.py``): during a replacement
+(new requests *held*, §11 step 5) the draining old generation stays READY to the scheduler so
+what is pinned to it keeps being served while new requests wait, not 503; and a generation that
+is Recovering while an unload is pending is 503 (DRAINING) or, once the reset ended its jobs and
+a replacement holds new requests, READY for its pinned requests only. In every case:
+
+* the scheduler pins new requests (READY and not held) only to a generation whose machine is
+  Ready (R12.2, R10.4: the alias serves only a generation past golden and warm-up);
+* RECOVERING is said only of a Recovering generation, DRAINING only of one being unloaded;
+* while a generation serves, the scheduler names it (``scheduler.generation == serving.id``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from calculet.runtime.scheduling.admission import ModelAvailability as A
+
+if TYPE_CHECKING:
+    from calculet.runtime.models.generations import Generation, Generations
+    from calculet.runtime.models.port import SchedulerView
+
+__all__ = ["allowed_availability", "availability_faults"]
+
+_NOT_SERVING = frozenset({A.UNLOADED, A.LOADING, A.FAILED, A.SHUTDOWN})
+
+
+def allowed_availability(gen: "Generation | None", *, serving: bool, held: bool) -> frozenset[A]:
+    """The availabilities the scheduler may state for the generation it names (``gen``), given
+    whether that generation is the serving one and whether new requests are held."""
+    if gen is None or not serving:
+        return _NOT_SERVING
+    m = gen.machine
+    unloading = gen.unload_requested
+    if m.at("ready"):
+        return frozenset({A.READY, A.SHUTDOWN})
+    if m.at("draining"):  # an unload (503 new) or a replacement (new requests held, pinned ones served)
+        return frozenset({A.READY if held else A.DRAINING, A.SHUTDOWN})
+    if m.at("recovering"):
+        extra = {A.READY if held else A.DRAINING} if unloading else set()
+        return frozenset({A.RECOVERING, A.FAILED, A.SHUTDOWN, *extra})  # FAILED: recovery gave up
+    if m.at("failed"):
+        return frozenset({A.FAILED, A.SHUTDOWN, *({A.DRAINING} if unloading and not held else ())})
+    return _NOT_SERVING  # unloading/unloaded: the unload stops serving it in the same actor step
+
+
+def availability_faults(gens: "Generations", scheduler: "SchedulerView") -> list[tuple[str, str]]:
+    """(invariant, R-id) for each way the scheduler's availability disagrees with the machine."""
+    serving = gens.serving
+    faults: list[tuple[str, str]] = []
+    if serving is not None and scheduler.generation != serving.id:
+        faults.append(("scheduler_names_the_serving_generation", "R10.4"))
+    gen = gens.get(scheduler.generation) if scheduler.generation else None
+    allowed = allowed_availability(gen, serving=gen is not None and gen is serving,
+                                   held=scheduler.holding_new_requests)
+    if scheduler.availability not in allowed:
+        faults.append(("scheduler_availability_is_the_model_machines", "R12.2"))
+    return faults
