@@ -16,7 +16,9 @@ before routing:
    body that, after the grace of one such pause, arrives slower on average than
    ``server.body_min_rate_bytes_s`` (a body trickled a byte at a time, each pause just under the
    limit, would otherwise hold its connection for as long as the client likes);
-4. a connection that closes before its body ends is recorded as such (``_unanswered``);
+4. a connection that closes before its body ends is recorded as such (``_unanswered``); a request
+   the server's protocol refused (a broken chunk it already answered; headers over
+   ``server.max_header_bytes``, answered here) is recorded with the protocol's status and reason;
 5. the app then receives the body as one message, already read and bounded (the generation
    routes take it from ``scope["state"]["body"]`` without a copy and parse it off the event
    loop, :mod:`calculet.server.request_parsing`).
@@ -116,8 +118,10 @@ class BodyGate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if "protocol_error" in scope.get("state", {}):  # the server refused the body's framing before we ran
-            await _unanswered(scope, receive, send)
+        refused_by_server = scope.get("state", {}).get("protocol_error")
+        if refused_by_server is not None:  # the server refused the body's framing or the headers' size
+            status, code, reason = refused_by_server
+            await _refusal(APIError(status, reason, code=code), scope)(scope, receive, send)  # dropped if it answered
             return
         refused = self.authorize(scope) if _has_body(scope) else None
         if refused is not None:

@@ -23,6 +23,9 @@ server-generated ``x-request-id``, and one ``http`` log line with the same field
 them too. Never a 5xx for the client's bytes: h11 hints 501 for a transfer coding it does not
 implement; that is the client's request, answered 400 (issue #14: 0 responses ≥ 500 from input).
 
+Request line and headers that arrive whole in one read are past h11's limit (it bounds only what is
+still incomplete): :meth:`EdgeProtocol.handle_events` measures them and has the app refuse 431.
+
 A broken chunk inside a body belongs to a request the app has (or is about to start): its answer
 carries the request's id (``request_id`` in its scope state, which the app's middleware adopts)
 and notes the status and reason there (``protocol_error``), so the request's one log line (written
@@ -128,10 +131,32 @@ class EdgeProtocol(H11Protocol):
         super().on_response_complete()
         self._disarm_header_timer()  # idle now: uvicorn's keep-alive timeout applies until the next byte
 
+    def handle_events(self) -> None:
+        """uvicorn's, then the header limit on a request h11 parsed whole: h11 enforces its maximum only on
+        headers still incomplete, so request line and headers that arrive in one read may be any size the
+        socket read holds (256 KiB). Such a request is refused 431 through the app (body gate), which gives
+        it its id and log line; its body is never read."""
+        before = self.scope
+        super().handle_events()
+        scope = self.scope
+        if scope is None or scope is before:
+            return
+        size = len(scope["method"]) + len(scope["raw_path"]) + len(scope["query_string"]) + 12 + sum(
+            len(name) + len(value) + 4 for name, value in scope["headers"])
+        limit = self.config.h11_max_incomplete_event_size or DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
+        if size > limit:
+            scope["state"]["protocol_error"] = (
+                431, "headers_too_large", f"the request line and headers are {size} bytes, over the limit of "
+                                          f"{limit} (server.max_header_bytes)")
+
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes h11 refused, as the service's: the status h11 hints, h11's reason, an id."""
         error = self.conn.last_error
         status, code = _status_and_code(error)
+        if status == 431:
+            limit = self.config.h11_max_incomplete_event_size or DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
+            self._refuse(status, code, f"the request line and headers exceed {limit} bytes (server.max_header_bytes)")
+            return
         detail = str(error) if error is not None and str(error) else msg
         self._refuse(status, code, f"the request is not valid HTTP/1.1: {detail}")
 

@@ -332,7 +332,14 @@ PROTOCOL_ERRORS: list[tuple[str, tuple[bytes, ...], int, str, str]] = [
      "unsupported_transfer_encoding", "Transfer-Encoding"),
     ("headers growing past server.max_header_bytes", (b"GET /health/live HTTP/1.1\r\nHost: t\r\nX-Big: "
                                                       + b"a" * (40 * 1024),), 431, "headers_too_large",
-     "buffer too long"),
+     "server.max_header_bytes"),
+    ("whole headers past server.max_header_bytes", (b"GET /health/live HTTP/1.1\r\nHost: t\r\nX-Big: "
+                                                    + b"a" * (20 * 1024) + b"\r\n\r\n",), 431, "headers_too_large",
+     "server.max_header_bytes"),
+    ("whole headers past the limit, with a body", (b"POST /v1/completions HTTP/1.1\r\nHost: t\r\n" + AUTH
+                                                   + b"X-Big: " + b"a" * (20 * 1024)
+                                                   + b"\r\nContent-Length: 2\r\n\r\n{}",), 431,
+     "headers_too_large", "server.max_header_bytes"),
 ]
 
 
