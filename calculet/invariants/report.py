@@ -13,6 +13,7 @@ from typing import Any, Iterable
 
 from calculet.invariants.checks import CheckResult, Counterexample, Progress, check_machine
 from calculet.invariants.pool_checks import check_pool_bmc, check_pool_induction
+from calculet.invariants.redundancy import check_pool_redundancy, check_system_redundancy
 from calculet.invariants.reachability import check_pool_reachability, check_pool_vacuity
 from calculet.invariants.strength import check_guards, check_pool_witnesses, check_redundancy, check_witnesses
 from calculet.invariants.system_checks import check_system
@@ -75,6 +76,8 @@ def run_checks(options: VerifyOptions, machines: Iterable[type[Machine]], pools:
                     and pool.definition.instance.definition.name not in options.machines:
                 continue
             run.results.append(check_pool_witnesses(pool.definition))
+            if not options.fast:  # informational, like the per-machine report (#17)
+                run.results += check_pool_redundancy(pool.definition)
             run.results += check_pool_vacuity(pool.definition)
             run.results.append(check_pool_reachability(pool.definition))
             run.results += check_pool_induction(pool.definition, options.lanes)
@@ -89,6 +92,8 @@ def run_checks(options: VerifyOptions, machines: Iterable[type[Machine]], pools:
             run.results += check_system(system.definition, requests=options.system_requests,
                                         lanes=options.system_lanes, depth=options.system_depth, progress=progress,
                                         reach=not options.fast)
+            if not options.fast:
+                run.results += check_system_redundancy(system.definition)
     run.seconds = time.process_time() - start
     return run
 
@@ -239,6 +244,21 @@ def _system_sections(run: VerifyRun) -> list[str]:
     return out
 
 
+def _redundancy_section(run: VerifyRun) -> list[str]:
+    """The invariants (per machine, pool and joint system) the others imply alone: informational,
+    so a weakened copy of one cannot hide behind a stronger twin unnoticed (#17)."""
+    implied = [r for r in run.results if r.check in ("redundancy", "pool-redundancy", "system-redundancy")
+               and r.detail.startswith("implied")]
+    checked = [r for r in run.results if r.check in ("redundancy", "pool-redundancy", "system-redundancy")]
+    if not checked:
+        return []
+    out = ["", "## Redundancy (report)", "",
+           f"{len(checked)} invariants checked against the others of their machine, pool or joint system (with "
+           f"every instance invariant); {len(implied)} are implied by the others alone:", ""]
+    out += [f"- `{r.machine}.{r.subject}`" for r in implied] or ["- none"]
+    return out
+
+
 def verification_document(run: VerifyRun) -> str:
     """``specs/verification.md`` without its banner: what the last run proved, and how."""
     o = run.options
@@ -258,6 +278,7 @@ def verification_document(run: VerifyRun) -> str:
     out += _machine_section(run)
     out += _pool_section(run)
     out += _system_sections(run)
+    out += _redundancy_section(run)
     out += _failure_sections(run)
     out.append("")
     return "\n".join(out)
