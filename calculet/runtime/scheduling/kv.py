@@ -10,14 +10,18 @@ release is recognised and refused instead of freeing someone else's lane (§17.3
 double free").
 
 * ``reserve`` takes a lane from the free list and fires ``reserve`` only when the declared rules
-  allow it: the lane's own guard (``can_fire``) and the pool's reserve guard of
+  allow it: the lane's own guard and the pool's reserve guard of
   :class:`~calculet.machines.kv_pool.KvLanePool` (one owner per (seq, generation), the KV-token
-  and sequence budgets), evaluated on the live lanes — the very predicates ``verify`` proves,
-  not a hand-written copy (issue #17); running out is a value (:class:`NoCapacity`), not an
-  exception (DESIGN principle 4).
-* with monitors on, after every operation the pool's invariants run over the live lanes and the
-  indexes kept beside the machines (free list, owners, (generation, seq) → lane) are checked
-  against them (:mod:`calculet.runtime.scheduling.kv_checks`).
+  and sequence budgets) — the very predicate ``verify`` proves, not a hand-written copy (issue
+  #17), compiled over the pool's budget totals so that it costs O(1), not O(lanes), per
+  reservation (issue #20; :mod:`calculet.runtime.scheduling.kv_guard` says why that is the
+  declared guard); running out is a value (:class:`NoCapacity`), not an exception (DESIGN
+  principle 4).
+* with monitors on, after every (sampled) operation the pool's invariants run over the live
+  lanes and the indexes and totals kept beside the machines (free list, owners, (generation,
+  seq) → lane, each budget's total) are checked against them; at a sampled reservation the
+  declared guard is also evaluated on the whole pool and must agree with the compiled one
+  (:mod:`calculet.runtime.scheduling.kv_checks`).
 * append/decode is a transaction: ``submit`` (Updating) → ``commit`` on success, ``abort`` on
   a known failure, ``fault`` on timeout/CCU/DMA-unknown (Unknown, quarantined: never handed
   out again until ``recover``) (§9.2, §9.3).
@@ -36,11 +40,13 @@ from typing import Any, Sequence
 
 from calculet.clock import Clock
 from calculet.errors import DefinitionError, NotSupported
+from calculet.machines.errors import TransitionNotAllowed
 from calculet.machines import KvSequenceMachine
 from calculet.machines.kv_pool import KvLanePool
 from calculet.machines.monitor import MONITOR
 from calculet.machines.pool import PoolView
-from calculet.runtime.scheduling.kv_checks import check_pool
+from calculet.runtime.scheduling.kv_checks import check_pool, check_reserve_decision
+from calculet.runtime.scheduling.kv_guard import compile_measures, compile_reserve_guard, events_keeping_measures
 from calculet.runtime.distribution import FREE_LATENCY_BOUNDS, Distribution, DistributionSnapshot
 
 
@@ -138,6 +144,10 @@ class StaleLease(DefinitionError):
 
 _STATES = tuple(KvSequenceMachine.definition.states)
 _POOL = KvLanePool.definition
+_RESERVE_GUARD, RESERVE_GUARD_SOURCE = compile_reserve_guard(_POOL)
+_MEASURES, MEASURES_SOURCE = compile_measures(_POOL)
+_KEEPS_TOTALS = events_keeping_measures(_POOL)
+"""Events that provably leave every budget total as it was: the batch paths fire them without bookkeeping."""
 
 
 class KvLaneManager:
@@ -158,6 +168,11 @@ class KvLaneManager:
                             "max_sequences": max_sequences if max_sequences is not None else lanes}
         self._ghosts = [{g: 0 for g in _POOL.ghosts} for _ in range(lanes)]
         self.view = PoolView(self._lanes, self.pool_params, self._ghosts)
+        # The reduced view of the reserve guard (kv_guard): a lane in the initial state stands in
+        # for "no lane holds this (seq, generation)", and each budget's use summed over the lanes.
+        self._neutral = KvSequenceMachine.create(max_seq=max_seq, lane=lanes)
+        self._budgets = tuple(self.pool_params[name] for name in _POOL.params)
+        self._totals = [sum(_MEASURES(m)[k] for m in self._lanes) for k in range(len(self._budgets))]
         self._owner = [0] * lanes
         self._free: deque[int] = deque(range(lanes))
         self._by_seq: dict[tuple[int, int], int] = {}
@@ -203,36 +218,42 @@ class KvLaneManager:
     def reserve(self, generation: int, tokens: int, seq_id: int | None = None) -> KvLease | NoCapacity:
         """A lane for a sequence that may hold ``tokens`` positions, or why not (§9.1).
 
-        The decision is the declaration's: the lane's own ``reserve`` guard and the pool's
-        (KvLanePool), evaluated on the live lanes."""
+        The decision is the declaration's: the pool's reserve guard (KvLanePool, compiled over
+        the budget totals: O(1)) and the lane's own ``reserve`` guard."""
         if not self._free:
             self._refusals += 1
             return NoCapacity("no free KV lane")
         fresh = seq_id is None
         seq = self._next_seq if seq_id is None else seq_id
         lane = self._free[0]
-        args = {"seq": seq, "gen": generation, "tokens": tokens}
-        if not self._lanes[lane].can_fire("reserve", **args):
-            return NoCapacity(f"{tokens} tokens exceed the sequence limit {self.max_seq}")
-        if not _POOL.ops["reserve"].guard(self.view, lane, **args):  # type: ignore[misc]
-            if (generation, seq) in self._by_seq:  # a caller's fault, not a lack of capacity
+        machine = self._lanes[lane]
+        holder = self._by_seq.get((generation, seq))
+        other = self._neutral if holder is None else self._lanes[holder]
+        used, own, its = self._totals, _MEASURES(machine), _MEASURES(other)
+        lowered = [budget - (used[k] - own[k] - its[k]) for k, budget in enumerate(self._budgets)]
+        allowed = _RESERVE_GUARD(machine, other, *lowered, seq, generation, tokens)
+        if MONITOR.enabled and MONITOR.sampled():
+            check_reserve_decision(self, lane, {"seq": seq, "gen": generation, "tokens": tokens}, allowed)
+        if not allowed:
+            if holder is not None:  # a caller's fault, not a lack of capacity
                 raise DefinitionError(f"seq {seq} of generation {generation} already holds lane "
-                                      f"{self._by_seq[(generation, seq)]} (§9.2: one seq, one lane)")
+                                      f"{holder} (§9.2: one seq, one lane)")
             self._refusals += 1
             return NoCapacity("the KV-token or sequence budget is spent (§5.1)")
+        try:
+            self._fire(lane, "reserve", seq=seq, gen=generation, tokens=tokens)
+        except TransitionNotAllowed:  # the lane's own guard: tokens <= max_seq; nothing changed
+            return NoCapacity(f"{tokens} tokens exceed the sequence limit {self.max_seq}")
         if fresh:
             self._next_seq += 1
         self._free.popleft()
-        seq_id = seq
-        key = (generation, seq_id)
-        self._fire(lane, "reserve", seq=seq_id, gen=generation, tokens=tokens)
         lease_id = self._next_lease
         self._next_lease += 1
         self._owner[lane] = lease_id
-        self._by_seq[key] = lane
+        self._by_seq[(generation, seq)] = lane
         self._reservations += 1
         self._checked("reserve")
-        return KvLease(lane, seq_id, generation, lease_id, tokens)
+        return KvLease(lane, seq, generation, lease_id, tokens)
 
     def submit(self, lease: KvLease, tokens: int) -> None:
         """The device accepted a job writing ``tokens`` positions (→ Updating)."""
@@ -281,7 +302,7 @@ class KvLaneManager:
         pool's ghost, whose invariant says it is the lane's committed_len)."""
         if MONITOR.enabled:
             self._ghosts[lane].update(_POOL.ops["submit"].ghost(self.view, lane, tokens=tokens))  # type: ignore[misc]
-        self._lanes[lane].fire("submit", tokens=tokens)
+        self._fire(lane, "submit", tokens=tokens)
 
     def recover(self, lane: int) -> FreeSequence:
         """Recovery made the Unknown lane safe again (reset, or the job provably finished)."""
@@ -344,7 +365,7 @@ class KvLaneManager:
         for lease in reservation.leases:
             if owner[lease.lane] != lease.lease_id:
                 raise StaleLease(f"lease {lease.lease_id} no longer owns lane {lease.lane}")
-            if MONITOR.enabled:
+            if MONITOR.enabled or "submit" not in _KEEPS_TOTALS:
                 self._submit(lease.lane, tokens)
             else:
                 lanes[lease.lane].fire("submit", tokens=tokens)
@@ -362,7 +383,7 @@ class KvLaneManager:
         machine = self._lanes[lane]
         if machine.state != "updating":
             return False
-        machine.fire(event)
+        self._fire(lane, event)
         if event == "fault":
             self._faults += 1
         self._checked(event)
@@ -443,7 +464,17 @@ class KvLaneManager:
         return FreeSequence(lane, machine.seq_id, machine.generation)
 
     def _fire(self, lane: int, event: str, **args: Any) -> None:
-        self._lanes[lane].fire(event, **args)
+        """Fire ``event`` on the lane, keeping each budget's total (what the reserve guard reads)."""
+        machine = self._lanes[lane]
+        if event in _KEEPS_TOTALS:
+            machine.fire(event, **args)
+            return
+        before = _MEASURES(machine)
+        machine.fire(event, **args)
+        after = _MEASURES(machine)
+        totals = self._totals
+        for k, value in enumerate(after):
+            totals[k] += value - before[k]
 
     def _checked(self, operation: str) -> None:
         """With monitors on: the pool's invariants and this manager's indexes, after ``operation``
@@ -455,3 +486,7 @@ class KvLaneManager:
         """The indexes kept beside the lanes (free list, lease owner per lane, (generation, seq)
         → lane), for the monitor that checks them against the machines."""
         return tuple(self._free), tuple(self._owner), dict(self._by_seq)
+
+    def budget_totals(self) -> list[int]:
+        """Each pool budget's use summed over the lanes, as kept incrementally (``pool.params`` order)."""
+        return list(self._totals)

@@ -9,7 +9,11 @@ check is checked here, after every KvLaneManager operation while monitors are on
 * every index the manager keeps beside the machines against the machines themselves: the free
   list names exactly the Free lanes, once each; ``(generation, seq) → lane`` names exactly the
   held lanes' owners; a lease owns exactly the lanes its request may still use (Reserved, Active,
-  Updating, or an Unknown lane not yet detached).
+  Updating, or an Unknown lane not yet detached); each budget total the manager keeps for the
+  compiled reserve guard equals the declared measure summed over the lanes
+  (:mod:`calculet.runtime.scheduling.kv_guard`);
+* at a sampled reservation, the decision of the compiled reserve guard against the declared
+  guard evaluated on the whole live pool, before the lane moves (:func:`check_reserve_decision`).
 
 A stale index is reported like a broken invariant (``InvariantViolation`` in tests, a count in
 production), so it cannot drift from the machines unnoticed.
@@ -21,8 +25,9 @@ from typing import Any
 
 from calculet.machines.kv_pool import KvLanePool
 from calculet.machines.monitor import MONITOR
+from calculet.runtime.scheduling.kv_guard import measure_totals
 
-__all__ = ["check_pool", "index_faults"]
+__all__ = ["check_pool", "check_reserve_decision", "index_faults"]
 
 _POOL = KvLanePool.definition
 _OWNED = frozenset({"reserved", "active", "updating"})
@@ -42,6 +47,8 @@ def index_faults(kv: Any) -> list[tuple[str, str]]:
         if (m.state in _OWNED and owner[i] == 0) or (owner[i] != 0 and m.state not in _OWNED | {"unknown"}):
             faults.append(("index_lease_owns_a_usable_lane", "R9.2.2"))
             break
+    if kv.budget_totals() != measure_totals(_POOL, lanes):
+        faults.append(("index_budget_totals_are_the_lanes_sums", "R5.1.2"))
     return faults
 
 
@@ -50,3 +57,14 @@ def check_pool(kv: Any, after: str) -> None:
     MONITOR.check_whole(_POOL.name, _POOL.invariants, kv.view, after,
                         state={"lanes": [(m.state, m.seq_id, m.generation) for m in kv.view.lanes]},
                         extra=index_faults(kv))
+
+
+def check_reserve_decision(kv: Any, lane: int, args: dict[str, Any], allowed: bool) -> None:
+    """The compiled reserve guard's decision ``allowed`` for ``lane`` and ``args`` against the
+    declared guard of KvLanePool evaluated on every live lane (O(lanes): sampled like the rest)."""
+    guard = _POOL.ops["reserve"].guard
+    declared = True if guard is None else bool(guard(kv.view, lane, **args))
+    extra = [] if declared == bool(allowed) else [("reserve_guard_is_the_declared_one", "R5.1.2")]
+    MONITOR.check_whole(_POOL.name, (), kv.view, "reserve (decision)",
+                        state={"lane": lane, "args": args, "compiled": bool(allowed), "declared": declared},
+                        extra=extra)

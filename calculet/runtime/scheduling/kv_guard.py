@@ -1,0 +1,202 @@
+"""The pool's declared ``reserve`` guard, compiled over aggregates: O(1) per reservation (issue #17, #20).
+
+:class:`~calculet.machines.kv_pool.KvLanePool` states its reserve guard over every lane: no other
+held lane owns (seq, generation), and the other lanes' reserved tokens and held lanes stay
+within ``max_kv_tokens`` and ``max_sequences`` (§9.2, §5.1). Evaluated as written on the live
+pool it costs O(lanes) per admission (5-8 ms at 2 001 lanes). The runtime still executes the
+declared guard — not a copy of its rules — but on a *reduced pool* of two lanes:
+
+* lane 0 is the lane being reserved, lane 1 the lane that holds (seq, generation) now, if any
+  (the manager's ``(generation, seq) → lane`` index), else a lane in the instance's initial
+  state, which contributes nothing (``verify``'s "initial lane is neutral" check);
+* every other lane is left out, and each pool budget the guard reads is lowered by what those
+  lanes use: a *measure* per budget parameter (:data:`MEASURES`: reserved tokens for
+  ``max_kv_tokens``, one per held lane for ``max_sequences``), whose pool-wide sums the manager
+  keeps incrementally.
+
+The guard is evaluated on z3 terms for that two-lane view once, at import, and printed as Python
+(the same translation as the machines' dispatch, :mod:`calculet.machines.codegen`), so a
+reservation reads a few attributes. Why this is the declared guard and not a weaker one:
+
+* :func:`prove_reduction` proves with z3, for pools of ``n`` lanes, that the declared guard on
+  the whole pool equals the compiled guard on the reduced one whenever the lanes left out do
+  not hold (seq, generation) — a test runs it, so a guard term the measures do not capture (a
+  new budget, a weakened measure) fails it;
+* with monitors on, the KV pool monitor recomputes the aggregates from the lanes and evaluates
+  the declared guard on the whole live pool at sampled reservations, and reports any
+  difference (:mod:`calculet.runtime.scheduling.kv_checks`);
+* a declaration whose guard is weakened is executed weakened, so the pool invariants' monitor
+  and the budget tests see it (there is no second copy of the rule to hide it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import z3
+
+from calculet.logic.expr import If, Not
+from calculet.logic.symbolic import SymbolicVars, symbolic_args
+from calculet.machines.codegen import ExprPrinter
+from calculet.machines.pool import PoolDefinition, PoolView
+
+__all__ = ["MEASURES", "ReserveGuard", "compile_measures", "compile_reserve_guard", "events_keeping_measures",
+           "measure_totals", "prove_reduction"]
+
+MEASURES: Mapping[str, Callable[[Any], Any]] = {
+    "max_kv_tokens": lambda lane: lane.reserved_len,
+    "max_sequences": lambda lane: If(Not(lane.at("free")), 1, 0),
+}
+"""What one lane uses of each pool budget parameter (the aggregate variables of the reduction)."""
+
+_LANES = ("l0", "l1")
+
+ReserveGuard = Callable[..., bool]
+"""``guard(l0, l1, <budget params, lowered>, <reserve's arguments>) -> bool``."""
+
+
+class _ReducedPrinter(ExprPrinter):
+    """Python for a term over the two lanes of the reduced view: ``<var>_l0`` reads ``l0.<var>``."""
+
+    def __init__(self, d: Any, arg_names: set[str], ghosts: Any = ()) -> None:
+        super().__init__(d, arg_names)
+        self.ghosts = set(ghosts)
+
+    def symbol(self, name: str) -> str:
+        for lane in _LANES:
+            if name.endswith(f"_{lane}") and name[: -len(lane) - 1] in self.ghosts:
+                raise TypeError(f"the reserve guard reads the ghost {name!r}; the reduced view has no ghosts")
+            if name == f"state_{lane}":
+                return f"{lane}._state"
+            if name.endswith(f"_{lane}"):
+                return f"{lane}.{name[: -len(lane) - 1]}"
+        if name in self.arg_names:
+            return name
+        raise TypeError(f"unknown symbol {name!r} in the reduced pool guard")
+
+    def expr(self, e: Any) -> str:
+        if isinstance(e, z3.ExprRef) and z3.is_eq(e):
+            left, right = e.children()
+            if z3.is_const(left) and left.decl().name() in (f"state_{lane}" for lane in _LANES) \
+                    and z3.is_int_value(right):
+                lane = left.decl().name().removeprefix("state_")
+                return f"({lane}._state == {self.state_names[right.as_long()]!r})"
+        return super().expr(e)
+
+    def _enum_of(self, e: Any) -> Any:
+        return None
+
+
+def _symbolic_view(pool: PoolDefinition, budgets: Mapping[str, Any]) -> tuple[PoolView, list[SymbolicVars]]:
+    inst = pool.instance.definition
+    lanes = [SymbolicVars(inst, f"_{lane}") for lane in _LANES]
+    ghosts = [{g: z3.Int(f"{g}_{lane}") for g in pool.ghosts} for lane in _LANES]
+    return PoolView(lanes, dict(budgets), ghosts), lanes
+
+
+def compile_reserve_guard(pool: PoolDefinition) -> tuple[ReserveGuard, str]:
+    """The declared reserve guard of ``pool`` on the reduced view, as a Python function and its source."""
+    op = pool.ops["reserve"]
+    ev = pool.instance.definition.events["reserve"]
+    budgets = {name: z3.Int(name) for name in pool.params}
+    missing = sorted(set(pool.params) - set(MEASURES))
+    if missing:
+        raise TypeError(f"{pool.name}: no measure for the budget parameters {missing} (kv_guard.MEASURES)")
+    view, _ = _symbolic_view(pool, budgets)
+    args = symbolic_args(ev)
+    term = z3.BoolVal(True) if op.guard is None else op.guard(view, 0, **args)
+    if isinstance(term, bool):
+        term = z3.BoolVal(term)
+    printer = _ReducedPrinter(pool.instance.definition, set(pool.params) | set(ev.args), pool.ghosts)
+    params = ", ".join([*_LANES, *pool.params, *ev.args])
+    source = (f"def reserve_guard({params}):  # {pool.name}.reserve on the reduced view (kv_guard)\n"
+              f"    return {printer.expr(z3.simplify(term))}\n")
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"<calculet pool guard {pool.name}>", "exec"), namespace)  # noqa: S102 - generated
+    return namespace["reserve_guard"], source
+
+
+def measure_totals(pool: PoolDefinition, lanes: Any) -> list[int]:
+    """Each budget's measure summed over ``lanes``, in ``pool.params`` order (the full
+    recomputation, from the declared measures, that the monitor compares with the kept totals)."""
+    return [sum(int(MEASURES[name](lane)) for lane in lanes) for name in pool.params]
+
+
+def compile_measures(pool: PoolDefinition) -> tuple[Callable[[Any], tuple[int, ...]], str]:
+    """``measures(lane)``: what the lane uses of each budget, in ``pool.params`` order, as Python."""
+    view, lanes = _symbolic_view(pool, {})
+    printer = _ReducedPrinter(pool.instance.definition, set(), pool.ghosts)
+    terms = [z3.simplify(_as_int(MEASURES[name](lanes[0]))) for name in pool.params]
+    source = (f"def measures(l0):  # {pool.name}: each budget's use by one lane (kv_guard.MEASURES)\n"
+              f"    return ({''.join(printer.expr(t) + ', ' for t in terms)})\n")
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"<calculet pool measures {pool.name}>", "exec"), namespace)  # noqa: S102 - generated
+    return namespace["measures"], source
+
+
+def events_keeping_measures(pool: PoolDefinition) -> frozenset[str]:
+    """The instance events none of whose rows can change any measure, proved with z3 from the
+    declared guards and effects (the manager's batch paths fire these without updating totals)."""
+    inst = pool.instance.definition
+    states = list(inst.states)
+    changing: set[str] = set()
+    for t in inst.transitions:
+        pre = SymbolicVars(inst)
+        args = symbolic_args(inst.events[t.event])
+        updates = {} if t.effect is None else dict(t.effect(pre, *[args[n] for n in t.effect_args]))
+        post = pre.with_updates(updates, z3.IntVal(states.index(t.target)))
+        solver = z3.Solver()
+        solver.add(*pre.domain(), pre.state == states.index(t.source))
+        solver.add(*[inv.predicate(pre) for inv in inst.invariants])
+        if t.guard is not None:
+            solver.add(_as_bool(t.guard(pre, *[args[n] for n in t.guard_args])))
+        solver.add(z3.Or(*[_as_int(m(pre)) != _as_int(m(post)) for m in MEASURES.values()]))
+        if solver.check() != z3.unsat:
+            changing.add(t.event)
+    return frozenset(inst.events) - changing
+
+
+def prove_reduction(pool: PoolDefinition, n: int) -> str | None:
+    """None if, for every pool of ``n`` ≥ 2 lanes, the declared reserve guard of lane 0 on the whole
+    pool equals the compiled guard on the reduced view (lane 0, lane 1; budgets lowered by lanes
+    2..n-1's measures) whenever lanes 2..n-1 do not hold (seq, generation); else a counterexample."""
+    inst = pool.instance.definition
+    op = pool.ops["reserve"]
+    ev = inst.events["reserve"]
+    lanes = [SymbolicVars(inst, f"_p{j}") for j in range(n)]
+    ghosts = [{g: z3.Int(f"{g}_p{j}") for g in pool.ghosts} for j in range(n)]
+    budgets = {name: z3.Int(name) for name in pool.params}
+    args = symbolic_args(ev)
+    full = PoolView(lanes, budgets, ghosts)
+    whole = op.guard(full, 0, **args) if op.guard is not None else True
+    rest = lanes[2:]
+    lowered = {name: budgets[name] - sum((MEASURES[name](lane) for lane in rest), 0) for name in pool.params}
+    reduced = PoolView(lanes[:2], lowered, ghosts[:2])
+    small = op.guard(reduced, 0, **args) if op.guard is not None else True
+    solver = z3.Solver()
+    for lane in lanes:
+        solver.add(*lane.domain())
+        solver.add(*[inv.predicate(lane) for inv in inst.invariants])
+    for name, decl in pool.params.items():
+        constraint = decl.constraint(budgets[name])
+        if constraint is not None:
+            solver.add(constraint)
+    for name, typ in ev.args.items():
+        constraint = typ.constraint(args[name])
+        if constraint is not None:
+            solver.add(constraint)
+    for lane in rest:  # what the (generation, seq) index guarantees of the lanes left out
+        solver.add(z3.Not(z3.And(z3.Not(lane.at("free")), lane.seq_id == args["seq"],
+                                 lane.generation == args["gen"])))
+    solver.add(z3.Xor(_as_bool(whole), _as_bool(small)))
+    if solver.check() == z3.unsat:
+        return None
+    return str(solver.model())
+
+
+def _as_int(term: Any) -> Any:
+    return z3.IntVal(term) if isinstance(term, int) else term
+
+
+def _as_bool(term: Any) -> Any:
+    return z3.BoolVal(term) if isinstance(term, bool) else term
