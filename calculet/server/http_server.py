@@ -23,6 +23,9 @@ server-generated ``x-request-id``, and one ``http`` log line with the same field
 them too. Never a 5xx for the client's bytes: h11 hints 501 for a transfer coding it does not
 implement; that is the client's request, answered 400 (issue #14: 0 responses ≥ 500 from input).
 
+A chunked body cut into very small pieces is refused too (:data:`MIN_CHUNK_AVERAGE`): h11's cost is
+per piece, and it parses a whole socket read before the loop runs anything else.
+
 Request line and headers that arrive whole in one read are past h11's limit (it bounds only what is
 still incomplete): :meth:`EdgeProtocol.handle_events` measures them and has the app refuse 431.
 
@@ -71,18 +74,51 @@ def error_response(status: int, code: str, message: str, request_id: str) -> byt
             b"content-length: %d\r\n\r\n" % (status, phrase, request_id.encode(), len(body)) + body)
 
 
+FREE_CHUNKS = 1024
+"""Pieces of a chunked body taken whatever their size; past them the average must reach :data:`MIN_CHUNK_AVERAGE`."""
+MIN_CHUNK_AVERAGE = 256
+"""Smallest average payload (bytes) of a chunked body's pieces past :data:`FREE_CHUNKS`.
+
+Why: h11 spends about 10 µs of event-loop CPU per chunk, whatever its size, and parses everything one
+socket read holds before the loop runs anything else: one 256 KiB read of 1-byte chunks (43 690 of
+them) held the loop for 445 ms of CPU here, and a body within ``server.max_body_bytes`` (which counts
+payload, not the 5 bytes of framing around each byte) could take about 190 such reads. Past 1024
+pieces, a body averaging under 256 bytes a piece is refused 400 ``chunks_too_small`` — at most about
+10 ms of the loop's CPU spent on it."""
+
+
+class _ChunksTooSmall(h11.RemoteProtocolError):
+    """A chunked body cut into pieces too small to parse at a bounded cost (:data:`MIN_CHUNK_AVERAGE`)."""
+
+
 class _Connection(h11.Connection):
-    """h11's server connection, keeping the error that made it refuse the client's bytes: uvicorn's
-    handler catches it and keeps only the sentence "Invalid HTTP request received."."""
+    """h11's server connection, keeping the error that made it refuse the client's bytes (uvicorn's
+    handler catches it and keeps only the sentence "Invalid HTTP request received."), and counting
+    the pieces of a chunked body (:data:`MIN_CHUNK_AVERAGE`)."""
 
     last_error: h11.RemoteProtocolError | None = None
+    _chunked = False
+    _pieces = 0
+    _payload = 0
 
     def next_event(self) -> Any:
         try:
-            return super().next_event()
+            event = super().next_event()
         except h11.RemoteProtocolError as exc:
             self.last_error = exc
             raise
+        if isinstance(event, h11.Request):  # h11 accepts no transfer coding but chunked
+            self._chunked = any(name.lower() == b"transfer-encoding" for name, _ in event.headers)
+            self._pieces = self._payload = 0
+        elif isinstance(event, h11.Data) and self._chunked:
+            self._pieces += 1
+            self._payload += len(event.data)
+            if self._pieces > FREE_CHUNKS and self._payload < self._pieces * MIN_CHUNK_AVERAGE:
+                self.last_error = _ChunksTooSmall(
+                    f"the chunked body came in {self._pieces} pieces averaging {self._payload / self._pieces:.0f} "
+                    f"bytes; past {FREE_CHUNKS} pieces they must average at least {MIN_CHUNK_AVERAGE} bytes")
+                raise self.last_error
+        return event
 
 
 def _status_and_code(error: h11.RemoteProtocolError | None) -> tuple[int, str]:
@@ -152,6 +188,9 @@ class EdgeProtocol(H11Protocol):
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes h11 refused, as the service's: the status h11 hints, h11's reason, an id."""
         error = self.conn.last_error
+        if isinstance(error, _ChunksTooSmall):
+            self._refuse(400, "chunks_too_small", str(error))
+            return
         status, code = _status_and_code(error)
         if status == 431:
             limit = self.config.h11_max_incomplete_event_size or DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
@@ -221,5 +260,5 @@ def uvicorn_config(app: Any, server: ServerConfig, **options: Any) -> uvicorn.Co
                           log_config=None, access_log=False, lifespan="off", **options)
 
 
-__all__ = ["EdgeProtocol", "error_response", "new_request_id", "protocol_class",
+__all__ = ["EdgeProtocol", "FREE_CHUNKS", "MIN_CHUNK_AVERAGE", "error_response", "new_request_id", "protocol_class",
            "uvicorn_config"]

@@ -617,3 +617,38 @@ def test_a_body_past_the_bulk_threshold_is_read_whole_at_the_pace(server: Runnin
         for content in (body, iter([body[i:i + 65536] for i in range(0, len(body), 65536)])):
             response = http.post("/v1/completions", content=content, headers={**KEY, "Content-Type": "application/json"})
             assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
+
+
+def _chunked(pieces: list[bytes]) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+
+
+@pytest.mark.req("R5.2.3")
+def test_a_body_in_tiny_chunks_is_refused_before_it_holds_the_event_loop(edge: RunningServer,
+                                                                         http_lines: HttpLines) -> None:
+    """h11's cost is per chunk: a 256 KiB read of 1-byte chunks held the loop for ~0.4 s of CPU. Past 1024 pieces a
+    chunked body must average 256 bytes a piece; 1-byte and 50-byte pieces are refused with the request's id."""
+    head = (b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n" + AUTH
+            + b"Transfer-Encoding: chunked\r\n\r\n")
+    for size in (1, 50):
+        prompt = [b'{"model": "tiny", "prompt": "'] + [b"a" * size] * 1100 + [b'"}']
+        status, headers, body = _raw_answer(edge.port, head + _chunked(prompt))
+        assert status == 400 and json.loads(body)["error"]["code"] == "chunks_too_small", body
+        line = http_lines.line(headers["x-request-id"])
+        assert (line.status, line.code) == (400, "chunks_too_small") and "1025 pieces" in line.reason  # type: ignore[attr-defined]
+    _served(edge)
+
+
+@pytest.mark.req("R5.2.3")
+def test_a_body_in_many_chunks_of_ordinary_size_is_read(server: RunningServer) -> None:
+    """Past 1024 pieces, pieces of 300 bytes are read (and answered for what they say: a prompt beyond the context);
+    so are 1000 pieces of 1 byte."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        for pieces in ([b"a" * 300] * 1100, [b"a"] * 1000):
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n" + AUTH
+                         + b"Transfer-Encoding: chunked\r\n\r\n"
+                         + _chunked([b'{"model": "tiny", "prompt": "', *pieces, b'"}']))
+            answer = b""
+            while b"}}" not in answer:  # one JSON error body per request; the connection stays open
+                answer += sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 400") and b"context_length_exceeded" in answer, answer[:300]
