@@ -35,6 +35,12 @@ from calculet.runtime.scheduling.prefill import PrefillScheduler, PrefillWork
 from calculet.runtime.scheduling.registry import RUNNING_STATES, CallbackResult, RequestRecord, RequestRegistry
 
 
+_SETTLE = {LaneVerdict.OK: "commit", LaneVerdict.OUTPUT_INVALID: "abort",
+           LaneVerdict.DEVICE_FAILED: "fault", LaneVerdict.MISMATCH: "fault"}
+"""§9.2: the KV event that ends a lane's transaction for each verdict — commit only when device and
+output succeeded, abort when the device's effect is known, Unknown (fault) when it is not."""
+
+
 def end_between_chunks(registry: RequestRegistry, rec: RequestRecord) -> None:
     """A chunked prefill with nothing in flight ends now (its cancel/deadline flag decides how)."""
     registry.fire(rec, "prefill_done", job=rec.job_id, ok=True, stop=False)
@@ -104,21 +110,27 @@ class CompletionApplier:
                                     decoding=len(batch.active) + self.decode.total_ready())
         ok = failed = 0
         registry, generation, job_id = self.registry, job.generation, job.job_id
+        settle, decode_done, ready = self.kv.settle, registry.on_decode_complete, self.decode.add
+        applied = CallbackResult.APPLIED
         for check, rec, lease in zip(checks, batch.records, batch.kv.leases):
             verdict = check.verdict
             good = verdict is LaneVerdict.OK
             if verdict is LaneVerdict.MISMATCH:
                 self.anomalies += 1
-            self._settle_kv(lease, verdict)
+            settle(lease, _SETTLE[verdict])  # §9.2: commit only when device and output succeeded
             detail = "" if good else (completion.detail or check.detail)
-            callback = registry.on_decode_complete(rec.request_id, generation=generation, job_id=job_id,
-                                                   ok=good, stop=check.stop, token=check.token, detail=detail)
+            callback = decode_done(rec.request_id, generation=generation, job_id=job_id,
+                                   ok=good, stop=check.stop, token=check.token, detail=detail)
             if good:
                 ok += 1
             else:
                 failed += 1
-            if callback.result is CallbackResult.APPLIED:
-                self._after_done(rec, callback.target, now)
+            if callback.result is applied:
+                target = callback.target
+                if target == "decode_ready":  # _after_done, inlined on the per-lane path
+                    ready(rec, now, stepped=rec.machine.generated_tokens > 1)
+                elif target == "finishing":
+                    registry.finish(rec.request_id)
         self._pump(now)
         return Applied(job.job_id, False, ok, failed)
 
@@ -264,12 +276,7 @@ class CompletionApplier:
 
     def _settle_kv(self, lease: KvLease, verdict: LaneVerdict) -> None:
         """§9.2: commit only when device and output succeeded; Unknown when the device's state is."""
-        if verdict is LaneVerdict.OK:
-            self.kv.settle(lease, "commit")
-        elif verdict is LaneVerdict.OUTPUT_INVALID:
-            self.kv.settle(lease, "abort")
-        else:
-            self.kv.settle(lease, "fault")
+        self.kv.settle(lease, _SETTLE[verdict])
 
     def _end_job(self, job: JobRecord, ok: bool, fault: FaultKind) -> None:
         if ok:

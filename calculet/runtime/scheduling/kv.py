@@ -383,7 +383,10 @@ class KvLaneManager:
         machine = self._lanes[lane]
         if machine.state != "updating":
             return False
-        self._fire(lane, event)
+        if event in _KEEPS_TOTALS:  # commit/abort/fault: provably no budget total moves
+            machine.fire(event)
+        else:
+            self._fire(lane, event)
         if event == "fault":
             self._faults += 1
         self._checked(event)

@@ -321,7 +321,13 @@ class RequestRegistry:
         produced = ok and token is not None
         if not produced and detail and not rec.detail:
             rec.detail = detail
-        target = self.fire(rec, event, job=job_id, ok=produced, stop=stop)
+        # ``fire`` inlined: one fire per lane per decode step, the arguments passed by name
+        target = machine.fire(event, job=job_id, ok=produced, stop=stop)
+        listener = self._listener
+        if listener is not None:
+            listener(rec, state, target)
+        if target in TERMINAL_STATES and state not in TERMINAL_STATES:
+            self._close(rec)
         if target in ("decode_ready", "finishing"):
             assert token is not None
             rec.last_token = token
