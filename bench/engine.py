@@ -26,6 +26,7 @@ reference-model shape, §13.1), never a measurement of the NPU.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -57,6 +58,8 @@ class Row:
     host_us_per_tick: float
     host_us_per_step: float
     device_step_us: float
+    host_cpu_us_per_step: float = 0.0
+    """The driver loop's process CPU time per decode step (the figure the monitor comparison uses)."""
 
 
 def run(batch: int, *, cost: CostModel, new: int, waves: int) -> Row:
@@ -77,9 +80,9 @@ def run(batch: int, *, cost: CostModel, new: int, waves: int) -> Row:
     for _ in range(requests):
         driver.submit(GenerateRequest(prompt, new), sink)
     start_virtual = clock.now()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     driver.run_until_idle()
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     stats = driver.statistics()
     virtual = clock.now() - start_virtual
     decode = stats.scheduler.decode
@@ -88,7 +91,28 @@ def run(batch: int, *, cost: CostModel, new: int, waves: int) -> Row:
     limit = cost.device_bound_tokens_per_s(batch)
     tps = tokens / virtual
     return Row(batch, requests, tokens, virtual, tps, limit, tps / limit, decode.fill_ratio, decode.batches,
-               stats.host_time_per_tick_s * 1e6, wall / max(decode.batches, 1) * 1e6, cost.decode_s(batch) * 1e6)
+               stats.host_time_per_tick_s * 1e6, wall / max(decode.batches, 1) * 1e6, cost.decode_s(batch) * 1e6,
+               cpu / max(decode.batches, 1) * 1e6)
+
+
+def compare_monitors(cost: CostModel, new: int, waves: int, sample_every: int, rounds: int = 3) -> int:
+    """B16 with monitors off, at the production default (1 in ``sample_every``: each transition, and
+    each engine tick's joint requests x lanes and KV-pool checks) and on every event and tick; the
+    settings interleaved round by round, host µs per decode step as the median of per-round ratios."""
+    settings = (("off", False, 1), (f"1 in {sample_every} (default)", True, sample_every), ("every event", True, 1))
+    per: dict[str, list[float]] = {name: [] for name, _, _ in settings}
+    for _ in range(rounds):
+        for name, enabled, every in settings:
+            MONITOR.configure(enabled=enabled, mode="count", sample_every=every)
+            per[name].append(run(16, cost=cost, new=new, waves=waves).host_cpu_us_per_step)
+    MONITOR.configure(enabled=False)
+    base = per["off"]
+    print(f"B16, {waves * 16} requests x {new} tokens, numerics off: host CPU µs per decode step (engine tick + "
+          f"driver loop, process time), medians of {rounds} interleaved rounds")
+    for name, _, _ in settings:
+        ratio = statistics.median(v / b for v, b in zip(per[name], base))
+        print(f"  monitors {name:<22} {statistics.median(per[name]):>9.1f} CPU µs/step  {ratio:>5.2f}x off")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -96,9 +120,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cost", choices=("tiny", "reference"), default="tiny")
     parser.add_argument("--new", type=int, default=240, help="tokens generated per request (prompt is 16)")
     parser.add_argument("--waves", type=int, default=4, help="requests per run = waves x B")
+    parser.add_argument("--monitors", choices=("default", "compare"), default="default",
+                        help="compare: B16 only, monitors off / at the production default / on every event "
+                             "and tick, interleaved, host CPU per decode step as ratios to off (issue #20)")
     args = parser.parse_args(argv)
     cost = CostModel.tiny() if args.cost == "tiny" else CostModel.reference()
     monitoring = default_config().monitoring
+    if args.monitors == "compare":
+        return compare_monitors(cost, args.new, args.waves, monitoring.sample_every)
     MONITOR.configure(enabled=monitoring.invariants, mode="count", sample_every=monitoring.sample_every)
     rows = [run(b, cost=cost, new=args.new, waves=args.waves) for b in PROFILES]
     print(f"engine path in virtual time, cost model '{args.cost}' (an assumption, not an NPU measurement); "

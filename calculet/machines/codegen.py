@@ -295,39 +295,48 @@ def _accept_lines(ev: Any, all_args: tuple[str, ...], namespace: dict[str, Any])
 
 def generate_fire(d: Definition, fire_table: dict[str, dict[str, Callable[..., int]]], monitor: Any,
                   exact: Callable[..., str]) -> tuple[Callable[..., str], str]:
-    """The machine's ``fire(self, event, <its argument names>=_M, **extra)``.
+    """The machine's ``fire(self, event, <its argument names>=_M)``.
 
     The arguments arrive as named parameters — Python binds them without building a dict — and
     go to the (state, event) function positionally (issue #20: ``fire`` within 1.5x of the
-    generated dispatch). Anything the fast path does not take — an unknown name (``extra``), an
-    unknown event, a refused guard or argument, or an event the monitor samples — goes to
-    ``exact(self, event, args)`` with the arguments as a dict: the exact check, with the reason of
-    a refusal, and the monitor."""
+    generated dispatch). Anything the fast path does not take — an unknown event, a refused guard
+    or argument, an argument of another event, or an event the monitor samples (its countdown,
+    decremented inline) — goes to ``exact(self, event, args)`` with the arguments as a dict: the
+    exact check, with the reason of a refusal, and the monitor. A name no event of the machine
+    declares is refused by Python itself: ``TypeError: <Machine>.fire() got an unexpected keyword
+    argument`` (no ``**kwargs`` dict is built per event for that case either), state unchanged."""
     all_args = machine_arg_names(d)
-    clash = sorted(set(all_args) & {"self", "event", "extra", "fast", "a"})
+    clash = sorted(set(all_args) & {"self", "event", "fast", "target", "a"})
     if clash:
         raise InvalidDefinition(d.name, f"event arguments {clash} clash with the generated fire's own names")
     namespace: dict[str, Any] = {"_M": _MISSING, "_ft": fire_table, "_mon": monitor, "_exact": exact}
     keywords = "".join(f"{n}=_M, " for n in all_args)
     positional = "".join(f", {n}" for n in all_args)
-    pack = ["    a = dict(extra)"] + [f"    if {n} is not _M:\n        a[{n!r}] = {n}" for n in all_args]
-    lines = [f"def _given(extra{positional}):  # {d.name}: the arguments given, as the exact path takes them",
+    pack = ["    a = {}"] + [f"    if {n} is not _M:\n        a[{n!r}] = {n}" for n in all_args]
+    lines = [f"def _given({positional[2:]}):  # {d.name}: the arguments given, as the exact path takes them",
              *pack, "    return a", "",
-             f"def fire(self, event, {keywords}**extra):  # {d.name}",
-             "    if extra or (_mon.enabled and _mon.sampled()):",
-             f"        return _exact(self, event, _given(extra{positional}))",
+             f"def fire(self, event, {keywords[:-2]}):  # {d.name}" if keywords else
+             f"def fire(self, event):  # {d.name}",
+             "    if _mon.enabled:",
+             "        _mon.countdown -= 1",
+             "        if _mon.countdown <= 0:",
+             "            _mon.countdown = _mon.draw()",
+             f"            return _exact(self, event, _given({positional[2:]}))",
              "    try:",
              "        fast = _ft[self._state][event]",
              "    except KeyError:",
-             f"        return _exact(self, event, _given(extra{positional}))",
+             f"        return _exact(self, event, _given({positional[2:]}))",
              f"    target = fast(self{positional})",
              "    if target is not None:",
              "        return target",
-             f"    return _exact(self, event, _given(extra{positional}))",
+             f"    return _exact(self, event, _given({positional[2:]}))",
              ""]
     source = "\n".join(lines)
     exec(compile(source, f"<calculet fire {d.name}>", "exec"), namespace)  # noqa: S102 - generated
-    return namespace["fire"], source
+    fire = namespace["fire"]
+    fire.__code__ = fire.__code__.replace(co_qualname=f"{d.name}.fire")
+    fire.__qualname__ = f"{d.name}.fire"
+    return fire, source
 
 
 def generate_lifecycle(d: Definition, slow_init: Callable[..., None]

@@ -9,12 +9,16 @@ drawn at random — issue #20's figures in the README, "Monitors"), and a violat
 
 Sampling is random, not every Nth event: a decode step fires a fixed cycle of events, and a
 fixed period would check the same few events of it forever. A corrupted variable stays corrupted,
-so a sampled monitor still finds it at a later checked event of that instance.
+so a sampled monitor still finds it at a later checked event of that instance. The draw is a
+countdown to the next checked event, whose length is geometric with mean ``sample_every`` —
+the same distribution as a coin per event, but an unchecked event costs one decrement, which the
+generated ``fire`` inlines (issue #20: a sampled monitor added ~0.25 µs per event as a call).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 from collections import Counter
@@ -51,6 +55,8 @@ class Monitor:
         """Set by the test suite: whatever ``configure`` is asked, every event is checked."""
         self._rate = 1.0
         self._random = random.Random(20).random
+        self.countdown = 1
+        """Events until the next checked one (the generated ``fire`` decrements it inline)."""
         self._lock = threading.Lock()
         self._violations: Counter[tuple[str, str]] = Counter()
         self._checks = 0
@@ -64,10 +70,22 @@ class Monitor:
         self.mode = mode
         self.sample_every = 1 if self.every_event else sample_every
         self._rate = 1.0 / self.sample_every
+        self.countdown = self.draw()
+
+    def draw(self) -> int:
+        """The distance to the next checked event: 1 when every event is checked, else geometric
+        with mean ``sample_every`` (each event checked with probability 1/``sample_every``)."""
+        if self._rate >= 1.0:
+            return 1
+        return 1 + int(math.log(1.0 - self._random()) / math.log(1.0 - self._rate))
 
     def sampled(self) -> bool:
         """Whether this event is checked (always, unless sampling is configured)."""
-        return self._rate >= 1.0 or self._random() < self._rate
+        self.countdown -= 1
+        if self.countdown > 0:
+            return False
+        self.countdown = self.draw()
+        return True
 
     def reset(self) -> None:
         with self._lock:
