@@ -25,9 +25,9 @@ Part 2 — the tracer's own work, measured directly (no noise from the rest of t
 engine in virtual time (``EngineDriver``, the default configuration and package, no numerics)
 runs the same completions; its request transitions (and what the tracer reads of each) are
 recorded, then replayed into the tracer (with the service's batching span processor, holding the
-spans) in one loop timed with ``time.thread_time``; that CPU time and the export's (the real
-``OTLPSpanExporter`` posting the spans to the sink in batches of 512, as the batching processor
-does, encoding included) are summed and divided by the completions. Two arrival patterns: one
+spans) in one loop timed with ``time.thread_time``, five times (medians); that CPU time and the
+export's (the real ``OTLPSpanExporter`` posting the spans to the sink in batches of 512, as the
+batching processor does, encoding included) are summed and divided by the completions. Two arrival patterns: one
 request at a time and eight at a time. The default configuration compiles B1 only, so every decode
 batch has one lane and every token is a batch span — the most spans tracing can make per
 completion (on B4–B16 lanes share a batch's span). Reported in µs per completion and as a share
@@ -219,15 +219,12 @@ def _record(requests: int, tokens: int, at_once: int) -> tuple[list[tuple[float,
     return calls, jobs
 
 
-def _tracer_cost(endpoint: str, requests: int, tokens: int, at_once: int) -> dict[str, float]:
-    """µs of CPU per completion: the observer's work on the actor thread and the OTLP export's.
-
-    The engine's transitions are recorded first, then replayed into the tracer in one timed loop
-    (one ``thread_time`` pair around the loop: a clock read per call would cost more than the call
-    on this machine); the spans it built are then exported as the batching processor would."""
+def _replay(calls: list[tuple[float, Any, str, str]], jobs: dict[int, Any], endpoint: str
+            ) -> tuple[float, float, list[ReadableSpan]]:
+    """One replay: CPU seconds of the observer (the tracer and the batching processor's hand-off)
+    and of the OTLP export, and the spans."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    calls, jobs = _record(requests, tokens, at_once)
     keep = _Keep()
     # the service's processor class, holding every span until the flush: its per-span hand-off (the
     # observer's side) is in the timed loop, its export is not
@@ -249,12 +246,28 @@ def _tracer_cost(endpoint: str, requests: int, tokens: int, at_once: int) -> dic
         assert exporter.export(keep.spans[i:i + 512]) is SpanExportResult.SUCCESS
     exported = time.thread_time() - started
     exporter.shutdown()
-    batches = sum(1 for s in keep.spans if s.name == "calculet.decode_batch")
+    return observed, exported, keep.spans
+
+
+def _tracer_cost(endpoint: str, requests: int, tokens: int, at_once: int, repeats: int = 5) -> dict[str, float]:
+    """µs of CPU per completion: the observer's work on the actor thread and the OTLP export's.
+
+    The engine's transitions are recorded first, then replayed into a fresh tracer ``repeats``
+    times, each in one timed loop (one ``thread_time`` pair around the loop: a clock read per call
+    would cost more than the call on this machine), its spans then exported as the batching
+    processor would; the medians of the repeats are reported (the machine's load varies the CPU
+    time the same work takes)."""
+    calls, jobs = _record(requests, tokens, at_once)
+    runs = [_replay(calls, jobs, endpoint) for _ in range(repeats)]
+    observed = statistics.median(r[0] for r in runs)
+    exported = statistics.median(r[1] for r in runs)
+    spans = runs[0][2]
+    batches = sum(1 for s in spans if s.name == "calculet.decode_batch")
     return {"observe_us_per_completion": 1e6 * observed / requests,
             "export_us_per_completion": 1e6 * exported / requests,
             "total_us_per_completion": 1e6 * (observed + exported) / requests,
-            "spans_per_completion": len(keep.spans) / requests, "batch_spans_per_completion": batches / requests,
-            "transitions_per_completion": len(calls) / requests}
+            "spans_per_completion": len(spans) / requests, "batch_spans_per_completion": batches / requests,
+            "transitions_per_completion": len(calls) / requests, "repeats": repeats}
 
 
 # ---------------------------------------------------------------------------------------------
