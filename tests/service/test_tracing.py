@@ -11,11 +11,14 @@ request the sampler drops gets no span, and neither does a batch that carries on
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -189,6 +192,57 @@ def test_tracing_is_off_by_default_and_on_with_an_otlp_endpoint() -> None:
     assert pipeline is not None and pipeline.sample_ratio == 0.5
     assert pipeline.resource.attributes["service.name"] == "board7"
     pipeline.processor.shutdown()
+
+
+class _Collector(BaseHTTPRequestHandler):
+    """An OTLP/HTTP traces endpoint that keeps the protobuf bodies it is posted."""
+
+    bodies: list[bytes] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.bodies.append(self.rfile.read(int(self.headers.get("content-length") or 0)))
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        return
+
+
+def test_with_an_otlp_endpoint_the_service_posts_the_span_tree_over_otlp_http(key_dir: Path) -> None:
+    """The configured path end to end: monitoring.tracing.otlp_endpoint → the batching processor →
+    OTLP/HTTP protobuf posts, flushed when the service stops; the collector decodes one request trace
+    (5 spans, the service.name resource) and one decode-batch trace per decode step, linked."""
+    collector = ThreadingHTTPServer(("127.0.0.1", 0), _Collector)
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    _Collector.bodies = []
+    endpoint = f"http://127.0.0.1:{collector.server_address[1]}/v1/traces"
+    config = service_config(monitoring={"tracing": {"otlp_endpoint": endpoint, "service_name": "board-3"}})
+    running = start_server(config, key_dir)
+    try:
+        running.client("alpha").completions.create(model=ALIAS, prompt=PROMPT, max_tokens=3)
+        running.service.wait_streams_closed(10)
+    finally:
+        running.stop()  # flushes the processor
+        collector.shutdown()
+    spans = []
+    for body in _Collector.bodies:
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource_spans in request.resource_spans:
+            names = {kv.key: kv.value.string_value for kv in resource_spans.resource.attributes}
+            assert names["service.name"] == "board-3"
+            spans += [span for scope in resource_spans.scope_spans for span in scope.spans]
+    by_name: dict[str, list[Any]] = {}
+    for span in spans:
+        by_name.setdefault(span.name, []).append(span)
+    assert {name: len(found) for name, found in by_name.items()} == {
+        "calculet.request": 1, "calculet.admission": 1, "calculet.queue_wait": 1, "calculet.prefill": 1,
+        "calculet.decode": 1, "calculet.decode_batch": 2}  # 3 tokens: the prefill's and 2 decode steps
+    root, decode = by_name["calculet.request"][0], by_name["calculet.decode"][0]
+    assert decode.parent_span_id == root.span_id and decode.trace_id == root.trace_id
+    assert {(link.trace_id, link.span_id) for link in decode.links} == {
+        (batch.trace_id, batch.span_id) for batch in by_name["calculet.decode_batch"]}
+    assert b"secret" not in b"".join(_Collector.bodies)  # no prompt text on the wire
 
 
 def test_the_default_service_installs_no_tracer(key_dir: Path) -> None:
