@@ -5,8 +5,10 @@ admission, queue wait, prefill and decode, the decode span linked to one ``calcu
 span per decode batch (id, profile, lanes), with the expected attributes and no prompt
 text anywhere (the SDK's in-memory exporter). In virtual time, B4 batches of 3 lanes give one
 batch span per batch — not per request — shared by the three requests' links, with durations
-equal to the fake clock's. Tracing is off by default: no tracer without an OTLP endpoint; a
-request the sampler drops gets no span, and neither does a batch that carries only such requests.
+equal to the fake clock's; a batch the device fails is an error span. With an OTLP endpoint the
+service posts the same tree over OTLP/HTTP (a collector in the test decodes it). Tracing is off by
+default: no tracer without an OTLP endpoint; a request the sampler drops gets no span, and neither
+does a batch that carries only such requests.
 """
 
 from __future__ import annotations
