@@ -330,7 +330,11 @@ def _sse_line(payload: dict[str, Any]) -> str:
 
 async def _sse(service: Service, request: Request, stream: TimedStream, rid: int, gen: ApiGeneration, response_id: str,
                created: int, fingerprint: str, extra: dict[str, Any]) -> AsyncIterator[str]:
-    """Server-sent events; if the client goes away, the request is cancelled in ``finally``."""
+    """Server-sent events; if the client goes away, the request is cancelled in ``finally``.
+
+    Every event the stream holds when the loop wakes is encoded and sent as one write (issue #20): a decode
+    step that gave this stream several tokens since the last wake-up costs one pass through the ASGI send
+    chain and one socket write, not one per token. Each token still has its own SSE event (its own chunk)."""
     head = {"id": response_id, "created": created, "model": gen.model, "system_fingerprint": fingerprint}
     chat = gen.kind == "chat"
     obj = "chat.completion.chunk" if chat else "text_completion"
@@ -339,7 +343,8 @@ async def _sse(service: Service, request: Request, stream: TimedStream, rid: int
         n = len(gen.prompt)
         return {"prompt_tokens": n, "completion_tokens": completion_tokens, "total_tokens": n + completion_tokens}
 
-    def chunk(text: str | None, finish: str | None, *, role: bool = False, why: str | None = None) -> str:
+    def chunk(text: str | None, finish: str | None, *, role: bool = False, why: str | None = None,
+              generated: int = 0) -> str:
         if chat:
             delta: dict[str, Any] = {}
             if role:
@@ -352,7 +357,7 @@ async def _sse(service: Service, request: Request, stream: TimedStream, rid: int
         choice["stop_reason"] = why
         payload = {**head, "object": obj, "choices": [choice]}
         if gen.continuous_usage:  # vLLM's stream_options.continuous_usage_stats: the counts so far, every chunk
-            payload["usage"] = usage(len(stream.token_times))
+            payload["usage"] = usage(generated)
         return _sse_line(payload)
 
     frames = None if gen.continuous_usage else TextFrames(json.loads(chunk(TextFrames.SLOT, None)[6:]))
@@ -360,21 +365,28 @@ async def _sse(service: Service, request: Request, stream: TimedStream, rid: int
     try:
         if chat:
             yield chunk("", None, role=True)
-        async for event in stream.aevents():
-            if event.text:  # a text chunk's frame: the per-stream prefix and suffix, encoded once
-                yield chunk(event.text, None) if frames is None else frames.frame(event.text)
-            if not event.finished:
-                continue
-            outcome = event.outcome
-            assert outcome is not None
-            if outcome.state == "completed":
-                yield chunk(None if chat else "", _finish(event.finish_reason), why=_stop_reason(gen, stream))
-                if gen.include_usage:
-                    yield _sse_line({**head, "object": obj, "choices": [], "usage": usage(outcome.generated_tokens)})
-            else:
-                yield _sse_line(_outcome_error(outcome).body())
-            yield "data: [DONE]\n\n"
-            finished = True
+        async for batch in stream.abatches():
+            parts: list[str] = []
+            for event in batch:
+                if event.text:  # a text chunk's frame: the per-stream prefix and suffix, encoded once
+                    parts.append(chunk(event.text, None, generated=event.generated) if frames is None
+                                 else frames.frame(event.text))
+                if not event.finished:
+                    continue
+                outcome = event.outcome
+                assert outcome is not None
+                if outcome.state == "completed":
+                    parts.append(chunk(None if chat else "", _finish(event.finish_reason), why=_stop_reason(gen, stream),
+                                       generated=outcome.generated_tokens))
+                    if gen.include_usage:
+                        parts.append(_sse_line({**head, "object": obj, "choices": [],
+                                                "usage": usage(outcome.generated_tokens)}))
+                else:
+                    parts.append(_sse_line(_outcome_error(outcome).body()))
+                parts.append("data: [DONE]\n\n")
+                finished = True
+            if parts:
+                yield "".join(parts)
     finally:
         if not finished and not stream.closed:
             service.metrics.disconnects.labels(stream.tenant).inc()

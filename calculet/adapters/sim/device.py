@@ -193,8 +193,10 @@ class SimVirtualDevice:
         self._calbins: dict[int, SimCalbin] = {}
         self._kvs: dict[int, SimKvManager] = {}
         self._buffers = BufferTable(self.memory, self._ids)
+        self._worker_cond = threading.Condition(self._lock)
         self.timeline = CompletionTimeline(self.clock, self._cond, self, virtual=config.time_mode is TimeMode.VIRTUAL,
-                                           wait_advances_clock=config.wait_advances_clock)
+                                           wait_advances_clock=config.wait_advances_clock,
+                                           worker_cond=self._worker_cond)
         self._engine_job: dict[JobEngine, int | None] = {JobEngine.PING: None, JobEngine.PONG: None}
         self._engine_seq: dict[JobEngine, int] = {JobEngine.PING: 0, JobEngine.PONG: 0}
         self._poisoned: ReturnCode | None = None
@@ -203,6 +205,11 @@ class SimVirtualDevice:
         self._completed: Counter[ReturnCode] = Counter()
         self._per_engine: Counter[JobEngine] = Counter()
         self._resets = 0
+        self._inline = config.time_mode is TimeMode.REAL and not config.numerics
+        """Real time with numerics off (the null device): a job due at its submit instant completes inside
+        submit — there is no device time to wait for and no numerics to keep off the caller's thread, so a hop
+        to the worker thread would be pure host overhead (issue #20). Its result is published and waiters
+        notified exactly as the worker would."""
         self._worker: threading.Thread | None = None
         if config.time_mode is TimeMode.REAL:
             self._worker = threading.Thread(target=self.timeline.work, args=(lambda: self._closed,),
@@ -306,6 +313,7 @@ class SimVirtualDevice:
                 cb.configured_profiles = ()
             self._resets += 1
             self._cond.notify_all()
+            self._worker_cond.notify_all()
 
     def _drop_configuration(self) -> None:
         self.timeline.discard_all()
@@ -429,9 +437,15 @@ class SimVirtualDevice:
         in_buf.bound_job = out_buf.bound_job = job_id
         for s in admitted.seqs:
             kv.lookup(s).inflight_job = job_id
-        self.timeline.add(SimJob(ticket, job, cb, kv, fault, finish, self._epoch, admitted.seqs))
+        sim_job = SimJob(ticket, job, cb, kv, fault, finish, self._epoch, admitted.seqs)
+        self.timeline.add(sim_job)
         self._engine_job[job.engine] = job_id
         self._submitted += 1
+        if self._inline and finish is not None and finish <= now:
+            sim_job.executing = True
+            self.finalize(sim_job, self.compute(sim_job), now)
+        else:
+            self._worker_cond.notify_all()
         self._cond.notify_all()
         return ticket
 
@@ -523,6 +537,7 @@ class SimVirtualDevice:
             self._calbins.clear()
             self._closed = True
             self._cond.notify_all()
+            self._worker_cond.notify_all()
         if self._worker is not None and self._worker is not threading.current_thread():
             self._worker.join(timeout=5.0)
         self._runtime._closed(self)

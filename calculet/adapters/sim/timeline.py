@@ -34,9 +34,12 @@ class CompletionTimeline:
     """The device's in-flight jobs by completion instant, its uncollected results, and Wait."""
 
     def __init__(self, clock: Clock, cond: threading.Condition, runner: JobRunner, *, virtual: bool,
-                 wait_advances_clock: bool) -> None:
+                 wait_advances_clock: bool, worker_cond: threading.Condition | None = None) -> None:
         self._clock = clock
         self._cond = cond
+        self.worker_cond = worker_cond if worker_cond is not None else cond
+        """What the real-time worker sleeps on (over the device lock): told of new pending jobs, resets and
+        close, but not of every result — a Wait/WaitAny caller is woken by ``cond`` without waking it."""
         self._runner = runner
         self._virtual = virtual
         self._wait_advances_clock = wait_advances_clock
@@ -113,7 +116,7 @@ class CompletionTimeline:
                         job.executing = True
                         break
                     nxt = self.next_instant()
-                    self._cond.wait(None if nxt is None else max(0.0, nxt - now))
+                    self.worker_cond.wait(None if nxt is None else max(0.0, nxt - now))
             try:
                 computed = self._runner.compute(job)
             except Exception:  # noqa: BLE001 - a numerics failure is a device fault, not a crash

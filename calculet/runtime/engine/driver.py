@@ -101,6 +101,7 @@ class EngineDriver:
         """One tick at the current instant."""
         self.dispatch()
         self.schedule()
+        self.core.end_tick()
 
     def next_event_time(self) -> float | None:
         return self.core.next_event_time()

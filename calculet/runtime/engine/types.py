@@ -78,6 +78,12 @@ class EngineOptions:
     """Record (component, request id) as requests pass each §3 component (R3.1)."""
     actor_idle_s: float = 0.5
     """Longest the actor thread sleeps when nothing is due (it is woken by any message)."""
+    wake_coalesce_s: float = 1e-3
+    """Longest a stream's consumer loop (the HTTP server's event loop) waits to be woken for a token while the
+    actor keeps finding work (issue #20). The actor wakes every waiting loop before it sleeps, so with a device
+    step longer than its own turn (any real device) a token is handed over at once; only a device that completes
+    steps back to back (the null device) sees its tokens handed over in groups, at most this late. 0: every
+    turn."""
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,9 @@ class StreamEvent:
     finished: bool = False
     finish_reason: StreamFinish | None = None
     outcome: RequestOutcome | None = None
+    generated: int = 0
+    """Tokens the model had generated when this event was emitted (held-back ones included): the usage
+    count a chunk of it reports (vLLM's ``continuous_usage_stats``), whenever the consumer reads it."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,7 @@ class StreamWriter:
         self._text: list[str] = []
         self._events: list[StreamEvent] = []
         self._outcome: RequestOutcome | None = None
-        self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+        self._async_waiters: list[Waiter] = []
         self._refused_closes = 0
         self._refused_tokens = 0
 
@@ -188,24 +191,33 @@ class StreamWriter:
                                 StreamFinish.of(outcome.finish_reason), outcome)
 
     async def aevents(self) -> AsyncIterator[StreamEvent]:
-        """The events for an asyncio consumer; the actor wakes the loop thread-safely."""
+        """The events for an asyncio consumer, one by one; the actor wakes the loop thread-safely."""
+        async for batch in self.abatches():
+            for event in batch:
+                yield event
+
+    async def abatches(self) -> AsyncIterator[list[StreamEvent]]:
+        """The events for an asyncio consumer, as many as are there at each wake-up (in order, the last
+        batch ending with the final event): a consumer that writes them to a socket makes one write per
+        wake-up, not one per token (issue #20: SSE frames of a step encoded and sent together)."""
         loop = asyncio.get_running_loop()
         index = 0
         while True:
             with self._lock:
-                if len(self._events) > index:
-                    event: StreamEvent | None = self._events[index]
-                else:  # an Event only when there is something to wait for
-                    event = None
-                    wake = asyncio.Event()
+                events = self._events
+                if len(events) > index:
+                    batch: list[StreamEvent] | None = events[index:]
+                else:  # a future only when there is something to wait for
+                    batch = None
+                    wake = loop.create_future()
                     self._async_waiters.append((loop, wake))
-            if event is None:
-                await wake.wait()
+            if batch is None:
+                await wake
                 continue
-            yield event
-            if event.finished:
+            index += len(batch)
+            yield batch
+            if batch[-1].finished:
                 return
-            index += 1
 
     def statistics(self) -> StreamStatistics:
         with self._lock:
@@ -238,12 +250,13 @@ class StreamWriter:
             self._text.append(text)
         outcome = self._outcome if finished else None
         reason = StreamFinish.of(outcome.finish_reason) if outcome is not None else None
-        self._events.append(StreamEvent(len(self._events), tuple(tokens), text, finished, reason, outcome))
+        self._events.append(StreamEvent(len(self._events), tuple(tokens), text, finished, reason, outcome,
+                                        len(self._raw)))
         self._lock.notify_all()
 
 
 
-Waiter = tuple[asyncio.AbstractEventLoop, asyncio.Event]
+Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]
 _batch = threading.local()
 
 
@@ -266,6 +279,32 @@ def batched_wakeups() -> Iterator[None]:
             _wake_now(pending)
 
 
+def hold_wakeups() -> None:
+    """From now on (on this thread) stream wake-ups are collected until :func:`flush_wakeups`: the engine's
+    actor holds them across its turns while it keeps finding work, and flushes them before it sleeps or once
+    they have waited ``EngineOptions.wake_coalesce_s`` — a device that completes steps faster than a consumer
+    loop can usefully wake (the null device) then costs one wake-up of that loop per window, not per step
+    (issue #20). :func:`batched_wakeups` blocks inside join it."""
+    if getattr(_batch, "pending", None) is None:
+        _batch.pending = []
+
+
+def held_wakeups() -> int:
+    """How many wake-ups this thread holds (0 when none, or not holding)."""
+    pending: list[Waiter] | None = getattr(_batch, "pending", None)
+    return len(pending) if pending else 0
+
+
+def flush_wakeups(*, release: bool = False) -> None:
+    """Wake every consumer loop this thread holds wake-ups for (each once); ``release``: stop holding."""
+    pending: list[Waiter] | None = getattr(_batch, "pending", None)
+    if pending is None:
+        return
+    _batch.pending = None if release else []
+    if pending:
+        _wake_now(pending)
+
+
 def _wake(waiters: list[Waiter]) -> None:
     pending: list[Waiter] | None = getattr(_batch, "pending", None)
     if pending is not None:
@@ -277,18 +316,24 @@ def _wake(waiters: list[Waiter]) -> None:
 def _wake_now(waiters: list[Waiter]) -> None:
     if len(waiters) == 1:
         loop, wake = waiters[0]
-        _call_soon(loop, wake.set)
+        _call_soon(loop, partial(_set, wake))
         return
-    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Event]] = {}
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
     for loop, wake in waiters:
         by_loop.setdefault(loop, []).append(wake)
     for loop, wakes in by_loop.items():
         _call_soon(loop, partial(_set_all, wakes))
 
 
-def _set_all(wakes: list[asyncio.Event]) -> None:
+def _set(wake: asyncio.Future[None]) -> None:
+    if not wake.done():  # a consumer that went away cancelled its future
+        wake.set_result(None)
+
+
+def _set_all(wakes: list[asyncio.Future[None]]) -> None:
     for wake in wakes:
-        wake.set()
+        if not wake.done():
+            wake.set_result(None)
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
