@@ -137,3 +137,16 @@ def test_a_second_lane_for_the_same_sequence_is_a_program_error():
     with pytest.raises(DefinitionError, match="already holds lane"):
         kv.reserve(1, 2, seq_id=7)
     assert isinstance(kv.reserve(2, 2, seq_id=7), KvLease)  # another generation may use the id
+
+
+def test_the_test_suite_checks_the_whole_pool_at_every_operation_whatever_its_size():
+    """Production samples a pool above POOL_CHECK_LANES lanes less often (its check is O(lanes²));
+    the suite, which checks every event, checks every operation of any pool."""
+    from calculet.machines.monitor import MONITOR
+    from calculet.runtime.scheduling.kv import POOL_CHECK_LANES
+
+    kv = KvLaneManager(2 * POOL_CHECK_LANES, 4, clock=FakeClock())
+    before = MONITOR.statistics().checks
+    for _ in range(5):
+        kv.reserve(1, 2)
+    assert MONITOR.statistics().checks - before >= 10  # the decision and the whole pool, each time
