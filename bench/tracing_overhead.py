@@ -26,12 +26,14 @@ engine in virtual time (``EngineDriver``, the default configuration and package,
 runs the same completions; its request transitions (and what the tracer reads of each) are
 recorded, then replayed into the tracer (with the service's batching span processor, holding the
 spans) in one loop timed with ``time.thread_time``, five times (medians); that CPU time and the
-export's (the real ``OTLPSpanExporter`` posting the spans to the sink in batches of 512, as the
-batching processor does, encoding included) are summed and divided by the completions. Two arrival patterns: one
-request at a time and eight at a time. The default configuration compiles B1 only, so every decode
-batch has one lane and every token is a batch span — the most spans tracing can make per
-completion (on B4–B16 lanes share a batch's span). Reported in µs per completion and as a share
-of part 1's tracing-off server CPU per completion from the same run.
+export's (the service's exporter, :mod:`calculet.server.tracing_otlp`, posting the spans to the
+sink in batches of 512 as the batching processor does, encoding included) are summed and divided
+by the completions; the library's ``OTLPSpanExporter`` exporting the same spans is shown beside.
+Two arrival patterns: one request at a time and eight at a time. The default configuration
+compiles B1 only, so every decode batch has one lane and every token is a batch span — the most
+spans tracing can make per completion (on B4–B16 lanes share a batch's span). Reported in µs per
+completion and as a share of part 1's tracing-off servers' CPU per completion from the same run
+(the off and control rounds pooled, median).
 
     python bench/tracing_overhead.py [--requests 40] [--rounds 12] [--tokens 16] [--concurrency 8] [--together]
 """
@@ -64,6 +66,7 @@ from calculet.runtime.engine.types import EngineOptions, GenerateRequest
 from calculet.runtime.execution.sampler import SamplingParams
 from calculet.runtime.request import NullSink
 from calculet.server.tracing import RequestTracer, SpanPipeline
+from calculet.server.tracing_otlp import OtlpHttpSpanExporter
 from service import Server  # bench/service.py: the real entry point as a subprocess (bench/ is sys.path[0])
 
 SERVERS = ("off", "on", "control")
@@ -220,9 +223,9 @@ def _record(requests: int, tokens: int, at_once: int) -> tuple[list[tuple[float,
 
 
 def _replay(calls: list[tuple[float, Any, str, str]], jobs: dict[int, Any], endpoint: str
-            ) -> tuple[float, float, list[ReadableSpan]]:
-    """One replay: CPU seconds of the observer (the tracer and the batching processor's hand-off)
-    and of the OTLP export, and the spans."""
+            ) -> tuple[float, float, float, list[ReadableSpan]]:
+    """One replay: CPU seconds of the observer (the tracer and the batching processor's hand-off),
+    of the service's OTLP export and of the library's exporter for the same spans, and the spans."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     keep = _Keep()
@@ -240,13 +243,14 @@ def _replay(calls: list[tuple[float, Any, str, str]], jobs: dict[int, Any], endp
     assert tracer.open == 0, "every trace ended"
     processor.force_flush()
     processor.shutdown()
-    exporter: SpanExporter = OTLPSpanExporter(endpoint=endpoint)
-    started = time.thread_time()
-    for i in range(0, len(keep.spans), 512):
-        assert exporter.export(keep.spans[i:i + 512]) is SpanExportResult.SUCCESS
-    exported = time.thread_time() - started
-    exporter.shutdown()
-    return observed, exported, keep.spans
+    cpu = []
+    for exporter in (OtlpHttpSpanExporter(endpoint), OTLPSpanExporter(endpoint=endpoint)):
+        started = time.thread_time()
+        for i in range(0, len(keep.spans), 512):
+            assert exporter.export(keep.spans[i:i + 512]) is SpanExportResult.SUCCESS
+        cpu.append(time.thread_time() - started)
+        exporter.shutdown()
+    return observed, cpu[0], cpu[1], keep.spans
 
 
 def _tracer_cost(endpoint: str, requests: int, tokens: int, at_once: int, repeats: int = 5) -> dict[str, float]:
@@ -261,10 +265,12 @@ def _tracer_cost(endpoint: str, requests: int, tokens: int, at_once: int, repeat
     runs = [_replay(calls, jobs, endpoint) for _ in range(repeats)]
     observed = statistics.median(r[0] for r in runs)
     exported = statistics.median(r[1] for r in runs)
-    spans = runs[0][2]
+    library = statistics.median(r[2] for r in runs)
+    spans = runs[0][3]
     batches = sum(1 for s in spans if s.name == "calculet.decode_batch")
     return {"observe_us_per_completion": 1e6 * observed / requests,
             "export_us_per_completion": 1e6 * exported / requests,
+            "library_exporter_us_per_completion": 1e6 * library / requests,
             "total_us_per_completion": 1e6 * (observed + exported) / requests,
             "spans_per_completion": len(spans) / requests, "batch_spans_per_completion": batches / requests,
             "transitions_per_completion": len(calls) / requests, "repeats": repeats}
@@ -302,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
                 server.stop()
     figures["otlp_posts"] = _Sink.received["posts"]
     figures["otlp_bytes"] = _Sink.received["bytes"]
-    off_us = 1000 * figures["off"]["cpu_ms_per_completion_median"]
+    off_rounds = figures["off"]["cpu_ms_per_completion_rounds"] + figures["control"]["cpu_ms_per_completion_rounds"]
+    off_us = 1000 * statistics.median(off_rounds)  # both tracing-off servers' rounds
+    figures["tracing_off_cpu_ms_per_completion_median"] = off_us / 1000
     for name, at_once in (("one_at_a_time", 1), ("eight_at_a_time", 8)):
         direct = _tracer_cost(endpoint, args.direct_requests, args.tokens, at_once)
         direct["share_of_off_server_cpu"] = direct["total_us_per_completion"] / off_us
@@ -334,7 +342,8 @@ def _report(f: dict[str, Any], args: argparse.Namespace) -> None:
         print(f"direct, {name.replace('_', ' '):16}: observer {d['observe_us_per_completion']:.0f} µs + export "
               f"{d['export_us_per_completion']:.0f} µs = {d['total_us_per_completion']:.0f} µs per completion "
               f"({d['spans_per_completion']:.1f} spans, {d['batch_spans_per_completion']:.1f} batch spans) = "
-              f"{100 * d['share_of_off_server_cpu']:.2f} % of the tracing-off server's CPU per completion")
+              f"{100 * d['share_of_off_server_cpu']:.2f} % of the tracing-off servers' CPU per completion "
+              f"(the library's OTLPSpanExporter: {d['library_exporter_us_per_completion']:.0f} µs)")
 
 
 if __name__ == "__main__":

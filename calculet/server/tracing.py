@@ -41,9 +41,10 @@ times are the engine clock's instants mapped onto the wall clock once, so a Fake
 exact durations in tests. No prompt or completion text is ever an attribute, only counts.
 
 Off by default: without ``monitoring.tracing.otlp_endpoint`` no pipeline exists and the observer is
-not installed (no cost per transition). With one, spans go through a batching processor to an
-OTLP/HTTP exporter (``opentelemetry-exporter-otlp-proto-http``). Tests pass their own pipeline
-(the SDK's in-memory exporter behind a simple processor).
+not installed (no cost per transition). With one, spans go through the SDK's batching processor to
+an OTLP/HTTP exporter (:mod:`calculet.server.tracing_otlp`: the library's messages, encoded at a
+third of its CPU). Tests pass their own pipeline (the SDK's in-memory exporter behind a simple
+processor).
 """
 
 from __future__ import annotations
@@ -113,9 +114,9 @@ def otlp_pipeline(config: TracingConfig) -> SpanPipeline | None:
     posts of up to 512 spans, so the encoding and the HTTP post are paid per batch of spans."""
     if config.otlp_endpoint is None:
         return None
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from calculet.server.tracing_otlp import OtlpHttpSpanExporter
 
-    processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=config.otlp_endpoint), max_queue_size=8192,
+    processor = BatchSpanProcessor(OtlpHttpSpanExporter(config.otlp_endpoint), max_queue_size=8192,
                                    schedule_delay_millis=1000, max_export_batch_size=512)
     log.info("request tracing on", extra={"otlp_endpoint": config.otlp_endpoint,
                                           "sample_ratio": config.sample_ratio})

@@ -13,6 +13,8 @@ does a batch that carries only such requests.
 
 from __future__ import annotations
 
+import logging
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,15 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as library_encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
 from calculet.adapters.calrt import ReturnCode
 from calculet.config import parse_config
 from calculet.server.tracing import RequestTracer, SpanPipeline, otlp_pipeline
+from calculet.server.tracing_otlp import OtlpHttpSpanExporter, encode_spans
 from tests.integration.engine.support import engine_config
 from tests.service.support import ALIAS, RunningServer, service_config, start_server
 from tests.service.test_metrics_values import Stack, stack
@@ -177,6 +181,27 @@ def test_a_decode_batch_the_device_fails_is_an_error_span_and_its_request_a_fail
     assert dict(root.attributes or {})["calculet.outcome"] == "failed"
 
 
+def test_the_lean_otlp_encoder_writes_the_librarys_messages_for_every_span_the_tracer_builds() -> None:
+    """calculet.server.tracing_otlp replaces the library's generic encoder on the export path: for the
+    spans of completed and failed requests, B4 batches and links, its bytes decode to the message
+    ``opentelemetry-exporter-otlp-proto-common`` builds, field for field."""
+    config = engine_config(profiles=(4,), batch={"batching_window_us": 50_000})
+    st = stack(config, profiles=(1, 4), variant="future")
+    _, exporter = _traced_stack(st)
+    for new in (3, 3, 5):
+        st.submit(8, new)
+    st.runtime.hooks.result_rc[st.runtime.hooks.accepted + 4] = ReturnCode.INTERNAL
+    st.driver.run_until_idle()
+    spans = exporter.get_finished_spans()
+    kinds = {s.name for s in spans} | {s.status.status_code.name for s in spans}
+    assert {"calculet.request", "calculet.decode", "calculet.decode_batch", "ERROR", "UNSET"} <= kinds
+    assert any(s.links for s in spans)
+    ours = ExportTraceServiceRequest.FromString(encode_spans(spans))
+    assert ours == library_encode_spans(spans)
+    assert ours.SerializeToString(deterministic=True) == library_encode_spans(spans).SerializeToString(
+        deterministic=True)
+
+
 def test_a_request_the_sampler_drops_gets_no_span_nor_do_its_batches() -> None:
     st = stack(engine_config())
     tracer, exporter = _traced_stack(st, sample_ratio=0.0)
@@ -192,6 +217,8 @@ def test_tracing_is_off_by_default_and_on_with_an_otlp_endpoint() -> None:
                                                           "sample_ratio": 0.5, "service_name": "board7"}}})
     pipeline = otlp_pipeline(on.monitoring.tracing)
     assert pipeline is not None and pipeline.sample_ratio == 0.5
+    assert pipeline.processor.span_exporter.endpoint == "http://127.0.0.1:1/v1/traces"  # type: ignore[attr-defined]
+    assert isinstance(pipeline.processor.span_exporter, OtlpHttpSpanExporter)  # type: ignore[attr-defined]
     assert pipeline.resource.attributes["service.name"] == "board7"
     pipeline.processor.shutdown()
 
@@ -245,6 +272,25 @@ def test_with_an_otlp_endpoint_the_service_posts_the_span_tree_over_otlp_http(ke
     assert {(link.trace_id, link.span_id) for link in decode.links} == {
         (batch.trace_id, batch.span_id) for batch in by_name["calculet.decode_batch"]}
     assert b"secret" not in b"".join(_Collector.bodies)  # no prompt text on the wire
+
+
+def test_an_unreachable_collector_drops_the_batch_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing listens on the endpoint: the post fails, no retry waits once the exporter is shut down,
+    the batch is reported failed and one warning names the endpoint and the spans dropped."""
+    st = stack(engine_config())
+    _, memory = _traced_stack(st)
+    st.submit(8, 2)
+    st.driver.run_until_idle()
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing accepts on it
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    exporter = OtlpHttpSpanExporter(f"http://127.0.0.1:{port}/v1/traces", timeout_s=5.0)
+    exporter.shutdown()
+    spans = memory.get_finished_spans()
+    with caplog.at_level(logging.WARNING, logger="calculet.server.tracing"):
+        assert exporter.export(spans) is SpanExportResult.FAILURE
+    warnings = [r for r in caplog.records if r.getMessage() == "trace export failed: spans dropped"]
+    assert len(warnings) == 1 and warnings[0].spans == len(spans) > 0  # type: ignore[attr-defined]
 
 
 def test_the_default_service_installs_no_tracer(key_dir: Path) -> None:
