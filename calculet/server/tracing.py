@@ -42,8 +42,8 @@ exact durations in tests. No prompt or completion text is ever an attribute, onl
 
 Off by default: without ``monitoring.tracing.otlp_endpoint`` no pipeline exists and the observer is
 not installed (no cost per transition). With one, spans go through the SDK's batching processor to
-an OTLP/HTTP exporter (:mod:`calculet.server.tracing_otlp`: the library's messages, encoded at a
-third of its CPU). Tests pass their own pipeline (the SDK's in-memory exporter behind a simple
+an OTLP/HTTP exporter (:mod:`calculet.server.tracing_otlp`: the library's messages, written in the
+protobuf wire format at about a third of its CPU). Tests pass their own pipeline (the SDK's in-memory exporter behind a simple
 processor).
 """
 

@@ -27,7 +27,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import StatusCode
+from opentelemetry.trace import Status, StatusCode
 
 from calculet.adapters.calrt import ReturnCode
 from calculet.config import parse_config
@@ -200,6 +200,36 @@ def test_the_lean_otlp_encoder_writes_the_librarys_messages_for_every_span_the_t
     assert ours == library_encode_spans(spans)
     assert ours.SerializeToString(deterministic=True) == library_encode_spans(spans).SerializeToString(
         deterministic=True)
+
+
+def test_the_lean_encoder_matches_the_library_on_every_field_kind() -> None:
+    """Beyond the tracer's own spans: events, arrays, negative and float values, a remote parent, trace
+    state, links with attributes, a status message, dropped attributes, kinds, no scope — the same
+    message as the library's, so the encoder is not tied to today's span shapes."""
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+    from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
+    from opentelemetry.trace import set_span_in_context
+
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(span_limits=SpanLimits(max_span_attributes=6))
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer("probe", "1.2.3")
+    remote = SpanContext(0xABC, 0xDEF, is_remote=True, trace_flags=TraceFlags(1),
+                         trace_state=TraceState([("vendor", "x1")]))
+    link = Link(SpanContext(0x123, 0x456, is_remote=True, trace_flags=TraceFlags(1)), {"why": "batch", "n": -3})
+    with tracer.start_as_current_span("outer", context=set_span_in_context(NonRecordingSpan(remote)),
+                                      kind=SpanKind.SERVER, links=[link],
+                                      attributes={"f": 0.25, "b": False, "i": -(2 ** 40), "s": "",
+                                                  "arr": [1, 2, 3], "names": ("a", "b"), "x": 1, "y": 2}) as outer:
+        outer.add_event("tick", {"k": 7}, timestamp=123)
+        outer.set_status(Status(StatusCode.ERROR, "went wrong"))
+        with tracer.start_as_current_span("inner", kind=SpanKind.CLIENT):
+            pass
+    spans = list(memory.get_finished_spans())
+    spans.append(ReadableSpan("scopeless", SpanContext(1, 2, False, TraceFlags(1)), None, spans[0].resource,
+                              {"k": True}, start_time=5, end_time=9))
+    assert spans[1].dropped_attributes == 2 and spans[1].events and spans[1].parent.is_remote  # type: ignore[union-attr]
+    assert ExportTraceServiceRequest.FromString(encode_spans(spans)) == library_encode_spans(spans)
 
 
 def test_a_request_the_sampler_drops_gets_no_span_nor_do_its_batches() -> None:
