@@ -3,8 +3,10 @@
 Runs every per-machine check (initiation, consecution, determinism, deadlock, home, vacuity,
 completeness), the checks that the proofs can fail (negative witnesses of every property, guards
 no property needs, redundancy — :mod:`calculet.invariants.strength`), the pool's witnesses,
-vacuity, reachability, induction and bounded model checking, and the requests × lanes joint
-model's witnesses, induction, vacuity, reachability and bounded model checking; prints a summary
+vacuity, reachability, induction and bounded model checking, and each coupled system's (requests
+× lanes; generations × requests; generations × device jobs — #17) witnesses, induction, vacuity,
+reachability and bounded model checking, with the redundancy of pool and system invariants
+reported (full run only); prints a summary
 table and any counterexample; writes ``specs/verification.md``; exits 0 only if everything holds.
 
 Every solver query is bounded by z3's deterministic ``rlimit``, never by wall-clock time, and the

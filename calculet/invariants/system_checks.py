@@ -27,6 +27,9 @@ effect): a step is a chain of declared rows on request ``i`` and a chain on lane
   satisfy every invariant and take no part) it is a counterexample at R = 3, L = 3. So none
   exists at any size when none exists here. ``check_system_induction`` reports whether the
   declaration's steps are all local; a new invariant must keep the ∀-shape (or raise R, L).
+  An invariant that counts every request (``SystemInvariant.counts``: a generation's counter
+  equals its pinned requests) is not of that shape: the induction then holds at the encoded size
+  only, and says so (``GenerationRequestSystem``, ``GenerationJobSystem``).
 * **Bounded model checking** — from the initial system (parameters and seq ids symbolic),
   every run of up to ``depth`` steps, one query for all depths, with symmetry breaking and a
   partial-order reduction (:mod:`calculet.invariants.system_bmc`).

@@ -481,3 +481,36 @@ def test_scheduler_pinning_to_a_generation_that_is_not_ready_is_rejected():
     gen.machine.fire("drained")
     assert A.READY not in allowed_availability(gen, serving=True, held=True)
     assert allowed_availability(gen, serving=False, held=False) == {A.UNLOADED, A.LOADING, A.FAILED, A.SHUTDOWN}
+
+
+@pytest.mark.req("R14.3", "R12.10")
+def test_live_jobs_sharing_an_engine_or_in_doubt_on_a_ready_generation_are_rejected():
+    """GenerationJobSystem's engine and doubt properties, as the engine's tick monitor checks them on
+    the scheduler's jobs table: a planner that hands PING to a second job (the InflightTable's
+    free-engine choice dropped), and a timeout that leaves the generation Ready, are both rejected."""
+    from calculet.runtime.models.availability import job_faults
+    from calculet.runtime.scheduling.jobs import InflightTable
+
+    class SharedEngineTable(InflightTable):
+        def _free_engine(self):
+            return JobEngine.PING  # the fault: always PING, even while another job holds it
+
+    from calculet.machines.job import JobEngine
+
+    gens, _ = _serving_generation()
+    gen_id = gens.serving.id
+    good = InflightTable(max_inflight=2)
+    for job_id in (1, 2):
+        good.plan(job_id, "decode", gen_id, 1, None)
+    assert job_faults(gens, list(good)) == []
+    bad = SharedEngineTable(max_inflight=2)
+    for job_id in (1, 2):
+        bad.plan(job_id, "decode", gen_id, 1, None)
+    assert ("one_engine_per_job_on_the_device", "R14.3") in job_faults(gens, list(bad))
+    job = next(iter(good))
+    good.fire(job, "submit")
+    good.fire(job, "timeout")  # the fault: no on_fault, the generation stays Ready
+    assert ("job_in_doubt_only_while_recovering", "R12.10") in job_faults(gens, list(good))
+    gens.serving.machine.fire("job_submitted")
+    gens.serving.machine.fire("fault")  # what GenerationRecovery.on_fault does
+    assert job_faults(gens, list(good)) == []

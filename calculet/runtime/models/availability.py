@@ -23,7 +23,8 @@ a replacement holds new requests, READY for its pinned requests only. In every c
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from calculet.runtime.scheduling.admission import ModelAvailability as A
 
@@ -31,8 +32,9 @@ if TYPE_CHECKING:
     from calculet.runtime.models.generations import Generation, Generations
     from calculet.runtime.models.port import SchedulerView
 
-__all__ = ["allowed_availability", "availability_faults"]
+__all__ = ["allowed_availability", "availability_faults", "job_faults"]
 
+_IN_DOUBT = frozenset({"timed_out", "quarantined"})  # DeviceJobMachine: the device may still write it
 _NOT_SERVING = frozenset({A.UNLOADED, A.LOADING, A.FAILED, A.SHUTDOWN})
 
 
@@ -66,4 +68,22 @@ def availability_faults(gens: "Generations", scheduler: "SchedulerView") -> list
                                    held=scheduler.holding_new_requests)
     if scheduler.availability not in allowed:
         faults.append(("scheduler_availability_is_the_model_machines", "R12.2"))
+    return faults
+
+
+def job_faults(gens: "Generations", jobs: "Iterable[Any]") -> list[tuple[str, str]]:
+    """GenerationJobSystem's engine and doubt properties on the live jobs table (the scheduler's
+    ``InflightTable``): jobs holding buffers never share an engine (R14.3: so at most two are in
+    flight), and a job the device may still write after a timeout or fault never has a Ready
+    generation (R12.10: Ready again only once no job is in doubt)."""
+    faults: list[tuple[str, str]] = []
+    engines = [job.engine for job in jobs]
+    if len(set(engines)) != len(engines):
+        faults.append(("one_engine_per_job_on_the_device", "R14.3"))
+    for job in jobs:
+        if job.state in _IN_DOUBT:
+            gen = gens.get(job.generation)
+            if gen is not None and gen.machine.at("ready"):
+                faults.append(("job_in_doubt_only_while_recovering", "R12.10"))
+                break
     return faults

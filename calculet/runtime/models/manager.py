@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Iterable
 from calculet.errors import NotFound, Unavailable
 from calculet.machines.request import TERMINAL
 from calculet.runtime.execution.session_plan import EngineContract
-from calculet.runtime.models.availability import availability_faults
+from calculet.runtime.models.availability import availability_faults, job_faults
 from calculet.runtime.models.capacity import CapacityPlanner
 from calculet.runtime.models.generations import Generation, Generations, Prepared
 from calculet.runtime.models.load import Loader
@@ -241,7 +241,8 @@ class ModelManager:
         stand for (#17, R10.2, R12.3, R12.2): each generation's ``active_requests`` equals the live
         requests pinned to it; the generations' ``inflight_jobs`` add up to the jobs the executor
         has on the device; the availability the scheduler was given agrees with the serving
-        generation's machine (:mod:`calculet.runtime.models.availability`). The same equalities are
+        generation's machine, no two jobs share an engine and no job in doubt has a Ready
+        generation (:mod:`calculet.runtime.models.availability`). The same equalities are
         proved on the declarations by ``GenerationRequestSystem`` and ``GenerationJobSystem``;
         reported by the engine's monitor like a broken invariant."""
         pinned: dict[int, int] = {}
@@ -255,7 +256,9 @@ class ModelManager:
                 break
         if sum(gen.machine.inflight_jobs for gen in self._gens) != self._engine.inflight_jobs():
             faults.append(("inflight_jobs_are_the_executors_jobs_on_the_device", "R10.2"))
-        faults += availability_faults(self._gens, self._engine.scheduler)
+        scheduler = self._engine.scheduler
+        faults += availability_faults(self._gens, scheduler)
+        faults += job_faults(self._gens, list(scheduler.jobs))
         return faults
 
     def may_submit(self, gen_id: int) -> bool:

@@ -10,7 +10,8 @@ rule checkable: :mod:`calculet.runtime.models` imports nothing from :mod:`calcul
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ContextManager, Protocol
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, ContextManager, Protocol
 
 if TYPE_CHECKING:
     from calculet.adapters.calrt import ReturnCode, VirtualDevice
@@ -39,6 +40,11 @@ class SchedulerView(Protocol):
 
     @property
     def registry(self) -> RequestRegistry: ...
+
+    @property
+    def jobs(self) -> Iterable[Any]:
+        """The planned jobs until they end (``InflightTable``: each with engine, state, generation)."""
+        ...
 
     def set_model(self, generation: int, availability: ModelAvailability, profiles: ProfileSet | None = None,
                   detail: str = "") -> None: ...
