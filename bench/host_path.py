@@ -96,6 +96,54 @@ def profiled_server(out: str, argv: Sequence[str]) -> None:
         stats.dump_stats(out)
 
 
+PROFILE_GROUPS = (
+    ("scheduler (runtime/scheduling)", "calculet/runtime/scheduling/"),
+    ("machines + monitors (machines/, logic/, generated fire)", ("calculet/machines/", "calculet/logic/",
+                                                                 "<calculet fire")),
+    ("model manager (runtime/models)", "calculet/runtime/models/"),
+    ("executor, sampler, completion (runtime/execution)", "calculet/runtime/execution/"),
+    ("engine actor, requests, jobs (runtime/engine, actor, clock)", ("calculet/runtime/engine/", "calculet/runtime/actor",
+                                                                     "calculet/clock.py", "calculet/runtime/distribution")),
+    ("null device (adapters/sim, adapters/calrt)", ("calculet/adapters/",)),
+    ("streams + detokeniser (runtime/streams)", "calculet/runtime/streams/"),
+    ("service, routes, metrics (calculet/server)", "calculet/server/"),
+    ("ASGI/HTTP (starlette, fastapi, uvicorn, h11, anyio)", ("/starlette/", "/fastapi/", "/uvicorn/", "/h11/", "/anyio/")),
+    ("asyncio + threading + queue (stdlib)", ("/asyncio/", "threading.py", "queue.py", "selectors.py")),
+    ("other stdlib (contextlib, typing, enum, dataclasses)", ("contextlib.py", "typing.py", "enum.py", "dataclasses.py")),
+    ("numpy", "/numpy/"),
+    ("logging + json", ("/logging/", "/json/", "calculet/server/logs")),
+)
+
+
+def profile_breakdown(path: Path) -> list[tuple[str, float]]:
+    """Own time (cProfile ``tottime``, CPU time of every thread) per part of the host path, as shares of the
+    total: where the server's CPU goes, each function counted once. A builtin's time (``isinstance``, a socket
+    send, a lock) is charged to the parts that called it, in proportion; start-up (imports, class building) is
+    its own line."""
+    import pstats
+    stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+
+    def group_of(filename: str) -> str:
+        if "importlib" in filename or filename.startswith("<frozen"):
+            return "start-up (imports)"
+        return next((label for label, keys in PROFILE_GROUPS
+                     if any(k in filename for k in ((keys,) if isinstance(keys, str) else keys))), "other")
+
+    totals: dict[str, float] = {}
+    for (filename, _line, _name), (_cc, _nc, tottime, _ct, callers) in stats.items():
+        if filename == "~" and callers:  # a builtin: charged to its callers
+            weights = {caller: entry[2] for caller, entry in callers.items()}
+            whole = sum(weights.values()) or 1.0
+            for caller, weight in weights.items():
+                group = group_of(caller[0])
+                totals[group] = totals.get(group, 0.0) + tottime * weight / whole
+            continue
+        group = group_of(filename)
+        totals[group] = totals.get(group, 0.0) + tottime
+    whole = sum(totals.values()) or 1.0
+    return sorted(((g, t / whole) for g, t in totals.items()), key=lambda x: -x[1])
+
+
 def serve_baseline() -> None:
     """Serve :func:`baseline_app` on 127.0.0.1 (a free port, named in a JSON ``listening`` line on
     stderr as ``calculet.run`` does) with calculet's uvicorn settings and its listening socket."""
@@ -239,6 +287,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="calculet-bench-home-") as home:
         levels = [int(n) for n in args.streams.split(",")]
         report(measure(Path(home), args.rounds, args.tokens, levels, args.profile), args.tokens)
+    if args.profile is not None:
+        print(f"calculet server CPU by part (cProfile own time, every thread; {args.profile}):")
+        for group, share in profile_breakdown(args.profile):
+            print(f"  {share * 100:5.1f} %  {group}")
     return 0
 
 

@@ -205,8 +205,11 @@ class SimVirtualDevice:
         self._completed: Counter[ReturnCode] = Counter()
         self._per_engine: Counter[JobEngine] = Counter()
         self._resets = 0
-        self._inline = config.time_mode is TimeMode.REAL and not config.numerics
-        """Real time with numerics off (the null device): a job due at its submit instant completes inside
+        cost = config.cost
+        self._inline = (config.time_mode is TimeMode.REAL and not config.numerics
+                        and cost.prefill_fixed_s == cost.prefill_per_token_s == 0.0
+                        and cost.decode_fixed_s == cost.decode_per_lane_s == 0.0)
+        """Real time, numerics off and no device time (the null device): every job completes inside
         submit — there is no device time to wait for and no numerics to keep off the caller's thread, so a hop
         to the worker thread would be pure host overhead (issue #20). Its result is published and waiters
         notified exactly as the worker would."""
@@ -215,6 +218,12 @@ class SimVirtualDevice:
             self._worker = threading.Thread(target=self.timeline.work, args=(lambda: self._closed,),
                                             name=f"calrt-sim-dev{physical_index}", daemon=True)
             self._worker.start()
+
+    @property
+    def completes_at_submit(self) -> bool:
+        """Whether every job this device accepts is complete when submit returns (the null device in real time;
+        see ``_inline``): a host that polls after each submission needs no thread blocked in WaitAny for it."""
+        return self._inline
 
     # --- identity --------------------------------------------------------------------------
 

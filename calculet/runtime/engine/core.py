@@ -131,6 +131,12 @@ class EngineCore:
         self._wake: float | None = None
         self._ticks = 0
         self._host = Distribution(HOST_TICK_BOUNDS)
+        self.chain_ready_s = 0.0
+        """Real time only (:class:`~calculet.runtime.engine.threaded.ThreadedEngine` sets it): after a
+        submission that filled the in-flight slots, :meth:`schedule` applies the results the device already
+        has and plans again, for up to this long — a device that completes at submit (the null device) then
+        costs one scheduler step per job, not two (the second finding no slot), and one actor turn per
+        several jobs (issue #20). 0 (the virtual-time driver): one job per slot per :meth:`schedule`."""
         self.models = ModelManager(self, planner=planner, first_generation=options.generation)
         try:
             # §11 steps 1–4 of the first generation; the components are built on its verified facts.
@@ -341,11 +347,14 @@ class EngineCore:
     def on_results(self, results: list[JobResult]) -> None:
         """Results collected by the completion thread (real time), applied on the actor."""
         start = time.perf_counter()
+        self._apply_results(results)
+        self._account(start)
+
+    def _apply_results(self, results: list[JobResult]) -> None:
         for result in results:
             self.jobs.handle_result(result)
         self._maybe_recover()
         self.run_commands()
-        self._account(start)
 
     def schedule(self) -> int:
         """Plan and submit while the executor has room; the sync baseline also waits (one job)."""
@@ -369,6 +378,12 @@ class EngineCore:
             if job is None:
                 continue
             submitted += 1
+            if self.chain_ready_s and not scheduler.jobs.has_slot() \
+                    and time.perf_counter() - start < self.chain_ready_s:
+                results = executor.collect()  # a device that completes at submit (the null device) has it now
+                if results:
+                    self._apply_results(results)
+                    continue  # the slot is free again: the next step plans work instead of finding none
             if sync:
                 result = executor.wait(job)
                 if result is None:

@@ -66,6 +66,7 @@ class ThreadedEngine:
         self.models: ModelManager = self._core.models
         """Load / unload / rollback / status, thread-safe and blocking with a timeout (§10–§13)."""
         self.models.bind_port(_ThreadPort(self))
+        self._core.chain_ready_s = options.wake_coalesce_s  # a turn lasts at most as long as a wake-up is held
         self._mailbox = Mailbox()
         self._device_cv = threading.Condition()
         self._exclusive = False
@@ -229,11 +230,16 @@ class ThreadedEngine:
         core = self._core
         cv = self._device_cv
         while not self._stop.is_set():
+            device = core.device
+            if getattr(device, "completes_at_submit", False):
+                # every result is there when submit returns and the actor collects it right after its tick
+                # (and at every tick's dispatch): a WaitAny here would only be woken to find it gone (#20)
+                self._stop.wait(0.1)
+                continue
             with cv:
                 while self._exclusive and not self._stop.is_set():
                     cv.wait(0.5)
                 self._in_wait = True
-            device = core.device
             try:
                 results = device.wait_any(0.1)
             except CalculetError:

@@ -44,6 +44,7 @@ def test_in_real_time_the_null_device_completes_a_job_inside_submit_without_its_
     session = open_sim("current", config=SimConfig(time_mode=TimeMode.REAL, cost=CostModel.null()))
     device = session.device
     try:
+        assert device.completes_at_submit
         driver = HostDriver(device, session.calbin, session.kv, generation=1)
         seq = session.kv.allocate_sequence()
         woken = []
@@ -65,6 +66,7 @@ def test_in_real_time_a_device_with_cost_still_completes_on_its_worker() -> None
                                                    cost=CostModel(0.0, 0.0, 0.02, 0.0, 1.0)))
     device = session.device
     try:
+        assert not device.completes_at_submit
         driver = HostDriver(device, session.calbin, session.kv, generation=1)
         seq = session.kv.allocate_sequence()
         first = driver.prefill(seq, [256, 72])
