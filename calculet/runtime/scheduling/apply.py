@@ -110,7 +110,7 @@ class CompletionApplier:
                                     decoding=len(batch.active) + self.decode.total_ready())
         ok = failed = 0
         registry, generation, job_id = self.registry, job.generation, job.job_id
-        settle, decode_done, ready = self.kv.settle, registry.on_decode_complete, self.decode.add
+        settle, done, ready = self.kv.settle, registry.on_done, self.decode.add
         applied = CallbackResult.APPLIED
         for check, rec, lease in zip(checks, batch.records, batch.kv.leases):
             verdict = check.verdict
@@ -119,8 +119,8 @@ class CompletionApplier:
                 self.anomalies += 1
             settle(lease, _SETTLE[verdict])  # §9.2: commit only when device and output succeeded
             detail = "" if good else (completion.detail or check.detail)
-            callback = decode_done(rec.request_id, generation=generation, job_id=job_id,
-                                   ok=good, stop=check.stop, token=check.token, detail=detail)
+            callback = done(rec.request_id, "decode_running", "decode_done", generation, job_id, good, check.stop,
+                            check.token, detail)  # registry.on_decode_complete, positionally
             if good:
                 ok += 1
             else:

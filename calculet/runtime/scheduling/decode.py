@@ -565,9 +565,9 @@ class DecodeScheduler:
         if machine.generation != generation:
             return f"generation {machine.generation} != batch generation {generation}"
         lease = rec.lease
-        if lease is None or lease.generation != generation or not self.kv.owns(lease):
+        position = None if lease is None or lease.generation != generation else self.kv.owned_position(lease)
+        if position is None:
             return "no KV lease of this generation"
-        position: int = self.kv.lane(lease.lane).committed_len
         if position != machine.kv_length:
             return f"KV committed_len {position} != request kv_length {machine.kv_length}"
         if position + 1 > profile.max_seq:

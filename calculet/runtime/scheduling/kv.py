@@ -210,6 +210,13 @@ class KvLaneManager:
     def owns(self, lease: KvLease) -> bool:
         return self._owner[lease.lane] == lease.lease_id
 
+    def owned_position(self, lease: KvLease) -> int | None:
+        """The lane's committed_len if ``lease`` still owns it, else None (one call per lane per tick)."""
+        lane = lease.lane
+        if self._owner[lane] != lease.lease_id:
+            return None
+        return self._lanes[lane].committed_len  # type: ignore[no-any-return]
+
     def committed_len(self, lease: KvLease) -> int:
         return self._lane(lease).committed_len  # type: ignore[no-any-return]
 

@@ -232,14 +232,14 @@ class RequestRegistry:
 
         ``detail`` (the CalRT return code and message of a failure) becomes the request's error
         detail if this result ends it (R19.2)."""
-        return self._on_done(request_id, "prefill_running", "prefill_done", generation, job_id, ok, stop, token,
-                             detail)
+        return self.on_done(request_id, "prefill_running", "prefill_done", generation, job_id, ok, stop, token,
+                            detail)
 
     def on_decode_complete(self, request_id: RequestId, *, generation: int, job_id: int, ok: bool,
                            stop: bool, token: int | None, detail: str = "") -> Callback:
         """§4 ``on_decode_complete``: apply one lane's decode result, or report it stale."""
-        return self._on_done(request_id, "decode_running", "decode_done", generation, job_id, ok, stop, token,
-                             detail)
+        return self.on_done(request_id, "decode_running", "decode_done", generation, job_id, ok, stop, token,
+                            detail)
 
     def fail(self, rec: RequestRecord, detail: str) -> str:
         """End a request that has no job in flight as Failed (ERROR) with ``detail`` (R19.2)."""
@@ -306,8 +306,10 @@ class RequestRegistry:
             self._sink_errors += 1
             log.exception("sink.token failed", extra={"request_id": rec.request_id})
 
-    def _on_done(self, request_id: RequestId, running: str, event: str, generation: int, job_id: int,
-                 ok: bool, stop: bool, token: int | None, detail: str = "") -> Callback:
+    def on_done(self, request_id: RequestId, running: str, event: str, generation: int, job_id: int,
+                ok: bool, stop: bool, token: int | None, detail: str = "") -> Callback:
+        """``on_prefill_complete``/``on_decode_complete`` with positional arguments: the running state
+        the result is for and the event it fires (the completion path calls it once per lane)."""
         rec = self._live.get(request_id)
         if rec is None:
             self._stale += 1
