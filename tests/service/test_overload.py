@@ -25,12 +25,16 @@ STEP_S = 0.1
 SLOW = CostModel(prefill_fixed_s=1e-3, prefill_per_token_s=0.0, decode_fixed_s=STEP_S, decode_per_lane_s=0.0,
                  pingpong_overlap=0.5)
 """100 ms per decode step: token counts translate into seconds of device time with little relative noise."""
-DEADLINE_MS = 10_000
-CANDIDATE_TOKENS = 70
-"""7 s alone at 100 ms/step (9.1 s at 130 ms): fits its 10 s deadline on an idle device."""
-SHORT_BACKLOG, LONG_BACKLOG = 40, 75
-"""Streams already decoding when the candidate arrives: each fits alone (≤ 9.75 s at 130 ms/step),
-each plus the candidate does not (≥ 11 s at 100 ms/step); the candidate fits once the stream ends."""
+DEADLINE_MS = 20_000
+CANDIDATE_TOKENS = 100
+"""Fits its 20 s deadline on an idle device for any measured step up to 166 ms: admission plans with
+the shipped initial margin of 0.2 (100 × 0.166 s × 1.2 = 19.9 s), so a loaded machine that stretches
+the 100 ms step by two thirds still admits it alone."""
+SHORT_BACKLOG, LONG_BACKLOG = 80, 110
+"""Streams already decoding when the candidate arrives: each fits alone up to a 151 ms step (110 ×
+0.151 s × 1.2 ≤ 20 s), each plus the candidate does not even at the nominal 100 ms step with 13 of its
+tokens already decoded (167 × 0.1 s × 1.2 > 20 s); the candidate fits once the stream ends, and the two
+Retry-After values (about 10 and 14 s) are whole seconds apart."""
 
 ITL_COST = CostModel(prefill_fixed_s=1e-3, prefill_per_token_s=0.0, decode_fixed_s=20e-3, decode_per_lane_s=0.0,
                      pingpong_overlap=0.5)
@@ -40,7 +44,7 @@ BURST = 10
 
 @pytest.fixture(scope="module")
 def deadline_server(key_dir: Path) -> Iterator[RunningServer]:
-    """``on_time`` (the default) with a 10 s deadline and 100 ms decode steps."""
+    """``on_time`` (the default) with a 20 s deadline and 100 ms decode steps."""
     config = service_config(admin=False, admission={"deadline_default_ms": DEADLINE_MS})
     running = start_server(config, key_dir, cost=SLOW)
     yield running
