@@ -190,9 +190,19 @@ def stream_round(server: Server, streams: int, per_stream: int, tokens: int) -> 
         limits = httpx.Limits(max_connections=streams, max_keepalive_connections=streams)
         async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as client:
             async def one() -> None:
+                stale = 0
                 while True:
-                    async with client.stream("POST", "/v1/completions",
-                                             json=completion_body(tokens, True)) as response:
+                    try:
+                        opened = client.stream("POST", "/v1/completions", json=completion_body(tokens, True))
+                        response = await opened.__aenter__()
+                    except (httpx.ReadError, httpx.RemoteProtocolError):
+                        # a pooled keep-alive connection the server closed while this client slept on a
+                        # Retry-After: nothing was answered, so the request is sent again on a new one
+                        stale += 1
+                        if stale > 3:
+                            raise
+                        continue
+                    try:
                         if response.status_code == 429:  # refused under load: retry when told, counted
                             counted[2] += 1
                             await response.aread()
@@ -202,6 +212,8 @@ def stream_round(server: Server, streams: int, per_stream: int, tokens: int) -> 
                         async for line in response.aiter_lines():
                             if line.startswith("data: {") and '"finish_reason":"length"' in line:
                                 counted[0] += tokens  # ignore_eos: every completion streams max_tokens
+                    finally:
+                        await opened.__aexit__(None, None, None)
                     counted[1] += 1
                     return
 

@@ -330,11 +330,8 @@ def _sse_line(payload: dict[str, Any]) -> str:
 
 async def _sse(service: Service, request: Request, stream: TimedStream, rid: int, gen: ApiGeneration, response_id: str,
                created: int, fingerprint: str, extra: dict[str, Any]) -> AsyncIterator[str]:
-    """Server-sent events; if the client goes away, the request is cancelled in ``finally``.
-
-    Every event the stream holds when the loop wakes is encoded and sent as one write (issue #20): a decode
-    step that gave this stream several tokens since the last wake-up costs one pass through the ASGI send
-    chain and one socket write, not one per token. Each token still has its own SSE event (its own chunk)."""
+    """Server-sent events, one chunk per text event, every event found at a wake-up sent as one write (one pass
+    through the ASGI send chain, issue #20); if the client goes away, the request is cancelled in ``finally``."""
     head = {"id": response_id, "created": created, "model": gen.model, "system_fingerprint": fingerprint}
     chat = gen.kind == "chat"
     obj = "chat.completion.chunk" if chat else "text_completion"
@@ -379,8 +376,7 @@ async def _sse(service: Service, request: Request, stream: TimedStream, rid: int
                     parts.append(chunk(None if chat else "", _finish(event.finish_reason), why=_stop_reason(gen, stream),
                                        generated=outcome.generated_tokens))
                     if gen.include_usage:
-                        parts.append(_sse_line({**head, "object": obj, "choices": [],
-                                                "usage": usage(outcome.generated_tokens)}))
+                        parts.append(_sse_line({**head, "object": obj, "choices": [], "usage": usage(event.generated)}))
                 else:
                     parts.append(_sse_line(_outcome_error(outcome).body()))
                 parts.append("data: [DONE]\n\n")

@@ -51,6 +51,18 @@ class SimConfig:
         if not self.cost.numerics:  # the null device (CostModel.null): its cost says numerics off
             object.__setattr__(self, "numerics", False)
 
+    @property
+    def completes_inline(self) -> bool:
+        """Real time, numerics off and no device time (the null device): every job completes inside submit —
+        there is no device time to wait for and no numerics to keep off the caller's thread, so a hop to the
+        worker thread would be pure host overhead (issue #20). The result is published and Wait/WaitAny callers
+        notified exactly as the worker would; a host that polls after each submission needs no thread blocked
+        in WaitAny for it (``SimVirtualDevice.completes_at_submit``)."""
+        cost = self.cost
+        return (self.time_mode is TimeMode.REAL and not self.numerics
+                and cost.prefill_fixed_s == cost.prefill_per_token_s == 0.0
+                and cost.decode_fixed_s == cost.decode_per_lane_s == 0.0)
+
     def resolved_clock(self) -> Clock:
         if self.time_mode is TimeMode.REAL:
             if self.clock is None:

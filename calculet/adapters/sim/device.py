@@ -205,25 +205,12 @@ class SimVirtualDevice:
         self._completed: Counter[ReturnCode] = Counter()
         self._per_engine: Counter[JobEngine] = Counter()
         self._resets = 0
-        cost = config.cost
-        self._inline = (config.time_mode is TimeMode.REAL and not config.numerics
-                        and cost.prefill_fixed_s == cost.prefill_per_token_s == 0.0
-                        and cost.decode_fixed_s == cost.decode_per_lane_s == 0.0)
-        """Real time, numerics off and no device time (the null device): every job completes inside
-        submit — there is no device time to wait for and no numerics to keep off the caller's thread, so a hop
-        to the worker thread would be pure host overhead (issue #20). Its result is published and waiters
-        notified exactly as the worker would."""
+        self.completes_at_submit = config.completes_inline  # the null device: see SimConfig
         self._worker: threading.Thread | None = None
         if config.time_mode is TimeMode.REAL:
             self._worker = threading.Thread(target=self.timeline.work, args=(lambda: self._closed,),
                                             name=f"calrt-sim-dev{physical_index}", daemon=True)
             self._worker.start()
-
-    @property
-    def completes_at_submit(self) -> bool:
-        """Whether every job this device accepts is complete when submit returns (the null device in real time;
-        see ``_inline``): a host that polls after each submission needs no thread blocked in WaitAny for it."""
-        return self._inline
 
     # --- identity --------------------------------------------------------------------------
 
@@ -450,7 +437,7 @@ class SimVirtualDevice:
         self.timeline.add(sim_job)
         self._engine_job[job.engine] = job_id
         self._submitted += 1
-        if self._inline and finish is not None and finish <= now:
+        if self.completes_at_submit and finish is not None and finish <= now:
             sim_job.executing = True
             self.finalize(sim_job, self.compute(sim_job), now)
         else:
@@ -558,21 +545,7 @@ class SimVirtualDevice:
         self.close()
 
     def statistics(self) -> DeviceStatistics:
-        with self._lock:
-            timeline = self.timeline
-            return DeviceStatistics(
-                physical_index=self._physical_index, time_mode=self.config.time_mode, numerics=self.config.numerics,
-                closed=self._closed, config_epoch=self._epoch, calbins=len(self._calbins),
-                configured_calbins=sum(1 for c in self._calbins.values() if c.configured_profiles),
-                kv_managers=len(self._kvs), buffers=len(self._buffers), buffers_bound=self._buffers.bound(),
-                inflight=len(timeline.pending),
-                inflight_never_completing=sum(1 for j in timeline.pending.values() if j.finish is None),
-                submitted=self._submitted, submit_refused=MappingProxyType(dict(self._refused)),
-                completed=MappingProxyType(dict(self._completed)),
-                completed_per_engine=MappingProxyType(dict(self._per_engine)),
-                results_uncollected=len(timeline.done), discarded_by_reset=timeline.discarded_count,
-                resets=self._resets, wait_timeouts=timeline.wait_timeouts, poisoned=self._poisoned,
-                memory=self.memory.statistics(), faults=self.faults.statistics())
+        return _device_statistics(self)
 
     # --- lookups -------------------------------------------------------------------------------
 
@@ -597,3 +570,22 @@ class SimVirtualDevice:
             if kv.calbin_id == cb.calbin_id:
                 return kv
         raise VendorError(ReturnCode.INVALID_STATE, f"calbin {cb.name!r} has no KvManager")
+
+
+def _device_statistics(device: SimVirtualDevice) -> DeviceStatistics:
+    """A consistent snapshot of the device's counters (under its lock)."""
+    with device._lock:
+        timeline = device.timeline
+        return DeviceStatistics(
+            physical_index=device._physical_index, time_mode=device.config.time_mode, numerics=device.config.numerics,
+            closed=device._closed, config_epoch=device._epoch, calbins=len(device._calbins),
+            configured_calbins=sum(1 for c in device._calbins.values() if c.configured_profiles),
+            kv_managers=len(device._kvs), buffers=len(device._buffers), buffers_bound=device._buffers.bound(),
+            inflight=len(timeline.pending),
+            inflight_never_completing=sum(1 for j in timeline.pending.values() if j.finish is None),
+            submitted=device._submitted, submit_refused=MappingProxyType(dict(device._refused)),
+            completed=MappingProxyType(dict(device._completed)),
+            completed_per_engine=MappingProxyType(dict(device._per_engine)),
+            results_uncollected=len(timeline.done), discarded_by_reset=timeline.discarded_count,
+            resets=device._resets, wait_timeouts=timeline.wait_timeouts, poisoned=device._poisoned,
+            memory=device.memory.statistics(), faults=device.faults.statistics())

@@ -120,7 +120,7 @@ class EngineCore:
         self.package_dir = package_dir
         self.clock = clock
         self._observer = observer
-        self._joint = JointMonitor()  # requests × lanes invariants on the live system (#17)
+        self._joint = _TickChecks(self)  # requests × lanes invariants on the live system (#17)
         self._hold = False
         self._exclusive: Callable[[], ContextManager[None]] = contextlib.nullcontext
         self._device: VirtualDevice = device if device is not None else runtime.create_virtual_device()
@@ -132,11 +132,7 @@ class EngineCore:
         self._ticks = 0
         self._host = Distribution(HOST_TICK_BOUNDS)
         self.chain_ready_s = 0.0
-        """Real time only (:class:`~calculet.runtime.engine.threaded.ThreadedEngine` sets it): after a
-        submission that filled the in-flight slots, :meth:`schedule` applies the results the device already
-        has and plans again, for up to this long — a device that completes at submit (the null device) then
-        costs one scheduler step per job, not two (the second finding no slot), and one actor turn per
-        several jobs (issue #20). 0 (the virtual-time driver): one job per slot per :meth:`schedule`."""
+        """Set by ThreadedEngine: :meth:`schedule` applies ready results and plans again for this long (#20)."""
         self.models = ModelManager(self, planner=planner, first_generation=options.generation)
         try:
             # §11 steps 1–4 of the first generation; the components are built on its verified facts.
@@ -319,18 +315,8 @@ class EngineCore:
         return submitted
 
     def end_tick(self) -> None:
-        """The requests × lanes monitor (#17) once per tick when monitors are sampled (production,
-        ``monitoring.sample_every`` > 1: "one engine tick's joint checks in N"). The check is incremental —
-        it covers every request that moved since the last one — so one draw per tick checks the same
-        states as one per actor call, at a third of the draws (issue #20). With every event checked (the
-        test suite) each actor call is checked in :meth:`_account` instead, so a test sees a fault at the
-        call that made it."""
-        if MONITOR.sample_every > 1:
-            self._check_joint()
-
-    def _check_joint(self) -> None:
-        self._joint.check(self.kv, "engine tick",  # each coupled step is complete here
-                          lambda: self.models.counter_faults(self.scheduler.registry.live()))
+        """The end of a tick: the sampled joint checks (:class:`_TickChecks`)."""
+        self._joint.after_tick()
 
     def dispatch(self) -> None:
         """Collect due completions, expire Wait deadlines, recover, execute commands."""
@@ -439,26 +425,7 @@ class EngineCore:
                          session.profiles.sizes, calbin.capabilities)
 
     def statistics(self, mailbox: MailboxStatistics | None = None) -> EngineStatistics:
-        scheduler = self.scheduler
-        try:
-            device = self._device.statistics()  # type: ignore[attr-defined]
-        except Exception:  # noqa: BLE001 - statistics of a closed device are not essential
-            device = None
-        state = "stopped" if self._stopped else "running" if self._accepting else "stopping"
-        return EngineStatistics(
-            state=state, mode=self.options.mode.value, generation=self.generation,
-            availability=scheduler.availability.value, accepting=self._accepting, ticks=self._ticks,
-            host_time_per_tick_s=self._host.avg, host_time_max_s=self._host.max, accepted=self.requests.accepted,
-            rejected_before_admission=dict(self.requests.rejected),
-            finished=dict(self.requests.finished), live_requests=len(scheduler.registry),
-            pending_frees=self.jobs.pending_frees, scheduler=scheduler.statistics(),
-            executor=self.executor.statistics(), completion=self.dispatcher.statistics(),
-            sampler=self.sampler.statistics(), recovery=self.recovery.statistics(),
-            session=self.session.statistics(), mailbox=mailbox, device=device,
-            models=self.models.statistics_now(), goodput=self.requests.goodput.statistics(),
-            host_tick=self._host.snapshot())
-
-    # ------------------------------------------------------------------ submitting
+        return _statistics(self, mailbox)
 
     # ------------------------------------------------------------------ recovery
 
@@ -518,9 +485,57 @@ class EngineCore:
             self._observer(rec, source, target)
 
     def _account(self, start: float) -> None:
-        if MONITOR.sample_every == 1:  # every event checked (tests): each actor call; sampled: end_tick
-            self._check_joint()
+        self._joint.after_call()
         took = time.perf_counter() - start
         self._ticks += 1
         self._host.add(took)
 
+
+class _TickChecks:
+    """The requests × lanes monitor (#17) as the engine runs it. Sampled (production, ``monitoring.sample_every``
+    > 1: "one engine tick's joint checks in N"), one draw per tick: the check is incremental — it covers every
+    request that moved since the last one — so it checks the same states as a draw per actor call, at a third
+    of the draws (issue #20). With every event checked (the test suite) each actor call that can move a
+    request is checked where it happens, so a test sees a fault at the call that made it."""
+
+    def __init__(self, core: EngineCore) -> None:
+        self._core = core
+        self._monitor = JointMonitor()
+
+    def observe(self, rec: RequestRecord) -> None:
+        self._monitor.observe(rec)
+
+    def after_call(self) -> None:
+        if MONITOR.sample_every == 1:
+            self._check()
+
+    def after_tick(self) -> None:
+        if MONITOR.sample_every > 1:
+            self._check()
+
+    def _check(self) -> None:
+        core = self._core
+        self._monitor.check(core.kv, "engine tick",  # each coupled step is complete here
+                            lambda: core.models.counter_faults(core.scheduler.registry.live()))
+
+
+def _statistics(core: EngineCore, mailbox: MailboxStatistics | None) -> EngineStatistics:
+    """Every component's statistics in one record (on the actor: a consistent snapshot)."""
+    scheduler = core.scheduler
+    try:
+        device = core._device.statistics()  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - statistics of a closed device are not essential
+        device = None
+    state = "stopped" if core._stopped else "running" if core._accepting else "stopping"
+    return EngineStatistics(
+        state=state, mode=core.options.mode.value, generation=core.generation,
+        availability=scheduler.availability.value, accepting=core._accepting, ticks=core._ticks,
+        host_time_per_tick_s=core._host.avg, host_time_max_s=core._host.max, accepted=core.requests.accepted,
+        rejected_before_admission=dict(core.requests.rejected),
+        finished=dict(core.requests.finished), live_requests=len(scheduler.registry),
+        pending_frees=core.jobs.pending_frees, scheduler=scheduler.statistics(),
+        executor=core.executor.statistics(), completion=core.dispatcher.statistics(),
+        sampler=core.sampler.statistics(), recovery=core.recovery.statistics(),
+        session=core.session.statistics(), mailbox=mailbox, device=device,
+        models=core.models.statistics_now(), goodput=core.requests.goodput.statistics(),
+        host_tick=core._host.snapshot())
