@@ -91,7 +91,7 @@ def run_checks(options: VerifyOptions, machines: Iterable[type[Machine]], pools:
                 continue
             run.results += check_system(system.definition, requests=options.system_requests,
                                         lanes=options.system_lanes, depth=options.system_depth, progress=progress,
-                                        reach=not options.fast)
+                                        reach=not options.fast, fast=options.fast)
             if not options.fast:
                 run.results += check_system_redundancy(system.definition)
     run.seconds = time.process_time() - start

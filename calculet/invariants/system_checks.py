@@ -54,9 +54,10 @@ __all__ = ["check_system"]
 
 
 def check_system(sd: SystemDefinition, *, requests: int = 3, lanes: int = 3, depth: int = 6,
-                 progress: Progress | None = None, reach: bool = True) -> list[CheckResult]:
+                 progress: Progress | None = None, reach: bool = True, fast: bool = False) -> list[CheckResult]:
     """Every joint-system check; ``reach`` adds reachability of every step (≈10 s of CPU: the
-    full run does it, ``verify --fast`` keeps vacuity only)."""
+    full run does it, ``verify --fast`` keeps vacuity only); with ``fast`` a system declared
+    ``fast_bmc = False`` skips bounded model checking (its proofs still run)."""
     results = [check_system_witnesses(sd), check_system_initiation(sd, requests, lanes),
                *check_system_induction(sd, requests, lanes)]
     if progress:
@@ -64,7 +65,8 @@ def check_system(sd: SystemDefinition, *, requests: int = 3, lanes: int = 3, dep
     results += check_system_vacuity(sd)
     if reach and sd.reach_depth:
         results.append(check_system_reachability(sd, depth=sd.reach_depth))
-    results.append(check_system_bmc(sd, *(sd.bmc_size or (requests, lanes)), depth))
+    if not fast or sd.fast_bmc:
+        results.append(check_system_bmc(sd, *(sd.bmc_size or (requests, lanes)), depth))
     if progress:
         progress(f"{sd.name}: bounded model checking to depth {depth}")
     return results

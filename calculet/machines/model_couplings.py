@@ -98,6 +98,7 @@ class GenerationRequestSystem(CoupledSystem):
     # shows every step can fire under the invariants.
     reach_depth = 0
     bmc_size = (2, 1)  # two requests on one generation: the counter's bugs need no second generation
+    fast_bmc = False   # verify --fast keeps the proofs (induction) within its CPU budget; the full run searches
     request = RequestMachine
     lane = ModelMachine
     steps = [*_request_steps(), *_model_steps(("acquire", "release_request"))]
@@ -195,6 +196,7 @@ class GenerationJobSystem(CoupledSystem):
 
     spec = "§10, §12, §14, §15"
     bmc_size = (2, 2)  # two jobs (an engine conflict), two generations (a job counted by the wrong one)
+    fast_bmc = False
     request = DeviceJobMachine
     lane = ModelMachine
     steps = [*_job_steps(),

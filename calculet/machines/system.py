@@ -165,6 +165,8 @@ class SystemDefinition:
     reach_depth: int = 8
     # Instances bounded model checking searches over (requests, lanes); None: verify's default.
     bmc_size: tuple[int, int] | None = None
+    # Whether ``verify --fast`` (CI) also runs bounded model checking (the full run always does).
+    fast_bmc: bool = True
 
     def variants_of(self, step: str) -> list[Variant]:
         return [v for v in self.variants if v.step.name == step]
@@ -210,6 +212,7 @@ class CoupledSystem:
     omitted: ClassVar[Sequence[tuple[str, str]]] = ()
     reach_depth: ClassVar[int] = 8
     bmc_size: ClassVar[tuple[int, int] | None] = None
+    fast_bmc: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -270,7 +273,7 @@ class CoupledSystem:
             name=name, doc=inspect.cleandoc(cls.__doc__ or ""), spec=cls.spec, request=cls.request, lane=cls.lane,
             steps=tuple(cls.steps), variants=tuple(variants), invariants=tuple(invariants), step_args=step_args,
             omitted=tuple(cls.omitted), reach_depth=cls.reach_depth,
-            bmc_size=cls.bmc_size)
+            bmc_size=cls.bmc_size, fast_bmc=cls.fast_bmc)
         cls.definition = dataclasses.replace(cls.definition, local=frozenset(_check_wirings(cls.definition, fault)))
 
     @classmethod
