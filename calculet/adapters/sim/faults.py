@@ -150,6 +150,8 @@ class FaultInjector:
         """Consume one submit; return the fault to apply, or None."""
         with self._lock:
             self._decisions += 1
+            if not self._rules and not self._rates:  # nothing to inject (serving, benchmarks): no work per submit
+                return None
             chosen: FaultDecision | None = None
             for i, rule in enumerate(self._rules):
                 if not rule.applies(job_kind, engine, valid_lanes):
