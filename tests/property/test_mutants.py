@@ -172,8 +172,8 @@ def test_system_mutant_is_rejected_by_induction_and_found_by_bmc(mutant, step, d
 
 
 def test_unmutated_system_is_accepted():
-    """Every proof in full; bounded model checking to depth 4 (the slow tier goes to 6, as
-    `verify --fast` does; the mutants above show the search finds bugs up to depth 6)."""
+    """Every proof in full; bounded model checking to depth 4 (the slow tier goes to 6, beyond
+    `verify --fast`'s 5; the mutants above show the search finds bugs up to depth 6)."""
     system = RequestLaneSystem.definition
     assert check_system_initiation(system).ok
     assert [r.detail for r in check_system_induction(system) if not r.ok] == []
