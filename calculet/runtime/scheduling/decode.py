@@ -278,6 +278,8 @@ class DecodeScheduler:
         return [g for g, b in self._buckets.items() if b.count]
 
     def oldest_wait(self, generation: int, now: float) -> float:
+        """How long the oldest Ready sequence of ``generation`` has waited at ``now`` (0 with none;
+        the side heap of Ready times is kept whether or not a batching window is configured)."""
         bucket = self._buckets.get(generation)
         if bucket is None or not bucket.count:
             return 0.0
@@ -431,10 +433,10 @@ class DecodeScheduler:
         heapq.heappush(heap, entry)
         if priority == math.inf and not self.planned:
             bucket.watch = _push_compacting(bucket.watch, (at_risk_from, self._seq, entry), bucket.count)
-        if self.window_s > 0:
-            bucket.since = _push_compacting(bucket.since, (since, self._seq, entry), bucket.count)
-            if not self.strict:
-                bucket.deadlines = _push_compacting(bucket.deadlines, (deadline, self._seq, entry), bucket.count)
+        # kept with or without a batching window: oldest_wait reads it every tick (one push per lane)
+        bucket.since = _push_compacting(bucket.since, (since, self._seq, entry), bucket.count)
+        if self.window_s > 0 and not self.strict:
+            bucket.deadlines = _push_compacting(bucket.deadlines, (deadline, self._seq, entry), bucket.count)
         bucket.count += 1
 
     def earliest_priority(self, generation: int) -> float:
@@ -483,8 +485,8 @@ class DecodeScheduler:
         if heap is None:
             heap = bucket.tenants[rec.tenant] = []
         heapq.heappush(heap, entry)
+        heapq.heappush(bucket.since, (rec.ready_since, self._seq, entry))
         if self.window_s > 0:
-            heapq.heappush(bucket.since, (rec.ready_since, self._seq, entry))
             heapq.heappush(bucket.deadlines, (rec.deadline, self._seq, entry))
         bucket.count += 1
 

@@ -342,3 +342,25 @@ def test_decode_batch_carries_the_spec_fields():
     assert (lane.request_id, lane.seq_id, lane.generation, lane.kv_lane, lane.deadline) == (
         rec.request_id, rec.lease.seq_id, rec.generation, rec.lease.lane, rec.deadline)
     assert batch.kv.leases == tuple(h.rec(b.request_id).lease for b in batch.active)
+
+
+@pytest.mark.req("R8.1")
+def test_oldest_wait_is_the_oldest_ready_sequence_age_without_a_batching_window():
+    """select_profile's ``oldest_wait`` (§8) was ``now`` itself when no window was configured (the
+    Ready-time heap was kept only for the window); it is the oldest Ready sequence's age."""
+    h = Harness.build(sizes=(1,), lanes=4, batch={"batching_window_us": 0})
+    decode = h.scheduler.decode
+    assert decode.window_s == 0
+    h.clock.advance(100)
+    h.submit(prompt=8, new=50)
+    h.prefill_all()
+    h.clock.advance(2)
+    h.submit(prompt=8, new=50)
+    h.prefill_all()
+    h.clock.advance(3)
+    now = h.clock.now()
+    assert decode.oldest_wait(1, now) == pytest.approx(5)
+    batch = h.next_decode()  # B1: the oldest goes to the device
+    assert decode.oldest_wait(1, h.clock.now()) == pytest.approx(3)
+    h.scheduler.submit_failed(batch.job_id)  # back to Ready with its own ready time
+    assert decode.oldest_wait(1, h.clock.now()) == pytest.approx(5)
