@@ -4,7 +4,7 @@ Runs every per-machine check (initiation, consecution, determinism, deadlock, ho
 completeness), the checks that the proofs can fail (negative witnesses of every property, guards
 no property needs, redundancy — :mod:`calculet.invariants.strength`), the pool's witnesses,
 vacuity, reachability, induction and bounded model checking, and each coupled system's (requests
-× lanes; generations × requests; generations × device jobs — #17) witnesses, induction, vacuity,
+× lanes; generations × requests; generations × device jobs; device jobs × KV lanes — #17) witnesses, induction, vacuity,
 reachability and bounded model checking, with the redundancy of pool and system invariants
 reported (full run only); prints a summary
 table and any counterexample; writes ``specs/verification.md``; exits 0 only if everything holds.
@@ -35,13 +35,14 @@ from calculet.invariants.report import (VerifyOptions, VerifyRun, format_counter
 from calculet.invariants.traceability import software_figure
 from calculet.machines import ALL_MACHINES
 from calculet.machines.core import Machine
+from calculet.machines.job_lanes import JobLaneSystem
 from calculet.machines.kv_pool import KvLanePool
 from calculet.machines.model_couplings import GenerationJobSystem, GenerationRequestSystem
 from calculet.machines.request_lanes import RequestLaneSystem
 from calculet.specgen import SPECS_DIR, with_banner
 
 POOLS = (KvLanePool,)
-SYSTEMS = (RequestLaneSystem, GenerationRequestSystem, GenerationJobSystem)
+SYSTEMS = (RequestLaneSystem, GenerationRequestSystem, GenerationJobSystem, JobLaneSystem)
 FAST_DEPTH = 6
 SYSTEM_DEPTH = 8        # requests × lanes: bounded model checking depth (3 × 3 instance)
 FAST_SYSTEM_DEPTH = 5

@@ -20,6 +20,7 @@ from calculet.invariants.system_checks import check_system
 from calculet.invariants.traceability import software_figure
 from calculet.machines import ALL_MACHINES
 from calculet.machines.core import Machine
+from calculet.machines.job_lanes import JobLaneSystem
 from calculet.machines.kv_pool import KvLanePool
 from calculet.machines.pool import Pool
 from calculet.machines.model_couplings import GenerationJobSystem, GenerationRequestSystem
@@ -174,11 +175,12 @@ def _system_trace(trace: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-_COUPLED = (GenerationRequestSystem, GenerationJobSystem)
+_COUPLED = (GenerationRequestSystem, GenerationJobSystem, JobLaneSystem)
 _SYSTEM_TITLES = {
     "RequestLaneSystem": "Requests × lanes (joint model)",
     "GenerationRequestSystem": "Generations × requests (joint model)",
     "GenerationJobSystem": "Generations × device jobs (joint model)",
+    "JobLaneSystem": "Device jobs × KV lanes (joint model)",
 }
 
 

@@ -514,3 +514,49 @@ def test_live_jobs_sharing_an_engine_or_in_doubt_on_a_ready_generation_are_rejec
     gens.serving.machine.fire("job_submitted")
     gens.serving.machine.fire("fault")  # what GenerationRecovery.on_fault does
     assert job_faults(gens, list(good)) == []
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue #17: device jobs × KV lanes (R14.4: each in-flight job has its own KV transaction). Each
+# mutant settles a lane by the end of a job other than its own; induction names the property it
+# breaks and bounded model checking (3 lanes × 2 jobs, §14's two in flight) finds a run to it.
+
+def _job_lane_mutants():
+    from calculet.machines.job_lanes import JobLaneSystem
+    return [
+        _generation_mutant(JobLaneSystem, "commit", "JobCommitsAnotherJobsLane",
+                           "a job that completed commits a pending lane of another job still on the device",
+                           "lanes_of_a_job_on_the_device_are_pending", 6,
+                           guard=lambda sys, i, j: sys.lanes[j].at("completed")),
+        _generation_mutant(JobLaneSystem, "fault", "JobFaultMarksAnotherJobsLane",
+                           "a job's timeout marks Unknown a pending lane of another job still on the device",
+                           "lanes_of_a_job_on_the_device_are_pending", 6,
+                           guard=lambda sys, i, j: sys.lanes[j].at("timed_out", "quarantined")),
+        _generation_mutant(JobLaneSystem, "recover", "RecoverWhileJobInDoubt",
+                           "an Unknown lane is recovered while the job that may write it is still in doubt",
+                           "lanes_of_a_job_in_doubt_are_pending_or_unknown", 6,
+                           guard=lambda sys, i, j: sys.bound(i, j)),
+    ]
+
+
+JOB_LANE_MUTANTS = _job_lane_mutants()
+
+
+@pytest.mark.req("R14.4", "R9.2.6")
+@pytest.mark.parametrize("mutant, step, depth", [pytest.param(*m, id=m[0].name) for m in JOB_LANE_MUTANTS])
+def test_job_lane_mutant_is_rejected_by_induction_and_found_by_bmc(mutant, step, depth):
+    system = mutant.build().definition
+    induction = [r for r in check_system_induction(system, steps=[step]) if not r.ok]
+    assert induction, f"{mutant.name} ({mutant.description}) was not caught by induction"
+    bmc = check_system_bmc(system, 3, 2, depth)
+    assert not bmc.ok and mutant.expected_invariant in bmc.broken, bmc.detail
+    assert bmc.counterexample.trace[-1]["transition"].startswith(step)  # the mutated step breaks it
+
+
+def test_unmutated_job_lanes_are_accepted():
+    from calculet.machines.job_lanes import JobLaneSystem
+    sd = JobLaneSystem.definition
+    assert check_system_initiation(sd).ok
+    assert all(r.ok for r in check_system_induction(sd))
+    assert all(r.ok for r in check_system_vacuity(sd))
+    assert check_system_bmc(sd, 3, 2, 6).ok
