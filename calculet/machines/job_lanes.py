@@ -20,16 +20,21 @@ The runtime does a job's end and its lanes' settlement in one actor step; here i
 step's sequence of events, one lane at a time, and the job's buffers are reclaimed after a
 timeout (``late_complete``, ``reset_done``) only once none of its lanes is still pending.
 
-The step guards read other instances (which lanes of a job are still pending), so the induction
-holds for the encoded size (3 lanes × 3 jobs); bounded model checking searches 3 lanes × 2 jobs
-(§14's two in flight).
+R5.1.2's in-flight budget is a property here too: at most ``MAX_INFLIGHT`` jobs hold a device slot
+(a job in doubt keeps its slot), because the planner submits only while one is free.
+
+The step guards read other instances (which lanes of a job are still pending, how many jobs hold a
+slot) and the budget counts every job, so the induction holds for the encoded size (3 lanes × 3
+jobs: one job more than the budget); bounded model checking searches 3 lanes × 2 jobs (§14's two in
+flight; the budget's bug needs a third job, which the induction and the mutant test's 1 × 3 search
+cover).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from calculet.logic.expr import And, Implies, Not
+from calculet.logic.expr import And, If, Implies, Not
 from calculet.logic.types import Int
 from calculet.machines.job import DeviceJobMachine
 from calculet.machines.kv_sequence import KvSequenceMachine
@@ -39,7 +44,18 @@ __all__ = ["JobLaneSystem"]
 
 _IN_DOUBT = ("timed_out", "quarantined")        # the device may still write the job's lanes (§12)
 _ENDED = tuple(s for s, st in DeviceJobMachine.definition.states.items() if st.terminal)  # from the declaration
-_ON_DEVICE = ("submitted", *_IN_DOUBT)
+_ON_DEVICE = ("submitted", *_IN_DOUBT)           # a job holding a device slot (InflightTable keeps it)
+# §5.1 ``max_inflight_jobs`` / §14: at most PING and PONG at once (``InflightTable`` accepts 1 or 2); the
+# model takes the largest the runtime allows. The induction runs with three jobs, so the bound bites.
+MAX_INFLIGHT = 2
+
+
+def _on_device(sys: Any, jobs: Any) -> Any:
+    """How many of ``jobs`` hold a device slot (submitted, or in doubt after a timeout or fault)."""
+    total: Any = 0
+    for k in jobs:
+        total = total + If(sys.lanes[k].at(*_ON_DEVICE), 1, 0)
+    return total
 
 
 def _of_job(sys: Any, i: int, j: int, *states: str) -> Any:
@@ -60,7 +76,13 @@ def _job_steps() -> list[Coupled]:
     steps = []
     for t in DeviceJobMachine.definition.transitions:
         args = ok if t.event == "complete" else {}
-        if t.source in _IN_DOUBT and t.target in _ENDED:
+        if t.event == "submit":
+            steps.append(Coupled(f"job:{t.name}", lane=(t.name,), args=args,
+                                 guard=lambda sys, i, j: _on_device(sys, (k for k in range(len(sys.lanes)) if k != j))
+                                 < MAX_INFLIGHT,
+                                 doc="the planner submits only while a device slot is free (InflightTable.can_plan: "
+                                     "in-flight jobs < max_inflight, R5.1.2); a job in doubt keeps its slot"))
+        elif t.source in _IN_DOUBT and t.target in _ENDED:
             steps.append(Coupled(f"job:{t.name}", lane=(t.name,), args=args,
                                  guard=lambda sys, i, j: _none_pending(sys, i, j),
                                  doc="the device is done with a job in doubt: its lanes were all marked Unknown"))
@@ -73,7 +95,8 @@ class JobLaneSystem(CoupledSystem):
     """KV lanes written by device jobs: a lane with pending tokens belongs to exactly one job's
     batch, and only its own job's end settles it — commit after a completion in time, abort after
     an error, Unknown after a timeout or fault — so two in-flight jobs never share a lane and a
-    fault of one job marks Unknown only its own lanes (R14.4)."""
+    fault of one job marks Unknown only its own lanes (R14.4); and at most max_inflight jobs hold a
+    device slot (R5.1.2)."""
 
     spec = "§9.2, §12, §14"
     bmc_size = (3, 2)   # three lanes, two jobs in flight (§14)
@@ -153,6 +176,12 @@ class JobLaneSystem(CoupledSystem):
                 "job no longer running in time",
             rejects=({"requests": [{"state": "unknown", "seq_id": 1, "generation": 1, "reserved_len": 2}],
                       "binding": [NONE]},)),
+        SystemInvariant(
+            "R5.1.2", "inflight_jobs_within_budget", counts=True,
+            predicate=lambda sys: _on_device(sys, range(len(sys.lanes))) <= MAX_INFLIGHT,
+            doc=f"at most max_inflight_jobs (here {MAX_INFLIGHT}, §14's PING and PONG) jobs hold a device slot, "
+                "counting the jobs in doubt after a timeout or fault",
+            rejects=({"lanes": [{"state": "submitted"}, {"state": "timed_out"}, {"state": "quarantined"}]},)),
         # Strengthening the solver forced.
         SystemInvariant(
             "R14.4", "lanes_name_only_submitted_jobs",

@@ -560,3 +560,19 @@ def test_unmutated_job_lanes_are_accepted():
     assert all(r.ok for r in check_system_induction(sd))
     assert all(r.ok for r in check_system_vacuity(sd))
     assert check_system_bmc(sd, 3, 2, 6).ok
+
+
+@pytest.mark.req("R5.1.2", "R14.3")
+def test_job_submitted_beyond_max_inflight_is_rejected():
+    """R5.1.2's in-flight budget beyond the pool's: a planner that submits without a free device
+    slot (InflightTable.can_plan dropped) puts a third job on the device — induction (three jobs)
+    names inflight_jobs_within_budget and bounded model checking over 1 lane × 3 jobs finds it."""
+    from calculet.machines.job_lanes import JobLaneSystem
+    step = "job:submit@prepared"
+    original = next(s for s in JobLaneSystem.definition.steps if s.name == step)
+    system = JobLaneSystem.derive("SubmitWithoutSlot", replace={step: dataclasses.replace(original, guard=None)})
+    induction = [r for r in check_system_induction(system.definition, steps=[step]) if not r.ok]
+    assert induction and "inflight_jobs_within_budget" in induction[0].broken
+    bmc = check_system_bmc(system.definition, 1, 3, 3)
+    assert not bmc.ok and "inflight_jobs_within_budget" in bmc.broken, bmc.detail
+    assert check_system_bmc(JobLaneSystem.definition, 1, 3, 3).ok  # the declared guard keeps the budget

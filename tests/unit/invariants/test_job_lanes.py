@@ -40,6 +40,7 @@ def test_r14_4_is_credited_to_the_job_lane_properties():
     for name in ("pending_lane_in_one_submitted_batch", "lanes_of_a_job_on_the_device_are_pending",
                  "lanes_of_a_job_in_doubt_are_pending_or_unknown"):
         assert f"JobLaneSystem.{name}" in refs["R14.4"]
+    assert "JobLaneSystem.inflight_jobs_within_budget" in refs["R5.1.2"]
 
 
 @pytest.mark.req("R14.4")
