@@ -228,28 +228,7 @@ class CoupledSystem:
             if step.name in seen:
                 raise fault(f"two steps are named {step.name!r}")
             seen.add(step.name)
-            if step.binding not in BINDINGS:
-                raise fault(f"step {step.name!r}: binding must be one of {BINDINGS}")
-            involves = step.involves or ("both" if step.request and step.lane else "lane" if step.lane else "request")
-            if involves not in INVOLVES:
-                raise fault(f"step {step.name!r}: involves must be one of {INVOLVES}")
-            if not step.request and not step.lane:
-                raise fault(f"step {step.name!r} fires nothing")
-            if step.binding != "keep" and involves != "both":
-                raise fault(f"step {step.name!r} changes a binding, so it must involve a request and a lane")
-            for arg, typ in step.args.items():
-                if arg in step_args and step_args[arg] != typ:
-                    raise fault(f"step argument {arg!r} has two types: {step_args[arg]} and {typ}")
-                step_args[arg] = typ
-            try:
-                guard_args = callable_args(step.guard, 3) if step.guard else ()
-                req_wiring = callable_args(step.request_args, 3) if step.request_args else ()
-                lane_wiring = callable_args(step.lane_args, 3) if step.lane_args else ()
-            except TypeError as exc:
-                raise fault(f"step {step.name!r}: {exc}") from None
-            for arg in (*guard_args, *req_wiring, *lane_wiring):
-                if arg not in step.args:
-                    raise fault(f"step {step.name!r} reads undeclared step argument {arg!r}")
+            involves, guard_args, req_wiring, lane_wiring = _step_shape(step, step_args, fault)
             req_chains = _chains(cls.request, step.request, fault, step.name)
             lane_chains = _chains(cls.lane, step.lane, fault, step.name)
             many = len(req_chains) * len(lane_chains) > 1
@@ -366,3 +345,32 @@ def _check_wirings(sd: SystemDefinition, fault: Callable[[str], InvalidDefinitio
 
 
 __all__ = ["NONE", "Coupled", "NotLocal", "Opaque", "CoupledSystem", "SystemDefinition", "SystemInvariant", "SystemView", "Variant"]
+
+
+def _step_shape(step: Coupled, step_args: dict[str, VarType],
+                fault: Callable[[str], InvalidDefinition]) -> tuple[str, tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """(involves, guard args, request wiring args, lane wiring args) of a declared step, checked; its
+    argument types are merged into ``step_args`` (one type per name across the system)."""
+    if step.binding not in BINDINGS:
+        raise fault(f"step {step.name!r}: binding must be one of {BINDINGS}")
+    involves = step.involves or ("both" if step.request and step.lane else "lane" if step.lane else "request")
+    if involves not in INVOLVES:
+        raise fault(f"step {step.name!r}: involves must be one of {INVOLVES}")
+    if not step.request and not step.lane:
+        raise fault(f"step {step.name!r} fires nothing")
+    if step.binding != "keep" and involves != "both":
+        raise fault(f"step {step.name!r} changes a binding, so it must involve a request and a lane")
+    for arg, typ in step.args.items():
+        if arg in step_args and step_args[arg] != typ:
+            raise fault(f"step argument {arg!r} has two types: {step_args[arg]} and {typ}")
+        step_args[arg] = typ
+    try:
+        guard_args = callable_args(step.guard, 3) if step.guard else ()
+        req_wiring = callable_args(step.request_args, 3) if step.request_args else ()
+        lane_wiring = callable_args(step.lane_args, 3) if step.lane_args else ()
+    except TypeError as exc:
+        raise fault(f"step {step.name!r}: {exc}") from None
+    for arg in (*guard_args, *req_wiring, *lane_wiring):
+        if arg not in step.args:
+            raise fault(f"step {step.name!r} reads undeclared step argument {arg!r}")
+    return involves, tuple(guard_args), tuple(req_wiring), tuple(lane_wiring)
