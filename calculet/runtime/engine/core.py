@@ -159,7 +159,7 @@ class EngineCore:
         self.scheduler = Scheduler(config, clock=clock, kv=self.kv, device_kv_tokens=plan.kv_token_capacity,
                                    max_seq=plan.max_seq, capabilities=plan.scheduling_capabilities(),
                                    observer=self._observe)
-        self.sampler = SamplerPool(seed=options.sampler_seed, eos=facts.eos_token)
+        self.sampler = SamplerPool(seed=options.sampler_seed, eos=facts.eos_token, decoder=self.tokenizer)
         self.executor = DeviceExecutor(RuntimeSession.detached(self._device, config), config.executor, clock=clock,
                                        job_timeout_s=options.job_timeout_s,
                                        prefill_timeout_per_token_s=options.prefill_timeout_per_token_s,
