@@ -228,6 +228,8 @@ async def _generate(service: Service, request: Request, tenant: str, gen: ApiGen
         raise APIError(503, "the service is shutting down", code="model_unavailable")
     http_id = request.state.request_id if hasattr(request.state, "request_id") else uuid.uuid4().hex
     stream = service.open_stream(tenant=tenant, stop=gen.sampling.stop)
+    if gen.sampling.stop_text:  # matched on the decoded text, as the engine's sampler does (issue #14)
+        stream.watch_stop_strings(gen.sampling.stop_text)
     engine_request = GenerateRequest(gen.prompt, gen.max_tokens, tenant=tenant, sampling=gen.sampling)
     try:
         submission = await anyio.to_thread.run_sync(
@@ -275,7 +277,7 @@ async def _generate(service: Service, request: Request, tenant: str, gen: ApiGen
 def _stop_reason(gen: ApiGeneration, stream: TimedStream) -> str | None:
     """vLLM's ``stop_reason`` of a closed stream: the stop string that ended it, else None."""
     result = stream.result(0)
-    return stop_reason(gen, result.raw_tokens, gen.sampling.stop, result.finish_reason is StreamFinish.STOP)
+    return stop_reason(stream.stop_matched, result.finish_reason is StreamFinish.STOP)
 
 
 def _cancel(service: Service, request_id: int) -> None:

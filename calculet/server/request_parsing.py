@@ -249,17 +249,16 @@ def completion_prompt(tokenizer: ByteTokenizer, prompt: Any, max_seq: int) -> tu
 
 
 def sampling(body: CompletionRequest | ChatCompletionRequest, tokenizer: ByteTokenizer) -> SamplingParams:
-    stops = []
-    for text in body.stop_strings():
-        ids = tuple(tokenizer.encode(text, add_bos=False))
-        if not ids:
-            raise invalid("a stop string must not be empty", param="stop")
-        stops.append(ids)
+    # stop strings are matched on the decoded text (issue #14), never tokenised: a stop string the model
+    # writes across other token boundaries, or inside one longer token, must stop it too (OpenAI, vLLM)
+    stops = body.stop_strings()
+    if any(not text for text in stops):
+        raise invalid("a stop string must not be empty", param="stop")
     temperature = float(body.temperature if body.temperature is not None else 1.0)
     try:
         return SamplingParams(temperature=0.0 if temperature < GREEDY_BELOW else temperature,
                               top_p=float(body.top_p if body.top_p is not None else 1.0),
-                              top_k=body.top_k or 0, seed=body.seed, stop=tuple(stops),
+                              top_k=body.top_k or 0, seed=body.seed, stop_text=tuple(stops),
                               ignore_eos=body.ignore_eos)
     except BadRequest as exc:
         raise from_calculet(exc) from None
@@ -314,15 +313,10 @@ def prepare_chat(service: Served, raw: bytes | bytearray) -> ApiGeneration:
                          body.include_usage, body.stop_strings(), body.continuous_usage)
 
 
-def stop_reason(gen: ApiGeneration, raw_tokens: Sequence[int], stop_ids: Sequence[Sequence[int]],
-                finished_by_stop: bool) -> str | None:
-    """vLLM's ``stop_reason``: the stop string whose tokens ended the output, else None (EOS or length)."""
-    if not finished_by_stop:
-        return None
-    for text, ids in zip(gen.stop_strings, stop_ids):
-        if ids and len(raw_tokens) >= len(ids) and tuple(raw_tokens[-len(ids):]) == tuple(ids):
-            return text
-    return None
+def stop_reason(matched: str | None, finished_by_stop: bool) -> str | None:
+    """vLLM's ``stop_reason``: the stop string whose text ended the output (the stream's match), else None
+    (EOS or length)."""
+    return matched if finished_by_stop else None
 
 
 __all__ = ["ApiGeneration", "FIELD_NAMES", "GREEDY_BELOW", "COMMAS_BEYOND_CONTEXT", "Kind", "chat_prompt", "completion_prompt", "field_path",

@@ -23,11 +23,22 @@ the argmax) can only be sampled greedily: the device's ``greedy_token`` is used 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
 from calculet.errors import BadRequest
+from calculet.runtime.streams.writer import StopTextMatcher
+
+
+class _Detokenizer(Protocol):
+    def push(self, token: int) -> str: ...
+
+
+class TextDecoder(Protocol):
+    """What matching stop strings needs of the tokenizer: an incremental detokeniser per request."""
+
+    def detokenizer(self) -> _Detokenizer: ...
 
 
 @dataclass(frozen=True)
@@ -35,7 +46,9 @@ class SamplingParams:
     """How a request's tokens are chosen (OpenAI-style parameters, validated on creation).
 
     ``stop`` holds token sequences; generation stops after the token that completes one of
-    them (the stream hides the matched sequence). ``ignore_eos`` keeps generating past EOS.
+    them (the stream hides the matched sequence). ``stop_text`` holds stop strings, matched on the
+    decoded text (issue #14, as OpenAI and vLLM do): generation stops after the token whose text
+    completes one, wherever the token boundaries fall. ``ignore_eos`` keeps generating past EOS.
     """
 
     temperature: float = 0.0
@@ -44,6 +57,7 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[tuple[int, ...], ...] = ()
     ignore_eos: bool = False
+    stop_text: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or not 0.0 <= self.temperature <= 100.0:
@@ -60,6 +74,10 @@ class SamplingParams:
                 raise BadRequest(f"a stop sequence must be a non-empty list of token ids, got {list(seq)!r}",
                                  field="stop")
         object.__setattr__(self, "stop", stops)
+        texts = tuple(self.stop_text)
+        if any(not isinstance(t, str) or not t for t in texts):
+            raise BadRequest(f"a stop string must be a non-empty string, got {list(texts)!r}", field="stop")
+        object.__setattr__(self, "stop_text", texts)
 
     @property
     def greedy(self) -> bool:
@@ -76,14 +94,28 @@ class Sample(NamedTuple):
 class Sampler:
     """The sampling state of one request."""
 
-    __slots__ = ("params", "eos", "_rng", "_history", "_max_stop")
+    __slots__ = ("params", "eos", "_rng", "_history", "_max_stop", "_detok", "_text")
 
-    def __init__(self, params: SamplingParams, *, eos: int | None, seed: int) -> None:
+    def __init__(self, params: SamplingParams, *, eos: int | None, seed: int,
+                 decoder: TextDecoder | None = None) -> None:
         self.params = params
         self.eos = None if params.ignore_eos else eos
         self._rng = np.random.Generator(np.random.PCG64(seed))
         self._history: list[int] = []
         self._max_stop = max((len(s) for s in params.stop), default=0)
+        self._detok: _Detokenizer | None = None
+        self._text: StopTextMatcher | None = None
+        if params.stop_text:
+            if decoder is None:
+                raise BadRequest("stop strings need the model's tokenizer to match the generated text",
+                                 field="stop")
+            self._detok = decoder.detokenizer()
+            self._text = StopTextMatcher(params.stop_text)
+
+    @property
+    def stop_matched(self) -> str | None:
+        """The stop string whose text ended the request, or None."""
+        return self._text.matched if self._text is not None else None
 
     def choose(self, logits: np.ndarray | None, greedy_token: int | None) -> int | None:
         """The next token from ``logits`` (or the device's greedy token when there are none)."""
@@ -119,6 +151,10 @@ class Sampler:
         history.append(token)
         if self.eos is not None and token == self.eos:
             return True
+        if self._text is not None and self._detok is not None:
+            self._text.feed(self._detok.push(token))
+            if self._text.matched is not None:
+                return True
         if self._max_stop:
             if len(history) > self._max_stop:
                 del history[: len(history) - self._max_stop]
@@ -147,6 +183,8 @@ class SamplerPool:
 
     seed: int = 0
     eos: int | None = None
+    decoder: TextDecoder | None = None
+    """The model's tokenizer, to match stop strings on the decoded text (issue #14)."""
     _samplers: dict[int, Sampler] = field(default_factory=dict)
     _sampled: int = 0
     _greedy: int = 0
@@ -159,7 +197,7 @@ class SamplerPool:
     def register(self, request_id: int, params: SamplingParams) -> Sampler:
         seed = params.seed if params.seed is not None else int(
             np.random.SeedSequence([self.seed, request_id]).generate_state(1)[0])
-        sampler = Sampler(params, eos=self.eos, seed=seed)
+        sampler = Sampler(params, eos=self.eos, seed=seed, decoder=self.decoder)
         self._samplers[request_id] = sampler
         return sampler
 

@@ -94,14 +94,79 @@ class StreamStatistics:
     refused_tokens: int
 
 
+class StopTextMatcher:
+    """Stop strings matched on the decoded TEXT, not on token ids (issue #14; OpenAI and vLLM do so).
+
+    A stop string may be generated across any token boundaries ("l" + "o w") or inside one longer
+    token, so tokenising it once and matching ids misses it. The matcher is fed the text each token
+    completes (an incremental detokeniser's output) and answers what may be shown: everything before
+    the first stop string once one appears (the stop string itself is never shown, §9.2), else
+    everything except the longest tail that is still the beginning of some stop string — that tail is
+    held back until it is known not to be one, and released by :meth:`flush` at the end of
+    generation. Memory is bounded by the longest stop string.
+    """
+
+    __slots__ = ("stops", "matched", "_pending")
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(stops)
+        if any(not isinstance(s, str) or not s for s in self.stops):
+            raise ValueError(f"stop strings must be non-empty strings, got {list(self.stops)!r}")
+        self.matched: str | None = None
+        """The stop string that matched (vLLM's ``stop_reason``), once one has."""
+        self._pending = ""
+
+    def feed(self, text: str) -> str:
+        """The text that may be shown now, after ``text`` more was decoded ("" once a stop matched)."""
+        if self.matched is not None:
+            return ""
+        pending = self._pending + text
+        first = -1
+        for stop in self.stops:
+            at = pending.find(stop)
+            if at >= 0 and (first < 0 or at < first):
+                first, self.matched = at, stop
+        if first >= 0:
+            self._pending = ""
+            return pending[:first]
+        keep = 0
+        for stop in self.stops:
+            for n in range(min(len(stop) - 1, len(pending)), keep, -1):
+                if pending.endswith(stop[:n]):
+                    keep = n
+                    break
+        self._pending = pending[len(pending) - keep:] if keep else ""
+        return pending[: len(pending) - keep]
+
+    def flush(self, text: str = "") -> str:
+        """The end of generation: a held-back partial match is ordinary text after all."""
+        released = self.feed(text)
+        if self.matched is not None:
+            return released
+        released += self._pending
+        self._pending = ""
+        return released
+
+    @property
+    def held(self) -> int:
+        """Characters held back as a possible start of a stop string."""
+        return len(self._pending)
+
+
 class StreamWriter:
     """A request's stream: a thread-safe :class:`RequestSink` with blocking and async readers."""
 
     def __init__(self, *, tokenizer: ByteTokenizer | None = None, stop: Sequence[Sequence[int]] = (),
-                 eos: int | None = None) -> None:
+                 eos: int | None = None, stop_text: Sequence[str] = ()) -> None:
         self._lock = threading.Condition(threading.Lock())
         self._detok: Detokenizer | None = tokenizer.detokenizer() if tokenizer is not None else None
         self._stops = tuple(tuple(s) for s in stop if s)
+        self._matcher: StopTextMatcher | None = None
+        self._ends: list[int] = []
+        """For each held token, how many characters had been decoded once it was (text stops only)."""
+        self._decoded = 0
+        self._shown = 0
+        self._stop_at: int | None = None
         self._eos = eos if eos is not None else (tokenizer.eos if tokenizer is not None else None)
         self._request_id = 0
         self._raw: list[int] = []
@@ -113,6 +178,32 @@ class StreamWriter:
         self._async_waiters: list[Waiter] = []
         self._refused_closes = 0
         self._refused_tokens = 0
+        if stop_text:
+            self.watch_stop_strings(stop_text)
+
+    def watch_stop_strings(self, stops: Sequence[str]) -> None:
+        """Stop strings matched on the decoded text (issue #14): set before the first token arrives.
+
+        The text shown ends right before the first stop string; text that may still begin one is held
+        back until it cannot (or the request ends). The engine's sampler matches the same strings and
+        ends the request with ``stop``; this side decides what the client sees. A method as well as a
+        constructor argument, so that a stream built by a factory that does not know about them (the
+        service's ``open_stream``) can be given them before it is submitted.
+        """
+        with self._lock:
+            if self._raw:
+                raise ValueError("stop strings must be set before the first token")
+            if self._detok is None:
+                raise ValueError("stop strings need a tokenizer to decode the text they are matched on")
+            if self._stops:
+                raise ValueError("a stream matches token-id stop sequences or stop strings, not both")
+            self._matcher = StopTextMatcher(stops) if stops else None
+
+    @property
+    def stop_matched(self) -> str | None:
+        """The stop string the text matched (vLLM's ``stop_reason``), or None."""
+        with self._lock:
+            return self._matcher.matched if self._matcher is not None else None
 
     # ------------------------------------------------------------------ the sink (actor side)
 
@@ -123,6 +214,12 @@ class StreamWriter:
                 return
             self._request_id = request_id
             self._raw.append(token)
+            if self._matcher is not None:
+                self._text_token(token)
+                waiters, self._async_waiters = self._async_waiters, []
+                if waiters:
+                    _wake(waiters)
+                return
             held = self._held
             held.append(token)
             keep = self._holdback() if (self._stops or self._eos is not None) else 0
@@ -141,7 +238,10 @@ class StreamWriter:
                 return
             self._request_id = outcome.request_id
             held = self._held
-            if outcome.finish_reason is FinishReason.STOP:
+            if self._matcher is not None:
+                self._outcome = outcome
+                self._text_close(outcome)
+            elif outcome.finish_reason is FinishReason.STOP:
                 if held and self._eos is not None and held[-1] == self._eos:
                     held.pop()
                 else:
@@ -149,9 +249,10 @@ class StreamWriter:
                         if len(held) >= len(seq) and tuple(held[-len(seq):]) == seq:
                             del held[-len(seq):]
                             break
-            self._outcome = outcome
-            self._emit(list(held), finished=True)
-            held.clear()
+            if self._matcher is None:
+                self._outcome = outcome
+                self._emit(list(held), finished=True)
+                held.clear()
             waiters, self._async_waiters = self._async_waiters, []
         if waiters:
             _wake(waiters)
@@ -239,12 +340,63 @@ class StreamWriter:
                     break
         return best
 
-    def _emit(self, tokens: list[int], *, finished: bool) -> None:
-        text = ""
-        if self._detok is not None:
-            text = "".join(self._detok.push(t) for t in tokens)
-            if finished:
-                text += self._detok.flush()
+    def _text_token(self, token: int) -> None:
+        """One token with stop strings: decode, let the matcher say what may be shown, release the tokens
+        whose text is all shown (a trailing EOS is held for :meth:`close` to drop)."""
+        detok, matcher = self._detok, self._matcher
+        assert detok is not None and matcher is not None
+        piece = detok.push(token)
+        self._decoded += len(piece)
+        self._held.append(token)
+        self._ends.append(self._decoded)
+        was = matcher.matched
+        text = matcher.feed(piece)
+        self._shown += len(text)
+        if was is None and matcher.matched is not None:
+            self._stop_at = self._shown
+        release = self._releasable(self._shown, keep_eos=True)
+        if release or text:
+            self._emit(release, finished=False, text=text)
+
+    def _text_close(self, outcome: RequestOutcome) -> None:
+        """The close with stop strings: after a match nothing more is shown (the tokens of the stop string
+        and after it stay hidden); otherwise a held-back partial match is released, since generation
+        ended (by EOS, length, cancel...) before it could complete."""
+        detok, matcher = self._detok, self._matcher
+        assert detok is not None and matcher is not None
+        text = matcher.flush(detok.flush())
+        self._shown += len(text)
+        if self._stop_at is not None:
+            release = self._releasable(self._stop_at, keep_eos=False)
+        else:
+            release = self._releasable(self._decoded, keep_eos=False)
+            if outcome.finish_reason is FinishReason.STOP and release and release[-1] == self._eos:
+                release.pop()
+        self._held.clear()
+        self._ends.clear()
+        self._emit(release, finished=True, text=text)
+
+    def _releasable(self, shown: int, *, keep_eos: bool) -> list[int]:
+        """Take the leading held tokens whose text ends within the first ``shown`` characters."""
+        held, ends = self._held, self._ends
+        n = 0
+        while n < len(held) and ends[n] <= shown:
+            n += 1
+        if keep_eos and n and n == len(held) and held[n - 1] == self._eos:
+            n -= 1
+        release = held[:n]
+        del held[:n]
+        del ends[:n]
+        return release
+
+    def _emit(self, tokens: list[int], *, finished: bool, text: str | None = None) -> None:
+        """Append one event; ``text`` given (stop strings) or decoded here from ``tokens``."""
+        if text is None:
+            text = ""
+            if self._detok is not None:
+                text = "".join(self._detok.push(t) for t in tokens)
+                if finished:
+                    text += self._detok.flush()
         self._visible.extend(tokens)
         if text:
             self._text.append(text)
