@@ -18,7 +18,10 @@ fires first, then each lane of its batch settles by the outcome of *its own* job
 a completion in time, abort after an error or invalid output, Unknown after a timeout or fault.
 The runtime does a job's end and its lanes' settlement in one actor step; here it is that
 step's sequence of events, one lane at a time, and the job's buffers are reclaimed after a
-timeout (``late_complete``, ``reset_done``) only once none of its lanes is still pending.
+timeout (``late_complete``, ``reset_done``) only once none of its lanes is still pending. Likewise
+the batch's lanes open their transactions one step each while the job is Submitted (``enlist``):
+the model allows every interleaving of those events, more runs than the runtime's single step, so
+what is proved of it holds of the runtime's.
 
 R5.1.2's in-flight budget is a property here too: at most ``MAX_INFLIGHT`` jobs hold a device slot
 (a job in doubt keeps its slot), because the planner submits only while one is free.
