@@ -72,9 +72,10 @@ def generate(server: RunningServer, kind: str) -> Generated:
     return Generated(result.raw_tokens, tuple(det.push(t) for t in result.raw_tokens), result.text)
 
 
-def ask(server: RunningServer, kind: str, stop: str, *, stream: bool) -> tuple[str, dict[str, Any], dict[str, Any]]:
+def ask(server: RunningServer, kind: str, stop: str, *, stream: bool,
+        max_tokens: int = N) -> tuple[str, dict[str, Any], dict[str, Any]]:
     """(text, final choice, usage) of one API request, streamed or not."""
-    body: dict[str, Any] = {"model": ALIAS, "max_tokens": N, "temperature": 0, "ignore_eos": True,
+    body: dict[str, Any] = {"model": ALIAS, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
                             "stop": ["\x00never", stop]}
     if kind == "completions":
         body["prompt"] = PROMPT
@@ -129,3 +130,13 @@ def test_a_partial_match_at_the_end_of_generation_is_released(server: RunningSer
     text, choice, usage = ask(server, kind, tail + "\x01", stream=stream)
     assert text == gen.text and choice["finish_reason"] == "length" and choice["stop_reason"] is None
     assert usage["completion_tokens"] == N
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_stop_completed_by_the_last_allowed_token_is_a_stop(server: RunningServer, stream: bool) -> None:
+    """The stop string completes exactly at max_tokens: OpenAI reports "stop" (the match), not "length"."""
+    gen = generate(server, "completions")
+    stop, at = gen.boundary_stop()
+    text, choice, usage = ask(server, "completions", stop, stream=stream, max_tokens=at + 1)
+    assert text == gen.text[:gen.text.find(stop)]
+    assert (choice["finish_reason"], choice["stop_reason"], usage["completion_tokens"]) == ("stop", stop, at + 1)

@@ -16,7 +16,10 @@ triggered only once"). A token after the close is refused the same way.
 What a client sees (``StreamEvent.tokens`` / ``text``) is the generated tokens minus what
 ended the request: EOS, and a completed stop sequence. Tokens that might still turn out to
 be the start of a stop sequence are held back until they cannot be; ``raw_tokens`` keeps
-everything the model produced, in order. Text is decoded incrementally
+everything the model produced, in order. Stop *strings* (the API's ``stop``, issue #14) are matched
+on the decoded text by :class:`StopTextMatcher`, as OpenAI and vLLM do, whatever the token boundaries:
+the text shown ends right before the first one, text that may begin one is held back until it cannot
+(or the request ends, when it is released), and ``tokens`` are those whose text is entirely shown. Text is decoded incrementally
 (:class:`~calculet.runtime.streams.tokenizer.Detokenizer`): a multi-byte character split across
 tokens appears once it is complete.
 """
