@@ -185,6 +185,22 @@ _SYSTEM_TITLES = {
 }
 
 
+def _system_scope(system: type, o: VerifyOptions, every: bool) -> str:
+    """What a coupled system's induction covers: every size (the cutoff argument) or the encoded one."""
+    sd = system.definition
+    if system is RequestLaneSystem:
+        return ("[request_lanes.md](request_lanes.md). Induction moves request 0 and lane 0 by every step "
+                f"with R={o.system_requests}, L={o.system_lanes} symbolic instances and bindings that may "
+                "name a lane outside them, which makes it hold for every R and L (argument in "
+                "`calculet/invariants/system_checks.py`)")
+    return (f"{' '.join(sd.doc.split(chr(10) * 2)[0].split()) if sd.doc else sd.name} Induction moves instance 0 of "
+            f"each by every step with R={o.system_requests}, L={o.system_lanes} symbolic instances: "
+            + ("this holds for every size" if every else
+               "proved for this size only (an invariant counts every instance, or a step reads other "
+               "instances" + (" — the runtime checks the counts on the live instances)"
+                              if system in _LIVE_COUNTED else "; no runtime monitor checks it yet)")))
+
+
 def _system_sections(run: VerifyRun) -> list[str]:
     """One section per coupled system checked: each invariant, how it was proved, and why each
     strengthening was needed."""
@@ -202,18 +218,7 @@ def _system_sections(run: VerifyRun) -> list[str]:
         steps = [r for r in ind if r.subject != "(initial system)"]
         every = bool(steps) and "every R, L" in steps[0].detail
         rd, ld = sd.request.definition.name, sd.lane.definition.name
-        if system is RequestLaneSystem:
-            scope = ("[request_lanes.md](request_lanes.md). Induction moves request 0 and lane 0 by every step "
-                     f"with R={o.system_requests}, L={o.system_lanes} symbolic instances and bindings that may "
-                     "name a lane outside them, which makes it hold for every R and L (argument in "
-                     "`calculet/invariants/system_checks.py`)")
-        else:
-            scope = (f"{' '.join(sd.doc.split(chr(10) * 2)[0].split()) if sd.doc else sd.name} Induction moves instance 0 of each by "
-                     f"every step with R={o.system_requests}, L={o.system_lanes} symbolic instances: "
-                     + ("this holds for every size" if every else
-                        "proved for this size only (an invariant counts every instance, or a step reads other "
-                        "instances" + (" — the runtime checks the counts on the live instances)"
-                                       if system in _LIVE_COUNTED else "; no runtime monitor checks it yet)")))
+        scope = _system_scope(system, o, every)
         out += ["", f"## {_SYSTEM_TITLES.get(sd.name, sd.name)}", "",
                 f"`{sd.name}`: R × {rd} and L × {ld} moved together, "
                 f"{len(sd.steps)} coupled steps ({len(sd.variants)} row chains) — {scope}; bounded model checking "
