@@ -264,7 +264,7 @@ async def _generate(service: Service, request: Request, tenant: str, gen: ApiGen
     usage = Usage(prompt_tokens=n, completion_tokens=outcome_final.generated_tokens,
                   total_tokens=n + outcome_final.generated_tokens)
     finish = _finish(StreamFinish.of(outcome_final.finish_reason))
-    why = _stop_reason(gen, stream)
+    why = _stop_reason(stream)
     if gen.kind == "completion":
         return CompletionResponse(id=response_id, created=created, model=gen.model, system_fingerprint=fingerprint,
                                   choices=[CompletionChoice(index=0, text=result_text, finish_reason=finish,
@@ -274,7 +274,7 @@ async def _generate(service: Service, request: Request, tenant: str, gen: ApiGen
                                                       finish_reason=finish, stop_reason=why)], usage=usage)
 
 
-def _stop_reason(gen: ApiGeneration, stream: TimedStream) -> str | None:
+def _stop_reason(stream: TimedStream) -> str | None:
     """vLLM's ``stop_reason`` of a closed stream: the stop string that ended it, else None."""
     result = stream.result(0)
     return stop_reason(stream.stop_matched, result.finish_reason is StreamFinish.STOP)
@@ -375,7 +375,7 @@ async def _sse(service: Service, request: Request, stream: TimedStream, rid: int
                 outcome = event.outcome
                 assert outcome is not None
                 if outcome.state == "completed":
-                    parts.append(chunk(None if chat else "", _finish(event.finish_reason), why=_stop_reason(gen, stream),
+                    parts.append(chunk(None if chat else "", _finish(event.finish_reason), why=_stop_reason(stream),
                                        generated=outcome.generated_tokens))
                     if gen.include_usage:
                         parts.append(_sse_line({**head, "object": obj, "choices": [], "usage": usage(event.generated)}))

@@ -248,7 +248,7 @@ def completion_prompt(tokenizer: ByteTokenizer, prompt: Any, max_seq: int) -> tu
     return tuple(prompt)
 
 
-def sampling(body: CompletionRequest | ChatCompletionRequest, tokenizer: ByteTokenizer) -> SamplingParams:
+def sampling(body: CompletionRequest | ChatCompletionRequest) -> SamplingParams:
     # stop strings are matched on the decoded text (issue #14), never tokenised: a stop string the model
     # writes across other token boundaries, or inside one longer token, must stop it too (OpenAI, vLLM)
     stops = body.stop_strings()
@@ -292,7 +292,7 @@ def prepare_completion(service: Served, raw: bytes | bytearray) -> ApiGeneration
     tokenizer = service.tokenizer
     prompt = completion_prompt(tokenizer, body.prompt, service.max_seq)
     max_tokens = body.max_tokens if body.max_tokens is not None else 16
-    return ApiGeneration("completion", body.model, prompt, max_tokens, sampling(body, tokenizer), bool(body.stream),
+    return ApiGeneration("completion", body.model, prompt, max_tokens, sampling(body), bool(body.stream),
                          body.include_usage, body.stop_strings(), body.continuous_usage)
 
 
@@ -309,7 +309,7 @@ def prepare_chat(service: Served, raw: bytes | bytearray) -> ApiGeneration:
     max_tokens = body.requested_max_tokens
     if max_tokens is None:
         max_tokens = max(1, service.max_seq - len(prompt))
-    return ApiGeneration("chat", body.model, prompt, max_tokens, sampling(body, tokenizer), bool(body.stream),
+    return ApiGeneration("chat", body.model, prompt, max_tokens, sampling(body), bool(body.stream),
                          body.include_usage, body.stop_strings(), body.continuous_usage)
 
 
