@@ -7,34 +7,94 @@ runtime that couples them differently from the proof is caught where it runs. It
 request transition (``observe``) and checked between actor calls (``check``), when each coupled
 step is complete: on in every test, sampled in production (the engine calls it each tick).
 
-Why checking part of the system is enough. Every joint invariant is a ∀ over at most two
-requests and one lane that reads only the instances it names (the shape the induction's cutoff
-argument already relies on, :mod:`calculet.invariants.system_checks`). So after a check that
-passed, a broken instance must involve something that changed since: a request that made a
-transition, or a lane whose values changed (compared with the last check's snapshot). Each check
-evaluates the declared predicates on a view of *every* lane and the requests such an instance
-can involve: the changed requests (a transition, or a lease that moved), those bound to a changed lane or
-to a changed request's lane, and those a changed lane names. A request still waiting, never leased and bound to nothing
-satisfies every invariant whatever the rest is, so it is never kept. This keeps a check
-proportional to what moved, not to the whole system.
+Why checking part of the system is enough (issue #20: a check proportional to what moved).
+
+*Shape.* Every declared joint invariant is a ∀ over at most two requests and one lane (``all_requests``,
+``all_pairs``, or the explicit pair × lane ∀ of ``lane_bound_at_most_once``) whose instance reads only the
+instances it names — the shape the induction's cutoff argument already relies on
+(:mod:`calculet.invariants.system_checks`); none is a count over all lanes or requests
+(``SystemInvariant.counts`` is false for every one, and the tests assert it).
+
+*Relatedness.* Call lane ``j`` related to request ``i`` when ``i`` is bound to ``j`` (its lease) or ``j``'s
+``seq_id`` is ``i``'s seq id (in any lane state). Every instance whose lane is related to none of its requests
+holds whatever the values are, because each conjunct over a lane is guarded by one of those two facts:
+``holding_request_owns_one_lane`` (``bound(i, j) → …`` and ``held ∧ owns(i, j) → bound(i, j)``; its
+``binding[i] ≠ NONE`` reads no lane), ``lane_bound_at_most_once`` (``¬(bound(a, j) ∧ bound(b, j))``),
+``decode_position_is_committed_len``, ``unknown_lane_unbound``, ``free_lane_unbound`` and
+``request_and_lane_phases_agree`` (``bound(i, j) → …``), ``ended_request_holds_no_lane``
+(``¬(working(j) ∧ owns(i, j))``, owns needing the seq id; its ``unbound(i)`` reads no lane),
+``unadmitted_request_named_by_no_lane`` (``seq_id(j) = seq[i]``) and ``bound_exactly_while_holding`` (no
+lane). The tests prove this lemma with z3 for every declared invariant (dropping a lane related to no
+request never changes its value), so an invariant added with another shape fails there, not silently here.
+
+*Requests.* After a check that passed, a broken instance must involve something that changed since: a request
+that made a transition or whose lease moved, or a lane whose values changed (against the last check's
+snapshot). So the kept requests are the changed ones, those bound to a changed lane or to a changed request's
+lane, and those a changed lane names (same seq id and generation); a request still waiting, never leased and
+bound to nothing satisfies every invariant whatever the rest is, so it is never kept.
+
+*Lanes.* A broken instance whose lane changed has that lane in the view. One whose lane did not change has a
+changed (so kept) request, and by relatedness its lane is related to a request of the instance: bound to a
+kept request, or naming a kept request's seq id — or bound to / naming an unchanged request of a two-request
+instance, which is ``lane_bound_at_most_once`` and false only when the lane is bound to *both*, so bound to
+the kept one too. The view's lanes are therefore the changed lanes, the lanes bound to a kept request and the
+lanes whose seq id is a kept request's — nothing else can be part of a newly broken instance.
+
+*Parts.* By relatedness again, an instance that mixes requests and lanes of two connected components of the
+relation (kept requests × those lanes) holds, so the declared predicates are evaluated on each component's
+own view — usually one request and its lane — and the verdict is their conjunction: a check costs what moved,
+not (kept requests)² × lanes as one view over everything would (``lane_bound_at_most_once`` is a ∀ over
+pairs × lanes).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 from calculet.machines.monitor import MONITOR
 from calculet.machines.request import ENDED, WAITING
 from calculet.machines.request_lanes import RequestLaneSystem
-from calculet.machines.system import NONE, SystemView
+from calculet.machines.system import NONE, SystemInvariant, SystemView
 
-__all__ = ["JointMonitor"]
+__all__ = ["JointMonitor", "Part"]
 
 _SYSTEM = RequestLaneSystem.definition
+ELSEWHERE = -2  # a part's binding for a lease outside the part's lanes (not NONE, never an index)
 
 
 def _lane_values(m: Any) -> tuple[Any, ...]:
     return (m.state, m.seq_id, m.generation, m.committed_len, m.reserved_len, m.pending)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One connected component of the relation: its view, its records and its lanes' indices in the manager."""
+
+    view: SystemView
+    records: tuple[Any, ...]
+    lanes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Across:
+    """A declared invariant over every part: true when its declared predicate holds on each part's view."""
+
+    invariant: SystemInvariant
+
+    @property
+    def name(self) -> str:
+        return self.invariant.name
+
+    @property
+    def rid(self) -> str:
+        return self.invariant.rid
+
+    def predicate(self, parts: Sequence[Part]) -> bool:
+        return all(self.invariant.predicate(p.view) for p in parts)
+
+
+_ACROSS = tuple(_Across(inv) for inv in _SYSTEM.invariants)
 
 
 class JointMonitor:
@@ -57,19 +117,26 @@ class JointMonitor:
             self.records[rid] = rec
             self._dirty.add(rid)
 
-    def view(self, kv: Any, ids: Any = None) -> tuple[SystemView, list[Any]]:
-        """The system view over every lane and the records ``ids`` (default: all kept)."""
+    def _seq_of(self, rec: Any) -> int:
+        return self.seq.get(rec.request_id, -rec.request_id)
+
+    def view(self, kv: Any, ids: Any = None, lanes: Sequence[int] | None = None) -> tuple[SystemView, list[Any]]:
+        """The system view over the lanes ``lanes`` (default: every lane) and the records ``ids`` (default: all
+        kept); a lease on a lane outside ``lanes`` is bound elsewhere (:data:`ELSEWHERE`)."""
         recs = [self.records[i] for i in (self.records if ids is None else ids) if i in self.records]
-        view = SystemView([rec.machine for rec in recs], [kv.lane(j) for j in range(kv.lanes)],
-                          [rec.lease.lane if rec.lease is not None else NONE for rec in recs],
-                          [self.seq.get(rec.request_id, -rec.request_id) for rec in recs])
+        lanes = range(kv.lanes) if lanes is None else lanes
+        index = {j: k for k, j in enumerate(lanes)}
+        binding = [NONE if rec.lease is None else index.get(rec.lease.lane, ELSEWHERE) for rec in recs]
+        view = SystemView([rec.machine for rec in recs], [kv.lane(j) for j in lanes], binding,
+                          [self._seq_of(rec) for rec in recs])
         return view, recs
 
-    def _involved(self, kv: Any) -> set[int]:
-        """The requests a broken instance could involve, given what changed since the last check."""
+    def _involved(self, kv: Any) -> tuple[set[int], set[int]]:
+        """The requests and lanes a broken instance could involve, given what changed since the last check."""
         snapshot = [_lane_values(kv.lane(j)) for j in range(kv.lanes)]
         seen = self._seen
         lanes = {j for j, values in enumerate(snapshot) if seen is None or j >= len(seen) or seen[j] != values}
+        changed = set(lanes)
         named = {(values[1], values[2]) for j, values in enumerate(snapshot) if j in lanes and values[0] != "free"}
         self._seen = snapshot
         ids = set(self._dirty) | self._lingering
@@ -81,7 +148,44 @@ class JointMonitor:
             if bound[rid] in lanes or (self.seq.get(rid), rec.machine.generation) in named:
                 ids.add(rid)
         self._dirty.clear()
-        return ids
+        ids &= self.records.keys()
+        # The view's lanes (module doc, *Lanes*): changed, bound to a kept request, or naming a kept one's seq id.
+        seqs = {self._seq_of(self.records[i]) for i in ids}
+        related = {bound[i] for i in ids if 0 <= bound[i] < kv.lanes}
+        related |= {j for j, values in enumerate(snapshot) if values[1] in seqs}
+        return ids, changed | related
+
+    def parts(self, kv: Any, ids: set[int], lanes: set[int]) -> list[Part]:
+        """The connected components of the relation over the records ``ids`` and the lanes ``lanes`` (module
+        doc, *Parts*): a lane joins the requests bound to it and those whose seq id it names."""
+        parent: dict[Any, Any] = {}
+
+        def root(x: Any) -> Any:
+            while parent.setdefault(x, x) != x:
+                parent[x] = parent[parent[x]]
+                x = parent[x]
+            return x
+
+        by_seq: dict[int, list[int]] = {}
+        for rid in ids:
+            root(("r", rid))
+            by_seq.setdefault(self._seq_of(self.records[rid]), []).append(rid)
+            lease = self.records[rid].lease
+            if lease is not None and lease.lane in lanes:
+                parent[root(("r", rid))] = root(("l", lease.lane))
+        for j in lanes:
+            root(("l", j))
+            for rid in by_seq.get(kv.lane(j).seq_id, ()):
+                parent[root(("r", rid))] = root(("l", j))
+        groups: dict[Any, tuple[list[int], list[int]]] = {}
+        for kind, x in list(parent):
+            members = groups.setdefault(root((kind, x)), ([], []))
+            members[0 if kind == "r" else 1].append(x)
+        parts = []
+        for rids, js in groups.values():
+            view, recs = self.view(kv, sorted(rids), sorted(js))
+            parts.append(Part(view, tuple(recs), tuple(sorted(js))))
+        return parts
 
     def _forget_ended(self, kv: Any, ids: set[int]) -> None:
         """An ended request no held lane names is done with lanes for good: dropped."""
@@ -98,21 +202,34 @@ class JointMonitor:
                 self.seq.pop(rid, None)
 
     def broken(self, kv: Any) -> list[str]:
-        """Every joint invariant that is false on the whole kept system (tests)."""
+        """Every joint invariant that is false on the whole kept system, every lane included (tests)."""
         view, _ = self.view(kv)
         return [inv.name for inv in _SYSTEM.invariants if not inv.predicate(view)]
+
+    def advance(self, kv: Any) -> list[Part]:
+        """What ``check`` evaluates: the parts over what moved since the last call (and the bookkeeping
+        that call does), without the monitor; ``verdict`` names the invariants they break (tests)."""
+        ids, lanes = self._involved(kv)
+        parts = self.parts(kv, ids, lanes) if ids or lanes else []
+        self._forget_ended(kv, ids)
+        return parts
+
+    @staticmethod
+    def verdict(parts: Sequence[Part]) -> list[str]:
+        """The declared invariants false on some part."""
+        return [inv.name for inv in _ACROSS if not inv.predicate(parts)]
 
     def check(self, kv: Any, after: str, extra: Callable[[], list[tuple[str, str]]] | None = None) -> None:
         """Every joint invariant on the part of the live system that moved (see the module doc);
         ``extra`` adds the faults of other indexes kept beside machines (reported the same way)."""
         if not MONITOR.enabled or not MONITOR.sampled():
             return
-        ids = self._involved(kv)
+        ids, lanes = self._involved(kv)
         faults = extra() if extra is not None else []
-        if ids or faults:
-            view, recs = self.view(kv, sorted(ids))
+        if ids or lanes or faults:
+            parts = self.parts(kv, ids, lanes)
             state = {"requests": {rec.request_id: (rec.machine.state, rec.lease.lane if rec.lease else None)
-                                  for rec in recs},
-                     "lanes": [(kv.lane(j).state, kv.lane(j).seq_id) for j in range(kv.lanes)]}
-            MONITOR.check_whole(_SYSTEM.name, _SYSTEM.invariants, view, after, state=state, extra=faults)
+                                  for p in parts for rec in p.records},
+                     "lanes": {j: (kv.lane(j).state, kv.lane(j).seq_id) for p in parts for j in p.lanes}}
+            MONITOR.check_whole(_SYSTEM.name, _ACROSS, parts, after, state=state, extra=faults)
         self._forget_ended(kv, ids)
