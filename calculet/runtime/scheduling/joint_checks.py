@@ -207,8 +207,9 @@ class JointMonitor:
         return [inv.name for inv in _SYSTEM.invariants if not inv.predicate(view)]
 
     def advance(self, kv: Any) -> list[Part]:
-        """What ``check`` evaluates: the parts over what moved since the last call (and the bookkeeping
-        that call does), without the monitor; ``verdict`` names the invariants they break (tests)."""
+        """What ``check`` evaluates: the parts over what moved since the last call, with that call's
+        bookkeeping (ended requests no held lane names are forgotten); ``verdict`` names the invariants
+        the parts break (the tests compare it with ``broken``)."""
         ids, lanes = self._involved(kv)
         parts = self.parts(kv, ids, lanes) if ids or lanes else []
         self._forget_ended(kv, ids)
@@ -224,12 +225,10 @@ class JointMonitor:
         ``extra`` adds the faults of other indexes kept beside machines (reported the same way)."""
         if not MONITOR.enabled or not MONITOR.sampled():
             return
-        ids, lanes = self._involved(kv)
+        parts = self.advance(kv)
         faults = extra() if extra is not None else []
-        if ids or lanes or faults:
-            parts = self.parts(kv, ids, lanes)
+        if parts or faults:
             state = {"requests": {rec.request_id: (rec.machine.state, rec.lease.lane if rec.lease else None)
                                   for p in parts for rec in p.records},
                      "lanes": {j: (kv.lane(j).state, kv.lane(j).seq_id) for p in parts for j in p.lanes}}
             MONITOR.check_whole(_SYSTEM.name, _ACROSS, parts, after, state=state, extra=faults)
-        self._forget_ended(kv, ids)
