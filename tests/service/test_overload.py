@@ -30,11 +30,13 @@ CANDIDATE_TOKENS = 100
 """Fits its 20 s deadline on an idle device for any measured step up to 166 ms: admission plans with
 the shipped initial margin of 0.2 (100 × 0.166 s × 1.2 = 19.9 s), so a loaded machine that stretches
 the 100 ms step by two thirds still admits it alone."""
-SHORT_BACKLOG, LONG_BACKLOG = 80, 110
-"""Streams already decoding when the candidate arrives: each fits alone up to a 151 ms step (110 ×
-0.151 s × 1.2 ≤ 20 s), each plus the candidate does not even at the nominal 100 ms step with 13 of its
+SHORT_BACKLOG, LONG_BACKLOG = 83, 100
+"""Streams already decoding when the candidate arrives: each fits alone up to a 166 ms step (100 ×
+0.166 s × 1.2 ≤ 20 s), each plus the candidate does not even at the nominal 100 ms step with 16 of its
 tokens already decoded (167 × 0.1 s × 1.2 > 20 s); the candidate fits once the stream ends, and the two
-Retry-After values (about 10 and 14 s) are whole seconds apart."""
+Retry-After values (about 10 and 12 s) are whole seconds apart. The simulated step never runs faster
+than its 100 ms, so a loaded machine only stretches it: these sizes hold up to two thirds more, close to
+the most any sizes can (the candidate and a backlog must each fit alone, and not together)."""
 
 ITL_COST = CostModel(prefill_fixed_s=1e-3, prefill_per_token_s=0.0, decode_fixed_s=20e-3, decode_per_lane_s=0.0,
                      pingpong_overlap=0.5)
@@ -73,7 +75,10 @@ def _retry_after_behind(server: RunningServer, backlog_tokens: int) -> int:
         stream.close()
     assert server.service.wait_streams_closed(30)
     error = caught.value
-    assert error.code == "over_capacity" and "no prospect" in error.message
+    step = families_value(server.metrics(), "calculet_decode_step_estimate_seconds")
+    why = f"{error.code}: {error.message} (headers {dict(error.response.headers)}; measured step {step:.3f} s)"
+    assert error.code == "over_capacity" and "no prospect" in error.message, why
+    assert "Retry-After" in error.response.headers, why
     return int(error.response.headers["Retry-After"])
 
 
