@@ -227,9 +227,7 @@ async def _generate(service: Service, request: Request, tenant: str, gen: ApiGen
     if not service.accepting:
         raise APIError(503, "the service is shutting down", code="model_unavailable")
     http_id = request.state.request_id if hasattr(request.state, "request_id") else uuid.uuid4().hex
-    stream = service.open_stream(tenant=tenant, stop=gen.sampling.stop)
-    if gen.sampling.stop_text:  # matched on the decoded text, as the engine's sampler does (issue #14)
-        stream.watch_stop_strings(gen.sampling.stop_text)
+    stream = service.open_stream(tenant=tenant, stop=gen.sampling.stop, stop_text=gen.sampling.stop_text)
     engine_request = GenerateRequest(gen.prompt, gen.max_tokens, tenant=tenant, sampling=gen.sampling)
     try:
         submission = await anyio.to_thread.run_sync(

@@ -181,10 +181,11 @@ class Service:
         raise APIError(404, f"the model {model!r} does not exist; GET /v1/models lists what is served",
                        code="model_not_found", param="model")
 
-    def open_stream(self, *, tenant: str, stop: tuple[tuple[int, ...], ...]) -> TimedStream:
+    def open_stream(self, *, tenant: str, stop: tuple[tuple[int, ...], ...],
+                    stop_text: tuple[str, ...] = ()) -> TimedStream:
         """A sink for one request; its close updates the latency metrics and the open-stream count."""
         stream = TimedStream(tokenizer=self.tokenizer, stop=stop, tenant=tenant, arrival=time.perf_counter(),
-                             on_first_token=self._first_token, on_close=self._closed)
+                             on_first_token=self._first_token, on_close=self._closed, stop_text=stop_text)
         self.metrics.watch.arrived(id(stream), tenant, stream.arrival)
         with self._streams_cv:
             self._streams += 1

@@ -25,8 +25,9 @@ class TimedStream(StreamWriter):
     """
 
     def __init__(self, *, tokenizer: ByteTokenizer, stop: tuple[tuple[int, ...], ...], tenant: str, arrival: float,
-                 on_first_token: Callable[[TimedStream], None], on_close: Callable[[TimedStream], None]) -> None:
-        super().__init__(tokenizer=tokenizer, stop=stop)
+                 on_first_token: Callable[[TimedStream], None], on_close: Callable[[TimedStream], None],
+                 stop_text: tuple[str, ...] = ()) -> None:
+        super().__init__(tokenizer=tokenizer, stop=stop, stop_text=stop_text)
         self.tenant = tenant
         self.arrival = arrival
         self.token_times: list[float] = []

@@ -181,26 +181,12 @@ class StreamWriter:
         self._async_waiters: list[Waiter] = []
         self._refused_closes = 0
         self._refused_tokens = 0
-        if stop_text:
-            self.watch_stop_strings(stop_text)
-
-    def watch_stop_strings(self, stops: Sequence[str]) -> None:
-        """Stop strings matched on the decoded text (issue #14): set before the first token arrives.
-
-        The text shown ends right before the first stop string; text that may still begin one is held
-        back until it cannot (or the request ends). The engine's sampler matches the same strings and
-        ends the request with ``stop``; this side decides what the client sees. A method as well as a
-        constructor argument, so that a stream built by a factory that does not know about them (the
-        service's ``open_stream``) can be given them before it is submitted.
-        """
-        with self._lock:
-            if self._raw:
-                raise ValueError("stop strings must be set before the first token")
+        if stop_text:  # matched on the decoded text (issue #14); the sampler matches the same strings
             if self._detok is None:
                 raise ValueError("stop strings need a tokenizer to decode the text they are matched on")
             if self._stops:
                 raise ValueError("a stream matches token-id stop sequences or stop strings, not both")
-            self._matcher = StopTextMatcher(stops) if stops else None
+            self._matcher = StopTextMatcher(stop_text)
 
     @property
     def stop_matched(self) -> str | None:

@@ -155,10 +155,6 @@ def test_stop_strings_need_a_tokenizer_and_exclude_token_id_stops(tok: HfTokeniz
         StreamWriter(stop_text=["x"])
     with pytest.raises(ValueError):
         StreamWriter(tokenizer=tok, stop=[(1, 2)], stop_text=["x"])
-    started = StreamWriter(tokenizer=tok)
-    started.token(1, 5)
-    with pytest.raises(ValueError):
-        started.watch_stop_strings(["x"])
 
 
 def test_the_matcher_finds_the_earliest_stop_and_holds_only_possible_starts() -> None:
