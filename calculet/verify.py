@@ -35,6 +35,7 @@ from calculet.invariants.report import (VerifyOptions, VerifyRun, format_counter
 from calculet.invariants.traceability import software_figure
 from calculet.machines import ALL_MACHINES
 from calculet.machines.core import Machine
+from calculet.machines.admission_budgets import AdmissionBudgetSystem
 from calculet.machines.job_lanes import JobLaneSystem
 from calculet.machines.kv_pool import KvLanePool
 from calculet.machines.model_couplings import GenerationJobSystem, GenerationRequestSystem
@@ -42,7 +43,7 @@ from calculet.machines.request_lanes import RequestLaneSystem
 from calculet.specgen import SPECS_DIR, with_banner
 
 POOLS = (KvLanePool,)
-SYSTEMS = (RequestLaneSystem, GenerationRequestSystem, GenerationJobSystem, JobLaneSystem)
+SYSTEMS = (RequestLaneSystem, GenerationRequestSystem, GenerationJobSystem, JobLaneSystem, AdmissionBudgetSystem)
 FAST_DEPTH = 6
 SYSTEM_DEPTH = 8        # requests × lanes: bounded model checking depth (3 × 3 instance)
 FAST_SYSTEM_DEPTH = 5

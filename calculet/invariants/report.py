@@ -20,6 +20,7 @@ from calculet.invariants.system_checks import check_system
 from calculet.invariants.traceability import software_figure
 from calculet.machines import ALL_MACHINES
 from calculet.machines.core import Machine
+from calculet.machines.admission_budgets import AdmissionBudgetSystem
 from calculet.machines.job_lanes import JobLaneSystem
 from calculet.machines.kv_pool import KvLanePool
 from calculet.machines.pool import Pool
@@ -92,7 +93,7 @@ def run_checks(options: VerifyOptions, machines: Iterable[type[Machine]], pools:
                 continue
             run.results += check_system(system.definition, requests=options.system_requests,
                                         lanes=options.system_lanes, depth=options.system_depth, progress=progress,
-                                        reach=not options.fast, fast=options.fast)
+                                        reach=True, fast=options.fast)  # explicit search: cheap enough for --fast (#17)
             if not options.fast:
                 run.results += check_system_redundancy(system.definition)
     run.seconds = time.process_time() - start
@@ -175,13 +176,14 @@ def _system_trace(trace: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-_COUPLED = (GenerationRequestSystem, GenerationJobSystem, JobLaneSystem)
+_COUPLED = (GenerationRequestSystem, GenerationJobSystem, JobLaneSystem, AdmissionBudgetSystem)
 _LIVE_COUNTED = (GenerationRequestSystem, GenerationJobSystem)  # ModelManager.counter_faults checks them live
 _SYSTEM_TITLES = {
     "RequestLaneSystem": "Requests × lanes (joint model)",
     "GenerationRequestSystem": "Generations × requests (joint model)",
     "GenerationJobSystem": "Generations × device jobs (joint model)",
     "JobLaneSystem": "Device jobs × KV lanes (joint model)",
+    "AdmissionBudgetSystem": "Requests × admission budgets (joint model)",
 }
 
 

@@ -17,6 +17,7 @@ import yaml
 
 from calculet.machines import ALL_MACHINES
 from calculet.machines.kv_pool import KvLanePool
+from calculet.machines.admission_budgets import AdmissionBudgetSystem
 from calculet.machines.job_lanes import JobLaneSystem
 from calculet.machines.model_couplings import GenerationJobSystem, GenerationRequestSystem
 from calculet.machines.request_lanes import RequestLaneSystem
@@ -61,7 +62,7 @@ def proof_references() -> dict[str, list[str]]:
                 refs.setdefault(prop.rid, []).append(f"{d.name}.{prop.name}")
     for inv in KvLanePool.definition.invariants:
         refs.setdefault(inv.rid, []).append(f"{KvLanePool.definition.name}.{inv.name}")
-    for system in (RequestLaneSystem, GenerationRequestSystem, GenerationJobSystem, JobLaneSystem):
+    for system in (RequestLaneSystem, GenerationRequestSystem, GenerationJobSystem, JobLaneSystem, AdmissionBudgetSystem):
         for inv in system.definition.invariants:
             refs.setdefault(inv.rid, []).append(f"{system.definition.name}.{inv.name}")
     return refs
