@@ -36,6 +36,7 @@ from fractions import Fraction
 from typing import Iterable
 
 from calculet.config import CapacityBudget, LongPrefillQuota, QueuesConfig
+from calculet.runtime.scheduling.budget_monitor import check_budget
 from calculet.runtime.scheduling.fairness import FairQueue, TenantPolicy, TokenBucket, WeightedFairClock
 from calculet.runtime.scheduling.registry import RequestRecord
 from calculet.runtime.request import InferenceRequest
@@ -239,6 +240,7 @@ class AdmissionController:
         if rec.is_long:
             self._long_waiting += 1
         rec.cost = self.wfq.cost(prompt, rec.max_new_tokens)
+        check_budget(self.budget, self._waiting, self._waiting_tokens, self._active, self._active_kv, "accept")
 
     def enqueue(self, rec: RequestRecord) -> None:
         """``rec`` is bound to a generation and waits for budget in WFQ order."""
@@ -258,6 +260,7 @@ class AdmissionController:
             self._queue.discard(entry)
             self._queued_cost[rec.tenant] -= rec.cost
             rec.entry = None
+        check_budget(self.budget, self._waiting, self._waiting_tokens, self._active, self._active_kv, "leave_waiting")
 
     def _head_tag(self, flow: object, rec: RequestRecord) -> int:
         return self.wfq.tag(rec.tenant, rec.cost)
@@ -308,6 +311,7 @@ class AdmissionController:
         self._tenant_active[rec.tenant] += 1
         if rec.is_long:
             self._long_admitted += 1
+        check_budget(self.budget, self._waiting, self._waiting_tokens, self._active, self._active_kv, "admitted")
         self.wfq.served(rec.tenant, rec.virtual_finish, rec.cost)
         samples = self._backlog_samples
         if len(self._queue):
@@ -376,6 +380,7 @@ class AdmissionController:
         self._active -= 1
         self._active_kv -= rec.prompt_tokens + rec.max_new_tokens
         self._tenant_active[rec.tenant] -= 1
+        check_budget(self.budget, self._waiting, self._waiting_tokens, self._active, self._active_kv, "released")
         parked = self._tenant_parked.pop(rec.tenant, None)
         if parked:
             self._queue.unpark(parked)
