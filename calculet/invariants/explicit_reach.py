@@ -143,19 +143,24 @@ class ExplicitSearch:
         view = SystemView([_Concrete(self.rd, r) for r in reqs], [_Concrete(self.ld, x) for x in lns],
                           list(binding), list(self.seq))
         held = frozenset(x for inst in (*reqs, *lns) for x in inst[1] if type(x) is int) | frozenset(self.seq)
-        for (rs, ls), variants in self.by_source.items():
-            for v in variants:
-                # The instances the variant can move: those in its rows' source states; an instance it
-                # only reads (``involves="both"`` with rows on one side) may be any of its kind.
-                rows_i = [k for k in range(self.requests) if reqs[k][0] == rs] if rs is not None else \
-                    (range(self.requests) if v.involves != "lane" else (0,))
-                rows_j = [k for k in range(self.lanes) if lns[k][0] == ls] if ls is not None else \
-                    (range(self.lanes) if v.involves != "request" else (0,))
-                for i, j in itertools.product(rows_i, rows_j):
-                    for args in self._arguments(v, held):
-                        post = self.fire(state, view, v, i, j, args)
-                        if post is not None:
-                            yield (state, v, i, j, args), post
+        at_r: dict[str | None, list[int]] = {None: list(range(self.requests))}
+        for k, inst in enumerate(reqs):
+            at_r.setdefault(inst[0], []).append(k)
+        at_l: dict[str | None, list[int]] = {None: list(range(self.lanes))}
+        for k, inst in enumerate(lns):
+            at_l.setdefault(inst[0], []).append(k)
+        for rs, movable_r in at_r.items():
+            for ls, movable_l in at_l.items():
+                for v in self.by_source.get((rs, ls), ()):
+                    # The instances the variant can move: those in its rows' source states; an instance
+                    # it only reads (``involves="both"`` with rows on one side) may be any of its kind.
+                    rows_i = movable_r if rs is not None or v.involves != "lane" else (0,)
+                    rows_j = movable_l if ls is not None or v.involves != "request" else (0,)
+                    for i, j in itertools.product(rows_i, rows_j):
+                        for args in self._arguments(v, held):
+                            post = self.fire(state, view, v, i, j, args)
+                            if post is not None:
+                                yield (state, v, i, j, args), post
 
     def _arguments(self, v: Variant, held: frozenset[int]) -> Iterable[dict[str, Any]]:
         step = v.step
