@@ -118,7 +118,7 @@ class OnTimePolicy:
             if rec is not None and rec.state in WAITING_STATES:
                 self._refuse_waiting(rec, "waited past its time-to-first-token target")
         planner = self.planner
-        if not (planner.dirty or planner.drifted()):
+        if not (planner.dirty or planner.drifted(now)):
             return
         model = self.model()
         if model is None:  # no measured step yet: nothing to estimate, nothing to shed
