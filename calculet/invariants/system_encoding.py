@@ -22,7 +22,7 @@ from calculet.machines.core import Machine
 from calculet.machines.definition import Definition
 from calculet.machines.system import NONE, SystemDefinition, SystemView, Variant
 
-__all__ = ["Frame", "Move", "assume_invariants", "flat", "fresh_frame", "initial_frame", "read_frame", "seq_domain",
+__all__ = ["Beyond", "Frame", "Move", "assume_invariants", "flat", "fresh_frame", "initial_frame", "read_frame", "seq_domain",
            "step_args", "system_goals"]
 
 
@@ -61,11 +61,35 @@ class _Cached:
         return getattr(self._v, name)
 
 
+class Beyond:
+    """The instances beyond the encoded ones, in the every-size induction: each declared count
+    (``SystemView.beyond(name)``) gets a ghost integer ≥ 0 for its part over them. The step moves
+    only encoded instances, so the pre- and the post-state share the ghost: the change of the
+    whole count is the change over the encoded instances (see ``system_induction``)."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+        self.ghosts: dict[Any, Any] = {}
+
+    def term(self, count: Any) -> Any:
+        ghost = self.ghosts.get(count)
+        if ghost is None:
+            ghost = self.ghosts[count] = z3.Int(f"beyond{self.tag}_{len(self.ghosts)}")
+        return ghost
+
+    def domain(self) -> list[Any]:
+        return [g >= 0 for g in self.ghosts.values()]
+
+
 class _View(SystemView):
     def __init__(self, memo: _Memo, frame: "Frame") -> None:
         super().__init__([memo.proxy(r) for r in frame.requests], [memo.proxy(lane) for lane in frame.lanes],
                          frame.binding, frame.seq)
         self._memo = memo
+        self._beyond = frame.beyond
+
+    def beyond(self, count: Any) -> Any:
+        return 0 if self._beyond is None else self._beyond.term(count)
 
     def bound(self, i: int, j: int) -> Any:
         term = self.binding[i]
@@ -80,22 +104,25 @@ class Frame:
     """One symbolic state of the system: requests, lanes, bindings and seq ids."""
 
     def __init__(self, requests: list[SymbolicVars], lanes: list[SymbolicVars], binding: list[Any],
-                 seq: list[Any], memo: _Memo | None = None) -> None:
+                 seq: list[Any], memo: _Memo | None = None, beyond: Beyond | None = None) -> None:
         self.requests = requests
         self.lanes = lanes
         self.binding = binding
         self.seq = seq
         self.memo = memo or _Memo()
+        self.beyond = beyond  # None: the encoded instances are the whole system
 
     def view(self) -> SystemView:
         return _View(self.memo, self)
 
 
-def fresh_frame(sd: SystemDefinition, r: int, l: int, tag: str) -> Frame:
+def fresh_frame(sd: SystemDefinition, r: int, l: int, tag: str, beyond: bool = False) -> Frame:
+    """A symbolic frame; with ``beyond``, the declared counts also have a ghost part over instances
+    not encoded (the every-size induction)."""
     return Frame([SymbolicVars(sd.request.definition, f"_{tag}r{i}") for i in range(r)],
                  [SymbolicVars(sd.lane.definition, f"_{tag}l{j}") for j in range(l)],
                  [z3.Int(f"bind_{tag}{i}") for i in range(r)],
-                 [z3.Int(f"seq_{tag}{i}") for i in range(r)])
+                 [z3.Int(f"seq_{tag}{i}") for i in range(r)], beyond=Beyond(tag) if beyond else None)
 
 
 def seq_domain(frame: Frame) -> list[Any]:
@@ -165,7 +192,7 @@ class Move:
             lanes[self.j] = self.lane
         if self.binding is not None:
             binding[self.i] = self.binding
-        return Frame(requests, lanes, binding, frame.seq, frame.memo)
+        return Frame(requests, lanes, binding, frame.seq, frame.memo, frame.beyond)
 
     def instance_goals(self, sd: SystemDefinition) -> list[tuple[str, str, Any]]:
         """Instance invariants after the step and each row's step properties (proved per machine;

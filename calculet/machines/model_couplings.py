@@ -20,10 +20,12 @@ the binding is "counted by"):
   generation's ``reset``, which the step guard lets fire only once nothing is left in flight —
   the runtime does the same in one actor step (``executor.forget_all`` then ``on_jobs_discarded``).
 
-Both systems' counting invariants are sums over every request/job: they are not of the ∀-shape
-that makes the requests × lanes induction hold for every size (``system_checks``), so they are
-proved for the encoded size only (declared with ``counts=True``; the report says so), and the
-runtime checks the same equalities on the live instances (``ModelManager.counter_faults``).
+Both systems' counting invariants are sums over every request/job (declared ``counts=True``):
+not of the ∀-shape that makes the requests × lanes induction hold for every size
+(``system_checks``). Their sums go through ``SystemView.beyond`` (``_count``), so the induction
+proves them for every size with the part of each count over the instances not encoded as a ghost
+that no step changes (the argument is in ``calculet/invariants/system_induction.py``); the runtime
+also checks the same equalities on the live instances (``ModelManager.counter_faults``).
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ from calculet.machines.system import NONE, Coupled, CoupledSystem, SystemInvaria
 __all__ = ["GenerationJobSystem", "GenerationRequestSystem"]
 
 
-def _count(sys, j):  # how many of the system's requests (or jobs) the binding counts on generation j
-    total = 0
+def _count(sys, j):
+    """How many of the system's requests (or jobs) the binding counts on generation ``j``: those in
+    view, and those beyond it (``SystemView.beyond``: 0 on a live or fully encoded system)."""
+    total = sys.beyond(("bound to", j))
     for i in range(len(sys.requests)):
         total = total + If(sys.bound(i, j), 1, 0)
     return total

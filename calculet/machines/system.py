@@ -135,6 +135,12 @@ class SystemView:
     def unbound(self, i: int) -> Any:
         return self.binding[i] == NONE
 
+    def beyond(self, count: Any) -> Any:
+        """The part of a declared count (``count`` names it) over instances not in this view: 0 here,
+        where the view holds every instance; the every-size induction's view answers a ghost ≥ 0
+        that no step changes (``calculet/invariants/system_induction.py``, #17)."""
+        return 0
+
     def all_requests(self, predicate: Callable[[int], Any]) -> Any:
         return And(*[predicate(i) for i in range(len(self.requests))])
 
