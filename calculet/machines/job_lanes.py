@@ -54,8 +54,9 @@ MAX_INFLIGHT = 2
 
 
 def _on_device(sys: Any, jobs: Any) -> Any:
-    """How many of ``jobs`` hold a device slot (submitted, or in doubt after a timeout or fault)."""
-    total: Any = 0
+    """How many of ``jobs`` hold a device slot (submitted, or in doubt after a timeout or fault);
+    ``jobs`` are the jobs in view less some of them, and the jobs beyond the view count too."""
+    total: Any = sys.beyond("jobs holding a device slot")
     for k in jobs:
         total = total + If(sys.lanes[k].at(*_ON_DEVICE), 1, 0)
     return total
