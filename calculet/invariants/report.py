@@ -17,6 +17,7 @@ from calculet.invariants.redundancy import check_pool_redundancy, check_system_r
 from calculet.invariants.reachability import check_pool_reachability, check_pool_vacuity
 from calculet.invariants.strength import check_guards, check_pool_witnesses, check_redundancy, check_witnesses
 from calculet.invariants.system_checks import check_system
+from calculet.invariants.system_document import proof_scope
 from calculet.invariants.traceability import software_figure
 from calculet.machines import ALL_MACHINES
 from calculet.machines.core import Machine
@@ -247,6 +248,7 @@ def _system_sections(run: VerifyRun) -> list[str]:
                 search = "holds on the failing run"
             rows.append(dict(property=f"`{inv.name}`", requirement=inv.rid,
                              kind="strengthening" if inv.strengthening else "asked", induction=how, bmc=search))
+        out += [proof_scope(sd, results), ""]  # what holds for every size, what for the encoded one (#17)
         out += _table(rows, ["property", "requirement", "kind", "induction", "bmc"])
         notes = [inv for inv in sd.invariants if inv.strengthening]
         if notes:

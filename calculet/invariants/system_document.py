@@ -8,10 +8,44 @@ proves. :mod:`calculet.specgen` lists :func:`request_lanes_document` among its p
 
 from __future__ import annotations
 
+from typing import Iterable
+
+from calculet.invariants.checks import CheckResult
 from calculet.machines.request_lanes import RequestLaneSystem
 from calculet.machines.system import SystemDefinition, Variant
 
-__all__ = ["request_lanes_document", "system_document"]
+__all__ = ["proof_scope", "request_lanes_document", "system_document"]
+
+
+def proof_scope(sd: SystemDefinition, results: Iterable[CheckResult]) -> str:
+    """One sentence for ``specs/verification.md``: which of a coupled system's checks hold for every
+    number of instances and which only for the instances encoded (#17: the counting properties),
+    read from the results of the run that writes the page."""
+    mine = [r for r in results if r.machine == sd.name]
+    steps = [r for r in mine if r.check == "system-induction" and not r.subject.startswith("(")]
+    every = bool(steps) and all("every R, L" in r.detail for r in steps)
+    ghosts = every and any("ghost counts" in r.detail for r in steps)
+    counts = [inv.name for inv in sd.invariants if inv.counts]
+    always, encoded = [], []
+    if every:
+        how = (f"each count ({', '.join(f'`{n}`' for n in counts)}) split into its encoded terms and a ghost for the "
+               "instances not encoded, which no step changes (argument in `calculet/invariants/system_induction.py`)"
+               if ghosts else "the cutoff argument in `calculet/invariants/system_checks.py`")
+        always.append(f"initiation and the induction of all {len(sd.invariants)} properties — {how}")
+    elif steps:
+        why = steps[0].detail.split("(", 1)[1].split(")")[0] if "(" in steps[0].detail else "not every size"
+        encoded.append(f"the induction of all {len(sd.invariants)} properties ({why})")
+    found = [r for r in mine if r.check == "system-reachability"]
+    if found:
+        size = " × ".join(part.split("=")[1] for part in found[0].subject.split(", ")[:2])
+        always.append(f"reachability of every step, on runs of {size} instances ({found[0].subject.split(', ', 2)[2]} "
+                      "search) — a run of fewer instances is a run of more, the others idle")
+    found = [r for r in mine if r.check == "system-bmc"]
+    if found:
+        encoded.append(f"bounded model checking ({found[0].subject}): no bug within the depth, for that many "
+                       "instances")
+    return (f"Proved for every size: {'; '.join(always) if always else 'nothing'}. "
+            f"For the encoded instances only: {'; '.join(encoded) if encoded else 'nothing'}.")
 
 
 def request_lanes_document() -> str:

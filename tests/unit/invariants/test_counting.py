@@ -13,6 +13,7 @@ import dataclasses
 import pytest
 
 from calculet.invariants.system_bmc import check_system_bmc
+from calculet.invariants.system_document import proof_scope
 from calculet.invariants.system_induction import _induction, check_system_induction
 from calculet.logic.expr import And, If
 from calculet.machines.job_lanes import JobLaneSystem
@@ -74,6 +75,18 @@ def test_a_count_that_skips_the_ghost_is_proved_for_the_encoded_size_only() -> N
     assert results and all(r.ok for r in results)
     assert all("this size only: a count reads no SystemView.beyond — active_requests_are_the_pinned_live_requests"
                in r.detail and "every R, L" not in r.detail for r in results)
+    assert proof_scope(system.definition, results).startswith("Proved for every size: nothing. For the encoded "
+                                                              "instances only: the induction of all 5 properties")
+
+
+def test_the_report_says_what_holds_for_every_size_and_what_for_the_encoded_instances() -> None:
+    sd = GenerationJobSystem.definition
+    results = [*check_system_induction(sd), check_system_bmc(sd, 1, 1, 2)]
+    text = proof_scope(sd, results)
+    assert text.startswith("Proved for every size: initiation and the induction of all 5 properties — each count "
+                           "(`inflight_jobs_are_the_generations_jobs_on_the_device`) split into its encoded terms")
+    assert text.endswith("For the encoded instances only: bounded model checking (R=1, L=1, depth≤2): no bug within "
+                         "the depth, for that many instances.")
 
 
 def test_the_live_view_counts_only_what_it_holds() -> None:
