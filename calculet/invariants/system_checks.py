@@ -28,8 +28,10 @@ effect): a step is a chain of declared rows on request ``i`` and a chain on lane
   exists at any size when none exists here. ``check_system_induction`` reports whether the
   declaration's steps are all local; a new invariant must keep the ∀-shape (or raise R, L).
   An invariant that counts every request (``SystemInvariant.counts``: a generation's counter
-  equals its pinned requests) is not of that shape: the induction then holds at the encoded size
-  only, and says so (``GenerationRequestSystem``, ``GenerationJobSystem``).
+  equals its pinned requests), or a step that reads other instances, is not of that shape: the
+  induction then gives each count a ghost for its part over the instances not encoded and the
+  same projection covers every size (:mod:`calculet.invariants.system_induction`; a count that
+  does not go through ``SystemView.beyond`` is proved at the encoded size only, and says so).
 * **Bounded model checking** — from the initial system (parameters and seq ids symbolic),
   every run of up to ``depth`` steps, one query for all depths, with symmetry breaking and a
   partial-order reduction (:mod:`calculet.invariants.system_bmc`).
@@ -55,9 +57,10 @@ __all__ = ["check_system"]
 
 def check_system(sd: SystemDefinition, *, requests: int = 3, lanes: int = 3, depth: int = 6,
                  progress: Progress | None = None, reach: bool = True, fast: bool = False) -> list[CheckResult]:
-    """Every joint-system check; ``reach`` adds reachability of every step (≈10 s of CPU: the
-    full run does it, ``verify --fast`` keeps vacuity only); with ``fast`` a system declared
-    ``fast_bmc = False`` skips bounded model checking (its proofs still run)."""
+    """Every joint-system check; ``reach`` adds reachability of every step (the explicit-state
+    search, well under a second per system, then the symbolic search for any step it misses);
+    with ``fast`` a system declared ``fast_bmc = False`` skips bounded model checking (its proofs
+    still run)."""
     results = [check_system_witnesses(sd), check_system_initiation(sd, requests, lanes),
                *check_system_induction(sd, requests, lanes)]
     if progress:
