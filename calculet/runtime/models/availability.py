@@ -19,6 +19,43 @@ a replacement holds new requests, READY for its pinned requests only. In every c
   Ready (R12.2, R10.4: the alias serves only a generation past golden and warm-up);
 * RECOVERING is said only of a Recovering generation, DRAINING only of one being unloaded;
 * while a generation serves, the scheduler names it (``scheduler.generation == serving.id``).
+
+**Why it is not derived from the machine (#17, checked against the runtime on 2026-12-01).** A
+function ``availability = f(machine state)`` needs every fact the runtime's choice depends on to be
+in the :class:`~calculet.machines.model.ModelMachine` valuation. Five are not:
+
+1. *Why the generation drains.* ``Draining`` is READY while a replacement holds new requests
+   (``load.py`` ``_switch`` sets the hold at step 5 and keeps it until the old generation is
+   unloaded) and DRAINING for a plain unload (``unload.py`` ``_begin_drain``). The machine's
+   ``drain`` event has no argument, so both drains reach the same valuation. The cause is fixed
+   for the whole drain (the load waits for the old unload before it can release the hold), so a
+   ``drain(replace: Bool)`` argument stored in a variable would carry it.
+2. *An unload requested while Recovering or Failed.* ``_begin_drain`` sets
+   ``Generation.unload_requested`` and fires ``drain`` only from Ready: Recovering and Failed
+   have no ``drain`` row (Failed's ``unload_failed`` row fires only once no request is pinned),
+   so the machine cannot tell a Recovering generation with an unload pending (503 or held) from
+   one that will serve again (RECOVERING).
+3. *Device recovery finished, unload not yet resumed.* ``recovery.py`` ``on_recovered`` with an
+   unload pending sets READY (held) or DRAINING and fires no event: the machine stays Recovering
+   until ``resume_unload``, in the same valuation it had while recovery ran. Not even
+   ``in_doubt == 0`` after ``reset`` separates them: a fault with no job in flight starts
+   Recovering with ``in_doubt == 0`` too.
+4. *Recovery gave up while jobs are still in flight.* ``on_give_up`` states FAILED at once;
+   ``give_up``'s guard (``inflight_jobs == 0``) keeps the machine Recovering until the jobs drain.
+5. *Shutdown* is the process's state (SHUTDOWN is allowed in every machine state), not a
+   generation's.
+
+Making it a function therefore means changing the ModelMachine declaration
+(``calculet/machines/model.py``, outside this module's owner's brief): a ``replacing`` variable set
+by ``drain(replace)``, an ``unload_pending`` variable with ``drain`` rows from Recovering and Failed,
+a ``recovered_for_unload`` row (or state) for 3, ``give_up`` allowed with jobs in flight (the
+generation Failed while they drain; ``no_free_with_inflight`` still holds) for 4 — and re-proving
+the machine and both generation couplings, whose steps fire its rows. With those, ``f`` would be:
+Ready → READY; Draining → READY if ``replacing`` else DRAINING; Recovering → RECOVERING unless
+the device recovered with ``unload_pending`` (then READY if ``replacing`` else DRAINING); Failed →
+FAILED (DRAINING once ``unload_pending`` without a replacement); other states → not serving;
+SHUTDOWN over all of it from the process. Until then the scheduler's copy stays a relation,
+checked here on every engine tick.
 """
 
 from __future__ import annotations
