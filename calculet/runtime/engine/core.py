@@ -364,12 +364,16 @@ class EngineCore:
             if job is None:
                 continue
             submitted += 1
-            if self.chain_ready_s and not scheduler.jobs.has_slot() \
-                    and time.perf_counter() - start < self.chain_ready_s:
-                results = executor.collect()  # a device that completes at submit (the null device) has it now
-                if results:
-                    self._apply_results(results)
-                    continue  # the slot is free again: the next step plans work instead of finding none
+            if not sync and not scheduler.jobs.has_slot():
+                if self.chain_ready_s and time.perf_counter() - start < self.chain_ready_s:
+                    results = executor.collect()  # a device that completes at submit (the null device) has it now
+                    if results:
+                        self._apply_results(results)
+                        continue  # the slot is free again: the next step plans work instead of finding none
+                # No slot left: another step now would only find none (issue #20: a B1 token paid two steps).
+                # The step just taken expired the deadlines and admitted what fits at this instant, and its
+                # wake-up stands; the submit changed neither (it moves planned work onto the device).
+                break
             if sync:
                 result = executor.wait(job)
                 if result is None:
