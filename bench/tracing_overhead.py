@@ -55,8 +55,8 @@ from types import SimpleNamespace
 from typing import Any
 
 import httpx
-from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace.export import SpanExportResult
 
 from calculet.adapters.sim import CostModel, SimCalRT, SimConfig, package_dir
 from calculet.clock import FakeClock
@@ -66,7 +66,7 @@ from calculet.runtime.engine.types import EngineOptions, GenerateRequest
 from calculet.runtime.execution.sampler import SamplingParams
 from calculet.runtime.request import NullSink
 from calculet.server.tracing import RequestTracer, SpanPipeline
-from calculet.server.tracing_otlp import OtlpHttpSpanExporter
+from calculet.server.tracing_otlp import OtlpHttpSpanExporter, PlainSpan, PlainSpanBatcher, to_readable
 from service import Server  # bench/service.py: the real entry point as a subprocess (bench/ is sys.path[0])
 
 SERVERS = ("off", "on", "control")
@@ -75,6 +75,7 @@ SERVERS = ("off", "on", "control")
 class _Sink(BaseHTTPRequestHandler):
     """``POST /v1/traces`` → 200, body counted and discarded (an OTLP collector that keeps nothing)."""
 
+    protocol_version = "HTTP/1.1"  # keep-alive, as collectors speak it
     received = {"posts": 0, "bytes": 0}
     lock = threading.Lock()
 
@@ -170,17 +171,6 @@ def _quartiles(values: Sequence[float]) -> list[float]:
 # ---------------------------------------------------------------------------------------------
 
 
-class _Keep(SpanExporter):
-    """Keeps what the batching processor hands it; the OTLP export is timed separately, in batches."""
-
-    def __init__(self) -> None:
-        self.spans: list[ReadableSpan] = []
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        self.spans.extend(spans)
-        return SpanExportResult.SUCCESS
-
-
 class _Clock:
     """The replay's clock: the instant of the transition being replayed."""
 
@@ -223,34 +213,43 @@ def _record(requests: int, tokens: int, at_once: int) -> tuple[list[tuple[float,
 
 
 def _replay(calls: list[tuple[float, Any, str, str]], jobs: dict[int, Any], endpoint: str
-            ) -> tuple[float, float, float, list[ReadableSpan]]:
-    """One replay: CPU seconds of the observer (the tracer and the batching processor's hand-off),
-    of the service's OTLP export and of the library's exporter for the same spans, and the spans."""
+            ) -> tuple[float, float, float, list[PlainSpan]]:
+    """One replay: CPU seconds of the observer (the tracer and the hand-off to the service's span
+    batcher), of the service's OTLP export (encoding from the span tuples and posting, in the
+    batcher's posts of up to 2048 spans) and of the library's exporter for the same spans (as the
+    SDK's ``ReadableSpan`` objects, built untimed, in its batching processor's posts of 512), and the spans."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    keep = _Keep()
-    # the service's processor class, holding every span until the flush: its per-span hand-off (the
-    # observer's side) is in the timed loop, its export is not
-    processor = BatchSpanProcessor(keep, max_queue_size=1 << 20, schedule_delay_millis=1e9,
-                                   max_export_batch_size=1 << 20)
+    resource = Resource.create({"service.name": "calculet"})
+    exporter = OtlpHttpSpanExporter(endpoint)
+    # the service's batcher, holding every span until the flush: its hand-off (the observer's side)
+    # is in the timed loop, its export is not
+    batcher = PlainSpanBatcher(exporter, resource, max_queue_size=1 << 22, schedule_delay_s=1e6,
+                               max_export_batch_size=1 << 22)
     clock = _Clock()
-    tracer = RequestTracer(SpanPipeline(processor), clock, job=jobs.get, alias="bench")
+    tracer = RequestTracer(SpanPipeline(batcher, resource), clock, job=jobs.get, alias="bench")
     started = time.thread_time()
     for at, rec, source, target in calls:
         clock.at = at
         tracer.observe(rec, source, target)
     observed = time.thread_time() - started
     assert tracer.open == 0, "every trace ended"
-    processor.force_flush()
-    processor.shutdown()
-    cpu = []
-    for exporter in (OtlpHttpSpanExporter(endpoint), OTLPSpanExporter(endpoint=endpoint)):
-        started = time.thread_time()
-        for i in range(0, len(keep.spans), 512):
-            assert exporter.export(keep.spans[i:i + 512]) is SpanExportResult.SUCCESS
-        cpu.append(time.thread_time() - started)
-        exporter.shutdown()
-    return observed, cpu[0], cpu[1], keep.spans
+    spans = list(batcher._queue)
+    batcher._queue.clear()
+    batcher.shutdown()
+    exporter = OtlpHttpSpanExporter(endpoint)
+    started = time.thread_time()
+    for i in range(0, len(spans), 2048):
+        assert exporter.export_plain(spans[i:i + 2048], resource) is SpanExportResult.SUCCESS
+    ours = time.thread_time() - started
+    readable = [to_readable(span, resource) for span in spans]
+    library = OTLPSpanExporter(endpoint=endpoint)
+    started = time.thread_time()
+    for i in range(0, len(readable), 512):
+        assert library.export(readable[i:i + 512]) is SpanExportResult.SUCCESS
+    theirs = time.thread_time() - started
+    library.shutdown()
+    return observed, ours, theirs, spans
 
 
 def _tracer_cost(endpoint: str, requests: int, tokens: int, at_once: int, repeats: int = 5) -> dict[str, float]:
@@ -267,7 +266,7 @@ def _tracer_cost(endpoint: str, requests: int, tokens: int, at_once: int, repeat
     exported = statistics.median(r[1] for r in runs)
     library = statistics.median(r[2] for r in runs)
     spans = runs[0][3]
-    batches = sum(1 for s in spans if s.name == "calculet.decode_batch")
+    batches = sum(1 for s in spans if s[0] == "calculet.decode_batch")
     return {"observe_us_per_completion": 1e6 * observed / requests,
             "export_us_per_completion": 1e6 * exported / requests,
             "library_exporter_us_per_completion": 1e6 * library / requests,

@@ -13,29 +13,34 @@ remote parents, trace state, links with attributes, dropped counts, status messa
 writes what the library writes. The wire format is OTLP/HTTP binary protobuf (``POST
 <endpoint>``, ``Content-Type: application/x-protobuf``), which every OTLP collector accepts.
 
-The export runs on the batching span processor's thread, never on the engine's actor. A post
-that fails with a connection error, 429 or 5xx is retried twice (0.5 s, then 1 s later); then
+The export runs on the span batcher's thread (:class:`PlainSpanBatcher`), never on the engine's
+actor; its HTTP connection is kept open between posts. A post
+that fails with a connection error, 429 or 502-504 is retried twice (0.5 s, then 1 s later); then
 the batch is dropped with one warning line — traces are best-effort, and the processor's queue
 is bounded so a collector outage never holds the service's memory.
 """
 
 from __future__ import annotations
 
+import collections
+import http.client
 import logging
 import struct
 import threading
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.trace import SpanKind
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 log = logging.getLogger("calculet.server.tracing")
 
-__all__ = ["OtlpHttpSpanExporter", "encode_spans"]
+__all__ = ["SCOPE", "OtlpHttpSpanExporter", "PlainSpan", "PlainSpanBatcher", "encode_plain", "encode_spans",
+           "to_readable"]
 
 _KINDS = {SpanKind.INTERNAL: 1, SpanKind.SERVER: 2, SpanKind.CLIENT: 3, SpanKind.PRODUCER: 4, SpanKind.CONSUMER: 5}
 """opentelemetry.proto.trace.v1.Span.SpanKind (SPAN_KIND_INTERNAL = 1, ...)."""
@@ -46,6 +51,31 @@ _RETRIED_STATUSES = frozenset({429, 502, 503, 504})
 _U64 = (1 << 64) - 1
 _CACHED_ATTRIBUTES = 4096
 """Encoded (key, value) pairs kept: tenant, queue, profile, lanes, decision... repeat in every batch."""
+
+SCOPE = InstrumentationScope("calculet.server.tracing")
+"""The instrumentation scope of every span calculet writes."""
+
+PlainSpan = tuple[str, int, int, int, int, int, dict[str, Any], tuple[tuple[int, int], ...], str | None]
+"""A finished span as plain values, what the tracer hands on (:mod:`calculet.server.tracing`):
+``(name, trace_id, span_id, parent_span_id or 0, start_ns, end_ns, attributes, links, error)``;
+``links`` are (trace id, span id) pairs of spans in this process, ``error`` None for an UNSET
+status or the ERROR status's description. Its kind is INTERNAL, its parent (when it has one) is
+in the same trace and not remote, it is sampled, and it carries no events: the shapes the tracer
+builds, and all :func:`to_readable` and :meth:`_Encoder.plain_span` need to write."""
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_UNSET = Status(StatusCode.UNSET)
+
+
+def to_readable(span: PlainSpan, resource: Resource, scope: InstrumentationScope | None = SCOPE) -> ReadableSpan:
+    """The SDK's ``ReadableSpan`` for ``span`` (for a span processor of the SDK's, and for tests that
+    compare the bytes written from tuples with the library's bytes for the same spans)."""
+    name, trace_id, span_id, parent_id, start, end, attributes, links, error = span
+    return ReadableSpan(
+        name, SpanContext(trace_id, span_id, False, _SAMPLED),
+        SpanContext(trace_id, parent_id, False, _SAMPLED) if parent_id else None, resource, attributes,
+        links=[Link(SpanContext(t, s, False, _SAMPLED)) for t, s in links],
+        status=_UNSET if error is None else Status(StatusCode.ERROR, error),
+        start_time=start, end_time=end, instrumentation_scope=scope)
 
 # Protocol-buffers wire format (https://protobuf.dev/programming-guides/encoding/), the OTLP fields
 # by number (opentelemetry/proto/trace/v1/trace.proto, common/v1/common.proto): a tag is
@@ -62,6 +92,12 @@ def _varint(n: int) -> bytes:
 
 
 _SMALL = [_varint(n) for n in range(1 << 14)]
+_U64LE = struct.Struct("<Q").pack
+_LINK_HEAD = b"\x6a\x21\x0a\x10"
+"""A link of a :data:`PlainSpan`: field 13, 33 bytes (trace id 18, span id 10, flags 5), then its trace id's tag."""
+_LINK_TAIL = b"\x35" + struct.pack("<I", _HAS_IS_REMOTE)  # Link.flags: "is remote" known, not remote
+_STATUS_UNSET = b"\x7a\x00"  # Status with neither message nor code (UNSET), present as the library writes it
+_SPAN_FLAGS = b"\x85\x01" + struct.pack("<I", _HAS_IS_REMOTE)  # Span.flags: the parent (if any) known not remote
 
 
 def _len(n: int) -> bytes:
@@ -95,6 +131,10 @@ class _Encoder:
 
     def __init__(self) -> None:
         self._attributes: dict[tuple[str, type, Any], bytes] = {}
+        self._heads: dict[str, bytes] = {}
+        """A span name's field with the kind's after it (INTERNAL), per name."""
+        self._headers: dict[tuple[int, int], tuple[Resource, InstrumentationScope | None, bytes]] = {}
+        """The encoded scope per (resource, scope), the objects kept so their ids stay theirs."""
 
     def key_value(self, tag: bytes, key: str, value: Any) -> bytes:
         """The field ``tag`` holding ``KeyValue{key (1), value (2)}``."""
@@ -160,6 +200,59 @@ class _Encoder:
                                                                      else 0)))
         return b"".join(out)
 
+    def plain_span(self, span: PlainSpan) -> bytes:
+        """``Span`` for a :data:`PlainSpan`, the same bytes :meth:`span` writes for its ``to_readable``;
+        the parts that repeat (name and kind; the flags; a link's flags) are constants here."""
+        name, trace_id, span_id, parent_id, start, end, attributes, links, error = span
+        head = self._heads.get(name)
+        if head is None:
+            head = self._heads[name] = _field(b"\x2a", name.encode()) + b"\x30" + _SMALL[_KINDS[SpanKind.INTERNAL]]
+        out = [b"\x0a\x10", trace_id.to_bytes(16, "big"), b"\x12\x08", span_id.to_bytes(8, "big")]
+        if parent_id:
+            out += (b"\x22\x08", parent_id.to_bytes(8, "big"))
+        out.append(head)
+        if start:
+            out += (b"\x39", _U64LE(start))
+        if end:
+            out += (b"\x41", _U64LE(end))
+        key_value = self.key_value
+        out += [key_value(b"\x4a", k, v) for k, v in attributes.items()]
+        for linked_trace, linked_span in links:
+            out += (_LINK_HEAD, linked_trace.to_bytes(16, "big"), b"\x12\x08", linked_span.to_bytes(8, "big"),
+                    _LINK_TAIL)
+        if error is None:
+            out.append(_STATUS_UNSET)
+        else:
+            out.append(_field(b"\x7a", (_field(b"\x12", error.encode()) if error else b"") + b"\x18\x02"))
+        out.append(_SPAN_FLAGS)
+        return b"".join(out)
+
+    def plain_request(self, spans: Sequence[PlainSpan], resource: Resource,
+                      scope: InstrumentationScope | None = SCOPE) -> bytes:
+        """``ExportTraceServiceRequest`` for spans of one resource and scope (the tracer's): the bytes
+        :meth:`request` writes for their ``to_readable``."""
+        plain_span = self.plain_span
+        encoded = [_field(b"\x12", plain_span(span)) for span in spans]
+        header = self._headers.get((id(resource), id(scope)))
+        if header is None:
+            header = self._headers[(id(resource), id(scope))] = (resource, scope, self._scope_header(scope))
+        scope_spans = header[2] + b"".join(encoded)
+        if scope is not None and scope.schema_url:
+            scope_spans += _field(b"\x1a", scope.schema_url.encode())
+        body = [_field(b"\x0a", self.attributes(b"\x0a", resource.attributes)), _field(b"\x12", scope_spans)]
+        if resource.schema_url:
+            body.append(_field(b"\x1a", resource.schema_url.encode()))
+        return _field(b"\x0a", b"".join(body)) if spans else b""
+
+    def _scope_header(self, scope: InstrumentationScope | None) -> bytes:
+        """``ScopeSpans.scope`` (1): ``InstrumentationScope{name 1, version 2, attributes 3}``."""
+        scope_body = b""
+        if scope is not None:
+            scope_body = (_field(b"\x0a", scope.name.encode()) if scope.name else b"") + \
+                (_field(b"\x12", scope.version.encode()) if scope.version else b"") + \
+                self.attributes(b"\x1a", scope.attributes)
+        return _field(b"\x0a", scope_body)
+
     def request(self, spans: Sequence[ReadableSpan]) -> bytes:
         """``ExportTraceServiceRequest.resource_spans`` (1): ``ResourceSpans{resource 1, scope_spans 2,
         schema_url 3}``, ``ScopeSpans{scope 1, spans 2, schema_url 3}``, spans grouped by resource, then scope."""
@@ -172,12 +265,7 @@ class _Encoder:
         for resource, by_scope in groups.values():
             body = [_field(b"\x0a", self.attributes(b"\x0a", resource.attributes))]
             for scope, encoded in by_scope.values():
-                scope_body = b""
-                if scope is not None:  # InstrumentationScope: name 1, version 2, attributes 3
-                    scope_body = (_field(b"\x0a", scope.name.encode()) if scope.name else b"") + \
-                        (_field(b"\x12", scope.version.encode()) if scope.version else b"") + \
-                        self.attributes(b"\x1a", scope.attributes)
-                scope_spans = _field(b"\x0a", scope_body) + b"".join(encoded)
+                scope_spans = self._scope_header(scope) + b"".join(encoded)
                 if scope is not None and scope.schema_url:
                     scope_spans += _field(b"\x1a", scope.schema_url.encode())
                 body.append(_field(b"\x12", scope_spans))
@@ -192,6 +280,12 @@ def encode_spans(spans: Sequence[ReadableSpan], encoder: _Encoder | None = None)
     return (encoder or _Encoder()).request(spans)
 
 
+def encode_plain(spans: Sequence[PlainSpan], resource: Resource, scope: InstrumentationScope | None = SCOPE,
+                 encoder: _Encoder | None = None) -> bytes:
+    """The serialized OTLP ``ExportTraceServiceRequest`` for span tuples of one resource and scope."""
+    return (encoder or _Encoder()).plain_request(spans, resource, scope)
+
+
 class OtlpHttpSpanExporter(SpanExporter):
     """POSTs each batch of spans to an OTLP/HTTP traces endpoint (binary protobuf)."""
 
@@ -200,31 +294,147 @@ class OtlpHttpSpanExporter(SpanExporter):
         self.timeout_s = timeout_s
         self._stopped = threading.Event()
         self._encoder = _Encoder()
+        url = urllib.parse.urlsplit(endpoint)
+        self._connection_class = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+        self._netloc = url.netloc
+        self._path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+        self._connection: http.client.HTTPConnection | None = None
+        """Kept open between posts (HTTP/1.1 keep-alive): a new connection per post cost more CPU
+        than encoding the spans of a second (``bench/tracing_overhead.py``)."""
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        body = self._encoder.request(spans)
+        """The SDK's exporter interface: ``spans`` encoded and posted."""
+        return self.post(self._encoder.request(spans), len(spans))
+
+    def export_plain(self, spans: Sequence[PlainSpan], resource: Resource,
+                     scope: InstrumentationScope | None = SCOPE) -> SpanExportResult:
+        """Span tuples of one resource and scope (the :class:`PlainSpanBatcher`'s), encoded and posted."""
+        return self.post(self._encoder.plain_request(spans, resource, scope), len(spans))
+
+    def post(self, body: bytes, spans: int) -> SpanExportResult:
+        """POST one encoded ``ExportTraceServiceRequest`` (``spans`` spans: for the warning)."""
         problem = ""
         for wait_s in (0.0, *_RETRY_AFTER_S):
             if wait_s and self._stopped.wait(wait_s):
                 break  # shutting down: no more waiting for a collector
-            request = urllib.request.Request(self.endpoint, data=body, method="POST",
-                                             headers={"Content-Type": "application/x-protobuf"})
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    response.read()
+                status = self._send(body)
+            except (OSError, http.client.HTTPException) as exc:
+                problem = str(exc) or type(exc).__name__
+                continue
+            if 200 <= status < 300:
                 return SpanExportResult.SUCCESS
-            except urllib.error.HTTPError as exc:
-                problem = f"HTTP {exc.code}"
-                if exc.code not in _RETRIED_STATUSES:
-                    break
-            except (urllib.error.URLError, OSError) as exc:
-                problem = str(getattr(exc, "reason", exc))
+            problem = f"HTTP {status}"
+            if status not in _RETRIED_STATUSES:
+                break
         log.warning("trace export failed: spans dropped", extra={"otlp_endpoint": self.endpoint,
-                                                                 "spans": len(spans), "problem": problem})
+                                                                 "spans": spans, "problem": problem})
         return SpanExportResult.FAILURE
+
+    def _send(self, body: bytes) -> int:
+        """One POST on the kept connection (a new one when there is none); its HTTP status. A kept
+        connection the collector has closed since is retried once at once on a new connection."""
+        for fresh in (self._connection is None, True):
+            if self._connection is None:
+                self._connection = self._connection_class(self._netloc, timeout=self.timeout_s)
+            connection = self._connection
+            try:
+                connection.request("POST", self._path, body, {"Content-Type": "application/x-protobuf"})
+                response = connection.getresponse()
+                response.read()
+            except (OSError, http.client.HTTPException):
+                connection.close()
+                self._connection = None
+                if fresh:
+                    raise
+                continue
+            if response.will_close:
+                connection.close()
+                self._connection = None
+            return response.status
+        raise AssertionError("unreachable: the second attempt is on a fresh connection")
 
     def shutdown(self) -> None:
         self._stopped.set()
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True  # nothing is buffered here (the processor holds the queue)
+
+
+class PlainSpanBatcher:
+    """The service's span queue: the tracer appends span tuples (on the engine's actor thread), a
+    thread of its own exports them in batches (:meth:`OtlpHttpSpanExporter.export_plain`).
+
+    Why not the SDK's ``BatchSpanProcessor``: it queues ``ReadableSpan`` objects, which the actor would
+    have to build (see :mod:`calculet.server.tracing`), and checks the process id on every span. Here
+    :meth:`add` is a deque append and a length check; the thread wakes every ``schedule_delay_s``, or
+    as soon as ``wake_at`` spans are queued (half the queue by default), and exports everything queued in posts of up to
+    ``max_export_batch_size`` spans. When the queue is full the oldest span is dropped (as the SDK's
+    processor does), counted in :attr:`dropped` and reported with one warning per export round.
+    ``span_exporter`` is the exporter (the SDK processor's attribute name)."""
+
+    def __init__(self, exporter: OtlpHttpSpanExporter, resource: Resource, *, scope: InstrumentationScope | None = SCOPE,
+                 max_queue_size: int = 8192, schedule_delay_s: float = 5.0, max_export_batch_size: int = 2048,
+                 wake_at: int | None = None) -> None:
+        self.span_exporter = exporter
+        self._resource = resource
+        self._scope = scope
+        self._queue: collections.deque[PlainSpan] = collections.deque(maxlen=max_queue_size)
+        self._max_queue = max_queue_size
+        self._wake_at = max(1, max_queue_size // 2) if wake_at is None else wake_at
+        self._check_at = min(self._wake_at, max_queue_size)
+        self._delay_s = schedule_delay_s
+        self._batch = max_export_batch_size
+        self._wake = threading.Event()
+        self._export_lock = threading.Lock()
+        self._stopping = False
+        self.dropped = 0
+        """Spans dropped because the queue was full (the oldest go first)."""
+        self._reported = 0
+        self._thread = threading.Thread(target=self._run, name="calculet-span-export", daemon=True)
+        self._thread.start()
+
+    def add(self, span: PlainSpan) -> None:
+        """(any thread; the actor's in the service) Queue a finished span."""
+        queue = self._queue
+        size = len(queue)
+        if size >= self._check_at:  # rare: the export is behind
+            if size == self._max_queue:
+                self.dropped += 1  # the append below pushes the oldest out
+            if size >= self._wake_at and not self._wake.is_set():
+                self._wake.set()
+        queue.append(span)
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Export everything queued now (on the caller's thread)."""
+        self._export()
+        return True
+
+    def shutdown(self) -> None:
+        """Stop the thread after a last export of everything queued (idempotent)."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(30.0)  # an export under way ends within its exporter's timeouts
+        self._export()
+        self.span_exporter.shutdown()
+
+    def _run(self) -> None:
+        while not self._stopping:
+            self._wake.wait(self._delay_s)
+            self._wake.clear()
+            self._export()
+
+    def _export(self) -> None:
+        with self._export_lock:
+            queue, popleft = self._queue, self._queue.popleft
+            while queue:
+                batch = [popleft() for _ in range(min(self._batch, len(queue)))]
+                self.span_exporter.export_plain(batch, self._resource, self._scope)
+            if self.dropped != self._reported:
+                log.warning("trace queue full: spans dropped", extra={"spans": self.dropped - self._reported})
+                self._reported = self.dropped

@@ -14,6 +14,7 @@ does a batch that carries only such requests.
 from __future__ import annotations
 
 import logging
+import random
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -32,7 +33,8 @@ from opentelemetry.trace import Status, StatusCode
 from calculet.adapters.calrt import ReturnCode
 from calculet.config import parse_config
 from calculet.server.tracing import RequestTracer, SpanPipeline, otlp_pipeline
-from calculet.server.tracing_otlp import OtlpHttpSpanExporter, encode_spans
+from calculet.server.tracing_otlp import (OtlpHttpSpanExporter, PlainSpan, PlainSpanBatcher, encode_plain,
+                                          encode_spans, to_readable)
 from tests.integration.engine.support import engine_config
 from tests.service.support import ALIAS, RunningServer, service_config, start_server
 from tests.service.test_metrics_values import Stack, stack
@@ -329,3 +331,142 @@ def test_the_default_service_installs_no_tracer(key_dir: Path) -> None:
         assert running.service.tracer is None
     finally:
         running.stop()
+
+
+class _Tuples(list):  # type: ignore[type-arg]
+    """A span sink keeping the tracer's span tuples (the service's batcher's side of the pipeline)."""
+
+    def add(self, span: PlainSpan) -> None:
+        self.append(span)
+
+    def shutdown(self) -> None:
+        return
+
+
+def test_the_span_tuples_are_written_as_the_library_writes_the_same_spans() -> None:
+    """The service's path (span tuples → OTLP bytes on the export thread, issue #19's cost cut) writes
+    the message the library builds from the SDK spans of the same tuples (the spans an SDK processor
+    gets), for completed and failed requests, B4 batches of 3 lanes and 1, an ERROR batch and links."""
+    config = engine_config(profiles=(4,), batch={"batching_window_us": 50_000})
+    st = stack(config, profiles=(1, 4), variant="future")
+    tuples = _Tuples()
+    tracer = RequestTracer(SpanPipeline(tuples), st.clock, job=st.driver.job, alias="tiny")
+    st.driver.core._observer = _chain(st.driver.core._observer, tracer.observe)
+    for new in (3, 3, 5):
+        st.submit(8, new)
+    st.runtime.hooks.result_rc[st.runtime.hooks.accepted + 5] = ReturnCode.INTERNAL
+    st.driver.run_until_idle()
+    assert tracer.open == 0
+    resource = SpanPipeline(tuples).resource
+    spans = [to_readable(span, resource) for span in tuples]
+    names = {s.name for s in spans} | {s.status.status_code.name for s in spans}
+    assert {"calculet.request", "calculet.decode", "calculet.decode_batch", "ERROR", "UNSET"} <= names
+    assert any(len(s.links) > 1 for s in spans) and any(s.parent is not None for s in spans)
+    ours = ExportTraceServiceRequest.FromString(encode_plain(tuples, resource))
+    assert ours == library_encode_spans(spans)
+    assert ours.SerializeToString(deterministic=True) == library_encode_spans(spans).SerializeToString(
+        deterministic=True)
+    assert encode_plain([], resource) == b""
+
+
+class _Recorder(OtlpHttpSpanExporter):
+    """Keeps each batch the batcher exports instead of posting it."""
+
+    def __init__(self) -> None:
+        super().__init__("http://127.0.0.1:1/v1/traces")
+        self.batches: list[list[PlainSpan]] = []
+
+    def export_plain(self, spans: Any, resource: Any, scope: Any = None) -> SpanExportResult:
+        self.batches.append(list(spans))
+        return SpanExportResult.SUCCESS
+
+
+def _span(n: int) -> PlainSpan:
+    return ("calculet.decode_batch", n, n, 0, n, n + 1, {"calculet.batch.id": n}, (), None)
+
+
+def test_the_span_batcher_posts_in_batches_drops_the_oldest_when_full_and_flushes_at_shutdown(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Six spans into a queue of four (never woken early, no timed wake within the test): the two
+    oldest are dropped and counted, one warning says so; a flush exports the four newest in posts of
+    at most three; shutdown exports what was added since."""
+    exporter = _Recorder()
+    batcher = PlainSpanBatcher(exporter, SpanPipeline(_Tuples()).resource, max_queue_size=4,
+                               schedule_delay_s=1e6, max_export_batch_size=3, wake_at=5)
+    for n in range(1, 7):
+        batcher.add(_span(n))
+    assert batcher.dropped == 2
+    with caplog.at_level(logging.WARNING, logger="calculet.server.tracing"):
+        batcher.force_flush()
+    assert [[s[1] for s in batch] for batch in exporter.batches] == [[3, 4, 5], [6]]
+    assert [r.spans for r in caplog.records if r.getMessage() == "trace queue full: spans dropped"] == [2]  # type: ignore[attr-defined]
+    batcher.add(_span(7))
+    batcher.shutdown()
+    assert [s[1] for s in exporter.batches[-1]] == [7]
+    batcher.shutdown()  # idempotent
+    assert len(exporter.batches) == 3
+
+
+def test_the_sample_ratio_keeps_the_sdk_samplers_decision() -> None:
+    """sample_ratio 0.5 over 24 requests (seeded ids): some traced, some not, and a request is traced
+    exactly when the SDK's TraceIdRatioBased(0.5) samples its trace id; its batches with it."""
+    from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+
+    state = random.getstate()
+    random.seed(19)
+    try:
+        st = stack(engine_config())
+        tracer, exporter = _traced_stack(st, sample_ratio=0.5)
+        for _ in range(24):
+            st.submit(8, 2)
+        st.driver.run_until_idle()
+    finally:
+        random.setstate(state)
+    roots = [s for s in exporter.get_finished_spans() if s.name == "calculet.request"]
+    assert 0 < len(roots) < 24 and tracer.open == 0
+    sampler = TraceIdRatioBased(0.5)
+    assert all(sampler.should_sample(None, s.context.trace_id, s.name).decision.is_sampled() for s in roots)
+    batches = [s for s in exporter.get_finished_spans() if s.name == "calculet.decode_batch"]
+    assert len(batches) == len(roots)  # 2 tokens: the prefill's and one decode batch per traced request
+
+
+class _KeepAliveCollector(BaseHTTPRequestHandler):
+    """An HTTP/1.1 OTLP endpoint recording the client port of each post; ``close_after`` posts on a
+    connection, it closes it without saying so (as a collector's idle timeout does)."""
+
+    protocol_version = "HTTP/1.1"
+    ports: list[int] = []
+    close_after = 2
+    served: dict[int, int] = {}
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        port = self.client_address[1]
+        self.ports.append(port)
+        self.served[port] = self.served.get(port, 0) + 1
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+        if self.served[port] >= self.close_after:
+            self.close_connection = True
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        return
+
+
+def test_the_exporter_keeps_its_connection_and_reconnects_when_the_collector_closed_it() -> None:
+    """Posts reuse one connection; after the collector silently closed it, the next post goes out on a
+    new connection at once (no retry wait, no failure)."""
+    collector = ThreadingHTTPServer(("127.0.0.1", 0), _KeepAliveCollector)
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    _KeepAliveCollector.ports, _KeepAliveCollector.served = [], {}
+    exporter = OtlpHttpSpanExporter(f"http://127.0.0.1:{collector.server_address[1]}/v1/traces")
+    resource = SpanPipeline(_Tuples()).resource
+    try:
+        for n in range(3):
+            assert exporter.export_plain([_span(n + 1)], resource) is SpanExportResult.SUCCESS
+    finally:
+        exporter.shutdown()
+        collector.shutdown()
+    ports = _KeepAliveCollector.ports
+    assert len(ports) == 3 and ports[0] == ports[1] != ports[2]
