@@ -130,16 +130,17 @@ class Monitor:
             "pre": pre_values, "post": post_values})
 
     def check_whole(self, name: str, invariants: Any, view: Any, after: str, state: Any = None,
-                    extra: list[tuple[str, str]] = ()) -> None:  # type: ignore[assignment]
+                    extra: list[tuple[str, str]] = ()) -> list[tuple[str, str]]:  # type: ignore[assignment]
         """Pool- or system-level monitoring: every declared invariant of ``invariants`` (objects
         with ``name``, ``rid`` and ``predicate(view)``) evaluated on the live ``view`` after the
         runtime operation ``after``, plus ``extra`` (name, R-id) faults the caller found (an index
         kept beside the machines that no longer matches them). Counted, and raised in ``raise``
-        mode, exactly like an instance's invariants."""
+        mode, exactly like an instance's invariants; in ``count`` mode the (name, R-id) of what
+        was broken is returned (a caller that checks only what moved then looks at everything next time)."""
         self._checks += 1
         broken = [(inv.name, inv.rid) for inv in invariants if not inv.predicate(view)] + list(extra)
         if not broken:
-            return
+            return broken
         with self._lock:
             for inv_name, _rid in broken:
                 self._violations[(name, inv_name)] += 1
@@ -148,6 +149,7 @@ class Monitor:
             raise InvariantViolation(name, first, rid, after, {}, {"broken": broken, "state": state})
         log.error("invariant violated", extra={"machine": name, "invariants": [n for n, _ in broken],
                                                "transition": after, "post": state})
+        return broken
 
     def statistics(self) -> MonitorStatistics:
         with self._lock:

@@ -46,7 +46,7 @@ from calculet.machines import KvSequenceMachine
 from calculet.machines.kv_pool import KvLanePool
 from calculet.machines.monitor import MONITOR
 from calculet.machines.pool import PoolView
-from calculet.runtime.scheduling.kv_checks import check_pool, check_reserve_decision
+from calculet.runtime.scheduling.kv_checks import PoolMonitor, check_pool, check_reserve_decision
 from calculet.runtime.scheduling.kv_guard import compile_measures, compile_reserve_guard, events_keeping_measures
 from calculet.runtime.distribution import FREE_LATENCY_BOUNDS, Distribution, DistributionSnapshot
 
@@ -177,6 +177,8 @@ class KvLaneManager:
         self._neutral = KvSequenceMachine.create(max_seq=max_seq, lane=lanes)
         self._budgets = tuple(self.pool_params[name] for name in _POOL.params)
         self._totals = [sum(_MEASURES(m)[k] for m in self._lanes) for k in range(len(self._budgets))]
+        self.pool_monitor = PoolMonitor()
+        """What the pool monitor's last check saw: a check evaluates the lanes that moved since (kv_checks)."""
         self._check_scale = lanes / POOL_CHECK_LANES
         self._scale_draw = random.Random(lanes).random
         self._owner = [0] * lanes
@@ -206,6 +208,14 @@ class KvLaneManager:
     def lane(self, lane: int) -> Any:
         """The lane's machine instance (read-only use: monitors, tests, statistics)."""
         return self._lanes[lane]
+
+    def lane_list(self) -> list[Any]:
+        """Every lane's machine instance, in lane order (read-only use: the pool monitor)."""
+        return self._lanes
+
+    def ghost_list(self) -> list[dict[str, int]]:
+        """Every lane's pool ghosts (KvLanePool.ghosts), in lane order (read-only use: the pool monitor)."""
+        return self._ghosts
 
     def owns(self, lease: KvLease) -> bool:
         return self._owner[lease.lane] == lease.lease_id
@@ -496,10 +506,11 @@ class KvLaneManager:
         """With monitors on: the pool's invariants and this manager's indexes, after ``operation``
         (every operation in tests; sampled like every other monitor in production).
 
-        The declared pool invariants quantify over pairs of lanes, so one whole-pool check costs
-        O(lanes²): 120 pairs at B16, but seconds at the thousands of lanes a benchmark configures.
+        A check evaluates the declared invariants on the lanes that moved since the last one
+        (:mod:`~calculet.runtime.scheduling.kv_checks`, proved equal to the whole-pool verdict), but
+        still compares every lane with its snapshot and walks the indexes: O(lanes) plain reads.
         When sampling, a pool of more than :data:`POOL_CHECK_LANES` lanes is checked that many
-        times less often per operation, so the amortized cost stays O(lanes); a broken pool state
+        times less often per operation, so that cost stays O(1) amortized; a broken pool state
         persists, so it is still found at a later check."""
         if MONITOR.enabled and MONITOR.sampled():
             if self._check_scale > 1 and MONITOR.sample_every > 1 and self._scale_draw() * self._check_scale >= 1.0:
