@@ -241,7 +241,7 @@ class RequestTracer:
         if source == target:
             return
         request_id = rec.request_id
-        tr = self._open.get(request_id, self)
+        tr: Any = self._open.get(request_id, self)
         if tr is self:  # its first transition: the sampling decision (TraceIdRatioBased's rule)
             trace_id = _new_id(128)
             tr = self._open[request_id] = (_Trace(trace_id, self._ns(rec.arrival))
@@ -250,8 +250,7 @@ class RequestTracer:
             if target in _ENDED:
                 del self._open[request_id]
             return
-        assert isinstance(tr, _Trace)
-        now = self._ns(self._clock.now())
+        now = self._offset_ns + int(self._clock.now() * 1e9)
         if target == "decode_running":  # the per-token path first: at B1 two of every three transitions
             self._board(tr, rec.job_id, now)
             return

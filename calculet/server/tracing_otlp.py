@@ -51,6 +51,8 @@ _RETRIED_STATUSES = frozenset({429, 502, 503, 504})
 _U64 = (1 << 64) - 1
 _CACHED_ATTRIBUTES = 4096
 """Encoded (key, value) pairs kept: tenant, queue, profile, lanes, decision... repeat in every batch."""
+_UNCACHED_INT = 1 << 10
+"""Ints from here up are ids or large counts, not worth a cache entry (profiles, lanes and steps are below)."""
 
 SCOPE = InstrumentationScope("calculet.server.tracing")
 """The instrumentation scope of every span calculet writes."""
@@ -131,13 +133,26 @@ class _Encoder:
 
     def __init__(self) -> None:
         self._attributes: dict[tuple[str, type, Any], bytes] = {}
+        self._keys: dict[str, bytes] = {}
+        """An attribute key's field, per key (for the values not cached whole)."""
         self._heads: dict[str, bytes] = {}
         """A span name's field with the kind's after it (INTERNAL), per name."""
         self._headers: dict[tuple[int, int], tuple[Resource, InstrumentationScope | None, bytes]] = {}
         """The encoded scope per (resource, scope), the objects kept so their ids stay theirs."""
 
     def key_value(self, tag: bytes, key: str, value: Any) -> bytes:
-        """The field ``tag`` holding ``KeyValue{key (1), value (2)}``."""
+        """The field ``tag`` holding ``KeyValue{key (1), value (2)}``.
+
+        A non-negative int from ``_UNCACHED_INT`` up (a batch or request id: a new value per span) is
+        written from its key's cached field, not cached itself: caching every id would fill the cache
+        and clear the pairs that do repeat every few thousand spans."""
+        if type(value) is int and value >= _UNCACHED_INT:
+            key_field = self._keys.get(key)
+            if key_field is None:
+                key_field = self._keys[key] = _field(b"\x0a", key.encode())
+            number = _varint(value & _U64)
+            body = key_field + b"\x12" + _SMALL[len(number) + 1] + b"\x18" + number
+            return tag + _len(len(body)) + body
         cache_key = (key, type(value), value) if isinstance(value, (str, bool, int, float)) else None
         if cache_key is not None:
             found = self._attributes.get(cache_key)

@@ -229,7 +229,7 @@ def test_the_lean_encoder_matches_the_library_on_every_field_kind() -> None:
             pass
     spans = list(memory.get_finished_spans())
     spans.append(ReadableSpan("scopeless", SpanContext(1, 2, False, TraceFlags(1)), None, spans[0].resource,
-                              {"k": True}, start_time=5, end_time=9))
+                              {"k": True, "id": 1024, "big": 2 ** 40 + 7, "small": 1023}, start_time=5, end_time=9))
     assert spans[1].dropped_attributes == 2 and spans[1].events and spans[1].parent.is_remote  # type: ignore[union-attr]
     assert ExportTraceServiceRequest.FromString(encode_spans(spans)) == library_encode_spans(spans)
 
