@@ -39,6 +39,8 @@ _SETTLE = {LaneVerdict.OK: "commit", LaneVerdict.OUTPUT_INVALID: "abort",
            LaneVerdict.DEVICE_FAILED: "fault", LaneVerdict.MISMATCH: "fault"}
 """§9.2: the KV event that ends a lane's transaction for each verdict — commit only when device and
 output succeeded, abort when the device's effect is known, Unknown (fault) when it is not."""
+_SETTLE_BY_VALUE = {verdict.value: event for verdict, event in _SETTLE.items()}
+"""``_SETTLE`` by the verdict's value: an Enum member hashes in Python code, a str in C (once per lane per step)."""
 
 
 def end_between_chunks(registry: RequestRegistry, rec: RequestRecord) -> None:
@@ -110,14 +112,18 @@ class CompletionApplier:
                                     decoding=len(batch.active) + self.decode.total_ready())
         ok = failed = 0
         registry, generation, job_id = self.registry, job.generation, job.job_id
-        settle, done, ready = self.kv.settle, registry.on_done, self.decode.add
+        done, ready = registry.on_done, self.decode.add
         applied = CallbackResult.APPLIED
-        for check, rec, lease in zip(checks, batch.records, batch.kv.leases):
+        # §9.2: commit only when device and output succeeded. Every lane of the job is settled in one
+        # call before any request moves (a request that ends releases its lane, which must not be
+        # Updating any more); per lane the order is the same as settling it just before its request.
+        settles = _SETTLE_BY_VALUE
+        self.kv.settle_batch(batch.kv.leases, [settles[check.verdict._value_] for check in checks])
+        for check, rec in zip(checks, batch.records):
             verdict = check.verdict
             good = verdict is LaneVerdict.OK
             if verdict is LaneVerdict.MISMATCH:
                 self.anomalies += 1
-            settle(lease, _SETTLE[verdict])  # §9.2: commit only when device and output succeeded
             detail = "" if good else (completion.detail or check.detail)
             callback = done(rec.request_id, "decode_running", "decode_done", generation, job_id, good, check.stop,
                             check.token, detail)  # registry.on_decode_complete, positionally

@@ -562,8 +562,8 @@ class DecodeScheduler:
         An invalid lane never reaches the device (R7.4.4).
         """
         machine = rec.machine
-        if machine.state != "decode_ready":
-            return f"request is {machine.state}, not decode_ready"
+        if machine._state != "decode_ready":
+            return f"request is {machine._state}, not decode_ready"
         if machine.generation != generation:
             return f"generation {machine.generation} != batch generation {generation}"
         lease = rec.lease

@@ -371,8 +371,8 @@ class KvLaneManager:
                 problems.append((lease, "stale lease"))
             elif lane in seen:
                 problems.append((lease, "lane appears twice in one batch"))
-            elif machine.state not in ("reserved", "active"):
-                problems.append((lease, f"lane is {machine.state}"))
+            elif machine._state not in ("reserved", "active"):
+                problems.append((lease, f"lane is {machine._state}"))
             elif machine.committed_len + tokens > machine.reserved_len:
                 problems.append((lease, f"{machine.committed_len}+{tokens} exceeds the reservation "
                                         f"{machine.reserved_len}"))
@@ -382,17 +382,51 @@ class KvLaneManager:
         return KvBatchReservation(tuple(leases), tokens)
 
     def submit_batch(self, reservation: KvBatchReservation) -> None:
-        """The device accepted the batch: every lane's transaction opens (→ Updating)."""
+        """The device accepted the batch: every lane's transaction opens (→ Updating).
+
+        One call per job, not per lane (issue #20): ``submit`` provably keeps every budget total
+        (``_KEEPS_TOTALS``), so each lane's compiled ``fire`` runs directly; with monitors on, the
+        declared ghost (the bound position) is recorded first, as :meth:`_submit` does."""
         tokens = reservation.tokens
         owner, lanes = self._owner, self._lanes
-        for lease in reservation.leases:
-            if owner[lease.lane] != lease.lease_id:
-                raise StaleLease(f"lease {lease.lease_id} no longer owns lane {lease.lane}")
-            if MONITOR.enabled or "submit" not in _KEEPS_TOTALS:
+        if "submit" not in _KEEPS_TOTALS:
+            for lease in reservation.leases:
+                self._owned(lease)
                 self._submit(lease.lane, tokens)
-            else:
-                lanes[lease.lane].fire("submit", tokens=tokens)
+            self._checked("submit_batch")
+            return
+        ghost = _POOL.ops["submit"].ghost if MONITOR.enabled else None
+        ghosts, view = self._ghosts, self.view
+        for lease in reservation.leases:
+            lane = lease.lane
+            if owner[lane] != lease.lease_id:
+                raise StaleLease(f"lease {lease.lease_id} no longer owns lane {lane}")
+            if ghost is not None:
+                ghosts[lane].update(ghost(view, lane, tokens=tokens))
+            lanes[lane].fire("submit", tokens=tokens)
         self._checked("submit_batch")
+
+    def settle_batch(self, leases: Sequence[KvLease], events: Sequence[str]) -> None:
+        """:meth:`settle` for every lane of one job, ``events[i]`` ending ``leases[i]``'s transaction:
+        one call and one pool check per job rather than per lane (issue #20). A stale lease or a lane
+        without an open transaction is skipped, as :meth:`settle` would refuse it."""
+        owner, lanes = self._owner, self._lanes
+        faults = 0
+        for lease, event in zip(leases, events):
+            lane = lease.lane
+            if owner[lane] != lease.lease_id:
+                continue
+            machine = lanes[lane]
+            if machine._state != "updating":
+                continue
+            if event in _KEEPS_TOTALS:  # commit/abort/fault: provably no budget total moves
+                machine.fire(event)
+            else:
+                self._fire(lane, event)
+            if event == "fault":
+                faults += 1
+        self._faults += faults
+        self._checked("settle_batch")
 
     def settle(self, lease: KvLease, event: str) -> bool:
         """End the lane's open transaction with ``commit``, ``abort`` or ``fault``.
@@ -404,7 +438,7 @@ class KvLaneManager:
         if self._owner[lane] != lease.lease_id:
             return False
         machine = self._lanes[lane]
-        if machine.state != "updating":
+        if machine._state != "updating":
             return False
         if event in _KEEPS_TOTALS:  # commit/abort/fault: provably no budget total moves
             machine.fire(event)

@@ -25,7 +25,7 @@ import enum
 import logging
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 from calculet.errors import BadRequest, NotFound
 from calculet.machines import RequestMachine, TransitionNotAllowed
@@ -80,7 +80,7 @@ class RequestRecord:
 
     @property
     def state(self) -> str:
-        return self.machine.state  # type: ignore[no-any-return]
+        return self.machine._state  # type: ignore[no-any-return]
 
     @property
     def prompt_tokens(self) -> int:
@@ -278,6 +278,20 @@ class RequestRegistry:
 
     # ------------------------------------------------------------------ transitions
 
+    def fire_all(self, recs: Sequence[RequestRecord], event: str, **args: Any) -> None:
+        """:meth:`fire` of ``event`` on each of ``recs`` in order (one call per decode step for its
+        lanes, issue #20): each compiled machine still executes its declared transition, and the
+        listener and the close run per record exactly as :meth:`fire` runs them."""
+        listener = self._listener
+        for rec in recs:
+            machine = rec.machine
+            source = machine._state
+            target: str = machine.fire(event, **args)
+            if listener is not None:
+                listener(rec, source, target)
+            if target in TERMINAL_STATES and source not in TERMINAL_STATES:
+                self._close(rec)
+
     def fire(self, rec: RequestRecord, event: str, **args: Any) -> str:
         """Fire one event; count it, reclaim through the listener, close on a terminal state."""
         machine = rec.machine
@@ -315,7 +329,7 @@ class RequestRegistry:
             self._stale += 1
             return Callback(CallbackResult.STALE, "", "", "request already ended")
         machine = rec.machine
-        state = machine.state
+        state = machine._state
         if state != running or machine.generation != generation or machine.job_id != job_id:
             self._stale += 1
             return Callback(CallbackResult.STALE, state, state,

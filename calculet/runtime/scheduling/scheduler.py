@@ -63,6 +63,9 @@ from calculet.runtime.scheduling.registry import (WAITING_STATES, Cancellation, 
 
 PREFILL_STATES = frozenset({"prefill_ready", "prefill_running"})
 ENDED_STATES = frozenset({"finishing", "completed", "cancelled", "failed"})
+DECODE_CYCLE = frozenset({"decode_ready", "decode_running"})
+"""Moving between these reclaims nothing (the queue entry left with the batch) and is neither an admission
+nor an end (OnTimePolicy.transition acts only on those): two transitions per lane per step skip the listener."""
 SERVING = frozenset({ModelAvailability.READY, ModelAvailability.DRAINING})
 
 
@@ -260,8 +263,7 @@ class Scheduler:
         if isinstance(work, DecodeBatch):
             self.decode.submitted(work)
             self.kv.submit_batch(work.kv)
-            for rec in work.records:
-                self.registry.fire(rec, "submit_decode", job=job_id)
+            self.registry.fire_all(work.records, "submit_decode", job=job_id)
         else:
             self.kv.submit(work.lease, work.tokens)
             rec = work.record
@@ -364,8 +366,8 @@ class Scheduler:
         """Reclaim whatever ``rec`` stops needing with this transition (the one reclaim path)."""
         if self._observer is not None:
             self._observer(rec, source, target)
-        if source == target:
-            return
+        if source == target or (source in DECODE_CYCLE and target in DECODE_CYCLE):
+            return  # a decode step's submit or result: nothing to reclaim, and on_time acts on none of them
         if self.on_time is not None:  # the third argument: its first step into an ended state (its outcome)
             self.on_time.transition(rec, target, target in ENDED_STATES and source not in ENDED_STATES, self._clock.now())
         if source in WAITING_STATES:
