@@ -63,8 +63,9 @@ class LaneLayout:
     def of(cls, spec: JobSpec) -> LaneLayout:
         if isinstance(spec, DecodeJob):
             b = spec.compiled_batch
-            return cls(tuple(bool(x) for x in spec.lane_valid), tuple(int(s) for s in spec.seq_ids),
-                       tuple(int(p) for p in spec.positions), (1,) * b)
+            # tolist: plain Python values in one call, not one numpy scalar per lane (issue #20)
+            return cls(tuple(map(bool, spec.lane_valid.tolist())), tuple(map(int, spec.seq_ids)),
+                       tuple(spec.positions.tolist()), (1,) * b)
         return cls((True,), (int(spec.seq_id),), (spec.start_position,), (len(spec.tokens),))
 
 
@@ -90,18 +91,19 @@ def compute(job: SimJob, lock: threading.RLock) -> Computed | None:
 def _compute_decode(job: SimJob, spec: DecodeJob, lock: threading.RLock) -> Computed:
     model, kv = job.calbin.model, job.kv
     b = spec.compiled_batch
-    lanes = spec.active_lanes
+    lanes = [i for i, v in enumerate(spec.lane_valid.tolist()) if v]  # spec.active_lanes, without numpy scalars
     k_rows: list[np.ndarray | None] = [None] * b
     v_rows: list[np.ndarray | None] = [None] * b
     logits: list[np.ndarray | None] = [None] * b
     tokens: list[int | None] = [None] * b
     if model is None:
+        token_ids, positions = spec.token_ids.tolist(), spec.positions.tolist()
         for i in lanes:
-            tokens[i] = pseudo_next_token(int(spec.token_ids[i]), int(spec.positions[i]))
+            tokens[i] = pseudo_next_token(token_ids[i], positions[i])
         return Computed(k_rows, v_rows, logits, tokens)
     with lock:
         pasts = [kv.past(kv.lookup(int(spec.seq_ids[i]))) for i in lanes]
-    nk, nv, lg = model.decode(np.asarray(spec.token_ids)[list(lanes)], np.asarray(spec.positions)[list(lanes)],
+    nk, nv, lg = model.decode(np.asarray(spec.token_ids)[lanes], np.asarray(spec.positions)[lanes],
                               pasts)
     for j, i in enumerate(lanes):
         k_rows[i], v_rows[i], logits[i] = nk[j][:, None], nv[j][:, None], lg[j]

@@ -45,8 +45,8 @@ def payload(job: JobSpec) -> bytes:
     # struct, not numpy: a decode job's few lanes pack in ~1 µs, where four small arrays cost ~10 (issue #20)
     if isinstance(job, DecodeJob):
         b = len(job.token_ids)
-        return struct.pack(f"<{b}i{b}i{b}B{b}i", *map(int, job.token_ids), *map(int, job.positions),
-                           *map(int, job.lane_valid), *map(int, job.seq_ids))
+        return struct.pack(f"<{b}i{b}i{b}B{b}i", *map(int, job.token_ids.tolist()),
+                           *map(int, job.positions.tolist()), *map(int, job.lane_valid.tolist()), *map(int, job.seq_ids))
     return np.asarray(job.tokens, dtype="<i4").tobytes()
 
 
@@ -58,7 +58,8 @@ def check_decode(job: DecodeJob, cb: SimCalbin, kv: SimKvManager, cost: CostMode
                           f"profile B{b} is not configured (configured: {list(cb.configured_profiles)})")
     profile = cb.profile(b)
     policy = profile.inactive_policy
-    valid = [int(v) for v in job.lane_valid]  # a handful of lanes: plain ints beat numpy here (issue #20)
+    # a handful of lanes: plain ints beat numpy scalars here, converted once per array (issue #20)
+    valid, tokens, positions = job.lane_valid.tolist(), job.token_ids.tolist(), job.positions.tolist()
     if any(v not in (0, 1) for v in valid):
         raise VendorError(ReturnCode.INVALID_ARGUMENT, f"lane_valid must be 0/1, got {valid}")
     lanes = tuple(i for i, v in enumerate(valid) if v)
@@ -69,9 +70,9 @@ def check_decode(job: DecodeJob, cb: SimCalbin, kv: SimKvManager, cost: CostMode
         raise VendorError(ReturnCode.INVALID_ARGUMENT,
                           f"profile B{b} has no mask contract; lanes {inactive} cannot be inactive (§7.3)")
     for i in inactive:
-        if int(job.token_ids[i]) != policy.fill_token:
+        if tokens[i] != policy.fill_token:
             raise VendorError(ReturnCode.INVALID_ARGUMENT,
-                              f"inactive lane {i} carries token {int(job.token_ids[i])}; profile B{b} fills "
+                              f"inactive lane {i} carries token {tokens[i]}; profile B{b} fills "
                               f"inactive lanes with {policy.fill_token} (§7.3: never pad with token 0)")
         sid = int(job.seq_ids[i])
         if sid != NO_SEQUENCE and not kv.exists(sid):
@@ -86,7 +87,7 @@ def check_decode(job: DecodeJob, cb: SimCalbin, kv: SimKvManager, cost: CostMode
                               f"seq {sid} appears in two valid lanes (§9.2: one seq, one lane)")
         seen.add(sid)
         seq = kv.lookup(sid)
-        tok, pos = int(job.token_ids[i]), int(job.positions[i])
+        tok, pos = tokens[i], positions[i]
         if not 0 <= tok < cb.vocab_size:
             raise VendorError(ReturnCode.INVALID_ARGUMENT, f"lane {i} token {tok} outside vocab {cb.vocab_size}")
         if pos != seq.committed_len:
