@@ -26,7 +26,9 @@ systems are proved for every size by the same projection, with one ghost per cou
   of the whole sum is the change of the encoded terms — and it needs each counted term to read
   only its own instance and binding (``bound(i, j)`` for a fixed generation ``j``; a job's state);
 * the other invariants are ∀ over at most two requests and one lane, and each guard that reads
-  other instances is a conjunction over them (``_engine_free``, ``_none_pending``) or a count.
+  other instances is a conjunction over them (``_engine_free``, ``_none_pending``) or a count;
+  the arguments a step passes to its rows read only its own request and lane (checked: a step
+  whose wiring reads another instance leaves the system proved at the encoded size only).
 
 Take a counterexample to induction at any size: keep the moved request and lane and the
 instances the broken invariant instance names (at most three requests and two lanes), make
@@ -51,7 +53,8 @@ import z3
 from calculet.invariants.checks import CheckResult, Counterexample, Progress, model_value, solver
 from calculet.invariants.system_encoding import (Move, assume_invariants, flat, fresh_frame, initial_frame, read_frame,
                                                  seq_domain, step_args, system_goals)
-from calculet.machines.system import SystemDefinition
+from calculet.logic.symbolic import SymbolicVars
+from calculet.machines.system import Opaque, SystemDefinition, SystemView
 
 __all__ = ["check_system_induction", "check_system_initiation", "check_system_vacuity"]
 
@@ -108,6 +111,11 @@ def check_system_induction(sd: SystemDefinition, requests: int = 3, lanes: int =
         return _induction(sd, requests, lanes, wanted, progress, beyond=False,
                           scope=" (this size only: a count reads no SystemView.beyond — "
                                 + ", ".join(sorted(unhooked)) + ")")
+    reading = _wirings_reading_others(sd)
+    if reading:  # an effect's argument read from an instance the projection may drop
+        return _induction(sd, requests, lanes, wanted, progress, beyond=False,
+                          scope=" (this size only: the arguments of " + ", ".join(reading)
+                                + " are read from other instances)")
     results = _induction(sd, requests, lanes, wanted, progress, beyond=True,
                          scope=" with ghost counts beyond them (so every R, L)" if cutoff else " with ghost counts")
     unsettled = {r.subject for r in results if not r.ok}
@@ -121,6 +129,27 @@ def check_system_induction(sd: SystemDefinition, requests: int = 3, lanes: int =
                          "or an invariant not inductive for every size" if encoded[r.subject].ok else
                          f"; at this size alone too ({encoded[r.subject].detail})")
     return results
+
+
+def _wirings_reading_others(sd: SystemDefinition) -> list[str]:
+    """The steps whose wired event arguments (``request_args``/``lane_args``) read an instance other
+    than their own request and lane: the projection argument needs a step's effect to depend only
+    on what it moves (its guard may read others, as a conjunction over them or a count)."""
+    requests = [SymbolicVars(sd.request.definition, f"_ow{i}") for i in range(2)]
+    lanes = [SymbolicVars(sd.lane.definition, f"_owl{j}") for j in range(2)]
+    args = {name: typ.symbol(f"{name}_ow") for name, typ in sd.step_args.items()}
+    out = []
+    for step in sd.steps:
+        narrow = SystemView([requests[0], Opaque()], [lanes[0], Opaque()], [z3.Int("bind_ow"), Opaque()],
+                            [z3.Int("seq_ow"), Opaque()])
+        for v in sd.variants_of(step.name)[:1]:
+            try:
+                for wiring, names in ((step.request_args, v.request_wiring_args), (step.lane_args, v.lane_wiring_args)):
+                    if wiring is not None:
+                        wiring(narrow, 0, 0, **{a: args[a] for a in names})
+            except Exception:  # read another instance (Opaque refuses)
+                out.append(step.name)
+    return out
 
 
 def _counts_read_beyond(sd: SystemDefinition, requests: int, lanes: int) -> list[CheckResult]:

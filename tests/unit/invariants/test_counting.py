@@ -92,3 +92,14 @@ def test_the_report_says_what_holds_for_every_size_and_what_for_the_encoded_inst
 def test_the_live_view_counts_only_what_it_holds() -> None:
     from calculet.machines.system import SystemView
     assert SystemView([], [], [], []).beyond(("bound to", 0)) == 0
+
+
+def test_a_step_whose_arguments_read_another_instance_is_proved_for_the_encoded_size_only() -> None:
+    bind = next(s for s in GenerationRequestSystem.definition.steps if s.name == "bind@new")
+    mutant = GenerationRequestSystem.derive("GenReqBindsTheLastGeneration", replace={"bind@new": dataclasses.replace(
+        bind, request_args=lambda sys, i, j: {"gen": sys.lanes[len(sys.lanes) - 1].generation})})
+    results = check_system_induction(mutant.definition, steps=["bind@new"])
+    assert results and all("this size only: the arguments of bind@new are read from other instances" in r.detail
+                           for r in results)
+    # and it is a real bug at that size: the request names another generation than the one counting it
+    assert any("pinned_request_names_its_generation" in r.broken for r in results if not r.ok)
