@@ -112,7 +112,8 @@ class CompletionApplier:
                                     decoding=len(batch.active) + self.decode.total_ready())
         ok = failed = 0
         registry, generation, job_id = self.registry, job.generation, job.job_id
-        done, ready = registry.on_done, self.decode.add
+        done = registry.on_done
+        back: list[RequestRecord] = []  # Ready again: queued after the loop, in lane order (nothing between reads the queue)
         applied = CallbackResult.APPLIED
         # §9.2: commit only when device and output succeeded. Every lane of the job is settled in one
         # call before any request moves (a request that ends releases its lane, which must not be
@@ -133,10 +134,11 @@ class CompletionApplier:
                 failed += 1
             if callback.result is applied:
                 target = callback.target
-                if target == "decode_ready":  # _after_done, inlined on the per-lane path
-                    ready(rec, now, stepped=rec.machine.generated_tokens > 1)
+                if target == "decode_ready":  # _after_done, batched on the per-lane path
+                    back.append(rec)
                 elif target == "finishing":
                     registry.finish(rec.request_id)
+        self.decode.add_back(back, now)
         self._pump(now)
         return Applied(job.job_id, False, ok, failed)
 

@@ -50,7 +50,7 @@ import enum
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -243,6 +243,17 @@ class DecodeScheduler:
         return self._step_times.decode_step_s
 
     # ------------------------------------------------------------------ the ready set
+
+    def add_back(self, recs: Sequence[RequestRecord], now: float) -> None:
+        """The requests of one decode step that are Ready again, in lane order: :meth:`add` for each
+        (stepped when it has generated more than its prefill token), one call per step (issue #20)."""
+        push, step_cost = self._push, self._step_cost
+        for rec in recs:
+            if rec.machine.generated_tokens > 1:
+                rec.decode_tag += step_cost(rec.tenant)
+            else:
+                rec.decode_tag = self._vt
+            push(rec, now)
 
     def add(self, rec: RequestRecord, now: float, *, stepped: bool = False) -> None:
         """``rec`` entered DecodeReady at ``now``: from prefill, or after a decode step (``stepped``)."""

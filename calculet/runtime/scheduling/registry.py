@@ -347,7 +347,11 @@ class RequestRegistry:
         if target in ("decode_ready", "finishing"):
             assert token is not None
             rec.last_token = token
-            self.deliver(rec, token)
+            try:  # ``deliver``, inlined: once per lane per decode step
+                rec.sink.token(request_id, token)
+            except Exception:  # a broken client must not break the actor
+                self._sink_errors += 1
+                log.exception("sink.token failed", extra={"request_id": request_id})
         return Callback(CallbackResult.APPLIED, state, target)
 
     def _close(self, rec: RequestRecord) -> None:
