@@ -116,3 +116,24 @@ def test_sigterm_stops_admission_drains_and_exits_0(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_the_switch_interval_is_an_option_and_a_nonpositive_one_stops_start_up(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue #13: the HTTP loop's wait for the interpreter lock is bounded by the switch interval; the service
+    serves with ``--switch-interval-ms`` (default :data:`run.SWITCH_INTERVAL_MS`, the environment's
+    ``CALCULET_SWITCH_INTERVAL_MS`` overriding it for benchmarks), refuses one that is not > 0 before
+    bringing anything up, and sets it only while serving."""
+    monkeypatch.delenv("CALCULET_SWITCH_INTERVAL_MS", raising=False)
+    assert run.build_parser().parse_args([]).switch_interval_ms == run.SWITCH_INTERVAL_MS
+    assert run.build_parser().parse_args(["--switch-interval-ms", "0.5"]).switch_interval_ms == 0.5
+    monkeypatch.setenv("CALCULET_SWITCH_INTERVAL_MS", "2.5")
+    assert run.build_parser().parse_args([]).switch_interval_ms == 2.5
+    before = sys.getswitchinterval()
+    assert run.main(["--switch-interval-ms", "0"]) == 2
+    assert "--switch-interval-ms must be > 0" in capsys.readouterr().err
+    assert sys.getswitchinterval() == before
+    with pytest.raises(RuntimeError), run.switch_interval(0.0007):
+        assert sys.getswitchinterval() == pytest.approx(0.0007)
+        raise RuntimeError("serving ended by an error")
+    assert sys.getswitchinterval() == before
