@@ -178,7 +178,13 @@ def _system_trace(trace: list[dict[str, Any]]) -> list[str]:
 
 
 _COUPLED = (GenerationRequestSystem, GenerationJobSystem, JobLaneSystem, AdmissionBudgetSystem)
-_LIVE_COUNTED = (GenerationRequestSystem, GenerationJobSystem)  # ModelManager.counter_faults checks them live
+_LIVE_CHECKED = {  # what checks each coupled system's properties on the live runtime
+    GenerationRequestSystem: "the runtime checks the counts on the live instances",   # ModelManager.counter_faults
+    GenerationJobSystem: "the runtime checks the counts on the live instances",
+    JobLaneSystem: "the runtime's job lane monitor evaluates every invariant on the live jobs and KV lanes",
+    AdmissionBudgetSystem: "the runtime's budget monitor evaluates the budget's declared invariants on the "
+                           "admission controller's counters",
+}
 _SYSTEM_TITLES = {
     "RequestLaneSystem": "Requests × lanes (joint model)",
     "GenerationRequestSystem": "Generations × requests (joint model)",
@@ -200,8 +206,8 @@ def _system_scope(system: type, o: VerifyOptions, every: bool) -> str:
             f"each by every step with R={o.system_requests}, L={o.system_lanes} symbolic instances: "
             + ("this holds for every size" if every else
                "proved for this size only (an invariant counts every instance, or a step reads other "
-               "instances" + (" — the runtime checks the counts on the live instances)"
-                              if system in _LIVE_COUNTED else "; no runtime monitor checks it yet)")))
+               "instances" + (f" — {_LIVE_CHECKED[system]})"
+                              if system in _LIVE_CHECKED else "; no runtime monitor checks it yet)")))
 
 
 def _system_sections(run: VerifyRun) -> list[str]:
