@@ -9,7 +9,8 @@ subprocesses on 127.0.0.1 (:class:`service.Server`), driven by the same httpx cl
 server CPU (utime + stime of every thread, from /proc, warm-up excluded) per streamed token and
 completions/s, each with its ratio calculet / baseline (median of per-round ratios). Targets:
 CPU ratio ≤ 3, completions/s ratio ≥ 1/3. A 429 under load is retried after its Retry-After and
-counted. ``--profile FILE`` writes a cProfile of every calculet server thread in CPU time
+counted. The interpreter's switch interval is ``calculet.run``'s (1 ms unless ``CALCULET_SWITCH_INTERVAL_MS``
+says otherwise; the report names it). ``--profile FILE`` writes a cProfile of every calculet server thread in CPU time
 (``time.thread_time``) — where the host's time goes. Figures, not a pass/fail test (DESIGN
 principle 10); the baseline is measured in the same run.
 
@@ -262,9 +263,11 @@ def measure(home: Path, rounds: int, tokens: int, levels: Sequence[int], profile
 
 
 def report(rows: Sequence[HostRow], tokens: int) -> None:
-    print(f"Server CPU per streamed token, calculet --sim-cost null (monitors at the production default) "
-          f"beside a bare FastAPI/uvicorn SSE server streaming the same chunks; {tokens}-token streams, same "
-          f"httpx client, rounds interleaved; ratios are medians of per-round ratios")
+    interval = os.environ.get("CALCULET_SWITCH_INTERVAL_MS")  # calculet.run's --switch-interval-ms (#13)
+    print(f"Server CPU per streamed token, calculet --sim-cost null (monitors at the production default, switch "
+          f"interval {interval + ' ms' if interval else 'calculet.run default'}) beside a bare FastAPI/uvicorn SSE "
+          f"server streaming the same chunks; {tokens}-token streams, same httpx client, rounds interleaved; ratios "
+          f"are medians of per-round ratios")
     header = (f"{'streams':>7} {'calc CPU/tok ms':>15} {'base CPU/tok ms':>15} {'CPU ratio':>9} "
               f"{'calc compl/s':>12} {'base compl/s':>12} {'compl/s ratio':>13}")
     print(header)
