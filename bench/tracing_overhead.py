@@ -4,14 +4,17 @@ Part 1 — the service end to end. Three ``python -m calculet.run --sim-cost ins
 127.0.0.1, started in the same run with the same configuration except
 ``monitoring.tracing.otlp_endpoint``: "on" exports every request's spans (request, admission,
 queue wait, prefill, decode with a link per batch, and one span per decode batch) with the
-OTLP/HTTP exporter through its batching processor to a sink in this process (an HTTP server that
-accepts and discards ``POST /v1/traces``, as a collector would); "off" and "control" have tracing
+OTLP/HTTP exporter through the service's span batcher to a sink in this process (an HTTP/1.1
+server that accepts and discards ``POST /v1/traces``, as a collector would); "off" and "control" have tracing
 off. With the device free (``instant`` cost) the service's own work is all there is, so the
 tracing share is as large as it can be. The servers take turns in short rounds, the order rotating
 every round (off/on/control, on/control/off, control/off/on, ...), so the shared machine's load
 falls on all three alike. Per round and server: the server's CPU seconds per completion (user +
 system of the whole process from ``/proc/<pid>/stat``: every thread, the OTLP exporter's
-included) and completions per wall second. The figures are the **median over rounds of the
+included, read from the start of the server's round to the start of its next one — the span
+batcher exports every 5 s, mostly while another server is loaded, and that work belongs to the
+round whose spans it posts; a reading 6 s after the last round closes the last interval) and
+completions per wall second. The figures are the **median over rounds of the
 per-round ratio** on/off (CPU per completion, and throughput), each read against the A/A control
 (control/off: two identical servers), whose spread is the run's noise floor. CPU per completion is
 the figure the ≤ 5 % is judged on: on a 2-core machine shared with the client and other work, wall
@@ -20,22 +23,29 @@ throughput when each completion costs x more CPU. ``--together`` loads the three
 in each round instead of in turn, so a burst of load from elsewhere falls on all three alike (at
 load average ~12 its per-round A/A ratios spread less: quartiles 0.88–1.01 against 0.85–1.11 in
 turns; neither resolves a 3 % difference on such a machine, which is why part 2 exists).
+``--threads`` adds each server thread's CPU per completion (``/proc/<pid>/task/*/stat``; the
+servers then run through this script, which names their threads by native id): where tracing's
+cost lands — the engine's actor (the observer), the span export thread, or elsewhere.
 
 Part 2 — the tracer's own work, measured directly (no noise from the rest of the service). The
 engine in virtual time (``EngineDriver``, the default configuration and package, no numerics)
 runs the same completions; its request transitions (and what the tracer reads of each) are
-recorded, then replayed into the tracer (with the service's batching span processor, holding the
-spans) in one loop timed with ``time.thread_time``, five times (medians); that CPU time and the
-export's (the service's exporter, :mod:`calculet.server.tracing_otlp`, posting the spans to the
-sink in batches of 512 as the batching processor does, encoding included) are summed and divided
-by the completions; the library's ``OTLPSpanExporter`` exporting the same spans is shown beside.
+recorded, then replayed into the tracer (with the service's span batcher, holding the span
+tuples) in one loop timed with ``time.thread_time``, five times (medians); that CPU time and the
+export's (the service's exporter, :mod:`calculet.server.tracing_otlp`, writing the tuples' OTLP
+bytes and posting them to the sink in posts of up to 2048 as the batcher does) are summed and
+divided by the completions; the library's ``OTLPSpanExporter`` exporting the same spans (built as
+SDK spans, untimed) is shown beside.
 Two arrival patterns: one request at a time and eight at a time. The default configuration
 compiles B1 only, so every decode batch has one lane and every token is a batch span — the most
 spans tracing can make per completion (on B4–B16 lanes share a batch's span). Reported in µs per
 completion and as a share of part 1's tracing-off servers' CPU per completion from the same run
-(the off and control rounds pooled, median).
+(the off and control rounds pooled, median). Part 2 misses what the tracer costs in place: replayed
+in a tight loop its code and data stay in the CPU's caches, while in the service it runs between
+engine steps (timed inside a running service, the observer took ~2.5× its replayed CPU, issue #19).
 
     python bench/tracing_overhead.py [--requests 40] [--rounds 12] [--tokens 16] [--concurrency 8] [--together]
+                                     [--threads] [--json FILE]
 """
 
 from __future__ import annotations
@@ -70,6 +80,8 @@ from calculet.server.tracing_otlp import OtlpHttpSpanExporter, PlainSpan, PlainS
 from service import Server  # bench/service.py: the real entry point as a subprocess (bench/ is sys.path[0])
 
 SERVERS = ("off", "on", "control")
+EXPORT_SETTLE_S = 6.0
+"""Longer than the span batcher's schedule delay (5 s): every span queued by then has been exported."""
 
 
 class _Sink(BaseHTTPRequestHandler):
@@ -99,6 +111,69 @@ class _Sink(BaseHTTPRequestHandler):
 # ---------------------------------------------------------------------------------------------
 
 
+def _serve_mapped(map_file: str, argv: list[str]) -> int:
+    """``calculet.run`` writing its threads' names by native id to ``map_file`` every 0.5 s (Python 3.11
+    names no OS thread, so ``/proc/<pid>/task/<tid>/comm`` says "python" for every one of them)."""
+    import os
+
+    def write() -> None:  # on a change only: its own CPU is in the server's figures
+        written: dict[int | None, str] = {}
+        while True:
+            names = {t.native_id: t.name for t in threading.enumerate()}
+            if names != written:
+                Path(map_file + ".tmp").write_text(json.dumps(names))
+                os.replace(map_file + ".tmp", map_file)
+                written = names
+            time.sleep(0.5)
+
+    threading.Thread(target=write, name="bench-thread-map", daemon=True).start()
+    from calculet import run
+    return run.main(argv)
+
+
+def _thread_cpu_s(pid: int, map_file: Path) -> dict[str, float]:
+    """CPU seconds (user + system) per thread name of process ``pid`` (threads of one name summed:
+    the AnyIO workers; the main thread is the HTTP event loop)."""
+    import os
+
+    try:
+        names = {int(k): v for k, v in json.loads(map_file.read_text()).items()}
+    except (OSError, ValueError):
+        names = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        tid = int(task.name)
+        name = "event loop (main)" if tid == pid else names.get(tid, "unnamed")
+        name = name.split(" (")[0] if name.startswith("Thread-") else name
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+class _Threads:
+    """Per-thread CPU per completion of each server, per round (``--threads``)."""
+
+    def __init__(self, maps: dict[str, Path]) -> None:
+        self.maps = maps
+        self.rounds: dict[str, list[dict[str, float]]] = {name: [] for name in maps}
+
+    def read(self, name: str, server: Server) -> dict[str, float]:
+        return _thread_cpu_s(server.proc.pid, self.maps[name])
+
+    def figures(self) -> dict[str, dict[str, float]]:
+        """Each thread's ms of CPU per completion over all rounds, per server (a mean, not a median: the
+        export thread works in one round of five)."""
+        out: dict[str, dict[str, float]] = {}
+        for name, rounds in self.rounds.items():
+            threads = sorted({t for r in rounds for t in r})
+            out[name] = {t: 1000 * statistics.fmean(r.get(t, 0.0) for r in rounds) for t in threads}
+        return out
+
+
 async def _round(url: str, requests: int, tokens: int, concurrency: int) -> float:
     """``requests`` completions, ``concurrency`` at a time; returns the wall seconds."""
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -126,27 +201,45 @@ async def _together(urls: list[str], args: argparse.Namespace) -> list[float]:
     return list(await asyncio.gather(*(_round(url, args.requests, args.tokens, args.concurrency) for url in urls)))
 
 
-def _service(servers: dict[str, Server], args: argparse.Namespace) -> dict[str, Any]:
+def _service(servers: dict[str, Server], args: argparse.Namespace, threads: _Threads | None = None) -> dict[str, Any]:
+    """Part 1's rounds. A server's CPU for a round is read from the start of that round to the start of
+    its next one (the last: to a reading taken ``EXPORT_SETTLE_S`` after the last round), so what the
+    tracing server's export thread does for a round's spans after it — it wakes every 5 s, mostly
+    while another server is loaded — is counted in that round; the same idle interval falls on all three."""
     for server in servers.values():  # warm-up: imports, first paths, connection setup
         asyncio.run(_round(server.url, max(10, args.requests // 2), args.tokens, args.concurrency))
-    cpu: dict[str, list[float]] = {name: [] for name in servers}
+    time.sleep(EXPORT_SETTLE_S)  # the warm-up's spans exported before the first mark
+    marks: dict[str, list[tuple[float, dict[str, float]]]] = {name: [] for name in servers}
+
+    def mark(name: str) -> None:
+        marks[name].append((servers[name].cpu_s(), threads.read(name, servers[name]) if threads else {}))
+
     rate: dict[str, list[float]] = {name: [] for name in servers}
     names = list(servers)
     for r in range(args.rounds):
         if args.together:
-            before = {name: server.cpu_s() for name, server in servers.items()}
+            for name in names:
+                mark(name)
             walls = asyncio.run(_together([server.url for server in servers.values()], args))
             for name, wall in zip(names, walls):
-                cpu[name].append((servers[name].cpu_s() - before[name]) / args.requests)
                 rate[name].append(args.requests / wall)
             continue
         for name in names[r % 3:] + names[:r % 3]:  # the order rotates: no server always follows another
-            before_s = servers[name].cpu_s()
+            mark(name)
             wall = asyncio.run(_round(servers[name].url, args.requests, args.tokens, args.concurrency))
-            cpu[name].append((servers[name].cpu_s() - before_s) / args.requests)
             rate[name].append(args.requests / wall)
+    time.sleep(EXPORT_SETTLE_S)
+    for name in names:
+        mark(name)
+    cpu = {name: [(b[0] - a[0]) / args.requests for a, b in zip(m, m[1:])] for name, m in marks.items()}
+    if threads:
+        for name, m in marks.items():
+            threads.rounds[name] = [{t: (c - a[1].get(t, 0.0)) / args.requests for t, c in b[1].items()}
+                                    for a, b in zip(m, m[1:])]
     out: dict[str, Any] = {"requests_per_round": args.requests, "rounds": args.rounds, "tokens": args.tokens,
                            "concurrency": args.concurrency}
+    if threads:
+        out["threads_cpu_ms_per_completion_mean"] = threads.figures()
     for name in servers:
         out[name] = {"cpu_ms_per_completion_median": 1000 * statistics.median(cpu[name]),
                      "completions_per_s_median": statistics.median(rate[name]),
@@ -287,7 +380,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--direct-requests", type=int, default=400, help="completions per pattern in part 2")
     parser.add_argument("--together", action="store_true",
                         help="each round loads the three servers at once instead of in turn")
+    parser.add_argument("--threads", action="store_true",
+                        help="also report each server thread's CPU per completion (/proc/<pid>/task)")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--serve-mapped"]:  # a server of --threads: python bench/tracing_overhead.py --serve-mapped FILE -- ...
+        return _serve_mapped(argv[1], argv[3:])
     args = parser.parse_args(argv)
 
     sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
@@ -298,10 +397,19 @@ def main(argv: list[str] | None = None) -> int:
         off_cfg, on_cfg = home / "off.yaml", home / "on.yaml"
         off_cfg.write_text("schema: calculet-scheduler/v1\n")
         on_cfg.write_text(f"schema: calculet-scheduler/v1\nmonitoring:\n  tracing:\n    otlp_endpoint: {endpoint}\n")
-        servers = {"off": Server("instant", home, off_cfg), "on": Server("instant", home, on_cfg),
-                   "control": Server("instant", home, off_cfg)}
+        maps = {name: home / f"{name}.threads.json" for name in SERVERS}
+
+        def start(name: str, config: Path) -> Server:
+            if not args.threads:
+                return Server("instant", home, config)
+            return Server("instant", home, config, command=[
+                sys.executable, str(Path(__file__).resolve()), "--serve-mapped", str(maps[name]), "--",
+                "--host", "127.0.0.1", "--port", "0", "--log-format", "json", "--log-level", "INFO",
+                "--sim-cost", "instant", "--config", str(config)])
+
+        servers = {"off": start("off", off_cfg), "on": start("on", on_cfg), "control": start("control", off_cfg)}
         try:
-            figures = _service(servers, args)
+            figures = _service(servers, args, _Threads(maps) if args.threads else None)
         finally:
             for server in servers.values():
                 server.stop()
@@ -336,6 +444,14 @@ def _report(f: dict[str, Any], args: argparse.Namespace) -> None:
               f"throughput {r['throughput_ratio_median']:.3f} "
               f"(quartiles {r['throughput_ratio_quartiles'][0]:.3f}-{r['throughput_ratio_quartiles'][1]:.3f})")
     print(f"OTLP posts {f['otlp_posts']} ({f['otlp_bytes'] / 1024:.0f} KiB)")
+    if "threads_cpu_ms_per_completion_mean" in f:
+        t = f["threads_cpu_ms_per_completion_mean"]
+        print(f"{'thread (CPU ms/completion, means)':36}" + "".join(f"{name:>10}" for name in SERVERS)
+              + f"{'on-off':>10}{'ctl-off':>10}")
+        for thread in sorted({x for name in SERVERS for x in t[name]}, key=lambda x: -t["on"].get(x, 0.0)):
+            row = [t[name].get(thread, 0.0) for name in SERVERS]
+            print(f"{thread:36}" + "".join(f"{v:>10.3f}" for v in row) + f"{row[1] - row[0]:>+10.3f}"
+                  f"{row[2] - row[0]:>+10.3f}")
     for name in ("one_at_a_time", "eight_at_a_time"):
         d = f[f"direct_{name}"]
         print(f"direct, {name.replace('_', ' '):16}: observer {d['observe_us_per_completion']:.0f} µs + export "

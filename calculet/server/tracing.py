@@ -312,7 +312,7 @@ class RequestTracer:
         if batch is None:  # boarded before this tracer was installed
             return
         if not batch.span_id:
-            batch.trace_id, batch.span_id = _new_id(128), _new_id(64)
+            batch.trace_id, batch.span_id = _getrandbits(128) or _new_id(128), _getrandbits(64) or _new_id(64)
             self._end(("calculet.decode_batch", batch.trace_id, batch.span_id, 0, batch.start, now,
                        {"calculet.batch.id": batch.job_id, "calculet.batch.profile": batch.profile,
                         "calculet.batch.lanes": batch.lanes}, (), None if ok else _BATCH_FAILED))
