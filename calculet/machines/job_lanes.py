@@ -27,10 +27,11 @@ R5.1.2's in-flight budget is a property here too: at most ``MAX_INFLIGHT`` jobs 
 (a job in doubt keeps its slot), because the planner submits only while one is free.
 
 The step guards read other instances (which lanes of a job are still pending, how many jobs hold a
-slot) and the budget counts every job, so the induction holds for the encoded size (3 lanes × 3
-jobs: one job more than the budget); bounded model checking searches 3 lanes × 2 jobs (§14's two in
-flight; the budget's bug needs a third job, which the induction and the mutant test's 1 × 3 search
-cover).
+slot) and the budget counts every job (through ``SystemView.beyond``), so the induction at 3 lanes ×
+3 jobs gives the jobs beyond them a ghost count and holds for every number of lanes and jobs
+(argument in ``calculet/invariants/system_induction.py``); bounded model checking searches 3 lanes ×
+2 jobs (§14's two in flight; the budget's bug needs a third job, which the induction and the mutant
+test's 1 × 3 search cover).
 """
 
 from __future__ import annotations
