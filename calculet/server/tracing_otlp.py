@@ -6,11 +6,15 @@ helpers, and resource grouping by hashing), ~40 µs of CPU per span here, and at
 generated token is a ``calculet.decode_batch`` span, so the export was three quarters of
 tracing's cost per completion (``bench/tracing_overhead.py``). This module writes the same
 ``ExportTraceServiceRequest`` directly in the protocol-buffers wire format — bytes joined, the
-encoded (key, value) pairs that repeat kept — at about a third of that CPU.
+encoded (key, value) pairs that repeat kept — from the SDK's spans (:func:`encode_spans`) or,
+on the service's path, from the tracer's span tuples (:func:`encode_plain`, :class:`PlainSpanBatcher`):
+~8–10 µs per span from the tuples, posting included, against ~60–70 µs for the library's exporter
+with the SDK's spans (``bench/tracing_overhead.py`` part 2, 2026-12-02).
 ``tests/service/test_tracing.py`` parses its output and compares it, message for message, with
 the library's for the tracer's spans and for every field kind a span can carry (events, arrays,
-remote parents, trace state, links with attributes, dropped counts, status messages), so it
-writes what the library writes. The wire format is OTLP/HTTP binary protobuf (``POST
+remote parents, trace state, links with attributes, dropped counts, status messages), and the
+bytes written from span tuples with the library's for the same spans, so it writes what the
+library writes. The wire format is OTLP/HTTP binary protobuf (``POST
 <endpoint>``, ``Content-Type: application/x-protobuf``), which every OTLP collector accepts.
 
 The export runs on the span batcher's thread (:class:`PlainSpanBatcher`), never on the engine's
