@@ -19,7 +19,15 @@ before the burst and one request warms the server up (``on_time`` estimates from
 step time). Two references in the same run separate the HTTP stack from the 429 path: the same
 number of concurrent ``GET /health/live`` (the floor of a burst on one uvicorn process, h11, and
 one Python client on this machine), and 50 refusals sent one at a time behind a request that
-fills the device (the 429 path without the burst's queue).
+fills the device (the 429 path without the burst's queue). The decomposition the target is judged
+against: the server's CPU per request (from ``/proc/<pid>/task/*/schedstat``: the event-loop thread
+— the main thread, which answers all HTTP — and every thread together) during the floor and during
+the burst, and a **bare** floor: the same 300 ``GET`` s against uvicorn serving a ten-line ASGI app
+(no FastAPI, no middleware) with h11 — and with httptools when it is installed — in a subprocess of
+its own: what one Python process costs per request before calculet adds anything. The loop's CPU per
+request × the burst is the least wall time the last 429 can take on one loop (it runs the
+requests one after another), whatever the admission decides; the other threads' CPU (the engine's
+actor deciding each admission, the device) is mostly serial with it too, under the one interpreter lock.
 
 Part 2 — 16 concurrent streaming clients × 32 tokens under ``admission.itl_target_ms: 200``
 against no ITL target (both ``on_time``). Reported: inter-token latency P50/P99 over every
@@ -38,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -66,6 +75,107 @@ COUNTERS = ("calculet_request_goodput", "calculet_device_busy_seconds", "calcule
 
 def _pct(values: Sequence[float], q: float) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), q, method="linear")) if values else float("nan")
+
+
+def _thread_cpu(pid: int) -> tuple[float, float]:
+    """(event-loop thread, every live thread) CPU seconds of process ``pid`` so far, from schedstat (ns).
+
+    The main thread (tid == pid) runs uvicorn's event loop: it parses, routes and answers every request."""
+    main = total = 0.0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            seconds = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended meanwhile
+        total += seconds
+        if int(tid) == pid:
+            main = seconds
+    return main, total
+
+
+class CpuMeter:
+    """The server's CPU per request over one phase of the bench (event loop, all threads), in ms."""
+
+    def __init__(self, pid: int, requests: int = 1) -> None:
+        self.pid = pid
+        self.requests = requests
+        self.start = _thread_cpu(pid)
+        self.taken: tuple[float, float] | None = None
+
+    def per_request(self, requests: int) -> tuple[float, float]:
+        main, total = _thread_cpu(self.pid)
+        return (main - self.start[0]) * 1e3 / requests, (total - self.start[1]) * 1e3 / requests
+
+    def close(self) -> tuple[float, float]:
+        """:meth:`per_request` over ``requests``, measured at the first call and kept (the window closes once)."""
+        if self.taken is None:
+            self.taken = self.per_request(self.requests)
+        return self.taken
+
+
+BARE_APP = """
+import json, socket, sys
+import uvicorn
+
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    body = b'{"status":"live","detail":null}'
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+sock.bind(("127.0.0.1", 0))
+sock.listen(2048)
+print(json.dumps({"msg": "listening", "port": sock.getsockname()[1]}), file=sys.stderr, flush=True)
+uvicorn.Server(uvicorn.Config(app, http=sys.argv[1], log_config=None, access_log=False, lifespan="off")).run(
+    sockets=[sock])
+"""
+"""A bare ASGI app on uvicorn (``sys.argv[1]``: ``h11`` or ``httptools``), printing its port as calculet's
+``listening`` line does (so :class:`service.Server` can start it)."""
+
+
+def _http_impls() -> list[str]:
+    """uvicorn's HTTP/1.1 implementations this environment has (h11 always; httptools if installed)."""
+    try:
+        import httptools  # noqa: F401
+    except ImportError:
+        return ["h11"]
+    return ["h11", "httptools"]
+
+
+@dataclass(frozen=True)
+class BareFloor:
+    http: str
+    floor_ms: tuple[float, float]
+    loop_cpu_ms: float
+
+
+def bare_floor(home: Path, requests: int) -> list[BareFloor]:
+    """The burst's floor on a bare uvicorn app per HTTP implementation (same client, same connections)."""
+    rows = []
+    for impl in _http_impls():
+        path = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")) if p)
+        server = Server("", home, command=[sys.executable, "-c", BARE_APP, impl], env={"PYTHONPATH": path})
+        try:
+            host, port = server.url.removeprefix("http://").rsplit(":", 1)
+
+            async def run() -> BareFloor:
+                conns = [RawConnection(host, int(port)) for _ in range(requests)]
+                await asyncio.gather(*(c.open() for c in conns))
+                await _floor(conns, host)  # warm: the first requests of a process are slower
+                meter = CpuMeter(server.proc.pid)
+                floor = await _floor(conns, host)
+                cpu = meter.per_request(requests)[0]
+                await asyncio.gather(*(c.close() for c in conns))
+                return BareFloor(impl, floor, cpu)
+
+            rows.append(asyncio.run(run()))
+        finally:
+            server.stop()
+    return rows
 
 
 def _write_config(directory: Path, name: str, *, order: str, deadline_ms: int | None = None,
@@ -219,6 +329,10 @@ class BurstRow:
     """P50/P99 of the server's own time to each 429 (app receive → response, from its access log)."""
     probe_ms: tuple[float, float]
     """P50/P99 of refusals sent one at a time while the device is busy: the 429 path without a queue."""
+    floor_cpu_ms: tuple[float, float]
+    """Server CPU per GET /health/live of the floor: (event-loop thread, all threads), ms."""
+    burst_cpu_ms: tuple[float, float]
+    """Server CPU per request of the burst's first tries: (event-loop thread, all threads), ms."""
     retry_after_share: float
     retry_after_s: tuple[float, float]
     retries: int
@@ -241,12 +355,15 @@ async def _attempt(conn: RawConnection, data: bytes) -> Attempt:
     return Attempt(status, took, headers.get("retry-after"))
 
 
-async def _burst_client(conn: RawConnection, data: bytes, max_wait_s: float) -> BurstClient:
+async def _burst_client(conn: RawConnection, data: bytes, max_wait_s: float, meter: CpuMeter) -> BurstClient:
+    """One client of the burst: it sleeps the Retry-After of a 429 (up to ``max_wait_s``) and retries once.
+    The first retry closes ``meter``'s window: the burst's CPU is that of the first tries."""
     one = BurstClient(await _attempt(conn, data))
     if one.first.status == 429 and one.first.retry_after is not None:
         one.waited_s = float(one.first.retry_after)
         if one.waited_s <= max_wait_s:
             await asyncio.sleep(one.waited_s)
+            meter.close()
             one.retry = await _attempt(conn, data)
     return one
 
@@ -286,7 +403,8 @@ def _burst_row(order: str, clients: list[BurstClient], deadline_s: float, wall_s
     latencies = [a.latency_s for a in refused]
     return BurstRow(
         order, dict(sorted(statuses.items())), measured["floor"], (_pct(latencies, 50) * 1e3, _pct(latencies, 99) * 1e3),
-        (_pct(measured["server_429"], 50) * 1e3, _pct(measured["server_429"], 99) * 1e3), measured["probe"], len(waits) / len(refused) if refused else float("nan"),
+        (_pct(measured["server_429"], 50) * 1e3, _pct(measured["server_429"], 99) * 1e3), measured["probe"],
+        measured["floor_cpu"], measured["burst_cpu"], len(waits) / len(refused) if refused else float("nan"),
         (_pct(waits, 50), max(waits, default=float("nan"))), len(retried), sum(1 for a in retried if a.status != 429),
         sum(1 for c in clients if c.first.status == 429 and c.retry is None and c.waited_s > max_wait_s),
         sum(1 for a in attempts if a.status == 200 and a.latency_s <= deadline_s),
@@ -302,13 +420,17 @@ def burst(server: Server, order: str, requests: int, tokens: int, deadline_s: fl
             (await client.post("/v1/completions", json=_body(4, False))).raise_for_status()  # measure a step
             conns = [RawConnection(host, int(port)) for _ in range(requests)]
             await asyncio.gather(*(c.open() for c in conns))
+            meter = CpuMeter(server.proc.pid)
             measured: dict[str, Any] = {"floor": await _floor(conns, host)}
+            measured["floor_cpu"] = meter.per_request(requests)
             before = await _counters(client)
             _server_refusals(server)  # drop the log lines so far
             data = _raw("POST", "/v1/completions", host, _body(tokens, False))
             started = time.perf_counter()
-            clients = await asyncio.gather(*(_burst_client(c, data, max_wait_s) for c in conns))
+            meter = CpuMeter(server.proc.pid, requests)
+            clients = await asyncio.gather(*(_burst_client(c, data, max_wait_s, meter) for c in conns))
             wall = time.perf_counter() - started
+            measured["burst_cpu"] = meter.close()
             measured["server"] = _delta(await _counters(client), before)
             await asyncio.sleep(0.5)  # the last access lines reach the log reader
             measured["server_429"] = _server_refusals(server)
@@ -443,6 +565,9 @@ def _print_burst(rows: list[BurstRow], args: argparse.Namespace) -> None:
         if r.retries_capped:
             print(f"{'':<15} ({r.retries_capped} refused clients were told to wait longer than the cap and did "
                   "not retry)")
+        print(f"{'':<15} server CPU per request, event loop / all threads: floor {_pair(r.floor_cpu_ms, 2)} ms, "
+              f"burst {_pair(r.burst_cpu_ms, 2)} ms; the loop alone, run one after another, needs "
+              f"{r.burst_cpu_ms[0] * args.burst:.0f} ms for the burst (the last 429's least wait)")
     print("ms unless named. 429 p50/p99: time to the 429 in the burst (send → response head, client side, a "
           "hand-driven HTTP/1.1 client on one kept-alive connection per request); server: the server's own time to "
           "each of those 429s (app receive → response, its access log's duration_s); floor: the "
@@ -455,6 +580,20 @@ def _print_burst(rows: list[BurstRow], args: argparse.Namespace) -> None:
           "queue); "
           "wasted = Δ calculet_request_wasted_device_seconds / Δ calculet_device_busy_seconds. Targets (issue "
           "#13): 429 p99 ≤ 50 ms; a client that waits Retry-After is admitted on ≥ 80 % of retries.\n")
+
+
+def _print_bare(rows: list[BareFloor], args: argparse.Namespace) -> None:
+    print(f"Bare floor — the same {args.burst} concurrent GET through uvicorn serving a ten-line ASGI app (no "
+          "FastAPI, no middleware), per HTTP implementation installed")
+    header = f"{'http':<10} {'floor p50/p99':>13} {'loop CPU/request':>16} {'× burst':>8}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r.http:<10} {_pair(r.floor_ms):>13} {r.loop_cpu_ms:>13.3f} ms {r.loop_cpu_ms * args.burst:>5.0f} ms")
+    print("ms; loop CPU/request: the server's event-loop thread (schedstat); × burst: that CPU for the whole burst, "
+          "the least time one loop needs to answer its last request. The time-to-429 target (P99 ≤ 50 ms for "
+          f"{args.burst} concurrent requests) needs at most {50 / args.burst:.3f} ms of loop CPU per request, "
+          "client and kernel excluded.\n")
 
 
 def _print_streams(rows: list[StreamRow], args: argparse.Namespace) -> None:
@@ -485,10 +624,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=16, help="concurrent streams of part 2")
     parser.add_argument("--stream-tokens", type=int, default=32, help="max_tokens of part 2 streams")
     parser.add_argument("--itl-target-ms", type=int, default=200, help="admission.itl_target_ms of part 2")
-    parser.add_argument("--part", choices=("all", "burst", "itl"), default="all")
+    parser.add_argument("--part", choices=("all", "burst", "itl", "bare"), default="all")
     args = parser.parse_args(argv)
     burst_rows: list[BurstRow] = []
     stream_rows: list[StreamRow] = []
+    bare_rows: list[BareFloor] = []
     with tempfile.TemporaryDirectory(prefix="calculet-bench-overload-") as tmp:
         home = Path(tmp)
         runs: list[tuple[str, Path]] = []
@@ -500,6 +640,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             runs += [(f"itl {args.itl_target_ms} ms", _write_config(home, "itl", order="on_time",
                                                                     itl_ms=args.itl_target_ms)),
                      ("itl none", _write_config(home, "no-itl", order="on_time"))]
+        if args.part in ("all", "burst", "bare"):
+            bare_rows = bare_floor(home, args.burst)
         for label, config in runs:
             server = Server("reference", home, config)
             try:
@@ -513,6 +655,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 server.stop()
     if burst_rows:
         _print_burst(burst_rows, args)
+    if bare_rows:
+        _print_bare(bare_rows, args)
     if stream_rows:
         _print_streams(stream_rows, args)
     return 0
