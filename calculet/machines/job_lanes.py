@@ -15,13 +15,26 @@ proofs can see which job's end settles which lane. The steps follow the runtime'
 (``calculet/runtime/scheduling/scheduler.py`` ``submitted``, ``apply.py`` ``prefill_complete``,
 ``decode_complete``, ``timed_out``, ``device_reset``, ``_late``, ``recover_lanes``): the job's event
 fires first, then each lane of its batch settles by the outcome of *its own* job — commit after
-a completion in time, abort after an error or invalid output, Unknown after a timeout or fault.
+a completion in time, abort after an error or invalid output, Unknown after a timeout or fault, and
+Unknown too after a completion when the device's effect on the lane is not known (R7.4.5: a device
+error fails the whole batch and marks its KV Unknown; R7.4.6: a lane the device reports failed;
+R7.4.2: a result whose tags do not match the lane). A completed job may therefore leave a lane
+Unknown; an earlier declaration said it never did (``completed_job_leaves_no_lane_unknown``), and
+the runtime monitor found the runtime doing what R7.4 asks on a mismatched lane — the property was
+the spec's misreading, not the runtime's bug, and is gone.
 The runtime does a job's end and its lanes' settlement in one actor step; here it is that
 step's sequence of events, one lane at a time, and the job's buffers are reclaimed after a
 timeout (``late_complete``, ``reset_done``) only once none of its lanes is still pending. Likewise
 the batch's lanes open their transactions one step each while the job is Submitted (``enlist``):
 the model allows every interleaving of those events, more runs than the runtime's single step, so
 what is proved of it holds of the runtime's.
+
+Between two steps of the runtime's actor — where its monitor
+(:mod:`calculet.runtime.scheduling.job_lane_monitor`) evaluates these invariants on the live jobs and
+lanes — one more thing holds, declared here as :data:`SETTLED_AT_STEP_END`: no ended job leaves a lane
+of its batch pending (the runtime settles every lane of a job in the step that ends it). The model
+splits that step into one event per lane, so the property is false between those events and is no
+invariant of the induction; only the monitor, at step ends, checks it.
 
 R5.1.2's in-flight budget is a property here too: at most ``MAX_INFLIGHT`` jobs hold a device slot
 (a job in doubt keeps its slot), because the planner submits only while one is free.
@@ -44,7 +57,7 @@ from calculet.machines.job import DeviceJobMachine
 from calculet.machines.kv_sequence import KvSequenceMachine
 from calculet.machines.system import NONE, Coupled, CoupledSystem, SystemInvariant
 
-__all__ = ["JobLaneSystem"]
+__all__ = ["JobLaneSystem", "SETTLED_AT_STEP_END"]
 
 _IN_DOUBT = ("timed_out", "quarantined")        # the device may still write the job's lanes (§12)
 _ENDED = tuple(s for s, st in DeviceJobMachine.definition.states.items() if st.terminal)  # from the declaration
@@ -99,7 +112,7 @@ def _job_steps() -> list[Coupled]:
 class JobLaneSystem(CoupledSystem):
     """KV lanes written by device jobs: a lane with pending tokens belongs to exactly one job's
     batch, and only its own job's end settles it — commit after a completion in time, abort after
-    an error, Unknown after a timeout or fault — so two in-flight jobs never share a lane and a
+    an error, Unknown after a timeout, a fault or a lane whose result is not known (R7.4) — so two in-flight jobs never share a lane and a
     fault of one job marks Unknown only its own lanes (R14.4); and at most max_inflight jobs hold a
     device slot (R5.1.2)."""
 
@@ -119,8 +132,11 @@ class JobLaneSystem(CoupledSystem):
                 doc="its own job completed in time and the lane's output is valid: the lane commits (§9.2)"),
         Coupled("abort", request=("abort",), involves="both", guard=lambda sys, i, j: _of_job(sys, i, j, "completed", "failed"),
                 doc="its own job reported an error, or the lane's output is invalid: the transaction rolls back"),
-        Coupled("fault", request=("fault@updating",), involves="both", guard=lambda sys, i, j: _of_job(sys, i, j, *_IN_DOUBT),
-                doc="its own job timed out or faulted: the lane's device state is unknown (R9.2.6, R14.4)"),
+        Coupled("fault", request=("fault@updating",), involves="both",
+                guard=lambda sys, i, j: _of_job(sys, i, j, *_IN_DOUBT, *_ENDED),
+                doc="its own job timed out or faulted (R9.2.6), reported a device error (R7.4.5: every lane of the "
+                    "batch), reported this lane failed (R7.4.6, lane-level isolation) or returned a result whose "
+                    "tags do not match the lane (R7.4.2): the lane's device state is unknown (R14.4: its own job's)"),
         Coupled("recover", request=("recover",), involves="both", guard=lambda sys, i, j: _of_job(sys, i, j, *_ENDED),
                 doc="recover_lanes / a late completion / a reset: an Unknown lane is released only once the "
                     "job that may write it has ended"),
@@ -164,14 +180,6 @@ class JobLaneSystem(CoupledSystem):
             rejects=({"requests": [{"state": "releasing", "seq_id": 1, "generation": 1, "reserved_len": 2}],
                       "lanes": [{"state": "timed_out"}], "binding": [0]},)),
         SystemInvariant(
-            "R14.4", "completed_job_leaves_no_lane_unknown",
-            predicate=lambda sys: sys.all_pairs(lambda i, j: Implies(
-                _of_job(sys, i, j, "completed"), Not(sys.requests[i].at("unknown")))),
-            doc="a job that completed in time never leaves a lane of its batch Unknown: only a timeout or fault "
-                "of the lane's own job does",
-            rejects=({"requests": [{"state": "unknown", "seq_id": 1, "generation": 1, "reserved_len": 2}],
-                      "lanes": [{"state": "completed", "delivered": 1, "buffers_held": False}], "binding": [0]},)),
-        SystemInvariant(
             "R14.4", "unknown_lane_names_its_job",
             predicate=lambda sys: sys.all_requests(lambda i: Implies(
                 sys.requests[i].at("unknown"),
@@ -197,3 +205,18 @@ class JobLaneSystem(CoupledSystem):
             rejects=({"requests": [{"state": "active", "seq_id": 1, "generation": 1, "reserved_len": 2,
                                     "committed_len": 1}], "binding": [0]},)),
     ]
+
+
+SETTLED_AT_STEP_END: tuple[SystemInvariant, ...] = (
+    SystemInvariant(
+        "R14.4", "ended_job_leaves_no_lane_pending",
+        predicate=lambda sys: sys.all_pairs(lambda i, j: Not(And(
+            _of_job(sys, i, j, *_ENDED), sys.requests[i].at("updating")))),
+        doc="at the end of each runtime step, a job that completed or failed has settled every lane of its batch "
+            "(committed, rolled back, or marked Unknown): the runtime's step does the job's end and its lanes' "
+            "settlement together (module doc); checked by the monitor, not by the induction",
+        rejects=({"requests": [{"state": "updating", "seq_id": 1, "generation": 1, "reserved_len": 2, "pending": 1}],
+                  "lanes": [{"state": "completed", "delivered": 1, "buffers_held": False}], "binding": [0]},)),
+)
+"""Properties of the runtime's step ends only (module doc): the job lane monitor evaluates them with the
+declared invariants."""
