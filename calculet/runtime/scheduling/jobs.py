@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from calculet.errors import DefinitionError
 from calculet.machines import DeviceJobMachine
@@ -71,6 +71,8 @@ class InflightTable:
         self._jobs: dict[int, JobRecord] = {}
         self._planned = 0
         self._ended: Counter[str] = Counter()
+        self.observer: Callable[[JobRecord, str], None] | None = None
+        """Told of every job event before it fires (the JobLaneSystem monitor's hook, #17)."""
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -96,6 +98,8 @@ class InflightTable:
 
     def fire(self, job: JobRecord, event: str, **args: Any) -> str:
         """Fire a job event; a job that reaches a terminal state leaves the table (slot free)."""
+        if self.observer is not None:
+            self.observer(job, event)
         target: str = job.machine.fire(event, **args)
         if target in ("completed", "failed"):
             del self._jobs[job.job_id]

@@ -51,6 +51,7 @@ from calculet.runtime.scheduling.decode import DecodeBatch, DecodeScheduler, NoB
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.fairness import TenantPolicy
 from calculet.runtime.scheduling.generations import GenerationBinding
+from calculet.runtime.scheduling.job_lane_monitor import attach as attach_job_lane_monitor
 from calculet.runtime.scheduling.jobs import DECODE, PREFILL, InflightTable, JobRecord
 from calculet.runtime.scheduling.kv import KvLaneManager, KvLease, KvReservationFailure
 from calculet.runtime.scheduling.on_time import OnTimePolicy
@@ -94,6 +95,7 @@ class Scheduler:
                                       deadline_order=config.batch.deadline_order,
                                       deadline_slack=config.batch.deadline_slack)
         self.jobs = InflightTable(max_inflight=budget.max_inflight_jobs, fixed_engine=config.executor.fixed_engine)
+        self.job_lanes = attach_job_lane_monitor(self.jobs, kv)  # JobLaneSystem's invariants, live (#17)
         self.arbiter = SmoothWrr(config.queues.wrr_weights())
         self._deadline_default_ms = config.admission.deadline_default_ms
         self._deadlines: list[tuple[float, int]] = []

@@ -1,0 +1,155 @@
+"""Run-time monitor of device jobs × KV lanes (§14, R14.4, R5.1.2's in-flight budget; issue #17).
+
+:class:`~calculet.machines.job_lanes.JobLaneSystem` proves that each in-flight job has its own KV
+transaction: a pending lane belongs to one job's batch, only its own job's end settles it, a fault
+marks Unknown only its own lanes, at most ``max_inflight`` jobs hold a device slot. This evaluates
+the *same* declared invariants on the live objects — the scheduler's jobs (:class:`InflightTable`'s
+``DeviceJobMachine`` instances) and the KV manager's lanes (``KvSequenceMachine`` instances) — so
+a runtime that settles a lane by the wrong job's end is caught where it runs.
+
+*Binding.* The model's ``binding[lane] = job``: the job whose transaction the lane last opened. The
+runtime has no such field (a lane does not know its job, and the jobs table forgets a job once it
+completes or fails), so the monitor keeps it: the table calls :meth:`JobLaneMonitor.observe` before
+every job event (its one hook), and on ``submit`` the job's leases (its batch) are bound to it —
+exactly the model's ``enlist`` after ``job:submit``. An ended job stays in the binding (its final
+machine state) until another job takes its lanes, as in the model.
+
+*When.* The runtime does a job's event and its lanes' settlement in one actor step (a completion
+ends the job, then settles each lane of its batch); the declared invariants hold between such
+steps. Every job event starts a new step of that kind, so the state just *before* a job event is a
+step boundary: that is where ``observe`` checks (at the monitors' sampled rate: every event in the
+test suite, one in ``monitoring.sample_every`` in production); :meth:`check` checks at any other
+boundary (tests, after the last event).
+
+*At step ends only.* ``JobLaneSystem.SETTLED_AT_STEP_END`` (declared there, with a negative witness)
+adds what only a boundary can show: no ended job leaves a lane of its batch pending. The model
+settles lanes one event at a time, so the induction cannot state it; the runtime's step can.
+
+*Parts.* Every declared JobLaneSystem invariant but the budget is a ∀ over lanes (and jobs) whose
+instance reads a lane and, through ``bound(i, j)``, only the job it is bound to (``all_requests`` /
+``all_pairs`` with every conjunct guarded by ``bound`` or ``unbound``): so it holds on the whole
+system iff it holds on each job's part (the job and the lanes bound to it) and on the part of the
+lanes bound to no job. The in-flight budget counts jobs, so it is evaluated on the part holding
+every job in the table and no lane. The verdict is the conjunction over the parts, so a check costs
+O(lanes + jobs), not lanes × jobs. The tests check the shape (``test_job_lane_monitor``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from calculet.machines.job_lanes import SETTLED_AT_STEP_END, JobLaneSystem
+from calculet.machines.monitor import MONITOR
+from calculet.machines.system import NONE, SystemInvariant, SystemView
+from calculet.runtime.scheduling.kv import KvBatchReservation
+
+__all__ = ["JobLaneMonitor", "attach"]
+
+_SYSTEM = JobLaneSystem.definition
+_ON_DEVICE = ("submitted", "timed_out", "quarantined")
+_COUNTS = frozenset(inv.name for inv in _SYSTEM.invariants if inv.counts)
+
+
+@dataclass(frozen=True)
+class _Across:
+    """A declared invariant over the parts: true when its predicate holds on each part it reads."""
+
+    invariant: SystemInvariant
+
+    @property
+    def name(self) -> str:
+        return self.invariant.name
+
+    @property
+    def rid(self) -> str:
+        return self.invariant.rid
+
+    def predicate(self, parts: "tuple[Sequence[SystemView], SystemView]") -> bool:
+        lanes, jobs = parts
+        if self.invariant.name in _COUNTS:   # a count over every job: the part holding them all
+            return bool(self.invariant.predicate(jobs))
+        return all(self.invariant.predicate(view) for view in lanes)
+
+
+_ACROSS = tuple(_Across(inv) for inv in (*_SYSTEM.invariants, *SETTLED_AT_STEP_END))
+
+
+def _leases(work: Any) -> tuple[Any, ...]:
+    """The KV leases of a job's batch: a decode batch's reservation, or a prefill's one lease."""
+    kv = getattr(work, "kv", None)
+    return kv.leases if isinstance(kv, KvBatchReservation) else (work.lease,)
+
+
+class JobLaneMonitor:
+    """The live device jobs × KV lanes system, as JobLaneSystem's invariants read it."""
+
+    def __init__(self, kv: Any, jobs: Any) -> None:
+        self.kv = kv
+        self.jobs = jobs
+        self.batch: dict[int, Any] = {}   # lane → the JobRecord whose transaction it last opened (the binding)
+
+    def observe(self, job: Any, event: str) -> None:
+        """The jobs table is about to fire ``event`` on ``job``: the state now is a step boundary (checked at
+        the sampled rate); a ``submit`` binds the job's batch to it (the model's ``enlist``)."""
+        if MONITOR.enabled and MONITOR.sampled():
+            self.check(f"before {event} of job {job.job_id}")
+        if event == "submit":
+            for lease in _leases(job.work):
+                self.batch[lease.lane] = job
+
+    def parts(self) -> tuple[list[SystemView], SystemView]:
+        """Each bound job with its lanes, the unbound lanes, and every job of the table (the budget's part)."""
+        kv = self.kv
+        by_job: dict[int, tuple[Any, list[Any]]] = {}
+        unbound: list[Any] = []
+        batch = self.batch
+        for lane in range(kv.lanes):
+            job = batch.get(lane)
+            if job is None:
+                unbound.append(kv.lane(lane))
+            else:
+                by_job.setdefault(id(job), (job, []))[1].append(kv.lane(lane))
+        views = [SystemView(lanes, [job.machine], [0] * len(lanes), [0] * len(lanes)) for job, lanes in by_job.values()]
+        views.append(SystemView(unbound, [], [NONE] * len(unbound), [0] * len(unbound)))
+        return views, SystemView([], [job.machine for job in self.jobs], [], [])
+
+    def broken(self) -> list[str]:
+        """Every invariant false on the whole live system as one view (tests compare it with the parts)."""
+        kv = self.kv
+        jobs = list({id(j): j for j in (*self.batch.values(), *self.jobs)}.values())
+        index = {id(j): k for k, j in enumerate(jobs)}
+        binding = [index[id(self.batch[i])] if i in self.batch else NONE for i in range(kv.lanes)]
+        view = SystemView([kv.lane(i) for i in range(kv.lanes)], [j.machine for j in jobs], binding,
+                          [0] * kv.lanes)
+        return [inv.name for inv in (*_SYSTEM.invariants, *SETTLED_AT_STEP_END) if not inv.predicate(view)]
+
+    def verdict(self) -> list[str]:
+        """The declared invariants the parts break (what :meth:`check` reports)."""
+        parts = self.parts()
+        return [inv.name for inv in _ACROSS if not inv.predicate(parts)]
+
+    def index_faults(self) -> list[tuple[str, str]]:
+        """The jobs table against the binding: two jobs on the device never hold the same lane (R14.4)."""
+        held: dict[int, int] = {}
+        for job in self.jobs:
+            if job.state in _ON_DEVICE:
+                for lease in _leases(job.work):
+                    if held.setdefault(lease.lane, job.job_id) != job.job_id:
+                        return [("lane_in_two_batches_on_the_device", "R14.4")]
+        return []
+
+    def check(self, after: str = "check") -> None:
+        """Every declared invariant (and the step-end property) on the live system, reported by MONITOR."""
+        parts = self.parts()
+        state = {"lanes": {i: (self.kv.lane(i).state, getattr(self.batch.get(i), "job_id", None))
+                           for i in range(self.kv.lanes)},
+                 "jobs": {j.job_id: j.state for j in self.jobs}}
+        MONITOR.check_whole(_SYSTEM.name, _ACROSS, parts, after, state=state, extra=self.index_faults())
+
+
+def attach(jobs: Any, kv: Any) -> JobLaneMonitor:
+    """A monitor for ``jobs`` (an :class:`InflightTable`) and ``kv`` (a ``KvLaneManager``), hooked into the table."""
+    monitor = JobLaneMonitor(kv, jobs)
+    jobs.observer = monitor.observe
+    return monitor
