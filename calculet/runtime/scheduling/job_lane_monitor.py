@@ -25,6 +25,12 @@ boundary (tests, after the last event).
 adds what only a boundary can show: no ended job leaves a lane of its batch pending. The model
 settles lanes one event at a time, so the induction cannot state it; the runtime's step can.
 
+*Moved.* The declared predicates read a lane's state, the job it is bound to and that job's state,
+nothing else (no length, no id: the random-state tests give them objects with nothing else); so
+after a check, an instance can newly break only where one of those three changed for its lane.
+:meth:`check` evaluates just those lanes (a snapshot comparison per lane), grouped by job as below;
+:meth:`verdict` evaluates everything (the tests compare the two paths' verdicts).
+
 *Parts.* Every declared JobLaneSystem invariant but the budget is a ∀ over lanes (and jobs) whose
 instance reads a lane and, through ``bound(i, j)``, only the job it is bound to (``all_requests`` /
 ``all_pairs`` with every conjunct guarded by ``bound`` or ``unbound``): so it holds on the whole
@@ -88,6 +94,7 @@ class JobLaneMonitor:
         self.kv = kv
         self.jobs = jobs
         self.batch: dict[int, Any] = {}   # lane → the JobRecord whose transaction it last opened (the binding)
+        self._seen: list[Any] = []        # each lane's (state, job, job state) at the last check
 
     def observe(self, job: Any, event: str) -> None:
         """The jobs table is about to fire ``event`` on ``job``: the state now is a step boundary (checked at
@@ -112,6 +119,26 @@ class JobLaneMonitor:
                 by_job.setdefault(id(job), (job, []))[1].append(kv.lane(lane))
         views = [SystemView(lanes, [job.machine], [0] * len(lanes), [0] * len(lanes)) for job, lanes in by_job.values()]
         views.append(SystemView(unbound, [], [NONE] * len(unbound), [0] * len(unbound)))
+        return views, SystemView([], [job.machine for job in self.jobs], [], [])
+
+    def moved(self) -> tuple[list[SystemView], SystemView]:
+        """The parts :meth:`check` evaluates: each lane whose state, job or job's state changed since the last
+        call, grouped by job (the predicates read only those three: module doc, *Moved*), and every job of the
+        table for the budget."""
+        kv, batch, seen = self.kv, self.batch, self._seen
+        lanes = kv.lanes
+        if len(seen) != lanes:
+            seen[:] = [None] * lanes
+        groups: dict[int, tuple[Any, list[Any]]] = {}
+        for i in range(lanes):
+            machine = kv.lane(i)
+            job = batch.get(i)
+            key = (machine.state, job, None if job is None else job.machine.state)
+            if seen[i] != key:
+                seen[i] = key
+                groups.setdefault(id(job), (job, []))[1].append(machine)
+        views = [SystemView(ms, [] if job is None else [job.machine], [NONE if job is None else 0] * len(ms),
+                            [0] * len(ms)) for job, ms in groups.values()]
         return views, SystemView([], [job.machine for job in self.jobs], [], [])
 
     def broken(self) -> list[str]:
@@ -140,12 +167,24 @@ class JobLaneMonitor:
         return []
 
     def check(self, after: str = "check") -> None:
-        """Every declared invariant (and the step-end property) on the live system, reported by MONITOR."""
-        parts = self.parts()
-        state = {"lanes": {i: (self.kv.lane(i).state, getattr(self.batch.get(i), "job_id", None))
-                           for i in range(self.kv.lanes)},
-                 "jobs": {j.job_id: j.state for j in self.jobs}}
-        MONITOR.check_whole(_SYSTEM.name, _ACROSS, parts, after, state=state, extra=self.index_faults())
+        """Every declared invariant (and the step-end property) on what moved since the last check, reported by
+        MONITOR (the live state is attached to a report only when something is broken)."""
+        MONITOR.check_whole(_SYSTEM.name, _ACROSS, self.moved(), after, state=_State(self), extra=self.index_faults())
+
+
+class _State:
+    """The live lanes and jobs as a report shows them, built only when printed (a check that passes never is)."""
+
+    def __init__(self, monitor: JobLaneMonitor) -> None:
+        self._monitor = monitor
+
+    def __repr__(self) -> str:
+        m = self._monitor
+        return repr({"lanes": {i: (m.kv.lane(i).state, getattr(m.batch.get(i), "job_id", None))
+                               for i in range(m.kv.lanes)},
+                     "jobs": {j.job_id: j.state for j in m.jobs}})
+
+    __str__ = __repr__
 
 
 def attach(jobs: Any, kv: Any) -> JobLaneMonitor:

@@ -182,3 +182,40 @@ def test_the_scheduler_runs_the_monitor(monkeypatch):
     h.drive()
     assert any("submit" in s for s in seen) and any("complete" in s for s in seen)
     assert h.scheduler.job_lanes.batch   # lanes bound to the jobs that opened their transactions
+
+
+@pytest.mark.req("R14.4", "R5.1.2")
+def test_the_incremental_check_finds_every_new_break():
+    """``check`` evaluates only the lanes whose state, job or job state moved since the last check: after a
+    check that found nothing, its verdict equals the whole system's, on random runs of random changes."""
+    from calculet.runtime.scheduling.job_lane_monitor import _ACROSS
+    rnd = random.Random(20)
+    lane_states = list(KvSequenceMachine.definition.states)
+    job_states = list(DeviceJobMachine.definition.states)
+    compared = 0
+    for _ in range(60):
+        lanes = [_Instance(state="free") for _ in range(4)]
+        jobs = [SimpleNamespace(job_id=k + 1, machine=_Instance(state="prepared")) for k in range(3)]
+        kv = SimpleNamespace(lanes=len(lanes), lane=lambda i, lanes=lanes: lanes[i])
+        table = list(jobs)
+        monitor = JobLaneMonitor(kv, table)
+        clean = True
+        for _ in range(30):
+            kind = rnd.random()
+            if kind < 0.4:
+                rnd.choice(lanes).state = rnd.choice(lane_states)
+            elif kind < 0.7:
+                job = rnd.choice(jobs)
+                job.machine.state = rnd.choice(job_states)
+                if job.machine.at("completed", "failed") and job in table:
+                    table.remove(job)
+            else:
+                monitor.batch[rnd.randrange(len(lanes))] = rnd.choice(jobs)
+            moved = monitor.moved()
+            incremental = sorted(inv.name for inv in _ACROSS if not inv.predicate(moved))
+            full = sorted(monitor.verdict())
+            if clean:
+                assert incremental == full
+                compared += 1
+            clean = not full
+    assert compared > 200
