@@ -9,8 +9,8 @@ budget has room. Here they are:
 
 * :class:`AdmissionBudgetMachine` — the controller's counters and its budget as a machine. Its rows
   are the controller's operations (``accept`` after screening, ``leave`` a waiting request that
-  ends without admission, ``admit``, ``release`` the KV lease, ``refuse`` at screening), and the two rows that grow a counter
-  carry the budget guard (§5.2: RejectCapacity / Queue otherwise). Its invariants — each counter
+  ends without admission, ``admit``, ``release`` the KV lease, ``refuse`` at screening), and the
+  two rows that grow a counter carry the budget guard (§5.2: RejectCapacity / Queue otherwise). Its invariants — each counter
   within its limit — are proved per machine by consecution, so a budget guard dropped from the
   declaration fails ``verify``.
 * :class:`AdmissionBudgetSystem` — R requests × B budgets, in the shape of
@@ -219,8 +219,8 @@ class AdmissionBudgetSystem(CoupledSystem):
                       "binding": [0, 0]},)),
         SystemInvariant(
             "R5.1.2", "waiting_prompt_tokens_within_budget", counts=True,
-            predicate=lambda sys: _per_budget(sys, lambda j: _sum(sys, j, _waits, lambda i: sys.requests[i].prompt_tokens)
-                                              <= sys.lanes[j].max_waiting_prompt_tokens),
+            predicate=lambda sys: _per_budget(sys, lambda j: _sum(
+                sys, j, _waits, lambda i: sys.requests[i].prompt_tokens) <= sys.lanes[j].max_waiting_prompt_tokens),
             doc="the waiting requests' prompt tokens total at most max_waiting_prompt_tokens",
             rejects=({"requests": [{"state": "waiting_model", "prompt_tokens": 5}],
                       "lanes": [{"max_waiting_prompt_tokens": 4, "waiting": 1, "waiting_tokens": 5}],

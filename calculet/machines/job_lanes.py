@@ -112,8 +112,8 @@ def _job_steps() -> list[Coupled]:
 class JobLaneSystem(CoupledSystem):
     """KV lanes written by device jobs: a lane with pending tokens belongs to exactly one job's
     batch, and only its own job's end settles it — commit after a completion in time, abort after
-    an error, Unknown after a timeout, a fault or a lane whose result is not known (R7.4) — so two in-flight jobs never share a lane and a
-    fault of one job marks Unknown only its own lanes (R14.4); and at most max_inflight jobs hold a
+    an error, Unknown after a timeout, a fault or a lane whose result is not known (R7.4) — so two
+    in-flight jobs never share a lane and a fault of one job marks Unknown only its own lanes (R14.4); and at most max_inflight jobs hold a
     device slot (R5.1.2)."""
 
     spec = "§9.2, §12, §14"
