@@ -25,7 +25,8 @@ load average ~12 its per-round A/A ratios spread less: quartiles 0.88–1.01 aga
 turns; neither resolves a 3 % difference on such a machine, which is why part 2 exists).
 ``--threads`` adds each server thread's CPU per completion (``/proc/<pid>/task/*/stat``; the
 servers then run through this script, which names their threads by native id): where tracing's
-cost lands — the engine's actor (the observer), the span export thread, or elsewhere.
+cost lands — the engine's actor (the observer), the span export thread, or elsewhere — and the
+observer's own CPU in place (``thread_time`` around each call, a part of the actor's line).
 
 Part 2 — the tracer's own work, measured directly (no noise from the rest of the service). The
 engine in virtual time (``EngineDriver``, the default configuration and package, no numerics)
@@ -113,17 +114,33 @@ class _Sink(BaseHTTPRequestHandler):
 
 def _serve_mapped(map_file: str, argv: list[str]) -> int:
     """``calculet.run`` writing its threads' names by native id to ``map_file`` every 0.5 s (Python 3.11
-    names no OS thread, so ``/proc/<pid>/task/<tid>/comm`` says "python" for every one of them)."""
+    names no OS thread, so ``/proc/<pid>/task/<tid>/comm`` says "python" for every one of them), and
+    the CPU its request tracer's observer has taken in place so far (``thread_time`` around each call,
+    on the actor thread: ~1 µs of its own per call, counted in the figure)."""
     import os
 
+    from calculet.server.tracing import RequestTracer
+
+    spent = [0.0, 0]
+    observe = RequestTracer.observe
+
+    def timed(self: RequestTracer, rec: Any, source: str, target: str) -> None:
+        started = time.thread_time()
+        observe(self, rec, source, target)
+        spent[0] += time.thread_time() - started
+        spent[1] += 1
+
+    RequestTracer.observe = timed  # type: ignore[method-assign]
+
     def write() -> None:  # on a change only: its own CPU is in the server's figures
-        written: dict[int | None, str] = {}
+        written: dict[str, Any] = {}
         while True:
-            names = {t.native_id: t.name for t in threading.enumerate()}
-            if names != written:
-                Path(map_file + ".tmp").write_text(json.dumps(names))
+            state = {"threads": {t.native_id: t.name for t in threading.enumerate()}, "observer_s": spent[0],
+                     "observer_calls": spent[1]}
+            if state != written:
+                Path(map_file + ".tmp").write_text(json.dumps(state))
                 os.replace(map_file + ".tmp", map_file)
-                written = names
+                written = state
             time.sleep(0.5)
 
     threading.Thread(target=write, name="bench-thread-map", daemon=True).start()
@@ -137,9 +154,10 @@ def _thread_cpu_s(pid: int, map_file: Path) -> dict[str, float]:
     import os
 
     try:
-        names = {int(k): v for k, v in json.loads(map_file.read_text()).items()}
+        state = json.loads(map_file.read_text())
     except (OSError, ValueError):
-        names = {}
+        state = {}
+    names = {int(k): v for k, v in state.get("threads", {}).items()}
     tick = os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
@@ -151,6 +169,7 @@ def _thread_cpu_s(pid: int, map_file: Path) -> dict[str, float]:
         name = "event loop (main)" if tid == pid else names.get(tid, "unnamed")
         name = name.split(" (")[0] if name.startswith("Thread-") else name
         out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    out["(the tracer's observer, timed in place)"] = state.get("observer_s", 0.0)  # a part of the actor's
     return out
 
 
@@ -446,11 +465,12 @@ def _report(f: dict[str, Any], args: argparse.Namespace) -> None:
     print(f"OTLP posts {f['otlp_posts']} ({f['otlp_bytes'] / 1024:.0f} KiB)")
     if "threads_cpu_ms_per_completion_mean" in f:
         t = f["threads_cpu_ms_per_completion_mean"]
-        print(f"{'thread (CPU ms/completion, means)':36}" + "".join(f"{name:>10}" for name in SERVERS)
+        print(f"{'thread (CPU ms/completion, means)':40}" + "".join(f"{name:>10}" for name in SERVERS)
               + f"{'on-off':>10}{'ctl-off':>10}")
-        for thread in sorted({x for name in SERVERS for x in t[name]}, key=lambda x: -t["on"].get(x, 0.0)):
+        for thread in sorted({x for name in SERVERS for x in t[name]}, key=lambda x: (x.startswith("("),
+                                                                                    -t["on"].get(x, 0.0))):
             row = [t[name].get(thread, 0.0) for name in SERVERS]
-            print(f"{thread:36}" + "".join(f"{v:>10.3f}" for v in row) + f"{row[1] - row[0]:>+10.3f}"
+            print(f"{thread:40}" + "".join(f"{v:>10.3f}" for v in row) + f"{row[1] - row[0]:>+10.3f}"
                   f"{row[2] - row[0]:>+10.3f}")
     for name in ("one_at_a_time", "eight_at_a_time"):
         d = f[f"direct_{name}"]
