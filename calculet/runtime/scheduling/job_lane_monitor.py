@@ -93,7 +93,9 @@ class JobLaneMonitor:
     def __init__(self, kv: Any, jobs: Any) -> None:
         self.kv = kv
         self.jobs = jobs
-        self.batch: dict[int, Any] = {}   # lane → the JobRecord whose transaction it last opened (the binding)
+        # lane → the DeviceJobMachine of the job whose transaction it last opened (the binding); the machine, not
+        # the JobRecord, so an ended job's work (its requests, its host tensors) is not kept alive by the monitor
+        self.batch: dict[int, Any] = {}
         self._seen: list[Any] = []        # each lane's (state, job, job state) at the last check
 
     def observe(self, job: Any, event: str) -> None:
@@ -103,7 +105,7 @@ class JobLaneMonitor:
             self.check(f"before {event} of job {job.job_id}")
         if event == "submit":
             for lease in _leases(job.work):
-                self.batch[lease.lane] = job
+                self.batch[lease.lane] = job.machine
 
     def parts(self) -> tuple[list[SystemView], SystemView]:
         """Each bound job with its lanes, the unbound lanes, and every job of the table (the budget's part)."""
@@ -117,7 +119,7 @@ class JobLaneMonitor:
                 unbound.append(kv.lane(lane))
             else:
                 by_job.setdefault(id(job), (job, []))[1].append(kv.lane(lane))
-        views = [SystemView(lanes, [job.machine], [0] * len(lanes), [0] * len(lanes)) for job, lanes in by_job.values()]
+        views = [SystemView(lanes, [job], [0] * len(lanes), [0] * len(lanes)) for job, lanes in by_job.values()]
         views.append(SystemView(unbound, [], [NONE] * len(unbound), [0] * len(unbound)))
         return views, SystemView([], [job.machine for job in self.jobs], [], [])
 
@@ -133,21 +135,22 @@ class JobLaneMonitor:
         for i in range(lanes):
             machine = kv.lane(i)
             job = batch.get(i)
-            key = (machine.state, job, None if job is None else job.machine.state)
-            if seen[i] != key:
-                seen[i] = key
+            state, job_state = machine.state, None if job is None else job.state
+            last = seen[i]
+            if last is None or last[0] != state or last[1] is not job or last[2] != job_state:
+                seen[i] = (state, job, job_state)
                 groups.setdefault(id(job), (job, []))[1].append(machine)
-        views = [SystemView(ms, [] if job is None else [job.machine], [NONE if job is None else 0] * len(ms),
+        views = [SystemView(ms, [] if job is None else [job], [NONE if job is None else 0] * len(ms),
                             [0] * len(ms)) for job, ms in groups.values()]
         return views, SystemView([], [job.machine for job in self.jobs], [], [])
 
     def broken(self) -> list[str]:
         """Every invariant false on the whole live system as one view (tests compare it with the parts)."""
         kv = self.kv
-        jobs = list({id(j): j for j in (*self.batch.values(), *self.jobs)}.values())
-        index = {id(j): k for k, j in enumerate(jobs)}
+        jobs = list({id(m): m for m in (*self.batch.values(), *(j.machine for j in self.jobs))}.values())
+        index = {id(m): k for k, m in enumerate(jobs)}
         binding = [index[id(self.batch[i])] if i in self.batch else NONE for i in range(kv.lanes)]
-        view = SystemView([kv.lane(i) for i in range(kv.lanes)], [j.machine for j in jobs], binding,
+        view = SystemView([kv.lane(i) for i in range(kv.lanes)], jobs, binding,
                           [0] * kv.lanes)
         return [inv.name for inv in (*_SYSTEM.invariants, *SETTLED_AT_STEP_END) if not inv.predicate(view)]
 

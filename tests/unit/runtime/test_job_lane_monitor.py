@@ -166,7 +166,7 @@ def test_the_per_part_verdict_equals_the_whole_system_verdict():
         monitor = JobLaneMonitor(kv, table)
         for i in range(len(lanes)):
             if jobs and rnd.random() < 0.7:
-                monitor.batch[i] = rnd.choice(jobs)
+                monitor.batch[i] = rnd.choice(jobs).machine
         assert sorted(monitor.verdict()) == sorted(monitor.broken())
 
 
@@ -210,7 +210,7 @@ def test_the_incremental_check_finds_every_new_break():
                 if job.machine.at("completed", "failed") and job in table:
                     table.remove(job)
             else:
-                monitor.batch[rnd.randrange(len(lanes))] = rnd.choice(jobs)
+                monitor.batch[rnd.randrange(len(lanes))] = rnd.choice(jobs).machine
             moved = monitor.moved()
             incremental = sorted(inv.name for inv in _ACROSS if not inv.predicate(moved))
             full = sorted(monitor.verdict())
