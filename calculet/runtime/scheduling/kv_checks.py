@@ -50,7 +50,8 @@ a state broken in production (where a violation is counted, not raised) is repor
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import attrgetter
+from itertools import compress, count
+from operator import attrgetter, itemgetter, ne
 from typing import Any, Sequence
 
 from calculet.machines import KvSequenceMachine
@@ -66,6 +67,8 @@ _OWNED = frozenset({"reserved", "active", "updating"})
 _MEASURES, _ = compile_measures(_POOL)
 _VALUES = attrgetter("_state", *KvSequenceMachine.definition.vars)
 """A lane's state and every declared variable: what the pool's predicates and measures may read."""
+_GHOSTS = itemgetter(*KvLanePool.definition.ghosts) if KvLanePool.definition.ghosts else (lambda g: ())
+"""A lane's pool ghosts (what ``batch_position_is_committed_len`` reads besides the lane)."""
 _SEQ = 1 + list(KvSequenceMachine.definition.vars).index("seq_id")
 _GEN = 1 + list(KvSequenceMachine.definition.vars).index("generation")
 
@@ -108,8 +111,11 @@ class PoolMonitor:
 
     def __init__(self) -> None:
         self._seen: list[tuple[Any, ...]] | None = None
+        self._ghosts_seen: list[Any] = []
         self._measures: list[tuple[int, ...]] = []
         self._totals: list[int] = []
+        self._by_key: dict[tuple[Any, Any], set[int]] = {}
+        """The held lanes of each (seq_id, generation) in the snapshot (kept with it: the related lanes)."""
 
     def forget(self) -> None:
         """The next check looks at every lane (after a fault, so that it is reported again)."""
@@ -120,48 +126,64 @@ class PoolMonitor:
         return list(self._totals)
 
     def _changed(self, kv: Any) -> tuple[list[tuple[Any, ...]], list[int]]:
+        """The snapshot now and the lanes whose values or ghosts differ from the last one (compared in C:
+        ``map`` of the attribute getter and of ``!=``); measures, totals and the key index follow them."""
         lanes, ghosts = kv.lane_list(), kv.ghost_list()
-        now = [_VALUES(m) + tuple(g.values()) for m, g in zip(lanes, ghosts)]
+        now = list(map(_VALUES, lanes))
+        ghosts_now = list(map(_GHOSTS, ghosts))
         seen = self._seen
         if seen is None or len(seen) != len(now):
             self._measures = [tuple(_MEASURES(m)) for m in lanes]
             self._totals = [sum(column) for column in zip(*self._measures)] if lanes else []
+            by_key: dict[tuple[Any, Any], set[int]] = {}
+            for j, values in enumerate(now):
+                key = _key(values)
+                if key is not None:
+                    by_key.setdefault(key, set()).add(j)
+            self._by_key = by_key
             changed = list(range(len(now)))
         else:
-            changed = [j for j, values in enumerate(now) if values != seen[j]]
-            totals, measures = self._totals, self._measures
+            changed = sorted(set(compress(count(), map(ne, now, seen)))
+                             | set(compress(count(), map(ne, ghosts_now, self._ghosts_seen))))
+            totals, measures, by_key = self._totals, self._measures, self._by_key
             for j in changed:
                 new = tuple(_MEASURES(lanes[j]))
                 old = measures[j]
                 for k, value in enumerate(new):
                     totals[k] += value - old[k]
                 measures[j] = new
+                before, after = _key(seen[j]), _key(now[j])
+                if before != after:
+                    if before is not None:
+                        by_key[before].discard(j)
+                        if not by_key[before]:
+                            del by_key[before]
+                    if after is not None:
+                        by_key.setdefault(after, set()).add(j)
         self._seen = now
+        self._ghosts_seen = ghosts_now
         return now, changed
 
     def advance(self, kv: Any) -> list[Part]:
-        """The parts over what moved since the last call (module doc), the snapshot moved on to now."""
+        """The parts over what moved since the last call (module doc), the snapshot moved on to now:
+        each changed lane's group is it and the held lanes of its (seq_id, generation)."""
         now, changed = self._changed(kv)
         if not changed:
             return []
-        keys = {k for k in (_key(now[j]) for j in changed) if k is not None}
-        groups: dict[Any, list[int]] = {}
+        groups: dict[Any, set[int]] = {}
+        by_key = self._by_key
         for j in changed:
             key = _key(now[j])
-            groups.setdefault(("lane", j) if key is None else key, []).append(j)
-        if keys:
-            moved = set(changed)
-            for j, values in enumerate(now):
-                if j not in moved and values[0] != "free":
-                    key = (values[_SEQ], values[_GEN])
-                    if key in keys:
-                        groups[key].append(j)
+            if key is None:
+                groups[("lane", j)] = {j}
+            elif key not in groups:
+                groups[key] = set(by_key[key])
         lanes, ghosts = kv.lane_list(), kv.ghost_list()
         params = kv.pool_params
         totals, measures = self._totals, self._measures
         parts = []
-        for members in groups.values():
-            members.sort()
+        for group in groups.values():
+            members = sorted(group)
             lowered = {}
             for k, name in enumerate(_POOL.params):
                 outside = totals[k] - sum(measures[j][k] for j in members)
