@@ -22,7 +22,8 @@ reservation reads a few attributes. Why this is the declared guard and not a wea
   the whole pool equals the compiled guard on the reduced one whenever the lanes left out do
   not hold (seq, generation) — a test runs it, so a guard term the measures do not capture (a
   new budget, a weakened measure) fails it;
-* with monitors on, the KV pool monitor recomputes the aggregates from the lanes and evaluates
+* with monitors on, the KV pool monitor compares the kept aggregates with the measures summed over
+  the lanes (its own sums, kept exact by diffing every lane against its last snapshot) and evaluates
   the declared guard on the whole live pool at sampled reservations, and reports any
   difference (:mod:`calculet.runtime.scheduling.kv_checks`);
 * a declaration whose guard is weakened is executed weakened, so the pool invariants' monitor
