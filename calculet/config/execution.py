@@ -73,9 +73,10 @@ class BatchConfig(Section):
         description="§7.2 item 2 'prefer the earliest deadline'. 'on_time' (issue #13): admission "
         "accepts only what the shared-device finish estimate says can finish (429 with a computed "
         "Retry-After otherwise); under overload the Moore-Hodgson selection keeps the most "
-        "requests that can finish on time and ends the rest early; a sequence whose fair-share "
-        "finish is past its deadline is ordered by deadline, the rest rotate by the fair decode "
-        "tag. 'at_risk' orders by deadline only the candidates whose deadline is within "
+        "requests that can finish on time and ends the rest early; the kept requests decode by "
+        "deadline (the order admission proved feasible, ties by the fair decode tag) — with an "
+        "admission.itl_target_ms, only those whose fair-share finish is past their deadline, the "
+        "capped rest rotate. 'at_risk' orders by deadline only the candidates whose deadline is within "
         "deadline_slack x (their own remaining tokens x measured step time), ahead of the rest, "
         "which rotate; 'strict' orders every candidate by deadline (with the 120 s default "
         "deadline, concurrent streams then run one after another on B1).",

@@ -218,6 +218,10 @@ class DecodeScheduler:
         self.strict = deadline_order == "strict"
         self.planned = deadline_order == "on_time"
         """At risk is decided by the goodput planner (:meth:`prioritise`), not by own tokens × step."""
+        self.deadline_first = False
+        """``on_time`` with no latency target: every candidate by deadline (§7.2 item 2, R7.2.2), the
+        order the planner's EDF schedule proves feasible; set by the on_time policy. With an ITL target
+        the capped decode set rotates instead, since that cap is sized for a rotation."""
         self.slack = deadline_slack
         self.window_s = batching_window_us / 1_000_000
         self.share = max_tenant_lane_share
@@ -425,7 +429,7 @@ class DecodeScheduler:
         deadline = rec.deadline
         priority = deadline
         if self.planned:
-            if not rec.at_risk:
+            if not (rec.at_risk or self.deadline_first):
                 priority = math.inf
         elif not (self.strict or rec.at_risk):
             machine = rec.machine

@@ -66,6 +66,7 @@ class OnTimePolicy:
                                       errors=EstimateErrors(config.admission.miss_target,
                                                             config.admission.initial_margin))
         self._ttft_due: list[tuple[float, int]] = []
+        decode.deadline_first = not self.planner.any_itl
 
     def model(self) -> DeviceModel | None:
         profiles = self._profiles()

@@ -119,24 +119,35 @@ def test_at_risk_deadlines_go_first_by_deadline():
     assert at_risk <= chosen
 
 
-@pytest.mark.req("R7.2.2", "R7.2.3")
-def test_streams_not_at_risk_rotate_instead_of_running_one_after_another():
-    """B1, four streams with the default 120 s deadline arriving 1 s apart: round robin, not serial."""
-    h = Harness.build(sizes=(1,), lanes=8, step_estimate_s=0.1)
+def _four_streams(**sections: object) -> tuple[Harness, list[int]]:
+    """B1, four streams with the default 120 s deadline arriving 1 s apart, all prefilled."""
+    h = Harness.build(sizes=(1,), lanes=8, step_estimate_s=0.1, **sections)
     ids = []
     for _ in range(4):
         ids.append(h.submit(prompt=8, new=100).request_id)
         h.clock.advance(1.0)
     h.prefill_all()
+    return h, ids
+
+
+@pytest.mark.req("R7.2.2", "R7.2.3")
+@pytest.mark.parametrize("sections", [{"batch": {"deadline_order": "at_risk"}},
+                                      {"admission": {"itl_target_ms": 5_000}}], ids=["at_risk", "on_time-itl"])
+def test_streams_not_at_risk_rotate_under_at_risk_and_under_a_latency_target(sections):
+    """Round robin, not serial: ``at_risk`` rotates whoever is not at risk; ``on_time`` with an ITL
+    target rotates the decode set its cap sized for a rotation."""
+    h, ids = _four_streams(**sections)
     served = [_timed_step(h).active[0].request_id for _ in range(40)]
     assert {i: served.count(i) for i in ids} == {i: 10 for i in ids}
-    strict = Harness.build(sizes=(1,), lanes=8, step_estimate_s=0.1, batch={"deadline_order": "strict"})
-    first = strict.submit(prompt=8, new=100).request_id
-    for _ in range(3):
-        strict.clock.advance(1.0)
-        strict.submit(prompt=8, new=100)
-    strict.prefill_all()
-    assert {_timed_step(strict).active[0].request_id for _ in range(40)} == {first}
+
+
+@pytest.mark.req("R7.2.2")
+@pytest.mark.parametrize("order", ["strict", "on_time"])
+def test_without_a_latency_target_the_earliest_deadline_decodes_first(order):
+    """``strict``, and the default ``on_time`` with no ITL target: by deadline (§7.2 item 2) — the order
+    the on_time planner's EDF schedule proved feasible at admission, so its finish estimates hold."""
+    h, ids = _four_streams(batch={"deadline_order": order})
+    assert {_timed_step(h).active[0].request_id for _ in range(40)} == {ids[0]}
 
 
 @pytest.mark.req("R7.2.2")
