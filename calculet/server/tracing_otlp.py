@@ -395,7 +395,8 @@ class PlainSpanBatcher:
     processor does), counted in :attr:`dropped` and reported with one warning per export round.
     ``span_exporter`` is the exporter (the SDK processor's attribute name)."""
 
-    def __init__(self, exporter: OtlpHttpSpanExporter, resource: Resource, *, scope: InstrumentationScope | None = SCOPE,
+    def __init__(self, exporter: OtlpHttpSpanExporter, resource: Resource, *,
+                 scope: InstrumentationScope | None = SCOPE,
                  max_queue_size: int = 8192, schedule_delay_s: float = 5.0, max_export_batch_size: int = 2048,
                  wake_at: int | None = None) -> None:
         self.span_exporter = exporter
