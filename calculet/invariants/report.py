@@ -93,7 +93,8 @@ def run_checks(options: VerifyOptions, machines: Iterable[type[Machine]], pools:
             if options.machines and system.definition.name not in options.machines:
                 continue
             run.results += check_system(system.definition, requests=options.system_requests,
-                                        lanes=options.system_lanes, depth=options.system_depth, progress=progress,
+                                        lanes=options.system_lanes, progress=progress,
+                                        depth=min(options.system_depth, getattr(system, "bmc_depth", options.system_depth)),
                                         reach=True, fast=options.fast)  # explicit search: cheap enough for --fast (#17)
             if not options.fast:
                 run.results += check_system_redundancy(system.definition)

@@ -201,7 +201,11 @@ class AdmissionBudgetSystem(CoupledSystem):
     # Every step is taken on a run of at most 7 steps from the initial system (a decode completion's rows
     # need bind, admit, a prefill and a decode job first): 0.7 s of CPU by the explicit-state search.
     reach_depth = 8
-    bmc_size = (3, 1)   # three requests against one budget: a limit of 1 or 2 is passed by the third
+    bmc_size = (2, 1)   # two requests against one budget: a limit of 1 is passed by the second
+    # The bounded search's depth cap (verify's full run otherwise searches 8): every budget bug passes a limit
+    # of 1 within 4 steps (accept, accept, admit, admit); at 2 requests x 1 budget, depth 6 took 3.1 s of CPU
+    # and depth 8 took 25 s (3 requests at depth 8: over 100 s), beyond the full run's 90 s budget.
+    bmc_depth = 6
     fast_bmc = False    # verify --fast keeps the proofs (induction, vacuity); the full run searches
     request = RequestMachine
     lane = AdmissionBudgetMachine
