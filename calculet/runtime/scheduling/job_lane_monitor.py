@@ -18,8 +18,9 @@ machine state) until another job takes its lanes, as in the model.
 ends the job, then settles each lane of its batch); the declared invariants hold between such
 steps. Every job event starts a new step of that kind, so the state just *before* a job event is a
 step boundary: that is where ``observe`` checks (at the monitors' sampled rate: every event in the
-test suite, one in ``monitoring.sample_every`` in production); :meth:`check` checks at any other
-boundary (tests, after the last event).
+test suite, one in ``monitoring.sample_every`` in production); the start of each scheduler step is
+another (``boundary``: a request that moves on a lane left pending is seen there before the lane's
+own machine refuses the move); :meth:`check` checks at any other boundary (tests).
 
 *At step ends only.* ``JobLaneSystem.SETTLED_AT_STEP_END`` (declared there, with a negative witness)
 adds what only a boundary can show: no ended job leaves a lane of its batch pending. The model
@@ -106,6 +107,11 @@ class JobLaneMonitor:
         if event == "submit":
             for lease in _leases(job.work):
                 self.batch[lease.lane] = job.machine
+
+    def boundary(self, after: str) -> None:
+        """Another step boundary of the runtime (the start of a scheduler step), checked at the sampled rate."""
+        if MONITOR.enabled and MONITOR.sampled():
+            self.check(after)
 
     def parts(self) -> tuple[list[SystemView], SystemView]:
         """Each bound job with its lanes, the unbound lanes, and every job of the table (the budget's part)."""

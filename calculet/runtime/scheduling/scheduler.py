@@ -212,6 +212,7 @@ class Scheduler:
     def step(self) -> Plan:
         """Expire deadlines, admit what fits, and plan at most one job (one service opportunity)."""
         self._no_pending()
+        self.job_lanes.boundary("scheduler step")  # a step boundary: JobLaneSystem's invariants (sampled, #17)
         now = self._clock.now()
         self._expire_due(now)
         if self.on_time is not None:

@@ -219,3 +219,28 @@ def test_the_incremental_check_finds_every_new_break():
                 compared += 1
             clean = not full
     assert compared > 200
+
+
+@pytest.mark.req("R14.4", "R9.2.1")
+def test_a_scheduler_whose_completion_skips_a_lane_is_caught(monkeypatch):
+    """The seeded fault in the running scheduler: a prefill completion that ends its job but does not settle
+    its lane (CompletionApplier._settle_kv dropped once). The next job event of the scheduler is a step
+    boundary where the monitor finds the ended job's lane still pending."""
+    from tests.unit.runtime.runtime_support import Harness
+    h = Harness.build(sizes=(1,), lanes=4)
+    applier = h.scheduler.completions
+    real = applier._settle_kv
+    skipped: list[object] = []
+
+    def settle_but_once(lease, verdict):  # type: ignore[no-untyped-def]
+        if not skipped:
+            skipped.append(lease)   # the fault: the lane's transaction stays open
+            return None
+        return real(lease, verdict)
+
+    monkeypatch.setattr(applier, "_settle_kv", settle_but_once)
+    h.submit(prompt=8, new=3)
+    h.submit(prompt=8, new=3)
+    with pytest.raises(InvariantViolation) as info:
+        h.drive()
+    assert skipped and info.value.invariant == "ended_job_leaves_no_lane_pending"
