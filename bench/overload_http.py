@@ -47,6 +47,7 @@ import argparse
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -448,6 +449,11 @@ def burst(server: Server, order: str, requests: int, tokens: int, deadline_s: fl
 # ---------------------------------------------------------------------------------------------
 
 
+STALL_S = 60.0
+"""A stream with no byte for this long is counted failed (stalled), not waited for: at the reference B1 step
+no admitted stream's gap comes near it, and a hung stream must not hang the run (nor lose its other tables)."""
+
+
 @dataclass
 class StreamResult:
     status: int = 0
@@ -455,6 +461,7 @@ class StreamResult:
     gaps: list[float] = field(default_factory=list)
     completed: bool = False
     failed: bool = False
+    stalled: bool = False
     tokens: int = 0
 
 
@@ -464,6 +471,7 @@ class StreamRow:
     refused: int
     completed: int
     failed: int
+    stalled: int
     silent: int
     itl_ms: tuple[float, float]
     worst_stream_itl_p99_ms: float
@@ -474,7 +482,16 @@ class StreamRow:
 
 
 async def _stream(client: httpx.AsyncClient, tokens: int) -> StreamResult:
+    """One streaming client; a stream silent for :data:`STALL_S` ends as failed and stalled."""
     result = StreamResult()
+    try:
+        return await _read_stream(client, tokens, result)
+    except httpx.ReadTimeout:
+        result.failed = result.stalled = True
+        return result
+
+
+async def _read_stream(client: httpx.AsyncClient, tokens: int, result: StreamResult) -> StreamResult:
     start = time.perf_counter()
     last: float | None = None
     async with client.stream("POST", "/v1/completions", json=_body(tokens, True, STREAM_PROMPT)) as response:
@@ -510,7 +527,8 @@ def _stream_row(label: str, results: list[StreamResult], server: dict[str, float
     worst = max((_pct(r.gaps, 99) for r in admitted if r.gaps), default=float("nan"))
     silent = sum(r.tokens - 1 - len(r.gaps) for r in admitted if r.completed)
     return StreamRow(label, sum(1 for r in results if r.status == 429), sum(1 for r in admitted if r.completed),
-                     sum(1 for r in admitted if r.failed), silent, (_pct(gaps, 50) * 1e3, _pct(gaps, 99) * 1e3),
+                     sum(1 for r in admitted if r.failed), sum(1 for r in admitted if r.stalled), silent,
+                     (_pct(gaps, 50) * 1e3, _pct(gaps, 99) * 1e3),
                      worst * 1e3, (_pct(ttfts, 50) * 1e3, _pct(ttfts, 99) * 1e3),
                      server.get("calculet_device_busy_seconds", 0.0) / wall, wall,
                      server.get("calculet_scheduler_decode_cap_streams", 0.0))
@@ -518,7 +536,7 @@ def _stream_row(label: str, results: list[StreamResult], server: dict[str, float
 
 def streams(url: str, label: str, count: int, tokens: int) -> StreamRow:
     async def run() -> StreamRow:
-        async with httpx.AsyncClient(base_url=url, timeout=600,
+        async with httpx.AsyncClient(base_url=url, timeout=STALL_S,
                                      limits=httpx.Limits(max_connections=count + 4)) as client:
             await _warm(client, count)
             before = await _counters(client)
@@ -604,11 +622,13 @@ def _print_streams(rows: list[StreamRow], args: argparse.Namespace) -> None:
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r.label:<12} {r.refused:>4} {r.completed:>5} {r.failed:>6} {r.silent:>6} {_pair(r.itl_ms):>12} "
+        failed = f"{r.failed} ({r.stalled} stalled)" if r.stalled else str(r.failed)
+        print(f"{r.label:<12} {r.refused:>4} {r.completed:>5} {failed:>6} {r.silent:>6} {_pair(r.itl_ms):>12} "
               f"{r.worst_stream_itl_p99_ms:>9.0f} {_pair(r.ttft_ms):>13} {r.busy_share:>5.0%} {r.decode_cap:>4.0f} "
               f"{r.wall_s:>6.1f}")
     print("ms; ITL over every admitted stream's gaps between SSE chunks; worst p99 = the largest per-stream ITL p99; "
-          "failed = admitted (200) and then ended with an error; silent = tokens with no chunk of their own (each "
+          f"failed = admitted (200) and then ended with an error (stalled: no byte for {STALL_S:.0f} s, the client "
+          "gave up); silent = tokens with no chunk of their own (each "
           "merges two gaps; 0 means the gaps are per token); busy = Δ calculet_device_busy_seconds_total / wall; "
           "cap = calculet_scheduler_decode_cap_streams (0: none). Targets (issue #13) with a "
           f"{args.itl_target_ms} ms ITL target: every admitted stream's ITL p99 ≤ the target, none failed, device "
@@ -652,7 +672,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     stream_rows.append(streams(server.url, label.split(maxsplit=1)[1], args.streams,
                                                args.stream_tokens))
             finally:
-                server.stop()
+                try:
+                    server.stop()
+                except subprocess.TimeoutExpired:  # a server that does not drain in time: its rows are kept
+                    server.proc.kill()
     if burst_rows:
         _print_burst(burst_rows, args)
     if bare_rows:
