@@ -67,7 +67,7 @@ import math
 from itertools import accumulate
 from operator import le
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Mapping, Sequence
 
 
 @dataclass(frozen=True)
@@ -438,3 +438,34 @@ def fits(candidate: PendingJob, admitted: Sequence[PendingJob], now: float, mode
         else:
             lo = mid + 1
     return Fit(False, instants[lo], None)
+
+
+def admission_order_finish(candidate: PendingJob, tenant: str, admitted: Sequence[PendingJob],
+                           queued: Mapping[str, Sequence[PendingJob]], weights: Mapping[str, float], now: float,
+                           model: DeviceModel) -> float:
+    """Expected finish of ``candidate`` when the order that binds is the admission queue's (§5.3 WFQ).
+
+    When no more sequences may hold KV than the device decodes in one step (B16 with 16
+    sequences), every admitted sequence is in every batch, so who finishes when is decided by
+    the order the waiting requests are *admitted* in — weighted fair queuing across tenants,
+    arrival order within one — not by deadlines. ``edf_finish`` then plans the wrong order:
+    issue #13 measured a candidate at 4× load overtaking 39 of 63 requests of a more backlogged
+    tenant, and the EDF estimate about twice the actual finish. Here the candidate, last of the
+    ``q`` requests its tenant has waiting, is admitted after its own tenant's and, of each other
+    tenant ``t``, the first ``⌈(q + 1) · w_t / w⌉`` waiting (their fair share of the admissions
+    before it; all of them if fewer wait). ``admitted`` hold their lanes now and run first;
+    the rest take lanes in that order (``queued`` lists each tenant's waiting jobs in arrival
+    order; the candidate is not among them).
+    """
+    own_w = weights.get(tenant, 1.0)
+    mine = len(queued.get(tenant, ()))
+    ahead: list[PendingJob] = list(admitted)
+    for name, jobs in queued.items():
+        if name == tenant:
+            ahead.extend(jobs)
+        else:
+            ahead.extend(jobs[:math.ceil((mine + 1) * weights.get(name, 1.0) / own_w)])
+    jobs = [*ahead, candidate]
+    base, lengths = _plan(jobs, model)
+    finish, _ = _list_schedule(range(len(jobs)), lengths, model.lanes, now + base)
+    return finish[len(jobs) - 1]

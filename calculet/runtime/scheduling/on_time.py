@@ -64,7 +64,8 @@ class OnTimePolicy:
                                       ttft_s=_targets_s(config, "ttft_target_ms"),
                                       itl_s=_targets_s(config, "itl_target_ms"),
                                       errors=EstimateErrors(config.admission.miss_target,
-                                                            config.admission.initial_margin))
+                                                            config.admission.initial_margin),
+                                      sequences=config.admission.max_sequences)
         self._ttft_due: list[tuple[float, int]] = []
         decode.deadline_first = not self.planner.any_itl
 

@@ -64,9 +64,10 @@ from typing import Callable, Iterable, Mapping
 from calculet.machines.request import FinishReason
 from calculet.runtime.scheduling.estimate_error import EstimateErrors, EstimateErrorStatistics
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
-from calculet.runtime.scheduling.finish_estimate import (ON_TIME_EPS_S, DeviceModel, Fit, PendingJob, edf_finish,
-                                                         fair_share_finish, fits, on_time_selection)
-from calculet.runtime.scheduling.registry import RequestRecord
+from calculet.runtime.scheduling.finish_estimate import (ON_TIME_EPS_S, DeviceModel, Fit, PendingJob,
+                                                         admission_order_finish, edf_finish, fair_share_finish,
+                                                         fits, on_time_selection)
+from calculet.runtime.scheduling.registry import WAITING_STATES, RequestRecord
 
 PLANNED_STATES = frozenset({"new", "waiting_model", "waiting_admission", "prefill_ready", "prefill_running",
                             "decode_ready", "decode_running"})
@@ -283,13 +284,17 @@ class OnTimePlanner:
 
     def __init__(self, *, step_times: StepTimer, prefill_times: PrefillTimer, weights: Mapping[str, float],
                  ttft_s: Mapping[str, float | None], itl_s: Mapping[str, float | None],
-                 errors: EstimateErrors | None = None) -> None:
+                 errors: EstimateErrors | None = None, sequences: int | None = None) -> None:
+        """``sequences``: the most that may hold KV at once (``admission.max_sequences``); when the
+        device decodes them all in one step the admission queue's order binds the estimates
+        (:func:`.finish_estimate.admission_order_finish`)."""
         self.step_times = step_times
         self.prefill_times = prefill_times
         self.weights = dict(weights)
         self.ttft_s = dict(ttft_s)
         self.itl_s = dict(itl_s)
         self.any_itl = any(t is not None for t in self.itl_s.values())
+        self.sequences = sequences
         self.dirty = True
         self.stale = True
         """Work left the kept set since the last plan: the caches may not refuse (they would over-state)."""
@@ -379,7 +384,7 @@ class OnTimePlanner:
         job = self.job(rec)
         if job is None:
             return Fit(True, None, None)
-        model = self._admission_model(model)
+        nominal, model = model, self._admission_model(model)
         cache = self._cache
         finish = cache.place(job, now, model) if cache is not None else None
         if finish is None:
@@ -405,9 +410,31 @@ class OnTimePlanner:
         self.retry_slots.admitted(rec.tenant, now)
         if finish is not None:  # the expected finish: the margin's slowdown taken back out
             finish = now + (finish - now) / (1.0 + self.errors.margin)
+            in_order = self._admission_order_estimate(rec, job, now, nominal, records)
+            finish = finish if in_order is None else in_order
         rec.estimated_finish = finish
         self.dirty = True
         return Fit(True, None, finish)
+
+    def _admission_order_estimate(self, rec: RequestRecord, job: PendingJob, now: float, model: DeviceModel,
+                                  records: Callable[[], Iterable[RequestRecord]]) -> float | None:
+        """``rec``'s expected finish in the admission queue's order, or None where that order does not
+        bind (more sequences than the device decodes per step: then the decode order, by deadline,
+        does) or nobody waits. Admission still decides by the EDF plan (feasibility); this is the
+        estimate reported and scored. O(live requests), only for an accepted request with
+        requests waiting for admission."""
+        if self.sequences is None or self.sequences > model.lanes:
+            return None
+        kept = {j.id: j for j in self._kept}
+        waiting = sorted((r for r in records() if r.state in WAITING_STATES and r is not rec
+                          and r.request_id in kept), key=lambda r: r.arrival)
+        if not waiting:
+            return None
+        queued: dict[str, list[PendingJob]] = {}
+        for r in waiting:
+            queued.setdefault(r.tenant, []).append(kept.pop(r.request_id))
+        kept.pop(job.id, None)
+        return admission_order_finish(job, rec.tenant, list(kept.values()), queued, self.weights, now, model)
 
     def _admission_model(self, model: DeviceModel) -> DeviceModel:
         """The device as admission plans it: slowed by the estimator's measured error (:mod:`.estimate_error`)."""

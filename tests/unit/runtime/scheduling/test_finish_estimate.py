@@ -10,7 +10,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from calculet.runtime.scheduling.finish_estimate import (
-    ON_TIME_EPS_S, DeviceModel, PendingJob, edf_finish, fair_share_finish, fits, moore_hodgson, on_time_selection)
+    ON_TIME_EPS_S, DeviceModel, PendingJob, admission_order_finish, edf_finish, fair_share_finish, fits, moore_hodgson, on_time_selection)
 
 REPLAY_EPS_S = 1e-9
 """A replay's on-time tolerance: the estimator's own (``ON_TIME_EPS_S``) plus the float accumulation of
@@ -172,3 +172,23 @@ def test_fits_agrees_with_an_edf_simulation(raw: list[tuple[int, int, float | No
     moved = PendingJob(99, prompt, steps, answer.retry_at + relative)
     later = _simulate([*kept, moved], 0.0, model, "edf", arrivals={99: answer.retry_at})
     assert _on_time(later, [*kept, moved]) == len(kept) + 1
+
+
+@pytest.mark.req("R5.3.1")
+def test_where_sequences_fit_one_step_the_admission_queues_fair_order_sets_the_finish():
+    """Issue #13: a candidate of a lightly backlogged tenant is admitted after its fair share of the
+    other tenant's queue, not after all of it (WFQ, §5.3), so its expected finish is that order's."""
+    model = DeviceModel(decode_step_s=1.0, compiled_batch=2)
+    running = [PendingJob(1, 0, 3)]                      # holds a lane until t = 3
+    mine = [PendingJob(2, 0, 2)]
+    theirs = [PendingJob(10 + i, 0, 4) for i in range(5)]
+    candidate = PendingJob(99, 0, 1)
+    queued = {"a": mine, "b": theirs}
+    # equal weights: own 1 waiting, then 2 of b's (⌈(1 + 1) · 1/1⌉): lanes free at 3 and 0 -> 2 (0..2),
+    # b0 (2..6), b1 (3..7); the candidate takes the lane free at 6 and ends at 7
+    assert admission_order_finish(candidate, "a", running, queued, {"a": 1, "b": 1}, 0.0, model) == 7.0
+    # b weighs twice as much: 4 of b's go first
+    assert admission_order_finish(candidate, "a", running, queued, {"a": 1, "b": 2}, 0.0, model) == 11.0
+    # EDF with everyone's default deadline would put the candidate after all five of b's
+    everyone = [*running, *mine, *theirs, candidate]
+    assert edf_finish(everyone, 0.0, model)[99] > 11.0
