@@ -37,7 +37,7 @@ CPU from ``/proc``, issue #19). Now the actor appends one tuple of final values 
 instants, attributes, links as id pairs, an error text or None) to the service's batcher, a deque
 (:class:`~calculet.server.tracing_otlp.PlainSpanBatcher`); its thread wakes every 5 s and writes
 the OTLP bytes straight from the tuples, posting on a kept-alive connection: measured the same
-way, 0.43 ms on the actor and 0.23–0.31 ms on the export thread per completion
+way, 0.40–0.43 ms on the actor and 0.21–0.31 ms on the export thread per completion
 (``bench/tracing_overhead.py --threads``). A span
 processor of the SDK's (the in-memory exporter in tests, any other) still gets ``ReadableSpan`` objects:
 :func:`to_readable` builds the same span from the same tuple, and a test checks that the OTLP bytes
