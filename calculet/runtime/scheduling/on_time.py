@@ -67,7 +67,6 @@ class OnTimePolicy:
                                                             config.admission.initial_margin),
                                       sequences=config.admission.max_sequences)
         self._ttft_due: list[tuple[float, int]] = []
-        decode.deadline_first = not self.planner.any_itl
 
     def model(self) -> DeviceModel | None:
         profiles = self._profiles()
@@ -125,6 +124,7 @@ class OnTimePolicy:
         model = self.model()
         if model is None:  # no measured step yet: nothing to estimate, nothing to shed
             return
+        self.decode.deadline_first = planner.decode_order_binds(model.lanes)
         plan = planner.replan(self.registry.live(), now, model)
         for rec in plan.shed:
             self._shed(rec)

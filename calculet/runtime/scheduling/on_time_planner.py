@@ -26,15 +26,19 @@ where the scheduler's requests become those jobs and the answers become decision
   device, a fault and reset), Moore–Hodgson keeps the most that can and the rest are shed at
   once, before device time is spent on them. EDF alone would serve the doomed first (the
   domino effect) and fair rotation would make everyone late together;
-* **ordering (§7.2 item 2)** — with no latency target the decode order is the plan's: every
-  kept request by earliest deadline (R7.2.2; ties by virtual finish, R7.2.3), which is the EDF
-  schedule admission proved feasible, so the finish it estimated is the finish the device gives
-  (``DecodeScheduler.deadline_first``). Issue #13 measured fair rotation of the requests not at
-  risk instead: on B1 every later arrival shares the device with an admitted request, so its
-  admission-time estimate was off by a P90 of 35-60 % with the same on-time count; served in the
-  plan's order the P90 is 6-11 % (`steady` and `bursty`, loads 0.5-4). With an ITL target the
-  capped decode set rotates (the cap is sized for a rotation) and only the *at-risk* requests go
-  by deadline: a sequence is at risk when its fair-share finish (processor sharing of the lanes)
+* **ordering (§7.2 item 2)** — where more sequences hold KV than a step decodes (B1) and no
+  latency target is set, the decode order is the plan's: every kept request by earliest
+  deadline (R7.2.2; ties by virtual finish, R7.2.3), the EDF schedule admission proved
+  feasible, so the finish it estimated is the finish the device gives
+  (:meth:`OnTimePlanner.decode_order_binds`, ``DecodeScheduler.deadline_first``). Issue #13
+  measured fair rotation of the requests not at risk instead: on B1 every later arrival shares
+  the device with an admitted request, so its admission-time estimate was off by a P90 of
+  35-60 % with the same on-time count; served in the plan's order the P90 is 6-11 % (`steady`
+  and `bursty`, loads 0.5-4). Where every sequence is in every step (B16 with 16 sequences) the
+  admission queue's WFQ order decides who finishes when, and the estimate follows it
+  (:func:`.finish_estimate.admission_order_finish`). There, and with an ITL target (the capped
+  decode set rotates: the cap is sized for a rotation), only the *at-risk* requests go by
+  deadline: a sequence is at risk when its fair-share finish (processor sharing of the lanes)
   is past its deadline; the at-risk set is closed into an EDF prefix of the kept requests
   (every kept request with an earlier deadline joins it), and the requests after it are
   re-estimated as rotating *after* that prefix, until none of them is late: the prefix then
@@ -415,6 +419,18 @@ class OnTimePlanner:
         rec.estimated_finish = finish
         self.dirty = True
         return Fit(True, None, finish)
+
+    def decode_order_binds(self, lanes: int) -> bool:
+        """Whether the kept requests decode by deadline (the plan's order, §7.2 item 2) rather than in
+        fair rotation: when more sequences may hold KV than ``lanes`` decodes per step, who finishes
+        when is decided by the decode order, and serving it by deadline is what makes the EDF plan's
+        estimates hold (B1: issue #13 measured the P90 error 35-60 % -> 6-11 %, on-time counts equal).
+        Not with an ITL target (the capped set rotates: the cap is sized for a rotation), and not
+        when every sequence fits one step (B16 with 16 sequences): there the admission queue's order
+        binds (:meth:`_admission_order_estimate`), and issue #13 measured deadline-first decoding,
+        whose batches §8 sizes by the ready count, leaving 1.7-3.5 % of admitted requests late at
+        2-4× load where rotation left 0.8-1.2 %."""
+        return not self.any_itl and (self.sequences is None or self.sequences > lanes)
 
     def _admission_order_estimate(self, rec: RequestRecord, job: PendingJob, now: float, model: DeviceModel,
                                   records: Callable[[], Iterable[RequestRecord]]) -> float | None:

@@ -206,3 +206,19 @@ def test_the_step_timer_measures_the_wall_time_per_token_a_decoding_sequence_see
     assert b16.lane_step_s == pytest.approx(0.2) and b16.itl_s(16) == pytest.approx(0.05)
     assert DeviceModel(0.05, token_s=0.2).lane_step_s == 0.05    # B1 charges each job's prefill itself
     assert DeviceModel(0.05, compiled_batch=16).lane_step_s == 0.05  # not measured yet
+
+
+@pytest.mark.req("R7.2.2", "R7.2.3")
+@pytest.mark.parametrize(("sizes", "sections", "by_deadline"), [
+    ((1,), {}, True),                                             # B1, 16 sequences: the decode order binds
+    ((1,), {"admission": {"itl_target_ms": 5_000}}, False),       # a latency target: the capped set rotates
+    ((4,), {"admission": {"max_sequences": 4}}, False),           # every sequence in every step: admission binds
+])
+def test_the_kept_decode_by_deadline_only_where_the_device_is_the_narrower_stage(sizes, sections, by_deadline):
+    """Issue #13: deadline-first decoding is what makes the EDF plan's estimates hold on B1; where each
+    step holds every sequence (B16 with 16) the admission queue's order decides, and rotation stays."""
+    h = Harness.build(sizes=sizes, lanes=16, step_estimate_s=STEP, **sections)
+    for _ in range(3):
+        h.submit(prompt=8, new=5)
+    drive(h)
+    assert h.scheduler.decode.deadline_first is by_deadline
