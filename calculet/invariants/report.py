@@ -86,9 +86,10 @@ def run_checks(options: VerifyOptions, machines: Iterable[type[Machine]], pools:
             run.results += check_pool_induction(pool.definition, options.lanes)
             if progress:
                 progress(f"{pool.definition.name}: induction over {options.lanes} lanes")
-            run.results.append(check_pool_bmc(pool.definition, options.lanes, options.depth))
-            if progress:
-                progress(f"{pool.definition.name}: bounded model checking to depth {options.depth}")
+            if not options.fast:  # a search for counterexamples; the induction above is the proof
+                run.results.append(check_pool_bmc(pool.definition, options.lanes, options.depth))
+                if progress:
+                    progress(f"{pool.definition.name}: bounded model checking to depth {options.depth}")
         for system in systems:
             if options.machines and system.definition.name not in options.machines:
                 continue

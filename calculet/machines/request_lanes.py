@@ -125,6 +125,7 @@ class RequestLaneSystem(CoupledSystem):
     """
 
     spec = "§4, §5.1, §7.1, §7.4, §9.2"
+    fast_bmc = False    # verify --fast keeps the proofs (induction for every pool size, vacuity, reachability)
     request = RequestMachine
     lane = KvSequenceMachine
 
