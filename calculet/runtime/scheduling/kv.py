@@ -40,13 +40,14 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from calculet.clock import Clock
-from calculet.errors import DefinitionError, NotSupported
+from calculet.errors import DefinitionError
 from calculet.machines.errors import TransitionNotAllowed
 from calculet.machines import KvSequenceMachine
 from calculet.machines.kv_pool import KvLanePool
 from calculet.machines.monitor import MONITOR
 from calculet.machines.pool import PoolView
 from calculet.runtime.scheduling.kv_checks import PoolMonitor, check_pool, check_reserve_decision
+from calculet.runtime.scheduling.kv_context import KvContextOperations, ShiftSequence
 from calculet.runtime.scheduling.kv_guard import compile_measures, compile_reserve_guard, events_keeping_measures
 from calculet.runtime.distribution import FREE_LATENCY_BOUNDS, Distribution, DistributionSnapshot
 
@@ -69,16 +70,6 @@ class FreeSequence:
     lane: int
     seq_id: int
     generation: int
-
-
-@dataclass(frozen=True, slots=True)
-class ShiftSequence:
-    """Command: shift the sequence left by ``tokens`` (DoShift; only behind its capability)."""
-
-    lane: int
-    seq_id: int
-    generation: int
-    tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +145,7 @@ _KEEPS_TOTALS = events_keeping_measures(_POOL)
 """Events that provably leave every budget total as it was: the batch paths fire them without bookkeeping."""
 
 
-class KvLaneManager:
+class KvLaneManager(KvContextOperations):
     """The KV lane pool of one model generation's runtime session (§9)."""
 
     def __init__(self, lanes: int, max_seq: int, *, capabilities: KvCapabilities = KvCapabilities(),
@@ -448,43 +439,6 @@ class KvLaneManager:
             self._faults += 1
         self._checked(event)
         return True
-
-    # ------------------------------------------------------------------ §9.3 context operations
-
-    def remove_tail(self, lease: KvLease, tokens: int) -> None:
-        """RemoveTokensAtEnd: only when the capability contract enables it (§9.3)."""
-        if not self.capabilities.remove_tail:
-            raise NotSupported("remove tail is disabled until the RemoveTokensAtEnd boundary tests pass (§9.3)",
-                               operation="remove_tail")
-        self._fire(self._owned(lease), "remove_tail", tokens=tokens)
-        self._checked("remove_tail")
-
-    def shift(self, lease: KvLease, tokens: int) -> ShiftSequence:
-        """DoShift: C1/C2, only behind its capability; the lengths change like a tail removal."""
-        if not self.capabilities.shift:
-            raise NotSupported("shift is C1/C2: the SDK has DoShift but its semantics are not closed-loop (§9.3)",
-                               operation="shift")
-        lane = self._owned(lease)
-        self._fire(lane, "remove_tail", tokens=tokens)
-        self._checked("shift")
-        return ShiftSequence(lane, lease.seq_id, lease.generation, tokens)
-
-    def copy_prefix(self, source: KvLease, target: KvLease, tokens: int) -> None:
-        raise NotSupported("copy prefix/sequence is an empty implementation in the adapter; disabled (§9.3)",
-                           operation="copy_prefix")
-
-    def keep_one_sequence(self, lease: KvLease) -> None:
-        raise NotSupported("keep one seq is an empty implementation; disabled (§9.3)", operation="keep_one_seq")
-
-    def position_add_div(self, lease: KvLease, start: int, end: int, delta: int, divisor: int = 1) -> None:
-        raise NotSupported("position add/div is an empty implementation; disabled (§9.3)",
-                           operation="position_add_div")
-
-    def save_session(self, lease: KvLease) -> bytes:
-        raise NotSupported("save session KV is an empty implementation; disabled (§9.3)", operation="save_session")
-
-    def load_session(self, lease: KvLease, data: bytes) -> None:
-        raise NotSupported("load session KV is an empty implementation; disabled (§9.3)", operation="load_session")
 
     # ------------------------------------------------------------------ statistics
 
