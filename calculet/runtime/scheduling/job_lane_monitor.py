@@ -43,12 +43,12 @@ O(lanes + jobs), not lanes × jobs. The tests check the shape (``test_job_lane_m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 from calculet.machines.job_lanes import SETTLED_AT_STEP_END, JobLaneSystem
 from calculet.machines.monitor import MONITOR
-from calculet.machines.system import NONE, SystemInvariant, SystemView
+from calculet.machines.system import NONE, SystemView
+from calculet.runtime.scheduling.partwise import AcrossParts
 from calculet.runtime.scheduling.kv import KvBatchReservation
 
 __all__ = ["JobLaneMonitor", "attach"]
@@ -58,19 +58,8 @@ _ON_DEVICE = ("submitted", "timed_out", "quarantined")
 _COUNTS = frozenset(inv.name for inv in _SYSTEM.invariants if inv.counts)
 
 
-@dataclass(frozen=True)
-class _Across:
+class _Across(AcrossParts):
     """A declared invariant over the parts: true when its predicate holds on each part it reads."""
-
-    invariant: SystemInvariant
-
-    @property
-    def name(self) -> str:
-        return self.invariant.name
-
-    @property
-    def rid(self) -> str:
-        return self.invariant.rid
 
     def predicate(self, parts: "tuple[Sequence[SystemView], SystemView]") -> bool:
         lanes, jobs = parts

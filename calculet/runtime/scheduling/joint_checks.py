@@ -55,7 +55,8 @@ from typing import Any, Callable, Sequence
 from calculet.machines.monitor import MONITOR
 from calculet.machines.request import ENDED, WAITING
 from calculet.machines.request_lanes import RequestLaneSystem
-from calculet.machines.system import NONE, SystemInvariant, SystemView
+from calculet.machines.system import NONE, SystemView
+from calculet.runtime.scheduling.partwise import AcrossParts
 
 __all__ = ["JointMonitor", "Part"]
 
@@ -76,22 +77,7 @@ class Part:
     lanes: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class _Across:
-    """A declared invariant over every part: true when its declared predicate holds on each part's view."""
-
-    invariant: SystemInvariant
-
-    @property
-    def name(self) -> str:
-        return self.invariant.name
-
-    @property
-    def rid(self) -> str:
-        return self.invariant.rid
-
-    def predicate(self, parts: Sequence[Part]) -> bool:
-        return all(self.invariant.predicate(p.view) for p in parts)
+_Across = AcrossParts
 
 
 _ACROSS = tuple(_Across(inv) for inv in _SYSTEM.invariants)

@@ -57,8 +57,9 @@ from typing import Any, Sequence
 from calculet.machines import KvSequenceMachine
 from calculet.machines.kv_pool import KvLanePool
 from calculet.machines.monitor import MONITOR
-from calculet.machines.pool import PoolInvariant, PoolView
+from calculet.machines.pool import PoolView
 from calculet.runtime.scheduling.kv_guard import compile_measures, measure_totals
+from calculet.runtime.scheduling.partwise import AcrossParts
 
 __all__ = ["Part", "PoolMonitor", "check_pool", "check_reserve_decision", "index_faults"]
 
@@ -88,22 +89,7 @@ class Part:
     lanes: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class _Across:
-    """A declared pool invariant over the parts: true when its predicate holds on each part's view."""
-
-    invariant: PoolInvariant
-
-    @property
-    def name(self) -> str:
-        return self.invariant.name
-
-    @property
-    def rid(self) -> str:
-        return self.invariant.rid
-
-    def predicate(self, parts: Sequence[Part]) -> bool:
-        return all(bool(self.invariant.predicate(p.view)) for p in parts)
+_Across = AcrossParts
 
 
 class PoolMonitor:
