@@ -33,7 +33,7 @@ where the scheduler's requests become those jobs and the answers become decision
   (:meth:`OnTimePlanner.decode_order_binds`, ``DecodeScheduler.deadline_first``). Issue #13
   measured fair rotation of the requests not at risk instead: on B1 every later arrival shares
   the device with an admitted request, so its admission-time estimate was off by a P90 of
-  35-60 % with the same on-time count; served in the plan's order the P90 is 6-11 % (`steady`
+  35-60 % with the same on-time count; served in the plan's order the P90 is 5-10 % (`steady`
   and `bursty`, loads 0.5-4). Where every sequence is in every step (B16 with 16 sequences) the
   admission queue's WFQ order decides who finishes when, and the estimate follows it
   (:func:`.finish_estimate.admission_order_finish`). There, and with an ITL target (the capped
@@ -424,7 +424,7 @@ class OnTimePlanner:
         """Whether the kept requests decode by deadline (the plan's order, §7.2 item 2) rather than in
         fair rotation: when more sequences may hold KV than ``lanes`` decodes per step, who finishes
         when is decided by the decode order, and serving it by deadline is what makes the EDF plan's
-        estimates hold (B1: issue #13 measured the P90 error 35-60 % -> 6-11 %, on-time counts equal).
+        estimates hold (B1: issue #13 measured the P90 error 35-60 % -> 5-10 %, on-time counts equal).
         Not with an ITL target (the capped set rotates: the cap is sized for a rotation), and not
         when every sequence fits one step (B16 with 16 sequences): there the admission queue's order
         binds (:meth:`_admission_order_estimate`), and issue #13 measured deadline-first decoding,
