@@ -11,7 +11,7 @@ lane machines through the manager's own ``_fire``/``_owned``/``_checked``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from calculet.errors import NotSupported
 
@@ -35,14 +35,10 @@ class KvContextOperations:
     capabilities: Any
     """The manager's :class:`~calculet.runtime.scheduling.kv.KvCapabilities`."""
 
-    def _fire(self, lane: int, event: str, **args: Any) -> None:
-        raise NotImplementedError
-
-    def _owned(self, lease: KvLease) -> int:
-        raise NotImplementedError
-
-    def _checked(self, operation: str) -> None:
-        raise NotImplementedError
+    # the manager's own methods, which these operations go through (declared here, defined there)
+    _fire: Callable[..., None]
+    _owned: Callable[[KvLease], int]
+    _checked: Callable[[str], None]
 
     def remove_tail(self, lease: KvLease, tokens: int) -> None:
         """RemoveTokensAtEnd: only when the capability contract enables it (§9.3)."""
