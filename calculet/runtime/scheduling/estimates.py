@@ -178,6 +178,11 @@ class PrefillTimer:
         self._ts = keep * self._ts + tokens * seconds
         self._samples += 1
 
+    @property
+    def samples(self) -> int:
+        """Prefill jobs measured so far (0: the cost is not known yet)."""
+        return self._samples
+
     def cost(self) -> tuple[float, float]:
         """(fixed seconds, seconds per token); (0, 0) before the first sample."""
         if not self._samples:

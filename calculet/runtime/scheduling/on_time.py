@@ -11,7 +11,12 @@ and their proofs are unchanged):
   (FinishReason.DEADLINE: it cannot make its deadline, and it holds no device time any more);
   one whose job is on the device gets the deadline flag and ends when that job drains;
 * a request still waiting at its TTFT target (latency SLO) is refused the same way as a
-  waiting request that is shed.
+  waiting request that is shed;
+* under an ITL target a prefill runs only when every decoding stream still gets its next token
+  within its target (:meth:`OnTimePolicy.prefill_fits_itl`, the prefill scheduler's gate): the cap
+  leaves room for one prefill per rotation, and this keeps it to one — issue #13 measured the worst
+  stream's ITL P99 at 209-217 ms under 200 ms when two streams ended within one rotation and both
+  newcomers were prefilled in it.
 
 The scheduler calls :meth:`OnTimePolicy.tick` once per ``step()``; replanning happens there
 only when an event marked the plan dirty (see :mod:`.on_time_planner`).
@@ -29,8 +34,8 @@ from calculet.runtime.scheduling.apply import end_for_deadline
 from calculet.runtime.scheduling.decode import DecodeScheduler
 from calculet.runtime.scheduling.estimate_error import EstimateErrors
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
-from calculet.runtime.scheduling.finish_estimate import DeviceModel
-from calculet.runtime.scheduling.on_time_planner import OnTimePlanner, OnTimeStatistics
+from calculet.runtime.scheduling.finish_estimate import ON_TIME_EPS_S, DeviceModel
+from calculet.runtime.scheduling.on_time_planner import DECODING_STATES, OnTimePlanner, OnTimeStatistics
 from calculet.runtime.scheduling.prefill import PrefillScheduler
 from calculet.runtime.scheduling.profiles import ProfileSet
 from calculet.runtime.scheduling.registry import WAITING_STATES, RequestRecord, RequestRegistry
@@ -67,6 +72,10 @@ class OnTimePolicy:
                                                             config.admission.initial_margin),
                                       sequences=config.admission.max_sequences)
         self._ttft_due: list[tuple[float, int]] = []
+        self._streams: dict[int, RequestRecord] = {}
+        """The requests in decode (ready or on the device): the streams a prefill makes wait."""
+        if self.planner.any_itl:
+            prefill.gate = self.prefill_fits_itl
 
     def model(self) -> DeviceModel | None:
         profiles = self._profiles()
@@ -108,6 +117,51 @@ class OnTimePolicy:
             return None
         return self.planner.decode_cap(self.model(), self.lanes(), self.admission.tenants_present())
 
+    def prefill_fits_itl(self, head: RequestRecord, tokens: int, now: float) -> bool:
+        """May a prefill job of ``tokens`` run now without a decoding stream missing its ITL target?
+
+        A prefill runs between two decode steps; every stream ready in the rotation waits for it,
+        and for the newcomer it makes: a stream entering decode takes the decode virtual time as
+        its tag, ahead of the streams already served in this round (counted first here, the
+        conservative place). The stream ``k``-th in the rotation (the decode heap's order: its
+        entry's key) then gets its next token ``prefill + ((k + 1) // lanes + 1)`` step periods
+        from now, and last got one when it entered Ready (``ready_since``): held if that gap passes
+        the stream's tenant's target.
+        Held only while holding can help — the prefill fits a *clean* rotation of the streams
+        (each waited only the steps ahead of it): then it waits for the streams that already
+        waited for an earlier prefill to be served, about one rotation. A prompt too long for a
+        clean rotation is let through at once (waiting would starve it, since the rotation only
+        shrinks when streams end): the cap (:meth:`decode_cap`) leaves room for a typical prompt.
+        With no measured step, no stream or no target among the streams, nothing is held."""
+        streams = self._streams
+        if not streams:
+            return True
+        model = self.model()
+        if model is None:
+            return True
+        targets = self.planner.itl_s
+        ready = [r for r in streams.values() if (e := r.entry) is not None and len(e) == 5 and e[4] is r]
+        if not ready:
+            return True
+        ready.sort(key=_rotation_key)
+        step = max(model.decode_step_s, model.step_period_s)
+        stall = model.prefill_s(tokens)
+        lanes = model.lanes
+        start = now + stall
+        late = False
+        tightest = math.inf
+        for k, rec in enumerate(ready):
+            target = targets.get(rec.tenant)
+            if target is None:
+                continue
+            tightest = min(tightest, target)
+            if start + ((k + 1) // lanes + 1) * step - rec.ready_since > target + ON_TIME_EPS_S:
+                late = True
+        if not late:
+            return True
+        clean = -(-(len(ready) + 1) // lanes) * step + stall
+        return clean > tightest + ON_TIME_EPS_S
+
     # ------------------------------------------------------------------ the tick
 
     def tick(self, now: float) -> None:
@@ -133,7 +187,13 @@ class OnTimePolicy:
             self.prefill.prioritise(rec)
 
     def transition(self, rec: RequestRecord, target: str, ends: bool, now: float) -> None:
-        """``rec`` moved to ``target``; ``ends``: this is its first step into an ended state (its outcome)."""
+        """``rec`` moved to ``target``; ``ends``: this is its first step into an ended state (its outcome).
+        Steps within the decode cycle are not reported (the scheduler's fast path), so a stream is
+        tracked from its entry into decode to its first transition out of it."""
+        if target in DECODING_STATES:
+            self._streams[rec.request_id] = rec
+        else:
+            self._streams.pop(rec.request_id, None)
         if target == "prefill_ready" or ends:
             self.mark(ended=ends)
         if ends:
@@ -163,6 +223,14 @@ class OnTimePolicy:
 
     def statistics(self) -> OnTimeStatistics:
         return self.planner.statistics()
+
+
+def _rotation_key(rec: RequestRecord) -> tuple[float, int, float, int]:
+    """A ready decode entry's place in the rotation: (priority, decode tag, virtual finish, seq), the
+    order the decode scheduler's heaps serve (:mod:`.decode`)."""
+    entry = rec.entry
+    assert entry is not None
+    return entry[0], entry[1], entry[2], entry[3]
 
 
 def _retry(at: float | None, now: float) -> float | None:

@@ -24,6 +24,13 @@
   nothing about order within a class; the at-risk set is the EDF prefix the overload selection
   proved feasible, so what bypasses the WRR is bounded. Everyone else keeps WFQ order within
   the class and the WRR's shares; the long-task quota is admission's and is unchanged.
+* A prefill gate (issue #13, latency SLOs): a prefill runs between two decode steps and every
+  stream waiting in the rotation waits for it too. With an ITL target the ``on_time`` policy
+  installs :attr:`PrefillScheduler.gate` (``OnTimePolicy.prefill_fits_itl``), and a class whose
+  head prefill would push a decoding stream's next token past its target is not eligible for
+  this opportunity (:meth:`PrefillScheduler.eligible`): decode takes it, and the prefill goes
+  once the streams that waited for the previous one have had their token. The WRR credits are
+  untouched (a held class is simply not a candidate, as if empty for one opportunity).
 """
 
 from __future__ import annotations
@@ -125,6 +132,8 @@ class PrefillStatistics:
     chunked_jobs: int
     deadline_first: int = 0
     """Opportunities given to an at-risk prefill ahead of the WRR (issue #13)."""
+    itl_held: int = 0
+    """Opportunities at which a queued prefill was held back so a stream kept its ITL target (issue #13)."""
 
 
 _NORMAL = 1
@@ -158,6 +167,10 @@ class PrefillScheduler:
         self.urgent = 0
         """Queued at-risk entries (a tick with none pays nothing for the deadline-first check)."""
         self._deadline_first = 0
+        self.gate: Callable[[RequestRecord, int, float], bool] | None = None
+        """``gate(head, tokens, now)``: may ``head``'s next prefill job of ``tokens`` run now? Installed by
+        the ``on_time`` policy under an ITL target; None: every non-empty class is eligible."""
+        self._held = 0
 
     def classify(self, tokens: int) -> str:
         """R6.2: the class of a prompt of ``tokens`` tokens."""
@@ -258,7 +271,8 @@ class PrefillScheduler:
         if not self.urgent:
             return None
         head = self.urgent_head()
-        if head is None or ("decode" in eligible and decode.earliest_priority(generation) <= head[0]):
+        if head is None or head[1] not in eligible or (
+                "decode" in eligible and decode.earliest_priority(generation) <= head[0]):
             return None
         self._deadline_first += 1
         return head[1]
@@ -269,6 +283,24 @@ class PrefillScheduler:
 
     def nonempty(self) -> set[str]:
         return {q for q, n in self._depth.items() if n > 0}
+
+    def eligible(self, now: float) -> set[str]:
+        """The classes that may take this service opportunity: the non-empty ones whose head the
+        :attr:`gate` lets run now (all of them with no gate). The head is the entry :meth:`take`
+        would pop (an at-risk one leads its class); its job is charged at most one chunk."""
+        queues = {q for q, n in self._depth.items() if n > 0}
+        gate = self.gate
+        if gate is None or not queues:
+            return queues
+        for queue in tuple(queues):
+            heap = self._heaps[queue]
+            while heap and heap[0][2] is None:
+                heapq.heappop(heap)
+            head: RequestRecord = heap[0][2]
+            if not gate(head, self.next_chunk(head.prompt_tokens), now):
+                queues.discard(queue)
+                self._held += 1
+        return queues
 
     def take(self, queue: str) -> RequestRecord:
         """Pop the head (smallest tag) of ``queue``; it must be non-empty."""
@@ -303,4 +335,4 @@ class PrefillScheduler:
             oldest[queue] = now - since[0][0] if since and now is not None else 0.0
         return PrefillStatistics({q: self._depth.get(q, 0) for q in PREFILL_QUEUES}, oldest,
                                  {q: self._taken.get(q, 0) for q in PREFILL_QUEUES}, self._chunked,
-                                 self._deadline_first)
+                                 self._deadline_first, self._held)
