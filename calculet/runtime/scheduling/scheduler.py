@@ -227,7 +227,7 @@ class Scheduler:
         if gen == 0 or profiles is None or generations.availability not in SERVING:
             return Plan(None, wake_at=wake, reason=f"model {generations.availability.value}")
         for _attempt in range(4):
-            eligible = self.prefill.nonempty()
+            eligible = self.prefill.eligible(now)
             profile = None
             ready = self.decode.ready_count(gen)
             if ready:
