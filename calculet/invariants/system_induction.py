@@ -51,8 +51,8 @@ from typing import Iterable
 import z3
 
 from calculet.invariants.checks import CheckResult, Counterexample, Progress, model_value, solver
-from calculet.invariants.system_encoding import (Move, assume_invariants, flat, fresh_frame, initial_frame, read_frame,
-                                                 seq_domain, step_args, system_goals)
+from calculet.invariants.system_encoding import (Move, StepGoals, assume_invariants, flat, fresh_frame, initial_frame,
+                                                 read_frame, seq_domain, step_args, system_goals)
 from calculet.logic.symbolic import SymbolicVars
 from calculet.machines.system import Opaque, SystemDefinition, SystemView
 
@@ -179,14 +179,15 @@ def _induction(sd: SystemDefinition, requests: int, lanes: int, wanted: set[str]
     args, arg_dom = step_args(sd, "")
     s = solver("QF_LIA")
     s.add(*arg_dom)
-    assume_invariants(sd, s, frame, outside=True)
+    built = StepGoals(sd, frame)  # the goals once, moved to each variant's post-state by substitution
+    assume_invariants(sd, s, frame, outside=True, system=built.system)
     for v in sd.variants:
         if wanted is not None and (v.name if by_variant else v.step.name) not in wanted:
             continue
         start = time.process_time()
         move = Move(sd, v, frame, 0, 0, args)
         post = move.after(frame)
-        goals = system_goals(sd, post) + move.instance_goals(sd)
+        goals = built.after(move)
         s.push()
         s.add(move.enabled, z3.Not(z3.And(*[g for _, _, g in goals])))
         if frame.beyond is not None:
