@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import NewType
+from typing import NamedTuple, NewType
 
 import numpy as np
 
@@ -57,6 +57,17 @@ class JobBuffers:
     output: BufferHandle
 
 
+class DecodeLanes(NamedTuple):
+    """A decode job's per-lane inputs as plain ints (``valid`` as given: 0/1 for a well-formed job)."""
+
+    tokens: tuple[int, ...]
+    positions: tuple[int, ...]
+    valid: tuple[int, ...]
+    seqs: tuple[int, ...]
+    active: tuple[int, ...]
+    """The lanes whose ``valid`` entry is truthy, in order."""
+
+
 @dataclass(frozen=True, eq=False)
 class DecodeJob:
     """One decode step over a compiled batch (§2 ``DecodeBatch`` as the device sees it).
@@ -78,19 +89,32 @@ class DecodeJob:
     lane_valid: np.ndarray
 
     kind: JobKind = field(default=JobKind.DECODE, init=False)
+    lanes: DecodeLanes = field(init=False, repr=False)
+    """The lanes as plain Python values, converted once: the device's checks, its DMA payload, its commit and
+    the host's result checks each read them, and a numpy conversion per reader cost ~10 calls per B1 token
+    (issue #20). The arrays are read-only copies, so these can never disagree with them."""
 
     def __post_init__(self) -> None:
-        for name in ("token_ids", "positions", "lane_valid"):
-            object.__setattr__(self, name, np.array(getattr(self, name), copy=True))
         b = self.compiled_batch
-        for name, arr in (("seq_ids", self.seq_ids), ("token_ids", self.token_ids),
+        plain = []
+        for name in ("token_ids", "positions", "lane_valid"):
+            arr = np.array(getattr(self, name), copy=True)
+            arr.flags.writeable = False
+            object.__setattr__(self, name, arr)
+            plain.append(arr.tolist())
+        seqs = self.seq_ids
+        for name, arr in (("seq_ids", seqs), ("token_ids", self.token_ids),
                           ("positions", self.positions), ("lane_valid", self.lane_valid)):
             if len(arr) != b:
                 raise DefinitionError(f"DecodeJob.{name} has {len(arr)} entries; compiled_batch is {b} (R7.1.2)")
+        tokens, positions, valid = plain
+        object.__setattr__(self, "lanes", DecodeLanes(tuple(tokens), tuple(positions), tuple(valid),
+                                                      tuple(map(int, seqs)),
+                                                      tuple(i for i, v in enumerate(valid) if v)))
 
     @property
     def active_lanes(self) -> tuple[int, ...]:
-        return tuple(int(i) for i in np.flatnonzero(self.lane_valid))
+        return self.lanes.active
 
 
 @dataclass(frozen=True, eq=False)
@@ -226,29 +250,32 @@ def verify_result(job: JobSpec, ticket: JobTicket, result: JobResult,
         found.append((Anomaly.WRONG_JOB, f"result job {result.job_id} for ticket {ticket.job_id}"))
     if result.generation != job.generation:
         found.append((Anomaly.WRONG_GENERATION, f"result generation {result.generation} != {job.generation}"))
-    if isinstance(job, DecodeJob):
-        expected_seqs = job.seq_ids
-        valid = [bool(v) for v in job.lane_valid]
-        expected_tokens = sum(valid)
+    decode = isinstance(job, DecodeJob)
+    if decode:
+        lanes_in = job.lanes  # plain values converted once per job (issue #20)
+        expected_seqs = lanes_in.seqs
+        valid = [bool(v) for v in lanes_in.valid]
+        n_valid = expected_tokens = len(lanes_in.active)
     else:
         expected_seqs = (job.seq_id,)
         valid = [True]
-        expected_tokens = len(job.tokens)
-    if len(result.lanes) != len(expected_seqs):
-        found.append((Anomaly.CROSSTALK, f"{len(result.lanes)} lane results for {len(expected_seqs)} lanes"))
-    for i, lane in enumerate(result.lanes[: len(expected_seqs)]):
+        n_valid, expected_tokens = 1, len(job.tokens)
+    lanes = result.lanes
+    if len(lanes) != len(expected_seqs):
+        found.append((Anomaly.CROSSTALK, f"{len(lanes)} lane results for {len(expected_seqs)} lanes"))
+    for i, lane in enumerate(lanes[: len(expected_seqs)]):
         if lane.lane != i or lane.seq_id != expected_seqs[i] or lane.valid != valid[i]:
             found.append((Anomaly.CROSSTALK,
                           f"slot {i} carries lane {lane.lane} seq {lane.seq_id} valid={lane.valid}; "
                           f"expected lane {i} seq {expected_seqs[i]} valid={valid[i]}"))
     c = result.counters
-    if c.lanes_valid != sum(valid):
-        found.append((Anomaly.COUNTERS, f"lanes_valid counter {c.lanes_valid} != {sum(valid)}"))
+    if c.lanes_valid != n_valid:
+        found.append((Anomaly.COUNTERS, f"lanes_valid counter {c.lanes_valid} != {n_valid}"))
     if c.tokens_processed != expected_tokens:
         found.append((Anomaly.COUNTERS, f"tokens_processed counter {c.tokens_processed} != {expected_tokens}"))
-    if result.ok:
-        committed = sum(1 for lane in result.lanes if lane.rc is ReturnCode.OK and lane.valid)
-        expected_kv = expected_tokens if isinstance(job, PrefillJob) else committed
+    if result.rc is ReturnCode.OK:
+        ok = ReturnCode.OK
+        expected_kv = sum(1 for lane in lanes if lane.rc is ok and lane.valid) if decode else expected_tokens
         if c.kv_tokens_written != expected_kv:
             found.append((Anomaly.COUNTERS, f"kv_tokens_written counter {c.kv_tokens_written} != {expected_kv}"))
     if previous_engine_sequence is not None and c.engine_sequence != previous_engine_sequence + 1:

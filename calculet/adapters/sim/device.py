@@ -427,9 +427,11 @@ class SimVirtualDevice:
         job_id = JobId(next(self._ids))
         ticket = JobTicket(job_id=job_id, generation=job.generation, kind=job.kind, engine=job.engine,
                            calbin_id=cb.calbin_id, submitted_at=now)
-        in_buf.data[:] = 0
         data = payload(job)
-        in_buf.data[: len(data)] = np.frombuffer(data, dtype=np.uint8)[: len(in_buf.data)]
+        buf = in_buf.data
+        n = min(len(data), len(buf))
+        buf.data[:n] = data[:n]  # the DMA: a memoryview copy, the rest of the buffer zeroed
+        buf[n:] = 0
         in_buf.bound_job = out_buf.bound_job = job_id
         for s in admitted.seqs:
             kv.lookup(s).inflight_job = job_id
@@ -442,7 +444,8 @@ class SimVirtualDevice:
             self.finalize(sim_job, self.compute(sim_job), now)
         else:
             self._worker_cond.notify_all()
-        self._cond.notify_all()
+        if self.timeline.sleepers:  # a Wait/WaitAny caller: the result (or the new job) may be what it waits for
+            self._cond.notify_all()
         return ticket
 
     # --- completion --------------------------------------------------------------------------
@@ -458,18 +461,22 @@ class SimVirtualDevice:
             return  # discarded by reset while computing: it never completes
         spec, engine = job.spec, job.spec.engine
         layout = LaneLayout.of(spec)
-        isolated = job.calbin.capabilities.lane_failure_isolation.value
-        job_rc, lane_rc = fault_effects.return_codes(job.fault, isolated, layout.valid)
+        fault = job.fault
+        if fault is None:  # the common case: every lane OK, nothing to corrupt (no per-job fault machinery)
+            job_rc, lane_rc = ReturnCode.OK, [ReturnCode.OK] * len(layout.valid)
+        else:
+            isolated = job.calbin.capabilities.lane_failure_isolation.value
+            job_rc, lane_rc = fault_effects.return_codes(fault, isolated, layout.valid)
         out_buf = self._buffers.get(spec.buffers.output.buffer_id)
         output = out_buf.data if out_buf is not None else None
         lanes, kv_written = commit(job, computed, layout, lane_rc, output, self.config.numerics)
         self._engine_seq[engine] += 1
         valid_tokens = sum(n for n, v in zip(layout.n_tokens, layout.valid) if v)
-        counters = StatusCounters(engine_sequence=self._engine_seq[engine], lanes_valid=sum(layout.valid),
-                                  tokens_processed=valid_tokens, kv_tokens_written=kv_written)
-        counters = fault_effects.corrupt(job.fault, lanes, counters, output)
-        if fault_effects.poisons(job_rc) and self.config.fault_requires_reset:
-            self._poisoned = job_rc
+        counters = StatusCounters(self._engine_seq[engine], sum(layout.valid), valid_tokens, kv_written)
+        if fault is not None:
+            counters = fault_effects.corrupt(fault, lanes, counters, output)
+            if fault_effects.poisons(job_rc) and self.config.fault_requires_reset:
+                self._poisoned = job_rc
         self._buffers.unbind(job_id, spec.buffers)
         if self._engine_job[engine] == job_id:
             self._engine_job[engine] = None

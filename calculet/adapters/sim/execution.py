@@ -50,6 +50,17 @@ class Computed:
     tokens: list[int | None]
 
 
+class _Ones(dict[int, tuple[int, ...]]):
+    """``(1,) * b`` per compiled batch, built once (a decode lane processes one token)."""
+
+    def __missing__(self, b: int) -> tuple[int, ...]:
+        self[b] = ones = (1,) * b
+        return ones
+
+
+_ONES = _Ones()
+
+
 @dataclass(frozen=True)
 class LaneLayout:
     """A job's lanes as the device sees them: a prefill is one valid lane of its prompt's tokens."""
@@ -62,10 +73,8 @@ class LaneLayout:
     @classmethod
     def of(cls, spec: JobSpec) -> LaneLayout:
         if isinstance(spec, DecodeJob):
-            b = spec.compiled_batch
-            # tolist: plain Python values in one call, not one numpy scalar per lane (issue #20)
-            return cls(tuple(map(bool, spec.lane_valid.tolist())), tuple(map(int, spec.seq_ids)),
-                       tuple(spec.positions.tolist()), (1,) * b)
+            lanes = spec.lanes  # plain Python values, converted once per job (issue #20)
+            return cls(tuple(map(bool, lanes.valid)), lanes.seqs, lanes.positions, _ONES[spec.compiled_batch])
         return cls((True,), (int(spec.seq_id),), (spec.start_position,), (len(spec.tokens),))
 
 
@@ -91,19 +100,19 @@ def compute(job: SimJob, lock: threading.RLock) -> Computed | None:
 def _compute_decode(job: SimJob, spec: DecodeJob, lock: threading.RLock) -> Computed:
     model, kv = job.calbin.model, job.kv
     b = spec.compiled_batch
-    lanes = [i for i, v in enumerate(spec.lane_valid.tolist()) if v]  # spec.active_lanes, without numpy scalars
+    lanes = spec.lanes.active
     k_rows: list[np.ndarray | None] = [None] * b
     v_rows: list[np.ndarray | None] = [None] * b
     logits: list[np.ndarray | None] = [None] * b
     tokens: list[int | None] = [None] * b
     if model is None:
-        token_ids, positions = spec.token_ids.tolist(), spec.positions.tolist()
+        token_ids, positions = spec.lanes.tokens, spec.lanes.positions
         for i in lanes:
             tokens[i] = pseudo_next_token(token_ids[i], positions[i])
         return Computed(k_rows, v_rows, logits, tokens)
     with lock:
-        pasts = [kv.past(kv.lookup(int(spec.seq_ids[i]))) for i in lanes]
-    nk, nv, lg = model.decode(np.asarray(spec.token_ids)[lanes], np.asarray(spec.positions)[lanes],
+        pasts = [kv.past(kv.lookup(spec.lanes.seqs[i])) for i in lanes]
+    nk, nv, lg = model.decode(np.asarray(spec.token_ids)[list(lanes)], np.asarray(spec.positions)[list(lanes)],
                               pasts)
     for j, i in enumerate(lanes):
         k_rows[i], v_rows[i], logits[i] = nk[j][:, None], nv[j][:, None], lg[j]
@@ -117,12 +126,14 @@ def commit(job: SimJob, computed: Computed | None, layout: LaneLayout, lane_rc: 
 
     Every sequence the job held is released for the next job, whatever the outcome.
     """
-    policy = job.calbin.profile(job.spec.compiled_batch).inactive_policy
+    kv = job.kv
+    find = kv.find
     lanes: list[LaneResult] = []
     kv_written = 0
     for i, sid in enumerate(layout.seq_ids):
-        seq = job.kv.lookup(sid) if sid != NO_SEQUENCE and job.kv.exists(sid) else None
+        seq = find(sid) if sid != NO_SEQUENCE else None
         if not layout.valid[i]:
+            policy = job.calbin.profile(job.spec.compiled_batch).inactive_policy
             row = np.full(job.calbin.vocab_size, np.nan) if policy.inactive_logits_returned and numerics else None
             if row is not None and output is not None:
                 output[i] = row
@@ -130,17 +141,19 @@ def commit(job: SimJob, computed: Computed | None, layout: LaneLayout, lane_rc: 
                                     seq.committed_len if seq else 0, row, None))
             continue
         assert seq is not None
-        ok = lane_rc[i] is ReturnCode.OK and computed is not None
-        logits = computed.logits[i] if (ok and computed is not None) else None
-        token = computed.tokens[i] if (ok and computed is not None) else None
-        if ok and computed is not None:
-            job.kv.commit(seq, computed.k_rows[i], computed.v_rows[i], layout.n_tokens[i])
+        rc = lane_rc[i]
+        logits = token = None
+        if rc is ReturnCode.OK and computed is not None:
+            logits, token = computed.logits[i], computed.tokens[i]
+            kv.commit(seq, computed.k_rows[i], computed.v_rows[i], layout.n_tokens[i])
             kv_written += layout.n_tokens[i]
-            if logits is not None and output is not None:
-                output[i] = logits
-        lanes.append(LaneResult(i, sid, True, lane_rc[i], layout.positions[i], seq.committed_len,
-                                None if logits is None else logits.copy(), token))
+            if logits is not None:
+                if output is not None:
+                    output[i] = logits
+                logits = logits.copy()
+        lanes.append(LaneResult(i, sid, True, rc, layout.positions[i], seq.committed_len, logits, token))
     for sid in job.seqs:
-        if job.kv.exists(sid):
-            job.kv.lookup(sid).inflight_job = None
+        held = find(sid)
+        if held is not None:
+            held.inflight_job = None
     return lanes, kv_written

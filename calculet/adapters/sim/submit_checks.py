@@ -10,7 +10,9 @@ fit it and are not bound to another job (§12, §14).
 
 from __future__ import annotations
 
+import functools
 import struct
+from collections.abc import Callable
 
 from typing import NamedTuple
 
@@ -44,10 +46,16 @@ def payload(job: JobSpec) -> bytes:
     """The bytes the host DMAs into the job's InputBuf (tokens, positions, mask, sequences)."""
     # struct, not numpy: a decode job's few lanes pack in ~1 µs, where four small arrays cost ~10 (issue #20)
     if isinstance(job, DecodeJob):
-        b = len(job.token_ids)
-        return struct.pack(f"<{b}i{b}i{b}B{b}i", *map(int, job.token_ids.tolist()),
-                           *map(int, job.positions.tolist()), *map(int, job.lane_valid.tolist()), *map(int, job.seq_ids))
+        lanes = job.lanes
+        b = len(lanes.tokens)
+        return _pack(b)(*lanes.tokens, *lanes.positions, *map(int, lanes.valid), *lanes.seqs)
     return np.asarray(job.tokens, dtype="<i4").tobytes()
+
+
+@functools.lru_cache(maxsize=64)
+def _pack(b: int) -> Callable[..., bytes]:
+    """The packer of a B-lane decode payload (tokens, positions as int32; valid bits; sequence ids)."""
+    return struct.Struct(f"<{b}i{b}i{b}B{b}i").pack
 
 
 def check_decode(job: DecodeJob, cb: SimCalbin, kv: SimKvManager, cost: CostModel) -> Admitted:
@@ -58,14 +66,13 @@ def check_decode(job: DecodeJob, cb: SimCalbin, kv: SimKvManager, cost: CostMode
                           f"profile B{b} is not configured (configured: {list(cb.configured_profiles)})")
     profile = cb.profile(b)
     policy = profile.inactive_policy
-    # a handful of lanes: plain ints beat numpy scalars here, converted once per array (issue #20)
-    valid, tokens, positions = job.lane_valid.tolist(), job.token_ids.tolist(), job.positions.tolist()
+    # a handful of lanes: plain ints beat numpy scalars here, converted once per job (DecodeJob.lanes, issue #20)
+    tokens, positions, valid, seq_ids, lanes = job.lanes
     if any(v not in (0, 1) for v in valid):
         raise VendorError(ReturnCode.INVALID_ARGUMENT, f"lane_valid must be 0/1, got {valid}")
-    lanes = tuple(i for i, v in enumerate(valid) if v)
     if not lanes:
         raise VendorError(ReturnCode.INVALID_ARGUMENT, "decode job with no valid lane")
-    inactive = [i for i in range(b) if not valid[i]]
+    inactive = [i for i in range(b) if not valid[i]] if len(lanes) < b else ()
     if inactive and policy.mask is MaskContract.NONE:
         raise VendorError(ReturnCode.INVALID_ARGUMENT,
                           f"profile B{b} has no mask contract; lanes {inactive} cannot be inactive (§7.3)")
@@ -74,12 +81,13 @@ def check_decode(job: DecodeJob, cb: SimCalbin, kv: SimKvManager, cost: CostMode
             raise VendorError(ReturnCode.INVALID_ARGUMENT,
                               f"inactive lane {i} carries token {tokens[i]}; profile B{b} fills "
                               f"inactive lanes with {policy.fill_token} (§7.3: never pad with token 0)")
-        sid = int(job.seq_ids[i])
+        sid = seq_ids[i]
         if sid != NO_SEQUENCE and not kv.exists(sid):
             raise VendorError(ReturnCode.NOT_FOUND, f"inactive lane {i} names unknown seq {sid}")
     seen: set[int] = set()
+    vocab, max_seq = cb.vocab_size, profile.max_seq
     for i in lanes:
-        sid = int(job.seq_ids[i])
+        sid = seq_ids[i]
         if sid == NO_SEQUENCE:
             raise VendorError(ReturnCode.INVALID_ARGUMENT, f"valid lane {i} has no sequence")
         if sid in seen:
@@ -88,18 +96,18 @@ def check_decode(job: DecodeJob, cb: SimCalbin, kv: SimKvManager, cost: CostMode
         seen.add(sid)
         seq = kv.lookup(sid)
         tok, pos = tokens[i], positions[i]
-        if not 0 <= tok < cb.vocab_size:
+        if not 0 <= tok < vocab:
             raise VendorError(ReturnCode.INVALID_ARGUMENT, f"lane {i} token {tok} outside vocab {cb.vocab_size}")
         if pos != seq.committed_len:
             raise VendorError(ReturnCode.INVALID_ARGUMENT,
                               f"lane {i} position {pos} != committed length {seq.committed_len} of seq {sid} "
                               "(§9.2: position equals committed_len)")
-        if pos + 1 > profile.max_seq:
+        if pos + 1 > max_seq:
             raise VendorError(ReturnCode.INVALID_ARGUMENT,
                               f"lane {i} position {pos} reaches max_seq {profile.max_seq} of profile B{b}")
         if seq.inflight_job is not None:
             raise VendorError(ReturnCode.INVALID_STATE, f"seq {sid} is being written by job {seq.inflight_job}")
-    seqs = tuple(int(job.seq_ids[i]) for i in lanes)
+    seqs = tuple(seq_ids[i] for i in lanes)
     return Admitted(seqs, lanes, cost.decode_s(b))
 
 

@@ -48,6 +48,8 @@ class CompletionTimeline:
         self._discarded: set[int] = set()
         self.discarded_count = 0
         self.wait_timeouts = 0
+        self.sleepers = 0
+        """Threads waiting in Wait/WaitAny on ``cond`` now (changed with the device lock held)."""
 
     # --- bookkeeping (device lock held) ------------------------------------------------------
 
@@ -150,7 +152,7 @@ class CompletionTimeline:
                 if remaining <= 0:
                     self.wait_timeouts += 1
                     raise VendorError(ReturnCode.TIMEOUT, f"job {job_id} not complete after {timeout_s} s")
-                self._cond.wait(remaining)
+                self._sleep(remaining)
 
     def _wait_virtual(self, job_id: JobId, timeout_s: float) -> JobResult:
         """The FakeClock is advanced to the completion instant, or by ``timeout_s`` on a timeout."""
@@ -177,6 +179,15 @@ class CompletionTimeline:
             self.wait_timeouts += 1
             raise VendorError(ReturnCode.TIMEOUT, f"job {job_id} not complete after {timeout_s} s")
 
+    def _sleep(self, seconds: float) -> None:
+        """Wait on the device condition (lock held), counted in :attr:`sleepers` so that a submit that finds
+        nobody waiting skips the notify (a few Python calls per B1 token on the null device, issue #20)."""
+        self.sleepers += 1
+        try:
+            self._cond.wait(seconds)
+        finally:
+            self.sleepers -= 1
+
     def wait_any(self, timeout_s: float) -> list[JobResult]:
         """Every completed result, waiting up to ``timeout_s`` for at least one ([] on timeout)."""
         if timeout_s < 0:
@@ -199,5 +210,5 @@ class CompletionTimeline:
                 remaining = deadline - self._clock.now()
                 if remaining <= 0:
                     return []
-                self._cond.wait(remaining)
+                self._sleep(remaining)
             return self.drain()

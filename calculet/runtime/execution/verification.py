@@ -44,8 +44,8 @@ def check_result(job: InflightJob, result: JobResult, *, previous_engine_sequenc
                       f"OutputBuf {result.output_buffer.buffer_id}; the job ran on {spec.engine.name.lower()}, "
                       f"{spec.kind.value} B{spec.compiled_batch}, OutputBuf {out.buffer_id}"))
     if isinstance(spec, DecodeJob):
-        positions = [int(p) for p in spec.positions.tolist()]  # tolist: no numpy scalar per lane (issue #20)
-        valid = [bool(v) for v in spec.lane_valid.tolist()]
+        lanes = spec.lanes  # plain values, converted once per job (DecodeJob.lanes, issue #20)
+        positions, valid = lanes.positions, lanes.valid
         step = [1] * spec.compiled_batch
     else:
         positions, valid, step = [spec.start_position], [True], [len(spec.tokens)]
