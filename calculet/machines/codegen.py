@@ -339,6 +339,83 @@ def generate_fire(d: Definition, fire_table: dict[str, dict[str, Callable[..., i
     return fire, source
 
 
+def generate_fire_each(d: Definition, monitor: Any, exact: Callable[..., str],
+                       one_by_one: Callable[..., list[str]]) -> tuple[Callable[..., list[str]], str]:
+    """The machine's ``fire_each(instances, event, <its argument names>=<columns>)``: ``event`` fired on
+    every instance in order, ``instances[i]`` with the i-th value of each argument column — exactly
+    ``[x.fire(event, **{name: column[i]}) for i, x in enumerate(instances)]``, returning the targets.
+
+    Why: a decode step fires the same event on every lane of its batch (submit, settle, result), and
+    one call per instance cost more than the guards and effects it runs (issue #20). The loop, the
+    argument acceptance and every (state, event) row of ``event`` are generated inline, from the same
+    z3 terms as ``_fire_i``; anything the inline code does not take (a refused guard or argument, a
+    state without the event) goes to ``exact`` for that instance, as ``fire`` sends it. The monitor
+    draws exactly as for single fires: a batch that holds the next checked event (countdown ≤ n)
+    runs instance by instance through ``fire`` (``one_by_one``); otherwise the countdown moves by n."""
+    v = SymbolicVars(d)
+    all_args = machine_arg_names(d)
+    namespace: dict[str, Any] = {"_int": int, "_M": _MISSING, "_mon": monitor, "_exact": exact,
+                                 "_one_by_one": one_by_one}
+    columns = "".join(f", {n}" for n in all_args)
+    given = "{" + ", ".join(f"{n!r}: {n}" for n in all_args) + "}"
+    lines: list[str] = []
+    by_event: dict[str, dict[str, list[Transition]]] = {}
+    for t in d.transitions:
+        by_event.setdefault(t.event, {}).setdefault(t.source, []).append(t)
+    each: dict[str, str] = {}
+    for index, (event, states) in enumerate(by_event.items()):
+        ev = d.events[event]
+        args = symbolic_args(ev)
+        tr = _LocalArgPrinter(d, set(ev.args))
+        each[event] = f"_each_{index}"
+        own = list(ev.args)
+        lines.append(f"def _each_{index}(instances{columns}):  # {d.name}: --{event}--> on each instance")
+        # an argument of another event given, or one of this event's missing: fire by fire (the reason)
+        odd = [f"{n} is not _M" for n in all_args if n not in ev.args] + [f"{n} is _M" for n in ev.args]
+        if odd:
+            lines += ["    if " + " or ".join(odd) + ":", f"        return _one_by_one(instances, {event!r}, {given})"]
+        lines += ["    targets = []", "    append = targets.append"]
+        if own:
+            loop = ", ".join(["self", *(f"_a_{n}" for n in own)])
+            lines.append(f"    for {loop} in zip(instances{''.join(f', {n}' for n in own)}):")
+        else:
+            lines.append("    for self in instances:")
+        lines.append("        state = self._state")
+        accept = " and ".join(_arg_accept(f"_a_{n}", vtype, namespace) for n, vtype in ev.args.items()) or "True"
+        for k, (state, rows) in enumerate(states.items()):
+            lines.append(f"        {'if' if k == 0 else 'elif'} state == {state!r} and {accept}:")
+            for i, t in enumerate(rows):
+                guard, assigns = _row_code(d, t, tr, v, args, namespace)
+                namespace[f"_row_{index}_{k}_{i}"] = t
+                lines.append(f"            if {guard}:  # {t.name}")
+                if assigns:
+                    lines.append(f"                {', '.join(f'self.{n}' for n, _ in assigns)} = "
+                                 f"{', '.join(c for _, c in assigns)}")
+                lines += [f"                self._state = {t.target!r}",
+                          f"                self.last_transition = _row_{index}_{k}_{i}",
+                          f"                append({t.target!r})", "                continue"]
+        pack = "{" + ", ".join(f"{n!r}: _a_{n}" for n in own) + "}"
+        lines += [f"        append(_exact(self, {event!r}, {pack}))", "    return targets", ""]
+    table = "{" + ", ".join(f"{e!r}: {f}" for e, f in each.items()) + "}"
+    lines += [f"_each = {table}", "",
+              f"def fire_each(instances, event{''.join(f', {n}=_M' for n in all_args)}):  # {d.name}",
+              "    n = len(instances)",
+              *[f"    if {n} is not _M and len({n}) != n:\n"
+                f"        raise ValueError(f'fire_each: {n} has {{len({n})}} values for {{n}} instances')"
+                for n in all_args],
+              "    run = _each.get(event)",
+              "    if run is None or (_mon.enabled and _mon.countdown <= n):",
+              f"        return _one_by_one(instances, event, {given})",
+              "    if _mon.enabled:",
+              "        _mon.countdown -= n",
+              f"    return run(instances{columns})", ""]
+    source = "\n".join(lines)
+    exec(compile(source, f"<calculet fire_each {d.name}>", "exec"), namespace)  # noqa: S102 - generated
+    fire_each = namespace["fire_each"]
+    fire_each.__qualname__ = f"{d.name}.fire_each"
+    return fire_each, source
+
+
 def generate_lifecycle(d: Definition, slow_init: Callable[..., None]
                        ) -> tuple[Callable[..., None], Callable[[Any], Any], str]:
     """``__init__(self, **params)`` and ``snapshot(self)`` as straight-line Python: parameters

@@ -8,10 +8,10 @@ the conformance tests prove it behaves exactly like the reference class.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from calculet.machines.codegen import (_MISSING, generate_dispatch, generate_fire, generate_invariant_check,
-                                       generate_lifecycle)
+from calculet.machines.codegen import (_MISSING, generate_dispatch, generate_fire, generate_fire_each,
+                                       generate_invariant_check, generate_lifecycle)
 from calculet.machines.monitor import MONITOR as _MONITOR
 from calculet.machines.definition import Definition, Transition
 from calculet.machines.errors import TransitionNotAllowed
@@ -38,6 +38,11 @@ class CompiledInstance:
     _var_names: tuple[str, ...]
     _param_names: tuple[str, ...]
     _initial_values: tuple[tuple[str, Any], ...]
+    fire_each: Callable[..., list[str]]
+    """``fire_each(instances, event, **columns)``: ``event`` on each instance in order, the i-th
+    instance with the i-th value of each argument column; the targets, in order (generated per
+    machine, :func:`~calculet.machines.codegen.generate_fire_each`: one call per decode step's
+    lanes instead of one per lane, issue #20)."""
 
     def _slow_init(self, extra: dict[str, Any], **given: Any) -> None:
         """The exact parameter check (the generated ``__init__`` sends here what it cannot accept)."""
@@ -169,9 +174,17 @@ def _fire_exact_or_checked(instance: CompiledInstance, event: str, args: dict[st
     return instance._fire_exact(event, args)
 
 
+def _fire_one_by_one(instances: Sequence[CompiledInstance], event: str, columns: dict[str, Any]) -> list[str]:
+    """``fire_each`` one instance at a time, through each instance's ``fire`` (the monitor's draw, the
+    exact check and a refusal's reason exactly as for single events)."""
+    given = {name: column for name, column in columns.items() if column is not _MISSING}
+    return [x.fire(event, **{name: column[i] for name, column in given.items()}) for i, x in enumerate(instances)]
+
+
 def compile_instance_type(d: Definition) -> type[CompiledInstance]:
     table, fire_table, source = generate_dispatch(d)
     fire, fire_source = generate_fire(d, fire_table, _MONITOR, _fire_exact_or_checked)
+    fire_each, each_source = generate_fire_each(d, _MONITOR, _fire_exact_or_checked, _fire_one_by_one)
     check_invariants, check_source = generate_invariant_check(d)
     init, snapshot, life_source = generate_lifecycle(d, CompiledInstance._slow_init)
     rows: dict[str, dict[str, list[Transition]]] = {}
@@ -186,10 +199,11 @@ def compile_instance_type(d: Definition) -> type[CompiledInstance]:
         "_table": table,
         "_fire_table": fire_table,
         "fire": fire,
+        "fire_each": staticmethod(fire_each),
         "__init__": init,
         "snapshot": snapshot,
         "_rows": {s: {e: tuple(r) for e, r in evs.items()} for s, evs in rows.items()},
-        "_source": source + "\n" + fire_source + "\n" + check_source + "\n" + life_source,
+        "_source": source + "\n" + fire_source + "\n" + each_source + "\n" + check_source + "\n" + life_source,
         "_check_invariants": check_invariants,
         "_argspec": argspec,
         "_var_names": tuple(d.vars),

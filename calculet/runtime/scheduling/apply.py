@@ -110,34 +110,31 @@ class CompletionApplier:
             self.step_times.observe(now - job.submitted_at, lanes=len(batch.active), now=now,
                                     compiled=batch.profile.compiled_batch,
                                     decoding=len(batch.active) + self.decode.total_ready())
-        ok = failed = 0
-        registry, generation, job_id = self.registry, job.generation, job.job_id
-        done = registry.on_done
-        back: list[RequestRecord] = []  # Ready again: queued after the loop, in lane order (nothing between reads the queue)
-        applied = CallbackResult.APPLIED
+        registry = self.registry
         # §9.2: commit only when device and output succeeded. Every lane of the job is settled in one
         # call before any request moves (a request that ends releases its lane, which must not be
         # Updating any more); per lane the order is the same as settling it just before its request.
         settles = _SETTLE_BY_VALUE
         self.kv.settle_batch(batch.kv.leases, [settles[check.verdict._value_] for check in checks])
-        for check, rec in zip(checks, batch.records):
-            verdict = check.verdict
-            good = verdict is LaneVerdict.OK
-            if verdict is LaneVerdict.MISMATCH:
-                self.anomalies += 1
-            detail = "" if good else (completion.detail or check.detail)
-            callback = done(rec.request_id, "decode_running", "decode_done", generation, job_id, good, check.stop,
-                            check.token, detail)  # registry.on_decode_complete, positionally
-            if good:
-                ok += 1
-            else:
-                failed += 1
-            if callback.result is applied:
-                target = callback.target
-                if target == "decode_ready":  # _after_done, batched on the per-lane path
-                    back.append(rec)
-                elif target == "finishing":
-                    registry.finish(rec.request_id)
+        good = LaneVerdict.OK
+        produced = [check.verdict is good for check in checks]
+        ok = sum(produced)
+        failed = len(checks) - ok
+        if failed:
+            self.anomalies += sum(check.verdict is LaneVerdict.MISMATCH for check in checks)
+            details = ["" if check.verdict is good else (completion.detail or check.detail) for check in checks]
+        else:
+            details = [""] * len(checks)
+        records = batch.records
+        targets = registry.decode_done_each(records, job.generation, job.job_id, produced,
+                                            [check.stop for check in checks], [check.token for check in checks],
+                                            details)
+        back: list[RequestRecord] = []  # Ready again: queued after the loop, in lane order (nothing between reads the queue)
+        for rec, target in zip(records, targets):
+            if target == "decode_ready":
+                back.append(rec)
+            elif target == "finishing":
+                registry.finish(rec.request_id)
         self.decode.add_back(back, now)
         self._pump(now)
         return Applied(job.job_id, False, ok, failed)

@@ -49,6 +49,7 @@ from __future__ import annotations
 import enum
 import heapq
 import math
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
@@ -104,6 +105,9 @@ class DecodeBatch:
     invalid: tuple[tuple[RequestRecord, str], ...] = field(default=(), repr=False)
 
 
+_new_tuple = tuple.__new__
+
+
 class NoBatchReason(enum.Enum):
     EMPTY = "empty"
     """No eligible candidate."""
@@ -151,13 +155,20 @@ class DecodeStatistics:
 class _Bucket:
     """The ready sequences of one generation."""
 
-    __slots__ = ("tenants", "since", "count", "watch", "deadlines")
+    __slots__ = ("tenants", "arrivals", "last_arrival", "since", "count", "watch", "deadlines")
 
     def __init__(self) -> None:
         self.tenants: dict[str, list[list[Any]]] = {}
         """The index of tenants with ready work: a tenant's heap is dropped once it is found empty
         (issue #20: a tick must not walk the tenants that have none)."""
+        self.arrivals: deque[tuple[float, list[Any]]] = deque()
+        """(ready since, entry) in the order entries arrived, whose ``since`` never decreases (every
+        entry that arrives now): the oldest live one is at the left, found in O(1) amortized — a heap
+        cost a log-n pop per dead head, 16 per B16 tick (issue #20)."""
+        self.last_arrival = -math.inf
         self.since: list[tuple[float, int, list[Any]]] = []
+        """Entries that arrive with an older ``since`` than ``arrivals``' last (a batch put back, a
+        promotion keeping its wait): a heap, rarely used."""
         self.count = 0
         self.watch: list[tuple[float, int, list[Any]]] = []
         """Entries not yet at risk, by the instant they become at risk."""
@@ -250,14 +261,62 @@ class DecodeScheduler:
 
     def add_back(self, recs: Sequence[RequestRecord], now: float) -> None:
         """The requests of one decode step that are Ready again, in lane order: :meth:`add` for each
-        (stepped when it has generated more than its prefill token), one call per step (issue #20)."""
-        push, step_cost = self._push, self._step_cost
+        (stepped when it has generated more than its prefill token), one call per step (issue #20).
+
+        The common case — planned order (``on_time``) and the request not at risk, no batching window
+        — is :meth:`_push` inlined: its priority is +inf and it goes to its tenant's heap and to the
+        arrivals; anything else takes :meth:`_push`."""
+        step_cost, vt = self._step_cost, self._vt
+        if not self.planned or self.deadline_first or self.window_s > 0 or not recs:
+            push = self._push
+            for rec in recs:
+                if rec.machine.generated_tokens > 1:
+                    rec.decode_tag += step_cost(rec.tenant)
+                else:
+                    rec.decode_tag = vt
+                push(rec, now)
+            return
+        buckets = self._buckets
+        heappush, inf = heapq.heappush, math.inf
+        seq = self._seq
+        bucket = None
+        generation = None
         for rec in recs:
+            tenant = rec.tenant
             if rec.machine.generated_tokens > 1:
-                rec.decode_tag += step_cost(rec.tenant)
+                tag = rec.decode_tag = rec.decode_tag + step_cost(tenant)
             else:
-                rec.decode_tag = self._vt
-            push(rec, now)
+                tag = rec.decode_tag = vt
+            if rec.at_risk:
+                self._seq = seq
+                self._push(rec, now)
+                seq = self._seq
+                continue
+            if rec.generation != generation:
+                generation = rec.generation
+                bucket = buckets.get(generation)
+                if bucket is None:
+                    bucket = buckets[generation] = _Bucket()
+                self._arrive(bucket, now)
+            seq += 1
+            entry = [inf, tag, rec.virtual_finish, seq, rec]
+            rec.entry = entry
+            rec.ready_since = now
+            heap = bucket.tenants.get(tenant)  # type: ignore[union-attr]
+            if heap is None:
+                heap = bucket.tenants[tenant] = []  # type: ignore[union-attr]
+            heappush(heap, entry)
+            bucket.arrivals.append((now, entry))  # type: ignore[union-attr]
+            bucket.count += 1  # type: ignore[union-attr]
+        self._seq = seq
+
+    def _arrive(self, bucket: _Bucket, now: float) -> None:
+        """Entries are about to arrive at ``now`` (not before the last arrival): drop the arrivals' dead
+        entries when they are mostly dead (amortized O(1) per arrival)."""
+        arrivals = bucket.arrivals
+        if len(arrivals) > 64 and len(arrivals) > 4 * (bucket.count + 1):
+            bucket.arrivals = deque(x for x in arrivals if x[1][4] is not None)
+        bucket.last_arrival = now
 
     def add(self, rec: RequestRecord, now: float, *, stepped: bool = False) -> None:
         """``rec`` entered DecodeReady at ``now``: from prefill, or after a decode step (``stepped``)."""
@@ -385,9 +444,10 @@ class DecodeScheduler:
         valid = np.zeros(size, dtype=np.uint8)
         valid[:count] = 1
         oldest = min(rec.ready_since for rec in chosen)
-        active = tuple(LaneBinding(i, rec.request_id, lease.seq_id, generation, lease.lane, rec.last_token,
-                                   positions[i], rec.tenant, rec.deadline)  # type: ignore[arg-type]
-                       for i, (rec, lease) in enumerate(zip(chosen, leases)))
+        make = _new_tuple  # LaneBinding's own __new__ is a Python frame per lane
+        active = tuple([make(LaneBinding, (i, rec.request_id, lease.seq_id, generation, lease.lane, rec.last_token,
+                                           positions[i], rec.tenant, rec.deadline))
+                        for i, (rec, lease) in enumerate(zip(chosen, leases))])
         wait = now - oldest
         return DecodeBatch(job_id, generation, profile, active, np.array(tokens, dtype=np.int32),
                            np.array(positions, dtype=np.int32), valid, reservation, now, wait, tuple(chosen),
@@ -448,8 +508,12 @@ class DecodeScheduler:
         heapq.heappush(heap, entry)
         if priority == math.inf and not self.planned:
             bucket.watch = _push_compacting(bucket.watch, (at_risk_from, self._seq, entry), bucket.count)
-        # kept with or without a batching window: oldest_wait reads it every tick (one push per lane)
-        bucket.since = _push_compacting(bucket.since, (since, self._seq, entry), bucket.count)
+        # kept with or without a batching window: oldest_wait reads it every tick (one append per lane)
+        if since >= bucket.last_arrival:
+            self._arrive(bucket, since)
+            bucket.arrivals.append((since, entry))
+        else:
+            bucket.since = _push_compacting(bucket.since, (since, self._seq, entry), bucket.count)
         if self.window_s > 0 and not self.strict:
             bucket.deadlines = _push_compacting(bucket.deadlines, (deadline, self._seq, entry), bucket.count)
         bucket.count += 1
@@ -500,16 +564,22 @@ class DecodeScheduler:
         if heap is None:
             heap = bucket.tenants[rec.tenant] = []
         heapq.heappush(heap, entry)
-        heapq.heappush(bucket.since, (rec.ready_since, self._seq, entry))
+        bucket.since = _push_compacting(bucket.since, (rec.ready_since, self._seq, entry), bucket.count)
         if self.window_s > 0:
             heapq.heappush(bucket.deadlines, (rec.deadline, self._seq, entry))
         bucket.count += 1
 
     def _oldest_since(self, bucket: _Bucket) -> float:
+        """The earliest ``since`` of a live entry: the first live arrival, or an older one put back."""
+        arrivals = bucket.arrivals
+        while arrivals and arrivals[0][1][4] is None:
+            arrivals.popleft()
         since = bucket.since
         while since and since[0][2][4] is None:
             heapq.heappop(since)
-        return since[0][0] if since else 0.0
+        if since and (not arrivals or since[0][0] < arrivals[0][0]):
+            return since[0][0]
+        return arrivals[0][0] if arrivals else 0.0
 
     def _select(self, bucket: _Bucket, profile: ProfileSpec, generation: int, size: int, now: float
                 ) -> tuple[list[RequestRecord], list[int], list[RequestRecord], list[tuple[RequestRecord, str]]]:
@@ -525,7 +595,7 @@ class DecodeScheduler:
         taken: dict[str, int] = {}
         capped: list[str] = []
         popped = 0
-        validate = self._validate
+        validate, owned, max_seq = self._validate, self.kv.owned_position, profile.max_seq
         while len(chosen) < size:
             if not heads:
                 if not capped:
@@ -546,7 +616,14 @@ class DecodeScheduler:
             if rec.deadline <= now:
                 expired.append(rec)
             else:
-                problem = validate(rec, profile, generation)
+                # _validate's accepting case inlined (one lane per pass; anything else asks it why not)
+                machine = rec.machine
+                lease = rec.lease
+                problem = (owned(lease) if machine._state == "decode_ready" and machine.generation == generation
+                           and lease is not None and lease.generation == generation else None)
+                if (problem is None or problem != machine.kv_length or problem >= max_seq
+                        or rec.last_token is None):
+                    problem = validate(rec, profile, generation)
                 if problem.__class__ is int:
                     chosen.append(rec)
                     positions.append(problem)  # type: ignore[arg-type]

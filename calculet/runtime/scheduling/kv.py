@@ -141,6 +141,7 @@ _STATES = tuple(KvSequenceMachine.definition.states)
 _POOL = KvLanePool.definition
 _RESERVE_GUARD, RESERVE_GUARD_SOURCE = compile_reserve_guard(_POOL)
 _MEASURES, MEASURES_SOURCE = compile_measures(_POOL)
+_FIRE_EACH = KvSequenceMachine.Instance.fire_each
 _KEEPS_TOTALS = events_keeping_measures(_POOL)
 """Events that provably leave every budget total as it was: the batch paths fire them without bookkeeping."""
 
@@ -376,7 +377,7 @@ class KvLaneManager(KvContextOperations):
         """The device accepted the batch: every lane's transaction opens (→ Updating).
 
         One call per job, not per lane (issue #20): ``submit`` provably keeps every budget total
-        (``_KEEPS_TOTALS``), so each lane's compiled ``fire`` runs directly; with monitors on, the
+        (``_KEEPS_TOTALS``), so the lanes fire in one generated loop (``fire_each``); with monitors on, the
         declared ghost (the bound position) is recorded first, as :meth:`_submit` does."""
         tokens = reservation.tokens
         owner, lanes = self._owner, self._lanes
@@ -388,20 +389,32 @@ class KvLaneManager(KvContextOperations):
             return
         ghost = _POOL.ops["submit"].ghost if MONITOR.enabled else None
         ghosts, view = self._ghosts, self.view
+        machines = []
         for lease in reservation.leases:
             lane = lease.lane
             if owner[lane] != lease.lease_id:
                 raise StaleLease(f"lease {lease.lease_id} no longer owns lane {lane}")
-            if ghost is not None:
-                ghosts[lane].update(ghost(view, lane, tokens=tokens))
-            lanes[lane].fire("submit", tokens=tokens)
+            machines.append(lanes[lane])
+        if ghost is not None:
+            for lease in reservation.leases:
+                ghosts[lease.lane].update(ghost(view, lease.lane, tokens=tokens))
+        _FIRE_EACH(machines, "submit", tokens=[tokens] * len(machines))
         self._checked("submit_batch")
 
-    def settle_batch(self, leases: Sequence[KvLease], events: Sequence[str]) -> None:
+    def settle_batch(self, leases: Sequence[KvLease], events: list[str]) -> None:
         """:meth:`settle` for every lane of one job, ``events[i]`` ending ``leases[i]``'s transaction:
         one call and one pool check per job rather than per lane (issue #20). A stale lease or a lane
         without an open transaction is skipped, as :meth:`settle` would refuse it."""
         owner, lanes = self._owner, self._lanes
+        first = events[0] if events else ""
+        if first in _KEEPS_TOTALS and events.count(first) == len(events):  # one event for every lane: one loop
+            machines = [lanes[lease.lane] for lease in leases
+                        if owner[lease.lane] == lease.lease_id and lanes[lease.lane]._state == "updating"]
+            _FIRE_EACH(machines, first)
+            if first == "fault":
+                self._faults += len(machines)
+            self._checked("settle_batch")
+            return
         faults = 0
         for lease, event in zip(leases, events):
             lane = lease.lane

@@ -38,6 +38,7 @@ log = logging.getLogger("calculet.runtime.scheduling.registry")
 TERMINAL_STATES = TERMINAL
 WAITING_STATES = WAITING - {RequestMachine.definition.initial}  # routed or queued, not yet admitted
 RUNNING_STATES = RUNNING
+_FIRE_EACH = RequestMachine.Instance.fire_each
 
 
 class RequestRecord:
@@ -279,18 +280,31 @@ class RequestRegistry:
     # ------------------------------------------------------------------ transitions
 
     def fire_all(self, recs: Sequence[RequestRecord], event: str, **args: Any) -> None:
-        """:meth:`fire` of ``event`` on each of ``recs`` in order (one call per decode step for its
-        lanes, issue #20): each compiled machine still executes its declared transition, and the
-        listener and the close run per record exactly as :meth:`fire` runs them."""
+        """:meth:`fire` of ``event`` on each of ``recs``, with the same arguments (one call per decode
+        step for its lanes, issue #20): the machines fire in one generated loop
+        (``RequestMachine.Instance.fire_each``: each still executes its declared transition, the monitor
+        draws as for single events), then the listener and the close run per record in order. A
+        refusal raises after the records that moved before it were told to the listener."""
+        machines = [rec.machine for rec in recs]
+        sources = [m._state for m in machines]
+        n = len(machines)
+        try:
+            targets = _FIRE_EACH(machines, event, **{name: [value] * n for name, value in args.items()})
+        except Exception:
+            for rec, machine, source in zip(recs, machines, sources):
+                if machine._state != source:
+                    self._moved(rec, source, machine._state)
+            raise
+        for rec, source, target in zip(recs, sources, targets):
+            self._moved(rec, source, target)
+
+    def _moved(self, rec: RequestRecord, source: str, target: str) -> None:
+        """After a transition of ``rec``: the listener (reclaim), and the close on entering a terminal state."""
         listener = self._listener
-        for rec in recs:
-            machine = rec.machine
-            source = machine._state
-            target: str = machine.fire(event, **args)
-            if listener is not None:
-                listener(rec, source, target)
-            if target in TERMINAL_STATES and source not in TERMINAL_STATES:
-                self._close(rec)
+        if listener is not None:
+            listener(rec, source, target)
+        if target in TERMINAL_STATES and source not in TERMINAL_STATES:
+            self._close(rec)
 
     def fire(self, rec: RequestRecord, event: str, **args: Any) -> str:
         """Fire one event; count it, reclaim through the listener, close on a terminal state."""
@@ -353,6 +367,55 @@ class RequestRegistry:
                 self._sink_errors += 1
                 log.exception("sink.token failed", extra={"request_id": request_id})
         return Callback(CallbackResult.APPLIED, state, target)
+
+    def decode_done_each(self, recs: Sequence[RequestRecord], generation: int, job_id: int,
+                         produced: Sequence[bool], stops: Sequence[bool], tokens: Sequence[int | None],
+                         details: Sequence[str]) -> list[str | None]:
+        """:meth:`on_decode_complete` for every lane of one decode job, in lane order: the target each
+        record reached, or None where the result is stale (counted, nothing fired). ``produced[i]``
+        says the lane's device run and output succeeded (its token is delivered).
+
+        One call per step instead of one per lane (issue #20): the fresh records' machines fire
+        ``decode_done`` in one generated loop (``fire_each``), then per record in lane order the
+        listener, the close and the token's delivery run as :meth:`on_done` runs them. Nothing the
+        listener does for one lane reads another lane's request, so running the fires first changes
+        no outcome."""
+        live = self._live
+        fresh: list[int] = []
+        out: list[str | None] = [None] * len(recs)
+        for i, rec in enumerate(recs):
+            machine = rec.machine
+            if (live.get(rec.request_id) is not rec or machine._state != "decode_running"
+                    or machine.generation != generation or machine.job_id != job_id):
+                self._stale += 1
+                continue
+            if not produced[i] and details[i] and not rec.detail:
+                rec.detail = details[i]
+            fresh.append(i)
+        if len(fresh) == len(recs):
+            chosen, oks, stopped = recs, produced, stops
+        else:
+            chosen = [recs[i] for i in fresh]
+            oks, stopped = [produced[i] for i in fresh], [stops[i] for i in fresh]
+        machines = [rec.machine for rec in chosen]
+        targets = _FIRE_EACH(machines, "decode_done", job=[job_id] * len(machines), ok=oks, stop=stopped)
+        listener = self._listener
+        for i, rec, target in zip(fresh, chosen, targets):
+            out[i] = target
+            if listener is not None:
+                listener(rec, "decode_running", target)
+            if target in TERMINAL_STATES:
+                self._close(rec)
+            elif target == "decode_ready" or target == "finishing":
+                token = tokens[i]
+                assert token is not None
+                rec.last_token = token
+                try:  # ``deliver``, inlined: once per lane per decode step
+                    rec.sink.token(rec.request_id, token)
+                except Exception:  # a broken client must not break the actor
+                    self._sink_errors += 1
+                    log.exception("sink.token failed", extra={"request_id": rec.request_id})
+        return out
 
     def _close(self, rec: RequestRecord) -> None:
         machine = rec.machine

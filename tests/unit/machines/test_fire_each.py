@@ -1,0 +1,100 @@
+"""``fire_each`` is ``fire`` on each instance in order (issue #20: one call per decode step's lanes).
+
+The generated batch path is compared with single fires on twin instances driven by random
+argument columns, with monitors off (the inline path) and on (every event checked: the
+instance-by-instance path); refusals raise what ``fire`` raises, with the instances before the
+refused one changed and the rest untouched, as a loop of fires leaves them.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+
+from calculet.machines import KvSequenceMachine, RequestMachine
+from calculet.machines.errors import TransitionNotAllowed
+from calculet.machines.monitor import MONITOR
+
+
+@pytest.fixture(params=[True, False], ids=["monitors-on", "monitors-off"])
+def monitors(request: pytest.FixtureRequest) -> bool:
+    MONITOR.configure(enabled=request.param, mode="raise")
+    return bool(request.param)
+
+
+def _decoding(n: int, max_new: list[int]) -> list[object]:
+    out = []
+    for i in range(n):
+        r = RequestMachine.create(prompt_tokens=2, max_new_tokens=max_new[i], max_seq=64)
+        r.fire("bind", gen=1)
+        r.fire("admit")
+        r.fire("submit_prefill", job=1)
+        r.fire("prefill_done", job=1, ok=True, stop=False)
+        out.append(r)
+    return out
+
+
+def _state(xs: list[object]) -> list[tuple[str, dict[str, object], object]]:
+    return [(x.state, x.values(), x.last_transition) for x in xs]  # type: ignore[attr-defined]
+
+
+@pytest.mark.req("R4.6")
+@given(data=st.data())
+def test_fire_each_equals_fire_on_each_instance(data: st.DataObject) -> None:
+    for enabled in (False, True):
+        MONITOR.configure(enabled=enabled, mode="raise")
+        n = data.draw(st.integers(0, 6))
+        max_new = data.draw(st.lists(st.integers(1, 3), min_size=n, max_size=n))
+        batch, single = _decoding(n, max_new), _decoding(n, max_new)
+        for step in range(3):
+            live = [i for i in range(n) if batch[i].state == "decode_ready"]
+            job = 2 + step
+            xs, ys = [batch[i] for i in live], [single[i] for i in live]
+            assert RequestMachine.Instance.fire_each(xs, "submit_decode", job=[job] * len(xs)) == [
+                y.fire("submit_decode", job=job) for y in ys]
+            oks = data.draw(st.lists(st.booleans(), min_size=len(xs), max_size=len(xs)))
+            stops = data.draw(st.lists(st.booleans(), min_size=len(xs), max_size=len(xs)))
+            assert RequestMachine.Instance.fire_each(xs, "decode_done", job=[job] * len(xs), ok=oks, stop=stops) == [
+                y.fire("decode_done", job=job, ok=o, stop=s) for y, o, s in zip(ys, oks, stops)]
+            assert _state(batch) == _state(single)
+
+
+@pytest.mark.req("R9.2.3")
+def test_a_refused_instance_raises_as_fire_does_and_leaves_the_rest_as_a_loop_would(monitors: bool) -> None:
+    lanes = [KvSequenceMachine.create(max_seq=8, lane=i) for i in range(3)]
+    with pytest.raises(TransitionNotAllowed, match="no guard is true"):
+        KvSequenceMachine.Instance.fire_each(lanes, "reserve", seq=[1, 2, 3], gen=[1, 1, 1], tokens=[4, 9, 4])
+    assert [x.state for x in lanes] == ["reserved", "free", "free"]
+    with pytest.raises(TransitionNotAllowed, match="argument tokens: 0 < 1"):
+        KvSequenceMachine.Instance.fire_each(lanes[1:], "reserve", seq=[2, 3], gen=[1, 1], tokens=[0, 4])
+    with pytest.raises(TransitionNotAllowed, match="do not match"):
+        KvSequenceMachine.Instance.fire_each(lanes[1:], "reserve", seq=[2, 3], gen=[1, 1])
+    with pytest.raises(TransitionNotAllowed, match="no transition for this event"):
+        KvSequenceMachine.Instance.fire_each(lanes, "commit")
+    assert [x.state for x in lanes] == ["reserved", "free", "free"]
+    with pytest.raises(ValueError, match="tokens has 1 values for 2 instances"):
+        KvSequenceMachine.Instance.fire_each(lanes[1:], "reserve", seq=[2, 3], gen=[1, 1], tokens=[4])
+    assert KvSequenceMachine.Instance.fire_each(lanes[1:], "reserve", seq=[2, 3], gen=[1, 1], tokens=[4, 5]) == [
+        "reserved", "reserved"]
+    assert KvSequenceMachine.Instance.fire_each(lanes, "submit", tokens=[1, 1, 1]) == ["updating"] * 3
+    assert KvSequenceMachine.Instance.fire_each(lanes, "commit") == ["active"] * 3
+    assert [x.last_transition.name for x in lanes] == ["commit@updating"] * 3
+
+
+def test_the_monitor_draws_as_for_single_fires() -> None:
+    """A batch that does not hold the next checked event moves the countdown by its size; one that
+    does goes instance by instance, so exactly the drawn event is checked."""
+    MONITOR.every_event, saved = False, MONITOR.every_event
+    try:
+        MONITOR.configure(enabled=True, mode="raise", sample_every=1000)
+        lanes = [KvSequenceMachine.create(max_seq=8, lane=i) for i in range(4)]
+        MONITOR.countdown = 10
+        checks = MONITOR.statistics().checks
+        KvSequenceMachine.Instance.fire_each(lanes, "reserve", seq=[1, 2, 3, 4], gen=[1] * 4, tokens=[4] * 4)
+        assert MONITOR.countdown == 6 and MONITOR.statistics().checks == checks
+        MONITOR.countdown = 3
+        KvSequenceMachine.Instance.fire_each(lanes, "submit", tokens=[1] * 4)
+        assert MONITOR.statistics().checks == checks + 1 and MONITOR.countdown >= 1
+    finally:
+        MONITOR.every_event = saved
+        MONITOR.configure(enabled=True, mode="raise")
