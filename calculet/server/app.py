@@ -20,7 +20,8 @@ The edge against careless and hostile clients (issue #14), outermost first:
    the id and keeps the connection;
 2. :class:`~calculet.server.body_gate.BodyGate` checks credentials before reading a body and
    counts the body while reading it (``server.max_body_bytes``, ``server.body_timeout_s``);
-3. the routes parse bodies off the event loop (:mod:`calculet.server.request_parsing`).
+3. the generation routes are answered by their pure-ASGI front (:mod:`calculet.server.front`), the rest by
+   FastAPI's router; a large body is parsed off the event loop (:mod:`calculet.server.request_parsing`).
 
 Every error is an OpenAI-style JSON body (:mod:`calculet.server.errors`); validation errors are
 400 naming the field, never FastAPI's 422. Request ids appear in log lines, never in metric
@@ -39,6 +40,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -48,7 +50,8 @@ from calculet.server.admin import admin_router
 from calculet.server.body_gate import BodyGate
 from calculet.server.errors import APIError, from_calculet, internal
 from calculet.server.metrics_runtime import exposition
-from calculet.server.inference import REQUEST_MODELS, inference_router
+from calculet.server.front import GenerationFront
+from calculet.server.inference import GENERATION_ROUTES, REQUEST_MODELS, inference_router
 from calculet.server.request_parsing import from_validation
 from calculet.server.schemas import Health
 from calculet.server.service import Service
@@ -105,6 +108,9 @@ class _Exchange:
         if self.status >= 400:
             code, reason = self.state.get("error") or ("http_" + str(self.status), "")
             extra.update(code=code, reason=reason)
+        fields = self.state.get("log_fields")  # what the route adds to its one line (a refusal's engine id, model)
+        if fields:
+            extra.update(fields)
         log.log(level, "http", extra=extra)
 
     def sender(self, send: Send) -> Send:
@@ -191,12 +197,20 @@ def create_app(service: Service) -> FastAPI:
             return exc
         return None
 
-    app.add_middleware(BodyGate, max_body_bytes=server.max_body_bytes, body_timeout_s=server.body_timeout_s,
-                       body_min_rate_bytes_s=server.body_min_rate_bytes_s, authorize=authorize)
-    app.add_middleware(RequestContext, service=service)  # outermost: every answer carries the request id
-    app.include_router(inference_router(service))
+    inference = inference_router(service)
+    app.include_router(inference)
     app.include_router(admin_router(service))
     _add_health_and_metrics(app, service)
+    # innermost first: the generation routes' front (pure ASGI, before FastAPI's router, issue #13), the body gate,
+    # then the request context, outermost: every answer carries the request id
+    generation = {route.path: route for route in inference.routes
+                  if isinstance(route, APIRoute) and route.path in GENERATION_ROUTES and "POST" in route.methods}
+    if generation.keys() != GENERATION_ROUTES.keys():
+        raise RuntimeError(f"the generation routes {sorted(GENERATION_ROUTES)} are not all declared: {sorted(generation)}")
+    app.add_middleware(GenerationFront, service=service, routes=generation)
+    app.add_middleware(BodyGate, max_body_bytes=server.max_body_bytes, body_timeout_s=server.body_timeout_s,
+                       body_min_rate_bytes_s=server.body_min_rate_bytes_s, authorize=authorize)
+    app.add_middleware(RequestContext, service=service)
     app.openapi = _openapi(app, service.alias, service.tokenizer.vocab_size)  # type: ignore[method-assign]
     return app
 

@@ -43,6 +43,7 @@ from fastapi.responses import JSONResponse
 
 from calculet.errors import CalculetError, CapacityExhausted, ConfigError, PackageError
 from calculet.runtime.models.reports import LoadFailed, LoadStep
+from calculet.server.jsonenc import JSONBody
 
 RETRY_AFTER_S = 1
 """``Retry-After`` of a 429: capacity frees as fast as requests finish, so retry soon (§5.2)."""
@@ -91,7 +92,8 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+        """The answer (encoded by :mod:`calculet.server.jsonenc`: a 429 under a burst is encoded on the event loop)."""
+        return JSONBody(self.body(), status_code=self.status, headers=self.headers)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """Answer as an ASGI app (for middleware that refuses before routing)."""

@@ -33,7 +33,6 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from functools import partial
 from typing import Any, Literal
 
 import anyio
@@ -45,6 +44,7 @@ from calculet.errors import CalculetError
 from calculet.machines.request import FinishReason
 from calculet.runtime.engine.types import GenerateRequest
 from calculet.runtime.request import RequestOutcome
+from calculet.runtime.scheduling.plan import Submission
 from calculet.runtime.streams.writer import StreamFinish
 from calculet.server.errors import APIError, admission_error, from_calculet
 from calculet.server.request_parsing import ApiGeneration, prepare_chat, prepare_completion, stop_reason
@@ -137,18 +137,98 @@ def request_body(model: str, example: dict[str, Any], refusals: dict[str, str]) 
 
 
 LARGE_BODY = 1024 * 1024
+INLINE_BODY = 8 * 1024
+"""Bodies up to this size are parsed, validated and tokenised on the event loop itself (issue #13).
+
+Why: a worker-thread hop costs the loop more than the work it moves for a small body — a future, the worker's
+wake-up, ``call_soon_threadsafe`` back and the interpreter lock handed over twice — and under a burst of
+refusals those hops were a large share of the loop's CPU per request. A body of at most 8 KiB parses in tens of
+microseconds (a prompt within it tokenises in well under a millisecond); larger ones still go to a thread
+(issue #14: a body of megabytes held the loop for a second). A model check that needs the engine (an alias
+other than the served one, or one the admin API unloaded) sends even a small body to the thread."""
+
+
+class _AskEngine(Exception):
+    """The model check needs a round trip to the engine: not on the event loop."""
+
+
+class _OnLoop:
+    """The service as :func:`prepare_completion` / :func:`prepare_chat` see it on the event loop: the model check
+    answers only what it can without the engine (:meth:`Service.model_checked_at_once`)."""
+
+    def __init__(self, service: Service) -> None:
+        self._service = service
+        self.tokenizer = service.tokenizer
+
+    @property
+    def max_seq(self) -> int:
+        return self._service.max_seq
+
+    def check_model(self, model: str) -> None:
+        if not self._service.model_checked_at_once(model):
+            raise _AskEngine
+        self._service.check_model(model)
 
 
 async def _prepare(service: Service, request: Request,
                    prepare: Callable[[Service, bytes | bytearray], ApiGeneration]) -> ApiGeneration:
-    """Parse, validate and tokenise the body on a worker thread: a large body never holds the event loop. Bodies
-    over :data:`LARGE_BODY` bytes are parsed one at a time: parsing holds the interpreter lock (about 35 ms for
-    7.5 MB here), and one at a time leaves the event loop its turn between them."""
+    """Parse, validate and tokenise the body: a small one on the event loop (:data:`INLINE_BODY`), a larger one on
+    a worker thread, so a large body never holds the loop. Bodies over :data:`LARGE_BODY` bytes are parsed one at
+    a time: parsing holds the interpreter lock (about 35 ms for 7.5 MB here), and one at a time leaves the event
+    loop its turn between them."""
     raw = request.scope.get("state", {}).get("body")
     if raw is None:
         raw = await request.body()
+    if len(raw) <= INLINE_BODY:
+        try:
+            return prepare(_OnLoop(service), raw)  # type: ignore[arg-type]
+        except _AskEngine:
+            pass
     limiter = service.large_body_limiter if len(raw) > LARGE_BODY else service.limiter
     return await anyio.to_thread.run_sync(prepare, service, raw, limiter=limiter)
+
+
+async def _submit(service: Service, engine_request: GenerateRequest, stream: TimedStream) -> Submission:
+    """``engine.submit`` awaited on the event loop: the actor calls back with the §5.2 outcome and wakes the loop
+    (``call_soon_threadsafe``), no worker thread waits for it (issue #13). After ``submit_timeout_s`` without an
+    answer, ``TimeoutError``; a request admitted after its caller stopped waiting is cancelled."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Submission] = loop.create_future()
+
+    def settle(submission: Submission | None, error: BaseException | None) -> None:
+        if future.done():  # timed out (or cancelled) meanwhile: nobody reads the answer
+            if submission is not None and not submission.outcome.rejected:
+                _cancel(service, submission.request_id)
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(submission)  # type: ignore[arg-type]
+
+    def done(submission: Submission | None, error: BaseException | None) -> None:  # on the actor thread
+        try:
+            loop.call_soon_threadsafe(settle, submission, error)
+        except RuntimeError:  # the loop has closed (the process is stopping): nobody waits
+            pass
+
+    service.engine.submit_then(engine_request, stream, done)
+    return await asyncio.wait_for(future, service.submit_timeout_s)
+
+
+GENERATION_ROUTES: dict[str, tuple[Callable[[Service, bytes | bytearray], ApiGeneration], str]] = {
+    "/v1/completions": (prepare_completion, "prompt"),
+    "/v1/chat/completions": (prepare_chat, "messages"),
+}
+"""The generation routes: how each parses its body, and the field its prompt is in (for a 400's ``param``)."""
+
+
+async def generate_route(service: Service, request: Request, tenant: str, path: str) -> Any:
+    """One generation request of ``tenant`` on ``path`` (a key of :data:`GENERATION_ROUTES`), from its body to its
+    answer: a response, a response model, or an :class:`APIError` raised. The FastAPI routes and the pure-ASGI
+    front (:mod:`calculet.server.front`) both answer through it."""
+    prepare, prompt_param = GENERATION_ROUTES[path]
+    gen = await _prepare(service, request, prepare)
+    return await _generate(service, request, tenant, gen, prompt_param=prompt_param)
 
 
 def inference_router(service: Service) -> APIRouter:
@@ -159,8 +239,9 @@ def inference_router(service: Service) -> APIRouter:
     stream_doc = {"content": {"text/event-stream": {"schema": SSE_EVENT_SCHEMA}},
                   "description": "JSON body, or server-sent events when stream is true (ending with data: [DONE])."}
 
-    def tenant_of(request: Request,
-                  credentials: HTTPAuthorizationCredentials | None = Depends(_api_bearer)) -> str:
+    async def tenant_of(request: Request,
+                        credentials: HTTPAuthorizationCredentials | None = Depends(_api_bearer)) -> str:
+        # async: a digest and a comparison per tenant, answered on the loop (a sync dependency is a thread hop)
         tenant: str = service.tenants.resolve(f"Bearer {credentials.credentials}" if credentials else None)
         request.state.tenant = tenant
         return tenant
@@ -184,16 +265,14 @@ def inference_router(service: Service) -> APIRouter:
                                                                   "max_tokens": 8}, REFUSALS),
                  summary="Text completion (OpenAI-compatible)")
     async def completions(request: Request, tenant: str = Depends(tenant_of)) -> Any:
-        gen = await _prepare(service, request, prepare_completion)
-        return await _generate(service, request, tenant, gen, prompt_param="prompt")
+        return await generate_route(service, request, tenant, "/v1/completions")
 
     @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses={**errors, 200: stream_doc},
                  openapi_extra=request_body("ChatCompletionRequest", {
                      "model": service.alias, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8},
                      CHAT_REFUSALS), summary="Chat completion (OpenAI-compatible)")
     async def chat_completions(request: Request, tenant: str = Depends(tenant_of)) -> Any:
-        gen = await _prepare(service, request, prepare_chat)
-        return await _generate(service, request, tenant, gen, prompt_param="messages")
+        return await generate_route(service, request, tenant, "/v1/chat/completions")
 
     return router
 
@@ -230,9 +309,7 @@ async def _generate(service: Service, request: Request, tenant: str, gen: ApiGen
     stream = service.open_stream(tenant=tenant, stop=gen.sampling.stop, stop_text=gen.sampling.stop_text)
     engine_request = GenerateRequest(gen.prompt, gen.max_tokens, tenant=tenant, sampling=gen.sampling)
     try:
-        submission = await anyio.to_thread.run_sync(
-            partial(service.engine.submit, engine_request, stream, service.submit_timeout_s),
-            limiter=service.limiter)
+        submission = await _submit(service, engine_request, stream)
     except CalculetError as exc:
         stream.release()
         raise from_calculet(exc) from None
@@ -243,10 +320,14 @@ async def _generate(service: Service, request: Request, tenant: str, gen: ApiGen
     extra = {"request_id": http_id, "engine_request_id": submission.request_id, "tenant": tenant,
              "generation": service.info.generation, "model": gen.model}
     if outcome.rejected:
-        log.info("request rejected", extra={**extra, "status": outcome.http_status, "reason": outcome.reason})
+        # one log line for a refusal: the request's own (RequestContext writes it with status, code and reason;
+        # these fields join it), not a second one here — under a burst each line costs the event loop (#13)
+        request.scope["state"]["log_fields"] = {"engine_request_id": submission.request_id,
+                                                "generation": service.info.generation, "model": gen.model}
         raise admission_error(outcome.http_status or 400, outcome.reason, retry_after_s=outcome.retry_after_s)
-    log.debug("request accepted", extra={**extra, "decision": outcome.decision.value, "prompt_tokens": n,
-                                         "max_tokens": gen.max_tokens, "stream": gen.stream})
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("request accepted", extra={**extra, "decision": outcome.decision.value, "prompt_tokens": n,
+                                             "max_tokens": gen.max_tokens, "stream": gen.stream})
     response_id = ("cmpl-" if gen.kind == "completion" else "chatcmpl-") + http_id
     created = int(time.time())
     fingerprint = f"calculet-g{service.info.generation}"

@@ -11,10 +11,11 @@ both formatters print every extra, so a record written once reads the same in ei
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import logging
 import sys
 from typing import Any, Literal
+
+from calculet.server.jsonenc import dumps_text
 
 LogFormat = Literal["json", "text"]
 
@@ -26,9 +27,19 @@ def _extras(record: logging.LogRecord) -> dict[str, Any]:
     return {k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")}
 
 
+_last_second: tuple[int, str] = (-1, "")
+"""The last whole second formatted (its number, its text; one tuple, read and replaced whole by any thread):
+lines come many a second, and formatting a date is not free."""
+
+
 def _timestamp(record: logging.LogRecord) -> str:
-    when = _dt.datetime.fromtimestamp(record.created, tz=_dt.timezone.utc)
-    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{int(record.msecs):03d}Z"
+    global _last_second
+    second = int(record.created)
+    known = _last_second
+    if known[0] != second:
+        when = _dt.datetime.fromtimestamp(second, tz=_dt.timezone.utc)
+        known = _last_second = (second, when.strftime("%Y-%m-%dT%H:%M:%S."))
+    return f"{known[1]}{int(record.msecs):03d}Z"
 
 
 def _plain(value: Any) -> Any:
@@ -50,7 +61,7 @@ class JsonFormatter(logging.Formatter):
         out.update({k: _plain(v) for k, v in _extras(record).items()})
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, ensure_ascii=False, separators=(",", ":"))
+        return dumps_text(out)  # orjson when installed: a refusal's line is written on the event loop (#13)
 
 
 class TextFormatter(logging.Formatter):

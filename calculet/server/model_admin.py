@@ -155,6 +155,12 @@ class ManagedModelAdmin:
     def status(self) -> list[dict[str, Any]]:
         return [g.as_dict() for g in self._status().generations]
 
+    def loaded_here(self, alias: str) -> bool:
+        """True when ``alias`` was not unloaded or drained here: :meth:`unloaded` is then False without asking the
+        engine (a set lookup, safe on the event loop)."""
+        with self._lock:
+            return alias not in self._unloaded
+
     def unloaded(self, alias: str) -> bool:
         """The engine routes a request for an alias without a generation to the next load (it waits,
         WaitingModel); the HTTP layer answers 503 instead while no load is on its way after an

@@ -181,6 +181,16 @@ class Service:
         raise APIError(404, f"the model {model!r} does not exist; GET /v1/models lists what is served",
                        code="model_not_found", param="model")
 
+    def model_checked_at_once(self, model: str) -> bool:
+        """Whether :meth:`check_model` answers ``model`` without a round trip to the engine: the served alias while
+        the admin binding knows, by itself, that it was not unloaded here (``loaded_here``; a binding without it
+        is asked the long way). The inference routes check such a model on the event loop, any other on a worker
+        thread (issue #13)."""
+        if model != self.alias:
+            return False
+        loaded_here = getattr(self.admin, "loaded_here", None)
+        return loaded_here is not None and bool(loaded_here(model))
+
     def open_stream(self, *, tenant: str, stop: tuple[tuple[int, ...], ...],
                     stop_text: tuple[str, ...] = ()) -> TimedStream:
         """A sink for one request; its close updates the latency metrics and the open-stream count."""
