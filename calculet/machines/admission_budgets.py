@@ -39,7 +39,7 @@ from calculet.machines.definition import Event, Invariant, Param, State, T, Var
 from calculet.machines.request import RequestMachine, is_holding
 from calculet.machines.system import NONE, Coupled, CoupledSystem, SystemInvariant
 
-__all__ = ["AdmissionBudgetMachine", "AdmissionBudgetSystem", "BUDGET_PARAMS", "COUNTERS"]
+__all__ = ["AdmissionBudgetMachine", "AdmissionBudgetSystem", "BUDGET_PARAMS", "COUNTED_WAITING", "COUNTERS"]
 
 BUDGET_PARAMS = ("max_sequences", "max_kv_tokens", "max_waiting_requests", "max_waiting_prompt_tokens")
 """The §5.1 ``CapacityBudget`` fields this machine enforces (``max_inflight_jobs``: JobLaneSystem)."""
@@ -126,7 +126,9 @@ class AdmissionBudgetMachine(Machine):
 _REQ = RequestMachine.definition
 _WAITING = _REQ.group("waiting")
 _HOLDING = _REQ.group("holding")
-_COUNTED_WAITING = tuple(sorted(_WAITING - {"new"}))  # accepted: left New for a waiting state
+_COUNTED_WAITING = tuple(sorted(_WAITING - {_REQ.initial}))  # accepted: left New for a waiting state
+COUNTED_WAITING: frozenset[str] = frozenset(_COUNTED_WAITING)
+"""The request states the ``waiting`` counters count (the runtime's recount reads the same set)."""
 
 
 def _need(sys: Any, i: int) -> Any:

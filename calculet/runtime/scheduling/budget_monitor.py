@@ -16,20 +16,41 @@ logged in production).
 Cost: one check is eight small predicates on ints (a few µs); it runs at the monitors' sampled rate
 (``monitoring.sample_every``: every operation in the test suite, one in 256 on average by
 default), and a skipped one costs one countdown decrement.
+
+*The counters are what they count* (#17: "any index kept beside a machine is checked against it by a
+monitor"). A counter can drift while staying within its limit — a release that forgets a request's KV
+tokens, a cancel that leaves the waiting count up — and the limits above never see it, though every
+later admission decision reads the wrong number. :func:`count_faults` recounts the live requests the way
+``AdmissionBudgetSystem`` declares (accepted and waiting: the ``waiting`` group but ``new``; admitted
+and holding a lease: the ``holding`` group; prompt and prompt + ``max_new_tokens`` from each request's
+own machine) and compares the controller's four counters with the sums; when they differ, the system's
+declared invariants are evaluated on the whole live system (the requests, the counters as the budget
+instance, each request bound to it while the declaration counts it) and the broken ones are reported —
+``counters_are_the_counted_requests`` for a drift, a bound over requests for an admission past a limit.
+The counters and the request states agree only between operations (an admission grows the counters just
+before the request's ``admit`` fires), so the recount runs at step boundaries: the start of each
+scheduler step (:func:`check_counts`) and the end of each engine tick or actor call with the other
+whole-system checks (the engine's joint checks' ``extra``). It is O(live requests), at the sampled rate,
+like the generation counters' check (``ModelManager.counter_faults``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
-from calculet.machines.admission_budgets import AdmissionBudgetMachine
+from calculet.machines.admission_budgets import COUNTED_WAITING, AdmissionBudgetMachine, AdmissionBudgetSystem
 from calculet.machines.monitor import MONITOR
+from calculet.machines.request import HOLDING
+from calculet.machines.system import NONE, SystemView
 
-__all__ = ["BudgetValuation", "broken", "check_budget"]
+__all__ = ["BudgetValuation", "broken", "check_budget", "check_counts", "count_faults", "counted", "system_view"]
 
 _DEFINITION = AdmissionBudgetMachine.definition
 _INVARIANTS = tuple(_DEFINITION.invariants)   # the declared ones, the counters' types included
 _STATE = _DEFINITION.initial                   # the machine's one state
+_SYSTEM = AdmissionBudgetSystem.definition
+_WAITS = COUNTED_WAITING                       # accepted, not yet admitted (the declaration's own set)
+_HOLDS = HOLDING                               # admitted and holding a KV lease
 
 
 class BudgetValuation:
@@ -72,3 +93,56 @@ def check_budget(budget: Any, waiting: int, waiting_tokens: int, active: int, ac
         return
     view = BudgetValuation(budget, waiting, waiting_tokens, active, active_kv)
     MONITOR.check_whole(_DEFINITION.name, _INVARIANTS, view, f"AdmissionController.{after}", state=view.values())
+
+
+def counted(live: Iterable[Any]) -> tuple[int, int, int, int]:
+    """(waiting, waiting_tokens, active, active_kv) over ``live`` request records as
+    ``AdmissionBudgetSystem`` counts them: the requests accepted and waiting with their prompts, and the
+    admitted requests holding a lease with their KV need (prompt + max_new_tokens), read from each
+    request's machine."""
+    waiting = waiting_tokens = active = active_kv = 0
+    for rec in live:
+        m = rec.machine
+        state = m.state
+        if state in _WAITS:
+            waiting += 1
+            waiting_tokens += m.prompt_tokens
+        elif state in _HOLDS:
+            active += 1
+            active_kv += m.prompt_tokens + m.max_new_tokens
+    return waiting, waiting_tokens, active, active_kv
+
+
+def _counters(admission: Any) -> tuple[int, int, int, int]:
+    stats = admission.statistics()
+    return stats.waiting_requests, stats.waiting_prompt_tokens, stats.active_sequences, stats.active_kv_tokens
+
+
+def system_view(admission: Any, live: list[Any]) -> SystemView:
+    """The live requests × the controller's budget as ``AdmissionBudgetSystem`` reads it: each request bound
+    to the one budget while the declaration counts it (the model's ghost binding)."""
+    budget = BudgetValuation(admission.budget, *_counters(admission))
+    binding = [0 if rec.machine.state in _WAITS or rec.machine.state in _HOLDS else NONE for rec in live]
+    return SystemView([rec.machine for rec in live], [budget], binding, [0] * len(live))
+
+
+def count_faults(admission: Any, live: list[Any]) -> list[tuple[str, str]]:
+    """(name, R-id) of each ``AdmissionBudgetSystem`` invariant the live system breaks, if the controller's
+    counters differ from the live requests they count (module doc); none when they agree."""
+    if counted(live) == _counters(admission):
+        return []
+    view = system_view(admission, live)
+    found = [(inv.name, inv.rid) for inv in _SYSTEM.invariants if not inv.predicate(view)]
+    # The recount and the declared predicates must agree (tests); if they ever do not, say so loudly.
+    return found or [("admission_counters_recount_disagrees_with_the_declaration", "R5.1.2")]
+
+
+def check_counts(admission: Any, registry: Any, after: str) -> None:
+    """The controller's counters against the live requests of ``registry`` at a step boundary (``after``
+    names it), at the monitors' sampled rate; reported like a broken invariant."""
+    if not MONITOR.enabled or not MONITOR.sampled():
+        return
+    live = registry.live()
+    faults = count_faults(admission, live)
+    state = {"counters": _counters(admission), "recount": counted(live)} if faults else None
+    MONITOR.check_whole(_SYSTEM.name, (), None, after, state=state, extra=faults)
