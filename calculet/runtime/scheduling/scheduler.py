@@ -51,6 +51,7 @@ from calculet.runtime.scheduling.decode import DecodeBatch, DecodeScheduler, NoB
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.fairness import TenantPolicy
 from calculet.runtime.scheduling.generations import GenerationBinding
+from calculet.runtime.scheduling.budget_monitor import check_counts
 from calculet.runtime.scheduling.job_lane_monitor import attach as attach_job_lane_monitor
 from calculet.runtime.scheduling.jobs import DECODE, PREFILL, InflightTable, JobRecord
 from calculet.runtime.scheduling.kv import KvLaneManager, KvLease, KvReservationFailure
@@ -213,6 +214,7 @@ class Scheduler:
         """Expire deadlines, admit what fits, and plan at most one job (one service opportunity)."""
         self._no_pending()
         self.job_lanes.boundary("scheduler step")  # a step boundary: JobLaneSystem's invariants (sampled, #17)
+        check_counts(self.admission, self.registry, "scheduler step")  # the budget's counters are its requests (#17)
         now = self._clock.now()
         self._expire_due(now)
         if self.on_time is not None:
