@@ -91,6 +91,7 @@ from calculet.runtime.models.manager import ModelManager
 from calculet.runtime.models.reports import LoadFailed, LoadReport
 from calculet.runtime.request import RequestSink
 from calculet.runtime.scheduling.admission import Decision, ModelAvailability
+from calculet.runtime.scheduling.budget_monitor import check_counts
 from calculet.runtime.scheduling.joint_checks import JointMonitor
 from calculet.runtime.scheduling.kv import KvLaneManager
 from calculet.runtime.scheduling.registry import Cancellation, RequestRecord
@@ -519,8 +520,12 @@ class _TickChecks:
 
     def _check(self) -> None:
         core = self._core
+        scheduler = core.scheduler
         self._monitor.check(core.kv, "engine tick",  # each coupled step is complete here
-                            lambda: core.models.counter_faults(core.scheduler.registry.live()))
+                            lambda: core.models.counter_faults(scheduler.registry.live()))
+        # The other whole-system monitors at the same boundary (#17): device jobs × lanes, the budget's counters.
+        scheduler.job_lanes.boundary("engine tick")
+        check_counts(scheduler.admission, scheduler.registry, "engine tick")
 
 
 def _statistics(core: EngineCore, mailbox: MailboxStatistics | None) -> EngineStatistics:
