@@ -11,6 +11,7 @@ callables concretely, so a translation fault cannot hide.
 
 from __future__ import annotations
 
+from itertools import islice
 from typing import Any, Callable
 
 import z3
@@ -293,54 +294,57 @@ def _accept_lines(ev: Any, all_args: tuple[str, ...], namespace: dict[str, Any])
     return out
 
 
-def generate_fire(d: Definition, fire_table: dict[str, dict[str, Callable[..., int]]], monitor: Any,
-                  exact: Callable[..., str]) -> tuple[Callable[..., str], str]:
-    """The machine's ``fire(self, event, <its argument names>=_M)``.
+def generate_fire(d: Definition, fire_table: dict[str, dict[str, Callable[..., int]]],
+                  exact: Callable[..., str]) -> tuple[dict[str, Any], str]:
+    """The machine's ``fire(self, event, <its argument names>=_M)``, in two variants: ``fire_plain``
+    (monitors off) and ``fire_sampled`` (monitors on), which the monitor installs as the class's
+    ``fire`` (:meth:`~calculet.machines.monitor.Monitor.install`) — so monitors off cost nothing
+    per event, and a sampled monitor one ``next(_draws)`` (a walk over a precomputed random pattern).
 
     The arguments arrive as named parameters — Python binds them without building a dict — and
     go to the (state, event) function positionally (issue #20: ``fire`` within 1.5x of the
     generated dispatch). Anything the fast path does not take — an unknown event, a refused guard
-    or argument, an argument of another event, or an event the monitor samples (its countdown,
-    decremented inline) — goes to ``exact(self, event, args)`` with the arguments as a dict: the
-    exact check, with the reason of a refusal, and the monitor. A name no event of the machine
-    declares is refused by Python itself: ``TypeError: <Machine>.fire() got an unexpected keyword
-    argument`` (no ``**kwargs`` dict is built per event for that case either), state unchanged."""
+    or argument, an argument of another event, or an event the monitor samples — goes to
+    ``exact(self, event, args)`` with the arguments as a dict: the exact check, with the reason of
+    a refusal, and the monitor. A name no event of the machine declares is refused by Python
+    itself: ``TypeError: <Machine>.fire() got an unexpected keyword argument`` (no ``**kwargs``
+    dict is built per event for that case either), state unchanged. Returns the namespace the
+    variants live in (``fire_each`` is generated into it, :func:`generate_fire_each`)."""
     all_args = machine_arg_names(d)
     clash = sorted(set(all_args) & {"self", "event", "fast", "target", "a"})
     if clash:
         raise InvalidDefinition(d.name, f"event arguments {clash} clash with the generated fire's own names")
-    namespace: dict[str, Any] = {"_M": _MISSING, "_ft": fire_table, "_mon": monitor, "_exact": exact}
+    namespace: dict[str, Any] = {"_M": _MISSING, "_ft": fire_table, "_exact": exact, "_draws": iter(()), "_islice": islice}
     keywords = "".join(f"{n}=_M, " for n in all_args)
     positional = "".join(f", {n}" for n in all_args)
     pack = ["    a = {}"] + [f"    if {n} is not _M:\n        a[{n!r}] = {n}" for n in all_args]
     lines = [f"def _given({positional[2:]}):  # {d.name}: the arguments given, as the exact path takes them",
-             *pack, "    return a", "",
-             f"def fire(self, event, {keywords[:-2]}):  # {d.name}" if keywords else
-             f"def fire(self, event):  # {d.name}",
-             "    if _mon.enabled:",
-             "        _mon.countdown -= 1",
-             "        if _mon.countdown <= 0:",
-             "            _mon.countdown = _mon.draw()",
-             f"            return _exact(self, event, _given({positional[2:]}))",
-             "    try:",
-             "        fast = _ft[self._state][event]",
-             "    except KeyError:",
-             f"        return _exact(self, event, _given({positional[2:]}))",
-             f"    target = fast(self{positional})",
-             "    if target is not None:",
-             "        return target",
-             f"    return _exact(self, event, _given({positional[2:]}))",
-             ""]
+             *pack, "    return a", ""]
+    for variant in ("plain", "sampled"):
+        lines.append(f"def fire_{variant}(self, event, {keywords[:-2]}):  # {d.name}" if keywords else
+                     f"def fire_{variant}(self, event):  # {d.name}")
+        if variant == "sampled":
+            lines += ["    if next(_draws):", f"        return _exact(self, event, _given({positional[2:]}))"]
+        lines += ["    try:",
+                  "        fast = _ft[self._state][event]",
+                  "    except KeyError:",
+                  f"        return _exact(self, event, _given({positional[2:]}))",
+                  f"    target = fast(self{positional})",
+                  "    if target is not None:",
+                  "        return target",
+                  f"    return _exact(self, event, _given({positional[2:]}))",
+                  ""]
     source = "\n".join(lines)
     exec(compile(source, f"<calculet fire {d.name}>", "exec"), namespace)  # noqa: S102 - generated
-    fire = namespace["fire"]
-    fire.__code__ = fire.__code__.replace(co_qualname=f"{d.name}.fire")
-    fire.__qualname__ = f"{d.name}.fire"
-    return fire, source
+    for variant in ("plain", "sampled"):
+        fire = namespace[f"fire_{variant}"]
+        fire.__code__ = fire.__code__.replace(co_qualname=f"{d.name}.fire")
+        fire.__qualname__ = f"{d.name}.fire"
+    return namespace, source
 
 
-def generate_fire_each(d: Definition, monitor: Any, exact: Callable[..., str],
-                       one_by_one: Callable[..., list[str]]) -> tuple[Callable[..., list[str]], str]:
+def generate_fire_each(d: Definition, namespace: dict[str, Any], exact: Callable[..., str],
+                       one_by_one: Callable[..., list[str]]) -> str:
     """The machine's ``fire_each(instances, event, <its argument names>=<columns>)``: ``event`` fired on
     every instance in order, ``instances[i]`` with the i-th value of each argument column — exactly
     ``[x.fire(event, **{name: column[i]}) for i, x in enumerate(instances)]``, returning the targets.
@@ -349,13 +353,14 @@ def generate_fire_each(d: Definition, monitor: Any, exact: Callable[..., str],
     one call per instance cost more than the guards and effects it runs (issue #20). The loop, the
     argument acceptance and every (state, event) row of ``event`` are generated inline, from the same
     z3 terms as ``_fire_i``; anything the inline code does not take (a refused guard or argument, a
-    state without the event) goes to ``exact`` for that instance, as ``fire`` sends it. The monitor
-    draws exactly as for single fires: a batch that holds the next checked event (countdown ≤ n)
-    runs instance by instance through ``fire`` (``one_by_one``); otherwise the countdown moves by n."""
+    state without the event) goes to ``exact`` for that instance, as ``fire`` sends it. Like ``fire``
+    it comes in two variants, generated into ``fire``'s namespace (its ``_draws``): ``fire_each_plain``
+    and ``fire_each_sampled``, which draws once per instance as ``fire`` would and, when a draw hits,
+    fires instance by instance (``one_by_one(instances, event, columns, drawn)``: the drawn ones
+    checked, the others plain), so exactly the drawn events are checked."""
     v = SymbolicVars(d)
     all_args = machine_arg_names(d)
-    namespace: dict[str, Any] = {"_int": int, "_M": _MISSING, "_mon": monitor, "_exact": exact,
-                                 "_one_by_one": one_by_one}
+    namespace.update({"_int": int, "_exact": exact, "_one_by_one": one_by_one})
     columns = "".join(f", {n}" for n in all_args)
     given = "{" + ", ".join(f"{n!r}: {n}" for n in all_args) + "}"
     lines: list[str] = []
@@ -373,7 +378,7 @@ def generate_fire_each(d: Definition, monitor: Any, exact: Callable[..., str],
         # an argument of another event given, or one of this event's missing: fire by fire (the reason)
         odd = [f"{n} is not _M" for n in all_args if n not in ev.args] + [f"{n} is _M" for n in ev.args]
         if odd:
-            lines += ["    if " + " or ".join(odd) + ":", f"        return _one_by_one(instances, {event!r}, {given})"]
+            lines += ["    if " + " or ".join(odd) + ":", f"        return _one_by_one(instances, {event!r}, {given}, None)"]
         lines += ["    targets = []", "    append = targets.append"]
         if own:
             loop = ", ".join(["self", *(f"_a_{n}" for n in own)])
@@ -397,23 +402,26 @@ def generate_fire_each(d: Definition, monitor: Any, exact: Callable[..., str],
         pack = "{" + ", ".join(f"{n!r}: _a_{n}" for n in own) + "}"
         lines += [f"        append(_exact(self, {event!r}, {pack}))", "    return targets", ""]
     table = "{" + ", ".join(f"{e!r}: {f}" for e, f in each.items()) + "}"
-    lines += [f"_each = {table}", "",
-              f"def fire_each(instances, event{''.join(f', {n}=_M' for n in all_args)}):  # {d.name}",
-              "    n = len(instances)",
-              *[f"    if {n} is not _M and len({n}) != n:\n"
-                f"        raise ValueError(f'fire_each: {n} has {{len({n})}} values for {{n}} instances')"
-                for n in all_args],
-              "    run = _each.get(event)",
-              "    if run is None or (_mon.enabled and _mon.countdown <= n):",
-              f"        return _one_by_one(instances, event, {given})",
-              "    if _mon.enabled:",
-              "        _mon.countdown -= n",
-              f"    return run(instances{columns})", ""]
+    lines += [f"_each = {table}", ""]
+    for variant in ("plain", "sampled"):
+        lines += [f"def fire_each_{variant}(instances, event{''.join(f', {n}=_M' for n in all_args)}):  # {d.name}",
+                  "    n = len(instances)",
+                  *[f"    if {n} is not _M and len({n}) != n:\n"
+                    f"        raise ValueError(f'fire_each: {n} has {{len({n})}} values for {{n}} instances')"
+                    for n in all_args],
+                  "    run = _each.get(event)"]
+        if variant == "sampled":
+            lines += ["    drawn = list(_islice(_draws, n))",
+                      "    if run is None or True in drawn:",
+                      f"        return _one_by_one(instances, event, {given}, drawn)"]
+        else:
+            lines += ["    if run is None:", f"        return _one_by_one(instances, event, {given}, None)"]
+        lines += [f"    return run(instances{columns})", ""]
     source = "\n".join(lines)
     exec(compile(source, f"<calculet fire_each {d.name}>", "exec"), namespace)  # noqa: S102 - generated
-    fire_each = namespace["fire_each"]
-    fire_each.__qualname__ = f"{d.name}.fire_each"
-    return fire_each, source
+    for variant in ("plain", "sampled"):
+        namespace[f"fire_each_{variant}"].__qualname__ = f"{d.name}.fire_each"
+    return source
 
 
 def generate_lifecycle(d: Definition, slow_init: Callable[..., None]

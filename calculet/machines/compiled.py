@@ -20,8 +20,9 @@ from calculet.machines.errors import TransitionNotAllowed
 class CompiledInstance:
     """State plus variables of one machine instance; ``fire`` is the only way to change them.
 
-    ``__init__``, ``snapshot`` and ``fire`` are generated per machine (:func:`generate_lifecycle`,
-    :func:`generate_fire`): ``fire`` takes the event's arguments as named parameters (no dict per
+    ``__init__``, ``snapshot``, ``fire`` and ``fire_each`` are generated per machine
+    (:func:`generate_lifecycle`, :func:`generate_fire`, :func:`generate_fire_each`; the monitor
+    installs the variant of ``fire`` and ``fire_each`` its configuration needs): ``fire`` takes the event's arguments as named parameters (no dict per
     event) and calls the generated ``_fire_i`` of (state, event) with them positionally; that
     function accepts them with inline type tests, so the exact (slower) argument check runs only
     for a call the inline test does not accept, or for an event the monitor samples.
@@ -38,6 +39,8 @@ class CompiledInstance:
     _var_names: tuple[str, ...]
     _param_names: tuple[str, ...]
     _initial_values: tuple[tuple[str, Any], ...]
+    _fire_plain: Callable[..., str]
+    """The generated ``fire`` without the monitor's draw (``fire`` is it while monitors are off)."""
     fire_each: Callable[..., list[str]]
     """``fire_each(instances, event, **columns)``: ``event`` on each instance in order, the i-th
     instance with the i-th value of each argument column; the targets, in order (generated per
@@ -174,17 +177,24 @@ def _fire_exact_or_checked(instance: CompiledInstance, event: str, args: dict[st
     return instance._fire_exact(event, args)
 
 
-def _fire_one_by_one(instances: Sequence[CompiledInstance], event: str, columns: dict[str, Any]) -> list[str]:
-    """``fire_each`` one instance at a time, through each instance's ``fire`` (the monitor's draw, the
-    exact check and a refusal's reason exactly as for single events)."""
+def _fire_one_by_one(instances: Sequence[CompiledInstance], event: str, columns: dict[str, Any],
+                     drawn: list[bool] | None) -> list[str]:
+    """``fire_each`` one instance at a time: where the monitor drew an instance (``drawn[i]``) its event
+    is checked (the exact path), any other fires through the plain ``fire`` — the exact check and a
+    refusal's reason exactly as for single events."""
     given = {name: column for name, column in columns.items() if column is not _MISSING}
-    return [x.fire(event, **{name: column[i] for name, column in given.items()}) for i, x in enumerate(instances)]
+    out = []
+    for i, x in enumerate(instances):
+        args = {name: column[i] for name, column in given.items()}
+        out.append(_fire_exact_or_checked(x, event, args) if drawn is not None and drawn[i]
+                   else x._fire_plain(event, **args))
+    return out
 
 
 def compile_instance_type(d: Definition) -> type[CompiledInstance]:
     table, fire_table, source = generate_dispatch(d)
-    fire, fire_source = generate_fire(d, fire_table, _MONITOR, _fire_exact_or_checked)
-    fire_each, each_source = generate_fire_each(d, _MONITOR, _fire_exact_or_checked, _fire_one_by_one)
+    namespace, fire_source = generate_fire(d, fire_table, _fire_exact_or_checked)
+    each_source = generate_fire_each(d, namespace, _fire_exact_or_checked, _fire_one_by_one)
     check_invariants, check_source = generate_invariant_check(d)
     init, snapshot, life_source = generate_lifecycle(d, CompiledInstance._slow_init)
     rows: dict[str, dict[str, list[Transition]]] = {}
@@ -192,14 +202,15 @@ def compile_instance_type(d: Definition) -> type[CompiledInstance]:
         rows.setdefault(t.source, {}).setdefault(t.event, []).append(t)
     argspec = {name: tuple((arg, typ.check) for arg, typ in ev.args.items())
                for name, ev in d.events.items()}
-    namespace = {
+    attributes = {
         "__slots__": tuple(d.params) + tuple(d.vars),
         "__doc__": f"Compiled instance of {d.name} (generated from its declaration).",
         "definition": d,
         "_table": table,
         "_fire_table": fire_table,
-        "fire": fire,
-        "fire_each": staticmethod(fire_each),
+        "fire": namespace["fire_plain"],  # the monitor installs the variant its configuration needs
+        "_fire_plain": namespace["fire_plain"],
+        "fire_each": staticmethod(namespace["fire_each_plain"]),
         "__init__": init,
         "snapshot": snapshot,
         "_rows": {s: {e: tuple(r) for e, r in evs.items()} for s, evs in rows.items()},
@@ -210,4 +221,6 @@ def compile_instance_type(d: Definition) -> type[CompiledInstance]:
         "_param_names": tuple(d.params),
         "_initial_values": tuple(d.initial_values().items()),
     }
-    return type(f"{d.name}Instance", (CompiledInstance,), namespace)
+    cls = type(f"{d.name}Instance", (CompiledInstance,), attributes)
+    _MONITOR.install(cls, namespace)
+    return cls

@@ -141,7 +141,8 @@ _STATES = tuple(KvSequenceMachine.definition.states)
 _POOL = KvLanePool.definition
 _RESERVE_GUARD, RESERVE_GUARD_SOURCE = compile_reserve_guard(_POOL)
 _MEASURES, MEASURES_SOURCE = compile_measures(_POOL)
-_FIRE_EACH = KvSequenceMachine.Instance.fire_each
+_INSTANCE = KvSequenceMachine.Instance
+"""Its ``fire_each`` is read per call: the monitor installs the variant its configuration needs."""
 _KEEPS_TOTALS = events_keeping_measures(_POOL)
 """Events that provably leave every budget total as it was: the batch paths fire them without bookkeeping."""
 
@@ -398,7 +399,7 @@ class KvLaneManager(KvContextOperations):
         if ghost is not None:
             for lease in reservation.leases:
                 ghosts[lease.lane].update(ghost(view, lease.lane, tokens=tokens))
-        _FIRE_EACH(machines, "submit", tokens=[tokens] * len(machines))
+        _INSTANCE.fire_each(machines, "submit", tokens=[tokens] * len(machines))
         self._checked("submit_batch")
 
     def settle_batch(self, leases: Sequence[KvLease], events: list[str]) -> None:
@@ -410,7 +411,7 @@ class KvLaneManager(KvContextOperations):
         if first in _KEEPS_TOTALS and events.count(first) == len(events):  # one event for every lane: one loop
             machines = [lanes[lease.lane] for lease in leases
                         if owner[lease.lane] == lease.lease_id and lanes[lease.lane]._state == "updating"]
-            _FIRE_EACH(machines, first)
+            _INSTANCE.fire_each(machines, first)
             if first == "fault":
                 self._faults += len(machines)
             self._checked("settle_batch")

@@ -38,7 +38,8 @@ log = logging.getLogger("calculet.runtime.scheduling.registry")
 TERMINAL_STATES = TERMINAL
 WAITING_STATES = WAITING - {RequestMachine.definition.initial}  # routed or queued, not yet admitted
 RUNNING_STATES = RUNNING
-_FIRE_EACH = RequestMachine.Instance.fire_each
+_INSTANCE = RequestMachine.Instance
+"""Its ``fire_each`` is read per call: the monitor installs the variant its configuration needs."""
 
 
 class RequestRecord:
@@ -289,7 +290,7 @@ class RequestRegistry:
         sources = [m._state for m in machines]
         n = len(machines)
         try:
-            targets = _FIRE_EACH(machines, event, **{name: [value] * n for name, value in args.items()})
+            targets = _INSTANCE.fire_each(machines, event, **{name: [value] * n for name, value in args.items()})
         except Exception:
             for rec, machine, source in zip(recs, machines, sources):
                 if machine._state != source:
@@ -398,7 +399,7 @@ class RequestRegistry:
             chosen = [recs[i] for i in fresh]
             oks, stopped = [produced[i] for i in fresh], [stops[i] for i in fresh]
         machines = [rec.machine for rec in chosen]
-        targets = _FIRE_EACH(machines, "decode_done", job=[job_id] * len(machines), ok=oks, stop=stopped)
+        targets = _INSTANCE.fire_each(machines, "decode_done", job=[job_id] * len(machines), ok=oks, stop=stopped)
         listener = self._listener
         for i, rec, target in zip(fresh, chosen, targets):
             out[i] = target

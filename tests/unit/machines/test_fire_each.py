@@ -82,19 +82,19 @@ def test_a_refused_instance_raises_as_fire_does_and_leaves_the_rest_as_a_loop_wo
 
 
 def test_the_monitor_draws_as_for_single_fires() -> None:
-    """A batch that does not hold the next checked event moves the countdown by its size; one that
-    does goes instance by instance, so exactly the drawn event is checked."""
+    """``fire_each`` draws once per instance, as single fires would: a batch without a drawn event runs
+    the inline loop and checks nothing; with one, exactly the drawn instances' events are checked."""
     MONITOR.every_event, saved = False, MONITOR.every_event
     try:
         MONITOR.configure(enabled=True, mode="raise", sample_every=1000)
         lanes = [KvSequenceMachine.create(max_seq=8, lane=i) for i in range(4)]
-        MONITOR.countdown = 10
         checks = MONITOR.statistics().checks
+        draws = iter([False] * 4 + [False, True, False, True])
+        KvSequenceMachine.Instance.fire_each.__globals__["_draws"] = draws  # the generated code's draws
         KvSequenceMachine.Instance.fire_each(lanes, "reserve", seq=[1, 2, 3, 4], gen=[1] * 4, tokens=[4] * 4)
-        assert MONITOR.countdown == 6 and MONITOR.statistics().checks == checks
-        MONITOR.countdown = 3
-        KvSequenceMachine.Instance.fire_each(lanes, "submit", tokens=[1] * 4)
-        assert MONITOR.statistics().checks == checks + 1 and MONITOR.countdown >= 1
+        assert MONITOR.statistics().checks == checks
+        assert KvSequenceMachine.Instance.fire_each(lanes, "submit", tokens=[1] * 4) == ["updating"] * 4
+        assert MONITOR.statistics().checks == checks + 2
     finally:
         MONITOR.every_event = saved
         MONITOR.configure(enabled=True, mode="raise")
