@@ -107,17 +107,19 @@ class Mailbox:
         """Run the messages already queued (at most ``limit``); owner thread only."""
         self._claim()
         ran = 0
-        while limit is None or ran < limit:
-            try:
-                message, reply = self._queue.get_nowait()
-            except queue.Empty:
-                break
+        pending = self._queue
+        # empty() first: only the owner takes messages, so a queue that is not empty stays so until it does, and
+        # the actor's every turn asks once with nothing there (an exception per turn avoided, issue #20)
+        while (limit is None or ran < limit) and not pending.empty():
+            message, reply = pending.get_nowait()
             self._execute(message, reply)
             ran += 1
         return ran
 
     def run_until(self, timeout: float) -> int:
         """Block up to ``timeout`` seconds for one message, then run everything queued."""
+        if timeout <= 0:
+            return self.run_pending()
         self._claim()
         try:
             message, reply = self._queue.get(timeout=timeout)

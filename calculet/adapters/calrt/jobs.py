@@ -110,7 +110,7 @@ class DecodeJob:
         tokens, positions, valid = plain
         object.__setattr__(self, "lanes", DecodeLanes(tuple(tokens), tuple(positions), tuple(valid),
                                                       tuple(map(int, seqs)),
-                                                      tuple(i for i, v in enumerate(valid) if v)))
+                                                      tuple([i for i, v in enumerate(valid) if v])))
 
     @property
     def active_lanes(self) -> tuple[int, ...]:

@@ -191,6 +191,8 @@ class JobPath:
     def run_commands(self) -> None:
         """Execute the machines' pending commands (FreeSequence, ...) through the adapter."""
         scheduler, executor = self.scheduler, self.executor
+        if not self._pending_frees and not scheduler.queued_commands:
+            return  # the common case, several times a step: nothing to execute (issue #20)
         for _ in range(1000):
             commands: list[Any] = self._pending_frees + scheduler.take_commands()
             self._pending_frees = []

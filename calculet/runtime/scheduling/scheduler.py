@@ -38,6 +38,7 @@ Decisions where the spec is silent (the generation decisions are in :mod:`.gener
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 
 from calculet.clock import Clock
 from calculet.config import SchedulerConfig
@@ -101,6 +102,8 @@ class Scheduler:
         self._deadline_default_ms = config.admission.deadline_default_ms
         self._deadlines: list[tuple[float, int]] = []
         self._commands: list[Command] = []
+        self.queued_commands: Sequence[Command] = self._commands
+        """The commands not yet taken, read-only: the engine asks :meth:`take_commands` only when there are some."""
         self._pending: JobRecord | None = None
         self._next_job = 1
         self.generations = GenerationBinding(registry=self.registry, admission=self.admission, prefill=self.prefill,
