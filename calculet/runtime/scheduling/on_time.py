@@ -127,11 +127,13 @@ class OnTimePolicy:
         entry's key) then gets its next token ``prefill + ((k + 1) // lanes + 1)`` step periods
         from now, and last got one when it entered Ready (``ready_since``): held if that gap passes
         the stream's tenant's target.
-        Held only while holding can help — the prefill fits a *clean* rotation of the streams
-        (each waited only the steps ahead of it): then it waits for the streams that already
-        waited for an earlier prefill to be served, about one rotation. A prompt too long for a
-        clean rotation is let through at once (waiting would starve it, since the rotation only
-        shrinks when streams end): the cap (:meth:`decode_cap`) leaves room for a typical prompt.
+        Held, it waits until the streams that waited for the previous prefill have had their token
+        (about one rotation), or, for a prompt longer than the cap's typical one
+        (:meth:`decode_cap`), until streams end and the rotation shrinks enough — at worst until no
+        stream decodes, for a prefill that alone breaks the target. The wait always ends: while a
+        head is held every prefill class is (:meth:`.PrefillScheduler.eligible`), so no stream
+        enters the rotation, and the streams in it finish. The device keeps decoding meanwhile (on
+        B1 a smaller rotation serves as many tokens per second).
         With no measured step, no stream or no target among the streams, nothing is held."""
         streams = self._streams
         if not streams:
@@ -148,19 +150,11 @@ class OnTimePolicy:
         stall = model.prefill_s(tokens)
         lanes = model.lanes
         start = now + stall
-        late = False
-        tightest = math.inf
         for k, rec in enumerate(ready):
             target = targets.get(rec.tenant)
-            if target is None:
-                continue
-            tightest = min(tightest, target)
-            if start + ((k + 1) // lanes + 1) * step - rec.ready_since > target + ON_TIME_EPS_S:
-                late = True
-        if not late:
-            return True
-        clean = -(-(len(ready) + 1) // lanes) * step + stall
-        return clean > tightest + ON_TIME_EPS_S
+            if target is not None and start + ((k + 1) // lanes + 1) * step - rec.ready_since > target + ON_TIME_EPS_S:
+                return False
+        return True
 
     # ------------------------------------------------------------------ the tick
 

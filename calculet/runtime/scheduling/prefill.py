@@ -28,9 +28,10 @@
   stream waiting in the rotation waits for it too. With an ITL target the ``on_time`` policy
   installs :attr:`PrefillScheduler.gate` (``OnTimePolicy.prefill_fits_itl``), and a class whose
   head prefill would push a decoding stream's next token past its target is not eligible for
-  this opportunity (:meth:`PrefillScheduler.eligible`): decode takes it, and the prefill goes
-  once the streams that waited for the previous one have had their token. The WRR credits are
-  untouched (a held class is simply not a candidate, as if empty for one opportunity).
+  this opportunity (:meth:`PrefillScheduler.eligible`; nor is any other class meanwhile): decode
+  takes it, and the prefill goes once the streams that waited for the previous one have had their
+  token, or the rotation has shrunk enough for a longer prompt. The WRR credits are untouched (a
+  held class is simply not a candidate, as if empty for one opportunity).
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ class PrefillStatistics:
     deadline_first: int = 0
     """Opportunities given to an at-risk prefill ahead of the WRR (issue #13)."""
     itl_held: int = 0
-    """Opportunities at which a queued prefill was held back so a stream kept its ITL target (issue #13)."""
+    """Opportunities at which the queued prefills were held back so every stream kept its ITL target (issue #13)."""
 
 
 _NORMAL = 1
@@ -285,21 +286,23 @@ class PrefillScheduler:
         return {q for q, n in self._depth.items() if n > 0}
 
     def eligible(self, now: float) -> set[str]:
-        """The classes that may take this service opportunity: the non-empty ones whose head the
-        :attr:`gate` lets run now (all of them with no gate). The head is the entry :meth:`take`
-        would pop (an at-risk one leads its class); its job is charged at most one chunk."""
+        """The classes that may take this service opportunity: every non-empty one, unless the
+        :attr:`gate` holds the head of one of them (the entry :meth:`take` would pop, an at-risk one
+        leading its class; its job charged at most one chunk) — then none. Held together: a head
+        may wait for the decode rotation to shrink, and a prompt of another class slipping a new
+        stream into it meanwhile would make that wait unbounded."""
         queues = {q for q, n in self._depth.items() if n > 0}
         gate = self.gate
         if gate is None or not queues:
             return queues
-        for queue in tuple(queues):
+        for queue in queues:
             heap = self._heaps[queue]
             while heap and heap[0][2] is None:
                 heapq.heappop(heap)
             head: RequestRecord = heap[0][2]
             if not gate(head, self.next_chunk(head.prompt_tokens), now):
-                queues.discard(queue)
                 self._held += 1
+                return set()
         return queues
 
     def take(self, queue: str) -> RequestRecord:
