@@ -194,6 +194,7 @@ class SimVirtualDevice:
         self._kvs: dict[int, SimKvManager] = {}
         self._buffers = BufferTable(self.memory, self._ids)
         self._worker_cond = threading.Condition(self._lock)
+        self._virtual = config.time_mode is TimeMode.VIRTUAL
         self.timeline = CompletionTimeline(self.clock, self._cond, self, virtual=config.time_mode is TimeMode.VIRTUAL,
                                            wait_advances_clock=config.wait_advances_clock,
                                            worker_cond=self._worker_cond)
@@ -392,7 +393,8 @@ class SimVirtualDevice:
 
     def _submit_locked(self, job: JobSpec) -> JobTicket:
         self._check_open()
-        self.timeline.advance_virtual()
+        if self._virtual:
+            self.timeline.advance_virtual()
         cb = self._calbin_by_id(job.calbin_id)
         if not cb.configured_profiles:
             raise VendorError(ReturnCode.INVALID_STATE, f"calbin {cb.name!r} is not configured")
@@ -433,8 +435,10 @@ class SimVirtualDevice:
         buf.data[:n] = data[:n]  # the DMA: a memoryview copy, the rest of the buffer zeroed
         buf[n:] = 0
         in_buf.bound_job = out_buf.bound_job = job_id
-        for s in admitted.seqs:
-            kv.lookup(s).inflight_job = job_id
+        for s in admitted.seqs:  # every one was looked up by the checks above
+            seq = kv.find(s)
+            assert seq is not None
+            seq.inflight_job = job_id
         sim_job = SimJob(ticket, job, cb, kv, fault, finish, self._epoch, admitted.seqs)
         self.timeline.add(sim_job)
         self._engine_job[job.engine] = job_id
@@ -492,9 +496,11 @@ class SimVirtualDevice:
     @vendor_boundary("VirtualDevice.poll")
     def poll(self) -> list[JobResult]:
         """Every completed, uncollected result (virtual time: those due at ``clock.now()``)."""
-        self.timeline.advance_virtual()
+        timeline = self.timeline
+        if self._virtual:
+            timeline.advance_virtual()
         with self._lock:
-            return self.timeline.drain()
+            return timeline.drain() if timeline.done else []
 
     @vendor_boundary("VirtualDevice.Wait")
     def wait(self, job_id: JobId, timeout_s: float) -> JobResult:

@@ -131,7 +131,7 @@ class DeviceExecutor:
             for binding in work.active:
                 seqs[binding.lane] = self._seqs[binding.seq_id]
             return DecodeJob(generation=work.generation, calbin_id=calbin_id, compiled_batch=size, engine=engine,
-                             buffers=session.buffers(engine, JobKind.DECODE, size), seq_ids=tuple(int(s) for s in seqs),
+                             buffers=session.buffers(engine, JobKind.DECODE, size), seq_ids=tuple(seqs),
                              token_ids=work.token_ids, positions=work.positions, lane_valid=work.lane_valid)
         assert prompt is not None
         seq = self._seqs.get(work.seq_id)
