@@ -114,9 +114,13 @@ class HfDetokenizer:
         self._ids: list[int] = []
         self._prefix = 0
         self._read = 0
+        # what push checks every token against, read once (a stream's every token comes here, issue #20)
+        self._specials = tokenizer._specials
+        self._vocab_size = tokenizer.vocab_size
+        self._backend_decode = tokenizer._backend.decode
 
     def push(self, token: int) -> str:
-        if self._tok.is_special(token) or not 0 <= token < self._tok.vocab_size:
+        if token in self._specials or not 0 <= token < self._vocab_size:
             return ""
         self._ids.append(token)
         return self._emit(final=False)
@@ -125,8 +129,11 @@ class HfDetokenizer:
         return self._emit(final=True)
 
     def _emit(self, *, final: bool) -> str:
-        before = self._tok.decode(self._ids[self._prefix:self._read])
-        text = self._tok.decode(self._ids[self._prefix:])
+        # the ids held here are in the vocabulary (push drops the others), so they go to the backend as they are:
+        # HfTokenizer.decode's filter would copy them for nothing, twice a token
+        decode = self._backend_decode
+        before: str = decode(self._ids[self._prefix:self._read], skip_special_tokens=True)
+        text: str = decode(self._ids[self._prefix:], skip_special_tokens=True)
         if len(text) <= len(before) or (text.endswith("\ufffd") and not final):
             return ""
         self._prefix, self._read = self._read, len(self._ids)
