@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import uuid
 from typing import Any
 
@@ -251,14 +252,35 @@ def protocol_class(header_timeout_s: float) -> type[EdgeProtocol]:
     return type("EdgeProtocol", (EdgeProtocol,), {"header_timeout_s": header_timeout_s})
 
 
+HTTP_ENV = "CALCULET_HTTP"
+"""The environment variable that picks the HTTP/1.1 implementation: ``httptools`` (the default when installed:
+:mod:`calculet.server.http_fast`) or ``h11`` (:class:`EdgeProtocol`; benchmarks compare both in one run)."""
+
+
+def edge_protocol(header_timeout_s: float, implementation: str | None = None) -> type[asyncio.Protocol]:
+    """The edge's protocol class: on httptools when it is installed (its parser is C: the event loop's CPU per
+    request, issue #13), else — or when ``implementation`` (default: ``$CALCULET_HTTP``) says ``h11`` — on h11."""
+    chosen = implementation or os.environ.get(HTTP_ENV, "httptools")
+    if chosen not in ("httptools", "h11"):
+        raise ValueError(f"{HTTP_ENV} must be 'httptools' or 'h11', not {chosen!r}")
+    if chosen == "httptools":
+        try:
+            from calculet.server.http_fast import fast_protocol_class
+        except ImportError:  # httptools missing: h11, which uvicorn always has
+            return protocol_class(header_timeout_s)
+        return fast_protocol_class(header_timeout_s)
+    return protocol_class(header_timeout_s)
+
+
 def uvicorn_config(app: Any, server: ServerConfig, **options: Any) -> uvicorn.Config:
-    """uvicorn's configuration for ``app`` under ``server``'s limits; ``options`` pass through."""
+    """uvicorn's configuration for ``app`` under ``server``'s limits; ``options`` pass through. The event loop is
+    uvicorn's choice (``auto``: uvloop when installed, a dependency of the service)."""
     logging.getLogger("uvicorn.error").addFilter(_not_uvicorns_sentence)  # idempotent: one filter object
-    return uvicorn.Config(app, http=protocol_class(server.header_timeout_s),  # type: ignore[arg-type]
+    return uvicorn.Config(app, http=edge_protocol(server.header_timeout_s),  # type: ignore[arg-type]
                           h11_max_incomplete_event_size=server.max_header_bytes,
                           timeout_keep_alive=server.keep_alive_timeout_s,  # type: ignore[arg-type]
                           log_config=None, access_log=False, lifespan="off", **options)
 
 
-__all__ = ["EdgeProtocol", "FREE_CHUNKS", "MIN_CHUNK_AVERAGE", "error_response", "new_request_id", "protocol_class",
+__all__ = ["EdgeProtocol", "FREE_CHUNKS", "HTTP_ENV", "edge_protocol", "MIN_CHUNK_AVERAGE", "error_response", "new_request_id", "protocol_class",
            "uvicorn_config"]

@@ -1,0 +1,236 @@
+"""The edge's protocol on httptools (llhttp, in C) instead of h11: the same answers, a fraction of the parsing cost
+(issues #13 and #20).
+
+Why: under a burst the event loop's CPU per request bounds how soon the last request is answered (it answers
+them one after another), and h11 — pure Python — parses each request and frames each response: a bare uvicorn
+app measured 0.38 ms of loop CPU per request with h11 against 0.15-0.18 ms with httptools here
+(``bench/overload_http.py --part bare``), and a streamed token pays h11's framing once per chunk. uvicorn ships
+both; this module gives the httptools one every guarantee :class:`~calculet.server.http_server.EdgeProtocol`
+gives the h11 one (issue #14), with the same codes, reasons and log lines:
+
+* a deadline for each request's line and headers (``server.header_timeout_s``: 408 ``header_timeout``), armed
+  once per request, not per byte;
+* request line and headers over ``server.max_header_bytes``: 431 ``headers_too_large`` — refused here while
+  they are still incomplete, through the app (which gives it its id and line) when they arrived whole. llhttp
+  has no such limit of its own: the bytes are counted here;
+* bytes that are not HTTP/1.1 — a bad method or target, a request line without a version (llhttp takes it for
+  HTTP/0.9), a malformed header line, an HTTP/1.1 request without ``Host`` (llhttp does not require it), a bad
+  or doubled ``Content-Length``, a transfer coding other than chunked (400 ``unsupported_transfer_encoding``,
+  refused before the app starts), a broken chunk: 400 ``malformed_request`` in the service's error shape with a
+  server-generated ``x-request-id``, and one ``http`` log line saying where (request line, header line) and
+  llhttp's reason; a broken chunk of a request the app has is answered with that request's id and line;
+* a chunked body in pieces averaging under :data:`~calculet.server.http_server.MIN_CHUNK_AVERAGE` bytes past
+  :data:`~calculet.server.http_server.FREE_CHUNKS` pieces: 400 ``chunks_too_small``.
+
+:func:`calculet.server.http_server.uvicorn_config` chooses this protocol when httptools is installed (a
+dependency of the service) unless ``CALCULET_HTTP=h11`` says otherwise (benchmarks compare both in one run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from typing import Any
+
+import httptools
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from calculet.server.http_server import FREE_CHUNKS, MIN_CHUNK_AVERAGE, error_response, new_request_id
+
+log = logging.getLogger("calculet.server")
+
+DEFAULT_MAX_HEADER_BYTES = 16 * 1024
+"""h11's default limit, kept when uvicorn's configuration names none."""
+
+
+_REQUEST_LINE = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+ [!-~]+ HTTP/1\.[01]\r?")
+"""A well-formed HTTP/1.x request line (RFC 9112 §3: method token, target of visible ASCII, version)."""
+
+
+class _Refused(Exception):
+    """A request this protocol refuses from its parser's callbacks (status, code, reason)."""
+
+    def __init__(self, status: int, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.code, self.reason = status, code, reason
+
+
+class FastEdgeProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the edge's deadline, limits and answers (see the module's docstring)."""
+
+    header_timeout_s: float = 10.0
+    """Set by :func:`fast_protocol_class` from ``server.header_timeout_s``."""
+
+    _header_timer: asyncio.TimerHandle | None = None
+    _in_head = False
+    """Between a request's first byte and its last header: its head is being read (and timed, and counted)."""
+    _head_bytes = 0
+    _head_text = b""
+    """The head's bytes so far, up to its first line end (to say where a parse error is)."""
+    _reading = False
+    """Between a request's first byte and its end (llhttp's message begin and complete)."""
+    _pieces = 0
+    _payload = 0
+    _chunk_bytes = 0
+
+    def __init__(self, config: uvicorn.Config, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
+        self.max_header_bytes = config.h11_max_incomplete_event_size or DEFAULT_MAX_HEADER_BYTES
+
+    # ------------------------------------------------------------------ connection
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._begin_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_timer()
+        super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._disarm_header_timer()  # idle now: uvicorn's keep-alive timeout applies until the next byte
+
+    def _begin_head(self) -> None:
+        self._in_head = True
+        self._head_bytes = 0
+        self._head_text = b""
+        self._arm_header_timer()
+
+    def data_received(self, data: bytes) -> None:
+        self._unset_keepalive_if_required()
+        if not self._in_head and not self._reading:
+            self._begin_head()  # the first byte of a request after a keep-alive pause
+        if self._in_head:
+            self._head_bytes += len(data)
+            if b"\n" not in self._head_text:
+                self._head_text += data[:256]
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:  # as uvicorn's
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        except httptools.HttpParserError as exc:
+            cause = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else None
+            if isinstance(cause, _Refused):
+                self._refuse(cause.status, cause.code, cause.reason)
+            else:
+                self._refuse(400, "malformed_request", f"the request is not valid HTTP/1.1: {self._where()}{exc}")
+            return
+        if self._in_head and self._head_bytes > self.max_header_bytes and not self.transport.is_closing():
+            self._refuse(431, "headers_too_large", f"the request line and headers exceed {self.max_header_bytes} "
+                                                   "bytes (server.max_header_bytes)")
+
+    def _where(self) -> str:
+        """Which part of the request llhttp refused: its request line unless that line is whole and well formed."""
+        if not self._in_head:
+            return "body: "
+        line, newline, _ = self._head_text.partition(b"\n")
+        return "header line: " if newline and _REQUEST_LINE.fullmatch(line) else "request line: "
+
+    # ------------------------------------------------------------------ parser callbacks
+
+    def on_message_begin(self) -> None:
+        self._reading = True
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        version = self.parser.get_http_version()
+        if version not in ("1.0", "1.1"):
+            raise _Refused(400, "malformed_request", "the request is not valid HTTP/1.1: request line: no HTTP "
+                                                     f"version (read as HTTP/{version})")
+        headers = self.headers
+        if version == "1.1" and not any(name == b"host" for name, _ in headers):
+            raise _Refused(400, "malformed_request", "the request is not valid HTTP/1.1: missing the Host header "
+                                                     "an HTTP/1.1 request must carry")
+        codings = [value.strip().lower() for name, value in headers if name == b"transfer-encoding"]
+        if codings and codings != [b"chunked"]:
+            raise _Refused(400, "unsupported_transfer_encoding", "the request is not valid HTTP/1.1: "
+                           f"Transfer-Encoding {b', '.join(codings).decode('latin-1')!r}: only chunked is accepted")
+        self._pieces = self._payload = 0
+        self._in_head = False
+        self._disarm_header_timer()
+        super().on_headers_complete()
+        scope = self.scope
+        size = len(scope["method"]) + len(self.url) + 12 + sum(len(name) + len(value) + 4 for name, value in headers)
+        if size > self.max_header_bytes:  # arrived whole in one read: refused through the app (its id, its line)
+            scope["state"]["protocol_error"] = (
+                431, "headers_too_large", f"the request line and headers are {size} bytes, over the limit of "
+                                          f"{self.max_header_bytes} (server.max_header_bytes)")
+
+    def on_chunk_header(self) -> None:
+        self._chunk_bytes = 0
+
+    def on_body(self, body: bytes) -> None:
+        self._payload += len(body)
+        self._chunk_bytes += len(body)
+        super().on_body(body)
+
+    def on_chunk_complete(self) -> None:
+        if not self._chunk_bytes:  # the last, empty chunk
+            return
+        self._pieces += 1
+        if self._pieces > FREE_CHUNKS and self._payload < self._pieces * MIN_CHUNK_AVERAGE:
+            raise _Refused(400, "chunks_too_small", f"the chunked body came in {self._pieces} pieces averaging "
+                                                    f"{self._payload / self._pieces:.0f} bytes; past {FREE_CHUNKS} "
+                                                    f"pieces they must average at least {MIN_CHUNK_AVERAGE} bytes")
+
+    def on_message_complete(self) -> None:
+        self._reading = False
+        super().on_message_complete()
+
+    # ------------------------------------------------------------------ timers and refusals
+
+    def _arm_header_timer(self) -> None:
+        self._disarm_header_timer()
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_timeout)
+
+    def _disarm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing() or not self._in_head:
+            return
+        if self.cycle is not None and not self.cycle.response_complete:  # a previous response is still going out
+            return
+        self._refuse(408, "header_timeout", f"the request line and headers did not arrive within the header "
+                                            f"timeout of {self.header_timeout_s:g} s (server.header_timeout_s)")
+
+    def _refuse(self, status: int, code: str, reason: str) -> None:
+        """Log why, answer ``status`` (if no response has begun), close the connection; as
+        :meth:`calculet.server.http_server.EdgeProtocol._refuse` (one line, the app's for a request it has)."""
+        self._disarm_header_timer()
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete and not self._in_head and self.scope is not None:
+            state = self.scope["state"]
+            request_id = str(state.setdefault("request_id", new_request_id()))
+            state["protocol_error"] = (status, code, reason)
+            answerable = not cycle.response_started
+            cycle.disconnected = True  # the app's receive() answers http.disconnect, its send() writes nothing
+            cycle.message_event.set()
+        else:
+            request_id = new_request_id()
+            client = self.client
+            log.info("http", extra={"request_id": request_id, "method": "OTHER", "route": "unparsed",
+                                    "status": status, "code": code, "reason": reason,
+                                    "client": f"{client[0]}:{client[1]}" if client else None})
+            answerable = cycle is None or cycle.response_complete
+        if answerable and not self.transport.is_closing():
+            self.transport.write(error_response(status, code, reason, request_id))
+        self.transport.close()
+
+
+def fast_protocol_class(header_timeout_s: float) -> type[FastEdgeProtocol]:
+    """A :class:`FastEdgeProtocol` with its timeout set (uvicorn instantiates the class itself)."""
+    return type("FastEdgeProtocol", (FastEdgeProtocol,), {"header_timeout_s": header_timeout_s})
+
+
+__all__ = ["FastEdgeProtocol", "fast_protocol_class"]
