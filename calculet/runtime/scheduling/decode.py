@@ -1,6 +1,7 @@
 """DecodeScheduler (§7.1–7.3): which sequences share the next decode batch, and its host tensors.
 
-Ready sequences live in one heap per (generation, tenant), ordered by
+Ready sequences live in one queue per (generation, tenant) (:mod:`.ready_queue`: a heap's order, an O(1)
+pop for the entries that arrive in key order, as the rotation's do), ordered by
 ``(priority, decode tag, virtual finish, arrival)``. The priority is the deadline for a
 sequence whose deadline is *at risk* and +inf for the others, so the ones at risk go first,
 earliest deadline first (§7.2 item 2), and the rest share "the same deadline" and rotate by
@@ -60,6 +61,7 @@ from calculet.runtime.distribution import BATCH_WAIT_BOUNDS, Distribution, Distr
 from calculet.runtime.scheduling.estimates import StepTimer
 from calculet.runtime.scheduling.kv import KvBatchReservation, KvLaneManager, KvReservationFailure
 from calculet.runtime.scheduling.profiles import ProfileSpec
+from calculet.runtime.scheduling.ready_queue import TenantQueue
 from calculet.runtime.scheduling.registry import RequestRecord
 
 
@@ -158,8 +160,8 @@ class _Bucket:
     __slots__ = ("tenants", "arrivals", "last_arrival", "since", "count", "watch", "deadlines")
 
     def __init__(self) -> None:
-        self.tenants: dict[str, list[list[Any]]] = {}
-        """The index of tenants with ready work: a tenant's heap is dropped once it is found empty
+        self.tenants: dict[str, TenantQueue] = {}
+        """The index of tenants with ready work: a tenant's queue is dropped once it is found empty
         (issue #20: a tick must not walk the tenants that have none)."""
         self.arrivals: deque[tuple[float, list[Any]]] = deque()
         """(ready since, entry) in the order entries arrived, whose ``since`` never decreases (every
@@ -176,12 +178,7 @@ class _Bucket:
         """Every entry by deadline (kept only with a batching window, for its deadline bound)."""
 
 
-def _clean(heap: list[list[Any]]) -> None:
-    while heap and heap[0][4] is None:
-        heapq.heappop(heap)
-
-
-def _tenant_heads(tenants: dict[str, list[list[Any]]], names: Iterable[str]) -> list[tuple[list[Any], str]]:
+def _tenant_heads(tenants: dict[str, TenantQueue], names: Iterable[str]) -> list[tuple[list[Any], str]]:
     """A heap of the head entry of each named tenant that has one (dead entries dropped first).
 
     A head is ``(entry, tenant)``; entries compare by (deadline, tag, virtual finish, arrival
@@ -189,10 +186,9 @@ def _tenant_heads(tenants: dict[str, list[list[Any]]], names: Iterable[str]) -> 
     """
     heads: list[tuple[list[Any], str]] = []
     for tenant in tuple(names):
-        heap = tenants[tenant]
-        _clean(heap)
-        if heap:
-            heads.append((heap[0], tenant))
+        head = tenants[tenant].head()
+        if head is not None:
+            heads.append((head, tenant))
         else:  # the index holds tenants with work only: a tick costs O(tenants with work)
             del tenants[tenant]
     heapq.heapify(heads)
@@ -264,7 +260,7 @@ class DecodeScheduler:
         (stepped when it has generated more than its prefill token), one call per step (issue #20).
 
         The common case — planned order (``on_time``) and the request not at risk, no batching window
-        — is :meth:`_push` inlined: its priority is +inf and it goes to its tenant's heap and to the
+        — is :meth:`_push` inlined: its priority is +inf and it goes to its tenant's queue and to the
         arrivals; anything else takes :meth:`_push`."""
         step_cost, vt = self._step_cost, self._vt
         if not self.planned or self.deadline_first or self.window_s > 0 or not recs:
@@ -277,7 +273,7 @@ class DecodeScheduler:
                 push(rec, now)
             return
         buckets = self._buckets
-        heappush, inf = heapq.heappush, math.inf
+        inf = math.inf
         seq = self._seq
         bucket = None
         generation = None
@@ -302,10 +298,14 @@ class DecodeScheduler:
             entry = [inf, tag, rec.virtual_finish, seq, rec]
             rec.entry = entry
             rec.ready_since = now
-            heap = bucket.tenants.get(tenant)  # type: ignore[union-attr]
-            if heap is None:
-                heap = bucket.tenants[tenant] = []  # type: ignore[union-attr]
-            heappush(heap, entry)
+            queue = bucket.tenants.get(tenant)  # type: ignore[union-attr]
+            if queue is None:
+                queue = bucket.tenants[tenant] = TenantQueue()  # type: ignore[union-attr]
+            fifo = queue.fifo  # TenantQueue.push inlined (once per lane per step)
+            if not fifo or entry > fifo[-1]:
+                fifo.append(entry)
+            else:
+                queue.push(entry)
             bucket.arrivals.append((now, entry))  # type: ignore[union-attr]
             bucket.count += 1  # type: ignore[union-attr]
         self._seq = seq
@@ -374,10 +374,10 @@ class DecodeScheduler:
                 heapq.heappop(deadlines)
             return deadlines[0][0] if deadlines else None
         best: float | None = None
-        for heap in bucket.tenants.values():
-            _clean(heap)
-            if heap and (best is None or heap[0][0] < best):
-                best = heap[0][0]
+        for queue in bucket.tenants.values():
+            head = queue.head()
+            if head is not None and (best is None or head[0] < best):
+                best = head[0]
         return best
 
     # ------------------------------------------------------------------ §7.2 items 4–5
@@ -467,7 +467,7 @@ class DecodeScheduler:
     def statistics(self, now: float | None = None) -> DecodeStatistics:
         """With ``now``, the oldest Ready sequence's age too."""
         compiled = self._compiled
-        since = min((e[4].ready_since for b in self._buckets.values() for heap in b.tenants.values() for e in heap
+        since = min((e[4].ready_since for b in self._buckets.values() for queue in b.tenants.values() for e in queue
                      if e[4] is not None), default=None)  # O(ready), at scrape time only
         oldest = max(0.0, now - since) if now is not None and since is not None else 0.0
         return DecodeStatistics(
@@ -502,10 +502,10 @@ class DecodeScheduler:
         entry = [priority, rec.decode_tag, rec.virtual_finish, self._seq, rec]
         rec.entry = entry
         rec.ready_since = since
-        heap = bucket.tenants.get(rec.tenant)
-        if heap is None:
-            heap = bucket.tenants[rec.tenant] = []
-        heapq.heappush(heap, entry)
+        queue = bucket.tenants.get(rec.tenant)
+        if queue is None:
+            queue = bucket.tenants[rec.tenant] = TenantQueue()
+        queue.push(entry)
         if priority == math.inf and not self.planned:
             bucket.watch = _push_compacting(bucket.watch, (at_risk_from, self._seq, entry), bucket.count)
         # kept with or without a batching window: oldest_wait reads it every tick (one append per lane)
@@ -524,10 +524,10 @@ class DecodeScheduler:
         if bucket is None or not bucket.count:
             return math.inf
         best = math.inf
-        for heap in bucket.tenants.values():
-            _clean(heap)
-            if heap and heap[0][0] < best:
-                best = heap[0][0]
+        for queue in bucket.tenants.values():
+            head = queue.head()
+            if head is not None and head[0] < best:
+                best = head[0]
         return best
 
     def prioritise(self, rec: RequestRecord) -> None:
@@ -560,10 +560,10 @@ class DecodeScheduler:
         self._seq += 1
         entry = [rec.deadline, rec.decode_tag, rec.virtual_finish, self._seq, rec]
         rec.entry = entry
-        heap = bucket.tenants.get(rec.tenant)
-        if heap is None:
-            heap = bucket.tenants[rec.tenant] = []
-        heapq.heappush(heap, entry)
+        queue = bucket.tenants.get(rec.tenant)
+        if queue is None:
+            queue = bucket.tenants[rec.tenant] = TenantQueue()
+        queue.push(entry)
         bucket.since = _push_compacting(bucket.since, (rec.ready_since, self._seq, entry), bucket.count)
         if self.window_s > 0:
             heapq.heappush(bucket.deadlines, (rec.deadline, self._seq, entry))
@@ -587,7 +587,7 @@ class DecodeScheduler:
         cap = max(1, math.floor(self.share * size))
         tenants = bucket.tenants
         heappop, heapreplace = heapq.heappop, heapq.heapreplace
-        heads = _tenant_heads(tenants, tenants)
+        heads = _tenant_heads(tenants, tenants)  # (live head entry, tenant) per tenant with work
         chosen: list[RequestRecord] = []
         positions: list[int] = []
         expired: list[RequestRecord] = []
@@ -605,9 +605,13 @@ class DecodeScheduler:
                 capped = []
                 cap = size
                 continue
-            tenant = heads[0][1]
-            heap = tenants[tenant]
-            entry = heappop(heap)
+            entry, tenant = heads[0]
+            queue = tenants[tenant]
+            fifo = queue.fifo
+            if fifo and fifo[0] is entry:  # TenantQueue.take inlined (once per lane)
+                fifo.popleft()
+            else:
+                heappop(queue.heap)
             rec: RequestRecord = entry[4]
             entry[4] = None
             rec.entry = None
@@ -633,13 +637,12 @@ class DecodeScheduler:
                         self._vt = rec.decode_tag
                 else:
                     invalid.append((rec, problem))  # type: ignore[arg-type]
-            while heap and heap[0][4] is None:
-                heappop(heap)
-            if heap and count < cap:
-                heapreplace(heads, (heap[0], tenant))
+            head = queue.head()
+            if head is not None and count < cap:
+                heapreplace(heads, (head, tenant))
                 continue
             heappop(heads)
-            if not heap:
+            if head is None:
                 del tenants[tenant]
             else:
                 capped.append(tenant)

@@ -142,6 +142,8 @@ _POOL = KvLanePool.definition
 _RESERVE_GUARD, RESERVE_GUARD_SOURCE = compile_reserve_guard(_POOL)
 _MEASURES, MEASURES_SOURCE = compile_measures(_POOL)
 _INSTANCE = KvSequenceMachine.Instance
+_OPEN = frozenset(t.source for t in KvSequenceMachine.definition.transitions if t.event == "submit")
+"""The states a lane may open a transaction from (``submit``'s sources, from the declaration)."""
 """Its ``fire_each`` is read per call: the monitor installs the variant its configuration needs."""
 _KEEPS_TOTALS = events_keeping_measures(_POOL)
 """Events that provably leave every budget total as it was: the batch paths fire them without bookkeeping."""
@@ -355,6 +357,15 @@ class KvLaneManager(KvContextOperations):
         The transactions open (``submit_batch``) only when the device accepted the job, so a
         refused submit leaves every lane as it was.
         """
+        owner, lanes = self._owner, self._lanes
+        for lease in leases:  # the accepting case first, in one pass (one per decode step, issue #20)
+            machine = lanes[lease.lane]
+            if (owner[lease.lane] != lease.lease_id or machine._state not in _OPEN
+                    or machine.committed_len + tokens > machine.reserved_len):
+                break
+        else:
+            if len({lease.lane for lease in leases}) == len(leases):
+                return KvBatchReservation(tuple(leases), tokens)
         problems: list[tuple[KvLease, str]] = []
         seen: set[int] = set()
         for lease in leases:
@@ -364,7 +375,7 @@ class KvLaneManager(KvContextOperations):
                 problems.append((lease, "stale lease"))
             elif lane in seen:
                 problems.append((lease, "lane appears twice in one batch"))
-            elif machine._state not in ("reserved", "active"):
+            elif machine._state not in _OPEN:
                 problems.append((lease, f"lane is {machine._state}"))
             elif machine.committed_len + tokens > machine.reserved_len:
                 problems.append((lease, f"{machine.committed_len}+{tokens} exceeds the reservation "

@@ -1,0 +1,66 @@
+"""One tenant's decode-Ready entries in key order, popped in O(1) when they arrive in order (issue #20).
+
+The decode scheduler (:mod:`.decode`) keeps each tenant's Ready sequences ordered by the key
+``(priority, decode tag, virtual finish, arrival seq)`` — an entry is the list
+``[priority, tag, virtual_finish, seq, record]``, and a record of None marks it dead (lazy removal).
+A heap gives that order at O(log n) per pop. But under the rotation the entries of one tenant
+mostly *arrive* in key order: a sequence served at the head comes back with its tag moved by the
+tenant's constant step cost, behind the others (decode.py's module doc). So this keeps two parts:
+a FIFO of the entries that arrived in key order (each one not below the FIFO's last), and a heap
+of the rest (a newcomer tagged at the global virtual time, an at-risk entry keyed by its
+deadline, a batch put back). The head is the smaller of the two parts' heads, so the order is the
+heap's exactly, whatever the arrival pattern; when arrivals are in order a pop is a ``popleft``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from itertools import chain
+from typing import Any, Iterator
+
+Entry = list[Any]
+"""``[priority, tag, virtual_finish, seq, record-or-None]``; seqs are unique, so records are never compared."""
+
+
+class TenantQueue:
+    """A tenant's entries: the FIFO part (arrived in key order) and the heap part (the others)."""
+
+    __slots__ = ("fifo", "heap")
+
+    def __init__(self) -> None:
+        self.fifo: deque[Entry] = deque()
+        self.heap: list[Entry] = []
+
+    def push(self, entry: Entry) -> None:
+        fifo = self.fifo
+        if not fifo or entry > fifo[-1]:
+            fifo.append(entry)
+        else:
+            heapq.heappush(self.heap, entry)
+
+    def head(self) -> Entry | None:
+        """The smallest live entry (dead ones at either part's front are dropped), or None."""
+        fifo, heap = self.fifo, self.heap
+        while fifo and fifo[0][4] is None:
+            fifo.popleft()
+        while heap and heap[0][4] is None:
+            heapq.heappop(heap)
+        if heap and (not fifo or heap[0] < fifo[0]):
+            return heap[0]
+        return fifo[0] if fifo else None
+
+    def take(self, head: Entry) -> None:
+        """Remove ``head``, the entry :meth:`head` returned (nothing changed in between)."""
+        fifo = self.fifo
+        if fifo and fifo[0] is head:
+            fifo.popleft()
+        else:
+            heapq.heappop(self.heap)
+
+    def __iter__(self) -> Iterator[Entry]:
+        """Every entry, dead ones included, in no particular order."""
+        return chain(self.fifo, self.heap)
+
+    def __len__(self) -> int:
+        return len(self.fifo) + len(self.heap)
