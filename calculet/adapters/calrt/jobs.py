@@ -98,8 +98,9 @@ class DecodeJob:
         b = self.compiled_batch
         plain = []
         for name in ("token_ids", "positions", "lane_valid"):
-            arr = np.array(getattr(self, name), copy=True)
-            arr.flags.writeable = False
+            given = getattr(self, name)
+            arr = given.copy() if isinstance(given, np.ndarray) else np.array(given)
+            arr.setflags(write=False)
             object.__setattr__(self, name, arr)
             plain.append(arr.tolist())
         seqs = self.seq_ids

@@ -34,6 +34,8 @@ class SimBuffer:
     epoch: int
     data: np.ndarray
     bound_job: int | None = None
+    written: int | None = None
+    """How many leading bytes the last DMA wrote (the rest are zero); None: unknown, the whole buffer may hold data."""
 
 
 class BufferTable:

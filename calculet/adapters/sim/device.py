@@ -432,8 +432,11 @@ class SimVirtualDevice:
         data = payload(job)
         buf = in_buf.data
         n = min(len(data), len(buf))
-        buf.data[:n] = data[:n]  # the DMA: a memoryview copy, the rest of the buffer zeroed
-        buf[n:] = 0
+        buf.data[:n] = data[:n]  # the DMA: a memoryview copy; the buffer past it is zero afterwards
+        written = in_buf.written
+        if written is None or written > n:  # zero only what an earlier, longer payload left there
+            buf[n:] = 0
+        in_buf.written = n
         in_buf.bound_job = out_buf.bound_job = job_id
         for s in admitted.seqs:  # every one was looked up by the checks above
             seq = kv.find(s)
