@@ -137,16 +137,48 @@ def canonical(d: Definition) -> tuple[SymbolicVars, list[Any], list[Any]]:
     return hit
 
 
+def terms_of(v: SymbolicVars) -> list[Any]:
+    """A symbolic state's terms: its state, then its parameters and variables in declaration order."""
+    return [v.state, *[v.value(n) for n in v.names()]]
+
+
 def moved_to(pre: SymbolicVars, post: SymbolicVars) -> list[tuple[Any, Any]]:
     """(constant of ``pre``, term of ``post``) for each value a transition changes: substituted into a
     predicate built on ``pre`` they give the predicate on ``post`` (``pre``'s values are constants)."""
-    return [(a, b) for a, b in zip([pre.state, *[pre.value(n) for n in pre.names()]],
-                                   [post.state, *[post.value(n) for n in post.names()]]) if not a.eq(b)]
+    return [(a, b) for a, b in zip(terms_of(pre), terms_of(post)) if not a.eq(b)]
 
 
 def after(goal: Any, moved: list[tuple[Any, Any]]) -> Any:
     """``goal`` (built on a pre-state) on the post-state ``moved`` describes (see :func:`moved_to`)."""
     return z3.substitute(goal, *moved) if moved else goal
+
+
+def is_constant(term: Any) -> bool:
+    """An uninterpreted z3 constant: what a substitution may replace (a fresh state's values are)."""
+    return isinstance(term, z3.ExprRef) and z3.is_const(term) and term.decl().kind() == z3.Z3_OP_UNINTERPRETED
+
+
+class Substitution:
+    """``z3.substitute(goal, *pairs)`` for many goals with one set of pairs: z3py's wrapper checks every
+    pair's sorts again on each call, which cost more than the substitution itself (an inductive step
+    substitutes ~20 goals with the same pairs); here the pairs are checked and marshalled once."""
+
+    def __init__(self, pairs: list[tuple[Any, Any]]) -> None:
+        self.size = len(pairs)
+        if not pairs:
+            return
+        for a, b in pairs:
+            if not (is_constant(a) and a.sort().eq(b.sort())):
+                raise ValueError(f"cannot substitute {b} ({b.sort()}) for {a} ({a.sort()})")
+        self.ctx = pairs[0][0].ctx
+        self.src = (z3.Ast * self.size)(*[a.as_ast() for a, _ in pairs])
+        self.dst = (z3.Ast * self.size)(*[b.as_ast() for _, b in pairs])
+
+    def __call__(self, goal: Any) -> Any:
+        if not self.size:
+            return goal
+        ctx = self.ctx
+        return z3.z3._to_expr_ref(z3.Z3_substitute(ctx.ref(), goal.as_ast(), self.size, self.src, self.dst), ctx)
 
 
 def initial_instance(d: Definition, tag: str) -> SymbolicVars:

@@ -29,9 +29,9 @@ from typing import Any, Protocol
 
 import z3
 
-from calculet.invariants.checks import (RLIMIT_SEARCH, CheckResult, Counterexample, Progress, as_bool,
-                                        initial_instance, invariants_hold, post_state, read_args, read_state,
-                                        all_hold, solver, takes)
+from calculet.invariants.checks import (RLIMIT_SEARCH, CheckResult, Counterexample, Progress, Substitution, as_bool,
+                                        initial_instance, invariants_hold, is_constant, moved_to, post_state, read_args,
+                                        read_state, all_hold, solver, takes)
 from calculet.logic.symbolic import SymbolicVars, arg_domain, symbolic_args, type_domain
 from calculet.invariants.pool_reduction import reduction
 from calculet.invariants.system_encoding import _Memo
@@ -70,6 +70,11 @@ def _ghost_updates(p: PoolDefinition, view: PoolView, lane: int, event: str, arg
     return {} if op.ghost is None else dict(op.ghost(view, lane, **args))
 
 
+def _as_term(value: Any) -> Any:
+    """A ghost's value as a z3 term (an update may give a plain int)."""
+    return value if isinstance(value, z3.ExprRef) else z3.IntVal(int(value))
+
+
 def _pool_state(model: z3.ModelRef, p: PoolDefinition, lanes: list[SymbolicVars],
                 ghosts: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
     d = p.instance.definition
@@ -95,9 +100,15 @@ def check_pool_induction(p: PoolDefinition, n: int, progress: Progress | None = 
     view = PoolView(lanes, params, ghosts)
     s = solver()
     s.add(*_param_domain(p, params), *_ghost_domain(p, ghosts))
-    for lane in raw:
-        s.add(*lane.domain(), *[as_bool(x) for x in invariants_hold(d, lane)])
-    s.add(*[as_bool(inv.predicate(view)) for inv in p.invariants])
+    held = [[as_bool(x) for x in invariants_hold(d, lane)] for lane in raw]
+    for lane, holds in zip(raw, held):
+        s.add(*lane.domain(), *holds)
+    pool_pre = [as_bool(inv.predicate(view)) for inv in p.invariants]
+    s.add(*pool_pre)
+    # The goals after a row are the pre-state's with lane 0's constants replaced by its post-terms (built once,
+    # substituted per row: the O(N²) pool invariants were most of this check's time; #17, verify --fast).
+    constant = all(is_constant(x) for x in (raw[0].state, *[raw[0].value(k) for k in raw[0].names()],
+                                             *ghosts[0].values()))
     for t in d.transitions:
         start = time.process_time()
         ev = d.events[t.event]
@@ -107,9 +118,16 @@ def check_pool_induction(p: PoolDefinition, n: int, progress: Progress | None = 
         moved = post_state(d, t, raw[0], args)
         post_ghosts = [dict(g) for g in ghosts]
         post_ghosts[0].update(_ghost_updates(p, view, 0, t.event, args))
-        post_view = PoolView([memo.proxy(moved)] + lanes[1:], params, post_ghosts)
-        goals = [(inv.name, inv.rid, as_bool(inv.predicate(post_view))) for inv in p.invariants]
-        goals += [(inv.name, inv.rid, as_bool(inv.predicate(moved))) for inv in d.invariants]
+        if constant:
+            after = Substitution(moved_to(raw[0], moved) + [
+                (ghosts[0][g], _as_term(post_ghosts[0][g])) for g in ghosts[0]
+                if not _as_term(post_ghosts[0][g]).eq(ghosts[0][g])])
+            goals = [(inv.name, inv.rid, after(g)) for inv, g in zip(p.invariants, pool_pre)]
+            goals += [(inv.name, inv.rid, after(g)) for inv, g in zip(d.invariants, held[0])]
+        else:
+            post_view = PoolView([memo.proxy(moved)] + lanes[1:], params, post_ghosts)
+            goals = [(inv.name, inv.rid, as_bool(inv.predicate(post_view))) for inv in p.invariants]
+            goals += [(inv.name, inv.rid, as_bool(inv.predicate(moved))) for inv in d.invariants]
         goals += [(name, rid, as_bool(goal)) for name, rid, goal in d.step_goals(raw[0], moved, t, args)]
         failure = None
         count = len(goals)

@@ -15,11 +15,12 @@ from typing import Any
 
 import z3
 
-from calculet.invariants.checks import as_bool, initial_instance, invariants_hold, model_value, post_state, read_state, takes
+from calculet.invariants.checks import (Substitution, as_bool, initial_instance, invariants_hold, is_constant, model_value,
+                                        moved_to, post_state, read_state, takes, terms_of)
 from calculet.logic.symbolic import SymbolicVars, arg_domain
 from calculet.logic.types import Bool
 from calculet.machines.core import Machine
-from calculet.machines.definition import Definition
+from calculet.machines.definition import Definition, Step
 from calculet.machines.system import NONE, SystemDefinition, SystemView, Variant
 
 __all__ = ["Beyond", "Frame", "Move", "StepGoals", "assume_invariants", "flat", "fresh_frame", "initial_frame", "read_frame", "seq_domain",
@@ -217,22 +218,29 @@ class StepGoals:
     terms, ~3 ms per system invariant on the 3 × 3 frame, and a post-frame differs from the pre-frame
     only in request ``i``, lane ``j`` and ``binding[i]``. Since every value of a fresh frame is a z3
     constant, a predicate on the post-frame is the same predicate on the pre-frame with those constants
-    replaced by their post-terms: ``z3.substitute`` does that in C, once per goal. The goals are the
-    same terms (z3 shares equal terms: all but 2 of 2 045 goals over the five systems come out as the
-    very AST a direct build gives, the others equivalent — ``tests/property/test_step_goals.py`` checks
-    every variant of every system both ways). Step properties read the row and its event, so they are
-    built per move as before; a frame whose values are not all constants is built directly.
+    replaced by their post-terms, which z3 does in C. The goals are the same terms (z3 shares equal
+    terms: all but 2 of 2 045 system goals over the five systems come out as the very AST a direct
+    build gives, the others equivalent — ``tests/property/test_step_goals.py`` checks every variant of
+    every system both ways). A step property ``p(pre, post)`` is built once on the moved instance and a
+    fresh post-state, then each row's (pre, post) is substituted in; the properties that see the event
+    (``event_properties``) read the row, so they are built per row as before. A frame whose values are
+    not all constants is built directly.
     """
 
     def __init__(self, sd: SystemDefinition, frame: Frame, i: int = 0, j: int = 0) -> None:
         self.sd, self.frame, self.i, self.j = sd, frame, i, j
         self.system = system_goals(sd, frame)
-        self.instances = {side: [(f"{m.definition.name}.{inv.name}", inv.rid, as_bool(inv.predicate(pre)))
-                                 for inv in m.definition.invariants]
-                          for side, m, pre in (("request", sd.request, frame.requests[i]),
-                                               ("lane", sd.lane, frame.lanes[j]))}
-        self.constant = all(_is_constant(t) for t in (*_terms(frame.requests[i]), *_terms(frame.lanes[j]),
+        self.constant = all(is_constant(t) for t in (*terms_of(frame.requests[i]), *terms_of(frame.lanes[j]),
                                                       frame.binding[i]))
+        self.instances: dict[str, list[tuple[str, str, Any]]] = {}
+        self.templates: dict[str, tuple[SymbolicVars, SymbolicVars, list[tuple[str, str, Any]]]] = {}
+        for side, machine, pre in (("request", sd.request, frame.requests[i]), ("lane", sd.lane, frame.lanes[j])):
+            d = machine.definition
+            self.instances[side] = [(f"{d.name}.{inv.name}", inv.rid, as_bool(inv.predicate(pre)))
+                                    for inv in d.invariants]
+            post = SymbolicVars(d, f"{pre._suffix}_step")  # fresh constants for the post-state
+            self.templates[side] = (pre, post, [(f"{d.name}.{sp.name}", sp.rid, as_bool(sp.predicate(pre, post)))
+                                                for sp in d.step_properties])
 
     def after(self, move: Move) -> list[tuple[str, str, Any]]:
         """The goals after ``move`` (which must move request ``i`` and lane ``j`` of this frame), in the
@@ -240,38 +248,27 @@ class StepGoals:
         frame = self.frame
         if not self.constant or (move.i, move.j) != (self.i, self.j):
             return system_goals(self.sd, move.after(frame)) + move.instance_goals(self.sd)
-        sides = {"request": _changes(frame.requests[self.i], move.request),
-                 "lane": _changes(frame.lanes[self.j], move.lane)}
+        sides = {"request": [] if move.request is None else moved_to(frame.requests[self.i], move.request),
+                 "lane": [] if move.lane is None else moved_to(frame.lanes[self.j], move.lane)}
         moved = sides["request"] + sides["lane"]
         if move.binding is not None and not move.binding.eq(frame.binding[self.i]):
             moved.append((frame.binding[self.i], move.binding))
-        goals = [(n, r, z3.substitute(g, *moved) if moved else g) for n, r, g in self.system]
+        whole = Substitution(moved)
+        goals = [(n, r, whole(g)) for n, r, g in self.system]
         for side, machine, hops in (("request", self.sd.request, move.request_hops),
                                     ("lane", self.sd.lane, move.lane_hops)):
             d = machine.definition
+            start, fresh, templates = self.templates[side]
             for row, pre, post in hops:
-                goals += [(f"{d.name}.{name}", rid, as_bool(goal))
-                          for name, rid, goal in d.step_goals(pre, post, row, move.args)]
+                step = Substitution(moved_to(start, pre) + list(zip(terms_of(fresh), terms_of(post))))
+                goals += [(n, r, step(g)) for n, r, g in templates]
+                goals += [(f"{d.name}.{sp.name}", sp.rid, as_bool(sp.predicate(pre, post, Step(row.event, row.name,
+                                                                                                 move.args))))
+                          for sp in d.event_properties]
             if hops:
-                pairs = sides[side]
-                goals += [(n, r, z3.substitute(g, *pairs) if pairs else g) for n, r, g in self.instances[side]]
+                mine = Substitution(sides[side])
+                goals += [(n, r, mine(g)) for n, r, g in self.instances[side]]
         return goals
-
-
-def _terms(v: SymbolicVars) -> list[Any]:
-    return [v.state, *[v.value(name) for name in v.names()]]
-
-
-def _is_constant(term: Any) -> bool:
-    """An uninterpreted z3 constant (what substitution may replace)."""
-    return isinstance(term, z3.ExprRef) and z3.is_const(term) and term.decl().kind() == z3.Z3_OP_UNINTERPRETED
-
-
-def _changes(pre: SymbolicVars, post: SymbolicVars | None) -> list[tuple[Any, Any]]:
-    """(pre constant, post term) for each of an instance's values a move changes (none if it did not move)."""
-    if post is None:
-        return []
-    return [(a, b) for a, b in zip(_terms(pre), _terms(post)) if not a.eq(b)]
 
 
 def step_args(sd: SystemDefinition, tag: str) -> tuple[dict[str, Any], list[Any]]:
