@@ -33,7 +33,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -51,6 +50,7 @@ from calculet.server.body_gate import BodyGate
 from calculet.server.errors import APIError, from_calculet, internal
 from calculet.server.metrics_runtime import exposition
 from calculet.server.front import GenerationFront
+from calculet.server.http_server import new_request_id
 from calculet.server.inference import GENERATION_ROUTES, REQUEST_MODELS, inference_router
 from calculet.server.request_parsing import from_validation
 from calculet.server.schemas import Health
@@ -65,9 +65,6 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 """The default of ``server.max_body_bytes``: a context of a few thousand tokens never needs more."""
 
 
-def new_request_id() -> str:
-    """A server-generated request id (32 hex digits), unique per request whatever the client sends."""
-    return uuid.uuid4().hex
 
 
 class _Exchange:
@@ -179,13 +176,27 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     return from_validation(exc.errors(), body_loc=True)
 
 
+NO_FRAMEWORK_TELEMETRY = {"tracing": False, "metrics": False, "logs": False}
+"""FastAPI's own OpenTelemetry instrumentation, off: the service traces requests itself (:mod:`calculet.server.tracing`,
+§16) and exports its own metrics; left on, FastAPI looked up the global OpenTelemetry providers on every request,
+on the event loop (issue #13)."""
+
+
+def _fastapi(**kwargs: Any) -> FastAPI:
+    """``FastAPI(**kwargs)`` without the framework's own telemetry where the installed FastAPI has it."""
+    try:
+        return FastAPI(telemetry=NO_FRAMEWORK_TELEMETRY, **kwargs)  # type: ignore[call-arg]
+    except TypeError:  # a FastAPI without native telemetry (before 0.160): nothing to switch off
+        return FastAPI(**kwargs)
+
+
 def create_app(service: Service) -> FastAPI:
     """The FastAPI app of ``service`` (the engine is started/stopped by the caller, see run.py)."""
-    app = FastAPI(title="calculet", version="0.1.0",
-                  description=("OpenAI-compatible inference, admin API and Prometheus metrics for the Calculet NPU "
-                               "scheduler. Device batch, continuous batching, prompt cache, fork and beam search "
-                               "are not offered; the capability contract with evidence tiers is at "
-                               "GET /admin/capabilities."))
+    app = _fastapi(title="calculet", version="0.1.0",
+                   description=("OpenAI-compatible inference, admin API and Prometheus metrics for the Calculet NPU "
+                                "scheduler. Device batch, continuous batching, prompt cache, fork and beam search "
+                                "are not offered; the capability contract with evidence tiers is at "
+                                "GET /admin/capabilities."))
     _add_error_handlers(app)
     server = service.config.server
 

@@ -31,7 +31,6 @@ import asyncio
 import json
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
@@ -47,6 +46,7 @@ from calculet.runtime.request import RequestOutcome
 from calculet.runtime.scheduling.plan import Submission
 from calculet.runtime.streams.writer import StreamFinish
 from calculet.server.errors import APIError, admission_error, from_calculet
+from calculet.server.http_server import new_request_id
 from calculet.server.request_parsing import ApiGeneration, prepare_chat, prepare_completion, stop_reason
 from calculet.server.schemas import (
     AssistantMessage,
@@ -305,7 +305,7 @@ async def _generate(service: Service, request: Request, tenant: str, gen: ApiGen
                        code="context_length_exceeded", param="max_tokens")
     if not service.accepting:
         raise APIError(503, "the service is shutting down", code="model_unavailable")
-    http_id = request.state.request_id if hasattr(request.state, "request_id") else uuid.uuid4().hex
+    http_id = request.state.request_id if hasattr(request.state, "request_id") else new_request_id()
     stream = service.open_stream(tenant=tenant, stop=gen.sampling.stop, stop_text=gen.sampling.stop_text)
     engine_request = GenerateRequest(gen.prompt, gen.max_tokens, tenant=tenant, sampling=gen.sampling)
     try:

@@ -7,7 +7,6 @@ inference routes read tokens from it; both import it from here.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,6 +14,7 @@ from typing import Any
 from calculet.runtime.request import RequestOutcome
 from calculet.runtime.streams.tokenizer import ByteTokenizer
 from calculet.runtime.streams.writer import StreamWriter
+from calculet.server.jsonenc import dumps_text
 
 
 class TimedStream(StreamWriter):
@@ -88,8 +88,11 @@ _LINE_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": 
 def sse_json(value: Any) -> str:
     """``value`` as the JSON of one SSE ``data:`` line. Characters that ``str.splitlines`` takes for line breaks
     (NEL, U+2028, U+2029; JSON already escapes the control ones) are written as escapes: clients that split a
-    stream with it (httpx's ``iter_lines``, GuideLLM) otherwise cut a chunk in two (#14)."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).translate(_LINE_BREAKS)
+    stream with it (httpx's ``iter_lines``, GuideLLM) otherwise cut a chunk in two (#14). Encoded by
+    :mod:`calculet.server.jsonenc` (orjson: a token's text is encoded once per token on the event loop, #20);
+    an all-ASCII result has none of those characters and skips the translation."""
+    text = dumps_text(value)
+    return text if text.isascii() else text.translate(_LINE_BREAKS)
 
 
 _dumps = sse_json
