@@ -61,3 +61,31 @@ def test_only_the_owner_thread_runs_messages_and_others_call_through_it():
 def test_wait_times_out_without_a_value():
     with pytest.raises(TimeoutError):
         Reply().wait(0)
+
+
+def test_a_turn_with_no_wait_runs_what_is_queued_and_returns_at_once_when_nothing_is():
+    """``run_until(0)`` is the actor's turn while it keeps finding work (issue #20): everything already posted
+    runs, in order, and an empty mailbox answers 0 without blocking; ``run_pending``'s limit still holds."""
+    box = Mailbox()
+    assert box.run_until(0) == 0
+    seen: list[int] = []
+    for i in range(3):
+        box.post(lambda i=i: seen.append(i))
+    assert box.run_until(0) == 3 and seen == [0, 1, 2]
+    assert box.run_until(0) == 0 and box.statistics().pending == 0
+    for i in range(3, 6):
+        box.post(lambda i=i: seen.append(i))
+    assert box.run_pending(limit=2) == 2 and seen == [0, 1, 2, 3, 4]
+    assert box.run_pending() == 1 and seen[-1] == 5
+    refused: list[BaseException] = []
+
+    def not_the_owner() -> None:
+        try:
+            box.run_until(0)
+        except DefinitionError as exc:
+            refused.append(exc)
+
+    other = threading.Thread(target=not_the_owner)
+    other.start()
+    other.join()
+    assert len(refused) == 1  # even an empty turn is the owner's alone
