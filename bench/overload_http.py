@@ -37,8 +37,12 @@ completed / failed after admission, and the device's busy share
 
 Figures, not a pass/fail test (DESIGN principle 10): the targets are printed beside them.
 
+The server's HTTP/1.1 implementation is ``--http`` (``CALCULET_HTTP`` of the server: httptools, the default
+when installed, or h11); ``--http h11,httptools`` runs part 1 with each, side by side in the same run.
+
     python bench/overload_http.py [--burst 300] [--burst-tokens 16] [--deadline-ms 5000]
                                   [--streams 16] [--stream-tokens 32] [--itl-target-ms 200]
+                                  [--http h11,httptools] [--part all|burst|itl|bare]
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
+from calculet.server.http_server import HTTP_ENV
 from service import Server  # bench/service.py: the real entry point as a subprocess (bench/ is sys.path[0])
 
 PROMPT = "Calculet overload benchmark"
@@ -564,7 +569,7 @@ def _print_burst(rows: list[BurstRow], args: argparse.Namespace) -> None:
     print(f"Part 1 — burst: {args.burst} concurrent non-streaming completions × {args.burst_tokens} tokens, "
           f"deadline {args.deadline_ms} ms, B1 reference cost; each refused client sleeps Retry-After once "
           f"(≤ {args.max_retry_wait:.0f} s) and retries")
-    header = (f"{'deadline_order':<15} {'first try':<22} {'429 p50/p99':>12} {'server p50/p99':>14} {'floor p50/p99':>13} "
+    header = (f"{'deadline_order':<19} {'first try':<22} {'429 p50/p99':>12} {'server p50/p99':>14} {'floor p50/p99':>13} "
               f"{'1-by-1 p50/p99':>14} {'RA share':>8} {'RA p50/max':>10} {'retry admitted':>14} {'on time':>7} "
               f"{'504':>4} {'shed':>4} {'goodput/s':>9} {'server':>6} {'wasted':>6} {'wall s':>6}")
     print(header)
@@ -574,16 +579,16 @@ def _print_burst(rows: list[BurstRow], args: argparse.Namespace) -> None:
         admitted = f"{r.retries_admitted}/{r.retries} {r.retries_admitted / r.retries:.0%}" if r.retries else "-"
         busy = r.server.get("calculet_device_busy_seconds", 0.0)
         wasted = r.server.get("calculet_request_wasted_device_seconds", 0.0) / busy if busy else float("nan")
-        print(f"{r.order:<15} {statuses:<22} {_pair(r.refused_ms):>12} {_pair(r.server_refused_ms, 1):>14} "
+        print(f"{r.order:<19} {statuses:<22} {_pair(r.refused_ms):>12} {_pair(r.server_refused_ms, 1):>14} "
               f"{_pair(r.floor_ms):>13} "
               f"{_pair(r.probe_ms, 1):>14} {r.retry_after_share:>8.0%} {_pair(r.retry_after_s):>10} {admitted:>14} "
               f"{r.on_time:>7} {r.expired:>4} {r.server.get('calculet_scheduler_on_time_shed', 0.0):>4.0f} "
               f"{r.on_time / r.wall_s:>9.2f} {r.server.get('calculet_request_goodput', 0.0):>6.0f} {wasted:>6.0%} "
               f"{r.wall_s:>6.1f}")
         if r.retries_capped:
-            print(f"{'':<15} ({r.retries_capped} refused clients were told to wait longer than the cap and did "
+            print(f"{'':<19} ({r.retries_capped} refused clients were told to wait longer than the cap and did "
                   "not retry)")
-        print(f"{'':<15} server CPU per request, event loop / all threads: floor {_pair(r.floor_cpu_ms, 2)} ms, "
+        print(f"{'':<19} server CPU per request, event loop / all threads: floor {_pair(r.floor_cpu_ms, 2)} ms, "
               f"burst {_pair(r.burst_cpu_ms, 2)} ms; the loop alone, run one after another, needs "
               f"{r.burst_cpu_ms[0] * args.burst:.0f} ms for the burst (the last 429's least wait)")
     print("ms unless named. 429 p50/p99: time to the 429 in the burst (send → response head, client side, a "
@@ -645,7 +650,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stream-tokens", type=int, default=32, help="max_tokens of part 2 streams")
     parser.add_argument("--itl-target-ms", type=int, default=200, help="admission.itl_target_ms of part 2")
     parser.add_argument("--part", choices=("all", "burst", "itl", "bare"), default="all")
+    parser.add_argument("--http", default="httptools",
+                        help="calculet's HTTP/1.1 implementation(s), comma-separated (h11, httptools: the default when "
+                             "installed); with two, part 1 runs each per deadline_order, side by side in one run")
     args = parser.parse_args(argv)
+    impls = [impl.strip() for impl in args.http.split(",") if impl.strip()]
     burst_rows: list[BurstRow] = []
     stream_rows: list[StreamRow] = []
     bare_rows: list[BareFloor] = []
@@ -653,9 +662,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         home = Path(tmp)
         runs: list[tuple[str, Path]] = []
         if args.part in ("all", "burst"):
-            runs += [(f"burst {order}", _write_config(home, f"burst-{order}", order=order,
-                                                      deadline_ms=args.deadline_ms))
-                     for order in ("on_time", "at_risk")]
+            runs += [(f"burst {order}" + (f" {impl}" if len(impls) > 1 else ""),
+                      _write_config(home, f"burst-{order}", order=order, deadline_ms=args.deadline_ms))
+                     for order in ("on_time", "at_risk") for impl in impls]
         if args.part in ("all", "itl"):
             runs += [(f"itl {args.itl_target_ms} ms", _write_config(home, "itl", order="on_time",
                                                                     itl_ms=args.itl_target_ms)),
@@ -663,10 +672,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.part in ("all", "burst", "bare"):
             bare_rows = bare_floor(home, args.burst)
         for label, config in runs:
-            server = Server("reference", home, config)
+            impl = label.split()[2] if label.startswith("burst") and len(label.split()) > 2 else impls[0]
+            server = Server("reference", home, config, env={HTTP_ENV: impl})
             try:
                 if label.startswith("burst"):
-                    burst_rows.append(burst(server, label.split()[1], args.burst, args.burst_tokens,
+                    burst_rows.append(burst(server, " ".join(label.split()[1:]), args.burst, args.burst_tokens,
                                             args.deadline_ms / 1000, args.max_retry_wait))
                 else:
                     stream_rows.append(streams(server.url, label.split(maxsplit=1)[1], args.streams,
