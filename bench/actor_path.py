@@ -64,12 +64,11 @@ class Round:
 
 
 class CallCounter:
-    """Counts Python calls on one thread (``sys.setprofile`` there via ``threading.setprofile`` is too broad:
-    it is installed on the actor from inside a message it runs)."""
+    """Counts the calls (Python functions and builtins) one thread makes: its hook is installed with
+    ``sys.setprofile`` from a message the actor runs, so only the actor thread is counted."""
 
     def __init__(self) -> None:
         self.calls = 0
-        self.on = False
 
     def hook(self, _frame: object, event: str, _arg: object) -> None:
         if event == "call" or event == "c_call":
@@ -112,7 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--streams", default="1,16,64")
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--per-stream", type=int, default=0, help="completions per stream (default: 48 / streams, >= 2)")
+    parser.add_argument("--per-stream", type=int, default=0,
+                        help="completions per stream (default: 48 / streams, at least 2)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", action="store_true", help="also count the actor's Python calls per token")
     parser.add_argument("--profile", type=Path, default=None, help="cProfile (thread CPU time) of the actor, one round")
