@@ -129,13 +129,12 @@ class CompletionApplier:
         targets = registry.decode_done_each(records, job.generation, job.job_id, produced,
                                             [check.stop for check in checks], [check.token for check in checks],
                                             details)
-        back: list[RequestRecord] = []  # Ready again: queued after the loop, in lane order (nothing between reads the queue)
-        for rec, target in zip(records, targets):
-            if target == "decode_ready":
-                back.append(rec)
-            elif target == "finishing":
-                registry.finish(rec.request_id)
-        self.decode.add_back(back, now)
+        if "finishing" in targets:
+            for rec, target in zip(records, targets):
+                if target == "finishing":
+                    registry.finish(rec.request_id)
+        # Ready again: queued in lane order (nothing between reads the queue)
+        self.decode.add_back([rec for rec, target in zip(records, targets) if target == "decode_ready"], now)
         self._pump(now)
         return Applied(job.job_id, False, ok, failed)
 

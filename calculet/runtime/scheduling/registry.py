@@ -169,6 +169,10 @@ class RequestRegistry:
         self._retain = retain_terminal
         self._next_id = 1
         self._listener = listener
+        self.quiet: frozenset[str] = frozenset()
+        """States between which a move is not told to the listener: the listener's owner declares that it
+        ignores them (the scheduler: a decode step's submit and result reclaim nothing, issue #20). Only the
+        per-step batch paths (:meth:`fire_all`, :meth:`decode_done_each`) read it; :meth:`fire` tells all."""
         self._terminal: Counter[str] = Counter()
         self._created = 0
         self._closes = 0
@@ -300,9 +304,10 @@ class RequestRegistry:
             self._moved(rec, source, target)
 
     def _moved(self, rec: RequestRecord, source: str, target: str) -> None:
-        """After a transition of ``rec``: the listener (reclaim), and the close on entering a terminal state."""
+        """After a transition of ``rec``: the listener (reclaim; not for a quiet move), and the close on
+        entering a terminal state."""
         listener = self._listener
-        if listener is not None:
+        if listener is not None and not (source in self.quiet and target in self.quiet):
             listener(rec, source, target)
         if target in TERMINAL_STATES and source not in TERMINAL_STATES:
             self._close(rec)
@@ -382,33 +387,44 @@ class RequestRegistry:
         listener does for one lane reads another lane's request, so running the fires first changes
         no outcome."""
         live = self._live
+        for rec in recs:  # the usual case: every result is current (one pass, nothing built)
+            machine = rec.machine
+            if (machine._state != "decode_running" or machine.job_id != job_id or machine.generation != generation
+                    or live.get(rec.request_id) is not rec):
+                break
+        else:
+            return self._decode_done(recs, job_id, produced, stops, tokens, details)
         fresh: list[int] = []
-        out: list[str | None] = [None] * len(recs)
         for i, rec in enumerate(recs):
             machine = rec.machine
             if (live.get(rec.request_id) is not rec or machine._state != "decode_running"
                     or machine.generation != generation or machine.job_id != job_id):
                 self._stale += 1
                 continue
-            if not produced[i] and details[i] and not rec.detail:
-                rec.detail = details[i]
             fresh.append(i)
-        if len(fresh) == len(recs):
-            chosen, oks, stopped = recs, produced, stops
-        else:
-            chosen = [recs[i] for i in fresh]
-            oks, stopped = [produced[i] for i in fresh], [stops[i] for i in fresh]
-        machines = [rec.machine for rec in chosen]
-        targets = _INSTANCE.fire_each(machines, "decode_done", job=[job_id] * len(machines), ok=oks, stop=stopped)
-        listener = self._listener
-        for i, rec, target in zip(fresh, chosen, targets):
+        out: list[str | None] = [None] * len(recs)
+        targets = self._decode_done([recs[i] for i in fresh], job_id, [produced[i] for i in fresh],
+                                    [stops[i] for i in fresh], [tokens[i] for i in fresh],
+                                    [details[i] for i in fresh])
+        for i, target in zip(fresh, targets):
             out[i] = target
-            if listener is not None:
-                listener(rec, "decode_running", target)
-            if target in TERMINAL_STATES:
-                self._close(rec)
-            elif target == "decode_ready" or target == "finishing":
-                token = tokens[i]
+        return out
+
+    def _decode_done(self, recs: Sequence[RequestRecord], job_id: int, produced: Sequence[bool],
+                     stops: Sequence[bool], tokens: Sequence[int | None], details: Sequence[str]) -> list[str | None]:
+        """``decode_done`` on records whose result is current, then listener, close and delivery per record."""
+        if False in produced:
+            for rec, ok, detail in zip(recs, produced, details):
+                if not ok and detail and not rec.detail:
+                    rec.detail = detail
+        machines = [rec.machine for rec in recs]
+        targets: list[str | None] = _INSTANCE.fire_each(machines, "decode_done", job=[job_id] * len(machines),
+                                                        ok=produced, stop=stops)
+        listener, quiet = self._listener, self.quiet
+        for rec, target, token in zip(recs, targets, tokens):
+            if target == "decode_ready" or target == "finishing":
+                if listener is not None and not (target in quiet and "decode_running" in quiet):
+                    listener(rec, "decode_running", target)
                 assert token is not None
                 rec.last_token = token
                 try:  # ``deliver``, inlined: once per lane per decode step
@@ -416,7 +432,12 @@ class RequestRegistry:
                 except Exception:  # a broken client must not break the actor
                     self._sink_errors += 1
                     log.exception("sink.token failed", extra={"request_id": rec.request_id})
-        return out
+                continue
+            if listener is not None:
+                listener(rec, "decode_running", target)  # type: ignore[arg-type]
+            if target in TERMINAL_STATES:
+                self._close(rec)
+        return targets
 
     def _close(self, rec: RequestRecord) -> None:
         machine = rec.machine
