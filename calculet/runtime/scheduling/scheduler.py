@@ -85,6 +85,8 @@ class Scheduler:
         self.kv = kv
         budget = config.capacity_budget(device_kv_tokens)
         self.registry = RequestRegistry(listener=self._on_transition)
+        if observer is None:  # _on_transition ignores a decode step's moves: the per-step batch paths skip it (#20)
+            self.registry.quiet = DECODE_CYCLE
         self.admission = AdmissionController(
             budget, tenants=[TenantPolicy.from_config(t) for t in config.tenants], queues=config.queues,
             long_quota=config.admission.long_prefill_quota, now=clock.now())
