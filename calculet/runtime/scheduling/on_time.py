@@ -72,6 +72,9 @@ class OnTimePolicy:
                                                             config.admission.initial_margin),
                                       sequences=config.admission.max_sequences)
         self._ttft_due: list[tuple[float, int]] = []
+        wfq = admission.wfq
+        self.planner.virtual_start = lambda tenant: float(max(wfq.tenant_virtual_time(tenant),
+                                                              wfq.global_virtual_time()))
         self._streams: dict[int, RequestRecord] = {}
         """The requests in decode (ready or on the device): the streams a prefill makes wait."""
         if self.planner.any_itl:

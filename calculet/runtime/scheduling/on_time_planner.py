@@ -321,6 +321,9 @@ class OnTimePlanner:
         """The estimate's measured error, and the margin admission plans with."""
         self._prompt_tokens = 0.0
         """Smoothed prompt length of the requests seen at admission: the prefill the ITL cap leaves room for."""
+        self.virtual_start: Callable[[str], float] | None = None
+        """A tenant's §5.3 virtual start (``max(tenant virtual time, global virtual time)``), set by the
+        policy from the admission queue's clock: the admission-order estimate orders by cost with it."""
 
     # ------------------------------------------------------------------ the device
 
@@ -452,7 +455,27 @@ class OnTimePlanner:
         for r in waiting:
             queued.setdefault(r.tenant, []).append(kept.pop(r.request_id))
         kept.pop(job.id, None)
-        return admission_order_finish(job, rec.tenant, list(kept.values()), queued, self.weights, now, model)
+        tags = None if self.virtual_start is None else self.virtual_tags([*waiting, rec])
+        return admission_order_finish(job, rec.tenant, list(kept.values()), queued, self.weights, now, model,
+                                      tags=tags)
+
+    def virtual_tags(self, waiting: Iterable[RequestRecord]) -> dict[int, float]:
+        """The §5.3 virtual finish each of ``waiting`` (in arrival order) is expected to be admitted with:
+        its tenant's virtual start (:attr:`virtual_start`) plus the costs per weight of the tenant's
+        requests up to it (R5.3.2, R5.3.3). Arrivals still to come are not known, so a tenant that
+        sends more later can still be served before a tag computed here (the estimate's error)."""
+        start = self.virtual_start
+        assert start is not None
+        clock: dict[str, float] = {}
+        tags: dict[int, float] = {}
+        for r in waiting:
+            tenant = r.tenant
+            at = clock.get(tenant)
+            if at is None:
+                at = start(tenant)
+            at += r.cost / self.weights.get(tenant, 1.0)
+            clock[tenant] = tags[r.request_id] = at
+        return tags
 
     def _admission_model(self, model: DeviceModel) -> DeviceModel:
         """The device as admission plans it: slowed by the estimator's measured error (:mod:`.estimate_error`)."""

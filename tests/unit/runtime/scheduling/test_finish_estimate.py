@@ -192,3 +192,21 @@ def test_where_sequences_fit_one_step_the_admission_queues_fair_order_sets_the_f
     # EDF with everyone's default deadline would put the candidate after all five of b's
     everyone = [*running, *mine, *theirs, candidate]
     assert edf_finish(everyone, 0.0, model)[99] > 11.0
+
+
+@pytest.mark.req("R5.3.2", "R5.3.3")
+def test_with_virtual_tags_the_other_tenants_jobs_ahead_are_the_ones_tagged_before_the_candidate():
+    """WFQ orders by cost (§5.3): a tenant of short requests is served ahead of one of long ones, so with
+    the expected virtual finish tags the jobs ahead are those tagged earlier, not a count per tenant."""
+    model = DeviceModel(decode_step_s=1.0)
+    theirs = [PendingJob(10, 0, 4), PendingJob(11, 0, 4)]           # two long ones: tags 40 and 80
+    mine = [PendingJob(2, 0, 1)]                                    # one short one: tag 10
+    candidate = PendingJob(99, 0, 1)                                # tag 20: before both of theirs
+    tags = {10: 40.0, 11: 80.0, 2: 10.0, 99: 20.0}
+    queued = {"a": mine, "b": theirs}
+    assert admission_order_finish(candidate, "a", [], queued, {"a": 1, "b": 1}, 0.0, model, tags=tags) == 2.0
+    # the count rule takes ⌈(1 + 1) · 1/1⌉ = 2 of b's first
+    assert admission_order_finish(candidate, "a", [], queued, {"a": 1, "b": 1}, 0.0, model) == 10.0
+    # a candidate tagged after b's first one waits for it
+    later = {**tags, 99: 50.0}
+    assert admission_order_finish(candidate, "a", [], queued, {"a": 1, "b": 1}, 0.0, model, tags=later) == 6.0

@@ -222,3 +222,22 @@ def test_the_kept_decode_by_deadline_only_where_the_device_is_the_narrower_stage
         h.submit(prompt=8, new=5)
     drive(h)
     assert h.scheduler.decode.deadline_first is by_deadline
+
+
+@pytest.mark.req("R5.3.2", "R5.3.3")
+def test_on_one_lane_a_short_request_is_estimated_ahead_of_the_other_tenants_long_ones():
+    """Issue #13 (calculet-b1, one KV lane): WFQ admits by cost, so a short request of one tenant is served
+    before a longer queued request of the other; its estimate follows that order (virtual finish tags),
+    and the one of the tenant of long requests counts the short one ahead of it."""
+    tenants = [{"name": "a", "weight": 1.0, "api_key_sha256": "a" * 64}, {"name": "b", "weight": 1.0}]
+    h = Harness.build(sizes=(1,), lanes=1, step_estimate_s=STEP, admission={"max_sequences": 1}, tenants=tenants)
+    first = h.submit(prompt=8, new=11, tenant="b").request_id            # on the lane: 1 s
+    longs = [h.submit(prompt=8, new=31, tenant="b").request_id for _ in range(2)]   # 3 s each, waiting
+    short = h.submit(prompt=8, new=3, tenant="a").request_id             # cost 11 against 39 and 78
+    assert h.rec(first).estimated_finish == pytest.approx(1.0)
+    assert h.rec(short).estimated_finish == pytest.approx(1.2)           # straight after the first
+    assert all(h.rec(i).estimated_finish > 1.2 for i in longs)
+    closed = drive(h)   # the played device takes STEP for a prefill too (not measured at admission)
+    assert all(h.sinks[i].outcome.state == "completed" for i in (first, short, *longs))
+    assert closed[first] == pytest.approx(1.1) and closed[short] == pytest.approx(1.4)
+    assert closed[short] < min(closed[i] for i in longs)
