@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from calculet.logic.expr import And, If, Implies, Not
+from calculet.logic.expr import And, If, Implies, Not, Or
 from calculet.logic.types import Bool, Int
 from calculet.machines.core import Machine
 from calculet.machines.definition import Event, Invariant, Param, State, StepProperty, T, Var
@@ -11,6 +11,12 @@ from calculet.machines.definition import Event, Invariant, Param, State, StepPro
 def _self_loops(states, event, guard=None, effect=None) -> list[T]:
     """Counter bookkeeping: the same self-loop in every state where the counted thing may happen."""
     return [T(s, event, s, guard=guard, effect=effect) for s in states]
+
+
+def _drain_asked(v, replace):
+    """Every ``drain`` row records the unload and why (§11 step 6 replacement or §12 unload); an unload
+    asked again while one is pending keeps the first one's cause (``drain_cause_is_fixed``)."""
+    return {"unload_pending": True, "replacing": If(v.unload_pending, v.replacing, replace)}
 
 
 class ModelMachine(Machine):
@@ -30,7 +36,16 @@ class ModelMachine(Machine):
     * At the drain deadline with jobs still submitted the generation goes to Recovering and
       keeps its buffers (§12); a device ``reset`` per the contract is what ends those jobs.
     * Failed is where a generation goes when recovery gives up (reset budget exhausted,
-      §15 recovery); it can still be unloaded once nothing is in flight.
+      §15 recovery), at once, even with jobs still in flight: they stay in doubt and keep their
+      buffers until they end (or a device restart ends them); it can be unloaded once nothing is
+      pinned or in flight.
+    * An unload (or a replacement's step 6) is recorded the moment it is asked for, whatever the
+      state (``unload_pending``, and ``replacing`` for why: §11 step 5 holds new requests, a
+      plain unload rejects them, R12.2), and is never undone: a Recovering generation with an
+      unload pending goes back to Draining, not Ready, when recovery succeeds.
+
+    With these, the scheduler's availability of a generation is a function of this valuation
+    (``calculet.runtime.models.availability.availability_of``), not a second copy kept by hand.
     """
 
     spec = "§10, §11, §12, §13.1"
@@ -43,6 +58,10 @@ class ModelMachine(Machine):
     buffers = Var(Bool(), doc="device resources of step 7 exist")
     in_doubt = Var(Int(ge=0), doc="submitted jobs a fault or the drain deadline left in doubt: the device may "
                                   "still write them, and only a reset or their own late end settles them")
+    unload_pending = Var(Bool(), doc="an unload or a replacement asked to drain this generation (set by every "
+                                     "drain row, in Ready, Recovering or Failed); cleared only once it is Unloaded")
+    replacing = Var(Bool(), doc="that drain is a replacement's (§11 steps 5–6: new requests held, pinned ones "
+                                "still served), not a plain unload (§12: new requests rejected); fixed by the drain")
 
     unloaded = State(initial=True)
     validating = State(doc="steps 1–4: trusted path, signature and hashes, static checks, capacity plan")
@@ -63,13 +82,14 @@ class ModelMachine(Machine):
     release_request = Event("a pinned request reached a terminal state")
     job_submitted = Event("a job was submitted to the device")
     job_finished = Event("a submitted job drained (completed, failed, or ended by a reset)")
-    drain = Event("unload() or a replacement began (§12 Ready → Draining)")
+    drain = Event("unload() or a replacement began (§12 Ready → Draining); recorded in Recovering/Failed",
+                  replace=Bool())
     drained = Event("no active requests and no in-flight jobs remain")
     drain_deadline = Event("the drain deadline passed with jobs still submitted (§12)")
     fault = Event("timeout / CCU fault / unknown DMA on a job of this generation")
     reset = Event("the device was reset per its contract; every in-flight job is dead")
-    recovered = Event("recovery succeeded; serve again")
-    give_up = Event("recovery failed or its budget is exhausted")
+    recovered = Event("recovery succeeded; serve again, or go on draining if an unload is pending")
+    give_up = Event("recovery failed or its budget is exhausted (jobs still in flight stay in doubt)")
     resume_unload = Event("recovery of a draining generation finished; continue the unload")
     freed = Event("step 12: sequences, pools, buffers, KvManager and calbin destroyed")
     verified = Event("device memory and health back to baseline")
@@ -87,27 +107,35 @@ class ModelMachine(Machine):
                       effect=lambda v: {"active_requests": v.active_requests - 1}),
         *_self_loops((ready, draining), job_submitted,
                       effect=lambda v: {"inflight_jobs": v.inflight_jobs + 1}),
-        *_self_loops((ready, draining, recovering), job_finished,
+        *_self_loops((ready, draining, recovering, failed), job_finished,
                       guard=lambda v: v.inflight_jobs >= 1,
                       effect=lambda v: {"inflight_jobs": v.inflight_jobs - 1,
                                         "in_doubt": If(v.in_doubt >= v.inflight_jobs, v.inflight_jobs - 1, v.in_doubt)}),
-        T(ready, drain, draining),
+        T(ready, drain, draining, effect=_drain_asked),
+        T(recovering, drain, recovering, effect=_drain_asked,
+          doc="an unload asked while the device recovers: recorded; the drain goes on once recovery ends"),
+        T(failed, drain, failed, guard=lambda v: Or(v.active_requests >= 1, v.inflight_jobs >= 1),
+          effect=_drain_asked, doc="an unload asked of a Failed generation that still has pinned requests or "
+                                   "jobs in flight: recorded; it is unloaded (unload_failed) once they ended"),
+        T(failed, drain, unloading, name="unload_failed", effect=_drain_asked,
+          guard=lambda v: And(v.active_requests == 0, v.inflight_jobs == 0)),
         T(draining, drained, unloading,
           guard=lambda v: And(v.active_requests == 0, v.inflight_jobs == 0)),
         T(draining, drain_deadline, recovering, guard=lambda v: v.inflight_jobs >= 1,
           effect=lambda v: {"in_doubt": v.inflight_jobs},
           policy="§12: the deadline matters only while jobs are still submitted; with none the drain ends"),
         T((ready, draining), fault, recovering, effect=lambda v: {"in_doubt": v.inflight_jobs}),
-        T(recovering, reset, recovering, effect=lambda v: {"inflight_jobs": 0, "in_doubt": 0}),
-        T(recovering, recovered, ready, guard=lambda v: v.in_doubt == 0),
-        T(recovering, give_up, failed, guard=lambda v: v.inflight_jobs == 0),
+        *_self_loops((recovering, failed), reset, effect=lambda v: {"inflight_jobs": 0, "in_doubt": 0}),
+        T(recovering, recovered, ready, guard=lambda v: And(v.in_doubt == 0, Not(v.unload_pending))),
+        T(recovering, recovered, draining, guard=lambda v: And(v.in_doubt == 0, v.unload_pending),
+          doc="recovery ended while an unload was pending: the drain goes on (never Ready again)"),
+        T(recovering, give_up, failed),
         T(recovering, resume_unload, unloading,
           guard=lambda v: And(v.inflight_jobs == 0, v.active_requests == 0)),
-        T(failed, drain, unloading, name="unload_failed",
-          guard=lambda v: v.active_requests == 0),
         T(unloading, freed, unloading, guard=lambda v: v.buffers, effect=lambda v: {"buffers": False},
           policy="§12 step 12 destroys what step 7 created, once: a second free is refused, not repeated"),
-        T(unloading, verified, unloaded, guard=lambda v: Not(v.buffers)),
+        T(unloading, verified, unloaded, guard=lambda v: Not(v.buffers),
+          effect=lambda v: {"unload_pending": False, "replacing": False}),
     ]
 
     invariants = [
@@ -124,22 +152,49 @@ class ModelMachine(Machine):
                       Implies(v.at("unloaded", "validating", "configuring"), Not(v.buffers)),
                       Implies(v.at("unloaded", "validating", "configuring", "warming"),
                               And(v.active_requests == 0, v.inflight_jobs == 0)))),
-        Invariant("R12.3", name="unloading_is_idle", rejects=({"state": "unloading", "inflight_jobs": 1, "buffers": True},),
+        Invariant("R12.3", name="unloading_is_idle",
+                  rejects=({"state": "unloading", "inflight_jobs": 1, "buffers": True},
+                           {"state": "unloading", "active_requests": 1, "buffers": True}),
                   doc="cleanup runs only when no request is pinned and no job is in flight",
-                  predicate=lambda v: Implies(v.at("unloading", "failed"), And(
-                      v.inflight_jobs == 0, Implies(v.at("unloading"), v.active_requests == 0)))),
+                  predicate=lambda v: Implies(v.at("unloading"), And(v.inflight_jobs == 0, v.active_requests == 0))),
         Invariant("R12.10", name="ready_only_with_no_job_in_doubt",
-                  doc="jobs are in doubt only while Recovering, where every in-flight job is; a generation serves "
-                      "(Ready) again only once none is (§12, §15: reset per the contract or each job's own end)",
+                  doc="jobs are in doubt only while Recovering, where every in-flight job is, or once recovery gave "
+                      "up (Failed, the jobs still draining); a generation serves (Ready) again only once none is "
+                      "(§12, §15: reset per the contract or each job's own end)",
                   predicate=lambda v: And(v.in_doubt <= v.inflight_jobs,
-                                          Implies(v.at("recovering"), v.in_doubt == v.inflight_jobs),
-                                          Implies(Not(v.at("recovering")), v.in_doubt == 0)),
+                                          Implies(v.at("recovering", "failed"), v.in_doubt == v.inflight_jobs),
+                                          Implies(Not(v.at("recovering", "failed")), v.in_doubt == 0)),
                   rejects=({"state": "ready", "inflight_jobs": 1, "in_doubt": 1, "buffers": True},
-                           {"state": "recovering", "inflight_jobs": 2, "in_doubt": 1, "buffers": True})),
+                           {"state": "recovering", "inflight_jobs": 2, "in_doubt": 1, "buffers": True},
+                           {"state": "failed", "inflight_jobs": 1, "in_doubt": 0, "buffers": True},
+                           {"state": "draining", "inflight_jobs": 1, "in_doubt": 1, "buffers": True,
+                            "unload_pending": True})),
+        Invariant("R12.2", name="unload_is_never_undone",
+                  doc="an unload is recorded as soon as it is asked for and holds until Unloaded: a Draining "
+                      "generation always has one (and knows whether a replacement holds new requests, §11 step 5, "
+                      "or they are rejected, §12), and a generation that loads or serves (Ready) never has one — "
+                      "so the scheduler's availability is a function of the machine (runtime/models/availability.py)",
+                  predicate=lambda v: And(Implies(v.replacing, v.unload_pending),
+                                          Implies(v.at("draining"), v.unload_pending),
+                                          Implies(v.at("unloaded", "validating", "configuring", "warming", "ready"),
+                                                  Not(v.unload_pending))),
+                  rejects=({"state": "ready", "unload_pending": True, "buffers": True},
+                           {"state": "draining", "unload_pending": False, "buffers": True},
+                           {"state": "recovering", "unload_pending": False, "replacing": True, "buffers": True},
+                           {"state": "unloaded", "unload_pending": True})),
         StepProperty("R12.11", name="buffers_freed_only_when_idle", rejects=(({"state": "unloading", "buffers": True, "inflight_jobs": 1}, {"buffers": False}),),
                      doc="no transition frees device resources while a job is in flight",
                      predicate=lambda pre, post: Implies(And(pre.buffers, Not(post.buffers)),
                                                          pre.inflight_jobs == 0)),
+        StepProperty("R11.5", name="drain_cause_is_fixed",
+                     rejects=(({"state": "recovering", "unload_pending": True, "replacing": False, "buffers": True},
+                               {"unload_pending": True, "replacing": True}),
+                              ({"state": "draining", "unload_pending": True, "replacing": True, "buffers": True},
+                               {"state": "recovering", "unload_pending": True, "replacing": False})),
+                     doc="the cause of a pending unload never changes: a replacement keeps new requests held until "
+                         "the old generation is gone (§11 steps 5–10), a plain unload keeps rejecting them (§12)",
+                     predicate=lambda pre, post: Implies(And(pre.unload_pending, post.unload_pending),
+                                                         post.replacing == pre.replacing)),
         StepProperty("R12.2", name="admission_only_when_ready", rejects=(({"state": "draining", "active_requests": 0}, {"active_requests": 1}),),
                      doc="new requests are pinned only to a Ready generation",
                      predicate=lambda pre, post: Implies(post.active_requests > pre.active_requests,

@@ -15,7 +15,8 @@ the binding is "counted by"):
   ``i`` of generation ``g`` is on the device (submitted, timed out or quarantined): ``submit``
   fires the job's ``submit`` and ``job_submitted``; every end of a job fires ``job_finished``
   (``engine/jobs.py``). A timeout or CCU fault of a job moves its generation to Recovering
-  (``GenerationRecovery.on_fault``). A device reset ends every job on the device; here it is the
+  (``GenerationRecovery.on_fault``); once recovery gave up (Failed) a job still on the device may
+  still time out or fault, and stays in doubt until it ends. A device reset ends every job on the device; here it is the
   sequence of those ends (``reset_done`` and ``job_finished`` per job) followed by the
   generation's ``reset``, which the step guard lets fire only once nothing is left in flight —
   the runtime does the same in one actor step (``executor.forget_all`` then ``on_jobs_discarded``).
@@ -83,7 +84,8 @@ def _request_steps() -> list[Coupled]:
 def _model_steps(coupled_events: tuple[str, ...], guards: dict | None = None) -> list[Coupled]:
     """Every ModelMachine row whose event the system does not couple, moving the generation alone."""
     guards = guards or {}
-    return [Coupled(f"model:{t.name}", lane=(t.name,), guard=guards.get(t.name))
+    events = ModelMachine.definition.events
+    return [Coupled(f"model:{t.name}", lane=(t.name,), guard=guards.get(t.name), args=dict(events[t.event].args))
             for t in ModelMachine.definition.transitions if t.event not in coupled_events]
 
 
@@ -172,6 +174,7 @@ def _job_steps() -> list[Coupled]:
     finished = ("job_finished",)
     ok = dict(DeviceJobMachine.definition.events["complete"].args)
     on = lambda sys, i, j: sys.bound(i, j)  # noqa: E731 — the job is counted by this generation
+    given_up_or_recovering = lambda sys, i, j: And(sys.bound(i, j), sys.lanes[j].at("recovering", "failed"))  # noqa: E731
     return [
         Coupled("submit", request=("submit@prepared",), lane=("job_submitted",), binding="bind",
                 guard=lambda sys, i, j: And(sys.unbound(i), sys.requests[i].generation == sys.lanes[j].generation,
@@ -183,11 +186,11 @@ def _job_steps() -> list[Coupled]:
         Coupled("complete_error", request=("complete_error",), lane=finished, binding="unbind", guard=on, args=ok),
         Coupled("timeout", request=("timeout@submitted",), lane=("fault",), guard=on,
                 doc="a timed-out job leaves the device in doubt: its generation goes Recovering (on_fault)"),
-        Coupled("timeout_while_recovering", request=("timeout@submitted",), involves="both",
-                guard=lambda sys, i, j: And(sys.bound(i, j), sys.lanes[j].at("recovering"))),
+        Coupled("timeout_while_recovering", request=("timeout@submitted",), involves="both", guard=given_up_or_recovering,
+                doc="the generation is already Recovering, or Failed (recovery gave up: no fault is reported any "
+                    "more, the job stays in doubt until it ends)"),
         Coupled("fault", request=("fault@submitted",), lane=("fault",), guard=on),
-        Coupled("fault_while_recovering", request=("fault@submitted",), involves="both",
-                guard=lambda sys, i, j: And(sys.bound(i, j), sys.lanes[j].at("recovering"))),
+        Coupled("fault_while_recovering", request=("fault@submitted",), involves="both", guard=given_up_or_recovering),
         Coupled("quarantine", request=("quarantine@timed_out",)),
         Coupled("late_complete", request=("late_complete",), lane=finished, binding="unbind", guard=on),
         Coupled("reset_done", request=("reset_done@quarantined",), lane=finished, binding="unbind", guard=on,
@@ -207,7 +210,8 @@ class GenerationJobSystem(CoupledSystem):
     lane = ModelMachine
     steps = [*_job_steps(),
              *_model_steps(("job_submitted", "job_finished"),
-                           {"reset@recovering": lambda sys, i, j: sys.lanes[j].inflight_jobs == 0})]
+                           {"reset@recovering": lambda sys, i, j: sys.lanes[j].inflight_jobs == 0,
+                            "reset@failed": lambda sys, i, j: sys.lanes[j].inflight_jobs == 0})]
 
     invariants = [
         SystemInvariant(
@@ -231,11 +235,15 @@ class GenerationJobSystem(CoupledSystem):
         SystemInvariant(
             "R12.10", "job_in_doubt_only_while_recovering",
             predicate=lambda sys: sys.all_pairs(lambda i, j: Implies(
-                And(sys.bound(i, j), sys.requests[i].at(*_IN_DOUBT)), sys.lanes[j].at("recovering"))),
-            doc="a job the device may still write after a timeout or fault keeps its generation Recovering: the "
-                "generation is Ready (or Draining) again only once no job of it is in doubt",
+                And(sys.bound(i, j), sys.requests[i].at(*_IN_DOUBT)), sys.lanes[j].at("recovering", "failed"))),
+            doc="a job the device may still write after a timeout or fault keeps its generation Recovering (or "
+                "Failed, once recovery gave up with it still in doubt): the generation is Ready (or Draining) "
+                "again only once no job of it is in doubt",
             rejects=({"requests": [{"state": "timed_out"}],
-                      "lanes": [{"state": "ready", "inflight_jobs": 1, "buffers": True}], "binding": [0]},)),
+                      "lanes": [{"state": "ready", "inflight_jobs": 1, "buffers": True}], "binding": [0]},
+                     {"requests": [{"state": "quarantined"}],
+                      "lanes": [{"state": "draining", "inflight_jobs": 1, "buffers": True, "unload_pending": True}],
+                      "binding": [0]})),
         SystemInvariant(
             "R10.3", "job_names_its_generation",
             predicate=lambda sys: sys.all_pairs(lambda i, j: Implies(

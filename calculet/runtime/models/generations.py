@@ -25,6 +25,7 @@ from calculet.runtime.execution.session import RuntimeSession
 from calculet.runtime.execution.session_plan import EngineContract, SessionPlan
 from calculet.runtime.models.capacity import CapacityPlan, ChipMemory
 from calculet.runtime.models.reports import GenerationIdentity, ModelGeneration, StepTiming
+from calculet.runtime.scheduling.admission import ModelAvailability
 
 if TYPE_CHECKING:
     from calculet.runtime.models.port import EnginePort
@@ -139,6 +140,10 @@ class Generations:
         self.epoch = 0
         self.contract: EngineContract | None = None
         """What the engine was built on (the first generation's plan); replacements must keep it."""
+        self.unserved = ModelAvailability.UNLOADED
+        """What the alias is while no generation serves — a load replacing the unloaded one (LOADING),
+        an unload done (UNLOADED), no version left (FAILED): the lifecycle's, not a generation's, so
+        ``availability_of`` takes it as an input (#17)."""
 
     def new(self, alias: str, source: Path, created_at: float) -> Generation:
         """A new generation enters Validating."""

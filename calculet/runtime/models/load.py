@@ -35,6 +35,7 @@ from calculet.errors import PackageError
 from calculet.packages.manifest import MANIFEST_FILE
 from calculet.packages.verify import PackageCheck
 from calculet.runtime.execution.session import RuntimeSession
+from calculet.runtime.models.availability import sync_availability
 from calculet.runtime.models.capacity import coreside
 from calculet.runtime.models.generations import Alias, Generation, Generations, Prepared, Retained
 from calculet.runtime.models.operations import Body, LifecycleLock, Operation, Steps, Wait
@@ -234,7 +235,7 @@ class Loader:
         engine.bind_session(gen.session)
         if self._gens.contract is None:
             self._gens.contract = gen.plan.contract()
-        engine.scheduler.set_model(gen.id, ModelAvailability.READY, gen.plan.profiles)
+        sync_availability(self._gens, engine.scheduler, profiles=gen.plan.profiles)  # READY: the machine is Ready
         engine.scheduler.hold_new_requests(False)
 
     def _downtime(self, paused_at: float | None) -> float | None:
@@ -362,13 +363,15 @@ class Loader:
             self._fail_alias(detail)
             return "restore_failed", None
         scheduler.hold_new_requests(False)
+        sync_availability(self._gens, scheduler)  # a draining old generation is READY only while held
         return "failed", None
 
     def _fail_alias(self, detail: str) -> None:
         """No version of the model can serve: release the hold and fail what waits for it."""
         scheduler = self._engine.scheduler
         scheduler.hold_new_requests(False)
-        scheduler.set_model(scheduler.generation, ModelAvailability.FAILED, detail=detail)
+        self._gens.unserved = ModelAvailability.FAILED
+        sync_availability(self._gens, scheduler, detail=detail)  # FAILED, or what a generation still serving is
         scheduler.reject_waiting_model(detail)
 
     def _restore(self, alias: Alias, old: Generation) -> Generator[Wait, bool | None, Generation]:

@@ -240,9 +240,10 @@ class ModelManager:
         """The ModelMachine's counters and the scheduler's availability checked against what they
         stand for (#17, R10.2, R12.3, R12.2): each generation's ``active_requests`` equals the live
         requests pinned to it; the generations' ``inflight_jobs`` add up to the jobs the executor
-        has on the device; the availability the scheduler was given agrees with the serving
-        generation's machine, no two jobs share an engine and no job in doubt has a Ready
-        generation (:mod:`calculet.runtime.models.availability`). The same equalities are
+        has on the device; the availability the scheduler was given equals the one the serving
+        generation's machine implies (``availability_of``: a stale copy is caught here), no two jobs
+        share an engine and no job in doubt has a Ready generation
+        (:mod:`calculet.runtime.models.availability`). The same equalities are
         proved on the declarations by ``GenerationRequestSystem`` and ``GenerationJobSystem``;
         reported by the engine's monitor like a broken invariant."""
         pinned: dict[int, int] = {}

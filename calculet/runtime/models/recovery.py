@@ -15,6 +15,7 @@ import logging
 from calculet.adapters.calrt import read_board_memory
 from calculet.errors import CalculetError
 from calculet.runtime.execution.session import RuntimeSession, SessionState
+from calculet.runtime.models.availability import sync_availability
 from calculet.runtime.models.generations import Generations, cancel_pinned
 from calculet.runtime.models.operations import LifecycleLock
 from calculet.runtime.models.port import EnginePort
@@ -45,18 +46,17 @@ class GenerationRecovery:
             return
         if gen.machine.at("ready", "draining"):
             gen.machine.fire("fault")
-        scheduler = self._engine.scheduler
-        if scheduler.availability is ModelAvailability.READY:
-            scheduler.set_model(gen.id, ModelAvailability.RECOVERING)
+        self.sync()
 
     def on_jobs_discarded(self) -> None:
         """A reset or restart ended every job on the device (the executor forgot them)."""
         for gen in self._gens:
             m = gen.machine
             if m.inflight_jobs > 0:
-                if not m.at("recovering"):
+                if not m.at("recovering", "failed"):
                     m.fire("fault")
                 m.fire("reset")
+        self.sync()
 
     def reset_device(self) -> None:
         """Recovery's ResetConfiguration (device reset domain) for the serving session; every other
@@ -91,33 +91,36 @@ class GenerationRecovery:
 
     def on_recovered(self) -> None:
         """The reset/restart succeeded: the serving generation is Ready again — or, if it was being
-        unloaded, what is left of its drain is cancelled so the unload can continue."""
+        unloaded, Draining again (``recovered`` with the unload pending) and what is left of its
+        drain is cancelled so the unload can continue."""
         gen = self._gens.serving
         if gen is None:
             return
         m = gen.machine
-        scheduler = self._engine.scheduler
-        if gen.unload_requested:
-            if scheduler.availability is ModelAvailability.RECOVERING:
-                held = scheduler.holding_new_requests  # a replacement holds new requests; an unload 503s them
-                scheduler.set_model(gen.id, ModelAvailability.READY if held else ModelAvailability.DRAINING)
-            cancel_pinned(self._engine, gen)
-            return
         if m.at("recovering") and m.can_fire("recovered"):
-            m.fire("recovered")
-        if scheduler.availability is ModelAvailability.RECOVERING and m.at("ready"):
-            scheduler.set_model(gen.id, ModelAvailability.READY)
+            m.fire("recovered")  # → Ready, or → Draining when an unload is pending
+        self.sync()
+        if gen.unload_requested:
+            cancel_pinned(self._engine, gen)
 
     def on_give_up(self, detail: str) -> None:
-        """The reset budget is spent: the serving generation is Failed (503 from now on)."""
+        """The reset budget is spent: the serving generation is Failed (503 from now on), at once,
+        even with jobs still in flight (they stay in doubt, their buffers kept, until they end)."""
         gen = self._gens.serving
-        scheduler = self._engine.scheduler
-        generation = gen.id if gen is not None else scheduler.generation
-        if gen is not None:
+        if gen is None:
+            self._gens.unserved = ModelAvailability.FAILED
+        else:
             gen.error = detail
-            if gen.machine.at("recovering") and gen.machine.can_fire("give_up"):
-                gen.machine.fire("give_up")
-        scheduler.set_model(generation, ModelAvailability.FAILED, detail=detail)
+            m = gen.machine
+            if m.at("ready", "draining"):
+                m.fire("fault")  # the fault that exhausted the budget, if on_fault did not see it
+            if m.at("recovering"):
+                m.fire("give_up")
+        self.sync(detail)
+
+    def sync(self, detail: str = "") -> None:
+        """The scheduler's availability after an event: the serving generation's machine says it."""
+        sync_availability(self._gens, self._engine.scheduler, detail=detail)
 
     # ------------------------------------------------------------------ the device
 

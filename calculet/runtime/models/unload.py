@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from calculet.errors import CalculetError, DeviceFault, Unavailable
 from calculet.runtime.execution.session import SessionState
+from calculet.runtime.models.availability import sync_availability
 from calculet.runtime.models.generations import Alias, Generation, Generations, cancel_pinned
 from calculet.runtime.models.operations import Body, LifecycleLock, Operation, Steps, Wait
 from calculet.runtime.models.port import EnginePort
@@ -96,7 +97,8 @@ class Unloader:
         if self._gens.serving is gen:
             self._gens.serving = None
             engine.detach_session()
-            engine.scheduler.set_model(gen.id, ModelAvailability.LOADING if replacement else ModelAvailability.UNLOADED)
+            self._gens.unserved = ModelAvailability.LOADING if replacement else ModelAvailability.UNLOADED
+            sync_availability(self._gens, engine.scheduler)
         # a device recovery still pending must run first: the cleanup needs a device in a known state
         yield Wait(lambda: not engine.recovery_pending() or engine.recovery_failed(), None,
                    "device recovery to finish")
@@ -108,14 +110,18 @@ class Unloader:
         """Step 1: Ready → Draining; new requests rejected (unload) or held (replacement)."""
         t0 = self._steps.step(op, UnloadStep.DRAIN, gen.id)
         gen.unload_requested = True
-        if gen.machine.at("ready"):
-            gen.machine.fire("drain")
+        m = gen.machine
+        # Ready → Draining; Recovering, or Failed with work left, record the unload (the machine's
+        # unload_pending: Draining again after a recovery, never Ready). An idle Failed generation
+        # goes to Unloading at step 3 (unload_failed), not here, while it still serves.
+        if m.at("ready", "recovering") or (m.at("failed") and not gen.idle()):
+            m.fire("drain", replace=replacement)
         alias = self._gens.aliases[gen.alias]
         if alias.current is gen:
             alias.current = None
             gen.published = False
-        if self._gens.serving is gen and not replacement:
-            self._engine.scheduler.set_model(gen.id, ModelAvailability.DRAINING)  # 503 new; queued cancelled (R12.4)
+        if self._gens.serving is gen:  # unload: 503 new, queued cancelled (R12.4); replacement: held
+            sync_availability(self._gens, self._engine.scheduler)
         run.timings.append(StepTiming("drain", t0, 0.0))
 
     def _wait_drained(self, op: Operation, gen: Generation, run: _UnloadRun, deadline_s: float) -> Waits:
@@ -136,20 +142,30 @@ class Unloader:
             if m.inflight_jobs > 0 and m.at("draining") and (run.deadline_passed or forced):
                 m.fire("drain_deadline")  # R12.10: Recovering, buffers kept
                 run.went_recovering = True
+                if self._gens.serving is gen:
+                    sync_availability(self._gens, engine.scheduler)
             yield Wait(lambda: gen.idle() or engine.recovery_failed(), None,
                        f"generation {gen.id}'s submitted jobs to complete or the device to be reset")
             if not gen.idle():
                 gen.error = "jobs stuck on the device and recovery gave up; buffers kept (§12)"
                 raise UnloadFailed(f"generation {gen.id}: {gen.error}", rc=None)
-        if m.at("failed") and m.can_fire("drain"):
-            m.fire("drain")  # failed → unloading
+        if m.at("failed") and m.can_fire("drain", replace=replacement):
+            m.fire("drain", replace=replacement)  # unload_failed: failed → unloading
         elif m.at("recovering"):
-            yield Wait(lambda: m.can_fire("resume_unload") or engine.recovery_failed(), None,
-                       f"generation {gen.id} to leave recovery")
-            if not m.can_fire("resume_unload"):
-                raise UnloadFailed(f"generation {gen.id} cannot leave Recovering (recovery gave up)", rc=None)
-            m.fire("resume_unload")
-        elif m.at("draining"):
+            # recovery ends in Draining (recovered with the unload pending), or the idle generation
+            # goes on to Unloading before it (resume_unload)
+            yield Wait(lambda: not m.at("recovering") or m.can_fire("resume_unload") or engine.recovery_failed(),
+                       None, f"generation {gen.id} to leave recovery")
+            if m.at("recovering"):
+                if not m.can_fire("resume_unload"):
+                    raise UnloadFailed(f"generation {gen.id} cannot leave Recovering (recovery gave up)", rc=None)
+                m.fire("resume_unload")
+        if m.at("draining"):  # never left it, or back in it after a recovery
+            if not gen.idle():
+                yield Wait(lambda: gen.idle() or not m.at("draining") or engine.recovery_failed(), None,
+                           f"generation {gen.id} to drain after recovery")
+            if not m.can_fire("drained"):
+                raise UnloadFailed(f"generation {gen.id} could not finish draining ({gen.state})", rc=None)
             m.fire("drained")
         run.drain_s = clock.now() - t_wait
         self._tally.measured(gen.durations, "drain", run.drain_s)
@@ -245,7 +261,7 @@ class Unloader:
         if m.at("configuring", "warming"):
             m.fire("load_failed")
         elif m.at("ready"):
-            m.fire("drain")
+            m.fire("drain", replace=False)
             m.fire("drained")
         session = gen.session
         if session is not None:
@@ -284,8 +300,11 @@ class Unloader:
                 continue
             try:
                 if m.at("ready"):
-                    m.fire("drain")
-                m.fire("drained" if m.at("draining") else "drain")
+                    m.fire("drain", replace=False)
+                if m.at("draining"):
+                    m.fire("drained")
+                else:
+                    m.fire("drain", replace=False)  # unload_failed: an idle Failed generation
                 session.teardown(verify=True, others_configured=self._gens.others_resident(gen))
                 m.fire("freed")
                 m.fire("verified")
