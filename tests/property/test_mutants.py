@@ -469,18 +469,17 @@ def test_scheduler_availability_diverging_from_the_model_machine_is_rejected():
 def test_scheduler_pinning_to_a_generation_that_is_not_ready_is_rejected():
     """READY (new requests pinned) is allowed only of a Ready generation; a draining one is READY
     only while a replacement holds new requests."""
-    from calculet.runtime.models.availability import allowed_availability
+    from calculet.runtime.models.availability import availability_of
     from calculet.runtime.scheduling.admission import ModelAvailability as A
 
     gens, _ = _serving_generation()
     gen = gens.serving
-    assert A.READY in allowed_availability(gen, serving=True, held=False)
-    gen.machine.fire("drain")
-    assert A.READY not in allowed_availability(gen, serving=True, held=False)
-    assert A.READY in allowed_availability(gen, serving=True, held=True)
+    assert availability_of(gen.machine, held=False) is A.READY
+    gen.machine.fire("drain", replace=True)
+    assert availability_of(gen.machine, held=False) is not A.READY
+    assert availability_of(gen.machine, held=True) is A.READY
     gen.machine.fire("drained")
-    assert A.READY not in allowed_availability(gen, serving=True, held=True)
-    assert allowed_availability(gen, serving=False, held=False) == {A.UNLOADED, A.LOADING, A.FAILED, A.SHUTDOWN}
+    assert availability_of(gen.machine, held=True, unserved=A.LOADING) is A.LOADING
 
 
 @pytest.mark.req("R14.3", "R12.10")
