@@ -185,7 +185,8 @@ _LIVE_CHECKED = {  # what checks each coupled system's properties on the live ru
     GenerationJobSystem: "the runtime checks the counts on the live instances",
     JobLaneSystem: "the runtime's job lane monitor evaluates every invariant on the live jobs and KV lanes",
     AdmissionBudgetSystem: "the runtime's budget monitor evaluates the budget's declared invariants on the "
-                           "admission controller's counters",
+                           "admission controller's counters and, at each step boundary, recounts them from the "
+                           "live requests (counters_are_the_counted_requests)",
 }
 _SYSTEM_TITLES = {
     "RequestLaneSystem": "Requests × lanes (joint model)",
