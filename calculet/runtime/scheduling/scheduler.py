@@ -400,8 +400,8 @@ class Scheduler:
 
     def _pump(self, now: float) -> None:
         """Admit waiting requests in WFQ order while the budget and a free lane allow (§5)."""
-        if self.generations.availability is not ModelAvailability.READY:
-            return
+        if self.generations.availability is not ModelAvailability.READY or not self.admission.waiting:
+            return  # nothing waits (every step of a saturated decode rotation): nothing to admit (issue #20)
         kv = self.kv
         cap = self.on_time.decode_cap() if self.on_time is not None else None
         while cap is None or self.admission.active < cap:
