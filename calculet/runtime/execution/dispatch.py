@@ -85,11 +85,16 @@ class CompletionDispatcher:
             self._lanes_failed += len(batch.active)
             return DecodeCompletion(batch.job_id, batch.generation, False, (), FaultKind.ERROR,
                                     _anomaly_detail(anomalies))
-        detail = "" if result.ok else _rc_detail(result.rc, result.message)
-        if not result.ok:
+        rc = result.rc
+        job_ok = rc is ReturnCode.OK  # read once: every lane below needs it (issue #20)
+        detail = "" if job_ok else _rc_detail(rc, result.message)
+        if not job_ok:
             self._failed += 1
-        by_seq = {int(job.spec.seq_ids[b.lane]): b for b in batch.active}  # type: ignore[union-attr]
-        usable = result.ok or self.lane_isolation
+        seq_ids = job.spec.seq_ids  # type: ignore[union-attr]
+        by_seq = {int(seq_ids[b.lane]): b for b in batch.active}
+        usable = job_ok or self.lane_isolation
+        generation = result.generation
+        sample_lane = self.sampler.sample
         lanes: list[LaneOutcome] = []
         for lane in result.lanes:
             if not lane.valid:
@@ -97,20 +102,20 @@ class CompletionDispatcher:
             binding = by_seq.get(lane.seq_id)
             if binding is None:
                 self._unmatched += 1
-                lanes.append(LaneOutcome(lane.lane, 0, 0, result.generation, False, None))
+                lanes.append(LaneOutcome(lane.lane, 0, 0, generation, False, None))
                 continue
             token: int | None = None
             stop = False
             if usable and lane.rc is ReturnCode.OK:
-                sample = self.sampler.sample(binding.request_id, lane.logits, lane.greedy_token)
+                sample = sample_lane(binding.request_id, lane.logits, lane.greedy_token)
                 if sample is not None:
                     self._sampled += 1
                     token, stop = sample
             if token is None:
                 self._lanes_failed += 1
-            lanes.append(LaneOutcome(lane.lane, binding.request_id, binding.seq_id, result.generation,
+            lanes.append(LaneOutcome(lane.lane, binding.request_id, binding.seq_id, generation,
                                      token is not None, token, stop))
-        return DecodeCompletion(batch.job_id, result.generation, result.ok, tuple(lanes), fault_kind(result.rc),
+        return DecodeCompletion(batch.job_id, generation, job_ok, tuple(lanes), _FAULT_FOR_RC.get(rc, FaultKind.ERROR),
                                 detail)
 
     def statistics(self) -> CompletionStatistics:
