@@ -9,8 +9,9 @@ load falls on all of them alike:
   #17 monitors (job lanes: a check before one job event in 256; budget: one admission operation in 256);
 * monitors on every event (the test suite's setting) without and with them.
 
-"Without" detaches the two hooks (the jobs table's observer, the controller's budget check); everything else
-is the same run. Reported: medians of the per-round ratios to the baseline of the same round, and the #17
+"Without" detaches the hooks (the job lane monitor — the jobs table's observer and its step-boundary checks —,
+the controller's budget check, and the budget counters' recount at the scheduler step and the engine tick);
+everything else is the same run. Reported: medians of the per-round ratios to the baseline of the same round, and the #17
 monitors' own share (with / without). Figures, not a pass/fail test (DESIGN principle 10).
 
     python bench/issue17_monitors.py [--rounds 3] [--new 120] [--waves 2]
@@ -31,16 +32,29 @@ from engine import run  # noqa: E402  (bench/engine.py)
 from calculet.adapters.sim import CostModel  # noqa: E402
 from calculet.config import default_config  # noqa: E402
 from calculet.machines.monitor import MONITOR  # noqa: E402
+from calculet.runtime.engine import core  # noqa: E402
 from calculet.runtime.scheduling import admission, scheduler  # noqa: E402
 
 _ATTACH = scheduler.attach_job_lane_monitor
 _CHECK = admission.check_budget
+_COUNTS = scheduler.check_counts
+
+
+class _Detached:
+    """A job lane monitor that checks nothing (the scheduler and the engine still call its hooks)."""
+
+    def observe(self, job: Any, event: str) -> None:
+        return None
+
+    def boundary(self, after: str) -> None:
+        return None
 
 
 def _hooks(on: bool) -> None:
-    """Attach (the code as shipped) or detach the #17 monitors' two hooks for the next runs."""
-    scheduler.attach_job_lane_monitor = _ATTACH if on else (lambda jobs, kv: None)  # type: ignore[assignment]
+    """Attach (the code as shipped) or detach the #17 monitors' hooks for the next runs."""
+    scheduler.attach_job_lane_monitor = _ATTACH if on else (lambda jobs, kv: _Detached())  # type: ignore[assignment]
     admission.check_budget = _CHECK if on else (lambda *args: None)  # type: ignore[assignment]
+    scheduler.check_counts = core.check_counts = _COUNTS if on else (lambda *args: None)  # type: ignore[assignment]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
