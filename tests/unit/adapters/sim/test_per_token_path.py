@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -19,10 +20,20 @@ import pytest
 
 from calculet.adapters.calrt import NO_SEQUENCE, DecodeJob, JobKind, ReturnCode
 from calculet.adapters.host_driver import HostDriver
-from calculet.adapters.sim import CostModel, SimConfig, TimeMode, open_sim
+from calculet.adapters.sim import CostModel, SimConfig, SimSession, TimeMode, open_sim
 from calculet.adapters.sim.submit_checks import payload
 from calculet.errors import CalculetError
 from calculet.machines.job import JobEngine
+
+
+@pytest.fixture
+def null() -> Iterator[tuple[SimSession, HostDriver]]:
+    """The null device in real time (the one ``--sim-cost null`` serves on) and a host driver over it."""
+    session = open_sim("future", config=SimConfig(time_mode=TimeMode.REAL, cost=CostModel.null()))
+    try:
+        yield session, HostDriver(session.device, session.calbin, session.kv, generation=1)
+    finally:
+        session.device.close()
 
 
 def test_decode_job_lanes_are_the_arrays_as_plain_values_and_the_arrays_are_frozen_copies() -> None:
@@ -42,89 +53,79 @@ def test_decode_job_lanes_are_the_arrays_as_plain_values_and_the_arrays_are_froz
             arr[0] = 1
 
 
-def test_the_input_buffer_holds_exactly_the_current_payload_then_zeros() -> None:
-    session = open_sim("future", config=SimConfig(time_mode=TimeMode.REAL, cost=CostModel.null()))
+def test_the_input_buffer_holds_exactly_the_current_payload_then_zeros(null: tuple[SimSession, HostDriver]) -> None:
+    session, driver = null
     device = session.device
-    try:
-        driver = HostDriver(device, session.calbin, session.kv, generation=1)
-        a, b = session.kv.allocate_sequence(), session.kv.allocate_sequence()
-        assert driver.prefill(a, [256, 72, 105, 33]).ok and driver.prefill(b, [256, 9]).ok
-        in_buf = driver.buffers(JobKind.DECODE, 4).input
+    a, b = session.kv.allocate_sequence(), session.kv.allocate_sequence()
+    assert driver.prefill(a, [256, 72, 105, 33]).ok and driver.prefill(b, [256, 9]).ok
+    in_buf = driver.buffers(JobKind.DECODE, 4).input
 
-        def ran(lanes: list[tuple[int, int] | None]) -> bytes:
-            job = driver.decode_job(4, lanes)  # type: ignore[arg-type]
-            device.submit(job)
-            assert all(r.ok for r in device.poll())
-            data = payload(job)
-            held = device.read_buffer(in_buf)
-            assert bytes(held[: len(data)]) == data and not held[len(data):].any()
-            return data
+    def ran(lanes: list[tuple[int, int] | None]) -> bytes:
+        job = driver.decode_job(4, lanes)  # type: ignore[arg-type]
+        device.submit(job)
+        assert all(r.ok for r in device.poll())
+        data = payload(job)
+        held = device.read_buffer(in_buf)
+        assert bytes(held[: len(data)]) == data and not held[len(data):].any()
+        return data
 
-        long = ran([(a, 1), (b, 2), None, None])
-        short = ran([(a, 3)])  # same profile, same buffer: the same length here, other bytes
-        assert long != short
-        prefill_in = driver.buffers(JobKind.PREFILL, 1).input
-        for tokens in ([256, 1, 2, 3, 4, 5, 6, 7], [256, 8]):  # a long prefill payload, then a short one
-            seq = session.kv.allocate_sequence()
-            job = driver.prefill_job(seq, tokens)
-            device.submit(job)
-            assert all(r.ok for r in device.poll())
-            held = device.read_buffer(prefill_in)
-            data = payload(job)
-            assert bytes(held[: len(data)]) == data and not held[len(data):].any()
-    finally:
-        device.close()
-
-
-def test_a_submit_wakes_a_waitany_caller_and_skips_the_notify_when_nobody_waits() -> None:
-    session = open_sim("future", config=SimConfig(time_mode=TimeMode.REAL, cost=CostModel.null()))
-    device = session.device
-    try:
-        driver = HostDriver(device, session.calbin, session.kv, generation=1)
+    long = ran([(a, 1), (b, 2), None, None])
+    other = ran([(a, 3)])  # same profile and buffer: a payload of the same length, other bytes
+    assert long != other
+    prefill_in = driver.buffers(JobKind.PREFILL, 1).input
+    for tokens in ([256, 1, 2, 3, 4, 5, 6, 7], [256, 8]):  # a long prefill payload, then a short one
         seq = session.kv.allocate_sequence()
-        notified: list[int] = []
-        real = device._cond.notify_all  # noqa: SLF001 - observing the device's condition
-        device._cond.notify_all = lambda: notified.append(1) or real()  # type: ignore[method-assign]
-        device.submit(driver.prefill_job(seq, [256, 72]))
-        assert notified == [] and device.timeline.sleepers == 0  # nobody waits: no notify
-        first = device.poll()
-        assert [r.ok for r in first] == [True]
-        got: list[object] = []
-        waiter = threading.Thread(target=lambda: got.extend(device.wait_any(30.0)))
-        waiter.start()
-        while device.timeline.sleepers == 0:  # until the caller sleeps in WaitAny
-            waiter.join(0.001)
-        device.submit(driver.decode_job(1, [(seq, first[0].lanes[0].greedy_token)]))
-        waiter.join(30)
-        assert not waiter.is_alive() and len(got) == 1 and notified
-    finally:
-        device.close()
+        job = driver.prefill_job(seq, tokens)
+        device.submit(job)
+        assert all(r.ok for r in device.poll())
+        held = device.read_buffer(prefill_in)
+        data = payload(job)
+        assert bytes(held[: len(data)]) == data and not held[len(data):].any()
+
+
+def test_a_submit_wakes_a_waitany_caller_and_skips_the_notify_when_nobody_waits(
+        null: tuple[SimSession, HostDriver]) -> None:
+    session, driver = null
+    device = session.device
+    seq = session.kv.allocate_sequence()
+    notified: list[int] = []
+    real = device._cond.notify_all  # noqa: SLF001 - observing the device's condition
+    device._cond.notify_all = lambda: notified.append(1) or real()  # type: ignore[method-assign]
+    device.submit(driver.prefill_job(seq, [256, 72]))
+    assert notified == [] and device.timeline.sleepers == 0  # nobody waits: no notify
+    first = device.poll()
+    assert [r.ok for r in first] == [True]
+    got: list[object] = []
+    waiter = threading.Thread(target=lambda: got.extend(device.wait_any(30.0)))
+    waiter.start()
+    while device.timeline.sleepers == 0:  # until the caller sleeps in WaitAny
+        waiter.join(0.001)
+    device.submit(driver.decode_job(1, [(seq, first[0].lanes[0].greedy_token)]))
+    waiter.join(30)
+    assert not waiter.is_alive() and len(got) == 1 and notified
 
 
 @pytest.mark.req("R9.2.4")
-def test_the_checks_still_refuse_a_position_off_the_committed_length_and_a_zero_padded_lane() -> None:
-    session = open_sim("future", config=SimConfig(time_mode=TimeMode.REAL, cost=CostModel.null()))
+def test_the_checks_still_refuse_a_position_off_the_committed_length_and_a_zero_padded_lane(
+        null: tuple[SimSession, HostDriver]) -> None:
+    session, driver = null
     device = session.device
-    try:
-        driver = HostDriver(device, session.calbin, session.kv, generation=1)
-        seq = session.kv.allocate_sequence()
-        assert driver.prefill(seq, [256, 72, 105]).ok
-        good = driver.decode_job(4, [(seq, 5)])
-        off = DecodeJob(generation=1, calbin_id=good.calbin_id, compiled_batch=4, engine=JobEngine.PING,
-                        buffers=good.buffers, seq_ids=good.seq_ids, token_ids=good.token_ids,
-                        positions=np.array([2, 0, 0, 0], dtype=np.int32), lane_valid=good.lane_valid)
-        with pytest.raises(CalculetError) as refused:
-            device.submit(off)
-        assert "committed length" in str(refused.value)
-        zero = DecodeJob(generation=1, calbin_id=good.calbin_id, compiled_batch=4, engine=JobEngine.PING,
-                         buffers=good.buffers, seq_ids=(good.seq_ids[0], NO_SEQUENCE, NO_SEQUENCE, NO_SEQUENCE),
-                         token_ids=np.array([5, 0, 0, 0], dtype=np.int32), positions=good.positions,
-                         lane_valid=good.lane_valid)
-        with pytest.raises(CalculetError) as padded:
-            device.submit(zero)
-        assert "never pad with token 0" in str(padded.value)
-        assert device.statistics().submit_refused[ReturnCode.INVALID_ARGUMENT] == 2
-        device.submit(good)
-        assert [r.ok for r in device.poll()] == [True]
-    finally:
-        device.close()
+    seq = session.kv.allocate_sequence()
+    assert driver.prefill(seq, [256, 72, 105]).ok
+    good = driver.decode_job(4, [(seq, 5)])
+    off = DecodeJob(generation=1, calbin_id=good.calbin_id, compiled_batch=4, engine=JobEngine.PING,
+                    buffers=good.buffers, seq_ids=good.seq_ids, token_ids=good.token_ids,
+                    positions=np.array([2, 0, 0, 0], dtype=np.int32), lane_valid=good.lane_valid)
+    with pytest.raises(CalculetError) as refused:
+        device.submit(off)
+    assert "committed length" in str(refused.value)
+    zero = DecodeJob(generation=1, calbin_id=good.calbin_id, compiled_batch=4, engine=JobEngine.PING,
+                     buffers=good.buffers, seq_ids=(good.seq_ids[0], NO_SEQUENCE, NO_SEQUENCE, NO_SEQUENCE),
+                     token_ids=np.array([5, 0, 0, 0], dtype=np.int32), positions=good.positions,
+                     lane_valid=good.lane_valid)
+    with pytest.raises(CalculetError) as padded:
+        device.submit(zero)
+    assert "never pad with token 0" in str(padded.value)
+    assert device.statistics().submit_refused[ReturnCode.INVALID_ARGUMENT] == 2
+    device.submit(good)
+    assert [r.ok for r in device.poll()] == [True]
