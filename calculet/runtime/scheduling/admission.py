@@ -233,27 +233,28 @@ class AdmissionController:
         Its virtual finish is computed when it reaches the head of its flow and fixed when it
         is admitted (head-of-flow tagging, :mod:`calculet.runtime.scheduling.fairness`).
         """
-        prompt = rec.prompt_tokens
+        machine = rec.machine  # the record's properties read these; once per request, read directly
+        prompt = machine.prompt_tokens
         self._waiting += 1
         self._waiting_tokens += prompt
         self._tenant_waiting[rec.tenant] += prompt
-        if rec.is_long:
+        if rec.prefill_class == "long":
             self._long_waiting += 1
-        rec.cost = self.wfq.cost(prompt, rec.max_new_tokens)
+        rec.cost = self.wfq.cost(prompt, machine.max_new_tokens)
         check_budget(self.budget, self._waiting, self._waiting_tokens, self._active, self._active_kv, "accept")
 
     def enqueue(self, rec: RequestRecord) -> None:
         """``rec`` is bound to a generation and waits for budget in WFQ order."""
-        rec.entry = self._queue.push((rec.tenant, rec.is_long), rec)
+        rec.entry = self._queue.push((rec.tenant, rec.prefill_class == "long"), rec)
         self._queued_cost[rec.tenant] += rec.cost
 
     def leave_waiting(self, rec: RequestRecord) -> None:
         """``rec`` left WaitingModel/WaitingAdmission (admitted, cancelled, expired, rejected)."""
-        prompt = rec.prompt_tokens
+        prompt = rec.machine.prompt_tokens
         self._waiting -= 1
         self._waiting_tokens -= prompt
         self._tenant_waiting[rec.tenant] -= prompt
-        if rec.is_long:
+        if rec.prefill_class == "long":
             self._long_waiting -= 1
         entry = rec.entry
         if entry is not None and len(entry) == 3 and entry[2] is rec:
@@ -282,11 +283,11 @@ class AdmissionController:
                 queue.park(flow)
                 self._tenant_parked.setdefault(rec.tenant, set()).add(flow)
                 continue
-            if rec.is_long and self._long_admitted >= self.long_quota.max_admitted:
+            if rec.prefill_class == "long" and self._long_admitted >= self.long_quota.max_admitted:
                 queue.park(flow)
                 self._long_parked.add(flow)
                 continue
-            need = rec.prompt_tokens + rec.max_new_tokens
+            need = rec.machine.prompt_tokens + rec.machine.max_new_tokens
             if free_lanes < 1:
                 self._blocked["kv_lane"] += 1
                 return None
@@ -307,9 +308,9 @@ class AdmissionController:
     def admitted(self, rec: RequestRecord, now: float) -> None:
         """``rec`` got its KV lease and enters prefill: it now holds active budget."""
         self._active += 1
-        self._active_kv += rec.prompt_tokens + rec.max_new_tokens
+        self._active_kv += rec.machine.prompt_tokens + rec.machine.max_new_tokens
         self._tenant_active[rec.tenant] += 1
-        if rec.is_long:
+        if rec.prefill_class == "long":
             self._long_admitted += 1
         check_budget(self.budget, self._waiting, self._waiting_tokens, self._active, self._active_kv, "admitted")
         self.wfq.served(rec.tenant, rec.virtual_finish, rec.cost)
@@ -406,5 +407,5 @@ class AdmissionController:
                                    self._no_prospect, dict(self._blocked), len(self._queue.parked()), tenants)
 
     def _count(self, outcome: AdmissionOutcome) -> AdmissionOutcome:
-        self._outcomes[outcome.decision.value] += 1
+        self._outcomes[outcome.decision._value_] += 1  # the Enum's value property is a Python call
         return outcome

@@ -108,6 +108,19 @@ class DecodeBatch:
 
 
 _new_tuple = tuple.__new__
+_LANE_VALID: dict[tuple[int, int], np.ndarray] = {}
+
+
+def _lane_valid(size: int, active: int) -> np.ndarray:
+    """``lane_valid`` of a batch of ``size`` lanes whose first ``active`` are active: one read-only array
+    per shape, shared (building it cost two numpy calls per tick; the executor copies what it sends)."""
+    valid = _LANE_VALID.get((size, active))
+    if valid is None:
+        valid = np.zeros(size, dtype=np.uint8)
+        valid[:active] = 1
+        valid.setflags(write=False)
+        valid = _LANE_VALID.setdefault((size, active), valid)
+    return valid
 
 
 class NoBatchReason(enum.Enum):
@@ -178,17 +191,18 @@ class _Bucket:
         """Every entry by deadline (kept only with a batching window, for its deadline bound)."""
 
 
-def _tenant_heads(tenants: dict[str, TenantQueue], names: Iterable[str]) -> list[tuple[list[Any], str]]:
+def _tenant_heads(tenants: dict[str, TenantQueue], names: Iterable[str]) -> list[tuple[Any, ...]]:
     """A heap of the head entry of each named tenant that has one (dead entries dropped first).
 
-    A head is ``(entry, tenant)``; entries compare by (deadline, tag, virtual finish, arrival
-    seq) — the seq is unique, so the tenant and the record are never compared.
+    A head is ``(priority, tag, virtual finish, arrival seq, tenant, entry)``: the entry's key
+    flattened, so the merge compares numbers, not nested lists; the seq is unique, so the tenant
+    and the entry are never compared.
     """
-    heads: list[tuple[list[Any], str]] = []
+    heads: list[tuple[Any, ...]] = []
     for tenant in tuple(names):
         head = tenants[tenant].head()
         if head is not None:
-            heads.append((head, tenant))
+            heads.append((head[0], head[1], head[2], head[3], tenant, head))
         else:  # the index holds tenants with work only: a tick costs O(tenants with work)
             del tenants[tenant]
     heapq.heapify(heads)
@@ -272,42 +286,42 @@ class DecodeScheduler:
                     rec.decode_tag = vt
                 push(rec, now)
             return
-        buckets = self._buckets
+        generation = recs[0].generation  # one batch, one generation (any other takes _push)
+        bucket = self._buckets.get(generation)
+        if bucket is None:
+            bucket = self._buckets[generation] = _Bucket()
+        self._arrive(bucket, now)
+        tenants, arrive = bucket.tenants, bucket.arrivals.append
         inf = math.inf
         seq = self._seq
-        bucket = None
-        generation = None
+        added = 0
         for rec in recs:
             tenant = rec.tenant
             if rec.machine.generated_tokens > 1:
                 tag = rec.decode_tag = rec.decode_tag + step_cost(tenant)
             else:
                 tag = rec.decode_tag = vt
-            if rec.at_risk:
+            if rec.at_risk or rec.generation != generation:
                 self._seq = seq
                 self._push(rec, now)
                 seq = self._seq
+                arrive = bucket.arrivals.append  # _push may have compacted the arrivals
                 continue
-            if rec.generation != generation:
-                generation = rec.generation
-                bucket = buckets.get(generation)
-                if bucket is None:
-                    bucket = buckets[generation] = _Bucket()
-                self._arrive(bucket, now)
             seq += 1
             entry = [inf, tag, rec.virtual_finish, seq, rec]
             rec.entry = entry
             rec.ready_since = now
-            queue = bucket.tenants.get(tenant)  # type: ignore[union-attr]
+            queue = tenants.get(tenant)
             if queue is None:
-                queue = bucket.tenants[tenant] = TenantQueue()  # type: ignore[union-attr]
+                queue = tenants[tenant] = TenantQueue()
             fifo = queue.fifo  # TenantQueue.push inlined (once per lane per step)
             if not fifo or entry > fifo[-1]:
                 fifo.append(entry)
             else:
                 queue.push(entry)
-            bucket.arrivals.append((now, entry))  # type: ignore[union-attr]
-            bucket.count += 1  # type: ignore[union-attr]
+            arrive((now, entry))
+            added += 1
+        bucket.count += added
         self._seq = seq
 
     def _arrive(self, bucket: _Bucket, now: float) -> None:
@@ -441,9 +455,8 @@ class DecodeScheduler:
             assert fill is not None
             tokens.extend([fill.fill_token] * pad)
             positions.extend([fill.fill_position] * pad)
-        valid = np.zeros(size, dtype=np.uint8)
-        valid[:count] = 1
-        oldest = min(rec.ready_since for rec in chosen)
+        valid = _lane_valid(size, count)
+        oldest = min([rec.ready_since for rec in chosen])
         make = _new_tuple  # LaneBinding's own __new__ is a Python frame per lane
         active = tuple([make(LaneBinding, (i, rec.request_id, lease.seq_id, generation, lease.lane, rec.last_token,
                                            positions[i], rec.tenant, rec.deadline))
@@ -587,7 +600,7 @@ class DecodeScheduler:
         cap = max(1, math.floor(self.share * size))
         tenants = bucket.tenants
         heappop, heapreplace = heapq.heappop, heapq.heapreplace
-        heads = _tenant_heads(tenants, tenants)  # (live head entry, tenant) per tenant with work
+        heads = _tenant_heads(tenants, tenants)  # (key..., tenant, live head entry) per tenant with work
         chosen: list[RequestRecord] = []
         positions: list[int] = []
         expired: list[RequestRecord] = []
@@ -595,7 +608,9 @@ class DecodeScheduler:
         taken: dict[str, int] = {}
         capped: list[str] = []
         popped = 0
-        validate, owned, max_seq = self._validate, self.kv.owned_position, profile.max_seq
+        validate, max_seq = self._validate, profile.max_seq
+        owner, kv_lanes = self.kv.lease_owners()
+        vt = self._vt
         while len(chosen) < size:
             if not heads:
                 if not capped:
@@ -605,7 +620,8 @@ class DecodeScheduler:
                 capped = []
                 cap = size
                 continue
-            entry, tenant = heads[0]
+            entry = heads[0][5]
+            tenant = heads[0][4]
             queue = tenants[tenant]
             fifo = queue.fifo
             if fifo and fifo[0] is entry:  # TenantQueue.take inlined (once per lane)
@@ -623,8 +639,10 @@ class DecodeScheduler:
                 # _validate's accepting case inlined (one lane per pass; anything else asks it why not)
                 machine = rec.machine
                 lease = rec.lease
-                problem = (owned(lease) if machine._state == "decode_ready" and machine.generation == generation
-                           and lease is not None and lease.generation == generation else None)
+                problem = (kv_lanes[lease.lane].committed_len  # KvLaneManager.owned_position, inlined
+                           if machine._state == "decode_ready" and machine.generation == generation
+                           and lease is not None and lease.generation == generation
+                           and owner[lease.lane] == lease.lease_id else None)
                 if (problem is None or problem != machine.kv_length or problem >= max_seq
                         or rec.last_token is None):
                     problem = validate(rec, profile, generation)
@@ -633,13 +651,18 @@ class DecodeScheduler:
                     positions.append(problem)  # type: ignore[arg-type]
                     count += 1
                     taken[tenant] = count
-                    if rec.decode_tag > self._vt:
-                        self._vt = rec.decode_tag
+                    if rec.decode_tag > vt:
+                        vt = rec.decode_tag
                 else:
                     invalid.append((rec, problem))  # type: ignore[arg-type]
-            head = queue.head()
+            if queue.heap:
+                head = queue.head()
+            else:  # TenantQueue.head inlined for a queue whose entries all arrived in order
+                while fifo and fifo[0][4] is None:
+                    fifo.popleft()
+                head = fifo[0] if fifo else None
             if head is not None and count < cap:
-                heapreplace(heads, (head, tenant))
+                heapreplace(heads, (head[0], head[1], head[2], head[3], tenant, head))
                 continue
             heappop(heads)
             if head is None:
@@ -649,6 +672,7 @@ class DecodeScheduler:
                 if len(chosen) < size:
                     self._cap_hits += 1
         bucket.count -= popped
+        self._vt = vt
         return chosen, positions, expired, invalid
 
     def _validate(self, rec: RequestRecord, profile: ProfileSpec, generation: int) -> int | str:

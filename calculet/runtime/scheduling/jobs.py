@@ -22,6 +22,10 @@ from calculet.machines.job import JobEngine
 
 PREFILL = "prefill"
 DECODE = "decode"
+_ENDED = frozenset({"completed", "failed"})
+_PING_ONLY = (JobEngine.PING,)
+_BOTH = (JobEngine.PING, JobEngine.PONG)
+_JOB = DeviceJobMachine.Instance
 
 
 class JobRecord:
@@ -69,6 +73,8 @@ class InflightTable:
         self.max_inflight = max_inflight
         self.fixed_engine = fixed_engine
         self._jobs: dict[int, JobRecord] = {}
+        self._held: set[JobEngine] = set()
+        """The engines of the jobs in the table (one job per engine: ``plan`` takes a free one)."""
         self._planned = 0
         self._ended: Counter[str] = Counter()
         self.observer: Callable[[JobRecord, str], None] | None = None
@@ -90,9 +96,10 @@ class InflightTable:
         engine = self._free_engine()
         if engine is None or len(self._jobs) >= self.max_inflight:
             raise DefinitionError("no in-flight slot: plan() must follow has_slot()")
-        machine = DeviceJobMachine.create(job_id=job_id, generation=generation, engine=engine, lanes=lanes)
+        machine = _JOB(job_id=job_id, generation=generation, engine=engine, lanes=lanes)
         job = JobRecord(job_id, kind, generation, machine, work)
         self._jobs[job_id] = job
+        self._held.add(engine)
         self._planned += 1
         return job
 
@@ -101,8 +108,9 @@ class InflightTable:
         if self.observer is not None:
             self.observer(job, event)
         target: str = job.machine.fire(event, **args)
-        if target in ("completed", "failed"):
+        if target in _ENDED:
             del self._jobs[job.job_id]
+            self._held.discard(job.machine.engine)
             self._ended[job.machine.last_transition.name] += 1
         return target
 
@@ -113,9 +121,10 @@ class InflightTable:
                              dict(self._ended))
 
     def _free_engine(self) -> JobEngine | None:
-        used = {j.engine for j in self._jobs.values()}
-        engines = (JobEngine.PING,) if self.fixed_engine or self.max_inflight == 1 else (JobEngine.PING, JobEngine.PONG)
+        """The first engine no held job uses (PING only when fixed or one job at a time, §14)."""
+        held = self._held
+        engines = _BOTH if self.max_inflight > 1 and not self.fixed_engine else _PING_ONLY
         for engine in engines:
-            if engine not in used:
+            if engine not in held:
                 return engine
         return None

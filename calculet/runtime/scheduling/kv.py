@@ -222,6 +222,11 @@ class KvLaneManager(KvContextOperations):
             return None
         return self._lanes[lane].committed_len  # type: ignore[no-any-return]
 
+    def lease_owners(self) -> tuple[list[int], list[Any]]:
+        """The lease id owning each lane (0: none) and each lane's machine, for a read-only pass that
+        inlines :meth:`owned_position` once per lane (the decode tick, issue #20); never written through."""
+        return self._owner, self._lanes
+
     def committed_len(self, lease: KvLease) -> int:
         return self._lane(lease).committed_len  # type: ignore[no-any-return]
 
