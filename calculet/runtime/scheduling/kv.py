@@ -533,6 +533,11 @@ class KvLaneManager(KvContextOperations):
         if MONITOR.enabled and MONITOR.sampled() and self._whole_pool_drawn():
             check_pool(self, operation)
 
+    def whole_pool_drawn(self) -> bool:
+        """Whether a sampled check that walks every lane runs now (for the other O(lanes) monitors of this
+        pool, e.g. jobs × lanes): :meth:`_whole_pool_drawn`, so their amortized cost stays O(1) as well."""
+        return self._whole_pool_drawn()
+
     def _whole_pool_drawn(self) -> bool:
         """Whether a sampled operation runs its O(lanes) check: always in tests (every event checked),
         and for pools up to :data:`POOL_CHECK_LANES` lanes; a larger pool one time in lanes / that many,
