@@ -286,7 +286,7 @@ class DecodeScheduler:
                     rec.decode_tag = vt
                 push(rec, now)
             return
-        generation = recs[0].generation  # one batch, one generation (any other takes _push)
+        generation = recs[0].machine.generation  # one batch, one generation (any other takes _push)
         bucket = self._buckets.get(generation)
         if bucket is None:
             bucket = self._buckets[generation] = _Bucket()
@@ -301,7 +301,7 @@ class DecodeScheduler:
                 tag = rec.decode_tag = rec.decode_tag + step_cost(tenant)
             else:
                 tag = rec.decode_tag = vt
-            if rec.at_risk or rec.generation != generation:
+            if rec.at_risk or rec.machine.generation != generation:
                 self._seq = seq
                 self._push(rec, now)
                 seq = self._seq

@@ -301,8 +301,10 @@ class RequestRegistry:
                 if machine._state != source:
                     self._moved(rec, source, machine._state)
             raise
+        quiet = self.quiet
         for rec, source, target in zip(recs, sources, targets):
-            self._moved(rec, source, target)
+            if not (source in quiet and target in quiet and target not in TERMINAL_STATES):
+                self._moved(rec, source, target)
 
     def _moved(self, rec: RequestRecord, source: str, target: str) -> None:
         """After a transition of ``rec``: the listener (reclaim; not for a quiet move), and the close on
