@@ -10,6 +10,7 @@ exist to flag. Monitors raise throughout (tests/conftest.py).
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from calculet.loadsim.engine_inputs import loadsim_package_dir, prompt_for
 from calculet.loadsim.runner import BatchLog, run_engine
 from calculet.loadsim.tracking import rejection_reason
 from calculet.loadsim.workload import SimRequest, generate_requests, parse_workload
+from calculet.machines.job import JobEngine
 from calculet.machines.request import FinishReason
 from calculet.runtime.request import RequestOutcome
 
@@ -152,9 +154,11 @@ def test_batch_log_records_decode_jobs_only() -> None:
     class Prefill:
         tokens = np.zeros(100)
 
-    job = DecodeJob.__new__(DecodeJob)
-    object.__setattr__(job, "compiled_batch", 4)
-    object.__setattr__(job, "lane_valid", np.array([1, 1, 0, 0], dtype=np.uint8))
+    no_buffers: Any = None  # the log reads the batch's size and its active lanes only
+    job = DecodeJob(generation=1, calbin_id=1, compiled_batch=4, engine=JobEngine.PING, buffers=no_buffers,
+                    seq_ids=(1, 2, 0, 0), token_ids=np.array([5, 6, 7, 7], dtype=np.int32),
+                    positions=np.array([3, 4, 0, 0], dtype=np.int32),
+                    lane_valid=np.array([1, 1, 0, 0], dtype=np.uint8))
     log.submitted(job, Ticket())  # type: ignore[arg-type]
     log.submitted(Prefill(), Ticket())  # type: ignore[arg-type]
     (batch,) = log.records()
