@@ -14,9 +14,11 @@ measured in the same run — the two schedulers ticked alternately in blocks of 
 median of per-block ratios, since one run after the other the shared machine's load moved it
 from 1.05× to 1.33× between two runs). Admission is ``submit()`` of one request on top of N already waiting
 (Queue) and into a budget with room (Admit), the median of per-call CPU times (issue #20: ≤ 20 µs).
-Monitors run at the production default of ``monitoring`` (on, one event — and one KV-pool
-check — in ``sample_every`` = 256, counted not raised; README "Monitors"), or as ``--monitors``
-says (``on``: every event checked, as in the tests). Figures, not a pass/fail test (DESIGN
+Monitors run at the production default of ``monitoring`` (on: one event in ``sample_every`` = 256
+checked, counted not raised — README "Monitors"; the checks that walk every lane, the KV pool's and
+jobs × lanes', at that rate scaled down by lanes / 64, ``KvLaneManager.whole_pool_drawn``, so their
+cost is O(1) amortized and stays out of the p99), or as ``--monitors`` says (``on``: every event
+checked, as in the tests). Figures, not a pass/fail test (DESIGN
 principle 10).
 
     python bench/scheduler.py [--ticks N] [--sizes 256,4096,65536]

@@ -25,6 +25,7 @@ import itertools
 import logging
 import random
 import threading
+import weakref
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterator, Literal
@@ -63,7 +64,8 @@ class Monitor:
         self._random = random.Random(20)
         self._draws: Iterator[bool] = itertools.repeat(False)
         """The draws: ``next`` of it is true when this event is checked (a walk over the pattern)."""
-        self._installed: list[tuple[type, dict[str, Any]]] = []
+        self._installed: weakref.WeakKeyDictionary[type, dict[str, Any]] = weakref.WeakKeyDictionary()
+        """Each compiled machine class and its generated namespace (weakly: a mutant class may go away)."""
         self._patterns: dict[int, list[bool]] = {}
         self._lock = threading.Lock()
         self._violations: Counter[tuple[str, str]] = Counter()
@@ -78,7 +80,7 @@ class Monitor:
         self.mode = mode
         self.sample_every = 1 if self.every_event else sample_every
         self._draws = self._walk(enabled, self.sample_every)
-        for cls, namespace in self._installed:
+        for cls, namespace in list(self._installed.items()):
             self._apply(cls, namespace)
 
     def _walk(self, enabled: bool, sample_every: int) -> Iterator[bool]:
@@ -102,7 +104,7 @@ class Monitor:
         """Keep a compiled machine class's ``fire``/``fire_each`` in step with the configuration: its
         generated namespace holds both variants (``fire_plain``/``fire_sampled``, ``fire_each_plain``/
         ``fire_each_sampled``) and reads the draws as its global ``_draws``."""
-        self._installed.append((cls, namespace))
+        self._installed[cls] = namespace
         self._apply(cls, namespace)
 
     def _apply(self, cls: type, namespace: dict[str, Any]) -> None:
