@@ -40,8 +40,8 @@
   -1.8 to +2.0, with fewer requests on time at b4's heaviest loads (251 -> 245, 200 -> 193); a
   token bucket of 20 % / 35 % of device time for prefills while streams decode gave 35.3 / 33.3 %.
   Without incremental prefill a prompt is one job, so a budget only moves a stall, and a stream
-  living ten seconds still sees the prefills of the prompts that arrive meanwhile: the same
-  runs with prefills a hundred times cheaper gave 14 %. The WRR's 8:7 split already alternates.
+  living ten seconds still sees the prefills of the prompts that arrive meanwhile: steady at
+  load 1 with prefills a hundred times cheaper gave 14 %. The WRR's 8:7 split already alternates.
 """
 
 from __future__ import annotations
