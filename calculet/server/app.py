@@ -50,7 +50,7 @@ from calculet.server.body_gate import BodyGate
 from calculet.server.errors import APIError, from_calculet, internal
 from calculet.server.metrics_runtime import exposition
 from calculet.server.front import GenerationFront
-from calculet.server.http_server import new_request_id
+from calculet.server.edge_answers import new_request_id
 from calculet.server.inference import GENERATION_ROUTES, REQUEST_MODELS, inference_router
 from calculet.server.request_parsing import from_validation
 from calculet.server.schemas import Health

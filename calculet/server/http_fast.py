@@ -19,8 +19,8 @@ gives the h11 one (issue #14), with the same codes, reasons and log lines:
   refused before the app starts), a broken chunk: 400 ``malformed_request`` in the service's error shape with a
   server-generated ``x-request-id``, and one ``http`` log line saying where (request line, header line) and
   llhttp's reason; a broken chunk of a request the app has is answered with that request's id and line;
-* a chunked body in pieces averaging under :data:`~calculet.server.http_server.MIN_CHUNK_AVERAGE` bytes past
-  :data:`~calculet.server.http_server.FREE_CHUNKS` pieces: 400 ``chunks_too_small``.
+* a chunked body in pieces averaging under :data:`~calculet.server.edge_answers.MIN_CHUNK_AVERAGE` bytes past
+  :data:`~calculet.server.edge_answers.FREE_CHUNKS` pieces: 400 ``chunks_too_small``.
 
 :func:`calculet.server.http_server.uvicorn_config` chooses this protocol when httptools is installed (a
 dependency of the service) unless ``CALCULET_HTTP=h11`` says otherwise (benchmarks compare both in one run).
@@ -37,7 +37,7 @@ import httptools
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from calculet.server.http_server import FREE_CHUNKS, MIN_CHUNK_AVERAGE, error_response, new_request_id
+from calculet.server.edge_answers import FREE_CHUNKS, MIN_CHUNK_AVERAGE, error_response, new_request_id
 
 log = logging.getLogger("calculet.server")
 

@@ -42,7 +42,6 @@ uvicorn options (``python -m calculet.run`` and the service tests both use it).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 from typing import Any
@@ -53,39 +52,17 @@ from h11._connection import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from calculet.config.service import ServerConfig
+from calculet.server.edge_answers import FREE_CHUNKS, MIN_CHUNK_AVERAGE, error_response, new_request_id
+
+try:
+    from calculet.server.http_fast import fast_protocol_class
+except ImportError:  # httptools is not installed: the h11 protocol below serves
+    fast_protocol_class = None  # type: ignore[assignment]
 
 log = logging.getLogger("calculet.server")
 
 _ANSWERABLE = (h11.IDLE, h11.SEND_RESPONSE)
 """Our side's h11 states in which no byte of a response to the current request has been written."""
-
-
-def new_request_id() -> str:
-    """A server-generated request id: 128 random bits as 32 hex digits (``os.urandom``: a ``uuid4`` object cost
-    several times more to build, once per request on the event loop, issue #13)."""
-    return os.urandom(16).hex()
-
-
-def error_response(status: int, code: str, message: str, request_id: str) -> bytes:
-    """A whole ``Connection: close`` HTTP/1.1 response in the service's error shape, as bytes."""
-    phrase = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}.get(status, b"")
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "code": code,
-                                 "param": None}}).encode()
-    return (b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\nconnection: close\r\nx-request-id: %s\r\n"
-            b"content-length: %d\r\n\r\n" % (status, phrase, request_id.encode(), len(body)) + body)
-
-
-FREE_CHUNKS = 1024
-"""Pieces of a chunked body taken whatever their size; past them the average must reach :data:`MIN_CHUNK_AVERAGE`."""
-MIN_CHUNK_AVERAGE = 256
-"""Smallest average payload (bytes) of a chunked body's pieces past :data:`FREE_CHUNKS`.
-
-Why: h11 spends about 10 µs of event-loop CPU per chunk, whatever its size, and parses everything one
-socket read holds before the loop runs anything else: one 256 KiB read of 1-byte chunks (43 690 of
-them) held the loop for 445 ms of CPU here, and a body within ``server.max_body_bytes`` (which counts
-payload, not the 5 bytes of framing around each byte) could take about 190 such reads. Past 1024
-pieces, a body averaging under 256 bytes a piece is refused 400 ``chunks_too_small`` — at most about
-10 ms of the loop's CPU spent on it."""
 
 
 class _ChunksTooSmall(h11.RemoteProtocolError):
@@ -263,13 +240,9 @@ def edge_protocol(header_timeout_s: float, implementation: str | None = None) ->
     chosen = implementation or os.environ.get(HTTP_ENV, "httptools")
     if chosen not in ("httptools", "h11"):
         raise ValueError(f"{HTTP_ENV} must be 'httptools' or 'h11', not {chosen!r}")
-    if chosen == "httptools":
-        try:
-            from calculet.server.http_fast import fast_protocol_class
-        except ImportError:  # httptools missing: h11, which uvicorn always has
-            return protocol_class(header_timeout_s)
+    if chosen == "httptools" and fast_protocol_class is not None:
         return fast_protocol_class(header_timeout_s)
-    return protocol_class(header_timeout_s)
+    return protocol_class(header_timeout_s)  # asked for, or httptools missing: h11, which uvicorn always has
 
 
 def uvicorn_config(app: Any, server: ServerConfig, **options: Any) -> uvicorn.Config:

@@ -46,7 +46,7 @@ from calculet.runtime.request import RequestOutcome
 from calculet.runtime.scheduling.plan import Submission
 from calculet.runtime.streams.writer import StreamFinish
 from calculet.server.errors import APIError, admission_error, from_calculet
-from calculet.server.http_server import new_request_id
+from calculet.server.edge_answers import new_request_id
 from calculet.server.request_parsing import ApiGeneration, prepare_chat, prepare_completion, stop_reason
 from calculet.server.schemas import (
     AssistantMessage,
