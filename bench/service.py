@@ -21,10 +21,19 @@ sees about 4 device steps between tokens (measured 2026-11-29: ITL p50 175 ms, p
 Under ``strict`` earliest-deadline order the earliest stream ran first, most gaps were one step
 and a waiting stream saw one long gap (ITL p99 2.3 s measured the session before).
 
+Part 3 (``--part loop``) — the event loop's own CPU per streamed token (issue #20): ``calculet.run
+--sim-cost null`` beside ``bench/host_path.py``'s bare SSE server, 64-token streams at 1, 16 and 64
+concurrent clients, rounds interleaved; the CPU of each server's main thread (``/proc/<pid>/task/<pid>/
+schedstat``: the thread that runs uvicorn's loop — HTTP parsing, routing, SSE framing and socket writes)
+and of the whole process, per token, after a warm-up completion per client. ``bench/host_path.py`` gives
+the whole process's figure the issue is judged by; this one separates what the HTTP side costs from the
+engine's actor and device threads.
+
 Figures, not a pass/fail test (DESIGN principle 10). Service logging at WARNING so the figures
 are not log-bound.
 
     python bench/service.py [--requests 192] [--tokens 16] [--stream-tokens 24]
+    python bench/service.py --part loop [--rounds 3] [--streams 1,16,64]
 """
 
 from __future__ import annotations
@@ -335,12 +344,130 @@ def part2(url: str, tokens: int, prompt_tokens: int) -> list[StreamRow]:
     return rows
 
 
+# ---------------------------------------------------------------------------------------------
+# part 3 (--part loop): the event loop's own CPU per streamed token (issue #20)
+# ---------------------------------------------------------------------------------------------
+
+
+def thread_cpu_s(pid: int, tid: int | None = None) -> float:
+    """CPU seconds one thread of process ``pid`` has run so far (schedstat, ns; ``tid`` None: the main thread,
+    which runs uvicorn's event loop in ``calculet.run`` and in the baseline)."""
+    return int(Path(f"/proc/{pid}/task/{tid or pid}/schedstat").read_text().split()[0]) / 1e9
+
+
+@dataclass(frozen=True)
+class LoopRound:
+    """One round against one server: its event-loop thread's and whole process's CPU, and the tokens streamed."""
+
+    loop_s: float
+    process_s: float
+    tokens: int
+
+
+RETRY_CAP_S = 5.0
+"""Longest wait of a refused stream before it retries (the server's Retry-After when shorter): the figure is CPU per
+token, and a Retry-After of minutes would only stretch the run."""
+
+
+def loop_round(server: Server, streams: int, per_stream: int, tokens: int) -> LoopRound:
+    """``streams`` concurrent clients each stream ``per_stream`` completions of ``tokens`` tokens (ignore_eos: every
+    completion streams them all); the server's CPU is read after a warm-up completion per client, so connection
+    set-up is not counted."""
+    counted = [0]
+
+    async def one(client: httpx.AsyncClient) -> int:
+        stale = 0
+        while True:
+            try:
+                async with client.stream("POST", "/v1/completions", json=completion_body(tokens, True)) as response:
+                    if response.status_code == 429:  # refused under load: retried (its CPU is counted)
+                        await response.aread()
+                        await asyncio.sleep(min(RETRY_CAP_S, float(response.headers.get("retry-after", "1"))))
+                        continue
+                    response.raise_for_status()
+                    chunks = 0
+                    async for line in response.aiter_lines():
+                        chunks += line.startswith("data: {")
+                    return chunks
+            except (httpx.ReadError, httpx.RemoteProtocolError):
+                # a pooled keep-alive connection the server closed while this client waited: nothing was
+                # answered, so the request is sent again on a new one
+                stale += 1
+                if stale > 3:
+                    raise
+
+    async def run() -> tuple[float, float]:
+        limits = httpx.Limits(max_connections=streams, max_keepalive_connections=streams)
+        async with httpx.AsyncClient(base_url=server.url, timeout=120, limits=limits) as client:
+            await asyncio.gather(*(one(client) for _ in range(streams)))
+            start = thread_cpu_s(server.proc.pid), server.cpu_s()
+
+            async def worker() -> None:
+                for _ in range(per_stream):
+                    await one(client)
+                    counted[0] += tokens
+
+            await asyncio.gather(*(worker() for _ in range(streams)))
+            return start
+
+    loop0, process0 = asyncio.run(run())
+    return LoopRound(thread_cpu_s(server.proc.pid) - loop0, server.cpu_s() - process0, counted[0])
+
+
+def loop_part(home: Path, rounds: int, tokens: int, levels: Sequence[int]) -> list[tuple[int, list[LoopRound],
+                                                                                          list[LoopRound]]]:
+    """calculet on the null device beside ``bench/host_path.py``'s bare SSE server, rounds interleaved: the
+    event-loop thread's CPU per streamed token of each (the loop encodes and writes every SSE frame)."""
+    calc = Server("null", home)
+    base = Server("", home, command=[sys.executable, str(ROOT / "bench" / "host_path.py"), "--serve-baseline"])
+    rows = []
+    try:
+        for streams in levels:
+            per_stream = max(2, 48 // streams)
+            got: dict[Server, list[LoopRound]] = {calc: [], base: []}
+            for r in range(rounds):
+                for server in ((calc, base) if r % 2 == 0 else (base, calc)):
+                    got[server].append(loop_round(server, streams, per_stream, tokens))
+            rows.append((streams, got[calc], got[base]))
+    finally:
+        calc.stop()
+        base.stop()
+    return rows
+
+
+def print_loop(rows: Sequence[tuple[int, list[LoopRound], list[LoopRound]]], tokens: int) -> None:
+    print(f"Event-loop thread CPU per streamed token (schedstat of the main thread, which runs uvicorn's loop: "
+          f"routing, SSE encoding, socket writes), calculet --sim-cost null beside bench/host_path.py's bare SSE "
+          f"server, {tokens}-token streams, rounds interleaved; medians over rounds, ratio = median of per-round "
+          f"ratios")
+    header = (f"{'streams':>7} {'calc loop us/tok':>16} {'base loop us/tok':>16} {'loop ratio':>10} "
+              f"{'calc proc us/tok':>16} {'base proc us/tok':>16}")
+    print(header)
+    print("-" * len(header))
+    for streams, calc, base in rows:
+        def med(values: Sequence[LoopRound], what: str) -> float:
+            return float(np.median([getattr(v, what) / max(v.tokens, 1) * 1e6 for v in values]))
+        ratio = float(np.median([c.loop_s / max(c.tokens, 1) / (b.loop_s / max(b.tokens, 1))
+                                 for c, b in zip(calc, base)]))
+        print(f"{streams:>7} {med(calc, 'loop_s'):>16.1f} {med(base, 'loop_s'):>16.1f} {ratio:>10.2f} "
+              f"{med(calc, 'process_s'):>16.1f} {med(base, 'process_s'):>16.1f}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--requests", type=int, default=192, help="requests per row of part 1")
     parser.add_argument("--tokens", type=int, default=16, help="max_tokens of part 1 requests")
     parser.add_argument("--stream-tokens", type=int, default=24, help="max_tokens of part 2 streams")
+    parser.add_argument("--part", choices=("http", "loop"), default="http",
+                        help="http: parts 1 and 2; loop: the event loop's CPU per streamed token (part 3)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per level of part 3")
+    parser.add_argument("--streams", default="1,16,64", help="concurrent streams per level of part 3")
     args = parser.parse_args(argv)
+    if args.part == "loop":
+        with tempfile.TemporaryDirectory(prefix="calculet-bench-home-") as home:
+            levels = [int(n) for n in args.streams.split(",")]
+            print_loop(loop_part(Path(home), args.rounds, 64, levels), 64)
+        return 0
     with tempfile.TemporaryDirectory(prefix="calculet-bench-home-") as home:
         server = Server("instant", Path(home))
         try:
