@@ -22,7 +22,10 @@ machine       availability
 Ready         READY (R10.4: the alias serves only a generation past golden and warm-up)
 Draining      READY while a replacement holds new requests (§11 step 5: pinned ones are
               served, new ones wait), DRAINING otherwise (§12, R12.2: new ones get 503)
-Recovering    RECOVERING (§15), whether or not an unload is pending
+Recovering    RECOVERING (§15) — but READY while a replacement holds new requests, as
+              while Draining: the fault is the old generation's, not the alias's, so new
+              requests wait for the new one (§11 step 5) instead of 503; nothing is
+              submitted to a Recovering generation (``ModelManager.may_submit``)
 Failed        DRAINING once a plain unload is pending, FAILED otherwise
 other states  not serving: what the alias is without a generation (``unserved``)
 ============  ==========================================================================
@@ -32,9 +35,9 @@ everything; the engine's ``shutdown`` sets it on the scheduler and nothing leave
 generation serving, whether a load is replacing it (LOADING), it was unloaded (UNLOADED) or no
 version is left (FAILED) — ``Generations.unserved``, set by the load/unload/recovery operations.
 The replacement's *hold* of new requests (``Scheduler.hold_new_requests``, set at §11 step 5 and
-released at step 10 or when the load fails) is the third: a Draining generation is READY only
-while it is both ``replacing`` and held, so a failed replacement that released the hold leaves
-its old generation DRAINING, never READY with new requests pinned to a draining generation.
+released at step 10 or when the load fails) is the third: a Draining or Recovering generation is
+READY only while it is both ``replacing`` and held, so a failed replacement that released the
+hold leaves its old generation DRAINING or RECOVERING, never READY with new requests pinned to it.
 """
 
 from __future__ import annotations
@@ -70,8 +73,8 @@ def availability_of(machine: "ModelMachine | None", *, held: bool = False, unser
         return A.READY
     if state == "draining":  # §11 step 5 holds new requests (pinned ones served); §12 rejects them
         return A.READY if machine.replacing and held else A.DRAINING
-    if state == "recovering":
-        return A.RECOVERING
+    if state == "recovering":  # the same hold: a replacement's new requests wait, not 503, while the old recovers
+        return A.READY if machine.replacing and held else A.RECOVERING
     if state == "failed":
         return A.DRAINING if machine.unload_pending and not machine.replacing else A.FAILED
     return unserved  # validating/configuring/warming/unloading/unloaded: the generation does not serve
