@@ -26,7 +26,7 @@ import logging
 import random
 import threading
 import weakref
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any, Iterator, Literal
 
@@ -98,7 +98,10 @@ class Monitor:
             if True not in pattern:
                 pattern[int(toss() * PATTERN_LENGTH)] = True
         start = int(self._random.random() * PATTERN_LENGTH)  # a fresh walk: from a random place
-        return itertools.cycle(pattern[start:] + pattern[:start])
+        walk = itertools.cycle(pattern[start:] + pattern[:start])
+        # one period walked now: a cycle's first pass copies what it yields (a third dearer per draw)
+        deque(itertools.islice(walk, PATTERN_LENGTH), maxlen=0)
+        return walk
 
     def install(self, cls: type, namespace: dict[str, Any]) -> None:
         """Keep a compiled machine class's ``fire``/``fire_each`` in step with the configuration: its
