@@ -1,11 +1,18 @@
 """What both edge protocols (h11: :mod:`calculet.server.http_server`, httptools: :mod:`calculet.server.http_fast`)
 answer with: the server-generated request id, the whole error response they write themselves, and the limits of
-a chunked body's pieces (issue #14). Apart so that neither protocol module imports the other."""
+a chunked body's pieces (issue #14), and the request-head deadline and refusal both give (:class:`EdgeGuard`).
+Apart so that neither protocol module imports the other."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
+from abc import ABCMeta, abstractmethod
+from typing import Any
+
+log = logging.getLogger("calculet.server")
 
 
 def new_request_id() -> str:
@@ -36,4 +43,83 @@ pieces, a body averaging under 256 bytes a piece is refused 400 ``chunks_too_sma
 10 ms of the loop's CPU spent on it."""
 
 
-__all__ = ["FREE_CHUNKS", "MIN_CHUNK_AVERAGE", "error_response", "new_request_id"]
+class EdgeGuard(metaclass=ABCMeta):
+    """The deadline on a request's line and headers, and the refusal that closes a connection, for either edge
+    protocol (mixed in before uvicorn's protocol class, whose ``loop``, ``transport``, ``client``, ``cycle`` and
+    ``scope`` it uses). The protocol says what only its parser knows: whether a request head is awaited now
+    (:meth:`_awaiting_head`), whether the app already has the request being refused (:meth:`_app_has_request`),
+    and whether an answer can still be written (:meth:`_answerable`)."""
+
+    header_timeout_s: float = 10.0
+    """Set by the protocol's class factory from ``server.header_timeout_s``."""
+
+    _header_timer: asyncio.TimerHandle | None = None
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    client: tuple[str, int] | None
+    cycle: Any
+    scope: Any
+
+    @abstractmethod
+    def _awaiting_head(self) -> bool:
+        """A request's line and headers are due now (the deadline applies), and no response is going out."""
+
+    @abstractmethod
+    def _app_has_request(self) -> bool:
+        """The request being refused has reached the app (it answers, and logs, for it)."""
+
+    @abstractmethod
+    def _answerable(self, app_has_request: bool) -> bool:
+        """No response has begun on the connection, so the refusal can still be written."""
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_header_timer()
+        super().connection_lost(exc)  # type: ignore[misc]  # uvicorn's protocol, after this class in the MRO
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # type: ignore[misc]
+        self._disarm_header_timer()  # idle now: uvicorn's keep-alive timeout applies until the next byte
+
+    def _arm_header_timer(self) -> None:
+        self._disarm_header_timer()
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_timeout)
+
+    def _disarm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing() or not self._awaiting_head():
+            return
+        self._refuse(408, "header_timeout", f"the request line and headers did not arrive within the header "
+                                            f"timeout of {self.header_timeout_s:g} s (server.header_timeout_s)")
+
+    def _refuse(self, status: int, code: str, reason: str) -> None:
+        """Log why, answer ``status`` (if no response has begun), close the connection. One id and one log line
+        per request: for a request the app has (or is about to start: its task is created, not yet run) the
+        app's, which adopts this id and reads the reason (``RequestContext``, then the body gate); the line is
+        written before the answer, so a client that has the answer also finds its line."""
+        self._disarm_header_timer()
+        app_has = self._app_has_request()
+        answerable = self._answerable(app_has)
+        if app_has:
+            state = self.scope["state"]
+            request_id = str(state.setdefault("request_id", new_request_id()))
+            state["protocol_error"] = (status, code, reason)
+            cycle = self.cycle
+            cycle.disconnected = True  # the app's receive() answers http.disconnect, its send() writes nothing
+            cycle.message_event.set()
+        else:
+            request_id = new_request_id()
+            client = self.client
+            log.info("http", extra={"request_id": request_id, "method": "OTHER", "route": "unparsed",
+                                    "status": status, "code": code, "reason": reason,
+                                    "client": f"{client[0]}:{client[1]}" if client else None})
+        if answerable and not self.transport.is_closing():
+            self.transport.write(error_response(status, code, reason, request_id))
+        self.transport.close()
+
+
+__all__ = ["EdgeGuard", "FREE_CHUNKS", "MIN_CHUNK_AVERAGE", "error_response", "new_request_id"]

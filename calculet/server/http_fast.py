@@ -29,7 +29,6 @@ dependency of the service) unless ``CALCULET_HTTP=h11`` says otherwise (benchmar
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 from typing import Any
 
@@ -37,9 +36,7 @@ import httptools
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from calculet.server.edge_answers import FREE_CHUNKS, MIN_CHUNK_AVERAGE, error_response, new_request_id
-
-log = logging.getLogger("calculet.server")
+from calculet.server.edge_answers import FREE_CHUNKS, MIN_CHUNK_AVERAGE, EdgeGuard
 
 DEFAULT_MAX_HEADER_BYTES = 16 * 1024
 """h11's default limit, kept when uvicorn's configuration names none."""
@@ -57,13 +54,9 @@ class _Refused(Exception):
         self.status, self.code, self.reason = status, code, reason
 
 
-class FastEdgeProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with the edge's deadline, limits and answers (see the module's docstring)."""
-
-    header_timeout_s: float = 10.0
-    """Set by :func:`fast_protocol_class` from ``server.header_timeout_s``."""
-
-    _header_timer: asyncio.TimerHandle | None = None
+class FastEdgeProtocol(EdgeGuard, HttpToolsProtocol):
+    """uvicorn's httptools protocol with the edge's deadline, limits and answers (see the module's docstring;
+    the deadline and the refusal are :class:`~calculet.server.edge_answers.EdgeGuard`'s)."""
     _in_head = False
     """Between a request's first byte and its last header: its head is being read (and timed, and counted)."""
     _head_bytes = 0
@@ -84,14 +77,6 @@ class FastEdgeProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._begin_head()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_header_timer()
-        super().connection_lost(exc)
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        self._disarm_header_timer()  # idle now: uvicorn's keep-alive timeout applies until the next byte
 
     def _begin_head(self) -> None:
         self._in_head = True
@@ -186,46 +171,17 @@ class FastEdgeProtocol(HttpToolsProtocol):
 
     # ------------------------------------------------------------------ timers and refusals
 
-    def _arm_header_timer(self) -> None:
-        self._disarm_header_timer()
-        self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_timeout)
-
-    def _disarm_header_timer(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
-
-    def _header_timeout(self) -> None:
-        self._header_timer = None
-        if self.transport.is_closing() or not self._in_head:
-            return
-        if self.cycle is not None and not self.cycle.response_complete:  # a previous response is still going out
-            return
-        self._refuse(408, "header_timeout", f"the request line and headers did not arrive within the header "
-                                            f"timeout of {self.header_timeout_s:g} s (server.header_timeout_s)")
-
-    def _refuse(self, status: int, code: str, reason: str) -> None:
-        """Log why, answer ``status`` (if no response has begun), close the connection; as
-        :meth:`calculet.server.http_server.EdgeProtocol._refuse` (one line, the app's for a request it has)."""
-        self._disarm_header_timer()
+    def _awaiting_head(self) -> bool:
         cycle = self.cycle
-        if cycle is not None and not cycle.response_complete and not self._in_head and self.scope is not None:
-            state = self.scope["state"]
-            request_id = str(state.setdefault("request_id", new_request_id()))
-            state["protocol_error"] = (status, code, reason)
-            answerable = not cycle.response_started
-            cycle.disconnected = True  # the app's receive() answers http.disconnect, its send() writes nothing
-            cycle.message_event.set()
-        else:
-            request_id = new_request_id()
-            client = self.client
-            log.info("http", extra={"request_id": request_id, "method": "OTHER", "route": "unparsed",
-                                    "status": status, "code": code, "reason": reason,
-                                    "client": f"{client[0]}:{client[1]}" if client else None})
-            answerable = cycle is None or cycle.response_complete
-        if answerable and not self.transport.is_closing():
-            self.transport.write(error_response(status, code, reason, request_id))
-        self.transport.close()
+        return self._in_head and (cycle is None or cycle.response_complete)  # no earlier response going out
+
+    def _app_has_request(self) -> bool:
+        cycle = self.cycle
+        return cycle is not None and not cycle.response_complete and not self._in_head and self.scope is not None
+
+    def _answerable(self, app_has_request: bool) -> bool:
+        cycle = self.cycle
+        return not cycle.response_started if app_has_request else cycle is None or cycle.response_complete
 
 
 def fast_protocol_class(header_timeout_s: float) -> type[FastEdgeProtocol]:

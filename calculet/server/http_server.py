@@ -52,14 +52,13 @@ from h11._connection import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from calculet.config.service import ServerConfig
-from calculet.server.edge_answers import FREE_CHUNKS, MIN_CHUNK_AVERAGE, error_response, new_request_id
+from calculet.server.edge_answers import FREE_CHUNKS, MIN_CHUNK_AVERAGE, EdgeGuard, error_response, new_request_id
 
 try:
     from calculet.server.http_fast import fast_protocol_class
 except ImportError:  # httptools is not installed: the h11 protocol below serves
     fast_protocol_class = None  # type: ignore[assignment]
 
-log = logging.getLogger("calculet.server")
 
 _ANSWERABLE = (h11.IDLE, h11.SEND_RESPONSE)
 """Our side's h11 states in which no byte of a response to the current request has been written."""
@@ -108,14 +107,9 @@ def _status_and_code(error: h11.RemoteProtocolError | None) -> tuple[int, str]:
     return 400, "malformed_request"
 
 
-class EdgeProtocol(H11Protocol):
+class EdgeProtocol(EdgeGuard, H11Protocol):
     """uvicorn's h11 protocol, plus a deadline for each request's line and headers, and its own
-    answers (and log lines) carrying a request id."""
-
-    header_timeout_s: float = 10.0
-    """Set by :func:`protocol_class` from ``server.header_timeout_s``."""
-
-    _header_timer: asyncio.TimerHandle | None = None
+    answers (and log lines) carrying a request id (:class:`~calculet.server.edge_answers.EdgeGuard`)."""
 
     def __init__(self, config: uvicorn.Config, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
@@ -136,14 +130,6 @@ class EdgeProtocol(H11Protocol):
                 self._arm_header_timer()  # the first byte of a request after a keep-alive pause
         else:
             self._disarm_header_timer()  # h11 has the request line and headers
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_header_timer()
-        super().connection_lost(exc)
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        self._disarm_header_timer()  # idle now: uvicorn's keep-alive timeout applies until the next byte
 
     def handle_events(self) -> None:
         """uvicorn's, then the header limit on a request h11 parsed whole: h11 enforces its maximum only on
@@ -177,46 +163,15 @@ class EdgeProtocol(H11Protocol):
         detail = str(error) if error is not None and str(error) else msg
         self._refuse(status, code, f"the request is not valid HTTP/1.1: {detail}")
 
-    def _arm_header_timer(self) -> None:
-        self._disarm_header_timer()
-        self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_timeout)
+    def _awaiting_head(self) -> bool:
+        return self.conn.their_state is h11.IDLE and self.conn.our_state is h11.IDLE  # no earlier response going out
 
-    def _disarm_header_timer(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
-
-    def _header_timeout(self) -> None:
-        self._header_timer = None
-        if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
-            return
-        if self.conn.our_state is not h11.IDLE:  # a response of a previous request is still going out
-            return
-        self._refuse(408, "header_timeout", f"the request line and headers did not arrive within the header "
-                                            f"timeout of {self.header_timeout_s:g} s (server.header_timeout_s)")
-
-    def _refuse(self, status: int, code: str, reason: str) -> None:
-        """Log why, answer ``status`` (if no response has begun), close the connection. The line is written
-        before the answer, so a client that has the answer also finds its line (as the app's, ``record``)."""
+    def _app_has_request(self) -> bool:
         cycle = self.cycle
-        if cycle is not None and not cycle.response_complete and self.scope is not None:
-            # the request the app has (or is about to start: its task is created, not yet run) — its body
-            # broke. One id and one log line for it: the app's, which adopts this id and reads the reason
-            # (RequestContext, then the body gate)
-            state = self.scope["state"]
-            request_id = str(state.setdefault("request_id", new_request_id()))
-            state["protocol_error"] = (status, code, reason)
-            cycle.disconnected = True  # the app's receive() answers http.disconnect, its send() writes nothing
-            cycle.message_event.set()
-        else:
-            request_id = new_request_id()
-            client = self.client
-            log.info("http", extra={"request_id": request_id, "method": "OTHER", "route": "unparsed",
-                                    "status": status, "code": code, "reason": reason,
-                                    "client": f"{client[0]}:{client[1]}" if client else None})
-        if self.conn.our_state in _ANSWERABLE and not self.transport.is_closing():
-            self.transport.write(error_response(status, code, reason, request_id))
-        self.transport.close()
+        return cycle is not None and not cycle.response_complete and self.scope is not None
+
+    def _answerable(self, app_has_request: bool) -> bool:
+        return self.conn.our_state in _ANSWERABLE
 
 
 def _not_uvicorns_sentence(record: logging.LogRecord) -> bool:
