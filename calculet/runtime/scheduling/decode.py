@@ -543,6 +543,27 @@ class DecodeScheduler:
                 best = head[0]
         return best
 
+    def order_by_deadline(self, on: bool) -> None:
+        """Set :attr:`deadline_first` (the on_time policy, each replan). Turned on, every queued entry
+        keyed +inf (queued under rotation) takes its deadline as priority now: an entry's key is fixed
+        when it is queued, so one left at +inf would sit behind every entry queued by deadline after
+        it — starved for as long as any other sequence decodes (issue #13: a B1 burst's 8-token request
+        with 8 s of slack waited 7.8 s and was shed). Turned off, entries keyed by deadline keep it
+        until they are served once; none waits behind them for longer than that."""
+        if on == self.deadline_first:
+            return
+        self.deadline_first = on
+        if not on:
+            return
+        for bucket in self._buckets.values():
+            stale = [entry for queue in bucket.tenants.values() for entry in queue
+                     if entry[4] is not None and entry[0] == math.inf]
+            for entry in stale:
+                rec = entry[4]
+                entry[4] = None
+                bucket.count -= 1
+                self._push_by_deadline(bucket, rec)
+
     def prioritise(self, rec: RequestRecord) -> None:
         """The planner found ``rec`` at risk (issue #13): a queued entry takes its deadline as priority
         now; one on the device takes it when it comes back (``rec.at_risk`` is read by ``_push``)."""
@@ -570,6 +591,11 @@ class DecodeScheduler:
         # Sticky: running it every step gains slack, and dropping back would make it
         # oscillate on the edge of its deadline.
         rec.at_risk = True
+        self._push_by_deadline(bucket, rec)
+
+    def _push_by_deadline(self, bucket: _Bucket, rec: RequestRecord) -> None:
+        """Queue ``rec`` again (its old entry already dead) with its deadline as priority, keeping its
+        tag and the time it became Ready."""
         self._seq += 1
         entry = [rec.deadline, rec.decode_tag, rec.virtual_finish, self._seq, rec]
         rec.entry = entry

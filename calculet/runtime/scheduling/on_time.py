@@ -175,7 +175,7 @@ class OnTimePolicy:
         model = self.model()
         if model is None:  # no measured step yet: nothing to estimate, nothing to shed
             return
-        self.decode.deadline_first = planner.decode_order_binds(model.lanes)
+        self.decode.order_by_deadline(planner.decode_order_binds(model.lanes))
         plan = planner.replan(self.registry.live(), now, model)
         for rec in plan.shed:
             self._shed(rec)

@@ -138,6 +138,15 @@ def test_random_b1_bursts_reach_nine_tenths_of_the_moore_hodgson_optimum(seed: i
     _check_seed(seed)
 
 
+@pytest.mark.req("R5.2.2", "R7.2.2", "R7.2.3")
+def test_a_sequence_queued_under_rotation_is_not_starved_once_decoding_goes_by_deadline():
+    """Seed 55 of the 100 (7 requests, optimum 7): the first request was decoded once under rotation
+    and queued again at +inf priority before the plan turned decoding deadline-first; every later
+    entry, keyed by its deadline, went ahead of it, and it waited 7.8 s with 8 s of slack until it
+    was shed (6 of 7). Turning the order on re-keys what is queued (DecodeScheduler.order_by_deadline)."""
+    _check_seed(55)
+
+
 @pytest.mark.slow
 @pytest.mark.req("R5.2.2", "R7.2.2")
 @pytest.mark.parametrize("seed", range(10, 110))
