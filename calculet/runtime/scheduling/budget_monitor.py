@@ -15,7 +15,7 @@ logged in production).
 
 Cost: one check is eight small predicates on ints (a few µs); it runs at the monitors' sampled rate
 (``monitoring.sample_every``: every operation in the test suite, one in 256 on average by
-default), and a skipped one costs one countdown decrement.
+default), and a skipped one costs one draw from the monitor's precomputed sampling pattern.
 
 *The counters are what they count* (#17: "any index kept beside a machine is checked against it by a
 monitor"). A counter can drift while staying within its limit — a release that forgets a request's KV
