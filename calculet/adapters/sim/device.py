@@ -28,11 +28,12 @@ Behaviour the runtime can rely on (and test against):
 * **Faults** (:mod:`calculet.adapters.sim.faults`) are injected by rule or at random with a
   seed; after a CCU fault or unknown DMA the device refuses new jobs until it is reset.
 
-This module is the façade: lifecycle calls, submit and the job's completion record. The parts
-live beside it — :mod:`.calbin` (CreateCalbin, configure rules), :mod:`.buffers` (job buffers and
-their binding), :mod:`.submit_checks` (what submit refuses), :mod:`.execution` (numerics and the
-§9.2 commit), :mod:`.fault_effects` (what an injected fault does to a result) and
-:mod:`.timeline` (completion instants, virtual time, the real-time worker, Wait).
+This module is the façade: lifecycle calls, submit and the bookkeeping of a job's completion.
+The parts live beside it — :mod:`.calbin` (CreateCalbin, configure rules), :mod:`.buffers` (job
+buffers and their binding), :mod:`.submit_checks` (what submit refuses), :mod:`.job_record` (the
+submit DMA and the job's completion record), :mod:`.execution` (numerics and the §9.2 commit),
+:mod:`.fault_effects` (what an injected fault does to a result) and :mod:`.timeline` (completion
+instants, virtual time, the real-time worker, Wait).
 """
 
 from __future__ import annotations
@@ -62,7 +63,6 @@ from calculet.adapters.calrt import (
     KvManager,
     MemInfo,
     ReturnCode,
-    StatusCounters,
     VendorError,
     vendor_boundary,
 )
@@ -70,11 +70,12 @@ from calculet.adapters.sim import fault_effects
 from calculet.adapters.sim.buffers import BufferTable
 from calculet.adapters.sim.calbin import SimCalbin, check_coresident, check_simulable, load_model, profiles_to_configure
 from calculet.adapters.sim.config import SimConfig, TimeMode
-from calculet.adapters.sim.execution import Computed, LaneLayout, SimJob, commit, compute
+from calculet.adapters.sim.execution import Computed, SimJob, compute
 from calculet.adapters.sim.faults import FaultInjector, FaultStatistics, InjectedFault
+from calculet.adapters.sim.job_record import completion_record, dma_payload
 from calculet.adapters.sim.kv import SimKvManager
 from calculet.adapters.sim.memory import MemoryLedger, MemoryStatistics
-from calculet.adapters.sim.submit_checks import check_buffers, check_decode, check_prefill, payload
+from calculet.adapters.sim.submit_checks import check_buffers, check_decode, check_prefill
 from calculet.adapters.sim.timeline import CompletionTimeline
 from calculet.clock import Clock
 from calculet.machines.job import JobEngine
@@ -429,14 +430,7 @@ class SimVirtualDevice:
         job_id = JobId(next(self._ids))
         ticket = JobTicket(job_id=job_id, generation=job.generation, kind=job.kind, engine=job.engine,
                            calbin_id=cb.calbin_id, submitted_at=now)
-        data = payload(job)
-        buf = in_buf.data
-        n = min(len(data), len(buf))
-        buf.data[:n] = data[:n]  # the DMA: a memoryview copy; the buffer past it is zero afterwards
-        written = in_buf.written
-        if written is None or written > n:  # zero only what an earlier, longer payload left there
-            buf[n:] = 0
-        in_buf.written = n
+        dma_payload(job, in_buf)
         in_buf.bound_job = out_buf.bound_job = job_id
         for s in admitted.seqs:  # every one was looked up by the checks above
             seq = kv.find(s)
@@ -467,31 +461,15 @@ class SimVirtualDevice:
         if job.epoch != self._epoch or not self.timeline.remove(job_id):
             return  # discarded by reset while computing: it never completes
         spec, engine = job.spec, job.spec.engine
-        layout = LaneLayout.of(spec)
-        fault = job.fault
-        if fault is None:  # the common case: every lane OK, nothing to corrupt (no per-job fault machinery)
-            job_rc, lane_rc = ReturnCode.OK, [ReturnCode.OK] * len(layout.valid)
-        else:
-            isolated = job.calbin.capabilities.lane_failure_isolation.value
-            job_rc, lane_rc = fault_effects.return_codes(fault, isolated, layout.valid)
         out_buf = self._buffers.get(spec.buffers.output.buffer_id)
         output = out_buf.data if out_buf is not None else None
-        lanes, kv_written = commit(job, computed, layout, lane_rc, output, self.config.numerics)
-        self._engine_seq[engine] += 1
-        valid_tokens = sum(n for n, v in zip(layout.n_tokens, layout.valid) if v)
-        counters = StatusCounters(self._engine_seq[engine], sum(layout.valid), valid_tokens, kv_written)
-        if fault is not None:
-            counters = fault_effects.corrupt(fault, lanes, counters, output)
-            if fault_effects.poisons(job_rc) and self.config.fault_requires_reset:
-                self._poisoned = job_rc
+        result = completion_record(job, computed, output, self.config.numerics, self._engine_seq, now)
+        job_rc = result.rc
+        if job.fault is not None and fault_effects.poisons(job_rc) and self.config.fault_requires_reset:
+            self._poisoned = job_rc
         self._buffers.unbind(job_id, spec.buffers)
         if self._engine_job[engine] == job_id:
             self._engine_job[engine] = None
-        message = f"{job.fault.origin}" if job.fault and job_rc is not ReturnCode.OK else ""
-        result = JobResult(job_id=job_id, generation=spec.generation, kind=spec.kind, engine=engine,
-                           calbin_id=job.calbin.calbin_id, compiled_batch=spec.compiled_batch, rc=job_rc,
-                           lanes=tuple(lanes), counters=counters, submitted_at=job.ticket.submitted_at,
-                           completed_at=now, output_buffer=spec.buffers.output, message=message)
         self._completed[job_rc] += 1
         self._per_engine[engine] += 1
         self.timeline.done[job_id] = result

@@ -1,0 +1,64 @@
+"""A job's data at the two ends of its passage through the simulated device.
+
+At submit the host DMAs the job's payload into its InputBuf (:func:`dma_payload`); at completion
+the device turns what the job computed into its :class:`~calculet.adapters.calrt.JobResult`
+(:func:`completion_record`): the job's and each lane's return code, the §9.2 commit of the OK
+lanes, the engine's status counters and what an injected fault does to them (§7.4, §14).
+
+It exists apart from :mod:`calculet.adapters.sim.device` so that the device keeps only its
+bookkeeping — locks, engines, buffer binding, counts and the timeline — while the record of one
+job is built here from that job alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+
+import numpy as np
+
+from calculet.adapters.calrt import JobResult, JobSpec, ReturnCode, StatusCounters
+from calculet.adapters.sim import fault_effects
+from calculet.adapters.sim.buffers import SimBuffer
+from calculet.adapters.sim.execution import Computed, LaneLayout, SimJob, commit
+from calculet.adapters.sim.submit_checks import payload
+from calculet.machines.job import JobEngine
+
+
+def dma_payload(job: JobSpec, in_buf: SimBuffer) -> None:
+    """Copy the job's payload into its InputBuf; the buffer past the payload is zero afterwards."""
+    data = payload(job)
+    buf = in_buf.data
+    n = min(len(data), len(buf))
+    buf.data[:n] = data[:n]  # the DMA: a memoryview copy; the buffer past it is zero afterwards
+    written = in_buf.written
+    if written is None or written > n:  # zero only what an earlier, longer payload left there
+        buf[n:] = 0
+    in_buf.written = n
+
+
+def completion_record(job: SimJob, computed: Computed | None, output: np.ndarray | None, numerics: bool,
+                      engine_seq: MutableMapping[JobEngine, int], now: float) -> JobResult:
+    """Commit or discard a job's effects and build its result (device lock held).
+
+    ``engine_seq`` is the device's per-engine completion count, advanced here for the job's
+    engine as the status counters report it (§14).
+    """
+    spec, engine = job.spec, job.spec.engine
+    layout = LaneLayout.of(spec)
+    fault = job.fault
+    if fault is None:  # the common case: every lane OK, nothing to corrupt (no per-job fault machinery)
+        job_rc, lane_rc = ReturnCode.OK, [ReturnCode.OK] * len(layout.valid)
+    else:
+        isolated = job.calbin.capabilities.lane_failure_isolation.value
+        job_rc, lane_rc = fault_effects.return_codes(fault, isolated, layout.valid)
+    lanes, kv_written = commit(job, computed, layout, lane_rc, output, numerics)
+    engine_seq[engine] += 1
+    valid_tokens = sum(n for n, v in zip(layout.n_tokens, layout.valid) if v)
+    counters = StatusCounters(engine_seq[engine], sum(layout.valid), valid_tokens, kv_written)
+    if fault is not None:
+        counters = fault_effects.corrupt(fault, lanes, counters, output)
+    message = f"{job.fault.origin}" if job.fault and job_rc is not ReturnCode.OK else ""
+    return JobResult(job_id=job.ticket.job_id, generation=spec.generation, kind=spec.kind, engine=engine,
+                     calbin_id=job.calbin.calbin_id, compiled_batch=spec.compiled_batch, rc=job_rc,
+                     lanes=tuple(lanes), counters=counters, submitted_at=job.ticket.submitted_at,
+                     completed_at=now, output_buffer=spec.buffers.output, message=message)
