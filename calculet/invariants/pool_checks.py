@@ -35,7 +35,7 @@ from calculet.invariants.checks import (RLIMIT_SEARCH, CheckResult, Counterexamp
 from calculet.logic.symbolic import SymbolicVars, arg_domain, symbolic_args, type_domain
 from calculet.invariants.pool_reduction import reduction
 from calculet.invariants.system_encoding import _Memo
-from calculet.machines.definition import Step
+from calculet.machines.definition import Step, Transition
 from calculet.machines.pool import PoolDefinition, PoolView
 
 
@@ -93,6 +93,49 @@ def check_pool_induction(p: PoolDefinition, n: int, progress: Progress | None = 
     (without that, building the O(N²) pool invariants' terms dominated the time)."""
     d = p.instance.definition
     results = []
+    pre = _induction_pre_state(p, n)
+    s, raw, view = pre.solver, pre.raw, pre.view
+    for t in d.transitions:
+        start = time.process_time()
+        ev = d.events[t.event]
+        args = symbolic_args(ev)
+        s.push()
+        s.add(*arg_domain(ev, args), takes(d, t, raw[0], args), _pool_guard(p, view, 0, t.event, args))
+        moved = post_state(d, t, raw[0], args)
+        post_ghosts = [dict(g) for g in pre.ghosts]
+        post_ghosts[0].update(_ghost_updates(p, view, 0, t.event, args))
+        goals = _induction_goals(p, pre, t, args, moved, post_ghosts)
+        failure = _induction_failure(p, n, pre, t, args, moved, post_ghosts, goals, start)
+        s.pop()
+        results.append(failure or CheckResult("pool-induction", p.name, t.name, True, time.process_time() - start,
+                                              f"N={n}: {len(goals)} properties preserved", queries=1))
+        if progress:
+            progress(t.name)
+    return results
+
+
+@dataclass
+class _InductionPreState:
+    """What every row of :func:`check_pool_induction` starts from: N lanes and their ghosts, the pool
+    parameters, and a solver holding their domains and every instance and pool invariant (``held``,
+    ``pool_pre``: the asserted terms, reused as the goals after a row when ``constant``)."""
+
+    solver: z3.Solver
+    raw: list[SymbolicVars]
+    ghosts: list[dict[str, Any]]
+    memo: _Memo
+    lanes: list[Any]
+    params: dict[str, Any]
+    view: PoolView
+    held: list[list[Any]]
+    pool_pre: list[Any]
+    constant: bool  # lane 0's state, variables and ghosts are plain constants (so goals can be substituted)
+
+
+def _induction_pre_state(p: PoolDefinition, n: int) -> _InductionPreState:
+    """The induction's pre-state, asserted once in a fresh solver (each row is a push/pop on top); the
+    lanes' ``at(...)`` terms are built once, through one :class:`_Memo`."""
+    d = p.instance.definition
     raw, ghosts = _lanes(p, n, "")
     memo = _Memo()
     lanes = [memo.proxy(lane) for lane in raw]
@@ -105,56 +148,59 @@ def check_pool_induction(p: PoolDefinition, n: int, progress: Progress | None = 
         s.add(*lane.domain(), *holds)
     pool_pre = [as_bool(inv.predicate(view)) for inv in p.invariants]
     s.add(*pool_pre)
-    # The goals after a row are the pre-state's with lane 0's constants replaced by its post-terms (built once,
-    # substituted per row: the O(N²) pool invariants were most of this check's time; #17, verify --fast).
     constant = all(is_constant(x) for x in (raw[0].state, *[raw[0].value(k) for k in raw[0].names()],
                                              *ghosts[0].values()))
-    for t in d.transitions:
-        start = time.process_time()
-        ev = d.events[t.event]
-        args = symbolic_args(ev)
+    return _InductionPreState(s, raw, ghosts, memo, lanes, params, view, held, pool_pre, constant)
+
+
+def _induction_goals(p: PoolDefinition, pre: _InductionPreState, t: Transition, args: dict[str, Any],
+                     moved: SymbolicVars, post_ghosts: list[dict[str, Any]]) -> list[tuple[str, str, Any]]:
+    """(name, rid, term) of every pool invariant, instance invariant and step property after lane 0
+    takes row ``t`` (to ``moved``, its ghosts to ``post_ghosts[0]``)."""
+    d = p.instance.definition
+    raw, ghosts = pre.raw, pre.ghosts
+    # The goals after a row are the pre-state's with lane 0's constants replaced by its post-terms (built once,
+    # substituted per row: the O(N²) pool invariants were most of this check's time; #17, verify --fast).
+    if pre.constant:
+        after = Substitution(moved_to(raw[0], moved) + [
+            (ghosts[0][g], _as_term(post_ghosts[0][g])) for g in ghosts[0]
+            if not _as_term(post_ghosts[0][g]).eq(ghosts[0][g])])
+        goals = [(inv.name, inv.rid, after(g)) for inv, g in zip(p.invariants, pre.pool_pre)]
+        goals += [(inv.name, inv.rid, after(g)) for inv, g in zip(d.invariants, pre.held[0])]
+    else:
+        post_view = PoolView([pre.memo.proxy(moved)] + pre.lanes[1:], pre.params, post_ghosts)
+        goals = [(inv.name, inv.rid, as_bool(inv.predicate(post_view))) for inv in p.invariants]
+        goals += [(inv.name, inv.rid, as_bool(inv.predicate(moved))) for inv in d.invariants]
+    goals += [(name, rid, as_bool(goal)) for name, rid, goal in d.step_goals(raw[0], moved, t, args)]
+    return goals
+
+
+def _induction_failure(p: PoolDefinition, n: int, pre: _InductionPreState, t: Transition, args: dict[str, Any],
+                       moved: SymbolicVars, post_ghosts: list[dict[str, Any]], goals: list[tuple[str, str, Any]],
+                       start: float) -> CheckResult | None:
+    """The failed result for row ``t`` (the first goal not proved, with a counterexample when the solver
+    finds one), or None when every goal holds — one query when they all do."""
+    d = p.instance.definition
+    s, raw, ghosts, params = pre.solver, pre.raw, pre.ghosts, pre.params
+    for name, rid, goal in ([] if all_hold(s, [g for _, _, g in goals]) else goals):  # one query if fine
         s.push()
-        s.add(*arg_domain(ev, args), takes(d, t, raw[0], args), _pool_guard(p, view, 0, t.event, args))
-        moved = post_state(d, t, raw[0], args)
-        post_ghosts = [dict(g) for g in ghosts]
-        post_ghosts[0].update(_ghost_updates(p, view, 0, t.event, args))
-        if constant:
-            after = Substitution(moved_to(raw[0], moved) + [
-                (ghosts[0][g], _as_term(post_ghosts[0][g])) for g in ghosts[0]
-                if not _as_term(post_ghosts[0][g]).eq(ghosts[0][g])])
-            goals = [(inv.name, inv.rid, after(g)) for inv, g in zip(p.invariants, pool_pre)]
-            goals += [(inv.name, inv.rid, after(g)) for inv, g in zip(d.invariants, held[0])]
-        else:
-            post_view = PoolView([memo.proxy(moved)] + lanes[1:], params, post_ghosts)
-            goals = [(inv.name, inv.rid, as_bool(inv.predicate(post_view))) for inv in p.invariants]
-            goals += [(inv.name, inv.rid, as_bool(inv.predicate(moved))) for inv in d.invariants]
-        goals += [(name, rid, as_bool(goal)) for name, rid, goal in d.step_goals(raw[0], moved, t, args)]
-        failure = None
-        count = len(goals)
-        for name, rid, goal in ([] if all_hold(s, [g for _, _, g in goals]) else goals):  # one query if fine
-            s.push()
-            s.add(z3.Not(goal))
-            verdict = s.check()
-            if verdict != z3.unsat:
-                cx = None
-                if verdict == z3.sat:
-                    m = s.model()
-                    cx = Counterexample(name, rid, f"lane0: {t.name}",
-                                        pre=_pool_state(m, p, raw, ghosts, params),
-                                        args=read_args(m, d, t.event, args),
-                                        post=_pool_state(m, p, [moved] + raw[1:], post_ghosts, params))
-                failure = CheckResult("pool-induction", p.name, t.name, False, time.process_time() - start,
-                                      f"N={n}: breaks {name} ({rid})" if verdict == z3.sat
-                                      else f"N={n}: {name}: solver answered {verdict}", cx, queries=len(goals))
-                s.pop()
-                break
+        s.add(z3.Not(goal))
+        verdict = s.check()
+        if verdict != z3.unsat:
+            cx = None
+            if verdict == z3.sat:
+                m = s.model()
+                cx = Counterexample(name, rid, f"lane0: {t.name}",
+                                    pre=_pool_state(m, p, raw, ghosts, params),
+                                    args=read_args(m, d, t.event, args),
+                                    post=_pool_state(m, p, [moved] + raw[1:], post_ghosts, params))
+            failure = CheckResult("pool-induction", p.name, t.name, False, time.process_time() - start,
+                                  f"N={n}: breaks {name} ({rid})" if verdict == z3.sat
+                                  else f"N={n}: {name}: solver answered {verdict}", cx, queries=len(goals))
             s.pop()
+            return failure
         s.pop()
-        results.append(failure or CheckResult("pool-induction", p.name, t.name, True, time.process_time() - start,
-                                              f"N={n}: {count} properties preserved", queries=1))
-        if progress:
-            progress(t.name)
-    return results
+    return None
 
 
 def _initial_is_neutral(p: PoolDefinition, n: int) -> bool:

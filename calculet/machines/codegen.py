@@ -364,64 +364,99 @@ def generate_fire_each(d: Definition, namespace: dict[str, Any], exact: Callable
     columns = "".join(f", {n}" for n in all_args)
     given = "{" + ", ".join(f"{n!r}: {n}" for n in all_args) + "}"
     lines: list[str] = []
-    by_event: dict[str, dict[str, list[Transition]]] = {}
-    for t in d.transitions:
-        by_event.setdefault(t.event, {}).setdefault(t.source, []).append(t)
     each: dict[str, str] = {}
-    for index, (event, states) in enumerate(by_event.items()):
-        ev = d.events[event]
-        args = symbolic_args(ev)
-        tr = _LocalArgPrinter(d, set(ev.args))
+    for index, (event, states) in enumerate(_rows_by_event(d).items()):
+        # built here and passed down: each event's argument terms then stay alive until the next event's are
+        # built, as before this loop's body became helpers, so z3 numbers later terms the same way and the
+        # examples the checks report (any model the solver picks) do not change
+        args = symbolic_args(d.events[event])
         each[event] = f"_each_{index}"
-        own = list(ev.args)
-        lines.append(f"def _each_{index}(instances{columns}):  # {d.name}: --{event}--> on each instance")
-        # an argument of another event given, or one of this event's missing: fire by fire (the reason)
-        odd = [f"{n} is not _M" for n in all_args if n not in ev.args] + [f"{n} is _M" for n in ev.args]
-        if odd:
-            lines += ["    if " + " or ".join(odd) + ":", f"        return _one_by_one(instances, {event!r}, {given}, None)"]
-        lines += ["    targets = []", "    append = targets.append"]
-        if own:
-            loop = ", ".join(["self", *(f"_a_{n}" for n in own)])
-            lines.append(f"    for {loop} in zip(instances{''.join(f', {n}' for n in own)}):")
-        else:
-            lines.append("    for self in instances:")
-        lines.append("        state = self._state")
-        accept = " and ".join(_arg_accept(f"_a_{n}", vtype, namespace) for n, vtype in ev.args.items()) or "True"
-        for k, (state, rows) in enumerate(states.items()):
-            lines.append(f"        {'if' if k == 0 else 'elif'} state == {state!r} and {accept}:")
-            for i, t in enumerate(rows):
-                guard, assigns = _row_code(d, t, tr, v, args, namespace)
-                namespace[f"_row_{index}_{k}_{i}"] = t
-                lines.append(f"            if {guard}:  # {t.name}")
-                if assigns:
-                    lines.append(f"                {', '.join(f'self.{n}' for n, _ in assigns)} = "
-                                 f"{', '.join(c for _, c in assigns)}")
-                lines += [f"                self._state = {t.target!r}",
-                          f"                self.last_transition = _row_{index}_{k}_{i}",
-                          f"                append({t.target!r})", "                continue"]
-        pack = "{" + ", ".join(f"{n!r}: _a_{n}" for n in own) + "}"
-        lines += [f"        append(_exact(self, {event!r}, {pack}))", "    return targets", ""]
+        lines += _each_event_lines(d, index, event, states, args, v, namespace, all_args, columns, given)
     table = "{" + ", ".join(f"{e!r}: {f}" for e, f in each.items()) + "}"
     lines += [f"_each = {table}", ""]
     for variant in ("plain", "sampled"):
-        lines += [f"def fire_each_{variant}(instances, event{''.join(f', {n}=_M' for n in all_args)}):  # {d.name}",
-                  "    n = len(instances)",
-                  *[f"    if {n} is not _M and len({n}) != n:\n"
-                    f"        raise ValueError(f'fire_each: {n} has {{len({n})}} values for {{n}} instances')"
-                    for n in all_args],
-                  "    run = _each.get(event)"]
-        if variant == "sampled":
-            lines += ["    drawn = list(_islice(_draws, n))",
-                      "    if run is None or True in drawn:",
-                      f"        return _one_by_one(instances, event, {given}, drawn)"]
-        else:
-            lines += ["    if run is None:", f"        return _one_by_one(instances, event, {given}, None)"]
-        lines += [f"    return run(instances{columns})", ""]
+        lines += _fire_each_entry_lines(d, variant, all_args, columns, given)
     source = "\n".join(lines)
     exec(compile(source, f"<calculet fire_each {d.name}>", "exec"), namespace)  # noqa: S102 - generated
     for variant in ("plain", "sampled"):
         namespace[f"fire_each_{variant}"].__qualname__ = f"{d.name}.fire_each"
     return source
+
+
+def _rows_by_event(d: Definition) -> dict[str, dict[str, list[Transition]]]:
+    """The declaration's rows grouped by event, then by source state, in declaration order."""
+    by_event: dict[str, dict[str, list[Transition]]] = {}
+    for t in d.transitions:
+        by_event.setdefault(t.event, {}).setdefault(t.source, []).append(t)
+    return by_event
+
+
+def _each_event_lines(d: Definition, index: int, event: str, states: dict[str, list[Transition]],
+                      args: dict[str, Any], v: SymbolicVars, namespace: dict[str, Any], all_args: tuple[str, ...],
+                      columns: str, given: str) -> list[str]:
+    """``_each_<index>(instances, <columns>)``: ``event`` fired on every instance, its argument
+    acceptance and every (state, row) inline; what the inline code does not take goes to ``_exact``
+    (one instance) or, for arguments that do not fit the event, ``_one_by_one`` (all of them)."""
+    ev = d.events[event]
+    tr = _LocalArgPrinter(d, set(ev.args))
+    own = list(ev.args)
+    lines = [f"def _each_{index}(instances{columns}):  # {d.name}: --{event}--> on each instance"]
+    # an argument of another event given, or one of this event's missing: fire by fire (the reason)
+    odd = [f"{n} is not _M" for n in all_args if n not in ev.args] + [f"{n} is _M" for n in ev.args]
+    if odd:
+        lines += ["    if " + " or ".join(odd) + ":", f"        return _one_by_one(instances, {event!r}, {given}, None)"]
+    lines += ["    targets = []", "    append = targets.append"]
+    if own:
+        loop = ", ".join(["self", *(f"_a_{n}" for n in own)])
+        lines.append(f"    for {loop} in zip(instances{''.join(f', {n}' for n in own)}):")
+    else:
+        lines.append("    for self in instances:")
+    lines.append("        state = self._state")
+    accept = " and ".join(_arg_accept(f"_a_{n}", vtype, namespace) for n, vtype in ev.args.items()) or "True"
+    for k, (state, rows) in enumerate(states.items()):
+        lines.append(f"        {'if' if k == 0 else 'elif'} state == {state!r} and {accept}:")
+        lines += _each_row_lines(d, rows, f"_row_{index}_{k}", tr, v, args, namespace)
+    pack = "{" + ", ".join(f"{n!r}: _a_{n}" for n in own) + "}"
+    return lines + [f"        append(_exact(self, {event!r}, {pack}))", "    return targets", ""]
+
+
+def _each_row_lines(d: Definition, rows: list[Transition], prefix: str, tr: ExprPrinter, v: SymbolicVars,
+                    args: dict[str, Any], namespace: dict[str, Any]) -> list[str]:
+    """One state's rows inside ``_each_<index>``'s loop: the first whose guard holds applies its effect,
+    records its target and moves to the next instance (each row is bound in ``namespace`` as
+    ``<prefix>_<i>``, the ``last_transition`` it sets)."""
+    lines: list[str] = []
+    for i, t in enumerate(rows):
+        guard, assigns = _row_code(d, t, tr, v, args, namespace)
+        namespace[f"{prefix}_{i}"] = t
+        lines.append(f"            if {guard}:  # {t.name}")
+        if assigns:
+            lines.append(f"                {', '.join(f'self.{n}' for n, _ in assigns)} = "
+                         f"{', '.join(c for _, c in assigns)}")
+        lines += [f"                self._state = {t.target!r}",
+                  f"                self.last_transition = {prefix}_{i}",
+                  f"                append({t.target!r})", "                continue"]
+    return lines
+
+
+def _fire_each_entry_lines(d: Definition, variant: str, all_args: tuple[str, ...], columns: str,
+                           given: str) -> list[str]:
+    """``fire_each_<variant>(instances, event, <argument columns>)``: checks every column's length,
+    then runs the event's ``_each`` function, or, for an event without one (or, sampled, when a draw
+    hits), fires instance by instance through ``_one_by_one``."""
+    lines = [f"def fire_each_{variant}(instances, event{''.join(f', {n}=_M' for n in all_args)}):  # {d.name}",
+             "    n = len(instances)",
+             *[f"    if {n} is not _M and len({n}) != n:\n"
+               f"        raise ValueError(f'fire_each: {n} has {{len({n})}} values for {{n}} instances')"
+               for n in all_args],
+             "    run = _each.get(event)"]
+    if variant == "sampled":
+        lines += ["    drawn = list(_islice(_draws, n))",
+                  "    if run is None or True in drawn:",
+                  f"        return _one_by_one(instances, event, {given}, drawn)"]
+    else:
+        lines += ["    if run is None:", f"        return _one_by_one(instances, event, {given}, None)"]
+    return lines + [f"    return run(instances{columns})", ""]
 
 
 def generate_lifecycle(d: Definition, slow_init: Callable[..., None]
