@@ -21,6 +21,7 @@ Rules kept here:
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 
 from calculet.clock import Clock
@@ -32,7 +33,8 @@ from calculet.runtime.scheduling.jobs import DECODE, PREFILL, InflightTable, Job
 from calculet.runtime.scheduling.kv import KvLaneManager, KvLease
 from calculet.runtime.scheduling.plan import Applied, Command, SchedulingCapabilities
 from calculet.runtime.scheduling.prefill import PrefillScheduler, PrefillWork
-from calculet.runtime.scheduling.registry import RUNNING_STATES, CallbackResult, RequestRecord, RequestRegistry
+from calculet.runtime.scheduling.registry import (RUNNING_STATES, WAITING_STATES, CallbackResult, RequestRecord,
+                                                  RequestRegistry)
 
 
 _SETTLE = {LaneVerdict.OK: "commit", LaneVerdict.OUTPUT_INVALID: "abort",
@@ -59,6 +61,42 @@ def end_for_deadline(registry: RequestRegistry, prefill: PrefillScheduler, rec: 
     registry.fire(rec, "expire")
     if state == "prefill_running" and prefill.queued(rec):
         end_between_chunks(registry, rec)
+
+
+class DeadlineQueue:
+    """Every accepted request's deadline, soonest first: a request whose deadline passes is ended
+    (§7.2, :func:`end_for_deadline`) at the first scheduler step at or after it, and the scheduler's
+    plan names the soonest one as its wake-up time. Requests that ended first are skipped when their
+    entry comes up (nothing is removed early)."""
+
+    __slots__ = ("_heap",)
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int]] = []
+
+    def add(self, rec: RequestRecord) -> None:
+        heapq.heappush(self._heap, (rec.deadline, rec.request_id))
+
+    def next_due(self) -> float | None:
+        heap = self._heap
+        return heap[0][0] if heap else None
+
+    def expire_due(self, now: float, registry: RequestRegistry, prefill: PrefillScheduler,
+                   waiting_timed_out: Callable[[], None]) -> None:
+        """End each live request whose deadline is at or before ``now``; ``waiting_timed_out`` counts one
+        that was still waiting for admission (the admission controller's count)."""
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            _, request_id = heapq.heappop(heap)
+            rec = registry.get(request_id)
+            if rec is None:
+                continue
+            state = rec.state
+            if state == "finishing":
+                continue
+            if state in WAITING_STATES:
+                waiting_timed_out()
+            end_for_deadline(registry, prefill, rec)
 
 
 class CompletionApplier:

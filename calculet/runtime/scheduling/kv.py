@@ -255,7 +255,7 @@ class KvLaneManager(KvContextOperations):
         used, own, its = self._totals, _MEASURES(machine), _MEASURES(other)
         lowered = [budget - (used[k] - own[k] - its[k]) for k, budget in enumerate(self._budgets)]
         allowed = _RESERVE_GUARD(machine, other, *lowered, seq, generation, tokens)
-        if MONITOR.enabled and MONITOR.sampled() and self._whole_pool_drawn():
+        if MONITOR.enabled and MONITOR.sampled() and self.whole_pool_drawn():
             check_reserve_decision(self, lane, {"seq": seq, "gen": generation, "tokens": tokens}, allowed)
         if not allowed:
             if holder is not None:  # a caller's fault, not a lack of capacity
@@ -530,19 +530,15 @@ class KvLaneManager(KvContextOperations):
         When sampling, a pool of more than :data:`POOL_CHECK_LANES` lanes is checked that many
         times less often per operation, so that cost stays O(1) amortized; a broken pool state
         persists, so it is still found at a later check."""
-        if MONITOR.enabled and MONITOR.sampled() and self._whole_pool_drawn():
+        if MONITOR.enabled and MONITOR.sampled() and self.whole_pool_drawn():
             check_pool(self, operation)
 
     def whole_pool_drawn(self) -> bool:
-        """Whether a sampled check that walks every lane runs now (for the other O(lanes) monitors of this
-        pool, e.g. jobs × lanes): :meth:`_whole_pool_drawn`, so their amortized cost stays O(1) as well."""
-        return self._whole_pool_drawn()
-
-    def _whole_pool_drawn(self) -> bool:
         """Whether a sampled operation runs its O(lanes) check: always in tests (every event checked),
         and for pools up to :data:`POOL_CHECK_LANES` lanes; a larger pool one time in lanes / that many,
-        at random, so the amortized cost stays O(1) per operation — also for the reserve decision,
-        whose declared guard is evaluated on every lane (8-70 ms at 2 001 lanes)."""
+        at random, so the amortized cost stays O(1) per operation — for this pool's own check, for the
+        reserve decision, whose declared guard is evaluated on every lane (8-70 ms at 2 001 lanes), and
+        for the other O(lanes) monitors of this pool (jobs × lanes)."""
         return self._check_scale <= 1 or MONITOR.sample_every <= 1 or self._scale_draw() * self._check_scale < 1.0
 
     def indexes(self) -> tuple[tuple[int, ...], tuple[int, ...], dict[tuple[int, int], int]]:

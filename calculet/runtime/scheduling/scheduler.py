@@ -37,7 +37,6 @@ Decisions where the spec is silent (the generation decisions are in :mod:`.gener
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 
 from calculet.clock import Clock
@@ -46,7 +45,7 @@ from calculet.errors import BadRequest, DefinitionError
 from calculet.machines.request import FinishReason
 from calculet.runtime.request import InferenceRequest, RequestOutcome, RequestSink
 from calculet.runtime.scheduling.admission import AdmissionController, AdmissionOutcome, Decision, ModelAvailability
-from calculet.runtime.scheduling.apply import CompletionApplier, end_between_chunks, end_for_deadline
+from calculet.runtime.scheduling.apply import CompletionApplier, DeadlineQueue, end_between_chunks
 from calculet.runtime.scheduling.completion import DecodeCompletion, PrefillCompletion
 from calculet.runtime.scheduling.decode import DecodeBatch, DecodeScheduler, NoBatch, NoBatchReason
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
@@ -102,7 +101,7 @@ class Scheduler:
         self.job_lanes = attach_job_lane_monitor(self.jobs, kv)  # JobLaneSystem's invariants, live (#17)
         self.arbiter = SmoothWrr(config.queues.wrr_weights())
         self._deadline_default_ms = config.admission.deadline_default_ms
-        self._deadlines: list[tuple[float, int]] = []
+        self._deadlines = DeadlineQueue()
         self._commands: list[Command] = []
         self.queued_commands: Sequence[Command] = self._commands
         """The commands not yet taken, read-only: the engine asks :meth:`take_commands` only when there are some."""
@@ -195,7 +194,7 @@ class Scheduler:
                 self.registry.reject(rec, 429, no_prospect.reason)
                 return Submission(rec.request_id, no_prospect)
         self.admission.accept(rec)
-        heapq.heappush(self._deadlines, (rec.deadline, rec.request_id))
+        self._deadlines.add(rec)
         generations.place(rec, now)
         decision = Decision.ADMIT if rec.state == "prefill_ready" else Decision.QUEUE
         return Submission(rec.request_id, self.admission.record(AdmissionOutcome(decision)))
@@ -221,11 +220,11 @@ class Scheduler:
         self.job_lanes.boundary("scheduler step")  # a step boundary: JobLaneSystem's invariants (sampled, #17)
         check_counts(self.admission, self.registry, "scheduler step")  # the budget's counters are its requests (#17)
         now = self._clock.now()
-        self._expire_due(now)
+        self._deadlines.expire_due(now, self.registry, self.prefill, self.admission.timed_out)
         if self.on_time is not None:
             self.on_time.tick(now)
         self._pump(now)
-        wake = self._deadlines[0][0] if self._deadlines else None
+        wake = self._deadlines.next_due()
         if not self.jobs.has_slot():
             return Plan(None, wake_at=wake, reason="no in-flight slot")
         generations = self.generations
@@ -415,21 +414,6 @@ class Scheduler:
             self.admission.admitted(rec, now)
             self.registry.fire(rec, "admit")
             self.prefill.add(rec, now)
-
-    def _expire_due(self, now: float) -> None:
-        deadlines = self._deadlines
-        registry = self.registry
-        while deadlines and deadlines[0][0] <= now:
-            _, request_id = heapq.heappop(deadlines)
-            rec = registry.get(request_id)
-            if rec is None:
-                continue
-            state = rec.state
-            if state == "finishing":
-                continue
-            if state in WAITING_STATES:
-                self.admission.timed_out()
-            end_for_deadline(registry, self.prefill, rec)
 
     def _build_decode(self, profile: ProfileSpec, gen: int, now: float, job_id: int) -> DecodeBatch | None:
         result = self.decode.build_decode_batch(profile, gen, now, job_id)
