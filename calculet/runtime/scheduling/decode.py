@@ -43,6 +43,9 @@ no batch is produced (R7.1.5).
 Batching window (§7.2 items 4–5): with fewer candidates than lanes the tick may wait up to
 ``batching_window_us`` from the oldest candidate's arrival in Ready — never past the earliest
 deadline minus the expected step time — and then sends the partial batch.
+
+The per-generation containers (tenant queues, arrivals, side heaps) are :mod:`.decode_ready`'s; the
+tick's pass over them (merge, lane cap, validation) is :mod:`.decode_select`'s.
 """
 
 from __future__ import annotations
@@ -50,14 +53,15 @@ from __future__ import annotations
 import enum
 import heapq
 import math
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
 from calculet.errors import DefinitionError
 from calculet.runtime.distribution import BATCH_WAIT_BOUNDS, Distribution, DistributionSnapshot
+from calculet.runtime.scheduling.decode_ready import ReadyBucket, push_compacting
+from calculet.runtime.scheduling.decode_select import select_candidates
 from calculet.runtime.scheduling.estimates import StepTimer
 from calculet.runtime.scheduling.kv import KvBatchReservation, KvLaneManager, KvReservationFailure
 from calculet.runtime.scheduling.profiles import ProfileSpec
@@ -167,62 +171,6 @@ class DecodeStatistics:
     """Age of the oldest sequence in decode Ready, any generation (§16 queues; 0 when empty)."""
 
 
-class _Bucket:
-    """The ready sequences of one generation."""
-
-    __slots__ = ("tenants", "arrivals", "last_arrival", "since", "count", "watch", "deadlines")
-
-    def __init__(self) -> None:
-        self.tenants: dict[str, TenantQueue] = {}
-        """The index of tenants with ready work: a tenant's queue is dropped once it is found empty
-        (issue #20: a tick must not walk the tenants that have none)."""
-        self.arrivals: deque[tuple[float, list[Any]]] = deque()
-        """(ready since, entry) in the order entries arrived, whose ``since`` never decreases (every
-        entry that arrives now): the oldest live one is at the left, found in O(1) amortized — a heap
-        cost a log-n pop per dead head, 16 per B16 tick (issue #20)."""
-        self.last_arrival = -math.inf
-        self.since: list[tuple[float, int, list[Any]]] = []
-        """Entries that arrive with an older ``since`` than ``arrivals``' last (a batch put back, a
-        promotion keeping its wait): a heap, rarely used."""
-        self.count = 0
-        self.watch: list[tuple[float, int, list[Any]]] = []
-        """Entries not yet at risk, by the instant they become at risk."""
-        self.deadlines: list[tuple[float, int, list[Any]]] = []
-        """Every entry by deadline (kept only with a batching window, for its deadline bound)."""
-
-
-def _tenant_heads(tenants: dict[str, TenantQueue], names: Iterable[str]) -> list[tuple[Any, ...]]:
-    """A heap of the head entry of each named tenant that has one (dead entries dropped first).
-
-    A head is ``(priority, tag, virtual finish, arrival seq, tenant, entry)``: the entry's key
-    flattened, so the merge compares numbers, not nested lists; the seq is unique, so the tenant
-    and the entry are never compared.
-    """
-    heads: list[tuple[Any, ...]] = []
-    for tenant in tuple(names):
-        head = tenants[tenant].head()
-        if head is not None:
-            heads.append((head[0], head[1], head[2], head[3], tenant, head))
-        else:  # the index holds tenants with work only: a tick costs O(tenants with work)
-            del tenants[tenant]
-    heapq.heapify(heads)
-    return heads
-
-
-def _push_compacting(heap: list[tuple[float, int, list[Any]]], item: tuple[float, int, list[Any]],
-                     live: int) -> list[tuple[float, int, list[Any]]]:
-    """Push onto a side heap whose dead entries are dropped lazily; rebuild it when mostly dead.
-
-    Every decode step re-pushes its sequences, so without this a side heap would keep one
-    dead entry per step until its key came due (amortized O(log n) per push either way).
-    """
-    if len(heap) > 64 and len(heap) > 4 * (live + 1):
-        heap = [x for x in heap if x[2][4] is not None]
-        heapq.heapify(heap)
-    heapq.heappush(heap, item)
-    return heap
-
-
 class DecodeScheduler:
     """Holds Ready sequences and builds decode batches (§7)."""
 
@@ -248,7 +196,7 @@ class DecodeScheduler:
         self.share = max_tenant_lane_share
         self._step_times = step_times if step_times is not None else StepTimer()
         self._step_cost = step_cost or (lambda tenant: 1)
-        self._buckets: dict[int, _Bucket] = {}
+        self._buckets: dict[int, ReadyBucket] = {}
         self._vt = 0
         self._seq = 0
         self._batches = 0
@@ -289,8 +237,8 @@ class DecodeScheduler:
         generation = recs[0].machine.generation  # one batch, one generation (any other takes _push)
         bucket = self._buckets.get(generation)
         if bucket is None:
-            bucket = self._buckets[generation] = _Bucket()
-        self._arrive(bucket, now)
+            bucket = self._buckets[generation] = ReadyBucket()
+        bucket.arrive(now)
         tenants, arrive = bucket.tenants, bucket.arrivals.append
         inf = math.inf
         seq = self._seq
@@ -323,14 +271,6 @@ class DecodeScheduler:
             added += 1
         bucket.count += added
         self._seq = seq
-
-    def _arrive(self, bucket: _Bucket, now: float) -> None:
-        """Entries are about to arrive at ``now`` (not before the last arrival): drop the arrivals' dead
-        entries when they are mostly dead (amortized O(1) per arrival)."""
-        arrivals = bucket.arrivals
-        if len(arrivals) > 64 and len(arrivals) > 4 * (bucket.count + 1):
-            bucket.arrivals = deque(x for x in arrivals if x[1][4] is not None)
-        bucket.last_arrival = now
 
     def add(self, rec: RequestRecord, now: float, *, stepped: bool = False) -> None:
         """``rec`` entered DecodeReady at ``now``: from prefill, or after a decode step (``stepped``)."""
@@ -371,7 +311,7 @@ class DecodeScheduler:
         bucket = self._buckets.get(generation)
         if bucket is None or not bucket.count:
             return 0.0
-        return now - self._oldest_since(bucket)
+        return now - bucket.oldest_since()
 
     def _earliest_deadline(self, generation: int) -> float | None:
         """The earliest candidate deadline, for the batching window's bound (§7.2 item 4).
@@ -409,7 +349,7 @@ class DecodeScheduler:
             return False, None
         if bucket.count >= compiled_batch or self.window_s <= 0:
             return True, None
-        fire_at = self._oldest_since(bucket) + self.window_s
+        fire_at = bucket.oldest_since() + self.window_s
         deadline = self._earliest_deadline(generation)
         if deadline is not None and deadline - self.step_estimate_s < fire_at:
             fire_at = deadline - self.step_estimate_s
@@ -429,7 +369,9 @@ class DecodeScheduler:
             return NoBatch(NoBatchReason.EMPTY)
         if bucket.watch:
             self._promote(bucket, now)
-        chosen, positions, expired, invalid = self._select(bucket, profile, generation, size, now)
+        chosen, positions, expired, invalid, self._vt, cap_hits = select_candidates(
+            bucket, self.kv, profile, generation, size, now, self.share, self._vt)
+        self._cap_hits += cap_hits
         self._expired += len(expired)
         self._invalid += len(invalid)
         if not chosen:
@@ -497,7 +439,7 @@ class DecodeScheduler:
     def _push(self, rec: RequestRecord, since: float) -> None:
         bucket = self._buckets.get(rec.generation)
         if bucket is None:
-            bucket = self._buckets[rec.generation] = _Bucket()
+            bucket = self._buckets[rec.generation] = ReadyBucket()
         self._seq += 1
         deadline = rec.deadline
         priority = deadline
@@ -520,15 +462,15 @@ class DecodeScheduler:
             queue = bucket.tenants[rec.tenant] = TenantQueue()
         queue.push(entry)
         if priority == math.inf and not self.planned:
-            bucket.watch = _push_compacting(bucket.watch, (at_risk_from, self._seq, entry), bucket.count)
+            bucket.watch = push_compacting(bucket.watch, (at_risk_from, self._seq, entry), bucket.count)
         # kept with or without a batching window: oldest_wait reads it every tick (one append per lane)
         if since >= bucket.last_arrival:
-            self._arrive(bucket, since)
+            bucket.arrive(since)
             bucket.arrivals.append((since, entry))
         else:
-            bucket.since = _push_compacting(bucket.since, (since, self._seq, entry), bucket.count)
+            bucket.since = push_compacting(bucket.since, (since, self._seq, entry), bucket.count)
         if self.window_s > 0 and not self.strict:
-            bucket.deadlines = _push_compacting(bucket.deadlines, (deadline, self._seq, entry), bucket.count)
+            bucket.deadlines = push_compacting(bucket.deadlines, (deadline, self._seq, entry), bucket.count)
         bucket.count += 1
 
     def earliest_priority(self, generation: int) -> float:
@@ -575,7 +517,7 @@ class DecodeScheduler:
         bucket.count -= 1
         self._push_at_risk(bucket, rec)
 
-    def _promote(self, bucket: _Bucket, now: float) -> None:
+    def _promote(self, bucket: ReadyBucket, now: float) -> None:
         """Entries whose deadline came at risk by ``now`` take their deadline as priority."""
         watch = bucket.watch
         while watch and watch[0][0] <= now:
@@ -587,13 +529,13 @@ class DecodeScheduler:
             bucket.count -= 1
             self._push_at_risk(bucket, rec)
 
-    def _push_at_risk(self, bucket: _Bucket, rec: RequestRecord) -> None:
+    def _push_at_risk(self, bucket: ReadyBucket, rec: RequestRecord) -> None:
         # Sticky: running it every step gains slack, and dropping back would make it
         # oscillate on the edge of its deadline.
         rec.at_risk = True
         self._push_by_deadline(bucket, rec)
 
-    def _push_by_deadline(self, bucket: _Bucket, rec: RequestRecord) -> None:
+    def _push_by_deadline(self, bucket: ReadyBucket, rec: RequestRecord) -> None:
         """Queue ``rec`` again (its old entry already dead) with its deadline as priority, keeping its
         tag and the time it became Ready."""
         self._seq += 1
@@ -603,122 +545,7 @@ class DecodeScheduler:
         if queue is None:
             queue = bucket.tenants[rec.tenant] = TenantQueue()
         queue.push(entry)
-        bucket.since = _push_compacting(bucket.since, (rec.ready_since, self._seq, entry), bucket.count)
+        bucket.since = push_compacting(bucket.since, (rec.ready_since, self._seq, entry), bucket.count)
         if self.window_s > 0:
             heapq.heappush(bucket.deadlines, (rec.deadline, self._seq, entry))
         bucket.count += 1
-
-    def _oldest_since(self, bucket: _Bucket) -> float:
-        """The earliest ``since`` of a live entry: the first live arrival, or an older one put back."""
-        arrivals = bucket.arrivals
-        while arrivals and arrivals[0][1][4] is None:
-            arrivals.popleft()
-        since = bucket.since
-        while since and since[0][2][4] is None:
-            heapq.heappop(since)
-        if since and (not arrivals or since[0][0] < arrivals[0][0]):
-            return since[0][0]
-        return arrivals[0][0] if arrivals else 0.0
-
-    def _select(self, bucket: _Bucket, profile: ProfileSpec, generation: int, size: int, now: float
-                ) -> tuple[list[RequestRecord], list[int], list[RequestRecord], list[tuple[RequestRecord, str]]]:
-        """Merge the tenants' heads (a heap of at most T entries) and take up to ``size`` lanes."""
-        cap = max(1, math.floor(self.share * size))
-        tenants = bucket.tenants
-        heappop, heapreplace = heapq.heappop, heapq.heapreplace
-        heads = _tenant_heads(tenants, tenants)  # (key..., tenant, live head entry) per tenant with work
-        chosen: list[RequestRecord] = []
-        positions: list[int] = []
-        expired: list[RequestRecord] = []
-        invalid: list[tuple[RequestRecord, str]] = []
-        taken: dict[str, int] = {}
-        capped: list[str] = []
-        popped = 0
-        validate, max_seq = self._validate, profile.max_seq
-        owner, kv_lanes = self.kv.lease_owners()
-        vt = self._vt
-        while len(chosen) < size:
-            if not heads:
-                if not capped:
-                    break
-                # §7.2 item 3: the cap holds only while another tenant has a candidate.
-                heads = _tenant_heads(tenants, capped)
-                capped = []
-                cap = size
-                continue
-            entry = heads[0][5]
-            tenant = heads[0][4]
-            queue = tenants[tenant]
-            fifo = queue.fifo
-            if fifo and fifo[0] is entry:  # TenantQueue.take inlined (once per lane)
-                fifo.popleft()
-            else:
-                heappop(queue.heap)
-            rec: RequestRecord = entry[4]
-            entry[4] = None
-            rec.entry = None
-            popped += 1
-            count = taken.get(tenant, 0)
-            if rec.deadline <= now:
-                expired.append(rec)
-            else:
-                # _validate's accepting case inlined (one lane per pass; anything else asks it why not)
-                machine = rec.machine
-                lease = rec.lease
-                problem = (kv_lanes[lease.lane].committed_len  # KvLaneManager.owned_position, inlined
-                           if machine._state == "decode_ready" and machine.generation == generation
-                           and lease is not None and lease.generation == generation
-                           and owner[lease.lane] == lease.lease_id else None)
-                if (problem is None or problem != machine.kv_length or problem >= max_seq
-                        or rec.last_token is None):
-                    problem = validate(rec, profile, generation)
-                if problem.__class__ is int:
-                    chosen.append(rec)
-                    positions.append(problem)  # type: ignore[arg-type]
-                    count += 1
-                    taken[tenant] = count
-                    if rec.decode_tag > vt:
-                        vt = rec.decode_tag
-                else:
-                    invalid.append((rec, problem))  # type: ignore[arg-type]
-            if queue.heap:
-                head = queue.head()
-            else:  # TenantQueue.head inlined for a queue whose entries all arrived in order
-                while fifo and fifo[0][4] is None:
-                    fifo.popleft()
-                head = fifo[0] if fifo else None
-            if head is not None and count < cap:
-                heapreplace(heads, (head[0], head[1], head[2], head[3], tenant, head))
-                continue
-            heappop(heads)
-            if head is None:
-                del tenants[tenant]
-            else:
-                capped.append(tenant)
-                if len(chosen) < size:
-                    self._cap_hits += 1
-        bucket.count -= popped
-        self._vt = vt
-        return chosen, positions, expired, invalid
-
-    def _validate(self, rec: RequestRecord, profile: ProfileSpec, generation: int) -> int | str:
-        """§7.1 ``validate_generation_and_length``: the lane's position, or why it may not run.
-
-        An invalid lane never reaches the device (R7.4.4).
-        """
-        machine = rec.machine
-        if machine._state != "decode_ready":
-            return f"request is {machine._state}, not decode_ready"
-        if machine.generation != generation:
-            return f"generation {machine.generation} != batch generation {generation}"
-        lease = rec.lease
-        position = None if lease is None or lease.generation != generation else self.kv.owned_position(lease)
-        if position is None:
-            return "no KV lease of this generation"
-        if position != machine.kv_length:
-            return f"KV committed_len {position} != request kv_length {machine.kv_length}"
-        if position + 1 > profile.max_seq:
-            return f"position {position} leaves no room in max_seq {profile.max_seq}"
-        if rec.last_token is None:
-            return "no input token"
-        return position

@@ -1,0 +1,150 @@
+"""The decode tick's candidate selection (§7.1, §7.2 items 1–3): which Ready sequences take the lanes.
+
+Split from :mod:`.decode` (issue #20, size limits): :class:`~.decode.DecodeScheduler` keeps the Ready
+set in order and builds the batch; this module is the one pass over that order a tick makes — merge
+the tenants' heads (a heap of at most T entries), take up to ``compiled_batch`` candidates under the
+tenant lane cap, and sort each popped candidate into chosen (with its KV position), expired or
+invalid. It reads and pops the bucket's queues but owns no state: the scheduler's virtual time and
+cap-hit count come back in the :class:`Selection`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any, Iterable, NamedTuple
+
+from calculet.runtime.scheduling.decode_ready import ReadyBucket
+from calculet.runtime.scheduling.kv import KvLaneManager
+from calculet.runtime.scheduling.profiles import ProfileSpec
+from calculet.runtime.scheduling.ready_queue import TenantQueue
+from calculet.runtime.scheduling.registry import RequestRecord
+
+
+class Selection(NamedTuple):
+    """One tick's candidates, popped from Ready (none of them is queued any more)."""
+
+    chosen: list[RequestRecord]
+    positions: list[int]
+    """Each chosen lane's KV ``committed_len``, in lane order."""
+    expired: list[RequestRecord]
+    invalid: list[tuple[RequestRecord, str]]
+    vt: int
+    """The decode virtual time after the tick: the largest tag served so far."""
+    cap_hits: int
+    """How often a tenant left the merge at its lane cap while lanes were still free."""
+
+
+def tenant_heads(tenants: dict[str, TenantQueue], names: Iterable[str]) -> list[tuple[Any, ...]]:
+    """A heap of the head entry of each named tenant that has one (dead entries dropped first).
+
+    A head is ``(priority, tag, virtual finish, arrival seq, tenant, entry)``: the entry's key
+    flattened, so the merge compares numbers, not nested lists; the seq is unique, so the tenant
+    and the entry are never compared.
+    """
+    heads: list[tuple[Any, ...]] = []
+    for tenant in tuple(names):
+        head = tenants[tenant].head()
+        if head is not None:
+            heads.append((head[0], head[1], head[2], head[3], tenant, head))
+        else:  # the index holds tenants with work only: a tick costs O(tenants with work)
+            del tenants[tenant]
+    heapq.heapify(heads)
+    return heads
+
+
+def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSpec, generation: int,
+                      size: int, now: float, share: float, vt: int) -> Selection:
+    """Merge the tenants' heads (a heap of at most T entries) and take up to ``size`` lanes."""
+    cap = max(1, math.floor(share * size))
+    tenants = bucket.tenants
+    heappop, heapreplace = heapq.heappop, heapq.heapreplace
+    heads = tenant_heads(tenants, tenants)  # (key..., tenant, live head entry) per tenant with work
+    result = Selection([], [], [], [], vt, 0)
+    chosen, positions, expired, invalid = result.chosen, result.positions, result.expired, result.invalid
+    taken: dict[str, int] = {}
+    capped: list[str] = []
+    cap_hits = 0
+    max_seq = profile.max_seq
+    owner, kv_lanes = kv.lease_owners()
+    while len(chosen) < size:
+        if not heads:
+            if not capped:  # §7.2 item 3: the cap holds only while another tenant has a candidate
+                break
+            heads, capped, cap = tenant_heads(tenants, capped), [], size
+            continue
+        _, _, _, _, tenant, entry = heads[0]
+        fifo = (queue := tenants[tenant]).fifo
+        if fifo and fifo[0] is entry:  # TenantQueue.take inlined (once per lane)
+            fifo.popleft()
+        else:
+            heappop(queue.heap)
+        rec: RequestRecord = entry[4]
+        entry[4] = rec.entry = None
+        count = taken.get(tenant, 0)
+        if rec.deadline <= now:
+            expired.append(rec)
+        else:  # validate's accepting case inlined (one lane per pass; anything else asks it why not)
+            machine, lease = rec.machine, rec.lease
+            problem = (kv_lanes[lease.lane].committed_len  # KvLaneManager.owned_position, inlined
+                       if machine._state == "decode_ready" and machine.generation == generation
+                       and lease is not None and lease.generation == generation
+                       and owner[lease.lane] == lease.lease_id else None)
+            if (problem is None or problem != machine.kv_length or problem >= max_seq
+                    or rec.last_token is None):
+                problem = validate(kv, rec, profile, generation)
+            if problem.__class__ is int:
+                chosen.append(rec)
+                positions.append(problem)  # type: ignore[arg-type]
+                taken[tenant] = count = count + 1
+                if rec.decode_tag > vt:
+                    vt = rec.decode_tag
+            else:
+                invalid.append((rec, problem))  # type: ignore[arg-type]
+        if queue.heap:
+            head = queue.head()
+        else:  # TenantQueue.head inlined for a queue whose entries all arrived in order
+            while fifo and fifo[0][4] is None:
+                fifo.popleft()
+            head = fifo[0] if fifo else None
+        if head is not None and count < cap:
+            heapreplace(heads, (head[0], head[1], head[2], head[3], tenant, head))
+            continue
+        cap_hits += _leave_merge(heads, tenants, tenant, head, capped, len(chosen) < size)
+    bucket.count -= len(chosen) + len(expired) + len(invalid)  # every popped candidate is in one of them
+    return result._replace(vt=vt, cap_hits=cap_hits)
+
+
+def _leave_merge(heads: list[tuple[Any, ...]], tenants: dict[str, TenantQueue], tenant: str,
+                 head: list[Any] | None, capped: list[str], lanes_free: bool) -> int:
+    """``tenant`` leaves the merge: out of the index if its queue is empty, else set aside at its lane
+    cap (§7.2 item 3). Returns 1 for a cap hit that left lanes free, else 0 (once per tenant per tick)."""
+    heapq.heappop(heads)
+    if head is None:
+        del tenants[tenant]
+        return 0
+    capped.append(tenant)
+    return 1 if lanes_free else 0
+
+
+def validate(kv: KvLaneManager, rec: RequestRecord, profile: ProfileSpec, generation: int) -> int | str:
+    """§7.1 ``validate_generation_and_length``: the lane's position, or why it may not run.
+
+    An invalid lane never reaches the device (R7.4.4).
+    """
+    machine = rec.machine
+    if machine._state != "decode_ready":
+        return f"request is {machine._state}, not decode_ready"
+    if machine.generation != generation:
+        return f"generation {machine.generation} != batch generation {generation}"
+    lease = rec.lease
+    position = None if lease is None or lease.generation != generation else kv.owned_position(lease)
+    if position is None:
+        return "no KV lease of this generation"
+    if position != machine.kv_length:
+        return f"KV committed_len {position} != request kv_length {machine.kv_length}"
+    if position + 1 > profile.max_seq:
+        return f"position {position} leaves no room in max_seq {profile.max_seq}"
+    if rec.last_token is None:
+        return "no input token"
+    return position
