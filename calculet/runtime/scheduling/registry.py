@@ -370,11 +370,7 @@ class RequestRegistry:
         if target in ("decode_ready", "finishing"):
             assert token is not None
             rec.last_token = token
-            try:  # ``deliver``, inlined: once per lane per decode step
-                rec.sink.token(request_id, token)
-            except Exception:  # a broken client must not break the actor
-                self._sink_errors += 1
-                log.exception("sink.token failed", extra={"request_id": request_id})
+            self.deliver(rec, token)
         return Callback(CallbackResult.APPLIED, state, target)
 
     def decode_done_each(self, recs: Sequence[RequestRecord], generation: int, job_id: int,
@@ -390,21 +386,18 @@ class RequestRegistry:
         listener does for one lane reads another lane's request, so running the fires first changes
         no outcome."""
         live = self._live
-        for rec in recs:  # the usual case: every result is current (one pass, nothing built)
+        stale: set[int] | None = None  # the usual case: every result is current (one pass, nothing built)
+        for i, rec in enumerate(recs):
             machine = rec.machine
             if (machine._state != "decode_running" or machine.job_id != job_id or machine.generation != generation
                     or live.get(rec.request_id) is not rec):
-                break
-        else:
+                if stale is None:
+                    stale = set()
+                stale.add(i)
+        if stale is None:
             return self._decode_done(recs, job_id, produced, stops, tokens, details)
-        fresh: list[int] = []
-        for i, rec in enumerate(recs):
-            machine = rec.machine
-            if (live.get(rec.request_id) is not rec or machine._state != "decode_running"
-                    or machine.generation != generation or machine.job_id != job_id):
-                self._stale += 1
-                continue
-            fresh.append(i)
+        self._stale += len(stale)
+        fresh = [i for i in range(len(recs)) if i not in stale]
         out: list[str | None] = [None] * len(recs)
         targets = self._decode_done([recs[i] for i in fresh], job_id, [produced[i] for i in fresh],
                                     [stops[i] for i in fresh], [tokens[i] for i in fresh],

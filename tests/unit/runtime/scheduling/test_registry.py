@@ -130,6 +130,28 @@ def test_finish_with_a_reason_that_does_not_fit_is_refused_and_changes_nothing()
 
 
 @pytest.mark.req("R4.9", "R4.8")
+def test_a_decode_step_settles_its_current_lanes_and_counts_the_stale_ones():
+    """``decode_done_each`` (one call per decode step, issue #20): lanes whose request has moved on or
+    belongs to another job are stale (counted, nothing fired, None), the others deliver their token."""
+    registry = RequestRegistry()
+    recs = [new_record(registry) for _ in range(3)]
+    for rec, _ in recs:
+        drive_to(registry, rec, "decode_running")
+    (a, sink_a), (b, sink_b), (c, sink_c) = recs
+    registry.cancel(b.request_id)  # still decode_running with its cancel flag: the result is current
+    job = a.job_id
+    registry.fire(c, "decode_done", job=job, ok=True, stop=False)  # c moved on: its result is stale now
+    targets = registry.decode_done_each([a, b, c], 1, job, [True, True, True], [False, False, False],
+                                        [7, 8, 9], ["", "", ""])
+    assert targets[0] == "decode_ready" and targets[2] is None
+    assert targets[1] is not None and b.state != "decode_running"
+    assert 7 in sink_a.tokens and 9 not in sink_c.tokens
+    assert registry.statistics().stale_callbacks == 1
+    every_current = registry.decode_done_each([], 1, job, [], [], [], [])
+    assert every_current == []
+
+
+@pytest.mark.req("R4.9", "R4.8")
 def test_stale_callbacks_are_dropped_and_change_nothing():
     registry = RequestRegistry()
     rec, sink = new_record(registry)
