@@ -302,6 +302,12 @@ class DecodeScheduler:
     def total_ready(self) -> int:
         return sum(b.count for b in self._buckets.values())
 
+    def ready_records(self) -> list[RequestRecord]:
+        """Every Ready sequence's record, in no particular order (O(entries); the ITL prefill gate's
+        streams, issue #13)."""
+        return [entry[4] for bucket in self._buckets.values() if bucket.count
+                for queue in bucket.tenants.values() for entry in queue if entry[4] is not None]
+
     def generations(self) -> list[int]:
         return [g for g, b in self._buckets.items() if b.count]
 

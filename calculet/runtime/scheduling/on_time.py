@@ -35,7 +35,7 @@ from calculet.runtime.scheduling.decode import DecodeScheduler
 from calculet.runtime.scheduling.estimate_error import EstimateErrors
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.finish_estimate import ON_TIME_EPS_S, DeviceModel
-from calculet.runtime.scheduling.on_time_planner import DECODING_STATES, OnTimePlanner, OnTimeStatistics
+from calculet.runtime.scheduling.on_time_planner import OnTimePlanner, OnTimeStatistics
 from calculet.runtime.scheduling.prefill import PrefillScheduler
 from calculet.runtime.scheduling.profiles import ProfileSet
 from calculet.runtime.scheduling.registry import WAITING_STATES, RequestRecord, RequestRegistry
@@ -75,8 +75,6 @@ class OnTimePolicy:
         wfq = admission.wfq
         self.planner.virtual_start = lambda tenant: float(max(wfq.tenant_virtual_time(tenant),
                                                               wfq.global_virtual_time()))
-        self._streams: dict[int, RequestRecord] = {}
-        """The requests in decode (ready or on the device): the streams a prefill makes wait."""
         if self.planner.any_itl:
             prefill.gate = self.prefill_fits_itl
 
@@ -138,16 +136,13 @@ class OnTimePolicy:
         enters the rotation, and the streams in it finish. The device keeps decoding meanwhile (on
         B1 a smaller rotation serves as many tokens per second).
         With no measured step, no stream or no target among the streams, nothing is held."""
-        streams = self._streams
-        if not streams:
+        if not self.decode.total_ready():
             return True
         model = self.model()
         if model is None:
             return True
         targets = self.planner.itl_s
-        ready = [r for r in streams.values() if (e := r.entry) is not None and len(e) == 5 and e[4] is r]
-        if not ready:
-            return True
+        ready = self.decode.ready_records()
         ready.sort(key=_rotation_key)
         step = max(model.decode_step_s, model.step_period_s)
         stall = model.prefill_s(tokens)
@@ -184,13 +179,7 @@ class OnTimePolicy:
             self.prefill.prioritise(rec)
 
     def transition(self, rec: RequestRecord, target: str, ends: bool, now: float) -> None:
-        """``rec`` moved to ``target``; ``ends``: this is its first step into an ended state (its outcome).
-        Steps within the decode cycle are not reported (the scheduler's fast path), so a stream is
-        tracked from its entry into decode to its first transition out of it."""
-        if target in DECODING_STATES:
-            self._streams[rec.request_id] = rec
-        else:
-            self._streams.pop(rec.request_id, None)
+        """``rec`` moved to ``target``; ``ends``: this is its first step into an ended state (its outcome)."""
         if target == "prefill_ready" or ends:
             self.mark(ended=ends)
         if ends:
