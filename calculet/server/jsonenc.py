@@ -6,8 +6,7 @@ JSON as ``json.dumps(value, ensure_ascii=False, separators=(",", ":"))`` in a fr
 cannot (a lone UTF-16 surrogate in a string, a key that is not a string, a type it does not know), the
 standard library writes it as before. One difference remains: orjson writes a NaN or infinite float as
 ``null`` where the standard library writes the non-JSON ``NaN``; no answer or frame of the service carries
-one (usage and ids are integers), and a log line is better valid JSON. Without ``orjson`` installed the
-standard library does all of it.
+one (usage and ids are integers), and a log line is better valid JSON.
 """
 
 from __future__ import annotations
@@ -17,10 +16,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-try:
-    import orjson
-except ImportError:  # pragma: no cover - orjson is a declared dependency; the fallback keeps a bare install working
-    orjson = None  # type: ignore[assignment]
+import orjson
 
 
 def _std(value: Any) -> bytes:
@@ -29,12 +25,10 @@ def _std(value: Any) -> bytes:
 
 def dumps(value: Any) -> bytes:
     """``value`` as compact UTF-8 JSON, non-ASCII characters as themselves (``ensure_ascii=False``)."""
-    if orjson is not None:
-        try:
-            return orjson.dumps(value)
-        except TypeError:  # a surrogate, a non-string key, a type orjson does not take: the library's answer
-            pass
-    return _std(value)
+    try:
+        return orjson.dumps(value)
+    except TypeError:  # a surrogate, a non-string key, a type orjson does not take: the library's answer
+        return _std(value)
 
 
 def dumps_text(value: Any) -> str:
@@ -46,12 +40,7 @@ class JSONBody(JSONResponse):
     """Starlette's ``JSONResponse`` (same bytes: compact, UTF-8) rendered with :func:`dumps`."""
 
     def render(self, content: Any) -> bytes:
-        if orjson is not None:
-            try:
-                return orjson.dumps(content)
-            except TypeError:
-                pass
-        return super().render(content)
+        return dumps(content)
 
 
 __all__ = ["JSONBody", "dumps", "dumps_text"]
