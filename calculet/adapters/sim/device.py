@@ -385,7 +385,7 @@ class SimVirtualDevice:
     @vendor_boundary("VirtualDevice.Submit")
     def submit(self, job: JobSpec) -> JobTicket:
         """Validate, price and enqueue a job on its engine; raises on refusal (rc on the error)."""
-        with self._cond:
+        with self._lock:  # the lock of ``_cond`` itself, entered without the Condition's Python-level __enter__
             try:
                 return self._submit_locked(job)
             except VendorError as exc:
@@ -396,7 +396,9 @@ class SimVirtualDevice:
         self._check_open()
         if self._virtual:
             self.timeline.advance_virtual()
-        cb = self._calbin_by_id(job.calbin_id)
+        cb = self._calbins.get(job.calbin_id)
+        if cb is None:
+            raise VendorError(ReturnCode.NOT_FOUND, f"calbin {job.calbin_id} does not exist on this device")
         if not cb.configured_profiles:
             raise VendorError(ReturnCode.INVALID_STATE, f"calbin {cb.name!r} is not configured")
         if self._poisoned is not None:
@@ -437,13 +439,14 @@ class SimVirtualDevice:
             assert seq is not None
             seq.inflight_job = job_id
         sim_job = SimJob(ticket, job, cb, kv, fault, finish, self._epoch, admitted.seqs)
-        self.timeline.add(sim_job)
-        self._engine_job[job.engine] = job_id
         self._submitted += 1
         if self.completes_at_submit and finish is not None and finish <= now:
+            # completed before submit returns, under the lock: never on the timeline, so nothing can discard it
             sim_job.executing = True
-            self.finalize(sim_job, self.compute(sim_job), now)
+            self._publish(sim_job, compute(sim_job, self._lock), now)
         else:
+            self.timeline.add(sim_job)
+            self._engine_job[job.engine] = job_id
             self._worker_cond.notify_all()
         if self.timeline.sleepers:  # a Wait/WaitAny caller: the result (or the new job) may be what it waits for
             self._cond.notify_all()
@@ -457,10 +460,15 @@ class SimVirtualDevice:
 
     def finalize(self, job: SimJob, computed: Computed | None, now: float) -> None:
         """Commit or discard a job's effects and publish its result (device lock held)."""
-        job_id = job.ticket.job_id
-        if job.epoch != self._epoch or not self.timeline.remove(job_id):
+        if job.epoch != self._epoch or not self.timeline.remove(job.ticket.job_id):
             return  # discarded by reset while computing: it never completes
-        spec, engine = job.spec, job.spec.engine
+        self._publish(job, computed, now)
+
+    def _publish(self, job: SimJob, computed: Computed | None, now: float) -> None:
+        """A job's effects committed and its result published (device lock held; the job is off the timeline)."""
+        job_id = job.ticket.job_id
+        spec = job.spec
+        engine = spec.engine
         out_buf = self._buffers.get(spec.buffers.output.buffer_id)
         output = out_buf.data if out_buf is not None else None
         result = completion_record(job, computed, output, self.config.numerics, self._engine_seq, now)

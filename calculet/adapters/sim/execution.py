@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -61,21 +62,41 @@ class _Ones(dict[int, tuple[int, ...]]):
 _ONES = _Ones()
 
 
-@dataclass(frozen=True)
-class LaneLayout:
-    """A job's lanes as the device sees them: a prefill is one valid lane of its prompt's tokens."""
+class _Flags(dict[tuple[int, ...], tuple[bool, ...]]):
+    """A decode job's 0/1 ``lane_valid`` as bools, built once per pattern: a step's lanes repeat the same few
+    patterns (the first ``n`` of ``B`` lanes), and converting per job cost a call per lane (issue #20)."""
+
+    def __missing__(self, valid: tuple[int, ...]) -> tuple[bool, ...]:
+        flags = tuple(map(bool, valid))
+        if len(self) < 4096:  # bounded: arbitrary masks of a wide profile must not grow it without end
+            self[valid] = flags
+        return flags
+
+
+_FLAGS = _Flags()
+
+
+class LaneLayout(NamedTuple):
+    """A job's lanes as the device sees them: a prefill is one valid lane of its prompt's tokens.
+
+    A named tuple, built once per job on the completion path (issue #20: a frozen dataclass cost a third more);
+    ``n_valid`` and ``valid_tokens`` are what the status counters report (§14)."""
 
     valid: tuple[bool, ...]
     seq_ids: tuple[int, ...]
     positions: tuple[int, ...]
     n_tokens: tuple[int, ...]
+    n_valid: int
+    valid_tokens: int
 
     @classmethod
     def of(cls, spec: JobSpec) -> LaneLayout:
         if isinstance(spec, DecodeJob):
             lanes = spec.lanes  # plain Python values, converted once per job (issue #20)
-            return cls(tuple(map(bool, lanes.valid)), lanes.seqs, lanes.positions, _ONES[spec.compiled_batch])
-        return cls((True,), (int(spec.seq_id),), (spec.start_position,), (len(spec.tokens),))
+            n = len(lanes.active)
+            return cls(_FLAGS[lanes.valid], lanes.seqs, lanes.positions, _ONES[spec.compiled_batch], n, n)
+        n = len(spec.tokens)
+        return cls((True,), (int(spec.seq_id),), (spec.start_position,), (n,), 1, n)
 
 
 def compute(job: SimJob, lock: threading.RLock) -> Computed | None:
@@ -124,36 +145,43 @@ def commit(job: SimJob, computed: Computed | None, layout: LaneLayout, lane_rc: 
            output: np.ndarray | None, numerics: bool) -> tuple[list[LaneResult], int]:
     """Commit the OK lanes' KV and logits (device lock held); the lane results and KV tokens written.
 
-    Every sequence the job held is released for the next job, whatever the outcome.
+    Every sequence the job held is released for the next job, whatever the outcome: the valid lanes' sequences,
+    released as their lanes are committed (they are the job's ``seqs``, in lane order).
     """
     kv = job.kv
     find = kv.find
     lanes: list[LaneResult] = []
+    append = lanes.append
     kv_written = 0
+    ok = ReturnCode.OK
+    released = 0
+    valid, positions, n_tokens = layout.valid, layout.positions, layout.n_tokens
     for i, sid in enumerate(layout.seq_ids):
         seq = find(sid) if sid != NO_SEQUENCE else None
-        if not layout.valid[i]:
+        if not valid[i]:
             policy = job.calbin.profile(job.spec.compiled_batch).inactive_policy
             row = np.full(job.calbin.vocab_size, np.nan) if policy.inactive_logits_returned and numerics else None
             if row is not None and output is not None:
                 output[i] = row
-            lanes.append(LaneResult(i, sid, False, ReturnCode.OK, layout.positions[i],
-                                    seq.committed_len if seq else 0, row, None))
+            append(LaneResult(i, sid, False, ok, positions[i], seq.committed_len if seq else 0, row, None))
             continue
         assert seq is not None
         rc = lane_rc[i]
         logits = token = None
-        if rc is ReturnCode.OK and computed is not None:
+        if rc is ok and computed is not None:
             logits, token = computed.logits[i], computed.tokens[i]
-            kv.commit(seq, computed.k_rows[i], computed.v_rows[i], layout.n_tokens[i])
-            kv_written += layout.n_tokens[i]
+            kv.commit(seq, computed.k_rows[i], computed.v_rows[i], n_tokens[i])
+            kv_written += n_tokens[i]
             if logits is not None:
                 if output is not None:
                     output[i] = logits
                 logits = logits.copy()
-        lanes.append(LaneResult(i, sid, True, rc, layout.positions[i], seq.committed_len, logits, token))
-    for sid in job.seqs:
-        held = find(sid)
-        if held is not None:
-            held.inflight_job = None
+        seq.inflight_job = None
+        released += 1
+        append(LaneResult(i, sid, True, rc, positions[i], seq.committed_len, logits, token))
+    if released != len(job.seqs):  # not the valid lanes' sequences after all: release each one it held
+        for sid in job.seqs:
+            held = find(sid)
+            if held is not None:
+                held.inflight_job = None
     return lanes, kv_written

@@ -43,7 +43,8 @@ def completion_record(job: SimJob, computed: Computed | None, output: np.ndarray
     ``engine_seq`` is the device's per-engine completion count, advanced here for the job's
     engine as the status counters report it (§14).
     """
-    spec, engine = job.spec, job.spec.engine
+    spec = job.spec
+    engine = spec.engine
     layout = LaneLayout.of(spec)
     fault = job.fault
     if fault is None:  # the common case: every lane OK, nothing to corrupt (no per-job fault machinery)
@@ -52,13 +53,13 @@ def completion_record(job: SimJob, computed: Computed | None, output: np.ndarray
         isolated = job.calbin.capabilities.lane_failure_isolation.value
         job_rc, lane_rc = fault_effects.return_codes(fault, isolated, layout.valid)
     lanes, kv_written = commit(job, computed, layout, lane_rc, output, numerics)
-    engine_seq[engine] += 1
-    valid_tokens = sum(n for n, v in zip(layout.n_tokens, layout.valid) if v)
-    counters = StatusCounters(engine_seq[engine], sum(layout.valid), valid_tokens, kv_written)
+    sequence = engine_seq[engine] = engine_seq[engine] + 1
+    counters = StatusCounters(sequence, layout.n_valid, layout.valid_tokens, kv_written)
+    message = ""
     if fault is not None:
         counters = fault_effects.corrupt(fault, lanes, counters, output)
-    message = f"{job.fault.origin}" if job.fault and job_rc is not ReturnCode.OK else ""
-    return JobResult(job_id=job.ticket.job_id, generation=spec.generation, kind=spec.kind, engine=engine,
-                     calbin_id=job.calbin.calbin_id, compiled_batch=spec.compiled_batch, rc=job_rc,
-                     lanes=tuple(lanes), counters=counters, submitted_at=job.ticket.submitted_at,
-                     completed_at=now, output_buffer=spec.buffers.output, message=message)
+        if job_rc is not ReturnCode.OK:
+            message = f"{fault.origin}"
+    ticket = job.ticket
+    return JobResult(ticket.job_id, spec.generation, spec.kind, engine, ticket.calbin_id, spec.compiled_batch, job_rc,
+                     tuple(lanes), counters, ticket.submitted_at, now, spec.buffers.output, message)
