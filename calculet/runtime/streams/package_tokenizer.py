@@ -63,8 +63,10 @@ class HfTokenizer:
     """A package's ``tokenizer.json`` and chat template, with the engine's tokenizer interface."""
 
     def __init__(self, backend: HfBackend, template: ChatTemplate, *, vocab_size: int, bos: int, eos: int,
-                 specials: Iterable[int], identity: str = "") -> None:
+                 specials: Iterable[int], identity: str = "", byte_table: tuple[bytes, ...] | None = None) -> None:
         self._backend = backend
+        self.byte_table = byte_table
+        """Each id's bytes when the tokenizer is byte-level BPE (:func:`byte_level_table`): streams decode by it."""
         self.identity = identity or f"hf/{vocab_size}/{bos}/{eos}"
         """What a replacement package must keep: the sha256 of its tokenizer files."""
         self.template = template
@@ -107,7 +109,15 @@ class HfTokenizer:
 
 
 class HfDetokenizer:
-    """Incremental decoding that holds back an incomplete UTF-8 character (U+FFFD at the end)."""
+    """Incremental decoding that holds back an incomplete UTF-8 character (U+FFFD at the end).
+
+    Each push decodes the window of ids since the last text it returned, twice — without and with the new
+    ids — and returns the difference (the window is what keeps a tokenizer whose pieces depend on their
+    neighbours, such as SentencePiece's leading space, exact). A byte-level BPE tokenizer's pieces do not:
+    its text is the UTF-8 of its tokens' bytes laid end to end (:func:`byte_level_table`), so the window is
+    kept as bytes and decoded by Python's own codec, at a tenth of a call into the Rust backend with its
+    list copy (issue #20: the actor decoded every streamed token twice through it). Same text, same holds.
+    """
 
     def __init__(self, tokenizer: HfTokenizer) -> None:
         self._tok = tokenizer
@@ -118,15 +128,21 @@ class HfDetokenizer:
         self._specials = tokenizer._specials
         self._vocab_size = tokenizer.vocab_size
         self._backend_decode = tokenizer._backend.decode
+        self._table = tokenizer.byte_table
+        self._bytes = bytearray()
 
     def push(self, token: int) -> str:
         if token in self._specials or not 0 <= token < self._vocab_size:
             return ""
+        table = self._table
+        if table is not None:
+            self._bytes += table[token]
+            return self._emit_bytes(final=False)
         self._ids.append(token)
         return self._emit(final=False)
 
     def flush(self) -> str:
-        return self._emit(final=True)
+        return self._emit(final=True) if self._table is None else self._emit_bytes(final=True)
 
     def _emit(self, *, final: bool) -> str:
         # the ids held here are in the vocabulary (push drops the others), so they go to the backend as they are:
@@ -138,6 +154,60 @@ class HfDetokenizer:
             return ""
         self._prefix, self._read = self._read, len(self._ids)
         return text[len(before):]
+
+    def _emit_bytes(self, *, final: bool) -> str:
+        """:meth:`_emit` over the window's bytes (a byte-level tokenizer): the same rule, offsets in bytes."""
+        data = self._bytes
+        before = data[self._prefix:self._read].decode("utf-8", "replace")
+        text = data[self._prefix:].decode("utf-8", "replace")
+        if len(text) <= len(before) or (text.endswith("\ufffd") and not final):
+            return ""
+        self._prefix, self._read = self._read, len(data)
+        if self._prefix > 4096:  # what is before the window is never read again
+            del data[:self._prefix]
+            self._read -= self._prefix
+            self._prefix = 0
+        return text[len(before):]
+
+
+def _byte_level_chars() -> dict[str, int]:
+    """The byte-level pre-tokenizer's alphabet (GPT-2's ``bytes_to_unicode``), inverted: character -> byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    chars = {chr(b): b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+def byte_level_table(backend: HfBackend, tokenizer_json: dict[str, Any], vocab_size: int,
+                     specials: Iterable[int]) -> tuple[bytes, ...] | None:
+    """Each id's bytes, when the tokenizer's decoder is byte-level and nothing else: decoding ids is then the
+    UTF-8 (invalid bytes as U+FFFD) of their bytes laid end to end — the ``ByteLevel`` decoder maps each
+    character of a token back to its byte (a token with a character outside the alphabet, an added token,
+    stands for its own UTF-8), and special tokens are skipped. None for any other decoder. Checked against
+    the backend for every id before it is used: a table that disagrees on any one is not used."""
+    decoder = tokenizer_json.get("decoder")
+    if not isinstance(decoder, dict) or decoder.get("type") != "ByteLevel":
+        return None
+    chars = _byte_level_chars()
+    skip = set(specials)
+    table: list[bytes] = []
+    for i in range(vocab_size):
+        piece = backend.id_to_token(i)
+        if i in skip or piece is None:
+            table.append(b"")
+            continue
+        if all(c in chars for c in piece):
+            table.append(bytes(chars[c] for c in piece))
+        else:
+            table.append(piece.encode("utf-8"))
+        if table[i].decode("utf-8", "replace") != backend.decode([i], skip_special_tokens=True):
+            return None
+    return tuple(table)
 
 
 def _refuse(manifest: CalbinManifest, detail: str) -> PackageError:
@@ -190,8 +260,12 @@ def hf_tokenizer(package_dir: Path, manifest: CalbinManifest) -> HfTokenizer:
         template.render(_PROBE)
     except jinja2.TemplateError as exc:
         raise _refuse(manifest, f"the chat template does not render: {exc}") from exc
+    try:
+        table = byte_level_table(backend, json.loads(tokenizer_text), size, added)
+    except ValueError:
+        table = None
     return HfTokenizer(backend, template, vocab_size=size, bos=arch.special_tokens.bos,
-                       eos=arch.special_tokens.eos, specials=added, identity=identity)
+                       eos=arch.special_tokens.eos, specials=added, identity=identity, byte_table=table)
 
 
 Tokenizer = ByteTokenizer | HfTokenizer
@@ -224,5 +298,5 @@ def loaded_tokenizer(sha256: str, vocab_size: int, *, bos: int, eos: int) -> Tok
     return tok if tok is not None else ByteTokenizer(vocab_size, bos=bos, eos=eos)
 
 
-__all__ = ["ChatTemplate", "HfDetokenizer", "HfTokenizer", "Tokenizer", "hf_tokenizer", "load_tokenizer",
-           "loaded_tokenizer"]
+__all__ = ["ChatTemplate", "HfDetokenizer", "HfTokenizer", "Tokenizer", "byte_level_table", "hf_tokenizer",
+           "load_tokenizer", "loaded_tokenizer"]

@@ -116,3 +116,40 @@ def test_special_tokens_and_template_are_checked(tmp_path: Path) -> None:
     with pytest.raises(PackageError, match="bos_token '<\\|pad\\|>' is not the manifest's bos id 0"):
         load(tmp_path / "bos")
     assert "{{ bos_token }}" in CHAT_TEMPLATE
+
+
+def test_a_byte_level_tokenizer_streams_through_its_byte_table_exactly_as_through_the_backend(bundled: Path) -> None:
+    """Issue #20 (the detokeniser decoded each token twice through the Rust backend): the bundled byte-level BPE
+    tokenizer gets a table of each id's bytes, and a stream decoded by it returns the same pieces at the same
+    pushes as the backend's window decoding — over random ids, specials, split and invalid UTF-8 included."""
+    import random
+
+    tok = load(bundled)
+    assert isinstance(tok, HfTokenizer) and tok.byte_table is not None
+    assert len(tok.byte_table) == tok.vocab_size
+    by_backend = HfTokenizer(tok._backend, tok.template, vocab_size=tok.vocab_size, bos=tok.bos, eos=tok.eos,
+                             specials=tok._specials)
+    assert by_backend.byte_table is None
+    rng = random.Random(20)
+    multibyte = tok.encode("é✓ü€😀", add_bos=False)
+    for _ in range(200):
+        ids = [rng.choice((rng.randrange(tok.vocab_size), rng.choice(multibyte), tok.eos))
+               for _ in range(rng.randrange(1, 40))]
+        fast, slow = tok.detokenizer(), by_backend.detokenizer()
+        assert [fast.push(t) for t in ids] == [slow.push(t) for t in ids], ids
+        assert fast.flush() == slow.flush()
+
+
+def test_a_tokenizer_whose_decoder_is_not_byte_level_gets_no_table(bundled: Path) -> None:
+    """Only a decoder that is byte-level and nothing else is decoded by the table (another decoder may join
+    pieces by rules of its own: the backend's window decoding stays the only rule there)."""
+    from calculet.runtime.streams.package_tokenizer import byte_level_table
+
+    tok = load(bundled)
+    assert isinstance(tok, HfTokenizer)
+    spec = json.loads(tok._backend.to_str())
+    assert byte_level_table(tok._backend, spec, tok.vocab_size, tok._specials) is not None
+    spec["decoder"] = {"type": "Sequence", "decoders": [spec["decoder"]]}
+    assert byte_level_table(tok._backend, spec, tok.vocab_size, tok._specials) is None
+    del spec["decoder"]
+    assert byte_level_table(tok._backend, spec, tok.vocab_size, tok._specials) is None
