@@ -161,7 +161,10 @@ class StreamWriter:
 
     def __init__(self, *, tokenizer: ByteTokenizer | None = None, stop: Sequence[Sequence[int]] = (),
                  eos: int | None = None, stop_text: Sequence[str] = ()) -> None:
-        self._lock = threading.Condition(threading.Lock())
+        self._mutex = threading.Lock()
+        """The lock of ``_lock``, entered directly on the per-token paths (a Condition's ``with`` is a Python-level
+        call on top, issue #20); waiting and notifying go through ``_lock``."""
+        self._lock = threading.Condition(self._mutex)
         self._detok: Detokenizer | None = tokenizer.detokenizer() if tokenizer is not None else None
         self._stops = tuple(tuple(s) for s in stop if s)
         self._matcher: StopTextMatcher | None = None
@@ -199,7 +202,7 @@ class StreamWriter:
     # ------------------------------------------------------------------ the sink (actor side)
 
     def token(self, request_id: int, token: int) -> None:
-        with self._lock:
+        with self._mutex:
             if self._outcome is not None:
                 self._refused_tokens += 1
                 return
@@ -212,6 +215,13 @@ class StreamWriter:
                     _wake(waiters)
                 return
             held = self._held
+            if not held and not self._stops and token != self._eos:
+                # the common case: nothing held and nothing to hold, the token is shown at once
+                self._emit_one(token)
+                waiters, self._async_waiters = self._async_waiters, []
+                if waiters:
+                    _wake(waiters)
+                return
             held.append(token)
             # without stop sequences only a trailing EOS is held (what _holdback finds then, without the call)
             keep = self._holdback() if self._stops else int(token == self._eos)
@@ -224,7 +234,7 @@ class StreamWriter:
             _wake(waiters)
 
     def close(self, outcome: RequestOutcome) -> None:
-        with self._lock:
+        with self._mutex:
             if self._outcome is not None:
                 self._refused_closes += 1
                 return
@@ -296,7 +306,7 @@ class StreamWriter:
         loop = asyncio.get_running_loop()
         index = 0
         while True:
-            with self._lock:
+            with self._mutex:
                 events = self._events
                 if len(events) > index:
                     batch: list[StreamEvent] | None = events[index:]
@@ -389,6 +399,18 @@ class StreamWriter:
         del ends[:n]
         return release
 
+    def _emit_one(self, token: int) -> None:
+        """:meth:`_emit` of one token that is not the last (the per-token path, issue #20: no list, no keywords)."""
+        detok = self._detok
+        text = detok.push(token) if detok is not None else ""
+        self._visible.append(token)
+        if text:
+            self._text.append(text)
+        events = self._events
+        events.append(_new_event(StreamEvent, (len(events), (token,), text, False, None, None, len(self._raw))))
+        if self._sleepers:
+            self._lock.notify_all()
+
     def _emit(self, tokens: list[int], *, finished: bool, text: str | None = None) -> None:
         """Append one event; ``text`` given (stop strings) or decoded here from ``tokens``."""
         if text is None:
@@ -410,6 +432,8 @@ class StreamWriter:
 
 
 
+_new_event = tuple.__new__
+"""Builds a :class:`StreamEvent` from all its fields without the named tuple's Python-level ``__new__``."""
 Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]
 _batch = threading.local()
 
