@@ -62,8 +62,9 @@ class Monitor:
         self.every_event = False
         """Set by the test suite: whatever ``configure`` is asked, every event is checked."""
         self._random = random.Random(20)
-        self._draws: Iterator[bool] = itertools.repeat(False)
-        """The draws: ``next`` of it is true when this event is checked (a walk over the pattern)."""
+        self.draws: Iterator[bool] = itertools.repeat(False)
+        """The draws: ``next`` of it is true when this event is checked (a walk over the pattern). Read only;
+        a hot check site draws with ``next(MONITOR.draws)`` — :meth:`sampled` without its call (issue #20)."""
         self._installed: weakref.WeakKeyDictionary[type, dict[str, Any]] = weakref.WeakKeyDictionary()
         """Each compiled machine class and its generated namespace (weakly: a mutant class may go away)."""
         self._patterns: dict[int, list[bool]] = {}
@@ -79,7 +80,7 @@ class Monitor:
         self.enabled = enabled
         self.mode = mode
         self.sample_every = 1 if self.every_event else sample_every
-        self._draws = self._walk(enabled, self.sample_every)
+        self.draws = self._walk(enabled, self.sample_every)
         for cls, namespace in list(self._installed.items()):
             self._apply(cls, namespace)
 
@@ -111,14 +112,14 @@ class Monitor:
         self._apply(cls, namespace)
 
     def _apply(self, cls: type, namespace: dict[str, Any]) -> None:
-        namespace["_draws"] = self._draws
+        namespace["_draws"] = self.draws
         variant = "sampled" if self.enabled else "plain"
         cls.fire = namespace[f"fire_{variant}"]  # type: ignore[attr-defined]
         cls.fire_each = staticmethod(namespace[f"fire_each_{variant}"])  # type: ignore[attr-defined]
 
     def sampled(self) -> bool:
         """Whether this event is checked (always, unless sampling is configured)."""
-        return next(self._draws)
+        return next(self.draws)
 
     def reset(self) -> None:
         with self._lock:

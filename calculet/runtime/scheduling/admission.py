@@ -78,6 +78,12 @@ class AdmissionOutcome:
         return self.decision in _STATUS
 
 
+ADMITTED = AdmissionOutcome(Decision.ADMIT)
+"""The outcome of every admitted request (immutable: one value shared, none built per request, issue #20)."""
+QUEUED = AdmissionOutcome(Decision.QUEUE)
+"""The outcome of every queued request."""
+
+
 class ModelAvailability(enum.Enum):
     """What admission needs to know of the model generation (from the ModelMachine's state)."""
 
@@ -94,6 +100,10 @@ class ModelAvailability(enum.Enum):
         """§5.2 RejectUnavailable: draining, recovering, failed (and the process shutting down)."""
         return self in (ModelAvailability.DRAINING, ModelAvailability.RECOVERING, ModelAvailability.FAILED,
                         ModelAvailability.SHUTDOWN)
+
+
+_UNAVAILABLE = tuple(a for a in ModelAvailability if a.rejects)
+"""The availabilities whose new requests get §5.2 RejectUnavailable (``ModelAvailability.rejects``)."""
 
 
 @dataclass(frozen=True)
@@ -176,7 +186,7 @@ class AdmissionController:
         if prompt + new > self.budget.max_kv_tokens:
             return self._count(AdmissionOutcome(
                 Decision.REJECT_INVALID, f"needs {prompt + new} KV tokens; the KV budget is {self.budget.max_kv_tokens}"))
-        if availability.rejects:
+        if availability in _UNAVAILABLE:  # ``availability.rejects`` without the property's call
             return self._count(AdmissionOutcome(Decision.REJECT_UNAVAILABLE, f"model is {availability.value}"))
         budget = self.budget
         if self._waiting + 1 > budget.max_waiting_requests:
@@ -269,10 +279,41 @@ class AdmissionController:
     def timed_out(self) -> None:
         self._timeouts += 1
 
+    def admissible_at_once(self, rec: RequestRecord, free_lanes: int) -> bool:
+        """Would ``rec``, accepted just now and not queued, be the next request :meth:`next_admissible`
+        pops, and fit the budget now? True only when nothing else waits (no queued or parked request)
+        and its flow is not held back (tenant active limit, long quota); it then has the virtual finish
+        the queue's head-of-flow tagging would give it now (§5.3). Otherwise (False) nothing is changed
+        or counted: the caller queues it and :meth:`next_admissible` decides, parks and counts as usual.
+
+        Why (issue #20): a request into a budget with room went through push, peek (tagging, heap
+        entry) and pop of the fair queue only to come out at once — a third of ``submit()``."""
+        if self._queue.live:
+            return False
+        tenant = self.tenants[rec.tenant]
+        if tenant.max_active_sequences is not None and self._tenant_active[rec.tenant] >= tenant.max_active_sequences:
+            return False
+        if rec.prefill_class == "long" and self._long_admitted >= self.long_quota.max_admitted:
+            return False
+        if self._blocker(rec, free_lanes) is not None:
+            return False
+        rec.virtual_finish = self.wfq.tag(rec.tenant, rec.cost)
+        return True
+
+    def _blocker(self, rec: RequestRecord, free_lanes: int) -> str | None:
+        """Which budget keeps ``rec`` from being admitted now (a lane, §5.1's sequences or KV tokens), or None."""
+        if free_lanes < 1:
+            return "kv_lane"
+        if self._active + 1 > self.budget.max_sequences:
+            return "max_sequences"
+        machine = rec.machine
+        if self._active_kv + machine.prompt_tokens + machine.max_new_tokens > self.budget.max_kv_tokens:
+            return "max_kv_tokens"
+        return None
+
     def next_admissible(self, free_lanes: int) -> RequestRecord | None:
         """Pop the next waiting request the budget admits now, in WFQ order, or None."""
         queue = self._queue
-        budget = self.budget
         while True:
             head = queue.peek()
             if head is None:
@@ -287,15 +328,9 @@ class AdmissionController:
                 queue.park(flow)
                 self._long_parked.add(flow)
                 continue
-            need = rec.machine.prompt_tokens + rec.machine.max_new_tokens
-            if free_lanes < 1:
-                self._blocked["kv_lane"] += 1
-                return None
-            if self._active + 1 > budget.max_sequences:
-                self._blocked["max_sequences"] += 1
-                return None
-            if self._active_kv + need > budget.max_kv_tokens:
-                self._blocked["max_kv_tokens"] += 1
+            blocker = self._blocker(rec, free_lanes)
+            if blocker is not None:
+                self._blocked[blocker] += 1
                 return None
             queue.pop()
             self._queued_cost[rec.tenant] -= rec.cost
@@ -315,7 +350,7 @@ class AdmissionController:
         check_budget(self.budget, self._waiting, self._waiting_tokens, self._active, self._active_kv, "admitted")
         self.wfq.served(rec.tenant, rec.virtual_finish, rec.cost)
         samples = self._backlog_samples
-        if len(self._queue):
+        if self._queue.live:
             samples.append((now, self.wfq.global_tag()))
             while len(samples) > 2 and samples[0][0] < now - BACKLOG_WINDOW_S:
                 samples.popleft()

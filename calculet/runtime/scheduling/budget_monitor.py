@@ -89,7 +89,7 @@ def broken(view: BudgetValuation) -> list[str]:
 def check_budget(budget: Any, waiting: int, waiting_tokens: int, active: int, active_kv: int, after: str) -> None:
     """The declared budget invariants on the controller's counters after the operation ``after``
     (``accept``, ``admitted``, ``leave_waiting``, ``released``), at the monitors' sampled rate."""
-    if not MONITOR.enabled or not MONITOR.sampled():
+    if not MONITOR.enabled or not next(MONITOR.draws):
         return
     view = BudgetValuation(budget, waiting, waiting_tokens, active, active_kv)
     MONITOR.check_whole(_DEFINITION.name, _INVARIANTS, view, f"AdmissionController.{after}", state=view.values())
@@ -140,7 +140,7 @@ def count_faults(admission: Any, live: list[Any]) -> list[tuple[str, str]]:
 def check_counts(admission: Any, registry: Any, after: str) -> None:
     """The controller's counters against the live requests of ``registry`` at a step boundary (``after``
     names it), at the monitors' sampled rate; reported like a broken invariant."""
-    if not MONITOR.enabled or not MONITOR.sampled():
+    if not MONITOR.enabled or not next(MONITOR.draws):
         return
     live = registry.live()
     faults = count_faults(admission, live)

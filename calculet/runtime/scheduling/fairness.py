@@ -201,10 +201,11 @@ class FairQueue(Generic[T]):
         self._pending: set[Hashable] = set()
         self._parked: set[Hashable] = set()
         self._seq = 0
-        self._live = 0
+        self.live = 0
+        """How many items are queued (parked flows included): what ``len`` answers, read without a call."""
 
     def __len__(self) -> int:
-        return self._live
+        return self.live
 
     def push(self, flow: Hashable, item: T) -> list[Any]:
         """Append ``item`` to ``flow``; the returned entry is the handle for :meth:`discard`."""
@@ -214,7 +215,7 @@ class FairQueue(Generic[T]):
         if queue is None:
             queue = self._flows[flow] = deque()
         queue.append(entry)
-        self._live += 1
+        self.live += 1
         if flow not in self._in_heap and flow not in self._parked:
             self._pending.add(flow)
         return entry
@@ -224,7 +225,7 @@ class FairQueue(Generic[T]):
         if entry[2] is None:
             return False
         entry[2] = None
-        self._live -= 1
+        self.live -= 1
         return True
 
     def peek(self) -> tuple[Hashable, int, T] | None:
@@ -254,7 +255,7 @@ class FairQueue(Generic[T]):
         entry = self._flows[flow].popleft()
         item: T = entry[2]
         entry[2] = None
-        self._live -= 1
+        self.live -= 1
         self._pending.add(flow)
         return item
 

@@ -32,14 +32,15 @@ class GenerationBinding:
 
     def __init__(self, *, registry: RequestRegistry, admission: AdmissionController, prefill: PrefillScheduler,
                  capabilities: SchedulingCapabilities, default_max_seq: int,
-                 pump: Callable[[float], None]) -> None:
+                 pump: Callable[[float, RequestRecord | None], None]) -> None:
         self.registry = registry
         self.admission = admission
         self.prefill = prefill
         self.capabilities = capabilities
         self._default_max_seq = default_max_seq
         self._pump = pump
-        """Admit waiting requests (the scheduler's ``_pump``)."""
+        """Admit waiting requests (the scheduler's ``_pump``); given a new request, queue it first unless it
+        is admitted at once."""
         self.generation = 0
         self.availability = ModelAvailability.UNLOADED
         self.held = False
@@ -64,7 +65,7 @@ class GenerationBinding:
         if availability is ModelAvailability.READY:
             if not self.held:
                 self._bind_waiting_model()
-            self._pump(now)
+            self._pump(now, None)
         elif availability is ModelAvailability.DRAINING:  # §12: cancel waiting requests
             for rec in self.registry.live():
                 if rec.state == "waiting_admission" and rec.generation == generation:
@@ -77,15 +78,14 @@ class GenerationBinding:
         self.held = hold
         if not hold and self.availability is ModelAvailability.READY:
             self._bind_waiting_model()
-            self._pump(now)
+            self._pump(now, None)
 
     def place(self, rec: RequestRecord, now: float) -> None:
         """A new, accepted request: pinned to the serving generation and queued for admission, or,
         with no generation Ready or new requests held, waiting unbound (WaitingModel)."""
         if self.availability is ModelAvailability.READY and not self.held:
             self.registry.fire(rec, "bind", gen=self.generation)
-            self.admission.enqueue(rec)
-            self._pump(now)
+            self._pump(now, rec)  # queued for admission, or admitted at once when nothing else waits
         else:
             self.registry.fire(rec, "wait_model")
             self._model_wait.append(rec)

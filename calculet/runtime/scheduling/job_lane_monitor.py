@@ -91,7 +91,7 @@ class JobLaneMonitor:
     def observe(self, job: Any, event: str) -> None:
         """The jobs table is about to fire ``event`` on ``job``: the state now is a step boundary (checked at
         the sampled rate); a ``submit`` binds the job's batch to it (the model's ``enlist``)."""
-        if MONITOR.enabled and MONITOR.sampled() and self.kv.whole_pool_drawn():  # O(lanes): scaled like the pool's (#20)
+        if MONITOR.enabled and next(MONITOR.draws) and self.kv.whole_pool_drawn():  # O(lanes): scaled like the pool's (#20)
             self.check(f"before {event} of job {job.job_id}")
         if event == "submit":
             for lease in _leases(job.work):
@@ -99,7 +99,7 @@ class JobLaneMonitor:
 
     def boundary(self, after: str) -> None:
         """Another step boundary of the runtime (the start of a scheduler step), checked at the sampled rate."""
-        if MONITOR.enabled and MONITOR.sampled() and self.kv.whole_pool_drawn():
+        if MONITOR.enabled and next(MONITOR.draws) and self.kv.whole_pool_drawn():
             self.check(after)
 
     def parts(self) -> tuple[list[SystemView], SystemView]:

@@ -209,7 +209,7 @@ class JointMonitor:
     def check(self, kv: Any, after: str, extra: Callable[[], list[tuple[str, str]]] | None = None) -> None:
         """Every joint invariant on the part of the live system that moved (see the module doc);
         ``extra`` adds the faults of other indexes kept beside machines (reported the same way)."""
-        if not MONITOR.enabled or not MONITOR.sampled():
+        if not MONITOR.enabled or not next(MONITOR.draws):
             return
         parts = self.advance(kv)
         faults = extra() if extra is not None else []

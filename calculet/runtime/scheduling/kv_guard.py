@@ -41,7 +41,7 @@ from calculet.logic.symbolic import SymbolicVars, symbolic_args
 from calculet.machines.codegen import ExprPrinter
 from calculet.machines.pool import PoolDefinition, PoolView
 
-__all__ = ["MEASURES", "ReserveGuard", "compile_measures", "compile_reserve_guard", "events_keeping_measures",
+__all__ = ["MEASURES", "ReserveGuard", "compile_measures", "compile_moves", "compile_reserve_guard", "events_keeping_measures",
            "measure_totals", "prove_reduction"]
 
 MEASURES: Mapping[str, Callable[[Any], Any]] = {
@@ -53,7 +53,10 @@ MEASURES: Mapping[str, Callable[[Any], Any]] = {
 _LANES = ("l0", "l1")
 
 ReserveGuard = Callable[..., bool]
-"""``guard(l0, l1, <budget params, lowered>, <reserve's arguments>) -> bool``."""
+"""``guard(l0, l1, used, budgets, <reserve's arguments>) -> bool``: ``used`` is each budget's measure
+summed over the whole pool and ``budgets`` the budget parameters (both in ``pool.params`` order); the
+guard lowers each budget by what the lanes other than ``l0`` and ``l1`` use, ``budget - (used - m(l0) -
+m(l1))``, in its own generated lines (issue #20: no list built per reservation)."""
 
 
 class _ReducedPrinter(ExprPrinter):
@@ -103,14 +106,19 @@ def compile_reserve_guard(pool: PoolDefinition) -> tuple[ReserveGuard, str]:
     missing = sorted(set(pool.params) - set(MEASURES))
     if missing:
         raise TypeError(f"{pool.name}: no measure for the budget parameters {missing} (kv_guard.MEASURES)")
-    view, _ = _symbolic_view(pool, budgets)
+    view, lanes = _symbolic_view(pool, budgets)
     args = symbolic_args(ev)
     term = z3.BoolVal(True) if op.guard is None else op.guard(view, 0, **args)
     if isinstance(term, bool):
         term = z3.BoolVal(term)
     printer = _ReducedPrinter(pool.instance.definition, set(pool.params) | set(ev.args), pool.ghosts)
-    params = ", ".join([*_LANES, *pool.params, *ev.args])
+    params = ", ".join([*_LANES, "used", "budgets", *ev.args])
+    lowered = "".join(
+        f"    {name} = budgets[{k}] - used[{k}]"
+        + "".join(f" + ({printer.expr(z3.simplify(_as_int(MEASURES[name](lane))))})" for lane in lanes) + "\n"
+        for k, name in enumerate(pool.params))
     source = (f"def reserve_guard({params}):  # {pool.name}.reserve on the reduced view (kv_guard)\n"
+              f"{lowered}"
               f"    return {printer.expr(z3.simplify(term))}\n")
     namespace: dict[str, Any] = {}
     exec(compile(source, f"<calculet pool guard {pool.name}>", "exec"), namespace)  # noqa: S102 - generated
@@ -133,6 +141,21 @@ def compile_measures(pool: PoolDefinition) -> tuple[Callable[[Any], tuple[int, .
     namespace: dict[str, Any] = {}
     exec(compile(source, f"<calculet pool measures {pool.name}>", "exec"), namespace)  # noqa: S102 - generated
     return namespace["measures"], source
+
+
+def compile_moves(pool: PoolDefinition) -> tuple[Callable[[list[int], tuple[int, ...], Any], None], str]:
+    """``moves(totals, before, l0)``: each budget's total in ``totals`` (``pool.params`` order) moved by what
+    lane ``l0`` uses now less what it used ``before`` (its :func:`compile_measures` tuple before an event),
+    one generated line per budget (issue #20: no loop, no second tuple per event)."""
+    view, lanes = _symbolic_view(pool, {})
+    printer = _ReducedPrinter(pool.instance.definition, set(), pool.ghosts)
+    lines = "".join(f"    totals[{k}] += ({printer.expr(z3.simplify(_as_int(MEASURES[name](lanes[0]))))}) - before[{k}]\n"
+                    for k, name in enumerate(pool.params))
+    source = (f"def moves(totals, before, l0):  # {pool.name}: the budget totals follow one lane (kv_guard.MEASURES)\n"
+              + (lines or "    pass\n"))
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"<calculet pool moves {pool.name}>", "exec"), namespace)  # noqa: S102 - generated
+    return namespace["moves"], source
 
 
 def events_keeping_measures(pool: PoolDefinition) -> frozenset[str]:

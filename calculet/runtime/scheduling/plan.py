@@ -40,9 +40,9 @@ class SchedulingCapabilities:
     """Tokens at or above it are unusable output."""
 
 
-@dataclass(frozen=True, slots=True)
-class Submission:
-    """What ``submit`` answers: the request id (0 if none could be created) and the outcome."""
+class Submission(NamedTuple):
+    """What ``submit`` answers: the request id (0 if none could be created) and the outcome (immutable; a
+    named tuple, built once per request at a third of a frozen dataclass's cost, issue #20)."""
 
     request_id: int
     outcome: AdmissionOutcome

@@ -129,6 +129,7 @@ class ProfileSet:
         # Largest first: the first whose threshold the ready count reaches is chosen.
         self._order = sorted(usable, reverse=True)
         self._smallest = usable[min(usable)]
+        self._max_seq = min(p.max_seq for p in usable.values())
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -141,7 +142,8 @@ class ProfileSet:
 
     @property
     def max_seq(self) -> int:
-        return min(p.max_seq for p in self._usable.values())
+        """The context every usable profile holds (fixed at construction; read once per ``submit``, issue #20)."""
+        return self._max_seq
 
     @property
     def prefill_chunk_tokens(self) -> int | None:

@@ -318,7 +318,7 @@ class RequestRegistry:
     def fire(self, rec: RequestRecord, event: str, **args: Any) -> str:
         """Fire one event; count it, reclaim through the listener, close on a terminal state."""
         machine = rec.machine
-        source = machine.state
+        source = machine._state
         target: str = machine.fire(event, **args)
         listener = self._listener
         if listener is not None:

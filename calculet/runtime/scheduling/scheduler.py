@@ -44,7 +44,8 @@ from calculet.config import SchedulerConfig
 from calculet.errors import BadRequest, DefinitionError
 from calculet.machines.request import FinishReason
 from calculet.runtime.request import InferenceRequest, RequestOutcome, RequestSink
-from calculet.runtime.scheduling.admission import AdmissionController, AdmissionOutcome, Decision, ModelAvailability
+from calculet.runtime.scheduling.admission import (ADMITTED, QUEUED, AdmissionController, AdmissionOutcome, Decision,
+                                                   ModelAvailability)
 from calculet.runtime.scheduling.apply import CompletionApplier, DeadlineQueue, end_between_chunks
 from calculet.runtime.scheduling.completion import DecodeCompletion, PrefillCompletion
 from calculet.runtime.scheduling.decode import DecodeBatch, DecodeScheduler, NoBatch, NoBatchReason
@@ -169,7 +170,8 @@ class Scheduler:
 
     def submit(self, request: InferenceRequest, sink: RequestSink) -> Submission:
         """Create the request and answer with its §5.2 outcome."""
-        self._no_pending()
+        if self._pending is not None:
+            self._no_pending()
         now = self._clock.now()
         generations = self.generations
         max_seq = generations.max_seq()
@@ -180,9 +182,9 @@ class Scheduler:
             outcome = self.admission.record(AdmissionOutcome(Decision.REJECT_INVALID, exc.message))
             sink.close(RequestOutcome(0, "failed", FinishReason.REJECTED, 0, 400, exc.message))
             return Submission(0, outcome)
-        rec.prefill_class = self.prefill.classify(request.prompt_tokens)
+        rec.prefill_class = prefill_class = self.prefill.classify(request.prompt_tokens)
         rejection = self.admission.screen(request, max_seq=max_seq, availability=generations.availability, now=now,
-                                          long=rec.is_long)
+                                          long=prefill_class == "long")
         if rejection is not None:
             self.registry.reject(rec, rejection.http_status or 400, rejection.reason)
             return Submission(rec.request_id, rejection)
@@ -196,8 +198,8 @@ class Scheduler:
         self.admission.accept(rec)
         self._deadlines.add(rec)
         generations.place(rec, now)
-        decision = Decision.ADMIT if rec.state == "prefill_ready" else Decision.QUEUE
-        return Submission(rec.request_id, self.admission.record(AdmissionOutcome(decision)))
+        return Submission(rec.request_id, self.admission.record(ADMITTED if rec.machine._state == "prefill_ready"
+                                                                else QUEUED))
 
     def cancel(self, request_id: int) -> Cancellation:
         """§4 cancel: idempotent; immediate unless a job is on the device."""
@@ -249,7 +251,8 @@ class Scheduler:
             job_id = self._next_job
             if choice == "decode":
                 assert profile is not None
-                work: PrefillWork | DecodeBatch | None = self._build_decode(profile, gen, now, job_id)
+                work: PrefillWork | DecodeBatch | None = build_decode(self.decode, self.registry, profile, gen, now,
+                                                                     job_id)
             else:
                 work = self._build_prefill(choice, job_id, now)
             if work is None:
@@ -377,8 +380,9 @@ class Scheduler:
             self._observer(rec, source, target)
         if source == target or (source in DECODE_CYCLE and target in DECODE_CYCLE):
             return  # a decode step's submit or result: nothing to reclaim, and on_time acts on none of them
-        if self.on_time is not None:  # the third argument: its first step into an ended state (its outcome)
-            self.on_time.transition(rec, target, target in ENDED_STATES and source not in ENDED_STATES, self._clock.now())
+        ends = target in ENDED_STATES and source not in ENDED_STATES  # its first step into an ended state
+        if self.on_time is not None and (ends or target == "prefill_ready"):  # the moves OnTimePolicy.transition acts on
+            self.on_time.transition(rec, target, ends, self._clock.now())
         if source in WAITING_STATES:
             if target not in WAITING_STATES:
                 self.admission.leave_waiting(rec)
@@ -397,39 +401,39 @@ class Scheduler:
                     self._commands.append(command)
                 self.admission.released(rec)
 
-    def _pump(self, now: float) -> None:
-        """Admit waiting requests in WFQ order while the budget and a free lane allow (§5)."""
-        if self.generations.availability is not ModelAvailability.READY or not self.admission.waiting:
+    def _pump(self, now: float, new: RequestRecord | None = None) -> None:
+        """Admit waiting requests in WFQ order while the budget and a free lane allow (§5).
+
+        ``new`` is a request just bound to the serving generation and not yet queued: when nothing else
+        waits and the budget has room it is admitted at once, as the queue would have done (issue #20:
+        no push, peek and pop of the fair queue for it), else it is queued first."""
+        admission = self.admission
+        ready = self.generations.availability is ModelAvailability.READY
+        if new is not None:
+            cap = self.on_time.decode_cap() if self.on_time is not None else None
+            if ready and (cap is None or admission.active < cap) and admission.admissible_at_once(new, self.kv.free_lanes):
+                self._admit(new, now)
+                return
+            admission.enqueue(new)
+        if not ready or not admission.waiting:
             return  # nothing waits (every step of a saturated decode rotation): nothing to admit (issue #20)
         kv = self.kv
         cap = self.on_time.decode_cap() if self.on_time is not None else None
-        while cap is None or self.admission.active < cap:
-            rec = self.admission.next_admissible(kv.free_lanes)
+        while cap is None or admission.active < cap:
+            rec = admission.next_admissible(kv.free_lanes)
             if rec is None:
                 return
-            lease = kv.reserve(rec.generation, rec.prompt_tokens + rec.max_new_tokens)
-            if not isinstance(lease, KvLease):
-                raise DefinitionError(f"admission found room but the KV pool refused: {lease.reason}")
-            rec.lease = lease
-            self.admission.admitted(rec, now)
-            self.registry.fire(rec, "admit")
-            self.prefill.add(rec, now)
+            self._admit(rec, now)
 
-    def _build_decode(self, profile: ProfileSpec, gen: int, now: float, job_id: int) -> DecodeBatch | None:
-        result = self.decode.build_decode_batch(profile, gen, now, job_id)
-        for rec in result.expired:
-            if rec.state == "decode_ready":
-                self.registry.fire(rec, "expire")
-        for rec, _problem in result.invalid:
-            if rec.state == "decode_ready":  # R7.4.4: intercepted before submit
-                self.registry.fire(rec, "fail")
-        if isinstance(result, NoBatch):
-            if result.reason is NoBatchReason.KV_RESERVATION:
-                for rec in result.refused:
-                    if rec.state == "decode_ready":
-                        self.registry.fire(rec, "fail")
-            return None
-        return result
+    def _admit(self, rec: RequestRecord, now: float) -> None:
+        """``rec`` leaves the waiting budget for a KV lane and the prefill queue (admission found room)."""
+        lease = self.kv.reserve(rec.machine.generation, rec.machine.prompt_tokens + rec.machine.max_new_tokens)
+        if lease.__class__ is not KvLease:
+            raise DefinitionError(f"admission found room but the KV pool refused: {lease.reason}")  # type: ignore[union-attr]
+        rec.lease = lease
+        self.admission.admitted(rec, now)
+        self.registry.fire(rec, "admit")
+        self.prefill.add(rec, now)
 
     def _build_prefill(self, queue: str, job_id: int, now: float) -> PrefillWork | None:
         rec = self.prefill.take(queue)
@@ -461,3 +465,24 @@ class Scheduler:
             raise DefinitionError(f"job {job_id} is not the planned job")
         self._pending = None
         return job
+
+
+def build_decode(decode: DecodeScheduler, registry: RequestRegistry, profile: ProfileSpec, gen: int, now: float,
+                 job_id: int) -> DecodeBatch | None:
+    """The decode batch of ``profile`` for job ``job_id``, or None; the candidates the build intercepted end
+    here, before anything is submitted: expired ones expire, invalid ones and those whose KV lane cannot
+    take the step fail (R7.4.4)."""
+    result = decode.build_decode_batch(profile, gen, now, job_id)
+    for rec in result.expired:
+        if rec.state == "decode_ready":
+            registry.fire(rec, "expire")
+    for rec, _problem in result.invalid:
+        if rec.state == "decode_ready":  # R7.4.4: intercepted before submit
+            registry.fire(rec, "fail")
+    if isinstance(result, NoBatch):
+        if result.reason is NoBatchReason.KV_RESERVATION:
+            for rec in result.refused:
+                if rec.state == "decode_ready":
+                    registry.fire(rec, "fail")
+        return None
+    return result

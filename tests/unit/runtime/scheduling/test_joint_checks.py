@@ -16,7 +16,6 @@ requests and lanes that moved since the last check, not on every lane (module do
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 
 import pytest
@@ -160,7 +159,7 @@ def _apply(h: Harness, monitor: JointMonitor, op: str, pick: int, inflight: list
         free = [j for j in range(h.kv.lanes) if h.kv.lane(j).state == "free"]
         targets = (taken if pick % 2 == 0 else free) or taken or free
         if targets:
-            rec.lease = dataclasses.replace(rec.lease, lane=targets[pick % len(targets)])
+            rec.lease = rec.lease._replace(lane=targets[pick % len(targets)])
     elif op == "rename_lane":
         lane = h.kv.lane(pick % h.kv.lanes)
         others = [r.lease.seq_id for r in leased] or [lane.seq_id + 1]
