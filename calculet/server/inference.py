@@ -305,6 +305,7 @@ async def _generate(service: Service, request: Request, tenant: str, gen: ApiGen
                        code="context_length_exceeded", param="max_tokens")
     if not service.accepting:
         raise APIError(503, "the service is shutting down", code="model_unavailable")
+    _refuse_early(service, request, tenant, gen)
     http_id = request.state.request_id if hasattr(request.state, "request_id") else new_request_id()
     stream = service.open_stream(tenant=tenant, stop=gen.sampling.stop, stop_text=gen.sampling.stop_text)
     engine_request = GenerateRequest(gen.prompt, gen.max_tokens, tenant=tenant, sampling=gen.sampling)
@@ -351,6 +352,23 @@ async def _generate(service: Service, request: Request, tenant: str, gen: ApiGen
     return ChatCompletionResponse(id=response_id, created=created, model=gen.model, system_fingerprint=fingerprint,
                                   choices=[ChatChoice(index=0, message=AssistantMessage(content=result_text),
                                                       finish_reason=finish, stop_reason=why)], usage=usage)
+
+
+def _refuse_early(service: Service, request: Request, tenant: str, gen: ApiGeneration) -> None:
+    """The 429 of a request the engine's admission snapshot shows cannot finish by its deadline, answered here on
+    the event loop without a round trip to the actor (issue #13; the soundness argument is
+    :mod:`calculet.runtime.engine.admission_snapshot`'s). Anything the snapshot cannot refuse goes on to the
+    engine, which decides; an engine without a snapshot (a test double) is always asked."""
+    engine = service.engine
+    if not hasattr(type(engine), "admission_snapshot"):
+        return
+    refusal = service.early_admission.decide(lambda: engine.admission_snapshot, prompt_tokens=len(gen.prompt),
+                                             max_new_tokens=gen.max_tokens, tenant=tenant, now=engine.clock.now())
+    if refusal is None:
+        return
+    request.scope["state"]["log_fields"] = {"refused_by": "front", "generation": service.info.generation,
+                                            "model": gen.model}
+    raise admission_error(429, refusal.reason, retry_after_s=refusal.retry_after_s)
 
 
 def _stop_reason(stream: TimedStream) -> str | None:

@@ -25,11 +25,13 @@ import anyio
 from calculet.adapters.calrt import DeviceCapabilities, EvidenceTier
 from calculet.config import SchedulerConfig
 from calculet.errors import CalculetError
+from calculet.runtime.engine.admission_snapshot import EarlyAdmission
 from calculet.runtime.engine.threaded import ThreadedEngine
 from calculet.server.auth import AdminGuard, TenantDirectory
 from calculet.server.errors import APIError
 from calculet.server.lifecycle import EngineLifecycle
 from calculet.server.metrics import EngineCollector, ServedModelFacts
+from calculet.server.metrics_front import FrontCollector
 from calculet.server.metrics_runtime import add_process_collectors
 from calculet.server.model_admin import ManagedModelAdmin, ModelAdmin
 from calculet.server.request_metrics import RequestPhases, ServiceMetrics, make_registry
@@ -89,6 +91,9 @@ class Service:
                                                models=self.admin.status, config=config,
                                                facts=ServedModelFacts(self.info.profiles, kv_tokens)))
         add_process_collectors(self.registry)
+        self.early_admission = EarlyAdmission()
+        """The event loop's 429s from the engine's admission snapshot (issue #13, :mod:`.inference`)."""
+        self.registry.register(FrontCollector(self.early_admission.statistics))
         self.phases = RequestPhases(self.metrics, engine.clock)
         pipeline = options.span_pipeline or otlp_pipeline(config.monitoring.tracing)
         self.tracer = (RequestTracer(pipeline, engine.clock, job=engine.job, alias=self.alias)

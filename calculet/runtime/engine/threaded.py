@@ -21,6 +21,7 @@ from calculet.config import SchedulerConfig
 from calculet.errors import CalculetError, DefinitionError, Unavailable
 from calculet.machines.monitor import MONITOR
 from calculet.runtime.actor import Mailbox
+from calculet.runtime.engine.admission_snapshot import AdmissionSnapshot, take_snapshot
 from calculet.runtime.engine.core import EngineCore
 from calculet.runtime.engine.types import (EngineOptions, EngineStatistics, ExecutionMode, GenerateRequest, ModelInfo,
                                            TokenProvenance)
@@ -79,6 +80,14 @@ class ThreadedEngine:
         self._lock = threading.Lock()
         self._final: EngineStatistics | None = None
         self.tokenizer = self._core.tokenizer
+        self._snapshot: AdmissionSnapshot | None = None
+        self._published = 0
+        self._admitted: dict[str, int] = {}
+        self._results_posted = 0
+        """Device results the completion thread posted (it alone writes this) ..."""
+        self._results_applied = 0
+        """... and those the actor applied (it alone writes this): while they differ, work may have ended that
+        the snapshot still counts."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -108,7 +117,7 @@ class ThreadedEngine:
                 self._final = self._core.statistics()
                 return self._final
         deadline = self._core.clock.now() + drain_timeout_s
-        self._mailbox.post(lambda: self._begin_stop(deadline))
+        self._mailbox.post(lambda: self._stepped(lambda: self._begin_stop(deadline)))
         actor.join()
         self._stop.set()
         if self._completer is not None:
@@ -132,13 +141,40 @@ class ThreadedEngine:
 
         def message() -> None:
             try:
-                submission = self._core.submit(request, sink)
+                submission = self._stepped(lambda: self._core.submit(request, sink))
             except BaseException as exc:
                 done(None, exc)
                 raise
+            if not submission.outcome.rejected:
+                self._admitted[request.tenant] = self._admitted.get(request.tenant, 0) + 1
             done(submission, None)
 
         self._mailbox.post(message)
+
+    @property
+    def admission_snapshot(self) -> AdmissionSnapshot | None:
+        """(any thread) The actor's current admission snapshot (:mod:`.admission_snapshot`), or None while the
+        actor is in a step, has device results to apply, or cannot refuse from a snapshot at all. A reader may
+        refuse a request from it; it must never admit one."""
+        if self._results_posted != self._results_applied:
+            return None
+        return self._snapshot
+
+    def _stepped(self, step: Callable[[], T]) -> T:
+        """(actor) Run ``step`` with the snapshot withdrawn, then publish the one after it: a reader never sees a
+        snapshot older than the actor's last step (see :mod:`.admission_snapshot`)."""
+        self._snapshot = None
+        try:
+            return step()
+        finally:
+            self._publish()
+
+    def _publish(self) -> None:
+        core = self._core
+        self._published += 1
+        self._snapshot = take_snapshot(core.scheduler, accepting=core.accepting and self._stop_deadline is None,
+                                       generation=self._published, now=core.clock.now(), wake=core.next_wake(),
+                                       admitted=self._admitted)
 
     def cancel(self, request_id: int, timeout: float | None = 30.0) -> Cancellation:
         """§4 cancel: idempotent; a running request drains. ``NotFound`` for an unknown id."""
@@ -178,7 +214,7 @@ class ThreadedEngine:
 
     def _call(self, message: Callable[[], T], timeout: float | None) -> T:
         self._check_running()
-        return self._mailbox.call(message, timeout)
+        return self._mailbox.call(lambda: self._stepped(message), timeout)
 
     def _check_running(self) -> None:
         if self._actor is None:
@@ -211,7 +247,7 @@ class ThreadedEngine:
                     flush_wakeups()  # before sleeping, or when the oldest has waited long enough
                     held_since = None
                 mailbox.run_until(timeout)
-                ready = _turn(core)
+                ready = self._stepped(lambda: _turn(core))
                 if held_since is None and held_wakeups():
                     held_since = clock.now()
                 deadline = self._stop_deadline
@@ -224,6 +260,7 @@ class ThreadedEngine:
                     if core.executor.healthy_inflight() == 0 and not core.pending_frees:
                         break
         finally:
+            self._snapshot = None  # stopped: every request goes to the engine, which answers 503
             core.shutdown()
             core.teardown()
             self._final = core.statistics(mailbox.statistics())
@@ -273,7 +310,15 @@ class ThreadedEngine:
                 self._stop.wait(0.05)
                 continue
             if results:
-                self._mailbox.post(lambda r=results: _apply_results(core, r))  # type: ignore[misc]
+                self._results_posted += 1
+                self._mailbox.post(lambda r=results: self._apply_results(r))  # type: ignore[misc]
+
+    def _apply_results(self, results: Any) -> None:
+        """(actor) One WaitAny's results, applied with the snapshot withdrawn (they may end work it counts)."""
+        try:
+            self._stepped(lambda: _apply_results(self._core, results))
+        finally:
+            self._results_applied += 1
 
 
 def _turn(core: EngineCore) -> bool:
@@ -308,7 +353,7 @@ class _ThreadPort:
         actor = engine._actor
         if actor is None or actor.ident == threading.get_ident():
             return fn()  # not started yet (the caller is the only thread), or already on the actor
-        return engine._mailbox.call(fn, timeout)
+        return engine._mailbox.call(lambda: engine._stepped(fn), timeout)
 
     def run(self, op: Operation, timeout: float | None) -> Any:
         engine = self._engine

@@ -181,7 +181,10 @@ class OnTimePolicy:
     def transition(self, rec: RequestRecord, target: str, ends: bool, now: float) -> None:
         """``rec`` moved to ``target``; ``ends``: this is its first step into an ended state (its outcome)."""
         if target == "prefill_ready" or ends:
-            self.mark(ended=ends)
+            # work leaves the kept schedule only if it was in it: a request refused at submit (or shed earlier)
+            # never was, and marking the cache stale for it sent every later refusal of a burst down the slow
+            # path (a replan each: issue #13, time to 429)
+            self.mark(ended=ends and any(job.id == rec.request_id for job in self.planner._kept))
         if ends:
             self.planner.ended(rec, now)
 

@@ -1,0 +1,226 @@
+"""The admission snapshot: the actor's kept schedule, published so that the HTTP event loop can refuse a request
+that has no prospect without a round trip to the actor (issue #13: time to 429 under a burst).
+
+Why: under a 300-request burst every refusal used to cross to the engine's actor and back — the message, the
+§5.2 screen, the on_time planner's check and its retry slot, the wake-up of the event loop — and the actor's
+CPU for it (about 0.6-0.8 ms a refusal on this machine) ran under the same interpreter lock as the loop that
+answers HTTP, so the last 429 of the burst waited for both. The actor stays the one owner of admission state
+(DESIGN principle 2): it *publishes* an immutable :class:`AdmissionSnapshot` after every step that could
+change what it would admit, and the event loop only *reads* it. The loop never admits from it: a request the
+snapshot cannot refuse goes to the engine, which still decides.
+
+What the snapshot holds is exactly what the on_time planner's fast refusal reads (``_EdfCache.tail_finish``,
+:mod:`calculet.runtime.scheduling.on_time_planner`): the kept set's EDF lane free times, the latest kept
+deadline and the admission device model (the measured device slowed by the estimator's margin). A candidate
+whose deadline is the latest (every request with the default deadline, in arrival order) finishes, appended
+to that schedule, at ``max(free, now) + prefill + decode steps × lane step``
+(:class:`~calculet.runtime.scheduling.finish_estimate.DeviceModel`'s own ``prefill_s`` and ``lane_step_s``);
+past its deadline it is refused with the same ``Retry-After`` rule (:class:`~.on_time_planner.RetrySlots`).
+
+**Soundness.** The front only refuses. A refusal from the snapshot is one the engine would make at the same
+instant, because the snapshot is *current* whenever it is read:
+
+* the actor withdraws it (sets it to None) before it runs any message or tick and publishes a new one after,
+  so no state change of the actor is ever hidden from a reader (a reader that raced the withdrawal sees the
+  state before the change: its decision is the one the engine would have made just before it);
+* device results the completion thread has posted but the actor has not applied yet would end work the
+  snapshot still counts: while any is pending the snapshot is not offered (:attr:`ThreadedEngine
+  .admission_snapshot`);
+* the actor's next timed wake-up (a deadline expiry, a Wait timeout) would change the set: the snapshot is
+  valid only until then, and at most :data:`MAX_AGE_S` after it was taken;
+* requests the front forwarded since the snapshot and the actor has not run yet can only *add* kept work,
+  which makes every later finish later: a refusal stays a refusal (they are counted, not waited for);
+* the planner's own conditions: no snapshot while the planner is stale (work left the kept set since its
+  last plan: the cache over-states what is ahead), while a lane is idle (fewer kept jobs than lanes), while
+  the model is not Ready or the engine is stopping, or with no measured decode step; a candidate whose
+  deadline is earlier than the latest kept one, or needing more KV than the budget (the engine's answer is
+  400), is forwarded.
+
+What remains is the lag every decision has: a device job that finished but whose result has not yet left
+``WaitAny``. The front counts its refusals, its forwards by reason and the oldest snapshot it refused from
+(:class:`EarlyAdmissionStatistics`). The tests drive the same scheduler state through both paths and require
+that every front refusal is an engine refusal (``tests/unit/runtime/engine/test_admission_snapshot.py``).
+
+Differences that remain by design: a request refused here takes no token from its tenant's QPS bucket and is
+not counted in the engine's ``no_prospect`` (the service exports the front's count beside it), and its
+``Retry-After`` comes from the front's own retry slots, placed on the snapshot's lanes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from calculet.runtime.scheduling.finish_estimate import ON_TIME_EPS_S, DeviceModel
+from calculet.runtime.scheduling.admission import ModelAvailability
+from calculet.runtime.scheduling.on_time_planner import RetrySlots
+from calculet.runtime.scheduling.scheduler import Scheduler
+
+MAX_AGE_S = 0.5
+"""A snapshot is not used past this age even when the actor has no timed wake-up due (it publishes one after
+every tick, so under load it is replaced every decode step)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionSnapshot:
+    """What the actor would answer a latest-deadline candidate, as of ``taken_at`` (engine clock, seconds)."""
+
+    generation: int
+    """The actor's publication count (a new snapshot replaces the one before it)."""
+    taken_at: float
+    valid_until: float
+    """The actor's next timed wake-up, or ``taken_at`` + :data:`MAX_AGE_S`, whichever is first."""
+    free: tuple[float, ...]
+    """The lanes' free times in the kept set's EDF schedule (the planner's admission cache)."""
+    latest: float
+    """The latest deadline among the kept requests: a candidate's must be no earlier to go to the tail."""
+    model: DeviceModel
+    """The device as admission plans it (measured, slowed by the estimator's margin)."""
+    deadline_s: float
+    """The relative deadline a request without its own gets (``admission.deadline_default_ms``)."""
+    max_kv_tokens: int
+    admitted: Mapping[str, int]
+    """Requests the engine accepted so far, by tenant (each takes its tenant's earliest retry slot)."""
+
+
+def take_snapshot(scheduler: Scheduler, *, accepting: bool, generation: int, now: float, wake: float | None,
+                  admitted: Mapping[str, int]) -> AdmissionSnapshot | None:
+    """(actor) The snapshot of ``scheduler``'s on_time admission, or None when the front may not refuse at all.
+
+    It reads the planner's admission cache (``OnTimePlanner._cache``, ``_kept``: the state its fast refusal
+    reads; the planner has no accessor for it)."""
+    policy = scheduler.on_time
+    if policy is None or not accepting or scheduler.generations.availability is not ModelAvailability.READY:
+        return None
+    planner = policy.planner
+    cache = planner._cache
+    if cache is None or planner.stale or not cache.on_lane:
+        return None
+    model = policy.model()
+    if model is None or len(planner._kept) < model.lanes:
+        return None
+    horizon = now + MAX_AGE_S
+    return AdmissionSnapshot(generation, now, horizon if wake is None else min(wake, horizon), tuple(cache.free),
+                             cache.latest, model.slowed(1.0 + planner.errors.margin),
+                             scheduler.config.admission.deadline_default_ms / 1000,
+                             scheduler.admission.budget.max_kv_tokens, dict(admitted))
+
+
+@dataclass(frozen=True, slots=True)
+class EarlyRefusal:
+    """A 429 decided from the snapshot: ``retry_at`` (engine clock) when it would fit, None for never."""
+
+    retry_at: float | None
+    retry_after_s: float | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class EarlyAdmissionStatistics:
+    """The front's refusals and forwards (§16-style counters; :mod:`calculet.server.metrics_front` exports them)."""
+
+    refused: int
+    """Requests answered 429 from a snapshot, without the engine."""
+    refused_never: int
+    """... of which late even on an idle device (no ``Retry-After``)."""
+    forwarded: dict[str, int]
+    """Requests handed to the engine, by why the snapshot could not refuse them."""
+    max_refusal_age_s: float
+    """The oldest snapshot a refusal was made from (engine clock seconds since it was taken)."""
+    max_forwarded_since_snapshot: int
+    """The most requests forwarded on one snapshot before the actor replaced it (work it did not count)."""
+    retry_slots: int
+    """Retry slots (ghosts) the front holds."""
+
+
+FORWARD_REASONS = ("no_snapshot", "expired", "not_latest", "kv_budget", "fits", "raced")
+"""Why the front handed a request to the engine (:meth:`EarlyAdmission.decide`): a bounded set."""
+
+FRONT_RETRY_SLOTS = 4096
+"""Retry slots the front holds at most. Why more than the planner's 512: past the limit every new slot drops the
+oldest and the lane heap is rebuilt from all the slots (O(slots) per refusal); a burst's refusals each place
+one, and on the event loop that rebuild would cost more than the rest of the refusal."""
+
+
+def _front_slots() -> RetrySlots:
+    return RetrySlots(limit=FRONT_RETRY_SLOTS)
+
+
+@dataclass
+class EarlyAdmission:
+    """The event loop's refusals from the actor's snapshot (confined to the loop's thread)."""
+
+    slots: RetrySlots = field(default_factory=_front_slots)
+    _refused: int = 0
+    _never: int = 0
+    _forwarded: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FORWARD_REASONS, 0))
+    """Every reason present from the start: a scrape on another thread copies it while the loop counts."""
+    _max_age: float = 0.0
+    _generation: int = -1
+    _since: int = 0
+    _max_since: int = 0
+    _admitted: dict[str, int] = field(default_factory=dict)
+
+    def decide(self, read: Callable[[], AdmissionSnapshot | None], *, prompt_tokens: int, max_new_tokens: int,
+               tenant: str, now: float) -> EarlyRefusal | None:
+        """The refusal of a request arriving ``now``, or None: forward it to the engine (counted by reason).
+
+        ``read`` returns the actor's current snapshot; it is read again once the refusal is decided, and a
+        snapshot replaced meanwhile (the actor began a step) forwards the request instead."""
+        snapshot = read()
+        if snapshot is None:
+            return self._forward("no_snapshot")
+        if snapshot.generation != self._generation:
+            self._replaced(snapshot, now)
+        if now >= snapshot.valid_until:
+            return self._forward("expired")
+        model = snapshot.model
+        deadline = now + snapshot.deadline_s
+        if deadline < snapshot.latest:
+            return self._forward("not_latest")
+        if prompt_tokens + max_new_tokens > snapshot.max_kv_tokens:
+            return self._forward("kv_budget")
+        length = model.prefill_s(prompt_tokens) + max(0, max_new_tokens - 1) * model.lane_step_s
+        if max(min(snapshot.free), now) + length <= deadline + ON_TIME_EPS_S:
+            return self._forward("fits")
+        relative = snapshot.deadline_s
+        if length > relative + ON_TIME_EPS_S:
+            refusal = EarlyRefusal(None, None, "no prospect of service before the deadline: it would finish late "
+                                               "even on an idle device (it would fit never on this device)")
+        else:
+            retry = self.slots.reserve(list(snapshot.free), (snapshot.free, model), now, length, relative, now,
+                                       tenant)
+            refusal = EarlyRefusal(retry, max(0.0, math.ceil(retry - now - 1e-9)),
+                                   "no prospect of service before the deadline: with the work already admitted the "
+                                   f"shared-device estimate finishes it late (it would fit in {retry - now:.1f} s)")
+        if read() is not snapshot:  # the actor began a step meanwhile: its answer, not this one
+            return self._forward("raced")
+        self._refused += 1
+        self._never += refusal.retry_at is None
+        self._max_age = max(self._max_age, now - snapshot.taken_at)
+        return refusal
+
+    def _forward(self, why: str) -> EarlyRefusal | None:
+        """Count a request handed to the engine; None (no refusal)."""
+        self._forwarded[why] += 1
+        self._since += 1
+        self._max_since = max(self._max_since, self._since)
+        return None
+
+    def _replaced(self, snapshot: AdmissionSnapshot, now: float) -> None:
+        """A new snapshot: the tenants' new admissions take their retry slots (as the planner's ``admitted``)."""
+        self._generation, self._since = snapshot.generation, 0
+        for tenant, count in snapshot.admitted.items():
+            for _ in range(count - self._admitted.get(tenant, 0)):
+                self.slots.admitted(tenant, now)
+            self._admitted[tenant] = count
+
+    def statistics(self) -> EarlyAdmissionStatistics:
+        return EarlyAdmissionStatistics(self._refused, self._never, dict(self._forwarded), self._max_age,
+                                        self._max_since, len(self.slots.ghosts))
+
+
+__all__ = ["AdmissionSnapshot", "EarlyAdmission", "EarlyAdmissionStatistics", "EarlyRefusal", "FORWARD_REASONS",
+           "FRONT_RETRY_SLOTS",
+           "MAX_AGE_S", "take_snapshot"]

@@ -1,0 +1,154 @@
+"""The admission snapshot (issue #13, time to 429): the HTTP front refuses from it only what the engine refuses.
+
+Virtual time, the sans-io scheduler driven by hand (FakeClock, a B1 device whose every job takes ``STEP``): the
+snapshot is taken as the actor publishes it (after its last step), the front decides a candidate from it, then
+the same candidate is submitted to the scheduler at the same instant — a front refusal the scheduler would
+admit fails the test.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from calculet.runtime.engine.admission_snapshot import AdmissionSnapshot, EarlyAdmission, take_snapshot
+from tests.unit.runtime.runtime_support import Harness
+
+STEP = 0.1
+DEADLINE_MS = 3_000
+
+
+def _harness(lanes: int = 1) -> Harness:
+    return Harness.build(sizes=(lanes,), lanes=16, step_estimate_s=STEP,
+                         admission={"max_sequences": 16, "deadline_default_ms": DEADLINE_MS})
+
+
+def _snapshot(h: Harness, generation: int = 1) -> AdmissionSnapshot | None:
+    return take_snapshot(h.scheduler, accepting=True, generation=generation, now=h.clock.now(), wake=None,
+                         admitted={})
+
+
+def _job(h: Harness) -> bool:
+    """One device job of STEP seconds, if the scheduler plans one; False when nothing was planned."""
+    plan = h.step()
+    if plan.work is None:
+        return False
+    h.scheduler.submitted(plan.work.job_id)
+    h.clock.advance(STEP)
+    h.complete(plan.work)
+    h.confirm_all()
+    return True
+
+
+def _decide(front: EarlyAdmission, snap: AdmissionSnapshot | None, h: Harness, prompt: int, new: int):  # type: ignore[no-untyped-def]
+    return front.decide(lambda: snap, prompt_tokens=prompt, max_new_tokens=new, tenant="default", now=h.clock.now())
+
+
+@pytest.mark.req("R5.2.2", "R5.2.4")
+def test_the_front_refuses_what_the_engine_refuses_with_the_same_retry_after():
+    h = _harness()
+    for _ in range(3):  # three 1 s requests: the device is busy until 3 s (prefills aside)
+        assert not h.submit(prompt=8, new=11).outcome.rejected
+    snap = _snapshot(h)
+    assert snap is not None and snap.deadline_s == DEADLINE_MS / 1000
+    front = EarlyAdmission()
+    refusal = _decide(front, snap, h, 8, 11)
+    assert refusal is not None and refusal.retry_after_s is not None and refusal.retry_after_s >= 1
+    engine = h.submit(prompt=8, new=11).outcome
+    assert engine.http_status == 429 and engine.retry_after_s == refusal.retry_after_s
+    # a second refusal is placed behind the first one's retry slot (the retries spread), as the engine's is
+    second = _decide(front, snap, h, 8, 11)
+    assert second is not None and second.retry_after_s is not None and second.retry_after_s > refusal.retry_after_s
+    assert h.submit(prompt=8, new=11).outcome.retry_after_s == second.retry_after_s
+    # late even on an idle device: refused with no retry time, as the engine does
+    never = _decide(front, snap, h, 8, 40)
+    assert never is not None and never.retry_after_s is None and never.retry_at is None
+    assert h.submit(prompt=8, new=40).outcome.retry_after_s is None
+    stats = front.statistics()
+    assert stats.refused == 3 and stats.refused_never == 1 and stats.retry_slots == 2
+
+
+def test_what_fits_or_what_the_snapshot_cannot_judge_goes_to_the_engine():
+    h = _harness()
+    front = EarlyAdmission()
+    assert _snapshot(h) is None  # nothing kept: a lane is idle, every request fits or the engine decides
+    assert _decide(front, _snapshot(h), h, 8, 11) is None
+    assert not h.submit(prompt=8, new=11).outcome.rejected
+    snap = _snapshot(h)
+    assert snap is not None
+    assert _decide(front, snap, h, 8, 5) is None  # fits behind the kept 1 s
+    assert _decide(front, snap, h, 10**8, 11) is None  # more KV than the budget: the engine's 400, not a 429
+    later = AdmissionSnapshot(**{**{f: getattr(snap, f) for f in snap.__slots__}, "latest": h.clock.now() + 60})
+    assert _decide(front, later, h, 8, 11) is None  # an earlier deadline than a kept one: the full EDF check
+    expired = AdmissionSnapshot(**{**{f: getattr(snap, f) for f in snap.__slots__}, "valid_until": h.clock.now()})
+    assert _decide(front, expired, h, 8, 40) is None  # the actor's timed wake-up is due
+    # a snapshot the actor replaced while the front decided: forwarded, not refused
+    reads = iter([snap, None])
+    assert front.decide(lambda: next(reads), prompt_tokens=8, max_new_tokens=40, tenant="default",
+                        now=h.clock.now()) is None
+    forwarded = front.statistics().forwarded
+    assert forwarded["no_snapshot"] == 1 and forwarded["fits"] == 1 and forwarded["kv_budget"] == 1
+    assert forwarded["not_latest"] == 1 and forwarded["expired"] == 1 and forwarded["raced"] == 1
+    assert front.statistics().refused == 0
+
+
+def test_no_snapshot_while_work_that_left_the_kept_set_is_not_replanned():
+    h = _harness()
+    first = h.submit(prompt=8, new=11)
+    h.submit(prompt=8, new=11)
+    assert _snapshot(h) is not None
+    h.scheduler.cancel(first.request_id)  # work left: the cached schedule over-states what is ahead
+    assert _snapshot(h) is None
+    _job(h)  # the next tick replans
+    assert _snapshot(h) is not None
+
+
+def test_a_refusal_at_submit_leaves_the_snapshot_usable():
+    """A request the engine refuses was never in the kept schedule: its end does not make the cache stale (it
+    did, and every later refusal of a burst paid a replan)."""
+    h = _harness()
+    for _ in range(3):
+        h.submit(prompt=8, new=11)
+    assert h.submit(prompt=8, new=11).outcome.http_status == 429
+    assert _snapshot(h) is not None
+    replans = h.scheduler.statistics().on_time.replans
+    assert h.submit(prompt=8, new=11).outcome.http_status == 429
+    assert h.scheduler.statistics().on_time.replans == replans  # the fast refusal: no replan
+
+
+SUBMIT = st.tuples(st.just("submit"), st.sampled_from([4, 8, 30]), st.sampled_from([2, 6, 11, 24, 40]))
+OPS = st.lists(st.one_of(SUBMIT, SUBMIT, SUBMIT, st.tuples(st.just("job"), st.integers(1, 12), st.just(0)),
+                         st.tuples(st.just("idle"), st.integers(1, 20), st.just(0)),
+                         st.tuples(st.just("cancel"), st.integers(0, 50), st.just(0))), min_size=8, max_size=60)
+
+
+@pytest.mark.req("R5.2.2")
+@settings(max_examples=80)
+@given(ops=OPS, lanes=st.sampled_from([1, 4]), backlog=st.integers(0, 12))
+def test_every_front_refusal_is_an_engine_refusal(ops: list[tuple[str, int, int]], lanes: int, backlog: int):
+    """Random arrivals (after a backlog of 1 s requests), device progress, idle time and cancels: at every
+    arrival the front decides from the snapshot published after the scheduler's last step, and the scheduler
+    then decides the same request."""
+    h = _harness(lanes)
+    front = EarlyAdmission()
+    refused = 0
+    for generation, (op, a, b) in enumerate([("submit", 8, 11)] * backlog + ops):
+        if op == "submit":
+            refusal = _decide(front, _snapshot(h, generation), h, a, b)
+            outcome = h.submit(prompt=a, new=b).outcome
+            if refusal is not None:
+                refused += 1
+                assert outcome.http_status == 429, (refusal, outcome)
+        elif op == "job":
+            for _ in range(a):
+                if not _job(h):
+                    break
+        elif op == "idle":
+            h.clock.advance(a * STEP / 2)  # the device idle meanwhile; then a tick (deadlines expire), its job run
+            _job(h)
+        else:
+            live = sorted(r.request_id for r in h.scheduler.registry.live())
+            if live:
+                h.scheduler.cancel(live[a % len(live)])
+    assert front.statistics().refused == refused
