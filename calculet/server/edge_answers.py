@@ -6,6 +6,7 @@ Apart so that neither protocol module imports the other."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
@@ -15,10 +16,19 @@ from typing import Any
 log = logging.getLogger("calculet.server")
 
 
+_ID_PREFIX = os.urandom(8).hex()
+_ID_COUNTER = itertools.count(1)
+
+
 def new_request_id() -> str:
-    """A server-generated request id: 128 random bits as 32 hex digits (``os.urandom``: a ``uuid4`` object cost
-    several times more to build, once per request on the event loop, issue #13)."""
-    return os.urandom(16).hex()
+    """A server-generated request id, 32 hex digits: 64 random bits drawn once per process, then a 64-bit count.
+
+    Unique within the process and, with the random prefix, across processes and restarts; a correlation id for
+    logs and traces, not a secret (nothing is authorised by knowing one). Why not 128 fresh random bits per
+    request: ``os.urandom`` is a system call that releases the interpreter lock, and under a burst the event loop
+    then waited for a busy engine thread to hand it back (a wall-clock profile of a 300-request burst: 0.8 ms per
+    id, issue #13); a ``uuid4`` object cost several times more to build than either."""
+    return f"{_ID_PREFIX}{next(_ID_COUNTER) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
 def error_response(status: int, code: str, message: str, request_id: str) -> bytes:

@@ -189,8 +189,9 @@ class EarlyAdmission:
             refusal = EarlyRefusal(None, None, "no prospect of service before the deadline: it would finish late "
                                                "even on an idle device (it would fit never on this device)")
         else:
-            retry = self.slots.reserve(list(snapshot.free), (snapshot.free, model), now, length, relative, now,
-                                       tenant)
+            # keyed by the lanes alone: the slots' heap is rebuilt when the kept schedule changed, not at every
+            # snapshot (the measured model moves at every step; a slot's length was fixed when it was placed)
+            retry = self.slots.reserve(list(snapshot.free), snapshot.free, now, length, relative, now, tenant)
             refusal = EarlyRefusal(retry, max(0.0, math.ceil(retry - now - 1e-9)),
                                    "no prospect of service before the deadline: with the work already admitted the "
                                    f"shared-device estimate finishes it late (it would fit in {retry - now:.1f} s)")
