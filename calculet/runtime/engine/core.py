@@ -122,6 +122,7 @@ class EngineCore:
         self.clock = clock
         self._observer = observer
         self._joint = _TickChecks(self)  # requests × lanes invariants on the live system (#17)
+        self._joint_observe = self._joint.observer  # bound once: every request transition calls it (issue #20)
         self._hold = False
         self._exclusive: Callable[[], ContextManager[None]] = contextlib.nullcontext
         self._device: VirtualDevice = device if device is not None else runtime.create_virtual_device()
@@ -484,7 +485,7 @@ class EngineCore:
     # ------------------------------------------------------------------ sink callbacks
 
     def _observe(self, rec: RequestRecord, source: str, target: str) -> None:
-        self._joint.observe(rec)
+        self._joint_observe(rec)
         self.models.on_request_transition(rec, source, target)
         if self._observer is not None:
             self._observer(rec, source, target)
@@ -509,6 +510,11 @@ class _TickChecks:
 
     def observe(self, rec: RequestRecord) -> None:
         self._monitor.observe(rec)
+
+    @property
+    def observer(self) -> Callable[[RequestRecord], None]:
+        """:meth:`observe` without its own frame: the monitor's bound method, called at each request transition."""
+        return self._monitor.observe
 
     def after_call(self) -> None:
         if MONITOR.sample_every == 1:

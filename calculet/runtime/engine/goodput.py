@@ -97,10 +97,12 @@ class GoodputLedger:
         """A job returned: ``tokens`` of ``phase`` per lane, its busy time shared among the lanes.
 
         A lane whose request is no longer on record (None) still counts as computed."""
-        lanes = list(works)
-        start = max(submitted_at, self._device_free_at)
-        busy = max(0.0, completed_at - start)
-        self._device_free_at = max(self._device_free_at, completed_at)
+        lanes = works if isinstance(works, list) else list(works)
+        free_at = self._device_free_at
+        start = submitted_at if submitted_at > free_at else free_at
+        busy = completed_at - start if completed_at > start else 0.0
+        if completed_at > free_at:
+            self._device_free_at = completed_at
         self._device_s += busy
         self._computed[phase] += tokens * len(lanes)
         if not lanes:

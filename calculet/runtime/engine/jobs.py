@@ -55,6 +55,7 @@ class JobPath:
         self._enter_recovery = enter_recovery
         self._back_off = back_off
         self._pending_frees: list[FreeSequence] = []
+        self._provenance = desk.tracks_provenance  # fixed when the desk is built: read once, not per result
 
     def submit(self, plan: Plan) -> InflightJob | None:
         """Submit a planned job, or refuse it for a generation leaving service or a device that said no."""
@@ -120,8 +121,10 @@ class JobPath:
         self.models.on_job_finished(work.generation)
         desk = self._desk
         desk.on_job_done(work, result)  # device work per request, before the result can end one (#13)
-        if desk.tracks_provenance:
-            desk.delivering = (work.generation, result.generation, self.models.generation_of_calbin(result.calbin_id))
+        if not self._provenance:
+            self._apply_result(job, result)
+            return
+        desk.delivering = (work.generation, result.generation, self.models.generation_of_calbin(result.calbin_id))
         try:
             self._apply_result(job, result)
         finally:

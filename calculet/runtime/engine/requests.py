@@ -104,6 +104,8 @@ class RequestDesk:
 
     @property
     def tracks_provenance(self) -> bool:
+        """Whether each delivered token's provenance is reported (tests of model replacement): the job path
+        then says which generations the result being delivered came from (:attr:`delivering`)."""
         return self._provenance is not None
 
     def refuse(self, sink: RequestSink, why: str, decision: Decision, status: int, reason: str) -> Submission:
@@ -159,11 +161,17 @@ class RequestDesk:
 
     def on_job_done(self, work: PrefillWork | DecodeBatch, result: JobResult) -> None:
         """A device job returned: what it computed goes to its requests' work (#13)."""
-        requests = self._requests
-        ids = [b.request_id for b in work.active] if isinstance(work, DecodeBatch) else [work.request_id]
-        lanes = [e.work if e is not None else None for e in map(requests.get, ids)]
-        phase, tokens = ("decode", 1) if isinstance(work, DecodeBatch) else ("prefill", work.tokens)
-        self.goodput.job_done(lanes, phase, tokens, result.submitted_at, result.completed_at)
+        get = self._requests.get
+        if isinstance(work, DecodeBatch):  # once a token: one pass over the lanes (issue #20)
+            lanes = []
+            for binding in work.active:
+                entry = get(binding.request_id)
+                lanes.append(entry.work if entry is not None else None)
+            self.goodput.job_done(lanes, "decode", 1, result.submitted_at, result.completed_at)
+            return
+        entry = get(work.request_id)
+        self.goodput.job_done([entry.work if entry is not None else None], "prefill", work.tokens,
+                              result.submitted_at, result.completed_at)
 
     def on_close(self, outcome: RequestOutcome) -> None:
         self.finished[outcome.finish_reason.name.lower()] += 1

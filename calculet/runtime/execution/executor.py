@@ -54,6 +54,9 @@ from calculet.runtime.scheduling.kv import FreeSequence
 
 log = logging.getLogger("calculet.runtime.execution.executor")
 
+_OK = ReturnCode.OK.name
+"""The rc counters' key of a job the device accepted or completed OK (an enum's ``.name`` is a Python call)."""
+
 
 @dataclass(frozen=True)
 class SubmitRefused:
@@ -147,13 +150,13 @@ class DeviceExecutor:
         """Submit ``spec``; a refusal is a value (its rc counted and logged, R19.2)."""
         now = self._clock.now()
         try:
-            ticket = self.device.submit(spec)
+            ticket = self.session.device.submit(spec)
         except CalculetError as exc:
             rc = rc_of(exc)
             self._submit_rc[rc.name] += 1
             log.warning("submit refused", extra={"rc": rc.name, "job_id": work.job_id, "detail": str(exc)})
             return SubmitRefused(rc, str(exc))
-        self._submit_rc[ReturnCode.OK.name] += 1
+        self._submit_rc[_OK] += 1
         self._submitted += 1
         if isinstance(spec, PrefillJob):
             timeout = self.job_timeout_s + self.prefill_timeout_per_token_s * len(spec.tokens)
@@ -170,7 +173,7 @@ class DeviceExecutor:
     def collect(self) -> list[JobResult]:
         """Results the device has completed (virtual time: those due now)."""
         try:
-            return self.device.poll()
+            return self.session.device.poll()
         except CalculetError as exc:
             log.error("poll failed", extra={"rc": rc_of(exc).name, "detail": str(exc)})
             return []
@@ -190,8 +193,9 @@ class DeviceExecutor:
 
     def take(self, result: JobResult) -> InflightJob | None:
         """The in-flight job a result belongs to (removed), or None for a stale/unknown result."""
-        self._completion_rc[result.rc.name] += 1
-        job = self._jobs.pop(int(result.job_id), None)
+        rc = result.rc
+        self._completion_rc[_OK if rc is ReturnCode.OK else rc.name] += 1
+        job = self._jobs.pop(result.job_id, None)
         if job is None:
             self._stale += 1
             log.info("stale result dropped", extra={"device_job": int(result.job_id), "rc": result.rc.name})
@@ -204,12 +208,15 @@ class DeviceExecutor:
         forgotten instead, since counters the device got wrong are no anchor for the next job."""
         engine = job.spec.engine
         rows = None
-        if self.check_output_buffers and result.ok and any(lane.logits is not None for lane in result.lanes):
-            try:
-                rows = np.asarray(self.device.read_buffer(job.spec.buffers.output))
-            except CalculetError as exc:
-                rows = None
-                log.warning("OutputBuf unreadable", extra={"rc": rc_of(exc).name})
+        if self.check_output_buffers and result.rc is ReturnCode.OK:
+            for lane in result.lanes:  # a plain loop: the null device returns no logits, every token (issue #20)
+                if lane.logits is not None:
+                    try:
+                        rows = np.asarray(self.device.read_buffer(job.spec.buffers.output))
+                    except CalculetError as exc:
+                        rows = None
+                        log.warning("OutputBuf unreadable", extra={"rc": rc_of(exc).name})
+                    break
         found = check_result(job, result, previous_engine_sequence=self._engine_seq[engine], output_rows=rows)
         counters_bad = any(kind is Anomaly.COUNTERS for kind, _ in found)
         self._engine_seq[engine] = None if counters_bad else result.counters.engine_sequence
