@@ -17,6 +17,10 @@ from calculet.runtime.streams.writer import StreamWriter
 from calculet.server.jsonenc import dumps_text
 
 
+_perf_counter = time.perf_counter
+_writer_token = StreamWriter.token
+
+
 class TimedStream(StreamWriter):
     """A StreamWriter that records when each token arrives and reports its close once.
 
@@ -38,10 +42,11 @@ class TimedStream(StreamWriter):
         self._released = False
 
     def token(self, request_id: int, token: int) -> None:
-        self.token_times.append(time.perf_counter())
-        if len(self.token_times) == 1:
+        times = self.token_times
+        times.append(_perf_counter())
+        if len(times) == 1:
             self._on_first_token(self)
-        super().token(request_id, token)
+        _writer_token(self, request_id, token)  # StreamWriter.token without super()'s lookup, once a token (#20)
 
     def close(self, outcome: RequestOutcome) -> None:
         first = self.closed_at is None

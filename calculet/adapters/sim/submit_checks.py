@@ -147,9 +147,10 @@ def check_buffers(job: JobSpec, cb: SimCalbin, table: BufferTable, epoch: int) -
     if bufs.input.buffer_id == bufs.output.buffer_id:
         raise VendorError(ReturnCode.INVALID_ARGUMENT, "input and output buffer are the same buffer")
     out: list[SimBuffer] = []
+    calbin_id = cb.calbin_id  # a property: read once, not per buffer (issue #20)
     for handle, want in ((bufs.input, BufferKind.INPUT), (bufs.output, BufferKind.OUTPUT)):
         b = table.lookup(handle, epoch)
-        if b.calbin_id != cb.calbin_id or b.handle.kind is not want or b.handle.job_kind is not job.kind \
+        if b.calbin_id != calbin_id or b.handle.kind is not want or b.handle.job_kind is not job.kind \
                 or b.handle.compiled_batch != job.compiled_batch:
             raise VendorError(ReturnCode.INVALID_ARGUMENT,
                               f"buffer {handle.buffer_id} ({b.handle.kind.value}, {b.handle.job_kind.value} "
