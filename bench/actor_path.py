@@ -9,7 +9,10 @@ service's routes do. Reported per streamed token: the actor thread's CPU (``calc
 whole process's CPU, and with ``--calls`` the Python calls the actor makes (a profile hook on that thread only).
 Figures, not a pass/fail test (DESIGN principle 10).
 
-    python bench/actor_path.py [--streams 1,16,64] [--tokens 64] [--per-stream 4] [--rounds 3] [--calls]
+With ``--hops`` it also counts the thread hops per token (mailbox posts, the actor's blocking waits, wake-ups of
+the consumers' loop) and reports the wall time per token, which at 1 stream is a stream's latency per token.
+
+    python bench/actor_path.py [--streams 1,16,64] [--tokens 64] [--per-stream 4] [--rounds 3] [--calls] [--hops]
 """
 
 from __future__ import annotations
@@ -45,6 +48,47 @@ def thread_cpu_s(thread: threading.Thread | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+class HopCounter:
+    """The thread hops of the actor path (issue #20, at 1 stream latency-bound): messages posted to the actor's
+    mailbox (a submit, a completion thread's results), the actor's blocking waits for one (it had nothing to
+    do), and wake-ups of a consumer's event loop (``call_soon_threadsafe`` from the actor). Counted by wrapping
+    those three calls for the whole run; the wrappers' cost stays out of the CPU figures (a round of its own)."""
+
+    def __init__(self) -> None:
+        self.posts = self.sleeps = self.wakes = 0
+        self._saved: list[tuple[object, str, object]] = []
+
+    def install(self) -> None:
+        from calculet.runtime import actor
+        from calculet.runtime.streams import writer
+
+        post, run_until, call_soon = actor.Mailbox.post, actor.Mailbox.run_until, writer._call_soon
+
+        def counted_post(mailbox: actor.Mailbox, message: object) -> object:
+            self.posts += 1
+            return post(mailbox, message)  # type: ignore[arg-type]
+
+        def counted_run_until(mailbox: actor.Mailbox, timeout: float) -> int:
+            if timeout > 0:
+                self.sleeps += 1
+            return run_until(mailbox, timeout)
+
+        def counted_call_soon(loop: asyncio.AbstractEventLoop, fn: object) -> None:
+            self.wakes += 1
+            call_soon(loop, fn)  # type: ignore[arg-type]
+
+        self._saved = [(actor.Mailbox, "post", post), (actor.Mailbox, "run_until", run_until),
+                       (writer, "_call_soon", call_soon)]
+        actor.Mailbox.post = counted_post  # type: ignore[method-assign]
+        actor.Mailbox.run_until = counted_run_until  # type: ignore[method-assign]
+        writer._call_soon = counted_call_soon  # type: ignore[assignment]
+
+    def remove(self) -> None:
+        for owner, name, fn in self._saved:
+            setattr(owner, name, fn)
+        self._saved = []
+
+
 @dataclass(frozen=True)
 class Round:
     streams: int
@@ -61,6 +105,11 @@ class Round:
     @property
     def process_us_per_token(self) -> float:
         return self.process_cpu_s / self.tokens * 1e6
+
+    @property
+    def wall_us_per_token(self) -> float:
+        """Wall time per token of the round: at 1 stream, one stream's time per token (its latency)."""
+        return self.wall_s / self.tokens * 1e6
 
 
 class CallCounter:
@@ -115,6 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="completions per stream (default: 48 / streams, at least 2)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--calls", action="store_true", help="also count the actor's Python calls per token")
+    parser.add_argument("--hops", action="store_true",
+                        help="also count thread hops per token: mailbox posts, actor waits, event-loop wake-ups")
     parser.add_argument("--profile", type=Path, default=None, help="cProfile (thread CPU time) of the actor, one round")
     args = parser.parse_args(argv)
     cost = CostModel.null()
@@ -133,7 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 brought.engine._mailbox.call(profile.disable, 30)  # noqa: SLF001
                 profile.dump_stats(str(args.profile))
             print(f"actor CPU per streamed token, null device, no HTTP; {args.tokens}-token streams")
-            print(f"{'streams':>7} {'actor us/tok':>12} {'process us/tok':>14} {'calls/tok':>9} {'tok/s':>9}")
+            print(f"{'streams':>7} {'actor us/tok':>12} {'process us/tok':>14} {'calls/tok':>9} {'tok/s':>9} "
+                  f"{'wall us/tok':>11} {'posts/tok':>9} {'waits/tok':>9} {'wakes/tok':>9}")
             for streams in (int(s) for s in args.streams.split(",")):
                 per = args.per_stream or max(2, 48 // streams)
                 rounds = [one_round(brought, streams, per, args.tokens, None) for _ in range(args.rounds)]
@@ -144,7 +196,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                     counted = one_round(brought, streams, per, args.tokens, CallCounter())
                     calls = counted.calls / counted.tokens
                 rate = float(np.median([r.tokens / r.wall_s for r in rounds]))
-                print(f"{streams:>7} {actor:>12.1f} {proc:>14.1f} {calls:>9.0f} {rate:>9.0f}")
+                wall = float(np.median([r.wall_us_per_token for r in rounds]))
+                hops = (float("nan"),) * 3
+                if args.hops:
+                    counter = HopCounter()
+                    counter.install()
+                    try:
+                        counted = one_round(brought, streams, per, args.tokens, None)
+                    finally:
+                        counter.remove()
+                    hops = tuple(n / counted.tokens for n in (counter.posts, counter.sleeps, counter.wakes))
+                print(f"{streams:>7} {actor:>12.1f} {proc:>14.1f} {calls:>9.0f} {rate:>9.0f} {wall:>11.1f} "
+                      f"{hops[0]:>9.3f} {hops[1]:>9.3f} {hops[2]:>9.3f}")
     finally:
         brought.engine.stop(5)
         brought.close()
