@@ -114,6 +114,10 @@ class LaneBindingTags(Protocol):
     def generation(self) -> GenerationId: ...
 
 
+_new_tuple = tuple.__new__
+"""Builds a named tuple without its generated ``__new__`` (a Python frame per lane)."""
+
+
 class LaneCheck(NamedTuple):
     """The verdict on one lane (a named tuple: one per lane per tick, cheap to build)."""
 
@@ -157,7 +161,26 @@ def check_decode_lanes(bound: Sequence[LaneBindingTags], completion: DecodeCompl
 
     Extra lanes are results for lanes nothing was bound to (or duplicates): they are dropped
     and counted as crosstalk evidence.
+
+    The usual result — the job succeeded and its i-th outcome is the i-th bound lane's (lanes bound in
+    increasing order), with matching tags and a usable token — is :func:`check_lane`'s accepting case
+    inlined, one pass with no call per lane (issue #20); at the first lane that is anything else, every
+    lane takes the general path below.
     """
+    outcomes = completion.lanes
+    if completion.ok and len(outcomes) == len(bound):
+        checks: list[LaneCheck] = []
+        append, good, previous = checks.append, LaneVerdict.OK, -1
+        for b, outcome in zip(bound, outcomes):
+            token, lane = outcome.token, b.lane
+            if not (lane > previous and outcome.lane == lane and outcome.request_id == b.request_id
+                    and outcome.seq_id == b.seq_id and outcome.generation == b.generation and outcome.ok
+                    and token is not None and token >= 0 and (vocab_size is None or token < vocab_size)):
+                break
+            append(_new_tuple(LaneCheck, (lane, b.request_id, good, token, outcome.stop, "")))
+            previous = lane
+        else:
+            return tuple(checks), 0
     by_lane: dict[int, LaneOutcome] = {}
     for outcome in completion.lanes:
         if outcome.lane not in by_lane:

@@ -48,8 +48,8 @@ from calculet.machines.monitor import MONITOR
 from calculet.machines.pool import PoolView
 from calculet.runtime.scheduling.kv_checks import PoolMonitor, check_pool, check_reserve_decision
 from calculet.runtime.scheduling.kv_context import KvContextOperations, ShiftSequence
-from calculet.runtime.scheduling.kv_guard import (compile_measures, compile_moves, compile_reserve_guard,
-                                                  events_keeping_measures)
+from calculet.runtime.scheduling.kv_guard import (compile_ghost_updates, compile_measures, compile_moves,
+                                                  compile_reserve_guard, events_keeping_measures)
 from calculet.runtime.distribution import FREE_LATENCY_BOUNDS, Distribution, DistributionSnapshot
 
 
@@ -143,6 +143,8 @@ _POOL = KvLanePool.definition
 _RESERVE_GUARD, RESERVE_GUARD_SOURCE = compile_reserve_guard(_POOL)
 _MEASURES, MEASURES_SOURCE = compile_measures(_POOL)
 _MOVES, MOVES_SOURCE = compile_moves(_POOL)
+_SUBMIT_GHOSTS, SUBMIT_GHOSTS_SOURCE = compile_ghost_updates(_POOL, "submit")
+"""The pool's declared ``submit`` ghosts, generated (None: evaluated from the declaration lane by lane)."""
 _INSTANCE = KvSequenceMachine.Instance
 _OPEN = frozenset(t.source for t in KvSequenceMachine.definition.transitions if t.event == "submit")
 """The states a lane may open a transaction from (``submit``'s sources, from the declaration)."""
@@ -326,8 +328,9 @@ class KvLaneManager(KvContextOperations):
         """Open the lane's transaction; with monitors on, record the position the job binds (the
         pool's ghost, whose invariant says it is the lane's committed_len)."""
         if MONITOR.enabled:
-            self._ghosts[lane].update(_POOL.ops["submit"].ghost(self.view, lane, tokens=tokens))  # type: ignore[misc]
+            record_submit_ghosts(self, (lane,), tokens)
         self._fire(lane, "submit", tokens=tokens)
+
 
     def recover(self, lane: int) -> FreeSequence:
         """Recovery made the Unknown lane safe again (reset, or the job provably finished)."""
@@ -406,17 +409,16 @@ class KvLaneManager(KvContextOperations):
                 self._submit(lease.lane, tokens)
             self._checked("submit_batch")
             return
-        ghost = _POOL.ops["submit"].ghost if MONITOR.enabled else None
-        ghosts, view = self._ghosts, self.view
         machines = []
+        indices = []
         for lease in reservation.leases:
             lane = lease.lane
             if owner[lane] != lease.lease_id:
                 raise StaleLease(f"lease {lease.lease_id} no longer owns lane {lane}")
             machines.append(lanes[lane])
-        if ghost is not None:
-            for lease in reservation.leases:
-                ghosts[lease.lane].update(ghost(view, lease.lane, tokens=tokens))
+            indices.append(lane)
+        if MONITOR.enabled:
+            record_submit_ghosts(self, indices, tokens)
         _INSTANCE.fire_each(machines, "submit", tokens=[tokens] * len(machines))
         self._checked("submit_batch")
 
@@ -548,3 +550,13 @@ class KvLaneManager(KvContextOperations):
     def budget_totals(self) -> list[int]:
         """Each pool budget's use summed over the lanes, as kept incrementally (``pool.params`` order)."""
         return list(self._totals)
+
+
+def record_submit_ghosts(kv: KvLaneManager, lanes: Sequence[int], tokens: int) -> None:
+    """The declared ``submit`` ghosts of ``lanes`` (the position each job binds), recorded for the pool monitor."""
+    if _SUBMIT_GHOSTS is not None:
+        _SUBMIT_GHOSTS(kv.ghost_list(), kv.lane_list(), lanes, tokens)
+        return
+    ghost, ghosts = _POOL.ops["submit"].ghost, kv.ghost_list()
+    for lane in lanes:
+        ghosts[lane].update(ghost(kv.view, lane, tokens=tokens))  # type: ignore[misc]

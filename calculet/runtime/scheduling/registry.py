@@ -302,6 +302,9 @@ class RequestRegistry:
                     self._moved(rec, source, machine._state)
             raise
         quiet = self.quiet
+        if n and sources.count(sources[0]) == n and targets.count(targets[0]) == n and sources[0] in quiet \
+                and targets[0] in quiet and targets[0] not in TERMINAL_STATES:
+            return  # one quiet move for every record (a decode step's submit): nothing to tell, nothing to close
         for rec, source, target in zip(recs, sources, targets):
             if not (source in quiet and target in quiet and target not in TERMINAL_STATES):
                 self._moved(rec, source, target)
@@ -417,9 +420,10 @@ class RequestRegistry:
         targets: list[str | None] = _INSTANCE.fire_each(machines, "decode_done", job=[job_id] * len(machines),
                                                         ok=produced, stop=stops)
         listener, quiet = self._listener, self.quiet
+        running_quiet = "decode_running" in quiet
         for rec, target, token in zip(recs, targets, tokens):
             if target == "decode_ready" or target == "finishing":
-                if listener is not None and not (target in quiet and "decode_running" in quiet):
+                if listener is not None and not (running_quiet and target in quiet):
                     listener(rec, "decode_running", target)
                 assert token is not None
                 rec.last_token = token

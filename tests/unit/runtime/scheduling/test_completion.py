@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from calculet.machines.request import FinishReason
 from calculet.runtime.scheduling.completion import (DecodeCompletion, FaultKind, LaneOutcome, LaneVerdict, check_decode_lanes)
@@ -133,3 +135,64 @@ def test_timeout_then_reset_ends_everything_consistently():
     h.scheduler.device_reset()
     assert h.confirm_all() == 3 and h.scheduler.idle()
     assert h.complete(batch).stale                # the late completion after the reset is stale
+
+
+def _reference_checks(bound, completion, *, lane_isolation, vocab_size):
+    """check_decode_lanes as the general path computes it: first outcome per lane, check_lane per bound lane."""
+    from calculet.runtime.scheduling.completion import check_lane
+
+    by_lane: dict = {}
+    for outcome in completion.lanes:
+        by_lane.setdefault(outcome.lane, outcome)
+    used = 0
+    checks = []
+    for b in bound:
+        outcome = by_lane.pop(b.lane, None)
+        used += outcome is not None
+        checks.append(check_lane(b, outcome, job_ok=completion.ok, lane_isolation=lane_isolation,
+                                 vocab_size=vocab_size))
+    return tuple(checks), len(completion.lanes) - used
+
+
+@pytest.mark.req("R7.4.2", "R7.4.5", "R7.4.6")
+@given(lanes=st.integers(0, 6), faults=st.lists(st.sampled_from(
+    ["none", "swap", "tag", "failed", "no_token", "negative", "vocab", "drop", "extra", "dup_bound"]), max_size=3),
+    job_ok=st.booleans(), isolation=st.booleans(), vocab=st.sampled_from([None, 100]), stop=st.booleans())
+@example(lanes=2, faults=["dup_bound"], job_ok=True, isolation=False, vocab=None, stop=False)
+@example(lanes=3, faults=["swap"], job_ok=True, isolation=False, vocab=None, stop=True)
+@example(lanes=3, faults=["vocab"], job_ok=True, isolation=True, vocab=100, stop=False)
+def test_the_one_pass_check_gives_the_general_verdicts(lanes, faults, job_ok, isolation, vocab, stop):
+    """The accepting one-pass of check_decode_lanes (issue #20) and the per-lane general path agree on
+    every result: good ones, swapped or mistagged lanes, failed lanes, unusable tokens, missing and extra
+    results, a bound lane listed twice."""
+    from calculet.runtime.scheduling.decode import LaneBinding
+
+    bound = [LaneBinding(i, 10 + i, 20 + i, 1, i, 5, 3, "t", 9.0) for i in range(lanes)]
+    outcomes = [LaneOutcome(b.lane, b.request_id, b.seq_id, b.generation, True, 50 + b.lane, stop) for b in bound]
+    for n, fault in enumerate(faults):
+        if not outcomes:
+            break
+        k = n % len(outcomes)
+        o = outcomes[k]
+        if fault == "swap" and len(outcomes) > 1:
+            outcomes[k], outcomes[(k + 1) % len(outcomes)] = outcomes[(k + 1) % len(outcomes)], o
+        elif fault == "tag":
+            outcomes[k] = dataclasses.replace(o, seq_id=o.seq_id + 1)
+        elif fault == "failed":
+            outcomes[k] = dataclasses.replace(o, ok=False)
+        elif fault == "no_token":
+            outcomes[k] = dataclasses.replace(o, token=None)
+        elif fault == "negative":
+            outcomes[k] = dataclasses.replace(o, token=-1)
+        elif fault == "vocab":
+            outcomes[k] = dataclasses.replace(o, token=100)
+        elif fault == "drop":
+            del outcomes[k]
+        elif fault == "extra":
+            outcomes.append(dataclasses.replace(o, lane=99))
+        elif fault == "dup_bound":
+            bound.append(bound[k % len(bound)])  # listed twice, with a result echoing it twice
+            outcomes.append(LaneOutcome(bound[-1].lane, bound[-1].request_id, bound[-1].seq_id, 1, True, 7, stop))
+    completion = DecodeCompletion(1, 1, job_ok, tuple(outcomes))
+    assert check_decode_lanes(bound, completion, lane_isolation=isolation, vocab_size=vocab) == \
+        _reference_checks(bound, completion, lane_isolation=isolation, vocab_size=vocab)

@@ -221,3 +221,27 @@ def test_registry_statistics_count_states_and_outcomes():
     stats = registry.statistics()
     assert stats.created == 2 and stats.live == 1 and stats.by_state == {"decode_ready": 1}
     assert stats.terminal_by_reason == {"CANCELLED": 1} and stats.closes == 1
+
+
+@pytest.mark.req("R4.1")
+def test_fire_all_tells_the_listener_every_move_but_the_quiet_ones():
+    """fire_all (one call per decode step, issue #20): a batch whose every move is between quiet states
+    tells nothing; a batch with any other move tells exactly those, and closes what ends."""
+    told: list[tuple[int, str, str]] = []
+    registry = RequestRegistry(listener=lambda rec, source, target: told.append((rec.request_id, source, target)))
+    registry.quiet = frozenset({"decode_ready", "decode_running"})
+    recs = [new_record(registry)[0] for _ in range(3)]
+    for rec in recs:
+        drive_to(registry, rec, "decode_ready")
+    told.clear()
+    registry.fire_all(recs, "submit_decode", job=6)
+    assert told == [] and all(rec.state == "decode_running" for rec in recs)
+    other, sink = new_record(registry)
+    drive_to(registry, other, "waiting_admission")
+    told.clear()
+    registry.fire_all([recs[0], other], "cancel")  # a running request gets its flag (quiet); a waiting one ends
+    assert told == [(other.request_id, "waiting_admission", "cancelled")]
+    assert recs[0].machine.cancel_requested and sink.closes == 1
+    told.clear()
+    registry.fire_all(recs[1:], "decode_done", job=6, ok=True, stop=True)  # quiet to Finishing: told, each
+    assert told == [(rec.request_id, "decode_running", "finishing") for rec in recs[1:]]
