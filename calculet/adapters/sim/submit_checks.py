@@ -58,6 +58,10 @@ def _pack(b: int) -> Callable[..., bytes]:
     return struct.Struct(f"<{b}i{b}i{b}B{b}i").pack
 
 
+_BINARY = frozenset((0, 1))
+"""The values a lane's ``valid`` flag may take (one set test per job, issue #20)."""
+
+
 def check_decode(job: DecodeJob, cb: SimCalbin, kv: SimKvManager, cost: CostModel) -> Admitted:
     """A decode job's lanes against its profile and its sequences' committed lengths (§7.3, §9.2)."""
     b = job.compiled_batch
@@ -68,7 +72,7 @@ def check_decode(job: DecodeJob, cb: SimCalbin, kv: SimKvManager, cost: CostMode
     policy = profile.inactive_policy
     # a handful of lanes: plain ints beat numpy scalars here, converted once per job (DecodeJob.lanes, issue #20)
     tokens, positions, valid, seq_ids, lanes = job.lanes
-    if any(v not in (0, 1) for v in valid):
+    if not _BINARY.issuperset(valid):
         raise VendorError(ReturnCode.INVALID_ARGUMENT, f"lane_valid must be 0/1, got {valid}")
     if not lanes:
         raise VendorError(ReturnCode.INVALID_ARGUMENT, "decode job with no valid lane")
@@ -94,7 +98,9 @@ def check_decode(job: DecodeJob, cb: SimCalbin, kv: SimKvManager, cost: CostMode
             raise VendorError(ReturnCode.INVALID_ARGUMENT,
                               f"seq {sid} appears in two valid lanes (§9.2: one seq, one lane)")
         seen.add(sid)
-        seq = kv.lookup(sid)
+        seq = kv.find(sid)  # one dictionary read; lookup() for the error when it is not there
+        if seq is None:
+            seq = kv.lookup(sid)
         tok, pos = tokens[i], positions[i]
         if not 0 <= tok < vocab:
             raise VendorError(ReturnCode.INVALID_ARGUMENT, f"lane {i} token {tok} outside vocab {cb.vocab_size}")
@@ -107,7 +113,7 @@ def check_decode(job: DecodeJob, cb: SimCalbin, kv: SimKvManager, cost: CostMode
                               f"lane {i} position {pos} reaches max_seq {profile.max_seq} of profile B{b}")
         if seq.inflight_job is not None:
             raise VendorError(ReturnCode.INVALID_STATE, f"seq {sid} is being written by job {seq.inflight_job}")
-    seqs = tuple(seq_ids[i] for i in lanes)
+    seqs = tuple([seq_ids[i] for i in lanes])
     return Admitted(seqs, lanes, cost.decode_s(b))
 
 
