@@ -329,7 +329,10 @@ class DecodeScheduler:
         return bucket.count if bucket is not None else 0
 
     def total_ready(self) -> int:
-        return sum(b.count for b in self._buckets.values())
+        total = 0
+        for bucket in self._buckets.values():  # no generator frame: read once or twice per decode step
+            total += bucket.count
+        return total
 
     def ready_records(self) -> list[RequestRecord]:
         """Every Ready sequence's record, in no particular order (O(entries); the ITL prefill gate's

@@ -20,6 +20,8 @@ from calculet.runtime.scheduling.profiles import ProfileSpec
 from calculet.runtime.scheduling.ready_queue import TenantQueue
 from calculet.runtime.scheduling.registry import RequestRecord
 
+_new_tuple = tuple.__new__
+
 
 class Selection(NamedTuple):
     """One tick's candidates, popped from Ready (none of them is queued any more)."""
@@ -60,8 +62,8 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
     tenants = bucket.tenants
     heappop, heapreplace = heapq.heappop, heapq.heapreplace
     heads = tenant_heads(tenants, tenants)  # (key..., tenant, live head entry) per tenant with work
-    result = Selection([], [], [], [], vt, 0)
-    chosen, positions, expired, invalid = result.chosen, result.positions, result.expired, result.invalid
+    chosen, positions = [], []  # type: list[RequestRecord], list[int]
+    expired, invalid = [], []  # type: list[RequestRecord], list[tuple[RequestRecord, str]]
     taken: dict[str, int] = {}
     capped: list[str] = []
     cap_hits = 0
@@ -112,7 +114,7 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
             continue
         cap_hits += _leave_merge(heads, tenants, tenant, head, capped, len(chosen) < size)
     bucket.count -= len(chosen) + len(expired) + len(invalid)  # every popped candidate is in one of them
-    return result._replace(vt=vt, cap_hits=cap_hits)
+    return _new_tuple(Selection, (chosen, positions, expired, invalid, vt, cap_hits))  # no _make/_replace frames
 
 
 def _leave_merge(heads: list[tuple[Any, ...]], tenants: dict[str, TenantQueue], tenant: str,

@@ -291,6 +291,14 @@ class RequestRegistry:
         (``RequestMachine.Instance.fire_each``: each still executes its declared transition, the monitor
         draws as for single events), then the listener and the close run per record in order. A
         refusal raises after the records that moved before it were told to the listener."""
+        if len(recs) == 1:  # a B1 step: the one machine's own ``fire`` (the same transition, the same draw)
+            rec = recs[0]
+            source = rec.machine._state
+            target = rec.machine.fire(event, **args)
+            quiet = self.quiet
+            if not (source in quiet and target in quiet and target not in TERMINAL_STATES):
+                self._moved(rec, source, target)
+            return
         machines = [rec.machine for rec in recs]
         sources = [m._state for m in machines]
         n = len(machines)

@@ -218,7 +218,8 @@ class Scheduler:
 
     def step(self) -> Plan:
         """Expire deadlines, admit what fits, and plan at most one job (one service opportunity)."""
-        self._no_pending()
+        if self._pending is not None:  # _no_pending without its call (once per decode step)
+            self._no_pending()
         self.job_lanes.boundary("scheduler step")  # a step boundary: JobLaneSystem's invariants (sampled, #17)
         check_counts(self.admission, self.registry, "scheduler step")  # the budget's counters are its requests (#17)
         now = self._clock.now()
@@ -239,7 +240,7 @@ class Scheduler:
             profile = None
             ready = self.decode.ready_count(gen)
             if ready:
-                profile = profiles.select_profile(ready, self.decode.oldest_wait(gen, now))
+                profile = profiles.select_profile(ready)  # oldest_wait never changes the choice (profiles: ambiguity 13)
                 due, fire_at = self.decode.dispatch_due(gen, profile.compiled_batch, now)
                 if due:
                     eligible.add("decode")
@@ -297,7 +298,8 @@ class Scheduler:
 
     def on_decode_complete(self, completion: DecodeCompletion) -> Applied:
         """Apply a decode job's result lane by lane, or drop it as stale and reclaim."""
-        self._no_pending()
+        if self._pending is not None:  # _no_pending without its call (once per decode step)
+            self._no_pending()
         return self.completions.decode_complete(completion)
 
     def on_prefill_complete(self, completion: PrefillCompletion) -> Applied:

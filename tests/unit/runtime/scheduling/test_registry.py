@@ -245,3 +245,12 @@ def test_fire_all_tells_the_listener_every_move_but_the_quiet_ones():
     told.clear()
     registry.fire_all(recs[1:], "decode_done", job=6, ok=True, stop=True)  # quiet to Finishing: told, each
     assert told == [(rec.request_id, "decode_running", "finishing") for rec in recs[1:]]
+    one, one_sink = new_record(registry)  # one record (a B1 step): the same telling
+    drive_to(registry, one, "decode_ready")
+    told.clear()
+    registry.fire_all([one], "submit_decode", job=8)
+    registry.fire_all([one], "decode_done", job=8, ok=True, stop=True)
+    assert told == [(one.request_id, "decode_running", "finishing")] and one_sink.closes == 0
+    with pytest.raises(TransitionNotAllowed):
+        registry.fire_all([one], "submit_decode", job=9)
+    assert one.state == "finishing"
