@@ -76,7 +76,7 @@ two gaps into one); the table counts such silent tokens, so a changed model show
 MODEL = "tiny-random"
 """The bundled model's alias (#18: random weights and a BPE tokenizer; ``qwen3`` would name a real model)."""
 COUNTERS = ("calculet_request_goodput", "calculet_device_busy_seconds", "calculet_request_wasted_device_seconds",
-            "calculet_scheduler_on_time_shed", "calculet_scheduler_on_time_refused")
+            "calculet_scheduler_on_time_shed", "calculet_scheduler_on_time_refused", "calculet_front_refused")
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -588,6 +588,10 @@ def _print_burst(rows: list[BurstRow], args: argparse.Namespace) -> None:
         if r.retries_capped:
             print(f"{'':<19} ({r.retries_capped} refused clients were told to wait longer than the cap and did "
                   "not retry)")
+        front = r.server.get("calculet_front_refused", 0.0)
+        engine = r.server.get("calculet_scheduler_on_time_refused", 0.0)
+        print(f"{'':<19} no-prospect 429s answered by the HTTP front from the admission snapshot: {front:.0f}, by the "
+              f"engine: {engine:.0f}")
         print(f"{'':<19} server CPU per request, event loop / all threads: floor {_pair(r.floor_cpu_ms, 2)} ms, "
               f"burst {_pair(r.burst_cpu_ms, 2)} ms; the loop alone, run one after another, needs "
               f"{r.burst_cpu_ms[0] * args.burst:.0f} ms for the burst (the last 429's least wait)")

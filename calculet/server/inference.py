@@ -325,7 +325,14 @@ async def _generate(service: Service, request: Request, tenant: str, gen: ApiGen
         # these fields join it), not a second one here — under a burst each line costs the event loop (#13)
         request.scope["state"]["log_fields"] = {"engine_request_id": submission.request_id,
                                                 "generation": service.info.generation, "model": gen.model}
-        raise admission_error(outcome.http_status or 400, outcome.reason, retry_after_s=outcome.retry_after_s)
+        retry_after_s = outcome.retry_after_s
+        if outcome.http_status == 429 and retry_after_s is not None and hasattr(type(service.engine),
+                                                                                "admission_snapshot"):
+            engine = service.engine  # its retry slot among the front's (:meth:`EarlyAdmission.engine_refused`)
+            retry_after_s = service.early_admission.engine_refused(
+                lambda: engine.admission_snapshot, prompt_tokens=n, max_new_tokens=gen.max_tokens, tenant=tenant,
+                now=engine.clock.now(), retry_after_s=retry_after_s)
+        raise admission_error(outcome.http_status or 400, outcome.reason, retry_after_s=retry_after_s)
     if log.isEnabledFor(logging.DEBUG):
         log.debug("request accepted", extra={**extra, "decision": outcome.decision.value, "prompt_tokens": n,
                                              "max_tokens": gen.max_tokens, "stream": gen.stream})

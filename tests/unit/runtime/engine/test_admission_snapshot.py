@@ -152,3 +152,23 @@ def test_every_front_refusal_is_an_engine_refusal(ops: list[tuple[str, int, int]
             if live:
                 h.scheduler.cancel(live[a % len(live)])
     assert front.statistics().refused == refused
+
+
+def test_an_engine_refusal_takes_its_retry_slot_among_the_fronts():
+    """The front's slots and the planner's are two sets: a client the engine refused gets a Retry-After behind
+    the slots the front handed out (never earlier than the engine's own answer), so the two do not collide."""
+    h = _harness()
+    for _ in range(3):
+        h.submit(prompt=8, new=11)
+    snap = _snapshot(h)
+    front = EarlyAdmission()
+    first = _decide(front, snap, h, 8, 11)
+    assert first is not None and first.retry_after_s is not None
+    engine = h.submit(prompt=8, new=11).outcome  # the engine's slots know nothing of the front's
+    assert engine.retry_after_s == first.retry_after_s
+    placed = front.engine_refused(lambda: snap, prompt_tokens=8, max_new_tokens=11, tenant="default",
+                                  now=h.clock.now(), retry_after_s=engine.retry_after_s)
+    assert placed > engine.retry_after_s and front.statistics().retry_slots == 2
+    # no snapshot: the engine's answer stands
+    assert front.engine_refused(lambda: None, prompt_tokens=8, max_new_tokens=11, tenant="default",
+                                now=h.clock.now(), retry_after_s=7.0) == 7.0
