@@ -321,18 +321,7 @@ async def _generate(service: Service, request: Request, tenant: str, gen: ApiGen
     extra = {"request_id": http_id, "engine_request_id": submission.request_id, "tenant": tenant,
              "generation": service.info.generation, "model": gen.model}
     if outcome.rejected:
-        # one log line for a refusal: the request's own (RequestContext writes it with status, code and reason;
-        # these fields join it), not a second one here — under a burst each line costs the event loop (#13)
-        request.scope["state"]["log_fields"] = {"engine_request_id": submission.request_id,
-                                                "generation": service.info.generation, "model": gen.model}
-        retry_after_s = outcome.retry_after_s
-        if outcome.http_status == 429 and retry_after_s is not None and hasattr(type(service.engine),
-                                                                                "admission_snapshot"):
-            engine = service.engine  # its retry slot among the front's (:meth:`EarlyAdmission.engine_refused`)
-            retry_after_s = service.early_admission.engine_refused(
-                lambda: engine.admission_snapshot, prompt_tokens=n, max_new_tokens=gen.max_tokens, tenant=tenant,
-                now=engine.clock.now(), retry_after_s=retry_after_s)
-        raise admission_error(outcome.http_status or 400, outcome.reason, retry_after_s=retry_after_s)
+        raise _engine_refusal(service, request, submission, gen, tenant)
     if log.isEnabledFor(logging.DEBUG):
         log.debug("request accepted", extra={**extra, "decision": outcome.decision.value, "prompt_tokens": n,
                                              "max_tokens": gen.max_tokens, "stream": gen.stream})
@@ -359,6 +348,24 @@ async def _generate(service: Service, request: Request, tenant: str, gen: ApiGen
     return ChatCompletionResponse(id=response_id, created=created, model=gen.model, system_fingerprint=fingerprint,
                                   choices=[ChatChoice(index=0, message=AssistantMessage(content=result_text),
                                                       finish_reason=finish, stop_reason=why)], usage=usage)
+
+
+def _engine_refusal(service: Service, request: Request, submission: Submission, gen: ApiGeneration,
+                    tenant: str) -> APIError:
+    """The engine's §5.2 refusal as the client gets it. One log line for it: the request's own (RequestContext
+    writes it with status, code and reason; these fields join it), not a second one here — under a burst each
+    line costs the event loop (#13). A no-prospect 429's retry slot is placed among the front's
+    (:meth:`~calculet.runtime.engine.admission_snapshot.EarlyAdmission.engine_refused`)."""
+    outcome = submission.outcome
+    request.scope["state"]["log_fields"] = {"engine_request_id": submission.request_id,
+                                            "generation": service.info.generation, "model": gen.model}
+    retry_after_s = outcome.retry_after_s
+    engine = service.engine
+    if outcome.http_status == 429 and retry_after_s is not None and hasattr(type(engine), "admission_snapshot"):
+        retry_after_s = service.early_admission.engine_refused(
+            lambda: engine.admission_snapshot, prompt_tokens=len(gen.prompt), max_new_tokens=gen.max_tokens,
+            tenant=tenant, now=engine.clock.now(), retry_after_s=retry_after_s)
+    return admission_error(outcome.http_status or 400, outcome.reason, retry_after_s=retry_after_s)
 
 
 def _refuse_early(service: Service, request: Request, tenant: str, gen: ApiGeneration) -> None:
