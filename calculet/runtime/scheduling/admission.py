@@ -36,8 +36,9 @@ from fractions import Fraction
 from typing import Iterable
 
 from calculet.config import CapacityBudget, LongPrefillQuota, QueuesConfig
-from calculet.runtime.scheduling.budget_monitor import check_budget
-from calculet.runtime.scheduling.fairness import FairQueue, TenantPolicy, TokenBucket, WeightedFairClock
+from calculet.machines.monitor import MONITOR
+from calculet.runtime.scheduling.budget_monitor import check_budget_drawn
+from calculet.runtime.scheduling.fairness import FairQueue, TenantPolicy, TokenBucket, WeightedFairClock, wfq_cost
 from calculet.runtime.scheduling.registry import RequestRecord
 from calculet.runtime.request import InferenceRequest
 
@@ -233,7 +234,8 @@ class AdmissionController:
 
     def record(self, outcome: AdmissionOutcome) -> AdmissionOutcome:
         """Count an outcome decided by the caller (Admit / Queue)."""
-        return self._count(outcome)
+        self._outcomes[outcome.decision._value_] += 1  # _count inlined (once per request)
+        return outcome
 
     # ------------------------------------------------------------------ waiting
 
@@ -250,8 +252,10 @@ class AdmissionController:
         self._tenant_waiting[rec.tenant] += prompt
         if rec.prefill_class == "long":
             self._long_waiting += 1
-        rec.cost = self.wfq.cost(prompt, machine.max_new_tokens)
-        check_budget(self.budget, self._waiting, self._waiting_tokens, self._active, self._active_kv, "accept")
+        rec.cost = wfq_cost(prompt, machine.max_new_tokens, self.wfq.decode_weight)  # WeightedFairClock.cost
+        if MONITOR.enabled and next(MONITOR.draws):  # check_budget, drawn inline
+            check_budget_drawn(self.budget, self._waiting, self._waiting_tokens, self._active, self._active_kv,
+                               "accept")
 
     def enqueue(self, rec: RequestRecord) -> None:
         """``rec`` is bound to a generation and waits for budget in WFQ order."""
@@ -271,7 +275,9 @@ class AdmissionController:
             self._queue.discard(entry)
             self._queued_cost[rec.tenant] -= rec.cost
             rec.entry = None
-        check_budget(self.budget, self._waiting, self._waiting_tokens, self._active, self._active_kv, "leave_waiting")
+        if MONITOR.enabled and next(MONITOR.draws):  # check_budget, drawn inline
+            check_budget_drawn(self.budget, self._waiting, self._waiting_tokens, self._active, self._active_kv,
+                               "leave_waiting")
 
     def _head_tag(self, flow: object, rec: RequestRecord) -> int:
         return self.wfq.tag(rec.tenant, rec.cost)
@@ -347,7 +353,9 @@ class AdmissionController:
         self._tenant_active[rec.tenant] += 1
         if rec.prefill_class == "long":
             self._long_admitted += 1
-        check_budget(self.budget, self._waiting, self._waiting_tokens, self._active, self._active_kv, "admitted")
+        if MONITOR.enabled and next(MONITOR.draws):  # check_budget, drawn inline
+            check_budget_drawn(self.budget, self._waiting, self._waiting_tokens, self._active, self._active_kv,
+                               "admitted")
         self.wfq.served(rec.tenant, rec.virtual_finish, rec.cost)
         samples = self._backlog_samples
         if self._queue.live:
@@ -416,7 +424,9 @@ class AdmissionController:
         self._active -= 1
         self._active_kv -= rec.prompt_tokens + rec.max_new_tokens
         self._tenant_active[rec.tenant] -= 1
-        check_budget(self.budget, self._waiting, self._waiting_tokens, self._active, self._active_kv, "released")
+        if MONITOR.enabled and next(MONITOR.draws):  # check_budget, drawn inline
+            check_budget_drawn(self.budget, self._waiting, self._waiting_tokens, self._active, self._active_kv,
+                               "released")
         parked = self._tenant_parked.pop(rec.tenant, None)
         if parked:
             self._queue.unpark(parked)

@@ -43,7 +43,7 @@ from calculet.machines.monitor import MONITOR
 from calculet.machines.request import HOLDING
 from calculet.machines.system import NONE, SystemView
 
-__all__ = ["BudgetValuation", "broken", "check_budget", "check_counts", "count_faults", "counted", "system_view"]
+__all__ = ["BudgetValuation", "broken", "check_budget", "check_budget_drawn", "check_counts", "count_faults", "counted", "system_view"]
 
 _DEFINITION = AdmissionBudgetMachine.definition
 _INVARIANTS = tuple(_DEFINITION.invariants)   # the declared ones, the counters' types included
@@ -89,8 +89,14 @@ def broken(view: BudgetValuation) -> list[str]:
 def check_budget(budget: Any, waiting: int, waiting_tokens: int, active: int, active_kv: int, after: str) -> None:
     """The declared budget invariants on the controller's counters after the operation ``after``
     (``accept``, ``admitted``, ``leave_waiting``, ``released``), at the monitors' sampled rate."""
-    if not MONITOR.enabled or not next(MONITOR.draws):
-        return
+    if MONITOR.enabled and next(MONITOR.draws):
+        check_budget_drawn(budget, waiting, waiting_tokens, active, active_kv, after)
+
+
+def check_budget_drawn(budget: Any, waiting: int, waiting_tokens: int, active: int, active_kv: int,
+                       after: str) -> None:
+    """:func:`check_budget` once the monitor drew this operation (a hot caller draws inline:
+    ``if MONITOR.enabled and next(MONITOR.draws)``, issue #20)."""
     view = BudgetValuation(budget, waiting, waiting_tokens, active, active_kv)
     MONITOR.check_whole(_DEFINITION.name, _INVARIANTS, view, f"AdmissionController.{after}", state=view.values())
 

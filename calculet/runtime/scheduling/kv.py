@@ -135,6 +135,7 @@ class StaleLease(DefinitionError):
     code = "stale_lease"
 
 
+_new_tuple = tuple.__new__
 POOL_CHECK_LANES = 64
 """Up to this many lanes (every device profile), a sampled operation checks the whole pool."""
 
@@ -279,8 +280,9 @@ class KvLaneManager(KvContextOperations):
         self._owner[lane] = lease_id
         self._by_seq[(generation, seq)] = lane
         self._reservations += 1
-        self._checked("reserve")
-        return KvLease(lane, seq, generation, lease_id, tokens)
+        if MONITOR.enabled and next(MONITOR.draws) and self.whole_pool_drawn():  # _checked, drawn inline
+            check_pool(self, "reserve")
+        return _new_tuple(KvLease, (lane, seq, generation, lease_id, tokens))  # KvLease(...) without its __new__ frame
 
     def submit(self, lease: KvLease, tokens: int) -> None:
         """The device accepted a job writing ``tokens`` positions (→ Updating)."""

@@ -70,6 +70,7 @@ DECODE_CYCLE = frozenset({"decode_ready", "decode_running"})
 """Moving between these reclaims nothing (the queue entry left with the batch) and is neither an admission
 nor an end (OnTimePolicy.transition acts only on those): two transitions per lane per step skip the listener."""
 SERVING = frozenset({ModelAvailability.READY, ModelAvailability.DRAINING})
+_new_tuple = tuple.__new__
 
 
 class Scheduler:
@@ -182,7 +183,8 @@ class Scheduler:
             outcome = self.admission.record(AdmissionOutcome(Decision.REJECT_INVALID, exc.message))
             sink.close(RequestOutcome(0, "failed", FinishReason.REJECTED, 0, 400, exc.message))
             return Submission(0, outcome)
-        rec.prefill_class = prefill_class = self.prefill.classify(request.prompt_tokens)
+        rec.prefill_class = prefill_class = self.config.queues.prefill_class(request.prompt_tokens)  # R6.2, as
+        # PrefillScheduler.classify answers (the same configuration's rule), without its call
         rejection = self.admission.screen(request, max_seq=max_seq, availability=generations.availability, now=now,
                                           long=prefill_class == "long")
         if rejection is not None:
@@ -198,8 +200,8 @@ class Scheduler:
         self.admission.accept(rec)
         self._deadlines.add(rec)
         generations.place(rec, now)
-        return Submission(rec.request_id, self.admission.record(ADMITTED if rec.machine._state == "prefill_ready"
-                                                                else QUEUED))
+        outcome = self.admission.record(ADMITTED if rec.machine._state == "prefill_ready" else QUEUED)
+        return _new_tuple(Submission, (rec.request_id, outcome))  # Submission(...) without its __new__ frame
 
     def cancel(self, request_id: int) -> Cancellation:
         """§4 cancel: idempotent; immediate unless a job is on the device."""
