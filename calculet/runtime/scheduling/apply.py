@@ -122,6 +122,18 @@ class CompletionApplier:
         self.stale = 0
         self.anomalies = 0
 
+    def _decoding_elsewhere(self, done: JobRecord) -> tuple[int, int]:
+        """(active lanes, compiled lanes) of the other decode jobs in flight (ping/pong, §14): sequences in
+        decode that are neither ready nor in ``done``, and the lanes decoding at once, which the per-token
+        time counts (issue #13: without them it read under the step time under ping/pong, and the
+        B16 ping/pong estimate was optimistic by a signed median of 22 %). Scans the jobs in flight."""
+        lanes = compiled = 0
+        for other in self.jobs:
+            if other is not done and other.kind == DECODE and other.state == "submitted":
+                lanes += len(other.work.active)
+                compiled += other.work.profile.compiled_batch
+        return lanes, compiled
+
     # ------------------------------------------------------------------ completions (§4, §7.4)
 
     def decode_complete(self, completion: DecodeCompletion) -> Applied:
@@ -145,9 +157,10 @@ class CompletionApplier:
         self.anomalies += extra
         self._end_job(job, completion.ok, completion.fault)
         if completion.ok:
+            lanes_elsewhere, compiled_elsewhere = self._decoding_elsewhere(job)
             self.step_times.observe(now - job.submitted_at, lanes=len(batch.active), now=now,
-                                    compiled=batch.profile.compiled_batch,
-                                    decoding=len(batch.active) + self.decode.total_ready())
+                                    compiled=batch.profile.compiled_batch + compiled_elsewhere,
+                                    decoding=len(batch.active) + self.decode.total_ready() + lanes_elsewhere)
         registry = self.registry
         # §9.2: commit only when device and output succeeded. Every lane of the job is settled in one
         # call before any request moves (a request that ends releases its lane, which must not be

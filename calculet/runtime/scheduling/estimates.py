@@ -102,7 +102,9 @@ class StepTimer:
         """One decode job took ``seconds`` from submission to completion; returns the new estimate.
 
         ``lanes`` is its active lanes of ``compiled``, ``decoding`` the sequences in decode when it
-        completed (these lanes included) and ``now`` the completion instant: the per-token sample."""
+        completed (these lanes included) and ``now`` the completion instant: the per-token sample.
+        Under ping/pong ``compiled`` and ``decoding`` include the other decode job in flight: its
+        sequences wait too, and the two jobs' lanes decode at once (issue #13)."""
         if seconds < 0:
             return self._estimate
         if self._samples == 0:
@@ -113,10 +115,13 @@ class StepTimer:
         if now is not None and lanes > 0:
             self._observe_period(now, seconds)
             busy = seconds + self._prefill_since
-            interval = busy if self._last_done is None else min(busy, max(0.0, now - self._last_done))
             keep = 1.0 - TOKEN_SMOOTHING
             self._widest = max(self._widest, compiled, lanes)
-            self._waited = keep * self._waited + max(lanes, min(decoding, self._widest)) * interval
+            if self._last_done is None:  # the first step: only its own lanes' wait is known (under ping/pong
+                interval, waiting = busy, lanes  # the other job's sequences may have been submitted just now)
+            else:
+                interval, waiting = min(busy, max(0.0, now - self._last_done)), max(lanes, min(decoding, self._widest))
+            self._waited = keep * self._waited + waiting * interval
             self._tokens = keep * self._tokens + lanes
             self._last_done = now
         self._prefill_since = 0.0
