@@ -196,6 +196,7 @@ async def _submit(service: Service, engine_request: GenerateRequest, stream: Tim
     future: asyncio.Future[Submission] = loop.create_future()
 
     def settle(submission: Submission | None, error: BaseException | None) -> None:
+        service.early_admission.answered()  # its snapshot is published: held requests decide again
         if future.done():  # timed out (or cancelled) meanwhile: nobody reads the answer
             if submission is not None and not submission.outcome.rejected:
                 _cancel(service, submission.request_id)
@@ -212,6 +213,7 @@ async def _submit(service: Service, engine_request: GenerateRequest, stream: Tim
             pass
 
     service.engine.submit_then(engine_request, stream, done)
+    service.early_admission.sent()  # answered() in settle, which runs on this loop: never before this line
     return await asyncio.wait_for(future, service.submit_timeout_s)
 
 
@@ -305,7 +307,7 @@ async def _generate(service: Service, request: Request, tenant: str, gen: ApiGen
                        code="context_length_exceeded", param="max_tokens")
     if not service.accepting:
         raise APIError(503, "the service is shutting down", code="model_unavailable")
-    _refuse_early(service, request, tenant, gen)
+    await _refuse_early(service, request, tenant, gen)
     http_id = request.state.request_id if hasattr(request.state, "request_id") else new_request_id()
     stream = service.open_stream(tenant=tenant, stop=gen.sampling.stop, stop_text=gen.sampling.stop_text)
     engine_request = GenerateRequest(gen.prompt, gen.max_tokens, tenant=tenant, sampling=gen.sampling)
@@ -368,7 +370,13 @@ def _engine_refusal(service: Service, request: Request, submission: Submission, 
     return admission_error(outcome.http_status or 400, outcome.reason, retry_after_s=retry_after_s)
 
 
-def _refuse_early(service: Service, request: Request, tenant: str, gen: ApiGeneration) -> None:
+HOLD_S = 0.02
+"""Longest wait of a held request for the engine's next answer (:meth:`EarlyAdmission.should_hold`) ..."""
+HOLD_ROUNDS = 3
+"""... and how many such waits before it goes to the engine anyway."""
+
+
+async def _refuse_early(service: Service, request: Request, tenant: str, gen: ApiGeneration) -> None:
     """The 429 of a request the engine's admission snapshot shows cannot finish by its deadline, answered here on
     the event loop without a round trip to the actor (issue #13; the soundness argument is
     :mod:`calculet.runtime.engine.admission_snapshot`'s). Anything the snapshot cannot refuse goes on to the
@@ -376,8 +384,19 @@ def _refuse_early(service: Service, request: Request, tenant: str, gen: ApiGener
     engine = service.engine
     if not hasattr(type(engine), "admission_snapshot"):
         return
-    refusal = service.early_admission.decide(lambda: engine.admission_snapshot, prompt_tokens=len(gen.prompt),
-                                             max_new_tokens=gen.max_tokens, tenant=tenant, now=engine.clock.now())
+    early = service.early_admission
+    if service.config.batch.deadline_order == "on_time":  # no snapshot ever comes under another order
+        for _ in range(HOLD_ROUNDS):
+            if not early.should_hold(engine.admission_snapshot):
+                break
+            woken = asyncio.get_running_loop().create_future()
+            early.hold(lambda: woken.done() or woken.set_result(None))
+            try:
+                await asyncio.wait_for(woken, HOLD_S)
+            except TimeoutError:
+                pass
+    refusal = early.decide(lambda: engine.admission_snapshot, prompt_tokens=len(gen.prompt),
+                           max_new_tokens=gen.max_tokens, tenant=tenant, now=engine.clock.now())
     if refusal is None:
         return
     request.scope["state"]["log_fields"] = {"refused_by": "front", "generation": service.info.generation,

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calculet.runtime.engine.admission_snapshot import AdmissionSnapshot, EarlyAdmission, take_snapshot
+from calculet.runtime.engine.admission_snapshot import HOLD_IN_FLIGHT, AdmissionSnapshot, EarlyAdmission, take_snapshot
 from tests.unit.runtime.runtime_support import Harness
 
 STEP = 0.1
@@ -172,3 +172,21 @@ def test_an_engine_refusal_takes_its_retry_slot_among_the_fronts():
     # no snapshot: the engine's answer stands
     assert front.engine_refused(lambda: None, prompt_tokens=8, max_new_tokens=11, tenant="default",
                                 now=h.clock.now(), retry_after_s=7.0) == 7.0
+
+
+def test_a_request_finding_no_snapshot_waits_for_the_engines_next_answer_only_behind_enough_in_flight():
+    front = EarlyAdmission()
+    woken: list[int] = []
+    for i in range(HOLD_IN_FLIGHT):
+        assert not front.should_hold(None)  # the first ones go to the engine
+        front.sent()
+    assert front.should_hold(None)
+    h = _harness()
+    h.submit(prompt=8, new=11)
+    assert not front.should_hold(_snapshot(h))  # a snapshot to decide from: no wait
+    front.hold(lambda: woken.append(1))
+    front.hold(lambda: woken.append(2))
+    front.answered()
+    assert woken == [1, 2] and front.in_flight == HOLD_IN_FLIGHT - 1 and front.statistics().held == 2
+    front.answered()
+    assert woken == [1, 2]  # each waker once
