@@ -58,9 +58,9 @@ class Plan(NamedTuple):
     reason: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Applied:
-    """What a completion did: applied to its lanes, or dropped as stale (resources reclaimed)."""
+class Applied(NamedTuple):
+    """What a completion did: applied to its lanes, or dropped as stale (resources reclaimed). Immutable; a
+    named tuple, built once per completion at a third of a frozen dataclass's cost (issue #20)."""
 
     job_id: int
     stale: bool
