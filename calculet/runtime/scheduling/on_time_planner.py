@@ -25,7 +25,11 @@ where the scheduler's requests become those jobs and the answers become decision
 * **overload (§7.2)** — when the admitted set cannot all finish on time (a burst, a slower
   device, a fault and reset), Moore–Hodgson keeps the most that can and the rest are shed at
   once, before device time is spent on them. EDF alone would serve the doomed first (the
-  domino effect) and fair rotation would make everyone late together;
+  domino effect) and fair rotation would make everyone late together. Shedding is for making
+  room: a request that already holds a sequence and that the selection drops is kept when
+  keeping it leaves every request the selection keeps on time (:func:`spare_harmless`) — its
+  shed would free device time nobody kept needs and only forfeit its chance to finish; it ends
+  at its deadline if it is late after all;
 * **ordering (§7.2 item 2)** — where more sequences hold KV than a step decodes (B1) and no
   latency target is set, the decode order is the plan's: every kept request by earliest
   deadline (R7.2.2; ties by virtual finish, R7.2.3), the EDF schedule admission proved
@@ -73,6 +77,7 @@ from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.finish_estimate import (ON_TIME_EPS_S, DeviceModel, Fit, PendingJob,
                                                          admission_order_finish, edf_finish, fair_share_finish,
                                                          fits, on_time_selection)
+from calculet.runtime.scheduling.on_time_spare import spare_harmless
 from calculet.runtime.scheduling.registry import WAITING_STATES, RequestRecord
 
 PLANNED_STATES = frozenset({"new", "waiting_model", "waiting_admission", "prefill_ready", "prefill_running",
@@ -158,13 +163,16 @@ class _EdfCache:
 
     __slots__ = ("free", "min_slack", "latest", "on_lane")
 
-    def __init__(self, kept: list[PendingJob], now: float, model: DeviceModel) -> None:
+    def __init__(self, kept: list[PendingJob], now: float, model: DeviceModel,
+                 late_ok: frozenset[int] = frozenset()) -> None:
+        """``late_ok``: kept jobs planned late (spared, :func:`spare_harmless`): they hold lanes but no slack
+        of theirs is protected."""
         finish = edf_finish(kept, now, model)
         self.on_lane = model.prefill_on_lane
         ends = sorted(finish.values(), reverse=True)[:model.lanes]
         self.free = [max(now, t) for t in ends] + [now] * (model.lanes - len(ends))
         heapq.heapify(self.free)
-        self.min_slack = min((_deadline(j) - finish[j.id] for j in kept), default=math.inf)
+        self.min_slack = min((_deadline(j) - finish[j.id] for j in kept if j.id not in late_ok), default=math.inf)
         self.latest = max((_deadline(j) for j in kept), default=-math.inf)
 
     def tail_finish(self, job: PendingJob, now: float, model: DeviceModel) -> float | None:
@@ -359,10 +367,14 @@ class OnTimePlanner:
         self._planned_step = model.decode_step_s
         jobs = [job for rec in live.values() if (job := self.job(rec)) is not None]
         selection = on_time_selection(jobs, now, model)
-        shed = tuple(live[i] for i in selection.shed)
-        kept_ids = set(selection.keep)
+        spared: frozenset[int] = frozenset()
+        if selection.shed:
+            spared = frozenset(spare_harmless(jobs, selection.shed, lambda i: live[i].state not in WAITING_STATES,
+                                              now, model))
+        shed = tuple(live[i] for i in selection.shed if i not in spared)
+        kept_ids = set(selection.keep) | spared
         self._kept = [j for j in jobs if j.id in kept_ids]
-        self._cache = _EdfCache(self._kept, now, self._admission_model(model))
+        self._cache = _EdfCache(self._kept, now, self._admission_model(model), spared)
         self._planned_at = now
         decoding = [j for j in self._kept if live[j.id].state in DECODING_STATES]
         self._slots = sorted(fair_share_finish(decoding, now, model).values())
