@@ -58,6 +58,17 @@ retry gets a new deadline, so the candidate's relative deadline is kept).
 
 Every call is O(n log n) (plus O(n·lanes) for the lane scan); a job with no deadline is never
 shed and never constrains the others (it runs after them).
+
+Tried and not kept (issue #13, measured on the steady and bursty presets): counting the work that
+arrives *after* admission and runs first. On one KV lane (``calculet-b1``) the estimate is early by
+a signed median of 8-13 %, and the work of later arrivals of the other tenant that started first
+(a later arrival takes an earlier §5.3 tag) correlated 0.64 with how late it was. Stretching the
+wait ``W`` to ``W / (1 - ρ)``, ρ the other tenants' measured rate of accepted work, each capped by
+its WFQ tag window, took the signed median to +1 % but the P90 from 33 to 51 % (steady) and 34 to
+39 % (bursty), b4 28 -> 38 %, b1-pingpong 27 -> 48 %: the later work that overtakes, and the
+earlier work that is shed or cancelled ahead (which makes the estimate late), vary request by
+request far more than their means, so a mean-rate term moved the bias and widened the spread. The
+uncapped M/G/1 stretch overshot further (P90 97-100 %).
 """
 
 from __future__ import annotations
