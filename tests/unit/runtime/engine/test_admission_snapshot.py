@@ -12,7 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calculet.runtime.engine.admission_snapshot import HOLD_IN_FLIGHT, AdmissionSnapshot, EarlyAdmission, take_snapshot
+from calculet.runtime.engine.admission_snapshot import (HOLD_IN_FLIGHT, AdmissionSnapshot, EarlyAdmission, FrontRetrySlots,
+                                                      take_snapshot)
+from calculet.runtime.scheduling.on_time_planner import RetrySlots
 from tests.unit.runtime.runtime_support import Harness
 
 STEP = 0.1
@@ -190,3 +192,26 @@ def test_a_request_finding_no_snapshot_waits_for_the_engines_next_answer_only_be
     assert woken == [1, 2] and front.in_flight == HOLD_IN_FLIGHT - 1 and front.statistics().held == 2
     front.answered()
     assert woken == [1, 2]  # each waker once
+
+
+@settings(max_examples=150)
+@given(ops=st.lists(st.tuples(st.sampled_from(["reserve", "reserve", "admit", "wait", "wait"]), st.integers(0, 40),
+                              st.sampled_from(["a", "b"])), min_size=4, max_size=80), limit=st.sampled_from([4, 64]))
+def test_the_fronts_retry_slots_follow_the_planners_rules(ops: list[tuple[str, int, str]], limit: int):
+    """Same reservations, admissions and time on the planner's RetrySlots and the front's: the same retry times
+    and the same slots held, whether or not the front's expiry pass was skipped."""
+    plain, front = RetrySlots(limit=limit), FrontRetrySlots(limit=limit)
+    now, base = 0.0, [3.0, 5.0]
+    for op, x, tenant in ops:
+        if op == "reserve":
+            got = [s.reserve(list(base), tuple(base), now, 0.5 + x / 10, 4.0, now, tenant) for s in (plain, front)]
+            assert got[0] == got[1]
+        elif op == "admit":
+            plain.admitted(tenant, now)
+            front.admitted(tenant, now)
+        else:
+            now += x / 8
+            plain.expire(now)
+            front.expire(now)
+        assert [(g.retry_at, g.length, g.tenant) for g in plain.ghosts] == [
+            (g.retry_at, g.length, g.tenant) for g in front.ghosts]
