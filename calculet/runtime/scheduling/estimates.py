@@ -73,6 +73,12 @@ class StepTimer:
         return self._estimate
 
     @property
+    def samples(self) -> int:
+        """Decode steps measured so far: every estimate read from this timer can change only when it does
+        (the on_time device model is rebuilt on it, issue #20)."""
+        return self._samples
+
+    @property
     def token_s(self) -> float:
         """Wall seconds per token of a decoding sequence over the long window (0 until measured)."""
         return self._waited / self._tokens if self._tokens > 0 else 0.0

@@ -102,6 +102,25 @@ class PendingJob:
         if not self.weight > 0:
             raise ValueError("a pending job's weight must be > 0")
 
+    @classmethod
+    def trusted(cls, id: int, prefill_tokens: int, decode_steps: int, deadline: float | None,
+                weight: float) -> PendingJob:
+        """A job from values checked where they entered the runtime, built without re-checking them.
+
+        Why: admission builds one per ``submit()`` from the request machine's own bounded variables
+        (``prompt_tokens`` ≥ 1 and ``generated_tokens`` ≤ ``max_new_tokens``, declared and proved in
+        ``calculet/machines``) and a configured tenant weight (> 0, the config schema); the frozen
+        dataclass's ``__init__`` and ``__post_init__`` cost about three times this (issue #20). Equal,
+        with an equal hash, to ``PendingJob(...)`` of the same values."""
+        job = object.__new__(cls)
+        fields = job.__dict__
+        fields["id"] = id
+        fields["prefill_tokens"] = prefill_tokens
+        fields["decode_steps"] = decode_steps
+        fields["deadline"] = deadline
+        fields["weight"] = weight
+        return job
+
 
 @dataclass(frozen=True)
 class DeviceModel:

@@ -78,12 +78,22 @@ class OnTimePolicy:
         if self.planner.any_itl:
             prefill.gate = self.prefill_fits_itl
 
+    _shape_of: ProfileSet | None = None
+    """The profile set :attr:`_shape` was read from (a ``ProfileSet`` is fixed at construction)."""
+    _shape: tuple[int, int | None] = (1, None)
+    """Its largest compiled batch and prefill chunk: read once per profile set, not per ``submit()`` (#20)."""
+
     def model(self) -> DeviceModel | None:
+        """The measured device (None until a decode step is measured): the planner rebuilds it only when a
+        timer measured something or the profile or the engines changed (:meth:`.OnTimePlanner.device`)."""
         profiles = self._profiles()
-        if profiles is None or self.planner.step_times.decode_step_s <= 0:
+        if profiles is None:
             return None
-        batch = profiles.select_profile(2**31).compiled_batch
-        return self.planner.device(batch, self._engines(), profiles.prefill_chunk_tokens)
+        if profiles is not self._shape_of:
+            self._shape_of = profiles
+            self._shape = (profiles.select_profile(2**31).compiled_batch, profiles.prefill_chunk_tokens)
+        batch, chunk = self._shape
+        return self.planner.device(batch, self._engines(), chunk)
 
     def lanes(self) -> int:
         profiles = self._profiles()

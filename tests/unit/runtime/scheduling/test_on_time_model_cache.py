@@ -1,0 +1,111 @@
+"""Issue #20: the on_time screen's per-submit inputs are built once per change, and decide as when built per call.
+
+``OnTimePolicy.model()`` keeps its DeviceModel until a timer measures a sample, the profile set or the
+engines change; admission's margin-slowed model is kept while the model and the margin are the same;
+a request becomes a ``PendingJob`` without re-checking values the request machine and the config
+checked where they entered. These tests hold the caches to the model built afresh from the timers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from calculet.runtime.scheduling.decode import DecodeBatch
+from calculet.runtime.scheduling.finish_estimate import DeviceModel, PendingJob
+from calculet.runtime.scheduling.on_time import OnTimePolicy
+from tests.unit.runtime.runtime_support import Harness, profile_set
+
+STEP = 0.1
+
+
+def fresh(policy: OnTimePolicy) -> DeviceModel | None:
+    """The device model built from the timers now, as ``model()`` built it on every call before #20."""
+    planner = policy.planner
+    profiles = policy._profiles()
+    if profiles is None or planner.step_times.decode_step_s <= 0:
+        return None
+    fixed, per_token = planner.prefill_times.cost()
+    return DeviceModel(planner.step_times.decode_step_s, profiles.select_profile(2**31).compiled_batch,
+                       policy._engines(), fixed, per_token, profiles.prefill_chunk_tokens,
+                       planner.step_times.token_s, planner.step_times.period_high_s)
+
+
+def on_time(h: Harness) -> OnTimePolicy:
+    policy = h.scheduler.on_time
+    assert policy is not None
+    return policy
+
+
+def test_the_model_is_kept_until_a_timer_measures_and_then_rebuilt():
+    h = Harness.build(sizes=(1,), lanes=16, step_estimate_s=STEP)
+    policy = on_time(h)
+    first = policy.model()
+    assert first is not None and first is policy.model() and first == fresh(policy)
+    h.scheduler.step_times.observe(0.3, lanes=1, compiled=1, decoding=1, now=1.0)
+    stepped = policy.model()
+    assert stepped is not first and stepped == fresh(policy) and stepped.decode_step_s > first.decode_step_s
+    assert stepped is policy.model()
+    h.scheduler.prefill_times.observe(32, 0.02)
+    prefilled = policy.model()
+    assert prefilled is not stepped and prefilled == fresh(policy) and prefilled.prefill_per_token_s > 0
+
+
+def test_a_new_profile_set_or_engine_count_rebuilds_the_model():
+    h = Harness.build(sizes=(1,), lanes=16, step_estimate_s=STEP)
+    policy = on_time(h)
+    b1 = policy.model()
+    assert b1 is not None and b1.compiled_batch == 1
+    h.scheduler.generations.profiles = profile_set((1, 4), h.scheduler.config)  # the next generation's
+    b4 = policy.model()
+    assert b4 is not None and b4.compiled_batch == 4 and b4 == fresh(policy)
+    assert policy.planner.device(4, 2, None) == dataclasses.replace(b4, engines=2)  # ping/pong: two in flight
+
+
+def test_the_admission_model_follows_the_margin():
+    h = Harness.build(sizes=(1,), lanes=16, step_estimate_s=STEP)
+    planner = on_time(h).planner
+    model = on_time(h).model()
+    assert model is not None
+    kept = planner._admitting_model(model)
+    assert kept is planner._admitting_model(model) and kept == model.slowed(1.0 + planner.errors.margin)
+    planner.errors.missed()  # a miss raises the margin
+    slowed = planner._admitting_model(model)
+    assert slowed is not kept and slowed == model.slowed(1.0 + planner.errors.margin)
+    assert slowed.decode_step_s > kept.decode_step_s
+
+
+def test_a_trusted_job_is_the_checked_job_and_checks_stay_where_values_enter():
+    trusted = PendingJob.trusted(7, 16, 99, 12.5, 2.0)
+    checked = PendingJob(7, 16, 99, 12.5, 2.0)
+    assert trusted == checked and hash(trusted) == hash(checked) and repr(trusted) == repr(checked)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        trusted.decode_steps = 1  # type: ignore[misc]
+    with pytest.raises(ValueError):
+        PendingJob(7, -1, 99)
+    with pytest.raises(ValueError):
+        PendingJob(7, 1, 99, weight=0.0)
+
+
+def test_while_serving_the_kept_model_is_always_the_one_built_from_the_timers():
+    """A B1 device played by hand (each job STEP of fake time): after every submit and every completion
+    the cached model equals a fresh one, and the estimates admission gives are the fresh model's."""
+    h = Harness.build(sizes=(1,), lanes=16, step_estimate_s=STEP, admission={"max_sequences": 16})
+    policy = on_time(h)
+    admitted = 0
+    for i in range(40):
+        if i % 3 == 0:
+            sub = h.submit(prompt=8 + i, new=6, deadline_ms=30_000)
+            admitted += not sub.outcome.rejected
+            assert policy.model() == fresh(policy)
+        plan = h.step()
+        if plan.work is not None:
+            h.scheduler.submitted(plan.work.job_id)
+            h.clock.advance(STEP * (2 if isinstance(plan.work, DecodeBatch) else 1))
+            h.complete(plan.work)
+            h.confirm_all()
+        else:
+            h.clock.advance(STEP)
+        assert policy.model() == fresh(policy)
+    assert admitted >= 10 and h.scheduler.step_times.samples > 5 and h.scheduler.prefill_times.samples > 5
