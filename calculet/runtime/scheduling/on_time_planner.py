@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
 from calculet.machines.request import FinishReason
@@ -77,6 +77,7 @@ from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.finish_estimate import (ON_TIME_EPS_S, DeviceModel, Fit, PendingJob,
                                                          admission_order_finish, edf_finish, fair_share_finish,
                                                          fits, on_time_selection)
+from calculet.runtime.scheduling.on_time_retry import MAX_RETRY_SLOTS, RETRY_GRACE_S, RetrySlots
 from calculet.runtime.scheduling.on_time_spare import spare_harmless
 from calculet.runtime.scheduling.registry import WAITING_STATES, RequestRecord
 
@@ -93,10 +94,6 @@ three (22 % of the engine's CPU) for estimates that were noise; a plan at most 5
 latest smoothed step changes no finish estimate by more than the drift it would correct."""
 _EPS = ON_TIME_EPS_S
 """The estimator's on-time tolerance: the admission cache accepts exactly what ``fits`` would."""
-RETRY_GRACE_S = 2.0
-"""A ghost outlives its retry time by this long (a client's retry takes a round trip or two)."""
-MAX_RETRY_SLOTS = 512
-"""Ghosts kept at most: beyond it the oldest is dropped, so a flood of refusals stays bounded."""
 PROMPT_SMOOTHING = 1 / 8
 """Weight of the newest admitted prompt in the typical prompt length (as the timers smooth)."""
 
@@ -127,37 +124,49 @@ class Replan:
 
 
 def pending_job(rec: RequestRecord, weight: float) -> PendingJob | None:
-    """The request as the estimator sees it, or None when it needs no more device time. ``trusted`` (#20): the
-    values are the request machine's bounded variables and a configured weight, checked where they entered."""
-    machine = rec.machine
-    state = machine._state
+    """The request as the estimator sees it, or None when it needs no more device time."""
+    state = rec.state
     if state not in PLANNED_STATES:
         return None
+    machine = rec.machine
     if state in DECODING_STATES:
-        return PendingJob.trusted(rec.request_id, 0, machine.max_new_tokens - machine.generated_tokens, rec.deadline,
-                                  weight)
-    return PendingJob.trusted(rec.request_id, machine.prompt_tokens, machine.max_new_tokens - 1, rec.deadline, weight)
+        return PendingJob(rec.request_id, 0, machine.max_new_tokens - machine.generated_tokens, rec.deadline, weight)
+    return PendingJob(rec.request_id, rec.prompt_tokens, rec.max_new_tokens - 1, rec.deadline, weight)
 
 
 def _deadline(job: PendingJob) -> float:
     return math.inf if job.deadline is None else job.deadline
 
 
-def at_risk_prefix(kept: list[PendingJob], now: float, model: DeviceModel) -> list[int]:
-    """Ids of the EDF prefix of ``kept`` that must run by deadline so the rest may rotate on time."""
+def slack_ratio(finish: Mapping[int, float], jobs: Iterable[PendingJob], now: float) -> float:
+    """The least ``(deadline - finish) / (finish - now)`` over ``jobs`` that are on time (inf: none): how much
+    slower every device time may get before one of them is late (a finish from ``now`` scales at most by it)."""
+    least = math.inf
+    for job in jobs:
+        end = finish[job.id]
+        deadline = _deadline(job)
+        if end > now and end <= deadline + _EPS:
+            least = min(least, (deadline - end) / (end - now))
+    return least
+
+
+def at_risk_prefix(kept: list[PendingJob], now: float, model: DeviceModel) -> tuple[list[int], float]:
+    """Ids of the EDF prefix of ``kept`` that must run by deadline so the rest may rotate on time, and the
+    :func:`slack_ratio` of every job found on time on the way (the same prefix for a device that slow)."""
     order = sorted(kept, key=_deadline)
     step, lanes = model.lane_step_s, model.lanes
-    k, prefix_s = 0, 0.0
+    k, prefix_s, slack = 0, 0.0, math.inf
     while k < len(order):
         rest = order[k:]
         finish = fair_share_finish(rest, now + prefix_s / lanes, model)
         late = [i for i, job in enumerate(rest) if finish[job.id] > _deadline(job) + _EPS]
+        slack = min(slack, slack_ratio(finish, rest, now))
         if not late:
             break
         grown = k + late[-1] + 1
         prefix_s += sum(model.prefill_s(j.prefill_tokens) + j.decode_steps * step for j in order[k:grown])
         k = grown
-    return [job.id for job in order[:k]]
+    return [job.id for job in order[:k]], slack
 
 
 class _EdfCache:
@@ -205,78 +214,6 @@ class _EdfCache:
         return finish
 
 
-@dataclass
-class _Ghost:
-    retry_at: float
-    length: float
-    """Lane seconds the refused request needs (its prefill and decode)."""
-    tenant: str
-
-
-@dataclass
-class RetrySlots:
-    """Future capacity reserved for refused requests, so their retries spread out (issue #13).
-
-    A refusal with a retry time places a *ghost*: the candidate's lane seconds, starting on the
-    earliest lane free at or after its retry time, behind the kept set's EDF lane schedule and
-    the earlier ghosts. The retry time handed out is the earliest whole second from ``now``
-    (``Retry-After`` is delay-seconds, RFC 9110 §10.2.3) at which the candidate, queued behind
-    all of that, still finishes within its relative deadline — and no earlier than the
-    estimator's own answer (``lower``). A ghost is dropped (the rule is deliberately simple):
-
-    * ``grace_s`` after its retry time (its client did not come back, or came back and ended);
-    * when a request of the same tenant is admitted from ``grace_s`` before its retry time on
-      (that request took its slot; the earliest such ghost goes);
-    * when more than ``limit`` are held (the oldest goes).
-
-    The lane heap is rebuilt from the kept schedule whenever that schedule (``key``) or the
-    ghosts changed, O(ghosts × log lanes); otherwise a reservation is O(log lanes).
-    """
-
-    grace_s: float = RETRY_GRACE_S
-    limit: int = MAX_RETRY_SLOTS
-    ghosts: list[_Ghost] = field(default_factory=list)
-    _free: list[float] | None = None
-    _key: object = None
-
-    def reserve(self, base: list[float], key: object, now: float, length: float, relative: float,
-                lower: float, tenant: str = "") -> float:
-        """The retry time of a refused candidate needing ``length`` lane seconds within ``relative``
-        seconds of its arrival; its ghost is placed there. ``base``: the kept lanes' free times."""
-        self.expire(now)
-        if self._free is None or key != self._key:
-            self._rebuild(base, key, now)
-        free = self._free
-        assert free is not None
-        lane = free[0]
-        retry = now + max(0, math.ceil(max(lower, lane + length - relative) - now - 1e-9))
-        heapq.heapreplace(free, max(retry, lane) + length)
-        self.ghosts.append(_Ghost(retry, length, tenant))
-        if len(self.ghosts) > self.limit:
-            del self.ghosts[0]
-            self._free = None
-        return retry
-
-    def admitted(self, tenant: str, now: float) -> None:
-        """A request of ``tenant`` was admitted: it takes the earliest of its tenant's due slots."""
-        due = [g for g in self.ghosts if g.tenant == tenant and g.retry_at <= now + self.grace_s]
-        if due:
-            self.ghosts.remove(min(due, key=lambda g: g.retry_at))
-            self._free = None
-
-    def expire(self, now: float) -> None:
-        kept = [g for g in self.ghosts if g.retry_at + self.grace_s >= now]
-        if len(kept) != len(self.ghosts):
-            self.ghosts, self._free = kept, None
-
-    def _rebuild(self, base: list[float], key: object, now: float) -> None:
-        free = [max(now, t) for t in base] or [now]
-        heapq.heapify(free)
-        for ghost in sorted(self.ghosts, key=lambda g: g.retry_at):
-            heapq.heapreplace(free, max(ghost.retry_at, free[0]) + ghost.length)
-        self._free, self._key = free, key
-
-
 @dataclass(frozen=True)
 class _Refusal:
     """The last slow-path refusal's facts: valid while the kept set and the device are unchanged."""
@@ -318,6 +255,9 @@ class OnTimePlanner:
         self._kept: list[PendingJob] = []
         self._cache: _EdfCache | None = None
         self._planned_at = -math.inf
+        self._tolerance = 0.0
+        """How much slower the step may get before the last plan could decide otherwise (:func:`slack_ratio`
+        of its kept and not-at-risk requests; 0: replan on any :data:`REPLAN_DRIFT`)."""
         self._slots: list[float] = []
         """Fair-share finishes of the decoding requests at the last plan (when a stream slot frees)."""
         self._replans = self._unfit = self._ttft_refused = self._shed_waiting = self._shed_admitted = 0
@@ -337,39 +277,40 @@ class OnTimePlanner:
 
     # ------------------------------------------------------------------ the device
 
-    _device_key: tuple[object, ...] | None = None  # what _device was built from (timers' samples, shape)
-    _device: DeviceModel | None = None
-    _admitting_of, _admitting_margin, _admitting = None, 0.0, None  # _admitting: _admitting_of slowed by the margin
-
     def device(self, compiled_batch: int, engines: int, chunk: int | None) -> DeviceModel | None:
-        """The measured device, or None until a decode step has been measured. Built once per change of its
-        inputs (#20: not per ``submit()``); a timer's estimates change only when it measures (``samples``)."""
-        step_times, prefill_times = self.step_times, self.prefill_times
-        key = (step_times.samples, prefill_times.samples, compiled_batch, engines, chunk)
-        if key == self._device_key:
-            return self._device
-        step = step_times.decode_step_s
-        model = None
-        if step > 0:
-            fixed, per_token = prefill_times.cost()
-            model = DeviceModel(step, compiled_batch, engines, fixed, per_token, chunk,
-                                step_times.token_s, step_times.period_high_s)
-        self._device_key, self._device = key, model
-        return model
-
-    def _admitting_model(self, model: DeviceModel) -> DeviceModel:
-        """:meth:`_admission_model` of ``model``, kept while it and the margin are (#20: not per ``submit()``)."""
-        margin = self.errors.margin
-        if model is not self._admitting_of or margin != self._admitting_margin or self._admitting is None:
-            self._admitting_of, self._admitting_margin = model, margin
-            self._admitting = self._admission_model(model)
-        return self._admitting
+        """The measured device, or None until a decode step has been measured."""
+        step = self.step_times.decode_step_s
+        if step <= 0:
+            return None
+        fixed, per_token = self.prefill_times.cost()
+        return DeviceModel(step, compiled_batch, engines, fixed, per_token, chunk,
+                           self.step_times.token_s, self.step_times.period_high_s)
 
     def drifted(self, now: float) -> bool:
-        """The step time moved enough since the last plan to warrant a new one (and the plan is not recent)."""
+        """The step time moved enough since the last plan that a new one may decide otherwise (and the plan is
+        not recent): slower by more than the plan's :attr:`_tolerance` (someone it kept on time, or left out
+        of the at-risk set, could now be late), or by more than :data:`REPLAN_DRIFT` either way when the plan
+        has no tolerance to offer. Faster needs no replan: nobody new is late, and admission reads the cache only where
+        the drift keeps it safe (:meth:`_cache_drift`)."""
         step, planned = self.step_times.decode_step_s, self._planned_step
-        return step > 0 and (planned <= 0 or (abs(step - planned) > REPLAN_DRIFT * planned
-                                              and now - self._planned_at >= REPLAN_DRIFT_INTERVAL_S))
+        if step <= 0:
+            return False
+        if planned <= 0:
+            return True
+        if now - self._planned_at < REPLAN_DRIFT_INTERVAL_S:
+            return False
+        if self._tolerance > 0:
+            return step > planned * (1.0 + max(REPLAN_DRIFT, self._tolerance))
+        return abs(step - planned) > REPLAN_DRIFT * planned
+
+    def _cache_drift(self) -> int:
+        """+1 (-1) when the step is slower (faster) by more than :data:`REPLAN_DRIFT` than at the cached plan,
+        else 0. Slower, the cache's lane free times are early: it may not accept (admission replans
+        first). Faster, they are late: it may not refuse, and what it accepts fits all the more."""
+        step, planned = self.step_times.decode_step_s, self._planned_step
+        if step > planned * (1.0 + REPLAN_DRIFT):
+            return 1
+        return -1 if step < planned * (1.0 - REPLAN_DRIFT) else 0
 
     def job(self, rec: RequestRecord) -> PendingJob | None:
         return pending_job(rec, self.weights.get(rec.tenant, 1.0))
@@ -385,7 +326,7 @@ class OnTimePlanner:
         self._replans += 1
         self._version += 1
         live = {rec.request_id: rec for rec in records if rec.state in PLANNED_STATES}
-        self._planned_step = model.decode_step_s
+        self._planned_step = self.step_times.decode_step_s  # the measured step, not admission's slowed copy
         jobs = [job for rec in live.values() if (job := self.job(rec)) is not None]
         selection = on_time_selection(jobs, now, model)
         spared: frozenset[int] = frozenset()
@@ -399,7 +340,12 @@ class OnTimePlanner:
         self._planned_at = now
         decoding = [j for j in self._kept if live[j.id].state in DECODING_STATES]
         self._slots = sorted(fair_share_finish(decoding, now, model).values())
-        risky = [live[i] for i in at_risk_prefix(self._kept, now, model)]
+        prefix, slack = at_risk_prefix(self._kept, now, model)
+        risky = [live[i] for i in prefix]
+        if spared or any(t is not None for t in self.ttft_s.values()):
+            self._tolerance = 0.0  # spared jobs and TTFT slots: replan on any 10 % drift, as before
+        else:
+            self._tolerance = min(slack, slack_ratio(selection.finish, self._kept, now))
         fresh = tuple(rec for rec in risky if not rec.at_risk)
         for rec in fresh:
             rec.at_risk = True
@@ -423,11 +369,11 @@ class OnTimePlanner:
         self._prompt_tokens += weight * (rec.prompt_tokens - self._prompt_tokens)
         if model is None:
             return Fit(True, None, None)
-        job = pending_job(rec, self.weights.get(rec.tenant, 1.0))
+        job = self.job(rec)
         if job is None:
             return Fit(True, None, None)
-        nominal, model = model, self._admitting_model(model)
-        cache = self._cache
+        nominal, model = model, self._admission_model(model)
+        cache = None if self._cache_drift() > 0 else self._cache
         finish = cache.place(job, now, model) if cache is not None else None
         if finish is None:
             refused = self._fast_refusal(job, now, model)
@@ -528,7 +474,7 @@ class OnTimePlanner:
     def _fast_refusal(self, job: PendingJob, now: float, model: DeviceModel) -> Fit | None:
         """The refusal of ``job`` without a replan, when the caches can tell (None: they cannot)."""
         cache = self._cache
-        if cache is None or job.deadline is None or self.stale:
+        if cache is None or job.deadline is None or self.stale or self._cache_drift() < 0:
             return None
         late = cache.tail_finish(job, now, model)
         if late is not None and late > job.deadline + _EPS:

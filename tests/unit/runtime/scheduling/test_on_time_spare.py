@@ -87,3 +87,57 @@ def test_one_slow_step_still_sheds_the_request_whose_lane_an_on_time_one_needs()
     shed = h.sinks[first].outcome
     assert shed.state != "completed" and shed.finish_reason is FinishReason.DEADLINE
     assert h.scheduler.statistics().on_time.shed_admitted >= 1
+
+
+# ---------------------------------------------------------------------- replans on drift (issue #20)
+
+def test_a_slower_step_within_the_plans_slack_decides_the_same():
+    """The tolerance the plan records: every device time that much slower (just under it) gives the same
+    shed set and the same at-risk prefix, so a drift inside it needs no replan; just past it may not."""
+    import random
+    from dataclasses import replace
+
+    from calculet.runtime.scheduling.on_time_planner import at_risk_prefix, slack_ratio
+
+    rng = random.Random(7)
+    checked = 0
+    for _ in range(300):
+        model = DeviceModel(STEP, compiled_batch=rng.choice((1, 4, 16)), prefill_per_token_s=0.001)
+        jobs = [PendingJob(i, rng.choice((0, 16, 64)), rng.randint(1, 60), deadline=rng.uniform(1.0, 30.0))
+                for i in range(rng.randint(1, 24))]
+        selection = on_time_selection(jobs, 0.0, model)
+        kept = [j for j in jobs if j.id in set(selection.keep)]
+        prefix, slack = at_risk_prefix(kept, 0.0, model)
+        tolerance = min(slack, slack_ratio(selection.finish, kept, 0.0))
+        if not 0 < tolerance < 10:
+            continue
+        f = 1.0 + 0.999 * tolerance
+        slower = replace(model, decode_step_s=STEP * f, prefill_per_token_s=0.001 * f)
+        again = on_time_selection(kept, 0.0, slower)
+        assert again.shed == ()
+        assert at_risk_prefix(kept, 0.0, slower)[0] == prefix
+        checked += 1
+    assert checked > 50
+
+
+@pytest.mark.req("R7.2.2")
+def test_step_jitter_within_a_long_deadlines_slack_replans_only_on_events():
+    """Steps alternate 0.1 s and 0.25 s (the smoothed step swings by more than 10 %): with a 120 s deadline
+    nobody can become late, so the plan is redone only on events (admission, end), not on every drift."""
+    h = Harness.build(sizes=(1,), lanes=4, step_estimate_s=STEP)
+    rids = [h.submit(prompt=8, new=60, deadline_ms=120_000).request_id for _ in range(3)]
+    jobs = 0
+    while len(h.scheduler.registry):
+        plan = h.step()
+        work = plan.work
+        if work is None:
+            h.clock.advance(max(1e-3, (plan.wake_at or h.clock.now() + STEP) - h.clock.now()))
+            continue
+        h.scheduler.submitted(work.job_id)
+        jobs += 1
+        h.clock.advance(0.25 if (jobs // 8) % 2 else STEP)
+        h.complete(work)
+        h.confirm_all()
+    assert all(h.sinks[r].outcome.state == "completed" for r in rids)
+    # 3 admissions and 3 ends (and a prefill_ready each) mark the plan: about a dozen replans at most
+    assert h.scheduler.statistics().on_time.replans <= 12

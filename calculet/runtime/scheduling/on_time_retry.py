@@ -1,0 +1,92 @@
+"""Retry slots: where refused requests' ``Retry-After`` places them, so retries spread out (issue #13, §5.2).
+
+Why this module exists: the ``on_time`` planner (:mod:`.on_time_planner`) refuses a request that cannot
+finish on time and answers with a ``Retry-After``; this keeps the forecast of those retries (the ghosts)
+so the next refusal's retry time is computed behind them. Moved out of the planner for the size limits;
+the planner re-exports :class:`RetrySlots`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+__all__ = ["MAX_RETRY_SLOTS", "RETRY_GRACE_S", "RetrySlots"]
+
+RETRY_GRACE_S = 2.0
+"""A ghost outlives its retry time by this long (a client's retry takes a round trip or two)."""
+MAX_RETRY_SLOTS = 512
+"""Ghosts kept at most: beyond it the oldest is dropped, so a flood of refusals stays bounded."""
+
+
+@dataclass
+class _Ghost:
+    retry_at: float
+    length: float
+    """Lane seconds the refused request needs (its prefill and decode)."""
+    tenant: str
+
+
+@dataclass
+class RetrySlots:
+    """Future capacity reserved for refused requests, so their retries spread out (issue #13).
+
+    A refusal with a retry time places a *ghost*: the candidate's lane seconds, starting on the
+    earliest lane free at or after its retry time, behind the kept set's EDF lane schedule and
+    the earlier ghosts. The retry time handed out is the earliest whole second from ``now``
+    (``Retry-After`` is delay-seconds, RFC 9110 §10.2.3) at which the candidate, queued behind
+    all of that, still finishes within its relative deadline — and no earlier than the
+    estimator's own answer (``lower``). A ghost is dropped (the rule is deliberately simple):
+
+    * ``grace_s`` after its retry time (its client did not come back, or came back and ended);
+    * when a request of the same tenant is admitted from ``grace_s`` before its retry time on
+      (that request took its slot; the earliest such ghost goes);
+    * when more than ``limit`` are held (the oldest goes).
+
+    The lane heap is rebuilt from the kept schedule whenever that schedule (``key``) or the
+    ghosts changed, O(ghosts × log lanes); otherwise a reservation is O(log lanes).
+    """
+
+    grace_s: float = RETRY_GRACE_S
+    limit: int = MAX_RETRY_SLOTS
+    ghosts: list[_Ghost] = field(default_factory=list)
+    _free: list[float] | None = None
+    _key: object = None
+
+    def reserve(self, base: list[float], key: object, now: float, length: float, relative: float,
+                lower: float, tenant: str = "") -> float:
+        """The retry time of a refused candidate needing ``length`` lane seconds within ``relative``
+        seconds of its arrival; its ghost is placed there. ``base``: the kept lanes' free times."""
+        self.expire(now)
+        if self._free is None or key != self._key:
+            self._rebuild(base, key, now)
+        free = self._free
+        assert free is not None
+        lane = free[0]
+        retry = now + max(0, math.ceil(max(lower, lane + length - relative) - now - 1e-9))
+        heapq.heapreplace(free, max(retry, lane) + length)
+        self.ghosts.append(_Ghost(retry, length, tenant))
+        if len(self.ghosts) > self.limit:
+            del self.ghosts[0]
+            self._free = None
+        return retry
+
+    def admitted(self, tenant: str, now: float) -> None:
+        """A request of ``tenant`` was admitted: it takes the earliest of its tenant's due slots."""
+        due = [g for g in self.ghosts if g.tenant == tenant and g.retry_at <= now + self.grace_s]
+        if due:
+            self.ghosts.remove(min(due, key=lambda g: g.retry_at))
+            self._free = None
+
+    def expire(self, now: float) -> None:
+        kept = [g for g in self.ghosts if g.retry_at + self.grace_s >= now]
+        if len(kept) != len(self.ghosts):
+            self.ghosts, self._free = kept, None
+
+    def _rebuild(self, base: list[float], key: object, now: float) -> None:
+        free = [max(now, t) for t in base] or [now]
+        heapq.heapify(free)
+        for ghost in sorted(self.ghosts, key=lambda g: g.retry_at):
+            heapq.heapreplace(free, max(ghost.retry_at, free[0]) + ghost.length)
+        self._free, self._key = free, key
