@@ -106,14 +106,16 @@ class OnTimePolicy:
         """The 429 of a request that cannot finish on time or would wait past its TTFT target."""
         planner = self.planner
         model = self.model()
-        ready = planner.ttft_refusal(rec, now, self.admission.waiting)
-        if ready is not None:
-            return self.admission.reject_unfit(
-                "no prospect of service within the time-to-first-token target: a stream slot is "
-                f"expected to free at {ready - now:.1f} s", _retry(ready, now))
+        ttft = planner.ttft_s.get(rec.tenant) is not None  # a tenant with no TTFT target: neither TTFT test applies
+        if ttft:
+            ready = planner.ttft_refusal(rec, now, self.admission.waiting)
+            if ready is not None:
+                return self.admission.reject_unfit(
+                    "no prospect of service within the time-to-first-token target: a stream slot is "
+                    f"expected to free at {ready - now:.1f} s", _retry(ready, now))
         fit = planner.admit(rec, now, model, self.registry.live)
         if fit.ok:
-            due = planner.ttft_deadline(rec)
+            due = planner.ttft_deadline(rec) if ttft else None
             if due is not None:
                 heapq.heappush(self._ttft_due, (due, rec.request_id))
             return None

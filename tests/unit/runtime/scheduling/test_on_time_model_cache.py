@@ -109,3 +109,23 @@ def test_while_serving_the_kept_model_is_always_the_one_built_from_the_timers():
             h.clock.advance(STEP)
         assert policy.model() == fresh(policy)
     assert admitted >= 10 and h.scheduler.step_times.samples > 5 and h.scheduler.prefill_times.samples > 5
+
+
+def test_a_request_of_a_tenant_with_a_ttft_target_is_refused_when_it_waits_past_it_and_others_are_not():
+    """The screen skips the TTFT tests for a tenant without a target (#20) and still arms them for one with."""
+    from tests.unit.runtime.runtime_support import make_config
+
+    config = make_config(batch={"profiles": [1]}, admission={"max_sequences": 1, "initial_margin": 0.0},
+                         tenants=[{"name": "default", "weight": 1.0},
+                                  {"name": "slo", "weight": 1.0, "api_key_sha256": "0" * 64, "ttft_target_ms": 500}])
+    h = Harness.build(sizes=(1,), lanes=16, step_estimate_s=STEP, config=config)
+    first = h.submit(prompt=8, new=50, deadline_ms=60_000)
+    plain = h.submit(prompt=8, new=4, deadline_ms=60_000)
+    timed = h.submit(prompt=8, new=4, tenant="slo", deadline_ms=60_000)
+    assert not (first.outcome.rejected or plain.outcome.rejected or timed.outcome.rejected)
+    assert h.state(plain.request_id) == h.state(timed.request_id) == "waiting_admission"
+    h.clock.advance(0.6)  # past the 500 ms target: the first request still holds the only sequence
+    h.step()
+    assert h.state(plain.request_id) == "waiting_admission"
+    outcome = h.sinks[timed.request_id].outcome
+    assert outcome.http_status == 429 and "time-to-first-token" in outcome.detail
