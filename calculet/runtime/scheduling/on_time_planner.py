@@ -124,14 +124,16 @@ class Replan:
 
 
 def pending_job(rec: RequestRecord, weight: float) -> PendingJob | None:
-    """The request as the estimator sees it, or None when it needs no more device time."""
-    state = rec.state
+    """The request as the estimator sees it, or None when it needs no more device time. ``trusted`` (#20): the
+    values are the request machine's bounded variables and a configured weight, checked where they entered."""
+    machine = rec.machine
+    state = machine._state
     if state not in PLANNED_STATES:
         return None
-    machine = rec.machine
     if state in DECODING_STATES:
-        return PendingJob(rec.request_id, 0, machine.max_new_tokens - machine.generated_tokens, rec.deadline, weight)
-    return PendingJob(rec.request_id, rec.prompt_tokens, rec.max_new_tokens - 1, rec.deadline, weight)
+        return PendingJob.trusted(rec.request_id, 0, machine.max_new_tokens - machine.generated_tokens, rec.deadline,
+                                  weight)
+    return PendingJob.trusted(rec.request_id, machine.prompt_tokens, machine.max_new_tokens - 1, rec.deadline, weight)
 
 
 def _deadline(job: PendingJob) -> float:
@@ -277,14 +279,33 @@ class OnTimePlanner:
 
     # ------------------------------------------------------------------ the device
 
+    _device_key: tuple[object, ...] | None = None  # what _device was built from (timers' samples, shape)
+    _device: DeviceModel | None = None
+    _admitting_of, _admitting_margin, _admitting = None, 0.0, None  # _admitting: _admitting_of slowed by the margin
+
     def device(self, compiled_batch: int, engines: int, chunk: int | None) -> DeviceModel | None:
-        """The measured device, or None until a decode step has been measured."""
-        step = self.step_times.decode_step_s
-        if step <= 0:
-            return None
-        fixed, per_token = self.prefill_times.cost()
-        return DeviceModel(step, compiled_batch, engines, fixed, per_token, chunk,
-                           self.step_times.token_s, self.step_times.period_high_s)
+        """The measured device, or None until a decode step has been measured. Built once per change of its
+        inputs (#20: not per ``submit()``); a timer's estimates change only when it measures (``samples``)."""
+        step_times, prefill_times = self.step_times, self.prefill_times
+        key = (step_times.samples, prefill_times.samples, compiled_batch, engines, chunk)
+        if key == self._device_key:
+            return self._device
+        step = step_times.decode_step_s
+        model = None
+        if step > 0:
+            fixed, per_token = prefill_times.cost()
+            model = DeviceModel(step, compiled_batch, engines, fixed, per_token, chunk,
+                                step_times.token_s, step_times.period_high_s)
+        self._device_key, self._device = key, model
+        return model
+
+    def _admitting_model(self, model: DeviceModel) -> DeviceModel:
+        """:meth:`_admission_model` of ``model``, kept while it and the margin are (#20: not per ``submit()``)."""
+        margin = self.errors.margin
+        if model is not self._admitting_of or margin != self._admitting_margin or self._admitting is None:
+            self._admitting_of, self._admitting_margin = model, margin
+            self._admitting = self._admission_model(model)
+        return self._admitting
 
     def drifted(self, now: float) -> bool:
         """The step time moved enough since the last plan that a new one may decide otherwise (and the plan is
@@ -369,10 +390,10 @@ class OnTimePlanner:
         self._prompt_tokens += weight * (rec.prompt_tokens - self._prompt_tokens)
         if model is None:
             return Fit(True, None, None)
-        job = self.job(rec)
+        job = pending_job(rec, self.weights.get(rec.tenant, 1.0))
         if job is None:
             return Fit(True, None, None)
-        nominal, model = model, self._admission_model(model)
+        nominal, model = model, self._admitting_model(model)
         cache = None if self._cache_drift() > 0 else self._cache
         finish = cache.place(job, now, model) if cache is not None else None
         if finish is None:
