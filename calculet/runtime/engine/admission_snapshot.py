@@ -31,7 +31,9 @@ instant, because the snapshot is *current* whenever it is read:
 * requests the front forwarded since the snapshot and the actor has not run yet can only *add* kept work,
   which makes every later finish later: a refusal stays a refusal (they are counted, not waited for);
 * the planner's own conditions: no snapshot while the planner is stale (work left the kept set since its
-  last plan: the cache over-states what is ahead), while a lane is idle (fewer kept jobs than lanes), while
+  last plan: the cache over-states what is ahead), while the measured step is faster than the cached plan's by
+  more than its drift tolerance (the cached lanes free late: the planner does not refuse from them either),
+  while a lane is idle (fewer kept jobs than lanes), while
   the model is not Ready or the engine is stopping, or with no measured decode step; a candidate whose
   deadline is earlier than the latest kept one, or needing more KV than the budget (the engine's answer is
   400), is forwarded.
@@ -88,15 +90,15 @@ def take_snapshot(scheduler: Scheduler, *, accepting: bool, generation: int, now
                   admitted: Mapping[str, int]) -> AdmissionSnapshot | None:
     """(actor) The snapshot of ``scheduler``'s on_time admission, or None when the front may not refuse at all.
 
-    It reads the planner's admission cache (``OnTimePlanner._cache``, ``_kept``: the state its fast refusal
-    reads; the planner has no accessor for it)."""
+    It reads the planner's admission cache and the conditions its fast refusal checks (``OnTimePlanner._cache``,
+    ``_kept``, ``_cache_drift()``; the planner has no public accessor for them)."""
     policy = scheduler.on_time
     if policy is None or not accepting or scheduler.generations.availability is not ModelAvailability.READY:
         return None
     planner = policy.planner
     cache = planner._cache
-    if cache is None or planner.stale or not cache.on_lane:
-        return None
+    if cache is None or planner.stale or not cache.on_lane or planner._cache_drift() < 0:
+        return None  # the planner's own conditions for a cached refusal (a faster step: its lanes are late)
     model = policy.model()
     if model is None or len(planner._kept) < model.lanes:
         return None

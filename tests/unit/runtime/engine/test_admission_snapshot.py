@@ -215,3 +215,17 @@ def test_the_fronts_retry_slots_follow_the_planners_rules(ops: list[tuple[str, i
             front.expire(now)
         assert [(g.retry_at, g.length, g.tenant) for g in plain.ghosts] == [
             (g.retry_at, g.length, g.tenant) for g in front.ghosts]
+
+
+def test_no_snapshot_while_the_step_is_faster_than_the_cached_plans():
+    """A faster measured step makes the cached lanes free late: the planner does not refuse from them, nor does
+    the front (no snapshot until the next plan)."""
+    h = _harness()
+    for _ in range(3):
+        h.submit(prompt=8, new=11)
+    assert _snapshot(h) is not None
+    timer = h.scheduler.step_times
+    for _ in range(50):
+        timer.observe(STEP / 3)
+    assert h.scheduler.on_time.planner._cache_drift() < 0
+    assert _snapshot(h) is None
