@@ -59,7 +59,9 @@ where the scheduler's requests become those jobs and the answers become decision
   is refused.
 
 Replanning happens on events — admission into prefill, a request ending, a shed, a device
-reset, the measured step time moving by more than 10 % — at the next tick, never per tick.
+reset, the measured step time slower than the last plan's slack allows (:meth:`OnTimePlanner.drifted`;
+by more than 10 % either way while requests are spared or TTFT targets are set) — at the next tick,
+never per tick.
 Nothing is decided before a decode step has been measured: with no step time there is no
 estimate (``estimated_finish`` stays None) and nothing is shed for want of one.
 """
