@@ -198,22 +198,29 @@ class _EdfCache:
         return max(self.free[0], now) + model.prefill_s(job.prefill_tokens) + job.decode_steps * model.lane_step_s
 
     def place(self, job: PendingJob, now: float, model: DeviceModel) -> float | None:
-        """The finish of a latest-deadline ``job`` appended to the schedule, or None if it would not fit."""
-        deadline = _deadline(job)
+        """The finish of a latest-deadline ``job`` appended to the schedule, or None if it would not fit.
+        Once per ``submit()``: attributes read once, no call for what a comparison answers (#20)."""
+        deadline = job.deadline
+        if deadline is None:
+            deadline = math.inf
         if deadline < self.latest:
             return None
         prefill = model.prefill_s(job.prefill_tokens)
-        shift = 0.0 if self.on_lane else prefill
-        if shift > self.min_slack + _EPS:
+        on_lane, free, min_slack = self.on_lane, self.free, self.min_slack
+        shift = 0.0 if on_lane else prefill
+        if shift > min_slack + _EPS:
             return None
-        start = max(self.free[0] + shift, now + shift)  # on a lane, the prefill runs at its start
-        finish = start + job.decode_steps * model.lane_step_s + (prefill if self.on_lane else 0.0)
+        start = free[0] + shift  # on a lane, the prefill runs at its start
+        if now + shift > start:
+            start = now + shift
+        finish = start + job.decode_steps * model.lane_step_s + (prefill if on_lane else 0.0)
         if finish > deadline + _EPS:
             return None
         if shift:
-            self.free = [t + shift for t in self.free]
-        heapq.heapreplace(self.free, finish)
-        self.min_slack = min(self.min_slack - shift, deadline - finish)
+            self.free = free = [t + shift for t in free]
+        heapq.heapreplace(free, finish)
+        min_slack -= shift
+        self.min_slack = min_slack if min_slack <= deadline - finish else deadline - finish
         self.latest = deadline
         return finish
 
@@ -418,7 +425,8 @@ class OnTimePlanner:
         else:
             self._kept.append(job)
         self._version += 1
-        self.retry_slots.admitted(rec.tenant, now)
+        if self.retry_slots.ghosts:  # a refused client's slot it may take (none held: no call per submit, #20)
+            self.retry_slots.admitted(rec.tenant, now)
         if finish is not None:  # the expected finish: the margin's slowdown taken back out
             finish = now + (finish - now) / (1.0 + self.errors.margin)
             in_order = self._admission_order_estimate(rec, job, now, nominal, records)

@@ -129,3 +129,52 @@ def test_a_request_of_a_tenant_with_a_ttft_target_is_refused_when_it_waits_past_
     assert h.state(plain.request_id) == "waiting_admission"
     outcome = h.sinks[timed.request_id].outcome
     assert outcome.http_status == 429 and "time-to-first-token" in outcome.detail
+
+
+def _place_reference(cache: object, job: PendingJob, now: float, model: DeviceModel) -> tuple[object, ...]:
+    """``_EdfCache.place`` as written before #20 trimmed it, on copies: (finish, free, min_slack, latest)."""
+    import heapq
+    import math
+
+    free, min_slack, latest, on_lane = list(cache.free), cache.min_slack, cache.latest, cache.on_lane  # type: ignore[attr-defined]
+    deadline = math.inf if job.deadline is None else job.deadline
+    if deadline < latest:
+        return None, sorted(free), min_slack, latest
+    prefill = model.prefill_s(job.prefill_tokens)
+    shift = 0.0 if on_lane else prefill
+    if shift > min_slack + 1e-12:
+        return None, sorted(free), min_slack, latest
+    start = max(free[0] + shift, now + shift)
+    finish = start + job.decode_steps * model.lane_step_s + (prefill if on_lane else 0.0)
+    if finish > deadline + 1e-12:
+        return None, sorted(free), min_slack, latest
+    if shift:
+        free = [t + shift for t in free]
+    heapq.heapreplace(free, finish)
+    return finish, sorted(free), min(min_slack - shift, deadline - finish), deadline
+
+
+def test_placing_at_the_tail_of_the_cached_schedule_gives_what_it_gave_before_it_was_trimmed():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from calculet.runtime.scheduling.on_time_planner import _EdfCache
+
+    times = st.floats(0.0, 50.0, allow_nan=False)
+
+    @settings(max_examples=300, deadline=None)
+    @given(kept=st.lists(st.tuples(st.integers(0, 64), st.integers(0, 40), st.one_of(st.none(), times)), max_size=12),
+           jobs=st.lists(st.tuples(st.integers(0, 64), st.integers(0, 40), st.one_of(st.none(), times)), min_size=1,
+                         max_size=6),
+           batch=st.sampled_from([1, 2, 4]), token_s=st.sampled_from([0.0, 0.15]), now=times, later=times)
+    def check(kept: list, jobs: list, batch: int, token_s: float, now: float, later: float) -> None:
+        model = DeviceModel(0.1, batch, 1, 0.01, 0.001, None, token_s)
+        cache = _EdfCache([PendingJob(i, p, d, dl) for i, (p, d, dl) in enumerate(kept)], now, model)
+        now += later  # admission places at a later instant than the plan it caches
+        for k, (p, d, dl) in enumerate(jobs):
+            job = PendingJob(100 + k, p, d, dl)
+            expected = _place_reference(cache, job, now, model)
+            got = cache.place(job, now, model)
+            assert (got, sorted(cache.free), cache.min_slack, cache.latest) == expected
+
+    check()
