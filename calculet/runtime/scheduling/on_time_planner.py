@@ -290,7 +290,9 @@ class OnTimePlanner:
 
     _device_key: tuple[object, ...] | None = None  # what _device was built from (timers' samples, shape)
     _device: DeviceModel | None = None
-    _admitting_of, _admitting_margin, _admitting = None, 0.0, None  # _admitting: _admitting_of slowed by the margin
+    _admitting_of: DeviceModel | None = None  # _admitting is _admitting_of slowed by _admitting_margin
+    _admitting_margin = 0.0
+    _admitting: DeviceModel | None = None
 
     def device(self, compiled_batch: int, engines: int, chunk: int | None) -> DeviceModel | None:
         """The measured device, or None until a decode step has been measured. Built once per change of its
