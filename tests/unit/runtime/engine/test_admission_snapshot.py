@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from calculet.runtime.engine.admission_snapshot import (HOLD_IN_FLIGHT, AdmissionSnapshot, EarlyAdmission, FrontRetrySlots,
                                                       take_snapshot)
-from calculet.runtime.scheduling.on_time_planner import RetrySlots
+from calculet.runtime.scheduling.on_time_retry import RetrySlots
 from tests.unit.runtime.runtime_support import Harness
 
 STEP = 0.1
