@@ -15,7 +15,8 @@ deadline and the admission device model (the measured device slowed by the estim
 whose deadline is the latest (every request with the default deadline, in arrival order) finishes, appended
 to that schedule, at ``max(free, now) + prefill + decode steps × lane step``
 (:class:`~calculet.runtime.scheduling.finish_estimate.DeviceModel`'s own ``prefill_s`` and ``lane_step_s``);
-past its deadline it is refused with the same ``Retry-After`` rule (:class:`~calculet.runtime.scheduling.on_time_retry.RetrySlots`).
+past its deadline it is refused with the same ``Retry-After`` rule
+(:class:`~calculet.runtime.scheduling.on_time_retry.RetrySlots`).
 
 **Soundness.** The front only refuses. A refusal from the snapshot is one the engine would make at the same
 instant, because the snapshot is *current* whenever it is read:

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calculet.runtime.engine.admission_snapshot import (HOLD_IN_FLIGHT, AdmissionSnapshot, EarlyAdmission, FrontRetrySlots,
-                                                      take_snapshot)
+from calculet.runtime.engine.admission_snapshot import (HOLD_IN_FLIGHT, AdmissionSnapshot, EarlyAdmission,
+                                                      EarlyRefusal, FrontRetrySlots, take_snapshot)
 from calculet.runtime.scheduling.on_time_retry import RetrySlots
 from tests.unit.runtime.runtime_support import Harness
 
@@ -43,7 +43,8 @@ def _job(h: Harness) -> bool:
     return True
 
 
-def _decide(front: EarlyAdmission, snap: AdmissionSnapshot | None, h: Harness, prompt: int, new: int):  # type: ignore[no-untyped-def]
+def _decide(front: EarlyAdmission, snap: AdmissionSnapshot | None, h: Harness, prompt: int,
+            new: int) -> EarlyRefusal | None:
     return front.decide(lambda: snap, prompt_tokens=prompt, max_new_tokens=new, tenant="default", now=h.clock.now())
 
 
