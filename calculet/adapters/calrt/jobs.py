@@ -16,6 +16,7 @@ from typing import NamedTuple, NewType
 import numpy as np
 
 from calculet.adapters.calrt.codes import ReturnCode
+from calculet.adapters.calrt.records import quick_init
 from calculet.errors import DefinitionError
 from calculet.machines.job import JobEngine
 
@@ -68,6 +69,7 @@ class DecodeLanes(NamedTuple):
     """The lanes whose ``valid`` entry is truthy, in order."""
 
 
+@quick_init
 @dataclass(frozen=True, eq=False)
 class DecodeJob:
     """One decode step over a compiled batch (§2 ``DecodeBatch`` as the device sees it).
@@ -76,6 +78,10 @@ class DecodeJob:
     the sequence's committed KV length (§9.2, R9.2.4). An inactive lane carries the profile's
     ``fill_token`` and ``lane_valid`` 0; its ``seq_ids`` entry may name a sequence (that sequence's
     KV must not change) or be :data:`NO_SEQUENCE`.
+
+    Built with the constructor, the job copies the arrays it is given (the caller may go on writing
+    its own) and checks their lengths; :meth:`owning` is the constructor for a caller that hands
+    arrays over instead (the scheduler's batch, built fresh for this job).
     """
 
     generation: int
@@ -92,10 +98,9 @@ class DecodeJob:
     lanes: DecodeLanes = field(init=False, repr=False)
     """The lanes as plain Python values, converted once: the device's checks, its DMA payload, its commit and
     the host's result checks each read them, and a numpy conversion per reader cost ~10 calls per B1 token
-    (issue #20). The arrays are read-only copies, so these can never disagree with them."""
+    (issue #20). The arrays are read-only, so these can never disagree with them."""
 
     def __post_init__(self) -> None:
-        b = self.compiled_batch
         plain = []
         for name in ("token_ids", "positions", "lane_valid"):
             given = getattr(self, name)
@@ -103,21 +108,66 @@ class DecodeJob:
             arr.setflags(write=False)
             object.__setattr__(self, name, arr)
             plain.append(arr.tolist())
-        seqs = self.seq_ids
-        for name, arr in (("seq_ids", seqs), ("token_ids", self.token_ids),
-                          ("positions", self.positions), ("lane_valid", self.lane_valid)):
-            if len(arr) != b:
-                raise DefinitionError(f"DecodeJob.{name} has {len(arr)} entries; compiled_batch is {b} (R7.1.2)")
         tokens, positions, valid = plain
-        object.__setattr__(self, "lanes", DecodeLanes(tuple(tokens), tuple(positions), tuple(valid),
-                                                      tuple(map(int, seqs)),
+        seqs = tuple(map(int, self.seq_ids))
+        _check_lengths(self.compiled_batch, seqs, tokens, positions, valid)
+        object.__setattr__(self, "lanes", DecodeLanes(tuple(tokens), tuple(positions), tuple(valid), seqs,
                                                       tuple([i for i, v in enumerate(valid) if v])))
+
+    @classmethod
+    def owning(cls, generation: int, calbin_id: int, compiled_batch: int, engine: JobEngine, buffers: JobBuffers,
+               seq_ids: tuple[int, ...], token_ids: np.ndarray, positions: np.ndarray,
+               lane_valid: np.ndarray) -> DecodeJob:
+        """The job, taking ownership of arrays the caller built for it: they are made read-only, not copied.
+
+        For a caller that built ``token_ids``, ``positions`` and ``lane_valid`` for this job (each owning
+        its data, or already read-only) and never writes them again — the scheduler's ``DecodeBatch``,
+        whose arrays are made fresh per batch. ``seq_ids`` must already be a tuple of ints. The lengths
+        are checked as the constructor checks them (R7.1.2); what the constructor adds is the defensive
+        copy and the conversions, three numpy copies and their flags per job (issue #20: ~24 calls,
+        5 % of the actor's work per B1 token). The device's own submit checks are the same either way.
+        """
+        tokens, positions_, valid = token_ids.tolist(), positions.tolist(), lane_valid.tolist()
+        if not len(seq_ids) == len(tokens) == len(positions_) == len(valid) == compiled_batch:
+            _check_lengths(compiled_batch, seq_ids, tokens, positions_, valid)
+        token_ids.flags.writeable = False
+        positions.flags.writeable = False
+        lane_valid.flags.writeable = False
+        job = _new_object(cls)
+        d = job.__dict__
+        d["generation"] = generation
+        d["calbin_id"] = calbin_id
+        d["compiled_batch"] = compiled_batch
+        d["engine"] = engine
+        d["buffers"] = buffers
+        d["seq_ids"] = seq_ids
+        d["token_ids"] = token_ids
+        d["positions"] = positions
+        d["lane_valid"] = lane_valid
+        d["kind"] = JobKind.DECODE
+        d["lanes"] = _new_tuple(DecodeLanes, (tuple(tokens), tuple(positions_), tuple(valid), seq_ids,
+                                              tuple([i for i, v in enumerate(valid) if v])))
+        return job
 
     @property
     def active_lanes(self) -> tuple[int, ...]:
         return self.lanes.active
 
 
+_new_object = object.__new__
+_new_tuple = tuple.__new__
+
+
+def _check_lengths(b: int, seqs: tuple[int, ...], tokens: list[int], positions: list[int], valid: list[int]) -> None:
+    """Every per-lane input of a decode job has ``compiled_batch`` entries (R7.1.2)."""
+    if len(seqs) == len(tokens) == len(positions) == len(valid) == b:
+        return
+    for name, given in (("seq_ids", seqs), ("token_ids", tokens), ("positions", positions), ("lane_valid", valid)):
+        if len(given) != b:
+            raise DefinitionError(f"DecodeJob.{name} has {len(given)} entries; compiled_batch is {b} (R7.1.2)")
+
+
+@quick_init
 @dataclass(frozen=True, eq=False)
 class PrefillJob:
     """Prefill of one sequence (§6). ``start_position`` must equal the committed KV length; a
@@ -143,6 +193,7 @@ class PrefillJob:
 JobSpec = DecodeJob | PrefillJob
 
 
+@quick_init
 @dataclass(frozen=True)
 class JobTicket:
     """What submit returns: the device's job id and the tags the result will echo."""
@@ -155,6 +206,7 @@ class JobTicket:
     submitted_at: float
 
 
+@quick_init
 @dataclass(frozen=True)
 class StatusCounters:
     """Status counters the device reports with every job (§14: counter anomaly → degrade).
@@ -169,6 +221,7 @@ class StatusCounters:
     kv_tokens_written: int
 
 
+@quick_init
 @dataclass(frozen=True, eq=False)
 class LaneResult:
     """One lane's output, tagged with the lane and sequence the device says it belongs to (§7.4).
@@ -188,6 +241,7 @@ class LaneResult:
     greedy_token: int | None
 
 
+@quick_init
 @dataclass(frozen=True, eq=False)
 class JobResult:
     """A completed job: (generation id, job id) plus per-lane tags and status counters (§4, §7.4).
@@ -224,6 +278,7 @@ class Anomaly(str, enum.Enum):
     COUNTERS = "counters"
 
 
+@quick_init
 @dataclass(frozen=True)
 class ResultCheck:
     """Outcome of checking a result against the job that was submitted."""
@@ -238,6 +293,10 @@ class ResultCheck:
         return any(a is kind for a, _ in self.anomalies)
 
 
+CLEAN = ResultCheck(())
+"""The check of a result with no anomaly (frozen, so one instance serves every clean result)."""
+
+
 def verify_result(job: JobSpec, ticket: JobTicket, result: JobResult,
                   previous_engine_sequence: int | None = None) -> ResultCheck:
     """Check that a result belongs to the job and that its tags and counters are consistent.
@@ -245,41 +304,52 @@ def verify_result(job: JobSpec, ticket: JobTicket, result: JobResult,
     §7.4: verify request/generation/seq/lane before using a lane; §14: any crosstalk or counter
     anomaly triggers degrade. ``previous_engine_sequence`` is the counter of the previous job
     completed on the same engine, when the caller tracks it.
+
+    Runs once per job, so once per token at B1 (issue #20): the lane tags and the KV tokens written
+    are read in one pass over the lanes, and a clean result returns the one shared :data:`CLEAN`
+    check instead of a new one.
     """
     found: list[tuple[Anomaly, str]] = []
     if result.job_id != ticket.job_id:
         found.append((Anomaly.WRONG_JOB, f"result job {result.job_id} for ticket {ticket.job_id}"))
     if result.generation != job.generation:
         found.append((Anomaly.WRONG_GENERATION, f"result generation {result.generation} != {job.generation}"))
-    decode = isinstance(job, DecodeJob)
+    decode = job.kind is JobKind.DECODE
     if decode:
-        lanes_in = job.lanes  # plain values converted once per job (issue #20)
-        expected_seqs = lanes_in.seqs
-        valid = [bool(v) for v in lanes_in.valid]
+        lanes_in = job.lanes  # type: ignore[union-attr]  # plain values converted once per job (issue #20)
+        expected_seqs, expected_valid = lanes_in.seqs, lanes_in.valid
+    else:
+        expected_seqs, expected_valid = (job.seq_id,), (True,)  # type: ignore[union-attr]
+    ok = ReturnCode.OK
+    n_lanes = len(expected_seqs)
+    lanes = result.lanes
+    if len(lanes) != n_lanes:
+        found.append((Anomaly.CROSSTALK, f"{len(lanes)} lane results for {n_lanes} lanes"))
+    kv_written = i = 0
+    for lane in lanes:
+        if lane.valid and lane.rc is ok:
+            kv_written += 1
+        if i < n_lanes:
+            valid = expected_valid[i] != 0  # as bool: ``valid`` is given as 0/1 (a non-zero entry is a valid lane)
+            if lane.lane != i or lane.seq_id != expected_seqs[i] or lane.valid != valid:
+                found.append((Anomaly.CROSSTALK,
+                              f"slot {i} carries lane {lane.lane} seq {lane.seq_id} valid={lane.valid}; "
+                              f"expected lane {i} seq {expected_seqs[i]} valid={valid}"))
+        i += 1
+    if decode:
         n_valid = expected_tokens = len(lanes_in.active)
     else:
-        expected_seqs = (job.seq_id,)
-        valid = [True]
-        n_valid, expected_tokens = 1, len(job.tokens)
-    lanes = result.lanes
-    if len(lanes) != len(expected_seqs):
-        found.append((Anomaly.CROSSTALK, f"{len(lanes)} lane results for {len(expected_seqs)} lanes"))
-    for i, lane in enumerate(lanes[: len(expected_seqs)]):
-        if lane.lane != i or lane.seq_id != expected_seqs[i] or lane.valid != valid[i]:
-            found.append((Anomaly.CROSSTALK,
-                          f"slot {i} carries lane {lane.lane} seq {lane.seq_id} valid={lane.valid}; "
-                          f"expected lane {i} seq {expected_seqs[i]} valid={valid[i]}"))
+        n_valid, expected_tokens = 1, len(job.tokens)  # type: ignore[union-attr]
     c = result.counters
     if c.lanes_valid != n_valid:
         found.append((Anomaly.COUNTERS, f"lanes_valid counter {c.lanes_valid} != {n_valid}"))
     if c.tokens_processed != expected_tokens:
         found.append((Anomaly.COUNTERS, f"tokens_processed counter {c.tokens_processed} != {expected_tokens}"))
-    if result.rc is ReturnCode.OK:
-        ok = ReturnCode.OK
-        expected_kv = sum(1 for lane in lanes if lane.rc is ok and lane.valid) if decode else expected_tokens
+    if result.rc is ok:
+        expected_kv = kv_written if decode else expected_tokens
         if c.kv_tokens_written != expected_kv:
             found.append((Anomaly.COUNTERS, f"kv_tokens_written counter {c.kv_tokens_written} != {expected_kv}"))
     if previous_engine_sequence is not None and c.engine_sequence != previous_engine_sequence + 1:
         found.append((Anomaly.COUNTERS,
                       f"engine_sequence {c.engine_sequence} does not follow {previous_engine_sequence}"))
-    return ResultCheck(tuple(found))
+    return ResultCheck(tuple(found)) if found else CLEAN

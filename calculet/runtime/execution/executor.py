@@ -133,9 +133,10 @@ class DeviceExecutor:
             seqs = [NO_SEQUENCE] * size
             for binding in work.active:
                 seqs[binding.lane] = self._seqs[binding.seq_id]
-            return DecodeJob(generation=work.generation, calbin_id=calbin_id, compiled_batch=size, engine=engine,
-                             buffers=session.buffers(engine, JobKind.DECODE, size), seq_ids=tuple(seqs),
-                             token_ids=work.token_ids, positions=work.positions, lane_valid=work.lane_valid)
+            # the batch's arrays are built fresh per batch and never written again: handed over, not copied (#20)
+            return DecodeJob.owning(work.generation, calbin_id, size, engine,
+                                    session.buffers(engine, JobKind.DECODE, size), tuple(seqs),
+                                    work.token_ids, work.positions, work.lane_valid)
         assert prompt is not None
         seq = self._seqs.get(work.seq_id)
         if seq is None:
