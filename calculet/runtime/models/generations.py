@@ -132,6 +132,9 @@ class Generations:
     def __init__(self, alias: str, first_generation: int) -> None:
         self._ids = itertools.count(first_generation)
         self._gens: dict[int, Generation] = {}
+        self.by_id = self._gens
+        """The same table, read-only to others: the engine's per-job hooks read a generation with one
+        dictionary lookup instead of a call to :meth:`get` (issue #20). Never rebound."""
         self._ended: collections.deque[int] = collections.deque()
         self._calbin_gen: dict[int, int] = {}
         self.aliases: dict[str, Alias] = {alias: Alias(alias)}

@@ -91,6 +91,7 @@ class ModelManager:
         self.clock = engine.clock
         self._engine = engine
         self._gens = Generations(engine.config.model_alias, first_generation)
+        self._by_id = self._gens.by_id
         self._lock = LifecycleLock(engine.run_commands)
         self._tally = LifecycleTally()
         self._steps = Steps(engine.clock)
@@ -262,17 +263,27 @@ class ModelManager:
         faults += job_faults(self._gens, list(scheduler.jobs))
         return faults
 
+    # The three per-job hooks (once per token at B1) read the generation from the table's dictionary
+    # directly and fire the machine's generated ``fire`` (issue #20); the events, their guards and the
+    # monitor's checks are the declaration's, unchanged.
+
     def may_submit(self, gen_id: int) -> bool:
-        gen = self._gens.get(gen_id)
+        """Whether ``gen_id`` takes a new job: Ready, or Draining what was pinned to it (§12)."""
+        gen = self._by_id.get(gen_id)
         return gen is not None and gen.machine.at("ready", "draining")
 
     def on_job_submitted(self, gen_id: int) -> None:
-        self._gens[gen_id].machine.fire("job_submitted")
+        """A job of ``gen_id`` went to the device: ``job_submitted`` (its ``inflight_jobs`` counts it)."""
+        self._by_id[gen_id].machine.fire("job_submitted")
 
     def on_job_finished(self, gen_id: int) -> None:
-        gen = self._gens.get(gen_id)
-        if gen is not None and gen.machine.inflight_jobs > 0:
-            gen.machine.fire("job_finished")
+        """A job of ``gen_id`` drained: ``job_finished``, unless a reset already ended every job of it
+        (``inflight_jobs`` 0: the late result counts nothing) or the generation is gone."""
+        gen = self._by_id.get(gen_id)
+        if gen is not None:
+            machine = gen.machine
+            if machine.inflight_jobs > 0:
+                machine.fire("job_finished")
 
     def generation_of_calbin(self, calbin_id: int) -> int:
         return self._gens.generation_of_calbin(calbin_id)

@@ -225,3 +225,32 @@ def test_held_requests_end_with_503_when_no_generation_will_come() -> None:
     assert h.scheduler.reject_waiting_model("no model") == 1
     outcome = h.scheduler.registry.outcome(rid)
     assert outcome.state == "failed" and outcome.http_status == 503 and outcome.detail == "no model"
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine's per-job hooks (issue #20: one dictionary read, the machine's generated fire)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_the_per_job_hooks_count_jobs_on_the_machine_and_ignore_what_has_nothing_to_count() -> None:
+    from types import SimpleNamespace
+
+    from calculet.runtime.models.manager import ModelManager
+
+    engine: Any = SimpleNamespace(config=make_config(), clock=FakeClock(), run_commands=lambda: None)
+    manager = ModelManager(engine)
+    gen = manager._gens.new(manager.alias, package_dir(), 0.0)  # noqa: SLF001 - a generation without a load
+    assert not manager.may_submit(gen.id) and not manager.may_submit(99)
+    for event in ("validated", "configured", "warmed"):
+        gen.machine.fire(event)
+    assert manager.may_submit(gen.id)
+    manager.on_job_submitted(gen.id)
+    manager.on_job_submitted(gen.id)
+    manager.on_job_finished(gen.id)
+    assert gen.machine.inflight_jobs == 1
+    manager.on_job_finished(99)  # a generation no longer known: nothing to count
+    gen.machine.fire("fault")
+    gen.machine.fire("reset")  # the reset ended every job: a late result counts nothing
+    manager.on_job_finished(gen.id)
+    assert gen.machine.inflight_jobs == 0 and gen.machine.state == "recovering"
+    assert not manager.may_submit(gen.id)
