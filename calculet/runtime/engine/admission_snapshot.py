@@ -91,17 +91,17 @@ def take_snapshot(scheduler: Scheduler, *, accepting: bool, generation: int, now
                   admitted: Mapping[str, int]) -> AdmissionSnapshot | None:
     """(actor) The snapshot of ``scheduler``'s on_time admission, or None when the front may not refuse at all.
 
-    It reads the planner's admission cache and the conditions its fast refusal checks (``OnTimePlanner._cache``,
-    ``_kept``, ``_cache_drift()``; the planner has no public accessor for them)."""
+    It reads the planner's admission cache under the rule its own fast refusal uses
+    (:meth:`OnTimePlanner.refusal_cache`)."""
     policy = scheduler.on_time
     if policy is None or not accepting or scheduler.generations.availability is not ModelAvailability.READY:
         return None
     planner = policy.planner
-    cache = planner._cache
-    if cache is None or planner.stale or not cache.on_lane or planner._cache_drift() < 0:
-        return None  # the planner's own conditions for a cached refusal (a faster step: its lanes are late)
+    cache = planner.refusal_cache()
+    if cache is None or not cache.on_lane:
+        return None
     model = policy.model()
-    if model is None or len(planner._kept) < model.lanes:
+    if model is None or planner.kept_count < model.lanes:
         return None
     horizon = now + MAX_AGE_S
     return AdmissionSnapshot(generation, now, horizon if wake is None else min(wake, horizon), tuple(cache.free),
@@ -253,7 +253,7 @@ class EarlyAdmission:
             return self._forward("not_latest")
         if prompt_tokens + max_new_tokens > snapshot.max_kv_tokens:
             return self._forward("kv_budget")
-        length = model.prefill_s(prompt_tokens) + max(0, max_new_tokens - 1) * model.lane_step_s
+        length = model.service_s(prompt_tokens, max(0, max_new_tokens - 1))
         if max(min(snapshot.free), now) + length <= deadline + ON_TIME_EPS_S:
             return self._forward("fits")
         relative = snapshot.deadline_s
@@ -285,7 +285,7 @@ class EarlyAdmission:
         if snapshot is None:
             return retry_after_s
         model = snapshot.model
-        length = model.prefill_s(prompt_tokens) + max(0, max_new_tokens - 1) * model.lane_step_s
+        length = model.service_s(prompt_tokens, max(0, max_new_tokens - 1))
         if length > snapshot.deadline_s + ON_TIME_EPS_S:
             return retry_after_s
         retry = self.slots.reserve(list(snapshot.free), snapshot.free, now, length, snapshot.deadline_s,

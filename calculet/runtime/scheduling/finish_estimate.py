@@ -190,6 +190,11 @@ class DeviceModel:
         chunks = 1 if self.prefill_chunk_tokens is None else -(-tokens // self.prefill_chunk_tokens)
         return chunks * self.prefill_fixed_s + self.prefill_per_token_s * tokens
 
+    def service_s(self, prefill_tokens: int, decode_steps: int) -> float:
+        """Seconds one job holds a lane alone: its prefill, then its decode steps. The length the
+        planner's refusals, its retry slots and the HTTP front's snapshot all place (one formula)."""
+        return self.prefill_s(prefill_tokens) + decode_steps * self.lane_step_s
+
     def itl_s(self, streams: int) -> float:
         """Inter-token latency of each of ``streams`` rotating sequences (one rotation)."""
         return -(-max(streams, 1) // self.lanes) * self.decode_step_s

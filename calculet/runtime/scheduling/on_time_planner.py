@@ -195,7 +195,7 @@ class _EdfCache:
         schedule cannot say — an earlier deadline, or a backlog prefill that would shift the lanes)."""
         if _deadline(job) < self.latest or not self.on_lane:
             return None
-        return max(self.free[0], now) + model.prefill_s(job.prefill_tokens) + job.decode_steps * model.lane_step_s
+        return max(self.free[0], now) + model.service_s(job.prefill_tokens, job.decode_steps)
 
     def place(self, job: PendingJob, now: float, model: DeviceModel) -> float | None:
         """The finish of a latest-deadline ``job`` appended to the schedule, or None if it would not fit.
@@ -504,14 +504,28 @@ class OnTimePlanner:
         elif reason == FinishReason.DEADLINE:
             self.errors.missed()
 
+    def refusal_cache(self) -> _EdfCache | None:
+        """The admission cache when a refusal may be read from it, else None: none built, stale, or the step
+        faster than at the plan (its lanes free late). The one rule :meth:`_fast_refusal` and the HTTP
+        front's admission snapshot (:func:`calculet.runtime.engine.admission_snapshot.take_snapshot`) share."""
+        cache = self._cache
+        if cache is None or self.stale or self._cache_drift() < 0:
+            return None
+        return cache
+
+    @property
+    def kept_count(self) -> int:
+        """Requests the last plan keeps (admitted and on time), with those admitted since."""
+        return len(self._kept)
+
     def _fast_refusal(self, job: PendingJob, now: float, model: DeviceModel) -> Fit | None:
         """The refusal of ``job`` without a replan, when the caches can tell (None: they cannot)."""
-        cache = self._cache
-        if cache is None or job.deadline is None or self.stale or self._cache_drift() < 0:
+        cache = self.refusal_cache()
+        if cache is None or job.deadline is None:
             return None
         late = cache.tail_finish(job, now, model)
         if late is not None and late > job.deadline + _EPS:
-            alone = model.prefill_s(job.prefill_tokens) + job.decode_steps * model.lane_step_s
+            alone = model.service_s(job.prefill_tokens, job.decode_steps)
             if alone > job.deadline - now + _EPS:
                 return Fit(False, None, None)  # late even on an idle device: never
             return Fit(False, now, None)  # behind every kept job: the retry slots place it
@@ -525,7 +539,7 @@ class OnTimePlanner:
         self._unfit += 1
         if fit.retry_at is None or job.deadline is None or self._cache is None:
             return fit
-        length = model.prefill_s(job.prefill_tokens) + job.decode_steps * model.lane_step_s
+        length = model.service_s(job.prefill_tokens, job.decode_steps)
         retry = self.retry_slots.reserve(self._cache.free, (self._version, model), now, length,
                                          job.deadline - now, fit.retry_at, rec.tenant)
         return Fit(False, retry, None)
