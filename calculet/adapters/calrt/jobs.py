@@ -16,7 +16,7 @@ from typing import NamedTuple, NewType
 import numpy as np
 
 from calculet.adapters.calrt.codes import ReturnCode
-from calculet.adapters.calrt.records import quick_init
+from calculet.records import quick_init
 from calculet.errors import DefinitionError
 from calculet.machines.job import JobEngine
 

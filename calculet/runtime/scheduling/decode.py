@@ -59,6 +59,7 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 from calculet.errors import DefinitionError
+from calculet.records import quick_init
 from calculet.runtime.distribution import BATCH_WAIT_BOUNDS, Distribution, DistributionSnapshot
 from calculet.runtime.scheduling.decode_ready import ReadyBucket, push_compacting
 from calculet.runtime.scheduling.decode_select import select_candidates
@@ -87,9 +88,13 @@ class LaneBinding(NamedTuple):
     deadline: float
 
 
+@quick_init
 @dataclass(frozen=True, eq=False)
 class DecodeBatch:
     """§2 ``DecodeBatch``: generation, profile, active lanes, host tensors and KV reservation.
+
+    Built once per tick: :func:`~calculet.records.quick_init` writes its thirteen fields without the
+    frozen dataclass's ``object.__setattr__`` per field (issue #20).
 
     ``token_ids``, ``positions`` (int32) and ``lane_valid`` (uint8) have length
     ``profile.compiled_batch``; lanes ``0..len(active)-1`` are active and
@@ -112,33 +117,6 @@ class DecodeBatch:
 
 
 _new_tuple = tuple.__new__
-_new_object = object.__new__
-
-
-def new_decode_batch(job_id: int, generation: int, profile: ProfileSpec, active: tuple[LaneBinding, ...],
-                     token_ids: np.ndarray, positions: np.ndarray, lane_valid: np.ndarray, kv: KvBatchReservation,
-                     built_at: float, wait_s: float, records: tuple[RequestRecord, ...],
-                     expired: tuple[RequestRecord, ...] = (),
-                     invalid: tuple[tuple[RequestRecord, str], ...] = ()) -> DecodeBatch:
-    """``DecodeBatch(...)``, the same fields in the same order, without the frozen dataclass's generated
-    ``__init__``, which writes each of its thirteen fields through ``object.__setattr__`` (about a third of
-    the cost is left; one batch per tick, issue #20). The class has no ``__post_init__``: nothing is skipped."""
-    batch = _new_object(DecodeBatch)
-    d = batch.__dict__
-    d["job_id"] = job_id
-    d["generation"] = generation
-    d["profile"] = profile
-    d["active"] = active
-    d["token_ids"] = token_ids
-    d["positions"] = positions
-    d["lane_valid"] = lane_valid
-    d["kv"] = kv
-    d["built_at"] = built_at
-    d["wait_s"] = wait_s
-    d["records"] = records
-    d["expired"] = expired
-    d["invalid"] = invalid
-    return batch
 
 
 _LANE_VALID: dict[tuple[int, int], np.ndarray] = {}
@@ -442,7 +420,7 @@ class DecodeScheduler:
                                            positions[i], rec.tenant, rec.deadline))
                         for i, (rec, lease) in enumerate(zip(chosen, leases))])
         wait = now - oldest
-        return new_decode_batch(job_id, generation, profile, active, np.array(tokens, dtype=np.int32),
+        return DecodeBatch(job_id, generation, profile, active, np.array(tokens, dtype=np.int32),
                            np.array(positions, dtype=np.int32), valid, reservation, now, wait, tuple(chosen),
                            tuple(expired), tuple(invalid))
 

@@ -1,6 +1,6 @@
 """The device's per-job records made cheaper (issue #20) keep the CalRT contract.
 
-* :func:`~calculet.adapters.calrt.records.quick_init` gives a frozen dataclass an ``__init__`` that takes
+* :func:`~calculet.records.quick_init` gives a frozen dataclass an ``__init__`` that takes
   exactly the dataclass's parameters and builds an equal instance; the class stays frozen and
   ``dataclasses.replace`` still works; what it cannot reproduce it refuses at decoration time.
 * :meth:`DecodeJob.owning` builds the job the constructor builds from the same inputs, without the
@@ -38,7 +38,7 @@ from calculet.adapters.calrt import (
     verify_result,
 )
 from calculet.adapters.calrt.jobs import CLEAN
-from calculet.adapters.calrt.records import quick_init
+from calculet.records import quick_init
 from calculet.errors import DefinitionError
 from calculet.machines.job import JobEngine
 

@@ -1,4 +1,7 @@
-"""A cheaper ``__init__`` for the frozen dataclasses the device makes once per job or lane (issue #20).
+"""A cheaper ``__init__`` for the frozen dataclasses made once per job, lane or step (issue #20).
+
+Ground level (it imports only :mod:`calculet.errors`): the CalRT records and the scheduler's
+``DecodeBatch`` use the same generator instead of each writing a constructor by hand.
 
 A frozen dataclass's generated ``__init__`` writes every field through ``object.__setattr__`` (one
 C call per field, since ``__setattr__`` itself refuses). The device builds a :class:`JobTicket`, a
