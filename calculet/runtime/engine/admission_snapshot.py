@@ -91,6 +91,9 @@ def take_snapshot(scheduler: Scheduler, *, accepting: bool, generation: int, now
                   admitted: Mapping[str, int]) -> AdmissionSnapshot | None:
     """(actor) The snapshot of ``scheduler``'s on_time admission, or None when the front may not refuse at all.
 
+    ``admitted`` is shared with the snapshot, not copied: the caller replaces it, never changes it (one copy
+    per admission rather than one per step).
+
     It reads the planner's admission cache under the rule its own fast refusal uses
     (:meth:`OnTimePlanner.refusal_cache`)."""
     policy = scheduler.on_time
@@ -105,9 +108,9 @@ def take_snapshot(scheduler: Scheduler, *, accepting: bool, generation: int, now
         return None
     horizon = now + MAX_AGE_S
     return AdmissionSnapshot(generation, now, horizon if wake is None else min(wake, horizon), tuple(cache.free),
-                             cache.latest, model.slowed(1.0 + planner.errors.margin),
+                             cache.latest, planner.admitting_model(model),
                              scheduler.config.admission.deadline_default_ms / 1000,
-                             scheduler.admission.budget.max_kv_tokens, dict(admitted))
+                             scheduler.admission.budget.max_kv_tokens, admitted)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any, Callable, TypeVar
 
 from calculet.adapters.calrt import CalRT, DeviceCapabilities, VirtualDevice
@@ -82,7 +82,9 @@ class ThreadedEngine:
         self.tokenizer = self._core.tokenizer
         self._snapshot: AdmissionSnapshot | None = None
         self._published = 0
-        self._admitted: dict[str, int] = {}
+        self._admitted: Mapping[str, int] = {}
+        """Requests the engine admitted, by tenant: replaced (never changed) at each admission, since every
+        snapshot published after it shares it."""
         self._results_posted = 0
         """Device results the completion thread posted (it alone writes this) ..."""
         self._results_applied = 0
@@ -146,7 +148,7 @@ class ThreadedEngine:
                 done(None, exc)
                 raise
             if not submission.outcome.rejected:
-                self._admitted[request.tenant] = self._admitted.get(request.tenant, 0) + 1
+                self._admitted = {**self._admitted, request.tenant: self._admitted.get(request.tenant, 0) + 1}
             done(submission, None)
 
         self._mailbox.post(message)

@@ -310,7 +310,7 @@ class OnTimePlanner:
         self._device_key, self._device = key, model
         return model
 
-    def _admitting_model(self, model: DeviceModel) -> DeviceModel:
+    def admitting_model(self, model: DeviceModel) -> DeviceModel:
         """:meth:`_admission_model` of ``model``, kept while it and the margin are (#20: not per ``submit()``)."""
         margin = self.errors.margin
         if model is not self._admitting_of or margin != self._admitting_margin or self._admitting is None:
@@ -404,7 +404,7 @@ class OnTimePlanner:
         job = pending_job(rec, self.weights.get(rec.tenant, 1.0))
         if job is None:
             return Fit(True, None, None)
-        nominal, model = model, self._admitting_model(model)
+        nominal, model = model, self.admitting_model(model)
         cache = None if self._cache_drift() > 0 else self._cache
         finish = cache.place(job, now, model) if cache is not None else None
         if finish is None:

@@ -68,10 +68,10 @@ def test_the_admission_model_follows_the_margin():
     planner = on_time(h).planner
     model = on_time(h).model()
     assert model is not None
-    kept = planner._admitting_model(model)
-    assert kept is planner._admitting_model(model) and kept == model.slowed(1.0 + planner.errors.margin)
+    kept = planner.admitting_model(model)
+    assert kept is planner.admitting_model(model) and kept == model.slowed(1.0 + planner.errors.margin)
     planner.errors.missed()  # a miss raises the margin
-    slowed = planner._admitting_model(model)
+    slowed = planner.admitting_model(model)
     assert slowed is not kept and slowed == model.slowed(1.0 + planner.errors.margin)
     assert slowed.decode_step_s > kept.decode_step_s
 
