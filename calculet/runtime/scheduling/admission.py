@@ -294,17 +294,20 @@ class AdmissionController:
 
         Why (issue #20): a request into a budget with room went through push, peek (tagging, heap
         entry) and pop of the fair queue only to come out at once — a third of ``submit()``."""
-        if self._queue.live:
-            return False
-        tenant = self.tenants[rec.tenant]
-        if tenant.max_active_sequences is not None and self._tenant_active[rec.tenant] >= tenant.max_active_sequences:
-            return False
-        if rec.prefill_class == "long" and self._long_admitted >= self.long_quota.max_admitted:
-            return False
-        if self._blocker(rec, free_lanes) is not None:
+        if self._queue.live or self._held_back(rec) is not None or self._blocker(rec, free_lanes) is not None:
             return False
         rec.virtual_finish = self.wfq.tag(rec.tenant, rec.cost)
         return True
+
+    def _held_back(self, rec: RequestRecord) -> str | None:
+        """``"tenant"`` while ``rec``'s tenant is at its active-sequence limit, ``"long"`` while long prefills
+        are at their quota (§6), else None: the one statement of both rules, for the queue and the fast path."""
+        tenant = self.tenants[rec.tenant]
+        if tenant.max_active_sequences is not None and self._tenant_active[rec.tenant] >= tenant.max_active_sequences:
+            return "tenant"
+        if rec.prefill_class == "long" and self._long_admitted >= self.long_quota.max_admitted:
+            return "long"
+        return None
 
     def _blocker(self, rec: RequestRecord, free_lanes: int) -> str | None:
         """Which budget keeps ``rec`` from being admitted now (a lane, §5.1's sequences or KV tokens), or None."""
@@ -325,14 +328,11 @@ class AdmissionController:
             if head is None:
                 return None
             flow, tag, rec = head
-            tenant = self.tenants[rec.tenant]
-            if tenant.max_active_sequences is not None and self._tenant_active[rec.tenant] >= tenant.max_active_sequences:
+            held = self._held_back(rec)
+            if held is not None:
                 queue.park(flow)
-                self._tenant_parked.setdefault(rec.tenant, set()).add(flow)
-                continue
-            if rec.prefill_class == "long" and self._long_admitted >= self.long_quota.max_admitted:
-                queue.park(flow)
-                self._long_parked.add(flow)
+                parked = self._long_parked if held == "long" else self._tenant_parked.setdefault(rec.tenant, set())
+                parked.add(flow)
                 continue
             blocker = self._blocker(rec, free_lanes)
             if blocker is not None:
