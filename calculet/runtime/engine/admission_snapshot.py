@@ -155,42 +155,8 @@ oldest and the lane heap is rebuilt from all the slots (O(slots) per refusal); a
 one, and on the event loop that rebuild would cost more than the rest of the refusal."""
 
 
-@dataclass
-class FrontRetrySlots(RetrySlots):
-    """The planner's :class:`RetrySlots` with the same rules, whose expiry pass is skipped while no slot can have
-    expired. Why: ``expire`` walks every slot at every reservation, and the front's slots outlive a burst (their
-    retry times spread over minutes): an in-process run of ten 300-request bursts held 2 841 slots, and the walk
-    took most of the event loop's CPU per refusal. The earliest expiry is kept over the slots seen so far (new
-    ones are read at the next pass; a slot taken by an admission, or dropped at the limit, makes the next pass
-    read them all again), so a pass that would remove nothing is not run."""
-
-    limit: int = FRONT_RETRY_SLOTS
-    _expiry: float = math.inf
-    """The earliest instant past which some slot seen so far expires (retry time + grace)."""
-    _seen: int = 0
-    """Slots (a prefix of ``ghosts``) folded into :attr:`_expiry`."""
-
-    def expire(self, now: float) -> None:
-        ghosts, grace = self.ghosts, self.grace_s
-        if len(ghosts) >= self.limit:  # the oldest is dropped as new ones come: no stable prefix, walk them
-            super().expire(now)
-            self._seen, self._expiry = 0, math.inf
-            return
-        for ghost in ghosts[self._seen:]:
-            self._expiry = min(self._expiry, ghost.retry_at + grace)
-        self._seen = len(ghosts)
-        if now <= self._expiry:  # RetrySlots.expire keeps a slot while retry time + grace >= now
-            return
-        super().expire(now)
-        self._seen, self._expiry = 0, math.inf
-
-    def admitted(self, tenant: str, now: float) -> None:
-        super().admitted(tenant, now)
-        self._seen, self._expiry = 0, math.inf
-
-
 def _front_slots() -> RetrySlots:
-    return FrontRetrySlots()
+    return RetrySlots(limit=FRONT_RETRY_SLOTS)
 
 
 @dataclass
@@ -316,5 +282,5 @@ class EarlyAdmission:
 
 
 __all__ = ["AdmissionSnapshot", "EarlyAdmission", "EarlyAdmissionStatistics", "EarlyRefusal", "FORWARD_REASONS",
-           "FRONT_RETRY_SLOTS", "FrontRetrySlots", "HOLD_IN_FLIGHT",
+           "FRONT_RETRY_SLOTS", "HOLD_IN_FLIGHT",
            "MAX_AGE_S", "take_snapshot"]
