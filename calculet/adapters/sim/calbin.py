@@ -49,7 +49,9 @@ class SimCalbin:
         self.manifest = manifest
         self._sha = hashlib.sha256(manifest_bytes).hexdigest()
         self._profiles = manifest.batch_profiles()
+        self._by_batch = {p.compiled_batch: p for p in self._profiles}
         self._caps = manifest.device_capabilities()
+        self._vocab = manifest.architecture.vocab_size
         self._golden = manifest.golden_vectors()
         self._memory = manifest.memory_footprint()
         self.model = model
@@ -90,7 +92,7 @@ class SimCalbin:
 
     @property
     def vocab_size(self) -> int:
-        return self.manifest.architecture.vocab_size
+        return self._vocab
 
     @property
     def eos_token(self) -> int:
@@ -106,11 +108,17 @@ class SimCalbin:
 
     @vendor_boundary("Calbin.profile")
     def profile(self, compiled_batch: int) -> BatchProfile:
-        for p in self._profiles:
-            if p.compiled_batch == compiled_batch:
-                return p
-        raise VendorError(ReturnCode.NOT_FOUND, f"calbin {self.name!r} has no B{compiled_batch} profile; "
-                                                f"it has {[p.compiled_batch for p in self._profiles]}")
+        return self.profile_of(compiled_batch)
+
+    def profile_of(self, compiled_batch: int) -> BatchProfile:
+        """:meth:`profile` inside the device, already within its vendor boundary (a Submit checks a job's
+        profile per token at B1; the boundary's second frame translated nothing, issue #20): raises
+        :class:`VendorError` ``NOT_FOUND`` for a batch size the calbin does not have."""
+        profile = self._by_batch.get(compiled_batch)
+        if profile is None:
+            raise VendorError(ReturnCode.NOT_FOUND, f"calbin {self.name!r} has no B{compiled_batch} profile; "
+                                                    f"it has {[p.compiled_batch for p in self._profiles]}")
+        return profile
 
     def statistics(self) -> CalbinStatistics:
         m = self.model.statistics() if self.model is not None else None

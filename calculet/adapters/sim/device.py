@@ -393,7 +393,8 @@ class SimVirtualDevice:
                 raise
 
     def _submit_locked(self, job: JobSpec) -> JobTicket:
-        self._check_open()
+        if self._closed:
+            self._check_open()  # raises
         if self._virtual:
             self.timeline.advance_virtual()
         cb = self._calbins.get(job.calbin_id)
@@ -426,7 +427,8 @@ class SimVirtualDevice:
         now = self.clock.now()
         other = JobEngine.PONG if job.engine is JobEngine.PING else JobEngine.PING
         other_job = pending.get(self._engine_job[other] or -1)
-        finish: float | None = self.cost.finish_time(now, admitted.duration_s, other_job.finish if other_job else None)
+        finish: float | None = (now + admitted.duration_s if other_job is None  # CostModel.finish_time's first case
+                                else self.cost.finish_time(now, admitted.duration_s, other_job.finish))
         if fault is not None and fault.kind is InjectedFault.TIMEOUT:
             finish = None
         job_id = JobId(next(self._ids))
@@ -434,9 +436,7 @@ class SimVirtualDevice:
                            calbin_id=cb.calbin_id, submitted_at=now)
         dma_payload(job, in_buf)
         in_buf.bound_job = out_buf.bound_job = job_id
-        for s in admitted.seqs:  # every one was looked up by the checks above
-            seq = kv.find(s)
-            assert seq is not None
+        for seq in admitted.held:  # every one as the checks above found it
             seq.inflight_job = job_id
         sim_job = SimJob(ticket, job, cb, kv, fault, finish, self._epoch, admitted.seqs)
         self._submitted += 1
@@ -488,8 +488,10 @@ class SimVirtualDevice:
         timeline = self.timeline
         if self._virtual:
             timeline.advance_virtual()
+        if not timeline.done:  # nothing published: no lock taken (the actor polls twice per turn, issue #20); a
+            return []          # result published meanwhile is the next poll's, as one published just after it
         with self._lock:
-            return timeline.drain() if timeline.done else []
+            return timeline.drain()
 
     @vendor_boundary("VirtualDevice.Wait")
     def wait(self, job_id: JobId, timeout_s: float) -> JobResult:

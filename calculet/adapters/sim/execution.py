@@ -159,7 +159,7 @@ def commit(job: SimJob, computed: Computed | None, layout: LaneLayout, lane_rc: 
     for i, sid in enumerate(layout.seq_ids):
         seq = find(sid) if sid != NO_SEQUENCE else None
         if not valid[i]:
-            policy = job.calbin.profile(job.spec.compiled_batch).inactive_policy
+            policy = job.calbin.profile_of(job.spec.compiled_batch).inactive_policy
             row = np.full(job.calbin.vocab_size, np.nan) if policy.inactive_logits_returned and numerics else None
             if row is not None and output is not None:
                 output[i] = row

@@ -31,7 +31,7 @@ from calculet.adapters.calrt import (
 from calculet.adapters.sim.buffers import BufferTable, SimBuffer
 from calculet.adapters.sim.calbin import SimCalbin
 from calculet.adapters.sim.cost import CostModel
-from calculet.adapters.sim.kv import SimKvManager
+from calculet.adapters.sim.kv import SimKvManager, _Sequence
 
 
 class Admitted(NamedTuple):
@@ -40,6 +40,9 @@ class Admitted(NamedTuple):
     seqs: tuple[int, ...]
     valid_lanes: tuple[int, ...]
     duration_s: float
+    held: tuple[_Sequence, ...]
+    """The sequences ``seqs`` names, as the checks found them: the submit binds each to the job without a
+    second lookup (issue #20)."""
 
 
 def payload(job: JobSpec) -> bytes:
@@ -68,7 +71,7 @@ def check_decode(job: DecodeJob, cb: SimCalbin, kv: SimKvManager, cost: CostMode
     if b not in cb.configured_profiles:
         raise VendorError(ReturnCode.INVALID_ARGUMENT,
                           f"profile B{b} is not configured (configured: {list(cb.configured_profiles)})")
-    profile = cb.profile(b)
+    profile = cb.profile_of(b)
     policy = profile.inactive_policy
     # a handful of lanes: plain ints beat numpy scalars here, converted once per job (DecodeJob.lanes, issue #20)
     tokens, positions, valid, seq_ids, lanes = job.lanes
@@ -89,6 +92,7 @@ def check_decode(job: DecodeJob, cb: SimCalbin, kv: SimKvManager, cost: CostMode
         if sid != NO_SEQUENCE and not kv.exists(sid):
             raise VendorError(ReturnCode.NOT_FOUND, f"inactive lane {i} names unknown seq {sid}")
     seen: set[int] = set()
+    held: list[_Sequence] = []
     vocab, max_seq = cb.vocab_size, profile.max_seq
     for i in lanes:
         sid = seq_ids[i]
@@ -113,15 +117,16 @@ def check_decode(job: DecodeJob, cb: SimCalbin, kv: SimKvManager, cost: CostMode
                               f"lane {i} position {pos} reaches max_seq {profile.max_seq} of profile B{b}")
         if seq.inflight_job is not None:
             raise VendorError(ReturnCode.INVALID_STATE, f"seq {sid} is being written by job {seq.inflight_job}")
+        held.append(seq)
     seqs = tuple([seq_ids[i] for i in lanes])
-    return Admitted(seqs, lanes, cost.decode_s(b))
+    return Admitted(seqs, lanes, cost.decode_s(b), tuple(held))
 
 
 def check_prefill(job: PrefillJob, cb: SimCalbin, kv: SimKvManager, cost: CostModel) -> Admitted:
     """A prefill (or prefill chunk) against the B1 profile and its sequence (§6, §9.2)."""
     if 1 not in cb.configured_profiles:
         raise VendorError(ReturnCode.INVALID_ARGUMENT, "prefill needs the B1 profile configured")
-    profile = cb.profile(1)
+    profile = cb.profile_of(1)
     seq = kv.lookup(job.seq_id)
     tokens = np.asarray(job.tokens)
     if tokens.dtype.kind not in "iu" or tokens.min() < 0 or tokens.max() >= cb.vocab_size:
@@ -144,7 +149,7 @@ def check_prefill(job: PrefillJob, cb: SimCalbin, kv: SimKvManager, cost: CostMo
                           f"prefill to {job.start_position + len(tokens)} tokens exceeds max_seq {profile.max_seq}")
     if seq.inflight_job is not None:
         raise VendorError(ReturnCode.INVALID_STATE, f"seq {job.seq_id} is being written by job {seq.inflight_job}")
-    return Admitted((int(job.seq_id),), (0,), cost.prefill_s(len(tokens)))
+    return Admitted((int(job.seq_id),), (0,), cost.prefill_s(len(tokens)), (seq,))
 
 
 def check_buffers(job: JobSpec, cb: SimCalbin, table: BufferTable, epoch: int) -> tuple[SimBuffer, SimBuffer]:

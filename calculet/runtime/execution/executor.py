@@ -240,6 +240,8 @@ class DeviceExecutor:
         job.timed_out = True
 
     def next_deadline(self) -> float | None:
+        if not self._jobs:  # the actor asks twice per turn; on the null device nothing is in flight then (#20)
+            return None
         deadlines = [j.deadline for j in self._jobs.values() if not j.timed_out]
         return min(deadlines) if deadlines else None
 
