@@ -52,11 +52,19 @@ class HopCounter:
     """The thread hops of the actor path (issue #20, at 1 stream latency-bound): messages posted to the actor's
     mailbox (a submit, a completion thread's results), the actor's blocking waits for one (it had nothing to
     do), and wake-ups of a consumer's event loop (``call_soon_threadsafe`` from the actor). Counted by wrapping
-    those three calls for the whole run; the wrappers' cost stays out of the CPU figures (a round of its own)."""
+    those three calls for the whole run; the wrappers' cost stays out of the CPU figures (a round of its own).
 
-    def __init__(self) -> None:
+    The wrappers replace class attributes, so they see every engine of the process. ``threads``, when given, keeps
+    the count to calls made on those threads: a test shares its process with other engines (the service tests'
+    session servers, whose idle actors block in ``run_until`` at their own pace)."""
+
+    def __init__(self, threads: frozenset[int] | None = None) -> None:
         self.posts = self.sleeps = self.wakes = 0
+        self._threads = threads
         self._saved: list[tuple[object, str, object]] = []
+
+    def _mine(self) -> bool:
+        return self._threads is None or threading.get_ident() in self._threads
 
     def install(self) -> None:
         from calculet.runtime import actor
@@ -65,16 +73,16 @@ class HopCounter:
         post, run_until, call_soon = actor.Mailbox.post, actor.Mailbox.run_until, writer._call_soon
 
         def counted_post(mailbox: actor.Mailbox, message: object) -> object:
-            self.posts += 1
+            self.posts += self._mine()
             return post(mailbox, message)  # type: ignore[arg-type]
 
         def counted_run_until(mailbox: actor.Mailbox, timeout: float) -> int:
             if timeout > 0:
-                self.sleeps += 1
+                self.sleeps += self._mine()
             return run_until(mailbox, timeout)
 
         def counted_call_soon(loop: asyncio.AbstractEventLoop, fn: object) -> None:
-            self.wakes += 1
+            self.wakes += self._mine()
             call_soon(loop, fn)  # type: ignore[arg-type]
 
         self._saved = [(actor.Mailbox, "post", post), (actor.Mailbox, "run_until", run_until),

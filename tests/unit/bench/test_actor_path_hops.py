@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -18,7 +19,7 @@ from calculet.runtime.streams.writer import StreamWriter  # noqa: E402
 
 def test_posts_blocking_waits_and_loop_wake_ups_are_counted_and_the_wrapped_calls_restored() -> None:
     originals = (actor.Mailbox.post, actor.Mailbox.run_until, writer._call_soon)
-    counter = actor_path.HopCounter()
+    counter = actor_path.HopCounter(threads=frozenset({threading.get_ident()}))  # not other engines of this process
     counter.install()
     try:
         mailbox = actor.Mailbox()
@@ -49,3 +50,21 @@ def test_posts_blocking_waits_and_loop_wake_ups_are_counted_and_the_wrapped_call
         counter.remove()
     assert (counter.posts, counter.sleeps, counter.wakes) == (2, 1, 1)
     assert (actor.Mailbox.post, actor.Mailbox.run_until, writer._call_soon) == originals
+
+
+def test_calls_on_other_threads_are_left_out_when_the_counter_is_kept_to_some() -> None:
+    """The CI failure this guards against: a session server's idle actor, blocking in its own ``run_until`` on its
+    own thread, was counted as this test's wait."""
+    kept = actor_path.HopCounter(threads=frozenset({threading.get_ident()}))
+    every = actor_path.HopCounter()
+    kept.install()
+    every.install()  # wraps the kept counter's wrappers: both see each call
+    try:
+        other = threading.Thread(target=lambda: actor.Mailbox().run_until(0.001))
+        other.start()
+        other.join()
+    finally:
+        every.remove()
+        kept.remove()
+    assert (kept.posts, kept.sleeps, kept.wakes) == (0, 0, 0)
+    assert (every.posts, every.sleeps, every.wakes) == (0, 1, 0)
