@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from calculet.clock import Clock
 from calculet.runtime.scheduling.completion import (DecodeCompletion, FaultKind, LaneVerdict, PrefillCompletion,
-                                                    check_decode_lanes)
+                                                    check_decode_lanes, clean_decode_lanes)
 from calculet.runtime.scheduling.decode import DecodeBatch, DecodeScheduler
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.jobs import DECODE, PREFILL, InflightTable, JobRecord
@@ -151,10 +151,7 @@ class CompletionApplier:
             completion = DecodeCompletion(completion.job_id, job.generation, False, (), FaultKind.ERROR,
                                           f"result of generation {completion.generation} for a job of generation "
                                           f"{job.generation}")
-        checks, extra = check_decode_lanes(batch.active, completion,
-                                           lane_isolation=self.capabilities.lane_failure_isolation,
-                                           vocab_size=self.capabilities.vocab_size)
-        self.anomalies += extra
+        clean = clean_decode_lanes(batch.active, completion, self.capabilities.vocab_size)
         self._end_job(job, completion.ok, completion.fault)
         if completion.ok:
             lanes_elsewhere, compiled_elsewhere = self._decoding_elsewhere(job)
@@ -165,29 +162,46 @@ class CompletionApplier:
         # §9.2: commit only when device and output succeeded. Every lane of the job is settled in one
         # call before any request moves (a request that ends releases its lane, which must not be
         # Updating any more); per lane the order is the same as settling it just before its request.
-        settles = _SETTLE_BY_VALUE
-        self.kv.settle_batch(batch.kv.leases, [settles[check.verdict._value_] for check in checks])
-        good = LaneVerdict.OK
-        produced = [check.verdict is good for check in checks]
-        ok = sum(produced)
-        failed = len(checks) - ok
-        if failed:
-            self.anomalies += sum(check.verdict is LaneVerdict.MISMATCH for check in checks)
-            details = ["" if check.verdict is good else (completion.detail or check.detail) for check in checks]
+        if clean is not None:  # every lane OK (the usual step): columns, no LaneCheck per lane (issue #20)
+            tokens, stops = clean
+            lanes = len(tokens)
+            self.kv.settle_batch(batch.kv.leases, ["commit"] * lanes)
+            produced: list[bool] = [True] * lanes
+            details = [""] * lanes
+            ok, failed = lanes, 0
         else:
-            details = [""] * len(checks)
+            produced, stops, tokens, details = self._lane_verdicts(batch, completion)
+            ok = sum(produced)
+            failed = len(produced) - ok
         records = batch.records
-        targets = registry.decode_done_each(records, job.generation, job.job_id, produced,
-                                            [check.stop for check in checks], [check.token for check in checks],
-                                            details)
+        targets = registry.decode_done_each(records, job.generation, job.job_id, produced, stops, tokens, details)
         if "finishing" in targets:
             for rec, target in zip(records, targets):
                 if target == "finishing":
                     registry.finish(rec.request_id)
-        # Ready again: queued in lane order (nothing between reads the queue)
-        self.decode.add_back([rec for rec, target in zip(records, targets) if target == "decode_ready"], now)
+        # Ready again: queued in lane order (nothing between reads the queue); usually every lane is
+        if targets.count("decode_ready") == len(records):
+            self.decode.add_back(records, now)
+        else:
+            self.decode.add_back([rec for rec, target in zip(records, targets) if target == "decode_ready"], now)
         self._pump(now)
         return Applied(job.job_id, False, ok, failed)
+
+    def _lane_verdicts(self, batch: DecodeBatch, completion: DecodeCompletion
+                       ) -> tuple[list[bool], list[bool], list[int | None], list[str]]:
+        """A decode result that is not all OK, lane by lane (§7.4): every lane's KV settled by its verdict,
+        anomalies counted; the (produced, stop, token, detail) columns for the requests."""
+        checks, extra = check_decode_lanes(batch.active, completion,
+                                           lane_isolation=self.capabilities.lane_failure_isolation,
+                                           vocab_size=self.capabilities.vocab_size)
+        self.anomalies += extra
+        settles = _SETTLE_BY_VALUE
+        self.kv.settle_batch(batch.kv.leases, [settles[check.verdict._value_] for check in checks])
+        good = LaneVerdict.OK
+        produced = [check.verdict is good for check in checks]
+        self.anomalies += sum(check.verdict is LaneVerdict.MISMATCH for check in checks)
+        details = ["" if check.verdict is good else (completion.detail or check.detail) for check in checks]
+        return produced, [check.stop for check in checks], [check.token for check in checks], details
 
     def prefill_complete(self, completion: PrefillCompletion) -> Applied:
         """Apply a prefill job's (or chunk's) result, or drop it as stale and reclaim."""

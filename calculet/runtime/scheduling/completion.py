@@ -155,6 +155,35 @@ def check_lane(bound: LaneBindingTags, outcome: LaneOutcome | None, *, job_ok: b
     return LaneCheck(bound.lane, rid, LaneVerdict.OK, token, outcome.stop)
 
 
+def clean_decode_lanes(bound: Sequence[LaneBindingTags], completion: DecodeCompletion,
+                       vocab_size: int | None = None) -> tuple[list[int], list[bool]] | None:
+    """The usual decode result as columns — (tokens, stops) in lane order — or None if it is anything else.
+
+    Usual: the job succeeded and its i-th outcome is the i-th bound lane's (lanes bound in increasing
+    order), each with matching tags (R7.4.2), ``ok`` and a usable token. Then every lane's verdict is
+    :attr:`LaneVerdict.OK` and there is no extra lane, so the caller needs no :class:`LaneCheck` per lane:
+    one pass, no tuple per lane (issue #20, the per-step completion path). Anything else — one lane
+    failed, mismatched, out of order or missing — returns None and :func:`check_decode_lanes` decides
+    lane by lane.
+    """
+    outcomes = completion.lanes
+    if not completion.ok or len(outcomes) != len(bound):
+        return None
+    tokens: list[int] = []
+    stops: list[bool] = []
+    add_token, add_stop, previous = tokens.append, stops.append, -1
+    for b, outcome in zip(bound, outcomes):
+        token, lane = outcome.token, b.lane
+        if not (lane > previous and outcome.lane == lane and outcome.request_id == b.request_id
+                and outcome.seq_id == b.seq_id and outcome.generation == b.generation and outcome.ok
+                and token is not None and token >= 0 and (vocab_size is None or token < vocab_size)):
+            return None
+        add_token(token)
+        add_stop(outcome.stop)
+        previous = lane
+    return tokens, stops
+
+
 def check_decode_lanes(bound: Sequence[LaneBindingTags], completion: DecodeCompletion, *,
                        lane_isolation: bool, vocab_size: int | None = None) -> tuple[tuple[LaneCheck, ...], int]:
     """Split a decode result by lane: one check per bound lane, plus the count of extra lanes.
@@ -162,25 +191,14 @@ def check_decode_lanes(bound: Sequence[LaneBindingTags], completion: DecodeCompl
     Extra lanes are results for lanes nothing was bound to (or duplicates): they are dropped
     and counted as crosstalk evidence.
 
-    The usual result — the job succeeded and its i-th outcome is the i-th bound lane's (lanes bound in
-    increasing order), with matching tags and a usable token — is :func:`check_lane`'s accepting case
-    inlined, one pass with no call per lane (issue #20); at the first lane that is anything else, every
-    lane takes the general path below.
+    The usual result (:func:`clean_decode_lanes`, :func:`check_lane`'s accepting case in one pass with no
+    call per lane, issue #20) gives every lane OK; anything else takes the general path below, every lane.
     """
-    outcomes = completion.lanes
-    if completion.ok and len(outcomes) == len(bound):
-        checks: list[LaneCheck] = []
-        append, good, previous = checks.append, LaneVerdict.OK, -1
-        for b, outcome in zip(bound, outcomes):
-            token, lane = outcome.token, b.lane
-            if not (lane > previous and outcome.lane == lane and outcome.request_id == b.request_id
-                    and outcome.seq_id == b.seq_id and outcome.generation == b.generation and outcome.ok
-                    and token is not None and token >= 0 and (vocab_size is None or token < vocab_size)):
-                break
-            append(_new_tuple(LaneCheck, (lane, b.request_id, good, token, outcome.stop, "")))
-            previous = lane
-        else:
-            return tuple(checks), 0
+    clean = clean_decode_lanes(bound, completion, vocab_size)
+    if clean is not None:
+        good = LaneVerdict.OK
+        return tuple([_new_tuple(LaneCheck, (b.lane, b.request_id, good, token, stop, ""))
+                      for b, token, stop in zip(bound, *clean)]), 0
     by_lane: dict[int, LaneOutcome] = {}
     for outcome in completion.lanes:
         if outcome.lane not in by_lane:

@@ -119,6 +119,26 @@ class DecodeBatch:
 _new_tuple = tuple.__new__
 
 
+class _PerTenant(dict[str, int]):
+    """A tenant's decode step cost (``wfq_decode_weight / weight``, scaled), asked of ``cost`` once per tenant.
+
+    The cost is fixed by the tenant's configured weight (§5.3), and a decode step reads it once per lane
+    (:meth:`DecodeScheduler.add_back`): a dictionary read instead of a call (issue #20). Called like the
+    function it caches."""
+
+    __slots__ = ("_cost",)
+
+    def __init__(self, cost: Callable[[str], int]) -> None:
+        super().__init__()
+        self._cost = cost
+
+    def __missing__(self, tenant: str) -> int:
+        value = self[tenant] = self._cost(tenant)
+        return value
+
+    __call__ = dict.__getitem__
+
+
 _LANE_VALID: dict[tuple[int, int], np.ndarray] = {}
 
 
@@ -202,7 +222,7 @@ class DecodeScheduler:
         self.window_s = batching_window_us / 1_000_000
         self.share = max_tenant_lane_share
         self._step_times = step_times if step_times is not None else StepTimer()
-        self._step_cost = step_cost or (lambda tenant: 1)
+        self._step_cost = _PerTenant(step_cost or (lambda tenant: 1))
         self._buckets: dict[int, ReadyBucket] = {}
         self._vt = 0
         self._seq = 0
@@ -236,7 +256,7 @@ class DecodeScheduler:
             push = self._push
             for rec in recs:
                 if rec.machine.generated_tokens > 1:
-                    rec.decode_tag += step_cost(rec.tenant)
+                    rec.decode_tag += step_cost[rec.tenant]
                 else:
                     rec.decode_tag = vt
                 push(rec, now)
@@ -253,7 +273,7 @@ class DecodeScheduler:
         for rec in recs:
             tenant = rec.tenant
             if rec.machine.generated_tokens > 1:
-                tag = rec.decode_tag = rec.decode_tag + step_cost(tenant)
+                tag = rec.decode_tag = rec.decode_tag + step_cost[tenant]
             else:
                 tag = rec.decode_tag = vt
             if rec.at_risk or rec.machine.generation != generation:

@@ -396,17 +396,20 @@ class RequestRegistry:
         listener, the close and the token's delivery run as :meth:`on_done` runs them. Nothing the
         listener does for one lane reads another lane's request, so running the fires first changes
         no outcome."""
-        live = self._live
-        stale: set[int] | None = None  # the usual case: every result is current (one pass, nothing built)
-        for i, rec in enumerate(recs):
+        machines = []
+        add = machines.append
+        for rec in recs:  # the usual case: every result is current (one pass, the machines to fire)
             machine = rec.machine
-            if (machine._state != "decode_running" or machine.job_id != job_id or machine.generation != generation
-                    or live.get(rec.request_id) is not rec):
-                if stale is None:
-                    stale = set()
-                stale.add(i)
-        if stale is None:
-            return self._decode_done(recs, job_id, produced, stops, tokens, details)
+            # running ⇒ live: a record leaves ``_live`` only when it enters a terminal state (``_close``)
+            if machine._state != "decode_running" or machine.job_id != job_id or machine.generation != generation:
+                break
+            add(machine)
+        else:
+            return self._decode_done(recs, job_id, produced, stops, tokens, details, machines)
+        live = self._live
+        stale = {i for i, rec in enumerate(recs)
+                 if (rec.machine._state != "decode_running" or rec.machine.job_id != job_id
+                     or rec.machine.generation != generation or live.get(rec.request_id) is not rec)}
         self._stale += len(stale)
         fresh = [i for i in range(len(recs)) if i not in stale]
         out: list[str | None] = [None] * len(recs)
@@ -418,13 +421,16 @@ class RequestRegistry:
         return out
 
     def _decode_done(self, recs: Sequence[RequestRecord], job_id: int, produced: Sequence[bool],
-                     stops: Sequence[bool], tokens: Sequence[int | None], details: Sequence[str]) -> list[str | None]:
-        """``decode_done`` on records whose result is current, then listener, close and delivery per record."""
+                     stops: Sequence[bool], tokens: Sequence[int | None], details: Sequence[str],
+                     machines: list[Any] | None = None) -> list[str | None]:
+        """``decode_done`` on records whose result is current (``machines``: theirs, if the caller has
+        them), then listener, close and delivery per record."""
         if False in produced:
             for rec, ok, detail in zip(recs, produced, details):
                 if not ok and detail and not rec.detail:
                     rec.detail = detail
-        machines = [rec.machine for rec in recs]
+        if machines is None:
+            machines = [rec.machine for rec in recs]
         targets: list[str | None] = _INSTANCE.fire_each(machines, "decode_done", job=[job_id] * len(machines),
                                                         ok=produced, stop=stops)
         listener, quiet = self._listener, self.quiet

@@ -9,7 +9,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from calculet.machines.request import FinishReason
-from calculet.runtime.scheduling.completion import (DecodeCompletion, FaultKind, LaneOutcome, LaneVerdict, check_decode_lanes)
+from calculet.runtime.scheduling.completion import (DecodeCompletion, FaultKind, LaneOutcome, LaneVerdict, check_decode_lanes,
+                                                    clean_decode_lanes)
 from calculet.runtime.scheduling.decode import DecodeBatch
 from calculet.runtime.scheduling.plan import SchedulingCapabilities
 from tests.unit.runtime.runtime_support import Harness, default_token
@@ -194,5 +195,14 @@ def test_the_one_pass_check_gives_the_general_verdicts(lanes, faults, job_ok, is
             bound.append(bound[k % len(bound)])  # listed twice, with a result echoing it twice
             outcomes.append(LaneOutcome(bound[-1].lane, bound[-1].request_id, bound[-1].seq_id, 1, True, 7, stop))
     completion = DecodeCompletion(1, 1, job_ok, tuple(outcomes))
-    assert check_decode_lanes(bound, completion, lane_isolation=isolation, vocab_size=vocab) == \
-        _reference_checks(bound, completion, lane_isolation=isolation, vocab_size=vocab)
+    reference = _reference_checks(bound, completion, lane_isolation=isolation, vocab_size=vocab)
+    assert check_decode_lanes(bound, completion, lane_isolation=isolation, vocab_size=vocab) == reference
+    # the columns the completion path takes instead of LaneChecks (issue #20): given only when every lane is
+    # OK with no extra result, and then they are the reference's tokens and stops
+    clean = clean_decode_lanes(bound, completion, vocab)
+    checks, extra = reference
+    if clean is not None:
+        assert extra == 0 and all(c.verdict is LaneVerdict.OK for c in checks)
+        assert clean == ([c.token for c in checks], [c.stop for c in checks])
+    elif not faults and job_ok:
+        raise AssertionError("a clean result must give its columns")
