@@ -492,24 +492,23 @@ def admission_order_finish(candidate: PendingJob, tenant: str, admitted: Sequenc
     the rest take lanes in that order (``queued`` lists each tenant's waiting jobs in arrival
     order; the candidate is not among them).
 
-    ``tags``: the §5.3 virtual finish each waiting job and the candidate are expected to be admitted
-    with (by id: the tenant's virtual start plus its queue's costs per weight up to the job, as
-    :meth:`.OnTimePlanner.virtual_tags` computes them). With them the other tenants' jobs ahead are
-    exactly those tagged before the candidate — WFQ orders by *cost*, and issue #13 measured the
-    count rule's estimates on one KV lane up to 2.3× the actual finish for a tenant of short
-    requests beside one of long ones (which it served first) and 30 % early for the other.
+    ``tags``: where each waiting job and the candidate stand in the order of admission (by id, smaller
+    first: the rank :func:`.wfq_order.admission_ranks` replays from the queue's own tags). With them
+    the jobs ahead are exactly those keyed before the candidate, of every tenant (its own tenant's
+    long flow may come after it), taking lanes in that order — WFQ orders by *cost*, and issue #13
+    measured the count rule's estimates on one KV lane up to 2.3× the actual finish for a tenant of
+    short requests beside one of long ones (which it served first) and 30 % early for the other.
     """
-    own_w = weights.get(tenant, 1.0)
-    mine = len(queued.get(tenant, ()))
     ahead: list[PendingJob] = list(admitted)
-    for name, jobs in queued.items():
-        if name == tenant:
-            ahead.extend(jobs)
-        elif tags is not None:
-            mine_tag = tags.get(candidate.id, math.inf)
-            ahead.extend(j for j in jobs if tags.get(j.id, math.inf) < mine_tag)
-        else:
-            ahead.extend(jobs[:math.ceil((mine + 1) * weights.get(name, 1.0) / own_w)])
+    if tags is not None:
+        mine_tag = tags.get(candidate.id, math.inf)
+        before = [j for jobs in queued.values() for j in jobs if tags.get(j.id, math.inf) < mine_tag]
+        ahead.extend(sorted(before, key=lambda j: tags[j.id]))
+    else:
+        own_w = weights.get(tenant, 1.0)
+        mine = len(queued.get(tenant, ()))
+        for name, jobs in queued.items():
+            ahead.extend(jobs if name == tenant else jobs[:math.ceil((mine + 1) * weights.get(name, 1.0) / own_w)])
     jobs = [*ahead, candidate]
     base, lengths = _plan(jobs, model)
     finish, _ = _list_schedule(range(len(jobs)), lengths, model.lanes, now + base)

@@ -82,6 +82,7 @@ from calculet.runtime.scheduling.finish_estimate import (ON_TIME_EPS_S, DeviceMo
 from calculet.runtime.scheduling.on_time_retry import MAX_RETRY_SLOTS, RETRY_GRACE_S, RetrySlots
 from calculet.runtime.scheduling.on_time_spare import spare_harmless
 from calculet.runtime.scheduling.registry import WAITING_STATES, RequestRecord
+from calculet.runtime.scheduling.wfq_order import QueuedRequest, admission_ranks
 
 PLANNED_STATES = frozenset({"new", "waiting_model", "waiting_admission", "prefill_ready", "prefill_running",
                             "decode_ready", "decode_running"})
@@ -96,6 +97,8 @@ three (22 % of the engine's CPU) for estimates that were noise; a plan at most 5
 latest smoothed step changes no finish estimate by more than the drift it would correct."""
 _EPS = ON_TIME_EPS_S
 """The estimator's on-time tolerance: the admission cache accepts exactly what ``fits`` would."""
+_NOT_QUEUED = 1 << 62
+"""The queue age given to a waiting request not in the §5.3 queue yet (the candidate): after every entry."""
 PROMPT_SMOOTHING = 1 / 8
 """Weight of the newest admitted prompt in the typical prompt length (as the timers smooth)."""
 
@@ -285,6 +288,11 @@ class OnTimePlanner:
         self.virtual_start: Callable[[str], float] | None = None
         """A tenant's §5.3 virtual start (``max(tenant virtual time, global virtual time)``), set by the
         policy from the admission queue's clock: the admission-order estimate orders by cost with it."""
+        self.head_tag: Callable[[RequestRecord], float | None] = lambda rec: None
+        """The virtual finish a waiting request already holds as its flow's head (None: not tagged yet),
+        set by the policy from the admission queue: a head keeps its tag (:mod:`.wfq_order`)."""
+        self.wfq_cost: Callable[[RequestRecord], float] = lambda rec: rec.cost
+        """A request's §5.3 cost, set by the policy: a candidate is estimated before the queue sets ``rec.cost``."""
 
     # ------------------------------------------------------------------ the device
 
@@ -473,22 +481,19 @@ class OnTimePlanner:
                                       tags=tags)
 
     def virtual_tags(self, waiting: Iterable[RequestRecord]) -> dict[int, float]:
-        """The §5.3 virtual finish each of ``waiting`` (in arrival order) is expected to be admitted with:
-        its tenant's virtual start (:attr:`virtual_start`) plus the costs per weight of the tenant's
-        requests up to it (R5.3.2, R5.3.3). Arrivals still to come are not known, so a tenant that
-        sends more later can still be served before a tag computed here (the estimate's error)."""
+        """The rank each of ``waiting`` (in arrival order, the candidate last) is expected to be admitted at by
+        the §5.3 queue (R5.3.2, R5.3.3): its own rule replayed (:func:`.wfq_order.admission_ranks`). Arrivals
+        still to come are not known: one tagged before a request ranked here is the estimate's error."""
         start = self.virtual_start
         assert start is not None
-        clock: dict[str, float] = {}
-        tags: dict[int, float] = {}
-        for r in waiting:
-            tenant = r.tenant
-            at = clock.get(tenant)
-            if at is None:
-                at = start(tenant)
-            at += r.cost / self.weights.get(tenant, 1.0)
-            clock[tenant] = tags[r.request_id] = at
-        return tags
+        queued = []
+        for k, r in enumerate(waiting):
+            entry = r.entry
+            seq = entry[1] if entry is not None and len(entry) == 3 and entry[2] is r else _NOT_QUEUED + k
+            queued.append(QueuedRequest(r.request_id, (r.tenant, r.prefill_class == "long"), seq,
+                                        self.wfq_cost(r) / self.weights.get(r.tenant, 1.0), self.head_tag(r)))
+        ranks = admission_ranks(queued, start(queued[-1].flow[0]) if queued else 0.0)
+        return {i: float(rank) for i, rank in ranks.items()}
 
     def _admission_model(self, model: DeviceModel) -> DeviceModel:
         """The device as admission plans it: slowed by the estimator's measured error (:mod:`.estimate_error`)."""
