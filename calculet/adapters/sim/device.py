@@ -72,7 +72,7 @@ from calculet.adapters.sim.calbin import SimCalbin, check_coresident, check_simu
 from calculet.adapters.sim.config import SimConfig, TimeMode
 from calculet.adapters.sim.execution import Computed, SimJob, compute
 from calculet.adapters.sim.faults import FaultInjector, FaultStatistics, InjectedFault
-from calculet.adapters.sim.job_record import completion_record, dma_payload
+from calculet.adapters.sim.job_record import completion_record, dma_payload, null_decode_record
 from calculet.adapters.sim.kv import SimKvManager
 from calculet.adapters.sim.memory import MemoryLedger, MemoryStatistics
 from calculet.adapters.sim.submit_checks import check_buffers, check_decode, check_prefill
@@ -435,11 +435,20 @@ class SimVirtualDevice:
         ticket = JobTicket(job_id=job_id, generation=job.generation, kind=job.kind, engine=job.engine,
                            calbin_id=cb.calbin_id, submitted_at=now)
         dma_payload(job, in_buf)
+        self._submitted += 1
+        if (fault is None and finish is not None and finish <= now and self.completes_at_submit
+                and isinstance(job, DecodeJob) and cb.model is None):
+            # the null device's decode step: committed and published here, its buffers and sequences never bound
+            self.timeline.done[job_id] = null_decode_record(ticket, job, kv, admitted.held, self._engine_seq, now)
+            self._completed[ReturnCode.OK] += 1
+            self._per_engine[job.engine] += 1
+            if self.timeline.sleepers:
+                self._cond.notify_all()
+            return ticket
         in_buf.bound_job = out_buf.bound_job = job_id
         for seq in admitted.held:  # every one as the checks above found it
             seq.inflight_job = job_id
         sim_job = SimJob(ticket, job, cb, kv, fault, finish, self._epoch, admitted.seqs)
-        self._submitted += 1
         if self.completes_at_submit and finish is not None and finish <= now:
             # completed before submit returns, under the lock: never on the timeline, so nothing can discard it
             sim_job.executing = True

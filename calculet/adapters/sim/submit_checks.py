@@ -51,7 +51,7 @@ def payload(job: JobSpec) -> bytes:
     if isinstance(job, DecodeJob):
         lanes = job.lanes
         b = len(lanes.tokens)
-        return _pack(b)(*lanes.tokens, *lanes.positions, *map(int, lanes.valid), *lanes.seqs)
+        return _pack(b)(*lanes.tokens, *lanes.positions, *lanes.valid, *lanes.seqs)  # ints (bools pack as 0/1)
     return np.asarray(job.tokens, dtype="<i4").tobytes()
 
 
