@@ -209,9 +209,7 @@ class OnTimePolicy:
         """An event changed the admitted set (admit, end, reset): replan at the next tick. ``ended``: work
         left the set (an end, a reset), so the cached schedule over-states what is ahead of a
         candidate and may not refuse one until the next plan."""
-        self.planner.dirty = True
-        if ended:
-            self.planner.stale = True
+        self.planner.changed(ended)
 
     def _shed(self, rec: RequestRecord) -> None:
         if rec.state in WAITING_STATES:

@@ -68,7 +68,6 @@ estimate (``estimated_finish`` stays None) and nothing is shed for want of one.
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
@@ -77,8 +76,10 @@ from calculet.machines.request import FinishReason
 from calculet.runtime.scheduling.estimate_error import EstimateErrors, EstimateErrorStatistics
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.finish_estimate import (ON_TIME_EPS_S, DeviceModel, Fit, PendingJob,
-                                                         admission_order_finish, edf_finish, fair_share_finish,
+                                                         admission_order_finish, fair_share_finish,
                                                          fits, on_time_selection)
+from calculet.runtime.scheduling.on_time_cache import _EdfCache, _Refusal
+from calculet.runtime.scheduling.on_time_order import AdmissionOrderChain
 from calculet.runtime.scheduling.on_time_retry import MAX_RETRY_SLOTS, RETRY_GRACE_S, RetrySlots
 from calculet.runtime.scheduling.on_time_spare import spare_harmless
 from calculet.runtime.scheduling.registry import WAITING_STATES, RequestRecord
@@ -176,76 +177,6 @@ def at_risk_prefix(kept: list[PendingJob], now: float, model: DeviceModel) -> tu
     return [job.id for job in order[:k]], slack
 
 
-class _EdfCache:
-    """The kept set's EDF lane schedule at the last plan: lane free times and the least slack."""
-
-    __slots__ = ("free", "min_slack", "latest", "on_lane")
-
-    def __init__(self, kept: list[PendingJob], now: float, model: DeviceModel,
-                 late_ok: frozenset[int] = frozenset()) -> None:
-        """``late_ok``: kept jobs planned late (spared, :func:`spare_harmless`): they hold lanes but no slack
-        of theirs is protected."""
-        finish = edf_finish(kept, now, model)
-        self.on_lane = model.prefill_on_lane
-        ends = sorted(finish.values(), reverse=True)[:model.lanes]
-        self.free = [max(now, t) for t in ends] + [now] * (model.lanes - len(ends))
-        heapq.heapify(self.free)
-        self.min_slack = min((_deadline(j) - finish[j.id] for j in kept if j.id not in late_ok), default=math.inf)
-        self.latest = max((_deadline(j) for j in kept), default=-math.inf)
-
-    def tail_finish(self, job: PendingJob, now: float, model: DeviceModel) -> float | None:
-        """The finish of a latest-deadline ``job`` appended to the schedule, on time or not (None: the
-        schedule cannot say — an earlier deadline, or a backlog prefill that would shift the lanes)."""
-        if _deadline(job) < self.latest or not self.on_lane:
-            return None
-        return max(self.free[0], now) + model.service_s(job.prefill_tokens, job.decode_steps)
-
-    def place(self, job: PendingJob, now: float, model: DeviceModel) -> float | None:
-        """The finish of a latest-deadline ``job`` appended to the schedule, or None if it would not fit.
-        Once per ``submit()``: attributes read once, no call for what a comparison answers (#20)."""
-        deadline = job.deadline
-        if deadline is None:
-            deadline = math.inf
-        if deadline < self.latest:
-            return None
-        prefill = model.prefill_s(job.prefill_tokens)
-        on_lane, free, min_slack = self.on_lane, self.free, self.min_slack
-        shift = 0.0 if on_lane else prefill
-        if shift > min_slack + _EPS:
-            return None
-        start = free[0] + shift  # on a lane, the prefill runs at its start
-        if now + shift > start:
-            start = now + shift
-        finish = start + job.decode_steps * model.lane_step_s + (prefill if on_lane else 0.0)
-        if finish > deadline + _EPS:
-            return None
-        if shift:
-            self.free = free = [t + shift for t in free]
-        heapq.heapreplace(free, finish)
-        min_slack -= shift
-        self.min_slack = min_slack if min_slack <= deadline - finish else deadline - finish
-        self.latest = deadline
-        return finish
-
-
-@dataclass(frozen=True)
-class _Refusal:
-    """The last slow-path refusal's facts: valid while the kept set and the device are unchanged."""
-
-    version: int
-    model: DeviceModel
-    deadline: float
-    prefill_tokens: int
-    decode_steps: int
-    retry_at: float | None
-
-    def covers(self, job: PendingJob, version: int, model: DeviceModel) -> bool:
-        """``job`` is refused too: same plan, a deadline no later and no less work."""
-        return (version == self.version and model == self.model and job.deadline is not None
-                and job.deadline <= self.deadline and job.prefill_tokens >= self.prefill_tokens
-                and job.decode_steps >= self.decode_steps)
-
-
 class OnTimePlanner:
     """Estimates, the overload selection and the latency-SLO cap for the ``on_time`` policy."""
 
@@ -281,6 +212,10 @@ class OnTimePlanner:
         """Bumped whenever the kept set changes (a replan, an admission): keys the refusal caches."""
         self._refusal: _Refusal | None = None
         self.retry_slots = RetrySlots()
+        self.epoch = 0
+        """Bumped by every event that may change the admission order of the waiting requests (a replan, a
+        request admitted from the queue or ended, a reset: :meth:`changed`); keys :attr:`order_chain`."""
+        self.order_chain = AdmissionOrderChain()
         self.errors = errors or EstimateErrors()
         """The estimate's measured error, and the margin admission plans with."""
         self._prompt_tokens = 0.0
@@ -352,6 +287,14 @@ class OnTimePlanner:
             return 1
         return -1 if step < planned * (1.0 - REPLAN_DRIFT) else 0
 
+    def changed(self, ended: bool) -> None:
+        """An event changed the admitted set (an admission from the queue, an end, a reset): replan at the
+        next tick. ``ended``: work left the set, so the cache may not refuse until then (:attr:`stale`)."""
+        self.dirty = True
+        self.epoch += 1
+        if ended:
+            self.stale = True
+
     def job(self, rec: RequestRecord) -> PendingJob | None:
         return pending_job(rec, self.weights.get(rec.tenant, 1.0))
 
@@ -360,6 +303,7 @@ class OnTimePlanner:
     def replan(self, records: Iterable[RequestRecord], now: float, model: DeviceModel | None) -> Replan:
         """Select whom to keep, whom to shed and who is at risk; rebuild the admission cache."""
         self.dirty = self.stale = False
+        self.epoch += 1
         if model is None:
             self._kept, self._cache, self._slots = [], None, []
             return Replan((), ())
@@ -463,15 +407,27 @@ class OnTimePlanner:
         """``rec``'s expected finish in the admission queue's order, or None where that order does not
         bind (more sequences than the device decodes per step: then the decode order, by deadline,
         does) or nobody waits. Admission still decides by the EDF plan (feasibility); this is the
-        estimate reported and scored. O(live requests), only for an accepted request with
-        requests waiting for admission."""
+        estimate reported and scored. Only for an accepted request with requests waiting for
+        admission: O(log lanes) along a burst of one flow (:mod:`.on_time_order`, #20), else
+        :meth:`admission_order_afresh`."""
         if self.sequences is None or self.sequences > model.lanes:
             return None
+        chained = self.order_chain.extend(rec, job, now, model, self._kept, self.epoch)
+        if chained is not None:
+            return chained
+        return self.admission_order_afresh(rec, job, now, model, records, seed=True)
+
+    def admission_order_afresh(self, rec: RequestRecord, job: PendingJob, now: float, model: DeviceModel,
+                               records: Callable[[], Iterable[RequestRecord]], seed: bool = False) -> float | None:
+        """The admission-order estimate from the live requests, O(live requests): the chain's reference.
+        ``seed``: start a chain at ``rec`` where one flow waits."""
         kept = {j.id: j for j in self._kept}
         waiting = sorted((r for r in records() if r.state in WAITING_STATES and r is not rec
                           and r.request_id in kept), key=lambda r: r.arrival)
         if not waiting:
             return None
+        if seed:
+            self.order_chain.seed(rec, job, model, self._kept, waiting, self.epoch)
         queued: dict[str, list[PendingJob]] = {}
         for r in waiting:
             queued.setdefault(r.tenant, []).append(kept.pop(r.request_id))

@@ -1,0 +1,95 @@
+"""The ``on_time`` planner's admission cache: the kept set's EDF lane schedule, and the last refusal (issue #13).
+
+Why this module exists: :mod:`.on_time_planner` answers most ``submit()`` calls from what its last plan
+left — a latest-deadline candidate is placed at the tail of the cached EDF lane schedule in O(lanes), and
+a candidate no better than the last refused one is refused in O(1) (the planner's module doc says when
+each may be read). These are those two caches; moved out of the planner for the size limits (#20), the
+planner re-exports them.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+from calculet.runtime.scheduling.finish_estimate import ON_TIME_EPS_S, DeviceModel, PendingJob, edf_finish
+
+__all__ = ["_EdfCache", "_Refusal"]
+
+_EPS = ON_TIME_EPS_S
+"""The estimator's on-time tolerance: the admission cache accepts exactly what ``fits`` would."""
+
+
+def _deadline(job: PendingJob) -> float:
+    return math.inf if job.deadline is None else job.deadline
+
+
+class _EdfCache:
+    """The kept set's EDF lane schedule at the last plan: lane free times and the least slack."""
+
+    __slots__ = ("free", "min_slack", "latest", "on_lane")
+
+    def __init__(self, kept: list[PendingJob], now: float, model: DeviceModel,
+                 late_ok: frozenset[int] = frozenset()) -> None:
+        """``late_ok``: kept jobs planned late (spared, :func:`spare_harmless`): they hold lanes but no slack
+        of theirs is protected."""
+        finish = edf_finish(kept, now, model)
+        self.on_lane = model.prefill_on_lane
+        ends = sorted(finish.values(), reverse=True)[:model.lanes]
+        self.free = [max(now, t) for t in ends] + [now] * (model.lanes - len(ends))
+        heapq.heapify(self.free)
+        self.min_slack = min((_deadline(j) - finish[j.id] for j in kept if j.id not in late_ok), default=math.inf)
+        self.latest = max((_deadline(j) for j in kept), default=-math.inf)
+
+    def tail_finish(self, job: PendingJob, now: float, model: DeviceModel) -> float | None:
+        """The finish of a latest-deadline ``job`` appended to the schedule, on time or not (None: the
+        schedule cannot say — an earlier deadline, or a backlog prefill that would shift the lanes)."""
+        if _deadline(job) < self.latest or not self.on_lane:
+            return None
+        return max(self.free[0], now) + model.service_s(job.prefill_tokens, job.decode_steps)
+
+    def place(self, job: PendingJob, now: float, model: DeviceModel) -> float | None:
+        """The finish of a latest-deadline ``job`` appended to the schedule, or None if it would not fit.
+        Once per ``submit()``: attributes read once, no call for what a comparison answers (#20)."""
+        deadline = job.deadline
+        if deadline is None:
+            deadline = math.inf
+        if deadline < self.latest:
+            return None
+        prefill = model.prefill_s(job.prefill_tokens)
+        on_lane, free, min_slack = self.on_lane, self.free, self.min_slack
+        shift = 0.0 if on_lane else prefill
+        if shift > min_slack + _EPS:
+            return None
+        start = free[0] + shift  # on a lane, the prefill runs at its start
+        if now + shift > start:
+            start = now + shift
+        finish = start + job.decode_steps * model.lane_step_s + (prefill if on_lane else 0.0)
+        if finish > deadline + _EPS:
+            return None
+        if shift:
+            self.free = free = [t + shift for t in free]
+        heapq.heapreplace(free, finish)
+        min_slack -= shift
+        self.min_slack = min_slack if min_slack <= deadline - finish else deadline - finish
+        self.latest = deadline
+        return finish
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    """The last slow-path refusal's facts: valid while the kept set and the device are unchanged."""
+
+    version: int
+    model: DeviceModel
+    deadline: float
+    prefill_tokens: int
+    decode_steps: int
+    retry_at: float | None
+
+    def covers(self, job: PendingJob, version: int, model: DeviceModel) -> bool:
+        """``job`` is refused too: same plan, a deadline no later and no less work."""
+        return (version == self.version and model == self.model and job.deadline is not None
+                and job.deadline <= self.deadline and job.prefill_tokens >= self.prefill_tokens
+                and job.decode_steps >= self.decode_steps)

@@ -1,0 +1,147 @@
+"""Issue #20: a queued submit's admission-order estimate extended along a one-flow burst is the afresh one.
+
+``OnTimePlanner._admission_order_estimate`` walked, sorted and list-scheduled every waiting request on
+each accepted queued submit where the budget is no larger than the lanes (B16 with 16 sequences). The
+chain (:mod:`calculet.runtime.scheduling.on_time_order`) keeps the lanes' free times behind the last
+candidate of a one-flow burst; these tests hold every value it gives to the afresh computation
+(``admission_order_afresh``, the sorting version) under random bursts, ticks, admissions and ends, and
+show it is what a one-flow burst uses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from calculet.runtime.scheduling.on_time_planner import OnTimePlanner
+from tests.unit.runtime.runtime_support import Harness
+
+B = 16
+STEP = 0.02
+PREFILL = 0.004
+TENANTS = [{"name": "a", "weight": 1.0, "api_key_sha256": "a" * 64}, {"name": "b", "weight": 3.0}]
+
+
+def measured(h: Harness) -> Harness:
+    """The timers have measured steps and prefills, as on a serving device: the screen has a device model."""
+    s, at = h.scheduler, 0.0
+    for _ in range(4):
+        s.prefill_times.observe(16, PREFILL)
+        s.step_times.prefill_ran(PREFILL)
+        at += STEP + PREFILL
+        s.step_times.observe(STEP, lanes=B, compiled=B, decoding=B, now=at)
+    assert s.on_time is not None and s.on_time.model() is not None
+    return h
+
+
+def build(lanes: int = B, sizes: tuple[int, ...] = (B,)) -> Harness:
+    return measured(Harness.build(sizes=sizes, lanes=lanes, tenants=TENANTS,
+                                  admission={"max_sequences": lanes}))
+
+
+def planner(h: Harness) -> OnTimePlanner:
+    assert h.scheduler.on_time is not None
+    return h.scheduler.on_time.planner
+
+
+def checked(h: Harness) -> list[tuple[float, float | None]]:
+    """Every chained estimate beside the afresh one computed at the same moment from the same requests."""
+    p = planner(h)
+    pairs: list[tuple[float, float | None]] = []
+    chained = p._admission_order_estimate
+
+    def both(rec: Any, job: Any, now: float, model: Any, records: Any) -> float | None:
+        before = p.order_chain.statistics().extended
+        value = chained(rec, job, now, model, records)
+        if p.order_chain.statistics().extended > before:
+            assert value is not None
+            pairs.append((value, p.admission_order_afresh(rec, job, now, model, records)))
+        return value
+
+    p._admission_order_estimate = both  # type: ignore[method-assign]
+    return pairs
+
+
+def tick(h: Harness, seconds: float) -> None:
+    """One step of the played device: the job it plans runs and completes ``seconds`` later."""
+    plan = h.step()
+    h.clock.advance(seconds)
+    if plan.work is not None:
+        h.run(plan)
+    h.confirm_all()
+
+
+def test_a_one_flow_burst_is_extended_along_the_chain_with_the_afresh_values():
+    h = build()
+    pairs = checked(h)
+    for _ in range(B):  # the budget: admitted at once, nobody waits
+        h.submit(prompt=16, new=40, tenant="a")
+    ids = [h.submit(prompt=16 + i, new=20 + 7 * i, tenant="a").request_id for i in range(40)]
+    assert all(h.state(i) == "waiting_admission" for i in ids)
+    stats = planner(h).order_chain.statistics()
+    assert stats.seeded == 1 and stats.extended == len(ids) - 2  # the first queued has nobody waiting ahead
+    assert len(pairs) == stats.extended
+    for value, afresh in pairs:
+        assert afresh is not None and value == pytest.approx(afresh, rel=1e-12, abs=1e-9)
+    finishes = [h.rec(i).estimated_finish for i in ids[1:]]
+    assert finishes == sorted(finishes)  # one flow: first in, first out, each behind the one before
+
+
+def test_other_flows_waiting_are_computed_afresh():
+    h = build()
+    pairs = checked(h)
+    for _ in range(B):
+        h.submit(prompt=16, new=40, tenant="a")
+    for i in range(12):
+        h.submit(prompt=16, new=30, tenant="ab"[i % 2])
+    assert planner(h).order_chain.statistics().extended == 0 and not pairs
+
+
+def test_an_event_between_two_submits_breaks_the_chain():
+    h = build()
+    pairs = checked(h)
+    for _ in range(B):
+        h.submit(prompt=16, new=3, tenant="a")
+    for _ in range(4):
+        h.submit(prompt=16, new=30, tenant="a")
+    extended = planner(h).order_chain.statistics().extended
+    epoch = planner(h).epoch
+    for _ in range(6):  # requests end, waiting ones are admitted from the queue: the epoch moves
+        tick(h, STEP)
+    assert planner(h).epoch > epoch
+    h.submit(prompt=16, new=30, tenant="a")
+    assert planner(h).order_chain.statistics().extended == extended  # afresh, and a new chain seeded
+    h.submit(prompt=16, new=30, tenant="a")
+    assert planner(h).order_chain.statistics().extended == extended + 1
+    for value, afresh in pairs:
+        assert afresh is not None and value == pytest.approx(afresh, rel=1e-12, abs=1e-9)
+
+
+BURSTS = st.lists(st.tuples(st.sampled_from("aab"), st.sampled_from([16, 48, 600]), st.integers(1, 60),
+                            st.integers(1, 12), st.integers(0, 3), st.floats(0.0, 0.2)), min_size=1, max_size=10)
+"""Bursts of one flow — (tenant, prompt, new tokens of the first, requests, device steps after, each step's
+seconds) — broken by the other tenant or by a medium prompt (another §6 class)."""
+
+
+@settings(max_examples=60, deadline=None)
+@given(bursts=BURSTS, b1=st.booleans(), lead=st.integers(0, B))
+def test_every_chained_estimate_is_the_afresh_one(bursts: list[tuple[str, int, int, int, int, float]], b1: bool,
+                                                  lead: int):
+    """Random bursts of two tenants (weights 1 and 3; short and medium prompts: several flows), the played
+    device stepping between them (admissions from the queue, ends, replans), on B16 with 16 sequences
+    and on one lane with one sequence (calculet-b1-shared's shape): the chain extends only where its
+    value is the afresh one."""
+    h = build(lanes=1, sizes=(1,)) if b1 else build()
+    pairs = checked(h)
+    for _ in range(1 if b1 else lead):
+        h.submit(prompt=16, new=40, tenant="a")
+    for tenant, prompt, new, count, steps, seconds in bursts:
+        for i in range(count):
+            h.submit(prompt=prompt + i, new=1 + (new + 7 * i) % 60, tenant=tenant)
+        for _ in range(steps):
+            tick(h, seconds)
+    for value, afresh in pairs:
+        assert afresh is not None and value == pytest.approx(afresh, rel=1e-12, abs=1e-9)
