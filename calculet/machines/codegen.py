@@ -18,6 +18,7 @@ import z3
 
 from calculet.logic.symbolic import SymbolicVars, symbolic_args
 from calculet.logic.types import Bool, EnumType, Int
+from calculet.machines.codegen_rows import conjuncts, guard_term, row_tree_lines, shared_atom_lines
 from calculet.machines.definition import Definition, Transition
 from calculet.machines.errors import InvalidDefinition
 
@@ -37,6 +38,8 @@ class ExprPrinter:
         self.d = d
         self.arg_names = arg_names
         self.state_names = list(d.states)
+        self.shared: dict[int, str] = {}
+        """z3 term id → the name of a local already holding its value (:func:`shared_atom_lines`)."""
 
     # Dialect hooks -------------------------------------------------------------------------
     def state_is(self, name: str, primed: bool = False) -> str:
@@ -65,6 +68,8 @@ class ExprPrinter:
 
     # The walk ------------------------------------------------------------------------------
     def expr(self, e: Any) -> str:
+        if self.shared and isinstance(e, z3.ExprRef) and e.get_id() in self.shared:
+            return self.shared[e.get_id()]
         if isinstance(e, bool):
             return self.expr(z3.BoolVal(e))
         if isinstance(e, int):
@@ -176,10 +181,14 @@ class _LocalArgPrinter(ExprPrinter):
 
 
 def _row_code(d: Definition, t: Transition, tr: ExprPrinter, v: SymbolicVars, args: dict[str, Any],
-              enums: dict[str, Any]) -> tuple[str, list[tuple[str, str]]]:
-    """(guard, [(variable, value)]) of one row as Python in ``tr``'s dialect."""
+              enums: dict[str, Any], term: Any = None) -> tuple[str, list[tuple[str, str]]]:
+    """(guard, [(variable, value)]) of one row as Python in ``tr``'s dialect (``term``: the guard as
+    :func:`~.codegen_rows.guard_term` gave it, when the caller has it)."""
     try:
-        guard = "True" if t.guard is None else tr.expr(t.guard(v, *[args[n] for n in t.guard_args]))
+        if term is None:
+            term = guard_term(t, v, args)
+        guard = "True" if term is None else tr.expr(term)
+        shared, tr.shared = tr.shared, {}  # an effect reads the pre-state as it is: no shared atom in it
         updates = {} if t.effect is None else dict(t.effect(v, *[args[n] for n in t.effect_args]))
         assigns = []
         for key, value in updates.items():
@@ -190,6 +199,7 @@ def _row_code(d: Definition, t: Transition, tr: ExprPrinter, v: SymbolicVars, ar
                 enums[enum_name] = vtype.enum_cls
                 code = f"{enum_name}({code})"
             assigns.append((key, code))
+        tr.shared = shared
     except TypeError as exc:
         raise InvalidDefinition(d.name, f"{t.name}: cannot compile: {exc}") from None
     return guard, assigns
@@ -255,20 +265,23 @@ def generate_dispatch(d: Definition) -> tuple[dict[str, dict[str, Callable[..., 
                 lines += _accept_lines(ev, all_args, namespace)
             else:
                 lines.append(f"def _dispatch_{index}(self, a):  # {d.name}: {state} --{event}-->")
+            guards = [guard_term(t, v, args) for t in rows]
+            if fast:  # the hot path: shared atoms once, rows as a tree of their shared conjuncts
+                lines += shared_atom_lines(guards, tr, "    ")
+            tree = []
             for i, t in enumerate(rows):
-                guard, assigns = _row_code(d, t, tr, v, args, namespace)
-                lines.append(f"    if {guard}:  # {t.name}")
+                guard, assigns = _row_code(d, t, tr, v, args, namespace, guards[i])
+                body = [f"self._state = {t.target!r}  # {t.name}"]
                 if assigns:
-                    targets = ", ".join(f"self.{k}" for k, _ in assigns)
-                    values = ", ".join(c for _, c in assigns)
-                    lines.append(f"        {targets} = {values}")
-                lines.append(f"        self._state = {t.target!r}")
+                    body.insert(0, f"{', '.join(f'self.{k}' for k, _ in assigns)} = {', '.join(c for _, c in assigns)}")
                 if fast:
                     namespace[f"_row_{index}_{i}"] = t
-                    lines.append(f"        self.last_transition = _row_{index}_{i}")
-                    lines.append(f"        return {t.target!r}")
+                    body += [f"self.last_transition = _row_{index}_{i}", f"return {t.target!r}"]
+                    tree.append((conjuncts(guards[i]), body))
                 else:
-                    lines.append(f"        return {i}")
+                    lines += [f"    if {guard}:  # {t.name}", *("        " + line for line in body), f"        return {i}"]
+            lines += row_tree_lines(tree, tr, "    ")
+            tr.shared = {}
             lines.append("    return None" if fast else "    return -1")
             lines.append("")
     source = "\n".join(lines)
@@ -425,17 +438,19 @@ def _each_row_lines(d: Definition, rows: list[Transition], prefix: str, tr: Expr
     """One state's rows inside ``_each_<index>``'s loop: the first whose guard holds applies its effect,
     records its target and moves to the next instance (each row is bound in ``namespace`` as
     ``<prefix>_<i>``, the ``last_transition`` it sets)."""
-    lines: list[str] = []
+    guards = [guard_term(t, v, args) for t in rows]
+    lines = shared_atom_lines(guards, tr, " " * 12)
+    tree = []
     for i, t in enumerate(rows):
-        guard, assigns = _row_code(d, t, tr, v, args, namespace)
+        _, assigns = _row_code(d, t, tr, v, args, namespace, guards[i])
         namespace[f"{prefix}_{i}"] = t
-        lines.append(f"            if {guard}:  # {t.name}")
+        body = [f"self._state = {t.target!r}  # {t.name}", f"self.last_transition = {prefix}_{i}",
+                f"append({t.target!r})", "continue"]
         if assigns:
-            lines.append(f"                {', '.join(f'self.{n}' for n, _ in assigns)} = "
-                         f"{', '.join(c for _, c in assigns)}")
-        lines += [f"                self._state = {t.target!r}",
-                  f"                self.last_transition = {prefix}_{i}",
-                  f"                append({t.target!r})", "                continue"]
+            body.insert(0, f"{', '.join(f'self.{n}' for n, _ in assigns)} = {', '.join(c for _, c in assigns)}")
+        tree.append((conjuncts(guards[i]), body))
+    lines += row_tree_lines(tree, tr, " " * 12)
+    tr.shared = {}
     return lines
 
 
