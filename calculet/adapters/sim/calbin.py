@@ -12,6 +12,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Final
 
 from calculet.adapters.calrt import (
     BatchProfile,
@@ -44,22 +45,19 @@ class SimCalbin:
 
     def __init__(self, calbin_id: int, package_dir: Path, manifest: CalbinManifest, manifest_bytes: bytes,
                  model: TinyTransformer | None) -> None:
-        self._calbin_id = calbin_id
+        self.calbin_id: Final[int] = calbin_id
+        """Plain attributes, not properties, for the two facts every Submit reads (issue #20); never rebound."""
         self.package_dir = package_dir
         self.manifest = manifest
         self._sha = hashlib.sha256(manifest_bytes).hexdigest()
         self._profiles = manifest.batch_profiles()
         self._by_batch = {p.compiled_batch: p for p in self._profiles}
-        self._caps = manifest.device_capabilities()
+        self.capabilities: Final[DeviceCapabilities] = manifest.device_capabilities()
         self._vocab = manifest.architecture.vocab_size
         self._golden = manifest.golden_vectors()
         self._memory = manifest.memory_footprint()
         self.model = model
         self.configured_profiles: tuple[int, ...] = ()
-
-    @property
-    def calbin_id(self) -> int:
-        return self._calbin_id
 
     @property
     def name(self) -> str:
@@ -77,10 +75,6 @@ class SimCalbin:
     @property
     def profiles(self) -> tuple[BatchProfile, ...]:
         return self._profiles
-
-    @property
-    def capabilities(self) -> DeviceCapabilities:
-        return self._caps
 
     @property
     def golden(self) -> tuple[GoldenVector, ...]:
@@ -123,7 +117,7 @@ class SimCalbin:
     def statistics(self) -> CalbinStatistics:
         m = self.model.statistics() if self.model is not None else None
         return CalbinStatistics(
-            calbin_id=self._calbin_id, name=self.name, configured_profiles=self.configured_profiles,
+            calbin_id=self.calbin_id, name=self.name, configured_profiles=self.configured_profiles,
             prefill_calls=m.prefill_calls if m else 0, prefill_tokens=m.prefill_tokens if m else 0,
             decode_calls=m.decode_calls if m else 0, decode_lanes=m.decode_lanes if m else 0)
 

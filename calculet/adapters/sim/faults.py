@@ -147,11 +147,16 @@ class FaultInjector:
             self._rates = dict(rates)
 
     def decide(self, job_kind: JobKind, engine: JobEngine, valid_lanes: Sequence[int]) -> FaultDecision | None:
-        """Consume one submit; return the fault to apply, or None."""
+        """Consume one submit; return the fault to apply, or None.
+
+        Called by the device's Submit only, under the device lock: one caller at a time. With nothing to inject
+        (serving, benchmarks) the count is all there is to do, without this injector's own lock (issue #20); a rule
+        or rate set meanwhile from another thread applies from the next submit, as it would after the lock."""
+        if not self._rules and not self._rates:
+            self._decisions += 1
+            return None
         with self._lock:
             self._decisions += 1
-            if not self._rules and not self._rates:  # nothing to inject (serving, benchmarks): no work per submit
-                return None
             chosen: FaultDecision | None = None
             for i, rule in enumerate(self._rules):
                 if not rule.applies(job_kind, engine, valid_lanes):
