@@ -37,18 +37,18 @@ class Selection(NamedTuple):
     """How often a tenant left the merge at its lane cap while lanes were still free."""
 
 
-def tenant_heads(tenants: dict[str, TenantQueue], names: Iterable[str]) -> list[tuple[Any, ...]]:
+def tenant_heads(tenants: dict[str, TenantQueue], names: Iterable[str]) -> list[list[Any]]:
     """A heap of the head entry of each named tenant that has one (dead entries dropped first).
 
-    A head is ``(priority, tag, virtual finish, arrival seq, tenant, entry)``: the entry's key
-    flattened, so the merge compares numbers, not nested lists; the seq is unique, so the tenant
-    and the entry are never compared.
+    The heap holds the entries themselves — ``[priority, tag, virtual finish, arrival seq, record]``,
+    compared as lists: the seq is unique, so the record is never compared — and a popped entry's tenant
+    is its record's (issue #20: no key tuple built per lane, none unpacked).
     """
-    heads: list[tuple[Any, ...]] = []
+    heads: list[list[Any]] = []
     for tenant in tuple(names):
         head = tenants[tenant].head()
         if head is not None:
-            heads.append((head[0], head[1], head[2], head[3], tenant, head))
+            heads.append(head)
         else:  # the index holds tenants with work only: a tick costs O(tenants with work)
             del tenants[tenant]
     heapq.heapify(heads)
@@ -61,27 +61,28 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
     cap = max(1, math.floor(share * size))
     tenants = bucket.tenants
     heappop, heapreplace = heapq.heappop, heapq.heapreplace
-    heads = tenant_heads(tenants, tenants)  # (key..., tenant, live head entry) per tenant with work
+    heads = tenant_heads(tenants, tenants)  # the live head entry of each tenant with work
     chosen, positions = [], []  # type: list[RequestRecord], list[int]
     expired, invalid = [], []  # type: list[RequestRecord], list[tuple[RequestRecord, str]]
     taken: dict[str, int] = {}
     capped: list[str] = []
-    cap_hits = 0
+    cap_hits = lanes = 0
     max_seq = profile.max_seq
     owner, kv_lanes = kv.lease_owners()
-    while len(chosen) < size:
+    while lanes < size:
         if not heads:
             if not capped:  # §7.2 item 3: the cap holds only while another tenant has a candidate
                 break
             heads, capped, cap = tenant_heads(tenants, capped), [], size
             continue
-        _, _, _, _, tenant, entry = heads[0]
+        entry = heads[0]
+        rec: RequestRecord = entry[4]
+        tenant = rec.tenant
         fifo = (queue := tenants[tenant]).fifo
         if fifo and fifo[0] is entry:  # TenantQueue.take inlined (once per lane)
             fifo.popleft()
         else:
             heappop(queue.heap)
-        rec: RequestRecord = entry[4]
         entry[4] = rec.entry = None
         count = taken.get(tenant, 0)
         if rec.deadline <= now:
@@ -98,6 +99,7 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
             if problem.__class__ is int:
                 chosen.append(rec)
                 positions.append(problem)  # type: ignore[arg-type]
+                lanes += 1
                 taken[tenant] = count = count + 1
                 if rec.decode_tag > vt:
                     vt = rec.decode_tag
@@ -110,14 +112,14 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
                 fifo.popleft()
             head = fifo[0] if fifo else None
         if head is not None and count < cap:
-            heapreplace(heads, (head[0], head[1], head[2], head[3], tenant, head))
+            heapreplace(heads, head)
             continue
-        cap_hits += _leave_merge(heads, tenants, tenant, head, capped, len(chosen) < size)
-    bucket.count -= len(chosen) + len(expired) + len(invalid)  # every popped candidate is in one of them
+        cap_hits += _leave_merge(heads, tenants, tenant, head, capped, lanes < size)
+    bucket.count -= lanes + len(expired) + len(invalid)  # every popped candidate is in one of them
     return _new_tuple(Selection, (chosen, positions, expired, invalid, vt, cap_hits))  # no _make/_replace frames
 
 
-def _leave_merge(heads: list[tuple[Any, ...]], tenants: dict[str, TenantQueue], tenant: str,
+def _leave_merge(heads: list[list[Any]], tenants: dict[str, TenantQueue], tenant: str,
                  head: list[Any] | None, capped: list[str], lanes_free: bool) -> int:
     """``tenant`` leaves the merge: out of the index if its queue is empty, else set aside at its lane
     cap (§7.2 item 3). Returns 1 for a cap hit that left lanes free, else 0 (once per tenant per tick)."""
