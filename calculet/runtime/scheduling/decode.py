@@ -269,17 +269,18 @@ class DecodeScheduler:
         tenants, arrive = bucket.tenants, bucket.arrivals.append
         inf = math.inf
         seq = self._seq
-        added = 0
+        pushed = 0
         for rec in recs:
-            tenant = rec.tenant
-            if rec.machine.generated_tokens > 1:
+            tenant, machine = rec.tenant, rec.machine
+            if machine.generated_tokens > 1:
                 tag = rec.decode_tag = rec.decode_tag + step_cost[tenant]
             else:
                 tag = rec.decode_tag = vt
-            if rec.at_risk or rec.machine.generation != generation:
+            if rec.at_risk or machine.generation != generation:
                 self._seq = seq
-                self._push(rec, now)
+                self._push(rec, now)  # counts itself in the bucket
                 seq = self._seq
+                pushed += 1
                 arrive = bucket.arrivals.append  # _push may have compacted the arrivals
                 continue
             seq += 1
@@ -295,8 +296,7 @@ class DecodeScheduler:
             else:
                 queue.push(entry)
             arrive((now, entry))
-            added += 1
-        bucket.count += added
+        bucket.count += len(recs) - pushed
         self._seq = seq
 
     def add(self, rec: RequestRecord, now: float, *, stepped: bool = False) -> None:
