@@ -92,6 +92,10 @@ class Sample(NamedTuple):
     stop: bool
 
 
+_new_sample = tuple.__new__
+"""Builds a :class:`Sample` without the named tuple's Python-level ``__new__`` (once per token, issue #20)."""
+
+
 class Sampler:
     """The sampling state of one request."""
 
@@ -214,13 +218,15 @@ class SamplerPool:
         if sampler is None:
             return None
         self._sampled += 1
-        if logits is None:
+        if logits is None:  # the device's own token (the null device, a host that does not sample): no choice
             self._no_logits += 1
-        elif sampler.params.greedy:
-            self._greedy += 1
+            token = greedy_token
         else:
-            self._stochastic += 1
-        token = sampler.choose(logits, greedy_token)
+            if sampler.params.greedy:
+                self._greedy += 1
+            else:
+                self._stochastic += 1
+            token = sampler.choose(logits, greedy_token)
         if token is None:
             self._unusable += 1
             return None
@@ -230,7 +236,7 @@ class SamplerPool:
                 self._stops_eos += 1
             else:
                 self._stops_seq += 1
-        return Sample(token, stop)
+        return _new_sample(Sample, (token, stop))
 
     def statistics(self) -> SamplerStatistics:
         return SamplerStatistics(len(self._samplers), self._sampled, self._greedy, self._stochastic,
