@@ -1,146 +1,207 @@
-"""The admission-order estimate of a queued submit, extended in O(log lanes) along a burst (issue #20).
+"""The admission-order estimate of a queued submit, kept between submits instead of recomputed (issue #20).
 
 Why this module exists: where every sequence that holds KV is in every decode step (B16 with
-``admission.max_sequences`` ≤ lanes) the finish reported for an accepted request is its place in
-the admission queue's order (:meth:`.OnTimePlanner._admission_order_estimate`,
-:func:`.finish_estimate.admission_order_finish`): the kept requests already admitted hold their
-lanes, the waiting ones ahead of it take lanes in the order the queue admits them, and it follows.
-Computed afresh, that walks, sorts and list-schedules every waiting request — issue #20 measured
-150-400 µs per queued submit at 128 waiting and 13-15 ms at 4 096 (``bench/scheduler.py``). It feeds
-the reported estimate, not the decision.
+``admission.max_sequences`` ≤ lanes, and one KV lane on B1) the finish reported for an accepted
+request is its place in the admission queue's order
+(:meth:`.OnTimePlanner.admission_order_afresh`, :func:`.finish_estimate.admission_order_finish`):
+the kept requests already admitted hold their lanes, the waiting ones the §5.3 queue admits before
+it take lanes in that order (:func:`.wfq_order.admission_ranks` replays the queue), and it follows.
+Computed afresh, that walks, sorts, replays and list-schedules every waiting request on each
+accepted queued submit — issue #20 measured 150-400 µs at 128 waiting and 13-15 ms at 4 096
+(``bench/scheduler.py``). It feeds the reported estimate, not the decision.
 
-In a burst of one flow (one tenant's requests of one prefill class, §5.3: a flow is admitted first
-in, first out) nothing else moves between two submits, and the requests ahead of a candidate are
-exactly those ahead of the previous candidate, then the previous candidate: the lanes' free times
-after them are the previous ones with the previous candidate placed on the earliest lane. The chain
-(:class:`AdmissionOrderChain`) keeps those free times, so such a submit costs one heap replacement.
+Between two submits of a burst nothing else moves, and the queue's order only gains the previous
+candidate. :class:`AdmissionOrderIndex` keeps that order (σ) with the tag the replay admits each
+request with, and the lanes' free times after each prefix of it:
 
-The chain extends only while that is exactly so, and otherwise the planner computes the estimate
-afresh (and seeds a new chain when one flow waits):
+* the replay admits in nondecreasing tag order (a flow's next head is tagged ``global + cost``,
+  never below a tag already admitted), ties by age, so σ is sorted by tag, and a newcomer — the
+  newest request of its flow — is tagged when the last request of its flow ``L`` is admitted:
+  ``max(global, tag(L)) + cost / weight`` (``global + cost / weight`` if its flow waits empty),
+  and admitted before the first request tagged later (it loses ties, being the youngest). Nothing
+  before it changes, and nothing after it either: no head enters when it is admitted (its flow
+  has nobody behind it) and the next admission moves global virtual time past its tag. So the
+  order after a newcomer is the order before, with it inserted by bisection;
+* the lanes' free times after a prefix of σ are kept per prefix; an insertion invalidates the
+  prefixes past it, which are recomputed only when a later candidate needs them. A burst of one
+  flow always inserts at the end: O(log waiting) per submit. Several flows insert anywhere, and a
+  list schedule has no update for a job inserted before others (its free times depend on the
+  order): a candidate then pays for the prefixes between the earliest invalidated one and its own
+  place — amortised, about the waiting requests over the flows sending, in place of all of them
+  replayed, sorted and scheduled.
+
+The index holds only while that reasoning does; otherwise the planner computes the estimate afresh
+and seeds a new index from it:
 
 * no event changed the plan since (a replan, a request admitted from the queue or ended, a reset:
-  the planner's ``epoch``), and the device model is the same object;
-* the kept set grew by the candidate alone, right after the previous candidate, which is still
-  queued (``waiting_admission``);
-* every waiting request of the kept set is of the candidate's flow. With several flows waiting,
-  the requests ahead of the next candidate include requests of other flows that the queue admits
-  *before* the previous candidate (their tags, §5.3), and a list schedule has no cheap update for
-  a job inserted before others (its lane free times depend on the order): those submits keep the
-  O(waiting) walk.
+  the planner's ``epoch``), the device model is the same object and global virtual time the same;
+* the kept set grew by the candidate alone, right after the previous candidate, which is now in
+  the queue (``waiting_admission``) with the cost it was placed with and, if the queue tagged it
+  as its flow's head, the tag it was placed with; every waiting request was in the queue at the
+  seed.
 
-A Hypothesis test holds every chained value to the afresh computation on random bursts, ticks,
-admissions and ends (``tests/unit/runtime/scheduling/test_on_time_order.py``). Values agree to
-float rounding: the chain adds lane lengths before the start instant, the afresh schedule after it.
+A Hypothesis test holds every value the index gives to the afresh computation on random bursts of
+several flows, device steps, admissions and ends (``tests/unit/runtime/scheduling/test_on_time_order.py``).
+Values agree to float rounding: the index adds lane lengths before the start instant, the afresh
+schedule after it.
 """
 
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Hashable, Mapping, Sequence
 
 from calculet.runtime.scheduling.finish_estimate import DeviceModel, PendingJob
 from calculet.runtime.scheduling.registry import RequestRecord
 
-__all__ = ["AdmissionOrderChain", "OrderChainStatistics"]
+__all__ = ["AdmissionOrderIndex", "OrderIndexStatistics", "wfq_flow"]
 
 QUEUED = "waiting_admission"
-"""The state of a request in the §5.3 queue: the only waiting state a chain's requests may be in."""
+"""The state of a request in the §5.3 queue: the only waiting state the index's requests may be in."""
 
 
 @dataclass(frozen=True)
-class OrderChainStatistics:
-    """How often a queued submit's estimate was extended along the chain rather than computed afresh."""
+class OrderIndexStatistics:
+    """How often a queued submit's estimate came from the index rather than afresh, and the prefixes scheduled."""
 
-    extended: int
+    indexed: int
     seeded: int
+    scheduled: int
+    """Prefix lane states computed by the index (after its seeds): its work beyond the bisections."""
 
 
-def _flow(rec: RequestRecord) -> tuple[str, str]:
-    """The §5.3 flow ``rec`` is queued in: its tenant and its prefill class (first in, first out within it)."""
-    return rec.tenant, rec.prefill_class
+def wfq_flow(rec: RequestRecord) -> Hashable:
+    """The §5.3 flow ``rec`` waits in: its tenant's long prompts or the others (as the queue keys it)."""
+    return rec.tenant, rec.prefill_class == "long"
 
 
-class AdmissionOrderChain:
-    """Lane free times behind the last estimated candidate of a one-flow burst (module doc)."""
+@dataclass(frozen=True)
+class _Pending:
+    """The last candidate, placed but not yet in σ: it joins at the next submit if it queued."""
 
-    __slots__ = ("_epoch", "_model", "_flow", "_last", "_last_job", "_kept_len", "_lanes", "_prefills",
-                 "_extended", "_seeded")
+    rec: RequestRecord
+    job: PendingJob
+    tag: float
+    cost: float
+
+
+class AdmissionOrderIndex:
+    """The queue's order with admitted tags, and lane states per prefix, between submits (module doc)."""
+
+    __slots__ = ("_epoch", "_model", "_global", "_tags", "_jobs", "_flow_tag", "_states", "_prefills",
+                 "_pending", "_kept_len", "_indexed", "_seeded", "_scheduled")
 
     def __init__(self) -> None:
         self._epoch = -1
         self._model: DeviceModel | None = None
-        self._flow: tuple[str, str] | None = None
-        self._last: RequestRecord | None = None
-        self._last_job: PendingJob | None = None
+        self._global = 0.0
+        self._tags: list[float] = []
+        """σ's admitted tags, nondecreasing."""
+        self._jobs: list[PendingJob] = []
+        """σ's jobs, aligned with :attr:`_tags`."""
+        self._flow_tag: dict[Hashable, float] = {}
+        """Per flow, the tag of its newest request in σ."""
+        self._states: list[list[float]] = []
+        """``_states[k]``: a heap of the lanes' free times (offsets from the schedule's start) after the kept
+        admitted requests and ``σ[:k]``; valid for every ``k`` below its length."""
+        self._prefills: list[float] = []
+        """Prefill seconds of the same jobs, charged before the lanes when a prefill is not on its lane."""
+        self._pending: _Pending | None = None
         self._kept_len = 0
-        self._lanes: list[float] = []
-        """A heap of the lanes' free times, as offsets from the schedule's start, after the jobs ahead of
-        the last candidate (the last candidate not placed yet: it may never queue)."""
-        self._prefills = 0.0
-        """Prefill seconds of those jobs, charged before the lanes when a prefill is not on its lane."""
-        self._extended = self._seeded = 0
+        self._indexed = self._seeded = self._scheduled = 0
 
     def clear(self) -> None:
-        self._last = self._last_job = self._model = None
+        self._pending = self._model = None
+        self._tags, self._jobs, self._states, self._prefills, self._flow_tag = [], [], [], [], {}
 
-    def extend(self, rec: RequestRecord, job: PendingJob, now: float, model: DeviceModel,
-               kept: Sequence[PendingJob], epoch: int) -> float | None:
-        """``rec``'s admission-order finish if the chain holds for it (module doc), else None (compute afresh).
-        ``kept``: the planner's kept jobs, ``job`` (``rec``'s) appended last."""
-        last, last_job = self._last, self._last_job
-        if (last is None or epoch != self._epoch or model is not self._model or _flow(rec) != self._flow
-                or len(kept) != self._kept_len + 1 or kept[-1] is not job or kept[-2] is not last_job
-                or last.state != QUEUED):
+    def estimate(self, rec: RequestRecord, job: PendingJob, now: float, model: DeviceModel,
+                 kept: Sequence[PendingJob], epoch: int, global_vt: float, cost: Callable[[RequestRecord], float],
+                 head_tag: Callable[[RequestRecord], float | None]) -> float | None:
+        """``rec``'s admission-order finish if the index holds for it (module doc), else None (compute afresh).
+        ``kept``: the planner's kept jobs, ``job`` (``rec``'s) appended last; ``cost``: a request's WFQ cost per
+        weight; ``head_tag``: the tag the queue fixed for a flow head (None: none)."""
+        last = self._pending
+        if (last is None or epoch != self._epoch or model is not self._model or global_vt != self._global
+                or len(kept) != self._kept_len + 1 or kept[-1] is not job or kept[-2] is not last.job
+                or last.rec.state != QUEUED or cost(last.rec) != last.cost):
             self.clear()
             return None
-        assert last_job is not None
-        lanes = self._lanes
-        if model.prefill_on_lane:
-            heapq.heapreplace(lanes, lanes[0] + model.service_s(last_job.prefill_tokens, last_job.decode_steps))
-        else:
-            heapq.heapreplace(lanes, lanes[0] + last_job.decode_steps * model.lane_step_s)
-            self._prefills += model.prefill_s(last_job.prefill_tokens)
-        self._last, self._last_job, self._kept_len = rec, job, len(kept)
-        self._extended += 1
-        return self._finish(job, now, model)
+        fixed = head_tag(last.rec)
+        if fixed is not None and fixed != last.tag:
+            self.clear()
+            return None
+        self._insert(last.tag, last.job, wfq_flow(last.rec))
+        own = cost(rec)
+        previous = self._flow_tag.get(wfq_flow(rec))
+        tag = (global_vt if previous is None or previous < global_vt else previous) + own
+        self._pending, self._kept_len = _Pending(rec, job, tag, own), len(kept)
+        self._indexed += 1
+        return self._finish(bisect_right(self._tags, tag), job, now, model)
 
     def seed(self, rec: RequestRecord, job: PendingJob, model: DeviceModel, kept: Sequence[PendingJob],
-             waiting: Sequence[RequestRecord], epoch: int) -> None:
-        """Start a chain at ``rec`` after an afresh estimate, when every one of ``waiting`` (the kept waiting
-        requests, in arrival order, ``rec`` not among them) is queued in ``rec``'s flow; else none.
-        O(kept · log lanes), once per chain."""
+             waiting: Sequence[RequestRecord], admitted: Mapping[int, float], epoch: int, global_vt: float,
+             cost: Callable[[RequestRecord], float]) -> None:
+        """Start an index at ``rec`` after an afresh estimate: ``waiting`` (the kept waiting requests, ``rec``
+        not among them) with the tag the replay admitted each with (``admitted``, ``rec``'s too, in the order
+        admitted: :func:`.wfq_order.admission_ranks`'s output). None is
+        started unless every one of ``waiting`` is in the queue. O(kept · log lanes), once per index."""
         self.clear()
-        flow = _flow(rec)
-        if not waiting or any(r.state != QUEUED or _flow(r) != flow for r in waiting):
+        if any(r.state != QUEUED for r in waiting):
             return
-        by_id = {j.id: j for j in kept}
-        queued = [by_id[r.request_id] for r in waiting]
         skip = {r.request_id for r in waiting}
         skip.add(job.id)
-        ahead = [j for j in kept if j.id not in skip]
-        ahead.extend(queued)
-        lanes = [0.0] * model.lanes
-        prefills = 0.0
-        on_lane, step = model.prefill_on_lane, model.lane_step_s
-        for j in ahead:
-            if on_lane:
-                length = model.service_s(j.prefill_tokens, j.decode_steps)
-            else:
-                length = j.decode_steps * step
-                prefills += model.prefill_s(j.prefill_tokens)
-            heapq.heapreplace(lanes, lanes[0] + length)
-        self._epoch, self._model, self._flow = epoch, model, flow
-        self._last, self._last_job, self._kept_len = rec, job, len(kept)
-        self._lanes, self._prefills = lanes, prefills
+        by_id = {j.id: j for j in kept}
+        of = {r.request_id: r for r in waiting}
+        order = [of[i] for i in admitted if i in of]  # ``admitted`` lists them in the order admitted
+        self._tags = [admitted[r.request_id] for r in order]
+        self._jobs = [by_id[r.request_id] for r in order]
+        self._flow_tag = {wfq_flow(r): admitted[r.request_id] for r in order}
+        lanes, prefills = [0.0] * model.lanes, 0.0
+        for j in kept:
+            if j.id not in skip:
+                length, prefill = _lengths(j, model)
+                heapq.heapreplace(lanes, lanes[0] + length)
+                prefills += prefill
+        self._states, self._prefills = [lanes], [prefills]
+        self._epoch, self._model, self._global = epoch, model, global_vt
+        self._pending, self._kept_len = _Pending(rec, job, admitted[job.id], cost(rec)), len(kept)
         self._seeded += 1
 
-    def _finish(self, job: PendingJob, now: float, model: DeviceModel) -> float:
-        """``job`` on the earliest lane after the jobs ahead, from ``now`` (and their prefills, when not on lanes)."""
-        if model.prefill_on_lane:
-            return now + (self._lanes[0] + model.service_s(job.prefill_tokens, job.decode_steps))
-        start = now + (self._prefills + model.prefill_s(job.prefill_tokens))
-        return start + (self._lanes[0] + job.decode_steps * model.lane_step_s)
+    def _insert(self, tag: float, job: PendingJob, flow: Hashable) -> None:
+        """``job`` joins σ where the replay admits it; the lane states past it are stale."""
+        at = bisect_right(self._tags, tag)
+        self._tags.insert(at, tag)
+        self._jobs.insert(at, job)
+        self._flow_tag[flow] = tag
+        del self._states[at + 1:]
+        del self._prefills[at + 1:]
 
-    def statistics(self) -> OrderChainStatistics:
-        return OrderChainStatistics(self._extended, self._seeded)
+    def _finish(self, at: int, job: PendingJob, now: float, model: DeviceModel) -> float:
+        """``job`` on the earliest lane after the kept admitted requests and ``σ[:at]``, from ``now``."""
+        states, prefills, jobs = self._states, self._prefills, self._jobs
+        k = len(states) - 1
+        while k < at:
+            lanes = states[k].copy()
+            length, prefill = _lengths(jobs[k], model)
+            heapq.heapreplace(lanes, lanes[0] + length)
+            states.append(lanes)
+            prefills.append(prefills[k] + prefill)
+            k += 1
+            self._scheduled += 1
+        lanes = states[at]
+        if model.prefill_on_lane:
+            return now + (lanes[0] + model.service_s(job.prefill_tokens, job.decode_steps))
+        start = now + (prefills[at] + model.prefill_s(job.prefill_tokens))
+        return start + (lanes[0] + job.decode_steps * model.lane_step_s)
+
+    def statistics(self) -> OrderIndexStatistics:
+        return OrderIndexStatistics(self._indexed, self._seeded, self._scheduled)
+
+
+def _lengths(job: PendingJob, model: DeviceModel) -> tuple[float, float]:
+    """(seconds ``job`` holds a lane, prefill seconds charged before the lanes): the EDF work model's split."""
+    if model.prefill_on_lane:
+        return model.service_s(job.prefill_tokens, job.decode_steps), 0.0
+    return job.decode_steps * model.lane_step_s, model.prefill_s(job.prefill_tokens)

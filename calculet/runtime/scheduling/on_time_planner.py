@@ -79,7 +79,7 @@ from calculet.runtime.scheduling.finish_estimate import (ON_TIME_EPS_S, DeviceMo
                                                          admission_order_finish, fair_share_finish,
                                                          fits, on_time_selection)
 from calculet.runtime.scheduling.on_time_cache import _EdfCache, _Refusal
-from calculet.runtime.scheduling.on_time_order import AdmissionOrderChain
+from calculet.runtime.scheduling.on_time_order import AdmissionOrderIndex
 from calculet.runtime.scheduling.on_time_retry import MAX_RETRY_SLOTS, RETRY_GRACE_S, RetrySlots
 from calculet.runtime.scheduling.on_time_spare import spare_harmless
 from calculet.runtime.scheduling.registry import WAITING_STATES, RequestRecord
@@ -214,8 +214,8 @@ class OnTimePlanner:
         self.retry_slots = RetrySlots()
         self.epoch = 0
         """Bumped by every event that may change the admission order of the waiting requests (a replan, a
-        request admitted from the queue or ended, a reset: :meth:`changed`); keys :attr:`order_chain`."""
-        self.order_chain = AdmissionOrderChain()
+        request admitted from the queue or ended, a reset: :meth:`changed`); keys :attr:`order_index`."""
+        self.order_index = AdmissionOrderIndex()
         self.errors = errors or EstimateErrors()
         """The estimate's measured error, and the margin admission plans with."""
         self._prompt_tokens = 0.0
@@ -408,35 +408,42 @@ class OnTimePlanner:
         bind (more sequences than the device decodes per step: then the decode order, by deadline,
         does) or nobody waits. Admission still decides by the EDF plan (feasibility); this is the
         estimate reported and scored. Only for an accepted request with requests waiting for
-        admission: O(log lanes) along a burst of one flow (:mod:`.on_time_order`, #20), else
-        :meth:`admission_order_afresh`."""
+        admission: from the order kept since the last submit (:mod:`.on_time_order`, #20) while nothing else
+        moved, else :meth:`admission_order_afresh`."""
         if self.sequences is None or self.sequences > model.lanes:
             return None
-        chained = self.order_chain.extend(rec, job, now, model, self._kept, self.epoch)
-        if chained is not None:
-            return chained
+        start = self.virtual_start
+        if start is not None:
+            kept = self.order_index.estimate(rec, job, now, model, self._kept, self.epoch, start(rec.tenant),
+                                             self.order_cost, self.head_tag)
+            if kept is not None:
+                return kept
         return self.admission_order_afresh(rec, job, now, model, records, seed=True)
 
     def admission_order_afresh(self, rec: RequestRecord, job: PendingJob, now: float, model: DeviceModel,
                                records: Callable[[], Iterable[RequestRecord]], seed: bool = False) -> float | None:
-        """The admission-order estimate from the live requests, O(live requests): the chain's reference.
-        ``seed``: start a chain at ``rec`` where one flow waits."""
+        """The admission-order estimate from the live requests, O(live requests): the index's reference.
+        ``seed``: start an index at ``rec`` (:meth:`.AdmissionOrderIndex.seed`)."""
         kept = {j.id: j for j in self._kept}
         waiting = sorted((r for r in records() if r.state in WAITING_STATES and r is not rec
                           and r.request_id in kept), key=lambda r: r.arrival)
         if not waiting:
             return None
-        if seed:
-            self.order_chain.seed(rec, job, model, self._kept, waiting, self.epoch)
         queued: dict[str, list[PendingJob]] = {}
         for r in waiting:
             queued.setdefault(r.tenant, []).append(kept.pop(r.request_id))
         kept.pop(job.id, None)
-        tags = None if self.virtual_start is None else self.virtual_tags([*waiting, rec])
+        admitted: dict[int, float] = {}
+        tags = None if self.virtual_start is None else self.virtual_tags([*waiting, rec], admitted)
+        if seed and tags is not None:
+            assert self.virtual_start is not None
+            self.order_index.seed(rec, job, model, self._kept, waiting, admitted, self.epoch,
+                                  self.virtual_start(rec.tenant), self.order_cost)
         return admission_order_finish(job, rec.tenant, list(kept.values()), queued, self.weights, now, model,
                                       tags=tags)
 
-    def virtual_tags(self, waiting: Iterable[RequestRecord]) -> dict[int, float]:
+    def virtual_tags(self, waiting: Iterable[RequestRecord],
+                     admitted: dict[int, float] | None = None) -> dict[int, float]:
         """The rank each of ``waiting`` (in arrival order, the candidate last) is expected to be admitted at by
         the §5.3 queue (R5.3.2, R5.3.3): its own rule replayed (:func:`.wfq_order.admission_ranks`). Arrivals
         still to come are not known: one tagged before a request ranked here is the estimate's error."""
@@ -447,9 +454,13 @@ class OnTimePlanner:
             entry = r.entry
             seq = entry[1] if entry is not None and len(entry) == 3 and entry[2] is r else _NOT_QUEUED + k
             queued.append(QueuedRequest(r.request_id, (r.tenant, r.prefill_class == "long"), seq,
-                                        self.wfq_cost(r) / self.weights.get(r.tenant, 1.0), self.head_tag(r)))
-        ranks = admission_ranks(queued, start(queued[-1].flow[0]) if queued else 0.0)
+                                        self.order_cost(r), self.head_tag(r)))
+        ranks = admission_ranks(queued, start(queued[-1].flow[0]) if queued else 0.0, admitted)
         return {i: float(rank) for i, rank in ranks.items()}
+
+    def order_cost(self, rec: RequestRecord) -> float:
+        """``rec``'s §5.3 cost per weight, as the admission order's replay and index tag it."""
+        return self.wfq_cost(rec) / self.weights.get(rec.tenant, 1.0)
 
     def _admission_model(self, model: DeviceModel) -> DeviceModel:
         """The device as admission plans it: slowed by the estimator's measured error (:mod:`.estimate_error`)."""

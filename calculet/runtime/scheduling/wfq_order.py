@@ -47,12 +47,14 @@ class QueuedRequest:
     """Its virtual finish if it is a flow's head already tagged (fixed from then on), else None."""
 
 
-def admission_ranks(waiting: Sequence[QueuedRequest], global_vt: float) -> dict[int, int]:
+def admission_ranks(waiting: Sequence[QueuedRequest], global_vt: float,
+                    admitted: dict[int, float] | None = None) -> dict[int, int]:
     """The rank (0: admitted next) of every request of ``waiting``, by the queue's own rule (module doc).
 
     ``global_vt`` is the global virtual time now (the tag of the last request taken into service).
     A tag given for a request that is not its flow's oldest is ignored (only a head is tagged).
-    O(n log flows).
+    O(n log flows). ``admitted``, if given, receives the tag each request is admitted with (nondecreasing in
+    rank: the planner's incremental order, :mod:`.on_time_order`, inserts newcomers by it).
     """
     flows: dict[Hashable, list[QueuedRequest]] = {}
     for item in sorted(waiting, key=lambda w: w.seq, reverse=True):
@@ -74,6 +76,8 @@ def admission_ranks(waiting: Sequence[QueuedRequest], global_vt: float) -> dict[
         tag, _, _, flow = heapq.heappop(heap)
         head = flows[flow].pop()
         ranks[head.id] = len(ranks)
+        if admitted is not None:
+            admitted[head.id] = tag
         if tag > global_vt:
             global_vt = tag
         if flows[flow]:

@@ -1,11 +1,11 @@
-"""Issue #20: a queued submit's admission-order estimate extended along a one-flow burst is the afresh one.
+"""Issue #20: a queued submit's admission-order estimate from the kept order is the afresh one.
 
-``OnTimePlanner._admission_order_estimate`` walked, sorted and list-scheduled every waiting request on
-each accepted queued submit where the budget is no larger than the lanes (B16 with 16 sequences). The
-chain (:mod:`calculet.runtime.scheduling.on_time_order`) keeps the lanes' free times behind the last
-candidate of a one-flow burst; these tests hold every value it gives to the afresh computation
-(``admission_order_afresh``, the sorting version) under random bursts, ticks, admissions and ends, and
-show it is what a one-flow burst uses.
+``OnTimePlanner._admission_order_estimate`` walked, sorted, replayed and list-scheduled every waiting
+request on each accepted queued submit where the budget is no larger than the lanes (B16 with 16
+sequences, one KV lane on B1). The index (:mod:`calculet.runtime.scheduling.on_time_order`) keeps the
+queue's order with its admitted tags and the lanes' free times per prefix between submits; these tests
+hold every value it gives to the afresh computation (``admission_order_afresh``, the sorting version)
+under random bursts of several flows, device steps, admissions and ends, and show what a burst costs it.
 """
 
 from __future__ import annotations
@@ -48,15 +48,15 @@ def planner(h: Harness) -> OnTimePlanner:
 
 
 def checked(h: Harness) -> list[tuple[float, float | None]]:
-    """Every chained estimate beside the afresh one computed at the same moment from the same requests."""
+    """Every indexed estimate beside the afresh one computed at the same moment from the same requests."""
     p = planner(h)
     pairs: list[tuple[float, float | None]] = []
-    chained = p._admission_order_estimate
+    indexed = p._admission_order_estimate
 
     def both(rec: Any, job: Any, now: float, model: Any, records: Any) -> float | None:
-        before = p.order_chain.statistics().extended
-        value = chained(rec, job, now, model, records)
-        if p.order_chain.statistics().extended > before:
+        before = p.order_index.statistics().indexed
+        value = indexed(rec, job, now, model, records)
+        if p.order_index.statistics().indexed > before:
             assert value is not None
             pairs.append((value, p.admission_order_afresh(rec, job, now, model, records)))
         return value
@@ -74,66 +74,72 @@ def tick(h: Harness, seconds: float) -> None:
     h.confirm_all()
 
 
-def test_a_one_flow_burst_is_extended_along_the_chain_with_the_afresh_values():
+def test_a_one_flow_burst_is_estimated_from_the_index_with_the_afresh_values():
     h = build()
     pairs = checked(h)
     for _ in range(B):  # the budget: admitted at once, nobody waits
         h.submit(prompt=16, new=40, tenant="a")
     ids = [h.submit(prompt=16 + i, new=20 + 7 * i, tenant="a").request_id for i in range(40)]
     assert all(h.state(i) == "waiting_admission" for i in ids)
-    stats = planner(h).order_chain.statistics()
-    assert stats.seeded == 1 and stats.extended == len(ids) - 2  # the first queued has nobody waiting ahead
-    assert len(pairs) == stats.extended
+    stats = planner(h).order_index.statistics()
+    assert stats.seeded == 1 and stats.indexed == len(ids) - 2  # the first queued has nobody waiting ahead
+    assert len(pairs) == stats.indexed and stats.scheduled == stats.indexed + 1  # one flow: a lane state each
     for value, afresh in pairs:
         assert afresh is not None and value == pytest.approx(afresh, rel=1e-12, abs=1e-9)
     finishes = [h.rec(i).estimated_finish for i in ids[1:]]
     assert finishes == sorted(finishes)  # one flow: first in, first out, each behind the one before
 
 
-def test_other_flows_waiting_are_computed_afresh():
+def test_several_flows_are_indexed_and_pay_only_for_the_prefixes_they_need():
+    """Two tenants (weights 1 and 3) alternating: each newcomer is inserted where the queue admits it, and a
+    candidate schedules only the lane states between the earliest stale one and its place."""
     h = build()
     pairs = checked(h)
     for _ in range(B):
         h.submit(prompt=16, new=40, tenant="a")
-    for i in range(12):
-        h.submit(prompt=16, new=30, tenant="ab"[i % 2])
-    assert planner(h).order_chain.statistics().extended == 0 and not pairs
+    for i in range(60):
+        h.submit(prompt=16 + i, new=10 + (7 * i) % 50, tenant="ab"[i % 2])
+    stats = planner(h).order_index.statistics()
+    assert stats.seeded == 1 and stats.indexed == 58 and len(pairs) == 58
+    assert stats.scheduled < 58 * 58 // 4  # far fewer lane states than a walk of every waiting request each time
+    for value, afresh in pairs:
+        assert afresh is not None and value == pytest.approx(afresh, rel=1e-12, abs=1e-9)
+    assert len({round(v, 9) for v, _ in pairs}) > 40  # the values differ: the test can tell a wrong place
 
 
-def test_an_event_between_two_submits_breaks_the_chain():
+def test_an_event_between_two_submits_reseeds_the_index():
     h = build()
     pairs = checked(h)
     for _ in range(B):
         h.submit(prompt=16, new=3, tenant="a")
     for _ in range(4):
         h.submit(prompt=16, new=30, tenant="a")
-    extended = planner(h).order_chain.statistics().extended
+    indexed = planner(h).order_index.statistics().indexed
     epoch = planner(h).epoch
     for _ in range(6):  # requests end, waiting ones are admitted from the queue: the epoch moves
         tick(h, STEP)
     assert planner(h).epoch > epoch
     h.submit(prompt=16, new=30, tenant="a")
-    assert planner(h).order_chain.statistics().extended == extended  # afresh, and a new chain seeded
+    assert planner(h).order_index.statistics().indexed == indexed  # afresh, and a new index seeded
     h.submit(prompt=16, new=30, tenant="a")
-    assert planner(h).order_chain.statistics().extended == extended + 1
+    assert planner(h).order_index.statistics().indexed == indexed + 1
     for value, afresh in pairs:
         assert afresh is not None and value == pytest.approx(afresh, rel=1e-12, abs=1e-9)
 
 
-BURSTS = st.lists(st.tuples(st.sampled_from("aab"), st.sampled_from([16, 48, 600]), st.integers(1, 60),
+BURSTS = st.lists(st.tuples(st.sampled_from("aab"), st.sampled_from([16, 48, 5000]), st.integers(1, 60),
                             st.integers(1, 12), st.integers(0, 3), st.floats(0.0, 0.2)), min_size=1, max_size=10)
 """Bursts of one flow — (tenant, prompt, new tokens of the first, requests, device steps after, each step's
-seconds) — broken by the other tenant or by a medium prompt (another §6 class)."""
+seconds) — of two tenants, short and long prompts (four §5.3 flows)."""
 
 
 @settings(max_examples=60, deadline=None)
 @given(bursts=BURSTS, b1=st.booleans(), lead=st.integers(0, B))
-def test_every_chained_estimate_is_the_afresh_one(bursts: list[tuple[str, int, int, int, int, float]], b1: bool,
+def test_every_indexed_estimate_is_the_afresh_one(bursts: list[tuple[str, int, int, int, int, float]], b1: bool,
                                                   lead: int):
-    """Random bursts of two tenants (weights 1 and 3; short and medium prompts: several flows), the played
-    device stepping between them (admissions from the queue, ends, replans), on B16 with 16 sequences
-    and on one lane with one sequence (calculet-b1-shared's shape): the chain extends only where its
-    value is the afresh one."""
+    """Random bursts of two tenants (weights 1 and 3; short and long prompts: four flows), the played device
+    stepping between them (admissions from the queue, ends, replans), on B16 with 16 sequences and on one
+    lane with one sequence (calculet-b1-shared's shape): every value the index gives is the afresh one."""
     h = build(lanes=1, sizes=(1,)) if b1 else build()
     pairs = checked(h)
     for _ in range(1 if b1 else lead):
