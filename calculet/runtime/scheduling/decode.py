@@ -249,8 +249,8 @@ class DecodeScheduler:
         (stepped when it has generated more than its prefill token), one call per step (issue #20).
 
         The common case — planned order (``on_time``) and the request not at risk, no batching window
-        — is :meth:`_push` inlined: its priority is +inf and it goes to its tenant's queue and to the
-        arrivals; anything else takes :meth:`_push`."""
+        — is :meth:`_push` inlined: its priority is +inf and it goes to its tenant's queue (no window:
+        no arrivals to keep); anything else takes :meth:`_push`."""
         step_cost, vt = self._step_cost, self._vt
         if not self.planned or self.deadline_first or self.window_s > 0 or not recs:
             push = self._push
@@ -265,8 +265,7 @@ class DecodeScheduler:
         bucket = self._buckets.get(generation)
         if bucket is None:
             bucket = self._buckets[generation] = ReadyBucket()
-        bucket.arrive(now)
-        tenants, arrive = bucket.tenants, bucket.arrivals.append
+        tenants = bucket.tenants  # no batching window here: no arrivals to keep (oldest_wait)
         inf = math.inf
         seq = self._seq
         pushed = 0
@@ -281,7 +280,6 @@ class DecodeScheduler:
                 self._push(rec, now)  # counts itself in the bucket
                 seq = self._seq
                 pushed += 1
-                arrive = bucket.arrivals.append  # _push may have compacted the arrivals
                 continue
             seq += 1
             entry = [inf, tag, rec.virtual_finish, seq, rec]
@@ -295,7 +293,6 @@ class DecodeScheduler:
                 fifo.append(entry)
             else:
                 queue.push(entry)
-            arrive((now, entry))
         bucket.count += len(recs) - pushed
         self._seq = seq
 
@@ -342,12 +339,17 @@ class DecodeScheduler:
         return [g for g, b in self._buckets.items() if b.count]
 
     def oldest_wait(self, generation: int, now: float) -> float:
-        """How long the oldest Ready sequence of ``generation`` has waited at ``now`` (0 with none;
-        the side heap of Ready times is kept whether or not a batching window is configured)."""
+        """How long the oldest Ready sequence of ``generation`` has waited at ``now`` (0 with none).
+
+        The arrivals in time order are kept only with a batching window, their one reader per tick
+        (:meth:`dispatch_due`); without one this walks the Ready entries (O(ready): tests and metrics)."""
         bucket = self._buckets.get(generation)
         if bucket is None or not bucket.count:
             return 0.0
-        return now - bucket.oldest_since()
+        if self.window_s > 0:
+            return now - bucket.oldest_since()
+        return now - min(entry[4].ready_since for queue in bucket.tenants.values() for entry in queue
+                         if entry[4] is not None)
 
     def _earliest_deadline(self, generation: int) -> float | None:
         """The earliest candidate deadline, for the batching window's bound (§7.2 item 4).
@@ -499,14 +501,14 @@ class DecodeScheduler:
         queue.push(entry)
         if priority == math.inf and not self.planned:
             bucket.watch = push_compacting(bucket.watch, (at_risk_from, self._seq, entry), bucket.count)
-        # kept with or without a batching window: oldest_wait reads it every tick (one append per lane)
-        if since >= bucket.last_arrival:
-            bucket.arrive(since)
-            bucket.arrivals.append((since, entry))
-        else:
-            bucket.since = push_compacting(bucket.since, (since, self._seq, entry), bucket.count)
-        if self.window_s > 0 and not self.strict:
-            bucket.deadlines = push_compacting(bucket.deadlines, (deadline, self._seq, entry), bucket.count)
+        if self.window_s > 0:  # the batching window's reads (oldest_since, its deadline bound)
+            if since >= bucket.last_arrival:
+                bucket.arrive(since)
+                bucket.arrivals.append((since, entry))
+            else:
+                bucket.since = push_compacting(bucket.since, (since, self._seq, entry), bucket.count)
+            if not self.strict:
+                bucket.deadlines = push_compacting(bucket.deadlines, (deadline, self._seq, entry), bucket.count)
         bucket.count += 1
 
     def earliest_priority(self, generation: int) -> float:
@@ -581,7 +583,7 @@ class DecodeScheduler:
         if queue is None:
             queue = bucket.tenants[rec.tenant] = TenantQueue()
         queue.push(entry)
-        bucket.since = push_compacting(bucket.since, (rec.ready_since, self._seq, entry), bucket.count)
-        if self.window_s > 0:
+        if self.window_s > 0:  # the batching window's reads, as in _push
+            bucket.since = push_compacting(bucket.since, (rec.ready_since, self._seq, entry), bucket.count)
             heapq.heappush(bucket.deadlines, (rec.deadline, self._seq, entry))
         bucket.count += 1

@@ -30,7 +30,9 @@ class ReadyBucket:
         self.arrivals: deque[tuple[float, list[Any]]] = deque()
         """(ready since, entry) in the order entries arrived, whose ``since`` never decreases (every
         entry that arrives now): the oldest live one is at the left, found in O(1) amortized — a heap
-        cost a log-n pop per dead head, 16 per B16 tick (issue #20)."""
+        cost a log-n pop per dead head, 16 per B16 tick (issue #20). Kept (with ``since`` and
+        ``deadlines``) only under a batching window, the one reader per tick (issue #20: a tuple and an
+        append per lane per step, and a compaction pass every few hundred steps, for nothing else)."""
         self.last_arrival = -math.inf
         self.since: list[tuple[float, int, list[Any]]] = []
         """Entries that arrive with an older ``since`` than ``arrivals``' last (a batch put back, a
