@@ -435,22 +435,29 @@ class RequestRegistry:
                                                         ok=produced, stop=stops)
         listener, quiet = self._listener, self.quiet
         running_quiet = "decode_running" in quiet
+        # whether the listener hears a token's move, decided once per step (a quiet one: nobody)
+        tell_ready = listener is not None and not (running_quiet and "decode_ready" in quiet)
+        tell_finishing = listener is not None and not (running_quiet and "finishing" in quiet)
         for rec, target, token in zip(recs, targets, tokens):
-            if target == "decode_ready" or target == "finishing":
-                if listener is not None and not (running_quiet and target in quiet):
-                    listener(rec, "decode_running", target)
-                assert token is not None
-                rec.last_token = token
-                try:  # ``deliver``, inlined: once per lane per decode step
-                    rec.sink.token(rec.request_id, token)
-                except Exception:  # a broken client must not break the actor
-                    self._sink_errors += 1
-                    log.exception("sink.token failed", extra={"request_id": rec.request_id})
+            if target == "decode_ready":
+                if tell_ready:
+                    listener(rec, "decode_running", target)  # type: ignore[misc]
+            elif target == "finishing":
+                if tell_finishing:
+                    listener(rec, "decode_running", target)  # type: ignore[misc]
+            else:  # ended without a token
+                if listener is not None:
+                    listener(rec, "decode_running", target)  # type: ignore[arg-type]
+                if target in TERMINAL_STATES:
+                    self._close(rec)
                 continue
-            if listener is not None:
-                listener(rec, "decode_running", target)  # type: ignore[arg-type]
-            if target in TERMINAL_STATES:
-                self._close(rec)
+            assert token is not None
+            rec.last_token = token
+            try:  # ``deliver``, inlined: once per lane per decode step
+                rec.sink.token(rec.request_id, token)
+            except Exception:  # a broken client must not break the actor
+                self._sink_errors += 1
+                log.exception("sink.token failed", extra={"request_id": rec.request_id})
         return targets
 
     def _close(self, rec: RequestRecord) -> None:
