@@ -28,7 +28,9 @@ request with, and the lanes' free times after each prefix of it:
   list schedule has no update for a job inserted before others (its free times depend on the
   order): a candidate then pays for the prefixes between the earliest invalidated one and its own
   place — amortised, about the waiting requests over the flows sending, in place of all of them
-  replayed, sorted and scheduled.
+  replayed, sorted and scheduled. The price is memory: a lane heap per prefix, about
+  ``waiting × (lanes + 10)`` words (4 096 waiting on 16 lanes: about 1 MB), bounded by
+  ``admission.max_waiting_requests``.
 
 The index holds only while that reasoning does; otherwise the planner computes the estimate afresh
 and seeds a new index from it:
@@ -90,7 +92,7 @@ class _Pending:
 class AdmissionOrderIndex:
     """The queue's order with admitted tags, and lane states per prefix, between submits (module doc)."""
 
-    __slots__ = ("_epoch", "_model", "_global", "_tags", "_jobs", "_flow_tag", "_states", "_prefills",
+    __slots__ = ("_epoch", "_model", "_global", "_tags", "_lengths", "_flow_tag", "_states", "_prefills",
                  "_pending", "_kept_len", "_indexed", "_seeded", "_scheduled")
 
     def __init__(self) -> None:
@@ -99,8 +101,8 @@ class AdmissionOrderIndex:
         self._global = 0.0
         self._tags: list[float] = []
         """σ's admitted tags, nondecreasing."""
-        self._jobs: list[PendingJob] = []
-        """σ's jobs, aligned with :attr:`_tags`."""
+        self._lengths: list[tuple[float, float]] = []
+        """σ's jobs' :func:`_lengths` on the index's model, aligned with :attr:`_tags`."""
         self._flow_tag: dict[Hashable, float] = {}
         """Per flow, the tag of its newest request in σ."""
         self._states: list[list[float]] = []
@@ -114,7 +116,8 @@ class AdmissionOrderIndex:
 
     def clear(self) -> None:
         self._pending = self._model = None
-        self._tags, self._jobs, self._states, self._prefills, self._flow_tag = [], [], [], [], {}
+        self._tags, self._lengths, self._states, self._prefills = [], [], [], []
+        self._flow_tag = {}
 
     def estimate(self, rec: RequestRecord, job: PendingJob, now: float, model: DeviceModel,
                  kept: Sequence[PendingJob], epoch: int, global_vt: float, cost: Callable[[RequestRecord], float],
@@ -132,7 +135,7 @@ class AdmissionOrderIndex:
         if fixed is not None and fixed != last.tag:
             self.clear()
             return None
-        self._insert(last.tag, last.job, wfq_flow(last.rec))
+        self._insert(last.tag, last.job, wfq_flow(last.rec), model)
         own = cost(rec)
         previous = self._flow_tag.get(wfq_flow(rec))
         tag = (global_vt if previous is None or previous < global_vt else previous) + own
@@ -156,7 +159,7 @@ class AdmissionOrderIndex:
         of = {r.request_id: r for r in waiting}
         order = [of[i] for i in admitted if i in of]  # ``admitted`` lists them in the order admitted
         self._tags = [admitted[r.request_id] for r in order]
-        self._jobs = [by_id[r.request_id] for r in order]
+        self._lengths = [_lengths(by_id[r.request_id], model) for r in order]
         self._flow_tag = {wfq_flow(r): admitted[r.request_id] for r in order}
         lanes, prefills = [0.0] * model.lanes, 0.0
         for j in kept:
@@ -169,27 +172,29 @@ class AdmissionOrderIndex:
         self._pending, self._kept_len = _Pending(rec, job, admitted[job.id], cost(rec)), len(kept)
         self._seeded += 1
 
-    def _insert(self, tag: float, job: PendingJob, flow: Hashable) -> None:
+    def _insert(self, tag: float, job: PendingJob, flow: Hashable, model: DeviceModel) -> None:
         """``job`` joins σ where the replay admits it; the lane states past it are stale."""
         at = bisect_right(self._tags, tag)
         self._tags.insert(at, tag)
-        self._jobs.insert(at, job)
+        self._lengths.insert(at, _lengths(job, model))
         self._flow_tag[flow] = tag
         del self._states[at + 1:]
         del self._prefills[at + 1:]
 
     def _finish(self, at: int, job: PendingJob, now: float, model: DeviceModel) -> float:
         """``job`` on the earliest lane after the kept admitted requests and ``σ[:at]``, from ``now``."""
-        states, prefills, jobs = self._states, self._prefills, self._jobs
+        states, prefills, lengths = self._states, self._prefills, self._lengths
         k = len(states) - 1
-        while k < at:
-            lanes = states[k].copy()
-            length, prefill = _lengths(jobs[k], model)
-            heapq.heapreplace(lanes, lanes[0] + length)
-            states.append(lanes)
-            prefills.append(prefills[k] + prefill)
-            k += 1
-            self._scheduled += 1
+        if k < at:
+            self._scheduled += at - k
+            lanes, before = states[k], prefills[k]
+            replace, push, add = heapq.heapreplace, states.append, prefills.append
+            for length, prefill in lengths[k:at]:
+                lanes = lanes.copy()
+                replace(lanes, lanes[0] + length)
+                push(lanes)
+                before += prefill
+                add(before)
         lanes = states[at]
         if model.prefill_on_lane:
             return now + (lanes[0] + model.service_s(job.prefill_tokens, job.decode_steps))
