@@ -58,8 +58,7 @@ def tenant_heads(tenants: dict[str, TenantQueue], names: Iterable[str]) -> list[
 def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSpec, generation: int,
                       size: int, now: float, share: float, vt: int) -> Selection:
     """Merge the tenants' heads (a heap of at most T entries) and take up to ``size`` lanes."""
-    cap = max(1, math.floor(share * size))
-    tenants = bucket.tenants
+    cap, tenants, max_seq = max(1, math.floor(share * size)), bucket.tenants, profile.max_seq
     heappop, heapreplace = heapq.heappop, heapq.heapreplace
     heads = tenant_heads(tenants, tenants)  # the live head entry of each tenant with work
     chosen, positions = [], []  # type: list[RequestRecord], list[int]
@@ -67,7 +66,6 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
     taken: dict[str, int] = {}
     capped: list[str] = []
     cap_hits = lanes = 0
-    max_seq = profile.max_seq
     owner, kv_lanes = kv.lease_owners()
     while lanes < size:
         if not heads:
