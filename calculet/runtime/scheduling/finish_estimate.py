@@ -69,6 +69,22 @@ its WFQ tag window, took the signed median to +1 % but the P90 from 33 to 51 % (
 earlier work that is shed or cancelled ahead (which makes the estimate late), vary request by
 request far more than their means, so a mean-rate term moved the bias and widened the spread. The
 uncapped M/G/1 stretch overshot further (P90 97-100 %).
+
+Measured next (issue #13, session 8), after the admission order became the queue's own
+(:mod:`.wfq_order`: steady calculet-b1 P90 32 -> 23 %): what is left on one KV lane and on B16's
+admission-order path is later arrivals of the other tenant tagged ahead of the candidate (bursty
+calculet-b1: P90 33 % as estimated, 18 % were their work known; steady calculet-b16 at 2-4x, the wait's
+P90 22 -> 11 %). Their work capped by the candidate's tag window (the other tenant's cost up to the
+candidate's tag, at its weight, in device seconds) over-shot by +15 % signed (bursty calculet-b1 P90
+33 -> 42 %, offline on logged windows); half the window gave 22 %, a fit to this preset, not a model.
+On B>1 with a lane free the error is the decode's per-token time, which the decode set decides (the
+§8 thresholds make it non-monotone: two sequences rotate on B1, three share a B4 step). Tried and not
+kept: a per-set-size per-token time measured by the step timer (Little's law per size, stretched by
+the prefills' share), walked over the known set as each finishes plus expected newcomers (M/G/∞ at
+the measured rate and stay). calculet-b16 P90: steady 29 -> 27 % (loads 0.5/1: 36 -> 28, 34 -> 30),
+bursty 38 -> 40 % (a burst's newcomers outrun a long-window rate; a 256-step window: 41 %); offline
+with the cost model's exact per-size times and the trace's mean rate, steady 0.5/1 reached 23/27 %.
+Neither preset meets 25 % with it, and it would add work to every decode step (#20).
 """
 
 from __future__ import annotations
