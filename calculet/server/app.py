@@ -20,8 +20,10 @@ The edge against careless and hostile clients (issue #14), outermost first:
    the id and keeps the connection;
 2. :class:`~calculet.server.body_gate.BodyGate` checks credentials before reading a body and
    counts the body while reading it (``server.max_body_bytes``, ``server.body_timeout_s``);
-3. the generation routes are answered by their pure-ASGI front (:mod:`calculet.server.front`), the rest by
-   FastAPI's router; a large body is parsed off the event loop (:mod:`calculet.server.request_parsing`).
+3. the generation routes and ``GET /health/live`` are answered by their pure-ASGI front
+   (:mod:`calculet.server.front`) through a stack of their own (:class:`ServiceApp`: the same two layers, then
+   the front, without FastAPI's), the rest by FastAPI; a large body is parsed off the event loop
+   (:mod:`calculet.server.request_parsing`).
 
 Every error is an OpenAI-style JSON body (:mod:`calculet.server.errors`); validation errors are
 400 naming the field, never FastAPI's 422. Request ids appear in log lines, never in metric
@@ -46,10 +48,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from calculet.errors import CalculetError
 from calculet.server.admin import admin_router
-from calculet.server.body_gate import BodyGate
+from calculet.server.body_gate import BULK_RATE_BYTES_S, BodyGate, BulkPacer
 from calculet.server.errors import APIError, from_calculet, internal
 from calculet.server.metrics_runtime import exposition
-from calculet.server.front import GenerationFront
+from calculet.server.front import LIVE_PATH, GenerationFront
 from calculet.server.edge_answers import new_request_id
 from calculet.server.inference import GENERATION_ROUTES, REQUEST_MODELS, inference_router
 from calculet.server.request_parsing import from_validation
@@ -94,21 +96,28 @@ class _Exchange:
         template = _route_template(self.scope)
         method = self.scope.get("method", "OTHER")
         method = method if method in _METHODS else "OTHER"
-        metrics = self.service.metrics
-        metrics.http_requests.labels(template, method, str(self.status)).inc()
-        metrics.http_duration.labels(template).observe(took)
-        level = logging.DEBUG if template in _QUIET_ROUTES and self.status < 400 else logging.INFO
+        status = self.status
+        self.service.metrics.observe_http(template, method, status, took)
+        level = logging.DEBUG if template in _QUIET_ROUTES and status < 400 else logging.INFO
+        if not log.isEnabledFor(level):
+            return
         extra: dict[str, Any] = {"request_id": self.request_id, "method": method, "route": template,
-                                 "status": self.status, "duration_s": round(took, 6), "tenant": self.state.get("tenant")}
+                                 "status": status, "duration_s": round(took, 6), "tenant": self.state.get("tenant")}
         if self.client_id is not None:
             extra["client_request_id"] = self.client_id
-        if self.status >= 400:
-            code, reason = self.state.get("error") or ("http_" + str(self.status), "")
-            extra.update(code=code, reason=reason)
+        if status >= 400:
+            code, reason = self.state.get("error") or ("http_" + str(status), "")
+            extra["code"] = code
+            extra["reason"] = reason
         fields = self.state.get("log_fields")  # what the route adds to its one line (a refusal's engine id, model)
         if fields:
             extra.update(fields)
-        log.log(level, "http", extra=extra)
+        # the record made directly: Logger.log would first walk the stack for the caller's file and line, which no
+        # formatter of the service prints, and makeRecord would test each field against the record's own names —
+        # these are the service's fixed names (a third of a log line's CPU, on the event loop for every request, #13)
+        record = logging.getLogRecordFactory()(log.name, level, __file__, 0, "http", (), None, "record")
+        record.__dict__.update(extra)
+        log.handle(record)
 
     def sender(self, send: Send) -> Send:
         """``send`` with the ids added to the response headers and the request recorded at its last byte."""
@@ -182,15 +191,40 @@ NO_FRAMEWORK_TELEMETRY = {"tracing": False, "metrics": False, "logs": False}
 on the event loop (issue #13)."""
 
 
-def _fastapi(**kwargs: Any) -> FastAPI:
-    """``FastAPI(**kwargs)`` without the framework's own telemetry where the installed FastAPI has it."""
+class ServiceApp(FastAPI):
+    """FastAPI, with the front's routes (:class:`~calculet.server.front.GenerationFront`: the generation POSTs and
+    ``GET /health/live``) answered before FastAPI's own stack.
+
+    Why: every request FastAPI serves crosses its server-error, telemetry and body-limit layers, the exception
+    layer, the exit-stack layer and the router's match over every route (two passes, about thirty routes),
+    then dependency solving and response-model validation; a profile of the event loop serving a burst of
+    ``GET /health/live`` put the router and those layers at about two thirds of its CPU per request (issue #13:
+    under a burst the loop's CPU per request bounds the time to the last answer). The front's routes go
+    through :class:`RequestContext` and :class:`~calculet.server.body_gate.BodyGate` as every request does
+    (``front_stack``: instances of their own, sharing the body pacer), then the front; the routes stay declared
+    in FastAPI for the OpenAPI document, and FastAPI answers everything else as before."""
+
+    front: GenerationFront | None = None
+    front_stack: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        front, stack = self.front, self.front_stack
+        if front is not None and stack is not None and front.answers(scope):
+            scope["app"] = self  # as Starlette sets it
+            await stack(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
+def _fastapi(**kwargs: Any) -> ServiceApp:
+    """``ServiceApp(**kwargs)`` without the framework's own telemetry where the installed FastAPI has it."""
     try:
-        return FastAPI(telemetry=NO_FRAMEWORK_TELEMETRY, **kwargs)  # type: ignore[call-arg]
+        return ServiceApp(telemetry=NO_FRAMEWORK_TELEMETRY, **kwargs)  # type: ignore[call-arg]
     except TypeError:  # a FastAPI without native telemetry (before 0.160): nothing to switch off
-        return FastAPI(**kwargs)
+        return ServiceApp(**kwargs)
 
 
-def create_app(service: Service) -> FastAPI:
+def create_app(service: Service) -> ServiceApp:
     """The FastAPI app of ``service`` (the engine is started/stopped by the caller, see run.py)."""
     app = _fastapi(title="calculet", version="0.1.0",
                    description=("OpenAI-compatible inference, admin API and Prometheus metrics for the Calculet NPU "
@@ -212,15 +246,28 @@ def create_app(service: Service) -> FastAPI:
     app.include_router(inference)
     app.include_router(admin_router(service))
     _add_health_and_metrics(app, service)
-    # innermost first: the generation routes' front (pure ASGI, before FastAPI's router, issue #13), the body gate,
-    # then the request context, outermost: every answer carries the request id
+    # the front's routes (the generation POSTs and GET /health/live: pure ASGI, before FastAPI, issue #13), from
+    # the inside out: the front, the body gate, the request context (outermost: every answer carries the request id)
     generation = {route.path: route for route in inference.routes
                   if isinstance(route, APIRoute) and route.path in GENERATION_ROUTES and "POST" in route.methods}
     if generation.keys() != GENERATION_ROUTES.keys():
         raise RuntimeError(f"the generation routes {sorted(GENERATION_ROUTES)} are not all declared: {sorted(generation)}")
-    app.add_middleware(GenerationFront, service=service, routes=generation)
+    live = next(route for route in app.routes if isinstance(route, APIRoute) and route.path == LIVE_PATH)
+    pacer = BulkPacer(BULK_RATE_BYTES_S)  # one bulk rate for every body, through either stack
+
+    def edge(inner: ASGIApp) -> ASGIApp:
+        return RequestContext(BodyGate(inner, max_body_bytes=server.max_body_bytes,
+                                       body_timeout_s=server.body_timeout_s,
+                                       body_min_rate_bytes_s=server.body_min_rate_bytes_s, authorize=authorize,
+                                       pacer=pacer), service=service)
+
+    # the front's routes through a stack of their own: the request context and the body gate around the front
+    # (its fallback, FastAPI's router, is never reached: ServiceApp sends it only what it answers)
+    app.front = GenerationFront(app.router, service=service, routes=generation, live=live)
+    app.front_stack = edge(app.front)
+    # everything else through FastAPI with the same two layers, outermost: every answer carries the request id
     app.add_middleware(BodyGate, max_body_bytes=server.max_body_bytes, body_timeout_s=server.body_timeout_s,
-                       body_min_rate_bytes_s=server.body_min_rate_bytes_s, authorize=authorize)
+                       body_min_rate_bytes_s=server.body_min_rate_bytes_s, authorize=authorize, pacer=pacer)
     app.add_middleware(RequestContext, service=service)
     app.openapi = _openapi(app, service.alias, service.tokenizer.vocab_size)  # type: ignore[method-assign]
     return app
@@ -352,4 +399,4 @@ def _openapi(app: FastAPI, alias: str, vocab_size: int) -> Any:
     return openapi
 
 
-__all__ = ["MAX_BODY_BYTES", "RequestContext", "create_app"]
+__all__ = ["MAX_BODY_BYTES", "RequestContext", "ServiceApp", "create_app"]

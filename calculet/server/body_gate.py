@@ -107,12 +107,14 @@ class BodyGate:
 
     def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float, authorize: Authorize,
                  body_min_rate_bytes_s: float = 1024.0,
-                 bulk_rate_bytes_s: float | None = BULK_RATE_BYTES_S) -> None:
+                 bulk_rate_bytes_s: float | None = BULK_RATE_BYTES_S, pacer: BulkPacer | None = None) -> None:
+        """``pacer``: the bulk pacer to share with the app's other gates (one rate for every body of the process);
+        by default one of its own at ``bulk_rate_bytes_s`` (None or 0: bulk is not paced)."""
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
         self.body_min_rate_bytes_s = body_min_rate_bytes_s
-        self.pacer = BulkPacer(bulk_rate_bytes_s) if bulk_rate_bytes_s else None
+        self.pacer = pacer if pacer is not None else BulkPacer(bulk_rate_bytes_s) if bulk_rate_bytes_s else None
         self.authorize = authorize
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

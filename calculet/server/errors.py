@@ -43,7 +43,7 @@ from fastapi.responses import JSONResponse
 
 from calculet.errors import CalculetError, CapacityExhausted, ConfigError, PackageError
 from calculet.runtime.models.reports import LoadFailed, LoadStep
-from calculet.server.jsonenc import JSONBody
+from calculet.server.jsonenc import JSONBody, send_json
 
 RETRY_AFTER_S = 1
 """``Retry-After`` of a 429: capacity frees as fast as requests finish, so retry soon (§5.2)."""
@@ -95,9 +95,13 @@ class APIError(Exception):
         """The answer (encoded by :mod:`calculet.server.jsonenc`: a 429 under a burst is encoded on the event loop)."""
         return JSONBody(self.body(), status_code=self.status, headers=self.headers)
 
+    async def send(self, send: Any) -> None:
+        """The answer of :meth:`response`, byte for byte, sent through ASGI ``send`` without a response object."""
+        await send_json(send, self.status, self.body(), self.headers)
+
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         """Answer as an ASGI app (for middleware that refuses before routing)."""
-        await self.response()(scope, receive, send)
+        await self.send(send)
 
 
 def invalid(message: str, *, param: str | None = None, code: str = "invalid_value") -> APIError:

@@ -370,10 +370,9 @@ def _engine_refusal(service: Service, request: Request, submission: Submission, 
     return admission_error(outcome.http_status or 400, outcome.reason, retry_after_s=retry_after_s)
 
 
-HOLD_S = 0.02
-"""Longest wait of a held request for the engine's next answer (:meth:`EarlyAdmission.should_hold`) ..."""
 HOLD_ROUNDS = 3
-"""... and how many such waits before it goes to the engine anyway."""
+"""How many waits for the engine's next answer (each at most :data:`~calculet.server.service.HOLD_S`) a held
+request makes before it goes to the engine anyway (:meth:`EarlyAdmission.should_hold`)."""
 
 
 async def _refuse_early(service: Service, request: Request, tenant: str, gen: ApiGeneration) -> None:
@@ -389,12 +388,13 @@ async def _refuse_early(service: Service, request: Request, tenant: str, gen: Ap
         for _ in range(HOLD_ROUNDS):
             if not early.should_hold(engine.admission_snapshot):
                 break
-            woken = asyncio.get_running_loop().create_future()
-            early.hold(lambda: woken.done() or woken.set_result(None))
             try:
-                await asyncio.wait_for(woken, HOLD_S)
-            except TimeoutError:
-                pass
+                await service.next_answer.wait()
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise  # this request was cancelled
+                # another held request was cancelled, and with it the future every held one awaits: go on
     refusal = early.decide(lambda: engine.admission_snapshot, prompt_tokens=len(gen.prompt),
                            max_new_tokens=gen.max_tokens, tenant=tenant, now=engine.clock.now())
     if refusal is None:

@@ -12,9 +12,11 @@ one (usage and ids are integers), and a log line is better valid JSON.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.responses import JSONResponse
+from starlette.types import Send
 
 import orjson
 
@@ -43,4 +45,25 @@ class JSONBody(JSONResponse):
         return dumps(content)
 
 
-__all__ = ["JSONBody", "dumps", "dumps_text"]
+_JSON_TYPE = (b"content-type", b"application/json")
+
+
+async def send_json(send: Send, status: int, content: Any, headers: Mapping[str, str] | None = None) -> None:
+    """``content`` answered as :class:`JSONBody` answers it — the same status, headers in the same order and the same
+    bytes — through ``send`` directly. Why: building a Starlette response object (its header list, its checks) for
+    each answer was a visible share of the event loop's CPU per 429 under a burst (issue #13)."""
+    body = dumps(content)
+    if headers:
+        raw = [(key.lower().encode("latin-1"), value.encode("latin-1")) for key, value in headers.items()]
+        names = {name for name, _ in raw}
+        if b"content-length" not in names:
+            raw.append((b"content-length", str(len(body)).encode("latin-1")))
+        if b"content-type" not in names:
+            raw.append(_JSON_TYPE)
+    else:
+        raw = [(b"content-length", str(len(body)).encode("latin-1")), _JSON_TYPE]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+__all__ = ["JSONBody", "dumps", "dumps_text", "send_json"]

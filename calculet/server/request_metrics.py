@@ -123,6 +123,22 @@ class ServiceMetrics:
             for metric in (self.ttft, self.itl, self.e2e, self.generated, self.disconnects, self.starvation,
                            self.queue_time, self.prefill_time, self.decode_token, self.prompt_tokens):
                 metric.labels(tenant)
+        self._http_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+    def observe_http(self, route: str, method: str, status: int, took_s: float) -> None:
+        """One HTTP request answered: ``calculet_http_requests_total`` and its duration.
+
+        Why the children are kept here: ``labels()`` validates, formats and looks its child up under a lock on
+        every call, and every request (a 429 of a burst as much as any) pays it twice on the event loop
+        (issue #13); the child of a (route, method, status) is the same object for the registry's lifetime.
+        The key set is bounded as the labels are (route templates, methods, statuses)."""
+        key = (route, method, status)
+        children = self._http_children.get(key)
+        if children is None:
+            children = self._http_children[key] = (self.http_requests.labels(route, method, str(status)),
+                                                   self.http_duration.labels(route))
+        children[0].inc()
+        children[1].observe(took_s)
 
     def observe_request(self, tenant: str, arrival: float, token_times: Sequence[float], closed_at: float) -> None:
         """One finished request's latencies (times from ``time.perf_counter``)."""

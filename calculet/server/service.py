@@ -13,6 +13,7 @@ it from below: the state type of the app has one home and no import points back 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -63,6 +64,40 @@ class ServiceOptions:
     """Compiled batch → offered tier (``BroughtUp.offered().profiles``, #18); None: the spec's (§1)."""
 
 
+class NextAnswer:
+    """One future for every request held until the engine's next answer (or ``hold_s``, whichever is first).
+
+    Why one for all: at a burst's start most requests are held (issue #13 measured about a third of a burst's
+    300), and a future, a timer and a ``wait_for`` of its own for each cost the event loop more than the rest of
+    its refusal; a request joining a wait already armed waits less than ``hold_s``, never more."""
+
+    def __init__(self, early: EarlyAdmission, hold_s: float) -> None:
+        self._early = early
+        self._hold_s = hold_s
+        self._future: asyncio.Future[None] | None = None
+
+    def wait(self) -> asyncio.Future[None]:
+        """The future of the current wait, armed now if none is (the engine's next answer, or the timer, ends it)."""
+        future = self._future
+        if future is None or future.done():
+            loop = asyncio.get_running_loop()
+            future = self._future = loop.create_future()
+
+            def release() -> None:
+                if not future.done():
+                    future.set_result(None)
+
+            self._early.hold(release)
+            loop.call_later(self._hold_s, release)
+        else:
+            self._early.hold(None)
+        return future
+
+
+HOLD_S = 0.02
+"""Longest wait of a held request for the engine's next answer (:meth:`EarlyAdmission.should_hold`)."""
+
+
 class Service:
     """What the HTTP layer serves: engine, admin binding, tenants, metrics, shutdown."""
 
@@ -92,6 +127,8 @@ class Service:
                                                facts=ServedModelFacts(self.info.profiles, kv_tokens)))
         add_process_collectors(self.registry)
         self.early_admission = EarlyAdmission()
+        self.next_answer = NextAnswer(self.early_admission, HOLD_S)
+        """The wait of requests held for the engine's next answer (:func:`calculet.server.inference._refuse_early`)."""
         """The event loop's 429s from the engine's admission snapshot (issue #13, :mod:`.inference`)."""
         self.registry.register(FrontCollector(self.early_admission.statistics))
         self.phases = RequestPhases(self.metrics, engine.clock)

@@ -198,10 +198,12 @@ class EarlyAdmission:
         answered by the engine, its 429 P99 at 400 ms against 0.4 ms P50). Bounded by the caller's wait."""
         return snapshot is None and self.in_flight >= HOLD_IN_FLIGHT
 
-    def hold(self, wake: Callable[[], None]) -> None:
-        """Call ``wake`` at the engine's next answer (counted as a held request)."""
+    def hold(self, wake: Callable[[], None] | None) -> None:
+        """A request held (counted); ``wake`` is called at the engine's next answer (None: the caller's wait is
+        already among the wakers, shared by several held requests)."""
         self._held += 1
-        self._wakers.append(wake)
+        if wake is not None:
+            self._wakers.append(wake)
 
     def decide(self, read: Callable[[], AdmissionSnapshot | None], *, prompt_tokens: int, max_new_tokens: int,
                tenant: str, now: float) -> EarlyRefusal | None:
