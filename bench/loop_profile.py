@@ -1,0 +1,342 @@
+"""The event loop's CPU per request, in-process: the service's ASGI app behind its real uvicorn protocol on a fake
+transport (issue #13, time to 429 under a burst).
+
+Why in-process: ``bench/overload_http.py`` measures the loop's CPU per request from ``/proc`` while a client on
+the same two cores drives it, so one figure moves with the load and a profile of it sees the client's noise.
+Here the bytes of a request are handed to the edge's protocol (``calculet.server.http_server.edge_protocol``,
+httptools or h11) as a socket read would, on a uvloop loop like uvicorn's, and the response is collected from a
+transport that only keeps bytes: everything the loop runs for a request — parsing, the ASGI stack, the route,
+logging (to a null stream, the JSON formatter), metrics — and nothing else.
+
+Phases, each ``--requests`` requests on as many connections, all fed at once (a burst):
+
+* ``live``: ``GET /health/live`` (what every request pays: the stack);
+* ``refuse``: ``POST /v1/completions`` that the admission refuses (the device is kept busy by a long request
+  submitted before each round, 80 tokens within the default 5 s deadline at the reference B1 step: a burst of
+  16-token completions with the same deadline, as ``overload_http.py --part burst``, finds the device busy).
+
+Reported per phase: the loop thread's CPU per request (``time.thread_time`` over the phase, the engine's threads
+excluded), median of ``--rounds``, beside a bare ASGI app on the same protocol and harness (the floor), and the
+statuses. ``--profile`` writes a cProfile of one more round of each phase (``--profile-out``) and prints the top
+functions by own time and by cumulative time.
+
+    python bench/loop_profile.py [--requests 300] [--rounds 5] [--http httptools|h11] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import dataclasses
+import gc
+import io
+import json
+import logging
+import math
+import pstats
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import uvloop
+
+from calculet.adapters.sim import CostModel, SimConfig, TimeMode
+from calculet.config import SchedulerConfig, default_config
+from calculet.runtime.engine.types import EngineOptions, GenerateRequest
+from calculet.runtime.streams.writer import StreamWriter
+
+MODEL = "tiny-random"
+PROMPT = "Calculet overload benchmark"
+
+
+class FakeTransport:
+    """An asyncio transport that keeps nothing: it reads each response's status and ``content-length`` (the
+    service's and uvicorn's header names are lower case) and reports every complete response."""
+
+    def __init__(self) -> None:
+        self.pending = 0
+        """Body bytes of the current response still to come."""
+        self.status = 0
+        self.closing = False
+        self.on_response: Callable[[int], None] = lambda status: None
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return _EXTRA.get(name, default)
+
+    def write(self, data: bytes) -> None:
+        if self.pending == 0 and data.startswith(b"HTTP/1.1 "):  # a head (uvicorn writes a head in one piece)
+            self.status = int(data[9:12])
+            head, _, body = data.partition(b"\r\n\r\n")
+            found = _LENGTH.search(head)
+            self.pending = (int(found.group(1)) if found else 0) - len(body)
+        else:
+            self.pending -= len(data)
+        if self.pending <= 0:
+            self.pending = 0
+            self.on_response(self.status)
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def set_write_buffer_limits(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+_EXTRA = {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 40000)}
+_LENGTH = re.compile(rb"\r\ncontent-length: *(\d+)")
+
+
+BARE_APP_BODY = b'{"status":"live","detail":null}'
+
+
+async def bare_app(scope: Any, receive: Any, send: Any) -> None:
+    """The floor: a ten-line ASGI app (as ``overload_http.py``'s bare server)."""
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"31")]})
+    await send({"type": "http.response.body", "body": BARE_APP_BODY})
+
+
+@dataclass
+class Harness:
+    """Connections of the edge protocol over fake transports, for one app."""
+
+    app: Any
+    server_config: Any
+    http: str
+    requests: int
+
+    def __post_init__(self) -> None:
+        from uvicorn.server import ServerState
+
+        from calculet.server.http_server import uvicorn_config
+
+        self.config = uvicorn_config(self.app, self.server_config)
+        self.config.http = __import__("calculet.server.http_server", fromlist=["edge_protocol"]).edge_protocol(
+            self.server_config.header_timeout_s, self.http)
+        self.config.timeout_keep_alive = 3600  # the connections stay open between bursts, as the bench's clients'
+        self.config.load()
+        self.state = ServerState()
+        self.connections: list[tuple[Any, FakeTransport]] = []
+
+    async def burst(self, data: bytes, count: int) -> tuple[float, dict[int, int]]:
+        """``count`` kept-alive connections (opened at the first burst, as the bench's clients open theirs before
+        the burst) each send ``data`` at once; (loop thread CPU seconds, statuses) until all are answered."""
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        statuses: dict[int, int] = {}
+        left = [count]
+
+        def answered(status: int) -> None:
+            statuses[status] = statuses.get(status, 0) + 1
+            left[0] -= 1
+            if left[0] == 0 and not done.done():
+                done.set_result(None)
+
+        while len(self.connections) < count:
+            protocol = self.config.http_protocol_class(config=self.config, server_state=self.state, app_state={},
+                                                       _loop=loop)
+            transport = FakeTransport()
+            protocol.connection_made(transport)
+            self.connections.append((protocol, transport))
+        start = time.thread_time()
+        for protocol, transport in self.connections[:count]:
+            transport.on_response = answered
+            protocol.data_received(data)
+        await asyncio.wait_for(done, 60)
+        return time.thread_time() - start, statuses
+
+
+def _raw(method: str, path: str, body: dict[str, Any] | None = None) -> bytes:
+    payload = b"" if body is None else json.dumps(body).encode()
+    head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(payload)}\r\n"
+    if body is not None:
+        head += "Content-Type: application/json\r\n"
+    return (head + "\r\n").encode() + payload
+
+
+def _config(deadline_ms: int) -> SchedulerConfig:
+    from calculet.config import load_config
+
+    import tempfile
+    from pathlib import Path
+
+    document = {"schema": "calculet-scheduler/v1", "model_alias": MODEL,
+                "admission": {"deadline_default_ms": deadline_ms}, "batch": {"deadline_order": "on_time"}}
+    path = Path(tempfile.mkdtemp(prefix="calculet-loop-profile-")) / "config.yaml"
+    path.write_text(json.dumps(document))
+    return load_config(str(path))
+
+
+def _service(deadline_ms: int) -> Any:
+    from calculet.server.app import create_app
+    from calculet.server.bringup import bring_up
+    from calculet.server.logs import configure_logging
+    from calculet.server.service import Service
+
+    configure_logging("json", "INFO", stream=io.StringIO())  # the formatter's work, without a terminal
+    config = _config(deadline_ms)
+    brought = bring_up(config, sim=SimConfig(time_mode=TimeMode.REAL, cost=CostModel.reference()))
+    service = Service(brought.config, brought.engine)
+    service.start()
+    return brought, service, create_app(service)
+
+
+BACKLOG_TOKENS = 80
+"""The backlog's length: 3.4 s at the reference B1 step (42.5 ms), within the 5 s default deadline with the
+admission's margin."""
+
+
+def _backlog(service: Any, tokens: int) -> StreamWriter | None:
+    """A long request submitted straight to the engine: the device stays busy, later requests have no prospect
+    (None when it was refused: the retry slots of earlier bursts' refusals hold the device, as busy)."""
+    stream = StreamWriter()
+    submission = service.engine.submit(GenerateRequest(service.tokenizer.encode(PROMPT), tokens, tenant="default"),
+                                       stream)
+    return None if submission.outcome.rejected else stream
+
+
+def _print_profile(profile: cProfile.Profile, title: str, top: int) -> None:
+    out = io.StringIO()
+    stats = pstats.Stats(profile, stream=out)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    print(f"=== profile: {title}\n{out.getvalue()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--http", default="httptools", choices=("httptools", "h11"))
+    parser.add_argument("--deadline-ms", type=int, default=5000)
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--gc-threshold", type=int, default=0, help="gc.set_threshold's first value (0: as is)")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--profile-out", default="/tmp/loop_profile")
+    parser.add_argument("--top", type=int, default=40)
+    args = parser.parse_args(argv)
+    logging.getLogger("calculet.server.inference").setLevel(logging.INFO)
+    brought, service, app = _service(args.deadline_ms)
+    gc.freeze()  # as calculet.run does before serving
+    if args.gc_threshold:
+        gc.set_threshold(args.gc_threshold, *gc.get_threshold()[1:])
+    try:
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:  # uvicorn's loop ("auto": uvloop)
+            return runner.run(_run(args, service, app))
+    finally:
+        service.stop(wait_s=5)
+        brought.close()
+
+
+class _Pinned:
+    """An admission snapshot pinned for one burst, every lane busy far beyond any deadline: every request is
+    refused by the front from it, none goes to the engine — the refusal path alone, without the actor's
+    answers, the requests it admits or their tokens on the loop."""
+
+    def __init__(self, engine: Any, snapshot: Any) -> None:
+        self.engine_type = type(engine)
+        self.saved = self.engine_type.__dict__["admission_snapshot"]
+        self.pinned = dataclasses.replace(snapshot, valid_until=math.inf,
+                                          free=tuple(free + PINNED_BUSY_S for free in snapshot.free))
+
+    def __enter__(self) -> None:
+        pinned = self.pinned
+        self.engine_type.admission_snapshot = property(lambda engine: pinned)  # type: ignore[attr-defined]
+
+    def __exit__(self, *exc: object) -> None:
+        self.engine_type.admission_snapshot = self.saved  # type: ignore[attr-defined]
+
+
+PINNED_BUSY_S = 3600.0
+
+
+async def _phase(name: str, harness: Harness, data: bytes, service: Any, state: dict[str, Any],
+                 profile: cProfile.Profile | None = None) -> tuple[float, dict[int, int]]:
+    """One burst of phase ``name`` (the refusal phase first makes sure the device is busy; the pinned one uses the
+    first snapshot the engine published in a refusal phase)."""
+    if name == "refuse" and (state["backlog"] is None or state["backlog"].closed):
+        state["backlog"] = _backlog(service, BACKLOG_TOKENS)
+        await asyncio.sleep(0.3)
+    pinned = None
+    if name == "refuse pinned":
+        pinned = _Pinned(service.engine, state["snapshot"])
+        pinned.__enter__()
+    watch = asyncio.ensure_future(_catch_snapshot(service, state)) if "snapshot" not in state else None
+    try:
+        if profile is not None:
+            profile.enable()
+        try:
+            return await harness.burst(data, harness.requests)
+        finally:
+            if profile is not None:
+                profile.disable()
+    finally:
+        if pinned is not None:
+            pinned.__exit__()
+        if watch is not None:
+            watch.cancel()
+
+
+async def _catch_snapshot(service: Any, state: dict[str, Any]) -> None:
+    while "snapshot" not in state:
+        snapshot = service.engine.admission_snapshot
+        if snapshot is not None:
+            state["snapshot"] = snapshot
+        await asyncio.sleep(0.0005)
+
+
+async def _run(args: argparse.Namespace, service: Any, app: Any) -> int:
+    server = service.config.server
+    completion = _raw("POST", "/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": args.tokens,
+                                                  "temperature": 0, "ignore_eos": True})
+    phases = {"bare live": (Harness(bare_app, server, args.http, args.requests), _raw("GET", "/health/live")),
+              "live": (Harness(app, server, args.http, args.requests), _raw("GET", "/health/live")),
+              "refuse": (Harness(app, server, args.http, args.requests), completion),
+              "refuse pinned": (Harness(app, server, args.http, args.requests), completion)}
+    warm = _backlog(service, 4)
+    while warm is not None and not warm.closed:  # a measured decode step: the on_time admission plans from it
+        await asyncio.sleep(0.01)
+    state = {"backlog": warm}
+    figures: dict[str, list[float]] = {name: [] for name in phases}
+    seen: dict[str, dict[int, int]] = {}
+    for _ in range(args.rounds):
+        for name, (harness, data) in phases.items():
+            took, statuses = await _phase(name, harness, data, service, state)
+            figures[name].append(took * 1e3 / args.requests)
+            seen[name] = statuses
+    if args.profile:
+        for name, (harness, data) in phases.items():
+            profile = cProfile.Profile(time.thread_time)  # CPU: not the waits for the lock the engine holds
+            await _phase(name, harness, data, service, state, profile)
+            profile.dump_stats(f"{args.profile_out}-{name.replace(' ', '_')}.prof")
+            _print_profile(profile, name, args.top)
+    print(f"loop thread CPU per request, {args.requests} requests fed at once, {args.rounds} rounds ({args.http}):")
+    for name, values in figures.items():
+        print(f"  {name:<14} median {statistics.median(values):.3f} ms, min {min(values):.3f}, max {max(values):.3f}"
+              f"  statuses {seen[name]}")
+    front = service.early_admission.statistics()
+    print(f"  front: refused {front.refused}, forwarded {front.forwarded}, held {front.held}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
