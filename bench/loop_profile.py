@@ -46,8 +46,8 @@ from typing import Any
 import uvloop
 
 from calculet.adapters.sim import CostModel, SimConfig, TimeMode
-from calculet.config import SchedulerConfig, default_config
-from calculet.runtime.engine.types import EngineOptions, GenerateRequest
+from calculet.config import SchedulerConfig
+from calculet.runtime.engine.types import GenerateRequest
 from calculet.runtime.streams.writer import StreamWriter
 
 MODEL = "tiny-random"
