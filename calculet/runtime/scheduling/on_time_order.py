@@ -58,7 +58,7 @@ from typing import Callable, Hashable, Mapping, Sequence
 from calculet.runtime.scheduling.finish_estimate import DeviceModel, PendingJob
 from calculet.runtime.scheduling.registry import RequestRecord
 
-__all__ = ["AdmissionOrderIndex", "OrderIndexStatistics", "wfq_flow"]
+__all__ = ["AdmissionOrderIndex", "OrderIndexStatistics", "newcomer_tag", "wfq_flow"]
 
 QUEUED = "waiting_admission"
 """The state of a request in the §5.3 queue: the only waiting state the index's requests may be in."""
@@ -77,6 +77,13 @@ class OrderIndexStatistics:
 def wfq_flow(rec: RequestRecord) -> Hashable:
     """The §5.3 flow ``rec`` waits in: its tenant's long prompts or the others (as the queue keys it)."""
     return rec.tenant, rec.prefill_class == "long"
+
+
+def newcomer_tag(last: float | None, global_vt: float, cost: float) -> float:
+    """The tag the §5.3 replay admits a newcomer with: ``cost`` (per weight) after the tag of its flow's last
+    waiting request ``last``, or after global virtual time if that is later or its flow waits empty. It is
+    admitted before the first request tagged later: at ``bisect_right`` of the tags in admission order."""
+    return (global_vt if last is None or last < global_vt else last) + cost
 
 
 @dataclass(frozen=True)
@@ -137,8 +144,7 @@ class AdmissionOrderIndex:
             return None
         self._insert(last.tag, last.job, wfq_flow(last.rec), model)
         own = cost(rec)
-        previous = self._flow_tag.get(wfq_flow(rec))
-        tag = (global_vt if previous is None or previous < global_vt else previous) + own
+        tag = newcomer_tag(self._flow_tag.get(wfq_flow(rec)), global_vt, own)
         self._pending, self._kept_len = _Pending(rec, job, tag, own), len(kept)
         self._indexed += 1
         return self._finish(bisect_right(self._tags, tag), job, now, model)

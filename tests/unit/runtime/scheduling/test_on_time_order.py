@@ -10,13 +10,16 @@ under random bursts of several flows, device steps, admissions and ends, and sho
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from calculet.runtime.scheduling.on_time_order import newcomer_tag
 from calculet.runtime.scheduling.on_time_planner import OnTimePlanner
+from calculet.runtime.scheduling.wfq_order import QueuedRequest, admission_ranks
 from tests.unit.runtime.runtime_support import Harness
 
 B = 16
@@ -151,3 +154,32 @@ def test_every_indexed_estimate_is_the_afresh_one(bursts: list[tuple[str, int, i
             tick(h, seconds)
     for value, afresh in pairs:
         assert afresh is not None and value == pytest.approx(afresh, rel=1e-12, abs=1e-9)
+
+
+FLOWS = [("a", False), ("a", True), ("b", False)]
+
+
+@given(items=st.lists(st.tuples(st.sampled_from(FLOWS), st.integers(1, 40), st.integers(-1, 60)), max_size=30),
+       global_vt=st.integers(0, 50), flow=st.sampled_from(FLOWS), cost=st.integers(1, 40))
+def test_a_newcomer_joins_the_replayed_order_where_the_index_inserts_it(
+        items: list[tuple[tuple[str, bool], int, int]], global_vt: int, flow: tuple[str, bool], cost: int):
+    """The lemma the index rests on, against the replay itself: a snapshot (heads tagged earlier, some below
+    global virtual time, as a flow parked by its tenant's limit leaves them) replayed with one more request,
+    the newest of its flow, admits every other request in the same order with the same tag, and the newcomer
+    with :func:`newcomer_tag` at ``bisect_right`` of the others' tags. Integer costs and tags: exact floats."""
+    waiting, heads = [], set()
+    for age, (f, c, fixed) in enumerate(items):
+        tag = float(fixed) if f not in heads and fixed >= 0 else None  # only a flow's oldest may carry a tag
+        heads.add(f)
+        waiting.append(QueuedRequest(age, f, age, float(c), tag))
+    before: dict[int, float] = {}
+    admission_ranks(waiting, float(global_vt), before)
+    new = QueuedRequest(len(waiting), flow, 10**6, float(cost))
+    after: dict[int, float] = {}
+    ranks = admission_ranks([*waiting, new], float(global_vt), after)
+    assert [i for i in after if i != new.id] == list(before)
+    assert all(after[i] == before[i] for i in before)
+    own = [w.id for w in waiting if w.flow == flow]
+    tag = newcomer_tag(before[own[-1]] if own else None, float(global_vt), float(cost))
+    assert after[new.id] == tag
+    assert ranks[new.id] == bisect_right(list(before.values()), tag)
