@@ -75,7 +75,7 @@ from calculet.adapters.sim.faults import FaultInjector, FaultStatistics, Injecte
 from calculet.adapters.sim.job_record import completion_record, dma_payload, null_decode_record
 from calculet.adapters.sim.kv import SimKvManager
 from calculet.adapters.sim.memory import MemoryLedger, MemoryStatistics
-from calculet.adapters.sim.submit_checks import check_buffers, check_decode, check_prefill
+from calculet.adapters.sim.submit_checks import check_buffers, check_decode, check_prefill, check_target
 from calculet.adapters.sim.timeline import CompletionTimeline
 from calculet.clock import Clock
 from calculet.machines.job import JobEngine
@@ -397,18 +397,8 @@ class SimVirtualDevice:
             self._check_open()  # raises
         if self._virtual:
             self.timeline.advance_virtual()
-        cb = self._calbins.get(job.calbin_id)
-        if cb is None:
-            raise VendorError(ReturnCode.NOT_FOUND, f"calbin {job.calbin_id} does not exist on this device")
-        if not cb.configured_profiles:
-            raise VendorError(ReturnCode.INVALID_STATE, f"calbin {cb.name!r} is not configured")
-        if self._poisoned is not None:
-            raise VendorError(ReturnCode.INVALID_STATE,
-                              f"device faulted ({self._poisoned.name}); it accepts no job until reset (§12)")
+        cb = check_target(job, self._calbins, self._poisoned)
         caps = cb.capabilities
-        if job.engine is JobEngine.PONG and not caps.ping_pong.value:
-            raise VendorError(ReturnCode.NOT_SUPPORTED,
-                              "engine PONG needs the ping/pong capability (§14, C1/C2), which this calbin does not offer")
         kv = self._kv_for(cb)
         admitted = (check_decode(job, cb, kv, self.cost) if isinstance(job, DecodeJob)
                     else check_prefill(job, cb, kv, self.cost))

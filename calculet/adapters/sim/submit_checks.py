@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from typing import NamedTuple
 
@@ -32,6 +32,7 @@ from calculet.adapters.sim.buffers import BufferTable, SimBuffer
 from calculet.adapters.sim.calbin import SimCalbin
 from calculet.adapters.sim.cost import CostModel
 from calculet.adapters.sim.kv import SimKvManager, _Sequence
+from calculet.machines.job import JobEngine
 
 
 class Admitted(NamedTuple):
@@ -63,6 +64,23 @@ def _pack(b: int) -> Callable[..., bytes]:
 
 _BINARY = frozenset((0, 1))
 """The values a lane's ``valid`` flag may take (one set test per job, issue #20)."""
+
+
+def check_target(job: JobSpec, calbins: Mapping[int, SimCalbin], poisoned: ReturnCode | None) -> SimCalbin:
+    """The job's calbin: created on this device and configured, on a device no fault has poisoned (§12), and
+    the job's engine one its capabilities offer (PONG needs ping/pong, §14)."""
+    cb = calbins.get(job.calbin_id)
+    if cb is None:
+        raise VendorError(ReturnCode.NOT_FOUND, f"calbin {job.calbin_id} does not exist on this device")
+    if not cb.configured_profiles:
+        raise VendorError(ReturnCode.INVALID_STATE, f"calbin {cb.name!r} is not configured")
+    if poisoned is not None:
+        raise VendorError(ReturnCode.INVALID_STATE,
+                          f"device faulted ({poisoned.name}); it accepts no job until reset (§12)")
+    if job.engine is JobEngine.PONG and not cb.capabilities.ping_pong.value:
+        raise VendorError(ReturnCode.NOT_SUPPORTED,
+                          "engine PONG needs the ping/pong capability (§14, C1/C2), which this calbin does not offer")
+    return cb
 
 
 def check_decode(job: DecodeJob, cb: SimCalbin, kv: SimKvManager, cost: CostModel) -> Admitted:

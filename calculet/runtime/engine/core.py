@@ -82,7 +82,7 @@ from calculet.runtime.engine.types import (EngineOptions, EngineStatistics, Exec
 from calculet.runtime.execution.degrade import DegradeReason
 from calculet.runtime.execution.dispatch import CompletionDispatcher
 from calculet.runtime.execution.executor import DeviceExecutor
-from calculet.runtime.execution.recovery import FaultReason, HealthRecovery, RecoveryAction
+from calculet.runtime.execution.recovery import FaultReason, HealthRecovery, PendingRecovery, RecoveryAction
 from calculet.runtime.execution.sampler import SamplerPool
 from calculet.runtime.execution.session import RuntimeSession
 from calculet.runtime.execution.session_plan import SessionPlan
@@ -310,11 +310,8 @@ class EngineCore:
     # ------------------------------------------------------------------ the tick
 
     def tick(self) -> int:
-        """One turn of the loop: dispatch what is due, then schedule; the number of jobs submitted.
-
-        Accounted once as a whole (one host-time sample and one ``ticks`` count per turn; issue #20: three per
-        turn cost a timer read and a histogram insert each, per B1 token); with every event checked (the test
-        suite) the joint checks still run between the dispatch and the schedule, as when they are called apart."""
+        """One turn: dispatch what is due, then schedule; the jobs submitted. One host-time sample per turn (#20);
+        with every event checked (tests) the joint checks also run between the two, as when called apart."""
         start = time.perf_counter()
         self._dispatch()
         self._joint.after_call()
@@ -445,14 +442,7 @@ class EngineCore:
     # ------------------------------------------------------------------ reading
 
     def model_info(self) -> ModelInfo:
-        gen = self.models.serving
-        session = gen.session if gen is not None else None
-        if gen is None or session is None or not session.has_calbin:
-            raise Unavailable(f"no model generation of {self.config.model_alias!r} is serving")
-        calbin = session.calbin
-        return ModelInfo(gen.id, calbin.name, calbin.exact_submodel, calbin.package_sha256,
-                         calbin.vocab_size, calbin.bos_token, calbin.eos_token, session.max_seq,
-                         session.profiles.sizes, calbin.capabilities)
+        return _model_info(self)
 
     def statistics(self, mailbox: MailboxStatistics | None = None) -> EngineStatistics:
         return _statistics(self, mailbox)
@@ -473,29 +463,7 @@ class EngineCore:
             if pending is None:
                 self._give_up()
                 return
-            self.executor.forget_all()
-            self.models.recovery.on_jobs_discarded()
-            ok = True
-            try:
-                if pending.action is RecoveryAction.RESET:
-                    self.models.recovery.reset_device()
-                else:  # close the VirtualDevice, bring the serving generation up on a new one
-                    self.models.recovery.restart_device()
-            except CalculetError as exc:
-                ok = False
-                log.error("recovery action failed", extra={"action": pending.action.name, "detail": str(exc)})
-            recovery.finished(pending, ok=ok)
-            if not ok:
-                self.executor.degrade.trigger(DegradeReason.UNCERTAIN_RECOVERY, pending.detail)
-                continue
-            detail = f"KV lost in device {pending.action.name.lower()} after {pending.detail}"
-            self.scheduler.device_reset(detail)
-            self.scheduler.fail_lost_kv(detail)
-            self.run_commands()
-            self.models.recovery.on_recovered()
-            self.run_commands()
-            self._backoff_until = 0.0
-            self._wake = self.clock.now()  # serve again at once
+            _recover(self, pending)
 
     def _back_off(self) -> None:
         """The device said DeviceBusy: plan nothing for ``busy_backoff_s``."""
@@ -556,6 +524,48 @@ class _TickChecks:
         # The other whole-system monitors at the same boundary (#17): device jobs × lanes, the budget's counters.
         scheduler.job_lanes.boundary("engine tick")
         check_counts(scheduler.admission, scheduler.registry, "engine tick")
+
+
+def _recover(core: EngineCore, pending: PendingRecovery) -> None:
+    """One recovery action the budget allowed (:meth:`EngineCore._maybe_recover`): every job and sequence on the
+    device is forgotten, the device reset or restarted; on success the scheduler learns the KV is lost and the
+    engine serves again at once, on failure ping/pong degrades (an uncertain recovery) and a restart is pending."""
+    recovery, models = core.recovery, core.models
+    core.executor.forget_all()
+    models.recovery.on_jobs_discarded()
+    ok = True
+    try:
+        if pending.action is RecoveryAction.RESET:
+            models.recovery.reset_device()
+        else:  # close the VirtualDevice, bring the serving generation up on a new one
+            models.recovery.restart_device()
+    except CalculetError as exc:
+        ok = False
+        log.error("recovery action failed", extra={"action": pending.action.name, "detail": str(exc)})
+    recovery.finished(pending, ok=ok)
+    if not ok:
+        core.executor.degrade.trigger(DegradeReason.UNCERTAIN_RECOVERY, pending.detail)
+        return
+    detail = f"KV lost in device {pending.action.name.lower()} after {pending.detail}"
+    core.scheduler.device_reset(detail)
+    core.scheduler.fail_lost_kv(detail)
+    core.run_commands()
+    models.recovery.on_recovered()
+    core.run_commands()
+    core._backoff_until = 0.0
+    core._wake = core.clock.now()  # serve again at once
+
+
+def _model_info(core: EngineCore) -> ModelInfo:
+    """The serving generation's model facts; :class:`Unavailable` while none serves."""
+    gen = core.models.serving
+    session = gen.session if gen is not None else None
+    if gen is None or session is None or not session.has_calbin:
+        raise Unavailable(f"no model generation of {core.config.model_alias!r} is serving")
+    calbin = session.calbin
+    return ModelInfo(gen.id, calbin.name, calbin.exact_submodel, calbin.package_sha256,
+                     calbin.vocab_size, calbin.bos_token, calbin.eos_token, session.max_seq,
+                     session.profiles.sizes, calbin.capabilities)
 
 
 def _statistics(core: EngineCore, mailbox: MailboxStatistics | None) -> EngineStatistics:
