@@ -54,7 +54,7 @@ import enum
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -62,30 +62,12 @@ from calculet.errors import DefinitionError
 from calculet.records import quick_init
 from calculet.runtime.distribution import BATCH_WAIT_BOUNDS, Distribution, DistributionSnapshot
 from calculet.runtime.scheduling.decode_ready import ReadyBucket, push_compacting
-from calculet.runtime.scheduling.decode_select import select_candidates
+from calculet.runtime.scheduling.decode_select import LaneBinding, select_candidates
 from calculet.runtime.scheduling.estimates import StepTimer
 from calculet.runtime.scheduling.kv import KvBatchReservation, KvLaneManager, KvReservationFailure
 from calculet.runtime.scheduling.profiles import ProfileSpec
 from calculet.runtime.scheduling.ready_queue import TenantQueue
 from calculet.runtime.scheduling.registry import RequestRecord
-
-
-class LaneBinding(NamedTuple):
-    """One active lane: the §2 ``SequenceState`` facts the device and completion need.
-
-    A named tuple rather than a frozen dataclass: sixteen are built per B16 tick, and a tuple
-    is four times cheaper to create (bench/scheduler.py).
-    """
-
-    lane: int
-    request_id: int
-    seq_id: int
-    generation: int
-    kv_lane: int
-    token: int
-    position: int
-    tenant: str
-    deadline: float
 
 
 @quick_init
@@ -407,14 +389,13 @@ class DecodeScheduler:
             return NoBatch(NoBatchReason.EMPTY)
         if bucket.watch:
             self._promote(bucket, now)
-        chosen, positions, expired, invalid, self._vt, cap_hits = select_candidates(
+        chosen, bindings, leases, tokens, positions, expired, invalid, self._vt, cap_hits = select_candidates(
             bucket, self.kv, profile, generation, size, now, self.share, self._vt)
         self._cap_hits += cap_hits
         self._expired += len(expired)
         self._invalid += len(invalid)
         if not chosen:
             return NoBatch(NoBatchReason.EMPTY, expired=tuple(expired), invalid=tuple(invalid))
-        leases = [rec.lease for rec in chosen]
         reservation = self.kv.reserve_batch(leases, 1)
         if isinstance(reservation, KvReservationFailure):
             self._kv_refusals += 1
@@ -430,19 +411,13 @@ class DecodeScheduler:
                                   "token 0 is never a default (§7.3)")
         fill = profile.lane_fill
         pad = size - count
-        tokens = [rec.last_token for rec in chosen]
         if pad:
             assert fill is not None
             tokens.extend([fill.fill_token] * pad)
             positions.extend([fill.fill_position] * pad)
         valid = _lane_valid(size, count)
-        oldest = min([rec.ready_since for rec in chosen])
-        make = _new_tuple  # LaneBinding's own __new__ is a Python frame per lane
-        active = tuple([make(LaneBinding, (i, rec.request_id, lease.seq_id, generation, lease.lane, rec.last_token,
-                                           positions[i], rec.tenant, rec.deadline))
-                        for i, (rec, lease) in enumerate(zip(chosen, leases))])
-        wait = now - oldest
-        return DecodeBatch(job_id, generation, profile, active, np.array(tokens, dtype=np.int32),
+        wait = now - min([rec.ready_since for rec in chosen])
+        return DecodeBatch(job_id, generation, profile, tuple(bindings), np.array(tokens, dtype=np.int32),
                            np.array(positions, dtype=np.int32), valid, reservation, now, wait, tuple(chosen),
                            tuple(expired), tuple(invalid))
 

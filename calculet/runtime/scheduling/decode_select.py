@@ -3,8 +3,8 @@
 Split from :mod:`.decode` (issue #20, size limits): :class:`~.decode.DecodeScheduler` keeps the Ready
 set in order and builds the batch; this module is the one pass over that order a tick makes — merge
 the tenants' heads (a heap of at most T entries), take up to ``compiled_batch`` candidates under the
-tenant lane cap, and sort each popped candidate into chosen (with its KV position), expired or
-invalid. It reads and pops the bucket's queues but owns no state: the scheduler's virtual time and
+tenant lane cap, and sort each popped candidate into chosen (with its KV position, lease, input token
+and :class:`LaneBinding`, built from the reads that chose it), expired or invalid. It reads and pops the bucket's queues but owns no state: the scheduler's virtual time and
 cap-hit count come back in the :class:`Selection`.
 """
 
@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import heapq
 import math
+from heapq import heappop, heapreplace
 from typing import Any, Iterable, NamedTuple
 
 from calculet.runtime.scheduling.decode_ready import ReadyBucket
-from calculet.runtime.scheduling.kv import KvLaneManager
+from calculet.runtime.scheduling.kv import KvLaneManager, KvLease
 from calculet.runtime.scheduling.profiles import ProfileSpec
 from calculet.runtime.scheduling.ready_queue import TenantQueue
 from calculet.runtime.scheduling.registry import RequestRecord
@@ -23,10 +24,35 @@ from calculet.runtime.scheduling.registry import RequestRecord
 _new_tuple = tuple.__new__
 
 
+class LaneBinding(NamedTuple):
+    """One active lane: the §2 ``SequenceState`` facts the device and completion need.
+
+    A named tuple rather than a frozen dataclass: sixteen are built per B16 tick, and a tuple
+    is four times cheaper to create (bench/scheduler.py). Built where its lane is chosen
+    (:func:`select_candidates`), from the reads that chose it (issue #20: no second pass).
+    """
+
+    lane: int
+    request_id: int
+    seq_id: int
+    generation: int
+    kv_lane: int
+    token: int
+    position: int
+    tenant: str
+    deadline: float
+
+
 class Selection(NamedTuple):
     """One tick's candidates, popped from Ready (none of them is queued any more)."""
 
     chosen: list[RequestRecord]
+    bindings: list[LaneBinding]
+    """Each chosen lane's binding, in lane order (lane ``i`` is ``chosen[i]``)."""
+    leases: list[KvLease]
+    """Each chosen lane's KV lease, in lane order."""
+    tokens: list[int]
+    """Each chosen lane's input token (its last), in lane order."""
     positions: list[int]
     """Each chosen lane's KV ``committed_len``, in lane order."""
     expired: list[RequestRecord]
@@ -59,22 +85,18 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
                       size: int, now: float, share: float, vt: int) -> Selection:
     """Merge the tenants' heads (a heap of at most T entries) and take up to ``size`` lanes."""
     cap, tenants, max_seq = max(1, math.floor(share * size)), bucket.tenants, profile.max_seq
-    heappop, heapreplace = heapq.heappop, heapq.heapreplace
     heads = tenant_heads(tenants, tenants)  # the live head entry of each tenant with work
-    chosen, positions = [], []  # type: list[RequestRecord], list[int]
-    expired, invalid = [], []  # type: list[RequestRecord], list[tuple[RequestRecord, str]]
-    taken: dict[str, int] = {}
-    capped: list[str] = []
-    cap_hits = lanes = 0
-    owner, kv_lanes = kv.lease_owners()
+    chosen, positions, tokens = [], [], []  # type: list[RequestRecord], list[int], list[int]
+    bindings, leases, expired = [], [], []  # type: list[LaneBinding], list[KvLease], list[RequestRecord]
+    invalid, taken, capped = [], {}, []  # type: list[tuple[RequestRecord, str]], dict[str, int], list[str]
+    (owner, kv_lanes), cap_hits, lanes = kv.lease_owners(), 0, 0
     while lanes < size:
         if not heads:
             if not capped:  # §7.2 item 3: the cap holds only while another tenant has a candidate
                 break
             heads, capped, cap = tenant_heads(tenants, capped), [], size
             continue
-        entry = heads[0]
-        rec: RequestRecord = entry[4]
+        rec: RequestRecord = (entry := heads[0])[4]
         tenant = rec.tenant
         fifo = (queue := tenants[tenant]).fifo
         if fifo and fifo[0] is entry:  # TenantQueue.take inlined (once per lane)
@@ -86,17 +108,20 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
         if rec.deadline <= now:
             expired.append(rec)
         else:  # validate's accepting case inlined (one lane per pass; anything else asks it why not)
-            machine, lease = rec.machine, rec.lease
+            machine, lease, token = rec.machine, rec.lease, rec.last_token
             problem = (kv_lanes[lease.lane].committed_len  # KvLaneManager.owned_position, inlined
                        if machine._state == "decode_ready" and machine.generation == generation
                        and lease is not None and lease.generation == generation
                        and owner[lease.lane] == lease.lease_id else None)
-            if (problem is None or problem != machine.kv_length or problem >= max_seq
-                    or rec.last_token is None):
+            if problem is None or problem != machine.kv_length or problem >= max_seq or token is None:
                 problem = validate(kv, rec, profile, generation)
-            if problem.__class__ is int:
+            if problem.__class__ is int:  # chosen: its lane bound here, from the reads that chose it (#20)
                 chosen.append(rec)
                 positions.append(problem)  # type: ignore[arg-type]
+                leases.append(lease)
+                tokens.append(token)  # type: ignore[arg-type]
+                bindings.append(_new_tuple(LaneBinding, (lanes, rec.request_id, lease.seq_id, generation, lease.lane,
+                                                         token, problem, tenant, rec.deadline)))
                 lanes += 1
                 taken[tenant] = count = count + 1
                 if rec.decode_tag > vt:
@@ -114,7 +139,7 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
             continue
         cap_hits += _leave_merge(heads, tenants, tenant, head, capped, lanes < size)
     bucket.count -= lanes + len(expired) + len(invalid)  # every popped candidate is in one of them
-    return _new_tuple(Selection, (chosen, positions, expired, invalid, vt, cap_hits))  # no _make/_replace frames
+    return _new_tuple(Selection, (chosen, bindings, leases, tokens, positions, expired, invalid, vt, cap_hits))
 
 
 def _leave_merge(heads: list[list[Any]], tenants: dict[str, TenantQueue], tenant: str,
