@@ -4,8 +4,9 @@ Split from :mod:`.decode` (issue #20, size limits): :class:`~.decode.DecodeSched
 set in order and builds the batch; this module is the one pass over that order a tick makes — merge
 the tenants' heads (a heap of at most T entries), take up to ``compiled_batch`` candidates under the
 tenant lane cap, and sort each popped candidate into chosen (with its KV position, lease, input token
-and :class:`LaneBinding`, built from the reads that chose it), expired or invalid. It reads and pops the bucket's queues but owns no state: the scheduler's virtual time and
-cap-hit count come back in the :class:`Selection`.
+and :class:`LaneBinding`, built from the reads that chose it), expired or invalid. It reads and pops
+the bucket's queues but owns no state: the scheduler's virtual time and cap-hit count come back in
+the :class:`Selection`.
 """
 
 from __future__ import annotations
