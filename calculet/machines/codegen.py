@@ -279,7 +279,8 @@ def generate_dispatch(d: Definition) -> tuple[dict[str, dict[str, Callable[..., 
                     body += [f"self.last_transition = _row_{index}_{i}", f"return {t.target!r}"]
                     tree.append((conjuncts(guards[i]), body))
                 else:
-                    lines += [f"    if {guard}:  # {t.name}", *("        " + line for line in body), f"        return {i}"]
+                    lines += [f"    if {guard}:  # {t.name}", *("        " + line for line in body),
+                              f"        return {i}"]
             lines += row_tree_lines(tree, tr, "    ")
             tr.shared = {}
             lines.append("    return None" if fast else "    return -1")
