@@ -87,6 +87,10 @@ class OnTimePolicy:
     """The profile set :attr:`_shape` was read from (a ``ProfileSet`` is fixed at construction)."""
     _shape: tuple[int, int | None] = (1, None)
     """Its largest compiled batch and prefill chunk: read once per profile set, not per ``submit()`` (#20)."""
+    _model_key: tuple[object, ...] | None = None
+    """The profile set, engines and both timers' sample counts :attr:`_model` was read for: a ``submit()`` with
+    them unchanged takes the model without a call to the planner (#20)."""
+    _model: DeviceModel | None = None
 
     def model(self) -> DeviceModel | None:
         """The measured device (None until a decode step is measured): the planner rebuilds it only when a
@@ -94,11 +98,17 @@ class OnTimePolicy:
         profiles = self._profiles()
         if profiles is None:
             return None
+        planner = self.planner
+        key = (profiles, self._engines(), planner.step_times.samples, planner.prefill_times.samples)
+        if key == self._model_key:  # what the planner's device() is keyed on, unchanged: its model (#20)
+            return self._model
         if profiles is not self._shape_of:
             self._shape_of = profiles
             self._shape = (profiles.select_profile(2**31).compiled_batch, profiles.prefill_chunk_tokens)
         batch, chunk = self._shape
-        return self.planner.device(batch, self._engines(), chunk)
+        self._model = model = planner.device(batch, key[1], chunk)
+        self._model_key = key
+        return model
 
     def lanes(self) -> int:
         profiles = self._profiles()
@@ -201,7 +211,7 @@ class OnTimePolicy:
             # work leaves the kept schedule only if it was in it: a request refused at submit (or shed earlier)
             # never was, and marking the cache stale for it sent every later refusal of a burst down the slow
             # path (a replan each: issue #13, time to 429)
-            self.mark(ended=ends and any(job.id == rec.request_id for job in self.planner._kept))
+            self.planner.changed(ends and any(job.id == rec.request_id for job in self.planner._kept))  # mark()
         if ends:
             self.planner.ended(rec, now)
 

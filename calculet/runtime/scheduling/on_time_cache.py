@@ -28,7 +28,7 @@ def _deadline(job: PendingJob) -> float:
 class _EdfCache:
     """The kept set's EDF lane schedule at the last plan: lane free times and the least slack."""
 
-    __slots__ = ("free", "min_slack", "latest", "on_lane")
+    __slots__ = ("free", "min_slack", "latest", "on_lane", "_of", "_step", "_tokens", "_prefill")
 
     def __init__(self, kept: list[PendingJob], now: float, model: DeviceModel,
                  late_ok: frozenset[int] = frozenset()) -> None:
@@ -41,6 +41,12 @@ class _EdfCache:
         heapq.heapify(self.free)
         self.min_slack = min((_deadline(j) - finish[j.id] for j in kept if j.id not in late_ok), default=math.inf)
         self.latest = max((_deadline(j) for j in kept), default=-math.inf)
+        self._of: DeviceModel | None = None
+        """The model :meth:`place` last read (a frozen DeviceModel): its lane step, and the prefill of the last
+        prompt length placed, are kept for the next ``submit()`` (a burst's prompts are mostly alike, #20)."""
+        self._step = 0.0
+        self._tokens = -1
+        self._prefill = 0.0
 
     def tail_finish(self, job: PendingJob, now: float, model: DeviceModel) -> float | None:
         """The finish of a latest-deadline ``job`` appended to the schedule, on time or not (None: the
@@ -57,7 +63,14 @@ class _EdfCache:
             deadline = math.inf
         if deadline < self.latest:
             return None
-        prefill = model.prefill_s(job.prefill_tokens)
+        if model is not self._of:
+            self._of, self._step, self._tokens = model, model.lane_step_s, -1
+        tokens = job.prefill_tokens
+        if tokens == self._tokens:
+            prefill = self._prefill
+        else:
+            self._tokens = tokens
+            self._prefill = prefill = model.prefill_s(tokens)
         on_lane, free, min_slack = self.on_lane, self.free, self.min_slack
         shift = 0.0 if on_lane else prefill
         if shift > min_slack + _EPS:
@@ -65,7 +78,7 @@ class _EdfCache:
         start = free[0] + shift  # on a lane, the prefill runs at its start
         if now + shift > start:
             start = now + shift
-        finish = start + job.decode_steps * model.lane_step_s + (prefill if on_lane else 0.0)
+        finish = start + job.decode_steps * self._step + (prefill if on_lane else 0.0)
         if finish > deadline + _EPS:
             return None
         if shift:

@@ -348,16 +348,28 @@ class OnTimePlanner:
               records: Callable[[], Iterable[RequestRecord]]) -> Fit:
         """Would ``rec`` finish on time with every kept request? Sets ``rec.estimated_finish`` if so.
 
-        ``records`` lists the live requests; it is called only on the slow path."""
-        weight = PROMPT_SMOOTHING if self._prompt_tokens else 1.0  # the first prompt seen sets it
-        self._prompt_tokens += weight * (rec.prompt_tokens - self._prompt_tokens)
+        ``records`` lists the live requests; it is called only on the slow path. Once per ``submit()`` (#20): the
+        job, :meth:`admitting_model` and :meth:`_cache_drift` are read without their calls while their inputs hold."""
+        machine = rec.machine
+        smoothed = self._prompt_tokens  # the first prompt seen sets it
+        self._prompt_tokens = smoothed + (PROMPT_SMOOTHING if smoothed else 1.0) * (machine.prompt_tokens - smoothed)
         if model is None:
             return Fit(True, None, None)
-        job = pending_job(rec, self.weights.get(rec.tenant, 1.0))
-        if job is None:
+        state = machine._state
+        if state not in PLANNED_STATES:
             return Fit(True, None, None)
-        nominal, model = model, self.admitting_model(model)
-        cache = None if self._cache_drift() > 0 else self._cache
+        job = PendingJob.trusted(rec.request_id, 0, machine.max_new_tokens - machine.generated_tokens, rec.deadline,
+                                 self.weights.get(rec.tenant, 1.0)) if state in DECODING_STATES else PendingJob.trusted(
+            rec.request_id, machine.prompt_tokens, machine.max_new_tokens - 1, rec.deadline,
+            self.weights.get(rec.tenant, 1.0))  # pending_job(rec, weight), without its call
+        nominal = model
+        admitting = self._admitting
+        if model is not self._admitting_of or admitting is None or self.errors.margin != self._admitting_margin:
+            admitting = self.admitting_model(model)
+        model = admitting
+        cache = self._cache  # None if _cache_drift() > 0: the step slower than at the plan, lane free times early
+        if cache is not None and self.step_times.decode_step_s > self._planned_step * (1.0 + REPLAN_DRIFT):
+            cache = None
         finish = cache.place(job, now, model) if cache is not None else None
         if finish is None:
             refused = self._fast_refusal(job, now, model)
@@ -384,8 +396,10 @@ class OnTimePlanner:
             self.retry_slots.admitted(rec.tenant, now)
         if finish is not None:  # the expected finish: the margin's slowdown taken back out
             finish = now + (finish - now) / (1.0 + self.errors.margin)
-            in_order = self._admission_order_estimate(rec, job, now, nominal, records)
-            finish = finish if in_order is None else in_order
+            sequences = self.sequences  # the order binds only where every sequence is in each step: else no call
+            if sequences is not None and sequences <= nominal.compiled_batch * nominal.engines:
+                in_order = self._admission_order_estimate(rec, job, now, nominal, records)
+                finish = finish if in_order is None else in_order
         rec.estimated_finish = finish
         self.dirty = True
         return Fit(True, None, finish)

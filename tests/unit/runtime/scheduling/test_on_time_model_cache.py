@@ -61,6 +61,9 @@ def test_a_new_profile_set_or_engine_count_rebuilds_the_model():
     b4 = policy.model()
     assert b4 is not None and b4.compiled_batch == 4 and b4 == fresh(policy)
     assert policy.planner.device(4, 2, None) == dataclasses.replace(b4, engines=2)  # ping/pong: two in flight
+    policy._engines = lambda: 2  # the policy's own key (#20: model() without the planner's call) sees it too
+    b4x2 = policy.model()
+    assert b4x2 is not None and b4x2.engines == 2 and b4x2 == fresh(policy) and b4x2 is policy.model()
 
 
 def test_the_admission_model_follows_the_margin():
@@ -164,15 +167,19 @@ def test_placing_at_the_tail_of_the_cached_schedule_gives_what_it_gave_before_it
 
     @settings(max_examples=300, deadline=None)
     @given(kept=st.lists(st.tuples(st.integers(0, 64), st.integers(0, 40), st.one_of(st.none(), times)), max_size=12),
-           jobs=st.lists(st.tuples(st.integers(0, 64), st.integers(0, 40), st.one_of(st.none(), times)), min_size=1,
-                         max_size=6),
+           jobs=st.lists(st.tuples(st.sampled_from([0, 16, 48]), st.integers(0, 40), st.one_of(st.none(), times),
+                                   st.booleans()), min_size=1, max_size=8),
            batch=st.sampled_from([1, 2, 4]), token_s=st.sampled_from([0.0, 0.15]), now=times, later=times)
     def check(kept: list, jobs: list, batch: int, token_s: float, now: float, later: float) -> None:
+        """Prompt lengths repeat and the model switches (admission's margin moved) between placements: the
+        lane step and prefill place keeps from its last call (#20) are the model's own."""
         model = DeviceModel(0.1, batch, 1, 0.01, 0.001, None, token_s)
+        models = (model, model.slowed(1.5))
         cache = _EdfCache([PendingJob(i, p, d, dl) for i, (p, d, dl) in enumerate(kept)], now, model)
         now += later  # admission places at a later instant than the plan it caches
-        for k, (p, d, dl) in enumerate(jobs):
+        for k, (p, d, dl, slowed) in enumerate(jobs):
             job = PendingJob(100 + k, p, d, dl)
+            model = models[slowed]
             expected = _place_reference(cache, job, now, model)
             got = cache.place(job, now, model)
             assert (got, sorted(cache.free), cache.min_slack, cache.latest) == expected
