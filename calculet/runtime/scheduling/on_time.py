@@ -73,12 +73,13 @@ class OnTimePolicy:
                                       sequences=config.admission.max_sequences)
         self._ttft_due: list[tuple[float, int]] = []
         wfq = admission.wfq
-        self.planner.virtual_start = lambda tenant: float(max(wfq.tenant_virtual_time(tenant),
-                                                              wfq.global_virtual_time()))
+        # max(tenant virtual time, global virtual time) is wfq.tag(tenant, 0) in the queue's scaled integers; an
+        # int / int division is correctly rounded, so these are float(Fraction(...)) without the Fractions (#20)
+        self.planner.virtual_start = lambda tenant: wfq.tag(tenant, 0) / wfq.scale
         # the queue's own view of a waiting request for the admission-order estimate (#13, .wfq_order): a flow
         # head's fixed tag, and the cost of a candidate the queue has not costed yet
         self.planner.head_tag = lambda rec: (None if (e := rec.entry) is None or len(e) != 3 or e[0] is None
-                                             or e[2] is not rec else float(wfq.to_fraction(e[0])))
+                                             or e[2] is not rec else e[0] / wfq.scale)
         self.planner.wfq_cost = lambda rec: rec.cost or wfq.cost(rec.prompt_tokens, rec.machine.max_new_tokens)
         if self.planner.any_itl:
             prefill.gate = self.prefill_fits_itl

@@ -183,3 +183,30 @@ def test_a_newcomer_joins_the_replayed_order_where_the_index_inserts_it(
     tag = newcomer_tag(before[own[-1]] if own else None, float(global_vt), float(cost))
     assert after[new.id] == tag
     assert ranks[new.id] == bisect_right(list(before.values()), tag)
+
+
+def test_the_queue_clock_read_without_fractions_is_the_fractions_value():
+    """The policy reads a tenant's virtual start and a head's tag as the queue's scaled integers divided once
+    (#20); each equals the float of the queue's exact Fraction, for every tenant and waiting head of a burst
+    with admissions between (weights 1 and 3: a scale that does not divide every tag)."""
+    from fractions import Fraction
+
+    h = build()
+    p = planner(h)
+    wfq = h.scheduler.admission.wfq
+    seen = 0
+    for i in range(80):
+        h.submit(prompt=16 + i, new=10 + (7 * i) % 50, tenant="ab"[i % 3 == 0])
+        if i % 20 == 19:
+            tick(h, STEP)
+        for tenant in ("a", "b"):
+            assert p.virtual_start is not None
+            exact = max(wfq.tenant_virtual_time(tenant), wfq.global_virtual_time())
+            assert p.virtual_start(tenant) == float(exact)
+        for rec in h.scheduler.registry.live():
+            tag = p.head_tag(rec)
+            entry = rec.entry
+            if tag is not None and entry is not None:
+                assert tag == float(Fraction(entry[0], wfq.scale)) and tag == float(wfq.to_fraction(entry[0]))
+                seen += 1
+    assert seen > 100 and wfq.global_virtual_time() > 0 and wfq.global_virtual_time().denominator > 1
