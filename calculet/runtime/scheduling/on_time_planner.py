@@ -142,6 +142,17 @@ def pending_job(rec: RequestRecord, weight: float) -> PendingJob | None:
     return PendingJob.trusted(rec.request_id, machine.prompt_tokens, machine.max_new_tokens - 1, rec.deadline, weight)
 
 
+def _accepted(finish: float | None) -> Fit:
+    """``Fit(True, None, finish)`` without the frozen dataclass's per-field ``object.__setattr__`` (about a
+    microsecond of each admitted ``submit()``, #20): equal to it, and as frozen."""
+    fit = object.__new__(Fit)
+    fields = fit.__dict__
+    fields["ok"] = True
+    fields["retry_at"] = None
+    fields["finish"] = finish
+    return fit
+
+
 def _deadline(job: PendingJob) -> float:
     return math.inf if job.deadline is None else job.deadline
 
@@ -362,9 +373,9 @@ class OnTimePlanner:
                                  self.weights.get(rec.tenant, 1.0)) if state in DECODING_STATES else PendingJob.trusted(
             rec.request_id, machine.prompt_tokens, machine.max_new_tokens - 1, rec.deadline,
             self.weights.get(rec.tenant, 1.0))  # pending_job(rec, weight), without its call
-        nominal = model
+        nominal, margin = model, self.errors.margin
         admitting = self._admitting
-        if model is not self._admitting_of or admitting is None or self.errors.margin != self._admitting_margin:
+        if model is not self._admitting_of or admitting is None or margin != self._admitting_margin:
             admitting = self.admitting_model(model)
         model = admitting
         cache = self._cache  # None if _cache_drift() > 0: the step slower than at the plan, lane free times early
@@ -395,14 +406,14 @@ class OnTimePlanner:
         if self.retry_slots.ghosts:  # a refused client's slot it may take (none held: no call per submit, #20)
             self.retry_slots.admitted(rec.tenant, now)
         if finish is not None:  # the expected finish: the margin's slowdown taken back out
-            finish = now + (finish - now) / (1.0 + self.errors.margin)
+            finish = now + (finish - now) / (1.0 + margin)
             sequences = self.sequences  # the order binds only where every sequence is in each step: else no call
             if sequences is not None and sequences <= nominal.compiled_batch * nominal.engines:
                 in_order = self._admission_order_estimate(rec, job, now, nominal, records)
                 finish = finish if in_order is None else in_order
         rec.estimated_finish = finish
         self.dirty = True
-        return Fit(True, None, finish)
+        return _accepted(finish)
 
     def decode_order_binds(self, lanes: int) -> bool:
         """Whether the kept requests decode by deadline (the plan's order, §7.2 item 2) rather than in

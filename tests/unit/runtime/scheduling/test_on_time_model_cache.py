@@ -185,3 +185,25 @@ def test_placing_at_the_tail_of_the_cached_schedule_gives_what_it_gave_before_it
             assert (got, sorted(cache.free), cache.min_slack, cache.latest) == expected
 
     check()
+
+
+def test_an_accepted_fit_built_without_its_init_is_the_dataclass_fit():
+    """``_accepted`` (#20) builds admission's accepting answer without the frozen dataclass's ``__init__``: equal,
+    with an equal hash and repr, and still frozen; ``admit`` answers with it and the estimate it sets."""
+    from calculet.runtime.scheduling.finish_estimate import Fit
+    from calculet.runtime.scheduling.on_time_planner import _accepted
+
+    for finish in (None, 0.0, 12.5):
+        fit = _accepted(finish)
+        expected = Fit(True, None, finish)
+        assert fit == expected and hash(fit) == hash(expected) and repr(fit) == repr(expected)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            fit.ok = False  # type: ignore[misc]
+    h = Harness.build(sizes=(1,), lanes=16, step_estimate_s=STEP)
+    policy = on_time(h)
+    sub = h.submit(prompt=8, new=6, deadline_ms=30_000)
+    rec = h.rec(sub.request_id)
+    assert not sub.outcome.rejected and rec.estimated_finish is not None
+    # the admitted request screened again: its Fit carries the estimate it sets
+    fit = policy.planner.admit(rec, h.clock.now(), policy.model(), h.scheduler.registry.live)
+    assert fit == Fit(True, None, rec.estimated_finish) and fit.finish is not None
