@@ -86,9 +86,10 @@ def newcomer_tag(last: float | None, global_vt: float, cost: float) -> float:
     return (global_vt if last is None or last < global_vt else last) + cost
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class _Pending:
-    """The last candidate, placed but not yet in σ: it joins at the next submit if it queued."""
+    """The last candidate, placed but not yet in σ: it joins at the next submit if it queued. Not frozen: one
+    is built per queued ``submit()`` and never changed (a frozen dataclass's ``__init__`` costs ~1 µs, #20)."""
 
     rec: RequestRecord
     job: PendingJob
@@ -100,7 +101,7 @@ class AdmissionOrderIndex:
     """The queue's order with admitted tags, and lane states per prefix, between submits (module doc)."""
 
     __slots__ = ("_epoch", "_model", "_global", "_tags", "_lengths", "_flow_tag", "_states", "_prefills", "_valid",
-                 "_pending", "_kept_len", "_indexed", "_seeded", "_scheduled")
+                 "_on_lane", "_step", "_pending", "_kept_len", "_indexed", "_seeded", "_scheduled")
 
     def __init__(self) -> None:
         self._epoch = -1
@@ -119,6 +120,8 @@ class AdmissionOrderIndex:
         and freeing them was most of a queued submit's cost under several flows (#20: a median 13 µs)."""
         self._prefills: list[float] = []
         """Prefill seconds of the same jobs, charged before the lanes when a prefill is not on its lane."""
+        self._on_lane, self._step = True, 0.0
+        """The index's model's ``prefill_on_lane`` and ``lane_step_s``, read at the seed."""
         self._valid = 0
         """How many of :attr:`_states` and :attr:`_prefills` (from the first) are valid."""
         self._pending: _Pending | None = None
@@ -170,12 +173,13 @@ class AdmissionOrderIndex:
         of = {r.request_id: r for r in waiting}
         order = [of[i] for i in admitted if i in of]  # ``admitted`` lists them in the order admitted
         self._tags = [admitted[r.request_id] for r in order]
-        self._lengths = [_lengths(by_id[r.request_id], model) for r in order]
+        self._on_lane, self._step = on_lane, step = model.prefill_on_lane, model.lane_step_s
+        self._lengths = [_lengths(by_id[r.request_id], model, on_lane, step) for r in order]
         self._flow_tag = {wfq_flow(r): admitted[r.request_id] for r in order}
         lanes, prefills = [0.0] * model.lanes, 0.0
         for j in kept:
             if j.id not in skip:
-                length, prefill = _lengths(j, model)
+                length, prefill = _lengths(j, model, on_lane, step)
                 heapq.heapreplace(lanes, lanes[0] + length)
                 prefills += prefill
         self._states, self._prefills, self._valid = [lanes], [prefills], 1
@@ -187,7 +191,7 @@ class AdmissionOrderIndex:
         """``job`` joins σ where the replay admits it; the lane states past it are stale."""
         at = bisect_right(self._tags, tag)
         self._tags.insert(at, tag)
-        self._lengths.insert(at, _lengths(job, model))
+        self._lengths.insert(at, _lengths(job, model, self._on_lane, self._step))
         self._flow_tag[flow] = tag
         if self._valid > at + 1:
             self._valid = at + 1
@@ -217,17 +221,21 @@ class AdmissionOrderIndex:
                 i += 1
             self._valid = at + 1
         lanes = states[at]
-        if model.prefill_on_lane:
-            return now + (lanes[0] + model.service_s(job.prefill_tokens, job.decode_steps))
-        start = now + (prefills[at] + model.prefill_s(job.prefill_tokens))
-        return start + (lanes[0] + job.decode_steps * model.lane_step_s)
+        prefill = model.prefill_s(job.prefill_tokens)
+        if self._on_lane:  # model.service_s: the prefill, then the decode steps
+            return now + (lanes[0] + (prefill + job.decode_steps * self._step))
+        start = now + (prefills[at] + prefill)
+        return start + (lanes[0] + job.decode_steps * self._step)
 
     def statistics(self) -> OrderIndexStatistics:
         return OrderIndexStatistics(self._indexed, self._seeded, self._scheduled)
 
 
-def _lengths(job: PendingJob, model: DeviceModel) -> tuple[float, float]:
-    """(seconds ``job`` holds a lane, prefill seconds charged before the lanes): the EDF work model's split."""
-    if model.prefill_on_lane:
-        return model.service_s(job.prefill_tokens, job.decode_steps), 0.0
-    return job.decode_steps * model.lane_step_s, model.prefill_s(job.prefill_tokens)
+def _lengths(job: PendingJob, model: DeviceModel, on_lane: bool, step: float) -> tuple[float, float]:
+    """(seconds ``job`` holds a lane, prefill seconds charged before the lanes): the EDF work model's split.
+    ``on_lane`` and ``step``: ``model``'s ``prefill_on_lane`` and ``lane_step_s``, read once per index (#20);
+    on a lane the length is ``model.service_s`` (the prefill, then the decode steps)."""
+    prefill = model.prefill_s(job.prefill_tokens)
+    if on_lane:
+        return prefill + job.decode_steps * step, 0.0
+    return job.decode_steps * step, prefill
