@@ -67,6 +67,9 @@ class HfTokenizer:
         self._backend = backend
         self.byte_table = byte_table
         """Each id's bytes when the tokenizer is byte-level BPE (:func:`byte_level_table`): streams decode by it."""
+        self.piece_text = _piece_texts(byte_table) if byte_table is not None else None
+        """With the byte table, each id's text when its bytes are whole characters on their own (None where they
+        end in an incomplete or invalid one): what a stream shows for that id when nothing is held before it."""
         self.identity = identity or f"hf/{vocab_size}/{bos}/{eos}"
         """What a replacement package must keep: the sha256 of its tokenizer files."""
         self.template = template
@@ -117,6 +120,12 @@ class HfDetokenizer:
     its text is the UTF-8 of its tokens' bytes laid end to end (:func:`byte_level_table`), so the window is
     kept as bytes and decoded by Python's own codec, at a tenth of a call into the Rust backend with its
     list copy (issue #20: the actor decoded every streamed token twice through it). Same text, same holds.
+
+    With the byte table only the bytes not yet shown are kept: UTF-8 resynchronises at a character boundary, so
+    the window's text is the text already shown followed by the decoding of the bytes after it, and the
+    difference the backend path computes is that decoding alone (a text that ends in U+FFFD is held, so what was
+    shown always ends on a whole character). Nothing held, an id whose bytes are whole characters returns its
+    precomputed text (:attr:`HfTokenizer.piece_text`) without decoding anything: the common token (issue #20).
     """
 
     def __init__(self, tokenizer: HfTokenizer) -> None:
@@ -129,14 +138,21 @@ class HfDetokenizer:
         self._vocab_size = tokenizer.vocab_size
         self._backend_decode = tokenizer._backend.decode
         self._table = tokenizer.byte_table
+        self._pieces = tokenizer.piece_text
         self._bytes = bytearray()
+        """The bytes not yet shown (with the byte table): an incomplete character, or what was pushed with it."""
 
     def push(self, token: int) -> str:
         if token in self._specials or not 0 <= token < self._vocab_size:
             return ""
         table = self._table
         if table is not None:
-            self._bytes += table[token]
+            held = self._bytes
+            if not held:
+                text = self._pieces[token]  # type: ignore[index]  # set with the table
+                if text is not None:
+                    return text
+            held += table[token]
             return self._emit_bytes(final=False)
         self._ids.append(token)
         return self._emit(final=False)
@@ -156,18 +172,20 @@ class HfDetokenizer:
         return text[len(before):]
 
     def _emit_bytes(self, *, final: bool) -> str:
-        """:meth:`_emit` over the window's bytes (a byte-level tokenizer): the same rule, offsets in bytes."""
-        data = self._bytes
-        before = data[self._prefix:self._read].decode("utf-8", "replace")
-        text = data[self._prefix:].decode("utf-8", "replace")
-        if len(text) <= len(before) or (text.endswith("\ufffd") and not final):
+        """:meth:`_emit` over the bytes not yet shown (a byte-level tokenizer): the same rule, see the class."""
+        held = self._bytes
+        text = held.decode("utf-8", "replace")
+        if not text or (not final and text[-1] == "\ufffd"):
             return ""
-        self._prefix, self._read = self._read, len(data)
-        if self._prefix > 4096:  # what is before the window is never read again
-            del data[:self._prefix]
-            self._read -= self._prefix
-            self._prefix = 0
-        return text[len(before):]
+        held.clear()
+        return text
+
+
+def _piece_texts(table: tuple[bytes, ...]) -> tuple[str | None, ...]:
+    """Each id's text where its bytes decode to whole characters (not empty, not ending in U+FFFD), else None:
+    the text :meth:`HfDetokenizer.push` returns for it when no bytes are held before it."""
+    texts = (piece.decode("utf-8", "replace") for piece in table)
+    return tuple(text if text and text[-1] != "\ufffd" else None for text in texts)
 
 
 def _byte_level_chars() -> dict[str, int]:

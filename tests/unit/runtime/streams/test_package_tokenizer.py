@@ -153,3 +153,31 @@ def test_a_tokenizer_whose_decoder_is_not_byte_level_gets_no_table(bundled: Path
     assert byte_level_table(tok._backend, spec, tok.vocab_size, tok._specials) is None
     del spec["decoder"]
     assert byte_level_table(tok._backend, spec, tok.vocab_size, tok._specials) is None
+
+
+def test_held_bytes_stream_as_the_backend_window_does(bundled: Path) -> None:
+    """Issue #20 (the byte table keeps only the bytes not yet shown, and an id whose bytes are whole characters
+    returns its precomputed text when nothing is held): against the backend's window decoding, over streams made
+    to split and break characters — lone bytes >= 0x80 (continuations, lead bytes, invalid ones), a character's
+    bytes pushed one by one, ids that end in half a character, and ids of whole characters between them."""
+    import random
+
+    tok = load(bundled)
+    assert isinstance(tok, HfTokenizer) and tok.byte_table is not None and tok.piece_text is not None
+    by_backend = HfTokenizer(tok._backend, tok.template, vocab_size=tok.vocab_size, bos=tok.bos, eos=tok.eos,
+                             specials=tok._specials)
+    table = tok.byte_table
+    high = [i for i, b in enumerate(table) if len(b) == 1 and b[0] >= 0x80]
+    broken = [i for i, b in enumerate(table) if b and i not in tok._specials and tok.piece_text[i] is None]
+    whole = [i for i, text in enumerate(tok.piece_text) if text is not None]
+    assert len(high) > 60 and broken and whole  # the bundled vocabulary has every byte, so all three kinds
+    for i, text in enumerate(tok.piece_text):  # the precomputed text is the backend's, where it is set
+        if text is not None:
+            assert text == tok._backend.decode([i], skip_special_tokens=True)
+    rng = random.Random(2020)
+    for _ in range(400):
+        ids = [rng.choice((rng.choice(high), rng.choice(high), rng.choice(broken), rng.choice(whole), tok.eos))
+               for _ in range(rng.randrange(1, 30))]
+        fast, slow = tok.detokenizer(), by_backend.detokenizer()
+        assert [fast.push(t) for t in ids] == [slow.push(t) for t in ids], ids
+        assert fast.flush() == slow.flush(), ids
