@@ -219,6 +219,9 @@ class DeviceExecutor:
                         log.warning("OutputBuf unreadable", extra={"rc": rc_of(exc).name})
                     break
         found = check_result(job, result, previous_engine_sequence=self._engine_seq[engine], output_rows=rows)
+        if not found:  # the common case, once per token at B1 (issue #20): the counters are the next anchor
+            self._engine_seq[engine] = result.counters.engine_sequence
+            return found
         counters_bad = any(kind is Anomaly.COUNTERS for kind, _ in found)
         self._engine_seq[engine] = None if counters_bad else result.counters.engine_sequence
         for kind, _ in found:

@@ -34,7 +34,8 @@ def check_result(job: InflightJob, result: JobResult, *, previous_engine_sequenc
                  output_rows: np.ndarray | None) -> list[tuple[Anomaly, str]]:
     """Every anomaly of ``result`` against the job that was submitted (the four checks above)."""
     spec, ticket = job.spec, job.ticket
-    found = list(verify_result(spec, ticket, result, previous_engine_sequence).anomalies)
+    tagged = verify_result(spec, ticket, result, previous_engine_sequence).anomalies
+    found = list(tagged) if tagged else []
     out = spec.buffers.output
     if (result.engine is not spec.engine or result.kind is not spec.kind or result.calbin_id != spec.calbin_id
             or result.compiled_batch != spec.compiled_batch
@@ -46,13 +47,14 @@ def check_result(job: InflightJob, result: JobResult, *, previous_engine_sequenc
     if isinstance(spec, DecodeJob):
         lanes = spec.lanes  # plain values, converted once per job (DecodeJob.lanes, issue #20)
         positions, valid = lanes.positions, lanes.valid
-        step = [1] * spec.compiled_batch
+        step = 1  # what a valid lane's KV grows by: one token per decode lane, the chunk for prefill's one lane
     else:
-        positions, valid, step = [spec.start_position], [True], [len(spec.tokens)]
-    for lane in result.lanes:
+        positions, valid, step = [spec.start_position], [True], len(spec.tokens)
+    n = len(positions)
+    for lane in result.lanes:  # once per token at B1 (issue #20): no per-job list of steps, the length read once
         i = lane.lane
-        if not 0 <= i < len(positions):
-            found.append((Anomaly.CROSSTALK, f"a result names lane {i}, outside the job's {len(positions)} lanes"))
+        if not 0 <= i < n:
+            found.append((Anomaly.CROSSTALK, f"a result names lane {i}, outside the job's {n} lanes"))
             continue
         if not valid[i]:
             if lane.greedy_token is not None or (lane.logits is not None and not np.all(np.isnan(lane.logits))):
@@ -61,9 +63,9 @@ def check_result(job: InflightJob, result: JobResult, *, previous_engine_sequenc
         if lane.position != positions[i]:
             found.append((Anomaly.CROSSTALK, f"lane {i} echoes position {lane.position}; it was given "
                                              f"{positions[i]}"))
-        elif lane.rc is ReturnCode.OK and result.ok and lane.kv_len != positions[i] + step[i]:
+        elif lane.rc is ReturnCode.OK and result.ok and lane.kv_len != positions[i] + step:
             found.append((Anomaly.CROSSTALK, f"lane {i} reports KV length {lane.kv_len}; position {positions[i]} "
-                                             f"+ {step[i]} was expected"))
+                                             f"+ {step} was expected"))
         if output_rows is not None and lane.logits is not None and lane.rc is ReturnCode.OK:
             row = output_rows[i] if i < len(output_rows) else None
             if row is None or row.shape != lane.logits.shape or not np.array_equal(row, lane.logits):

@@ -18,6 +18,7 @@ from calculet.adapters.calrt import (
     JobResult,
     JobTicket,
     LaneResult,
+    PrefillJob,
     ReturnCode,
     StatusCounters,
 )
@@ -221,6 +222,34 @@ def test_a_lane_with_right_tags_but_another_sequences_content_is_found() -> None
     found = check_result(inflight, dataclasses.replace(result, lanes=tuple(lanes)), previous_engine_sequence=None,
                          output_rows=rows)
     assert any("inactive lane 3 returned output" in t for _, t in found)
+
+
+@pytest.mark.req("R14.5", "R7.4.2")
+def test_a_lane_whose_kv_length_is_not_its_position_plus_its_step_is_found() -> None:
+    """The lane echo's KV check (verification check 3): a decode lane grows by one token, prefill's one lane by
+    its chunk; one more or one less is crosstalk, and the step is the job's, not the lane's index (issue #20)."""
+    inflight, result, rows = job()
+    for lane, kv_len in ((1, 11), (1, 9), (2, 2)):
+        lanes = list(result.lanes)
+        lanes[lane] = dataclasses.replace(lanes[lane], kv_len=kv_len)
+        found = check_result(inflight, dataclasses.replace(result, lanes=tuple(lanes)),
+                             previous_engine_sequence=None, output_rows=rows)
+        position = (4, 9, 2)[lane]
+        assert [t for _, t in found] == [f"lane {lane} reports KV length {kv_len}; position {position} + 1 "
+                                         "was expected"]
+    spec = PrefillJob(generation=1, calbin_id=1, engine=JobEngine.PING, buffers=buffers(10), seq_id=5,
+                      tokens=np.array([3, 4, 5, 6]), start_position=8)
+    ticket = JobTicket(job_id=78, generation=1, kind=JobKind.PREFILL, engine=JobEngine.PING, calbin_id=1,  # type: ignore[arg-type]
+                       submitted_at=0.0)
+    prefill = InflightJob(2, ticket, None, spec, 5.0, False)  # type: ignore[arg-type]
+    for kv_len, expected in ((12, []), (9, ["lane 0 reports KV length 9; position 8 + 4 was expected"])):
+        done = JobResult(job_id=78, generation=1, kind=JobKind.PREFILL, engine=JobEngine.PING, calbin_id=1,  # type: ignore[arg-type]
+                         compiled_batch=1, rc=ReturnCode.OK,
+                         lanes=(LaneResult(0, 5, True, ReturnCode.OK, 8, kv_len, None, 7),),
+                         counters=StatusCounters(engine_sequence=1, lanes_valid=1, tokens_processed=4,
+                                                 kv_tokens_written=4),
+                         submitted_at=0.0, completed_at=1.0, output_buffer=spec.buffers.output)
+        assert [t for _, t in check_result(prefill, done, previous_engine_sequence=None, output_rows=None)] == expected
 
 
 @pytest.mark.req("R14.6")
