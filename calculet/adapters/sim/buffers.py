@@ -71,6 +71,13 @@ class BufferTable:
                               f"buffer {handle.buffer_id} does not exist (freed, or lost with a reset)")
         return b
 
+    def live_pair(self, input_id: int, output_id: int, epoch: int) -> tuple[SimBuffer | None, SimBuffer | None]:
+        """A job's two buffers in one call (once per job, issue #20), each None where :meth:`lookup` would refuse."""
+        get = self._buffers.get
+        in_buf, out_buf = get(input_id), get(output_id)
+        return (in_buf if in_buf is not None and in_buf.epoch == epoch else None,
+                out_buf if out_buf is not None and out_buf.epoch == epoch else None)
+
     def allocate(self, cb: SimCalbin, kind: JobKind, compiled_batch: int, epoch: int) -> JobBuffers:
         """An InputBuf/OutputBuf pair sized from the profile's exact tensors (§14: one pair per job)."""
         if compiled_batch not in cb.configured_profiles:

@@ -171,12 +171,31 @@ def check_prefill(job: PrefillJob, cb: SimCalbin, kv: SimKvManager, cost: CostMo
 
 
 def check_buffers(job: JobSpec, cb: SimCalbin, table: BufferTable, epoch: int) -> tuple[SimBuffer, SimBuffer]:
-    """The job's InputBuf/OutputBuf: live, of its calbin, kind and batch, and not bound (§12, §14)."""
+    """The job's InputBuf/OutputBuf: live, of its calbin, kind and batch, and not bound (§12, §14).
+
+    Once per job, so once per B1 token (issue #20): the pair is read in one call and, when both fit, accepted in
+    one condition; anything else goes through :func:`_buffers_in_order`, which refuses as the checks are listed."""
+    bufs = job.buffers
+    in_buf, out_buf = table.live_pair(bufs.input.buffer_id, bufs.output.buffer_id, epoch)
+    if in_buf is None or out_buf is None or in_buf is out_buf:
+        return _buffers_in_order(job, cb, table, epoch)
+    calbin_id, kind, batch = cb.calbin_id, job.kind, job.compiled_batch
+    h_in, h_out = in_buf.handle, out_buf.handle
+    if (in_buf.calbin_id == calbin_id and out_buf.calbin_id == calbin_id and h_in.kind is BufferKind.INPUT
+            and h_out.kind is BufferKind.OUTPUT and h_in.job_kind is kind and h_out.job_kind is kind
+            and h_in.compiled_batch == batch and h_out.compiled_batch == batch
+            and in_buf.bound_job is None and out_buf.bound_job is None):
+        return in_buf, out_buf
+    return _buffers_in_order(job, cb, table, epoch)
+
+
+def _buffers_in_order(job: JobSpec, cb: SimCalbin, table: BufferTable, epoch: int) -> tuple[SimBuffer, SimBuffer]:
+    """:func:`check_buffers` one check after the other (the refusal's rc and message are the first that fails)."""
     bufs = job.buffers
     if bufs.input.buffer_id == bufs.output.buffer_id:
         raise VendorError(ReturnCode.INVALID_ARGUMENT, "input and output buffer are the same buffer")
     out: list[SimBuffer] = []
-    calbin_id = cb.calbin_id  # a property: read once, not per buffer (issue #20)
+    calbin_id = cb.calbin_id
     for handle, want in ((bufs.input, BufferKind.INPUT), (bufs.output, BufferKind.OUTPUT)):
         b = table.lookup(handle, epoch)
         if b.calbin_id != calbin_id or b.handle.kind is not want or b.handle.job_kind is not job.kind \
