@@ -31,13 +31,20 @@ cost is O(1) amortized and stays out of the p99), or as ``--monitors`` says (``o
 checked, as in the tests). Figures, not a pass/fail test (DESIGN
 principle 10).
 
-    python bench/scheduler.py [--ticks N] [--sizes 256,4096,65536]
+``--profile-submit``: instead of the figures, where the production admitted submit's CPU goes — a CPU-time
+(``thread_time``) cProfile of 3 000 ``submit→Admit (screen)`` calls, self time by function with calls per
+submit (the rare O(lanes) pool checks left out, as they stay out of the median).
+
+    python bench/scheduler.py [--ticks N] [--sizes 256,4096,65536] [--profile-submit]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
+import pstats
+import re
 import statistics
 import time
 from typing import Any
@@ -216,18 +223,46 @@ def admission_cost(n: int, count: int, screen: bool = False) -> tuple[float, flo
     return queued, timed(s2, True)
 
 
+def profile_submit(count: int = 3000, rows: int = 30) -> None:
+    """Print where ``submit→Admit (screen)`` spends its CPU: self time by function and calls per submit."""
+    s = measured(scheduler(config(0, count + 1), count + 1)[0])
+    s.kv.whole_pool_drawn = lambda: False  # type: ignore[method-assign]  # the rare O(lanes) checks: not per submit
+    sink = NullSink()
+    requests = [InferenceRequest(PROMPT, NEW, f"t{i % 8}", deadline_ms=FAR_DEADLINE_MS) for i in range(count)]
+    gc.collect()
+    profile = cProfile.Profile(time.thread_time)
+    profile.enable()
+    for request in requests:
+        s.submit(request, sink)
+    profile.disable()
+    stats: dict[Any, Any] = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    total = sum(tt for _cc, _nc, tt, _ct, _callers in stats.values())
+    calls = sum(nc for _cc, nc, _tt, _ct, _callers in stats.values())
+    print(f"submit→Admit (screen), {count} submits under cProfile (CPU): {calls / count:.1f} calls per submit "
+          f"(Python and C); self time by function")
+    ranked = sorted(stats.items(), key=lambda item: -item[1][2])
+    for (path, _line, name), (_cc, nc, tt, _ct, _callers) in ranked[:rows]:
+        where = re.sub(r" at 0x[0-9a-f]+", "", name) if path == "~" else f"{path.rsplit('/', 1)[-1]}:{name}"
+        print(f"{100 * tt / total:6.1f}%  {nc / count:5.2f}/submit  {where}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ticks", type=int, default=2000)
     parser.add_argument("--sizes", default="256,4096,65536")
     parser.add_argument("--tenants", type=int, default=1000, help="configured tenants of the idle-tenant row")
     parser.add_argument("--monitors", choices=("default", "on", "off"), default="default")
+    parser.add_argument("--profile-submit", action="store_true",
+                        help="profile the production admitted submit instead of measuring (issue #20)")
     args = parser.parse_args()
     if args.monitors == "default":
         monitoring = production_monitoring()
         MONITOR.configure(enabled=monitoring.invariants, mode="count", sample_every=monitoring.sample_every)
     else:
         MONITOR.configure(enabled=args.monitors == "on", mode="count", sample_every=1)
+    if args.profile_submit:
+        profile_submit()
+        return
     sizes = [int(x) for x in args.sizes.split(",")]
     rows = []
     for n in sizes:
