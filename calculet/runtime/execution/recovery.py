@@ -97,7 +97,9 @@ class HealthRecovery:
         self.config = config
         self._clock = clock
         self._reset_verified = capabilities.reset_configuration_verified.value
-        self._pending: PendingRecovery | None = None
+        self.pending: PendingRecovery | None = None
+        """The recovery a fault left pending, None when the device is not in doubt. Written here only (report,
+        finished, forget); the engine reads it several times a step, so a plain attribute, not a property (#20)."""
         self._window: deque[float] = deque()
         self._faults: Counter[str] = Counter()
         self._resets = 0
@@ -129,19 +131,15 @@ class HealthRecovery:
         self._faults[reason.value] += 1
         self._last = detail
         action = self.action_for(reason)
-        pending = self._pending
+        pending = self.pending
         if pending is None:
-            self._pending = PendingRecovery(action, (reason,), detail, now)
+            self.pending = PendingRecovery(action, (reason,), detail, now)
         else:
-            self._pending = PendingRecovery(max(pending.action, action), (*pending.reasons, reason),
-                                            pending.detail, pending.since)
+            self.pending = PendingRecovery(max(pending.action, action), (*pending.reasons, reason),
+                                           pending.detail, pending.since)
         log.warning("device fault: recovery pending", extra={"reason": reason.value, "detail": detail,
-                                                             "action": self._pending.action.name})
-        return self._pending
-
-    @property
-    def pending(self) -> PendingRecovery | None:
-        return self._pending
+                                                             "action": self.pending.action.name})
+        return self.pending
 
     @property
     def failed(self) -> bool:
@@ -157,7 +155,7 @@ class HealthRecovery:
 
     def begin(self) -> PendingRecovery | None:
         """Take the pending action if the budget allows (it is then spent); None means give up."""
-        pending = self._pending
+        pending = self.pending
         if pending is None:
             return None
         if self.budget_left() <= 0:
@@ -176,18 +174,18 @@ class HealthRecovery:
         if ok:
             took = now - pending.since
             self._time.add(took)
-            self._pending = None
+            self.pending = None
             log.info("device recovered", extra={"action": pending.action.name, "seconds": took})
             return
         self._failed_recoveries += 1
-        self._pending = None
+        self.pending = None
         self.report(FaultReason.RESET_FAILED, f"{pending.action.name.lower()} failed after: {pending.detail}")
 
     def give_up(self) -> str:
         """The budget is spent: the model becomes Failed (503 from now on)."""
         self._failed = True
-        pending = self._pending
-        self._pending = None
+        pending = self.pending
+        self.pending = None
         detail = (f"model failed: recovery budget of {self.config.max_resets_per_10min} resets per 10 min "
                   f"exhausted ({pending.detail if pending else self._last})")
         self._last = detail
@@ -195,7 +193,7 @@ class HealthRecovery:
         return detail
 
     def statistics(self) -> RecoveryStatistics:
-        state = "failed" if self._failed else "recovering" if self._pending is not None else "healthy"
+        state = "failed" if self._failed else "recovering" if self.pending is not None else "healthy"
         return RecoveryStatistics(
             state=state, faults=dict(self._faults), resets=self._resets, restarts=self._restarts,
             failed_recoveries=self._failed_recoveries, budget_refusals=self._refusals,
