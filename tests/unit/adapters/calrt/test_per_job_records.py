@@ -167,6 +167,42 @@ def test_an_owning_decode_job_checks_the_lengths_as_the_constructor_does(
                   lane_valid=np.array(lists[2]))
 
 
+@given(st.sampled_from([1, 2, 4, 8, 16]).flatmap(
+    lambda b: st.lists(st.sampled_from([0, 1, 1, 2]), min_size=b, max_size=b)), st.booleans())
+def test_an_owning_decode_jobs_lanes_are_the_constructors_for_any_valid_pattern(valid: list[int],
+                                                                                 full: bool) -> None:
+    """Issue #20: owning checks the arrays' shapes instead of the lists' lengths and reads the active lanes of a
+    valid pattern from a table of the patterns seen (bounded); the lanes are the constructor's whether the pattern
+    is remembered, new, or the table is full. A 2 (a malformed flag) counts as valid, as in the constructor."""
+    from calculet.adapters.calrt import jobs as calrt_jobs
+
+    b = len(valid)
+    seqs, tokens, positions = tuple(range(10, 10 + b)), [5] * b, list(range(b))
+    built = DecodeJob(generation=1, calbin_id=1, compiled_batch=b, engine=JobEngine.PING, buffers=_buffers(b),
+                      seq_ids=seqs, token_ids=np.array(tokens), positions=np.array(positions),
+                      lane_valid=np.array(valid))
+    saved = dict(calrt_jobs._ACTIVE)
+    try:
+        if full:  # a table with no room: the pattern is not remembered, the answer is the same
+            calrt_jobs._ACTIVE.update({(-k,): () for k in range(1, calrt_jobs._ACTIVE_KEPT + 1)})
+        for _ in range(2):  # new, then remembered (or not, when full)
+            owned = DecodeJob.owning(1, 1, b, JobEngine.PING, _buffers(b), seqs, *_arrays(tokens, positions, valid))
+            assert owned.lanes == built.lanes
+            assert owned.active_lanes == tuple(i for i, v in enumerate(valid) if v)
+        assert (tuple(valid) in calrt_jobs._ACTIVE) is (not full or tuple(valid) in saved)
+        assert len(calrt_jobs._ACTIVE) <= max(calrt_jobs._ACTIVE_KEPT + len(saved), len(saved) + 1)
+    finally:
+        calrt_jobs._ACTIVE.clear()
+        calrt_jobs._ACTIVE.update(saved)
+
+
+def test_an_owning_decode_job_with_two_dimensional_arrays_is_checked_by_its_lengths() -> None:
+    """The shape test only skips the length check: arrays whose shape is not (compiled_batch,) go through it."""
+    with pytest.raises(DefinitionError, match="DecodeJob.token_ids has 1 entries; compiled_batch is 2"):
+        DecodeJob.owning(1, 1, 2, JobEngine.PING, _buffers(2), (1, 2), np.array([[5, 5]], dtype=np.int32),
+                         np.array([0, 0], dtype=np.int32), np.array([1, 1], dtype=np.uint8))
+
+
 # ------------------------------------------------------------------ verify_result
 
 
