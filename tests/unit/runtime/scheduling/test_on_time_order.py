@@ -17,6 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from calculet.runtime.scheduling.estimates import StepTimer
 from calculet.runtime.scheduling.on_time_order import newcomer_tag
 from calculet.runtime.scheduling.on_time_planner import OnTimePlanner
 from calculet.runtime.scheduling.wfq_order import QueuedRequest, admission_ranks
@@ -28,21 +29,46 @@ PREFILL = 0.004
 TENANTS = [{"name": "a", "weight": 1.0, "api_key_sha256": "a" * 64}, {"name": "b", "weight": 3.0}]
 
 
-def measured(h: Harness) -> Harness:
-    """The timers have measured steps and prefills, as on a serving device: the screen has a device model."""
+class _TokensUnmeasured(StepTimer):
+    """A step timer whose per-token wait is never measured (``token_s`` 0): the B>1 device model then charges the
+    whole prefill backlog before every lane (``prefill_on_lane`` False, ``lane_step_s`` the step), the model a
+    serving device has before its first decode step completes with an instant. Kept for a whole example, so
+    the bursts after device steps reach it too: on a lane the index's two finish formulas differ only by float
+    rounding, and a property that never leaves the lane cannot tell them apart (Q3: a mutant swapping them
+    passed)."""
+
+    __slots__ = ()
+
+    @property
+    def token_s(self) -> float:
+        return 0.0
+
+
+def measured(h: Harness, off_lane: bool = False) -> Harness:
+    """The timers have measured steps and prefills, as on a serving device: the screen has a device model.
+    ``off_lane``: not the per-token wait (:class:`_TokensUnmeasured`)."""
     s, at = h.scheduler, 0.0
+    if off_lane:
+        s.step_times.__class__ = _TokensUnmeasured
     for _ in range(4):
         s.prefill_times.observe(16, PREFILL)
         s.step_times.prefill_ran(PREFILL)
         at += STEP + PREFILL
         s.step_times.observe(STEP, lanes=B, compiled=B, decoding=B, now=at)
-    assert s.on_time is not None and s.on_time.model() is not None
+    assert s.on_time is not None
+    model = s.on_time.model()
+    assert model is not None and model.prefill_on_lane is (not off_lane or lanes_of(h) == 1)
     return h
 
 
-def build(lanes: int = B, sizes: tuple[int, ...] = (B,)) -> Harness:
+def lanes_of(h: Harness) -> int:
+    assert h.scheduler.on_time is not None
+    return h.scheduler.on_time.lanes()
+
+
+def build(lanes: int = B, sizes: tuple[int, ...] = (B,), off_lane: bool = False) -> Harness:
     return measured(Harness.build(sizes=sizes, lanes=lanes, tenants=TENANTS,
-                                  admission={"max_sequences": lanes}))
+                                  admission={"max_sequences": lanes}), off_lane)
 
 
 def planner(h: Harness) -> OnTimePlanner:
@@ -136,14 +162,16 @@ BURSTS = st.lists(st.tuples(st.sampled_from("aab"), st.sampled_from([16, 48, 500
 seconds) — of two tenants, short and long prompts (four §5.3 flows)."""
 
 
-@settings(max_examples=60, deadline=None)
-@given(bursts=BURSTS, b1=st.booleans(), lead=st.integers(0, B))
-def test_every_indexed_estimate_is_the_afresh_one(bursts: list[tuple[str, int, int, int, int, float]], b1: bool,
+@settings(max_examples=90, deadline=None)
+@given(bursts=BURSTS, shape=st.sampled_from(["b16", "b16-unmeasured", "b1"]), lead=st.integers(0, B))
+def test_every_indexed_estimate_is_the_afresh_one(bursts: list[tuple[str, int, int, int, int, float]], shape: str,
                                                   lead: int):
     """Random bursts of two tenants (weights 1 and 3; short and long prompts: four flows), the played device
-    stepping between them (admissions from the queue, ends, replans), on B16 with 16 sequences and on one
-    lane with one sequence (calculet-b1-shared's shape): every value the index gives is the afresh one."""
-    h = build(lanes=1, sizes=(1,)) if b1 else build()
+    stepping between them (admissions from the queue, ends, replans), on B16 with 16 sequences — its per-token
+    wait measured (prefills on their lanes) or not (the prefill backlog before every lane) — and on one lane
+    with one sequence (calculet-b1-shared's shape): every value the index gives is the afresh one."""
+    b1 = shape == "b1"
+    h = build(lanes=1, sizes=(1,)) if b1 else build(off_lane=shape == "b16-unmeasured")
     pairs = checked(h)
     for _ in range(1 if b1 else lead):
         h.submit(prompt=16, new=40, tenant="a")
@@ -154,6 +182,28 @@ def test_every_indexed_estimate_is_the_afresh_one(bursts: list[tuple[str, int, i
             tick(h, seconds)
     for value, afresh in pairs:
         assert afresh is not None and value == pytest.approx(afresh, rel=1e-12, abs=1e-9)
+
+
+def test_off_the_lane_the_prefill_backlog_before_the_lanes_is_in_every_indexed_estimate():
+    """B16 before the per-token wait is measured: each estimate carries the prefills of everyone before it in
+    the order, charged before the lanes (``prefill_on_lane`` False). The indexed values are the afresh ones,
+    and they are not what the on-lane formula gives from the same lanes (the backlog is tens of prefills:
+    far above rounding), so a swap of the two formulas is caught here deterministically."""
+    h = build(off_lane=True)
+    assert h.scheduler.on_time is not None
+    model = h.scheduler.on_time.model()
+    assert model is not None and not model.prefill_on_lane and model.prefill_s(16) > 0
+    pairs = checked(h)
+    for _ in range(B):
+        h.submit(prompt=16, new=40, tenant="a")
+    for i in range(40):
+        h.submit(prompt=16 + i, new=10 + (7 * i) % 50, tenant="ab"[i % 2])
+    index = planner(h).order_index
+    assert index.statistics().indexed == 38 and len(pairs) == 38
+    for value, afresh in pairs:
+        assert afresh is not None and value == pytest.approx(afresh, rel=1e-12, abs=1e-9)
+    backlog = index._prefills[index._valid - 1]  # the prefills before the lanes at the last prefix scheduled
+    assert backlog >= 30 * model.prefill_s(16)
 
 
 FLOWS = [("a", False), ("a", True), ("b", False)]
