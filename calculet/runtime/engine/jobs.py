@@ -171,8 +171,8 @@ class JobPath:
         scheduler.recover_lanes()  # a known failure: the device is done with the job's lanes
 
     def expire(self) -> None:
-        """Jobs past their Wait deadline time out."""
-        for job in self.executor.expired(self.clock.now()):
+        """Jobs past their Wait deadline time out (the executor reads the clock, the engine's, when one is in flight)."""
+        for job in self.executor.expired():
             self.timed_out(job)
 
     def timed_out(self, job: InflightJob) -> None:

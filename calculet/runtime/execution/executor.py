@@ -228,8 +228,15 @@ class DeviceExecutor:
             self._anomalies[kind.value] += 1
         return found
 
-    def expired(self, now: float) -> list[InflightJob]:
-        """Submitted jobs whose Wait deadline passed (marked timed out; they keep their buffers)."""
+    def expired(self, now: float | None = None) -> list[InflightJob]:
+        """Submitted jobs whose Wait deadline passed (marked timed out; they keep their buffers).
+
+        ``now`` defaults to the executor's clock, read only when a job is in flight: the engine asks every turn, and
+        on the null device nothing is in flight then (issue #20: a clock read per turn for nothing)."""
+        if not self._jobs:
+            return []
+        if now is None:
+            now = self._clock.now()
         out = []
         for job in self._jobs.values():
             if not job.timed_out and job.deadline <= now:

@@ -144,3 +144,25 @@ def test_the_model_manager_reaches_no_private_executor_field() -> None:
     forwarded = {ast.unparse(node.func) for node in ast.walk(ast.parse(inspect.getsource(EngineCore)))
                  if isinstance(node, ast.Call)}
     assert "self.executor.resync_engine_sequences" in forwarded
+
+def test_expired_reads_the_executors_clock_only_with_a_job_in_flight(rig: Rig) -> None:
+    """Issue #20: ``expired()`` without ``now`` is the executor's clock; with nothing in flight it is empty without
+    reading the clock. A job past its Wait deadline is marked timed out once, given ``now`` or not."""
+    clock = rig.executor._clock
+    assert isinstance(clock, FakeClock)
+    reads = 0
+    now = clock.now
+
+    def counted() -> float:
+        nonlocal reads
+        reads += 1
+        return now()
+
+    clock.now = counted  # type: ignore[method-assign]
+    assert rig.executor.expired() == [] and reads == 0  # nothing in flight: no clock read
+    job = rig.submit()
+    assert rig.executor.expired() == [] and reads >= 1  # in flight, before its deadline (5 s)
+    assert rig.executor.expired(job.deadline - 1e-6) == []
+    clock.set(job.deadline)
+    assert rig.executor.expired() == [job] and job.timed_out
+    assert rig.executor.expired() == [] and rig.executor.expired(job.deadline + 1) == []  # marked once
