@@ -217,7 +217,10 @@ class ModelManager:
         return self._lock.busy()
 
     def next_deadline(self) -> float | None:
-        return self._lock.next_deadline()
+        """The active operation's deadline (the lock's :meth:`~LifecycleLock.next_deadline`, read here without its
+        frame: the actor asks twice a turn, issue #20), None when no operation holds the lock."""
+        active = self._lock.active
+        return active.deadline if active is not None else None
 
     def poll(self) -> None:
         """Resume the active operation, then the queued ones in order (the lifecycle lock)."""

@@ -172,3 +172,25 @@ def test_unload_goes_on_as_soon_as_both_counters_are_zero(env: ModelsEnv) -> Non
     report = rig.models.unload(ALIAS)
     assert report.drain_s < 1.0 and rig.clock.now() - start < 1.0 and not report.deadline_passed
     rig.driver.stop()
+
+
+def test_the_manager_answers_the_active_operations_deadline_for_the_actors_wake_up(env: ModelsEnv) -> None:
+    """Issue #20 (ModelManager.next_deadline reads the lifecycle lock's active operation without its frame): None
+    with no operation; during a drain, the drain's deadline (what the actor's next wake-up must include), the
+    lock's own answer; None again once the unload ended."""
+    a = env.package("model-a")
+    rig = make_rig(env.config(a, executor={"drain_deadline_ms": 200}),
+                   options=EngineOptions(job_timeout_s=2.0, monitor_mode=None))
+    rig.runtime.device.inner.faults.add(FaultRule(InjectedFault.TIMEOUT, job_kind=JobKind.DECODE, nth=2))
+    Client(rig).submit(8)
+    rig.driver.advance(0.05)
+    models = rig.models
+    assert models.next_deadline() is None and models._lock.next_deadline() is None
+    handle = models.begin_unload(ALIAS)
+    rig.driver.advance(0.01)
+    deadline = models.next_deadline()
+    assert deadline is not None and deadline == models._lock.next_deadline()
+    assert rig.clock.now() < deadline <= rig.clock.now() + 0.2
+    handle.result()
+    assert models.next_deadline() is None
+    rig.driver.stop()
