@@ -85,6 +85,20 @@ the measured rate and stay). calculet-b16 P90: steady 29 -> 27 % (loads 0.5/1: 3
 bursty 38 -> 40 % (a burst's newcomers outrun a long-window rate; a 256-step window: 41 %); offline
 with the cost model's exact per-size times and the trace's mean rate, steady 0.5/1 reached 23/27 %.
 Neither preset meets 25 % with it, and it would add work to every decode step (#20).
+
+Measured for admission (issue #13, the goodput comparison's B16 tight 0.5× miss: trace ids 135 and 161
+refused, at_risk finished them in 9.44/7.51 s): a lane schedule whose per-token time follows the number
+of kept sequences decoding in each stretch (the list schedule time-warped by the reference cost's per-token
+time at that count under the §8 thresholds, relative to B16 full; selection and ``fits`` both warped; no
+later arrivals). It is early: offline at 0.5×, the admitted requests finished a median 1.27× (P90 1.56×)
+after it (17 others started during 135's life under at_risk), and the count is not monotone in cost (9-11
+sequences rotate on B8: 120 ms a token against 80 ms at 12-16). Prototype against the same harness (the
+admission cache off in both): on time 0.5× 245 vs 246 (admits 161, refuses 66 and 67, still 135), 1× 341
+vs 399, 2× 413 vs 478, 4× 412 vs 439; admitted then ended for the deadline 18 vs 4 (1×), 22 vs 5 (2×). A
+monotone shape (the smallest profile holding the set) admits 135 and 161 (0.5× 245: 74 admitted and
+late, 76, 77, 141 refused) and is worse still (1× 362,
+2× 411 with 46 admitted then shed). Not kept: whether 135 makes it depends on the later arrivals' load,
+which no estimate over the kept set knows.
 """
 
 from __future__ import annotations
