@@ -136,6 +136,67 @@ def test_several_flows_are_indexed_and_pay_only_for_the_prefixes_they_need():
     assert len({round(v, 9) for v, _ in pairs}) > 40  # the values differ: the test can tell a wrong place
 
 
+def test_one_request_shape_inserted_early_in_the_order_makes_no_lane_state_stale():
+    """One request shape from two tenants (weights 1 and 3): the heavier one's newcomers are inserted early in
+    the order, into the run of jobs of their own lane length, which leaves every lane state as it was — one
+    state scheduled per indexed submit (the candidate's place at the end), where invalidating past the
+    insertion recomputed the run's tail each time; the values are the afresh ones."""
+    h = build()
+    pairs = checked(h)
+    for _ in range(B):
+        h.submit(prompt=16, new=40, tenant="a")
+    for i in range(60):
+        h.submit(prompt=16, new=30, tenant="ab"[i % 4 != 0])  # b (weight 3) three times in four
+    stats = planner(h).order_index.statistics()
+    assert stats.seeded == 1 and stats.indexed == 58 and len(pairs) == 58
+    assert stats.scheduled <= stats.indexed + 1
+    for value, afresh in pairs:
+        assert afresh is not None and value == pytest.approx(afresh, rel=1e-12, abs=1e-9)
+    assert len({round(v, 9) for v, _ in pairs}) == 4  # one shape: waves of 16 lanes, each placed in its wave
+
+
+def test_a_job_joining_the_leading_run_of_its_shape_leaves_the_states_up_to_the_runs_end():
+    """One lane (every change of a lane state shows in the next finish): tenant b's short requests (weight 3)
+    form the order's leading run, tenant a's longer ones follow, and each new b request joins the run ahead of
+    them. The states inside the run stand; the one after it (run + an a request before, run + one more b
+    request now) does not, and every value is the afresh one."""
+    h = build(lanes=1, sizes=(1,))
+    pairs = checked(h)
+    h.submit(prompt=16, new=40, tenant="a")  # admitted: holds the lane
+    for _ in range(4):
+        h.submit(prompt=16, new=10, tenant="b")
+    for i in range(12):
+        h.submit(prompt=16, new=40, tenant="a")
+        h.submit(prompt=16, new=10, tenant="b")
+    index = planner(h).order_index
+    assert index.statistics().seeded == 1 and len(pairs) == index.statistics().indexed >= 24
+    assert 4 < index._uniform < len(index._lengths)  # a run of b requests ahead of a's, and a's behind it
+    for value, afresh in pairs:
+        assert afresh is not None and value == pytest.approx(afresh, rel=1e-12, abs=1e-9)
+    assert len({round(v, 9) for v, _ in pairs}) == len(pairs)
+
+
+def test_a_job_of_another_shape_at_the_head_of_the_order_ends_the_leading_run():
+    """One lane: b's requests form the leading run, a's first (short, weight 1) is inserted ahead of all of
+    them and its second inside them, while the lane states to the end are valid: the run is now a's first
+    alone, and a's second, of its shape, ends it — the states past it are stale (each value the afresh one)."""
+    h = build(lanes=1, sizes=(1,))
+    pairs = checked(h)
+    h.submit(prompt=16, new=40, tenant="a")  # admitted: holds the lane
+    for _ in range(6):
+        h.submit(prompt=16, new=40, tenant="b")
+    h.submit(prompt=8, new=8, tenant="a")  # placed at the head of the order
+    h.submit(prompt=16, new=40, tenant="b")  # places itself at the end: every lane state computed
+    h.submit(prompt=8, new=8, tenant="a")  # placed after b's first, inside the former run
+    h.submit(prompt=16, new=40, tenant="b")
+    h.submit(prompt=16, new=40, tenant="b")
+    index = planner(h).order_index
+    assert index.statistics().seeded == 1 and len(pairs) == index.statistics().indexed == 9
+    for value, afresh in pairs:
+        assert afresh is not None and value == pytest.approx(afresh, rel=1e-12, abs=1e-9)
+    assert index._uniform == 1 and index._lengths[0] == index._lengths[2] != index._lengths[1]
+
+
 def test_an_event_between_two_submits_reseeds_the_index():
     h = build()
     pairs = checked(h)
@@ -157,15 +218,24 @@ def test_an_event_between_two_submits_reseeds_the_index():
 
 
 BURSTS = st.lists(st.tuples(st.sampled_from("aab"), st.sampled_from([16, 48, 5000]), st.integers(1, 60),
-                            st.integers(1, 12), st.integers(0, 3), st.floats(0.0, 0.2)), min_size=1, max_size=10)
+                            st.integers(1, 12), st.integers(0, 3), st.floats(0.0, 0.2), st.booleans()),
+                  min_size=1, max_size=10)
 """Bursts of one flow — (tenant, prompt, new tokens of the first, requests, device steps after, each step's
-seconds) — of two tenants, short and long prompts (four §5.3 flows)."""
+seconds, one shape) — of two tenants, short and long prompts (four §5.3 flows). ``one shape``: every request
+of the burst has the same prompt and one of 4 new-token counts (shapes shared across bursts and tenants: runs of
+one lane length, which the index's insertion treats apart, :meth:`.AdmissionOrderIndex._insert`); else each
+its own."""
+
+
+def shaped(prompt: int, new: int, i: int, one_shape: bool) -> tuple[int, int]:
+    """The ``i``-th request's (prompt, new tokens) of a burst (:data:`BURSTS`)."""
+    return (prompt, 1 + 13 * (new % 4)) if one_shape else (prompt + i, 1 + (new + 7 * i) % 60)
 
 
 @settings(max_examples=90, deadline=None)
 @given(bursts=BURSTS, shape=st.sampled_from(["b16", "b16-unmeasured", "b1"]), lead=st.integers(0, B))
-def test_every_indexed_estimate_is_the_afresh_one(bursts: list[tuple[str, int, int, int, int, float]], shape: str,
-                                                  lead: int):
+def test_every_indexed_estimate_is_the_afresh_one(bursts: list[tuple[str, int, int, int, int, float, bool]],
+                                                  shape: str, lead: int):
     """Random bursts of two tenants (weights 1 and 3; short and long prompts: four flows), the played device
     stepping between them (admissions from the queue, ends, replans), on B16 with 16 sequences — its per-token
     wait measured (prefills on their lanes) or not (the prefill backlog before every lane) — and on one lane
@@ -175,9 +245,10 @@ def test_every_indexed_estimate_is_the_afresh_one(bursts: list[tuple[str, int, i
     pairs = checked(h)
     for _ in range(1 if b1 else lead):
         h.submit(prompt=16, new=40, tenant="a")
-    for tenant, prompt, new, count, steps, seconds in bursts:
+    for tenant, prompt, new, count, steps, seconds, one_shape in bursts:
         for i in range(count):
-            h.submit(prompt=prompt + i, new=1 + (new + 7 * i) % 60, tenant=tenant)
+            p, n = shaped(prompt, new, i, one_shape)
+            h.submit(prompt=p, new=n, tenant=tenant)
         for _ in range(steps):
             tick(h, seconds)
     for value, afresh in pairs:
