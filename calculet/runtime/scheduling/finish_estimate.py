@@ -336,9 +336,16 @@ def fair_share_finish(jobs: Sequence[PendingJob], now: float, model: DeviceModel
 
 def edf_finish(jobs: Sequence[PendingJob], now: float, model: DeviceModel) -> dict[int, float]:
     """Finish of every job when all are served earliest-deadline-first on the lanes (no shedding)."""
+    return edf_schedule(jobs, now, model)[0]
+
+
+def edf_schedule(jobs: Sequence[PendingJob], now: float,
+                 model: DeviceModel) -> tuple[dict[int, float], list[float]]:
+    """:func:`edf_finish`, and the lanes' free times after it as a heap: a lane no job holds is free when the
+    prefill backlog ends (``now`` where prefills run on their own lanes), not at ``now``."""
     base, lengths = _plan(jobs, model)
-    finish, _ = _list_schedule(_edf_order(jobs), lengths, model.lanes, now + base)
-    return {jobs[i].id: t for i, t in finish.items()}
+    finish, free = _list_schedule(_edf_order(jobs), lengths, model.lanes, now + base)
+    return {jobs[i].id: t for i, t in finish.items()}, free
 
 
 def _select(order: Sequence[int], lengths: Sequence[float], deadlines: Sequence[float],

@@ -13,7 +13,7 @@ import heapq
 import math
 from dataclasses import dataclass
 
-from calculet.runtime.scheduling.finish_estimate import ON_TIME_EPS_S, DeviceModel, PendingJob, edf_finish
+from calculet.runtime.scheduling.finish_estimate import ON_TIME_EPS_S, DeviceModel, PendingJob, edf_schedule
 
 __all__ = ["_EdfCache", "_Refusal"]
 
@@ -34,11 +34,8 @@ class _EdfCache:
                  late_ok: frozenset[int] = frozenset()) -> None:
         """``late_ok``: kept jobs planned late (spared, :func:`spare_harmless`): they hold lanes but no slack
         of theirs is protected."""
-        finish = edf_finish(kept, now, model)
+        finish, self.free = edf_schedule(kept, now, model)  # off a lane, an idle lane waits for the prefill backlog
         self.on_lane = model.prefill_on_lane
-        ends = sorted(finish.values(), reverse=True)[:model.lanes]
-        self.free = [max(now, t) for t in ends] + [now] * (model.lanes - len(ends))
-        heapq.heapify(self.free)
         self.min_slack = min((_deadline(j) - finish[j.id] for j in kept if j.id not in late_ok), default=math.inf)
         self.latest = max((_deadline(j) for j in kept), default=-math.inf)
         self._of: DeviceModel | None = None

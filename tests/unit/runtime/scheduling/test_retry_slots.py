@@ -144,3 +144,32 @@ def test_the_itl_cap_leaves_room_for_one_typical_prefill() -> None:
     prefill = REF_B1.prefill_s(64)
     cap = REF_B1.max_streams_for_itl(0.2, prefill)
     assert REF_B1.itl_s(cap) + prefill <= 0.2 < REF_B1.itl_s(cap + 1) + prefill
+
+
+_burst = st.lists(st.tuples(st.integers(1, 256), st.integers(0, 60), st.floats(0.0, 4.0)), min_size=1, max_size=10)
+
+
+@settings(max_examples=200, deadline=None)
+@given(jobs=_jobs, lanes=st.sampled_from([1, 2, 4]), on_lane=st.booleans(), burst=_burst)
+def test_the_admission_cache_accepts_a_burst_exactly_as_fits_would(jobs, lanes, on_lane, burst) -> None:
+    """The planner's claim for its admission cache (``on_time_cache._EPS``: "accepts exactly what ``fits``
+    would", #13): a burst of latest-deadline candidates placed one after another at the tail of the cached
+    schedule gets the answer, and the finish, ``fits`` gives against the kept set grown by each accepted one."""
+    # B>1 charges prefills on their lanes once the per-token time is measured, else as a backlog before every lane
+    model = DeviceModel(0.04, compiled_batch=lanes, prefill_fixed_s=5e-3, prefill_per_token_s=0.6e-3,
+                        token_s=0.05 if lanes > 1 and on_lane else 0.0)
+    admitted = [PendingJob(i, p, d, dl) for i, (p, d, dl) in enumerate(jobs)]
+    keep = set(on_time_selection(admitted, 0.0, model).keep)
+    kept = [j for j in admitted if j.id in keep]
+    cache = _EdfCache(kept, 0.0, model)
+    deadline = max((j.deadline for j in kept), default=0.5)
+    for n, (prefill, decode, later) in enumerate(burst):
+        deadline += later
+        cand = PendingJob(100 + n, prefill, decode, deadline)
+        placed = cache.place(cand, 0.0, model)
+        full = fits(cand, kept, 0.0, model)
+        assert (placed is not None) == full.ok
+        if placed is None:
+            continue
+        assert placed == pytest.approx(full.finish, abs=1e-9)
+        kept.append(cand)
