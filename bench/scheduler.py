@@ -22,8 +22,10 @@ device — the device model, the request as a pending job, its place at the tail
 schedule. The issue's ≤ 20 µs target is judged on the production ``submit→Admit (screen)`` column.
 ``→Queue (screen)``'s median does not grow with the waiting requests: the admission-order estimate is
 incremental (``on_time_order.AdmissionOrderIndex``; 52–74 µs median from 1 024 to 32 768 waiting, load 2–3). Its
-mean still does (0.08 ms at 1 024 waiting, 1.5 ms at 32 768: some submits rebuild the lane states of much of
-the order), so filling the 65 536 row's queue through the screen costs about 110 s of CPU.
+mean does not either here, where every request has one shape (a newcomer joins the order's leading run of its
+shape and no lane state is rebuilt: 47-49 µs mean from 1 024 to 16 384 waiting, load 3.5); with mixed shapes a
+submit that lands before others rebuilds the lane states after it, and the mean grows with the queue (0.09 ms at
+1 024 waiting, 0.8 ms at 16 384).
 Monitors run at the production default of ``monitoring`` (on: one event in ``sample_every`` = 256
 checked, counted not raised — README "Monitors"; the checks that walk every lane, the KV pool's and
 jobs × lanes', at that rate scaled down by lanes / 64, ``KvLaneManager.whole_pool_drawn``, so their
