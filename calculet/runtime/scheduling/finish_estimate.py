@@ -110,6 +110,8 @@ from operator import le
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
+from calculet.records import quick_init
+
 
 @dataclass(frozen=True)
 class PendingJob:
@@ -248,6 +250,7 @@ class Selection:
     finish: dict[int, float]
 
 
+@quick_init  # one per admitted submit() (#20): the fields written without object.__setattr__ each
 @dataclass(frozen=True)
 class Fit:
     """Admission's answer: ``ok``; if not, ``retry_at`` is when it would fit (None: never)."""

@@ -142,17 +142,6 @@ def pending_job(rec: RequestRecord, weight: float) -> PendingJob | None:
     return PendingJob.trusted(rec.request_id, machine.prompt_tokens, machine.max_new_tokens - 1, rec.deadline, weight)
 
 
-def _accepted(finish: float | None) -> Fit:
-    """``Fit(True, None, finish)`` without the frozen dataclass's per-field ``object.__setattr__`` (about a
-    microsecond of each admitted ``submit()``, #20): equal to it, and as frozen."""
-    fit = object.__new__(Fit)
-    fields = fit.__dict__
-    fields["ok"] = True
-    fields["retry_at"] = None
-    fields["finish"] = finish
-    return fit
-
-
 def _deadline(job: PendingJob) -> float:
     return math.inf if job.deadline is None else job.deadline
 
@@ -359,20 +348,16 @@ class OnTimePlanner:
               records: Callable[[], Iterable[RequestRecord]]) -> Fit:
         """Would ``rec`` finish on time with every kept request? Sets ``rec.estimated_finish`` if so.
 
-        ``records`` lists the live requests; it is called only on the slow path. Once per ``submit()`` (#20): the
-        job, :meth:`admitting_model` and :meth:`_cache_drift` are read without their calls while their inputs hold."""
+        ``records`` lists the live requests; it is called only on the slow path. Once per ``submit()`` (#20):
+        :meth:`admitting_model` and :meth:`_cache_drift` are read without their calls while their inputs hold."""
         machine = rec.machine
         smoothed = self._prompt_tokens  # the first prompt seen sets it
         self._prompt_tokens = smoothed + (PROMPT_SMOOTHING if smoothed else 1.0) * (machine.prompt_tokens - smoothed)
         if model is None:
             return Fit(True, None, None)
-        state = machine._state
-        if state not in PLANNED_STATES:
+        job = pending_job(rec, self.weights.get(rec.tenant, 1.0))
+        if job is None:
             return Fit(True, None, None)
-        job = PendingJob.trusted(rec.request_id, 0, machine.max_new_tokens - machine.generated_tokens, rec.deadline,
-                                 self.weights.get(rec.tenant, 1.0)) if state in DECODING_STATES else PendingJob.trusted(
-            rec.request_id, machine.prompt_tokens, machine.max_new_tokens - 1, rec.deadline,
-            self.weights.get(rec.tenant, 1.0))  # pending_job(rec, weight), without its call
         nominal, margin = model, self.errors.margin
         admitting = self._admitting
         if model is not self._admitting_of or admitting is None or margin != self._admitting_margin:
@@ -413,7 +398,7 @@ class OnTimePlanner:
                 finish = finish if in_order is None else in_order
         rec.estimated_finish = finish
         self.dirty = True
-        return _accepted(finish)
+        return Fit(True, None, finish)
 
     def decode_order_binds(self, lanes: int) -> bool:
         """Whether the kept requests decode by deadline (the plan's order, §7.2 item 2) rather than in

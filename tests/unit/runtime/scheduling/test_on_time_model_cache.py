@@ -187,15 +187,17 @@ def test_placing_at_the_tail_of_the_cached_schedule_gives_what_it_gave_before_it
     check()
 
 
-def test_an_accepted_fit_built_without_its_init_is_the_dataclass_fit():
-    """``_accepted`` (#20) builds admission's accepting answer without the frozen dataclass's ``__init__``: equal,
-    with an equal hash and repr, and still frozen; ``admit`` answers with it and the estimate it sets."""
+def test_an_accepted_fit_is_still_a_frozen_dataclass_fit():
+    """``Fit`` takes :func:`~calculet.records.quick_init`'s constructor (#20: one per admitted ``submit()``): equal,
+    with an equal hash and repr, to the dataclass's own, and still frozen; ``admit`` answers with the estimate it
+    sets."""
     from calculet.runtime.scheduling.finish_estimate import Fit
-    from calculet.runtime.scheduling.on_time_planner import _accepted
 
     for finish in (None, 0.0, 12.5):
-        fit = _accepted(finish)
-        expected = Fit(True, None, finish)
+        fit = Fit(True, None, finish)
+        expected = object.__new__(Fit)
+        for name, value in (("ok", True), ("retry_at", None), ("finish", finish)):
+            object.__setattr__(expected, name, value)
         assert fit == expected and hash(fit) == hash(expected) and repr(fit) == repr(expected)
         with pytest.raises(dataclasses.FrozenInstanceError):
             fit.ok = False  # type: ignore[misc]
