@@ -400,8 +400,8 @@ class SimVirtualDevice:
         cb = check_target(job, self._calbins, self._poisoned)
         caps = cb.capabilities
         kv = self._kv_for(cb)
-        admitted = (check_decode(job, cb, kv, self.cost) if isinstance(job, DecodeJob)
-                    else check_prefill(job, cb, kv, self.cost))
+        decode = isinstance(job, DecodeJob)  # asked once: the null device's commit below asks again (issue #20)
+        admitted = check_decode(job, cb, kv, self.cost) if decode else check_prefill(job, cb, kv, self.cost)
         in_buf, out_buf = check_buffers(job, cb, self._buffers, self._epoch)
         if self._engine_job[job.engine] is not None:
             raise VendorError(ReturnCode.DEVICE_BUSY,
@@ -427,7 +427,7 @@ class SimVirtualDevice:
         dma_payload(job, in_buf)
         self._submitted += 1
         if (fault is None and finish is not None and finish <= now and self.completes_at_submit
-                and isinstance(job, DecodeJob) and cb.model is None):
+                and decode and cb.model is None):
             # the null device's decode step: committed and published here, its buffers and sequences never bound
             self.timeline.done[job_id] = null_decode_record(ticket, job, kv, admitted.held, self._engine_seq, now)
             self._completed[ReturnCode.OK] += 1

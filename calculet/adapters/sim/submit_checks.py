@@ -46,6 +46,9 @@ class Admitted(NamedTuple):
     second lookup (issue #20)."""
 
 
+_new_tuple = tuple.__new__
+
+
 def payload(job: JobSpec) -> bytes:
     """The bytes the host DMAs into the job's InputBuf (tokens, positions, mask, sequences)."""
     # struct, not numpy: a decode job's few lanes pack in ~1 µs, where four small arrays cost ~10 (issue #20)
@@ -109,17 +112,19 @@ def check_decode(job: DecodeJob, cb: SimCalbin, kv: SimKvManager, cost: CostMode
         sid = seq_ids[i]
         if sid != NO_SEQUENCE and not kv.exists(sid):
             raise VendorError(ReturnCode.NOT_FOUND, f"inactive lane {i} names unknown seq {sid}")
-    seen: set[int] = set()
     held: list[_Sequence] = []
     vocab, max_seq = cb.vocab_size, profile.max_seq
+    # one valid lane (every B1 job, once per token, issue #20) cannot repeat a sequence: no set to build
+    seen: set[int] | None = set() if len(lanes) > 1 else None
     for i in lanes:
         sid = seq_ids[i]
         if sid == NO_SEQUENCE:
             raise VendorError(ReturnCode.INVALID_ARGUMENT, f"valid lane {i} has no sequence")
-        if sid in seen:
-            raise VendorError(ReturnCode.INVALID_ARGUMENT,
-                              f"seq {sid} appears in two valid lanes (§9.2: one seq, one lane)")
-        seen.add(sid)
+        if seen is not None:
+            if sid in seen:
+                raise VendorError(ReturnCode.INVALID_ARGUMENT,
+                                  f"seq {sid} appears in two valid lanes (§9.2: one seq, one lane)")
+            seen.add(sid)
         seq = kv.find(sid)  # one dictionary read; lookup() for the error when it is not there
         if seq is None:
             seq = kv.lookup(sid)
@@ -136,8 +141,9 @@ def check_decode(job: DecodeJob, cb: SimCalbin, kv: SimKvManager, cost: CostMode
         if seq.inflight_job is not None:
             raise VendorError(ReturnCode.INVALID_STATE, f"seq {sid} is being written by job {seq.inflight_job}")
         held.append(seq)
-    seqs = tuple([seq_ids[i] for i in lanes])
-    return Admitted(seqs, lanes, cost.decode_s(b), tuple(held))
+    # every lane valid (B1's one lane): the sequences are the job's own tuple, no comprehension to run
+    seqs = seq_ids if len(lanes) == b else tuple([seq_ids[i] for i in lanes])
+    return _new_tuple(Admitted, (seqs, lanes, cost.decode_s(b), tuple(held)))  # without the named tuple's frame
 
 
 def check_prefill(job: PrefillJob, cb: SimCalbin, kv: SimKvManager, cost: CostModel) -> Admitted:

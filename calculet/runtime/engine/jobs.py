@@ -67,9 +67,10 @@ class JobPath:
             for rid in self._request_ids(work):
                 scheduler.fail(rid, f"generation {work.generation} is no longer serving")
             return None
-        prompt = self._desk.prompt(work.request_id) if isinstance(work, PrefillWork) else None
+        prefill = isinstance(work, PrefillWork)  # asked once per job (issue #20)
+        prompt = self._desk.prompt(work.request_id) if prefill else None
         try:
-            if isinstance(work, PrefillWork) and prompt is None:
+            if prefill and prompt is None:
                 raise DefinitionError(f"request {work.request_id} has no prompt on record")
             spec = executor.build(work, plan.engine, prompt)
         except CalculetError as exc:
@@ -85,7 +86,7 @@ class JobPath:
         self.models.on_job_submitted(work.generation)
         executor.degrade.accepted()
         if self.trace is not None:
-            stage = "decode_scheduler" if isinstance(work, DecodeBatch) else "prefill_scheduler"
+            stage = "prefill_scheduler" if prefill else "decode_scheduler"
             for rid in self._request_ids(work):
                 self.trace.extend(((stage, rid), ("executor", rid)))
         return outcome

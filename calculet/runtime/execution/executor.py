@@ -163,10 +163,12 @@ class DeviceExecutor:
             timeout = self.job_timeout_s + self.prefill_timeout_per_token_s * len(spec.tokens)
         else:
             timeout = self.job_timeout_s
-        job = InflightJob(work.job_id, ticket, work, spec, now + timeout, overlapped=bool(self._jobs))
-        for other in self._jobs.values():
-            other.overlapped = True
-        self._jobs[int(ticket.job_id)] = job
+        jobs = self._jobs
+        job = InflightJob(work.job_id, ticket, work, spec, now + timeout, bool(jobs))
+        if jobs:  # another job on the device (ping/pong): both overlapped; none on the null device (issue #20)
+            for other in jobs.values():
+                other.overlapped = True
+        jobs[int(ticket.job_id)] = job
         return job
 
     # ------------------------------------------------------------------ completions
