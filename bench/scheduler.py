@@ -37,7 +37,11 @@ principle 10).
 (``thread_time``) cProfile of 3 000 ``submit→Admit (screen)`` calls, self time by function with calls per
 submit (the rare O(lanes) pool checks left out, as they stay out of the median).
 
-    python bench/scheduler.py [--ticks N] [--sizes 256,4096,65536] [--profile-submit]
+``--profile-tick``: instead of the figures, where the B16 tick's CPU goes at 4 096 ready on 8 tenants — a
+CPU-time (``thread_time``) cProfile of 2 000 ticks (``step()`` + ``submitted()`` + ``on_decode_complete()``,
+the completion objects built before profiling), self time by function with calls per tick.
+
+    python bench/scheduler.py [--ticks N] [--sizes 256,4096,65536] [--profile-submit] [--profile-tick]
 """
 
 from __future__ import annotations
@@ -237,15 +241,38 @@ def profile_submit(count: int = 3000, rows: int = 30) -> None:
     for request in requests:
         s.submit(request, sink)
     profile.disable()
+    print_profile(profile, count, f"submit→Admit (screen), {count} submits", "submit", rows)
+
+
+def profile_tick(n: int = 4096, count: int = 2000, rows: int = 35) -> None:
+    """Print where a B16 decode tick spends its CPU at ``n`` ready on 8 tenants: self time by function and
+    calls per tick (monitors as configured in ``main``)."""
+    s = warm_scheduler(n)
+    gc.collect()
+    profile = cProfile.Profile(time.thread_time)
+    for _ in range(count):
+        profile.enable()
+        batch: Any = s.step().work
+        s.submitted(batch.job_id)
+        profile.disable()
+        result = completion_of(batch)  # the device's output: outside the tick, as in one_tick
+        profile.enable()
+        s.on_decode_complete(result)
+        profile.disable()
+    print_profile(profile, count, f"B{B} decode tick at {n} ready / 8 tenants, {count} ticks", "tick", rows)
+
+
+def print_profile(profile: cProfile.Profile, count: int, title: str, unit: str, rows: int) -> None:
+    """Self time by function of ``profile`` over ``count`` units of work, with calls per unit."""
     stats: dict[Any, Any] = pstats.Stats(profile).stats  # type: ignore[attr-defined]
     total = sum(tt for _cc, _nc, tt, _ct, _callers in stats.values())
     calls = sum(nc for _cc, nc, _tt, _ct, _callers in stats.values())
-    print(f"submit→Admit (screen), {count} submits under cProfile (CPU): {calls / count:.1f} calls per submit "
-          f"(Python and C); self time by function")
+    print(f"{title} under cProfile (CPU): {calls / count:.1f} calls per {unit} (Python and C), "
+          f"{1e6 * total / count:.0f} µs per {unit} profiled; self time by function")
     ranked = sorted(stats.items(), key=lambda item: -item[1][2])
     for (path, _line, name), (_cc, nc, tt, _ct, _callers) in ranked[:rows]:
         where = re.sub(r" at 0x[0-9a-f]+", "", name) if path == "~" else f"{path.rsplit('/', 1)[-1]}:{name}"
-        print(f"{100 * tt / total:6.1f}%  {nc / count:5.2f}/submit  {where}")
+        print(f"{100 * tt / total:6.1f}%  {nc / count:6.2f}/{unit}  {where}")
 
 
 def main() -> None:
@@ -256,6 +283,8 @@ def main() -> None:
     parser.add_argument("--monitors", choices=("default", "on", "off"), default="default")
     parser.add_argument("--profile-submit", action="store_true",
                         help="profile the production admitted submit instead of measuring (issue #20)")
+    parser.add_argument("--profile-tick", action="store_true",
+                        help="profile the B16 decode tick at 4096 ready / 8 tenants instead of measuring (issue #20)")
     args = parser.parse_args()
     if args.monitors == "default":
         monitoring = production_monitoring()
@@ -264,6 +293,9 @@ def main() -> None:
         MONITOR.configure(enabled=args.monitors == "on", mode="count", sample_every=1)
     if args.profile_submit:
         profile_submit()
+        return
+    if args.profile_tick:
+        profile_tick()
         return
     sizes = [int(x) for x in args.sizes.split(",")]
     rows = []

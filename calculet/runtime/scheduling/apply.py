@@ -165,7 +165,7 @@ class CompletionApplier:
         if clean is not None:  # every lane OK (the usual step): columns, no LaneCheck per lane (issue #20)
             tokens, stops = clean
             lanes = len(tokens)
-            self.kv.settle_batch(batch.kv.leases, ["commit"] * lanes)
+            self.kv.commit_batch(batch.kv)
             produced: list[bool] = [True] * lanes
             details = [""] * lanes
             ok, failed = lanes, 0

@@ -389,14 +389,16 @@ class DecodeScheduler:
             return NoBatch(NoBatchReason.EMPTY)
         if bucket.watch:
             self._promote(bucket, now)
-        chosen, bindings, leases, tokens, positions, expired, invalid, self._vt, cap_hits = select_candidates(
-            bucket, self.kv, profile, generation, size, now, self.share, self._vt)
+        (chosen, bindings, leases, tokens, positions, expired, invalid, self._vt, cap_hits, kv_machines,
+         reservable) = select_candidates(bucket, self.kv, profile, generation, size, now, self.share, self._vt)
         self._cap_hits += cap_hits
         self._expired += len(expired)
         self._invalid += len(invalid)
         if not chosen:
             return NoBatch(NoBatchReason.EMPTY, expired=tuple(expired), invalid=tuple(invalid))
-        reservation = self.kv.reserve_batch(leases, 1)
+        # the selection's pass checked each lane as reserve_batch would: only the batch-wide rule is left (#20)
+        reservation = (self.kv.checked_reservation(leases, kv_machines, 1) if reservable
+                       else self.kv.reserve_batch(leases, 1))
         if isinstance(reservation, KvReservationFailure):
             self._kv_refusals += 1
             self.restore(tuple(chosen))

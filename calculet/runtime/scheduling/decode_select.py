@@ -17,6 +17,7 @@ from heapq import heappop, heapreplace
 from typing import Any, Iterable, NamedTuple
 
 from calculet.runtime.scheduling.decode_ready import ReadyBucket
+from calculet.runtime.scheduling.kv import OPEN_STATES as open_states
 from calculet.runtime.scheduling.kv import KvLaneManager, KvLease
 from calculet.runtime.scheduling.profiles import ProfileSpec
 from calculet.runtime.scheduling.ready_queue import TenantQueue
@@ -62,6 +63,12 @@ class Selection(NamedTuple):
     """The decode virtual time after the tick: the largest tag served so far."""
     cap_hits: int
     """How often a tenant left the merge at its lane cap while lanes were still free."""
+    kv_machines: list[Any]
+    """Each chosen lane's KV lane machine, in lane order (read while checking it)."""
+    reservable: bool
+    """Every chosen lane was seen, in the same pass, to pass ``KvLaneManager.reserve_batch``'s per-lane check for
+    one more token (its lease owns it, it is in ``OPEN_STATES``, it has room): the batch's reservation needs no
+    second pass (``checked_reservation``). False: ``reserve_batch`` decides, lane by lane."""
 
 
 def tenant_heads(tenants: dict[str, TenantQueue], names: Iterable[str]) -> list[list[Any]]:
@@ -91,6 +98,8 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
     bindings, leases, expired = [], [], []  # type: list[LaneBinding], list[KvLease], list[RequestRecord]
     invalid, taken, capped = [], {}, []  # type: list[tuple[RequestRecord, str]], dict[str, int], list[str]
     (owner, kv_lanes), cap_hits, lanes = kv.lease_owners(), 0, 0
+    kv_machines: list[Any] = []
+    reservable = True
     while lanes < size:
         if not heads:
             if not capped:  # §7.2 item 3: the cap holds only while another tenant has a candidate
@@ -110,14 +119,21 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
             expired.append(rec)
         else:  # validate's accepting case inlined (one lane per pass; anything else asks it why not)
             machine, lease, token = rec.machine, rec.lease, rec.last_token
-            problem = (kv_lanes[lease.lane].committed_len  # KvLaneManager.owned_position, inlined
-                       if machine._state == "decode_ready" and machine.generation == generation
-                       and lease is not None and lease.generation == generation
-                       and owner[lease.lane] == lease.lease_id else None)
-            if problem is None or problem != machine.kv_length or problem >= max_seq or token is None:
+            if (machine._state == "decode_ready" and machine.generation == generation and lease is not None
+                    and lease.generation == generation and owner[lease.lane] == lease.lease_id):
+                lane_kv = kv_lanes[lease.lane]  # KvLaneManager.owned_position, inlined
+                problem = lane_kv.committed_len
+                if problem != machine.kv_length or problem >= max_seq or token is None:
+                    problem = validate(kv, rec, profile, generation)
+                    reservable = False
+                elif lane_kv._state not in open_states or problem >= lane_kv.reserved_len:
+                    reservable = False  # reserve_batch's check of one token, inlined: it will say why not
+            else:
                 problem = validate(kv, rec, profile, generation)
+                reservable = False
             if problem.__class__ is int:  # chosen: its lane bound here, from the reads that chose it (#20)
                 chosen.append(rec)
+                kv_machines.append(lane_kv if reservable else None)
                 positions.append(problem)  # type: ignore[arg-type]
                 leases.append(lease)
                 tokens.append(token)  # type: ignore[arg-type]
@@ -140,7 +156,8 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
             continue
         cap_hits += _leave_merge(heads, tenants, tenant, head, capped, lanes < size)
     bucket.count -= lanes + len(expired) + len(invalid)  # every popped candidate is in one of them
-    return _new_tuple(Selection, (chosen, bindings, leases, tokens, positions, expired, invalid, vt, cap_hits))
+    return _new_tuple(Selection, (chosen, bindings, leases, tokens, positions, expired, invalid, vt, cap_hits,
+                                  kv_machines, reservable))
 
 
 def _leave_merge(heads: list[list[Any]], tenants: dict[str, TenantQueue], tenant: str,

@@ -94,7 +94,9 @@ class JobLaneMonitor:
         if MONITOR.enabled and next(MONITOR.draws) and self.kv.whole_pool_drawn():  # O(lanes): scaled like the pool's (#20)
             self.check(f"before {event} of job {job.job_id}")
         if event == "submit":  # one dict update per job, not a store per lane (issue #20)
-            self.batch.update(dict.fromkeys([lease.lane for lease in _leases(job.work)], job.machine))
+            kv = getattr(job.work, "kv", None)
+            lanes = kv.lanes if isinstance(kv, KvBatchReservation) else ()  # recorded by reserve_batch
+            self.batch.update(dict.fromkeys(lanes or [lease.lane for lease in _leases(job.work)], job.machine))
 
     def boundary(self, after: str) -> None:
         """Another step boundary of the runtime (the start of a scheduler step), checked at the sampled rate."""

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Sequence
 
 from calculet.clock import Clock
@@ -46,6 +46,7 @@ from calculet.machines import KvSequenceMachine
 from calculet.machines.kv_pool import KvLanePool
 from calculet.machines.monitor import MONITOR
 from calculet.machines.pool import PoolView
+from calculet.records import quick_init
 from calculet.runtime.scheduling.kv_checks import PoolMonitor, check_pool, check_reserve_decision
 from calculet.runtime.scheduling.kv_context import KvContextOperations, ShiftSequence
 from calculet.runtime.scheduling.kv_guard import (compile_ghost_updates, compile_measures, compile_moves,
@@ -80,12 +81,26 @@ class NoCapacity:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@quick_init
+@dataclass(frozen=True, eq=False)
 class KvBatchReservation:
-    """§7.1 ``KvBatchReservation``: every lane of a batch checked for ``tokens`` more positions."""
+    """§7.1 ``KvBatchReservation``: every lane of a batch checked for ``tokens`` more positions.
+
+    Made by :meth:`KvLaneManager.reserve_batch`, which also records what its check read — each lease's
+    lane and lane machine, in lease order, and the pool's owner-change count — so that opening the
+    transactions (``submit_batch``), committing them (``commit_batch``) and the job × lane monitor's
+    binding use them instead of looking every lane up again while no lane has changed owner (issue #20:
+    three per-lane passes per decode step). Built without them (a test's hand-made reservation), those
+    paths look the lanes up as before."""
 
     leases: tuple[KvLease, ...]
     tokens: int = 1
+    lanes: tuple[int, ...] = ()
+    """Each lease's lane (empty: not recorded)."""
+    machines: tuple[Any, ...] = field(default=(), repr=False)
+    """Each lane's KvSequenceMachine instance (the manager's own: read, never replaced)."""
+    owners: int = -1
+    """The pool's owner-change count when checked (:attr:`KvLaneManager.owners_changed`; -1: not recorded)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,10 +162,11 @@ _MOVES, MOVES_SOURCE = compile_moves(_POOL)
 _SUBMIT_GHOSTS, SUBMIT_GHOSTS_SOURCE = compile_ghost_updates(_POOL, "submit")
 """The pool's declared ``submit`` ghosts, generated (None: evaluated from the declaration lane by lane)."""
 _INSTANCE = KvSequenceMachine.Instance
-_OPEN = frozenset(t.source for t in KvSequenceMachine.definition.transitions if t.event == "submit")
+OPEN_STATES = frozenset(t.source for t in KvSequenceMachine.definition.transitions if t.event == "submit")
 """The states a lane may open a transaction from (``submit``'s sources, from the declaration)."""
 """Its ``fire_each`` is read per call: the monitor installs the variant its configuration needs."""
 _KEEPS_TOTALS = events_keeping_measures(_POOL)
+
 """Events that provably leave every budget total as it was: the batch paths fire them without bookkeeping."""
 
 
@@ -182,6 +198,9 @@ class KvLaneManager(KvContextOperations):
         self._check_scale = lanes / POOL_CHECK_LANES
         self._scale_draw = random.Random(lanes).random
         self._owner = [0] * lanes
+        self.owners_changed = 0
+        """How many times a lane's owner has changed (read-only outside: a reservation made at the same count
+        finds every lease still owning its lane)."""
         self._free: deque[int] = deque(range(lanes))
         self._by_seq: dict[tuple[int, int], int] = {}
         self._release_started: dict[int, float] = {}
@@ -278,6 +297,7 @@ class KvLaneManager(KvContextOperations):
         lease_id = self._next_lease
         self._next_lease += 1
         self._owner[lane] = lease_id
+        self.owners_changed += 1
         self._by_seq[(generation, seq)] = lane
         self._reservations += 1
         if MONITOR.enabled and next(MONITOR.draws) and self.whole_pool_drawn():  # _checked, drawn inline
@@ -319,10 +339,12 @@ class KvLaneManager(KvContextOperations):
         machine = self._lanes[lane]
         if machine.state == "unknown":
             self._owner[lane] = 0
+            self.owners_changed += 1
             self._checked("release (detach from Unknown)")
             return None
         self._fire(lane, "release")  # refused (and nothing changes) while a job is writing the lane
         self._owner[lane] = 0
+        self.owners_changed += 1
         self._checked("release")
         return self._releasing(lane)
 
@@ -337,6 +359,7 @@ class KvLaneManager(KvContextOperations):
     def recover(self, lane: int) -> FreeSequence:
         """Recovery made the Unknown lane safe again (reset, or the job provably finished)."""
         self._owner[lane] = 0
+        self.owners_changed += 1
         self._fire(lane, "recover")
         self._checked("recover")
         return self._releasing(lane)
@@ -370,14 +393,31 @@ class KvLaneManager(KvContextOperations):
         refused submit leaves every lane as it was.
         """
         owner, lanes = self._owner, self._lanes
+        machines = []
         for lease in leases:  # the accepting case first, in one pass (one per decode step, issue #20)
             machine = lanes[lease.lane]
-            if (owner[lease.lane] != lease.lease_id or machine._state not in _OPEN
+            if (owner[lease.lane] != lease.lease_id or machine._state not in OPEN_STATES
                     or machine.committed_len + tokens > machine.reserved_len):
                 break
+            machines.append(machine)
         else:
-            if len({lease.lane for lease in leases}) == len(leases):
-                return KvBatchReservation(tuple(leases), tokens)
+            return self.checked_reservation(leases, machines, tokens)
+        return self._refusal(leases, tokens)
+
+    def checked_reservation(self, leases: Sequence[KvLease], machines: Sequence[Any],
+                            tokens: int = 1) -> KvBatchReservation | KvReservationFailure:
+        """:meth:`reserve_batch`'s accepting case for leases already checked one by one as it checks them —
+        each owns its lane (``machines[i]``, read from :meth:`lease_owners`), which is in ``OPEN_STATES``
+        with room for ``tokens`` more — by the caller's own pass over them (the decode tick's selection,
+        issue #20: no second pass per step). What is left is the batch-wide rule, each lane once; a lane
+        that appears twice is refused as :meth:`reserve_batch` refuses it."""
+        lanes = tuple([lease.lane for lease in leases])
+        if len(set(lanes)) != len(lanes):
+            return self._refusal(leases, tokens)
+        return KvBatchReservation(tuple(leases), tokens, lanes, tuple(machines), self.owners_changed)
+
+    def _refusal(self, leases: Sequence[KvLease], tokens: int) -> KvReservationFailure:
+        """Why :meth:`reserve_batch` refuses ``leases`` (some lane fails its check): each problem, lane by lane."""
         problems: list[tuple[KvLease, str]] = []
         seen: set[int] = set()
         for lease in leases:
@@ -387,42 +427,57 @@ class KvLaneManager(KvContextOperations):
                 problems.append((lease, "stale lease"))
             elif lane in seen:
                 problems.append((lease, "lane appears twice in one batch"))
-            elif machine._state not in _OPEN:
+            elif machine._state not in OPEN_STATES:
                 problems.append((lease, f"lane is {machine._state}"))
             elif machine.committed_len + tokens > machine.reserved_len:
                 problems.append((lease, f"{machine.committed_len}+{tokens} exceeds the reservation "
                                         f"{machine.reserved_len}"))
             seen.add(lane)
-        if problems:
-            return KvReservationFailure(tuple(problems))
-        return KvBatchReservation(tuple(leases), tokens)
+        return KvReservationFailure(tuple(problems))
 
     def submit_batch(self, reservation: KvBatchReservation) -> None:
         """The device accepted the batch: every lane's transaction opens (→ Updating).
 
         One call per job, not per lane (issue #20): ``submit`` provably keeps every budget total
-        (``_KEEPS_TOTALS``), so the lanes fire in one generated loop (``fire_each``); with monitors on, the
-        declared ghost (the bound position) is recorded first, as :meth:`_submit` does."""
+        (``_KEEPS_TOTALS``), so the lanes fire in one generated loop (``fire_each``) on the machines the
+        reservation recorded — when no lane changed owner since it was made (:attr:`owners_changed`),
+        else after every lease is seen to own its lane still; with monitors on, the declared ghost (the
+        bound position) is recorded first, as :meth:`_submit` does."""
         tokens = reservation.tokens
-        owner, lanes = self._owner, self._lanes
         if "submit" not in _KEEPS_TOTALS:
             for lease in reservation.leases:
                 self._owned(lease)
                 self._submit(lease.lane, tokens)
             self._checked("submit_batch")
             return
-        machines = []
-        indices = []
-        for lease in reservation.leases:
-            lane = lease.lane
-            if owner[lane] != lease.lease_id:
-                raise StaleLease(f"lease {lease.lease_id} no longer owns lane {lane}")
-            machines.append(lanes[lane])
-            indices.append(lane)
+        if reservation.owners == self.owners_changed and reservation.machines:
+            machines, indices = reservation.machines, reservation.lanes
+        else:
+            owner, lanes = self._owner, self._lanes
+            machines, indices = [], []  # type: ignore[assignment]
+            for lease in reservation.leases:
+                lane = lease.lane
+                if owner[lane] != lease.lease_id:
+                    raise StaleLease(f"lease {lease.lease_id} no longer owns lane {lane}")
+                machines.append(lanes[lane])  # type: ignore[attr-defined]
+                indices.append(lane)  # type: ignore[attr-defined]
         if MONITOR.enabled:
             record_submit_ghosts(self, indices, tokens)
         _INSTANCE.fire_each(machines, "submit", tokens=[tokens] * len(machines))
         self._checked("submit_batch")
+
+    def commit_batch(self, reservation: KvBatchReservation) -> None:
+        """``settle_batch(reservation.leases, ["commit"] * lanes)``, a decode step whose every lane succeeded:
+        when no lane changed owner since the reservation (:attr:`owners_changed`) and every lane is
+        Updating, the machines it recorded commit in one generated loop; otherwise ``settle_batch``
+        decides lane by lane (a stale lease or a settled lane skipped)."""
+        machines = reservation.machines
+        if (reservation.owners == self.owners_changed and machines and "commit" in _KEEPS_TOTALS
+                and [m._state for m in machines].count("updating") == len(machines)):
+            _INSTANCE.fire_each(machines, "commit")
+            self._checked("settle_batch")
+            return
+        self.settle_batch(reservation.leases, ["commit"] * len(reservation.leases))
 
     def settle_batch(self, leases: Sequence[KvLease], events: list[str]) -> None:
         """:meth:`settle` for every lane of one job, ``events[i]`` ending ``leases[i]``'s transaction:
