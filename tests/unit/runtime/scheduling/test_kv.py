@@ -120,6 +120,26 @@ def test_reserve_batch_checks_without_changing_state():
     assert kv.state(a) == kv.state(b) == "updating"
 
 
+@pytest.mark.req("R7.1.5", "R9.2.5")
+def test_a_reservation_is_used_as_recorded_only_while_no_lane_changed_owner():
+    """submit_batch/commit_batch read the lanes the reservation recorded (issue #20) only while the pool's
+    owners are as they were: a lease released meanwhile is still refused, a lane settled meanwhile skipped."""
+    kv = pool(lanes=3, max_seq=64)
+    a, b = kv.reserve(1, 10), kv.reserve(1, 10)
+    stale = kv.reserve_batch([a, b])
+    assert not isinstance(stale, KvReservationFailure)
+    kv.release(b)                                 # b's lane changes owner after the check
+    with pytest.raises(StaleLease):
+        kv.submit_batch(stale)
+    assert kv.state(a) == "reserved"              # nothing opened
+    c = kv.reserve(1, 10)
+    ok = kv.reserve_batch([a, c])
+    kv.submit_batch(ok)
+    kv.fault(a)                                   # a's transaction ended another way before the result
+    kv.commit_batch(ok)
+    assert (kv.state(a), kv.state(c), kv.committed_len(c)) == ("unknown", "active", 1)
+
+
 @pytest.mark.req("R9.3.2", "R9.3.8")
 def test_remove_tail_and_shift_are_gated_by_capability():
     kv = pool()
