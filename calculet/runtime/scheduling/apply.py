@@ -128,6 +128,8 @@ class CompletionApplier:
         time counts (issue #13: without them it read under the step time under ping/pong, and the
         B16 ping/pong estimate was optimistic by a signed median of 22 %). Scans the jobs in flight."""
         lanes = compiled = 0
+        if not len(self.jobs):  # the usual decode step: ``done`` has left the table and no other job is in it
+            return 0, 0
         for other in self.jobs:
             if other is not done and other.kind == DECODE and other.state == "submitted":
                 lanes += len(other.work.active)

@@ -80,7 +80,15 @@ def tenant_heads(tenants: dict[str, TenantQueue], names: Iterable[str]) -> list[
     """
     heads: list[list[Any]] = []
     for tenant in tuple(names):
-        head = tenants[tenant].head()
+        queue = tenants[tenant]
+        queue.taken = 0  # its lanes in this batch since it (re)joined the merge
+        if queue.heap:
+            head = queue.head()
+        else:  # TenantQueue.head inlined for a queue whose entries all arrived in order
+            fifo = queue.fifo
+            while fifo and fifo[0][4] is None:
+                fifo.popleft()
+            head = fifo[0] if fifo else None
         if head is not None:
             heads.append(head)
         else:  # the index holds tenants with work only: a tick costs O(tenants with work)
@@ -96,7 +104,7 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
     heads = tenant_heads(tenants, tenants)  # the live head entry of each tenant with work
     chosen, positions, tokens = [], [], []  # type: list[RequestRecord], list[int], list[int]
     bindings, leases, expired = [], [], []  # type: list[LaneBinding], list[KvLease], list[RequestRecord]
-    invalid, taken, capped = [], {}, []  # type: list[tuple[RequestRecord, str]], dict[str, int], list[str]
+    invalid, capped = [], []  # type: list[tuple[RequestRecord, str]], list[str]
     (owner, kv_lanes), cap_hits, lanes = kv.lease_owners(), 0, 0
     kv_machines: list[Any] = []
     reservable = True
@@ -104,7 +112,7 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
         if not heads:
             if not capped:  # §7.2 item 3: the cap holds only while another tenant has a candidate
                 break
-            heads, capped, cap = tenant_heads(tenants, capped), [], size
+            heads, capped, cap = tenant_heads(tenants, capped), [], size  # (their counts restart: no cap now)
             continue
         rec: RequestRecord = (entry := heads[0])[4]
         tenant = rec.tenant
@@ -114,7 +122,6 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
         else:
             heappop(queue.heap)
         entry[4] = rec.entry = None
-        count = taken.get(tenant, 0)
         if rec.deadline <= now:
             expired.append(rec)
         else:  # validate's accepting case inlined (one lane per pass; anything else asks it why not)
@@ -140,7 +147,7 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
                 bindings.append(_new_tuple(LaneBinding, (lanes, rec.request_id, lease.seq_id, generation, lease.lane,
                                                          token, problem, tenant, rec.deadline)))
                 lanes += 1
-                taken[tenant] = count = count + 1
+                queue.taken += 1
                 if rec.decode_tag > vt:
                     vt = rec.decode_tag
             else:
@@ -151,7 +158,7 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
             while fifo and fifo[0][4] is None:
                 fifo.popleft()
             head = fifo[0] if fifo else None
-        if head is not None and count < cap:
+        if head is not None and queue.taken < cap:
             heapreplace(heads, head)
             continue
         cap_hits += _leave_merge(heads, tenants, tenant, head, capped, lanes < size)

@@ -26,11 +26,14 @@ Entry = list[Any]
 class TenantQueue:
     """A tenant's entries: the FIFO part (arrived in key order) and the heap part (the others)."""
 
-    __slots__ = ("fifo", "heap")
+    __slots__ = ("fifo", "heap", "taken")
 
     def __init__(self) -> None:
         self.fifo: deque[Entry] = deque()
         self.heap: list[Entry] = []
+        self.taken = 0
+        """Scratch of the decode tick's merge (:mod:`.decode_select`): the lanes this tenant took in the batch
+        being built, for its lane cap (an attribute, not a dictionary per tick, issue #20)."""
 
     def push(self, entry: Entry) -> None:
         fifo = self.fifo
