@@ -7,6 +7,9 @@ import random
 
 import pytest
 
+from calculet.loadsim.analysis import SimRequestRecord
+from calculet.loadsim.goodput import estimate_error
+from calculet.loadsim.workload import SimRequest
 from calculet.runtime.scheduling.estimate_error import MAX_MARGIN, RAISE, EstimateErrors
 from calculet.runtime.scheduling.estimates import StepTimer
 from calculet.runtime.scheduling.finish_estimate import DeviceModel
@@ -33,12 +36,29 @@ def test_each_miss_raises_the_margin_and_each_on_time_outcome_lowers_it_within_b
 
 
 def test_a_finish_after_the_deadline_is_a_miss_and_relative_errors_are_reported():
+    """The relative error is the bench's (issue #13 "estimate vs actual finish"): over the latency the request
+    had, |actual - estimate| / (actual - arrival) — not over the estimate's own horizon, which reads 0.2 and
+    0.1 for these two requests (the mutant this test catches)."""
     errors = EstimateErrors(initial_margin=0.0)
-    errors.finished(0.0, 10.0, 11.0, 12.0)                 # on its estimate's horizon: 20 % late, past 11 s
+    errors.finished(0.0, 10.0, 11.0, 12.0)                 # 2 s late over a 12 s latency, past 11 s
     assert errors.margin == pytest.approx(RAISE) and errors.statistics().misses == 1
-    errors.finished(0.0, 10.0, 20.0, 9.0)
+    errors.finished(0.0, 10.0, 20.0, 9.0)                  # 1 s early over a 9 s latency
     stats = errors.statistics()
-    assert stats.p50_relative_error == pytest.approx(0.1) and stats.p90_relative_error == pytest.approx(0.2)
+    assert stats.p50_relative_error == pytest.approx(1 / 9) and stats.p90_relative_error == pytest.approx(2 / 12)
+
+
+def test_the_runtime_and_the_bench_score_the_same_error():
+    """One definition: the live statistics and :func:`calculet.loadsim.goodput.estimate_error` agree on the
+    same requests (a single request each, so nearest-rank and linear quantiles coincide)."""
+    for arrival, estimate, end in [(3.0, 10.0, 12.5), (0.0, 30.0, 20.0), (5.0, 5.5, 7.0)]:
+        errors = EstimateErrors(initial_margin=0.0)
+        errors.finished(arrival, estimate, 1e9, end)
+        record = SimRequestRecord.for_request(0, SimRequest(arrival, "t", 16, 8, None, None, "short"), admitted=True, finish_s=end,
+                                              finish_reason="stop", estimated_finish_s=estimate,
+                                              service_start_s=arrival)
+        bench = estimate_error([record])
+        assert bench is not None
+        assert errors.statistics().p90_relative_error == pytest.approx(bench.p90_abs)
 
 
 @pytest.mark.parametrize("bad", [dict(miss_target=0.0), dict(miss_target=0.5), dict(initial_margin=-0.1),
