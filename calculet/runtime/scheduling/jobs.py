@@ -73,8 +73,10 @@ class InflightTable:
         self.max_inflight = max_inflight
         self.fixed_engine = fixed_engine
         self._jobs: dict[int, JobRecord] = {}
-        self._held: set[JobEngine] = set()
-        """The engines of the jobs in the table (one job per engine: ``plan`` takes a free one)."""
+        self._held: list[JobEngine] = []
+        """The engines of the jobs in the table (one job per engine: ``plan`` takes a free one). A list of at
+        most two: membership compares, where a set hashed the enum in Python (``Enum.__hash__``) on every
+        plan, slot test and end — three calls per job (issue #20)."""
         self._planned = 0
         self._ended: Counter[str] = Counter()
         self.observer: Callable[[JobRecord, str], None] | None = None
@@ -99,7 +101,7 @@ class InflightTable:
         machine = _JOB(job_id=job_id, generation=generation, engine=engine, lanes=lanes)
         job = JobRecord(job_id, kind, generation, machine, work)
         self._jobs[job_id] = job
-        self._held.add(engine)
+        self._held.append(engine)
         self._planned += 1
         return job
 
@@ -110,7 +112,9 @@ class InflightTable:
         target: str = job.machine.fire(event, **args)
         if target in _ENDED:
             del self._jobs[job.job_id]
-            self._held.discard(job.machine.engine)
+            engine = job.machine.engine
+            if engine in self._held:
+                self._held.remove(engine)
             self._ended[job.machine.last_transition.name] += 1
         return target
 
