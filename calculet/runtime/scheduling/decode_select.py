@@ -102,12 +102,10 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
     """Merge the tenants' heads (a heap of at most T entries) and take up to ``size`` lanes."""
     cap, tenants, max_seq = max(1, math.floor(share * size)), bucket.tenants, profile.max_seq
     heads = tenant_heads(tenants, tenants)  # the live head entry of each tenant with work
-    chosen, positions, tokens = [], [], []  # type: list[RequestRecord], list[int], list[int]
+    chosen, positions, tokens, kv_machines = [], [], [], []  # type: list[RequestRecord], list[int], list[int], list[Any]
     bindings, leases, expired = [], [], []  # type: list[LaneBinding], list[KvLease], list[RequestRecord]
     invalid, capped = [], []  # type: list[tuple[RequestRecord, str]], list[str]
-    (owner, kv_lanes), cap_hits, lanes = kv.lease_owners(), 0, 0
-    kv_machines: list[Any] = []
-    reservable = True
+    (owner, kv_lanes), cap_hits, lanes, reservable = kv.lease_owners(), 0, 0, True
     while lanes < size:
         if not heads:
             if not capped:  # §7.2 item 3: the cap holds only while another tenant has a candidate
@@ -126,18 +124,15 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
             expired.append(rec)
         else:  # validate's accepting case inlined (one lane per pass; anything else asks it why not)
             machine, lease, token = rec.machine, rec.lease, rec.last_token
-            if (machine._state == "decode_ready" and machine.generation == generation and lease is not None
-                    and lease.generation == generation and owner[lease.lane] == lease.lease_id):
-                lane_kv = kv_lanes[lease.lane]  # KvLaneManager.owned_position, inlined
-                problem = lane_kv.committed_len
-                if problem != machine.kv_length or problem >= max_seq or token is None:
-                    problem = validate(kv, rec, profile, generation)
-                    reservable = False
-                elif lane_kv._state not in open_states or problem >= lane_kv.reserved_len:
-                    reservable = False  # reserve_batch's check of one token, inlined: it will say why not
-            else:
-                problem = validate(kv, rec, profile, generation)
-                reservable = False
+            lane_kv = (kv_lanes[lease.lane]  # KvLaneManager.owned_position, inlined
+                       if machine._state == "decode_ready" and machine.generation == generation
+                       and lease is not None and lease.generation == generation
+                       and owner[lease.lane] == lease.lease_id else None)
+            problem = None if lane_kv is None else lane_kv.committed_len
+            if problem is None or problem != machine.kv_length or problem >= max_seq or token is None:
+                problem, reservable = validate(kv, rec, profile, generation), False
+            elif lane_kv._state not in open_states or problem >= lane_kv.reserved_len:
+                reservable = False  # reserve_batch's check of one token, inlined: it will say why not
             if problem.__class__ is int:  # chosen: its lane bound here, from the reads that chose it (#20)
                 chosen.append(rec)
                 kv_machines.append(lane_kv if reservable else None)
@@ -152,12 +147,8 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
                     vt = rec.decode_tag
             else:
                 invalid.append((rec, problem))  # type: ignore[arg-type]
-        if queue.heap:
-            head = queue.head()
-        else:  # TenantQueue.head inlined for a queue whose entries all arrived in order
-            while fifo and fifo[0][4] is None:
-                fifo.popleft()
-            head = fifo[0] if fifo else None
+        # TenantQueue.head inlined for the usual queue: every entry arrived in order, its first one live
+        head = fifo[0] if fifo and not queue.heap and fifo[0][4] is not None else queue.head()
         if head is not None and queue.taken < cap:
             heapreplace(heads, head)
             continue
