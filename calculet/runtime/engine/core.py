@@ -371,9 +371,11 @@ class EngineCore:
             effective = executor.degrade.effective_inflight
             if effective < scheduler.jobs.max_inflight:
                 scheduler.limit_inflight(effective)
-            now = self.clock.now()
-            if now < self._backoff_until or self.recovery.pending is not None or self._hold:
-                self._wake = self._backoff_until if now < self._backoff_until else None
+            # the clock is read only while a back-off stands (0.0 when none): once per token otherwise (issue #20)
+            backoff = self._backoff_until
+            backing_off = backoff != 0.0 and self.clock.now() < backoff  # as next_wake reads it
+            if backing_off or self.recovery.pending is not None or self._hold:
+                self._wake = backoff if backing_off else None
                 break
             plan = scheduler.step()
             self._wake = plan.wake_at
