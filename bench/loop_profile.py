@@ -20,7 +20,10 @@ excluded), median of ``--rounds``, beside a bare ASGI app on the same protocol a
 statuses. ``--profile`` writes a cProfile of one more round of each phase (``--profile-out``) and prints the top
 functions by own time and by cumulative time.
 
-    python bench/loop_profile.py [--requests 300] [--rounds 5] [--http httptools|h11] [--profile]
+With ``--distinct`` every completion has a prompt of its own (no body is seen twice: the refusal lane's memo of
+prepared bodies never hits, :mod:`calculet.server.refusal_lane`).
+
+    python bench/loop_profile.py [--requests 300] [--rounds 5] [--http httptools|h11] [--distinct] [--profile]
 """
 
 from __future__ import annotations
@@ -137,7 +140,7 @@ class Harness:
         self.state = ServerState()
         self.connections: list[tuple[Any, FakeTransport]] = []
 
-    async def burst(self, data: bytes, count: int) -> tuple[float, dict[int, int]]:
+    async def burst(self, data: bytes | list[bytes], count: int) -> tuple[float, dict[int, int]]:
         """``count`` kept-alive connections (opened at the first burst, as the bench's clients open theirs before
         the burst) each send ``data`` at once; (loop thread CPU seconds, statuses) until all are answered."""
         loop = asyncio.get_running_loop()
@@ -157,10 +160,11 @@ class Harness:
             transport = FakeTransport()
             protocol.connection_made(transport)
             self.connections.append((protocol, transport))
+        each = data if isinstance(data, list) else [data] * count
         start = time.thread_time()
-        for protocol, transport in self.connections[:count]:
+        for (protocol, transport), request in zip(self.connections[:count], each):
             transport.on_response = answered
-            protocol.data_received(data)
+            protocol.data_received(request)
         await asyncio.wait_for(done, 60)
         return time.thread_time() - start, statuses
 
@@ -230,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--deadline-ms", type=int, default=5000)
     parser.add_argument("--tokens", type=int, default=16)
     parser.add_argument("--gc-threshold", type=int, default=0, help="gc.set_threshold's first value (0: as is)")
+    parser.add_argument("--distinct", action="store_true", help="a prompt of its own for every refused request")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--profile-out", default="/tmp/loop_profile")
     parser.add_argument("--top", type=int, default=40)
@@ -304,10 +309,26 @@ async def _catch_snapshot(service: Any, state: dict[str, Any]) -> None:
         await asyncio.sleep(0.0005)
 
 
+class _Distinct(list):  # type: ignore[type-arg]
+    """Requests made afresh for each burst (``--distinct``): a list the harness reads, refilled at each read."""
+
+    def __init__(self, make: Callable[[], bytes], count: int) -> None:
+        super().__init__()
+        self.make, self.count = make, count
+
+    def __iter__(self) -> Any:
+        return iter([self.make() for _ in range(self.count)])
+
+
 async def _run(args: argparse.Namespace, service: Any, app: Any) -> int:
     server = service.config.server
-    completion = _raw("POST", "/v1/completions", {"model": MODEL, "prompt": PROMPT, "max_tokens": args.tokens,
-                                                  "temperature": 0, "ignore_eos": True})
+    completion: bytes | list[bytes] = _raw("POST", "/v1/completions", {
+        "model": MODEL, "prompt": PROMPT, "max_tokens": args.tokens, "temperature": 0, "ignore_eos": True})
+    if args.distinct:  # every request of every round its own prompt: no body is seen twice (no memo hit)
+        bodies = iter(range(10**9))
+        completion = _Distinct(lambda: _raw("POST", "/v1/completions", {
+            "model": MODEL, "prompt": f"{PROMPT} {next(bodies):09d}", "max_tokens": args.tokens, "temperature": 0,
+            "ignore_eos": True}), args.requests)
     phases = {"bare live": (Harness(bare_app, server, args.http, args.requests), _raw("GET", "/health/live")),
               "live": (Harness(app, server, args.http, args.requests), _raw("GET", "/health/live")),
               "refuse": (Harness(app, server, args.http, args.requests), completion),

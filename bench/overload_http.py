@@ -76,7 +76,8 @@ two gaps into one); the table counts such silent tokens, so a changed model show
 MODEL = "tiny-random"
 """The bundled model's alias (#18: random weights and a BPE tokenizer; ``qwen3`` would name a real model)."""
 COUNTERS = ("calculet_request_goodput", "calculet_device_busy_seconds", "calculet_request_wasted_device_seconds",
-            "calculet_scheduler_on_time_shed", "calculet_scheduler_on_time_refused", "calculet_front_refused")
+            "calculet_scheduler_on_time_shed", "calculet_scheduler_on_time_refused", "calculet_front_refused",
+            "calculet_front_held")
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -111,6 +112,20 @@ class CpuMeter:
     def per_request(self, requests: int) -> tuple[float, float]:
         main, total = _thread_cpu(self.pid)
         return (main - self.start[0]) * 1e3 / requests, (total - self.start[1]) * 1e3 / requests
+
+    async def sampling(self, every_s: float) -> None:
+        """Read the server's CPU every ``every_s`` until the window closes (:meth:`until` picks one reading)."""
+        self.samples: list[tuple[float, float, float]] = []
+        while self.taken is None:
+            self.samples.append((time.perf_counter(), *_thread_cpu(self.pid)))
+            await asyncio.sleep(every_s)
+
+    def until(self, at: float) -> tuple[float, float]:
+        """:meth:`per_request` over ``requests`` as read at the first sample at or after ``at`` (``perf_counter``)."""
+        for when, main, total in self.samples:
+            if when >= at:
+                return (main - self.start[0]) * 1e3 / self.requests, (total - self.start[1]) * 1e3 / self.requests
+        return self.close()
 
     def close(self) -> tuple[float, float]:
         """:meth:`per_request` over ``requests``, measured at the first call and kept (the window closes once)."""
@@ -215,6 +230,8 @@ async def _counters(client: httpx.AsyncClient) -> dict[str, float]:
     for family in text_string_to_metric_families(response.text):
         if family.name in COUNTERS or family.name == "calculet_scheduler_decode_cap_streams":
             values[family.name] = sum(s.value for s in family.samples if not s.name.endswith("_created"))
+        if family.name == "calculet_front_forwarded":
+            values.update({f"fwd {s.labels['reason']}": s.value for s in family.samples if s.name.endswith("_total")})
     return values
 
 
@@ -315,6 +332,8 @@ class Attempt:
     status: int
     latency_s: float
     retry_after: str | None
+    at: float = 0.0
+    """``perf_counter`` when its response head arrived."""
 
 
 @dataclass
@@ -338,7 +357,10 @@ class BurstRow:
     floor_cpu_ms: tuple[float, float]
     """Server CPU per GET /health/live of the floor: (event-loop thread, all threads), ms."""
     burst_cpu_ms: tuple[float, float]
-    """Server CPU per request of the burst's first tries: (event-loop thread, all threads), ms."""
+    """Server CPU per request of the burst's first tries: (event-loop thread, all threads), ms, from the burst's start
+    to its first retry (at least 1 s: it includes the device decoding what was admitted)."""
+    refusal_cpu_ms: tuple[float, float]
+    """The same up to the last first-try 429 (read every 5 ms): the burst's refusals and the admissions among them."""
     retry_after_share: float
     retry_after_s: tuple[float, float]
     retries: int
@@ -358,7 +380,7 @@ async def _attempt(conn: RawConnection, data: bytes) -> Attempt:
     except (OSError, asyncio.IncompleteReadError, ValueError):
         await conn.close()
         return Attempt(0, time.perf_counter() - start, None)
-    return Attempt(status, took, headers.get("retry-after"))
+    return Attempt(status, took, headers.get("retry-after"), time.perf_counter())
 
 
 async def _burst_client(conn: RawConnection, data: bytes, max_wait_s: float, meter: CpuMeter) -> BurstClient:
@@ -410,7 +432,7 @@ def _burst_row(order: str, clients: list[BurstClient], deadline_s: float, wall_s
     return BurstRow(
         order, dict(sorted(statuses.items())), measured["floor"], (_pct(latencies, 50) * 1e3, _pct(latencies, 99) * 1e3),
         (_pct(measured["server_429"], 50) * 1e3, _pct(measured["server_429"], 99) * 1e3), measured["probe"],
-        measured["floor_cpu"], measured["burst_cpu"], len(waits) / len(refused) if refused else float("nan"),
+        measured["floor_cpu"], measured["burst_cpu"], measured["refusal_cpu"], len(waits) / len(refused) if refused else float("nan"),
         (_pct(waits, 50), max(waits, default=float("nan"))), len(retried), sum(1 for a in retried if a.status != 429),
         sum(1 for c in clients if c.first.status == 429 and c.retry is None and c.waited_s > max_wait_s),
         sum(1 for a in attempts if a.status == 200 and a.latency_s <= deadline_s),
@@ -434,9 +456,13 @@ def burst(server: Server, order: str, requests: int, tokens: int, deadline_s: fl
             data = _raw("POST", "/v1/completions", host, _body(tokens, False))
             started = time.perf_counter()
             meter = CpuMeter(server.proc.pid, requests)
+            sampler = asyncio.ensure_future(meter.sampling(0.005))
             clients = await asyncio.gather(*(_burst_client(c, data, max_wait_s, meter) for c in conns))
             wall = time.perf_counter() - started
             measured["burst_cpu"] = meter.close()
+            await sampler
+            last = max((c.first.at for c in clients if c.first.status == 429), default=started)
+            measured["refusal_cpu"] = meter.until(last)
             measured["server"] = _delta(await _counters(client), before)
             await asyncio.sleep(0.5)  # the last access lines reach the log reader
             measured["server_429"] = _server_refusals(server)
@@ -590,11 +616,14 @@ def _print_burst(rows: list[BurstRow], args: argparse.Namespace) -> None:
                   "not retry)")
         front = r.server.get("calculet_front_refused", 0.0)
         engine = r.server.get("calculet_scheduler_on_time_refused", 0.0)
+        forwarded = ", ".join(f"{reason} {n:.0f}" for reason, n in r.server.items() if reason.startswith("fwd ") and n)
         print(f"{'':<19} no-prospect 429s answered by the HTTP front from the admission snapshot: {front:.0f}, by the "
-              f"engine: {engine:.0f}")
-        print(f"{'':<19} server CPU per request, event loop / all threads: floor {_pair(r.floor_cpu_ms, 2)} ms, "
-              f"burst {_pair(r.burst_cpu_ms, 2)} ms; the loop alone, run one after another, needs "
-              f"{r.burst_cpu_ms[0] * args.burst:.0f} ms for the burst (the last 429's least wait)")
+              f"engine: {engine:.0f}; the front held {r.server.get('calculet_front_held', 0.0):.0f} and forwarded: "
+              f"{forwarded or 'none'}")
+        print(f"{'':<19} server CPU per request, event loop / all threads: floor {_pair(r.floor_cpu_ms, 3)} ms, "
+              f"burst to the last 429 {_pair(r.refusal_cpu_ms, 3)} ms (to the first retry "
+              f"{_pair(r.burst_cpu_ms, 3)} ms); the loop alone, run one after another, needs "
+              f"{r.refusal_cpu_ms[0] * args.burst:.0f} ms for the burst (the last 429's least wait)")
     print("ms unless named. 429 p50/p99: time to the 429 in the burst (send → response head, client side, a "
           "hand-driven HTTP/1.1 client on one kept-alive connection per request); server: the server's own time to "
           "each of those 429s (app receive → response, its access log's duration_s); floor: the "
@@ -644,6 +673,22 @@ def _print_streams(rows: list[StreamRow], args: argparse.Namespace) -> None:
           "≥ 90 % busy.")
 
 
+TREE_RUN = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); import calculet; "
+            "assert calculet.__file__.startswith(sys.path[0]), calculet.__file__; "
+            "runpy.run_module('calculet.run', run_name='__main__', alter_sys=True)")
+"""``python -m calculet.run`` from the source tree named by its first argument (the server's working directory is
+this tree, which ``-m`` would put first on ``sys.path``)."""
+
+
+def _server(home: Path, config: Path, impl: str, tree: str | None) -> Server:
+    """The service on ``config`` with HTTP/1.1 implementation ``impl``, from this tree or from ``tree``."""
+    if tree is None:
+        return Server("reference", home, config, env={HTTP_ENV: impl})
+    command = [sys.executable, "-c", TREE_RUN, str(Path(tree).resolve()), "--host", "127.0.0.1", "--port", "0",
+               "--log-format", "json", "--log-level", "INFO", "--sim-cost", "reference", "--config", str(config)]
+    return Server("reference", home, command=command, env={HTTP_ENV: impl, "PYTHONPATH": str(Path(tree).resolve())})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--burst", type=int, default=300, help="concurrent requests of part 1")
@@ -654,6 +699,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stream-tokens", type=int, default=32, help="max_tokens of part 2 streams")
     parser.add_argument("--itl-target-ms", type=int, default=200, help="admission.itl_target_ms of part 2")
     parser.add_argument("--part", choices=("all", "burst", "itl", "bare"), default="all")
+    parser.add_argument("--orders", default="on_time,at_risk", help="deadline orders of part 1, comma-separated")
+    parser.add_argument("--no-bare", action="store_true", help="skip the bare floor")
+    parser.add_argument("--tree", action="append", default=[],
+                        help="also serve part 1 from this source tree (e.g. a worktree of a base commit), its rows "
+                             "beside this tree's, interleaved; repeat for rounds (the same path again: another round)")
     parser.add_argument("--http", default="httptools",
                         help="calculet's HTTP/1.1 implementation(s), comma-separated (h11, httptools: the default when "
                              "installed); with two, part 1 runs each per deadline_order, side by side in one run")
@@ -664,27 +714,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     bare_rows: list[BareFloor] = []
     with tempfile.TemporaryDirectory(prefix="calculet-bench-overload-") as tmp:
         home = Path(tmp)
-        runs: list[tuple[str, Path]] = []
+        runs: list[tuple[str, str, Path, str, str | None]] = []  # (part, label, config, http, source tree)
+        orders = [order.strip() for order in args.orders.split(",") if order.strip()]
         if args.part in ("all", "burst"):
-            runs += [(f"burst {order}" + (f" {impl}" if len(impls) > 1 else ""),
-                      _write_config(home, f"burst-{order}", order=order, deadline_ms=args.deadline_ms))
-                     for order in ("on_time", "at_risk") for impl in impls]
+            burst_runs = [(order + (f" {impl}" if len(impls) > 1 else ""),
+                           _write_config(home, f"burst-{order}", order=order, deadline_ms=args.deadline_ms), impl)
+                          for order in orders for impl in impls]
+            for tree in args.tree or [None]:
+                if tree is not None:
+                    runs += [("burst", f"{label} [{Path(tree).name}]", config, impl, tree)
+                             for label, config, impl in burst_runs]
+                runs += [("burst", label, config, impl, None) for label, config, impl in burst_runs]
         if args.part in ("all", "itl"):
-            runs += [(f"itl {args.itl_target_ms} ms", _write_config(home, "itl", order="on_time",
-                                                                    itl_ms=args.itl_target_ms)),
-                     ("itl none", _write_config(home, "no-itl", order="on_time"))]
-        if args.part in ("all", "burst", "bare"):
+            runs += [("itl", f"{args.itl_target_ms} ms", _write_config(home, "itl", order="on_time",
+                                                                       itl_ms=args.itl_target_ms), impls[0], None),
+                     ("itl", "none", _write_config(home, "no-itl", order="on_time"), impls[0], None)]
+        if args.part in ("all", "burst", "bare") and not args.no_bare:
             bare_rows = bare_floor(home, args.burst)
-        for label, config in runs:
-            impl = label.split()[2] if label.startswith("burst") and len(label.split()) > 2 else impls[0]
-            server = Server("reference", home, config, env={HTTP_ENV: impl})
+        for part, label, config, impl, tree in runs:
+            server = _server(home, config, impl, tree)
             try:
-                if label.startswith("burst"):
-                    burst_rows.append(burst(server, " ".join(label.split()[1:]), args.burst, args.burst_tokens,
+                if part == "burst":
+                    burst_rows.append(burst(server, label, args.burst, args.burst_tokens,
                                             args.deadline_ms / 1000, args.max_retry_wait))
                 else:
-                    stream_rows.append(streams(server.url, label.split(maxsplit=1)[1], args.streams,
-                                               args.stream_tokens))
+                    stream_rows.append(streams(server.url, label, args.streams, args.stream_tokens))
             finally:
                 try:
                     server.stop()

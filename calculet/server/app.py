@@ -33,7 +33,6 @@ labels (§16).
 from __future__ import annotations
 
 import logging
-import re
 import time
 from typing import Any
 
@@ -53,14 +52,15 @@ from calculet.server.errors import APIError, from_calculet, internal
 from calculet.server.metrics_runtime import exposition
 from calculet.server.front import LIVE_PATH, GenerationFront
 from calculet.server.edge_answers import new_request_id
-from calculet.server.inference import GENERATION_ROUTES, REQUEST_MODELS, inference_router
+from calculet.server.inference import GENERATION_ROUTES, REQUEST_MODELS, inference_router, lane_sent
+from calculet.server.logs import log_fields
+from calculet.server.refusal_lane import CLIENT_ID, RefusalLane
 from calculet.server.request_parsing import from_validation
 from calculet.server.schemas import Health
 from calculet.server.service import Service
 
 log = logging.getLogger("calculet.server")
 
-_CLIENT_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _METHODS = frozenset({"GET", "POST", "DELETE", "PUT", "PATCH", "HEAD", "OPTIONS"})
 _QUIET_ROUTES = frozenset({"/metrics", "/health", "/health/live", "/health/ready"})
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -74,7 +74,7 @@ class _Exchange:
 
     def __init__(self, scope: Scope, service: Service) -> None:
         given = next((v.decode("latin-1") for k, v in scope.get("headers", ()) if k == b"x-request-id"), "")
-        self.client_id = given if _CLIENT_ID.match(given) else None
+        self.client_id = given if CLIENT_ID.match(given) else None
         self.request_id = str(scope.get("state", {}).get("request_id") or new_request_id())  # the server's own
         # protocol may have answered this request already (a broken chunked body): that id, not a second one
         self.scope = scope
@@ -112,12 +112,7 @@ class _Exchange:
         fields = self.state.get("log_fields")  # what the route adds to its one line (a refusal's engine id, model)
         if fields:
             extra.update(fields)
-        # the record made directly: Logger.log would first walk the stack for the caller's file and line, which no
-        # formatter of the service prints, and makeRecord would test each field against the record's own names —
-        # these are the service's fixed names (a third of a log line's CPU, on the event loop for every request, #13)
-        record = logging.getLogRecordFactory()(log.name, level, __file__, 0, "http", (), None, "record")
-        record.__dict__.update(extra)
-        log.handle(record)
+        log_fields(log, level, "http", extra)  # without a record when the JSON handler is its only reader (#13)
 
     def sender(self, send: Send) -> Send:
         """``send`` with the ids added to the response headers and the request recorded at its last byte."""
@@ -164,6 +159,7 @@ class RequestContext:
                 exchange.state["error"] = (error.code, f"{type(exc).__name__}: {exc}")
                 await error(scope, receive, send_with_id)
         finally:
+            lane_sent(self.service, exchange.state)  # forwarded by the refusal lane, ended before its submit
             exchange.record()  # a response that never finished (client gone, error before the body)
 
 
@@ -206,6 +202,9 @@ class ServiceApp(FastAPI):
 
     front: GenerationFront | None = None
     front_stack: ASGIApp | None = None
+    refusal_lane: RefusalLane | None = None
+    """The 429s the edge's protocol answers itself (:mod:`calculet.server.refusal_lane`; found by the httptools
+    protocol through uvicorn's wrappers of this app)."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         front, stack = self.front, self.front_stack
@@ -265,6 +264,7 @@ def create_app(service: Service) -> ServiceApp:
     # (its fallback, FastAPI's router, is never reached: ServiceApp sends it only what it answers)
     app.front = GenerationFront(app.router, service=service, routes=generation, live=live)
     app.front_stack = edge(app.front)
+    app.refusal_lane = RefusalLane(service, generation)
     # everything else through FastAPI with the same two layers, outermost: every answer carries the request id
     app.add_middleware(BodyGate, max_body_bytes=server.max_body_bytes, body_timeout_s=server.body_timeout_s,
                        body_min_rate_bytes_s=server.body_min_rate_bytes_s, authorize=authorize, pacer=pacer)

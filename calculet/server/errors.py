@@ -43,7 +43,7 @@ from fastapi.responses import JSONResponse
 
 from calculet.errors import CalculetError, CapacityExhausted, ConfigError, PackageError
 from calculet.runtime.models.reports import LoadFailed, LoadStep
-from calculet.server.jsonenc import JSONBody, send_json
+from calculet.server.jsonenc import JSONBody, dumps, send_json
 
 RETRY_AFTER_S = 1
 """``Retry-After`` of a 429: capacity frees as fast as requests finish, so retry soon (§5.2)."""
@@ -90,6 +90,10 @@ class APIError(Exception):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "code": self.code, "param": self.param}}
+
+    def json_bytes(self) -> bytes:
+        """The answer's body as the service encodes it (:func:`~calculet.server.jsonenc.dumps` of :meth:`body`)."""
+        return dumps(self.body())
 
     def response(self) -> JSONResponse:
         """The answer (encoded by :mod:`calculet.server.jsonenc`: a 429 under a burst is encoded on the event loop)."""

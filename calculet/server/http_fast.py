@@ -22,6 +22,10 @@ gives the h11 one (issue #14), with the same codes, reasons and log lines:
 * a chunked body in pieces averaging under :data:`~calculet.server.edge_answers.MIN_CHUNK_AVERAGE` bytes past
   :data:`~calculet.server.edge_answers.FREE_CHUNKS` pieces: 400 ``chunks_too_small``.
 
+A generation POST that arrives whole in one read is first offered to the app's refusal lane
+(:mod:`calculet.server.refusal_lane`): a 429 it decides from the admission snapshot is written here as whole bytes,
+and no ASGI task is started for it; anything else starts as uvicorn starts it.
+
 :func:`calculet.server.http_server.uvicorn_config` chooses this protocol when httptools is installed (a
 dependency of the service) unless ``CALCULET_HTTP=h11`` says otherwise (benchmarks compare both in one run).
 """
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from typing import Any
 
 import httptools
@@ -68,9 +73,15 @@ class FastEdgeProtocol(EdgeGuard, HttpToolsProtocol):
     _payload = 0
     _chunk_bytes = 0
 
+    _feeding = False
+    """Inside :meth:`data_received`'s parse: a generation request complete by its end may go to the refusal lane."""
+    _deferred: tuple[Any, Any, float] | None = None
+    """The request kept for the refusal lane (its cycle, app and arrival), its ASGI task not started yet."""
+
     def __init__(self, config: uvicorn.Config, *args: Any, **kwargs: Any) -> None:
         super().__init__(config, *args, **kwargs)
         self.max_header_bytes = config.h11_max_incomplete_event_size or DEFAULT_MAX_HEADER_BYTES
+        self.lane = refusal_lane_of(config)
 
     # ------------------------------------------------------------------ connection
 
@@ -85,6 +96,17 @@ class FastEdgeProtocol(EdgeGuard, HttpToolsProtocol):
         self._arm_header_timer()
 
     def data_received(self, data: bytes) -> None:
+        self._feeding = True
+        try:
+            self._parse(data)
+        finally:
+            self._feeding = False
+            deferred = self._deferred
+            if deferred is not None:
+                self._deferred = None
+                self._settle(*deferred)
+
+    def _parse(self, data: bytes) -> None:
         self._unset_keepalive_if_required()
         if not self._in_head and not self._reading:
             self._begin_head()  # the first byte of a request after a keep-alive pause
@@ -169,6 +191,58 @@ class FastEdgeProtocol(EdgeGuard, HttpToolsProtocol):
         self._reading = False
         super().on_message_complete()
 
+    # ------------------------------------------------------------------ the refusal lane
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        """uvicorn's, except for a generation request met while parsing a read: kept until the read is parsed, then
+        given to the refusal lane if it arrived whole (:meth:`_settle`)."""
+        lane = self.lane
+        if self._feeding and lane is not None and self._deferred is None and lane.candidate(cycle.scope):
+            self._deferred = (cycle, app, time.perf_counter())
+            return
+        super()._start_asgi_task(cycle, app)
+
+    def _settle(self, cycle: Any, app: Any, started: float) -> None:
+        """The kept request answered by the lane (a 429), held for the engine's next answer, or started as uvicorn
+        would have: when its body is still on its way, the connection was refused or closed meanwhile, a pipelined
+        request followed it in the same read, or the lane declines."""
+        lane = self.lane
+        if (cycle.more_body or cycle.disconnected or cycle is not self.cycle or self.transport.is_closing()
+                or cycle.waiting_for_100_continue):  # the app's receive() writes "100 Continue" before its answer
+            super()._start_asgi_task(cycle, app)
+            return
+        body = bytes(cycle.body)
+        answer = lane.decide(cycle.scope, body, default_headers=self.server_state.default_headers,
+                             keep_alive=cycle.keep_alive, started=started, hold=True)
+        if answer is None:
+            super()._start_asgi_task(cycle, app)
+        elif not isinstance(answer, bytes):  # the lane's HOLD: decided after the engine's next answer
+            task = self.loop.create_task(self._held(cycle, app, body, started))
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)  # uvicorn's shutdown waits for it as for a request's task
+        else:
+            self._write_answer(cycle, answer)
+
+    async def _held(self, cycle: Any, app: Any, body: bytes, started: float) -> None:
+        answer = await self.lane.decide_held(cycle.scope, body, default_headers=self.server_state.default_headers,
+                                             keep_alive=cycle.keep_alive, started=started,
+                                             gone=lambda: cycle.disconnected or self.transport.is_closing())
+        if answer is None:
+            await cycle.run_asgi(app)  # as the request's task would (a disconnect is the app's to record)
+        else:
+            self._write_answer(cycle, answer)  # decided just now, with no wait since: the client was there
+
+    def _write_answer(self, cycle: Any, answer: bytes) -> None:
+        """The lane's whole response written as uvicorn's cycle ends one (its ``send`` of the last body part)."""
+        cycle.response_started = True
+        cycle.waiting_for_100_continue = False
+        self.transport.write(answer)
+        cycle.response_complete = True
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            self.transport.close()
+        self.on_response_complete()
+
     # ------------------------------------------------------------------ timers and refusals
 
     def _awaiting_head(self) -> bool:
@@ -184,9 +258,29 @@ class FastEdgeProtocol(EdgeGuard, HttpToolsProtocol):
         return not cycle.response_started if app_has_request else cycle is None or cycle.response_complete
 
 
+_NO_LANE = object()
+
+
+def refusal_lane_of(config: uvicorn.Config) -> Any:
+    """The refusal lane of the app ``config`` serves (:attr:`ServiceApp.refusal_lane`, under uvicorn's wrappers), or
+    None; looked up once per configuration."""
+    lane = config.__dict__.get("_calculet_refusal_lane", _NO_LANE)
+    if lane is _NO_LANE:
+        app, lane = getattr(config, "loaded_app", None), None
+        for _ in range(8):  # uvicorn's wrappers (proxy headers, message logger) each hold the next as ``app``
+            if app is None:
+                break
+            lane = getattr(app, "refusal_lane", None)
+            if lane is not None:
+                break
+            app = getattr(app, "app", None)
+        config.__dict__["_calculet_refusal_lane"] = lane
+    return lane
+
+
 def fast_protocol_class(header_timeout_s: float) -> type[FastEdgeProtocol]:
     """A :class:`FastEdgeProtocol` with its timeout set (uvicorn instantiates the class itself)."""
     return type("FastEdgeProtocol", (FastEdgeProtocol,), {"header_timeout_s": header_timeout_s})
 
 
-__all__ = ["FastEdgeProtocol", "fast_protocol_class"]
+__all__ = ["FastEdgeProtocol", "fast_protocol_class", "refusal_lane_of"]

@@ -41,6 +41,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from calculet.errors import CalculetError
 from calculet.machines.request import FinishReason
+from calculet.runtime.engine.admission_snapshot import EarlyRefusal
 from calculet.runtime.engine.types import GenerateRequest
 from calculet.runtime.request import RequestOutcome
 from calculet.runtime.scheduling.plan import Submission
@@ -154,7 +155,8 @@ class _AskEngine(Exception):
 
 class _OnLoop:
     """The service as :func:`prepare_completion` / :func:`prepare_chat` see it on the event loop: the model check
-    answers only what it can without the engine (:meth:`Service.model_checked_at_once`)."""
+    answers only what it can without the engine (:meth:`Service.model_checked_at_once`); one that needs the engine
+    raises :class:`_AskEngine`."""
 
     def __init__(self, service: Service) -> None:
         self._service = service
@@ -170,15 +172,25 @@ class _OnLoop:
         self._service.check_model(model)
 
 
+def on_loop(service: Service) -> _OnLoop:
+    """``service`` as ``prepare`` sees it on the event loop (:class:`_OnLoop`)."""
+    return _OnLoop(service)
+
+
 async def _prepare(service: Service, request: Request,
                    prepare: Callable[[Service, bytes | bytearray], ApiGeneration]) -> ApiGeneration:
     """Parse, validate and tokenise the body: a small one on the event loop (:data:`INLINE_BODY`), a larger one on
     a worker thread, so a large body never holds the loop. Bodies over :data:`LARGE_BODY` bytes are parsed one at
     a time: parsing holds the interpreter lock (about 35 ms for 7.5 MB here), and one at a time leaves the event
-    loop its turn between them."""
-    raw = request.scope.get("state", {}).get("body")
+    loop its turn between them. A body the refusal lane (:mod:`calculet.server.refusal_lane`) prepared already
+    (``prepared`` in the scope's state: the same bytes, on this loop, just before) is not prepared again."""
+    state = request.scope.get("state", {})
+    raw = state.get("body")
     if raw is None:
         raw = await request.body()
+    prepared = state.get("prepared")
+    if prepared is not None and prepared[0] == raw:
+        return prepared[1]  # type: ignore[no-any-return]
     if len(raw) <= INLINE_BODY:
         try:
             return prepare(_OnLoop(service), raw)  # type: ignore[arg-type]
@@ -311,6 +323,7 @@ async def _generate(service: Service, request: Request, tenant: str, gen: ApiGen
     http_id = request.state.request_id if hasattr(request.state, "request_id") else new_request_id()
     stream = service.open_stream(tenant=tenant, stop=gen.sampling.stop, stop_text=gen.sampling.stop_text)
     engine_request = GenerateRequest(gen.prompt, gen.max_tokens, tenant=tenant, sampling=gen.sampling)
+    lane_sent(service, request.scope["state"])  # sent now (_submit counts it in flight, with no wait between)
     try:
         submission = await _submit(service, engine_request, stream)
     except CalculetError as exc:
@@ -381,27 +394,40 @@ async def _refuse_early(service: Service, request: Request, tenant: str, gen: Ap
     :mod:`calculet.runtime.engine.admission_snapshot`'s). Anything the snapshot cannot refuse goes on to the
     engine, which decides; an engine without a snapshot (a test double) is always asked."""
     engine = service.engine
-    if not hasattr(type(engine), "admission_snapshot"):
-        return
+    if not hasattr(type(engine), "admission_snapshot") or request.scope["state"].get("early_decided"):
+        return  # no snapshot ever, or the refusal lane decided from it already (and counted its forward)
     early = service.early_admission
     if service.config.batch.deadline_order == "on_time":  # no snapshot ever comes under another order
         for _ in range(HOLD_ROUNDS):
             if not early.should_hold(engine.admission_snapshot):
                 break
-            try:
-                await service.next_answer.wait()
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise  # this request was cancelled
-                # another held request was cancelled, and with it the future every held one awaits: go on
+            await wait_next_answer(service)
     refusal = early.decide(lambda: engine.admission_snapshot, prompt_tokens=len(gen.prompt),
                            max_new_tokens=gen.max_tokens, tenant=tenant, now=engine.clock.now())
-    if refusal is None:
+    if not isinstance(refusal, EarlyRefusal):
         return
     request.scope["state"]["log_fields"] = {"refused_by": "front", "generation": service.info.generation,
                                             "model": gen.model}
     raise admission_error(429, refusal.reason, retry_after_s=refusal.retry_after_s)
+
+
+def lane_sent(service: Service, state: dict[str, Any]) -> None:
+    """A request the refusal lane forwarded is no longer on its way to the engine (sent, or ended before):
+    :attr:`EarlyAdmission.unsent` counts it no more. Called at the submit and at the request's end (idempotent)."""
+    if state.pop("unsent", False):
+        service.early_admission.unsent -= 1
+
+
+async def wait_next_answer(service: Service) -> None:
+    """Wait for the engine's next answer (or the hold's timer: :class:`~calculet.server.service.NextAnswer`), one wait
+    shared by every held request; a cancellation that is not the caller's own (another held request was cancelled,
+    and with it the shared future) ends the wait, not the caller."""
+    try:
+        await service.next_answer.wait()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # this request was cancelled
 
 
 def _stop_reason(stream: TimedStream) -> str | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import sys
+import time
 from typing import Any, Literal
 
 from calculet.server.jsonenc import dumps_text
@@ -33,13 +34,17 @@ lines come many a second, and formatting a date is not free."""
 
 
 def _timestamp(record: logging.LogRecord) -> str:
+    return _stamp(record.created, record.msecs)
+
+
+def _stamp(created: float, msecs: float) -> str:
     global _last_second
-    second = int(record.created)
+    second = int(created)
     known = _last_second
     if known[0] != second:
         when = _dt.datetime.fromtimestamp(second, tz=_dt.timezone.utc)
         known = _last_second = (second, when.strftime("%Y-%m-%dT%H:%M:%S."))
-    return f"{known[1]}{int(record.msecs):03d}Z"
+    return f"{known[1]}{int(msecs):03d}Z"
 
 
 def _plain(value: Any) -> Any:
@@ -60,15 +65,76 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per line."""
 
     def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {"ts": _timestamp(record), "level": record.levelname, "logger": record.name,
-                               "msg": record.getMessage()}
-        # the extras in one pass (every request's line is written on the event loop, issue #13): as _extras, _plain
-        for key, value in vars(record).items():
-            if key not in _STANDARD and not key.startswith("_"):
-                out[key] = value if type(value) in _AS_IS else _plain(value)
+        out = _json_head(_timestamp(record), record.levelname, record.name, record.getMessage())
+        _json_fields(out, vars(record))
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
         return dumps_text(out)  # orjson when installed: a refusal's line is written on the event loop (#13)
+
+
+def _json_head(ts: str, level: str, logger: str, msg: str) -> dict[str, Any]:
+    return {"ts": ts, "level": level, "logger": logger, "msg": msg}
+
+
+def _json_fields(out: dict[str, Any], fields: dict[str, Any]) -> None:
+    """The extras in one pass (every request's line is written on the event loop, issue #13): as _extras, _plain."""
+    for key, value in fields.items():
+        if key not in _STANDARD and key[:1] != "_":
+            out[key] = value if type(value) in _AS_IS else _plain(value)
+
+
+def _json_handler(logger: logging.Logger, level: int) -> logging.StreamHandler[Any] | None:  # type: ignore[type-arg]
+    """The one handler a record of ``logger`` at ``level`` would reach, when it is the service's own JSON stream
+    handler (:func:`configure_logging`) and nothing else could see or change the record (no filter, no other handler
+    on the way up, the stdlib's record factory); else None."""
+    if logger.filters or logging.getLogRecordFactory() is not logging.LogRecord:
+        return None
+    found = None
+    current: logging.Logger | None = logger
+    while current is not None:
+        for handler in current.handlers:
+            if found is not None:
+                return None
+            found = handler
+        if not current.propagate:
+            break
+        current = current.parent
+    if (found is None or type(found) is not logging.StreamHandler or found.name != "calculet" or found.filters
+            or type(found.formatter) is not JsonFormatter or level < found.level):
+        return None
+    return found
+
+
+def log_fields(logger: logging.Logger, level: int, msg: str, fields: dict[str, Any]) -> None:
+    """One log line of ``logger`` at ``level`` (already known enabled) with ``fields`` as its extras, as
+    ``logger.log(level, msg, extra=fields)`` would write it.
+
+    Why: every request's line is written on the event loop (a 429 of a burst as much as any, issue #13). When the
+    line's only destination is the service's JSON handler (:func:`_json_handler`), the line is encoded and written
+    here, under the handler's lock, without a ``LogRecord`` (its constructor reads the clock, the thread, the
+    process) and the generic ``Logger.handle`` / ``Handler.handle`` / ``format`` walk: the same keys in the same
+    order as :class:`JsonFormatter` writes. Otherwise the record is made directly (``Logger.log`` would first walk
+    the stack for the caller's file and line, which no formatter of the service prints, and ``makeRecord`` would
+    test each field against the record's own names — these are the caller's fixed names) and handled as usual."""
+    handler = _json_handler(logger, level)
+    if handler is None:
+        record = logging.getLogRecordFactory()(logger.name, level, __file__, 0, msg, (), None, "log_fields")
+        record.__dict__.update(fields)
+        logger.handle(record)
+        return
+    created = time.time()
+    out = _json_head(_stamp(created, (created - int(created)) * 1000), logging.getLevelName(level), logger.name, msg)
+    _json_fields(out, fields)
+    line = dumps_text(out)
+    handler.acquire()
+    try:
+        handler.stream.write(line + handler.terminator)
+        handler.flush()
+    except Exception:  # noqa: BLE001 - as StreamHandler.emit: reported, never raised into the caller
+        record = logging.LogRecord(logger.name, level, __file__, 0, msg, (), None)
+        handler.handleError(record)
+    finally:
+        handler.release()
 
 
 class TextFormatter(logging.Formatter):

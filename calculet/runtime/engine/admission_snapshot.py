@@ -146,6 +146,9 @@ class EarlyAdmissionStatistics:
 FORWARD_REASONS = ("no_snapshot", "expired", "not_latest", "kv_budget", "fits", "raced")
 """Why the front handed a request to the engine (:meth:`EarlyAdmission.decide`): a bounded set."""
 
+HELD = "held"
+""":meth:`EarlyAdmission.decide`'s answer to a request that should wait for the engine's next answer (``hold``)."""
+
 HOLD_IN_FLIGHT = 4
 """Requests on their way to the actor beyond which a request that finds no snapshot waits for its next answer."""
 
@@ -175,6 +178,10 @@ class EarlyAdmission:
     _admitted: dict[str, int] = field(default_factory=dict)
     in_flight: int = 0
     """Requests handed to the engine whose answer has not come back (:meth:`sent`, :meth:`answered`)."""
+    unsent: int = 0
+    """Requests the refusal lane forwarded whose ASGI task has not sent them to the engine yet (nor ended): the lane
+    decides a whole socket read's requests before any task runs, so without them :attr:`in_flight` would stay 0
+    through a burst's first read, and every request of it would be forwarded (:mod:`calculet.server.refusal_lane`)."""
     _held: int = 0
     _wakers: list[Callable[[], None]] = field(default_factory=list)
 
@@ -191,12 +198,12 @@ class EarlyAdmission:
 
     def should_hold(self, snapshot: AdmissionSnapshot | None) -> bool:
         """Whether a request should wait for the engine's next answer before being decided: no snapshot now, and
-        at least :data:`HOLD_IN_FLIGHT` requests already on their way to the actor. Why: at a burst's start the
+        at least :data:`HOLD_IN_FLIGHT` requests already on their way to the actor (or to be sent: :attr:`unsent`). Why: at a burst's start the
         device is idle (no snapshot: every request fits) and the event loop forwards requests far faster than
         the actor answers them; the first ones fill the device and all the others would wait in the actor's
         mailbox for a 429 the next snapshot gives at once (issue #13 measured 50 of 300 refusals of a burst
         answered by the engine, its 429 P99 at 400 ms against 0.4 ms P50). Bounded by the caller's wait."""
-        return snapshot is None and self.in_flight >= HOLD_IN_FLIGHT
+        return snapshot is None and self.in_flight + self.unsent >= HOLD_IN_FLIGHT
 
     def hold(self, wake: Callable[[], None] | None) -> None:
         """A request held (counted); ``wake`` is called at the engine's next answer (None: the caller's wait is
@@ -206,11 +213,19 @@ class EarlyAdmission:
             self._wakers.append(wake)
 
     def decide(self, read: Callable[[], AdmissionSnapshot | None], *, prompt_tokens: int, max_new_tokens: int,
-               tenant: str, now: float) -> EarlyRefusal | None:
+               tenant: str, now: float, hold: bool = False) -> EarlyRefusal | None | str:
         """The refusal of a request arriving ``now``, or None: forward it to the engine (counted by reason).
 
         ``read`` returns the actor's current snapshot; it is read again once the refusal is decided, and a
-        snapshot replaced meanwhile (the actor began a step) forwards the request instead."""
+        snapshot replaced meanwhile (the actor began a step) forwards the request instead.
+
+        ``hold``: a request the snapshot would forward because it fits, while :data:`HOLD_IN_FLIGHT` requests were
+        forwarded on this snapshot already, is answered :data:`HELD` (not counted): its caller waits for the engine's
+        next answer and asks again. Why: the refusal lane (:mod:`calculet.server.refusal_lane`) decides a whole
+        socket read's requests before any of them reaches the engine, so the snapshot never changes between them;
+        without this every request of a burst's first read "fits" the same free lane and goes to the actor, which
+        refuses all but the first few (the full path met the actor between two requests: its forwards were in
+        flight, and the next request found no snapshot and was held)."""
         snapshot = read()
         if snapshot is None:
             return self._forward("no_snapshot")
@@ -226,6 +241,8 @@ class EarlyAdmission:
             return self._forward("kv_budget")
         length = model.service_s(prompt_tokens, max(0, max_new_tokens - 1))
         if max(min(snapshot.free), now) + length <= deadline + ON_TIME_EPS_S:
+            if hold and self._since >= HOLD_IN_FLIGHT:
+                return HELD
             return self._forward("fits")
         relative = snapshot.deadline_s
         if length > relative + ON_TIME_EPS_S:
@@ -284,5 +301,5 @@ class EarlyAdmission:
 
 
 __all__ = ["AdmissionSnapshot", "EarlyAdmission", "EarlyAdmissionStatistics", "EarlyRefusal", "FORWARD_REASONS",
-           "FRONT_RETRY_SLOTS", "HOLD_IN_FLIGHT",
+           "FRONT_RETRY_SLOTS", "HELD", "HOLD_IN_FLIGHT",
            "MAX_AGE_S", "take_snapshot"]

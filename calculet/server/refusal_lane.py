@@ -1,0 +1,275 @@
+"""The refusal lane: a generation request the admission snapshot refuses, answered 429 by the edge's protocol itself,
+before any ASGI task exists (issue #13: time to 429 under a 300-request burst).
+
+Why: under overload the refusal is the common case, and the event loop answers a burst one request after another,
+so the loop's CPU per refusal bounds the last client's wait. Through the ASGI stack a refusal cost about 0.46 ms
+of loop CPU in-process (``bench/loop_profile.py``): a task and a request/response cycle, the request context, the
+body gate, the front, the route's parsing, the refusal raised and caught, the answer encoded into ASGI messages and
+uvicorn's framing of them (a regex check per header), a log record through the stdlib's generic formatter. Here the
+protocol hands the lane the request's scope and body once the whole request arrived in one read, and the lane
+decides with the same functions the full path calls and writes the answer's bytes whole.
+
+What it decides, in order; every step that cannot answer *as the full path would* declines, and the request goes
+on to the ASGI app unchanged (its task started as uvicorn would, the body already in its cycle):
+
+1. the credentials (:meth:`TenantDirectory.resolve`, as the body gate does before reading a body): a refusal (401)
+   is the body gate's to answer;
+2. the body: parsed, validated and tokenised by the route's own ``prepare`` (:data:`GENERATION_ROUTES`, on the loop
+   as the front does for a body of at most :data:`~calculet.server.inference.INLINE_BODY` bytes). Choice: **an
+   invalid request is never refused 429 here** — anything ``prepare`` refuses (400, 404, 503 for the model) declines,
+   so it gets its answer from the full path as before. A cheap check without the validation would be sound for the
+   429 itself (the decision is monotone: more prompt or more new tokens only finish later, so a lower bound on the
+   prompt's tokens can only refuse what the exact count refuses) but it would answer 429 to a body the full path
+   answers 400, and its ``Retry-After`` would come from a length the request does not have. Instead the result of
+   ``prepare`` is remembered for the same bytes on the same route (:class:`PreparedMemo`): ``prepare`` is a pure
+   function of the body, the process's tokenizer and context, except the model check, which is asked again;
+3. the context and the service's state (400 ``context_length_exceeded``, 503 shutting down) decline as well;
+4. the snapshot: :meth:`EarlyAdmission.decide`, the same call the full path makes
+   (:func:`~calculet.server.inference._refuse_early`); with no snapshot while requests are on their way to the
+   actor, the protocol holds the request as the full path does (:data:`HOLD`) and asks again. A request it
+   forwards is marked (``early_decided``), so the full path does not decide (and count) it twice, and carries its
+   prepared generation (``prepared``), so it is not parsed twice.
+
+One difference of timing the lane must make up for: the protocol decides every request of a socket read (a burst's
+first read holds dozens) before any ASGI task runs, where the full path decided each in its own task, after the
+task before it had sent its request to the actor. So a request the lane forwards counts as on its way to the engine
+(:attr:`EarlyAdmission.unsent`, until the full path submits it or its request ends), and a request that fits a
+snapshot on which :data:`~calculet.runtime.engine.admission_snapshot.HOLD_IN_FLIGHT` requests were forwarded
+already is held too (``hold`` of :meth:`EarlyAdmission.decide`): without both, the whole first read went to the
+actor, which refused all but the first few (measured: 105 of a burst's 294 refusals answered by the engine, the
+burst's 429 P99 at 332 ms).
+
+The answer is the full path's, byte for byte: the status line, uvicorn's default headers, ``retry-after``,
+``content-length``, ``content-type``, ``x-request-id`` (server-generated), ``x-client-request-id`` when the client
+sent a valid ``X-Request-Id``, ``connection: close`` when the connection does not stay open, and the body of
+:func:`~calculet.server.errors.admission_error`. The request's one log line has the fields and order
+:class:`~calculet.server.app.RequestContext` writes (:func:`~calculet.server.logs.log_fields`, which writes it
+without a record when the service's JSON handler is the only one), and ``calculet_http_requests_total`` and the
+duration histogram count it as they count every request.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+from calculet.runtime.engine.admission_snapshot import HELD
+from calculet.server.edge_answers import new_request_id
+from calculet.server.errors import APIError, admission_error
+from calculet.server.inference import GENERATION_ROUTES, HOLD_ROUNDS, INLINE_BODY, ApiGeneration, on_loop, wait_next_answer
+from calculet.server.logs import log_fields
+
+log = logging.getLogger("calculet.server")
+
+CLIENT_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+"""A client's ``X-Request-Id`` kept as a correlation field (:class:`~calculet.server.app.RequestContext`'s rule)."""
+
+HOLD = "hold"
+""":meth:`RefusalLane.decide`'s answer for a request that should wait for the engine's next answer first."""
+
+_STATUS_LINE = b"HTTP/1.1 429 " + HTTPStatus(429).phrase.encode() + b"\r\n"
+"""uvicorn's status line for 429 (``HTTP/1.1 <code> <phrase>``)."""
+
+MEMO_ENTRIES = 256
+"""Bodies whose prepared generation is remembered at most (each at most ``INLINE_BODY`` bytes: 2 MiB in all)."""
+
+
+class PreparedMemo:
+    """The prepared generation of the bodies seen last, per route: the same bytes give the same generation.
+
+    Why sound: ``prepare`` reads only the body, the tokenizer and the context, fixed for the process (a published
+    generation keeps the engine contract, §11 step 3), and the model check, which the lane asks again at each use.
+    Only successes are kept; the oldest entry goes first when full."""
+
+    def __init__(self, entries: int = MEMO_ENTRIES) -> None:
+        self.entries = entries
+        self._kept: dict[tuple[str, bytes], ApiGeneration] = {}
+        self.hits = 0
+
+    def get(self, path: str, body: bytes) -> ApiGeneration | None:
+        found = self._kept.get((path, body))
+        if found is not None:
+            self.hits += 1
+        return found
+
+    def put(self, path: str, body: bytes, gen: ApiGeneration) -> None:
+        kept = self._kept
+        if len(kept) >= self.entries:
+            del kept[next(iter(kept))]
+        kept[(path, body)] = gen
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+
+@dataclass(frozen=True)
+class RefusalLaneStatistics:
+    """What the lane answered and what it left to the ASGI app."""
+
+    refused: int
+    """Requests answered 429 by the lane."""
+    declined: int
+    """Requests it handed to the ASGI app (invalid, not refused, or not decidable here)."""
+    held: int
+    """Requests it held for the engine's next answer before deciding (each once, however many waits)."""
+    memo_hits: int
+    memo_entries: int
+
+
+class RefusalLane:
+    """The 429 of a generation POST from the admission snapshot, as whole response bytes (see the module)."""
+
+    def __init__(self, service: Any, routes: Mapping[str, Any]) -> None:
+        self.service = service
+        self.routes = dict(routes)
+        """path → the FastAPI route declaring it (its template names the log line and the metrics)."""
+        self.memo = PreparedMemo()
+        self._refused = 0
+        self._declined = 0
+        self._held = 0
+
+    def candidate(self, scope: Mapping[str, Any]) -> bool:
+        """Whether the protocol should keep ``scope``'s request for :meth:`decide` (a POST to a generation route)."""
+        return scope["method"] == "POST" and scope["path"] in self.routes
+
+    async def decide_held(self, scope: dict[str, Any], body: bytes, *, default_headers: list[tuple[bytes, bytes]],
+                          keep_alive: bool, started: float, gone: Callable[[], bool]) -> bytes | None:
+        """:meth:`decide` for a request it answered :data:`HOLD`: after each of the engine's next answers, at most
+        :data:`~calculet.server.inference.HOLD_ROUNDS` waits, as the full path holds
+        (:func:`~calculet.server.inference._refuse_early`); then decided whatever the snapshot. A request whose
+        client is ``gone`` meanwhile is the app's (its one log line says so), not refused here."""
+        self._held += 1
+        for left in range(HOLD_ROUNDS - 1, -1, -1):
+            await wait_next_answer(self.service)
+            if gone():
+                return None
+            answer = self.decide(scope, body, default_headers=default_headers, keep_alive=keep_alive,
+                                 started=started, hold=left > 0)
+            if answer is not HOLD:
+                return answer  # type: ignore[return-value]
+        return None  # not reached: the last round decides
+
+    def decide(self, scope: dict[str, Any], body: bytes, *, default_headers: list[tuple[bytes, bytes]],
+               keep_alive: bool, started: float, hold: bool) -> bytes | str | None:
+        """The whole 429 response to write, :data:`HOLD` (``hold`` allowed and the request should wait for the
+        engine's next answer), or None: the ASGI app answers (``scope``'s state then says what was decided).
+        ``started``: ``time.perf_counter()`` when the request reached the lane (its log line's duration)."""
+        try:
+            decided = self._decide(scope, body, hold)
+        except Exception:  # noqa: BLE001 - the full path meets it again and answers it (a 500 with its log line)
+            decided = None
+        if decided is None or decided is HOLD:
+            self._declined += decided is None
+            return decided
+        refusal, gen, tenant = decided
+        return self._answer(scope, refusal, gen, tenant, default_headers, keep_alive, started)
+
+    def _decide(self, scope: dict[str, Any], body: bytes, hold: bool) -> Any:
+        service = self.service
+        state = scope["state"]
+        if "protocol_error" in state or not body or len(body) > INLINE_BODY \
+                or len(body) > service.config.server.max_body_bytes:
+            return None
+        authorization = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+                break
+        try:
+            tenant = service.tenants.resolve(authorization)
+        except APIError:
+            return None
+        path = scope["path"]
+        gen = self._prepared(service, path, body)
+        if gen is None:
+            return None
+        state["prepared"] = (body, gen)
+        n = len(gen.prompt)
+        if n + gen.max_tokens > service.info.max_seq or not service.accepting:
+            return None
+        engine = service.engine
+        if not hasattr(type(engine), "admission_snapshot"):
+            return None
+        early = service.early_admission
+        hold = hold and service.config.batch.deadline_order == "on_time"  # no snapshot ever comes under another
+        if hold and early.should_hold(engine.admission_snapshot):
+            return HOLD
+        refusal = early.decide(lambda: engine.admission_snapshot, prompt_tokens=n, max_new_tokens=gen.max_tokens,
+                               tenant=tenant, now=engine.clock.now(), hold=hold)
+        if refusal is HELD:
+            return HOLD
+        if refusal is None:
+            state["early_decided"] = True  # forwarded, and counted: the full path does not decide it again
+            state["unsent"] = True  # on its way to the engine: ended by the full path's submit, or its request's end
+            early.unsent += 1
+            return None
+        return refusal, gen, tenant
+
+    def _prepared(self, service: Any, path: str, body: bytes) -> ApiGeneration | None:
+        """The route's prepared generation of ``body``, or None when the full path must answer it (``prepare`` refused
+        it, or its model check needs the engine)."""
+        gen = self.memo.get(path, body)
+        served = on_loop(service)
+        if gen is not None:
+            try:
+                served.check_model(gen.model)
+            except Exception:  # noqa: BLE001 - answered by the full path
+                return None
+            return gen
+        if log.isEnabledFor(logging.DEBUG) and logging.getLogger("calculet.server.inference").isEnabledFor(
+                logging.DEBUG):
+            return None  # prepare logs ignored fields at DEBUG: the full path writes that line
+        try:
+            gen = GENERATION_ROUTES[path][0](served, body)  # type: ignore[arg-type]
+        except Exception:  # noqa: BLE001 - an invalid body, or a model check for the engine: the full path's
+            return None
+        self.memo.put(path, body, gen)
+        return gen
+
+    def _answer(self, scope: dict[str, Any], refusal: Any, gen: ApiGeneration, tenant: str,
+                default_headers: list[tuple[bytes, bytes]], keep_alive: bool, started: float) -> bytes:
+        error = admission_error(429, refusal.reason, retry_after_s=refusal.retry_after_s)
+        content = error.json_bytes()
+        request_id = new_request_id()
+        client_id = None
+        for name, value in scope["headers"]:
+            if name == b"x-request-id":
+                given = value.decode("latin-1")
+                client_id = given if CLIENT_ID.match(given) else None
+                break
+        parts = [_STATUS_LINE]
+        for name, value in default_headers:
+            parts += (name, b": ", value, b"\r\n")
+        parts.append(b"retry-after: %s\r\ncontent-length: %d\r\ncontent-type: application/json\r\nx-request-id: %s\r\n"
+                     % (error.headers["Retry-After"].encode("latin-1"), len(content), request_id.encode()))
+        if client_id is not None:
+            parts.append(b"x-client-request-id: %s\r\n" % client_id.encode())
+        if not keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts += (b"\r\n", content)
+        self._refused += 1
+        route = self.routes[scope["path"]]
+        template = str(getattr(route, "path", scope["path"]))
+        took = time.perf_counter() - started
+        service = self.service
+        service.metrics.observe_http(template, "POST", 429, took)
+        if log.isEnabledFor(logging.INFO):
+            fields: dict[str, Any] = {"request_id": request_id, "method": "POST", "route": template, "status": 429,
+                                      "duration_s": round(took, 6), "tenant": tenant}
+            if client_id is not None:
+                fields["client_request_id"] = client_id
+            fields.update(code=error.code, reason=error.message, refused_by="front",
+                          generation=service.info.generation, model=gen.model)
+            log_fields(log, logging.INFO, "http", fields)
+        return b"".join(parts)
+
+    def statistics(self) -> RefusalLaneStatistics:
+        return RefusalLaneStatistics(self._refused, self._declined, self._held, self.memo.hits, len(self.memo))
+
+
+__all__ = ["CLIENT_ID", "HOLD", "MEMO_ENTRIES", "PreparedMemo", "RefusalLane", "RefusalLaneStatistics"]

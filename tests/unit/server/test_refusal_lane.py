@@ -1,0 +1,294 @@
+"""The refusal lane (issue #13): a 429 the httptools protocol writes itself is the full path's 429, byte for byte,
+with the same log line and metrics; anything it cannot answer as the full path would goes on to the ASGI app.
+
+The service is the real one (the bundled model on the simulated NPU) behind its real edge protocols on fake
+transports; the admission snapshot is pinned (every lane busy for an hour), so every valid request is refused by
+the front from it, through the lane (one read) or through the ASGI app (the body in a second read, or h11).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import math
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from calculet.adapters.sim import CostModel, SimConfig, TimeMode
+from calculet.config import load_config
+from calculet.runtime.engine.admission_snapshot import HELD, HOLD_IN_FLIGHT, AdmissionSnapshot, EarlyAdmission
+from calculet.runtime.scheduling.finish_estimate import DeviceModel
+from calculet.server import logs
+from calculet.server.logs import JsonFormatter, log_fields
+
+STEP_S = 0.05
+DEADLINE_S = 5.0
+
+
+class _Transport:
+    """Keeps every byte written; closing is remembered."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.closing = False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 40000)}.get(name, default)
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def set_write_buffer_limits(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from calculet.server.app import create_app
+    from calculet.server.bringup import bring_up
+    from calculet.server.service import Service
+
+    path = Path(tmp_path_factory.mktemp("lane")) / "config.yaml"
+    path.write_text(json.dumps({"schema": "calculet-scheduler/v1", "model_alias": "tiny-random",
+                                "admission": {"deadline_default_ms": int(DEADLINE_S * 1000)},
+                                "batch": {"deadline_order": "on_time"}}))
+    brought = bring_up(load_config(str(path)), sim=SimConfig(time_mode=TimeMode.REAL, cost=CostModel.tiny()))
+    service = Service(brought.config, brought.engine)
+    service.start()
+    try:
+        yield service, create_app(service)
+    finally:
+        service.stop(wait_s=5)
+        brought.close()
+
+
+@pytest.fixture
+def pinned(served: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Every request of ``served`` finds the same snapshot: its one lane busy for an hour."""
+    service, app = served
+    now = service.engine.clock.now()
+    snapshot = AdmissionSnapshot(1, now, math.inf, (now + 3600.0,), 0.0,
+                                 DeviceModel(decode_step_s=STEP_S, prefill_fixed_s=0.005, prefill_per_token_s=0.0006),
+                                 DEADLINE_S, 10**6, {})
+    monkeypatch.setattr(type(service.engine), "admission_snapshot", property(lambda engine: snapshot))
+    return service, app
+
+
+def _request(body: dict[str, Any], *, headers: str = "", version: str = "1.1") -> tuple[bytes, bytes]:
+    payload = json.dumps(body).encode()
+    head = (f"POST /v1/completions HTTP/{version}\r\nHost: t\r\nContent-Type: application/json\r\n{headers}"
+            f"Content-Length: {len(payload)}\r\n\r\n").encode()
+    return head, payload
+
+
+def _exchange(app: Any, service: Any, http: str, reads: list[bytes]) -> tuple[bytes, int, bool]:
+    """(response bytes, ASGI tasks started, connection closed) of ``reads`` on one connection of ``http``."""
+    from uvicorn.server import ServerState
+
+    from calculet.server.http_server import edge_protocol, uvicorn_config
+
+    async def run() -> tuple[bytes, int, bool]:
+        config = uvicorn_config(app, service.config.server)
+        config.http = edge_protocol(service.config.server.header_timeout_s, http)  # type: ignore[assignment]
+        config.load()
+        protocol = config.http_protocol_class(config=config, server_state=ServerState(), app_state={},  # type: ignore
+                                              _loop=asyncio.get_running_loop())
+        transport = _Transport()
+        protocol.connection_made(transport)
+        tasks = 0
+        for data in reads:
+            before = set(protocol.tasks)
+            protocol.data_received(data)
+            tasks += len(set(protocol.tasks) - before)
+        for _ in range(400):
+            if b"\r\n\r\n" in transport.data:
+                head, _, rest = bytes(transport.data).partition(b"\r\n\r\n")
+                length = int(re.search(rb"content-length: (\d+)", head).group(1))  # type: ignore[union-attr]
+                if len(rest) >= length:
+                    break
+            await asyncio.sleep(0.005)
+        return bytes(transport.data), tasks, transport.closing
+
+    return asyncio.run(run())
+
+
+def _masked(response: bytes) -> bytes:
+    """The response without what differs between two answers: the request id, the date."""
+    response = re.sub(rb"x-request-id: [0-9a-f]{32}", b"x-request-id: ID", response)
+    return re.sub(rb"date: [^\r]*", b"date: DATE", response)
+
+
+NEVER = {"model": "tiny-random", "prompt": "lane", "max_tokens": 120, "temperature": 0, "ignore_eos": True}
+"""Late even on an idle device (120 steps of 50 ms > 5 s): the refusal's answer does not depend on the retry slots."""
+SLOT = {**NEVER, "max_tokens": 16}
+
+
+def _http_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    standard = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "taskName"}
+    return [{k: v for k, v in vars(r).items() if k not in standard} for r in caplog.records if r.getMessage() == "http"]
+
+
+@pytest.mark.parametrize("headers,version", [("", "1.1"), ("X-Request-Id: client-7\r\n", "1.1"),
+                                             ("Connection: close\r\n", "1.1"), ("", "1.0")])
+def test_the_lanes_429_is_the_full_paths_with_its_log_line_and_metrics(pinned: Any, caplog: pytest.LogCaptureFixture,
+                                                                       headers: str, version: str) -> None:
+    service, app = pinned
+    head, body = _request(NEVER, headers=headers, version=version)
+    counted = service.metrics.http_requests.labels("/v1/completions", "POST", "429")
+    before = counted._value.get()
+    with caplog.at_level(logging.INFO, logger="calculet"):
+        lane, lane_tasks, lane_closed = _exchange(app, service, "httptools", [head + body])
+        full, full_tasks, full_closed = _exchange(app, service, "httptools", [head, body])  # the body in a 2nd read
+        h11, _, _ = _exchange(app, service, "h11", [head + body])
+    assert lane.startswith(b"HTTP/1.1 429 ") and b"retry-after: 1\r\n" in lane
+    assert (lane_tasks, full_tasks) == (0, 1)  # the lane answered without an ASGI task; the split body had one
+    assert _masked(lane) == _masked(full)
+    assert _masked(lane).lower() == _masked(h11).lower()  # h11 writes its own "Connection: close" capitalised
+    assert lane_closed == full_closed == (bool(headers.startswith("Connection")) or version == "1.0")
+    assert counted._value.get() == before + 3
+    lines = _http_lines(caplog)
+    assert len(lines) == 3
+    for line in lines:
+        assert line.pop("request_id") and line.pop("duration_s") >= 0
+    assert lines[0] == lines[1] == lines[2]
+    assert lines[0]["refused_by"] == "front" and lines[0]["code"] == "over_capacity"
+    assert ("client_request_id" in lines[0]) == bool(headers.startswith("X-Request-Id"))
+
+
+def test_a_refusal_with_a_retry_slot_carries_the_same_fields(pinned: Any) -> None:
+    service, app = pinned
+    head, body = _request(SLOT)
+    lane, _, _ = _exchange(app, service, "httptools", [head + body])
+    full, _, _ = _exchange(app, service, "httptools", [head, body])
+    retry = [int(re.search(rb"retry-after: (\d+)", r).group(1)) for r in (lane, full)]  # type: ignore[union-attr]
+    assert 3500 < retry[0] <= retry[1]  # behind the hour the lane is busy; the second slot behind the first
+    assert _masked(re.sub(rb"(retry-after: |fit in )[0-9.]+", rb"\1N", lane)).split(b"content-length")[0] == \
+        _masked(re.sub(rb"(retry-after: |fit in )[0-9.]+", rb"\1N", full)).split(b"content-length")[0]
+
+
+@pytest.mark.parametrize("body,status", [({**SLOT, "n": 2}, 400), ({**SLOT, "model": "other"}, 404),
+                                         ({**SLOT, "max_tokens": 10**6}, 400), ({**SLOT, "prompt": 5}, 400)])
+def test_what_the_full_path_refuses_otherwise_is_answered_by_it(pinned: Any, body: dict[str, Any],
+                                                                status: int) -> None:
+    service, app = pinned
+    head, payload = _request(body)
+    lane, tasks, _ = _exchange(app, service, "httptools", [head + payload])
+    full, _, _ = _exchange(app, service, "httptools", [head, payload])
+    assert tasks == 1 and lane.startswith(b"HTTP/1.1 %d " % status)
+    assert _masked(lane) == _masked(full)
+
+
+def test_the_same_body_is_prepared_once_and_its_model_asked_each_time(pinned: Any,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    service, app = pinned
+    lane = app.refusal_lane
+    body = json.dumps({**NEVER, "prompt": "memo"}).encode()
+    scope = {"method": "POST", "path": "/v1/completions", "headers": [], "state": {}}
+    first = lane._prepared(service, "/v1/completions", body)
+    hits = lane.memo.hits
+    assert lane._prepared(service, "/v1/completions", body) is first and lane.memo.hits == hits + 1
+    monkeypatch.setattr(service.admin, "unloaded", lambda model: True)  # the admin API unloaded it meanwhile
+    assert lane._prepared(service, "/v1/completions", body) is None
+    assert lane.decide(scope, body, default_headers=[], keep_alive=True, started=0.0, hold=True) is None
+
+
+def test_decide_holds_a_fitting_request_only_behind_enough_forwards_on_its_snapshot() -> None:
+    early = EarlyAdmission()
+    model = DeviceModel(decode_step_s=STEP_S)
+    snapshot = AdmissionSnapshot(1, 0.0, 10.0, (0.0,), 0.0, model, DEADLINE_S, 10**6, {})
+
+    def decide(hold: bool, read: Any = lambda: snapshot) -> Any:
+        return early.decide(read, prompt_tokens=4, max_new_tokens=4, tenant="t", now=0.0, hold=hold)
+
+    assert [decide(True) for _ in range(HOLD_IN_FLIGHT)] == [None] * HOLD_IN_FLIGHT  # forwarded: it fits
+    assert decide(True) is HELD and decide(False) is None  # held only when asked to hold
+    assert early.statistics().forwarded["fits"] == HOLD_IN_FLIGHT + 1  # a held request is not counted
+    newer = AdmissionSnapshot(2, 0.0, 10.0, (0.0,), 0.0, model, DEADLINE_S, 10**6, {})
+    assert decide(True, lambda: newer) is None  # a new snapshot: the forwards before it are in it
+
+
+def test_the_json_line_written_directly_is_the_formatters(monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    handler.set_name("calculet")
+    parent = logging.getLogger("lane_test")
+    child = logging.getLogger("lane_test.server")
+    parent.addHandler(handler)
+    parent.propagate = False
+    try:
+        monkeypatch.setattr(logs.time, "time", lambda: 1_700_000_000.25)
+        fields = {"request_id": "ab", "status": 429, "duration_s": 0.5, "tenant": None, "odd": Path("/x"),
+                  "text": "é\u2028"}
+        log_fields(child, logging.INFO, "http", fields)
+        direct = stream.getvalue()
+        record = logging.LogRecord("lane_test.server", logging.INFO, __file__, 0, "http", (), None)
+        record.created, record.msecs = 1_700_000_000.25, 250.0
+        record.__dict__.update(fields)
+        assert direct == JsonFormatter().format(record) + "\n"
+        seen: list[logging.LogRecord] = []
+        child.addFilter(lambda r: seen.append(r) or True)  # a filter sees records: the generic path is taken
+        log_fields(child, logging.INFO, "http", fields)
+        assert len(seen) == 1 and seen[0].status == 429  # type: ignore[attr-defined]
+    finally:
+        parent.removeHandler(handler)
+        parent.propagate = True
+        child.filters.clear()
+
+
+def test_a_forward_is_on_its_way_until_submitted_or_ended(served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lane's forwards count as on their way to the engine (what makes later requests of the same read hold)
+    until the full path submits them (here: admitted and served) or their request ends before."""
+    service, app = served
+    monkeypatch.setattr(type(service.engine), "admission_snapshot", property(lambda engine: None))
+    early = service.early_admission
+    head, body = _request({**SLOT, "max_tokens": 2})
+    lane = app.refusal_lane
+    scope = {"method": "POST", "path": "/v1/completions", "headers": [], "state": {}}
+    assert lane.decide(scope, body, default_headers=[], keep_alive=True, started=0.0, hold=True) is None
+    assert early.unsent == 1 and scope["state"]["unsent"]
+    early.unsent -= 1  # that scope's request never runs
+    response, tasks, _ = _exchange(app, service, "httptools", [head + body])
+    assert tasks == 1 and response.startswith(b"HTTP/1.1 200 ")
+    assert early.unsent == 0 and early.in_flight == 0
+
+    async def fails(scope: Any, receive: Any, send: Any) -> None:
+        raise RuntimeError("before its submit")
+
+    from calculet.server.app import RequestContext
+
+    async def run() -> None:
+        sent: list[Any] = []
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        early.unsent += 1
+        state = {"unsent": True}
+        await RequestContext(fails, service)({"type": "http", "method": "POST", "path": "/v1/completions",
+                                              "headers": [], "state": state}, None, send)  # type: ignore[arg-type]
+        assert sent[0]["status"] == 500
+
+    asyncio.run(run())
+    assert early.unsent == 0
