@@ -9,8 +9,9 @@ budget has room. Here they are:
 
 * :class:`AdmissionBudgetMachine` — the controller's counters and its budget as a machine. Its rows
   are the controller's operations (``accept`` after screening, ``leave`` a waiting request that
-  ends without admission, ``admit``, ``release`` the KV lease, ``refuse`` at screening), and the
-  two rows that grow a counter carry the budget guard (§5.2: RejectCapacity / Queue otherwise). Its invariants — each counter
+  ends without admission, ``admit``, ``admit_now`` (screened and admitted at once, never waiting),
+  ``release`` the KV lease, ``refuse`` at screening), and the
+  rows that grow a counter carry the budget guard (§5.2: RejectCapacity / Queue otherwise). Its invariants — each counter
   within its limit — are proved per machine by consecution, so a budget guard dropped from the
   declaration fails ``verify``.
 * :class:`AdmissionBudgetSystem` — R requests × B budgets, in the shape of
@@ -76,6 +77,8 @@ class AdmissionBudgetMachine(Machine):
     accept = Event("a request passed screening and waits (holds waiting budget)", prompt=Int(ge=1))
     leave = Event("a waiting request ended without admission (cancel, expiry, rejection, failure)", prompt=Int(ge=1))
     admit = Event("Admit (§5.2): the head of the queue gets its KV lease", prompt=Int(ge=1), need=Int(ge=2))
+    admit_now = Event("Admit at once (§5.2): a request screened into a budget with room, nothing else waiting, "
+                      "gets its KV lease without waiting first", prompt=Int(ge=1), need=Int(ge=2))
     release = Event("an admitted request gave its KV lease back", need=Int(ge=2))
     refuse = Event("screening refused a request (400 / 429 / 503): it never holds budget")
 
@@ -94,6 +97,13 @@ class AdmissionBudgetMachine(Machine):
           effect=lambda v, prompt, need: {"waiting": v.waiting - 1, "waiting_tokens": v.waiting_tokens - prompt,
                                           "active": v.active + 1, "active_kv": v.active_kv + need},
           doc="R5.2.2: the request stays queued while the active sequences or the KV tokens are full"),
+        T(open, admit_now, open,
+          guard=lambda v, prompt, need: And(v.waiting + 1 <= v.max_waiting_requests,
+                                            v.waiting_tokens + prompt <= v.max_waiting_prompt_tokens,
+                                            v.active + 1 <= v.max_sequences, v.active_kv + need <= v.max_kv_tokens),
+          effect=lambda v, prompt, need: {"active": v.active + 1, "active_kv": v.active_kv + need},
+          doc="accept then admit as one step (issue #20): screening's waiting room (R5.2.4) and the active "
+              "budget (R5.2.2) are both required; the waiting counters never move"),
         T(open, release, open,
           guard=lambda v, need: And(v.active >= 1, v.active_kv >= need),
           effect=lambda v, need: {"active": v.active - 1, "active_kv": v.active_kv - need}),
@@ -173,6 +183,10 @@ def _request_steps() -> list[Coupled]:
         elif t.event == "admit":
             steps.append(Coupled(t.name, request=(t.name,), lane=("admit",), args=args, lane_args=both, guard=counted,
                                  doc="next_admissible + admitted: the waiting budget becomes active budget"))
+        elif t.event == "admit_now":
+            steps.append(Coupled(t.name, request=(t.name,), lane=("admit_now",), binding="bind", args=args,
+                                 lane_args=both, guard=lambda sys, i, j: sys.unbound(i),
+                                 doc="screening passed and admit_at_once: the request holds active budget at once"))
         elif t.source in _COUNTED_WAITING and t.target not in _WAITING and t.target not in _HOLDING:
             steps.append(Coupled(t.name, request=(t.name,), lane=("leave",), binding="unbind", args=args,
                                  lane_args=prompt, guard=counted,

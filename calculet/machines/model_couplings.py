@@ -63,7 +63,7 @@ def _request_steps() -> list[Coupled]:
     terminal = _REQ.group("terminal")
     for t in _REQ.transitions:
         args = dict(_REQ.events[t.event].args)  # the event's own arguments, passed through as step arguments
-        if t.event == "bind":
+        if t.event in ("bind", "admit_now"):  # both pin the request to the Ready generation
             steps.append(Coupled(
                 t.name, request=(t.name,), lane=("acquire@ready",), binding="bind",
                 request_args=lambda sys, i, j: {"gen": sys.lanes[j].generation},

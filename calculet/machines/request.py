@@ -130,6 +130,9 @@ class RequestMachine(Machine):
     bind = Event("pin the request to a Ready generation", gen=Int(ge=1))
     wait_model = Event("the alias has no Ready generation yet")
     admit = Event("admission: Admit (§5.2)")
+    admit_now = Event("admission: Admit at once — pinned to the Ready generation and admitted in one step, as "
+                      "bind then admit would, when nothing else waits and the budget has room (§5.2, §10)",
+                      gen=Int(ge=1))
     reject = Event("admission: RejectInvalid / RejectCapacity / RejectUnavailable (§5.2)")
     submit_prefill = Event("the prefill job was submitted", job=Int(ge=1))
     prefill_done = Event("the prefill job finished", job=Int(ge=1), ok=Bool(), stop=Bool())
@@ -146,6 +149,10 @@ class RequestMachine(Machine):
           effect=lambda v, gen: {"generation": gen}),
         T(waiting_admission, admit, prefill_ready,
           guard=lambda v: v.prompt_tokens + v.max_new_tokens <= v.max_seq),
+        # ``bind`` then ``admit`` as one row (issue #20: one event, not two, for a request that never waits)
+        T(new, admit_now, prefill_ready,
+          guard=lambda v: v.prompt_tokens + v.max_new_tokens <= v.max_seq,
+          effect=lambda v, gen: {"generation": gen}),
         T((new, waiting_model, waiting_admission), reject, failed,
           effect=lambda v: {"finish_reason": FinishReason.REJECTED, "closes": 1}),
         T(prefill_ready, submit_prefill, prefill_running,

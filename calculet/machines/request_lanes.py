@@ -140,6 +140,11 @@ class RequestLaneSystem(CoupledSystem):
                     "seq": sys.seq[i], "gen": sys.requests[i].generation,
                     "tokens": sys.requests[i].prompt_tokens + sys.requests[i].max_new_tokens},
                 doc="_pump: the KV manager reserves a free lane for the whole context, the request is admitted"),
+        Coupled("admit_now", request=("admit_now@new",), lane=("reserve",), binding="bind", args={"gen": Int(ge=1)},
+                lane_args=lambda sys, i, j, gen: {
+                    "seq": sys.seq[i], "gen": gen,
+                    "tokens": sys.requests[i].prompt_tokens + sys.requests[i].max_new_tokens},
+                doc="admitted at once (nothing else waits): pinned to `gen` and given a lane as `admit` does"),
         # A ready request that ends gives its lane back in the same step (the registry listener).
         *[Coupled(f"{event}@{state}", request=(f"{event}@{state}",), lane=("release",), binding="unbind",
                   guard=_on_its_lane, doc="ends with no job in flight; the listener releases the lease (R4.4)")
