@@ -286,17 +286,22 @@ class AdmissionController:
         self._timeouts += 1
 
     def admissible_at_once(self, rec: RequestRecord, free_lanes: int) -> bool:
-        """Would ``rec``, accepted just now and not queued, be the next request :meth:`next_admissible`
-        pops, and fit the budget now? True only when nothing else waits (no queued or parked request)
-        and its flow is not held back (tenant active limit, long quota); it then has the virtual finish
-        the queue's head-of-flow tagging would give it now (§5.3). Otherwise (False) nothing is changed
-        or counted: the caller queues it and :meth:`next_admissible` decides, parks and counts as usual.
+        """Would ``rec``, screened just now and neither accepted nor queued, be the next request
+        :meth:`next_admissible` pops, and fit the budget now? True only when nothing else waits (no
+        queued or parked request) and its flow is not held back (tenant active limit, long quota); it
+        then has its WFQ cost and the virtual finish the queue's head-of-flow tagging would give it now
+        (§5.3), and goes to :meth:`admitted` without holding waiting budget (AdmissionBudgetMachine's
+        ``admit_now``). Otherwise (False) nothing is counted: the caller accepts and queues it and
+        :meth:`next_admissible` decides, parks and counts as usual.
 
         Why (issue #20): a request into a budget with room went through push, peek (tagging, heap
-        entry) and pop of the fair queue only to come out at once — a third of ``submit()``."""
+        entry) and pop of the fair queue only to come out at once — a third of ``submit()``; then
+        through accept and leave_waiting, waiting budget taken and given back in the same call."""
         if self._queue.live or self._held_back(rec) is not None or self._blocker(rec, free_lanes) is not None:
             return False
-        rec.virtual_finish = self.wfq.tag(rec.tenant, rec.cost)
+        machine = rec.machine
+        rec.cost = cost = wfq_cost(machine.prompt_tokens, machine.max_new_tokens, self.wfq.decode_weight)
+        rec.virtual_finish = self.wfq.tag(rec.tenant, cost)
         return True
 
     def _held_back(self, rec: RequestRecord) -> str | None:

@@ -204,13 +204,15 @@ class RequestRegistry:
         or non-integers); everything else (context, capacity, availability) is admission's
         decision and is answered with an outcome, not an exception.
         """
-        prompt, new = request.prompt_tokens, request.max_new_tokens
-        if not (prompt.__class__ is int and new.__class__ is int and prompt >= 1 and new >= 1):  # else: which, why
-            for name in ("prompt_tokens", "max_new_tokens"):
+        try:  # the machine's parameter check (Int(ge=1)) is the one check of the counts (issue #20: not two)
+            machine = _INSTANCE(prompt_tokens=request.prompt_tokens, max_new_tokens=request.max_new_tokens,
+                                max_seq=max_seq)
+        except (TypeError, ValueError):
+            for name in ("prompt_tokens", "max_new_tokens"):  # the client's fault: say which count, and why
                 value = getattr(request, name)
                 if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                    raise BadRequest(f"{name} must be an integer >= 1, got {value!r}", field=name)
-        machine = _INSTANCE(prompt_tokens=prompt, max_new_tokens=new, max_seq=max_seq)
+                    raise BadRequest(f"{name} must be an integer >= 1, got {value!r}", field=name) from None
+            raise
         request_id = self._next_id
         self._next_id += 1
         rec = RequestRecord(request_id, request, machine, sink, arrival, deadline)
