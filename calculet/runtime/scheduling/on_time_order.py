@@ -53,6 +53,7 @@ schedule after it.
 from __future__ import annotations
 
 import heapq
+import math
 from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Callable, Hashable, Mapping, Sequence
@@ -250,6 +251,18 @@ class AdmissionOrderIndex:
             return now + (lanes[0] + (prefill + job.decode_steps * self._step))
         start = now + (prefills[at] + prefill)
         return start + (lanes[0] + job.decode_steps * self._step)
+
+    def order_tags(self) -> tuple[float, dict[str, float]] | None:
+        """The last candidate's admitted tag and, per tenant, the tag of its newest request waiting in σ: the
+        §5.3 windows later arrivals overtake it in (:mod:`.overtaking`). None when no index holds."""
+        pending = self._pending
+        if pending is None:
+            return None
+        last: dict[str, float] = {}
+        for (tenant, _), tag in self._flow_tag.items():
+            if tag > last.get(tenant, -math.inf):
+                last[tenant] = tag
+        return pending.tag, last
 
     def statistics(self) -> OrderIndexStatistics:
         return OrderIndexStatistics(self._indexed, self._seeded, self._scheduled)

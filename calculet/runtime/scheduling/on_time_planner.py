@@ -82,6 +82,7 @@ from calculet.runtime.scheduling.on_time_cache import _EdfCache, _Refusal
 from calculet.runtime.scheduling.on_time_order import AdmissionOrderIndex
 from calculet.runtime.scheduling.on_time_retry import MAX_RETRY_SLOTS, RETRY_GRACE_S, RetrySlots
 from calculet.runtime.scheduling.on_time_spare import spare_harmless
+from calculet.runtime.scheduling.overtaking import Overtaking, window_starts
 from calculet.runtime.scheduling.registry import WAITING_STATES, RequestRecord
 from calculet.runtime.scheduling.wfq_order import QueuedRequest, admission_ranks
 
@@ -228,6 +229,7 @@ class OnTimePlanner:
         set by the policy from the admission queue: a head keeps its tag (:mod:`.wfq_order`)."""
         self.wfq_cost: Callable[[RequestRecord], float] = lambda rec: rec.cost
         """A request's §5.3 cost, set by the policy: a candidate is estimated before the queue sets ``rec.cost``."""
+        self.overtaking = Overtaking()  # accepted cost per tenant: later arrivals ahead of a waiting one (one lane)
 
     # ------------------------------------------------------------------ the device
 
@@ -388,6 +390,7 @@ class OnTimePlanner:
         else:
             self._kept.append(job)
         self._version += 1
+        self.overtaking.accepted(rec.tenant, self.wfq_cost(rec), now)
         if self.retry_slots.ghosts:  # a refused client's slot it may take (none held: no call per submit, #20)
             self.retry_slots.admitted(rec.tenant, now)
         if finish is not None:  # the expected finish: the margin's slowdown taken back out
@@ -395,7 +398,7 @@ class OnTimePlanner:
             sequences = self.sequences  # the order binds only where every sequence is in each step: else no call
             if sequences is not None and sequences <= nominal.compiled_batch * nominal.engines:
                 in_order = self._admission_order_estimate(rec, job, now, nominal, records)
-                finish = finish if in_order is None else in_order
+                finish = finish if in_order is None else in_order + _overtaken(self, rec, job, now, nominal, in_order)
         rec.estimated_finish = finish
         self.dirty = True
         return Fit(True, None, finish)
@@ -573,3 +576,22 @@ class OnTimePlanner:
     def statistics(self) -> OnTimeStatistics:
         return OnTimeStatistics(self._replans, self._unfit, self._ttft_refused, self._shed_waiting,
                                  self._shed_admitted, self._at_risk, self._cap, self.errors.statistics())
+
+
+def _overtaken(planner: OnTimePlanner, rec: RequestRecord, job: PendingJob, now: float, model: DeviceModel,
+               finish: float) -> float:
+    """How much later than its queue-order ``finish`` a waiting candidate is expected to finish, overtaken by
+    later arrivals of other tenants (:mod:`.overtaking`): on one lane only, where the service is the model's
+    own (the B1 step) and the wait's bias is the error. On B>1 the lanes free with the per-token time, which
+    varies far more than this term (issue #13: calculet-b4 steady at 1x, P90 32 -> 42 % with it)."""
+    if model.lanes > 1:
+        return 0.0
+    tags = planner.order_index.order_tags()  # the index holds the candidate's tag after either path seeded it
+    start = planner.virtual_start
+    cost = planner.wfq_cost(rec)
+    if tags is None or start is None or job.deadline is None or cost <= 0:
+        return 0.0
+    service = model.service_s(job.prefill_tokens, job.decode_steps)
+    tag, last = tags
+    return planner.overtaking.delay(rec.tenant, tag, finish - now - service, service / cost / model.lanes,
+                                    job.deadline - finish, now, window_starts(planner.weights, last, start))
