@@ -81,9 +81,17 @@ class SmoothWrr:
         self._weights = dict(weights)
         self._current = {name: 0 for name in weights}
         self._picks: Counter[str] = Counter()
+        self._only: str | None = None
+        """The queue the last choice took as the only eligible one (its credit and every other at rest), or None."""
 
     def choose(self, eligible: Collection[str]) -> str | None:
         """The next service opportunity among the non-empty queues (None if all are empty)."""
+        if len(eligible) == 1 and self._only is not None and self._only in eligible:
+            # the same opportunity as last time, alone again (every step of a saturated decode rotation): the
+            # loop below would add its weight to its credit and take it back, and zero the others' (already 0)
+            self._picks[self._only] += 1
+            return self._only
+        self._only = None
         total = 0
         best: str | None = None
         best_credit = 0
@@ -101,6 +109,7 @@ class SmoothWrr:
             return None
         current[best] -= total
         self._picks[best] += 1
+        self._only = best if len(eligible) == 1 else None
         return best
 
     def picks(self) -> dict[str, int]:

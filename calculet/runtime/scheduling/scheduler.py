@@ -266,7 +266,7 @@ class Scheduler:
             else:
                 job = self.jobs.plan(job_id, PREFILL, work.generation, 1, work)
             self._pending = job
-            return Plan(work, engine=job.engine, wake_at=wake)
+            return _new_tuple(Plan, (work, job.machine.engine, wake, ""))  # Plan(...) without its __new__ frame
         return Plan(None, wake_at=wake, reason="no eligible work")
 
     def submitted(self, job_id: int) -> None:

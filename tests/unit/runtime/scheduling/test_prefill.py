@@ -45,6 +45,30 @@ def test_empty_queues_are_skipped_and_bank_no_credit():
     assert Counter(wrr.choose({"decode", "long"}) for _ in range(9)) == {"decode": 8, "long": 1}
 
 
+@pytest.mark.req("R6.3", "R6.4")
+def test_the_wrr_choice_equals_smooth_weighted_round_robin_over_any_sequence_of_eligible_sets():
+    """SmoothWrr answers a lone repeated choice without its loop (issue #20): over random eligible sets with long
+    runs of one queue alone, its picks and counts equal nginx's algorithm computed here from scratch."""
+    import random
+
+    weights = QueuesConfig().wrr_weights()
+    wrr, current, rng = SmoothWrr(weights), {name: 0 for name in weights}, random.Random(20)
+    expected_picks: Counter[str] = Counter()
+    for _ in range(3000):
+        eligible = {rng.choice(QUEUES)} if rng.random() < 0.6 else set(rng.sample(QUEUES, rng.randint(0, 4)))
+        best, total = None, 0
+        for name, weight in weights.items():
+            current[name] = current[name] + weight if name in eligible else 0
+            total += weight if name in eligible else 0
+            if name in eligible and (best is None or current[name] > current[best]):
+                best = name
+        if best is not None:
+            current[best] -= total
+            expected_picks[best] += 1
+        assert wrr.choose(eligible) == best, eligible
+    assert wrr.picks() == {name: expected_picks[name] for name in weights}
+
+
 @pytest.mark.req("R17.1.5", "R5.3.5", "R5.3.4")
 def test_long_prefill_keeps_its_minimum_share_under_sustained_decode():
     h = Harness.build(sizes=(1,), lanes=64, max_seq=16_384,
