@@ -75,7 +75,7 @@ from calculet.runtime.scheduling.registry import RequestRecord
 class DecodeBatch:
     """§2 ``DecodeBatch``: generation, profile, active lanes, host tensors and KV reservation.
 
-    Built once per tick: :func:`~calculet.records.quick_init` writes its thirteen fields without the
+    Built once per tick: :func:`~calculet.records.quick_init` writes its sixteen fields without the
     frozen dataclass's ``object.__setattr__`` per field (issue #20).
 
     ``token_ids``, ``positions`` (int32) and ``lane_valid`` (uint8) have length
@@ -96,6 +96,13 @@ class DecodeBatch:
     records: tuple[RequestRecord, ...] = field(repr=False)
     expired: tuple[RequestRecord, ...] = field(default=(), repr=False)
     invalid: tuple[tuple[RequestRecord, str], ...] = field(default=(), repr=False)
+    lane_tokens: tuple[int, ...] = field(default=(), repr=False)
+    """``token_ids`` as the Python ints it was built from, for a consumer that needs them so (the device job's
+    plain lanes) — no conversion of the array back per step (issue #20); empty if built without them."""
+    lane_positions: tuple[int, ...] = field(default=(), repr=False)
+    """``positions`` likewise."""
+    lane_flags: tuple[int, ...] = field(default=(), repr=False)
+    """``lane_valid`` likewise (one shared tuple per shape, as the array is)."""
 
 
 _new_tuple = tuple.__new__
@@ -121,18 +128,19 @@ class _PerTenant(dict[str, int]):
     __call__ = dict.__getitem__
 
 
-_LANE_VALID: dict[tuple[int, int], np.ndarray] = {}
+_LANE_VALID: dict[tuple[int, int], tuple[np.ndarray, tuple[int, ...]]] = {}
 
 
-def _lane_valid(size: int, active: int) -> np.ndarray:
-    """``lane_valid`` of a batch of ``size`` lanes whose first ``active`` are active: one read-only array
-    per shape, shared (building it cost two numpy calls per tick; the executor copies what it sends)."""
+def _lane_valid(size: int, active: int) -> tuple[np.ndarray, tuple[int, ...]]:
+    """``lane_valid`` of a batch of ``size`` lanes whose first ``active`` are active, as an array and as ints:
+    one read-only array and one tuple per shape, shared (building it cost two numpy calls per tick; the
+    executor copies what it sends)."""
     valid = _LANE_VALID.get((size, active))
     if valid is None:
-        valid = np.zeros(size, dtype=np.uint8)
-        valid[:active] = 1
-        valid.setflags(write=False)
-        valid = _LANE_VALID.setdefault((size, active), valid)
+        array = np.zeros(size, dtype=np.uint8)
+        array[:active] = 1
+        array.setflags(write=False)
+        valid = _LANE_VALID.setdefault((size, active), (array, (1,) * active + (0,) * (size - active)))
     return valid
 
 
@@ -417,11 +425,12 @@ class DecodeScheduler:
             assert fill is not None
             tokens.extend([fill.fill_token] * pad)
             positions.extend([fill.fill_position] * pad)
-        valid = _lane_valid(size, count)
+        valid, flags = _lane_valid(size, count)
         wait = now - min([rec.ready_since for rec in chosen])
-        return DecodeBatch(job_id, generation, profile, tuple(bindings), np.array(tokens, dtype=np.int32),
-                           np.array(positions, dtype=np.int32), valid, reservation, now, wait, tuple(chosen),
-                           tuple(expired), tuple(invalid))
+        tokens_, positions_ = tuple(tokens), tuple(positions)
+        return DecodeBatch(job_id, generation, profile, tuple(bindings), np.array(tokens_, dtype=np.int32),
+                           np.array(positions_, dtype=np.int32), valid, reservation, now, wait, tuple(chosen),
+                           tuple(expired), tuple(invalid), tokens_, positions_, flags)
 
     def submitted(self, batch: DecodeBatch) -> None:
         """The batch went to the device: count it in the §16 batch metrics."""

@@ -44,6 +44,9 @@ def test_lane_selection_with_0_to_B_plus_1_ready(size):
         # inactive lanes carry the profile's fill token, never a default 0
         assert all(t == FILL_TOKEN for t in batch.token_ids[active:])
         assert 0 not in batch.token_ids[active:].tolist()
+        # the same lanes as plain ints (issue #20: for the device job, no conversion back per step)
+        assert (batch.lane_tokens, batch.lane_positions, batch.lane_flags) == (
+            tuple(batch.token_ids.tolist()), tuple(batch.positions.tolist()), tuple(batch.lane_valid.tolist()))
         h.scheduler.submit_failed(batch.job_id)
         assert h.scheduler.decode.ready_count(1) == ready
 
