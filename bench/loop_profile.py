@@ -11,6 +11,9 @@ logging (to a null stream, the JSON formatter), metrics — and nothing else.
 Phases, each ``--requests`` requests on as many connections, all fed at once (a burst):
 
 * ``live``: ``GET /health/live`` (what every request pays: the stack);
+* ``refuse idle``: the same completions sent to an idle device (no snapshot until the engine admitted the first
+  few: most are held for its answers), with the wall time and the loop's CPU up to the last 429 (the engine's
+  answers in the same process: a wall time here moves with the machine's load);
 * ``refuse``: ``POST /v1/completions`` that the admission refuses (the device is kept busy by a long request
   submitted before each round, 80 tokens within the default 5 s deadline at the reference B1 step: a burst of
   16-token completions with the same deadline, as ``overload_http.py --part burst``, finds the device busy).
@@ -150,6 +153,8 @@ class Harness:
 
         def answered(status: int) -> None:
             statuses[status] = statuses.get(status, 0) + 1
+            if status == 429:
+                self.last_refusal = (time.perf_counter() - wall, time.thread_time() - start)
             left[0] -= 1
             if left[0] == 0 and not done.done():
                 done.set_result(None)
@@ -161,6 +166,8 @@ class Harness:
             protocol.connection_made(transport)
             self.connections.append((protocol, transport))
         each = data if isinstance(data, list) else [data] * count
+        self.last_refusal = (math.nan, math.nan)
+        wall = time.perf_counter()
         start = time.thread_time()
         for (protocol, transport), request in zip(self.connections[:count], each):
             transport.on_response = answered
@@ -278,6 +285,11 @@ async def _phase(name: str, harness: Harness, data: bytes, service: Any, state: 
                  profile: cProfile.Profile | None = None) -> tuple[float, dict[int, int]]:
     """One burst of phase ``name`` (the refusal phase first makes sure the device is busy; the pinned one uses the
     first snapshot the engine published in a refusal phase)."""
+    if name == "refuse idle":  # the device idle, as at a burst after a quiet spell (no snapshot to refuse from)
+        while state["backlog"] is not None and not state["backlog"].closed:
+            await asyncio.sleep(0.05)
+        state["backlog"] = None
+        await asyncio.sleep(0.3)
     if name == "refuse" and (state["backlog"] is None or state["backlog"].closed):
         state["backlog"] = _backlog(service, BACKLOG_TOKENS)
         await asyncio.sleep(0.3)
@@ -332,17 +344,22 @@ async def _run(args: argparse.Namespace, service: Any, app: Any) -> int:
     phases = {"bare live": (Harness(bare_app, server, args.http, args.requests), _raw("GET", "/health/live")),
               "live": (Harness(app, server, args.http, args.requests), _raw("GET", "/health/live")),
               "refuse": (Harness(app, server, args.http, args.requests), completion),
-              "refuse pinned": (Harness(app, server, args.http, args.requests), completion)}
+              "refuse pinned": (Harness(app, server, args.http, args.requests), completion),
+              "refuse idle": (Harness(app, server, args.http, args.requests), completion)}
     warm = _backlog(service, 4)
     while warm is not None and not warm.closed:  # a measured decode step: the on_time admission plans from it
         await asyncio.sleep(0.01)
     state = {"backlog": warm}
     figures: dict[str, list[float]] = {name: [] for name in phases}
+    idle: list[tuple[float, float]] = []
     seen: dict[str, dict[int, int]] = {}
     for _ in range(args.rounds):
         for name, (harness, data) in phases.items():
             took, statuses = await _phase(name, harness, data, service, state)
             figures[name].append(took * 1e3 / args.requests)
+            if name == "refuse idle":
+                last_wall, last_cpu = phases[name][0].last_refusal
+                idle.append((last_wall * 1e3, last_cpu * 1e3 / args.requests))
             seen[name] = statuses
     if args.profile:
         for name, (harness, data) in phases.items():
@@ -354,6 +371,9 @@ async def _run(args: argparse.Namespace, service: Any, app: Any) -> int:
     for name, values in figures.items():
         print(f"  {name:<14} median {statistics.median(values):.3f} ms, min {min(values):.3f}, max {max(values):.3f}"
               f"  statuses {seen[name]}")
+    if idle:
+        print("  refuse idle, up to the last 429: wall ms / loop CPU per request ms: "
+              + ", ".join(f"{w:.0f}/{c:.3f}" for w, c in idle))
     front = service.early_admission.statistics()
     print(f"  front: refused {front.refused}, forwarded {front.forwarded}, held {front.held}")
     return 0

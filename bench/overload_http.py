@@ -49,7 +49,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import json
+import math
 import os
 import subprocess
 import sys
@@ -310,9 +312,11 @@ def _raw(method: str, path: str, host: str, body: dict[str, Any] | None = None) 
     return (head + "\r\n").encode() + payload
 
 
-def _server_refusals(server: Server) -> list[float]:
+def _server_refusals(server: Server, answered: list[float] | None = None) -> list[float]:
     """Seconds from the app receiving each refused completion to its 429, from the server's JSON log
-    (the ``duration_s`` of its access line): the server's own time to refuse, without the accept queue."""
+    (the ``duration_s`` of its access line): the server's own time to refuse, without the accept queue.
+    ``answered`` gets each 429's wall time by the server's clock (its line's ``ts``, ms), a front one's as negative
+    (``refused_by``), so the first refusal the snapshot could make shows against the burst's first arrival."""
     took: list[float] = []
     while True:
         try:
@@ -325,6 +329,10 @@ def _server_refusals(server: Server) -> list[float]:
             continue
         if record.get("status") == 429 and record.get("route") == "/v1/completions" and "duration_s" in record:
             took.append(float(record["duration_s"]))
+            if answered is not None and "ts" in record:
+                at = datetime.datetime.fromisoformat(record["ts"].replace("Z", "+00:00")).timestamp()
+                answered.append(-at if record.get("refused_by") == "front" else at)
+                answered.append(at - float(record["duration_s"]))  # its arrival
 
 
 @dataclass
@@ -359,6 +367,9 @@ class BurstRow:
     burst_cpu_ms: tuple[float, float]
     """Server CPU per request of the burst's first tries: (event-loop thread, all threads), ms, from the burst's start
     to its first retry (at least 1 s: it includes the device decoding what was admitted)."""
+    first_front_ms: tuple[float, float]
+    """Server clock (log ``ts``, ms resolution): the first 429 from the snapshot and the last 429, in ms after the
+    burst's first refused request reached the app (its line's ``ts`` minus its ``duration_s``)."""
     refusal_cpu_ms: tuple[float, float]
     """The same up to the last first-try 429 (read every 5 ms): the burst's refusals and the admissions among them."""
     retry_after_share: float
@@ -432,7 +443,8 @@ def _burst_row(order: str, clients: list[BurstClient], deadline_s: float, wall_s
     return BurstRow(
         order, dict(sorted(statuses.items())), measured["floor"], (_pct(latencies, 50) * 1e3, _pct(latencies, 99) * 1e3),
         (_pct(measured["server_429"], 50) * 1e3, _pct(measured["server_429"], 99) * 1e3), measured["probe"],
-        measured["floor_cpu"], measured["burst_cpu"], measured["refusal_cpu"], len(waits) / len(refused) if refused else float("nan"),
+        measured["floor_cpu"], measured["burst_cpu"], measured["first_front_ms"], measured["refusal_cpu"],
+        len(waits) / len(refused) if refused else float("nan"),
         (_pct(waits, 50), max(waits, default=float("nan"))), len(retried), sum(1 for a in retried if a.status != 429),
         sum(1 for c in clients if c.first.status == 429 and c.retry is None and c.waited_s > max_wait_s),
         sum(1 for a in attempts if a.status == 200 and a.latency_s <= deadline_s),
@@ -465,7 +477,13 @@ def burst(server: Server, order: str, requests: int, tokens: int, deadline_s: fl
             measured["refusal_cpu"] = meter.until(last)
             measured["server"] = _delta(await _counters(client), before)
             await asyncio.sleep(0.5)  # the last access lines reach the log reader
-            measured["server_429"] = _server_refusals(server)
+            times: list[float] = []
+            measured["server_429"] = _server_refusals(server, times)
+            arrivals, answers = times[1::2], times[0::2]
+            start = min(arrivals, default=math.nan)
+            front = sorted(-t for t in answers if t < 0)
+            measured["first_front_ms"] = ((front[0] - start) * 1e3 if front else math.nan,
+                                          (max(abs(t) for t in answers) - start) * 1e3 if answers else math.nan)
             await asyncio.gather(*(c.close() for c in conns))
             probe = RawConnection(host, int(port))
             measured["probe"] = await _probe(client, probe, host, tokens, deadline_s, 50)
@@ -619,7 +637,8 @@ def _print_burst(rows: list[BurstRow], args: argparse.Namespace) -> None:
         forwarded = ", ".join(f"{reason} {n:.0f}" for reason, n in r.server.items() if reason.startswith("fwd ") and n)
         print(f"{'':<19} no-prospect 429s answered by the HTTP front from the admission snapshot: {front:.0f}, by the "
               f"engine: {engine:.0f}; the front held {r.server.get('calculet_front_held', 0.0):.0f} and forwarded: "
-              f"{forwarded or 'none'}")
+              f"{forwarded or 'none'}; by the server's clock the first 429 from the snapshot came "
+              f"{r.first_front_ms[0]:.0f} ms after the first arrival, the last 429 {r.first_front_ms[1]:.0f} ms")
         print(f"{'':<19} server CPU per request, event loop / all threads: floor {_pair(r.floor_cpu_ms, 3)} ms, "
               f"burst to the last 429 {_pair(r.refusal_cpu_ms, 3)} ms (to the first retry "
               f"{_pair(r.burst_cpu_ms, 3)} ms); the loop alone, run one after another, needs "

@@ -217,22 +217,19 @@ class FastEdgeProtocol(EdgeGuard, HttpToolsProtocol):
         if answer is None:
             super()._start_asgi_task(cycle, app)
         elif not isinstance(answer, bytes):  # the lane's HOLD: decided after the engine's next answer
-            task = self.loop.create_task(self._held(cycle, app, body, started))
-            task.add_done_callback(self.tasks.discard)
-            self.tasks.add(task)  # uvicorn's shutdown waits for it as for a request's task
+            lane.hold(self, cycle, app, body, started)
         else:
-            self._write_answer(cycle, answer)
+            self.write_answer(cycle, answer)
 
-    async def _held(self, cycle: Any, app: Any, body: bytes, started: float) -> None:
-        answer = await self.lane.decide_held(cycle.scope, body, default_headers=self.server_state.default_headers,
-                                             keep_alive=cycle.keep_alive, started=started,
-                                             gone=lambda: cycle.disconnected or self.transport.is_closing())
-        if answer is None:
-            await cycle.run_asgi(app)  # as the request's task would (a disconnect is the app's to record)
-        else:
-            self._write_answer(cycle, answer)  # decided just now, with no wait since: the client was there
+    # what the lane calls back for a held request
+    def default_headers(self) -> list[tuple[bytes, bytes]]:
+        return self.server_state.default_headers  # type: ignore[no-any-return]
 
-    def _write_answer(self, cycle: Any, answer: bytes) -> None:
+    def start_app(self, cycle: Any, app: Any) -> None:
+        """The request's ASGI task, as uvicorn starts it."""
+        super()._start_asgi_task(cycle, app)
+
+    def write_answer(self, cycle: Any, answer: bytes) -> None:
         """The lane's whole response written as uvicorn's cycle ends one (its ``send`` of the last body part)."""
         cycle.response_started = True
         cycle.waiting_for_100_continue = False

@@ -34,10 +34,9 @@ One difference of timing the lane must make up for: the protocol decides every r
 first read holds dozens) before any ASGI task runs, where the full path decided each in its own task, after the
 task before it had sent its request to the actor. So a request the lane forwards counts as on its way to the engine
 (:attr:`EarlyAdmission.unsent`, until the full path submits it or its request ends), and a request that fits a
-snapshot on which :data:`~calculet.runtime.engine.admission_snapshot.HOLD_IN_FLIGHT` requests were forwarded
-already is held too (``hold`` of :meth:`EarlyAdmission.decide`): without both, the whole first read went to the
-actor, which refused all but the first few (measured: 105 of a burst's 294 refusals answered by the engine, the
-burst's 429 P99 at 332 ms).
+snapshot but would not fit behind the requests forwarded on it is held too (``hold`` of
+:meth:`EarlyAdmission.decide`): without both, the whole first read went to the actor, which refused all but the
+first few (measured: 105 of a burst's 294 refusals answered by the engine, the burst's 429 P99 at 332 ms).
 
 The answer is the full path's, byte for byte: the status line, uvicorn's default headers, ``retry-after``,
 ``content-length``, ``content-type``, ``x-request-id`` (server-generated), ``x-client-request-id`` when the client
@@ -53,7 +52,8 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
@@ -61,7 +61,7 @@ from typing import Any
 from calculet.runtime.engine.admission_snapshot import HELD
 from calculet.server.edge_answers import new_request_id
 from calculet.server.errors import APIError, admission_error
-from calculet.server.inference import GENERATION_ROUTES, HOLD_ROUNDS, INLINE_BODY, ApiGeneration, on_loop, wait_next_answer
+from calculet.server.inference import GENERATION_ROUTES, HOLD_ROUNDS, INLINE_BODY, ApiGeneration, on_loop
 from calculet.server.logs import log_fields
 
 log = logging.getLogger("calculet.server")
@@ -121,6 +121,22 @@ class RefusalLaneStatistics:
     memo_entries: int
 
 
+@dataclass(slots=True)
+class _Held:
+    """A request held by :meth:`RefusalLane.hold`: its protocol, cycle, app, body and arrival, the round it is
+    decided at whatever the snapshot."""
+
+    edge: Any
+    cycle: Any
+    app: Any
+    body: bytes
+    started: float
+    last_round: int
+
+    def gone(self) -> bool:
+        return bool(self.cycle.disconnected) or self.edge.transport.is_closing()
+
+
 class RefusalLane:
     """The 429 of a generation POST from the admission snapshot, as whole response bytes (see the module)."""
 
@@ -129,6 +145,10 @@ class RefusalLane:
         self.routes = dict(routes)
         """path → the FastAPI route declaring it (its template names the log line and the metrics)."""
         self.memo = PreparedMemo()
+        self._queue: deque[_Held] = deque()
+        self._armed = False
+        self._round = 0
+        """Waits ended so far (a held request is decided without holding at its ``last_round``)."""
         self._refused = 0
         self._declined = 0
         self._held = 0
@@ -137,22 +157,50 @@ class RefusalLane:
         """Whether the protocol should keep ``scope``'s request for :meth:`decide` (a POST to a generation route)."""
         return scope["method"] == "POST" and scope["path"] in self.routes
 
-    async def decide_held(self, scope: dict[str, Any], body: bytes, *, default_headers: list[tuple[bytes, bytes]],
-                          keep_alive: bool, started: float, gone: Callable[[], bool]) -> bytes | None:
-        """:meth:`decide` for a request it answered :data:`HOLD`: after each of the engine's next answers, at most
-        :data:`~calculet.server.inference.HOLD_ROUNDS` waits, as the full path holds
-        (:func:`~calculet.server.inference._refuse_early`); then decided whatever the snapshot. A request whose
-        client is ``gone`` meanwhile is the app's (its one log line says so), not refused here."""
+    def hold(self, edge: Any, cycle: Any, app: Any, body: bytes, started: float) -> None:
+        """Hold a request :meth:`decide` answered :data:`HOLD` until the engine's next answer (or the hold's timer),
+        at most :data:`~calculet.server.inference.HOLD_ROUNDS` waits, as the full path holds
+        (:func:`~calculet.server.inference._refuse_early`); then it is decided whatever the snapshot.
+
+        Why a queue and not a task per request: at a burst's start most of its requests are held, and each wait
+        ends for all of them at once; a task and a wake-up each, per round, cost the loop more than the refusal
+        itself. Here one callback per wait decides them in arrival order and stops at the first still held (what
+        holds it — no snapshot, requests still on their way — holds the ones behind it too, until a later round).
+        ``edge`` is the request's protocol: it writes an answer (``write_answer``) or starts the request's ASGI task
+        (``start_app``), as it would have without the lane."""
         self._held += 1
-        for left in range(HOLD_ROUNDS - 1, -1, -1):
-            await wait_next_answer(self.service)
-            if gone():
-                return None
-            answer = self.decide(scope, body, default_headers=default_headers, keep_alive=keep_alive,
-                                 started=started, hold=left > 0)
-            if answer is not HOLD:
-                return answer  # type: ignore[return-value]
-        return None  # not reached: the last round decides
+        self._queue.append(_Held(edge, cycle, app, body, started, self._round + HOLD_ROUNDS))
+        self._arm()
+
+    def _arm(self) -> None:
+        if not self._armed and self._queue:
+            self._armed = True
+            self.service.next_answer.wait().add_done_callback(self._drain)
+
+    def _drain(self, _done: Any) -> None:
+        """(a wait ended) Decide the held requests in order, up to the first still held; then wait again."""
+        self._armed = False
+        self._round += 1
+        queue = self._queue
+        while queue:
+            item = queue[0]
+            try:
+                if item.gone():
+                    answer: Any = None  # the app's (its one log line says the client went)
+                else:
+                    answer = self.decide(item.cycle.scope, item.body, default_headers=item.edge.default_headers(),
+                                         keep_alive=item.cycle.keep_alive, started=item.started,
+                                         hold=self._round < item.last_round)
+                    if answer is HOLD:
+                        break
+            except Exception:  # noqa: BLE001 - never in the loop's callback: the app answers it
+                answer = None
+            queue.popleft()
+            if answer is None:
+                item.edge.start_app(item.cycle, item.app)
+            else:
+                item.edge.write_answer(item.cycle, answer)
+        self._arm()
 
     def decide(self, scope: dict[str, Any], body: bytes, *, default_headers: list[tuple[bytes, bytes]],
                keep_alive: bool, started: float, hold: bool) -> bytes | str | None:

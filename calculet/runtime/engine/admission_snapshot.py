@@ -51,6 +51,7 @@ not counted in the engine's ``no_prospect`` (the service exports the front's cou
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -173,6 +174,9 @@ class EarlyAdmission:
     """Every reason present from the start: a scrape on another thread copies it while the loop counts."""
     _max_age: float = 0.0
     _generation: int = -1
+    _pending: list[float] | None = None
+    """The snapshot's lane free times (a heap) with the requests forwarded on it because they fit appended, as the
+    engine would append them if it admits them (:meth:`decide`'s ``hold``); None until the first such forward."""
     _since: int = 0
     _max_since: int = 0
     _admitted: dict[str, int] = field(default_factory=dict)
@@ -219,13 +223,16 @@ class EarlyAdmission:
         ``read`` returns the actor's current snapshot; it is read again once the refusal is decided, and a
         snapshot replaced meanwhile (the actor began a step) forwards the request instead.
 
-        ``hold``: a request the snapshot would forward because it fits, while :data:`HOLD_IN_FLIGHT` requests were
-        forwarded on this snapshot already, is answered :data:`HELD` (not counted): its caller waits for the engine's
-        next answer and asks again. Why: the refusal lane (:mod:`calculet.server.refusal_lane`) decides a whole
-        socket read's requests before any of them reaches the engine, so the snapshot never changes between them;
-        without this every request of a burst's first read "fits" the same free lane and goes to the actor, which
-        refuses all but the first few (the full path met the actor between two requests: its forwards were in
-        flight, and the next request found no snapshot and was held)."""
+        ``hold``: a request the snapshot would forward because it fits, but which would not fit behind the requests
+        already forwarded on this snapshot because they fit (each appended to the snapshot's lanes as the engine
+        appends a latest-deadline candidate: :attr:`_pending`), or while requests forwarded before this snapshot are
+        still on their way (not in it), is answered :data:`HELD` (not counted): its caller waits for the engine's
+        next answer and asks again. Why: the refusal lane (:mod:`calculet.server.refusal_lane`)
+        decides a whole socket read's requests before any of them reaches the engine, so the snapshot never changes
+        between them; without this every request of a burst's first read "fits" the same free lane and goes to the
+        actor, which refuses all but the first few (the full path met the actor between two requests: its forwards
+        were in flight, and the next request found no snapshot and was held). Only a hold is decided from the lanes
+        with the forwards in them, never a refusal: a forward the engine refuses would have made it unsound."""
         snapshot = read()
         if snapshot is None:
             return self._forward("no_snapshot")
@@ -241,8 +248,14 @@ class EarlyAdmission:
             return self._forward("kv_budget")
         length = model.service_s(prompt_tokens, max(0, max_new_tokens - 1))
         if max(min(snapshot.free), now) + length <= deadline + ON_TIME_EPS_S:
-            if hold and self._since >= HOLD_IN_FLIGHT:
-                return HELD
+            pending = self._pending
+            if pending is None:
+                pending = self._pending = list(snapshot.free)
+                heapq.heapify(pending)
+            finish = max(pending[0], now) + length
+            if hold and (self.in_flight + self.unsent > self._since or finish > deadline + ON_TIME_EPS_S):
+                return HELD  # requests forwarded before this snapshot are not in it yet, or it would not fit
+            heapq.heapreplace(pending, finish)
             return self._forward("fits")
         relative = snapshot.deadline_s
         if length > relative + ON_TIME_EPS_S:
@@ -289,7 +302,7 @@ class EarlyAdmission:
 
     def _replaced(self, snapshot: AdmissionSnapshot, now: float) -> None:
         """A new snapshot: the tenants' new admissions take their retry slots (as the planner's ``admitted``)."""
-        self._generation, self._since = snapshot.generation, 0
+        self._generation, self._since, self._pending = snapshot.generation, 0, None
         for tenant, count in snapshot.admitted.items():
             for _ in range(count - self._admitted.get(tenant, 0)):
                 self.slots.admitted(tenant, now)

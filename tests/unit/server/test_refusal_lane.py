@@ -22,7 +22,7 @@ import pytest
 
 from calculet.adapters.sim import CostModel, SimConfig, TimeMode
 from calculet.config import load_config
-from calculet.runtime.engine.admission_snapshot import HELD, HOLD_IN_FLIGHT, AdmissionSnapshot, EarlyAdmission
+from calculet.runtime.engine.admission_snapshot import HELD, AdmissionSnapshot, EarlyAdmission
 from calculet.runtime.scheduling.finish_estimate import DeviceModel
 from calculet.server import logs
 from calculet.server.logs import JsonFormatter, log_fields
@@ -213,18 +213,19 @@ def test_the_same_body_is_prepared_once_and_its_model_asked_each_time(pinned: An
     assert lane.decide(scope, body, default_headers=[], keep_alive=True, started=0.0, hold=True) is None
 
 
-def test_decide_holds_a_fitting_request_only_behind_enough_forwards_on_its_snapshot() -> None:
+def test_decide_holds_a_fitting_request_that_would_not_fit_behind_the_forwards_on_its_snapshot() -> None:
     early = EarlyAdmission()
     model = DeviceModel(decode_step_s=STEP_S)
-    snapshot = AdmissionSnapshot(1, 0.0, 10.0, (0.0,), 0.0, model, DEADLINE_S, 10**6, {})
+    snapshot = AdmissionSnapshot(1, 0.0, 10.0, (0.0, 1.0), 0.0, model, DEADLINE_S, 10**6, {})
 
-    def decide(hold: bool, read: Any = lambda: snapshot) -> Any:
-        return early.decide(read, prompt_tokens=4, max_new_tokens=4, tenant="t", now=0.0, hold=hold)
+    def decide(hold: bool, read: Any = lambda: snapshot) -> Any:  # 1.95 s of lane each: two fit a lane in 5 s
+        return early.decide(read, prompt_tokens=4, max_new_tokens=40, tenant="t", now=0.0, hold=hold)
 
-    assert [decide(True) for _ in range(HOLD_IN_FLIGHT)] == [None] * HOLD_IN_FLIGHT  # forwarded: it fits
-    assert decide(True) is HELD and decide(False) is None  # held only when asked to hold
-    assert early.statistics().forwarded["fits"] == HOLD_IN_FLIGHT + 1  # a held request is not counted
-    newer = AdmissionSnapshot(2, 0.0, 10.0, (0.0,), 0.0, model, DEADLINE_S, 10**6, {})
+    assert [decide(True) for _ in range(4)] == [None] * 4  # forwarded: 0+1.95+1.95 on one lane, 1+1.95+1.95
+    assert decide(True) is HELD and decide(False) is None  # it fits the snapshot, not behind the four: held if asked
+    assert decide(True) is HELD  # the forward without hold was appended too
+    assert early.statistics().forwarded["fits"] == 5  # a held request is not counted
+    newer = AdmissionSnapshot(2, 0.0, 10.0, (0.0, 1.0), 0.0, model, DEADLINE_S, 10**6, {})
     assert decide(True, lambda: newer) is None  # a new snapshot: the forwards before it are in it
 
 
@@ -292,3 +293,72 @@ def test_a_forward_is_on_its_way_until_submitted_or_ended(served: Any, monkeypat
 
     asyncio.run(run())
     assert early.unsent == 0
+
+
+class _Edge:
+    """The protocol as the lane's hold sees it: what it was told to write or start, in order."""
+
+    def __init__(self) -> None:
+        self.transport = _Transport()
+        self.done: list[tuple[str, Any]] = []
+
+    def default_headers(self) -> list[tuple[bytes, bytes]]:
+        return []
+
+    def write_answer(self, cycle: Any, answer: bytes) -> None:
+        self.done.append(("answer", cycle.name))
+
+    def start_app(self, cycle: Any, app: Any) -> None:
+        self.done.append(("app", cycle.name))
+
+
+class _Cycle:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.scope = {"method": "POST", "path": "/v1/completions", "headers": [], "state": {}}
+        self.keep_alive = True
+        self.disconnected = False
+
+
+def test_held_requests_are_decided_in_order_at_the_engines_answers_and_at_their_last_round(
+        served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    service, app = served
+    lane, early = app.refusal_lane, service.early_admission
+    now = service.engine.clock.now()
+    refusing = AdmissionSnapshot(7, now, math.inf, (now + 3600.0,), 0.0, DeviceModel(decode_step_s=STEP_S),
+                                 DEADLINE_S, 10**6, {})
+    shown: list[Any] = [None]
+    monkeypatch.setattr(type(service.engine), "admission_snapshot", property(lambda engine: shown[0]))
+    monkeypatch.setattr(early, "in_flight", 4)  # no snapshot, four on their way: hold
+    body = json.dumps(NEVER).encode()
+    edge = _Edge()
+
+    async def answer() -> None:  # the engine answers one more request: every held wait ends
+        early.in_flight += 1
+        early.answered()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    async def run() -> None:
+        cycles = [_Cycle(name) for name in "abc"]
+        for cycle in cycles:
+            assert lane.decide(cycle.scope, body, default_headers=[], keep_alive=True, started=0.0, hold=True) == "hold"
+            lane.hold(edge, cycle, None, body, 0.0)
+        cycles[1].disconnected = True  # b's client goes while held
+        await answer()
+        assert edge.done == []  # still no snapshot: all held
+        shown[0] = refusing
+        await answer()
+        assert edge.done == [("answer", "a"), ("app", "b"), ("answer", "c")]  # in order; b is the app's
+        shown[0] = None
+        late = _Cycle("d")
+        lane.hold(edge, late, None, body, 0.0)
+        for _ in range(3):
+            await answer()
+        assert edge.done[-1] == ("app", "d")  # its last round: decided whatever the snapshot (forwarded)
+        assert late.scope["state"]["early_decided"]
+        lane_sent(service, late.scope["state"])
+
+    from calculet.server.inference import lane_sent
+
+    asyncio.run(run())
