@@ -46,14 +46,15 @@ class SimCalbin:
     def __init__(self, calbin_id: int, package_dir: Path, manifest: CalbinManifest, manifest_bytes: bytes,
                  model: TinyTransformer | None) -> None:
         self.calbin_id: Final[int] = calbin_id
-        """Plain attributes, not properties, for the two facts every Submit reads (issue #20); never rebound."""
+        """Plain attributes, not properties, for the facts every Submit reads (issue #20); never rebound."""
         self.package_dir = package_dir
         self.manifest = manifest
         self._sha = hashlib.sha256(manifest_bytes).hexdigest()
         self._profiles = manifest.batch_profiles()
         self._by_batch = {p.compiled_batch: p for p in self._profiles}
         self.capabilities: Final[DeviceCapabilities] = manifest.device_capabilities()
-        self._vocab = manifest.architecture.vocab_size
+        self.vocab_size: Final[int] = manifest.architecture.vocab_size
+        """The model's vocabulary: a decode Submit's token check reads it once per job (issue #20)."""
         self._golden = manifest.golden_vectors()
         self._memory = manifest.memory_footprint()
         self.model = model
@@ -83,10 +84,6 @@ class SimCalbin:
     @property
     def memory(self) -> MemoryFootprint:
         return self._memory
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab
 
     @property
     def eos_token(self) -> int:
