@@ -390,7 +390,8 @@ class OnTimePlanner:
         else:
             self._kept.append(job)
         self._version += 1
-        self.overtaking.accepted(rec.tenant, self.wfq_cost(rec), now)
+        if nominal.lanes == 1:  # the rates feed the one-lane estimate only (_overtaken): no call per B>1 submit (#20)
+            self.overtaking.accepted(rec.tenant, self.wfq_cost(rec), now)
         if self.retry_slots.ghosts:  # a refused client's slot it may take (none held: no call per submit, #20)
             self.retry_slots.admitted(rec.tenant, now)
         if finish is not None:  # the expected finish: the margin's slowdown taken back out

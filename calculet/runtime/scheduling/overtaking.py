@@ -30,7 +30,8 @@ lane (calculet-b1) P90 23.2 -> 18.9 % and 32.6 -> 21.3 %, signed median -0.9 -> 
 with all of the slack instead of half, 25.2 and 24.7 %. Applied on one lane only
 (:func:`.on_time_planner._overtaken`): there the service is the B1 step and the wait's bias is the error.
 With lanes the lanes free at the per-token time, which varies request by request far more: calculet-b4
-steady at 1x went 32 -> 42 %, and with the window from the candidate's own start 27 -> 246 % at 2x.
+steady at 1x went 32 -> 42 %, and with the window from the candidate's own start 27 -> 246 % at 2x; on two
+lanes of B1 (calculet-b1-pingpong) steady at 0.5x 24 -> 42 %.
 Pure: plain values in, plain values out, and one small state, the rates.
 """
 

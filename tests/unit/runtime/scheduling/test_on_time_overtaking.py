@@ -96,3 +96,25 @@ def test_on_one_lane_the_backlogged_tenants_estimate_counts_the_other_tenants_la
     assert all(h.state(i) == "waiting_admission" for i in [*a[1:], *b, last_a, last_b])
     assert h.rec(last_a).estimated_finish > in_order_a + 1e-6
     assert h.rec(last_b).estimated_finish == in_order_b
+
+
+def test_with_lanes_the_estimate_is_the_queue_orders_and_no_rate_is_kept():
+    """B16 with 16 sequences: the lanes free at the per-token time, which varies far more than the term (issue #13:
+    calculet-b4 steady at 1x, P90 32 -> 42 % with it), so the estimate is the order's and the submit path keeps no
+    rate for it (#20: no call per B>1 submit). Mutant caught: the rates kept on every submit."""
+    h = build()
+    p = planner(h)
+    order = p._admission_order_estimate
+    seen: dict[int, float | None] = {}
+
+    def spy(rec, job, now, model, records):  # type: ignore[no-untyped-def]
+        seen[rec.request_id] = value = order(rec, job, now, model, records)
+        return value
+
+    p._admission_order_estimate = spy  # type: ignore[method-assign]
+    for i in range(24):
+        h.submit(prompt=16, new=60, tenant="a", deadline_ms=600_000)
+    last = h.submit(prompt=16, new=60, tenant="a", deadline_ms=600_000).request_id
+    assert h.state(last) == "waiting_admission" and seen[last] is not None
+    assert h.rec(last).estimated_finish == seen[last]
+    assert p.overtaking.rate("a", h.clock.now()) == 0.0
