@@ -40,9 +40,19 @@ Figures, not a pass/fail test (DESIGN principle 10): the targets are printed bes
 The server's HTTP/1.1 implementation is ``--http`` (``CALCULET_HTTP`` of the server: httptools, the default
 when installed, or h11); ``--http h11,httptools`` runs part 1 with each, side by side in the same run.
 
+The burst's CPU per request is given over two windows: up to the last first-try 429 (the server's CPU read every
+5 ms; what the refusals, and the admissions among them, cost) and up to the first retry (at least the 1 s of the
+smallest ``Retry-After``: it includes the device decoding what was admitted — most of the "all threads" share).
+The server's own clock places the first 429 the admission snapshot gave, and the last 429, after the burst's first
+arrival (access lines' ``ts`` minus ``duration_s``): before the first, requests wait for the engine to admit what
+fits (no snapshot can refuse yet). ``--orders`` picks the deadline orders of part 1; ``--tree PATH`` serves part 1
+from another source tree too (a worktree of a base commit), a row of its own before each of this tree's, once per
+``--tree`` given (``--tree /tmp/base --tree /tmp/base``: two interleaved pairs); ``--no-bare`` skips the bare floor.
+
     python bench/overload_http.py [--burst 300] [--burst-tokens 16] [--deadline-ms 5000]
                                   [--streams 16] [--stream-tokens 32] [--itl-target-ms 200]
-                                  [--http h11,httptools] [--part all|burst|itl|bare]
+                                  [--http h11,httptools] [--part all|burst|itl|bare] [--orders on_time,at_risk]
+                                  [--tree PATH ...] [--no-bare]
 """
 
 from __future__ import annotations

@@ -95,9 +95,10 @@ def pinned(served: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     return service, app
 
 
-def _request(body: dict[str, Any], *, headers: str = "", version: str = "1.1") -> tuple[bytes, bytes]:
+def _request(body: dict[str, Any], *, headers: str = "", version: str = "1.1",
+             path: str = "/v1/completions") -> tuple[bytes, bytes]:
     payload = json.dumps(body).encode()
-    head = (f"POST /v1/completions HTTP/{version}\r\nHost: t\r\nContent-Type: application/json\r\n{headers}"
+    head = (f"POST {path} HTTP/{version}\r\nHost: t\r\nContent-Type: application/json\r\n{headers}"
             f"Content-Length: {len(payload)}\r\n\r\n").encode()
     return head, payload
 
@@ -185,6 +186,19 @@ def test_a_refusal_with_a_retry_slot_carries_the_same_fields(pinned: Any) -> Non
     assert 3500 < retry[0] <= retry[1]  # behind the hour the lane is busy; the second slot behind the first
     assert _masked(re.sub(rb"(retry-after: |fit in )[0-9.]+", rb"\1N", lane)).split(b"content-length")[0] == \
         _masked(re.sub(rb"(retry-after: |fit in )[0-9.]+", rb"\1N", full)).split(b"content-length")[0]
+
+
+def test_a_chat_completion_is_refused_by_the_lane_as_by_the_full_path(pinned: Any,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    service, app = pinned
+    chat = {"model": "tiny-random", "messages": [{"role": "user", "content": "lane"}], "max_tokens": 120}
+    head, body = _request(chat, path="/v1/chat/completions")
+    with caplog.at_level(logging.INFO, logger="calculet"):
+        lane, tasks, _ = _exchange(app, service, "httptools", [head + body])
+        full, _, _ = _exchange(app, service, "httptools", [head, body])
+    assert tasks == 0 and lane.startswith(b"HTTP/1.1 429 ") and _masked(lane) == _masked(full)
+    lines = _http_lines(caplog)
+    assert [line["route"] for line in lines] == ["/v1/chat/completions"] * 2
 
 
 @pytest.mark.parametrize("body,status", [({**SLOT, "n": 2}, 400), ({**SLOT, "model": "other"}, 404),
