@@ -133,10 +133,12 @@ class DeviceExecutor:
             seqs = [NO_SEQUENCE] * size
             for binding in work.active:
                 seqs[binding.lane] = self._seqs[binding.seq_id]
-            # the batch's arrays are built fresh per batch and never written again: handed over, not copied (#20)
+            # the batch's arrays are built fresh per batch and never written again: handed over, not copied, with
+            # the ints they were built from when the batch carries them (no conversion back per step, #20)
+            plain = (work.lane_tokens, work.lane_positions, work.lane_flags) if work.lane_tokens else None
             return DecodeJob.owning(work.generation, calbin_id, size, engine,
                                     session.buffers(engine, JobKind.DECODE, size), tuple(seqs),
-                                    work.token_ids, work.positions, work.lane_valid)
+                                    work.token_ids, work.positions, work.lane_valid, plain)
         assert prompt is not None
         seq = self._seqs.get(work.seq_id)
         if seq is None:
