@@ -237,7 +237,7 @@ class ModelManager:
             gen = self._gens.get(gen_id)
             if gen is not None:
                 gen.machine.fire("release_request")
-        elif target == "waiting_admission" and source in ("new", "waiting_model"):
+        elif source in ("new", "waiting_model") and target in ("waiting_admission", "prefill_ready"):  # bind, admit_now
             self._gens[gen_id].machine.fire("acquire")
 
     def counter_faults(self, live: "Iterable[RequestRecord]") -> list[tuple[str, str]]:

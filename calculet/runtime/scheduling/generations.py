@@ -32,15 +32,17 @@ class GenerationBinding:
 
     def __init__(self, *, registry: RequestRegistry, admission: AdmissionController, prefill: PrefillScheduler,
                  capabilities: SchedulingCapabilities, default_max_seq: int,
-                 pump: Callable[[float, RequestRecord | None], None]) -> None:
+                 pump: Callable[[float], None], admit_now: Callable[[RequestRecord, float], bool]) -> None:
         self.registry = registry
         self.admission = admission
         self.prefill = prefill
         self.capabilities = capabilities
         self._default_max_seq = default_max_seq
         self._pump = pump
-        """Admit waiting requests (the scheduler's ``_pump``); given a new request, queue it first unless it
-        is admitted at once."""
+        """Admit waiting requests (the scheduler's ``_pump``)."""
+        self._admit_now = admit_now
+        """Admit a new request at once if nothing else waits and the budget has room (``admit_now``, its
+        one event), else False (the scheduler's ``_admit_now``)."""
         self.generation = 0
         self.availability = ModelAvailability.UNLOADED
         self.held = False
@@ -65,7 +67,7 @@ class GenerationBinding:
         if availability is ModelAvailability.READY:
             if not self.held:
                 self._bind_waiting_model()
-            self._pump(now, None)
+            self._pump(now)
         elif availability is ModelAvailability.DRAINING:  # §12: cancel waiting requests
             for rec in self.registry.live():
                 if rec.state == "waiting_admission" and rec.generation == generation:
@@ -78,15 +80,23 @@ class GenerationBinding:
         self.held = hold
         if not hold and self.availability is ModelAvailability.READY:
             self._bind_waiting_model()
-            self._pump(now, None)
+            self._pump(now)
 
     def place(self, rec: RequestRecord, now: float) -> None:
-        """A new, accepted request: pinned to the serving generation and queued for admission, or,
-        with no generation Ready or new requests held, waiting unbound (WaitingModel)."""
+        """A new request that passed screening: admitted at once (pinned and admitted by one event,
+        never holding waiting budget) when the serving generation is Ready, nothing else waits and the
+        budget has room; else it takes waiting budget (``accept``) and is pinned to the serving
+        generation and queued for admission, or, with no generation Ready or new requests held,
+        waits unbound (WaitingModel)."""
         if self.availability is ModelAvailability.READY and not self.held:
+            if self._admit_now(rec, now):
+                return
+            self.admission.accept(rec)
             self.registry.fire(rec, "bind", gen=self.generation)
-            self._pump(now, rec)  # queued for admission, or admitted at once when nothing else waits
+            self.admission.enqueue(rec)
+            self._pump(now)
         else:
+            self.admission.accept(rec)
             self.registry.fire(rec, "wait_model")
             self._model_wait.append(rec)
 

@@ -110,7 +110,8 @@ class Scheduler:
         self._pending: JobRecord | None = None
         self._next_job = 1
         self.generations = GenerationBinding(registry=self.registry, admission=self.admission, prefill=self.prefill,
-                                             capabilities=capabilities, default_max_seq=max_seq, pump=self._pump)
+                                             capabilities=capabilities, default_max_seq=max_seq, pump=self._pump,
+                                             admit_now=self._admit_now)
         self.completions = CompletionApplier(registry=self.registry, kv=kv, jobs=self.jobs, decode=self.decode,
                                              prefill=self.prefill, step_times=self.step_times,
                                              capabilities=capabilities, clock=clock, commands=self._commands,
@@ -197,9 +198,8 @@ class Scheduler:
             if no_prospect is not None:
                 self.registry.reject(rec, 429, no_prospect.reason)
                 return Submission(rec.request_id, no_prospect)
-        self.admission.accept(rec)
         self._deadlines.add(rec)
-        generations.place(rec, now)
+        generations.place(rec, now)  # admitted at once, or accepted (waiting budget) and queued
         outcome = self.admission.record(ADMITTED if rec.machine._state == "prefill_ready" else QUEUED)
         return _new_tuple(Submission, (rec.request_id, outcome))  # Submission(...) without its __new__ frame
 
@@ -405,20 +405,21 @@ class Scheduler:
                     self._commands.append(command)
                 self.admission.released(rec)
 
-    def _pump(self, now: float, new: RequestRecord | None = None) -> None:
-        """Admit waiting requests in WFQ order while the budget and a free lane allow (§5).
+    def _admit_now(self, rec: RequestRecord, now: float) -> bool:
+        """Admit ``rec``, a new request passing screening while its generation is Ready, at once if nothing
+        else waits and the budget has room, as the queue would have done (issue #20: one ``admit_now`` event,
+        no waiting budget held and given back, no push, peek and pop of the fair queue). False: it waits."""
+        admission = self.admission
+        cap = self.on_time.decode_cap() if self.on_time is not None else None
+        if (cap is not None and admission.active >= cap) or not admission.admissible_at_once(rec, self.kv.free_lanes):
+            return False
+        self._admit(rec, now, self.generations.generation)
+        return True
 
-        ``new`` is a request just bound to the serving generation and not yet queued: when nothing else
-        waits and the budget has room it is admitted at once, as the queue would have done (issue #20:
-        no push, peek and pop of the fair queue for it), else it is queued first."""
+    def _pump(self, now: float) -> None:
+        """Admit waiting requests in WFQ order while the budget and a free lane allow (§5)."""
         admission = self.admission
         ready = self.generations.availability is ModelAvailability.READY
-        if new is not None:
-            cap = self.on_time.decode_cap() if self.on_time is not None else None
-            if ready and (cap is None or admission.active < cap) and admission.admissible_at_once(new, self.kv.free_lanes):
-                self._admit(new, now)
-                return
-            admission.enqueue(new)
         if not ready or not admission.waiting:
             return  # nothing waits (every step of a saturated decode rotation): nothing to admit (issue #20)
         kv = self.kv
@@ -429,14 +430,15 @@ class Scheduler:
                 return
             self._admit(rec, now)
 
-    def _admit(self, rec: RequestRecord, now: float) -> None:
-        """``rec`` leaves the waiting budget for a KV lane and the prefill queue (admission found room)."""
-        lease = self.kv.reserve(rec.machine.generation, rec.machine.prompt_tokens + rec.machine.max_new_tokens)
+    def _admit(self, rec: RequestRecord, now: float, bind: int = 0) -> None:
+        """``rec`` leaves the waiting budget for a KV lane and the prefill queue (admission found room);
+        ``bind``: a new request admitted at once, pinned to generation ``bind`` by the same event."""
+        lease = self.kv.reserve(bind or rec.machine.generation, rec.machine.prompt_tokens + rec.machine.max_new_tokens)
         if lease.__class__ is not KvLease:
             raise DefinitionError(f"admission found room but the KV pool refused: {lease.reason}")  # type: ignore[union-attr]
         rec.lease = lease
         self.admission.admitted(rec, now)
-        self.registry.fire(rec, "admit")
+        self.registry.fire(rec, "admit_now", gen=bind) if bind else self.registry.fire(rec, "admit")  # one event each
         self.prefill.add(rec, now)
 
     def _build_prefill(self, queue: str, job_id: int, now: float) -> PrefillWork | None:

@@ -1,7 +1,8 @@
 """A new request admitted at once (issue #20) is admitted exactly as the fair queue would have admitted it.
 
-``Scheduler._pump(now, new)`` skips the fair queue's push, peek and pop for a request that arrives when
-nothing else waits and the budget has room (``AdmissionController.admissible_at_once``). These tests
+``Scheduler._admit_now`` skips the fair queue's push, peek and pop for a request that arrives when
+nothing else waits and the budget has room (``AdmissionController.admissible_at_once``), and admits it by
+one request event (``admit_now``) without taking and giving back waiting budget. These tests
 drive the same operations through a scheduler that takes that path and one forced through the queue,
 and require the same decisions, states, virtual finishes, lanes, prefill order and statistics after
 every operation — including the cases the shortcut must refuse (a tenant at its active limit, the
@@ -133,3 +134,22 @@ def test_decode_batches_follow_the_same_admissions(monkeypatch: pytest.MonkeyPat
             h.confirm_all()
         assert batches[0] == batches[1]
         assert _view(fast) == _view(queued)
+
+
+@pytest.mark.req("R5.1.2", "R10.3")
+def test_an_admission_at_once_is_one_event_and_never_holds_waiting_budget(monkeypatch: pytest.MonkeyPatch):
+    """Mutants caught: bind then admit fired (two moves seen), the waiting budget taken on the way (accept)."""
+    h = _harness(2)
+    admission = h.scheduler.admission
+    moves: list[tuple[str, str]] = []
+    listener = h.scheduler.registry._listener
+    monkeypatch.setattr(h.scheduler.registry, "_listener",
+                        lambda rec, source, target: moves.append((source, target)) or listener(rec, source, target))
+    monkeypatch.setattr(admission, "accept", lambda rec: pytest.fail("an admission at once took waiting budget"))
+    first = h.submit(8, 4, "b")
+    rec = h.rec(first.request_id)
+    assert first.outcome.decision is Decision.ADMIT and moves == [("new", "prefill_ready")]
+    assert rec.machine.last_transition.name == "admit_now@new" and rec.generation == h.scheduler.generation
+    stats = admission.statistics()
+    assert (stats.waiting_requests, stats.waiting_prompt_tokens, stats.active_sequences, stats.active_kv_tokens) == \
+        (0, 0, 1, 12)
