@@ -358,7 +358,7 @@ def generate_fire(d: Definition, fire_table: dict[str, dict[str, Callable[..., i
 
 
 def generate_fire_each(d: Definition, namespace: dict[str, Any], exact: Callable[..., str],
-                       one_by_one: Callable[..., list[str]]) -> str:
+                       one_by_one: Callable[..., list[str]], split: Callable[..., list[str]]) -> str:
     """The machine's ``fire_each(instances, event, <its argument names>=<columns>)``: ``event`` fired on
     every instance in order, ``instances[i]`` with the i-th value of each argument column — exactly
     ``[x.fire(event, **{name: column[i]}) for i, x in enumerate(instances)]``, returning the targets.
@@ -370,11 +370,11 @@ def generate_fire_each(d: Definition, namespace: dict[str, Any], exact: Callable
     state without the event) goes to ``exact`` for that instance, as ``fire`` sends it. Like ``fire``
     it comes in two variants, generated into ``fire``'s namespace (its ``_draws``): ``fire_each_plain``
     and ``fire_each_sampled``, which draws once per instance as ``fire`` would and, when a draw hits,
-    fires instance by instance (``one_by_one(instances, event, columns, drawn)``: the drawn ones
-    checked, the others plain), so exactly the drawn events are checked."""
+    fires the drawn instances through the checked path and the runs between them inline
+    (``split(run, instances, event, columns, drawn)``), so exactly the drawn events are checked."""
     v = SymbolicVars(d)
     all_args = machine_arg_names(d)
-    namespace.update({"_int": int, "_exact": exact, "_one_by_one": one_by_one})
+    namespace.update({"_int": int, "_exact": exact, "_one_by_one": one_by_one, "_split": split})
     columns = "".join(f", {n}" for n in all_args)
     given = "{" + ", ".join(f"{n!r}: {n}" for n in all_args) + "}"
     lines: list[str] = []
@@ -458,8 +458,10 @@ def _each_row_lines(d: Definition, rows: list[Transition], prefix: str, tr: Expr
 def _fire_each_entry_lines(d: Definition, variant: str, all_args: tuple[str, ...], columns: str,
                            given: str) -> list[str]:
     """``fire_each_<variant>(instances, event, <argument columns>)``: checks every column's length,
-    then runs the event's ``_each`` function, or, for an event without one (or, sampled, when a draw
-    hits), fires instance by instance through ``_one_by_one``."""
+    then runs the event's ``_each`` function, or, for an event without one, fires instance by instance
+    through ``_one_by_one``. Sampled, when a draw hits, ``_split`` runs ``_each`` on the runs of
+    instances between the drawn ones and only the drawn ones through the checked path, in order: one
+    hit among a step's 16 lanes no longer sends all 16 through the slow path (issue #20, R9.2.3)."""
     lines = [f"def fire_each_{variant}(instances, event{''.join(f', {n}=_M' for n in all_args)}):  # {d.name}",
              "    n = len(instances)",
              *[f"    if {n} is not _M and len({n}) != n:\n"
@@ -468,8 +470,10 @@ def _fire_each_entry_lines(d: Definition, variant: str, all_args: tuple[str, ...
              "    run = _each.get(event)"]
     if variant == "sampled":
         lines += ["    drawn = list(_islice(_draws, n))",
-                  "    if run is None or True in drawn:",
-                  f"        return _one_by_one(instances, event, {given}, drawn)"]
+                  "    if run is None:",
+                  f"        return _one_by_one(instances, event, {given}, drawn)",
+                  "    if True in drawn:",
+                  f"        return _split(run, instances, event, {given}, drawn)"]
     else:
         lines += ["    if run is None:", f"        return _one_by_one(instances, event, {given}, None)"]
     return lines + [f"    return run(instances{columns})", ""]

@@ -191,10 +191,31 @@ def _fire_one_by_one(instances: Sequence[CompiledInstance], event: str, columns:
     return out
 
 
+def _fire_split(run: Callable[..., list[str]], instances: Sequence[CompiledInstance], event: str,
+                columns: dict[str, Any], drawn: list[bool]) -> list[str]:
+    """``fire_each`` when the monitor drew some instances: the drawn ones' events checked (the exact
+    path), the runs of instances between them through the event's inline loop ``run`` on slices of
+    the instances and columns, in order — what ``_fire_one_by_one`` does, without sending every lane
+    of the step through the one-by-one path for one draw (issue #20: a B16 step's sampled check cost
+    the whole step's fires; R9.2.3 still checks exactly the drawn events)."""
+    given = [(name, column) for name, column in columns.items() if column is not _MISSING]
+    n = len(instances)
+    out: list[str] = []
+    start = 0
+    while start < n:
+        stop = drawn.index(True, start) if True in drawn[start:] else n
+        if stop > start:
+            out += run(instances[start:stop], *(c if c is _MISSING else c[start:stop] for c in columns.values()))
+        if stop < n:
+            out.append(_fire_exact_or_checked(instances[stop], event, {name: c[stop] for name, c in given}))
+        start = stop + 1
+    return out
+
+
 def compile_instance_type(d: Definition) -> type[CompiledInstance]:
     table, fire_table, source = generate_dispatch(d)
     namespace, fire_source = generate_fire(d, fire_table, _fire_exact_or_checked)
-    each_source = generate_fire_each(d, namespace, _fire_exact_or_checked, _fire_one_by_one)
+    each_source = generate_fire_each(d, namespace, _fire_exact_or_checked, _fire_one_by_one, _fire_split)
     check_invariants, check_source = generate_invariant_check(d)
     init, snapshot, life_source = generate_lifecycle(d, CompiledInstance._slow_init)
     rows: dict[str, dict[str, list[Transition]]] = {}
