@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-from calculet.runtime.engine.admission_snapshot import HELD
+from calculet.runtime.engine.admission_snapshot import HELD, HOLD_IN_FLIGHT
 from calculet.server.edge_answers import new_request_id
 from calculet.server.errors import APIError, admission_error
 from calculet.server.inference import GENERATION_ROUTES, HOLD_ROUNDS, INLINE_BODY, ApiGeneration, on_loop
@@ -74,6 +74,13 @@ HOLD = "hold"
 
 _STATUS_LINE = b"HTTP/1.1 429 " + HTTPStatus(429).phrase.encode() + b"\r\n"
 """uvicorn's status line for 429 (``HTTP/1.1 <code> <phrase>``)."""
+
+HOLD_CAP_S = 1.0
+"""The longest the lane holds a request past its last round while the engine has :data:`HOLD_IN_FLIGHT` requests on
+their way: then it is decided whatever the snapshot. Why hold past the last round at all: at a burst's start the
+lane holds nearly every request at once (it decides a whole read before any reaches the engine), and the last
+rounds of all of them end together; decided then without a snapshot, all went to the engine at once (measured:
+284 of a burst's 300 forwarded, 257 refused by the engine, the last 429 after 17 s, retries admitted 81 %)."""
 
 MEMO_ENTRIES = 256
 """Bodies whose prepared generation is remembered at most (each at most ``INLINE_BODY`` bytes: 2 MiB in all)."""
@@ -160,7 +167,8 @@ class RefusalLane:
     def hold(self, edge: Any, cycle: Any, app: Any, body: bytes, started: float) -> None:
         """Hold a request :meth:`decide` answered :data:`HOLD` until the engine's next answer (or the hold's timer),
         at most :data:`~calculet.server.inference.HOLD_ROUNDS` waits, as the full path holds
-        (:func:`~calculet.server.inference._refuse_early`); then it is decided whatever the snapshot.
+        (:func:`~calculet.server.inference._refuse_early`); then it is decided whatever the snapshot — unless the
+        engine has :data:`HOLD_IN_FLIGHT` requests on their way, up to :data:`HOLD_CAP_S` after its arrival.
 
         Why a queue and not a task per request: at a burst's start most of its requests are held, and each wait
         ends for all of them at once; a task and a wake-up each, per round, cost the loop more than the refusal
@@ -181,6 +189,9 @@ class RefusalLane:
         """(a wait ended) Decide the held requests in order, up to the first still held; then wait again."""
         self._armed = False
         self._round += 1
+        early = self.service.early_admission
+        busy = early.in_flight + early.unsent >= HOLD_IN_FLIGHT
+        now = time.perf_counter()
         queue = self._queue
         while queue:
             item = queue[0]
@@ -188,9 +199,9 @@ class RefusalLane:
                 if item.gone():
                     answer: Any = None  # the app's (its one log line says the client went)
                 else:
+                    hold = self._round < item.last_round or (busy and now - item.started < HOLD_CAP_S)
                     answer = self.decide(item.cycle.scope, item.body, default_headers=item.edge.default_headers(),
-                                         keep_alive=item.cycle.keep_alive, started=item.started,
-                                         hold=self._round < item.last_round)
+                                         keep_alive=item.cycle.keep_alive, started=item.started, hold=hold)
                     if answer is HOLD:
                         break
             except Exception:  # noqa: BLE001 - never in the loop's callback: the app answers it
@@ -320,4 +331,4 @@ class RefusalLane:
         return RefusalLaneStatistics(self._refused, self._declined, self._held, self.memo.hits, len(self.memo))
 
 
-__all__ = ["CLIENT_ID", "HOLD", "MEMO_ENTRIES", "PreparedMemo", "RefusalLane", "RefusalLaneStatistics"]
+__all__ = ["CLIENT_ID", "HOLD", "HOLD_CAP_S", "MEMO_ENTRIES", "PreparedMemo", "RefusalLane", "RefusalLaneStatistics"]
