@@ -118,6 +118,24 @@ length) errs on the per-token time itself by 26 / 29 / 30 / 27 %. No estimate ma
 those runs; pooled with the loads that wait, the same oracle per-token time and actual wait give 17 % (b16
 steady) and 22 % (bursty), so the wait is where the pooled P90 can still move. A faster per-token window (1/64 for 1/256) was worse on every b16
 steady load (P90 36 -> 50, 34 -> 37, 32 -> 36, 24 -> 28 %).
+
+Why the reported estimate is not the admission plan's own finish (issue #13 item 2, "one estimator"; measured at
+0c46189, same runs and decisions, steady/bursty, every load pooled, the bench's definition). Where nobody waits
+the two are already one value (``OnTimePlanner.admit`` keeps the EDF finish). Where requests wait on B1 or B>1
+with sequences <= lanes, reporting the EDF finish (margin taken out) instead of the queue order's changes P90 as
+follows (steady, then bursty): b1 19 -> 287, 21 -> 202 %; b4 28 -> 126, 24 -> 36; b8 30 -> 95, 26 -> 34; b16
+29 -> 58, 38 -> 49; b1-pingpong 26 -> 134, 31 -> 123; b16-pingpong 25 -> 32, 44 -> 45; b16-chunked 30 -> 50,
+38 -> 55; b16-pingpong-chunked 25 -> 30, 42 -> 43 %. Per load it was worse wherever the two differed (one
+point better once: bursty b16-pingpong at 1x, 43 -> 42 %). With the margin left in, as ``fits`` computes it,
+it was later still (b1-shared, where the plan is the reported estimate: P90 8 -> 18 %, signed -3 -> +16 %;
+steady b16 58 -> 87 %). The cause: with equal relative deadlines the EDF plan is FCFS, and it puts a
+candidate behind every waiting request of the backlogged tenant. The §5.3 queue admits it ahead of them. On
+steady b1 at 1x the light tenant's estimate is late by a signed median of +183 % (P90 500 %). The backlogged
+tenant's is early by 13 %. A per-token time walked over the known decode set's departures (each sequence's
+remaining tokens, the cost model's exact per-size step under the §8 thresholds, no later arrivals; offline)
+did no better than the measured per-token time on the lane-free admissions: steady P90 b4 35 -> 39, b8 35 -> 35,
+b16 38 -> 42 %; bursty b4 25 -> 45, b8 34 -> 44, b16 51 -> 53 %. Stretching it by the last minute's prefill
+share brought the signed median to about 0 but widened the P90 further.
 """
 
 from __future__ import annotations
