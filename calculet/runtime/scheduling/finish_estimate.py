@@ -135,7 +135,10 @@ tenant's is early by 13 %. A per-token time walked over the known decode set's d
 remaining tokens, the cost model's exact per-size step under the §8 thresholds, no later arrivals; offline)
 did no better than the measured per-token time on the lane-free admissions: steady P90 b4 35 -> 39, b8 35 -> 35,
 b16 38 -> 42 %; bursty b4 25 -> 45, b8 34 -> 44, b16 51 -> 53 %. Stretching it by the last minute's prefill
-share brought the signed median to about 0 but widened the P90 further.
+share brought the signed median to about 0 but widened the P90 further. Averaged 50/50 with the estimate on the
+lane-free admissions only (a fit), the pooled P90 moved by at most 2.5 points (steady b16 29.3 -> 26.8 %; bursty
+b4 23.9 -> 24.4, b8 26.1 -> 26.4, worse). Not kept: it would need per-size step times measured and it changes
+the verdict (25 %) of no row.
 """
 
 from __future__ import annotations
