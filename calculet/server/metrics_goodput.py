@@ -48,7 +48,7 @@ def _estimate(e: EstimateErrorStatistics | None) -> list[Metric]:
                "model: raised by each admitted request that ends late, lowered by each on time (§5.2).",
                e.margin if e is not None else 0.0),
         by(gauge("calculet_scheduler_finish_estimate_error_ratio", "Relative error |actual - estimate| / "
-                  "(estimate - arrival) of the admission-time finish estimate over recent finished requests.",
+                  "(actual - arrival) of the admission-time finish estimate over recent finished requests.",
                   labels=["percentile"]), errors, ("50", "90")),
     ]
 
