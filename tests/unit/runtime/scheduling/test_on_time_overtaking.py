@@ -81,14 +81,7 @@ def test_on_one_lane_the_backlogged_tenants_estimate_counts_the_other_tenants_la
     estimate equals the order's), applied on every tenant (b's differ), or its sign flipped."""
     h, a, b = _one_lane_backlog()
     p = planner(h)
-    order = p._admission_order_estimate
-    seen: dict[int, float | None] = {}
-
-    def spy(rec, job, now, model, records):  # type: ignore[no-untyped-def]
-        seen[rec.request_id] = value = order(rec, job, now, model, records)
-        return value
-
-    p._admission_order_estimate = spy  # type: ignore[method-assign]
+    seen = _spy_order_estimates(p)
     last_a = h.submit(prompt=16, new=60, tenant="a", deadline_ms=600_000).request_id
     last_b = h.submit(prompt=16, new=8, tenant="b", deadline_ms=600_000).request_id
     in_order_a, in_order_b = seen[last_a], seen[last_b]
@@ -104,6 +97,17 @@ def test_with_lanes_the_estimate_is_the_queue_orders_and_no_rate_is_kept():
     rate for it (#20: no call per B>1 submit). Mutant caught: the rates kept on every submit."""
     h = build()
     p = planner(h)
+    seen = _spy_order_estimates(p)
+    for i in range(24):
+        h.submit(prompt=16, new=60, tenant="a", deadline_ms=600_000)
+    last = h.submit(prompt=16, new=60, tenant="a", deadline_ms=600_000).request_id
+    assert h.state(last) == "waiting_admission" and seen[last] is not None
+    assert h.rec(last).estimated_finish == seen[last]
+    assert p.overtaking.rate("a", h.clock.now()) == 0.0
+
+
+def _spy_order_estimates(p: Any) -> dict[int, float | None]:
+    """Each request's admission-order estimate, as the planner computed it before any overtaking term."""
     order = p._admission_order_estimate
     seen: dict[int, float | None] = {}
 
@@ -111,10 +115,5 @@ def test_with_lanes_the_estimate_is_the_queue_orders_and_no_rate_is_kept():
         seen[rec.request_id] = value = order(rec, job, now, model, records)
         return value
 
-    p._admission_order_estimate = spy  # type: ignore[method-assign]
-    for i in range(24):
-        h.submit(prompt=16, new=60, tenant="a", deadline_ms=600_000)
-    last = h.submit(prompt=16, new=60, tenant="a", deadline_ms=600_000).request_id
-    assert h.state(last) == "waiting_admission" and seen[last] is not None
-    assert h.rec(last).estimated_finish == seen[last]
-    assert p.overtaking.rate("a", h.clock.now()) == 0.0
+    p._admission_order_estimate = spy
+    return seen
