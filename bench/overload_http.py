@@ -48,11 +48,14 @@ arrival (access lines' ``ts`` minus ``duration_s``): before the first, requests 
 fits (no snapshot can refuse yet). ``--orders`` picks the deadline orders of part 1; ``--tree PATH`` serves part 1
 from another source tree too (a worktree of a base commit), a row of its own before each of this tree's, once per
 ``--tree`` given (``--tree /tmp/base --tree /tmp/base``: two interleaved pairs); ``--no-bare`` skips the bare floor.
+``--distinct`` gives each burst client a prompt of its own (the prompt + its index, one token-length class), as real
+traffic has: with one body for all (the default), the server's memo of the route's parsing (the refusal lane's
+``PreparedMemo``) parses it once, a best case; a client's retry resends its first try's body either way.
 
     python bench/overload_http.py [--burst 300] [--burst-tokens 16] [--deadline-ms 5000]
                                   [--streams 16] [--stream-tokens 32] [--itl-target-ms 200]
                                   [--http h11,httptools] [--part all|burst|itl|bare] [--orders on_time,at_risk]
-                                  [--tree PATH ...] [--no-bare]
+                                  [--tree PATH ...] [--no-bare] [--distinct]
 """
 
 from __future__ import annotations
@@ -461,8 +464,19 @@ def _burst_row(order: str, clients: list[BurstClient], deadline_s: float, wall_s
         sum(1 for a in attempts if a.status == 504), wall_s, measured["server"])
 
 
+def burst_prompts(requests: int, distinct: bool) -> list[str]:
+    """Each burst client's prompt: one for all (the lane's ``prepare`` memo then parses one body; a benchmark's
+    best case), or with ``distinct`` the prompt plus the client's zero-padded index, as real traffic brings a body
+    the server has not seen per client, all of one token-length class (the index has the burst's width, the same
+    characters per prompt). A client's retry sends its first try's bytes, as a real client does."""
+    if not distinct:
+        return [PROMPT] * requests
+    width = len(str(max(requests - 1, 0)))
+    return [f"{PROMPT} {index:0{width}d}" for index in range(requests)]
+
+
 def burst(server: Server, order: str, requests: int, tokens: int, deadline_s: float,
-          max_wait_s: float) -> BurstRow:
+          max_wait_s: float, distinct: bool = False) -> BurstRow:
     host, port = server.url.removeprefix("http://").rsplit(":", 1)
 
     async def run() -> BurstRow:
@@ -475,11 +489,13 @@ def burst(server: Server, order: str, requests: int, tokens: int, deadline_s: fl
             measured["floor_cpu"] = meter.per_request(requests)
             before = await _counters(client)
             _server_refusals(server)  # drop the log lines so far
-            data = _raw("POST", "/v1/completions", host, _body(tokens, False))
+            bodies = [_raw("POST", "/v1/completions", host, _body(tokens, False, prompt))
+                      for prompt in burst_prompts(requests, distinct)]
             started = time.perf_counter()
             meter = CpuMeter(server.proc.pid, requests)
             sampler = asyncio.ensure_future(meter.sampling(0.005))
-            clients = await asyncio.gather(*(_burst_client(c, data, max_wait_s, meter) for c in conns))
+            clients = await asyncio.gather(*(_burst_client(c, data, max_wait_s, meter)
+                                             for c, data in zip(conns, bodies, strict=True)))
             wall = time.perf_counter() - started
             measured["burst_cpu"] = meter.close()
             await sampler
@@ -622,7 +638,10 @@ def _pair(values: tuple[float, float], digits: int = 0) -> str:
 def _print_burst(rows: list[BurstRow], args: argparse.Namespace) -> None:
     print(f"Part 1 — burst: {args.burst} concurrent non-streaming completions × {args.burst_tokens} tokens, "
           f"deadline {args.deadline_ms} ms, B1 reference cost; each refused client sleeps Retry-After once "
-          f"(≤ {args.max_retry_wait:.0f} s) and retries")
+          f"(≤ {args.max_retry_wait:.0f} s) and retries; prompts: "
+          + ("distinct, one per client (the prompt + its index, one token-length class; a retry resends its first "
+             "try's body)" if args.distinct else "one body for every client (the server's memo of prepare sees one "
+             "body; --distinct for a body per client)"))
     header = (f"{'deadline_order':<19} {'first try':<22} {'429 p50/p99':>12} {'server p50/p99':>14} {'floor p50/p99':>13} "
               f"{'1-by-1 p50/p99':>14} {'RA share':>8} {'RA p50/max':>10} {'retry admitted':>14} {'on time':>7} "
               f"{'504':>4} {'shed':>4} {'goodput/s':>9} {'server':>6} {'wasted':>6} {'wall s':>6}")
@@ -730,6 +749,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--part", choices=("all", "burst", "itl", "bare"), default="all")
     parser.add_argument("--orders", default="on_time,at_risk", help="deadline orders of part 1, comma-separated")
     parser.add_argument("--no-bare", action="store_true", help="skip the bare floor")
+    parser.add_argument("--distinct", action="store_true",
+                        help="part 1: each burst client its own prompt (the prompt + its index), as real traffic; "
+                             "its retry resends the same body")
     parser.add_argument("--tree", action="append", default=[],
                         help="also serve part 1 from this source tree (e.g. a worktree of a base commit), its rows "
                              "beside this tree's, interleaved; repeat for rounds (the same path again: another round)")
@@ -765,7 +787,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 if part == "burst":
                     burst_rows.append(burst(server, label, args.burst, args.burst_tokens,
-                                            args.deadline_ms / 1000, args.max_retry_wait))
+                                            args.deadline_ms / 1000, args.max_retry_wait, args.distinct))
                 else:
                     stream_rows.append(streams(server.url, label, args.streams, args.stream_tokens))
             finally:
