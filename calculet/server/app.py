@@ -264,7 +264,7 @@ def create_app(service: Service) -> ServiceApp:
     # (its fallback, FastAPI's router, is never reached: ServiceApp sends it only what it answers)
     app.front = GenerationFront(app.router, service=service, routes=generation, live=live)
     app.front_stack = edge(app.front)
-    app.refusal_lane = RefusalLane(service, generation)
+    app.refusal_lane = service.refusal_lane = RefusalLane(service, generation)  # its statistics: /metrics
     # everything else through FastAPI with the same two layers, outermost: every answer carries the request id
     app.add_middleware(BodyGate, max_body_bytes=server.max_body_bytes, body_timeout_s=server.body_timeout_s,
                        body_min_rate_bytes_s=server.body_min_rate_bytes_s, authorize=authorize, pacer=pacer)

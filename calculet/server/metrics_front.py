@@ -4,6 +4,12 @@ Why a collector of its own: a request the event loop refuses from the actor's ad
 (:mod:`calculet.runtime.engine.admission_snapshot`) never reaches the engine, so the engine's ``no_prospect``
 and ``calculet_scheduler_on_time_refused`` do not count it; these series do, beside them. The forward reasons
 are a bounded set (:data:`FORWARD_REASONS`).
+
+The refusal lane (:mod:`calculet.server.refusal_lane`, the 429s the httptools protocol answers before any ASGI task)
+has families of its own, ``calculet_front_lane_*`` (DESIGN.md: statistics() on every component, exported): its
+refusals are a part of ``calculet_front_refused`` (it decides with the same snapshot call), so they say how much of
+the front's work skipped the ASGI stack; its declines, holds and the ``prepare`` memo's hits say why the rest did
+not. A service served without the lane (h11, or no app yet) exports the same series at zero (R16.9).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from calculet.runtime.engine.admission_snapshot import FORWARD_REASONS, EarlyAdmissionStatistics
+from calculet.server.lane_statistics import RefusalLaneStatistics
 from calculet.server.metrics_families import by, counter, gauge
 
 
@@ -50,4 +57,33 @@ class FrontCollector(Collector):
         return front_families(self._statistics())
 
 
-__all__ = ["FrontCollector", "front_families"]
+def lane_families(s: RefusalLaneStatistics | None) -> list[Metric]:
+    """The refusal lane's counters (its :meth:`~calculet.server.refusal_lane.RefusalLane.statistics`); ``None``: no
+    lane (zeros, the same series)."""
+    refused, declined, held, hits, entries = ((s.refused, s.declined, s.held, s.memo_hits, s.memo_entries)
+                                              if s is not None else (0, 0, 0, 0, 0))
+    return [
+        counter("calculet_front_lane_refused", "Generation requests the refusal lane answered 429 in the HTTP "
+                "protocol, before any ASGI task (a part of calculet_front_refused).", refused),
+        counter("calculet_front_lane_declined", "Generation requests the refusal lane handed to the ASGI app: invalid "
+                "(answered by the full path), not refused by the admission snapshot, or not decidable in the "
+                "protocol.", declined),
+        counter("calculet_front_lane_held", "Generation requests the refusal lane held for the engine's next answer "
+                "before deciding them (each counted once).", held),
+        counter("calculet_front_lane_memo_hits", "Generation bodies the refusal lane found parsed already (its memo "
+                "of the route's prepare, per route and body bytes).", hits),
+        gauge("calculet_front_lane_memo_entries", "Bodies in the refusal lane's memo of prepare (bounded).", entries),
+    ]
+
+
+class LaneCollector(Collector):
+    """Reads the refusal lane's statistics at scrape time (``statistics`` returns None while no lane serves)."""
+
+    def __init__(self, statistics: Callable[[], RefusalLaneStatistics | None]) -> None:
+        self._statistics = statistics
+
+    def collect(self) -> Iterable[Metric]:
+        return lane_families(self._statistics())
+
+
+__all__ = ["FrontCollector", "LaneCollector", "front_families", "lane_families"]

@@ -62,6 +62,7 @@ from calculet.runtime.engine.admission_snapshot import HELD, HOLD_IN_FLIGHT
 from calculet.server.edge_answers import new_request_id
 from calculet.server.errors import APIError, admission_error
 from calculet.server.inference import GENERATION_ROUTES, HOLD_ROUNDS, INLINE_BODY, ApiGeneration, on_loop
+from calculet.server.lane_statistics import RefusalLaneStatistics
 from calculet.server.logs import log_fields
 
 log = logging.getLogger("calculet.server")
@@ -112,20 +113,6 @@ class PreparedMemo:
 
     def __len__(self) -> int:
         return len(self._kept)
-
-
-@dataclass(frozen=True)
-class RefusalLaneStatistics:
-    """What the lane answered and what it left to the ASGI app."""
-
-    refused: int
-    """Requests answered 429 by the lane."""
-    declined: int
-    """Requests it handed to the ASGI app (invalid, not refused, or not decidable here)."""
-    held: int
-    """Requests it held for the engine's next answer before deciding (each once, however many waits)."""
-    memo_hits: int
-    memo_entries: int
 
 
 @dataclass(slots=True)

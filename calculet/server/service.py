@@ -32,7 +32,7 @@ from calculet.server.auth import AdminGuard, TenantDirectory
 from calculet.server.errors import APIError
 from calculet.server.lifecycle import EngineLifecycle
 from calculet.server.metrics import EngineCollector, ServedModelFacts
-from calculet.server.metrics_front import FrontCollector
+from calculet.server.metrics_front import FrontCollector, LaneCollector
 from calculet.server.metrics_runtime import add_process_collectors
 from calculet.server.model_admin import ManagedModelAdmin, ModelAdmin
 from calculet.server.request_metrics import RequestPhases, ServiceMetrics, make_registry
@@ -131,6 +131,11 @@ class Service:
         """The wait of requests held for the engine's next answer (:func:`calculet.server.inference._refuse_early`)."""
         """The event loop's 429s from the engine's admission snapshot (issue #13, :mod:`.inference`)."""
         self.registry.register(FrontCollector(self.early_admission.statistics))
+        self.refusal_lane: Any = None
+        """The app's :class:`~calculet.server.refusal_lane.RefusalLane` (set by ``create_app``; the app builds it
+        from its routes), exported by :class:`LaneCollector` whichever app serves."""
+        self.registry.register(LaneCollector(
+            lambda: None if self.refusal_lane is None else self.refusal_lane.statistics()))
         self.phases = RequestPhases(self.metrics, engine.clock)
         pipeline = options.span_pipeline or otlp_pipeline(config.monitoring.tracing)
         self.tracer = (RequestTracer(pipeline, engine.clock, job=engine.job, alias=self.alias)

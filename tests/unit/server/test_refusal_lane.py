@@ -376,3 +376,37 @@ def test_held_requests_are_decided_in_order_at_the_engines_answers_and_at_their_
     from calculet.server.inference import lane_sent
 
     asyncio.run(run())
+
+
+def _lane_series(service: Any) -> dict[str, float]:
+    """The ``calculet_front_lane_*`` samples of the service's /metrics registry, by family name."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {family.name: sample.value
+            for family in text_string_to_metric_families(generate_latest(service.registry).decode())
+            if family.name.startswith("calculet_front_lane_")
+            for sample in family.samples if not sample.name.endswith("_created")}
+
+
+def test_the_lanes_statistics_are_exported_each_from_its_own_field(pinned: Any) -> None:
+    """DESIGN.md (statistics() on every component): /metrics carries RefusalLane.statistics(). Three refusals of one
+    body (two found in the memo) and one invalid body (declined) give each counter a different step, so a family
+    reading another field, or an unregistered collector or a lane the service does not know, fails."""
+    service, app = pinned
+    before = _lane_series(service)
+    head, body = _request({**NEVER, "prompt": "exported"})
+    for _ in range(3):
+        answer, tasks, _ = _exchange(app, service, "httptools", [head + body])
+        assert tasks == 0 and answer.startswith(b"HTTP/1.1 429 ")
+    head, body = _request({**SLOT, "n": 2})
+    assert _exchange(app, service, "httptools", [head + body])[0].startswith(b"HTTP/1.1 400 ")
+    after = _lane_series(service)
+    stats = app.refusal_lane.statistics()
+    assert after == {"calculet_front_lane_refused": stats.refused, "calculet_front_lane_declined": stats.declined,
+                     "calculet_front_lane_held": stats.held, "calculet_front_lane_memo_hits": stats.memo_hits,
+                     "calculet_front_lane_memo_entries": stats.memo_entries}
+    steps = {name: after[name] - before[name] for name in after if name != "calculet_front_lane_memo_entries"}
+    assert steps == {"calculet_front_lane_refused": 3, "calculet_front_lane_declined": 1,
+                     "calculet_front_lane_held": 0, "calculet_front_lane_memo_hits": 2}
+    assert after["calculet_front_lane_memo_entries"] == len(app.refusal_lane.memo) > 0
