@@ -92,7 +92,8 @@ MODEL = "tiny-random"
 """The bundled model's alias (#18: random weights and a BPE tokenizer; ``qwen3`` would name a real model)."""
 COUNTERS = ("calculet_request_goodput", "calculet_device_busy_seconds", "calculet_request_wasted_device_seconds",
             "calculet_scheduler_on_time_shed", "calculet_scheduler_on_time_refused", "calculet_front_refused",
-            "calculet_front_held")
+            "calculet_front_held", "calculet_front_lane_refused", "calculet_front_lane_declined",
+            "calculet_front_lane_held", "calculet_front_lane_memo_hits")
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -668,6 +669,10 @@ def _print_burst(rows: list[BurstRow], args: argparse.Namespace) -> None:
               f"engine: {engine:.0f}; the front held {r.server.get('calculet_front_held', 0.0):.0f} and forwarded: "
               f"{forwarded or 'none'}; by the server's clock the first 429 from the snapshot came "
               f"{r.first_front_ms[0]:.0f} ms after the first arrival, the last 429 {r.first_front_ms[1]:.0f} ms")
+        lane = [r.server.get(f"calculet_front_lane_{what}") for what in ("refused", "declined", "held", "memo_hits")]
+        if lane[0] is not None:  # a tree without the refusal lane's families (before #13's lane) has no such line
+            print(f"{'':<19} the refusal lane (in the protocol, no ASGI task) refused {lane[0]:.0f}, declined "
+                  f"{lane[1]:.0f}, held {lane[2]:.0f}; its memo of prepare found {lane[3]:.0f} bodies parsed already")
         print(f"{'':<19} server CPU per request, event loop / all threads: floor {_pair(r.floor_cpu_ms, 3)} ms, "
               f"burst to the last 429 {_pair(r.refusal_cpu_ms, 3)} ms (to the first retry "
               f"{_pair(r.burst_cpu_ms, 3)} ms); the loop alone, run one after another, needs "
