@@ -410,3 +410,45 @@ def test_the_lanes_statistics_are_exported_each_from_its_own_field(pinned: Any) 
     assert steps == {"calculet_front_lane_refused": 3, "calculet_front_lane_declined": 1,
                      "calculet_front_lane_held": 0, "calculet_front_lane_memo_hits": 2}
     assert after["calculet_front_lane_memo_entries"] == len(app.refusal_lane.memo) > 0
+
+
+def test_a_drain_forwards_no_more_than_may_be_on_their_way(served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Held requests past their last round, no snapshot, nothing on its way: one drain forwards HOLD_IN_FLIGHT of
+    them and holds the rest (each forward is on its way), not all at once. Mutant caught: ``busy`` read once per
+    drain (all six forwarded)."""
+    import time as clock
+
+    from calculet.runtime.engine.admission_snapshot import HOLD_IN_FLIGHT
+    from calculet.server.inference import lane_sent
+
+    service, app = served
+    lane, early = app.refusal_lane, service.early_admission
+    monkeypatch.setattr(type(service.engine), "admission_snapshot", property(lambda engine: None))
+    monkeypatch.setattr(early, "in_flight", HOLD_IN_FLIGHT)  # held at arrival
+    body = json.dumps(NEVER).encode()
+    edge = _Edge()
+
+    async def answer() -> None:
+        early.in_flight += 1
+        early.answered()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    async def run() -> None:
+        cycles = [_Cycle(name) for name in "abcdef"]
+        for cycle in cycles:
+            lane.hold(edge, cycle, None, body, clock.perf_counter())
+        for _ in range(2):
+            await answer()
+        assert edge.done == []
+        early.in_flight = 0  # the engine answered everything on its way; the next answer ends the last round
+        await answer()
+        assert edge.done == [("app", name) for name in "abcdef"[:HOLD_IN_FLIGHT]]
+        assert early.unsent == HOLD_IN_FLIGHT
+        for cycle in cycles:
+            lane_sent(service, cycle.scope["state"])
+            cycle.disconnected = True  # the held ones leave the lane's queue at its next drain
+        await answer()
+        assert [name for _, name in edge.done] == list("abcdef") and not lane._queue
+
+    asyncio.run(run())
