@@ -326,6 +326,14 @@ class _Edge:
         self.done.append(("app", cycle.name))
 
 
+async def _engine_answers(early: EarlyAdmission) -> None:
+    """The engine answers one more request (``in_flight`` unchanged): every held wait ends, its drain runs."""
+    early.in_flight += 1
+    early.answered()
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+
+
 class _Cycle:
     def __init__(self, name: str) -> None:
         self.name = name
@@ -347,28 +355,22 @@ def test_held_requests_are_decided_in_order_at_the_engines_answers_and_at_their_
     body = json.dumps(NEVER).encode()
     edge = _Edge()
 
-    async def answer() -> None:  # the engine answers one more request: every held wait ends
-        early.in_flight += 1
-        early.answered()
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
-
     async def run() -> None:
         cycles = [_Cycle(name) for name in "abc"]
         for cycle in cycles:
             assert lane.decide(cycle.scope, body, default_headers=[], keep_alive=True, started=0.0, hold=True) == "hold"
             lane.hold(edge, cycle, None, body, 0.0)
         cycles[1].disconnected = True  # b's client goes while held
-        await answer()
+        await _engine_answers(early)
         assert edge.done == []  # still no snapshot: all held
         shown[0] = refusing
-        await answer()
+        await _engine_answers(early)
         assert edge.done == [("answer", "a"), ("app", "b"), ("answer", "c")]  # in order; b is the app's
         shown[0] = None
         late = _Cycle("d")
         lane.hold(edge, late, None, body, 0.0)
         for _ in range(3):
-            await answer()
+            await _engine_answers(early)
         assert edge.done[-1] == ("app", "d")  # its last round: decided whatever the snapshot (forwarded)
         assert late.scope["state"]["early_decided"]
         lane_sent(service, late.scope["state"])
@@ -428,27 +430,21 @@ def test_a_drain_forwards_no_more_than_may_be_on_their_way(served: Any, monkeypa
     body = json.dumps(NEVER).encode()
     edge = _Edge()
 
-    async def answer() -> None:
-        early.in_flight += 1
-        early.answered()
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
-
     async def run() -> None:
         cycles = [_Cycle(name) for name in "abcdef"]
         for cycle in cycles:
             lane.hold(edge, cycle, None, body, clock.perf_counter())
         for _ in range(2):
-            await answer()
+            await _engine_answers(early)
         assert edge.done == []
         early.in_flight = 0  # the engine answered everything on its way; the next answer ends the last round
-        await answer()
+        await _engine_answers(early)
         assert edge.done == [("app", name) for name in "abcdef"[:HOLD_IN_FLIGHT]]
         assert early.unsent == HOLD_IN_FLIGHT
         for cycle in cycles:
             lane_sent(service, cycle.scope["state"])
             cycle.disconnected = True  # the held ones leave the lane's queue at its next drain
-        await answer()
+        await _engine_answers(early)
         assert [name for _, name in edge.done] == list("abcdef") and not lane._queue
 
     asyncio.run(run())
