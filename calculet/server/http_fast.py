@@ -216,7 +216,7 @@ class FastEdgeProtocol(EdgeGuard, HttpToolsProtocol):
                              keep_alive=cycle.keep_alive, started=started, hold=True)
         if answer is None:
             super()._start_asgi_task(cycle, app)
-        elif not isinstance(answer, bytes):  # the lane's HOLD: decided after the engine's next answer
+        elif not isinstance(answer, bytes):  # the lane's HELD: decided after the engine's next answer
             lane.hold(self, cycle, app, body, started)
         else:
             self.write_answer(cycle, answer)

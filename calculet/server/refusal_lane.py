@@ -26,9 +26,10 @@ on to the ASGI app unchanged (its task started as uvicorn would, the body alread
 3. the context and the service's state (400 ``context_length_exceeded``, 503 shutting down) decline as well;
 4. the snapshot: :meth:`EarlyAdmission.decide`, the same call the full path makes
    (:func:`~calculet.server.inference._refuse_early`); with no snapshot while requests are on their way to the
-   actor, the protocol holds the request as the full path does (:data:`HOLD`) and asks again. A request it
-   forwards is marked (``early_decided``), so the full path does not decide (and count) it twice, and carries its
-   prepared generation (``prepared``), so it is not parsed twice.
+   actor, the protocol holds the request as the full path does
+   (:data:`~calculet.runtime.engine.admission_snapshot.HELD`) and asks again. A request it forwards is marked
+   (``early_decided``), so the full path does not decide (and count) it twice, and carries its prepared
+   generation (``prepared``), so it is not parsed twice.
 
 One difference of timing the lane must make up for: the protocol decides every request of a socket read (a burst's
 first read holds dozens) before any ASGI task runs, where the full path decided each in its own task, after the
@@ -69,9 +70,6 @@ log = logging.getLogger("calculet.server")
 
 CLIENT_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 """A client's ``X-Request-Id`` kept as a correlation field (:class:`~calculet.server.app.RequestContext`'s rule)."""
-
-HOLD = "hold"
-""":meth:`RefusalLane.decide`'s answer for a request that should wait for the engine's next answer first."""
 
 _STATUS_LINE = b"HTTP/1.1 429 " + HTTPStatus(429).phrase.encode() + b"\r\n"
 """uvicorn's status line for 429 (``HTTP/1.1 <code> <phrase>``)."""
@@ -152,10 +150,11 @@ class RefusalLane:
         return scope["method"] == "POST" and scope["path"] in self.routes
 
     def hold(self, edge: Any, cycle: Any, app: Any, body: bytes, started: float) -> None:
-        """Hold a request :meth:`decide` answered :data:`HOLD` until the engine's next answer (or the hold's timer),
-        at most :data:`~calculet.server.inference.HOLD_ROUNDS` waits, as the full path holds
-        (:func:`~calculet.server.inference._refuse_early`); then it is decided whatever the snapshot — unless the
-        engine has :data:`HOLD_IN_FLIGHT` requests on their way, up to :data:`HOLD_CAP_S` after its arrival.
+        """Hold a request :meth:`decide` answered :data:`~calculet.runtime.engine.admission_snapshot.HELD`
+        until the engine's next answer (or the hold's timer), at most :data:`~calculet.server.inference.HOLD_ROUNDS`
+        waits, as the full path holds (:func:`~calculet.server.inference._refuse_early`); then it is decided whatever
+        the snapshot — unless the engine has :data:`HOLD_IN_FLIGHT` requests on their way, up to :data:`HOLD_CAP_S`
+        after its arrival.
 
         Why a queue and not a task per request: at a burst's start most of its requests are held, and each wait
         ends for all of them at once; a task and a wake-up each, per round, cost the loop more than the refusal
@@ -193,7 +192,7 @@ class RefusalLane:
                     hold = self._round < item.last_round or (busy and now - item.started < HOLD_CAP_S)
                     answer = self.decide(item.cycle.scope, item.body, default_headers=item.edge.default_headers(),
                                          keep_alive=item.cycle.keep_alive, started=item.started, hold=hold)
-                    if answer is HOLD:
+                    if answer is HELD:
                         break
             except Exception:  # noqa: BLE001 - never in the loop's callback: the app answers it
                 answer = None
@@ -206,14 +205,15 @@ class RefusalLane:
 
     def decide(self, scope: dict[str, Any], body: bytes, *, default_headers: list[tuple[bytes, bytes]],
                keep_alive: bool, started: float, hold: bool) -> bytes | str | None:
-        """The whole 429 response to write, :data:`HOLD` (``hold`` allowed and the request should wait for the
-        engine's next answer), or None: the ASGI app answers (``scope``'s state then says what was decided).
+        """The whole 429 response to write, :data:`~calculet.runtime.engine.admission_snapshot.HELD` (``hold``
+        allowed and the request should wait for the engine's next answer), or None: the ASGI app answers (``scope``'s
+        state then says what was decided).
         ``started``: ``time.perf_counter()`` when the request reached the lane (its log line's duration)."""
         try:
             decided = self._decide(scope, body, hold)
         except Exception:  # noqa: BLE001 - the full path meets it again and answers it (a 500 with its log line)
             decided = None
-        if decided is None or decided is HOLD:
+        if decided is None or decided is HELD:
             self._declined += decided is None
             return decided
         refusal, gen, tenant = decided
@@ -248,11 +248,11 @@ class RefusalLane:
         early = service.early_admission
         hold = hold and service.config.batch.deadline_order == "on_time"  # no snapshot ever comes under another
         if hold and early.should_hold(engine.admission_snapshot):
-            return HOLD
+            return HELD
         refusal = early.decide(lambda: engine.admission_snapshot, prompt_tokens=n, max_new_tokens=gen.max_tokens,
                                tenant=tenant, now=engine.clock.now(), hold=hold)
         if refusal is HELD:
-            return HOLD
+            return HELD
         if refusal is None:
             state["early_decided"] = True  # forwarded, and counted: the full path does not decide it again
             state["unsent"] = True  # on its way to the engine: ended by the full path's submit, or its request's end
@@ -322,4 +322,4 @@ class RefusalLane:
         return RefusalLaneStatistics(self._refused, self._declined, self._held, self.memo.hits, len(self.memo))
 
 
-__all__ = ["CLIENT_ID", "HOLD", "HOLD_CAP_S", "MEMO_ENTRIES", "PreparedMemo", "RefusalLane", "RefusalLaneStatistics"]
+__all__ = ["CLIENT_ID", "HOLD_CAP_S", "MEMO_ENTRIES", "PreparedMemo", "RefusalLane", "RefusalLaneStatistics"]

@@ -82,13 +82,7 @@ def tenant_heads(tenants: dict[str, TenantQueue], names: Iterable[str]) -> list[
     for tenant in tuple(names):
         queue = tenants[tenant]
         queue.taken = 0  # its lanes in this batch since it (re)joined the merge
-        if queue.heap:
-            head = queue.head()
-        else:  # TenantQueue.head inlined for a queue whose entries all arrived in order
-            fifo = queue.fifo
-            while fifo and fifo[0][4] is None:
-                fifo.popleft()
-            head = fifo[0] if fifo else None
+        head = queue.head()  # once per tenant with work and tick: not worth a second inlined copy
         if head is not None:
             heads.append(head)
         else:  # the index holds tenants with work only: a tick costs O(tenants with work)

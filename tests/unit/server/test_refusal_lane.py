@@ -358,7 +358,7 @@ def test_held_requests_are_decided_in_order_at_the_engines_answers_and_at_their_
     async def run() -> None:
         cycles = [_Cycle(name) for name in "abc"]
         for cycle in cycles:
-            assert lane.decide(cycle.scope, body, default_headers=[], keep_alive=True, started=0.0, hold=True) == "hold"
+            assert lane.decide(cycle.scope, body, default_headers=[], keep_alive=True, started=0.0, hold=True) is HELD
             lane.hold(edge, cycle, None, body, 0.0)
         cycles[1].disconnected = True  # b's client goes while held
         await _engine_answers(early)
