@@ -10,6 +10,7 @@ counter anomaly delivers no token at all.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from calculet.adapters.calrt import Anomaly, JobResult, ReturnCode
 from calculet.runtime.execution.inflight import InflightJob
@@ -91,11 +92,11 @@ class CompletionDispatcher:
         if not job_ok:
             self._failed += 1
         seq_ids = job.spec.seq_ids  # type: ignore[union-attr]
-        active = batch.active
-        # the lane a result names is matched to its binding by the sequence bound there; with one binding (every
-        # B1 job, once per token, issue #20) that is one comparison, with more a table
-        only, only_seq = (active[0], int(seq_ids[active[0].lane])) if len(active) == 1 else (None, None)
-        by_seq = {int(seq_ids[b.lane]): b for b in active} if only is None else None
+        # the lane a result names is matched to its binding by the sequence bound there; a loop, not a dict
+        # comprehension, which is a function call of its own on Python 3.11 (once per token at B1, issue #20)
+        by_seq: dict[int, Any] = {}
+        for b in batch.active:
+            by_seq[int(seq_ids[b.lane])] = b
         usable = job_ok or self.lane_isolation
         generation = result.generation
         sample_lane = self.sampler.sample
@@ -103,7 +104,7 @@ class CompletionDispatcher:
         for lane in result.lanes:
             if not lane.valid:
                 continue
-            binding = by_seq.get(lane.seq_id) if by_seq is not None else only if lane.seq_id == only_seq else None
+            binding = by_seq.get(lane.seq_id)
             if binding is None:
                 self._unmatched += 1
                 lanes.append(LaneOutcome(lane.lane, 0, 0, generation, False, None))

@@ -1,10 +1,9 @@
 """CompletionDispatcher.decode matches each result lane to the request bound there by its sequence (§7.4).
 
-With one binding (every B1 job: issue #20 matches it with one comparison instead of a table) and with several,
-a lane whose sequence is the bound one is sampled for that request; a lane naming any other sequence is
-unmatched — counted, never delivered to anyone. Mutants: the B1 match without its comparison (any lane taken as
-the bound one) delivers the unmatched lane's token; a table keyed by lane instead of sequence mismatches the
-swapped B2 batch.
+With one binding (every B1 job) and with several, a lane whose sequence is the bound one is sampled for that
+request; a lane naming any other sequence is unmatched — counted, never delivered to anyone. Mutants: a match
+without the sequence's comparison (the only binding taken for any lane) delivers the unmatched lane's token; a
+table keyed by lane instead of sequence mismatches the swapped B2 batch.
 """
 
 from __future__ import annotations
