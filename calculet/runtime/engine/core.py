@@ -309,16 +309,29 @@ class EngineCore:
 
     # ------------------------------------------------------------------ the tick
 
-    def tick(self) -> int:
-        """One turn: dispatch what is due, then schedule; the jobs submitted. One host-time sample per turn (#20);
-        with every event checked (tests) the joint checks also run between the two, as when called apart."""
+    def turn(self) -> bool:
+        """One turn of the real-time actor: dispatch what is due, schedule, then, if a job was submitted, apply the
+        results the device already has (a device that completes a job at its submit instant — the null device —
+        has them now) rather than through the completion thread: one thread hop per step fewer (issue #20).
+        True when results were applied, so the caller turns again before it sleeps.
+
+        One host-time sample and one accounting per turn, the results' application included (#20: it was a second
+        sample of its own); with every event checked (tests) the joint checks still run between the three parts,
+        as when called apart."""
         start = time.perf_counter()
         self._dispatch()
-        self._joint.after_call()
-        submitted = self._schedule(start)
-        self._joint.after_tick()
+        joint = self._joint
+        joint.after_call()
+        applied = False
+        if self._schedule(start):
+            results = self.executor.collect()
+            if results:
+                joint.after_call()
+                self._apply_results(results)
+                applied = True
+        joint.after_tick()
         self._account(start)
-        return submitted
+        return applied
 
     def end_tick(self) -> None:
         """The end of a tick: the sampled joint checks (:class:`_TickChecks`)."""

@@ -84,7 +84,9 @@ class JobPath:
             return None
         scheduler.submitted(work.job_id)
         self.models.on_job_submitted(work.generation)
-        executor.degrade.accepted()
+        degrade = executor.degrade
+        if degrade.streak:  # a run of DeviceBusy/timeouts stands: this accepted job breaks it
+            degrade.accepted()
         if self.trace is not None:
             stage = "prefill_scheduler" if prefill else "decode_scheduler"
             for rid in self._request_ids(work):

@@ -234,6 +234,7 @@ class ThreadedEngine:
         ready = False
         coalesce = core.options.wake_coalesce_s
         held_since: float | None = None
+        turn = core.turn  # bound once: one call per turn, no lambda frame around it (issue #20)
         hold_wakeups()  # stream wake-ups are handed to the consumer loops below, once per loop (issue #20)
         try:
             while True:
@@ -249,7 +250,7 @@ class ThreadedEngine:
                     flush_wakeups()  # before sleeping, or when the oldest has waited long enough
                     held_since = None
                 mailbox.run_until(timeout)
-                ready = self._stepped(lambda: _turn(core))
+                ready = self._stepped(turn)
                 if held_since is None and held_wakeups():
                     held_since = clock.now()
                 deadline = self._stop_deadline
@@ -321,19 +322,6 @@ class ThreadedEngine:
             self._stepped(lambda: _apply_results(self._core, results))
         finally:
             self._results_applied += 1
-
-
-def _turn(core: EngineCore) -> bool:
-    """(actor) One tick; then, if it submitted work, the results the device already has (a device that
-    completes a job at its submit instant — the null device — has them now) are applied at once rather
-    than through the completion thread: one thread hop per step fewer (issue #20). True when results
-    were applied, so the caller ticks again before it sleeps."""
-    if not core.tick():
-        return False
-    results = core.executor.collect()
-    if results:
-        core.on_results(results)
-    return bool(results)
 
 
 def _apply_results(core: EngineCore, results: Any) -> None:

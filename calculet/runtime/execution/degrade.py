@@ -55,16 +55,17 @@ class DegradeMonitor:
         self.configured = configured_inflight
         self.min_samples = min_samples
         self._degraded = False
+        self.effective_inflight = configured_inflight
+        """How many jobs may be in flight: ``configured``, or 1 once degraded. A plain attribute, set where the
+        degrade happens: the engine reads it before every step (issue #20: a property is a call per token)."""
         self._reason = ""
         self._triggers: Counter[str] = Counter()
-        self._streak = 0
+        self.streak = 0
+        """DeviceBusy refusals and Wait timeouts since the device last accepted a job (read it before calling
+        :meth:`accepted`, which the engine does only when it is not 0: issue #20, a call per token fewer)."""
         self._solo: deque[float] = deque(maxlen=window)
         self._pp: deque[float] = deque(maxlen=window)
         self._since_check = 0
-
-    @property
-    def effective_inflight(self) -> int:
-        return 1 if self._degraded else self.configured
 
     @property
     def degraded(self) -> bool:
@@ -76,19 +77,20 @@ class DegradeMonitor:
         if self._degraded or self.configured == 1:
             return False
         self._degraded = True
+        self.effective_inflight = 1
         self._reason = f"{reason.value}: {detail}"
         log.warning("ping/pong degraded to one job in flight", extra={"reason": reason.value, "detail": detail})
         return True
 
     def busy_or_timeout(self, detail: str) -> bool:
-        self._streak += 1
-        if self._streak >= self.config.consecutive_busy_or_timeout:
-            return self.trigger(DegradeReason.BUSY_OR_TIMEOUT, f"{self._streak} in a row; last {detail}")
+        self.streak += 1
+        if self.streak >= self.config.consecutive_busy_or_timeout:
+            return self.trigger(DegradeReason.BUSY_OR_TIMEOUT, f"{self.streak} in a row; last {detail}")
         return False
 
     def accepted(self) -> None:
         """The device accepted a job: the run of DeviceBusy/timeouts is broken."""
-        self._streak = 0
+        self.streak = 0
 
     def latency(self, seconds: float, *, overlapped: bool) -> bool:
         """One inter-token latency sample, taken while one job (solo) or two (ping/pong) ran."""
@@ -112,5 +114,5 @@ class DegradeMonitor:
 
     def statistics(self) -> DegradeStatistics:
         return DegradeStatistics(self.configured, self.effective_inflight, self._degraded, self._reason,
-                                 dict(self._triggers), self._streak, len(self._solo), len(self._pp),
+                                 dict(self._triggers), self.streak, len(self._solo), len(self._pp),
                                  self._p99(self._solo), self._p99(self._pp))
