@@ -117,8 +117,7 @@ class DecodeJob:
     @classmethod
     def owning(cls, generation: int, calbin_id: int, compiled_batch: int, engine: JobEngine, buffers: JobBuffers,
                seq_ids: tuple[int, ...], token_ids: np.ndarray, positions: np.ndarray,
-               lane_valid: np.ndarray, plain: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]] | None = None
-               ) -> DecodeJob:
+               lane_valid: np.ndarray) -> DecodeJob:
         """The job, taking ownership of arrays the caller built for it: they are made read-only, not copied.
 
         For a caller that built ``token_ids``, ``positions`` and ``lane_valid`` for this job (each owning
@@ -126,23 +125,14 @@ class DecodeJob:
         whose arrays are made fresh per batch. ``seq_ids`` must already be a tuple of ints. The lengths
         are checked as the constructor checks them (R7.1.2); what the constructor adds is the defensive
         copy and the conversions, three numpy copies and their flags per job (issue #20: ~24 calls,
-        5 % of the actor's work per B1 token). The device's own submit checks are the same either way.
-
-        ``plain``, when given, is the three arrays' values as tuples of Python ints, which the caller built them
-        from (the scheduler's batch carries them): the job's :attr:`lanes` are made from it instead of converting
-        the arrays back, three ``tolist`` calls per decode step fewer (issue #20). Their lengths are checked as
-        the arrays' are; that they hold the arrays' values is the caller's promise, as the hand-over is.
+        5 % of the actor's work per B1 token). The device's own submit checks are the same either way. A caller
+        that has the lanes as Python ints already builds the job with :meth:`of_lanes` instead.
         """
-        if plain is None:
-            tokens, positions_, valid = token_ids.tolist(), positions.tolist(), lane_valid.tolist()
-        else:
-            tokens, positions_, valid = plain
+        tokens, positions_, valid = token_ids.tolist(), positions.tolist(), lane_valid.tolist()
         # the shapes are attributes (no call): three len() calls fewer per job than comparing the lists (issue #20)
         if not (token_ids.shape == positions.shape == lane_valid.shape == (compiled_batch,)
                 and len(seq_ids) == compiled_batch):
-            _check_lengths(compiled_batch, seq_ids, token_ids.tolist(), positions.tolist(), lane_valid.tolist())
-        if plain is not None and not len(tokens) == len(positions_) == len(valid) == compiled_batch:
-            _check_lengths(compiled_batch, seq_ids, list(tokens), list(positions_), list(valid))
+            _check_lengths(compiled_batch, seq_ids, tokens, positions_, valid)
         token_ids.setflags(write=False)  # setflags, not ``flags.writeable =``: that builds a flags object, ~1 us each
         positions.setflags(write=False)
         lane_valid.setflags(write=False)
@@ -158,17 +148,64 @@ class DecodeJob:
         d["positions"] = positions
         d["lane_valid"] = lane_valid
         d["kind"] = JobKind.DECODE
-        if plain is None:
-            tokens, positions_, valid = tuple(tokens), tuple(positions_), tuple(valid)
+        tokens, positions_, valid = tuple(tokens), tuple(positions_), tuple(valid)
         active = _ACTIVE.get(valid)
         if active is None:
             active = _active_lanes(valid)
         d["lanes"] = _new_tuple(DecodeLanes, (tokens, positions_, valid, seq_ids, active))
         return job
 
+    @classmethod
+    def of_lanes(cls, generation: int, calbin_id: int, compiled_batch: int, engine: JobEngine, buffers: JobBuffers,
+                 seq_ids: tuple[int, ...], tokens: tuple[int, ...], positions: tuple[int, ...],
+                 valid: tuple[int, ...]) -> DecodeJob:
+        """The job from its lanes as tuples of Python ints, which it keeps as its :attr:`lanes`; the host tensors
+        ``token_ids``, ``positions`` and ``lane_valid`` are built from them when first read (:meth:`__getattr__`).
+
+        Why: every reader on the way to a device that needs no tensors — the device's submit checks, its DMA
+        payload, the null device's commit, the host's result checks — reads the plain lanes; the three read-only
+        arrays per decode step (their building, their flags, their shapes compared) were made for nobody there
+        (issue #20). A device that computes reads them and gets the same arrays :meth:`owning` would hold, built
+        from the same values, so the two can never disagree. The lengths are checked as the constructor checks
+        them (R7.1.2)."""
+        if not len(tokens) == len(positions) == len(valid) == len(seq_ids) == compiled_batch:
+            _check_lengths(compiled_batch, seq_ids, list(tokens), list(positions), list(valid))
+        job = _new_object(cls)
+        d = job.__dict__
+        d["generation"] = generation
+        d["calbin_id"] = calbin_id
+        d["compiled_batch"] = compiled_batch
+        d["engine"] = engine
+        d["buffers"] = buffers
+        d["seq_ids"] = seq_ids
+        d["kind"] = JobKind.DECODE
+        active = _ACTIVE.get(valid)
+        if active is None:
+            active = _active_lanes(valid)
+        d["lanes"] = _new_tuple(DecodeLanes, (tokens, positions, valid, seq_ids, active))
+        return job
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        """A host tensor of a job built by :meth:`of_lanes`, made from its lanes at its first read and kept
+        (read-only, of the dtypes the scheduler's batch uses); any other missing attribute is an AttributeError."""
+        column = _TENSORS.get(name)
+        lanes = self.__dict__.get("lanes")
+        if column is None or lanes is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        arr = np.array(lanes[column[0]], dtype=column[1])
+        arr.setflags(write=False)
+        self.__dict__[name] = arr
+        return arr
+
     @property
     def active_lanes(self) -> tuple[int, ...]:
         return self.lanes.active
+
+
+_TENSORS: dict[str, tuple[int, type]] = {"token_ids": (0, np.int32), "positions": (1, np.int32),
+                                         "lane_valid": (2, np.uint8)}
+"""The host tensors :meth:`DecodeJob.of_lanes` builds on first read: each one's column of :class:`DecodeLanes`
+and dtype (the scheduler's ``DecodeBatch``'s: int32 tokens and positions, uint8 valid bits)."""
 
 
 _new_object = object.__new__

@@ -149,32 +149,41 @@ def test_an_owning_decode_job_is_the_constructors_job_without_the_copies() -> No
     assert repr(owned).startswith("DecodeJob(generation=2, calbin_id=4, compiled_batch=4")
 
 
-def test_an_owning_decode_job_given_its_plain_lanes_is_the_same_job() -> None:
-    """Issue #20: with ``plain`` (the scheduler's batch carries the ints its arrays were built from) the job's lanes
-    are made from those tuples, not converted back from the arrays — the same lanes, each in its own field
-    (mutants: a field taken from the wrong tuple, or the tuples ignored for a stale conversion, differ here)."""
-    seqs, tokens, positions, valid = (11, 0, 12, 0), [5, -1, 7, -1], [3, 0, 9, 0], [1, 0, 1, 0]
+def test_a_decode_job_of_its_lanes_is_the_constructors_job_with_its_tensors_built_when_read() -> None:
+    """Issue #20: ``of_lanes`` keeps the ints the scheduler's batch was built from as the job's lanes and builds the
+    host tensors only when one is read — the constructor's values, in the batch's dtypes, read-only, built once.
+    Mutants caught: a tensor made from the wrong column, a lanes field taken from the wrong tuple, a writable or
+    rebuilt tensor, a wrong dtype, an unknown attribute answered instead of refused."""
+    seqs, tokens, positions, valid = (11, 0, 12, 0), (5, -1, 7, -1), (3, 0, 9, 0), (1, 0, 1, 0)
     built = DecodeJob(generation=2, calbin_id=4, compiled_batch=4, engine=JobEngine.PONG, buffers=_buffers(4),
                       seq_ids=seqs, token_ids=np.array(tokens), positions=np.array(positions),
                       lane_valid=np.array(valid))
-    plain = (tuple(tokens), tuple(positions), tuple(valid))
-    handed = _arrays(tokens, positions, valid)
-    owned = DecodeJob.owning(2, 4, 4, JobEngine.PONG, _buffers(4), seqs, *handed, plain)
-    assert owned.lanes == built.lanes and owned.active_lanes == (0, 2)
-    assert owned.lanes.tokens is plain[0] and owned.lanes.positions is plain[1] and owned.lanes.valid is plain[2]
-    assert all(not arr.flags.writeable for arr in handed)  # handed over all the same
+    job = DecodeJob.of_lanes(2, 4, 4, JobEngine.PONG, _buffers(4), seqs, tokens, positions, valid)
+    assert job.lanes == built.lanes and job.active_lanes == (0, 2) and job.kind is JobKind.DECODE
+    assert job.lanes.tokens is tokens and job.lanes.positions is positions and job.lanes.valid is valid
+    for name in ("generation", "calbin_id", "compiled_batch", "engine", "buffers", "seq_ids"):
+        assert getattr(job, name) == getattr(built, name), name
+    assert "token_ids" not in job.__dict__  # nothing built until read
+    for name, dtype in (("token_ids", np.int32), ("positions", np.int32), ("lane_valid", np.uint8)):
+        arr = getattr(job, name)
+        assert arr.dtype == dtype and np.array_equal(arr, getattr(built, name)), name
+        assert getattr(job, name) is arr, "built once"
+        with pytest.raises(ValueError):
+            arr[0] = 1  # read-only, so it can never disagree with ``lanes``
+    with pytest.raises(AttributeError, match="no attribute 'tokens'"):
+        job.tokens  # noqa: B018 - the lookup is the test
+    assert repr(job).startswith("DecodeJob(generation=2, calbin_id=4, compiled_batch=4")
 
 
 @pytest.mark.req("R7.1.2")
-@pytest.mark.parametrize("short", [0, 1, 2])
-def test_an_owning_decode_jobs_plain_lanes_are_checked_for_length(short: int) -> None:
-    """A ``plain`` tuple one lane short is refused as a short array is (R7.1.2), naming the field."""
-    plain = [(5, 5, 5), (0, 0, 0), (1, 0, 0)]
-    plain[short] = plain[short][:2]
-    name = ("token_ids", "positions", "lane_valid")[short]
+@pytest.mark.parametrize("short", [0, 1, 2, 3])
+def test_a_decode_job_of_its_lanes_is_checked_for_length(short: int) -> None:
+    """A lane tuple one short is refused as the constructor refuses a short array (R7.1.2), naming the field."""
+    lanes = [(1, 0, 0), (5, 5, 5), (0, 0, 0), (1, 0, 0)]
+    lanes[short] = lanes[short][:2]
+    name = ("seq_ids", "token_ids", "positions", "lane_valid")[short]
     with pytest.raises(DefinitionError, match=f"DecodeJob.{name} has 2 entries; compiled_batch is 3"):
-        DecodeJob.owning(1, 1, 3, JobEngine.PING, _buffers(3), (1, 0, 0), *_arrays([5, 5, 5], [0, 0, 0], [1, 0, 0]),
-                         (plain[0], plain[1], plain[2]))
+        DecodeJob.of_lanes(1, 1, 3, JobEngine.PING, _buffers(3), *lanes)
 
 
 @pytest.mark.req("R7.1.2")
