@@ -222,7 +222,38 @@ class RefusalLane:
     def _decide(self, scope: dict[str, Any], body: bytes, hold: bool) -> Any:
         service = self.service
         state = scope["state"]
-        if "protocol_error" in state or not body or len(body) > INLINE_BODY \
+        screened = state.get("screened")
+        if screened is None:
+            screened = self._screen(service, scope, body)
+            if screened is None:
+                return None
+            state["screened"] = screened
+        tenant, gen = screened
+        engine = service.engine
+        early = service.early_admission
+        hold = hold and service.config.batch.deadline_order == "on_time"  # no snapshot ever comes under another
+        if hold and early.should_hold(engine.admission_snapshot):
+            return HELD
+        refusal = early.decide(lambda: engine.admission_snapshot, prompt_tokens=len(gen.prompt),
+                               max_new_tokens=gen.max_tokens, tenant=tenant, now=engine.clock.now(), hold=hold)
+        if refusal is HELD:
+            return HELD
+        if refusal is None:
+            state["early_decided"] = True  # forwarded, and counted: the full path does not decide it again
+            state["unsent"] = True  # on its way to the engine: ended by the full path's submit, or its request's end
+            early.unsent += 1
+            return None
+        return refusal, gen, tenant
+
+    def _screen(self, service: Any, scope: dict[str, Any], body: bytes) -> tuple[str, ApiGeneration] | None:
+        """The request's tenant and prepared generation, or None when the full path must answer it (steps 1-3 of
+        the module). Kept in the scope's ``state`` (``screened``) by :meth:`_decide`: a held request is screened
+        once, at its arrival, as the full path prepares and checks it once before it holds
+        (:func:`~calculet.server.inference._generate`); its re-decisions ask the snapshot only. Why: with a body
+        per client the memo (:data:`MEMO_ENTRIES`) is smaller than a burst's held queue, so every held request was
+        parsed and tokenised again at its drain (``bench/loop_profile.py --distinct``: ``prepare`` ran 596 times
+        for 300 requests)."""
+        if "protocol_error" in scope["state"] or not body or len(body) > INLINE_BODY \
                 or len(body) > service.config.server.max_body_bytes:
             return None
         authorization = None
@@ -238,27 +269,11 @@ class RefusalLane:
         gen = self._prepared(service, path, body)
         if gen is None:
             return None
-        state["prepared"] = (body, gen)
-        n = len(gen.prompt)
-        if n + gen.max_tokens > service.info.max_seq or not service.accepting:
+        scope["state"]["prepared"] = (body, gen)
+        if len(gen.prompt) + gen.max_tokens > service.info.max_seq or not service.accepting \
+                or not hasattr(type(service.engine), "admission_snapshot"):
             return None
-        engine = service.engine
-        if not hasattr(type(engine), "admission_snapshot"):
-            return None
-        early = service.early_admission
-        hold = hold and service.config.batch.deadline_order == "on_time"  # no snapshot ever comes under another
-        if hold and early.should_hold(engine.admission_snapshot):
-            return HELD
-        refusal = early.decide(lambda: engine.admission_snapshot, prompt_tokens=n, max_new_tokens=gen.max_tokens,
-                               tenant=tenant, now=engine.clock.now(), hold=hold)
-        if refusal is HELD:
-            return HELD
-        if refusal is None:
-            state["early_decided"] = True  # forwarded, and counted: the full path does not decide it again
-            state["unsent"] = True  # on its way to the engine: ended by the full path's submit, or its request's end
-            early.unsent += 1
-            return None
-        return refusal, gen, tenant
+        return tenant, gen
 
     def _prepared(self, service: Any, path: str, body: bytes) -> ApiGeneration | None:
         """The route's prepared generation of ``body``, or None when the full path must answer it (``prepare`` refused

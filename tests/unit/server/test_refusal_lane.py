@@ -448,3 +448,45 @@ def test_a_drain_forwards_no_more_than_may_be_on_their_way(served: Any, monkeypa
         assert [name for _, name in edge.done] == list("abcdef") and not lane._queue
 
     asyncio.run(run())
+
+
+def test_a_held_request_is_screened_once_and_decided_again_from_the_snapshot_only(
+        served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A held request's re-decision asks the snapshot only: its tenant and prepared body are the ones found at its
+    arrival, as the full path prepares once and then holds. Its body is gone from the memo (as a burst of distinct
+    bodies longer than the memo evicts it), so a re-screen would parse it again. Mutant caught: ``screened`` not
+    kept in the state (``prepare`` runs at the drain too: 2 calls)."""
+    from calculet.server import refusal_lane
+    from calculet.server.refusal_lane import PreparedMemo
+
+    service, app = served
+    lane, early = app.refusal_lane, service.early_admission
+    now = service.engine.clock.now()
+    refusing = AdmissionSnapshot(9, now, math.inf, (now + 3600.0,), 0.0, DeviceModel(decode_step_s=STEP_S),
+                                 DEADLINE_S, 10**6, {})
+    shown: list[Any] = [None]
+    monkeypatch.setattr(type(service.engine), "admission_snapshot", property(lambda engine: shown[0]))
+    monkeypatch.setattr(early, "in_flight", 4)  # no snapshot, four on their way: hold
+    monkeypatch.setattr(lane, "memo", PreparedMemo(entries=1))
+    prepare, kind = refusal_lane.GENERATION_ROUTES["/v1/completions"]
+    calls: list[bytes] = []
+
+    def counted(served_by: Any, raw: bytes) -> Any:
+        calls.append(raw)
+        return prepare(served_by, raw)
+
+    monkeypatch.setitem(refusal_lane.GENERATION_ROUTES, "/v1/completions", (counted, kind))
+    body = json.dumps({**NEVER, "prompt": "screened once"}).encode()
+    edge = _Edge()
+
+    async def run() -> None:
+        cycle = _Cycle("a")
+        assert lane.decide(cycle.scope, body, default_headers=[], keep_alive=True, started=0.0, hold=True) is HELD
+        lane.hold(edge, cycle, None, body, 0.0)
+        lane.memo.put("/v1/completions", b"another body", lane.memo.get("/v1/completions", body))  # evicts it
+        shown[0] = refusing
+        await _engine_answers(early)
+        assert edge.done == [("answer", "a")]
+
+    asyncio.run(run())
+    assert calls == [body]
