@@ -54,6 +54,9 @@ def _count(sys, j):
 
 _REQ = RequestMachine.definition
 _UNPINNED = frozenset({"new", "waiting_model"})  # RequestMachine.pinned_exactly_after_bind: generation == 0
+PINNING_EVENTS = ("bind", "admit_now")
+"""The request events that pin a request to the Ready generation, which counts it (``acquire``): the coupling
+below and the runtime's counter (``ModelManager.on_request_transition``) read them here."""
 
 
 def _request_steps() -> list[Coupled]:
@@ -63,7 +66,7 @@ def _request_steps() -> list[Coupled]:
     terminal = _REQ.group("terminal")
     for t in _REQ.transitions:
         args = dict(_REQ.events[t.event].args)  # the event's own arguments, passed through as step arguments
-        if t.event in ("bind", "admit_now"):  # both pin the request to the Ready generation
+        if t.event in PINNING_EVENTS:  # both pin the request to the Ready generation
             steps.append(Coupled(
                 t.name, request=(t.name,), lane=("acquire@ready",), binding="bind",
                 request_args=lambda sys, i, j: {"gen": sys.lanes[j].generation},

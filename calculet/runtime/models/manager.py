@@ -55,6 +55,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from calculet.errors import NotFound, Unavailable
+from calculet.machines import RequestMachine
+from calculet.machines.model_couplings import PINNING_EVENTS
 from calculet.machines.request import TERMINAL
 from calculet.runtime.execution.session_plan import EngineContract
 from calculet.runtime.models.availability import availability_faults, job_faults
@@ -75,6 +77,12 @@ if TYPE_CHECKING:
 __all__ = ["ModelManager"]
 
 _TERMINAL = frozenset(TERMINAL)
+_PINNING = frozenset((t.source, t.target) for t in RequestMachine.definition.transitions if t.event in PINNING_EVENTS)
+"""(source, target) of the request rows that pin a request to a generation (``bind``, ``admit_now``)."""
+REQUEST_TARGETS = _TERMINAL | {target for _, target in _PINNING}
+"""The request states a move into may change a generation's counters (:meth:`ModelManager.on_request_transition`);
+a move into any other state (every decode step's two) changes none, so a caller may skip the call (issue #20)."""
+_SERVING_STATES = frozenset({"ready", "draining"})
 
 
 class ModelManager:
@@ -227,17 +235,20 @@ class ModelManager:
         self._lock.poll()
 
     def on_request_transition(self, rec: RequestRecord, source: str, target: str) -> None:
-        """Counters of the ModelMachine: a request pinned (``acquire``) or ended (``release_request``)."""
-        if source == target:
+        """Counters of the ModelMachine: a request pinned (``acquire``) or ended (``release_request``).
+
+        Only a move into :data:`REQUEST_TARGETS` can be either; the test comes first, before the request's
+        generation is read (twice a token otherwise, issue #20)."""
+        if target not in REQUEST_TARGETS or source == target:
             return
-        gen_id = rec.generation
+        gen_id = rec.machine.generation
         if not gen_id:
             return
         if target in _TERMINAL:
             gen = self._gens.get(gen_id)
             if gen is not None:
                 gen.machine.fire("release_request")
-        elif source in ("new", "waiting_model") and target in ("waiting_admission", "prefill_ready"):  # bind, admit_now
+        elif (source, target) in _PINNING:
             self._gens[gen_id].machine.fire("acquire")
 
     def counter_faults(self, live: "Iterable[RequestRecord]") -> list[tuple[str, str]]:
@@ -273,7 +284,7 @@ class ModelManager:
     def may_submit(self, gen_id: int) -> bool:
         """Whether ``gen_id`` takes a new job: Ready, or Draining what was pinned to it (§12)."""
         gen = self._by_id.get(gen_id)
-        return gen is not None and gen.machine.at("ready", "draining")
+        return gen is not None and gen.machine._state in _SERVING_STATES  # ``at`` without its frame (once a job)
 
     def on_job_submitted(self, gen_id: int) -> None:
         """A job of ``gen_id`` went to the device: ``job_submitted`` (its ``inflight_jobs`` counts it)."""

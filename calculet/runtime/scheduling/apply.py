@@ -128,8 +128,6 @@ class CompletionApplier:
         time counts (issue #13: without them it read under the step time under ping/pong, and the
         B16 ping/pong estimate was optimistic by a signed median of 22 %). Scans the jobs in flight."""
         lanes = compiled = 0
-        if not len(self.jobs):  # the usual decode step: ``done`` has left the table and no other job is in it
-            return 0, 0
         for other in self.jobs:
             if other is not done and other.kind == DECODE and other.state == "submitted":
                 lanes += len(other.work.active)
@@ -146,7 +144,7 @@ class CompletionApplier:
             self.stale += 1
             return Applied(completion.job_id, True)
         batch: DecodeBatch = job.work
-        if job.state != "submitted":
+        if job.machine._state != "submitted":  # ``job.state`` without its property frame (once per step)
             return self._late(job, batch.kv.leases, now)
         if completion.generation != job.generation:
             self.anomalies += 1
@@ -154,12 +152,16 @@ class CompletionApplier:
                                           f"result of generation {completion.generation} for a job of generation "
                                           f"{job.generation}")
         clean = clean_decode_lanes(batch.active, completion, self.capabilities.vocab_size)
-        self._end_job(job, completion.ok, completion.fault)
+        jobs = self.jobs
         if completion.ok:
-            lanes_elsewhere, compiled_elsewhere = self._decoding_elsewhere(job)
+            jobs.fire(job, "complete", ok=True)
+            # the usual decode step: ``job`` has left the table and no other job is in it, nothing to scan
+            lanes_elsewhere, compiled_elsewhere = self._decoding_elsewhere(job) if len(jobs) else (0, 0)
             self.step_times.observe(now - job.submitted_at, lanes=len(batch.active), now=now,
                                     compiled=batch.profile.compiled_batch + compiled_elsewhere,
                                     decoding=len(batch.active) + self.decode.total_ready() + lanes_elsewhere)
+        else:
+            self._job_failed(job, completion.fault)
         registry = self.registry
         # §9.2: commit only when device and output succeeded. Every lane of the job is settled in one
         # call before any request moves (a request that ends releases its lane, which must not be
@@ -220,10 +222,12 @@ class CompletionApplier:
         if not consistent:
             self.anomalies += 1
         device_ok = completion.ok and consistent
-        self._end_job(job, device_ok, completion.fault if consistent else FaultKind.ERROR)
         if device_ok:
+            self.jobs.fire(job, "complete", ok=True)
             self.prefill_times.observe(work.tokens, now - job.submitted_at)
             self.step_times.prefill_ran(now - job.submitted_at)
+        else:
+            self._job_failed(job, completion.fault if consistent else FaultKind.ERROR)
         token = completion.token
         verdict = self._prefill_verdict(device_ok, consistent, token, work.last_chunk)
         self._settle_kv(work.lease, verdict)
@@ -349,10 +353,10 @@ class CompletionApplier:
         """§9.2: commit only when device and output succeeded; Unknown when the device's state is."""
         self.kv.settle(lease, _SETTLE[verdict])
 
-    def _end_job(self, job: JobRecord, ok: bool, fault: FaultKind) -> None:
-        if ok:
-            self.jobs.fire(job, "complete", ok=True)
-        elif fault.quarantines_job:
+    def _job_failed(self, job: JobRecord, fault: FaultKind) -> None:
+        """A job that did not succeed ends: quarantined when its buffers are fenced, else completed not ok
+        (a success fires ``complete(ok=True)`` where it is applied)."""
+        if fault.quarantines_job:
             self.jobs.fire(job, "fault")
         else:
             self.jobs.fire(job, "complete", ok=False)

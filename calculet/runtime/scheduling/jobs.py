@@ -92,7 +92,13 @@ class InflightTable:
         return self._jobs.get(job_id)
 
     def has_slot(self) -> bool:
-        return len(self._jobs) < self.max_inflight and self._free_engine() is not None
+        """Whether a job may be planned now.
+
+        Fewer than ``max_inflight`` jobs in the table is enough: each holds a different engine
+        (:meth:`plan` takes a free one), so with one job held and ``max_inflight`` 2 the other engine is
+        free, and with ``max_inflight`` 1 (or ``fixed_engine``) an empty table leaves PING free. So
+        :meth:`_free_engine` is not asked here, twice a step (issue #20); :meth:`plan` asks it."""
+        return len(self._jobs) < self.max_inflight
 
     def plan(self, job_id: int, kind: str, generation: int, lanes: int, work: Any) -> JobRecord:
         engine = self._free_engine()
