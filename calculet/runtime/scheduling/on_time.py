@@ -212,7 +212,7 @@ class OnTimePolicy:
             # work leaves the kept schedule only if it was in it: a request refused at submit (or shed earlier)
             # never was, and marking the cache stale for it sent every later refusal of a burst down the slow
             # path (a replan each: issue #13, time to 429)
-            self.planner.changed(ends and any(job.id == rec.request_id for job in self.planner._kept))  # mark()
+            self.planner.changed(ends and self.planner.keeps(rec.request_id))  # mark()
         if ends:
             self.planner.ended(rec, now)
 

@@ -52,17 +52,18 @@ class _EdfCache:
             return None
         return max(self.free[0], now) + model.service_s(job.prefill_tokens, job.decode_steps)
 
-    def place(self, job: PendingJob, now: float, model: DeviceModel) -> float | None:
-        """The finish of a latest-deadline ``job`` appended to the schedule, or None if it would not fit.
-        Once per ``submit()``: attributes read once, no call for what a comparison answers (#20)."""
-        deadline = job.deadline
+    def place(self, tokens: int, decode_steps: int, deadline: float | None, now: float,
+              model: DeviceModel) -> float | None:
+        """The finish of a latest-deadline job (its prefill ``tokens``, ``decode_steps`` and ``deadline``, a
+        :class:`PendingJob`'s fields) appended to the schedule, or None if it would not fit. Once per
+        ``submit()``: attributes read once, no call for what a comparison answers, the job's values rather
+        than a job (admission builds one only when it is read, :mod:`.on_time_kept`; #20)."""
         if deadline is None:
             deadline = math.inf
         if deadline < self.latest:
             return None
         if model is not self._of:
             self._of, self._step, self._tokens = model, model.lane_step_s, -1
-        tokens = job.prefill_tokens
         if tokens == self._tokens:
             prefill = self._prefill
         else:
@@ -75,7 +76,7 @@ class _EdfCache:
         start = free[0] + shift  # on a lane, the prefill runs at its start
         if now + shift > start:
             start = now + shift
-        finish = start + job.decode_steps * self._step + (prefill if on_lane else 0.0)
+        finish = start + decode_steps * self._step + (prefill if on_lane else 0.0)
         if finish > deadline + _EPS:
             return None
         if shift:

@@ -79,16 +79,14 @@ from calculet.runtime.scheduling.finish_estimate import (ON_TIME_EPS_S, DeviceMo
                                                          admission_order_finish, fair_share_finish,
                                                          fits, on_time_selection)
 from calculet.runtime.scheduling.on_time_cache import _EdfCache, _Refusal
+from calculet.runtime.scheduling.on_time_kept import DECODING_STATES, PLANNED_STATES, KeptJobs, job_values, pending_job
 from calculet.runtime.scheduling.on_time_order import AdmissionOrderIndex
 from calculet.runtime.scheduling.on_time_retry import MAX_RETRY_SLOTS, RETRY_GRACE_S, RetrySlots
-from calculet.runtime.scheduling.on_time_spare import spare_harmless
+from calculet.runtime.scheduling.on_time_spare import at_risk_prefix, slack_ratio, spare_harmless
 from calculet.runtime.scheduling.overtaking import Overtaking, window_starts
 from calculet.runtime.scheduling.registry import WAITING_STATES, RequestRecord
 from calculet.runtime.scheduling.wfq_order import QueuedRequest, admission_ranks
 
-PLANNED_STATES = frozenset({"new", "waiting_model", "waiting_admission", "prefill_ready", "prefill_running",
-                            "decode_ready", "decode_running"})
-DECODING_STATES = frozenset({"decode_ready", "decode_running"})
 REPLAN_DRIFT = 0.10
 """Replan when the measured step time moved by more than this fraction since the last plan."""
 REPLAN_DRIFT_INTERVAL_S = 0.05
@@ -130,54 +128,6 @@ class Replan:
     at_risk: tuple[RequestRecord, ...]
 
 
-def pending_job(rec: RequestRecord, weight: float) -> PendingJob | None:
-    """The request as the estimator sees it, or None when it needs no more device time. ``trusted`` (#20): the
-    values are the request machine's bounded variables and a configured weight, checked where they entered."""
-    machine = rec.machine
-    state = machine._state
-    if state not in PLANNED_STATES:
-        return None
-    if state in DECODING_STATES:
-        return PendingJob.trusted(rec.request_id, 0, machine.max_new_tokens - machine.generated_tokens, rec.deadline,
-                                  weight)
-    return PendingJob.trusted(rec.request_id, machine.prompt_tokens, machine.max_new_tokens - 1, rec.deadline, weight)
-
-
-def _deadline(job: PendingJob) -> float:
-    return math.inf if job.deadline is None else job.deadline
-
-
-def slack_ratio(finish: Mapping[int, float], jobs: Iterable[PendingJob], now: float) -> float:
-    """The least ``(deadline - finish) / (finish - now)`` over ``jobs`` that are on time (inf: none): how much
-    slower every device time may get before one of them is late (a finish from ``now`` scales at most by it)."""
-    least = math.inf
-    for job in jobs:
-        end = finish[job.id]
-        deadline = _deadline(job)
-        if end > now and end <= deadline + _EPS:
-            least = min(least, (deadline - end) / (end - now))
-    return least
-
-
-def at_risk_prefix(kept: list[PendingJob], now: float, model: DeviceModel) -> tuple[list[int], float]:
-    """Ids of the EDF prefix of ``kept`` that must run by deadline so the rest may rotate on time, and the
-    :func:`slack_ratio` of every job found on time on the way (the same prefix for a device that slow)."""
-    order = sorted(kept, key=_deadline)
-    step, lanes = model.lane_step_s, model.lanes
-    k, prefix_s, slack = 0, 0.0, math.inf
-    while k < len(order):
-        rest = order[k:]
-        finish = fair_share_finish(rest, now + prefix_s / lanes, model)
-        late = [i for i, job in enumerate(rest) if finish[job.id] > _deadline(job) + _EPS]
-        slack = min(slack, slack_ratio(finish, rest, now))
-        if not late:
-            break
-        grown = k + late[-1] + 1
-        prefix_s += sum(model.prefill_s(j.prefill_tokens) + j.decode_steps * step for j in order[k:grown])
-        k = grown
-    return [job.id for job in order[:k]], slack
-
-
 class OnTimePlanner:
     """Estimates, the overload selection and the latency-SLO cap for the ``on_time`` policy."""
 
@@ -198,7 +148,7 @@ class OnTimePlanner:
         self.stale = True
         """Work left the kept set since the last plan: the caches may not refuse (they would over-state)."""
         self._planned_step = 0.0
-        self._kept: list[PendingJob] = []
+        self._kept = KeptJobs()
         self._cache: _EdfCache | None = None
         self._planned_at = -math.inf
         self._tolerance = 0.0
@@ -307,7 +257,7 @@ class OnTimePlanner:
         self.dirty = self.stale = False
         self.epoch += 1
         if model is None:
-            self._kept, self._cache, self._slots = [], None, []
+            self._kept, self._cache, self._slots = KeptJobs(), None, []
             return Replan((), ())
         self._replans += 1
         self._version += 1
@@ -321,17 +271,18 @@ class OnTimePlanner:
                                               now, model))
         shed = tuple(live[i] for i in selection.shed if i not in spared)
         kept_ids = set(selection.keep) | spared
-        self._kept = [j for j in jobs if j.id in kept_ids]
-        self._cache = _EdfCache(self._kept, now, self._admission_model(model), spared)
+        kept = [j for j in jobs if j.id in kept_ids]
+        self._kept = KeptJobs(kept)
+        self._cache = _EdfCache(kept, now, self._admission_model(model), spared)
         self._planned_at = now
-        decoding = [j for j in self._kept if live[j.id].state in DECODING_STATES]
+        decoding = [j for j in kept if live[j.id].state in DECODING_STATES]
         self._slots = sorted(fair_share_finish(decoding, now, model).values())
-        prefix, slack = at_risk_prefix(self._kept, now, model)
+        prefix, slack = at_risk_prefix(kept, now, model)
         risky = [live[i] for i in prefix]
         if spared or any(t is not None for t in self.ttft_s.values()):
             self._tolerance = 0.0  # spared jobs and TTFT slots: replan on any 10 % drift, as before
         else:
-            self._tolerance = min(slack, slack_ratio(selection.finish, self._kept, now))
+            self._tolerance = min(slack, slack_ratio(selection.finish, kept, now))
         fresh = tuple(rec for rec in risky if not rec.at_risk)
         for rec in fresh:
             rec.at_risk = True
@@ -350,15 +301,17 @@ class OnTimePlanner:
               records: Callable[[], Iterable[RequestRecord]]) -> Fit:
         """Would ``rec`` finish on time with every kept request? Sets ``rec.estimated_finish`` if so.
 
-        ``records`` lists the live requests; it is called only on the slow path. Once per ``submit()`` (#20):
-        :meth:`admitting_model` and :meth:`_cache_drift` are read without their calls while their inputs hold."""
+        ``model``: the device as measured now (:meth:`.OnTimePolicy.model`, rebuilt at each step measured), so
+        its step is the step timer's. ``records`` lists the live requests; it is called only on the slow path.
+        Once per ``submit()`` (#20): :meth:`admitting_model` and :meth:`_cache_drift` are read without their calls
+        while their inputs hold, and a job placed at the cache's tail is kept as its values (:mod:`.on_time_kept`)."""
         machine = rec.machine
         smoothed = self._prompt_tokens  # the first prompt seen sets it
         self._prompt_tokens = smoothed + (PROMPT_SMOOTHING if smoothed else 1.0) * (machine.prompt_tokens - smoothed)
         if model is None:
             return Fit(True, None, None)
-        job = pending_job(rec, self.weights.get(rec.tenant, 1.0))
-        if job is None:
+        values = job_values(rec, self.weights.get(rec.tenant, 1.0))
+        if values is None:
             return Fit(True, None, None)
         nominal, margin = model, self.errors.margin
         admitting = self._admitting
@@ -366,40 +319,34 @@ class OnTimePlanner:
             admitting = self.admitting_model(model)
         model = admitting
         cache = self._cache  # None if _cache_drift() > 0: the step slower than at the plan, lane free times early
-        if cache is not None and self.step_times.decode_step_s > self._planned_step * (1.0 + REPLAN_DRIFT):
+        if cache is not None and nominal.decode_step_s > self._planned_step * (1.0 + REPLAN_DRIFT):
             cache = None
-        finish = cache.place(job, now, model) if cache is not None else None
+        finish = cache.place(values[1], values[2], values[3], now, model) if cache is not None else None
+        lanes, sequences = nominal.compiled_batch * nominal.engines, self.sequences
+        in_order = sequences is not None and sequences <= lanes  # the queue's order binds the estimate (below)
+        job: PendingJob | None = None
         if finish is None:
-            refused = self._fast_refusal(job, now, model)
-            if refused is not None:
-                return self._refuse(rec, job, refused, now, model)
-            if self.dirty or self._planned_at != now or cache is None:
-                # sheds found here are applied at the next tick. On admission's slowed model, the cache is
-                # slowed twice until then; kept: planning on `nominal` cost B16 tight 0.5x 246 -> 243 (#13)
-                self.replan((r for r in records() if r is not rec), now, model)
-                self.dirty = True
-            fit = fits(job, self._kept, now, model)
+            job = PendingJob.trusted(*values)
+            fit = _fit_afresh(self, rec, job, cache, now, model, records)
             if not fit.ok:
-                if job.deadline is not None:
-                    self._refusal = _Refusal(self._version, model, job.deadline, job.prefill_tokens,
-                                             job.decode_steps, fit.retry_at)
-                return self._refuse(rec, job, fit, now, model)
+                return fit
             finish = fit.finish
-            self._kept.append(job)
-            self._cache = _EdfCache(self._kept, now, model)
+        elif in_order:  # the order's index reads the candidate's job in the kept list
+            job = PendingJob.trusted(*values)
+            self._kept.jobs().append(job)
         else:
-            self._kept.append(job)
+            self._kept.admitted(values)
         self._version += 1
-        if nominal.lanes == 1:  # the rates feed the one-lane estimate only (_overtaken): no call per B>1 submit (#20)
+        if lanes == 1:  # the rates feed the one-lane estimate only (_overtaken): no call per B>1 submit (#20)
             self.overtaking.accepted(rec.tenant, self.wfq_cost(rec), now)
         if self.retry_slots.ghosts:  # a refused client's slot it may take (none held: no call per submit, #20)
             self.retry_slots.admitted(rec.tenant, now)
         if finish is not None:  # the expected finish: the margin's slowdown taken back out
             finish = now + (finish - now) / (1.0 + margin)
-            sequences = self.sequences  # the order binds only where every sequence is in each step: else no call
-            if sequences is not None and sequences <= nominal.compiled_batch * nominal.engines:
-                in_order = self._admission_order_estimate(rec, job, now, nominal, records)
-                finish = finish if in_order is None else in_order + _overtaken(self, rec, job, now, nominal, in_order)
+            if in_order:  # only where every sequence is in each step: else no call
+                assert job is not None
+                estimate = self._admission_order_estimate(rec, job, now, nominal, records)
+                finish = finish if estimate is None else estimate + _overtaken(self, rec, job, now, nominal, estimate)
         rec.estimated_finish = finish
         self.dirty = True
         return Fit(True, None, finish)
@@ -428,7 +375,7 @@ class OnTimePlanner:
             return None
         start = self.virtual_start
         if start is not None:
-            kept = self.order_index.estimate(rec, job, now, model, self._kept, self.epoch, start(rec.tenant),
+            kept = self.order_index.estimate(rec, job, now, model, self._kept.jobs(), self.epoch, start(rec.tenant),
                                              self.order_cost, self.head_tag)
             if kept is not None:
                 return kept
@@ -438,7 +385,7 @@ class OnTimePlanner:
                                records: Callable[[], Iterable[RequestRecord]], seed: bool = False) -> float | None:
         """The admission-order estimate from the live requests, O(live requests): the index's reference.
         ``seed``: start an index at ``rec`` (:meth:`.AdmissionOrderIndex.seed`)."""
-        kept = {j.id: j for j in self._kept}
+        kept = {j.id: j for j in self._kept.jobs()}
         waiting = sorted((r for r in records() if r.state in WAITING_STATES and r is not rec
                           and r.request_id in kept), key=lambda r: r.arrival)
         if not waiting:
@@ -451,7 +398,7 @@ class OnTimePlanner:
         tags = None if self.virtual_start is None else self.virtual_tags([*waiting, rec], admitted)
         if seed and tags is not None:
             assert self.virtual_start is not None
-            self.order_index.seed(rec, job, model, self._kept, waiting, admitted, self.epoch,
+            self.order_index.seed(rec, job, model, self._kept.jobs(), waiting, admitted, self.epoch,
                                   self.virtual_start(rec.tenant), self.order_cost)
         return admission_order_finish(job, rec.tenant, list(kept.values()), queued, self.weights, now, model,
                                       tags=tags)
@@ -504,6 +451,10 @@ class OnTimePlanner:
     def kept_count(self) -> int:
         """Requests the last plan keeps (admitted and on time), with those admitted since."""
         return len(self._kept)
+
+    def keeps(self, request_id: int) -> bool:
+        """Whether the request's work is in the kept set (O(kept): read when a request ends)."""
+        return self._kept.holds(request_id)
 
     def _fast_refusal(self, job: PendingJob, now: float, model: DeviceModel) -> Fit | None:
         """The refusal of ``job`` without a replan, when the caches can tell (None: they cannot)."""
@@ -577,6 +528,31 @@ class OnTimePlanner:
     def statistics(self) -> OnTimeStatistics:
         return OnTimeStatistics(self._replans, self._unfit, self._ttft_refused, self._shed_waiting,
                                  self._shed_admitted, self._at_risk, self._cap, self.errors.statistics())
+
+
+def _fit_afresh(planner: OnTimePlanner, rec: RequestRecord, job: PendingJob, cache: _EdfCache | None, now: float,
+                model: DeviceModel, records: Callable[[], Iterable[RequestRecord]]) -> Fit:
+    """:meth:`OnTimePlanner.admit`'s slow path, where the cache cannot place ``job``: a fast refusal, else the
+    full check against the kept set (replanned first unless the plan is this instant's and nothing moved since);
+    an accepted ``job`` joins the kept set and the cache is rebuilt with it. Counts and places a refusal."""
+    refused = planner._fast_refusal(job, now, model)
+    if refused is not None:
+        return planner._refuse(rec, job, refused, now, model)
+    if planner.dirty or planner._planned_at != now or cache is None:
+        # sheds found here are applied at the next tick. On admission's slowed model, the cache is
+        # slowed twice until then; kept: planning on `nominal` cost B16 tight 0.5x 246 -> 243 (#13)
+        planner.replan((r for r in records() if r is not rec), now, model)
+        planner.dirty = True
+    kept = planner._kept.jobs()
+    fit = fits(job, kept, now, model)
+    if not fit.ok:
+        if job.deadline is not None:
+            planner._refusal = _Refusal(planner._version, model, job.deadline, job.prefill_tokens,
+                                        job.decode_steps, fit.retry_at)
+        return planner._refuse(rec, job, fit, now, model)
+    kept.append(job)
+    planner._cache = _EdfCache(kept, now, model)
+    return fit
 
 
 def _overtaken(planner: OnTimePlanner, rec: RequestRecord, job: PendingJob, now: float, model: DeviceModel,

@@ -2,16 +2,20 @@
 
 Why this module exists: the selection (:func:`.finish_estimate.on_time_selection`) drops requests until
 the rest are on time by the nominal estimate; :func:`spare_harmless` takes back the ones whose shed
-would free nothing anybody kept needs. The planner (:mod:`.on_time_planner`) applies it at each replan.
+would free nothing anybody kept needs. The planner (:mod:`.on_time_planner`) applies it at each replan,
+and then asks which kept requests must run by deadline (:func:`at_risk_prefix`) and how much slower the
+device may get before its plan could decide otherwise (:func:`slack_ratio`); both moved here from the
+planner for its size limit (#20).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import replace
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
-from calculet.runtime.scheduling.finish_estimate import ON_TIME_EPS_S, DeviceModel, PendingJob, edf_finish
+from calculet.runtime.scheduling.finish_estimate import (ON_TIME_EPS_S, DeviceModel, PendingJob, edf_finish,
+                                                         fair_share_finish)
 
 
 def _deadline(job: PendingJob) -> float:
@@ -48,3 +52,34 @@ def spare_harmless(jobs: list[PendingJob], shed: Iterable[int], holding: Callabl
         if all(finish[k.id] <= _deadline(k) + ON_TIME_EPS_S for k in kept):
             spared.append(first)
     return tuple(j.id for j in spared)
+
+
+def slack_ratio(finish: Mapping[int, float], jobs: Iterable[PendingJob], now: float) -> float:
+    """The least ``(deadline - finish) / (finish - now)`` over ``jobs`` that are on time (inf: none): how much
+    slower every device time may get before one of them is late (a finish from ``now`` scales at most by it)."""
+    least = math.inf
+    for job in jobs:
+        end = finish[job.id]
+        deadline = _deadline(job)
+        if end > now and end <= deadline + ON_TIME_EPS_S:
+            least = min(least, (deadline - end) / (end - now))
+    return least
+
+
+def at_risk_prefix(kept: list[PendingJob], now: float, model: DeviceModel) -> tuple[list[int], float]:
+    """Ids of the EDF prefix of ``kept`` that must run by deadline so the rest may rotate on time, and the
+    :func:`slack_ratio` of every job found on time on the way (the same prefix for a device that slow)."""
+    order = sorted(kept, key=_deadline)
+    step, lanes = model.lane_step_s, model.lanes
+    k, prefix_s, slack = 0, 0.0, math.inf
+    while k < len(order):
+        rest = order[k:]
+        finish = fair_share_finish(rest, now + prefix_s / lanes, model)
+        late = [i for i, job in enumerate(rest) if finish[job.id] > _deadline(job) + ON_TIME_EPS_S]
+        slack = min(slack, slack_ratio(finish, rest, now))
+        if not late:
+            break
+        grown = k + late[-1] + 1
+        prefix_s += sum(model.prefill_s(j.prefill_tokens) + j.decode_steps * step for j in order[k:grown])
+        k = grown
+    return [job.id for job in order[:k]], slack

@@ -181,7 +181,7 @@ def test_placing_at_the_tail_of_the_cached_schedule_gives_what_it_gave_before_it
             job = PendingJob(100 + k, p, d, dl)
             model = models[slowed]
             expected = _place_reference(cache, job, now, model)
-            got = cache.place(job, now, model)
+            got = cache.place(job.prefill_tokens, job.decode_steps, job.deadline, now, model)
             assert (got, sorted(cache.free), cache.min_slack, cache.latest) == expected
 
     check()

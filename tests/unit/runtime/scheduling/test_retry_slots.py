@@ -166,7 +166,7 @@ def test_the_admission_cache_accepts_a_burst_exactly_as_fits_would(jobs, lanes, 
     for n, (prefill, decode, later) in enumerate(burst):
         deadline += later
         cand = PendingJob(100 + n, prefill, decode, deadline)
-        placed = cache.place(cand, 0.0, model)
+        placed = cache.place(cand.prefill_tokens, cand.decode_steps, cand.deadline, 0.0, model)
         full = fits(cand, kept, 0.0, model)
         assert (placed is not None) == full.ok
         if placed is None:
