@@ -267,6 +267,10 @@ class Group:
 
     def __init__(self, *names: str) -> None:
         self.names = names
+        self._members: dict[Definition, tuple[str, ...]] = {}
+        """Per declaration (a Definition hashes by identity and never changes): the members in declaration
+        order, as ``__call__`` passes them to ``at``. The run-time monitors evaluate the groups in every
+        invariant they check; the set was rebuilt on each call (issue #20)."""
 
     def states(self, d: Definition) -> frozenset[str]:
         return frozenset().union(*[d.group(n) for n in self.names])
@@ -276,8 +280,11 @@ class Group:
 
     def __call__(self, v: Any) -> Any:
         d = definition_of(v)
-        members = self.states(d)
-        return v.at(*[s for s in d.states if s in members])
+        members = self._members.get(d)
+        if members is None:
+            group = self.states(d)
+            members = self._members[d] = tuple(s for s in d.states if s in group)
+        return v.at(*members)
 
     def __repr__(self) -> str:
         return f"Group({', '.join(self.names)})"

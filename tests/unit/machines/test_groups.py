@@ -7,7 +7,7 @@ import pytest
 from calculet.invariants.mutation import derive
 from calculet.machines import InvalidDefinition, KvSequenceMachine, RequestMachine
 from calculet.machines.core import Machine
-from calculet.machines.definition import Event, Group, Invariant, State, T, is_terminal
+from calculet.machines.definition import TERMINAL_GROUP, Event, Group, Invariant, State, T, is_terminal
 from calculet.machines.request import ENDED, HOLDING, RUNNING, TERMINAL, WAITING, is_running
 from calculet.runtime.scheduling.registry import RUNNING_STATES, TERMINAL_STATES, WAITING_STATES
 
@@ -59,3 +59,23 @@ def test_an_unknown_group_in_an_expression_is_refused():
             transitions = [T(a, go, b)]
             invariants = [Invariant("R0", name="x", predicate=lambda v: Group("nowhere")(v),
                                     rejects=({"state": "a"},))]
+
+
+def _completed_view(definition):
+    """A view in state Completed of ``definition`` (what ``Group`` reads: the class's ``definition`` and ``at``)."""
+    view = type("View", (), {"definition": definition, "at": lambda self, *states: "completed" in states})
+    return view()
+
+
+def test_a_group_keeps_each_declarations_members_apart():
+    """``Group`` remembers its members per declaration (issue #20: the monitors call it for every invariant they
+    check): the same group applied to a machine and to a derived one with Completed unflagged answers each from
+    its own declaration, in either order. Mutant caught: one remembered member list for every declaration."""
+    d = RequestMachine.definition
+    completed = d.states["completed"]
+    mutant = derive(RequestMachine, "UnflaggedAgain", lambda rows, _: rows,
+                    states={"completed": State(terminal=False, doc=completed.doc, groups=completed.groups)})
+    for order in ((d, mutant.definition), (mutant.definition, d)):
+        group = Group(TERMINAL_GROUP)
+        for definition in order:
+            assert group(_completed_view(definition)) == (definition is d)
