@@ -50,7 +50,7 @@ Decisions where the spec is silent (requirements.md ambiguities 5, 14, 15):
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
@@ -101,6 +101,9 @@ class ModelManager:
         self._gens = Generations(engine.config.model_alias, first_generation)
         self._by_id = self._gens.by_id
         self._lock = LifecycleLock(engine.run_commands)
+        self.poll: Callable[[], None] = self._lock.poll
+        """Resume the active operation, then the queued ones in order: the lifecycle lock's own ``poll``, bound
+        here so the engine's call each turn costs no frame of the manager's (issue #20)."""
         self._tally = LifecycleTally()
         self._steps = Steps(engine.clock)
         self._port: ActorPort = InlinePort(self._lock.poll)
@@ -229,10 +232,6 @@ class ModelManager:
         frame: the actor asks twice a turn, issue #20), None when no operation holds the lock."""
         active = self._lock.active
         return active.deadline if active is not None else None
-
-    def poll(self) -> None:
-        """Resume the active operation, then the queued ones in order (the lifecycle lock)."""
-        self._lock.poll()
 
     def on_request_transition(self, rec: RequestRecord, source: str, target: str) -> None:
         """Counters of the ModelMachine: a request pinned (``acquire``) or ended (``release_request``).

@@ -41,6 +41,8 @@ _SETTLE = {LaneVerdict.OK: "commit", LaneVerdict.OUTPUT_INVALID: "abort",
            LaneVerdict.DEVICE_FAILED: "fault", LaneVerdict.MISMATCH: "fault"}
 """§9.2: the KV event that ends a lane's transaction for each verdict — commit only when device and
 output succeeded, abort when the device's effect is known, Unknown (fault) when it is not."""
+_new_tuple = tuple.__new__
+"""Builds the step's named tuple (:class:`Applied`) without its generated ``__new__`` (a Python frame)."""
 _SETTLE_BY_VALUE = {verdict.value: event for verdict, event in _SETTLE.items()}
 """``_SETTLE`` by the verdict's value: an Enum member hashes in Python code, a str in C (once per lane per step)."""
 
@@ -189,7 +191,7 @@ class CompletionApplier:
         else:
             self.decode.add_back([rec for rec, target in zip(records, targets) if target == "decode_ready"], now)
         self._pump(now)
-        return Applied(job.job_id, False, ok, failed)
+        return _new_tuple(Applied, (job.job_id, False, ok, failed))  # Applied(...) without its __new__ frame
 
     def _lane_verdicts(self, batch: DecodeBatch, completion: DecodeCompletion
                        ) -> tuple[list[bool], list[bool], list[int | None], list[str]]:
