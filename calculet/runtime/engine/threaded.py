@@ -77,6 +77,8 @@ class ThreadedEngine:
         self._completer: threading.Thread | None = None
         self._stop = threading.Event()
         self._stop_deadline: float | None = None
+        self._published_wake: float | None = None
+        """The actor's next wake-up as the last publication read it (:meth:`_publish`)."""
         self._lock = threading.Lock()
         self._final: EngineStatistics | None = None
         self.tokenizer = self._core.tokenizer
@@ -174,8 +176,9 @@ class ThreadedEngine:
     def _publish(self) -> None:
         core = self._core
         self._published += 1
+        self._published_wake = wake = core.next_wake()
         self._snapshot = take_snapshot(core.scheduler, accepting=core.accepting and self._stop_deadline is None,
-                                       generation=self._published, now=core.clock.now(), wake=core.next_wake(),
+                                       generation=self._published, now=core.clock.now(), wake=wake,
                                        admitted=self._admitted)
 
     def cancel(self, request_id: int, timeout: float | None = 30.0) -> Cancellation:
@@ -236,9 +239,9 @@ class ThreadedEngine:
         held_since: float | None = None
         turn = core.turn  # bound once: one call per turn, no lambda frame around it (issue #20)
         hold_wakeups()  # stream wake-ups are handed to the consumer loops below, once per loop (issue #20)
+        wake = core.next_wake()
         try:
             while True:
-                wake = core.next_wake()
                 now = clock.now()
                 idle = core.options.actor_idle_s
                 timeout = idle if wake is None else min(idle, max(0.0, wake - now))
@@ -251,6 +254,9 @@ class ThreadedEngine:
                     held_since = None
                 mailbox.run_until(timeout)
                 ready = self._stepped(turn)
+                # the actor's next wake-up as the publication after the turn found it: nothing has run since, so
+                # it is the one the next iteration would ask for (issue #20: next_wake was asked twice per turn)
+                wake = self._published_wake
                 if held_since is None and held_wakeups():
                     held_since = clock.now()
                 deadline = self._stop_deadline
@@ -262,6 +268,7 @@ class ThreadedEngine:
                     core.shutdown()
                     if core.executor.healthy_inflight() == 0 and not core.pending_frees:
                         break
+                wake = core.next_wake()  # stopping: the shutdown may have changed it
         finally:
             self._snapshot = None  # stopped: every request goes to the engine, which answers 503
             core.shutdown()
