@@ -14,7 +14,7 @@ about a sixth of the on_time screen's CPU (a frozen dataclass with a ``__dict__`
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from typing import Callable, TypeAlias
 
 from calculet.runtime.scheduling.finish_estimate import PendingJob
 from calculet.runtime.scheduling.registry import RequestRecord
@@ -50,15 +50,15 @@ def pending_job(rec: RequestRecord, weight: float) -> PendingJob | None:
 class KeptJobs:
     """The kept jobs of the last plan, then the jobs admitted since in admission order (held as values)."""
 
-    __slots__ = ("_jobs", "_since")
+    __slots__ = ("_jobs", "_since", "admitted")
 
     def __init__(self, jobs: list[PendingJob] | None = None) -> None:
         self._jobs: list[PendingJob] = [] if jobs is None else jobs
         self._since: list[JobValues] = []
-
-    def admitted(self, values: JobValues) -> None:
-        """A job admitted at the tail of the schedule: built only if the list is read before the next plan."""
-        self._since.append(values)
+        self.admitted: Callable[[JobValues], None] = self._since.append
+        """A job admitted at the tail of the schedule, as its values: built only if the list is read before the
+        next plan. The list's own ``append`` (no Python frame per ``submit()``, #20); :meth:`jobs` empties that
+        list in place, so it stays the one this appends to."""
 
     def jobs(self) -> list[PendingJob]:
         """Every kept job in order, the admitted ones built now (once): the list itself, so a caller that appends
