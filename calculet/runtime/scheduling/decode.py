@@ -397,40 +397,40 @@ class DecodeScheduler:
             return NoBatch(NoBatchReason.EMPTY)
         if bucket.watch:
             self._promote(bucket, now)
-        (chosen, bindings, leases, tokens, positions, expired, invalid, self._vt, cap_hits, kv_machines,
-         reservable) = select_candidates(bucket, self.kv, profile, generation, size, now, self.share, self._vt)
+        chosen, bindings, leases, kv_machines, since, expired, invalid, self._vt, cap_hits, reservable = \
+            select_candidates(bucket, self.kv, profile, generation, size, now, self.share, self._vt)
         self._cap_hits += cap_hits
         self._expired += len(expired)
         self._invalid += len(invalid)
         if not chosen:
             return NoBatch(NoBatchReason.EMPTY, expired=tuple(expired), invalid=tuple(invalid))
+        # the bindings' columns, transposed once per batch (issue #20: no list per column filled lane by lane)
+        _, _, _, _, kv_lanes, tokens, positions, _, _ = zip(*bindings)
         # the selection's pass checked each lane as reserve_batch would: only the batch-wide rule is left (#20)
-        reservation = (self.kv.checked_reservation(leases, kv_machines, 1) if reservable
+        reservation = (self.kv.checked_reservation(leases, kv_machines, kv_lanes, 1) if reservable
                        else self.kv.reserve_batch(leases, 1))
         if isinstance(reservation, KvReservationFailure):
             self._kv_refusals += 1
-            self.restore(tuple(chosen))
+            self.restore(chosen)
             bad = {lease.lease_id for lease, _ in reservation.problems}
             refused = tuple(rec for rec, lease in zip(chosen, leases) if lease.lease_id in bad)
             return NoBatch(NoBatchReason.KV_RESERVATION, failure=reservation, refused=refused,
                            expired=tuple(expired), invalid=tuple(invalid))
         count = len(chosen)
         if count < size and profile.lane_fill is None:
-            self.restore(tuple(chosen))
+            self.restore(chosen)
             raise DefinitionError(f"B{size} has no inactive-lane policy; a partial batch cannot be built and "
                                   "token 0 is never a default (§7.3)")
         fill = profile.lane_fill
         pad = size - count
         if pad:
             assert fill is not None
-            tokens.extend([fill.fill_token] * pad)
-            positions.extend([fill.fill_position] * pad)
+            tokens += (fill.fill_token,) * pad
+            positions += (fill.fill_position,) * pad
         valid, flags = _lane_valid(size, count)
-        wait = now - min([rec.ready_since for rec in chosen])
-        tokens_, positions_ = tuple(tokens), tuple(positions)
-        return DecodeBatch(job_id, generation, profile, tuple(bindings), np.array(tokens_, dtype=np.int32),
-                           np.array(positions_, dtype=np.int32), valid, reservation, now, wait, tuple(chosen),
-                           tuple(expired), tuple(invalid), tokens_, positions_, flags)
+        return DecodeBatch(job_id, generation, profile, bindings, np.array(tokens, dtype=np.int32),
+                           np.array(positions, dtype=np.int32), valid, reservation, now, now - min(since), chosen,
+                           tuple(expired), tuple(invalid), tokens, positions, flags)
 
     def submitted(self, batch: DecodeBatch) -> None:
         """The batch went to the device: count it in the §16 batch metrics."""

@@ -46,25 +46,28 @@ class LaneBinding(NamedTuple):
 
 
 class Selection(NamedTuple):
-    """One tick's candidates, popped from Ready (none of them is queued any more)."""
+    """One tick's candidates, popped from Ready (none of them is queued any more).
 
-    chosen: list[RequestRecord]
-    bindings: list[LaneBinding]
-    """Each chosen lane's binding, in lane order (lane ``i`` is ``chosen[i]``)."""
-    leases: list[KvLease]
-    """Each chosen lane's KV lease, in lane order."""
-    tokens: list[int]
-    """Each chosen lane's input token (its last), in lane order."""
-    positions: list[int]
-    """Each chosen lane's KV ``committed_len``, in lane order."""
+    The chosen lanes come as columns, each a tuple in lane order (lane ``i`` is ``chosen[i]``): the pass
+    keeps one row per lane and transposes them once per batch (issue #20: one append per lane, not one per
+    column; the batch, its reservation and its records take the tuples as they are). The bindings' own
+    columns (KV lane, token, position) are read from the bindings the same way."""
+
+    chosen: tuple[RequestRecord, ...]
+    bindings: tuple[LaneBinding, ...]
+    """Each chosen lane's binding."""
+    leases: tuple[KvLease, ...]
+    """Each chosen lane's KV lease."""
+    kv_machines: tuple[Any, ...]
+    """Each chosen lane's KV lane machine (read while checking it; meaningful where ``reservable``)."""
+    since: tuple[float, ...]
+    """Each chosen lane's ``ready_since`` (the batch's wait is measured from the oldest)."""
     expired: list[RequestRecord]
     invalid: list[tuple[RequestRecord, str]]
     vt: int
     """The decode virtual time after the tick: the largest tag served so far."""
     cap_hits: int
     """How often a tenant left the merge at its lane cap while lanes were still free."""
-    kv_machines: list[Any]
-    """Each chosen lane's KV lane machine, in lane order (read while checking it)."""
     reservable: bool
     """Every chosen lane was seen, in the same pass, to pass ``KvLaneManager.reserve_batch``'s per-lane check for
     one more token (its lease owns it, it is in ``OPEN_STATES``, it has room): the batch's reservation needs no
@@ -96,9 +99,10 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
     """Merge the tenants' heads (a heap of at most T entries) and take up to ``size`` lanes."""
     cap, tenants, max_seq = max(1, math.floor(share * size)), bucket.tenants, profile.max_seq
     heads = tenant_heads(tenants, tenants)  # the live head entry of each tenant with work
-    chosen, positions, tokens, kv_machines = [], [], [], []  # type: list[RequestRecord], list[int], list[int], list[Any]
-    bindings, leases, expired = [], [], []  # type: list[LaneBinding], list[KvLease], list[RequestRecord]
-    invalid, capped = [], []  # type: list[tuple[RequestRecord, str]], list[str]
+    rows: list[tuple[LaneBinding, RequestRecord, KvLease, Any, float]] = []  # one per chosen lane: Selection's columns
+    expired: list[RequestRecord] = []
+    invalid: list[tuple[RequestRecord, str]] = []
+    capped: list[str] = []
     (owner, kv_lanes), cap_hits, lanes, reservable = kv.lease_owners(), 0, 0, True
     while lanes < size:
         if not heads:
@@ -128,13 +132,9 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
             elif lane_kv._state not in open_states or problem >= lane_kv.reserved_len:
                 reservable = False  # reserve_batch's check of one token, inlined: it will say why not
             if problem.__class__ is int:  # chosen: its lane bound here, from the reads that chose it (#20)
-                chosen.append(rec)
-                kv_machines.append(lane_kv if reservable else None)
-                positions.append(problem)  # type: ignore[arg-type]
-                leases.append(lease)
-                tokens.append(token)  # type: ignore[arg-type]
-                bindings.append(_new_tuple(LaneBinding, (lanes, rec.request_id, lease.seq_id, generation, lease.lane,
-                                                         token, problem, tenant, rec.deadline)))
+                rows.append((_new_tuple(LaneBinding, (lanes, rec.request_id, lease.seq_id, generation, lease.lane,
+                                                      token, problem, tenant, rec.deadline)),
+                             rec, lease, lane_kv, rec.ready_since))
                 lanes += 1
                 queue.taken += 1
                 if rec.decode_tag > vt:
@@ -148,8 +148,9 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
             continue
         cap_hits += _leave_merge(heads, tenants, tenant, head, capped, lanes < size)
     bucket.count -= lanes + len(expired) + len(invalid)  # every popped candidate is in one of them
-    return _new_tuple(Selection, (chosen, bindings, leases, tokens, positions, expired, invalid, vt, cap_hits,
-                                  kv_machines, reservable))
+    bindings, chosen, leases, kv_machines, since = zip(*rows) if rows else ((), (), (), (), ())
+    return _new_tuple(Selection, (chosen, bindings, leases, kv_machines, since, expired, invalid, vt, cap_hits,
+                                  reservable))
 
 
 def _leave_merge(heads: list[list[Any]], tenants: dict[str, TenantQueue], tenant: str,

@@ -91,28 +91,29 @@ class KvBatchOperations:
         refused submit leaves every lane as it was.
         """
         owner, lanes = self._owner, self._lanes
-        machines = []
+        machines, indices = [], []
         for lease in leases:  # the accepting case first, in one pass (one per decode step, issue #20)
-            machine = lanes[lease.lane]
-            if (owner[lease.lane] != lease.lease_id or machine._state not in OPEN_STATES
+            lane = lease.lane
+            machine = lanes[lane]
+            if (owner[lane] != lease.lease_id or machine._state not in OPEN_STATES
                     or machine.committed_len + tokens > machine.reserved_len):
                 break
             machines.append(machine)
+            indices.append(lane)
         else:
-            return self.checked_reservation(leases, machines, tokens)
+            return self.checked_reservation(tuple(leases), tuple(machines), tuple(indices), tokens)
         return self._refusal(leases, tokens)
 
-    def checked_reservation(self, leases: Sequence[KvLease], machines: Sequence[Any],
+    def checked_reservation(self, leases: tuple[KvLease, ...], machines: tuple[Any, ...], lanes: tuple[int, ...],
                             tokens: int = 1) -> KvBatchReservation | KvReservationFailure:
         """:meth:`reserve_batch`'s accepting case for leases already checked one by one as it checks them —
-        each owns its lane (``machines[i]``, read from :meth:`lease_owners`), which is in ``OPEN_STATES``
-        with room for ``tokens`` more — by the caller's own pass over them (the decode tick's selection,
-        issue #20: no second pass per step). What is left is the batch-wide rule, each lane once; a lane
-        that appears twice is refused as :meth:`reserve_batch` refuses it."""
-        lanes = tuple([lease.lane for lease in leases])
+        each owns its lane (``lanes[i]``, whose machine is ``machines[i]``, read from :meth:`lease_owners`),
+        which is in ``OPEN_STATES`` with room for ``tokens`` more — by the caller's own pass over them (the
+        decode tick's selection, issue #20: no second pass per step). What is left is the batch-wide rule, each
+        lane once; a lane that appears twice is refused as :meth:`reserve_batch` refuses it."""
         if len(set(lanes)) != len(lanes):
             return self._refusal(leases, tokens)
-        return KvBatchReservation(tuple(leases), tokens, lanes, tuple(machines), self.owners_changed)
+        return KvBatchReservation(leases, tokens, lanes, machines, self.owners_changed)
 
     def _refusal(self, leases: Sequence[KvLease], tokens: int) -> KvReservationFailure:
         """Why :meth:`reserve_batch` refuses ``leases`` (some lane fails its check): each problem, lane by lane."""
