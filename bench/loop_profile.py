@@ -353,13 +353,17 @@ async def _run(args: argparse.Namespace, service: Any, app: Any) -> int:
     figures: dict[str, list[float]] = {name: [] for name in phases}
     idle: list[tuple[float, float]] = []
     seen: dict[str, dict[int, int]] = {}
+    forwards: list[dict[str, int]] = []
     for _ in range(args.rounds):
         for name, (harness, data) in phases.items():
+            before = service.early_admission.statistics().forwarded
             took, statuses = await _phase(name, harness, data, service, state)
             figures[name].append(took * 1e3 / args.requests)
             if name == "refuse idle":
                 last_wall, last_cpu = phases[name][0].last_refusal
                 idle.append((last_wall * 1e3, last_cpu * 1e3 / args.requests))
+                after = service.early_admission.statistics().forwarded
+                forwards.append({why: n - before[why] for why, n in after.items() if n > before[why]})
             seen[name] = statuses
     if args.profile:
         for name, (harness, data) in phases.items():
@@ -374,6 +378,8 @@ async def _run(args: argparse.Namespace, service: Any, app: Any) -> int:
     if idle:
         print("  refuse idle, up to the last 429: wall ms / loop CPU per request ms: "
               + ", ".join(f"{w:.0f}/{c:.3f}" for w, c in idle))
+        print("  refuse idle, the front's forwards of each round: " + "; ".join(
+            ", ".join(f"{why} {n}" for why, n in round_.items()) or "none" for round_ in forwards))
     front = service.early_admission.statistics()
     print(f"  front: refused {front.refused}, forwarded {front.forwarded}, held {front.held}")
     return 0

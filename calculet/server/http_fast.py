@@ -213,7 +213,7 @@ class FastEdgeProtocol(EdgeGuard, HttpToolsProtocol):
             return
         body = bytes(cycle.body)
         answer = lane.decide(cycle.scope, body, default_headers=self.server_state.default_headers,
-                             keep_alive=cycle.keep_alive, started=started, hold=True)
+                             keep_alive=cycle.keep_alive, started=started, hold=True, patient=lane.holding())
         if answer is None:
             super()._start_asgi_task(cycle, app)
         elif not isinstance(answer, bytes):  # the lane's HELD: decided after the engine's next answer

@@ -50,7 +50,9 @@ duration histogram count it as they count every request.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
 import re
 import time
 from collections import deque
@@ -65,6 +67,7 @@ from calculet.server.errors import APIError, admission_error
 from calculet.server.inference import GENERATION_ROUTES, HOLD_ROUNDS, INLINE_BODY, ApiGeneration, on_loop
 from calculet.server.lane_statistics import RefusalLaneStatistics
 from calculet.server.logs import log_fields
+from calculet.server.service import HOLD_S
 
 log = logging.getLogger("calculet.server")
 
@@ -80,6 +83,15 @@ their way: then it is decided whatever the snapshot. Why hold past the last roun
 lane holds nearly every request at once (it decides a whole read before any reaches the engine), and the last
 rounds of all of them end together; decided then without a snapshot, all went to the engine at once (measured:
 284 of a burst's 300 forwarded, 257 refused by the engine, the last 429 after 17 s, retries admitted 81 %)."""
+
+SNAPSHOT_POLL_S = 0.002
+"""How soon held requests are decided again when the snapshot a drain decided them from was withdrawn meanwhile (the
+actor began a step: about a decode tick, under a millisecond of CPU, until it publishes the next)."""
+
+SNAPSHOT_WAIT_S = 0.05
+"""How long after the lane last read a snapshot a missing one is taken for the actor's step (its next one is coming)
+rather than for a state the actor publishes none in (an idle lane, a stale plan: :func:`~calculet.runtime.engine
+.admission_snapshot.take_snapshot`); a step under load on this machine took over 20 ms of wall time."""
 
 MEMO_ENTRIES = 256
 """Bodies whose prepared generation is remembered at most (each at most ``INLINE_BODY`` bytes: 2 MiB in all)."""
@@ -140,7 +152,12 @@ class RefusalLane:
         self._queue: deque[_Held] = deque()
         self._armed = False
         self._round = 0
-        """Waits ended so far (a held request is decided without holding at its ``last_round``)."""
+        """Rounds ended so far (a held request is decided without holding at its ``last_round``): drains that found
+        nothing on its way to the engine, or came :data:`~calculet.server.service.HOLD_S` after the last round."""
+        self._round_at = 0.0
+        self._polling = False
+        self._seen_at = -math.inf
+        """When a drain last read a snapshot (held requests wait for the next one up to SNAPSHOT_WAIT_S after)."""
         self._refused = 0
         self._declined = 0
         self._held = 0
@@ -152,9 +169,12 @@ class RefusalLane:
     def hold(self, edge: Any, cycle: Any, app: Any, body: bytes, started: float) -> None:
         """Hold a request :meth:`decide` answered :data:`~calculet.runtime.engine.admission_snapshot.HELD`
         until the engine's next answer (or the hold's timer), at most :data:`~calculet.server.inference.HOLD_ROUNDS`
-        waits, as the full path holds (:func:`~calculet.server.inference._refuse_early`); then it is decided whatever
+        rounds, as the full path holds (:func:`~calculet.server.inference._refuse_early`); then it is decided whatever
         the snapshot — unless the engine has :data:`HOLD_IN_FLIGHT` requests on their way, up to :data:`HOLD_CAP_S`
-        after its arrival.
+        after its arrival. A round ends at an answer after which nothing is on its way to the engine (the actor is
+        idle: its snapshot is there if it can give one), or :data:`~calculet.server.service.HOLD_S` after the last
+        round; at an answer that leaves requests on their way the held ones wait while there is no snapshot
+        (``patient``): the actor withdrew it to run the next of them.
 
         Why a queue and not a task per request: at a burst's start most of its requests are held, and each wait
         ends for all of them at once; a task and a wake-up each, per round, cost the loop more than the refusal
@@ -166,6 +186,11 @@ class RefusalLane:
         self._queue.append(_Held(edge, cycle, app, body, started, self._round + HOLD_ROUNDS))
         self._arm()
 
+    def holding(self) -> bool:
+        """Whether requests are held: a new arrival that finds no snapshot waits behind them while anything is on its
+        way to the engine (``patient`` of :meth:`decide`), as they do, rather than go to the engine before them."""
+        return bool(self._queue)
+
     def _arm(self) -> None:
         if not self._armed and self._queue:
             self._armed = True
@@ -174,10 +199,37 @@ class RefusalLane:
     def _drain(self, _done: Any) -> None:
         """(a wait ended) Decide the held requests in order, up to the first still held; then wait again."""
         self._armed = False
-        self._round += 1
         early = self.service.early_admission
         now = time.perf_counter()
+        # an answer that leaves requests on their way is no round: the actor is on the next of them (its snapshot
+        # withdrawn), so a held request decided now found no snapshot and went to the engine too, one more each
+        # answer, until the engine had answered them all; bench/loop_profile.py and overload_http.py at d515e2d:
+        # 8-38 forwarded a burst for want of a snapshot, each through the ASGI path and the actor
+        settled = early.in_flight + early.unsent == 0 or now - self._round_at >= HOLD_S
+        if settled:
+            self._round += 1
+            self._round_at = now
+        self._decide_held(now, patient=not settled)
+        self._arm()
+
+    def _poll(self) -> None:
+        """(:data:`SNAPSHOT_POLL_S` after a drain met no snapshot soon after reading one) Decide the held requests
+        again from the actor's next snapshot; no round ends (the engine did not answer)."""
+        self._polling = False
+        self._decide_held(time.perf_counter(), patient=True)
+
+    def _decide_held(self, now: float, *, patient: bool) -> None:
+        """Decide the held requests in order, up to the first still held. With no snapshot where one was read less
+        than :data:`SNAPSHOT_WAIT_S` ago, the actor is in a step and publishes the next snapshot at its end: the
+        requests wait for it (polled every :data:`SNAPSHOT_POLL_S`; past their last round too, up to
+        :data:`HOLD_CAP_S` after their arrival) rather than go to the engine for want of one, where they would wait
+        for the same step's end in the actor's mailbox. Measured at d515e2d with bench/loop_profile.py: 4-20
+        forwards a burst for want of a snapshot, most where a drain of ~290 held requests outlasted the snapshot
+        it began with, or began in the actor's step."""
+        early = self.service.early_admission
+        engine = self.service.engine
         queue = self._queue
+        seen = now - self._seen_at < SNAPSHOT_WAIT_S
         while queue:
             item = queue[0]
             # read per request: each forward of this drain is on its way too (``unsent``); read once per drain, a
@@ -190,8 +242,15 @@ class RefusalLane:
                     answer: Any = None  # the app's (its one log line says the client went)
                 else:
                     hold = self._round < item.last_round or (busy and now - item.started < HOLD_CAP_S)
+                    if engine.admission_snapshot is not None:
+                        self._seen_at = now
+                        seen = True
+                    elif seen and (hold or now - item.started < HOLD_CAP_S):  # withdrawn since: the actor's step
+                        self._poll_soon()
+                        break
                     answer = self.decide(item.cycle.scope, item.body, default_headers=item.edge.default_headers(),
-                                         keep_alive=item.cycle.keep_alive, started=item.started, hold=hold)
+                                         keep_alive=item.cycle.keep_alive, started=item.started, hold=hold,
+                                         patient=patient)
                     if answer is HELD:
                         break
             except Exception:  # noqa: BLE001 - never in the loop's callback: the app answers it
@@ -201,16 +260,22 @@ class RefusalLane:
                 item.edge.start_app(item.cycle, item.app)
             else:
                 item.edge.write_answer(item.cycle, answer)
-        self._arm()
+
+    def _poll_soon(self) -> None:
+        if not self._polling:
+            self._polling = True
+            asyncio.get_running_loop().call_later(SNAPSHOT_POLL_S, self._poll)
 
     def decide(self, scope: dict[str, Any], body: bytes, *, default_headers: list[tuple[bytes, bytes]],
-               keep_alive: bool, started: float, hold: bool) -> bytes | str | None:
+               keep_alive: bool, started: float, hold: bool, patient: bool = False) -> bytes | str | None:
         """The whole 429 response to write, :data:`~calculet.runtime.engine.admission_snapshot.HELD` (``hold``
         allowed and the request should wait for the engine's next answer), or None: the ASGI app answers (``scope``'s
         state then says what was decided).
-        ``started``: ``time.perf_counter()`` when the request reached the lane (its log line's duration)."""
+        ``started``: ``time.perf_counter()`` when the request reached the lane (its log line's duration).
+        ``patient`` (with ``hold``): with no snapshot, wait while anything is on its way to the engine, not only
+        :data:`~calculet.runtime.engine.admission_snapshot.HOLD_IN_FLIGHT` (a drain's answer that is no round)."""
         try:
-            decided = self._decide(scope, body, hold)
+            decided = self._decide(scope, body, hold, patient)
         except Exception:  # noqa: BLE001 - the full path meets it again and answers it (a 500 with its log line)
             decided = None
         if decided is None or decided is HELD:
@@ -219,7 +284,7 @@ class RefusalLane:
         refusal, gen, tenant = decided
         return self._answer(scope, refusal, gen, tenant, default_headers, keep_alive, started)
 
-    def _decide(self, scope: dict[str, Any], body: bytes, hold: bool) -> Any:
+    def _decide(self, scope: dict[str, Any], body: bytes, hold: bool, patient: bool) -> Any:
         service = self.service
         state = scope["state"]
         screened = state.get("screened")
@@ -232,7 +297,8 @@ class RefusalLane:
         engine = service.engine
         early = service.early_admission
         hold = hold and service.config.batch.deadline_order == "on_time"  # no snapshot ever comes under another
-        if hold and early.should_hold(engine.admission_snapshot):
+        if hold and (early.should_hold(engine.admission_snapshot)
+                     or patient and engine.admission_snapshot is None and early.in_flight + early.unsent > 0):
             return HELD
         refusal = early.decide(lambda: engine.admission_snapshot, prompt_tokens=len(gen.prompt),
                                max_new_tokens=gen.max_tokens, tenant=tenant, now=engine.clock.now(), hold=hold)

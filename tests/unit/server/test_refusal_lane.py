@@ -342,7 +342,7 @@ class _Cycle:
         self.disconnected = False
 
 
-def test_held_requests_are_decided_in_order_at_the_engines_answers_and_at_their_last_round(
+def test_held_requests_are_decided_in_order_at_the_engines_answers_and_once_it_has_answered_all(
         served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     service, app = served
     lane, early = app.refusal_lane, service.early_admission
@@ -371,7 +371,11 @@ def test_held_requests_are_decided_in_order_at_the_engines_answers_and_at_their_
         lane.hold(edge, late, None, body, 0.0)
         for _ in range(3):
             await _engine_answers(early)
-        assert edge.done[-1] == ("app", "d")  # its last round: decided whatever the snapshot (forwarded)
+        assert edge.done[-1] == ("answer", "c")  # answers that leave four on their way are no rounds: still held
+        early.in_flight = 0  # the engine answered everything on its way: the next answer ends a round
+        lane._seen_at = -math.inf  # and the last snapshot was read more than HOLD_S ago (none is expected soon)
+        await _engine_answers(early)
+        assert edge.done[-1] == ("app", "d")  # nothing on its way and still no snapshot: forwarded
         assert late.scope["state"]["early_decided"]
         lane_sent(service, late.scope["state"])
 
@@ -490,3 +494,84 @@ def test_a_held_request_is_screened_once_and_decided_again_from_the_snapshot_onl
 
     asyncio.run(run())
     assert calls == [body]
+
+
+def test_an_answer_that_leaves_requests_on_their_way_forwards_no_held_request(
+        served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no snapshot, fewer than HOLD_IN_FLIGHT on their way and requests held: an answer after which some are
+    still on their way forwards none of them (the actor withdrew its snapshot to run the next), nor a new arrival
+    behind them; the answer after which none is on its way decides them (here a snapshot that refuses). Mutants
+    caught: ``patient`` ignored in the drain (a and b forwarded at the first answer, as at d515e2d: one more
+    forward each answer); an arrival not patient behind held ones (c forwarded before a and b)."""
+    service, app = served
+    lane, early = app.refusal_lane, service.early_admission
+    now = service.engine.clock.now()
+    refusing = AdmissionSnapshot(11, now, math.inf, (now + 3600.0,), 0.0, DeviceModel(decode_step_s=STEP_S),
+                                 DEADLINE_S, 10**6, {})
+    shown: list[Any] = [None]
+    monkeypatch.setattr(type(service.engine), "admission_snapshot", property(lambda engine: shown[0]))
+    monkeypatch.setattr(early, "in_flight", 4)
+    monkeypatch.setattr(lane, "_round_at", float("inf"))  # no round by the hold's timer (HOLD_S) in this test
+    body = json.dumps(NEVER).encode()
+    edge = _Edge()
+
+    async def run() -> None:
+        held = [_Cycle(name) for name in "ab"]
+        for cycle in held:
+            assert lane.decide(cycle.scope, body, default_headers=[], keep_alive=True, started=0.0, hold=True) is HELD
+            lane.hold(edge, cycle, None, body, 0.0)
+        early.in_flight = 2  # two answered: two still on their way
+        await _engine_answers(early)
+        assert edge.done == []
+        arrival = _Cycle("c")
+        assert lane.decide(arrival.scope, body, default_headers=[], keep_alive=True, started=0.0, hold=True,
+                           patient=lane.holding()) is HELD
+        lane.hold(edge, arrival, None, body, 0.0)
+        early.in_flight = 0
+        shown[0] = refusing
+        await _engine_answers(early)
+        assert edge.done == [("answer", "a"), ("answer", "b"), ("answer", "c")]
+
+    asyncio.run(run())
+
+
+def test_held_requests_wait_for_the_next_snapshot_when_the_one_they_were_decided_from_is_withdrawn(
+        served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A drain deciding from a snapshot that the actor withdraws meanwhile (it began a step): the requests left are
+    not forwarded for want of a snapshot; they are decided at a poll once the next one is published. Mutant caught:
+    no wait on a withdrawn snapshot (b and c forwarded to the engine: ("app", ...))."""
+    from calculet.server import refusal_lane
+
+    service, app = served
+    lane, early = app.refusal_lane, service.early_admission
+    now = service.engine.clock.now()
+    refusing = AdmissionSnapshot(13, now, math.inf, (now + 3600.0,), 0.0, DeviceModel(decode_step_s=STEP_S),
+                                 DEADLINE_S, 10**6, {})
+    edge = _Edge()
+    published = [False]
+    shown: list[Any] = [None]
+
+    def current(engine: Any) -> Any:  # withdrawn once the first answer is written, until published again
+        return None if shown[0] is None or edge.done and not published[0] else shown[0]
+
+    monkeypatch.setattr(type(service.engine), "admission_snapshot", property(current))
+    monkeypatch.setattr(early, "in_flight", 4)
+    monkeypatch.setattr(refusal_lane, "SNAPSHOT_POLL_S", 0.0)
+    monkeypatch.setattr(lane, "_polling", False)  # a poll an earlier test left on its own (closed) loop
+    body = json.dumps(NEVER).encode()
+
+    async def run() -> None:
+        cycles = [_Cycle(name) for name in "abc"]
+        for cycle in cycles:
+            assert lane.decide(cycle.scope, body, default_headers=[], keep_alive=True, started=0.0, hold=True) is HELD
+            lane.hold(edge, cycle, None, body, 0.0)
+        early.in_flight = 0
+        shown[0] = refusing
+        await _engine_answers(early)
+        assert edge.done == [("answer", "a")]  # b met the snapshot withdrawn: it and c wait
+        published[0] = True
+        await asyncio.sleep(0)  # the poll (SNAPSHOT_POLL_S made 0: no time passes)
+        await asyncio.sleep(0)
+        assert edge.done == [("answer", "a"), ("answer", "b"), ("answer", "c")]
+
+    asyncio.run(run())
