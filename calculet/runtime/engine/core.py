@@ -310,28 +310,22 @@ class EngineCore:
     # ------------------------------------------------------------------ the tick
 
     def turn(self) -> bool:
-        """One turn of the real-time actor: dispatch what is due, schedule, then, if a job was submitted, apply the
-        results the device already has (a device that completes a job at its submit instant — the null device —
-        has them now) rather than through the completion thread: one thread hop per step fewer (issue #20).
-        True when results were applied, so the caller turns again before it sleeps.
-
-        One host-time sample and one accounting per turn, the results' application included (#20: it was a second
-        sample of its own); with every event checked (tests) the joint checks still run between the three parts,
-        as when called apart."""
+        """One turn of the real-time actor: dispatch what is due, schedule, then apply the results the device
+        already has (one that completes a job at its submit instant, the null device) rather than through the
+        completion thread: a thread hop per step fewer. True when results were applied (turn again before sleeping).
+        One host-time sample per turn, the results included (#20); with every event checked (tests) the joint
+        checks still run between the three parts, as when called apart."""
         start = time.perf_counter()
         self._dispatch()
         joint = self._joint
         joint.after_call()
-        applied = False
-        if self._schedule(start):
-            results = self.executor.collect()
-            if results:
-                joint.after_call()
-                self._apply_results(results)
-                applied = True
+        results = self.executor.collect() if self._schedule(start) else None
+        if results:
+            joint.after_call()
+            self._apply_results(results)
         joint.after_tick()
         self._account(start)
-        return applied
+        return bool(results)
 
     def end_tick(self) -> None:
         """The end of a tick: the sampled joint checks (:class:`_TickChecks`)."""
