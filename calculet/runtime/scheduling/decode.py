@@ -238,11 +238,12 @@ class DecodeScheduler:
         """The requests of one decode step that are Ready again, in lane order: :meth:`add` for each
         (stepped when it has generated more than its prefill token), one call per step (issue #20).
 
-        The common case — planned order (``on_time``) and the request not at risk, no batching window
-        — is :meth:`_push` inlined: its priority is +inf and it goes to its tenant's queue (no window:
-        no arrivals to keep); anything else takes :meth:`_push`."""
+        The planned order (``on_time``) without a batching window — the default — is :meth:`_push` inlined:
+        its priority (the deadline when at risk or when every candidate goes by deadline, else +inf) and
+        its tenant's queue, no arrivals kept (no window); a lane of another generation, and any other
+        order or a window, take :meth:`_push`."""
         step_cost, vt = self._step_cost, self._vt
-        if not self.planned or self.deadline_first or self.window_s > 0 or not recs:
+        if not self.planned or self.window_s > 0 or not recs:
             push = self._push
             for rec in recs:
                 if rec.machine.generated_tokens > 1:
@@ -256,7 +257,7 @@ class DecodeScheduler:
         if bucket is None:
             bucket = self._buckets[generation] = ReadyBucket()
         tenants = bucket.tenants  # no batching window here: no arrivals to keep (oldest_wait)
-        inf = math.inf
+        inf, deadline_first = math.inf, self.deadline_first
         seq = self._seq
         pushed = 0
         for rec in recs:
@@ -265,14 +266,14 @@ class DecodeScheduler:
                 tag = rec.decode_tag = rec.decode_tag + step_cost[tenant]
             else:
                 tag = rec.decode_tag = vt
-            if rec.at_risk or machine.generation != generation:
+            if machine.generation != generation:
                 self._seq = seq
-                self._push(rec, now)  # counts itself in the bucket
+                self._push(rec, now)  # counts itself in its bucket
                 seq = self._seq
                 pushed += 1
                 continue
             seq += 1
-            entry = [inf, tag, rec.virtual_finish, seq, rec]
+            entry = [rec.deadline if rec.at_risk or deadline_first else inf, tag, rec.virtual_finish, seq, rec]
             rec.entry = entry
             rec.ready_since = now
             queue = tenants.get(tenant)
