@@ -136,23 +136,12 @@ class DecodeJob:
         token_ids.setflags(write=False)  # setflags, not ``flags.writeable =``: that builds a flags object, ~1 us each
         positions.setflags(write=False)
         lane_valid.setflags(write=False)
-        job = _new_object(cls)
-        d = job.__dict__
-        d["generation"] = generation
-        d["calbin_id"] = calbin_id
-        d["compiled_batch"] = compiled_batch
-        d["engine"] = engine
-        d["buffers"] = buffers
-        d["seq_ids"] = seq_ids
+        job = cls.of_lanes(generation, calbin_id, compiled_batch, engine, buffers, seq_ids, tuple(tokens),
+                           tuple(positions_), tuple(valid))
+        d = job.__dict__  # the tensors handed over: of_lanes' job would build its own when read
         d["token_ids"] = token_ids
         d["positions"] = positions
         d["lane_valid"] = lane_valid
-        d["kind"] = JobKind.DECODE
-        tokens, positions_, valid = tuple(tokens), tuple(positions_), tuple(valid)
-        active = _ACTIVE.get(valid)
-        if active is None:
-            active = _active_lanes(valid)
-        d["lanes"] = _new_tuple(DecodeLanes, (tokens, positions_, valid, seq_ids, active))
         return job
 
     @classmethod
