@@ -334,6 +334,29 @@ async def _engine_answers(early: EarlyAdmission) -> None:
     await asyncio.sleep(0)
 
 
+def _held_at_arrival(lane: Any, edge: _Edge, names: str, body: bytes) -> list[_Cycle]:
+    """A request of ``body`` per name, each decided at its arrival (held: the caller made sure of it) and held."""
+    cycles = [_Cycle(name) for name in names]
+    for cycle in cycles:
+        assert lane.decide(cycle.scope, body, default_headers=[], keep_alive=True, started=0.0, hold=True) is HELD
+        lane.hold(edge, cycle, None, body, 0.0)
+    return cycles
+
+
+def _refusing(service: Any, generation: int) -> AdmissionSnapshot:
+    """A snapshot of ``service``'s engine that refuses every request: its one lane busy for an hour."""
+    now = service.engine.clock.now()
+    return AdmissionSnapshot(generation, now, math.inf, (now + 3600.0,), 0.0, DeviceModel(decode_step_s=STEP_S),
+                             DEADLINE_S, 10**6, {})
+
+
+def _shown(service: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """A one-item list whose item ``service``'s engine shows as its admission snapshot (None at first)."""
+    shown: list[Any] = [None]
+    monkeypatch.setattr(type(service.engine), "admission_snapshot", property(lambda engine: shown[0]))
+    return shown
+
+
 class _Cycle:
     def __init__(self, name: str) -> None:
         self.name = name
@@ -346,20 +369,13 @@ def test_held_requests_are_decided_in_order_at_the_engines_answers_and_once_it_h
         served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     service, app = served
     lane, early = app.refusal_lane, service.early_admission
-    now = service.engine.clock.now()
-    refusing = AdmissionSnapshot(7, now, math.inf, (now + 3600.0,), 0.0, DeviceModel(decode_step_s=STEP_S),
-                                 DEADLINE_S, 10**6, {})
-    shown: list[Any] = [None]
-    monkeypatch.setattr(type(service.engine), "admission_snapshot", property(lambda engine: shown[0]))
+    refusing, shown = _refusing(service, 7), _shown(service, monkeypatch)
     monkeypatch.setattr(early, "in_flight", 4)  # no snapshot, four on their way: hold
     body = json.dumps(NEVER).encode()
     edge = _Edge()
 
     async def run() -> None:
-        cycles = [_Cycle(name) for name in "abc"]
-        for cycle in cycles:
-            assert lane.decide(cycle.scope, body, default_headers=[], keep_alive=True, started=0.0, hold=True) is HELD
-            lane.hold(edge, cycle, None, body, 0.0)
+        cycles = _held_at_arrival(lane, edge, "abc", body)
         cycles[1].disconnected = True  # b's client goes while held
         await _engine_answers(early)
         assert edge.done == []  # still no snapshot: all held
@@ -465,11 +481,7 @@ def test_a_held_request_is_screened_once_and_decided_again_from_the_snapshot_onl
 
     service, app = served
     lane, early = app.refusal_lane, service.early_admission
-    now = service.engine.clock.now()
-    refusing = AdmissionSnapshot(9, now, math.inf, (now + 3600.0,), 0.0, DeviceModel(decode_step_s=STEP_S),
-                                 DEADLINE_S, 10**6, {})
-    shown: list[Any] = [None]
-    monkeypatch.setattr(type(service.engine), "admission_snapshot", property(lambda engine: shown[0]))
+    refusing, shown = _refusing(service, 9), _shown(service, monkeypatch)
     monkeypatch.setattr(early, "in_flight", 4)  # no snapshot, four on their way: hold
     monkeypatch.setattr(lane, "memo", PreparedMemo(entries=1))
     prepare, kind = refusal_lane.GENERATION_ROUTES["/v1/completions"]
@@ -484,9 +496,7 @@ def test_a_held_request_is_screened_once_and_decided_again_from_the_snapshot_onl
     edge = _Edge()
 
     async def run() -> None:
-        cycle = _Cycle("a")
-        assert lane.decide(cycle.scope, body, default_headers=[], keep_alive=True, started=0.0, hold=True) is HELD
-        lane.hold(edge, cycle, None, body, 0.0)
+        _held_at_arrival(lane, edge, "a", body)
         lane.memo.put("/v1/completions", b"another body", lane.memo.get("/v1/completions", body))  # evicts it
         shown[0] = refusing
         await _engine_answers(early)
@@ -505,21 +515,14 @@ def test_an_answer_that_leaves_requests_on_their_way_forwards_no_held_request(
     forward each answer); an arrival not patient behind held ones (c forwarded before a and b)."""
     service, app = served
     lane, early = app.refusal_lane, service.early_admission
-    now = service.engine.clock.now()
-    refusing = AdmissionSnapshot(11, now, math.inf, (now + 3600.0,), 0.0, DeviceModel(decode_step_s=STEP_S),
-                                 DEADLINE_S, 10**6, {})
-    shown: list[Any] = [None]
-    monkeypatch.setattr(type(service.engine), "admission_snapshot", property(lambda engine: shown[0]))
+    refusing, shown = _refusing(service, 11), _shown(service, monkeypatch)
     monkeypatch.setattr(early, "in_flight", 4)
     monkeypatch.setattr(lane, "_round_at", float("inf"))  # no round by the hold's timer (HOLD_S) in this test
     body = json.dumps(NEVER).encode()
     edge = _Edge()
 
     async def run() -> None:
-        held = [_Cycle(name) for name in "ab"]
-        for cycle in held:
-            assert lane.decide(cycle.scope, body, default_headers=[], keep_alive=True, started=0.0, hold=True) is HELD
-            lane.hold(edge, cycle, None, body, 0.0)
+        _held_at_arrival(lane, edge, "ab", body)
         early.in_flight = 2  # two answered: two still on their way
         await _engine_answers(early)
         assert edge.done == []
@@ -544,9 +547,7 @@ def test_held_requests_wait_for_the_next_snapshot_when_the_one_they_were_decided
 
     service, app = served
     lane, early = app.refusal_lane, service.early_admission
-    now = service.engine.clock.now()
-    refusing = AdmissionSnapshot(13, now, math.inf, (now + 3600.0,), 0.0, DeviceModel(decode_step_s=STEP_S),
-                                 DEADLINE_S, 10**6, {})
+    refusing = _refusing(service, 13)
     edge = _Edge()
     published = [False]
     shown: list[Any] = [None]
@@ -561,10 +562,7 @@ def test_held_requests_wait_for_the_next_snapshot_when_the_one_they_were_decided
     body = json.dumps(NEVER).encode()
 
     async def run() -> None:
-        cycles = [_Cycle(name) for name in "abc"]
-        for cycle in cycles:
-            assert lane.decide(cycle.scope, body, default_headers=[], keep_alive=True, started=0.0, hold=True) is HELD
-            lane.hold(edge, cycle, None, body, 0.0)
+        cycles = _held_at_arrival(lane, edge, "abc", body)
         early.in_flight = 0
         shown[0] = refusing
         await _engine_answers(early)
