@@ -69,18 +69,19 @@ estimate (``estimated_finish`` stays None) and nothing is shed for want of one.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Mapping
 
 from calculet.machines.request import FinishReason
 from calculet.runtime.scheduling.estimate_error import EstimateErrors, EstimateErrorStatistics
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
-from calculet.runtime.scheduling.finish_estimate import (ON_TIME_EPS_S, DeviceModel, Fit, PendingJob,
+from calculet.runtime.scheduling.finish_estimate import (DeviceModel, Fit, PendingJob,
                                                          admission_order_finish, fair_share_finish,
-                                                         fits, on_time_selection)
+                                                         on_time_selection)
 from calculet.runtime.scheduling.on_time_cache import _EdfCache, _Refusal
 from calculet.runtime.scheduling.on_time_kept import DECODING_STATES, PLANNED_STATES, KeptJobs, job_values, pending_job
 from calculet.runtime.scheduling.on_time_order import AdmissionOrderIndex
+from calculet.runtime.scheduling.on_time_refusal import fit_afresh
 from calculet.runtime.scheduling.on_time_retry import MAX_RETRY_SLOTS, RETRY_GRACE_S, RetrySlots
 from calculet.runtime.scheduling.on_time_spare import at_risk_prefix, slack_ratio, spare_harmless
 from calculet.runtime.scheduling.overtaking import Overtaking, window_starts
@@ -95,8 +96,6 @@ the next step. A step measured on the host's clock jitters with the host's load:
 streams it swung between 0.2 and 10 ms (GIL waits included), so the 10 % rule replanned at two steps in
 three (22 % of the engine's CPU) for estimates that were noise; a plan at most 50 ms older than the
 latest smoothed step changes no finish estimate by more than the drift it would correct."""
-_EPS = ON_TIME_EPS_S
-"""The estimator's on-time tolerance: the admission cache accepts exactly what ``fits`` would."""
 _NOT_QUEUED = 1 << 62
 """The queue age given to a waiting request not in the §5.3 queue yet (the candidate): after every entry."""
 PROMPT_SMOOTHING = 1 / 8
@@ -188,6 +187,8 @@ class OnTimePlanner:
     _admitting_of: DeviceModel | None = None  # _admitting is _admitting_of slowed by _admitting_margin
     _admitting_margin = 0.0
     _admitting: DeviceModel | None = None
+    _alone: DeviceModel | None = None  # alone_model() of the device _admitting was built from, slowed alike
+    _fastest_step = math.inf  # the fastest decode step measured (the smoothed step, at each model built)
 
     def device(self, compiled_batch: int, engines: int, chunk: int | None) -> DeviceModel | None:
         """The measured device, or None until a decode step has been measured. Built once per change of its
@@ -199,6 +200,7 @@ class OnTimePlanner:
         step = step_times.decode_step_s
         model = None
         if step > 0:
+            self._fastest_step = min(self._fastest_step, step)
             fixed, per_token = prefill_times.cost()
             model = DeviceModel(step, compiled_batch, engines, fixed, per_token, chunk,
                                 step_times.token_s, step_times.period_high_s)
@@ -211,7 +213,23 @@ class OnTimePlanner:
         if model is not self._admitting_of or margin != self._admitting_margin or self._admitting is None:
             self._admitting_of, self._admitting_margin = model, margin
             self._admitting = self._admission_model(model)
+            self._alone = self._admission_model(self.alone_model(model))
         return self._admitting
+
+    def alone_model(self, model: DeviceModel) -> DeviceModel:
+        """``model`` serving one request alone: one lane at the fastest decode step measured, no other prefill
+        between its steps. Why (issue #13): ``model``'s per-token time is measured under the load (on B16 ~91 ms
+        with 13 decoding); alone a request runs in the smallest profile (§8; 42.5 ms on the reference cost).
+        "Never" is judged on it (:func:`.on_time_retry.retry_placement`), and so is a candidate the device would
+        serve alone (:func:`.on_time_refusal.fit_afresh`). The fastest step: the smoothed step's least value at a model built (a
+        device serves a lone request first). One that slowed since keeps it: a retry refused again, never a
+        "never" that lies; admission's margin slows it with the rest."""
+        return replace(model, decode_step_s=min(self._fastest_step, model.decode_step_s), compiled_batch=1,
+                       engines=1, token_s=0.0)
+
+    def admitting_alone(self) -> DeviceModel | None:
+        """:meth:`alone_model` of the device :meth:`admitting_model` last built, slowed by the same margin."""
+        return self._alone
 
     def drifted(self, now: float) -> bool:
         """The step time moved enough since the last plan that a new one may decide otherwise (and the plan is
@@ -327,7 +345,7 @@ class OnTimePlanner:
         job: PendingJob | None = None
         if finish is None:
             job = PendingJob.trusted(*values)
-            fit = _fit_afresh(self, rec, job, cache, now, model, records)
+            fit = fit_afresh(self, rec, job, cache, now, model, records)
             if not fit.ok:
                 return fit
             finish = fit.finish
@@ -440,7 +458,7 @@ class OnTimePlanner:
 
     def refusal_cache(self) -> _EdfCache | None:
         """The admission cache when a refusal may be read from it, else None: none built, stale, or the step
-        faster than at the plan (its lanes free late). The one rule :meth:`_fast_refusal` and the HTTP
+        faster than at the plan (its lanes free late). The one rule :func:`.on_time_refusal.fast_refusal` and the HTTP
         front's admission snapshot (:func:`calculet.runtime.engine.admission_snapshot.take_snapshot`) share."""
         cache = self._cache
         if cache is None or self.stale or self._cache_drift() < 0:
@@ -455,32 +473,6 @@ class OnTimePlanner:
     def keeps(self, request_id: int) -> bool:
         """Whether the request's work is in the kept set (O(kept): read when a request ends)."""
         return self._kept.holds(request_id)
-
-    def _fast_refusal(self, job: PendingJob, now: float, model: DeviceModel) -> Fit | None:
-        """The refusal of ``job`` without a replan, when the caches can tell (None: they cannot)."""
-        cache = self.refusal_cache()
-        if cache is None or job.deadline is None:
-            return None
-        late = cache.tail_finish(job, now, model)
-        if late is not None and late > job.deadline + _EPS:
-            alone = model.service_s(job.prefill_tokens, job.decode_steps)
-            if alone > job.deadline - now + _EPS:
-                return Fit(False, None, None)  # late even on an idle device: never
-            return Fit(False, now, None)  # behind every kept job: the retry slots place it
-        last = self._refusal
-        if last is not None and last.covers(job, self._version, model):
-            return Fit(False, last.retry_at, None)
-        return None
-
-    def _refuse(self, rec: RequestRecord, job: PendingJob, fit: Fit, now: float, model: DeviceModel) -> Fit:
-        """Count the refusal; place its retry behind the kept work and the earlier refusals' slots."""
-        self._unfit += 1
-        if fit.retry_at is None or job.deadline is None or self._cache is None:
-            return fit
-        length = model.service_s(job.prefill_tokens, job.decode_steps)
-        retry = self.retry_slots.reserve(self._cache.free, (self._version, model), now, length,
-                                         job.deadline - now, fit.retry_at, rec.tenant)
-        return Fit(False, retry, None)
 
     def ttft_refusal(self, rec: RequestRecord, now: float, waiting_ahead: int) -> float | None:
         """When ``rec`` could start within its TTFT target (None: it can, or no estimate) — else the
@@ -528,31 +520,6 @@ class OnTimePlanner:
     def statistics(self) -> OnTimeStatistics:
         return OnTimeStatistics(self._replans, self._unfit, self._ttft_refused, self._shed_waiting,
                                  self._shed_admitted, self._at_risk, self._cap, self.errors.statistics())
-
-
-def _fit_afresh(planner: OnTimePlanner, rec: RequestRecord, job: PendingJob, cache: _EdfCache | None, now: float,
-                model: DeviceModel, records: Callable[[], Iterable[RequestRecord]]) -> Fit:
-    """:meth:`OnTimePlanner.admit`'s slow path, where the cache cannot place ``job``: a fast refusal, else the
-    full check against the kept set (replanned first unless the plan is this instant's and nothing moved since);
-    an accepted ``job`` joins the kept set and the cache is rebuilt with it. Counts and places a refusal."""
-    refused = planner._fast_refusal(job, now, model)
-    if refused is not None:
-        return planner._refuse(rec, job, refused, now, model)
-    if planner.dirty or planner._planned_at != now or cache is None:
-        # sheds found here are applied at the next tick. On admission's slowed model, the cache is
-        # slowed twice until then; kept: planning on `nominal` cost B16 tight 0.5x 246 -> 243 (#13)
-        planner.replan((r for r in records() if r is not rec), now, model)
-        planner.dirty = True
-    kept = planner._kept.jobs()
-    fit = fits(job, kept, now, model)
-    if not fit.ok:
-        if job.deadline is not None:
-            planner._refusal = _Refusal(planner._version, model, job.deadline, job.prefill_tokens,
-                                        job.decode_steps, fit.retry_at)
-        return planner._refuse(rec, job, fit, now, model)
-    kept.append(job)
-    planner._cache = _EdfCache(kept, now, model)
-    return fit
 
 
 def _overtaken(planner: OnTimePlanner, rec: RequestRecord, job: PendingJob, now: float, model: DeviceModel,

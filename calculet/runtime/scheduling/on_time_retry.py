@@ -11,13 +11,41 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
+from typing import Sequence
 
-__all__ = ["MAX_RETRY_SLOTS", "RETRY_GRACE_S", "RetrySlots"]
+from calculet.runtime.scheduling.finish_estimate import ON_TIME_EPS_S
+
+__all__ = ["MAX_RETRY_SLOTS", "RETRY_GRACE_S", "RetrySlots", "retry_placement"]
 
 RETRY_GRACE_S = 2.0
 """A ghost outlives its retry time by this long (a client's retry takes a round trip or two)."""
 MAX_RETRY_SLOTS = 512
 """Ghosts kept at most: beyond it the oldest is dropped, so a flood of refusals stays bounded."""
+
+
+def retry_placement(free: Sequence[float], now: float, length: float, alone: float, relative: float,
+                    lower: float | None) -> tuple[float, float] | None:
+    """Where a refused request's retry goes: (the lane seconds its ghost holds, the earliest retry time), or
+    None when it is late even on an idle device ("never", no ``Retry-After``). One rule for the planner's
+    refusals and the HTTP front's (:mod:`calculet.runtime.engine.admission_snapshot`).
+
+    ``length``: its service at the per-token time measured under the current load; ``alone``: on the device
+    at its fastest for it, one lane and nobody else (:meth:`.OnTimePlanner.alone_model`); ``relative``: its
+    deadline from ``now``; ``lower``: the estimator's earliest fitting instant under the current load (None:
+    none). ``free``: the kept lanes' free times.
+
+    Why (issue #13): the per-token time under load (on B16 ~91 ms with 13 decoding, prefills between the
+    steps) is not what the same request gets alone (the smallest profile's step, ~42 ms on the reference
+    cost): refused as "never" by the loaded figure, a request an idle device serves in time was told not to
+    come back. One that fits under the load is placed as before, from ``lower``; one that fits only alone is
+    placed once every kept lane is free, for its lone length (when the admission judges it alone:
+    :meth:`.OnTimePlanner.admit`). Fitting as the load drains part-way would need the per-token time at each
+    occupancy, which nothing measures."""
+    if alone > relative + ON_TIME_EPS_S:
+        return None
+    if lower is not None and length <= relative + ON_TIME_EPS_S:
+        return length, lower
+    return alone, max(now, max(free, default=now))
 
 
 @dataclass
