@@ -273,7 +273,8 @@ class RefusalLane:
         state then says what was decided).
         ``started``: ``time.perf_counter()`` when the request reached the lane (its log line's duration).
         ``patient`` (with ``hold``): with no snapshot, wait while anything is on its way to the engine, not only
-        :data:`~calculet.runtime.engine.admission_snapshot.HOLD_IN_FLIGHT` (a drain's answer that is no round)."""
+        :data:`~calculet.runtime.engine.admission_snapshot.HOLD_IN_FLIGHT` (a drain at an answer that is no round;
+        an arrival behind held requests, :meth:`holding`)."""
         try:
             decided = self._decide(scope, body, hold, patient)
         except Exception:  # noqa: BLE001 - the full path meets it again and answers it (a 500 with its log line)
