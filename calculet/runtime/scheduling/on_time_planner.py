@@ -221,9 +221,9 @@ class OnTimePlanner:
         between its steps. Why (issue #13): ``model``'s per-token time is measured under the load (on B16 ~91 ms
         with 13 decoding); alone a request runs in the smallest profile (§8; 42.5 ms on the reference cost).
         "Never" is judged on it (:func:`.on_time_retry.retry_placement`), and so is a candidate the device would
-        serve alone (:func:`.on_time_refusal.fit_afresh`). The fastest step: the smoothed step's least value at a model built (a
-        device serves a lone request first). One that slowed since keeps it: a retry refused again, never a
-        "never" that lies; admission's margin slows it with the rest."""
+        serve alone (:func:`.on_time_refusal.fit_afresh`). The fastest step: the smoothed step's least value at a
+        model built (a device serves a lone request first). One that slowed since keeps it: a retry refused
+        again, never a "never" that lies; admission's margin slows it with the rest."""
         return replace(model, decode_step_s=min(self._fastest_step, model.decode_step_s), compiled_batch=1,
                        engines=1, token_s=0.0)
 
