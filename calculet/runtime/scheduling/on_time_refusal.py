@@ -68,9 +68,8 @@ def refuse(planner: OnTimePlanner, rec: RequestRecord, job: PendingJob, fit: Fit
                             alone.service_s(job.prefill_tokens, job.decode_steps), relative, fit.retry_at)
     if place is None:
         return Fit(False, None, None)
-    length, lower = place
-    retry = planner.retry_slots.reserve(cache.free, (planner._version, model), now, length, relative, lower,
-                                        rec.tenant)
+    retry = planner.retry_slots.reserve(cache.free, (planner._version, model), now, place.length, relative,
+                                        place.lower, rec.tenant, place.drained)
     return Fit(False, retry, None)
 
 

@@ -11,11 +11,22 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from calculet.runtime.scheduling.finish_estimate import ON_TIME_EPS_S
 
-__all__ = ["MAX_RETRY_SLOTS", "RETRY_GRACE_S", "RetrySlots", "retry_placement"]
+__all__ = ["MAX_RETRY_SLOTS", "RETRY_GRACE_S", "Placement", "RetrySlots", "retry_placement"]
+
+
+class Placement(NamedTuple):
+    """Where a refused request's retry goes (:func:`retry_placement`)."""
+
+    length: float
+    """Lane seconds its ghost holds."""
+    lower: float
+    """Its earliest retry time."""
+    drained: bool
+    """It fits only alone: no earlier than every lane, the earlier refusals' ghosts included, is free."""
 
 RETRY_GRACE_S = 2.0
 """A ghost outlives its retry time by this long (a client's retry takes a round trip or two)."""
@@ -24,9 +35,8 @@ MAX_RETRY_SLOTS = 512
 
 
 def retry_placement(free: Sequence[float], now: float, length: float, alone: float, relative: float,
-                    lower: float | None) -> tuple[float, float] | None:
-    """Where a refused request's retry goes: (the lane seconds its ghost holds, the earliest retry time), or
-    None when it is late even on an idle device ("never", no ``Retry-After``). One rule for the planner's
+                    lower: float | None) -> Placement | None:
+    """Where a refused request's retry goes, or None when it is late even on an idle device ("never", no ``Retry-After``). One rule for the planner's
     refusals and the HTTP front's (:mod:`calculet.runtime.engine.admission_snapshot`).
 
     ``length``: its service at the per-token time measured under the current load; ``alone``: on the device
@@ -38,14 +48,15 @@ def retry_placement(free: Sequence[float], now: float, length: float, alone: flo
     steps) is not what the same request gets alone (the smallest profile's step, ~42 ms on the reference
     cost): refused as "never" by the loaded figure, a request an idle device serves in time was told not to
     come back. One that fits under the load is placed as before, from ``lower``; one that fits only alone is
-    placed once every kept lane is free, for its lone length (when the admission judges it alone:
-    :meth:`.OnTimePlanner.admit`). Fitting as the load drains part-way would need the per-token time at each
+    placed once every kept lane and every earlier ghost is free, for its lone length (admission judges a
+    candidate alone when nothing is kept: :func:`.on_time_refusal.fit_afresh`; two such retries at the same
+    drain time would both be judged sharing the device). Fitting as the load drains part-way would need the per-token time at each
     occupancy, which nothing measures."""
     if alone > relative + ON_TIME_EPS_S:
         return None
     if lower is not None and length <= relative + ON_TIME_EPS_S:
-        return length, lower
-    return alone, max(now, max(free, default=now))
+        return Placement(length, lower, False)
+    return Placement(alone, max(now, max(free, default=now)), True)
 
 
 @dataclass
@@ -89,15 +100,18 @@ class RetrySlots:
     removed — so a pass is skipped only when it would remove nothing."""
 
     def reserve(self, base: list[float], key: object, now: float, length: float, relative: float,
-                lower: float, tenant: str = "") -> float:
+                lower: float, tenant: str = "", drained: bool = False) -> float:
         """The retry time of a refused candidate needing ``length`` lane seconds within ``relative``
-        seconds of its arrival; its ghost is placed there. ``base``: the kept lanes' free times."""
+        seconds of its arrival; its ghost is placed there. ``base``: the kept lanes' free times.
+        ``drained``: it fits only alone (:class:`Placement`), so no earlier than every lane is free."""
         self.expire(now)
         if self._free is None or key != self._key:
             self._rebuild(base, key, now)
         free = self._free
         assert free is not None
         lane = free[0]
+        if drained:
+            lower = max(lower, max(free))
         retry = now + max(0, math.ceil(max(lower, lane + length - relative) - now - 1e-9))
         heapq.heapreplace(free, max(retry, lane) + length)
         self.ghosts.append(_Ghost(retry, length, tenant))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from calculet.runtime.scheduling.decode import DecodeBatch
-from calculet.runtime.scheduling.on_time_retry import retry_placement
+from calculet.runtime.scheduling.on_time_retry import RetrySlots, retry_placement
 from tests.unit.runtime.runtime_support import Harness
 
 STEP_S = {1: 0.05, 4: 0.2}
@@ -98,9 +98,20 @@ def test_retry_placement_places_by_the_load_fits_alone_after_the_drain_or_never(
     fits only alone (its ghost over-reserves, and its lower bound is the loaded estimator's); the drain time taken
     as the earliest free lane instead of the last; "never" judged on ``length``."""
     free = [3.0, 7.0, 5.0]
-    assert retry_placement(free, 1.0, 2.0, 1.0, 4.0, 3.0) == (2.0, 3.0)       # fits under the load: as before
-    assert retry_placement(free, 1.0, 6.0, 1.5, 4.0, 3.0) == (1.5, 7.0)       # fits alone: every lane free
-    assert retry_placement(free, 1.0, 2.0, 1.5, 4.0, None) == (1.5, 7.0)      # no fitting instant under the load
-    assert retry_placement(free, 1.0, 6.0, 4.5, 4.0, 3.0) is None             # late alone: never
-    assert retry_placement([], 1.0, 6.0, 1.5, 4.0, None) == (1.5, 1.0)        # nothing kept: now
-    assert retry_placement([0.5], 1.0, 6.0, 1.5, 4.0, None) == (1.5, 1.0)    # every lane free already: now
+    assert retry_placement(free, 1.0, 2.0, 1.0, 4.0, 3.0) == (2.0, 3.0, False)   # fits under the load: as before
+    assert retry_placement(free, 1.0, 6.0, 1.5, 4.0, 3.0) == (1.5, 7.0, True)    # fits alone: every lane free
+    assert retry_placement(free, 1.0, 2.0, 1.5, 4.0, None) == (1.5, 7.0, True)   # no fitting instant under the load
+    assert retry_placement(free, 1.0, 6.0, 4.5, 4.0, 3.0) is None                # late alone: never
+    assert retry_placement([], 1.0, 6.0, 1.5, 4.0, None) == (1.5, 1.0, True)     # nothing kept: now
+    assert retry_placement([0.5], 1.0, 6.0, 1.5, 4.0, None) == (1.5, 1.0, True)  # every lane free already: now
+
+
+def test_requests_that_fit_only_alone_are_placed_one_after_the_other():
+    """Each is judged alone at its retry, so the next one's retry waits for the previous one's ghost. Mutant
+    caught: ``drained`` ignored by the slots (both placed at the drain time: the second retry finds the first
+    request on the device, is judged sharing it and refused again)."""
+    slots = RetrySlots()
+    free = [3.0, 7.0]
+    first = slots.reserve(free, "k", 1.0, 2.0, 4.0, 7.0, "t", drained=True)
+    second = slots.reserve(free, "k", 1.0, 2.0, 4.0, 7.0, "t", drained=True)
+    assert first == 7.0 and second == 9.0
