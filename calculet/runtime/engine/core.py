@@ -87,7 +87,7 @@ from calculet.runtime.execution.sampler import SamplerPool
 from calculet.runtime.execution.session import RuntimeSession
 from calculet.runtime.execution.session_plan import SessionPlan
 from calculet.runtime.models.capacity import CapacityPlanner
-from calculet.runtime.models.manager import ModelManager
+from calculet.runtime.models.manager import REQUEST_TARGETS, ModelManager
 from calculet.runtime.models.reports import LoadFailed, LoadReport
 from calculet.runtime.request import RequestSink
 from calculet.runtime.scheduling.admission import Decision, ModelAvailability
@@ -487,7 +487,8 @@ class EngineCore:
 
     def _observe(self, rec: RequestRecord, source: str, target: str) -> None:
         self._joint_observe(rec)
-        self.models.on_request_transition(rec, source, target)
+        if target in REQUEST_TARGETS:  # the moves that may change a generation's counters (not a decode step's)
+            self.models.on_request_transition(rec, source, target)
         if self._observer is not None:
             self._observer(rec, source, target)
 
