@@ -178,7 +178,7 @@ class OnTimePlanner:
         set by the policy from the admission queue: a head keeps its tag (:mod:`.wfq_order`)."""
         self.wfq_cost: Callable[[RequestRecord], float] = lambda rec: rec.cost
         """A request's §5.3 cost, set by the policy: a candidate is estimated before the queue sets ``rec.cost``."""
-        self.overtaking = Overtaking()  # accepted cost per tenant: later arrivals ahead of a waiting one (one lane)
+        self.overtaking = Overtaking()  # accepted work per tenant: later arrivals ahead of a waiting one
 
     # ------------------------------------------------------------------ the device
 
@@ -355,8 +355,8 @@ class OnTimePlanner:
         else:
             self._kept.admitted(values)
         self._version += 1
-        if lanes == 1:  # the rates feed the one-lane estimate only (_overtaken): no call per B>1 submit (#20)
-            self.overtaking.accepted(rec.tenant, self.wfq_cost(rec), now)
+        if in_order:  # the rates feed the queue-order estimate only (_overtaken): else no call per submit (#20)
+            self.overtaking.accepted(rec.tenant, self.wfq_cost(rec), nominal.service_s(values[1], values[2]), now)
         if self.retry_slots.ghosts:  # a refused client's slot it may take (none held: no call per submit, #20)
             self.retry_slots.admitted(rec.tenant, now)
         if finish is not None:  # the expected finish: the margin's slowdown taken back out
@@ -525,11 +525,8 @@ class OnTimePlanner:
 def _overtaken(planner: OnTimePlanner, rec: RequestRecord, job: PendingJob, now: float, model: DeviceModel,
                finish: float) -> float:
     """How much later than its queue-order ``finish`` a waiting candidate is expected to finish, overtaken by
-    later arrivals of other tenants (:mod:`.overtaking`): on one lane only, where the service is the model's
-    own (the B1 step) and the wait's bias is the error. On B>1 the lanes free with the per-token time, which
-    varies far more than this term (issue #13: calculet-b4 steady at 1x, P90 32 -> 42 % with it)."""
-    if model.lanes > 1:
-        return 0.0
+    later arrivals of other tenants (:mod:`.overtaking`), their work in their own lane seconds spread over the
+    lanes (issue #13 session 11: on every lane count; the measurements are in the module's docstring)."""
     tags = planner.order_index.order_tags()  # the index holds the candidate's tag after either path seeded it
     start = planner.virtual_start
     cost = planner.wfq_cost(rec)
@@ -537,5 +534,5 @@ def _overtaken(planner: OnTimePlanner, rec: RequestRecord, job: PendingJob, now:
         return 0.0
     service = model.service_s(job.prefill_tokens, job.decode_steps)
     tag, last = tags
-    return planner.overtaking.delay(rec.tenant, tag, finish - now - service, service / cost / model.lanes,
+    return planner.overtaking.delay(rec.tenant, tag, finish - now - service, model.lanes,
                                     job.deadline - finish, now, window_starts(planner.weights, last, start))

@@ -1,8 +1,9 @@
-"""Issue #13: the admission-order estimate on one KV lane counts later arrivals of other tenants tagged ahead of a
-waiting request (§5.3), up to half its slack (§7.2 at risk) — :mod:`calculet.runtime.scheduling.overtaking`.
+"""Issue #13: the admission-order estimate counts later arrivals of other tenants tagged ahead of a waiting request
+(§5.3), in their own lane seconds over the lanes, up to half its slack (§7.2 at risk) —
+:mod:`calculet.runtime.scheduling.overtaking`.
 
-Decisions in virtual time, no sleeps: the pure pieces by hand, then the planner's estimate on a one-lane harness
-where one tenant is backlogged and the other is not.
+Decisions in virtual time, no sleeps: the pure pieces by hand, then the planner's estimate on a one-lane and a
+16-lane harness where one tenant is backlogged and the other is not.
 """
 
 from __future__ import annotations
@@ -25,40 +26,59 @@ def test_the_fixed_point_stretches_the_wait_until_each_tenants_window_is_full():
     assert fixed_point_wait(10.0, [(2.0, 4.0)]) == pytest.approx(14.0)               # faster than served: the cap
 
 
-def test_the_accepted_rate_decays_with_its_window():
+def test_the_accepted_rates_decay_with_their_window():
     o = Overtaking()
-    o.accepted("a", 120.0, 0.0)
+    o.accepted("a", 120.0, 6.0, 0.0)
     assert o.rate("a", 0.0) == pytest.approx(120.0 / RATE_WINDOW_S)
+    assert o.lane_rate("a", 0.0) == pytest.approx(6.0 / RATE_WINDOW_S)
     assert o.rate("a", RATE_WINDOW_S) == pytest.approx(120.0 / RATE_WINDOW_S / math.e)
-    o.accepted("a", 60.0, RATE_WINDOW_S)
+    assert o.lane_rate("a", RATE_WINDOW_S) == pytest.approx(6.0 / RATE_WINDOW_S / math.e)
+    o.accepted("a", 60.0, 3.0, RATE_WINDOW_S)
     assert o.rate("a", RATE_WINDOW_S) == pytest.approx((120.0 / math.e + 60.0) / RATE_WINDOW_S)
-    assert o.rate("b", 5.0) == 0.0
+    assert o.lane_rate("a", RATE_WINDOW_S) == pytest.approx((6.0 / math.e + 3.0) / RATE_WINDOW_S)
+    assert o.rate("b", 5.0) == 0.0 and o.lane_rate("b", 5.0) == 0.0
 
 
-def _overtaking(rate_a: float) -> Overtaking:
+def _overtaking(rate_a: float, lane_s_per_cost: float = 0.01) -> Overtaking:
     o = Overtaking()
-    o.accepted("a", rate_a * RATE_WINDOW_S, 100.0)  # a's accepted cost per second at t=100
+    cost = rate_a * RATE_WINDOW_S  # a's accepted cost per second at t=100, each cost unit holding a lane this long
+    o.accepted("a", cost, cost * lane_s_per_cost, 100.0)
     return o
 
 
 def test_only_other_tenants_with_tags_below_the_candidates_overtake_it():
     o = _overtaking(0.5)
-    o.accepted("b", 1e6, 100.0)                     # the candidate's own tenant never overtakes it
+    o.accepted("b", 1e6, 1e4, 100.0)                # the candidate's own tenant never overtakes it
     others = [("a", 400.0, 1.0), ("b", 0.0, 1.0)]
-    # b's candidate tagged 1 000, a's window from 400: 600 cost, at 0.01 s per cost unit -> up to 6 s; a's
-    # accepted 0.5 cost/s is 0.005 s of lane per second of wait: W = 20 / (1 - 0.005)
-    delay = o.delay("b", 1000.0, 20.0, 0.01, 1e9, 100.0, others)
+    # b's candidate tagged 1 000, a's window from 400: 600 cost, at a's 0.01 s of lane per cost unit -> up to 6 s;
+    # a's accepted 0.5 cost/s is 0.005 s of lane per second of wait: W = 20 / (1 - 0.005)
+    delay = o.delay("b", 1000.0, 20.0, 1, 1e9, 100.0, others)
     assert delay == pytest.approx(20.0 / 0.995 - 20.0, abs=2e-3)
-    assert o.delay("b", 300.0, 20.0, 0.01, 1e9, 100.0, others) == 0.0  # a's last waiting tag is past it
-    assert o.delay("b", 1000.0, 0.0, 0.01, 1e9, 100.0, others) == 0.0  # it does not wait: nobody gets ahead
+    assert o.delay("b", 300.0, 20.0, 1, 1e9, 100.0, others) == 0.0  # a's last waiting tag is past it
+    assert o.delay("b", 1000.0, 0.0, 1, 1e9, 100.0, others) == 0.0  # it does not wait: nobody gets ahead
+
+
+def test_the_other_tenants_work_is_counted_in_its_own_lane_seconds_over_the_lanes():
+    """Issue #13 session 11: a tenant of long prompts and short outputs costs much in §5.3 units and little lane time;
+    its work is read in its own lane seconds, not at the candidate's rate. Mutants caught: the rate read in cost
+    units (the two tenants' delays equal), the lanes ignored (the 4-lane delay equals the 1-lane one)."""
+    others = [("a", 0.0, 1.0)]
+    light = _overtaking(50.0, lane_s_per_cost=0.001)  # 50 cost/s at 1 ms a unit: 0.05 s of lane a second
+    heavy = _overtaking(50.0, lane_s_per_cost=0.01)   # 0.5 s of lane a second
+    assert light.delay("b", 1e6, 20.0, 1, 1e9, 100.0, others) == pytest.approx(20.0 / 0.95 - 20.0, abs=2e-3)
+    assert heavy.delay("b", 1e6, 20.0, 1, 1e9, 100.0, others) == pytest.approx(20.0, abs=2e-3)  # W = 20 / 0.5
+    assert heavy.delay("b", 1e6, 20.0, 4, 1e9, 100.0, others) == pytest.approx(20.0 / 0.875 - 20.0, abs=2e-3)
+    # the window spreads over the lanes too: 1 000 cost at 0.01 s is 10 s of lane, 2.5 s on each of 4
+    flood = _overtaking(5000.0)
+    assert flood.delay("b", 1000.0, 20.0, 4, 1e9, 100.0, others) == pytest.approx(2.5)
 
 
 def test_the_delay_takes_half_the_slack_at_most():
     o = _overtaking(50.0)                           # a arrives faster than the lane serves: the window binds
     others = [("a", 0.0, 1.0)]
-    assert o.delay("b", 1000.0, 20.0, 0.01, 1e9, 100.0, others) == pytest.approx(10.0)  # the whole window
-    assert o.delay("b", 1000.0, 20.0, 0.01, 8.0, 100.0, others) == pytest.approx(SLACK_SHARE * 8.0)
-    assert o.delay("b", 1000.0, 20.0, 0.01, -1.0, 100.0, others) == 0.0  # already late: at risk at once
+    assert o.delay("b", 1000.0, 20.0, 1, 1e9, 100.0, others) == pytest.approx(10.0)  # the whole window
+    assert o.delay("b", 1000.0, 20.0, 1, 8.0, 100.0, others) == pytest.approx(SLACK_SHARE * 8.0)
+    assert o.delay("b", 1000.0, 20.0, 1, -1.0, 100.0, others) == 0.0  # already late: at risk at once
 
 
 def test_a_tenant_with_nothing_waiting_opens_its_window_at_its_virtual_start():
@@ -91,19 +111,35 @@ def test_on_one_lane_the_backlogged_tenants_estimate_counts_the_other_tenants_la
     assert h.rec(last_b).estimated_finish == in_order_b
 
 
-def test_with_lanes_the_estimate_is_the_queue_orders_and_no_rate_is_kept():
-    """B16 with 16 sequences: the lanes free at the per-token time, which varies far more than the term (issue #13:
-    calculet-b4 steady at 1x, P90 32 -> 42 % with it), so the estimate is the order's and the submit path keeps no
-    rate for it (#20: no call per B>1 submit). Mutant caught: the rates kept on every submit."""
+def test_with_sixteen_lanes_the_backlogged_tenants_estimate_counts_the_other_tenants_later_arrivals():
+    """B16 with 16 sequences: the queue's order binds as on one lane, and a's last waiting request is estimated
+    later than the order alone says once b, tagged before it, keeps arriving (issue #13 session 11: calculet-b16
+    steady 4x, the backlogged tenant's signed wait error -18 -> -3 %). Mutants caught: the term gated to one lane
+    again (equal to the order's), the rates not kept with lanes (equal too), b's own estimate delayed."""
     h = build()
     p = planner(h)
     seen = _spy_order_estimates(p)
-    for i in range(24):
+    for _ in range(24):
         h.submit(prompt=16, new=60, tenant="a", deadline_ms=600_000)
-    last = h.submit(prompt=16, new=60, tenant="a", deadline_ms=600_000).request_id
-    assert h.state(last) == "waiting_admission" and seen[last] is not None
-    assert h.rec(last).estimated_finish == seen[last]
-    assert p.overtaking.rate("a", h.clock.now()) == 0.0
+    for _ in range(3):
+        h.submit(prompt=16, new=8, tenant="b", deadline_ms=600_000)
+    last_a = h.submit(prompt=16, new=60, tenant="a", deadline_ms=600_000).request_id
+    last_b = h.submit(prompt=16, new=8, tenant="b", deadline_ms=600_000).request_id
+    assert h.state(last_a) == "waiting_admission" and seen[last_a] is not None and seen[last_b] is not None
+    assert p.overtaking.lane_rate("b", h.clock.now()) > 0
+    assert h.rec(last_a).estimated_finish > seen[last_a] + 1e-6
+    assert h.rec(last_b).estimated_finish == seen[last_b]
+
+
+def test_where_the_decode_order_binds_no_rate_is_kept():
+    """More sequences than one step decodes (B1 with 4 KV lanes): the estimate is the EDF plan's, not the queue
+    order's, so the submit path keeps no rate for it (#20: no call per submit there). Mutant caught: the rates kept
+    on every submit."""
+    h = build(lanes=4, sizes=(1,))
+    p = planner(h)
+    for _ in range(8):
+        h.submit(prompt=16, new=60, tenant="a", deadline_ms=600_000)
+    assert p.overtaking.rate("a", h.clock.now()) == 0.0 and p.overtaking.lane_rate("a", h.clock.now()) == 0.0
 
 
 def _spy_order_estimates(p: Any) -> dict[int, float | None]:
