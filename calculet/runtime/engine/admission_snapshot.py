@@ -16,7 +16,8 @@ whose deadline is the latest (every request with the default deadline, in arriva
 to that schedule, at ``max(free, now) + prefill + decode steps × lane step``
 (:class:`~calculet.runtime.scheduling.finish_estimate.DeviceModel`'s own ``prefill_s`` and ``lane_step_s``);
 past its deadline it is refused with the same ``Retry-After`` rule
-(:class:`~calculet.runtime.scheduling.on_time_retry.RetrySlots`).
+(:class:`~calculet.runtime.scheduling.on_time_retry.RetrySlots`, placed by
+:func:`~calculet.runtime.scheduling.on_time_retry.retry_placement`: "never" only when late even on an idle device).
 
 **Soundness.** The front only refuses. A refusal from the snapshot is one the engine would make at the same
 instant, because the snapshot is *current* whenever it is read:
@@ -58,7 +59,7 @@ from dataclasses import dataclass, field
 
 from calculet.runtime.scheduling.finish_estimate import ON_TIME_EPS_S, DeviceModel
 from calculet.runtime.scheduling.admission import ModelAvailability
-from calculet.runtime.scheduling.on_time_retry import RetrySlots
+from calculet.runtime.scheduling.on_time_retry import RetrySlots, retry_placement
 from calculet.runtime.scheduling.scheduler import Scheduler
 
 MAX_AGE_S = 0.5
@@ -81,6 +82,8 @@ class AdmissionSnapshot:
     """The latest deadline among the kept requests: a candidate's must be no earlier to go to the tail."""
     model: DeviceModel
     """The device as admission plans it (measured, slowed by the estimator's margin)."""
+    alone: DeviceModel
+    """... serving one request alone (:meth:`OnTimePlanner.alone_model`, slowed alike): "never" is judged on it."""
     deadline_s: float
     """The relative deadline a request without its own gets (``admission.deadline_default_ms``)."""
     max_kv_tokens: int
@@ -108,8 +111,11 @@ def take_snapshot(scheduler: Scheduler, *, accepting: bool, generation: int, now
     if model is None or planner.kept_count < model.lanes:
         return None
     horizon = now + MAX_AGE_S
+    admitting = planner.admitting_model(model)
+    alone = planner.admitting_alone()
+    assert alone is not None  # built with the admitting model
     return AdmissionSnapshot(generation, now, horizon if wake is None else min(wake, horizon), tuple(cache.free),
-                             cache.latest, planner.admitting_model(model),
+                             cache.latest, admitting, alone,
                              scheduler.config.admission.deadline_default_ms / 1000,
                              scheduler.admission.budget.max_kv_tokens, admitted)
 
@@ -258,13 +264,15 @@ class EarlyAdmission:
             heapq.heapreplace(pending, finish)
             return self._forward("fits")
         relative = snapshot.deadline_s
-        if length > relative + ON_TIME_EPS_S:
+        place = retry_placement(snapshot.free, now, length,
+                                snapshot.alone.service_s(prompt_tokens, max(0, max_new_tokens - 1)), relative, now)
+        if place is None:
             refusal = EarlyRefusal(None, None, "no prospect of service before the deadline: it would finish late "
                                                "even on an idle device (it would fit never on this device)")
         else:
-            # keyed by the lanes alone: the slots' heap is rebuilt when the kept schedule changed, not at every
-            # snapshot (the measured model moves at every step; a slot's length was fixed when it was placed)
-            retry = self.slots.reserve(list(snapshot.free), snapshot.free, now, length, relative, now, tenant)
+            # keyed by the lanes alone (not the model, which moves every step): rebuilt when the kept schedule changed
+            retry = self.slots.reserve(list(snapshot.free), snapshot.free, now, place.length, relative, place.lower,
+                                       tenant, place.drained)
             refusal = EarlyRefusal(retry, max(0.0, math.ceil(retry - now - 1e-9)),
                                    "no prospect of service before the deadline: with the work already admitted the "
                                    f"shared-device estimate finishes it late (it would fit in {retry - now:.1f} s)")
@@ -285,12 +293,14 @@ class EarlyAdmission:
         snapshot = read()
         if snapshot is None:
             return retry_after_s
-        model = snapshot.model
-        length = model.service_s(prompt_tokens, max(0, max_new_tokens - 1))
-        if length > snapshot.deadline_s + ON_TIME_EPS_S:
+        steps = max(0, max_new_tokens - 1)
+        relative, lower = snapshot.deadline_s, now + retry_after_s
+        place = retry_placement(snapshot.free, now, snapshot.model.service_s(prompt_tokens, steps),
+                                snapshot.alone.service_s(prompt_tokens, steps), relative, lower)
+        if place is None:
             return retry_after_s
-        retry = self.slots.reserve(list(snapshot.free), snapshot.free, now, length, snapshot.deadline_s,
-                                   now + retry_after_s, tenant)
+        retry = self.slots.reserve(list(snapshot.free), snapshot.free, now, place.length, relative, place.lower, tenant,
+                                   place.drained)
         return max(retry_after_s, float(math.ceil(retry - now - 1e-9)))
 
     def _forward(self, why: str) -> EarlyRefusal | None:

@@ -88,9 +88,8 @@ def pinned(served: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Every request of ``served`` finds the same snapshot: its one lane busy for an hour."""
     service, app = served
     now = service.engine.clock.now()
-    snapshot = AdmissionSnapshot(1, now, math.inf, (now + 3600.0,), 0.0,
-                                 DeviceModel(decode_step_s=STEP_S, prefill_fixed_s=0.005, prefill_per_token_s=0.0006),
-                                 DEADLINE_S, 10**6, {})
+    model = DeviceModel(decode_step_s=STEP_S, prefill_fixed_s=0.005, prefill_per_token_s=0.0006)
+    snapshot = AdmissionSnapshot(1, now, math.inf, (now + 3600.0,), 0.0, model, model, DEADLINE_S, 10**6, {})
     monkeypatch.setattr(type(service.engine), "admission_snapshot", property(lambda engine: snapshot))
     return service, app
 
@@ -230,7 +229,7 @@ def test_the_same_body_is_prepared_once_and_its_model_asked_each_time(pinned: An
 def test_decide_holds_a_fitting_request_that_would_not_fit_behind_the_forwards_on_its_snapshot() -> None:
     early = EarlyAdmission()
     model = DeviceModel(decode_step_s=STEP_S)
-    snapshot = AdmissionSnapshot(1, 0.0, 10.0, (0.0, 1.0), 0.0, model, DEADLINE_S, 10**6, {})
+    snapshot = AdmissionSnapshot(1, 0.0, 10.0, (0.0, 1.0), 0.0, model, model, DEADLINE_S, 10**6, {})
 
     def decide(hold: bool, read: Any = lambda: snapshot) -> Any:  # 1.95 s of lane each: two fit a lane in 5 s
         return early.decide(read, prompt_tokens=4, max_new_tokens=40, tenant="t", now=0.0, hold=hold)
@@ -239,7 +238,7 @@ def test_decide_holds_a_fitting_request_that_would_not_fit_behind_the_forwards_o
     assert decide(True) is HELD and decide(False) is None  # it fits the snapshot, not behind the four: held if asked
     assert decide(True) is HELD  # the forward without hold was appended too
     assert early.statistics().forwarded["fits"] == 5  # a held request is not counted
-    newer = AdmissionSnapshot(2, 0.0, 10.0, (0.0, 1.0), 0.0, model, DEADLINE_S, 10**6, {})
+    newer = AdmissionSnapshot(2, 0.0, 10.0, (0.0, 1.0), 0.0, model, model, DEADLINE_S, 10**6, {})
     assert decide(True, lambda: newer) is None  # a new snapshot: the forwards before it are in it
 
 
@@ -346,8 +345,8 @@ def _held_at_arrival(lane: Any, edge: _Edge, names: str, body: bytes) -> list[_C
 def _refusing(service: Any, generation: int) -> AdmissionSnapshot:
     """A snapshot of ``service``'s engine that refuses every request: its one lane busy for an hour."""
     now = service.engine.clock.now()
-    return AdmissionSnapshot(generation, now, math.inf, (now + 3600.0,), 0.0, DeviceModel(decode_step_s=STEP_S),
-                             DEADLINE_S, 10**6, {})
+    model = DeviceModel(decode_step_s=STEP_S)  # one lane: alone, the same device
+    return AdmissionSnapshot(generation, now, math.inf, (now + 3600.0,), 0.0, model, model, DEADLINE_S, 10**6, {})
 
 
 def _shown(service: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:

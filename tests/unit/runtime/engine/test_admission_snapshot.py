@@ -240,3 +240,40 @@ def test_no_snapshot_while_the_step_is_faster_than_the_cached_plans():
         timer.observe(STEP / 3)
     assert h.scheduler.on_time.planner._cache_drift() < 0
     assert _snapshot(h) is None
+
+
+@pytest.mark.req("R5.2.2", "R5.2.4")
+def test_the_fronts_never_is_the_engines_late_even_alone_and_a_request_fitting_alone_gets_the_same_retry_after():
+    """Issue #13: "never" is judged on the device serving the request alone (``OnTimePlanner.alone_model``), not
+    on the per-token time under the load. A B4 device whose B1 step is 0.05 s and B4 step 0.2 s, four streams
+    decoding, deadline 10 s: a 100-step request is late under the load (20 s) but fits alone (5 s); a 250-step one
+    is late alone (12.5 s). Mutant caught: the front judging "never" on the snapshot's loaded model (a 429 without
+    Retry-After where the engine gives one)."""
+    h = Harness.build(sizes=(1, 4), lanes=4, admission={"max_sequences": 4, "deadline_default_ms": 10_000})
+    step_s = {1: 0.05, 4: 0.2}
+
+    def play(until: float) -> None:
+        while h.clock.now() < until:
+            plan = h.step()
+            if plan.work is None:
+                h.clock.advance(0.01)
+                continue
+            h.scheduler.submitted(plan.work.job_id)
+            h.clock.advance(step_s[plan.work.profile.compiled_batch] if hasattr(plan.work, "profile") else 0.01)
+            h.complete(plan.work)
+            h.confirm_all()
+
+    h.submit(prompt=8, new=15)
+    play(1.0)  # alone: the fastest step is measured
+    for _ in range(4):
+        assert not h.submit(prompt=8, new=100, deadline_ms=22_000).outcome.rejected
+    play(15.0)
+    snap = _snapshot(h)
+    assert snap is not None
+    front = EarlyAdmission()
+    fits_alone = _decide(front, snap, h, 8, 101)
+    assert fits_alone is not None and fits_alone.retry_after_s is not None, front.statistics()
+    assert h.submit(prompt=8, new=101).outcome.retry_after_s == fits_alone.retry_after_s
+    never = _decide(front, snap, h, 8, 251)
+    assert never is not None and never.retry_after_s is None
+    assert h.submit(prompt=8, new=251).outcome.retry_after_s is None
