@@ -208,11 +208,12 @@ class EarlyAdmission:
 
     def should_hold(self, snapshot: AdmissionSnapshot | None) -> bool:
         """Whether a request should wait for the engine's next answer before being decided: no snapshot now, and
-        at least :data:`HOLD_IN_FLIGHT` requests already on their way to the actor (or to be sent: :attr:`unsent`). Why: at a burst's start the
-        device is idle (no snapshot: every request fits) and the event loop forwards requests far faster than
-        the actor answers them; the first ones fill the device and all the others would wait in the actor's
-        mailbox for a 429 the next snapshot gives at once (issue #13 measured 50 of 300 refusals of a burst
-        answered by the engine, its 429 P99 at 400 ms against 0.4 ms P50). Bounded by the caller's wait."""
+        at least :data:`HOLD_IN_FLIGHT` requests already on their way to the actor (or to be sent: :attr:`unsent`).
+        Why: at a burst's start the device is idle (no snapshot: every request fits) and the event loop
+        forwards requests far faster than the actor answers them; the first ones fill the device and all the
+        others would wait in the actor's mailbox for a 429 the next snapshot gives at once (issue #13 measured
+        50 of 300 refusals of a burst answered by the engine, its 429 P99 at 400 ms against 0.4 ms P50).
+        Bounded by the caller's wait."""
         return snapshot is None and self.in_flight + self.unsent >= HOLD_IN_FLIGHT
 
     def hold(self, wake: Callable[[], None] | None) -> None:

@@ -36,8 +36,9 @@ MAX_RETRY_SLOTS = 512
 
 def retry_placement(free: Sequence[float], now: float, length: float, alone: float, relative: float,
                     lower: float | None) -> Placement | None:
-    """Where a refused request's retry goes, or None when it is late even on an idle device ("never", no ``Retry-After``). One rule for the planner's
-    refusals and the HTTP front's (:mod:`calculet.runtime.engine.admission_snapshot`).
+    """Where a refused request's retry goes, or None when it is late even on an idle device ("never", no
+    ``Retry-After``). One rule for the planner's refusals and the HTTP front's
+    (:mod:`calculet.runtime.engine.admission_snapshot`).
 
     ``length``: its service at the per-token time measured under the current load; ``alone``: on the device
     at its fastest for it, one lane and nobody else (:meth:`.OnTimePlanner.alone_model`); ``relative``: its
@@ -50,8 +51,8 @@ def retry_placement(free: Sequence[float], now: float, length: float, alone: flo
     come back. One that fits under the load is placed as before, from ``lower``; one that fits only alone is
     placed once every kept lane and every earlier ghost is free, for its lone length (admission judges a
     candidate alone when nothing is kept: :func:`.on_time_refusal.fit_afresh`; two such retries at the same
-    drain time would both be judged sharing the device). Fitting as the load drains part-way would need the per-token time at each
-    occupancy, which nothing measures."""
+    drain time would both be judged sharing the device). Fitting as the load drains part-way would need the
+    per-token time at each occupancy, which nothing measures."""
     if alone > relative + ON_TIME_EPS_S:
         return None
     if lower is not None and length <= relative + ON_TIME_EPS_S:
