@@ -52,7 +52,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from calculet.errors import NotFound, Unavailable
 from calculet.machines import RequestMachine
