@@ -16,12 +16,14 @@ from __future__ import annotations
 
 from typing import Callable, TypeAlias
 
+from calculet.machines.request import DECODING, HOLDING, WAITING
 from calculet.runtime.scheduling.finish_estimate import PendingJob
 from calculet.runtime.scheduling.registry import RequestRecord
 
-PLANNED_STATES = frozenset({"new", "waiting_model", "waiting_admission", "prefill_ready", "prefill_running",
-                            "decode_ready", "decode_running"})
-DECODING_STATES = frozenset({"decode_ready", "decode_running"})
+PLANNED_STATES: frozenset[str] = WAITING | HOLDING
+"""States of a request that still needs device time: waiting, or holding a lane (the declaration's groups)."""
+DECODING_STATES: frozenset[str] = DECODING & HOLDING
+"""Those of them past the prefill: its remaining tokens are decode steps."""
 
 JobValues: TypeAlias = tuple[int, int, int, "float | None", float]
 """``PendingJob.trusted``'s arguments: (id, prefill_tokens, decode_steps, deadline, weight)."""
