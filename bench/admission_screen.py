@@ -10,6 +10,11 @@ whose ``OnTimePolicy.screen`` is replaced by one answering "admit" at once. The 
 over rounds of (median CPU with it − median CPU without it); its share, that over the submit's median.
 Run it from each tree being compared (``PYTHONPATH=<tree>``) and compare the shares.
 
+*Between steps* (the second line): the same, with one decode step measured by the step timer before each
+submit (outside the timed region), as on a serving device, where the engine measures a step between two
+arrivals: the submit then pays for the device model built afresh from the timers (the nominal one, and
+admission's margin-slowed one), which the first line's submits, all at one instant, share.
+
     PYTHONPATH=. python bench/admission_screen.py [--rounds 10] [--block 2000]
 """
 
@@ -20,19 +25,25 @@ import gc
 import statistics
 import time
 
-from scheduler import FAR_DEADLINE_MS, NEW, PROMPT, config, measured, scheduler  # bench/scheduler.py
+from scheduler import B, FAR_DEADLINE_MS, NEW, PROMPT, STEP_S, config, measured, scheduler  # bench/scheduler.py
 
 from calculet.runtime.request import InferenceRequest, NullSink
 from calculet.runtime.scheduling.scheduler import Scheduler
 
 
-def block(s: Scheduler, count: int) -> float:
-    """Median CPU µs of ``count`` admitted submits (the requests built outside the timed region)."""
+def block(s: Scheduler, count: int, stepped: bool = False) -> float:
+    """Median CPU µs of ``count`` admitted submits (the requests built outside the timed region); ``stepped``: a
+    decode step measured before each (outside it too)."""
     clock = time.thread_time_ns
     sink = NullSink()
     requests = [InferenceRequest(PROMPT, NEW, f"t{i % 8}", deadline_ms=FAR_DEADLINE_MS) for i in range(count)]
+    step_times = s.step_times
+    at = 1.0
     samples = []
-    for request in requests:
+    for i, request in enumerate(requests):
+        if stepped:
+            at += STEP_S
+            step_times.observe(STEP_S * (1 + (i % 5) / 100), lanes=B, compiled=B, decoding=B, now=at)
         t0 = clock()
         out = s.submit(request, sink)
         samples.append((clock() - t0) / 1000)
@@ -55,15 +66,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--block", type=int, default=2000)
     args = parser.parse_args()
-    with_screen, without = [], []
-    for _ in range(args.rounds):
-        with_screen.append(block(fresh(args.block, True), args.block))
-        without.append(block(fresh(args.block, False), args.block))
-    costs = [a - b for a, b in zip(with_screen, without)]
-    print(f"submit→Admit (screen) median CPU {statistics.median(with_screen):.1f} µs, without the screen "
-          f"{statistics.median(without):.1f} µs; the screen {statistics.median(costs):.2f} µs, "
-          f"{statistics.median([c / a for c, a in zip(costs, with_screen)]):.1%} of the submit "
-          f"({args.rounds} rounds of {args.block})")
+    for stepped, title in ((False, "submit→Admit (screen)"), (True, "... between steps")):
+        with_screen, without = [], []
+        for _ in range(args.rounds):
+            with_screen.append(block(fresh(args.block, True), args.block, stepped))
+            without.append(block(fresh(args.block, False), args.block, stepped))
+        costs = [a - b for a, b in zip(with_screen, without)]
+        print(f"{title} median CPU {statistics.median(with_screen):.1f} µs, without the screen "
+              f"{statistics.median(without):.1f} µs; the screen {statistics.median(costs):.2f} µs, "
+              f"{statistics.median([c / a for c, a in zip(costs, with_screen)]):.1%} of the submit "
+              f"({args.rounds} rounds of {args.block})")
 
 
 if __name__ == "__main__":

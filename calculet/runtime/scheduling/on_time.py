@@ -104,6 +104,8 @@ class OnTimePolicy:
         if key == self._model_key:  # what the planner's device() is keyed on, unchanged: its model (#20)
             return self._model
         if profiles is not self._shape_of:
+            if self._shape_of is not None:  # a new generation's profile set: the device starts afresh
+                planner.restart()
             self._shape_of = profiles
             self._shape = (profiles.select_profile(2**31).compiled_batch, profiles.prefill_chunk_tokens)
         batch, chunk = self._shape
@@ -217,9 +219,11 @@ class OnTimePolicy:
             self.planner.ended(rec, now)
 
     def mark(self, ended: bool = True) -> None:
-        """An event changed the admitted set (admit, end, reset): replan at the next tick. ``ended``: work
-        left the set (an end, a reset), so the cached schedule over-states what is ahead of a
-        candidate and may not refuse one until the next plan."""
+        """A device reset ended every job (``Scheduler.device_reset``, its one caller): the admitted set changed,
+        replan at the next tick; ``ended``: work left the set, so the cached schedule over-states what is ahead
+        of a candidate and may not refuse one until the next plan. The device starts afresh: the fastest step
+        measured before the reset no longer stands for it (:meth:`.OnTimePlanner.restart`)."""
+        self.planner.restart()
         self.planner.changed(ended)
 
     def _shed(self, rec: RequestRecord) -> None:

@@ -69,7 +69,7 @@ estimate (``estimated_finish`` stays None) and nothing is shed for want of one.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
 from calculet.machines.request import FinishReason
@@ -79,6 +79,7 @@ from calculet.runtime.scheduling.finish_estimate import (DeviceModel, Fit, Pendi
                                                          admission_order_finish, fair_share_finish,
                                                          on_time_selection)
 from calculet.runtime.scheduling.on_time_cache import _EdfCache, _Refusal
+from calculet.runtime.scheduling.on_time_device import MeasuredDevice
 from calculet.runtime.scheduling.on_time_kept import DECODING_STATES, PLANNED_STATES, KeptJobs, job_values, pending_job
 from calculet.runtime.scheduling.on_time_order import AdmissionOrderIndex
 from calculet.runtime.scheduling.on_time_refusal import fit_afresh
@@ -142,6 +143,7 @@ class OnTimePlanner:
         self.ttft_s = dict(ttft_s)
         self.itl_s = dict(itl_s)
         self.any_itl = any(t is not None for t in self.itl_s.values())
+        self.any_ttft = any(t is not None for t in self.ttft_s.values())
         self.sequences = sequences
         self.dirty = True
         self.stale = True
@@ -179,42 +181,18 @@ class OnTimePlanner:
         self.wfq_cost: Callable[[RequestRecord], float] = lambda rec: rec.cost
         """A request's §5.3 cost, set by the policy: a candidate is estimated before the queue sets ``rec.cost``."""
         self.overtaking = Overtaking()  # accepted work per tenant: later arrivals ahead of a waiting one
+        self.devices = MeasuredDevice(step_times, prefill_times, self.errors)
+        """The device models admission and the plan read, built once per measurement (:mod:`.on_time_device`)."""
 
     # ------------------------------------------------------------------ the device
 
-    _device_key: tuple[object, ...] | None = None  # what _device was built from (timers' samples, shape)
-    _device: DeviceModel | None = None
-    _admitting_of: DeviceModel | None = None  # _admitting is _admitting_of slowed by _admitting_margin
-    _admitting_margin = 0.0
-    _admitting: DeviceModel | None = None
-    _alone: DeviceModel | None = None  # alone_model() of the device _admitting was built from, slowed alike
-    _fastest_step = math.inf  # the fastest decode step measured (the smoothed step, at each model built)
-
     def device(self, compiled_batch: int, engines: int, chunk: int | None) -> DeviceModel | None:
-        """The measured device, or None until a decode step has been measured. Built once per change of its
-        inputs (#20: not per ``submit()``); a timer's estimates change only when it measures (``samples``)."""
-        step_times, prefill_times = self.step_times, self.prefill_times
-        key = (step_times.samples, prefill_times.samples, compiled_batch, engines, chunk)
-        if key == self._device_key:
-            return self._device
-        step = step_times.decode_step_s
-        model = None
-        if step > 0:
-            self._fastest_step = min(self._fastest_step, step)
-            fixed, per_token = prefill_times.cost()
-            model = DeviceModel(step, compiled_batch, engines, fixed, per_token, chunk,
-                                step_times.token_s, step_times.period_high_s)
-        self._device_key, self._device = key, model
-        return model
+        """The measured device, or None until a decode step has been measured (:mod:`.on_time_device`)."""
+        return self.devices.device(compiled_batch, engines, chunk)
 
     def admitting_model(self, model: DeviceModel) -> DeviceModel:
         """:meth:`_admission_model` of ``model``, kept while it and the margin are (#20: not per ``submit()``)."""
-        margin = self.errors.margin
-        if model is not self._admitting_of or margin != self._admitting_margin or self._admitting is None:
-            self._admitting_of, self._admitting_margin = model, margin
-            self._admitting = self._admission_model(model)
-            self._alone = self._admission_model(self.alone_model(model))
-        return self._admitting
+        return self.devices.admitting_model(model)
 
     def alone_model(self, model: DeviceModel) -> DeviceModel:
         """``model`` serving one request alone: one lane at the fastest decode step measured, no other prefill
@@ -222,14 +200,19 @@ class OnTimePlanner:
         with 13 decoding); alone a request runs in the smallest profile (§8; 42.5 ms on the reference cost).
         "Never" is judged on it (:func:`.on_time_retry.retry_placement`), and so is a candidate the device would
         serve alone (:func:`.on_time_refusal.fit_afresh`). The fastest step: the smoothed step's least value at a
-        model built (a device serves a lone request first). One that slowed since keeps it: a retry refused
-        again, never a "never" that lies; admission's margin slows it with the rest."""
-        return replace(model, decode_step_s=min(self._fastest_step, model.decode_step_s), compiled_batch=1,
-                       engines=1, token_s=0.0)
+        model built since the device last started afresh (:meth:`restart`: a device reset, a new generation; a
+        device serves a lone request first). One that slowed since keeps it: a retry refused again, never a
+        "never" that lies; admission's margin slows it with the rest."""
+        return self.devices.alone_model(model)
 
     def admitting_alone(self) -> DeviceModel | None:
         """:meth:`alone_model` of the device :meth:`admitting_model` last built, slowed by the same margin."""
-        return self._alone
+        return self.devices.admitting_alone()
+
+    def restart(self) -> None:
+        """The device starts afresh (a device reset, a new generation's profile set): see
+        :meth:`.MeasuredDevice.restart`."""
+        self.devices.restart()
 
     def drifted(self, now: float) -> bool:
         """The step time moved enough since the last plan that a new one may decide otherwise (and the plan is
@@ -281,7 +264,8 @@ class OnTimePlanner:
         self._version += 1
         live = {rec.request_id: rec for rec in records if rec.state in PLANNED_STATES}
         self._planned_step = self.step_times.decode_step_s  # the measured step, not admission's slowed copy
-        jobs = [job for rec in live.values() if (job := self.job(rec)) is not None]
+        weights, trusted = self.weights, PendingJob.trusted
+        jobs = [trusted(*values) for rec in live.values() if (values := job_values(rec, weights.get(rec.tenant, 1.0)))]
         selection = on_time_selection(jobs, now, model)
         spared: frozenset[int] = frozenset()
         if selection.shed:
@@ -293,11 +277,12 @@ class OnTimePlanner:
         self._kept = KeptJobs(kept)
         self._cache = _EdfCache(kept, now, self._admission_model(model), spared)
         self._planned_at = now
-        decoding = [j for j in kept if live[j.id].state in DECODING_STATES]
-        self._slots = sorted(fair_share_finish(decoding, now, model).values())
+        if self.any_ttft:  # the slots are read by ttft_refusal alone: no TTFT target, none built (#20)
+            decoding = [j for j in kept if live[j.id].state in DECODING_STATES]
+            self._slots = sorted(fair_share_finish(decoding, now, model).values())
         prefix, slack = at_risk_prefix(kept, now, model)
         risky = [live[i] for i in prefix]
-        if spared or any(t is not None for t in self.ttft_s.values()):
+        if spared or self.any_ttft:
             self._tolerance = 0.0  # spared jobs and TTFT slots: replan on any 10 % drift, as before
         else:
             self._tolerance = min(slack, slack_ratio(selection.finish, kept, now))
@@ -332,9 +317,10 @@ class OnTimePlanner:
         if values is None:
             return Fit(True, None, None)
         nominal, margin = model, self.errors.margin
-        admitting = self._admitting
-        if model is not self._admitting_of or admitting is None or margin != self._admitting_margin:
-            admitting = self.admitting_model(model)
+        devices = self.devices
+        admitting = devices.admitting
+        if model is not devices.admitting_of or admitting is None or margin != devices.admitting_margin:
+            admitting = devices.admitting_model(model)
         model = admitting
         cache = self._cache  # None if _cache_drift() > 0: the step slower than at the plan, lane free times early
         if cache is not None and nominal.decode_step_s > self._planned_step * (1.0 + REPLAN_DRIFT):
@@ -443,7 +429,7 @@ class OnTimePlanner:
 
     def _admission_model(self, model: DeviceModel) -> DeviceModel:
         """The device as admission plans it: slowed by the estimator's measured error (:mod:`.estimate_error`)."""
-        return model.slowed(1.0 + self.errors.margin)
+        return self.devices.admission_model(model)
 
     def ended(self, rec: RequestRecord, now: float) -> None:
         """``rec`` reached its outcome: score the estimate it was admitted with."""
@@ -536,3 +522,4 @@ def _overtaken(planner: OnTimePlanner, rec: RequestRecord, job: PendingJob, now:
     tag, last = tags
     return planner.overtaking.delay(rec.tenant, tag, finish - now - service, model.lanes,
                                     job.deadline - finish, now, window_starts(planner.weights, last, start))
+
