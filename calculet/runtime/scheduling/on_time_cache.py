@@ -36,8 +36,14 @@ class _EdfCache:
         of theirs is protected."""
         finish, self.free = edf_schedule(kept, now, model)  # off a lane, an idle lane waits for the prefill backlog
         self.on_lane = model.prefill_on_lane
-        self.min_slack = min((_deadline(j) - finish[j.id] for j in kept if j.id not in late_ok), default=math.inf)
-        self.latest = max((_deadline(j) for j in kept), default=-math.inf)
+        min_slack, latest = math.inf, -math.inf
+        for job in kept:  # one pass, no call per job: built at every replan (#20)
+            deadline = math.inf if job.deadline is None else job.deadline
+            if deadline > latest:
+                latest = deadline
+            if job.id not in late_ok and deadline - finish[job.id] < min_slack:
+                min_slack = deadline - finish[job.id]
+        self.min_slack, self.latest = min_slack, latest
         self._of: DeviceModel | None = None
         """The model :meth:`place` last read (a frozen DeviceModel): its lane step, and the prefill of the last
         prompt length placed, are kept for the next ``submit()`` (a burst's prompts are mostly alike, #20)."""

@@ -58,11 +58,15 @@ def slack_ratio(finish: Mapping[int, float], jobs: Iterable[PendingJob], now: fl
     """The least ``(deadline - finish) / (finish - now)`` over ``jobs`` that are on time (inf: none): how much
     slower every device time may get before one of them is late (a finish from ``now`` scales at most by it)."""
     least = math.inf
-    for job in jobs:
+    for job in jobs:  # once or twice per replan over every kept job: no call per job (#20)
         end = finish[job.id]
-        deadline = _deadline(job)
-        if end > now and end <= deadline + ON_TIME_EPS_S:
-            least = min(least, (deadline - end) / (end - now))
+        deadline = job.deadline
+        if deadline is None:
+            deadline = math.inf
+        if now < end <= deadline + ON_TIME_EPS_S:
+            ratio = (deadline - end) / (end - now)
+            if ratio < least:
+                least = ratio
     return least
 
 
@@ -75,7 +79,8 @@ def at_risk_prefix(kept: list[PendingJob], now: float, model: DeviceModel) -> tu
     while k < len(order):
         rest = order[k:]
         finish = fair_share_finish(rest, now + prefix_s / lanes, model)
-        late = [i for i, job in enumerate(rest) if finish[job.id] > _deadline(job) + ON_TIME_EPS_S]
+        late = [i for i, job in enumerate(rest)
+                if job.deadline is not None and finish[job.id] > job.deadline + ON_TIME_EPS_S]
         slack = min(slack, slack_ratio(finish, rest, now))
         if not late:
             break
