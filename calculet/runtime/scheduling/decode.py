@@ -54,6 +54,7 @@ import enum
 import heapq
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable, Sequence
 
 import numpy as np
@@ -75,34 +76,48 @@ from calculet.runtime.scheduling.registry import RequestRecord
 class DecodeBatch:
     """§2 ``DecodeBatch``: generation, profile, active lanes, host tensors and KV reservation.
 
-    Built once per tick: :func:`~calculet.records.quick_init` writes its sixteen fields without the
-    frozen dataclass's ``object.__setattr__`` per field (issue #20).
+    Built once per tick: :func:`~calculet.records.quick_init` writes its fields without the frozen
+    dataclass's ``object.__setattr__`` per field (issue #20).
 
-    ``token_ids``, ``positions`` (int32) and ``lane_valid`` (uint8) have length
-    ``profile.compiled_batch``; lanes ``0..len(active)-1`` are active and
-    ``positions[i]`` is that lane's KV ``committed_len`` (§9.2).
+    The host tensors are kept as the Python ints the tick chose them as (``lane_tokens``,
+    ``lane_positions``, ``lane_flags``, each of length ``profile.compiled_batch``; lanes
+    ``0..len(active)-1`` are active and ``lane_positions[i]`` is that lane's KV ``committed_len``,
+    §9.2): the device job takes them as they are. ``token_ids``, ``positions`` (int32) and
+    ``lane_valid`` (uint8) are the same lanes as numpy arrays, built when first read (issue #20: the
+    executor path reads none of them, and building them cost two ``np.array`` per step).
     """
 
     job_id: int
     generation: int
     profile: ProfileSpec
     active: tuple[LaneBinding, ...]
-    token_ids: np.ndarray
-    positions: np.ndarray
-    lane_valid: np.ndarray
+    lane_tokens: tuple[int, ...]
+    """Each lane's input token (inactive lanes: the profile's fill token, never a default 0, §7.3)."""
+    lane_positions: tuple[int, ...]
+    """Each lane's position (inactive lanes: the fill position)."""
+    lane_flags: tuple[int, ...]
+    """1 for an active lane, 0 for an inactive one."""
     kv: KvBatchReservation
     built_at: float
     wait_s: float
     records: tuple[RequestRecord, ...] = field(repr=False)
     expired: tuple[RequestRecord, ...] = field(default=(), repr=False)
     invalid: tuple[tuple[RequestRecord, str], ...] = field(default=(), repr=False)
-    lane_tokens: tuple[int, ...] = field(default=(), repr=False)
-    """``token_ids`` as the Python ints it was built from, for a consumer that needs them so (the device job's
-    plain lanes) — no conversion of the array back per step (issue #20); empty if built without them."""
-    lane_positions: tuple[int, ...] = field(default=(), repr=False)
-    """``positions`` likewise."""
-    lane_flags: tuple[int, ...] = field(default=(), repr=False)
-    """``lane_valid`` likewise (one shared tuple per shape, as the array is)."""
+
+    @cached_property
+    def token_ids(self) -> np.ndarray:
+        """``lane_tokens`` as an int32 array (built once, when first read)."""
+        return np.array(self.lane_tokens, dtype=np.int32)
+
+    @cached_property
+    def positions(self) -> np.ndarray:
+        """``lane_positions`` as an int32 array (built once, when first read)."""
+        return np.array(self.lane_positions, dtype=np.int32)
+
+    @cached_property
+    def lane_valid(self) -> np.ndarray:
+        """``lane_flags`` as a uint8 array (built once, when first read)."""
+        return np.array(self.lane_flags, dtype=np.uint8)
 
 
 _new_tuple = tuple.__new__
@@ -126,22 +141,6 @@ class _PerTenant(dict[str, int]):
         return value
 
     __call__ = dict.__getitem__
-
-
-_LANE_VALID: dict[tuple[int, int], tuple[np.ndarray, tuple[int, ...]]] = {}
-
-
-def _lane_valid(size: int, active: int) -> tuple[np.ndarray, tuple[int, ...]]:
-    """``lane_valid`` of a batch of ``size`` lanes whose first ``active`` are active, as an array and as ints:
-    one read-only array and one tuple per shape, shared (building it cost two numpy calls per tick; the
-    executor copies what it sends)."""
-    valid = _LANE_VALID.get((size, active))
-    if valid is None:
-        array = np.zeros(size, dtype=np.uint8)
-        array[:active] = 1
-        array.setflags(write=False)
-        valid = _LANE_VALID.setdefault((size, active), (array, (1,) * active + (0,) * (size - active)))
-    return valid
 
 
 class NoBatchReason(enum.Enum):
@@ -422,16 +421,16 @@ class DecodeScheduler:
             self.restore(chosen)
             raise DefinitionError(f"B{size} has no inactive-lane policy; a partial batch cannot be built and "
                                   "token 0 is never a default (§7.3)")
-        fill = profile.lane_fill
         pad = size - count
+        flags = (1,) * count
         if pad:
+            fill = profile.lane_fill
             assert fill is not None
             tokens += (fill.fill_token,) * pad
             positions += (fill.fill_position,) * pad
-        valid, flags = _lane_valid(size, count)
-        return DecodeBatch(job_id, generation, profile, bindings, np.array(tokens, dtype=np.int32),
-                           np.array(positions, dtype=np.int32), valid, reservation, now, now - min(since), chosen,
-                           tuple(expired), tuple(invalid), tokens, positions, flags)
+            flags += (0,) * pad
+        return DecodeBatch(job_id, generation, profile, bindings, tokens, positions, flags, reservation, now,
+                           now - min(since), chosen, tuple(expired), tuple(invalid))
 
     def submitted(self, batch: DecodeBatch) -> None:
         """The batch went to the device: count it in the §16 batch metrics."""

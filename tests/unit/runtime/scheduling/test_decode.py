@@ -347,9 +347,11 @@ def test_tokens_follow_the_positions():
 def test_decode_batch_carries_the_spec_fields():
     import dataclasses
     names = {f.name for f in dataclasses.fields(DecodeBatch)}
-    assert {"generation", "profile", "active", "token_ids", "positions", "lane_valid", "kv"} <= names
+    assert {"generation", "profile", "active", "lane_tokens", "lane_positions", "lane_flags", "kv"} <= names
     h = ready_harness(2, 4)
     batch = h.next_decode()
+    # the host tensors of §2, as arrays (built from the lanes' ints when read)
+    assert [len(a) for a in (batch.token_ids, batch.positions, batch.lane_valid)] == [4, 4, 4]
     lane = batch.active[0]
     rec = h.rec(lane.request_id)
     # each active lane names the SequenceState facts: request, seq, generation, lane, deadline
@@ -394,7 +396,7 @@ def test_a_batch_is_built_by_quick_init_with_every_field_and_stays_frozen():
 
     assert DecodeBatch.__init__.__qualname__ == "DecodeBatch.__init__"
     assert "quick_init" in DecodeBatch.__init__.__code__.co_filename
-    values = (3, 1, object(), (), np.zeros(2), np.ones(2), np.zeros(2, dtype=np.uint8), object(), 1.5, 0.25,
+    values = (3, 1, object(), (), (5, -1), (7, 0), (1, 0), object(), 1.5, 0.25,
               (object(),), (object(),), ((object(), "why"),))
     batch = DecodeBatch(*values)
     names = [f.name for f in dataclasses.fields(DecodeBatch)]
@@ -403,3 +405,9 @@ def test_a_batch_is_built_by_quick_init_with_every_field_and_stays_frozen():
     assert DecodeBatch(*values[:11]).expired == () == DecodeBatch(*values[:11]).invalid
     with pytest.raises(dataclasses.FrozenInstanceError):
         batch.job_id = 4  # type: ignore[misc]
+    # the host tensors are the lanes' ints as arrays, built when first read, once (issue #20: not per step)
+    assert "token_ids" not in vars(batch)
+    assert batch.token_ids.tolist() == [5, -1] and batch.token_ids.dtype == np.int32
+    assert batch.positions.tolist() == [7, 0] and batch.positions.dtype == np.int32
+    assert batch.lane_valid.tolist() == [1, 0] and batch.lane_valid.dtype == np.uint8
+    assert batch.token_ids is batch.token_ids
