@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import NamedTuple, Sequence
 
 from calculet.runtime.scheduling.finish_estimate import ON_TIME_EPS_S
@@ -66,6 +67,9 @@ class _Ghost:
     length: float
     """Lane seconds the refused request needs (its prefill and decode)."""
     tenant: str
+
+
+_RETRY_AT = attrgetter("retry_at")
 
 
 @dataclass
@@ -139,8 +143,14 @@ class RetrySlots:
             self.ghosts, self._free = kept, None
 
     def _rebuild(self, base: list[float], key: object, now: float) -> None:
+        """The lanes from ``base`` with every ghost placed in retry-time order (ties in arrival order). O(ghosts)
+        per call, and called at every reservation once more than ``limit`` are held (the oldest dropped each
+        time): issue #20 measured 104 µs per refusal there (17 below the limit) in a distinct-prompt burst, two
+        thirds of it the sort's key and the placement's calls, now C-level (``attrgetter``, one comparison)."""
         free = [max(now, t) for t in base] or [now]
         heapq.heapify(free)
-        for ghost in sorted(self.ghosts, key=lambda g: g.retry_at):
-            heapq.heapreplace(free, max(ghost.retry_at, free[0]) + ghost.length)
+        replace = heapq.heapreplace
+        for ghost in sorted(self.ghosts, key=_RETRY_AT):
+            at, lane = ghost.retry_at, free[0]
+            replace(free, (at if at > lane else lane) + ghost.length)
         self._free, self._key = free, key
