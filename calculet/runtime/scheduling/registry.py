@@ -82,7 +82,7 @@ class RequestRecord:
 
     @property
     def state(self) -> str:
-        return self.machine._state  # type: ignore[no-any-return]
+        return self.machine.state  # type: ignore[no-any-return]
 
     @property
     def prompt_tokens(self) -> int:
@@ -110,6 +110,16 @@ class RequestRecord:
 
 TransitionListener = Callable[[RequestRecord, str, str], None]
 """Called after every transition with (record, source state, target state)."""
+QuietListener = Callable[[Sequence[RequestRecord], str, Sequence[str]], None]
+"""Called once per per-step batch call with its quiet moves: (records, their common source, each one's target)."""
+
+
+def one_by_one(listener: TransitionListener) -> QuietListener:
+    """A quiet listener that tells ``listener`` each record's move in turn (for an observer without a step hook)."""
+    def tell(recs: Sequence[RequestRecord], source: str, targets: Sequence[str]) -> None:
+        for rec, target in zip(recs, targets):
+            listener(rec, source, target)
+    return tell
 
 
 class CancelResult(enum.Enum):
@@ -173,6 +183,10 @@ class RequestRegistry:
         """States between which a move is not told to the listener: the listener's owner declares that it
         ignores them (the scheduler: a decode step's submit and result reclaim nothing, issue #20). Only the
         per-step batch paths (:meth:`fire_all`, :meth:`decode_done_each`) read it; :meth:`fire` tells all."""
+        self.quiet_listener: QuietListener | None = None
+        """Told the quiet moves of one per-step batch call at once — (records, their source, each one's
+        target) — instead of one listener call per record and move (issue #20: a decode step's moves are one
+        unit; the engine's observers take them so). None: the quiet moves are told to nobody."""
         self._terminal: Counter[str] = Counter()
         self._created = 0
         self._closes = 0
@@ -293,37 +307,49 @@ class RequestRegistry:
         (``RequestMachine.Instance.fire_each``: each still executes its declared transition, the monitor
         draws as for single events), then the listener and the close run per record in order. A
         refusal raises after the records that moved before it were told to the listener."""
+        quiet = self.quiet
         if len(recs) == 1:  # a B1 step: the one machine's own ``fire`` (the same transition, the same draw)
             rec = recs[0]
-            source = rec.machine._state
+            source = rec.machine.state
             target = rec.machine.fire(event, **args)
-            quiet = self.quiet
-            if not (source in quiet and target in quiet and target not in TERMINAL_STATES):
+            if source in quiet and target in quiet and target not in TERMINAL_STATES:
+                if self.quiet_listener is not None:
+                    self.quiet_listener(recs, source, (target,))
+            else:
                 self._moved(rec, source, target)
             return
         machines = [rec.machine for rec in recs]
-        sources = [m._state for m in machines]
+        sources = [m.state for m in machines]
         n = len(machines)
         try:
             targets = _INSTANCE.fire_each(machines, event, **{name: [value] * n for name, value in args.items()})
         except Exception:
             for rec, machine, source in zip(recs, machines, sources):
-                if machine._state != source:
-                    self._moved(rec, source, machine._state)
+                if machine.state != source:
+                    self._tell(rec, source, machine.state)
             raise
-        quiet = self.quiet
         if n and sources.count(sources[0]) == n and targets.count(targets[0]) == n and sources[0] in quiet \
                 and targets[0] in quiet and targets[0] not in TERMINAL_STATES:
-            return  # one quiet move for every record (a decode step's submit): nothing to tell, nothing to close
+            if self.quiet_listener is not None:  # one quiet move for every record (a decode step's submit)
+                self.quiet_listener(recs, sources[0], targets)
+            return
         for rec, source, target in zip(recs, sources, targets):
-            if not (source in quiet and target in quiet and target not in TERMINAL_STATES):
-                self._moved(rec, source, target)
+            self._tell(rec, source, target)
+
+    def _tell(self, rec: RequestRecord, source: str, target: str) -> None:
+        """One move of a batch call, told as it is: a quiet one to the quiet listener, any other by :meth:`_moved`."""
+        quiet = self.quiet
+        if source in quiet and target in quiet and target not in TERMINAL_STATES:
+            if self.quiet_listener is not None:
+                self.quiet_listener((rec,), source, (target,))
+        else:
+            self._moved(rec, source, target)
 
     def _moved(self, rec: RequestRecord, source: str, target: str) -> None:
-        """After a transition of ``rec``: the listener (reclaim; not for a quiet move), and the close on
-        entering a terminal state."""
+        """After a transition of ``rec`` that is not quiet: the listener (reclaim), and the close on entering a
+        terminal state."""
         listener = self._listener
-        if listener is not None and not (source in self.quiet and target in self.quiet):
+        if listener is not None:
             listener(rec, source, target)
         if target in TERMINAL_STATES and source not in TERMINAL_STATES:
             self._close(rec)
@@ -331,7 +357,7 @@ class RequestRegistry:
     def fire(self, rec: RequestRecord, event: str, **args: Any) -> str:
         """Fire one event; count it, reclaim through the listener, close on a terminal state."""
         machine = rec.machine
-        source = machine._state
+        source = machine.state
         target: str = machine.fire(event, **args)
         listener = self._listener
         if listener is not None:
@@ -365,7 +391,7 @@ class RequestRegistry:
             self._stale += 1
             return Callback(CallbackResult.STALE, "", "", "request already ended")
         machine = rec.machine
-        state = machine._state
+        state = machine.state
         if state != running or machine.generation != generation or machine.job_id != job_id:
             self._stale += 1
             return Callback(CallbackResult.STALE, state, state,
@@ -403,14 +429,14 @@ class RequestRegistry:
         for rec in recs:  # the usual case: every result is current (one pass, the machines to fire)
             machine = rec.machine
             # running ⇒ live: a record leaves ``_live`` only when it enters a terminal state (``_close``)
-            if machine._state != "decode_running" or machine.job_id != job_id or machine.generation != generation:
+            if machine.state != "decode_running" or machine.job_id != job_id or machine.generation != generation:
                 break
             add(machine)
         else:
             return self._decode_done(recs, job_id, produced, stops, tokens, details, machines)
         live = self._live
         stale = {i for i, rec in enumerate(recs)
-                 if (rec.machine._state != "decode_running" or rec.machine.job_id != job_id
+                 if (rec.machine.state != "decode_running" or rec.machine.job_id != job_id
                      or rec.machine.generation != generation or live.get(rec.request_id) is not rec)}
         self._stale += len(stale)
         fresh = [i for i in range(len(recs)) if i not in stale]
@@ -437,16 +463,27 @@ class RequestRegistry:
                                                         ok=produced, stop=stops)
         listener, quiet = self._listener, self.quiet
         running_quiet = "decode_running" in quiet
-        # whether the listener hears a token's move, decided once per step (a quiet one: nobody)
-        tell_ready = listener is not None and not (running_quiet and "decode_ready" in quiet)
-        tell_finishing = listener is not None and not (running_quiet and "finishing" in quiet)
+        # whether a token's move is quiet (told to the quiet listener, once for the step), decided once per step
+        ready_quiet = running_quiet and "decode_ready" in quiet
+        finishing_quiet = running_quiet and "finishing" in quiet and "finishing" not in TERMINAL_STATES
+        quiet_listener = self.quiet_listener
+        if quiet_listener is not None and ready_quiet:
+            if targets.count("decode_ready") == len(targets):  # the usual step: every lane is Ready again
+                quiet_listener(recs, "decode_running", targets)
+            else:
+                ready = [i for i, target in enumerate(targets) if target == "decode_ready"]
+                if ready:
+                    quiet_listener([recs[i] for i in ready], "decode_running", [targets[i] for i in ready])
         for rec, target, token in zip(recs, targets, tokens):
             if target == "decode_ready":
-                if tell_ready:
-                    listener(rec, "decode_running", target)  # type: ignore[misc]
+                if listener is not None and not ready_quiet:
+                    listener(rec, "decode_running", target)
             elif target == "finishing":
-                if tell_finishing:
-                    listener(rec, "decode_running", target)  # type: ignore[misc]
+                if finishing_quiet:
+                    if quiet_listener is not None:
+                        quiet_listener((rec,), "decode_running", (target,))
+                elif listener is not None:
+                    listener(rec, "decode_running", target)
             else:  # ended without a token
                 if listener is not None:
                     listener(rec, "decode_running", target)  # type: ignore[arg-type]

@@ -61,14 +61,15 @@ from calculet.runtime.scheduling.plan import (Applied, Command, Plan, SchedulerS
                                               Submission)
 from calculet.runtime.scheduling.prefill import PrefillScheduler, PrefillWork, SmoothWrr
 from calculet.runtime.scheduling.profiles import ProfileSet, ProfileSpec
-from calculet.runtime.scheduling.registry import (WAITING_STATES, Cancellation, CancelResult,
-                                                  RequestRecord, RequestRegistry, TransitionListener)
+from calculet.runtime.scheduling.registry import (WAITING_STATES, Cancellation, CancelResult, QuietListener,
+                                                  RequestRecord, RequestRegistry, TransitionListener, one_by_one)
 
 PREFILL_STATES = frozenset({"prefill_ready", "prefill_running"})
 ENDED_STATES = frozenset({"finishing", "completed", "cancelled", "failed"})
 DECODE_CYCLE = frozenset({"decode_ready", "decode_running"})
 """Moving between these reclaims nothing (the queue entry left with the batch) and is neither an admission
-nor an end (OnTimePolicy.transition acts only on those): two transitions per lane per step skip the listener."""
+nor an end (OnTimePolicy.transition acts only on those): two transitions per lane per step skip the listener;
+an observer hears them once per step (``step_observer``), or one by one from that one call."""
 SERVING = frozenset({ModelAvailability.READY, ModelAvailability.DRAINING})
 _new_tuple = tuple.__new__
 
@@ -78,7 +79,9 @@ class Scheduler:
 
     def __init__(self, config: SchedulerConfig, *, clock: Clock, kv: KvLaneManager, device_kv_tokens: int,
                  max_seq: int, capabilities: SchedulingCapabilities = SchedulingCapabilities(),
-                 step_estimate_s: float = 0.0, observer: TransitionListener | None = None) -> None:
+                 step_estimate_s: float = 0.0, observer: TransitionListener | None = None,
+                 step_observer: QuietListener | None = None) -> None:
+        """``observer`` hears every request transition; ``step_observer``, if given, a decode step's (#20)."""
         self.config = config
         self._observer = observer
         self.capabilities = capabilities
@@ -86,8 +89,8 @@ class Scheduler:
         self.kv = kv
         budget = config.capacity_budget(device_kv_tokens)
         self.registry = RequestRegistry(listener=self._on_transition)
-        if observer is None:  # _on_transition ignores a decode step's moves: the per-step batch paths skip it (#20)
-            self.registry.quiet = DECODE_CYCLE
+        self.registry.quiet = DECODE_CYCLE  # _on_transition ignores a decode step's moves: told once per step (#20)
+        self.registry.quiet_listener = step_observer or (one_by_one(observer) if observer is not None else None)
         self.admission = AdmissionController(
             budget, tenants=[TenantPolicy.from_config(t) for t in config.tenants], queues=config.queues,
             long_quota=config.admission.long_prefill_quota, now=clock.now())
@@ -200,7 +203,7 @@ class Scheduler:
                 return Submission(rec.request_id, no_prospect)
         self._deadlines.add(rec)
         generations.place(rec, now)  # admitted at once, or accepted (waiting budget) and queued
-        outcome = self.admission.record(ADMITTED if rec.machine._state == "prefill_ready" else QUEUED)
+        outcome = self.admission.record(ADMITTED if rec.machine.state == "prefill_ready" else QUEUED)
         return _new_tuple(Submission, (rec.request_id, outcome))  # Submission(...) without its __new__ frame
 
     def cancel(self, request_id: int) -> Cancellation:

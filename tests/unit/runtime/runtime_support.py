@@ -87,7 +87,8 @@ class Harness:
     def build(cls, *, sizes: Iterable[int] = (1,), lanes: int = 16, max_seq: int = 8192, kv_tokens: int = 10**7,
               config: SchedulerConfig | None = None, kv_caps: KvCapabilities = KvCapabilities(),
               caps: SchedulingCapabilities = SchedulingCapabilities(), chunk: int | None = None,
-              ready: bool = True, step_estimate_s: float = 0.0, **sections: Any) -> Harness:
+              ready: bool = True, step_estimate_s: float = 0.0, observer: Any = None, step_observer: Any = None,
+              **sections: Any) -> Harness:
         sizes = sorted(sizes)
         if config is None:
             batch = dict(sections.pop("batch", {}))
@@ -101,7 +102,8 @@ class Harness:
         clock = FakeClock()
         kv = KvLaneManager(lanes, max_seq, capabilities=kv_caps, clock=clock)
         scheduler = Scheduler(config, clock=clock, kv=kv, device_kv_tokens=kv_tokens, max_seq=max_seq,
-                              capabilities=caps, step_estimate_s=step_estimate_s)
+                              capabilities=caps, step_estimate_s=step_estimate_s, observer=observer,
+                              step_observer=step_observer)
         if ready:
             scheduler.set_model(1, ModelAvailability.READY,
                                 profile_set(sizes, config, max_seq=max_seq, chunk=chunk))

@@ -254,3 +254,35 @@ def test_fire_all_tells_the_listener_every_move_but_the_quiet_ones():
     with pytest.raises(TransitionNotAllowed):
         registry.fire_all([one], "submit_decode", job=9)
     assert one.state == "finishing"
+
+
+@pytest.mark.req("R4.1")
+def test_quiet_moves_are_told_to_the_quiet_listener_once_per_call():
+    """Issue #20, the decode cycle as one unit: a batch call's quiet moves go to the quiet listener in one call
+    (records, source, targets), in lane order, and never to the per-record listener; the other moves still
+    go to the listener one by one. Mutants caught: the quiet moves told to nobody (an observer then misses a
+    decode step), told through the listener record by record, or told once per record."""
+    told: list[tuple[int, str, str]] = []
+    steps: list[tuple[list[int], str, list[str]]] = []
+    registry = RequestRegistry(listener=lambda rec, source, target: told.append((rec.request_id, source, target)))
+    registry.quiet = frozenset({"decode_ready", "decode_running"})
+    registry.quiet_listener = lambda recs, source, targets: steps.append(
+        ([rec.request_id for rec in recs], source, list(targets)))
+    recs = [new_record(registry, new=5)[0] for _ in range(3)]
+    for rec in recs:
+        drive_to(registry, rec, "decode_ready")
+    ids = [rec.request_id for rec in recs]
+    told.clear()
+    registry.fire_all(recs, "submit_decode", job=6)
+    assert steps == [(ids, "decode_ready", ["decode_running"] * 3)] and told == []
+    steps.clear()
+    targets = registry.decode_done_each(recs, 1, 6, [True] * 3, [False, True, False], [7, 8, 9], [""] * 3)
+    assert targets == ["decode_ready", "finishing", "decode_ready"]
+    assert steps == [([ids[0], ids[2]], "decode_running", ["decode_ready", "decode_ready"])]
+    assert told == [(ids[1], "decode_running", "finishing")]
+    steps.clear()
+    told.clear()
+    registry.fire_all(recs[:1], "submit_decode", job=7)  # one record (a B1 step): the same telling
+    registry.decode_done_each(recs[:1], 1, 7, [True], [False], [5], [""])
+    assert steps == [([ids[0]], "decode_ready", ["decode_running"]), ([ids[0]], "decode_running", ["decode_ready"])]
+    assert told == []
