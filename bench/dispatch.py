@@ -57,7 +57,7 @@ def life_dispatch(create: Callable[..., Any]) -> int:
     r = create(**PARAMS)
     table = r._table
     for event, args in LIFE:
-        table[r._state][event](r, args)
+        table[r.state][event](r, args)
     assert r.state == "completed"
     return len(LIFE)
 

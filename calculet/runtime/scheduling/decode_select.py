@@ -123,13 +123,13 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
         else:  # validate's accepting case inlined (one lane per pass; anything else asks it why not)
             machine, lease, token = rec.machine, rec.lease, rec.last_token
             lane_kv = (kv_lanes[lease.lane]  # KvLaneManager.owned_position, inlined
-                       if machine._state == "decode_ready" and machine.generation == generation
+                       if machine.state == "decode_ready" and machine.generation == generation
                        and lease is not None and lease.generation == generation
                        and owner[lease.lane] == lease.lease_id else None)
             problem = None if lane_kv is None else lane_kv.committed_len
             if problem is None or problem != machine.kv_length or problem >= max_seq or token is None:
                 problem, reservable = validate(kv, rec, profile, generation), False
-            elif lane_kv._state not in open_states or problem >= lane_kv.reserved_len:
+            elif lane_kv.state not in open_states or problem >= lane_kv.reserved_len:
                 reservable = False  # reserve_batch's check of one token, inlined: it will say why not
             if problem.__class__ is int:  # chosen: its lane bound here, from the reads that chose it (#20)
                 rows.append((_new_tuple(LaneBinding, (lanes, rec.request_id, lease.seq_id, generation, lease.lane,
@@ -171,8 +171,8 @@ def validate(kv: KvLaneManager, rec: RequestRecord, profile: ProfileSpec, genera
     An invalid lane never reaches the device (R7.4.4).
     """
     machine = rec.machine
-    if machine._state != "decode_ready":
-        return f"request is {machine._state}, not decode_ready"
+    if machine.state != "decode_ready":
+        return f"request is {machine.state}, not decode_ready"
     if machine.generation != generation:
         return f"generation {machine.generation} != batch generation {generation}"
     lease = rec.lease

@@ -355,7 +355,7 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
         if self._owner[lane] != lease.lease_id:
             return False
         machine = self._lanes[lane]
-        if machine._state != "updating":
+        if machine.state != "updating":
             return False
         if event in KEEPS_TOTALS:  # commit/abort/fault: provably no budget total moves
             machine.fire(event)

@@ -95,7 +95,7 @@ class KvBatchOperations:
         for lease in leases:  # the accepting case first, in one pass (one per decode step, issue #20)
             lane = lease.lane
             machine = lanes[lane]
-            if (owner[lane] != lease.lease_id or machine._state not in OPEN_STATES
+            if (owner[lane] != lease.lease_id or machine.state not in OPEN_STATES
                     or machine.committed_len + tokens > machine.reserved_len):
                 break
             machines.append(machine)
@@ -126,8 +126,8 @@ class KvBatchOperations:
                 problems.append((lease, "stale lease"))
             elif lane in seen:
                 problems.append((lease, "lane appears twice in one batch"))
-            elif machine._state not in OPEN_STATES:
-                problems.append((lease, f"lane is {machine._state}"))
+            elif machine.state not in OPEN_STATES:
+                problems.append((lease, f"lane is {machine.state}"))
             elif machine.committed_len + tokens > machine.reserved_len:
                 problems.append((lease, f"{machine.committed_len}+{tokens} exceeds the reservation "
                                         f"{machine.reserved_len}"))
@@ -172,7 +172,7 @@ class KvBatchOperations:
         decides lane by lane (a stale lease or a settled lane skipped)."""
         machines = reservation.machines
         if (reservation.owners == self.owners_changed and machines and "commit" in KEEPS_TOTALS
-                and [m._state for m in machines].count("updating") == len(machines)):
+                and [m.state for m in machines].count("updating") == len(machines)):
             _INSTANCE.fire_each(machines, "commit")
             self._checked("settle_batch")
             return
@@ -186,7 +186,7 @@ class KvBatchOperations:
         first = events[0] if events else ""
         if first in KEEPS_TOTALS and events.count(first) == len(events):  # one event for every lane: one loop
             machines = [lanes[lease.lane] for lease in leases
-                        if owner[lease.lane] == lease.lease_id and lanes[lease.lane]._state == "updating"]
+                        if owner[lease.lane] == lease.lease_id and lanes[lease.lane].state == "updating"]
             _INSTANCE.fire_each(machines, first)
             if first == "fault":
                 self._faults += len(machines)
@@ -198,7 +198,7 @@ class KvBatchOperations:
             if owner[lane] != lease.lease_id:
                 continue
             machine = lanes[lane]
-            if machine._state != "updating":
+            if machine.state != "updating":
                 continue
             if event in KEEPS_TOTALS:  # commit/abort/fault: provably no budget total moves
                 machine.fire(event)

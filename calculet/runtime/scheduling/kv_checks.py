@@ -66,7 +66,7 @@ __all__ = ["Part", "PoolMonitor", "check_pool", "check_reserve_decision", "index
 _POOL = KvLanePool.definition
 _OWNED = frozenset({"reserved", "active", "updating"})
 _MEASURES, _ = compile_measures(_POOL)
-_VALUES = attrgetter("_state", *KvSequenceMachine.definition.vars)
+_VALUES = attrgetter("state", *KvSequenceMachine.definition.vars)
 """A lane's state and every declared variable: what the pool's predicates and measures may read."""
 _GHOSTS = itemgetter(*KvLanePool.definition.ghosts) if KvLanePool.definition.ghosts else (lambda g: ())
 """A lane's pool ghosts (what ``batch_position_is_committed_len`` reads besides the lane)."""
@@ -199,13 +199,13 @@ def index_faults(kv: Any, totals: list[int] | None = None) -> list[tuple[str, st
     free, owner, by_seq = kv.indexes()
     lanes = kv.lane_list()
     faults: list[tuple[str, str]] = []
-    if sorted(free) != [i for i, m in enumerate(lanes) if m._state == "free"]:
+    if sorted(free) != [i for i, m in enumerate(lanes) if m.state == "free"]:
         faults.append(("index_free_list_is_the_free_lanes", "R9.2.2"))
-    held = {(m.generation, m.seq_id): i for i, m in enumerate(lanes) if m._state != "free"}
+    held = {(m.generation, m.seq_id): i for i, m in enumerate(lanes) if m.state != "free"}
     if by_seq != held:
         faults.append(("index_seq_names_the_held_lanes", "R9.2.1"))
     for i, m in enumerate(lanes):
-        if (m._state in _OWNED and owner[i] == 0) or (owner[i] != 0 and m._state not in _OWNED | {"unknown"}):
+        if (m.state in _OWNED and owner[i] == 0) or (owner[i] != 0 and m.state not in _OWNED | {"unknown"}):
             faults.append(("index_lease_owns_a_usable_lane", "R9.2.2"))
             break
     if kv.budget_totals() != (measure_totals(_POOL, lanes) if totals is None else totals):

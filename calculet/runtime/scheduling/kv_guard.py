@@ -71,7 +71,7 @@ class _ReducedPrinter(ExprPrinter):
             if name.endswith(f"_{lane}") and name[: -len(lane) - 1] in self.ghosts:
                 raise TypeError(f"the reserve guard reads the ghost {name!r}; the reduced view has no ghosts")
             if name == f"state_{lane}":
-                return f"{lane}._state"
+                return f"{lane}.state"
             if name.endswith(f"_{lane}"):
                 return f"{lane}.{name[: -len(lane) - 1]}"
         if name in self.arg_names:
@@ -84,7 +84,7 @@ class _ReducedPrinter(ExprPrinter):
             if z3.is_const(left) and left.decl().name() in (f"state_{lane}" for lane in _LANES) \
                     and z3.is_int_value(right):
                 lane = left.decl().name().removeprefix("state_")
-                return f"({lane}._state == {self.state_names[right.as_long()]!r})"
+                return f"({lane}.state == {self.state_names[right.as_long()]!r})"
         return super().expr(e)
 
     def _enum_of(self, e: Any) -> Any:

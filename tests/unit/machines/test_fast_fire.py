@@ -101,3 +101,25 @@ def test_an_argument_of_another_event_is_refused_not_ignored(monitors: bool):
         r.fire("wait_model", ok=True)
     assert r.state == "new" and r.generation == 0 and r.last_transition is None
     assert r.fire("bind", gen=1) == "waiting_admission" and r.generation == 1
+
+
+@pytest.mark.req("R4.2")
+def test_state_is_public_read_only_and_read_without_a_python_frame():
+    """``state`` is the one way to read a machine's state (issue #20: the runtime's hot paths read it instead of
+    the private slot): read-only (R4.2, only ``fire`` writes it) and a C getter, so a read runs no Python
+    frame. Mutants caught: a plain Python property (one call per read: the hot paths would pay a frame per lane
+    per step again) and a writable public attribute (R4.2's encapsulation broken)."""
+    import sys
+
+    kv = KvSequenceMachine.create(max_seq=8, lane=0)
+    calls: list[str] = []
+    sys.setprofile(lambda _frame, event, _arg: calls.append(event) if event == "call" else None)
+    try:
+        states = [kv.state, kv.state, kv.state]
+    finally:
+        sys.setprofile(None)
+    assert states == ["free"] * 3 and calls == []
+    with pytest.raises(AttributeError):
+        kv.state = "reserved"  # type: ignore[misc]
+    kv.fire("reserve", seq=1, gen=1, tokens=4)
+    assert kv.state == "reserved" == kv.snapshot().state
