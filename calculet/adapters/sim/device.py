@@ -42,8 +42,7 @@ import itertools
 import os
 import threading
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from types import MappingProxyType
 
@@ -70,56 +69,17 @@ from calculet.adapters.sim import fault_effects
 from calculet.adapters.sim.buffers import BufferTable
 from calculet.adapters.sim.calbin import SimCalbin, check_coresident, check_simulable, load_model, profiles_to_configure
 from calculet.adapters.sim.config import SimConfig, TimeMode
+from calculet.adapters.sim.device_statistics import DeviceStatistics, RuntimeStatistics
 from calculet.adapters.sim.execution import Computed, SimJob, compute
-from calculet.adapters.sim.faults import FaultInjector, FaultStatistics, InjectedFault
+from calculet.adapters.sim.faults import FaultInjector, InjectedFault
 from calculet.adapters.sim.job_record import completion_record, dma_payload, null_decode_record
 from calculet.adapters.sim.kv import SimKvManager
-from calculet.adapters.sim.memory import MemoryLedger, MemoryStatistics
-from calculet.adapters.sim.submit_checks import check_buffers, check_decode, check_prefill, check_target
+from calculet.adapters.sim.memory import MemoryLedger
+from calculet.adapters.sim.submit_checks import SubmitGate
 from calculet.adapters.sim.timeline import CompletionTimeline
 from calculet.clock import Clock
 from calculet.machines.job import JobEngine
 from calculet.packages.manifest import MANIFEST_FILE, CalbinManifest
-
-
-# ---------------------------------------------------------------------------------------------
-# Statistics records
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RuntimeStatistics:
-    version: str
-    devices_created: int
-    devices_refused: int
-    live_devices: int
-
-
-@dataclass(frozen=True)
-class DeviceStatistics:
-    physical_index: int
-    time_mode: TimeMode
-    numerics: bool
-    closed: bool
-    config_epoch: int
-    calbins: int
-    configured_calbins: int
-    kv_managers: int
-    buffers: int
-    buffers_bound: int
-    inflight: int
-    inflight_never_completing: int
-    submitted: int
-    submit_refused: Mapping[ReturnCode, int]
-    completed: Mapping[ReturnCode, int]
-    completed_per_engine: Mapping[JobEngine, int]
-    results_uncollected: int
-    discarded_by_reset: int
-    resets: int
-    wait_timeouts: int
-    poisoned: ReturnCode | None
-    memory: MemoryStatistics
-    faults: FaultStatistics
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,6 +154,8 @@ class SimVirtualDevice:
         self._calbins: dict[int, SimCalbin] = {}
         self._kvs: dict[int, SimKvManager] = {}
         self._buffers = BufferTable(self.memory, self._ids)
+        self._gate = SubmitGate(self._calbins, self._kvs, self._buffers, self.cost)
+        """Submit's checks; it forgets its decode routes whenever a calbin, profile, KvManager or buffer changes."""
         self._worker_cond = threading.Condition(self._lock)
         self._virtual = config.time_mode is TimeMode.VIRTUAL
         self.timeline = CompletionTimeline(self.clock, self._cond, self, virtual=config.time_mode is TimeMode.VIRTUAL,
@@ -254,6 +216,7 @@ class SimVirtualDevice:
                 self.memory.release(owner)
                 raise
             self._calbins[calbin_id] = calbin
+            self._gate.forget()
             return calbin
 
     @vendor_boundary("VirtualDevice.DestroyCalbin")
@@ -277,6 +240,7 @@ class SimVirtualDevice:
             cb.configured_profiles = ()
             self.memory.release(f"calbin:{cb.calbin_id}")
             del self._calbins[cb.calbin_id]
+            self._gate.forget()
 
     @vendor_boundary("VirtualDevice.configure")
     def configure(self, calbin: Calbin, profiles: Sequence[int] | None = None) -> None:
@@ -294,6 +258,7 @@ class SimVirtualDevice:
                 raise VendorError(ReturnCode.INVALID_STATE,
                                   f"calbin {cb.name!r} has jobs in flight; cannot reconfigure")
             cb.configured_profiles = chosen
+            self._gate.forget()
 
     @vendor_boundary("VirtualDevice.ResetConfiguration")
     def reset_configuration(self) -> None:
@@ -322,6 +287,7 @@ class SimVirtualDevice:
         self._engine_job = {JobEngine.PING: None, JobEngine.PONG: None}
         self._poisoned = None
         self._epoch += 1
+        self._gate.forget()
 
     # --- KV managers -----------------------------------------------------------------------
 
@@ -342,6 +308,7 @@ class SimVirtualDevice:
                               max_sequences=cb.max_sequences, max_seq=arch.max_seq, shape=shape,
                               on_invalid=lambda: f"destroyed or reset after configuration epoch {epoch}")
             self._kvs[kv.kv_manager_id] = kv
+            self._gate.forget()
             return kv
 
     @vendor_boundary("VirtualDevice.DestroyKvManager")
@@ -357,6 +324,7 @@ class SimVirtualDevice:
                                   "free them first (§12)")
             kv.invalidate()
             del self._kvs[kv.kv_manager_id]
+            self._gate.forget()
 
     # --- buffers ---------------------------------------------------------------------------
 
@@ -365,6 +333,7 @@ class SimVirtualDevice:
         """An InputBuf/OutputBuf pair sized from the profile's exact tensors (§14: one pair per job)."""
         with self._lock:
             self._check_open()
+            self._gate.forget()
             return self._buffers.allocate(self._calbin(calbin), kind, compiled_batch, self._epoch)
 
     @vendor_boundary("VirtualDevice.FreeBuffers")
@@ -372,6 +341,7 @@ class SimVirtualDevice:
         """Refused (nothing freed) while either buffer is bound to an uncompleted job (§12)."""
         with self._lock:
             self._check_open()
+            self._gate.forget()
             self._buffers.free(buffers, self._epoch)
 
     @vendor_boundary("VirtualDevice.ReadBuffer")
@@ -397,12 +367,9 @@ class SimVirtualDevice:
             self._check_open()  # raises
         if self._virtual:
             self.timeline.advance_virtual()
-        cb = check_target(job, self._calbins, self._poisoned)
-        caps = cb.capabilities
-        kv = self._kv_for(cb)
         decode = isinstance(job, DecodeJob)  # asked once: the null device's commit below asks again (issue #20)
-        admitted = check_decode(job, cb, kv, self.cost) if decode else check_prefill(job, cb, kv, self.cost)
-        in_buf, out_buf = check_buffers(job, cb, self._buffers, self._epoch)
+        cb, kv, admitted, in_buf, out_buf = self._gate.admit(job, decode, self._poisoned, self._epoch)
+        caps = cb.capabilities
         if self._engine_job[job.engine] is not None:
             raise VendorError(ReturnCode.DEVICE_BUSY,
                               f"engine {job.engine.name} is running job {self._engine_job[job.engine]}")
@@ -568,11 +535,6 @@ class SimVirtualDevice:
             raise VendorError(ReturnCode.NOT_FOUND, f"calbin {calbin_id} does not exist on this device")
         return cb
 
-    def _kv_for(self, cb: SimCalbin) -> SimKvManager:
-        for kv in self._kvs.values():
-            if kv.calbin_id == cb.calbin_id:
-                return kv
-        raise VendorError(ReturnCode.INVALID_STATE, f"calbin {cb.name!r} has no KvManager")
 
 
 def _device_statistics(device: SimVirtualDevice) -> DeviceStatistics:

@@ -22,6 +22,7 @@ from calculet.adapters.calrt import (
     NO_SEQUENCE,
     BufferKind,
     DecodeJob,
+    JobBuffers,
     JobSpec,
     MaskContract,
     PrefillJob,
@@ -144,6 +145,114 @@ def check_decode(job: DecodeJob, cb: SimCalbin, kv: SimKvManager, cost: CostMode
     # every lane valid (B1's one lane): the sequences are the job's own tuple, no comprehension to run
     seqs = seq_ids if len(lanes) == b else tuple([seq_ids[i] for i in lanes])
     return _new_tuple(Admitted, (seqs, lanes, cost.decode_s(b), tuple(held)))  # without the named tuple's frame
+
+
+class DecodeRoute(NamedTuple):
+    """What the submit checks established about the decode jobs of one buffer pair, valid until the device's
+    configuration changes (a calbin, a profile, a KvManager or a buffer created, configured, reset or destroyed:
+    the device forgets every route then).
+
+    Why: the null device measures the host, and the vendor runtime makes these checks in C. Of a B1 decode step's
+    contract only the lanes and the buffers' binding change from one step to the next; the job's calbin, its
+    profile and its buffer pair (existence, kind, batch, calbin) are the same for every step of a configuration,
+    so they are checked once, by the full checks, and :func:`decode_step` checks what changes (issue #20). Only
+    jobs whose every lane is valid take a route (no inactive lane, no fill-token rule to apply per step)."""
+
+    buffers: JobBuffers
+    """The job's pair, by identity: a route is found by ``id(job.buffers)`` and kept only for that object."""
+    calbin_id: int
+    compiled_batch: int
+    engine: JobEngine
+    cb: SimCalbin
+    kv: SimKvManager
+    in_buf: SimBuffer
+    out_buf: SimBuffer
+    all_valid: tuple[int, ...]
+    """``(1,) * compiled_batch``: the only ``lane_valid`` a routed job may carry."""
+    vocab: int
+    max_seq: int
+    duration_s: float
+
+
+def decode_route(job: DecodeJob, cb: SimCalbin, kv: SimKvManager, in_buf: SimBuffer, out_buf: SimBuffer,
+                 cost: CostModel) -> DecodeRoute | None:
+    """The route of a decode job that just passed every check of :func:`check_target`, :func:`check_decode` and
+    :func:`check_buffers`, or None for a job with an inactive lane (those are checked in full each time)."""
+    b = job.compiled_batch
+    if len(job.lanes.active) != b:
+        return None
+    return DecodeRoute(job.buffers, job.calbin_id, b, job.engine, cb, kv, in_buf, out_buf, (1,) * b, cb.vocab_size,
+                       cb.profile_of(b).max_seq, cost.decode_s(b))
+
+
+def decode_step(job: DecodeJob, route: DecodeRoute) -> Admitted | None:
+    """:func:`check_decode` and :func:`check_buffers` of a job on ``route``: what they return when every check
+    passes, or None where any might fail — the caller then runs the full checks, which raise the refusal each
+    check names, in their order. The device checks the rest (closed, poisoned) before."""
+    if (job.buffers is not route.buffers or job.calbin_id != route.calbin_id or job.engine is not route.engine
+            or job.compiled_batch != route.compiled_batch):
+        return None
+    tokens, positions, valid, seq_ids, lanes = job.lanes
+    if valid != route.all_valid or route.in_buf.bound_job is not None or route.out_buf.bound_job is not None:
+        return None
+    find = route.kv.find
+    vocab, max_seq = route.vocab, route.max_seq
+    held = []
+    for i in lanes:
+        seq = find(seq_ids[i])  # NO_SEQUENCE is never a sequence: None
+        pos = positions[i]
+        if (seq is None or not 0 <= tokens[i] < vocab or pos != seq.committed_len or pos >= max_seq
+                or seq.inflight_job is not None):
+            return None
+        held.append(seq)
+    if len(held) > 1 and len(set(seq_ids)) != len(held):
+        return None  # a sequence in two lanes
+    return _new_tuple(Admitted, (seq_ids, lanes, route.duration_s, tuple(held)))
+
+
+class SubmitGate:
+    """What the device checks at submit (lock held), keeping the decode routes (:class:`DecodeRoute`) by ``id`` of
+    their buffer pair. It reads the device's own tables — calbins, KvManagers, buffers — and is told to
+    :meth:`forget` its routes whenever one of them, or a calbin's configured profiles, changes."""
+
+    def __init__(self, calbins: Mapping[int, SimCalbin], kvs: Mapping[int, SimKvManager], buffers: BufferTable,
+                 cost: CostModel) -> None:
+        self._calbins = calbins
+        self._kvs = kvs
+        self._buffers = buffers
+        self._cost = cost
+        self._routes: dict[int, DecodeRoute] = {}
+
+    def forget(self) -> None:
+        """The configuration changed: every route is checked in full again at its next job."""
+        self._routes.clear()
+
+    def admit(self, job: JobSpec, decode: bool, poisoned: ReturnCode | None, epoch: int
+              ) -> tuple[SimCalbin, SimKvManager, Admitted, SimBuffer, SimBuffer]:
+        """The job's calbin, KvManager, what it touches and its buffers, or the refusal (VendorError) of the first
+        check that fails; the engine-busy, in-flight and fault checks are the device's."""
+        route = self._routes.get(id(job.buffers)) if decode and poisoned is None else None
+        if route is not None:
+            admitted = decode_step(job, route)  # type: ignore[arg-type]
+            if admitted is not None:  # a step of a route: its configuration's part was checked before
+                return route.cb, route.kv, admitted, route.in_buf, route.out_buf
+        cb = check_target(job, self._calbins, poisoned)
+        kv = self.kv_for(cb)
+        cost = self._cost
+        admitted = (check_decode(job, cb, kv, cost) if decode  # type: ignore[arg-type]
+                    else check_prefill(job, cb, kv, cost))  # type: ignore[arg-type]
+        in_buf, out_buf = check_buffers(job, cb, self._buffers, epoch)
+        if decode:
+            route = decode_route(job, cb, kv, in_buf, out_buf, cost)  # type: ignore[arg-type]
+            if route is not None:
+                self._routes[id(job.buffers)] = route
+        return cb, kv, admitted, in_buf, out_buf
+
+    def kv_for(self, cb: SimCalbin) -> SimKvManager:
+        for kv in self._kvs.values():
+            if kv.calbin_id == cb.calbin_id:
+                return kv
+        raise VendorError(ReturnCode.INVALID_STATE, f"calbin {cb.name!r} has no KvManager")
 
 
 def check_prefill(job: PrefillJob, cb: SimCalbin, kv: SimKvManager, cost: CostModel) -> Admitted:
