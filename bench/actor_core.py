@@ -38,6 +38,11 @@ class Core:
         self.brought = bring_up(default_config(), sim=SimConfig(time_mode=TimeMode.REAL, cost=cost),
                                 options=EngineOptions(verify_golden=cost.numerics))
         self.core = self.brought.engine._core  # noqa: SLF001 - driven here, on this thread
+        # the monitors as the started engine sets them (ThreadedEngine.start): the production default, sampled
+        from calculet.machines.monitor import MONITOR
+        monitoring = self.core.config.monitoring
+        MONITOR.configure(enabled=monitoring.invariants, mode=self.core.options.monitor_mode or "count",
+                          sample_every=monitoring.sample_every)
         self.core.chain_ready_s = self.core.options.wake_coalesce_s  # as ThreadedEngine sets it
         self.tokenizer = self.brought.engine.tokenizer
         self.prompt = tuple(self.tokenizer.encode(PROMPT))
