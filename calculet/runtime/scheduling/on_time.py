@@ -94,14 +94,14 @@ class OnTimePolicy:
     _model: DeviceModel | None = None
 
     def model(self) -> DeviceModel | None:
-        """The measured device (None until a decode step is measured): the planner rebuilds it only when a
-        timer measured something or the profile or the engines changed (:meth:`.OnTimePlanner.device`)."""
+        """The measured device (None until a decode step is measured): built (:meth:`.OnTimePlanner.device`) only
+        when a timer measured something or the profile set or the engines changed — the one key of it (#20)."""
         profiles = self._profiles()
         if profiles is None:
             return None
         planner = self.planner
         key = (profiles, self._engines(), planner.step_times.samples, planner.prefill_times.samples)
-        if key == self._model_key:  # what the planner's device() is keyed on, unchanged: its model (#20)
+        if key == self._model_key:  # nothing the model is built from changed: the same model (#20)
             return self._model
         if profiles is not self._shape_of:
             if self._shape_of is not None:  # a new generation's profile set: the device starts afresh

@@ -25,15 +25,13 @@ __all__ = ["MeasuredDevice"]
 class MeasuredDevice:
     """The measured device model, admission's slowed copy and its alone model, each built once per change."""
 
-    __slots__ = ("step_times", "prefill_times", "errors", "_key", "_device", "admitting_of", "admitting_margin",
-                 "admitting", "_alone_step", "_alone", "_fastest_step")
+    __slots__ = ("step_times", "prefill_times", "errors", "admitting_of", "admitting_margin", "admitting",
+                 "_alone_step", "_alone", "_fastest_step")
 
     def __init__(self, step_times: StepTimer, prefill_times: PrefillTimer, errors: EstimateErrors) -> None:
         self.step_times = step_times
         self.prefill_times = prefill_times
         self.errors = errors
-        self._key: tuple[object, ...] | None = None  # what _device was built from (timers' samples, shape)
-        self._device: DeviceModel | None = None
         self.admitting_of: DeviceModel | None = None
         """The model :attr:`admitting` was built from (read by ``OnTimePlanner.admit`` without a call, #20)."""
         self.admitting_margin = 0.0
@@ -44,22 +42,18 @@ class MeasuredDevice:
         self._fastest_step = math.inf  # the fastest decode step measured since the last restart (the smoothed step)
 
     def device(self, compiled_batch: int, engines: int, chunk: int | None) -> DeviceModel | None:
-        """The measured device, or None until a decode step has been measured. Built once per change of its
-        inputs (#20: not per ``submit()``); a timer's estimates change only when it measures (``samples``)."""
-        step_times, prefill_times = self.step_times, self.prefill_times
-        key = (step_times.samples, prefill_times.samples, compiled_batch, engines, chunk)
-        if key == self._key:
-            return self._device
+        """The measured device of that shape, built now from the timers, or None until a decode step has been
+        measured. Its one caller keys it (``OnTimePolicy.model``: on the timers' sample counts, which change only
+        when they measure, the profile set and the engines), so a model is built once per change (#20)."""
+        step_times = self.step_times
         step = step_times.decode_step_s
-        model = None
-        if step > 0:
-            if step < self._fastest_step:
-                self._fastest_step = step
-            fixed, per_token = prefill_times.cost()
-            model = DeviceModel(step, compiled_batch, engines, fixed, per_token, chunk,
-                                step_times.token_s, step_times.period_high_s)
-        self._key, self._device = key, model
-        return model
+        if step <= 0:
+            return None
+        if step < self._fastest_step:
+            self._fastest_step = step
+        fixed, per_token = self.prefill_times.cost()
+        return DeviceModel(step, compiled_batch, engines, fixed, per_token, chunk, step_times.token_s,
+                           step_times.period_high_s)
 
     def admitting_model(self, model: DeviceModel) -> DeviceModel:
         """``model`` slowed by admission's margin, kept while it and the margin are (#20: not per ``submit()``);

@@ -187,7 +187,8 @@ class OnTimePlanner:
     # ------------------------------------------------------------------ the device
 
     def device(self, compiled_batch: int, engines: int, chunk: int | None) -> DeviceModel | None:
-        """The measured device, or None until a decode step has been measured (:mod:`.on_time_device`)."""
+        """The measured device, built now, or None until a decode step has been measured (:mod:`.on_time_device`;
+        ``OnTimePolicy.model`` keys it)."""
         return self.devices.device(compiled_batch, engines, chunk)
 
     def admitting_model(self, model: DeviceModel) -> DeviceModel:
@@ -308,9 +309,9 @@ class OnTimePlanner:
         its step is the step timer's. ``records`` lists the live requests; it is called only on the slow path.
         Once per ``submit()`` (#20): :meth:`admitting_model` and :meth:`_cache_drift` are read without their calls
         while their inputs hold, and a job placed at the cache's tail is kept as its values (:mod:`.on_time_kept`)."""
-        machine = rec.machine
-        smoothed = self._prompt_tokens  # the first prompt seen sets it
-        self._prompt_tokens = smoothed + (PROMPT_SMOOTHING if smoothed else 1.0) * (machine.prompt_tokens - smoothed)
+        if self.any_itl:  # the typical prompt is read by the ITL cap alone (decode_cap): else not kept (#20)
+            smoothed = self._prompt_tokens  # the first prompt seen sets it
+            self._prompt_tokens = smoothed + (PROMPT_SMOOTHING if smoothed else 1.0) * (rec.prompt_tokens - smoothed)
         if model is None:
             return Fit(True, None, None)
         values = job_values(rec, self.weights.get(rec.tenant, 1.0))

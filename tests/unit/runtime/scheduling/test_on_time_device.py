@@ -40,14 +40,14 @@ def test_the_models_are_those_slowed_and_replace_built(step: float, batch: int, 
     assert _alone(model, alone_step, 1.0) == expected
 
 
-def test_measured_device_rebuilds_on_a_sample_and_the_alone_model_follows_the_fastest_step():
+def test_measured_device_builds_from_the_timers_and_the_alone_model_follows_the_fastest_step():
     step_times, prefill_times, errors = StepTimer(), PrefillTimer(), EstimateErrors(0.01, 0.25)
     devices = MeasuredDevice(step_times, prefill_times, errors)
     assert devices.device(16, 1, None) is None  # no step measured
     step_times.observe(0.02, lanes=16, compiled=16, decoding=16, now=1.0)
     prefill_times.observe(32, 0.01)
     fast = devices.device(16, 1, None)
-    assert fast is not None and fast is devices.device(16, 1, None)
+    assert fast is not None and fast == devices.device(16, 1, None)  # built afresh: OnTimePolicy.model keys it
     admitting = devices.admitting_model(fast)
     assert admitting == fast.slowed(1.25) and admitting is devices.admitting_model(fast)
     assert devices.admission_model(fast) is admitting  # the replan reads the kept one
