@@ -22,6 +22,7 @@ Rules kept here:
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable
 
 from calculet.clock import Clock
@@ -71,13 +72,16 @@ class DeadlineQueue:
     plan names the soonest one as its wake-up time. Requests that ended first are skipped when their
     entry comes up (nothing is removed early)."""
 
-    __slots__ = ("_heap",)
+    __slots__ = ("_heap", "soonest")
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int]] = []
+        self.soonest = math.inf
+        """The soonest deadline queued (inf with none): a step before it has nothing to sweep (issue #20)."""
 
     def add(self, rec: RequestRecord) -> None:
         heapq.heappush(self._heap, (rec.deadline, rec.request_id))
+        self.soonest = self._heap[0][0]
 
     def next_due(self) -> float | None:
         heap = self._heap
@@ -90,6 +94,7 @@ class DeadlineQueue:
         heap = self._heap
         while heap and heap[0][0] <= now:
             _, request_id = heapq.heappop(heap)
+            self.soonest = heap[0][0] if heap else math.inf
             rec = registry.get(request_id)
             if rec is None:
                 continue

@@ -178,6 +178,9 @@ class PrefillScheduler:
         self._heaps: dict[str, list[list[Any]]] = {q: [] for q in PREFILL_QUEUES}
         self._since: dict[str, list[tuple[float, int, list[Any]]]] = {q: [] for q in PREFILL_QUEUES}
         self._depth: Counter[str] = Counter()
+        self.depth = 0
+        """Entries queued over every class (``_depth``'s sum): a scheduler step with none asks no class whether it
+        is eligible (issue #20: a saturated decode rotation's steps)."""
         self._taken: Counter[str] = Counter()
         self._chunked = 0
         self._seq = 0
@@ -241,6 +244,7 @@ class PrefillScheduler:
         heapq.heappush(self._heaps[queue], entry)
         heapq.heappush(self._since[queue], (now, self._seq, entry))
         self._depth[queue] += 1
+        self.depth += 1
         return queue
 
     def discard(self, rec: RequestRecord) -> bool:
@@ -250,6 +254,7 @@ class PrefillScheduler:
         entry[2] = None
         rec.entry = None
         self._depth[entry[3]] -= 1
+        self.depth -= 1
         if entry[0][0] == _URGENT:
             self.urgent -= 1
         return True
@@ -334,6 +339,7 @@ class PrefillScheduler:
                 entry[2] = None
                 rec.entry = None
                 self._depth[queue] -= 1
+                self.depth -= 1
                 self._taken[queue] += 1
                 if entry[0][0] == _URGENT:
                     self.urgent -= 1

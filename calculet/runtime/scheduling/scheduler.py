@@ -228,11 +228,13 @@ class Scheduler:
         self.job_lanes.boundary("scheduler step")  # a step boundary: JobLaneSystem's invariants (sampled, #17)
         check_counts(self.admission, self.registry, "scheduler step")  # the budget's counters are its requests (#17)
         now = self._clock.now()
-        self._deadlines.expire_due(now, self.registry, self.prefill, self.admission.timed_out)
+        deadlines, prefill = self._deadlines, self.prefill
+        if now >= deadlines.soonest:  # a deadline passed: sweep (only then, issue #20)
+            deadlines.expire_due(now, self.registry, prefill, self.admission.timed_out)
         if self.on_time is not None:
             self.on_time.tick(now)
         self._pump(now)
-        wake = self._deadlines.next_due()
+        wake = deadlines.next_due()
         if not self.jobs.has_slot():
             return Plan(None, wake_at=wake, reason="no in-flight slot")
         generations = self.generations
@@ -241,7 +243,8 @@ class Scheduler:
         if gen == 0 or profiles is None or generations.availability not in SERVING:
             return Plan(None, wake_at=wake, reason=f"model {generations.availability.value}")
         for _attempt in range(4):
-            eligible = self.prefill.eligible(now)
+            queued = prefill.depth  # no prefill queued (a decode rotation's steps): no class to ask (issue #20)
+            eligible = prefill.eligible(now) if queued else set()
             profile = None
             ready = self.decode.ready_count(gen)
             if ready:
@@ -251,7 +254,8 @@ class Scheduler:
                     eligible.add("decode")
                 elif fire_at is not None:
                     wake = fire_at if wake is None else min(wake, fire_at)
-            choice = self.prefill.deadline_first(eligible, self.decode, gen) or self.arbiter.choose(eligible)
+            choice = (prefill.deadline_first(eligible, self.decode, gen) if queued else None) or self.arbiter.choose(
+                eligible)
             if choice is None:
                 return Plan(None, wake_at=wake, reason="nothing ready")
             job_id = self._next_job
@@ -260,7 +264,7 @@ class Scheduler:
                 work: PrefillWork | DecodeBatch | None = build_decode(self.decode, self.registry, profile, gen, now,
                                                                      job_id)
             else:
-                work = self._build_prefill(choice, job_id, now)
+                work = build_prefill(self.prefill, self.kv, self.registry, choice, job_id)
             if work is None:
                 continue
             self._next_job += 1
@@ -444,25 +448,6 @@ class Scheduler:
         self.registry.fire(rec, "admit_now", gen=bind) if bind else self.registry.fire(rec, "admit")  # one event each
         self.prefill.add(rec, now)
 
-    def _build_prefill(self, queue: str, job_id: int, now: float) -> PrefillWork | None:
-        rec = self.prefill.take(queue)
-        lease = rec.lease
-        done = self.kv.committed_len(lease)
-        remaining = rec.prompt_tokens - done
-        tokens = self.prefill.next_chunk(remaining)
-        check = self.kv.reserve_batch((lease,), tokens)
-        if isinstance(check, KvReservationFailure):  # R7.4.4: never submitted
-            if rec.state == "prefill_ready":
-                self.registry.fire(rec, "fail")
-            else:
-                self.registry.fire(rec, "prefill_done", job=rec.job_id, ok=False, stop=False)
-            return None
-        request_job = job_id if rec.state == "prefill_ready" else rec.job_id
-        if tokens < rec.prompt_tokens:
-            self.prefill.count_chunk()
-        return PrefillWork(job_id, rec.generation, rec.request_id, lease.seq_id, lease.lane, done, tokens,
-                           rec.prompt_tokens, done + tokens == rec.prompt_tokens, queue, request_job, lease, rec)
-
     def _no_pending(self) -> None:
         if self._pending is not None:
             raise DefinitionError(f"job {self._pending.job_id} is planned: call submitted() or submit_failed() "
@@ -495,3 +480,25 @@ def build_decode(decode: DecodeScheduler, registry: RequestRegistry, profile: Pr
                     registry.fire(rec, "fail")
         return None
     return result
+
+
+def build_prefill(prefill: PrefillScheduler, kv: KvLaneManager, registry: RequestRegistry, queue: str,
+                  job_id: int) -> PrefillWork | None:
+    """The next prefill job of ``queue`` (the whole prompt or its next chunk) for job ``job_id``, or None: a
+    request whose KV lane cannot take it fails here, before anything is submitted (R7.4.4)."""
+    rec = prefill.take(queue)
+    lease = rec.lease
+    done = kv.committed_len(lease)
+    tokens = prefill.next_chunk(rec.prompt_tokens - done)
+    check = kv.reserve_batch((lease,), tokens)
+    if isinstance(check, KvReservationFailure):  # R7.4.4: never submitted
+        if rec.state == "prefill_ready":
+            registry.fire(rec, "fail")
+        else:
+            registry.fire(rec, "prefill_done", job=rec.job_id, ok=False, stop=False)
+        return None
+    request_job = job_id if rec.state == "prefill_ready" else rec.job_id
+    if tokens < rec.prompt_tokens:
+        prefill.count_chunk()
+    return PrefillWork(job_id, rec.generation, rec.request_id, lease.seq_id, lease.lane, done, tokens,
+                       rec.prompt_tokens, done + tokens == rec.prompt_tokens, queue, request_job, lease, rec)
