@@ -14,7 +14,11 @@ says otherwise; the report names it). ``--profile FILE`` writes a cProfile of ev
 (``time.thread_time``) — where the host's time goes. Figures, not a pass/fail test (DESIGN
 principle 10); the baseline is measured in the same run.
 
-    python bench/host_path.py [--rounds 3] [--streams 1,16,64] [--tokens 64] [--profile FILE]
+``--against TREE`` runs a third server, calculet from the source tree ``TREE`` (a worktree of the base commit), in
+the same interleaved rounds: its figures beside the bare server's, and this tree's CPU per token over that tree's
+(median of per-round ratios) — a change's before/after in the same run, under the same machine noise.
+
+    python bench/host_path.py [--rounds 3] [--streams 1,16,64] [--tokens 64] [--profile FILE] [--against TREE]
 """
 
 from __future__ import annotations
@@ -177,10 +181,13 @@ class HostRow:
     streams: int
     calculet: list[HostRound]
     baseline: list[HostRound]
+    against: list[HostRound] | None = None
+    """The rounds of calculet from ``--against``'s tree, when given."""
 
-    def ratio(self, figure: str) -> float:
-        """Median over rounds of calculet / baseline ``figure`` (a HostRound property)."""
-        return float(np.median([getattr(c, figure) / getattr(b, figure) for c, b in zip(self.calculet, self.baseline)]))
+    def ratio(self, figure: str, of: list[HostRound] | None = None, to: list[HostRound] | None = None) -> float:
+        """Median over rounds of ``of`` / ``to`` ``figure`` (a HostRound property); calculet / baseline by default."""
+        of, to = of or self.calculet, to or self.baseline
+        return float(np.median([getattr(c, figure) / getattr(b, figure) for c, b in zip(of, to)]))
 
 
 def stream_round(server: Server, streams: int, per_stream: int, tokens: int) -> HostRound:
@@ -234,9 +241,23 @@ def stream_round(server: Server, streams: int, per_stream: int, tokens: int) -> 
     return HostRound(server.cpu_s() - cpu[0], wall, counted[0], counted[1], counted[2])
 
 
-def measure(home: Path, rounds: int, tokens: int, levels: Sequence[int], profile: Path | None) -> list[HostRow]:
-    """calculet on the null device beside the bare baseline, the rounds interleaved so machine noise
-    hits both alike; ``profile``: write the calculet server's cProfile there."""
+TREE_RUN = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); import calculet; "
+            "assert calculet.__file__.startswith(sys.path[0]), calculet.__file__; "
+            "runpy.run_module('calculet.run', run_name='__main__', alter_sys=True)")
+"""``python -m calculet.run`` from the source tree named by its first argument (as ``bench/overload_http.py``)."""
+
+
+def tree_server(home: Path, tree: Path) -> Server:
+    """``calculet.run --sim-cost null`` from the source tree ``tree``."""
+    command = [sys.executable, "-c", TREE_RUN, str(tree.resolve()), "--host", "127.0.0.1", "--port", "0",
+               "--log-format", "json", "--log-level", "INFO", "--sim-cost", "null"]
+    return Server("null", home, command=command, env={"PYTHONPATH": str(tree.resolve())})
+
+
+def measure(home: Path, rounds: int, tokens: int, levels: Sequence[int], profile: Path | None,
+            against: Path | None = None) -> list[HostRow]:
+    """calculet on the null device beside the bare baseline (and calculet from ``against``'s tree), the rounds
+    interleaved so machine noise hits all alike; ``profile``: write the calculet server's cProfile there."""
     command = None
     if profile is not None:
         command = [sys.executable, str(Path(__file__).resolve()), "--profile-server", str(profile), "--",
@@ -244,21 +265,20 @@ def measure(home: Path, rounds: int, tokens: int, levels: Sequence[int], profile
                    "--sim-cost", "null"]
     calc = Server("null", home, command=command)
     base = Server("", home, command=[sys.executable, str(Path(__file__).resolve()), "--serve-baseline"])
+    prev = tree_server(home, against) if against is not None else None
+    servers = [calc, base] + ([prev] if prev is not None else [])
     rows = []
     try:
         for streams in levels:
             per_stream = max(2, 48 // streams)
-            rounds_c: list[HostRound] = []
-            rounds_b: list[HostRound] = []
+            got: dict[int, list[HostRound]] = {id(server): [] for server in servers}
             for r in range(rounds):
-                pair = (calc, base) if r % 2 == 0 else (base, calc)
-                for server in pair:
-                    got = stream_round(server, streams, per_stream, tokens)
-                    (rounds_c if server is calc else rounds_b).append(got)
-            rows.append(HostRow(streams, rounds_c, rounds_b))
+                for server in (servers if r % 2 == 0 else servers[::-1]):
+                    got[id(server)].append(stream_round(server, streams, per_stream, tokens))
+            rows.append(HostRow(streams, got[id(calc)], got[id(base)], got[id(prev)] if prev is not None else None))
     finally:
-        calc.stop()
-        base.stop()
+        for server in servers:
+            server.stop()
     return rows
 
 
@@ -276,12 +296,21 @@ def report(rows: Sequence[HostRow], tokens: int) -> None:
         return float(np.median([getattr(x, figure) for x in rounds]))
 
     for row in rows:
-        c, b = med(row.calculet, "cpu_per_token_ms"), med(row.baseline, "cpu_per_token_ms")
-        cr, br = med(row.calculet, "completions_per_s"), med(row.baseline, "completions_per_s")
-        refused = sum(x.refused for x in row.calculet)
-        print(f"{row.streams:>7} {c:>15.3f} {b:>15.3f} {row.ratio('cpu_per_token_ms'):>9.2f} {cr:>12.1f} {br:>12.1f} "
-              f"{row.ratio('completions_per_s'):>13.2f}" + (f"   ({refused} refused with 429 and retried)" if refused else ""))
+        for label, rounds in (("", row.calculet), (" against", row.against)):
+            if rounds is None:
+                continue
+            c, b = med(rounds, "cpu_per_token_ms"), med(row.baseline, "cpu_per_token_ms")
+            cr, br = med(rounds, "completions_per_s"), med(row.baseline, "completions_per_s")
+            refused = sum(x.refused for x in rounds)
+            print(f"{row.streams:>7} {c:>15.3f} {b:>15.3f} {row.ratio('cpu_per_token_ms', rounds):>9.2f} {cr:>12.1f} "
+                  f"{br:>12.1f} {row.ratio('completions_per_s', rounds):>13.2f}{label}"
+                  + (f"   ({refused} refused with 429 and retried)" if refused else ""))
     print("targets (#20): CPU ratio <= 3, completions/s ratio >= 0.33\n")
+    if any(row.against for row in rows):
+        print("this tree / --against tree (median of per-round ratios): " + ", ".join(
+            f"{row.streams} streams CPU/token {row.ratio('cpu_per_token_ms', row.calculet, row.against):.3f}"
+            f" completions/s {row.ratio('completions_per_s', row.calculet, row.against):.3f}"
+            for row in rows if row.against) + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -298,10 +327,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--streams", default="1,16,64", help="concurrent streams per level")
     parser.add_argument("--profile", type=Path, default=None,
                         help="write a cProfile of the calculet server (every thread, CPU time) to this file")
+    parser.add_argument("--against", type=Path, default=None,
+                        help="also run calculet from this source tree (a base worktree) in the same rounds")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="calculet-bench-home-") as home:
         levels = [int(n) for n in args.streams.split(",")]
-        report(measure(Path(home), args.rounds, args.tokens, levels, args.profile), args.tokens)
+        report(measure(Path(home), args.rounds, args.tokens, levels, args.profile, args.against), args.tokens)
     if args.profile is not None:
         print(f"calculet server CPU by part (cProfile own time, every thread; {args.profile}):")
         for group, share in profile_breakdown(args.profile):

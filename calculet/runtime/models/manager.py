@@ -283,7 +283,7 @@ class ModelManager:
     def may_submit(self, gen_id: int) -> bool:
         """Whether ``gen_id`` takes a new job: Ready, or Draining what was pinned to it (§12)."""
         gen = self._by_id.get(gen_id)
-        return gen is not None and gen.machine._state in _SERVING_STATES  # ``at`` without its frame (once a job)
+        return gen is not None and gen.machine.state in _SERVING_STATES  # ``at`` without its frame (once a job)
 
     def on_job_submitted(self, gen_id: int) -> None:
         """A job of ``gen_id`` went to the device: ``job_submitted`` (its ``inflight_jobs`` counts it)."""
