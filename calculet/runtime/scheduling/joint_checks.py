@@ -95,22 +95,22 @@ class JointMonitor:
         self._bound: dict[int, int] = {}    # each kept record's binding at the last check
 
     def observe(self, rec: Any, source: str = "", target: str = "") -> None:
-        """A request transition (the registry's listener signature)."""
-        self.observe_step((rec,))
+        """A request transition (the registry's listener signature): a record is kept, and marked for the next
+        check, once it holds or held a lane or left the waiting states (the model's requests are those; a
+        waiting one is not yet in the system)."""
+        rid = rec.request_id
+        if rec.lease is not None:
+            self.seq.setdefault(rid, rec.lease.seq_id)
+        if rid in self.records or rec.lease is not None or rid in self.seq or rec.machine.state not in WAITING:
+            self.records[rid] = rec
+            self._dirty.add(rid)
 
     def observe_step(self, recs: Sequence[Any], source: str = "", targets: Sequence[str] = ()) -> None:
-        """Transitions of ``recs`` (the registry's quiet listener signature: a decode step's moves, one call per
-        step, issue #20): a record is kept, and marked for the next check, once it holds or held a lane or left
-        the waiting states (the model's requests are those; a waiting one is not yet in the system)."""
-        records, seq, dirty = self.records, self.seq, self._dirty
+        """:meth:`observe` of each of a decode step's records (the registry's quiet listener signature: one call
+        per step, issue #20)."""
+        observe = self.observe
         for rec in recs:
-            rid = rec.request_id
-            lease = rec.lease
-            if lease is not None:
-                seq.setdefault(rid, lease.seq_id)
-            if rid in records or lease is not None or rid in seq or rec.machine.state not in WAITING:
-                records[rid] = rec
-                dirty.add(rid)
+            observe(rec)
 
     def _seq_of(self, rec: Any) -> int:
         return self.seq.get(rec.request_id, -rec.request_id)

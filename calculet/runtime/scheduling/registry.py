@@ -305,8 +305,9 @@ class RequestRegistry:
         """:meth:`fire` of ``event`` on each of ``recs``, with the same arguments (one call per decode
         step for its lanes, issue #20): the machines fire in one generated loop
         (``RequestMachine.Instance.fire_each``: each still executes its declared transition, the monitor
-        draws as for single events), then the listener and the close run per record in order. A
-        refusal raises after the records that moved before it were told to the listener."""
+        draws as for single events), then the listener and the close run per record in order — but the quiet
+        moves go to :attr:`quiet_listener`, in one call when every record made the same one (a decode step's
+        submit). A refusal raises after the records that moved before it were told."""
         quiet = self.quiet
         if len(recs) == 1:  # a B1 step: the one machine's own ``fire`` (the same transition, the same draw)
             rec = recs[0]
@@ -421,7 +422,8 @@ class RequestRegistry:
 
         One call per step instead of one per lane (issue #20): the fresh records' machines fire
         ``decode_done`` in one generated loop (``fire_each``), then per record in lane order the
-        listener, the close and the token's delivery run as :meth:`on_done` runs them. Nothing the
+        listener, the close and the token's delivery run as :meth:`on_done` runs them; the quiet moves
+        (back to ``decode_ready``) are told first, to :attr:`quiet_listener` in one call. Nothing a
         listener does for one lane reads another lane's request, so running the fires first changes
         no outcome."""
         machines = []
@@ -465,7 +467,7 @@ class RequestRegistry:
         running_quiet = "decode_running" in quiet
         # whether a token's move is quiet (told to the quiet listener, once for the step), decided once per step
         ready_quiet = running_quiet and "decode_ready" in quiet
-        finishing_quiet = running_quiet and "finishing" in quiet and "finishing" not in TERMINAL_STATES
+        finishing_quiet = running_quiet and "finishing" in quiet
         quiet_listener = self.quiet_listener
         if quiet_listener is not None and ready_quiet:
             if targets.count("decode_ready") == len(targets):  # the usual step: every lane is Ready again
