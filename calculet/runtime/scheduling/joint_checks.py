@@ -105,13 +105,6 @@ class JointMonitor:
             self.records[rid] = rec
             self._dirty.add(rid)
 
-    def observe_step(self, recs: Sequence[Any], source: str = "", targets: Sequence[str] = ()) -> None:
-        """:meth:`observe` of each of a decode step's records (the registry's quiet listener signature: one call
-        per step, issue #20)."""
-        observe = self.observe
-        for rec in recs:
-            observe(rec)
-
     def _seq_of(self, rec: Any) -> int:
         return self.seq.get(rec.request_id, -rec.request_id)
 
