@@ -67,9 +67,13 @@ class StepTimer:
     b16 28.7, b16-chunked 27.8); the accepted requests' rate (a leading input) with the decode set it fills
     by Little's law, prefills at most at the departure rate when full, on the reported estimate alone:
     b4 25.8, b8 25.6 (24.1 before: met -> missed), b16 26.6, b16-chunked 25.5; bursty b4 18.4, b8 24.1
-    (missed -> met), b16 37.9 — no row's verdict gained overall. Under ping/pong a prefill runs beside the
-    other job and the share over-states (median 1.13 of the actual per-token time). A faster window for
-    the first 128-512 steps (1/16-1/64) moved no row by more than 2.1 points and met none more.
+    (missed -> met), b16 37.9 — no row's verdict gained overall; as this lane step, deciding too: steady b4
+    22.8, b8 23.4, b16 26.2, b16-chunked 24.9 (b4 and b16-chunked met), bursty b8 27.0, b16 41.0, b16-chunked
+    39.8, and the goodput comparison lost two checks (B16 tight 4x 509 -> 503 on time with 1.9 % of admitted
+    requests late, loose 4x 560 -> 554 with 1.4 %; tight 0.5x 246 -> 245; gained tight 1x 398 -> 406, loose 2x
+    538 -> 545; the admissions behind the late ones not traced). Under ping/pong a prefill runs beside the
+    other job and the share over-states (median 1.13 of the actual per-token time). A faster window for the
+    first 128-512 steps (1/16-1/64) moved no row by more than 2.1 points and met none more.
     """
 
     __slots__ = ("_estimate", "_samples", "_alpha", "_last_done", "_prefill_since", "_waited", "_tokens", "_widest",
