@@ -66,16 +66,17 @@ import contextlib
 import logging
 import os
 import time
-from typing import Callable, ContextManager
+from typing import Callable, ContextManager, Sequence
 
 from calculet.adapters.calrt import CalRT, DeviceCapabilities, JobResult, ReturnCode, VirtualDevice
 from calculet.clock import Clock
 from calculet.config import SchedulerConfig
-from calculet.errors import BadRequest, CalculetError, DefinitionError, Unavailable
+from calculet.errors import BadRequest, CalculetError, DefinitionError
 from calculet.machines.monitor import MONITOR
 from calculet.runtime.actor import MailboxStatistics
 from calculet.runtime.distribution import HOST_TICK_BOUNDS, Distribution
 from calculet.runtime.engine.jobs import JobPath
+from calculet.runtime.engine.readings import engine_statistics, model_info
 from calculet.runtime.engine.requests import RequestDesk, Trace
 from calculet.runtime.engine.types import (EngineOptions, EngineStatistics, ExecutionMode, GenerateRequest, ModelInfo,
                                            TokenProvenance)
@@ -109,10 +110,9 @@ class EngineCore:
 
     def __init__(self, config: SchedulerConfig, runtime: CalRT, package_dir: str | os.PathLike[str] | None = None, *,
                  clock: Clock, options: EngineOptions = EngineOptions(),
-                 observer: Callable[[RequestRecord, str, str], None] | None = None,
-                 device: VirtualDevice | None = None,
-                 provenance: Callable[[TokenProvenance], None] | None = None,
-                 planner: CapacityPlanner | None = None) -> None:
+                 observer: Callable[[RequestRecord, str, str], None] | None = None, device: VirtualDevice | None = None,
+                 provenance: Callable[[TokenProvenance], None] | None = None, planner: CapacityPlanner | None = None
+                 ) -> None:
         if options.mode is ExecutionMode.SYNC and config.executor.max_inflight != 1:
             raise DefinitionError("the synchronous baseline runs one job at a time: executor.max_inflight must be 1")
         self.config = config
@@ -127,8 +127,7 @@ class EngineCore:
         self._exclusive: Callable[[], ContextManager[None]] = contextlib.nullcontext
         self._device: VirtualDevice = device if device is not None else runtime.create_virtual_device()
         self.trace: Trace | None = [] if options.trace_components else None
-        self._accepting = True
-        self._stopped = False
+        self._accepting, self._stopped = True, False
         self._backoff_until = 0.0
         self._wake: float | None = None
         self._ticks = 0
@@ -160,7 +159,7 @@ class EngineCore:
         self.kv = KvLaneManager(plan.lanes, plan.max_seq, capabilities=plan.kv_capabilities(), clock=clock)
         self.scheduler = Scheduler(config, clock=clock, kv=self.kv, device_kv_tokens=plan.kv_token_capacity,
                                    max_seq=plan.max_seq, capabilities=plan.scheduling_capabilities(),
-                                   observer=self._observe)
+                                   observer=self._observe, step_observer=self._observe_step)
         self.sampler = SamplerPool(seed=options.sampler_seed, eos=facts.eos_token, decoder=self.tokenizer)
         self.executor = DeviceExecutor(RuntimeSession.detached(self._device, config), config.executor, clock=clock,
                                        job_timeout_s=options.job_timeout_s,
@@ -254,8 +253,8 @@ class EngineCore:
         return self.recovery.failed
 
     def report_device_fault(self, rc: ReturnCode, detail: str) -> None:
-        """A job outside the executor (golden/warm-up, §11 step 9) left the device in doubt: recover
-        it (reset or restart per the contract, within the budget) before anything is served again."""
+        """A job outside the executor (golden/warm-up, §11 step 9) left the device in doubt: recover it (reset or
+        restart per the contract, within the budget) before anything is served again."""
         reason = FaultReason.DEVICE_STATE if rc is ReturnCode.INVALID_STATE else self.recovery.reason_for(rc)
         self._enter_recovery(reason, detail)
 
@@ -451,10 +450,10 @@ class EngineCore:
     # ------------------------------------------------------------------ reading
 
     def model_info(self) -> ModelInfo:
-        return _model_info(self)
+        return model_info(self)
 
     def statistics(self, mailbox: MailboxStatistics | None = None) -> EngineStatistics:
-        return _statistics(self, mailbox)
+        return engine_statistics(self, mailbox)
 
     # ------------------------------------------------------------------ recovery
 
@@ -491,6 +490,15 @@ class EngineCore:
             self.models.on_request_transition(rec, source, target)
         if self._observer is not None:
             self._observer(rec, source, target)
+
+    def _observe_step(self, recs: Sequence[RequestRecord], source: str, targets: Sequence[str]) -> None:
+        """A decode step's moves, one call per step (the scheduler's step observer, #20): the joint monitor and
+        the caller's observer hear each; none changes a generation's counters (not in REQUEST_TARGETS)."""
+        joint, observer = self._joint_observe, self._observer
+        for rec, target in zip(recs, targets):
+            joint(rec)
+            if observer is not None:
+                observer(rec, source, target)
 
     def _account(self, start: float) -> None:
         self._joint.after_call()
@@ -564,37 +572,3 @@ def _recover(core: EngineCore, pending: PendingRecovery) -> None:
     core.run_commands()
     core._backoff_until = 0.0
     core._wake = core.clock.now()  # serve again at once
-
-
-def _model_info(core: EngineCore) -> ModelInfo:
-    """The serving generation's model facts; :class:`Unavailable` while none serves."""
-    gen = core.models.serving
-    session = gen.session if gen is not None else None
-    if gen is None or session is None or not session.has_calbin:
-        raise Unavailable(f"no model generation of {core.config.model_alias!r} is serving")
-    calbin = session.calbin
-    return ModelInfo(gen.id, calbin.name, calbin.exact_submodel, calbin.package_sha256,
-                     calbin.vocab_size, calbin.bos_token, calbin.eos_token, session.max_seq,
-                     session.profiles.sizes, calbin.capabilities)
-
-
-def _statistics(core: EngineCore, mailbox: MailboxStatistics | None) -> EngineStatistics:
-    """Every component's statistics in one record (on the actor: a consistent snapshot)."""
-    scheduler = core.scheduler
-    try:
-        device = core._device.statistics()  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - statistics of a closed device are not essential
-        device = None
-    state = "stopped" if core._stopped else "running" if core._accepting else "stopping"
-    return EngineStatistics(
-        state=state, mode=core.options.mode.value, generation=core.generation,
-        availability=scheduler.availability.value, accepting=core._accepting, ticks=core._ticks,
-        host_time_per_tick_s=core._host.avg, host_time_max_s=core._host.max, accepted=core.requests.accepted,
-        rejected_before_admission=dict(core.requests.rejected),
-        finished=dict(core.requests.finished), live_requests=len(scheduler.registry),
-        pending_frees=core.jobs.pending_frees, scheduler=scheduler.statistics(),
-        executor=core.executor.statistics(), completion=core.dispatcher.statistics(),
-        sampler=core.sampler.statistics(), recovery=core.recovery.statistics(),
-        session=core.session.statistics(), mailbox=mailbox, device=device,
-        models=core.models.statistics_now(), goodput=core.requests.goodput.statistics(),
-        host_tick=core._host.snapshot())

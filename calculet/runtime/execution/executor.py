@@ -134,12 +134,10 @@ class DeviceExecutor:
             for binding in work.active:
                 seqs[binding.lane] = self._seqs[binding.seq_id]
             buffers = session.buffers(engine, JobKind.DECODE, size)
-            if work.lane_tokens:  # the ints the batch was built from: the job keeps them, its tensors built if read
-                return DecodeJob.of_lanes(work.generation, calbin_id, size, engine, buffers, tuple(seqs),
-                                          work.lane_tokens, work.lane_positions, work.lane_flags)
-            # the batch's arrays are built fresh per batch and never written again: handed over, not copied (#20)
-            return DecodeJob.owning(work.generation, calbin_id, size, engine, buffers, tuple(seqs),
-                                    work.token_ids, work.positions, work.lane_valid)
+            # the ints the batch was built from (a batch keeps no arrays, #20): the job keeps them, its tensors
+            # built if read
+            return DecodeJob.of_lanes(work.generation, calbin_id, size, engine, buffers, tuple(seqs),
+                                      work.lane_tokens, work.lane_positions, work.lane_flags)
         assert prompt is not None
         seq = self._seqs.get(work.seq_id)
         if seq is None:
