@@ -254,8 +254,8 @@ class Scheduler:
                     eligible.add("decode")
                 elif fire_at is not None:
                     wake = fire_at if wake is None else min(wake, fire_at)
-            choice = (prefill.deadline_first(eligible, self.decode, gen) if queued else None) or self.arbiter.choose(
-                eligible)
+            first = prefill.deadline_first(eligible, self.decode, gen) if queued else None  # an at-risk prefill
+            choice = first or self.arbiter.choose(eligible)
             if choice is None:
                 return Plan(None, wake_at=wake, reason="nothing ready")
             job_id = self._next_job
