@@ -80,8 +80,8 @@ class DecodeJob:
     KV must not change) or be :data:`NO_SEQUENCE`.
 
     Built with the constructor, the job copies the arrays it is given (the caller may go on writing
-    its own) and checks their lengths; :meth:`owning` is the constructor for a caller that hands
-    arrays over instead (the scheduler's batch, built fresh for this job).
+    its own) and checks their lengths; :meth:`of_lanes` builds it from the lanes' Python ints (the
+    scheduler's batch), its arrays made only if read.
     """
 
     generation: int
@@ -115,36 +115,6 @@ class DecodeJob:
                                                       tuple([i for i, v in enumerate(valid) if v])))
 
     @classmethod
-    def owning(cls, generation: int, calbin_id: int, compiled_batch: int, engine: JobEngine, buffers: JobBuffers,
-               seq_ids: tuple[int, ...], token_ids: np.ndarray, positions: np.ndarray,
-               lane_valid: np.ndarray) -> DecodeJob:
-        """The job, taking ownership of arrays the caller built for it: they are made read-only, not copied.
-
-        For a caller that built ``token_ids``, ``positions`` and ``lane_valid`` for this job (each owning
-        its data, or already read-only) and never writes them again — the scheduler's ``DecodeBatch``,
-        whose arrays are made fresh per batch. ``seq_ids`` must already be a tuple of ints. The lengths
-        are checked as the constructor checks them (R7.1.2); what the constructor adds is the defensive
-        copy and the conversions, three numpy copies and their flags per job (issue #20: ~24 calls,
-        5 % of the actor's work per B1 token). The device's own submit checks are the same either way. A caller
-        that has the lanes as Python ints already builds the job with :meth:`of_lanes` instead.
-        """
-        tokens, positions_, valid = token_ids.tolist(), positions.tolist(), lane_valid.tolist()
-        # the shapes are attributes (no call): three len() calls fewer per job than comparing the lists (issue #20)
-        if not (token_ids.shape == positions.shape == lane_valid.shape == (compiled_batch,)
-                and len(seq_ids) == compiled_batch):
-            _check_lengths(compiled_batch, seq_ids, tokens, positions_, valid)
-        token_ids.setflags(write=False)  # setflags, not ``flags.writeable =``: that builds a flags object, ~1 us each
-        positions.setflags(write=False)
-        lane_valid.setflags(write=False)
-        job = cls.of_lanes(generation, calbin_id, compiled_batch, engine, buffers, seq_ids, tuple(tokens),
-                           tuple(positions_), tuple(valid))
-        d = job.__dict__  # the tensors handed over: of_lanes' job would build its own when read
-        d["token_ids"] = token_ids
-        d["positions"] = positions
-        d["lane_valid"] = lane_valid
-        return job
-
-    @classmethod
     def of_lanes(cls, generation: int, calbin_id: int, compiled_batch: int, engine: JobEngine, buffers: JobBuffers,
                  seq_ids: tuple[int, ...], tokens: tuple[int, ...], positions: tuple[int, ...],
                  valid: tuple[int, ...]) -> DecodeJob:
@@ -154,7 +124,7 @@ class DecodeJob:
         Why: every reader on the way to a device that needs no tensors — the device's submit checks, its DMA
         payload, the null device's commit, the host's result checks — reads the plain lanes; the three read-only
         arrays per decode step (their building, their flags, their shapes compared) were made for nobody there
-        (issue #20). A device that computes reads them and gets the same arrays :meth:`owning` would hold, built
+        (issue #20). A device that computes reads them and gets the arrays the constructor would hold, built
         from the same values, so the two can never disagree. The lengths are checked as the constructor checks
         them (R7.1.2)."""
         if not len(tokens) == len(positions) == len(valid) == len(seq_ids) == compiled_batch:
