@@ -71,11 +71,11 @@ class StepTimer:
     22.8, b8 23.4, b16 26.2, b16-chunked 24.9 (b4 and b16-chunked met), bursty b8 27.0, b16 41.0, b16-chunked
     39.8, and the goodput comparison lost two checks (B16 tight 4x 509 -> 503 on time with 1.9 % of admitted
     requests late, loose 4x 560 -> 554 with 1.4 %; tight 0.5x 246 -> 245; gained tight 1x 398 -> 406, loose 2x
-    538 -> 545; the admissions behind the late ones not traced); only raising it (the measure plus half the
-    forecast's excess) lost tight 4x worse (491 on time, 3.2 % late) and met no estimate row more. Under
-    ping/pong a prefill runs beside the other job and the share over-states (median 1.13 of the actual
-    per-token time). A faster window for the first 128-512 steps (1/16-1/64) moved no row by more than 2.1
-    points and met none more.
+    538 -> 545; not from the replan and cache guards watching the step alone: keyed on the lane step, tight 4x
+    gave 500 on time, 11 late); only raising it (the measure plus half the forecast's excess) lost tight 4x
+    worse (491 on time, 3.2 % late) and met no estimate row more. Under ping/pong a prefill runs beside the
+    other job and the share over-states (median 1.13 of the actual per-token time). A faster window for the
+    first 128-512 steps (1/16-1/64) moved no row by more than 2.1 points and met none more.
     """
 
     __slots__ = ("_estimate", "_samples", "_alpha", "_last_done", "_prefill_since", "_waited", "_tokens", "_widest",
