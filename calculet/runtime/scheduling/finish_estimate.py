@@ -194,6 +194,7 @@ class PendingJob:
         return job
 
 
+@quick_init  # built at each decode step measured wherever a model is read after it (on_time_device, #20)
 @dataclass(frozen=True)
 class DeviceModel:
     """How long device work takes: one profile, as the scheduler measures or the cost model states."""
