@@ -54,28 +54,8 @@ class StepTimer:
     capped at the step plus the prefills completed since the previous step), nor is waiting for
     a lane beyond the widest batch seen (the estimate's lane schedule models that rotation).
 
-    Where the long window errs (issue #13 session 12, steady/bursty, the bench's error pooled over the loads,
-    ``bench/estimate_components.py``): at a change of load. A run starts on an empty device; on steady B16
-    37 of the 92 errors above the P90 are arrivals of the first 30 s of 300 (per-token 0.3-0.55 of the actual
-    while the device fills at 4x, then 1.25-1.7 while the fill's prefills stay in the window), and the P90 of
-    the later arrivals is 23.3 % against 27.9 (b16-chunked 22.5 / 26.5, b8 20.1 / 24.1, b4 25.4 / 26.6);
-    each burst of bursty is the same change (B16 at 1x: -27 % signed in a burst's first 5 s, +30 to +75 %
-    in the quiet phase). Tried and not kept, each averaged 1:1 with this measure on B>1 with one job in
-    flight: the step measured at the current decode set's size over one minus the prefills' share of the
-    last 10 s (a lagging input: steady b16 27.9 -> 28.6 %, b16-chunked 26.5 -> 28.3, bursty b16 38.7 ->
-    42.4, b8 26.3 -> 29.1; b4 26.6 -> 25.8), the same on the reported estimate alone (no decision moved:
-    b16 28.7, b16-chunked 27.8); the accepted requests' rate (a leading input) with the decode set it fills
-    by Little's law, prefills at most at the departure rate when full, on the reported estimate alone:
-    b4 25.8, b8 25.6 (24.1 before: met -> missed), b16 26.6, b16-chunked 25.5; bursty b4 18.4, b8 24.1
-    (missed -> met), b16 37.9 — no row's verdict gained overall; as this lane step, deciding too: steady b4
-    22.8, b8 23.4, b16 26.2, b16-chunked 24.9 (b4 and b16-chunked met), bursty b8 27.0, b16 41.0, b16-chunked
-    39.8, and the goodput comparison lost two checks (B16 tight 4x 509 -> 503 on time with 1.9 % of admitted
-    requests late, loose 4x 560 -> 554 with 1.4 %; tight 0.5x 246 -> 245; gained tight 1x 398 -> 406, loose 2x
-    538 -> 545; not from the replan and cache guards watching the step alone: keyed on the lane step, tight 4x
-    gave 500 on time, 11 late); only raising it (the measure plus half the forecast's excess) lost tight 4x
-    worse (491 on time, 3.2 % late) and met no estimate row more. Under ping/pong a prefill runs beside the
-    other job and the share over-states (median 1.13 of the actual per-token time). A faster window for the
-    first 128-512 steps (1/16-1/64) moved no row by more than 2.1 points and met none more.
+    Where the long window errs (at changes of load) and the forecasts tried in its place and not kept,
+    with their figures: ``docs/estimator.md``.
     """
 
     __slots__ = ("_estimate", "_samples", "_alpha", "_last_done", "_prefill_since", "_waited", "_tokens", "_widest",

@@ -25,37 +25,9 @@ Two things bound that work, and the estimate uses both:
   It takes :data:`SLACK_SHARE` of the slack left after its queue-order finish: the middle of the interval
   the finish falls in, between no overtaking and overtaking up to the deadline.
 
-Measured (issue #13 session 10, the bench's error, every load of steady / bursty pooled, on-time counts and
-every decision unchanged: the estimate is reported and scored, admission decides by the EDF plan): one KV
-lane (calculet-b1) P90 23.2 -> 18.9 % and 32.6 -> 21.3 %, signed median -0.9 -> +2.1 and -2.0 -> +0.7 %;
-with all of the slack instead of half, 25.2 and 24.7 %. It was then applied on one lane only, with the other
-tenants' cost turned into lane seconds at the *candidate's* seconds per cost unit: on calculet-b4 steady at 1x
-it took the P90 32 -> 42 %, on calculet-b1-pingpong steady at 0.5x 24 -> 42 %.
+Measured effect on the estimate's error, and the variants tried and not kept: ``docs/estimator.md``
+(the split per term comes from ``bench/estimate_components.py``).
 
-Session 11 (the bench's definition, every load pooled, same runs and decisions, steady / bursty): on B>1 the
-decode's per-token time is unbiased where requests wait (signed median 0 +- 2 %), and the wait is where the
-backlogged tenant's estimate is early (B16 steady 4x: team-b -18 % signed, spread p10-p90 -23..-6 %; B16 bursty
-2x: the other tenant -17 %). The candidate's seconds per cost unit over-states the other tenant's work when the
-candidate's cost is mostly output: a prompt token costs 1 in §5.3 but 0.6 ms of lane, an output token 60-85 ms
-on B>1, so ``a_f`` read above 1 and the window bound stood in for the rate. In the other tenant's own lane
-seconds, on every lane count, P90 (before -> after): calculet-b1 18.9 -> 17.8, 21.3 -> 21.8; b4 27.9 -> 26.6,
-23.9 -> 21.1; b8 29.8 -> 24.1, 26.1 -> 26.3; b16 29.3 -> 27.9, 37.9 -> 38.7; b1-pingpong 26.1 -> 29.1, 31.2 ->
-24.8; b16-pingpong 25.0 -> 21.1, 43.8 -> 44.8; b16-chunked 29.7 -> 26.5, 38.2 -> 36.9; b16-pingpong-chunked 25.4 -> 20.7, 42.1 -> 43.8
-(b1-shared 8.0 / 6.8 unchanged: its decode follows the EDF plan). Where it is worse it overshoots on a short,
-transient wait (b4 steady 1x 32 -> 41 %, b1-pingpong steady 0.5x 24 -> 33 %) and at the end of a trace, where
-the rate predicts arrivals that no longer come (b4 steady 1x: the largest errors, +40 to +63 %, are arrivals
-in the last 30 s of 300). Per load, the wait-dominated loads gain most: b16 steady 4x 23 -> 17 %, bursty 2x
-29 -> 18 %. No decision moves (the estimate is reported and scored, the rates feed nothing else): in the 63 runs
-behind these figures all 15 282 requests had the same outcome, token instants and finish. The cost is one rate
-update per admitted submit where the queue's order binds (#20). The split per term comes from
-``bench/estimate_components.py``.
-
-Session 12, replayed from each call's recorded inputs (same runs, the 16 rows of steady / bursty this term
-enters): the slack share 0.25-0.7, the rates scaled 0.5-1 and the delay capped at 0.5-1 x the wait, in every
-combination, left at most the 7 rows met that this rule meets; a row gained only where another was lost (b4 steady
-26.6 -> 24.8 with a quarter of the slack and the cap at half the wait, bursty b1-pingpong 24.8 -> 25.3; a quarter of
-the slack and half the rates: b1-pingpong steady 29.1 -> 26.0, bursty b1 21.8 -> 25.6). Without the term, 11 of the
-16 rows are worse.
 Pure: plain values in, plain values out, and one small state, the rates.
 """
 
