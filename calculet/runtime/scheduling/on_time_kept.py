@@ -35,7 +35,7 @@ def job_values(rec: RequestRecord, weight: float) -> JobValues | None:
     one its remaining tokens. ``trusted`` (#20): the values are the request machine's bounded variables and a
     configured weight, checked where they entered."""
     machine = rec.machine
-    state = machine._state
+    state = machine.state
     if state not in PLANNED_STATES:
         return None
     if state in DECODING_STATES:
