@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
-import dataclasses
 import gc
 import io
 import json
@@ -267,8 +266,8 @@ class _Pinned:
     def __init__(self, engine: Any, snapshot: Any) -> None:
         self.engine_type = type(engine)
         self.saved = self.engine_type.__dict__["admission_snapshot"]
-        self.pinned = dataclasses.replace(snapshot, valid_until=math.inf,
-                                          free=tuple(free + PINNED_BUSY_S for free in snapshot.free))
+        self.pinned = snapshot._replace(valid_until=math.inf, free=tuple(free + PINNED_BUSY_S for free in snapshot.free),
+                                        kept=max(1, snapshot.kept))  # kept work: the engine would refuse too
 
     def __enter__(self) -> None:
         pinned = self.pinned

@@ -37,6 +37,10 @@ def front_families(s: EarlyAdmissionStatistics) -> list[Metric]:
                    "snapshot could not refuse them.", labels=["reason"]), s.forwarded, FORWARD_REASONS),
         counter("calculet_front_held", "Requests that found no admission snapshot while requests were on their way "
                 "to the actor, and waited (at most 3 x 20 ms) for its next answer before being decided.", s.held),
+        counter("calculet_front_refused_provisional", "Refusals of calculet_front_refused that counted requests the "
+                "front had forwarded on the same admission snapshot and the engine had not decided yet (appended to its "
+                "lanes as the engine appends them): the first 429s of a burst, before the engine answered.",
+                s.provisional),
         gauge("calculet_front_refusal_snapshot_age_max_seconds", "The oldest admission snapshot a refusal was "
               "made from (seconds between the actor publishing it and the refusal).", s.max_refusal_age_s),
         gauge("calculet_front_forwarded_per_snapshot_max_requests", "The most requests forwarded on one snapshot "

@@ -30,15 +30,22 @@ instant, because the snapshot is *current* whenever it is read:
   .admission_snapshot`);
 * the actor's next timed wake-up (a deadline expiry, a Wait timeout) would change the set: the snapshot is
   valid only until then, and at most :data:`MAX_AGE_S` after it was taken;
-* requests the front forwarded since the snapshot and the actor has not run yet can only *add* kept work,
-  which makes every later finish later: a refusal stays a refusal (they are counted, not waited for);
+* requests the front forwarded that the actor has not decided yet can only *add* kept work, which makes every
+  later finish later: a refusal stays a refusal. The front also counts them, appended to the snapshot's lanes
+  (:meth:`EarlyAdmission.decide`), but only those the engine surely admits as appended (:class:`_Epoch`): the
+  front knows which of them the snapshot holds (the engine's count of requests created, from a moment nothing was
+  on its way), each fit the lanes it knew (a chain begun on an idle lane within the deadline of its first
+  request: the engine starts it later), and nothing else the engine checks could refuse one (:func:`_room`);
+  with a request of another kind on its way the front counts none, and holds or forwards what fits the snapshot;
 * the planner's own conditions: no snapshot while the planner is stale (work left the kept set since its
   last plan: the cache over-states what is ahead), while the measured step is faster than the cached plan's by
   more than its drift tolerance (the cached lanes free late: the planner does not refuse from them either),
-  while a lane is idle (fewer kept jobs than lanes), while
-  the model is not Ready or the engine is stopping, or with no measured decode step; a candidate whose
+  while the model is not Ready or the engine is stopping, or with no measured decode step; a candidate whose
   deadline is earlier than the latest kept one, or needing more KV than the budget (the engine's answer is
-  400), is forwarded.
+  400), is forwarded. With nothing kept (an idle device, :attr:`AdmissionSnapshot.kept`) the engine judges a
+  candidate that does not fit the lanes as the device would serve it alone: the front forwards it ("alone").
+  Why a snapshot of an idle device at all (there was none while a lane was idle): a burst's first requests find
+  the device idle, and with no snapshot the front could refuse nothing until the engine had admitted what fits.
 
 What remains is the lag every decision has: a device job that finished but whose result has not yet left
 ``WaitAny``. The front counts its refusals, its forwards by reason and the oldest snapshot it refused from
@@ -54,8 +61,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from calculet.runtime.scheduling.finish_estimate import ON_TIME_EPS_S, DeviceModel
 from calculet.runtime.scheduling.admission import ModelAvailability
@@ -64,12 +72,15 @@ from calculet.runtime.scheduling.scheduler import Scheduler
 
 MAX_AGE_S = 0.5
 """A snapshot is not used past this age even when the actor has no timed wake-up due (it publishes one after
-every tick, so under load it is replaced every decode step)."""
+every tick, so under load it is replaced every decode step) — unless nothing is kept (:func:`take_snapshot`)."""
 
 
-@dataclass(frozen=True, slots=True)
-class AdmissionSnapshot:
-    """What the actor would answer a latest-deadline candidate, as of ``taken_at`` (engine clock, seconds)."""
+class AdmissionSnapshot(NamedTuple):
+    """What the actor would answer a latest-deadline candidate, as of ``taken_at`` (engine clock, seconds).
+
+    A named tuple, not a frozen dataclass: the actor builds one per turn (issue #20), and a frozen dataclass sets
+    each field through ``object.__setattr__`` (2.6 µs a snapshot against 1.1 µs measured, ``take_snapshot`` on a
+    B1 harness with three kept)."""
 
     generation: int
     """The actor's publication count (a new snapshot replaces the one before it)."""
@@ -89,6 +100,19 @@ class AdmissionSnapshot:
     max_kv_tokens: int
     admitted: Mapping[str, int]
     """Requests the engine accepted so far, by tenant (each takes its tenant's earliest retry slot)."""
+    kept: int = 1
+    """Requests the planner keeps. 0: the engine judges a candidate that does not fit these lanes alone
+    (:func:`~calculet.runtime.scheduling.on_time_refusal.fit_afresh`), so the front refuses none from them."""
+    room: int = 0
+    """Further requests the engine surely admits as :meth:`EarlyAdmission.decide` appends them to these lanes,
+    if they fit (:func:`_room`); 0: none, the front refuses nothing from its own forwards."""
+    token_room: int = 0
+    """... while their prompts together hold at most this many tokens (the §5.1 waiting budget's bound) ..."""
+    long_prompt: int = 0
+    """... and none is a long prefill (a prompt over this many tokens: its own waiting quota, §6)."""
+    created: int = 0
+    """Requests the engine has created (every ``submit`` it decided, bar one refused before its record): which of
+    the front's forwards this snapshot holds (:class:`_Epoch`)."""
 
 
 def take_snapshot(scheduler: Scheduler, *, accepting: bool, generation: int, now: float, wake: float | None,
@@ -108,25 +132,64 @@ def take_snapshot(scheduler: Scheduler, *, accepting: bool, generation: int, now
     if cache is None or not cache.on_lane:
         return None
     model = policy.model()
-    if model is None or planner.kept_count < model.lanes:
+    if model is None:
         return None
-    horizon = now + MAX_AGE_S
+    # nothing kept: nothing changes but by a message or a timed wake-up (each withdraws the snapshot), and an idle
+    # actor publishes only at its idle timeout: aged out, a burst's first requests went to the engine (measured)
+    horizon = now + MAX_AGE_S if planner.kept_count else math.inf
     admitting = planner.admitting_model(model)
     alone = planner.admitting_alone()
     assert alone is not None  # built with the admitting model
+    room, token_room = _room(scheduler)
     return AdmissionSnapshot(generation, now, horizon if wake is None else min(wake, horizon), tuple(cache.free),
                              cache.latest, admitting, alone,
                              scheduler.config.admission.deadline_default_ms / 1000,
-                             scheduler.admission.budget.max_kv_tokens, admitted)
+                             scheduler.admission.budget.max_kv_tokens, admitted, planner.kept_count, room, token_room,
+                             scheduler.config.queues.medium_prefill_max_tokens, scheduler.registry._created)
 
 
-@dataclass(frozen=True, slots=True)
+_LIMITED: list[object] = [None, None, False]
+"""The configuration and TTFT targets :func:`_limited` last read, and its answer (they are fixed for an engine: read
+once, not per actor turn)."""
+
+
+def _limited(config: object, ttft_s: Mapping[str, float | None]) -> bool:
+    """Whether a tenant's QPS bucket, waiting tokens or TTFT target could refuse what fits (see :func:`_room`)."""
+    if _LIMITED[0] is not config or _LIMITED[1] is not ttft_s:
+        limited = any(t is not None for t in ttft_s.values()) or any(
+            t.qps is not None or t.max_waiting_tokens is not None for t in config.tenants)  # type: ignore[attr-defined]
+        _LIMITED[:] = [config, ttft_s, limited]
+    return bool(_LIMITED[2])
+
+
+def _room(scheduler: Scheduler) -> tuple[int, int]:
+    """(requests, their prompt tokens) the engine surely admits, one after another, when each fits at the tail of
+    the planner's cache — (0, 0) when that cannot be told from here. What else could refuse one (§5.2 order,
+    :meth:`AdmissionController.screen`): the waiting budget (each may wait: one request and its prompt more; a
+    waiting request holds at most ``max_seq`` prompt tokens, the long quota at most one slot each), a tenant's QPS
+    bucket or waiting tokens, a TTFT target; and the planner itself when the step is slower than at its plan (its
+    cache then accepts nothing: the full check replans on the slower step). Long prefills are not counted here
+    (:attr:`AdmissionSnapshot.long_prompt`)."""
+    planner = scheduler.on_time.planner  # type: ignore[union-attr]  # take_snapshot's caller checked it
+    if planner._cache_drift() != 0 or _limited(scheduler.config, planner.ttft_s):
+        return 0, 0
+    admission = scheduler.admission
+    waiting, budget = admission.waiting, admission.budget
+    room = budget.max_waiting_requests - waiting
+    tokens = budget.max_waiting_prompt_tokens - waiting * scheduler.generations.max_seq()
+    return (room, tokens) if room > 0 and tokens > 0 else (0, 0)
+
+
+@dataclass(slots=True)
 class EarlyRefusal:
     """A 429 decided from the snapshot: ``retry_at`` (engine clock) when it would fit, None for never."""
 
     retry_at: float | None
     retry_after_s: float | None
     reason: str
+    known: bool = False
+    """Decided on the lanes the engine holds once it has decided what is on its way (:meth:`EarlyAdmission._lanes`):
+    the engine's own ``Retry-After`` (else one from the snapshot's lanes, which the forwards may since have filled)."""
 
 
 @dataclass(frozen=True)
@@ -148,9 +211,12 @@ class EarlyAdmissionStatistics:
     held: int = 0
     """Requests that waited for the engine's next answer (and its snapshot) before being decided
     (:meth:`EarlyAdmission.should_hold`)."""
+    provisional: int = 0
+    """Refusals (of :attr:`refused`) that counted requests the front forwarded on the snapshot and the engine had
+    not decided yet (:meth:`EarlyAdmission.decide`)."""
 
 
-FORWARD_REASONS = ("no_snapshot", "expired", "not_latest", "kv_budget", "fits", "raced")
+FORWARD_REASONS = ("no_snapshot", "expired", "not_latest", "kv_budget", "fits", "alone", "raced")
 """Why the front handed a request to the engine (:meth:`EarlyAdmission.decide`): a bounded set."""
 
 HELD = "held"
@@ -169,6 +235,40 @@ def _front_slots() -> RetrySlots:
     return RetrySlots(limit=FRONT_RETRY_SLOTS)
 
 
+@dataclass(slots=True)
+class _Epoch:
+    """The requests the front forwarded (each because it fit) since a moment nothing was on its way to the engine.
+
+    Which of them a snapshot holds is read from the engine's count of requests created
+    (:attr:`AdmissionSnapshot.created`): ``base`` is that count less the front's sends at the epoch's start, so the
+    ``created - base - sends`` first forwards are in the snapshot. A request created by anyone else makes the count
+    run ahead: the front then takes more of its forwards for held than are, and counts fewer ahead of a candidate —
+    a refusal only rarer. Which ones are held is not known when the engine receives them in another order than the
+    front forwarded them (the refusal lane's forwards are sent by their tasks): the shortest are counted ahead."""
+
+    base: int
+    sends: int
+    """The front's sends at the epoch's start."""
+    lengths: list[float] = field(default_factory=list)
+    """The forwards' service lengths (admission's model), in the order forwarded ..."""
+    at: list[float] = field(default_factory=list)
+    """... and the front's instant of each: appended at it (not at the instant a later decision reads them: the lanes,
+    and the retry slots keyed by them, stay put between two snapshots)."""
+    tokens: int = 0
+    """Their prompt tokens."""
+    anchor: float = math.inf
+    """The front's instant of the first of them placed on a lane idle then (:meth:`EarlyAdmission._surely`)."""
+
+    def ahead(self, created: int) -> list[tuple[float, float]]:
+        """(length, instant) of the forwards a snapshot with ``created`` requests does not hold yet (when unsure which:
+        the shortest, earliest — what puts the least ahead of a candidate)."""
+        held = created - self.base - self.sends
+        forwards = list(zip(self.lengths, self.at))
+        if held <= 0:
+            return forwards
+        return sorted(forwards)[:len(forwards) - held] if held < len(forwards) else []
+
+
 @dataclass
 class EarlyAdmission:
     """The event loop's refusals from the actor's snapshot (confined to the loop's thread)."""
@@ -185,6 +285,19 @@ class EarlyAdmission:
     engine would append them if it admits them (:meth:`decide`'s ``hold``); None until the first such forward."""
     _since: int = 0
     _max_since: int = 0
+    _epoch: _Epoch | None = None
+    """The requests forwarded since nothing was on its way to the engine, while the front knows which of them a
+    snapshot holds (:meth:`_lanes`); None: it does not."""
+    _sends: int = 0
+    """Requests posted to the engine so far (:meth:`sent`)."""
+    _ahead: int = 0
+    """Forwards the snapshot :meth:`_lanes` last read does not hold yet ..."""
+    _known: bool = True
+    _made: tuple[AdmissionSnapshot, _Epoch, int, int, bool, list[float]] | None = None
+    """What :meth:`_lanes` last made: from this snapshot and this many forwards (a burst decides many requests on one
+    snapshot, most of them refusals)."""
+    """... known which (not only how many: forwards of one length, or all or none of them)."""
+    _provisional: int = 0
     _admitted: dict[str, int] = field(default_factory=dict)
     in_flight: int = 0
     """Requests handed to the engine whose answer has not come back (:meth:`sent`, :meth:`answered`)."""
@@ -198,6 +311,7 @@ class EarlyAdmission:
     def sent(self) -> None:
         """A request was posted to the engine."""
         self.in_flight += 1
+        self._sends += 1
 
     def answered(self) -> None:
         """The engine answered a request (the actor published its snapshot first): wake the held ones."""
@@ -230,16 +344,15 @@ class EarlyAdmission:
         ``read`` returns the actor's current snapshot; it is read again once the refusal is decided, and a
         snapshot replaced meanwhile (the actor began a step) forwards the request instead.
 
-        ``hold``: a request the snapshot would forward because it fits, but which would not fit behind the requests
-        already forwarded on this snapshot because they fit (each appended to the snapshot's lanes as the engine
-        appends a latest-deadline candidate: :attr:`_pending`), or while requests forwarded before this snapshot are
-        still on their way (not in it), is answered :data:`HELD` (not counted): its caller waits for the engine's
-        next answer and asks again. Why: the refusal lane (:mod:`calculet.server.refusal_lane`)
-        decides a whole socket read's requests before any of them reaches the engine, so the snapshot never changes
-        between them; without this every request of a burst's first read "fits" the same free lane and goes to the
-        actor, which refuses all but the first few (the full path met the actor between two requests: its forwards
-        were in flight, and the next request found no snapshot and was held). Only a hold is decided from the lanes
-        with the forwards in them, never a refusal: a forward the engine refuses would have made it unsound."""
+        The requests the front forwarded that the snapshot does not hold yet are appended to its lanes as the engine
+        appends a latest-deadline candidate it admits (:meth:`_lanes`, when the front knows them): a request late
+        behind them is refused at once, with the ``Retry-After`` the engine gives it once it has them — the engine,
+        deciding the same requests in the same order at the same instant, refuses it too. Why (issue #13): at a
+        burst's start the device is idle, and the front had nothing to refuse from until the engine had admitted
+        what fits and published a snapshot: every request of the burst's first reads was held for the engine's
+        answers (the first 429 37-59 ms after the first arrival). Otherwise, a request that fits the snapshot is
+        forwarded or held (``hold``: answered :data:`HELD`, not counted; its caller waits for the engine's next
+        answer and asks again) by :meth:`_fits_unknown`."""
         snapshot = read()
         if snapshot is None:
             return self._forward("no_snapshot")
@@ -253,36 +366,146 @@ class EarlyAdmission:
             return self._forward("not_latest")
         if prompt_tokens + max_new_tokens > snapshot.max_kv_tokens:
             return self._forward("kv_budget")
-        length = model.service_s(prompt_tokens, max(0, max_new_tokens - 1))
-        if max(min(snapshot.free), now) + length <= deadline + ON_TIME_EPS_S:
-            pending = self._pending
-            if pending is None:
-                pending = self._pending = list(snapshot.free)
-                heapq.heapify(pending)
-            finish = max(pending[0], now) + length
-            if hold and (self.in_flight + self.unsent > self._since or finish > deadline + ON_TIME_EPS_S):
-                return HELD  # requests forwarded before this snapshot are not in it yet, or it would not fit
-            heapq.heapreplace(pending, finish)
-            return self._forward("fits")
-        relative = snapshot.deadline_s
-        place = retry_placement(snapshot.free, now, length,
-                                snapshot.alone.service_s(prompt_tokens, max(0, max_new_tokens - 1)), relative, now)
-        if place is None:
-            refusal = EarlyRefusal(None, None, "no prospect of service before the deadline: it would finish late "
-                                               "even on an idle device (it would fit never on this device)")
-        else:
-            # keyed by the lanes alone (not the model, which moves every step): rebuilt when the kept schedule changed
-            retry = self.slots.reserve(list(snapshot.free), snapshot.free, now, place.length, relative, place.lower,
-                                       tenant, place.drained)
-            refusal = EarlyRefusal(retry, max(0.0, math.ceil(retry - now - 1e-9)),
-                                   "no prospect of service before the deadline: with the work already admitted the "
-                                   f"shared-device estimate finishes it late (it would fit in {retry - now:.1f} s)")
+        steps = max(0, max_new_tokens - 1)
+        length = model.service_s(prompt_tokens, steps)
+        free: Sequence[float] = snapshot.free
+        lanes = self._lanes(snapshot)
+        if max(min(free), now) + length <= deadline + ON_TIME_EPS_S:
+            if lanes is None:
+                return self._fits_unknown(snapshot, now, length, deadline, hold)
+            start = lanes[0]
+            if max(start, now) + length <= deadline + ON_TIME_EPS_S:
+                sure = self._surely(snapshot, start, now, max(start, now) + length)
+                if hold and not sure:
+                    return HELD  # the engine, later, may refuse it: not counted ahead of the next ones
+                self._appended(snapshot, now, length)
+                self._track(snapshot, length, prompt_tokens, tenant, now if start <= now else None, sure, now)
+                return self._forward("fits")
+            free = lanes  # late behind the forwards the engine has not decided yet: refused as it will refuse it
+        elif not snapshot.kept and not (lanes is not None and self._ahead):
+            return self._forward("alone")  # nothing kept: the engine judges it as the device would serve it, alone
+        elif lanes is not None:
+            free = lanes  # the engine's lanes once it has the forwards: its Retry-After
+        refusal = self._refusal(snapshot, free, now, length, snapshot.alone.service_s(prompt_tokens, steps), tenant)
         if read() is not snapshot:  # the actor began a step meanwhile: its answer, not this one
             return self._forward("raced")
+        refusal.known = lanes is not None and self._known
         self._refused += 1
         self._never += refusal.retry_at is None
+        self._provisional += free is not snapshot.free and self._ahead > 0
         self._max_age = max(self._max_age, now - snapshot.taken_at)
         return refusal
+
+    def _refusal(self, snapshot: AdmissionSnapshot, free: Sequence[float], now: float, length: float, alone: float,
+                 tenant: str) -> EarlyRefusal:
+        """The 429 of a request of ``length`` (``alone``: served alone) late on the lanes ``free``: its retry slot
+        placed by the engine's rule (:func:`~calculet.runtime.scheduling.on_time_retry.retry_placement`), or
+        "never"."""
+        relative = snapshot.deadline_s
+        place = retry_placement(free, now, length, alone, relative, now)
+        if place is None:
+            return EarlyRefusal(None, None, "no prospect of service before the deadline: it would finish late even "
+                                            "on an idle device (it would fit never on this device)")
+        # keyed by the lanes alone (not the model, which moves every step): rebuilt when the kept schedule changed
+        retry = self.slots.reserve(list(free), tuple(free), now, place.length, relative, place.lower, tenant,
+                                   place.drained)
+        return EarlyRefusal(retry, max(0.0, math.ceil(retry - now - 1e-9)),
+                            "no prospect of service before the deadline: with the work already admitted the "
+                            f"shared-device estimate finishes it late (it would fit in {retry - now:.1f} s)")
+
+    def _fits_unknown(self, snapshot: AdmissionSnapshot, now: float, length: float, deadline: float,
+                      hold: bool) -> str | None:
+        """A request that fits ``snapshot`` when the front does not know what the engine holds beyond it: forwarded,
+        or :data:`HELD` (``hold``) when requests forwarded before this snapshot are on their way, or it would not fit
+        behind those forwarded on it because they fit (:attr:`_pending`). Why: the refusal lane
+        (:mod:`calculet.server.refusal_lane`) decides a whole socket read's requests before any reaches the engine;
+        without this every request of such a read "fits" the same free lane and goes to the actor, which refuses
+        all but the first few. Only a hold is decided from these lanes, never a refusal."""
+        pending = self._appended(snapshot, now, None)
+        finish = max(pending[0], now) + length
+        if hold and (self.in_flight + self.unsent > self._since or finish > deadline + ON_TIME_EPS_S):
+            return HELD
+        heapq.heapreplace(pending, finish)
+        return self._forward("fits")
+
+    def _appended(self, snapshot: AdmissionSnapshot, now: float, length: float | None) -> list[float]:
+        """:attr:`_pending`, made from ``snapshot`` on first use, with a request of ``length`` appended (None: none)."""
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = list(snapshot.free)
+            heapq.heapify(pending)
+        if length is not None:
+            heapq.heapreplace(pending, max(pending[0], now) + length)
+        return pending
+
+    def _lanes(self, snapshot: AdmissionSnapshot) -> list[float] | None:
+        """The lanes the engine will hold once it has decided every request on its way (a heap), or None when the
+        front cannot tell. Known from a moment nothing was on its way (a new :class:`_Epoch` then, placed by the
+        engine's count of requests created), while every request forwarded since was one that fit and is
+        accounted for (:meth:`_track`); the ones ``snapshot`` does not hold yet are appended to its lanes, as the
+        engine appends them. Over-stating what the snapshot holds only makes a refusal rarer (see :class:`_Epoch`)."""
+        self._ahead, self._known = 0, True
+        epoch = self._epoch
+        if self.in_flight == 0 and self.unsent == 0:  # nothing on its way: the snapshot holds every forward
+            base = snapshot.created - self._sends
+            if epoch is None or epoch.lengths or epoch.base != base or epoch.sends != self._sends:
+                self._epoch = epoch = _Epoch(base, self._sends)
+        elif epoch is None:
+            return None
+        elif self._sends - epoch.sends + self.unsent != len(epoch.lengths):  # another forward, or one ended unsent
+            self._epoch = None
+            return None
+        count = len(epoch.lengths)
+        made = self._made
+        if made is not None and made[0] is snapshot and made[1] is epoch and made[2] == count:  # as last read
+            self._ahead, self._known = made[3], made[4]
+            return made[5]
+        ahead = epoch.ahead(snapshot.created)
+        if len(ahead) > snapshot.room:
+            return None
+        self._ahead = len(ahead)
+        self._known = len(ahead) in (0, count) or min(epoch.lengths) == max(epoch.lengths)
+        lanes = list(snapshot.free)
+        heapq.heapify(lanes)
+        for length, at in ahead:
+            heapq.heapreplace(lanes, max(lanes[0], at) + length)
+        self._made = (snapshot, epoch, count, self._ahead, self._known, lanes)
+        return lanes
+
+    def _surely(self, snapshot: AdmissionSnapshot, start: float, now: float, finish: float) -> bool:
+        """Whether the engine admits a request that fits the lanes of :meth:`_lanes` at ``finish``, whenever it decides
+        it: a lane idle when the front placed a request on it starts at the *engine's* later instant, which moves the
+        whole chain behind it but not its first request's arrival, so a chain begun on an idle lane must fit the
+        deadline counted from the front's first instant on it (:attr:`_Epoch.anchor`). Why: measured through HTTP,
+        6 of a burst's forwards the front counted were refused by the engine, which received the first of them
+        ~20 ms after the front decided it and the rest within a millisecond (their deadlines did not move with it)."""
+        epoch = self._epoch
+        anchor = min(epoch.anchor if epoch is not None else math.inf, now)
+        return finish <= anchor + snapshot.deadline_s + ON_TIME_EPS_S
+
+    def _track(self, snapshot: AdmissionSnapshot, length: float, prompt_tokens: int, tenant: str, idle: float | None,
+               sure: bool, now: float) -> None:
+        """A request forwarded because it fits the lanes of :meth:`_lanes`: accounted in the epoch when the engine
+        surely admits it as appended (``sure``: :meth:`_surely`; the lanes known, not only an under-count; the
+        snapshot's room, no long prefill; on several lanes only requests of one length, whose order of arrival at the
+        engine does not change its lanes), else the epoch ends. ``idle``: the front's instant, when it starts on a
+        lane idle then. Its admission takes its tenant's due retry slot now, as the engine's takes one of the
+        planner's (so the next refusals' ``Retry-After`` are the engine's); a snapshot counting it later takes none
+        again (:meth:`_replaced`)."""
+        epoch = self._epoch
+        assert epoch is not None  # _lanes gave lanes
+        if (not sure or not self._known or len(epoch.lengths) >= snapshot.room or prompt_tokens > snapshot.long_prompt
+                or epoch.tokens + prompt_tokens > snapshot.token_room
+                or len(snapshot.free) > 1 and epoch.lengths and length != epoch.lengths[0]):
+            self._epoch = None
+            return
+        epoch.lengths.append(length)
+        epoch.at.append(now)
+        epoch.tokens += prompt_tokens
+        if idle is not None:
+            epoch.anchor = min(epoch.anchor, idle)
+        self.slots.admitted(tenant, now)
+        self._admitted[tenant] = self._admitted.get(tenant, 0) + 1
 
     def engine_refused(self, read: Callable[[], AdmissionSnapshot | None], *, prompt_tokens: int,
                        max_new_tokens: int, tenant: str, now: float, retry_after_s: float) -> float:
@@ -317,11 +540,11 @@ class EarlyAdmission:
         for tenant, count in snapshot.admitted.items():
             for _ in range(count - self._admitted.get(tenant, 0)):
                 self.slots.admitted(tenant, now)
-            self._admitted[tenant] = count
+            self._admitted[tenant] = max(count, self._admitted.get(tenant, 0))  # ahead by forwards it took (_track)
 
     def statistics(self) -> EarlyAdmissionStatistics:
         return EarlyAdmissionStatistics(self._refused, self._never, dict(self._forwarded), self._max_age,
-                                        self._max_since, len(self.slots.ghosts), self._held)
+                                        self._max_since, len(self.slots.ghosts), self._held, self._provisional)
 
 
 __all__ = ["AdmissionSnapshot", "EarlyAdmission", "EarlyAdmissionStatistics", "EarlyRefusal", "FORWARD_REASONS",

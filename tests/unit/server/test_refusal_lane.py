@@ -227,19 +227,29 @@ def test_the_same_body_is_prepared_once_and_its_model_asked_each_time(pinned: An
 
 
 def test_decide_holds_a_fitting_request_that_would_not_fit_behind_the_forwards_on_its_snapshot() -> None:
+    """A snapshot without room (the front cannot tell that the engine admits its forwards as appended): what fits
+    it but not behind the forwards on it is held, never refused from them."""
     early = EarlyAdmission()
     model = DeviceModel(decode_step_s=STEP_S)
     snapshot = AdmissionSnapshot(1, 0.0, 10.0, (0.0, 1.0), 0.0, model, model, DEADLINE_S, 10**6, {})
 
     def decide(hold: bool, read: Any = lambda: snapshot) -> Any:  # 1.95 s of lane each: two fit a lane in 5 s
-        return early.decide(read, prompt_tokens=4, max_new_tokens=40, tenant="t", now=0.0, hold=hold)
+        answer = early.decide(read, prompt_tokens=4, max_new_tokens=40, tenant="t", now=0.0, hold=hold)
+        if answer is None:  # forwarded: on its way, as the lane (``unsent``) or the full path (``sent``) counts it
+            early.unsent += hold
+            if not hold:
+                early.sent()
+        return answer
 
     assert [decide(True) for _ in range(4)] == [None] * 4  # forwarded: 0+1.95+1.95 on one lane, 1+1.95+1.95
     assert decide(True) is HELD and decide(False) is None  # it fits the snapshot, not behind the four: held if asked
     assert decide(True) is HELD  # the forward without hold was appended too
-    assert early.statistics().forwarded["fits"] == 5  # a held request is not counted
+    assert early.statistics().forwarded["fits"] == 5 and early.statistics().refused == 0  # a held one: not counted
     newer = AdmissionSnapshot(2, 0.0, 10.0, (0.0, 1.0), 0.0, model, model, DEADLINE_S, 10**6, {})
-    assert decide(True, lambda: newer) is None  # a new snapshot: the forwards before it are in it
+    assert decide(True, lambda: newer) is HELD  # a new snapshot: the forwards before it may not be in it yet
+    early.unsent = 0
+    early.in_flight = 0  # all answered: the actor published after deciding them
+    assert decide(True, lambda: newer) is None
 
 
 def test_the_json_line_written_directly_is_the_formatters(monkeypatch: pytest.MonkeyPatch) -> None:

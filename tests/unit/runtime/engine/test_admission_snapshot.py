@@ -9,10 +9,10 @@ admit fails the test.
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from calculet.runtime.engine.admission_snapshot import (HOLD_IN_FLIGHT, AdmissionSnapshot, EarlyAdmission,
+from calculet.runtime.engine.admission_snapshot import (HELD, HOLD_IN_FLIGHT, AdmissionSnapshot, EarlyAdmission,
                                                       EarlyRefusal, take_snapshot)
 from calculet.runtime.scheduling.on_time_retry import RetrySlots
 from tests.unit.runtime.runtime_support import Harness
@@ -26,9 +26,9 @@ def _harness(lanes: int = 1) -> Harness:
                          admission={"max_sequences": 16, "deadline_default_ms": DEADLINE_MS})
 
 
-def _snapshot(h: Harness, generation: int = 1) -> AdmissionSnapshot | None:
+def _snapshot(h: Harness, generation: int = 1, admitted: dict[str, int] | None = None) -> AdmissionSnapshot | None:
     return take_snapshot(h.scheduler, accepting=True, generation=generation, now=h.clock.now(), wake=None,
-                         admitted={})
+                         admitted=admitted or {})
 
 
 def _job(h: Harness) -> bool:
@@ -82,9 +82,9 @@ def test_what_fits_or_what_the_snapshot_cannot_judge_goes_to_the_engine():
     assert snap is not None
     assert _decide(front, snap, h, 8, 5) is None  # fits behind the kept 1 s
     assert _decide(front, snap, h, 10**8, 11) is None  # more KV than the budget: the engine's 400, not a 429
-    later = AdmissionSnapshot(**{**{f: getattr(snap, f) for f in snap.__slots__}, "latest": h.clock.now() + 60})
+    later = snap._replace(latest=h.clock.now() + 60)
     assert _decide(front, later, h, 8, 11) is None  # an earlier deadline than a kept one: the full EDF check
-    expired = AdmissionSnapshot(**{**{f: getattr(snap, f) for f in snap.__slots__}, "valid_until": h.clock.now()})
+    expired = snap._replace(valid_until=h.clock.now())
     assert _decide(front, expired, h, 8, 40) is None  # the actor's timed wake-up is due
     # a snapshot the actor replaced while the front decided: forwarded, not refused
     reads = iter([snap, None])
@@ -277,3 +277,158 @@ def test_the_fronts_never_is_the_engines_late_even_alone_and_a_request_fitting_a
     never = _decide(front, snap, h, 8, 251)
     assert never is not None and never.retry_after_s is None
     assert h.submit(prompt=8, new=251).outcome.retry_after_s is None
+
+
+def _idle(h: Harness) -> None:
+    """One request served to its end, then a tick: the device measured and idle, its plan empty and fresh."""
+    h.submit(prompt=8, new=3)
+    while _job(h):
+        pass
+    h.step()
+
+
+@pytest.mark.req("R5.2.2", "R5.2.4")
+def test_a_burst_on_an_idle_device_is_refused_by_the_front_before_the_engine_has_decided_any():
+    """Issue #13, time to 429: the front accounts for the requests it forwarded and the engine has not decided yet,
+    appended to the snapshot's lanes as the engine appends them, so a burst's excess is refused at once instead of
+    held until the engine has admitted what fits. The engine then decides the same requests in the same order at
+    the same instant: it admits every forward and refuses every front refusal with the same Retry-After. Mutants
+    caught: refusing from the snapshot alone (every request forwarded, none refused), counting a forward twice once
+    the snapshot holds it (an admissible request refused), an idle snapshot refusing what the engine serves alone."""
+    h = _harness()
+    _idle(h)
+    snap = _snapshot(h)
+    assert snap is not None and snap.kept == 0 and snap.room > 0
+    front = EarlyAdmission()
+    answers = []
+    for _ in range(8):  # just over 1 s each, 3 s deadline: two fit
+        answer = front.decide(lambda: snap, prompt_tokens=8, max_new_tokens=11, tenant="default", now=h.clock.now(),
+                              hold=True)
+        assert answer is not HELD
+        front.unsent += answer is None  # forwarded by the refusal lane: on its way
+        answers.append(answer)
+    assert [a is None for a in answers] == [True] * 2 + [False] * 6
+    assert front.statistics().provisional == 6 and front.statistics().refused == 6
+    # the engine decides the first forward; the front sees its next snapshot, which holds it, before its answer
+    front.unsent -= 1
+    front.sent()
+    assert not h.submit(prompt=8, new=11).outcome.rejected
+    newer = _snapshot(h, 2)
+    assert newer is not None and newer.kept == 1
+    fits = front.decide(lambda: newer, prompt_tokens=8, max_new_tokens=2, tenant="default", now=h.clock.now(),
+                        hold=True)
+    assert fits is None  # 0.2 s fits behind the two (counted once: the snapshot holds the first)
+    front.unsent += 1
+    assert not h.submit(prompt=8, new=11).outcome.rejected  # the second forward
+    for answer in answers[2:]:
+        engine = h.submit(prompt=8, new=11).outcome
+        assert engine.http_status == 429 and engine.retry_after_s == answer.retry_after_s, (answer, engine)
+    assert not h.submit(prompt=8, new=2).outcome.rejected
+
+
+def test_an_idle_snapshot_forwards_what_the_engine_judges_alone():
+    """Nothing kept: a request late on the loaded model may fit the device serving it alone, as the engine judges
+    it (``fit_afresh``): forwarded ("alone"), never refused from the idle snapshot."""
+    h = _harness()
+    _idle(h)
+    snap = _snapshot(h)
+    assert snap is not None and snap.kept == 0
+    front = EarlyAdmission()
+    loaded = snap._replace(model=snap.model.slowed(10.0))  # 10 s a request on the loaded model
+    assert _decide(front, loaded, h, 8, 11) is None and front.statistics().forwarded["alone"] == 1
+
+
+LAG = st.lists(st.tuples(st.sampled_from([4, 8, 30]), st.sampled_from([2, 6, 11, 24]), st.integers(0, 3),
+                         st.integers(0, 3)), min_size=4, max_size=40)
+
+
+@pytest.mark.req("R5.2.2")
+@settings(max_examples=40)
+@given(arrivals=LAG, lanes=st.sampled_from([1, 4]), backlog=st.integers(0, 6))
+@example(arrivals=[(4, 2, 0, 0), (4, 2, 1, 0), (4, 6, 0, 0), (4, 6, 0, 0), (4, 2, 0, 0)], lanes=1, backlog=5)
+@example(arrivals=[(4, 2, 0, 0)] * 9 + [(4, 2, 1, 0), (4, 2, 1, 0)], lanes=1, backlog=6)
+@example(arrivals=[(4, 11, 0, 0), (4, 24, 0, 0), (4, 2, 0, 0), (4, 24, 0, 0)], lanes=1, backlog=0)
+def test_every_front_refusal_counting_forwards_is_an_engine_refusal(arrivals: list[tuple[int, int, int, int]],
+                                                                     lanes: int, backlog: int):
+    """Arrivals at one instant, the engine lagging behind the front: before each arrival the engine decides up to a
+    few of the earlier ones (in arrival order; the front's refusals too, so their retry slots stay in step) and
+    the front sees a snapshot after each decision but hears its answers later still. Every front refusal — from
+    the snapshot and the forwards it does not hold yet — is an engine refusal; with the same Retry-After while the
+    front knew the engine's lanes at every refusal so far (``known``: not an under-count of forwards of unlike
+    lengths, whose retry slot then differs from the engine's). Mutants caught: tracking a forward decided on
+    under-counted lanes (the engine refuses it; a later refusal counting it is unsound), taking the snapshot's
+    admissions again for forwards already taken (:meth:`EarlyAdmission._track`: double-freed retry slots)."""
+    h = _harness(lanes)
+    _idle(h)
+    for _ in range(backlog):  # all admitted: a refusal the front did not see would hold a retry slot it has not
+        assert not h.submit(prompt=8, new=4).outcome.rejected
+    front = EarlyAdmission()
+    admitted = backlog
+    snap = _snapshot(h, 0, {"default": admitted})
+    queue: list[tuple[int, int, EarlyRefusal | None]] = []  # decided by the front, not yet by the engine
+    answers = 0  # engine decisions of forwards whose answer the front has not heard
+    checked = 0  # front refusals the engine decided (for the check only)
+    known: list[bool] = []  # per queued decision: not a refusal from lanes the front under-counted
+    synced = True  # the front's retry slots are the engine's: every refusal so far decided on known lanes
+    for generation, (prompt, new, decided, heard) in enumerate(arrivals, start=1):
+        for _ in range(min(decided, len(queue))):
+            p, n, refusal = queue.pop(0)
+            synced = synced and known.pop(0)
+            if refusal is None:
+                front.unsent -= 1
+                front.sent()
+                answers += 1
+            outcome = h.submit(prompt=p, new=n).outcome
+            if refusal is not None:
+                assert outcome.http_status == 429, (refusal, outcome)
+                assert outcome.retry_after_s == refusal.retry_after_s or not synced, (refusal, outcome)
+            admitted += not outcome.rejected
+            checked += refusal is not None
+            snap = _snapshot(h, generation, {"default": admitted})
+            if snap is not None:  # a front refusal never reaches the engine: its parity check is no request created
+                snap = snap._replace(created=snap.created - checked)
+        for _ in range(min(heard, answers)):
+            front.answered()
+            answers -= 1
+        answer = front.decide(lambda: snap, prompt_tokens=prompt, max_new_tokens=new, tenant="default",
+                              now=h.clock.now(), hold=True)
+        if answer is HELD:
+            continue  # waits for the engine's next answer: not decided here
+        assert answer is None or isinstance(answer, EarlyRefusal)
+        front.unsent += answer is None
+        queue.append((prompt, new, answer))
+        known.append(answer is None or answer.known)
+    for (p, n, refusal), sure in zip(queue, known):
+        synced = synced and sure
+        outcome = h.submit(prompt=p, new=n).outcome
+        if refusal is not None:
+            assert outcome.http_status == 429, (refusal, outcome)
+            assert outcome.retry_after_s == refusal.retry_after_s or not synced, (refusal, outcome)
+
+
+def test_a_chain_begun_on_an_idle_lane_is_counted_only_within_its_first_requests_deadline():
+    """The engine starts a lane idle at the front's decision at its own, later, instant: the whole chain behind the
+    first request moves with it, its later requests' deadlines do not. Idle device, 3 s deadline: a 1.1 s request
+    forwarded at t0; 0.4 s later a 2.0 s one fits behind it at the front's instant (t0 + 3.1 <= t0 + 3.4) but not
+    within t0 + 3: held, not counted ahead, so a third 1.1 s request is forwarded — the engine, deciding all three
+    0.4 s late, refuses the second and admits the third. Mutant caught: counting the chain from the front's
+    instants (the third refused by the front, admitted by the engine)."""
+    h = _harness()
+    _idle(h)
+    snap = _snapshot(h)
+    assert snap is not None and snap.kept == 0
+    front = EarlyAdmission()
+
+    def decide(new: int) -> EarlyRefusal | None | str:
+        answer = front.decide(lambda: snap, prompt_tokens=8, max_new_tokens=new, tenant="default",
+                              now=h.clock.now(), hold=True)
+        front.unsent += answer is None
+        return answer
+
+    assert decide(11) is None
+    h.clock.advance(0.4)
+    assert decide(20) is HELD
+    assert decide(11) is None and front.statistics().refused == 0
+    assert not h.submit(prompt=8, new=11).outcome.rejected
+    assert h.submit(prompt=8, new=20).outcome.http_status == 429
+    assert not h.submit(prompt=8, new=11).outcome.rejected
