@@ -145,7 +145,7 @@ def take_snapshot(scheduler: Scheduler, *, accepting: bool, generation: int, now
                              cache.latest, admitting, alone,
                              scheduler.config.admission.deadline_default_ms / 1000,
                              scheduler.admission.budget.max_kv_tokens, admitted, planner.kept_count, room, token_room,
-                             scheduler.config.queues.medium_prefill_max_tokens, scheduler.registry._created)
+                             scheduler.config.queues.medium_prefill_max_tokens, scheduler.registry.created)
 
 
 _LIMITED: list[object] = [None, None, False]
@@ -171,7 +171,7 @@ def _room(scheduler: Scheduler) -> tuple[int, int]:
     cache then accepts nothing: the full check replans on the slower step). Long prefills are not counted here
     (:attr:`AdmissionSnapshot.long_prompt`)."""
     planner = scheduler.on_time.planner  # type: ignore[union-attr]  # take_snapshot's caller checked it
-    if planner._cache_drift() != 0 or _limited(scheduler.config, planner.ttft_s):
+    if planner.cache_drift() != 0 or _limited(scheduler.config, planner.ttft_s):
         return 0, 0
     admission = scheduler.admission
     waiting, budget = admission.waiting, admission.budget

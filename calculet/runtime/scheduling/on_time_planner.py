@@ -220,7 +220,7 @@ class OnTimePlanner:
         not recent): slower by more than the plan's :attr:`_tolerance` (someone it kept on time, or left out
         of the at-risk set, could now be late), or by more than :data:`REPLAN_DRIFT` either way when the plan
         has no tolerance to offer. Faster needs no replan: nobody new is late, and admission reads the cache only where
-        the drift keeps it safe (:meth:`_cache_drift`)."""
+        the drift keeps it safe (:meth:`cache_drift`)."""
         step, planned = self.step_times.decode_step_s, self._planned_step
         if step <= 0:
             return False
@@ -232,7 +232,7 @@ class OnTimePlanner:
             return step > planned * (1.0 + max(REPLAN_DRIFT, self._tolerance))
         return abs(step - planned) > REPLAN_DRIFT * planned
 
-    def _cache_drift(self) -> int:
+    def cache_drift(self) -> int:
         """+1 (-1) when the step is slower (faster) by more than :data:`REPLAN_DRIFT` than at the cached plan,
         else 0. Slower, the cache's lane free times are early: it may not accept (admission replans
         first). Faster, they are late: it may not refuse, and what it accepts fits all the more."""
@@ -307,7 +307,7 @@ class OnTimePlanner:
 
         ``model``: the device as measured now (:meth:`.OnTimePolicy.model`, rebuilt at each step measured), so
         its step is the step timer's. ``records`` lists the live requests; it is called only on the slow path.
-        Once per ``submit()`` (#20): :meth:`admitting_model` and :meth:`_cache_drift` are read without their calls
+        Once per ``submit()`` (#20): :meth:`admitting_model` and :meth:`cache_drift` are read without their calls
         while their inputs hold, and a job placed at the cache's tail is kept as its values (:mod:`.on_time_kept`)."""
         if self.any_itl:  # the typical prompt is read by the ITL cap alone (decode_cap): else not kept (#20)
             smoothed = self._prompt_tokens  # the first prompt seen sets it
@@ -323,7 +323,7 @@ class OnTimePlanner:
         if model is not devices.admitting_of or admitting is None or margin != devices.admitting_margin:
             admitting = devices.admitting_model(model)
         model = admitting
-        cache = self._cache  # None if _cache_drift() > 0: the step slower than at the plan, lane free times early
+        cache = self._cache  # None if cache_drift() > 0: the step slower than at the plan, lane free times early
         if cache is not None and nominal.decode_step_s > self._planned_step * (1.0 + REPLAN_DRIFT):
             cache = None
         finish = cache.place(values[1], values[2], values[3], now, model) if cache is not None else None
@@ -448,7 +448,7 @@ class OnTimePlanner:
         faster than at the plan (its lanes free late). The one rule :func:`.on_time_refusal.fast_refusal` and the HTTP
         front's admission snapshot (:func:`calculet.runtime.engine.admission_snapshot.take_snapshot`) share."""
         cache = self._cache
-        if cache is None or self.stale or self._cache_drift() < 0:
+        if cache is None or self.stale or self.cache_drift() < 0:
             return None
         return cache
 

@@ -234,6 +234,13 @@ class RequestRegistry:
         self._created += 1
         return rec
 
+    @property
+    def created(self) -> int:
+        """Requests created so far (every ``submit`` decided, bar one refused before its record): the HTTP front reads
+        which of its forwards an admission snapshot holds from it (issue #13,
+        :class:`calculet.runtime.engine.admission_snapshot._Epoch`)."""
+        return self._created
+
     def cancel(self, request_id: RequestId) -> Cancellation:
         """§4 ``cancel``: idempotent; immediate unless a job is running (then it drains)."""
         rec = self._live.get(request_id)

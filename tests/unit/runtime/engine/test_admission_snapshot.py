@@ -238,7 +238,7 @@ def test_no_snapshot_while_the_step_is_faster_than_the_cached_plans():
     timer = h.scheduler.step_times
     for _ in range(50):
         timer.observe(STEP / 3)
-    assert h.scheduler.on_time.planner._cache_drift() < 0
+    assert h.scheduler.on_time.planner.cache_drift() < 0
     assert _snapshot(h) is None
 
 
