@@ -42,7 +42,7 @@ from calculet.machines.codegen import ExprPrinter
 from calculet.machines.pool import PoolDefinition, PoolView
 
 __all__ = ["MEASURES", "ReserveGuard", "compile_ghost_updates", "compile_measures", "compile_moves",
-           "compile_reserve_guard", "events_keeping_measures", "measure_totals", "prove_reduction"]
+           "compile_one_lane_invariants", "compile_reserve_guard", "events_keeping_measures", "measure_totals", "prove_reduction"]
 
 MEASURES: Mapping[str, Callable[[Any], Any]] = {
     "max_kv_tokens": lambda lane: lane.reserved_len,
@@ -141,6 +141,38 @@ def compile_measures(pool: PoolDefinition) -> tuple[Callable[[Any], tuple[int, .
     namespace: dict[str, Any] = {}
     exec(compile(source, f"<calculet pool measures {pool.name}>", "exec"), namespace)  # noqa: S102 - generated
     return namespace["measures"], source
+
+
+class _OneLanePrinter(_ReducedPrinter):
+    """Python for a term over one lane's view: ``<ghost>_l0`` reads the lane's ghosts ``g``, a budget its local."""
+
+    def symbol(self, name: str) -> str:
+        if name.endswith("_l0") and name[:-3] in self.ghosts:
+            return f"g[{name[:-3]!r}]"
+        return super().symbol(name)
+
+
+def compile_one_lane_invariants(pool: PoolDefinition) -> tuple[Callable[[Any, Any, Mapping[str, int]], list[str]], str]:
+    """``broken(l0, g, budgets)``: the names of ``pool``'s declared invariants false on the view of the one lane
+    ``l0`` with ghosts ``g`` and the budget parameters ``budgets`` (lowered by the other lanes' use), as
+    straight-line Python from the z3 terms of the declared predicates on that view — how the machines' own
+    invariants are compiled (codegen.generate_invariant_check). The pool monitor's usual part is one lane
+    (kv_checks, *Parts*): issue #20, the expression helpers walked per part and per invariant were most of a
+    sampled check."""
+    inst = pool.instance.definition
+    budgets = {name: z3.Int(name) for name in pool.params}
+    view = PoolView([SymbolicVars(inst, "_l0")], budgets, [{g: z3.Int(f"{g}_l0") for g in pool.ghosts}])
+    printer = _OneLanePrinter(inst, set(pool.params), pool.ghosts)
+    lines = [f"def one_lane_broken(l0, g, budgets):  # {pool.name}'s invariants on a one-lane view (kv_guard)",
+             *(f"    {name} = budgets[{name!r}]" for name in pool.params), "    broken = []"]
+    for inv in pool.invariants:
+        term = inv.predicate(view)
+        term = z3.BoolVal(term) if isinstance(term, bool) else term
+        lines += [f"    if not {printer.expr(z3.simplify(term))}:", f"        broken.append({inv.name!r})"]
+    source = "\n".join([*lines, "    return broken"]) + "\n"
+    namespace: dict[str, Any] = {}
+    exec(compile(source, f"<calculet pool invariants {pool.name}>", "exec"), namespace)  # noqa: S102 - generated
+    return namespace["one_lane_broken"], source
 
 
 def compile_moves(pool: PoolDefinition) -> tuple[Callable[[list[int], tuple[int, ...], Any], None], str]:

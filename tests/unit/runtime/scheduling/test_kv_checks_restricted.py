@@ -184,3 +184,66 @@ def test_a_lane_changed_behind_the_managers_back_is_found_with_its_related_lanes
     with pytest.raises(InvariantViolation) as caught:
         kv.reserve(1, 2)
     assert caught.value.invariant == "unique_owner_per_generation"
+
+
+class _Lane:
+    """A lane as the pool's predicates read it: a state and the declared variables."""
+
+    def __init__(self, state: str, **values: int) -> None:
+        self.state = state
+        self.__dict__.update(values)
+
+    def at(self, *states: str) -> bool:
+        return self.state in states
+
+
+@pytest.mark.req("R9.2.1", "R5.1.2", "R9.2.4")
+def test_the_generated_one_lane_check_is_the_declared_predicates():
+    """The one-lane part's check generated from the declared predicates' z3 terms (kv_guard, issue #20) names
+    exactly the invariants the declared predicates find false on that view, on random lanes, ghosts and
+    lowered budgets (mutants: a printer reading the ghost from the lane, an invariant left out)."""
+    import random
+
+    from calculet.machines.kv_sequence import KvSequenceMachine
+    from calculet.machines.pool import PoolView
+    from calculet.runtime.scheduling.kv_guard import compile_one_lane_invariants
+
+    broken, _ = compile_one_lane_invariants(POOL)
+    rnd = random.Random(20)
+    states = list(KvSequenceMachine.definition.states)
+    seen = set()
+    for _ in range(2000):
+        lane = _Lane(rnd.choice(states), **{v: rnd.randint(0, 4) for v in KvSequenceMachine.definition.vars})
+        ghost = {g: rnd.randint(0, 4) for g in POOL.ghosts}
+        budgets = {p: rnd.randint(-1, 4) for p in POOL.params}
+        declared = [inv.name for inv in POOL.invariants if not inv.predicate(PoolView([lane], budgets, [ghost]))]
+        assert broken(lane, ghost, budgets) == declared
+        seen.update(declared)
+    assert seen == {inv.name for inv in POOL.invariants} - {"unique_owner_per_generation"}  # pairs: none on one lane
+
+
+@pytest.mark.req("R9.2.1", "R5.1.2")
+def test_a_check_of_one_lane_parts_walks_no_declared_expression():
+    """A sampled check whose parts are single lanes runs the generated check, not the expression helpers
+    (mutant: ``_Across`` evaluating the declared predicate on every part again; the verdicts stay equal)."""
+    import sys
+
+    import calculet.logic.expr as expr
+    from calculet.runtime.scheduling.kv_checks import check_pool
+
+    kv = KvLaneManager(8, 16, clock=FakeClock(), max_kv_tokens=64, max_sequences=8)
+    for seq in (1, 2, 3):
+        kv.reserve(1, 8, seq_id=seq)
+    kv.pool_monitor.forget()
+    walked: list[str] = []
+
+    def hook(frame, event, _arg):  # type: ignore[no-untyped-def]
+        if event == "call" and frame.f_code.co_filename == expr.__file__:
+            walked.append(frame.f_code.co_name)
+
+    sys.setprofile(hook)
+    try:
+        check_pool(kv, "test")
+    finally:
+        sys.setprofile(None)
+    assert walked == []
