@@ -105,9 +105,13 @@ def _json_handler(logger: logging.Logger, level: int) -> logging.StreamHandler[A
     return found
 
 
-def log_fields(logger: logging.Logger, level: int, msg: str, fields: dict[str, Any]) -> None:
+def log_fields(logger: logging.Logger, level: int, msg: str, fields: dict[str, Any], *, plain: bool = False) -> None:
     """One log line of ``logger`` at ``level`` (already known enabled) with ``fields`` as its extras, as
     ``logger.log(level, msg, extra=fields)`` would write it.
+
+    ``plain``: the caller vouches that every value is a str, int, float, bool or None and no name is a record's own or
+    begins with ``_`` (its names are fixed in its code): the JSON line then takes ``fields`` as they are, without the
+    per-field filter and conversion a record's extras need (:func:`_json_fields`; the refusal lane's line, #13).
 
     Why: every request's line is written on the event loop (a 429 of a burst as much as any, issue #13). When the
     line's only destination is the service's JSON handler (:func:`_json_handler`), the line is encoded and written
@@ -123,9 +127,12 @@ def log_fields(logger: logging.Logger, level: int, msg: str, fields: dict[str, A
         logger.handle(record)
         return
     created = time.time()
-    out = _json_head(_stamp(created, (created - int(created)) * 1000), logging.getLevelName(level), logger.name, msg)
-    _json_fields(out, fields)
-    line = dumps_text(out)
+    head = _json_head(_stamp(created, (created - int(created)) * 1000), logging.getLevelName(level), logger.name, msg)
+    if plain:
+        head.update(fields)
+    else:
+        _json_fields(head, fields)
+    line = dumps_text(head)
     handler.acquire()
     try:
         handler.stream.write(line + handler.terminator)

@@ -61,9 +61,10 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
-from calculet.runtime.engine.admission_snapshot import HELD, HOLD_IN_FLIGHT
+from calculet.runtime.engine.admission_snapshot import (FIT_IN_REASON, HELD, HOLD_IN_FLIGHT, NEVER_REASON,
+                                                        refusal_reason)
 from calculet.server.edge_answers import new_request_id
-from calculet.server.errors import APIError, admission_error
+from calculet.server.errors import RETRY_AFTER_S, APIError, admission_error
 from calculet.server.inference import GENERATION_ROUTES, HOLD_ROUNDS, INLINE_BODY, ApiGeneration, on_loop
 from calculet.server.lane_statistics import RefusalLaneStatistics
 from calculet.server.logs import log_fields
@@ -141,6 +142,46 @@ class _Held:
         return bool(self.cycle.disconnected) or self.edge.transport.is_closing()
 
 
+class AnswerBytes:
+    """The lane's 429 response, encoded once per message (issue #13: the answer was over half a refusal's CPU on the
+    event loop). A refusal's answer varies only in its ``Retry-After``, its request ids, whether the connection stays
+    open, uvicorn's default headers (its date, once a second) and, in its body, the seconds until it would fit: the
+    body is kept as the two pieces around that number (encoded by the full path's
+    :func:`~calculet.server.errors.admission_error`, so the bytes are its own), and the status line with the default
+    headers as one piece while those headers are equal."""
+
+    _HOLE = "@fit@"
+
+    def __init__(self) -> None:
+        never = admission_error(429, NEVER_REASON)
+        self.code = never.code
+        self._never = never.json_bytes()
+        before, after = admission_error(429, FIT_IN_REASON.replace("{:.1f}", self._HOLE)).json_bytes().split(
+            self._HOLE.encode())
+        self._fit = (before, after)
+        self._headers: list[tuple[bytes, bytes]] | None = None
+        self._head = b""
+
+    def response(self, default_headers: list[tuple[bytes, bytes]], fit_in_s: float | None,
+                 retry_after_s: float | None, request_id: str, client_id: str | None, keep_alive: bool) -> bytes:
+        """The whole 429: as :func:`~calculet.server.errors.admission_error` answers ``refusal_reason(fit_in_s)``
+        with ``retry_after_s``, written as uvicorn writes it (see the module)."""
+        if default_headers != self._headers:
+            self._headers = list(default_headers)
+            self._head = _STATUS_LINE + b"".join(b"%s: %s\r\n" % pair for pair in default_headers)
+        if fit_in_s is None:
+            body = self._never
+        else:
+            before, after = self._fit
+            body = b"%s%.1f%s" % (before, fit_in_s, after)
+        retry = RETRY_AFTER_S if retry_after_s is None else max(RETRY_AFTER_S, math.ceil(retry_after_s))
+        tail = b"" if client_id is None else b"x-client-request-id: %s\r\n" % client_id.encode()
+        if not keep_alive:
+            tail += b"connection: close\r\n"
+        return (b"%sretry-after: %d\r\ncontent-length: %d\r\ncontent-type: application/json\r\nx-request-id: %s\r\n"
+                b"%s\r\n%s" % (self._head, retry, len(body), request_id.encode(), tail, body))
+
+
 class RefusalLane:
     """The 429 of a generation POST from the admission snapshot, as whole response bytes (see the module)."""
 
@@ -161,6 +202,11 @@ class RefusalLane:
         self._refused = 0
         self._declined = 0
         self._held = 0
+        self.answers = AnswerBytes()
+        self._templates: dict[str, str] = {}
+        """path → its route's template (the log line's and the metrics' label)."""
+        self._pending: dict[str, list[float]] = {}
+        """Refusals' durations by route template, not yet added to the service's families (:meth:`_count`)."""
 
     def candidate(self, scope: Mapping[str, Any]) -> bool:
         """Whether the protocol should keep ``scope``'s request for :meth:`decide` (a POST to a generation route)."""
@@ -365,8 +411,6 @@ class RefusalLane:
 
     def _answer(self, scope: dict[str, Any], refusal: Any, gen: ApiGeneration, tenant: str,
                 default_headers: list[tuple[bytes, bytes]], keep_alive: bool, started: float) -> bytes:
-        error = admission_error(429, refusal.reason, retry_after_s=refusal.retry_after_s)
-        content = error.json_bytes()
         request_id = new_request_id()
         client_id = None
         for name, value in scope["headers"]:
@@ -374,34 +418,56 @@ class RefusalLane:
                 given = value.decode("latin-1")
                 client_id = given if CLIENT_ID.match(given) else None
                 break
-        parts = [_STATUS_LINE]
-        for name, value in default_headers:
-            parts += (name, b": ", value, b"\r\n")
-        parts.append(b"retry-after: %s\r\ncontent-length: %d\r\ncontent-type: application/json\r\nx-request-id: %s\r\n"
-                     % (error.headers["Retry-After"].encode("latin-1"), len(content), request_id.encode()))
-        if client_id is not None:
-            parts.append(b"x-client-request-id: %s\r\n" % client_id.encode())
-        if not keep_alive:
-            parts.append(b"connection: close\r\n")
-        parts += (b"\r\n", content)
+        fit_in = refusal.fit_in_s
+        answer = self.answers.response(default_headers, fit_in, refusal.retry_after_s, request_id, client_id,
+                                       keep_alive)
         self._refused += 1
-        route = self.routes[scope["path"]]
-        template = str(getattr(route, "path", scope["path"]))
+        template = self._templates.get(scope["path"])
+        if template is None:
+            route = self.routes[scope["path"]]
+            template = self._templates[scope["path"]] = str(getattr(route, "path", scope["path"]))
         took = time.perf_counter() - started
-        service = self.service
-        service.metrics.observe_http(template, "POST", 429, took)
+        self._count(template, took)
         if log.isEnabledFor(logging.INFO):
             fields: dict[str, Any] = {"request_id": request_id, "method": "POST", "route": template, "status": 429,
                                       "duration_s": round(took, 6), "tenant": tenant}
             if client_id is not None:
                 fields["client_request_id"] = client_id
-            fields.update(code=error.code, reason=error.message, refused_by="front",
-                          generation=service.info.generation, model=gen.model)
-            log_fields(log, logging.INFO, "http", fields)
-        return b"".join(parts)
+            fields.update(code=self.answers.code, reason=refusal_reason(fit_in), refused_by="front",
+                          generation=self.service.info.generation, model=gen.model)
+            log_fields(log, logging.INFO, "http", fields, plain=True)
+        return answer
+
+    def _count(self, route: str, took: float) -> None:
+        """``calculet_http_requests_total`` and the duration histogram of one refusal, counted in bulk: kept here and
+        added to the service's families once per turn of the event loop (:meth:`flush_metrics`, scheduled at the
+        first), so a burst's read of 300 refusals increments the counter once. Exact at any scrape: a scrape is
+        answered in a later turn of the loop (or reads :meth:`flush_metrics` first)."""
+        pending = self._pending
+        first = not pending
+        durations = pending.get(route)
+        if durations is None:
+            pending[route] = [took]
+        else:
+            durations.append(took)
+        if first:
+            try:
+                asyncio.get_running_loop().call_soon(self.flush_metrics)
+            except RuntimeError:  # no loop (a direct call): counted at once
+                self.flush_metrics()
+
+    def flush_metrics(self) -> None:
+        """Add the refusals counted since the last flush to the service's HTTP families (see :meth:`_count`)."""
+        pending, self._pending = self._pending, {}
+        metrics = self.service.metrics
+        for route, durations in pending.items():
+            metrics.http_requests.labels(route, "POST", "429").inc(len(durations))
+            histogram = metrics.http_duration.labels(route)
+            for took in durations:
+                histogram.observe(took)
 
     def statistics(self) -> RefusalLaneStatistics:
         return RefusalLaneStatistics(self._refused, self._declined, self._held, self.memo.hits, len(self.memo))
 
 
-__all__ = ["CLIENT_ID", "HOLD_CAP_S", "MEMO_ENTRIES", "PreparedMemo", "RefusalLane", "RefusalLaneStatistics"]
+__all__ = ["AnswerBytes", "CLIENT_ID", "HOLD_CAP_S", "MEMO_ENTRIES", "PreparedMemo", "RefusalLane", "RefusalLaneStatistics"]

@@ -180,16 +180,38 @@ def _room(scheduler: Scheduler) -> tuple[int, int]:
     return (room, tokens) if room > 0 and tokens > 0 else (0, 0)
 
 
+NEVER_REASON = ("no prospect of service before the deadline: it would finish late even on an idle device (it would "
+                "fit never on this device)")
+"""The 429's message of a request late even on an idle device (the engine's words, :mod:`.on_time_refusal`)."""
+
+FIT_IN_REASON = ("no prospect of service before the deadline: with the work already admitted the shared-device "
+                 "estimate finishes it late (it would fit in {:.1f} s)")
+"""... and of one that would fit later, formatted with the seconds until then."""
+
+
+def refusal_reason(fit_in_s: float | None) -> str:
+    """The 429's message of a request that would fit in ``fit_in_s`` seconds (None: never)."""
+    return NEVER_REASON if fit_in_s is None else FIT_IN_REASON.format(fit_in_s)
+
+
 @dataclass(slots=True)
 class EarlyRefusal:
-    """A 429 decided from the snapshot: ``retry_at`` (engine clock) when it would fit, None for never."""
+    """A 429 decided from the snapshot: ``retry_at`` (engine clock) when it would fit, None for never.
+
+    It keeps the seconds until it would fit (``fit_in_s``), not its message: the refusal lane writes the answer from
+    bytes encoded once per message (:mod:`calculet.server.refusal_lane`), and only the full path needs the text."""
 
     retry_at: float | None
     retry_after_s: float | None
-    reason: str
+    fit_in_s: float | None = None
     known: bool = False
     """Decided on the lanes the engine holds once it has decided what is on its way (:meth:`EarlyAdmission._lanes`):
     the engine's own ``Retry-After`` (else one from the snapshot's lanes, which the forwards may since have filled)."""
+
+    @property
+    def reason(self) -> str:
+        """The 429's message (:func:`refusal_reason`)."""
+        return refusal_reason(self.fit_in_s)
 
 
 @dataclass(frozen=True)
@@ -404,14 +426,11 @@ class EarlyAdmission:
         relative = snapshot.deadline_s
         place = retry_placement(free, now, length, alone, relative, now)
         if place is None:
-            return EarlyRefusal(None, None, "no prospect of service before the deadline: it would finish late even "
-                                            "on an idle device (it would fit never on this device)")
+            return EarlyRefusal(None, None)
         # keyed by the lanes alone (not the model, which moves every step): rebuilt when the kept schedule changed
         retry = self.slots.reserve(list(free), tuple(free), now, place.length, relative, place.lower, tenant,
                                    place.drained)
-        return EarlyRefusal(retry, max(0.0, math.ceil(retry - now - 1e-9)),
-                            "no prospect of service before the deadline: with the work already admitted the "
-                            f"shared-device estimate finishes it late (it would fit in {retry - now:.1f} s)")
+        return EarlyRefusal(retry, max(0.0, math.ceil(retry - now - 1e-9)), retry - now)
 
     def _fits_unknown(self, snapshot: AdmissionSnapshot, now: float, length: float, deadline: float,
                       hold: bool) -> str | None:
@@ -547,6 +566,6 @@ class EarlyAdmission:
                                         self._max_since, len(self.slots.ghosts), self._held, self._provisional)
 
 
-__all__ = ["AdmissionSnapshot", "EarlyAdmission", "EarlyAdmissionStatistics", "EarlyRefusal", "FORWARD_REASONS",
-           "FRONT_RETRY_SLOTS", "HELD", "HOLD_IN_FLIGHT",
+__all__ = ["AdmissionSnapshot", "EarlyAdmission", "EarlyAdmissionStatistics", "EarlyRefusal", "FIT_IN_REASON",
+           "FORWARD_REASONS", "FRONT_RETRY_SLOTS", "HELD", "HOLD_IN_FLIGHT", "NEVER_REASON", "refusal_reason",
            "MAX_AGE_S", "take_snapshot"]
