@@ -7,9 +7,10 @@ package, §15 default config, monitors at their production default), the same tu
 no snapshot publication, no consumer — and reports the thread's CPU (``time.thread_time``) and Python calls per
 streamed token. With ``--against TREE`` it runs a second copy of itself on the tree ``TREE`` (a worktree of the
 base commit) and alternates blocks between the two, reporting per-block ratios: the before/after figure of a change
-to the actor path, measured in the same run (DESIGN principle 10). Figures, not a pass/fail test.
+to the actor path, measured in the same run (DESIGN principle 10); given twice or more, every tree runs in the same
+rounds and each gets its ratio. Figures, not a pass/fail test.
 
-    python bench/actor_core.py [--streams 1,16,64] [--blocks 12] [--against /tmp/base_worktree]
+    python bench/actor_core.py [--streams 1,16,64] [--blocks 12] [--against /tmp/base_worktree [--against ...]]
 """
 
 from __future__ import annotations
@@ -119,13 +120,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--streams", default="1,16,64")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--blocks", type=int, default=12, help="alternated blocks per level and tree")
-    parser.add_argument("--against", default=None, help="a worktree of the base commit, run beside this tree")
+    parser.add_argument("--against", action="append", default=[],
+                        help="a worktree of a base commit, run beside this tree (repeatable)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         return serve()
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    trees = {"this": _spawn(here)} | ({"base": _spawn(args.against)} if args.against else {})
+    bases = {("base" if k == 0 else f"base{k + 1}"): tree for k, tree in enumerate(args.against)}
+    trees = {"this": _spawn(here)} | {name: _spawn(tree) for name, tree in bases.items()}
+    for name, tree in bases.items():
+        print(f"{name}: {tree}")
     print(f"engine core CPU per streamed token, one thread, null device; {args.tokens}-token streams, "
           f"{args.blocks} alternated blocks (median, min; ratio: median of per-block this/base)")
     for streams in (int(s) for s in args.streams.split(",")):
@@ -137,9 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cpu[name].append(_ask(trees[name], streams, args.tokens, reps, False)[0])
         line = " | ".join(f"{name} {statistics.median(v):.1f} us/tok (min {min(v):.1f}), {calls[name]:.1f} calls/tok"
                           for name, v in cpu.items())
-        if "base" in cpu:
-            ratios = [a / b for a, b in zip(cpu["this"], cpu["base"])]
-            line += f" | ratio {statistics.median(ratios):.3f}"
+        for name in bases:
+            ratios = [a / b for a, b in zip(cpu["this"], cpu[name])]
+            line += f" | ratio to {name} {statistics.median(ratios):.3f}"
         print(f"{streams:>3} streams: {line}", flush=True)
     for proc in trees.values():
         assert proc.stdin is not None
