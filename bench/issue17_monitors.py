@@ -36,7 +36,7 @@ from calculet.runtime.engine import core  # noqa: E402
 from calculet.runtime.scheduling import admission, scheduler  # noqa: E402
 
 _ATTACH = scheduler.attach_job_lane_monitor
-_CHECK = admission.check_budget
+_CHECK = admission.check_budget_drawn  # admission draws inline and calls this (issue #20)
 _COUNTS = scheduler.check_counts
 
 
@@ -53,7 +53,7 @@ class _Detached:
 def _hooks(on: bool) -> None:
     """Attach (the code as shipped) or detach the #17 monitors' hooks for the next runs."""
     scheduler.attach_job_lane_monitor = _ATTACH if on else (lambda jobs, kv: _Detached())  # type: ignore[assignment]
-    admission.check_budget = _CHECK if on else (lambda *args: None)  # type: ignore[assignment]
+    admission.check_budget_drawn = _CHECK if on else (lambda *args: None)  # type: ignore[assignment]
     scheduler.check_counts = core.check_counts = _COUNTS if on else (lambda *args: None)  # type: ignore[assignment]
 
 
