@@ -260,3 +260,80 @@ def test_a_decode_move_its_lane_does_not_follow_is_found():
     full = monitor.broken(h.kv)
     assert full
     assert JointMonitor.verdict(monitor.advance(h.kv)) == full
+
+
+class _Machine:
+    """A request or a lane as the joint predicates read it: its declaration, a state and the declared variables."""
+
+    def __init__(self, definition: object, state: str, **values: object) -> None:
+        self._definition = definition
+        self.state = state
+        self.__dict__.update(values)
+
+    def at(self, *states: str) -> bool:
+        return self.state in states
+
+
+@pytest.mark.req("R9.2.1", "R9.2.2", "R9.2.4", "R9.2.6", "R17.2.4")
+def test_the_generated_part_check_is_the_declared_predicates():
+    """The check generated from the declared predicates' z3 terms for a part of at most one request and one lane
+    (joint_codegen, issue #20) names exactly the invariants the declared predicates find false on that part, on
+    random parts (mutants: the binding printed as a constant, an invariant left out)."""
+    import random
+
+    from calculet.runtime.scheduling.joint_codegen import compile_part_check
+
+    rnd = random.Random(20)
+    req_def, lane_def = SYSTEM.request.definition, SYSTEM.lane.definition
+    seen: set[str] = set()
+    for shape in ((1, 1), (1, 0), (0, 1)):
+        check = compile_part_check(SYSTEM, *shape)
+        assert check is not None
+        for _ in range(3000):
+            reqs = [_Machine(req_def, rnd.choice(list(req_def.states)),
+                             **{v: rnd.randint(0, 3) for v in req_def.vars}, **{p: 8 for p in req_def.params})
+                    for _ in range(shape[0])]
+            lanes = [_Machine(lane_def, rnd.choice(list(lane_def.states)),
+                              **{v: rnd.randint(0, 3) for v in lane_def.vars}, **{p: 8 for p in lane_def.params})
+                     for _ in range(shape[1])]
+            binding = [rnd.choice([NONE, ELSEWHERE] + [0] * shape[1]) for _ in reqs]
+            seq = [rnd.randint(0, 3) for _ in reqs]
+            declared = [inv.name for inv in SYSTEM.invariants if not inv.predicate(SystemView(reqs, lanes, binding, seq))]
+            got = check(reqs[0] if reqs else None, lanes[0] if lanes else None, binding[0] if reqs else 0,
+                        seq[0] if reqs else 0)
+            assert got == declared, (shape, declared, got)
+            seen.update(declared)
+    assert len(seen) >= len(SYSTEM.invariants) - 1  # the random parts break (nearly) every invariant: not vacuous
+
+
+def test_a_check_of_small_parts_walks_no_declared_expression():
+    """A decode step's parts (one request and its lane each) are judged by the generated check, not by the
+    expression helpers (mutant: ``_Across`` evaluating the declared predicate on every part again)."""
+    import sys
+
+    import calculet.logic.expr as expr
+
+    h, monitor = build()
+    for prompt in (3, 5):
+        h.submit(prompt=prompt, new=40)
+    for _ in range(8):
+        plan = h.step()
+        if plan.work is not None:
+            h.run(plan)
+    monitor._seen = None  # every lane looks changed: every kept request is in a part
+    monitor._dirty.update(monitor.records)
+    parts = monitor.advance(h.kv)
+    assert parts and all(p.broken is not None for p in parts)
+    walked: list[str] = []
+
+    def hook(frame, event, _arg):  # type: ignore[no-untyped-def]
+        if event == "call" and frame.f_code.co_filename == expr.__file__:
+            walked.append(frame.f_code.co_name)
+
+    sys.setprofile(hook)
+    try:
+        verdict = JointMonitor.verdict(parts)
+    finally:
+        sys.setprofile(None)
+    assert verdict == monitor.broken(h.kv) == []
+    assert walked == []
