@@ -42,10 +42,11 @@ first few (measured: 105 of a burst's 294 refusals answered by the engine, the b
 The answer is the full path's, byte for byte: the status line, uvicorn's default headers, ``retry-after``,
 ``content-length``, ``content-type``, ``x-request-id`` (server-generated), ``x-client-request-id`` when the client
 sent a valid ``X-Request-Id``, ``connection: close`` when the connection does not stay open, and the body of
-:func:`~calculet.server.errors.admission_error`. The request's one log line has the fields and order
-:class:`~calculet.server.app.RequestContext` writes (:func:`~calculet.server.logs.log_fields`, which writes it
-without a record when the service's JSON handler is the only one), and ``calculet_http_requests_total`` and the
-duration histogram count it as they count every request.
+:func:`~calculet.server.errors.admission_error`, written from pieces encoded once (:class:`AnswerBytes`). The
+request's one log line has the fields and order :class:`~calculet.server.app.RequestContext` writes
+(:func:`~calculet.server.logs.log_fields`, which writes it without a record when the service's JSON handler is the
+only one), and ``calculet_http_requests_total`` and the duration histogram count it as they count every request,
+added once per turn of the event loop (:meth:`RefusalLane.flush_metrics`).
 """
 
 from __future__ import annotations
