@@ -471,4 +471,5 @@ class RefusalLane:
         return RefusalLaneStatistics(self._refused, self._declined, self._held, self.memo.hits, len(self.memo))
 
 
-__all__ = ["AnswerBytes", "CLIENT_ID", "HOLD_CAP_S", "MEMO_ENTRIES", "PreparedMemo", "RefusalLane", "RefusalLaneStatistics"]
+__all__ = ["AnswerBytes", "CLIENT_ID", "HOLD_CAP_S", "MEMO_ENTRIES", "PreparedMemo", "RefusalLane",
+           "RefusalLaneStatistics"]
