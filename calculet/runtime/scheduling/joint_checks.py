@@ -87,21 +87,8 @@ class Part:
     the declared predicates (:mod:`.joint_codegen`); None: the declared predicates are evaluated on the view."""
 
 
-class _Across(AcrossParts):
-    """A joint invariant over the parts: a small part's generated verdict, else the declared predicate."""
 
-    def predicate(self, parts: Sequence[Part]) -> bool:
-        name, declared = self.invariant.name, self.invariant.predicate
-        for part in parts:
-            if part.broken is None:
-                if not declared(part.view):
-                    return False
-            elif name in part.broken:
-                return False
-        return True
-
-
-_ACROSS = tuple(_Across(inv) for inv in _SYSTEM.invariants)
+_ACROSS = tuple(AcrossParts(inv) for inv in _SYSTEM.invariants)
 _PART_CHECKS = {(r, l): compile_part_check(_SYSTEM, r, l) for r in (0, 1) for l in (0, 1)}
 """The generated check of each small part shape (requests, lanes), None where the declaration is evaluated."""
 

@@ -98,30 +98,17 @@ class Part:
     the declared predicates are evaluated on the view."""
 
 
-class _Across(AcrossParts):
-    """A pool invariant over the parts: a one-lane part's generated verdict, else the declared predicate."""
 
-    def predicate(self, parts: Sequence[Part]) -> bool:
-        name, declared = self.invariant.name, self.invariant.predicate
-        for part in parts:
-            if part.broken is None:
-                if not declared(part.view):
-                    return False
-            elif name in part.broken:
-                return False
-        return True
+_COMPILED: dict[int, tuple[Any, tuple[AcrossParts, ...], Any]] = {}
 
 
-_COMPILED: dict[int, tuple[Any, tuple[_Across, ...], Any]] = {}
-
-
-def _compiled(pool: Any) -> tuple[tuple[_Across, ...], Any]:
+def _compiled(pool: Any) -> tuple[tuple[AcrossParts, ...], Any]:
     """``pool``'s invariants over the parts and their one-lane check generated from the declared predicates'
     z3 terms (:func:`~calculet.runtime.scheduling.kv_guard.compile_one_lane_invariants`), once per declaration
     (the monitor reads the module's ``_POOL`` at each check: a test may swap the declaration)."""
     hit = _COMPILED.get(id(pool))
     if hit is None or hit[0] is not pool:
-        hit = _COMPILED[id(pool)] = (pool, tuple(_Across(inv) for inv in pool.invariants),
+        hit = _COMPILED[id(pool)] = (pool, tuple(AcrossParts(inv) for inv in pool.invariants),
                                      compile_one_lane_invariants(pool)[0])
     return hit[1], hit[2]
 

@@ -6,18 +6,21 @@ check (:mod:`.joint_checks`), the KV pool check (:mod:`.kv_checks`) and the jobs
 invariant as the conjunction of its predicate over the parts' views; each module proves with z3
 (or argues, invariant by invariant) that this equals the predicate on the whole. The wrapper
 keeps the invariant's name and R-id, so a violation is reported exactly as the declaration
-names it. A monitor whose parts have another shape overrides :meth:`AcrossParts.predicate`.
+names it. A part may carry its verdict already (``broken``: the invariants a check generated from the
+declared predicates found false on it, issue #20), else the declared predicate is evaluated on its view.
+A monitor whose parts have another shape overrides :meth:`AcrossParts.predicate`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 
 @dataclass(frozen=True)
 class AcrossParts:
-    """A declared invariant (pool or system) over parts: true when its predicate holds on each part's view."""
+    """A declared invariant (pool or system) over parts: true when no part breaks it — by the part's generated
+    verdict (``part.broken``) where it has one, else by the predicate on the part's view."""
 
     invariant: Any
 
@@ -30,5 +33,11 @@ class AcrossParts:
         return self.invariant.rid
 
     def predicate(self, parts: Any) -> bool:
-        views: Iterable[Any] = (p.view for p in parts)
-        return all(self.invariant.predicate(view) for view in views)
+        name, declared = self.invariant.name, self.invariant.predicate
+        for part in parts:
+            if part.broken is None:
+                if not declared(part.view):
+                    return False
+            elif name in part.broken:
+                return False
+        return True

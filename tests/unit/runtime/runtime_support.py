@@ -196,3 +196,24 @@ class Harness:
         plan = self.step()
         assert isinstance(plan.work, DecodeBatch), plan
         return plan.work
+
+
+def expression_calls(run: Callable[[], Any]) -> tuple[Any, list[str]]:
+    """``run()``'s result and the functions of ``calculet.logic.expr`` it called: a check meant to run generated
+    code must call none of the expression helpers (issue #20)."""
+    import sys
+
+    import calculet.logic.expr as expr
+
+    walked: list[str] = []
+
+    def hook(frame: Any, event: str, _arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename == expr.__file__:
+            walked.append(frame.f_code.co_name)
+
+    sys.setprofile(hook)
+    try:
+        result = run()
+    finally:
+        sys.setprofile(None)
+    return result, walked

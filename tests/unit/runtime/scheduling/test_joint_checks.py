@@ -31,7 +31,7 @@ from calculet.runtime.scheduling.joint_checks import ELSEWHERE, JointMonitor
 from calculet.runtime.scheduling.kv import KvLaneManager
 from calculet.runtime.scheduling.plan import SchedulingCapabilities
 from calculet.runtime.scheduling.scheduler import Scheduler
-from tests.unit.runtime.runtime_support import Harness, make_config, profile_set
+from tests.unit.runtime.runtime_support import Harness, expression_calls, make_config, profile_set
 
 SYSTEM = RequestLaneSystem.definition
 REQUESTS, LANES = 3, 2  # two requests on a side reach lane_bound_at_most_once's pairs across a split
@@ -308,11 +308,7 @@ def test_the_generated_part_check_is_the_declared_predicates():
 
 def test_a_check_of_small_parts_walks_no_declared_expression():
     """A decode step's parts (one request and its lane each) are judged by the generated check, not by the
-    expression helpers (mutant: ``_Across`` evaluating the declared predicate on every part again)."""
-    import sys
-
-    import calculet.logic.expr as expr
-
+    expression helpers (mutant: ``AcrossParts.predicate`` evaluating the declared predicate on every part again)."""
     h, monitor = build()
     for prompt in (3, 5):
         h.submit(prompt=prompt, new=40)
@@ -324,16 +320,6 @@ def test_a_check_of_small_parts_walks_no_declared_expression():
     monitor._dirty.update(monitor.records)
     parts = monitor.advance(h.kv)
     assert parts and all(p.broken is not None for p in parts)
-    walked: list[str] = []
-
-    def hook(frame, event, _arg):  # type: ignore[no-untyped-def]
-        if event == "call" and frame.f_code.co_filename == expr.__file__:
-            walked.append(frame.f_code.co_name)
-
-    sys.setprofile(hook)
-    try:
-        verdict = JointMonitor.verdict(parts)
-    finally:
-        sys.setprofile(None)
+    verdict, walked = expression_calls(lambda: JointMonitor.verdict(parts))
     assert verdict == monitor.broken(h.kv) == []
     assert walked == []

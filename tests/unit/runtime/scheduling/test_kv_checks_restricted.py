@@ -25,6 +25,7 @@ from calculet.runtime.scheduling.kv import KvLaneManager, KvLease
 from calculet.runtime.scheduling.kv_check_proof import prove_restriction, prove_split, related
 from calculet.runtime.scheduling.kv_checks import _VALUES, PoolMonitor, _key, whole_verdict
 from calculet.runtime.scheduling.kv_guard import measure_totals
+from tests.unit.runtime.runtime_support import expression_calls
 
 POOL = KvLanePool.definition
 
@@ -225,25 +226,13 @@ def test_the_generated_one_lane_check_is_the_declared_predicates():
 @pytest.mark.req("R9.2.1", "R5.1.2")
 def test_a_check_of_one_lane_parts_walks_no_declared_expression():
     """A sampled check whose parts are single lanes runs the generated check, not the expression helpers
-    (mutant: ``_Across`` evaluating the declared predicate on every part again; the verdicts stay equal)."""
-    import sys
-
-    import calculet.logic.expr as expr
+    (mutant: ``AcrossParts.predicate`` evaluating the declared predicate on every part again; the verdicts stay
+    equal)."""
     from calculet.runtime.scheduling.kv_checks import check_pool
 
     kv = KvLaneManager(8, 16, clock=FakeClock(), max_kv_tokens=64, max_sequences=8)
     for seq in (1, 2, 3):
         kv.reserve(1, 8, seq_id=seq)
     kv.pool_monitor.forget()
-    walked: list[str] = []
-
-    def hook(frame, event, _arg):  # type: ignore[no-untyped-def]
-        if event == "call" and frame.f_code.co_filename == expr.__file__:
-            walked.append(frame.f_code.co_name)
-
-    sys.setprofile(hook)
-    try:
-        check_pool(kv, "test")
-    finally:
-        sys.setprofile(None)
+    _, walked = expression_calls(lambda: check_pool(kv, "test"))
     assert walked == []
