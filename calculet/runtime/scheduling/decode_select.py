@@ -98,6 +98,7 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
                       size: int, now: float, share: float, vt: int) -> Selection:
     """Merge the tenants' heads (a heap of at most T entries) and take up to ``size`` lanes."""
     cap, tenants, max_seq = max(1, math.floor(share * size)), bucket.tenants, profile.max_seq
+    with_work = len(tenants)
     heads = tenant_heads(tenants, tenants)  # the live head entry of each tenant with work
     rows: list[tuple[LaneBinding, RequestRecord, KvLease, Any, float]] = []  # one per chosen lane: Selection's columns
     expired: list[RequestRecord] = []
@@ -148,6 +149,8 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
             continue
         cap_hits += _leave_merge(heads, tenants, tenant, head, capped, lanes < size)
     bucket.count -= lanes + len(expired) + len(invalid)  # every popped candidate is in one of them
+    if len(tenants) < with_work:  # nothing joins the index during the pass: the difference left it
+        bucket.shed(with_work - len(tenants))
     bindings, chosen, leases, kv_machines, since = zip(*rows) if rows else ((), (), (), (), ())
     return _new_tuple(Selection, (chosen, bindings, leases, kv_machines, since, expired, invalid, vt, cap_hits,
                                   reservable))
