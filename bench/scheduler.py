@@ -131,7 +131,7 @@ def ready_scheduler(n: int, configured: int = 8) -> Scheduler:
         s.submitted(plan.work.job_id)  # type: ignore[union-attr]
         s.on_decode_complete(completion_of(plan.work))  # type: ignore[arg-type]
     for command in s.take_commands():  # their KV lanes, released by the device (§9.2)
-        s.confirm_release(command.lane, command.seq_id)  # type: ignore[union-attr]
+        s.confirm_release(command.lane, command.seq_id)
     assert len(s.registry) == 0 and s.kv.free_lanes == s.kv.lanes, "an idle tenant's request is still live"
     for i in range(n):
         s.submit(InferenceRequest(PROMPT, NEW, f"t{i % 8}"), sink)

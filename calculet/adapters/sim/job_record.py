@@ -96,8 +96,8 @@ def null_decode_record(ticket: JobTicket, spec: DecodeJob, kv: SimKvManager, hel
             seq.committed_len += 1  # SimKvManager.commit of one token without rows
             append(LaneResult(i, sid, True, ok, pos, seq.committed_len, None, pseudo_next_token(tokens[i], pos)))
         else:
-            seq = kv.find(sid) if sid != NO_SEQUENCE else None
-            append(LaneResult(i, sid, False, ok, pos, seq.committed_len if seq else 0, None, None))
+            named = kv.find(sid) if sid != NO_SEQUENCE else None  # an invalid lane may name no sequence
+            append(LaneResult(i, sid, False, ok, pos, named.committed_len if named else 0, None, None))
     engine = spec.engine
     sequence = engine_seq[engine] = engine_seq[engine] + 1
     return JobResult(ticket.job_id, spec.generation, spec.kind, engine, ticket.calbin_id, spec.compiled_batch, ok,

@@ -55,7 +55,7 @@ def check_result(job: InflightJob, result: JobResult, *, previous_engine_sequenc
         positions, valid = lanes.positions, lanes.valid
         step = 1  # what a valid lane's KV grows by: one token per decode lane, the chunk for prefill's one lane
     else:
-        positions, valid, step = [spec.start_position], [True], len(spec.tokens)
+        positions, valid, step = (spec.start_position,), (True,), len(spec.tokens)
     n = len(positions)
     for lane in result.lanes:  # once per token at B1 (issue #20): no per-job list of steps, the length read once
         i = lane.lane

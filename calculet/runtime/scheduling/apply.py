@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from calculet.clock import Clock
 from calculet.runtime.scheduling.completion import (DecodeCompletion, FaultKind, LaneVerdict, PrefillCompletion,
@@ -173,6 +173,7 @@ class CompletionApplier:
         # §9.2: commit only when device and output succeeded. Every lane of the job is settled in one
         # call before any request moves (a request that ends releases its lane, which must not be
         # Updating any more); per lane the order is the same as settling it just before its request.
+        tokens: Sequence[int | None]  # a lane with no usable output has None (only off the clean path)
         if clean is not None:  # every lane OK (the usual step): columns, no LaneCheck per lane (issue #20)
             tokens, stops = clean
             lanes = len(tokens)

@@ -207,8 +207,8 @@ def check_decode_lanes(bound: Sequence[LaneBindingTags], completion: DecodeCompl
     checks = []
     used = 0
     for b in bound:
-        outcome = by_lane.pop(b.lane, None)
-        if outcome is not None:
+        found = by_lane.pop(b.lane, None)  # None: no result for this lane
+        if found is not None:
             used += 1
-        checks.append(check_lane(b, outcome, job_ok=job_ok, lane_isolation=lane_isolation, vocab_size=vocab_size))
+        checks.append(check_lane(b, found, job_ok=job_ok, lane_isolation=lane_isolation, vocab_size=vocab_size))
     return tuple(checks), len(completion.lanes) - used

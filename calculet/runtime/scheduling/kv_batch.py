@@ -149,17 +149,21 @@ class KvBatchOperations:
                 self._submit(lease.lane, tokens)
             self._checked("submit_batch")
             return
+        machines: Sequence[Any]  # the reservation's tuples, or lists looked up again
+        indices: Sequence[int]
         if reservation.owners == self.owners_changed and reservation.machines:
             machines, indices = reservation.machines, reservation.lanes
         else:
             owner, lanes = self._owner, self._lanes
-            machines, indices = [], []  # type: ignore[assignment]
+            found: list[Any] = []
+            at: list[int] = []
             for lease in reservation.leases:
                 lane = lease.lane
                 if owner[lane] != lease.lease_id:
                     raise StaleLease(f"lease {lease.lease_id} no longer owns lane {lane}")
-                machines.append(lanes[lane])  # type: ignore[attr-defined]
-                indices.append(lane)  # type: ignore[attr-defined]
+                found.append(lanes[lane])
+                at.append(lane)
+            machines, indices = found, at
         if MONITOR.enabled:
             record_submit_ghosts(self, indices, tokens)
         _INSTANCE.fire_each(machines, "submit", tokens=[tokens] * len(machines))

@@ -422,7 +422,7 @@ class RequestRegistry:
 
     def decode_done_each(self, recs: Sequence[RequestRecord], generation: int, job_id: int,
                          produced: Sequence[bool], stops: Sequence[bool], tokens: Sequence[int | None],
-                         details: Sequence[str]) -> list[str | None]:
+                         details: Sequence[str]) -> Sequence[str | None]:
         """:meth:`on_decode_complete` for every lane of one decode job, in lane order: the target each
         record reached, or None where the result is stale (counted, nothing fired). ``produced[i]``
         says the lane's device run and output succeeded (its token is delivered).
@@ -433,7 +433,7 @@ class RequestRegistry:
         (back to ``decode_ready``) are told first, to :attr:`quiet_listener` in one call. Nothing a
         listener does for one lane reads another lane's request, so running the fires first changes
         no outcome."""
-        machines = []
+        machines: list[Any] = []
         add = machines.append
         for rec in recs:  # the usual case: every result is current (one pass, the machines to fire)
             machine = rec.machine
@@ -459,7 +459,7 @@ class RequestRegistry:
 
     def _decode_done(self, recs: Sequence[RequestRecord], job_id: int, produced: Sequence[bool],
                      stops: Sequence[bool], tokens: Sequence[int | None], details: Sequence[str],
-                     machines: list[Any] | None = None) -> list[str | None]:
+                     machines: list[Any] | None = None) -> list[str]:
         """``decode_done`` on records whose result is current (``machines``: theirs, if the caller has
         them), then listener, close and delivery per record."""
         if False in produced:
@@ -468,8 +468,8 @@ class RequestRegistry:
                     rec.detail = detail
         if machines is None:
             machines = [rec.machine for rec in recs]
-        targets: list[str | None] = _INSTANCE.fire_each(machines, "decode_done", job=[job_id] * len(machines),
-                                                        ok=produced, stop=stops)
+        targets: list[str] = _INSTANCE.fire_each(machines, "decode_done", job=[job_id] * len(machines),
+                                                 ok=produced, stop=stops)
         listener, quiet = self._listener, self.quiet
         running_quiet = "decode_running" in quiet
         # whether a token's move is quiet (told to the quiet listener, once for the step), decided once per step
