@@ -28,7 +28,7 @@ class ReadyBucket:
         """The index of tenants with ready work: a tenant's queue is dropped once it is found empty
         (issue #20: a tick must not walk the tenants that have none)."""
         self.left = 0
-        """Tenants dropped from ``tenants`` since it was last rebuilt (:meth:`shed`)."""
+        """Tenants dropped from ``tenants`` since it was last rebuilt (:meth:`compact`)."""
         self.arrivals: deque[tuple[float, list[Any]]] = deque()
         """(ready since, entry) in the order entries arrived, whose ``since`` never decreases (every
         entry that arrives now): the oldest live one is at the left, found in O(1) amortized — a heap
@@ -45,17 +45,15 @@ class ReadyBucket:
         self.deadlines: list[tuple[float, int, list[Any]]] = []
         """Every entry by deadline (kept only with a batching window, for its deadline bound)."""
 
-    def shed(self, count: int) -> None:
-        """``count`` tenants were dropped from the index: rebuild it once as many have left as remain (64 at
-        least), amortized O(1) per tenant that left.
+    def compact(self) -> None:
+        """Rebuild the index of tenants with work, once as many tenants have left it as remain (64 at least:
+        the decode tick's merge asks, :func:`~.decode_select.select_candidates`): amortized O(1) per departure.
 
         A dict keeps the slot of a deleted key until it next grows, and iterating it walks those slots: with
         1 000 configured tenants that had work once and 8 that still have, the tick's merge walked 1 000
         slots for 8 queues (bench/scheduler.py's idle-tenant row, issue #20); at 4 000, 3.4 µs a tick."""
-        self.left += count
-        if self.left >= 64 and self.left >= len(self.tenants):
-            self.tenants = dict(self.tenants)
-            self.left = 0
+        self.tenants = dict(self.tenants)
+        self.left = 0
 
     def arrive(self, now: float) -> None:
         """Entries are about to arrive at ``now`` (not before the last arrival): drop the arrivals' dead

@@ -20,7 +20,6 @@ from calculet.runtime.scheduling.decode_ready import ReadyBucket
 from calculet.runtime.scheduling.kv import OPEN_STATES as open_states
 from calculet.runtime.scheduling.kv import KvLaneManager, KvLease
 from calculet.runtime.scheduling.profiles import ProfileSpec
-from calculet.runtime.scheduling.ready_queue import TenantQueue
 from calculet.runtime.scheduling.registry import RequestRecord
 
 _new_tuple = tuple.__new__
@@ -74,14 +73,16 @@ class Selection(NamedTuple):
     second pass (``checked_reservation``). False: ``reserve_batch`` decides, lane by lane."""
 
 
-def tenant_heads(tenants: dict[str, TenantQueue], names: Iterable[str]) -> list[list[Any]]:
-    """A heap of the head entry of each named tenant that has one (dead entries dropped first).
+def tenant_heads(bucket: ReadyBucket, names: Iterable[str]) -> list[list[Any]]:
+    """A heap of the head entry of each named tenant that has one (dead entries dropped first); a tenant
+    without one leaves the bucket's index.
 
     The heap holds the entries themselves — ``[priority, tag, virtual finish, arrival seq, record]``,
     compared as lists: the seq is unique, so the record is never compared — and a popped entry's tenant
     is its record's (issue #20: no key tuple built per lane, none unpacked).
     """
     heads: list[list[Any]] = []
+    tenants = bucket.tenants
     for tenant in tuple(names):
         queue = tenants[tenant]
         queue.taken = 0  # its lanes in this batch since it (re)joined the merge
@@ -90,6 +91,7 @@ def tenant_heads(tenants: dict[str, TenantQueue], names: Iterable[str]) -> list[
             heads.append(head)
         else:  # the index holds tenants with work only: a tick costs O(tenants with work)
             del tenants[tenant]
+            bucket.left += 1
     heapq.heapify(heads)
     return heads
 
@@ -97,9 +99,10 @@ def tenant_heads(tenants: dict[str, TenantQueue], names: Iterable[str]) -> list[
 def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSpec, generation: int,
                       size: int, now: float, share: float, vt: int) -> Selection:
     """Merge the tenants' heads (a heap of at most T entries) and take up to ``size`` lanes."""
+    if bucket.left >= 64 and bucket.left >= len(bucket.tenants):
+        bucket.compact()  # as many tenants have left the index as remain: its dict's slots rebuilt
     cap, tenants, max_seq = max(1, math.floor(share * size)), bucket.tenants, profile.max_seq
-    with_work = len(tenants)
-    heads = tenant_heads(tenants, tenants)  # the live head entry of each tenant with work
+    heads = tenant_heads(bucket, tenants)  # the live head entry of each tenant with work
     rows: list[tuple[LaneBinding, RequestRecord, KvLease, Any, float]] = []  # one per chosen lane: Selection's columns
     expired: list[RequestRecord] = []
     invalid: list[tuple[RequestRecord, str]] = []
@@ -109,7 +112,7 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
         if not heads:
             if not capped:  # §7.2 item 3: the cap holds only while another tenant has a candidate
                 break
-            heads, capped, cap = tenant_heads(tenants, capped), [], size  # (their counts restart: no cap now)
+            heads, capped, cap = tenant_heads(bucket, capped), [], size  # (their counts restart: no cap now)
             continue
         rec: RequestRecord = (entry := heads[0])[4]
         tenant = rec.tenant
@@ -147,22 +150,21 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
         if head is not None and queue.taken < cap:
             heapreplace(heads, head)
             continue
-        cap_hits += _leave_merge(heads, tenants, tenant, head, capped, lanes < size)
+        cap_hits += _leave_merge(heads, bucket, tenant, head, capped, lanes < size)
     bucket.count -= lanes + len(expired) + len(invalid)  # every popped candidate is in one of them
-    if len(tenants) < with_work:  # nothing joins the index during the pass: the difference left it
-        bucket.shed(with_work - len(tenants))
     bindings, chosen, leases, kv_machines, since = zip(*rows) if rows else ((), (), (), (), ())
     return _new_tuple(Selection, (chosen, bindings, leases, kv_machines, since, expired, invalid, vt, cap_hits,
                                   reservable))
 
 
-def _leave_merge(heads: list[list[Any]], tenants: dict[str, TenantQueue], tenant: str,
+def _leave_merge(heads: list[list[Any]], bucket: ReadyBucket, tenant: str,
                  head: list[Any] | None, capped: list[str], lanes_free: bool) -> int:
     """``tenant`` leaves the merge: out of the index if its queue is empty, else set aside at its lane
     cap (§7.2 item 3). Returns 1 for a cap hit that left lanes free, else 0 (once per tenant per tick)."""
     heapq.heappop(heads)
     if head is None:
-        del tenants[tenant]
+        del bucket.tenants[tenant]
+        bucket.left += 1
         return 0
     capped.append(tenant)
     return 1 if lanes_free else 0
