@@ -21,7 +21,7 @@ state groups, event-aware steps and pool/system views behave exactly as in the p
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import z3
 
@@ -72,36 +72,50 @@ def _result(kind: str, owner: str, subject: str, start: float, faults: list[str]
                        f"{count} negative witnesses rejected", queries=count)
 
 
+_Judged = tuple[Sequence[SymbolicVars], Callable[[], Any]]
+"""One witness as a check sees it: the states it must lie within, and the property's verdict on it (lazy)."""
+
+
+def _witness_faults(props: Iterable[Any], judge: Callable[[Any, Any], _Judged], faults: list[str]) -> int:
+    """Each negative witness of each of ``props`` (invariants or step properties) judged; returns how many.
+
+    ``judge(prop, w)`` gives the states whose declared types ``w`` must respect (none for a type bound, whose
+    witness lies outside its type by design) and the property's verdict on ``w``, evaluated only for a witness
+    within them. What is wrong goes to ``faults``, named by the property first (the machine's, pool's and
+    system's checks below differ only by how a witness becomes a view)."""
+    count = 0
+    for prop in props:
+        if not prop.rejects:
+            faults.append(f"{prop.name}: declares no negative witness")
+        for w in prop.rejects:
+            count += 1
+            states, verdict = judge(prop, w)
+            shown = dict(w) if isinstance(w, Mapping) else w
+            if not _in_domain(*states):
+                faults.append(f"{prop.name}: witness {shown} lies outside the declared types")
+            elif not _false(verdict()):
+                faults.append(f"{prop.name}: accepts its negative witness {shown}")
+    return count
+
+
 def check_witnesses(d: Definition) -> CheckResult:
     """Each invariant and step property of ``d`` rejects each of its negative witnesses."""
     start = time.process_time()
     faults: list[str] = []
-    count = 0
-    for inv in d.invariants:
-        if not inv.rejects:
-            faults.append(f"{inv.name}: declares no negative witness")
-        for w in inv.rejects:
-            count += 1
-            v = valuation(d, w)
-            if inv.rid != "type" and not _in_domain(v):
-                faults.append(f"{inv.name}: witness {dict(w)} lies outside the declared types")
-            elif not _false(inv.predicate(v)):
-                faults.append(f"{inv.name}: accepts its negative witness {dict(w)}")
-    for sp in d.all_step_properties:
-        if not sp.rejects:
-            faults.append(f"{sp.name}: declares no negative witness")
-        for w in sp.rejects:
-            count += 1
-            pre, post = valuation(d, w[0]), valuation(d, {**w[0], **w[1]}, "_wpost")
-            if sp in d.event_properties:
-                row = next(t for t in d.transitions if t.name == w[2])
-                verdict = sp.predicate(pre, post, Step(row.event, row.name, symbolic_args(d.events[row.event])))
-            else:
-                verdict = sp.predicate(pre, post)
-            if not _in_domain(pre, post):
-                faults.append(f"{sp.name}: witness {w} lies outside the declared types")
-            elif not _false(verdict):
-                faults.append(f"{sp.name}: accepts its negative witness {w}")
+
+    def invariant(inv: Any, w: Mapping[str, Any]) -> _Judged:
+        v = valuation(d, w)
+        return (() if inv.rid == "type" else (v,)), lambda: inv.predicate(v)
+
+    def step(sp: Any, w: Any) -> _Judged:
+        pre, post = valuation(d, w[0]), valuation(d, {**w[0], **w[1]}, "_wpost")
+        if sp in d.event_properties:
+            row = next(t for t in d.transitions if t.name == w[2])
+            return (pre, post), lambda: sp.predicate(pre, post, Step(row.event, row.name,
+                                                                      symbolic_args(d.events[row.event])))
+        return (pre, post), lambda: sp.predicate(pre, post)
+
+    count = _witness_faults(d.invariants, invariant, faults) + _witness_faults(d.all_step_properties, step, faults)
     return _result("witnesses", d.name, "negative witnesses", start, faults, count)
 
 
@@ -118,17 +132,12 @@ def check_pool_witnesses(p: PoolDefinition) -> CheckResult:
     """Each pool invariant rejects each of its negative witnesses (lanes within their types)."""
     start = time.process_time()
     faults: list[str] = []
-    count = 0
-    for inv in p.invariants:
-        if not inv.rejects:
-            faults.append(f"{inv.name}: declares no negative witness")
-        for w in inv.rejects:
-            count += 1
-            view, lanes = _pool_view(p, w, "_pw")
-            if not _in_domain(*lanes):
-                faults.append(f"{inv.name}: witness {dict(w)} lies outside the declared types")
-            elif not _false(inv.predicate(view)):
-                faults.append(f"{inv.name}: accepts its negative witness {dict(w)}")
+
+    def judge(inv: Any, w: Mapping[str, Any]) -> _Judged:
+        view, lanes = _pool_view(p, w, "_pw")
+        return lanes, lambda: inv.predicate(view)
+
+    count = _witness_faults(p.invariants, judge, faults)
     return _result("pool-witnesses", p.name, "negative witnesses", start, faults, count)
 
 
@@ -136,21 +145,16 @@ def check_system_witnesses(sd: SystemDefinition) -> CheckResult:
     """Each joint-system invariant rejects each of its negative witnesses."""
     start = time.process_time()
     faults: list[str] = []
-    count = 0
-    for inv in sd.invariants:
-        if not inv.rejects:
-            faults.append(f"{inv.name}: declares no negative witness")
-        for w in inv.rejects:
-            count += 1
-            requests = [valuation(sd.request.definition, r, f"_sr{i}") for i, r in enumerate(w.get("requests", [{}]))]
-            lanes = [valuation(sd.lane.definition, lane, f"_sl{j}") for j, lane in enumerate(w.get("lanes", [{}]))]
-            binding = [z3.IntVal(b) for b in w.get("binding", [-1] * len(requests))]
-            seq = [z3.IntVal(s) for s in w.get("seq", list(range(1, len(requests) + 1)))]
-            view = SystemView(requests, lanes, binding, seq)
-            if not _in_domain(*requests, *lanes):
-                faults.append(f"{inv.name}: witness {dict(w)} lies outside the declared types")
-            elif not _false(inv.predicate(view)):
-                faults.append(f"{inv.name}: accepts its negative witness {dict(w)}")
+
+    def judge(inv: Any, w: Mapping[str, Any]) -> _Judged:
+        requests = [valuation(sd.request.definition, r, f"_sr{i}") for i, r in enumerate(w.get("requests", [{}]))]
+        lanes = [valuation(sd.lane.definition, lane, f"_sl{j}") for j, lane in enumerate(w.get("lanes", [{}]))]
+        binding = [z3.IntVal(b) for b in w.get("binding", [-1] * len(requests))]
+        seq = [z3.IntVal(s) for s in w.get("seq", list(range(1, len(requests) + 1)))]
+        view = SystemView(requests, lanes, binding, seq)
+        return (*requests, *lanes), lambda: inv.predicate(view)
+
+    count = _witness_faults(sd.invariants, judge, faults)
     return _result("system-witnesses", sd.name, "negative witnesses", start, faults, count)
 
 
