@@ -1,0 +1,224 @@
+"""Where the host's CPU per streamed token goes, by thread (issue #20): the measurement behind ``bench/host_path.py``'s
+figure.
+
+``bench/host_path.py`` reports the server's whole CPU per token beside a bare FastAPI SSE server. This splits it: each
+server (``calculet.run --sim-cost null`` from this tree and from each ``--against TREE``, and the bare server) runs
+under a launcher that names its OS threads after their Python names, so ``/proc/<pid>/task/*`` tells the HTTP event
+loop (``MainThread``) from the engine's actor (``calculet-engine``) and the others. Per streamed token, for each
+thread: CPU (``schedstat``, ns) with its user/system split (``stat``, clock ticks) and its voluntary/involuntary
+context switches; for the process, write syscalls (socket sends, and the eventfd writes of ``call_soon_threadsafe``
+under uvloop); for calculet, the stream wake-ups handed to a consumer loop (``calculet.runtime.streams.writer.
+_call_soon``, counted by the launcher at one Python frame each). The window is :func:`host_path.stream_round`'s (its
+warm-up completion per client counted); same client, same interleaved rounds as ``host_path``. Figures, not a
+pass/fail test (DESIGN principle 10).
+
+    python bench/host_threads.py [--rounds 3] [--streams 1,16,64] [--against /tmp/base_worktree ...]
+
+Measured (session 13, calculet at 0dcb57b; 2 cores shared with three other helpers, load average 3-4; medians of 5
+interleaved rounds; µs of CPU per streamed token, user/system in clock ticks)::
+
+    streams   bare (one thread)   calculet: event loop + actor        writes/token   switches/token
+       1        20.6 (u19/s6)       21.3 +  97.8 = 120.2 (s <= 3)      1.06 / 0.16    loop 0.19 vol., actor 0.18 invol.
+      16        22.1 (u17/s5)       20.6 + 105.8 = 126.5               1.06 / 0.16    loop 0.18, actor 0.17
+      64        21.8 (u18/s6)       22.7 + 100.3 = 123.1               1.06 / 0.16    loop 0.18, actor 0.13
+
+What it says. The HTTP side of calculet — its event loop: parsing, routing, submits, the SSE framing and the socket
+writes of 64-token streams — costs what the bare server's whole process costs (calculet sends 6 tokens per write where
+the bare server sends one; stream wake-ups: 0.03 per token, the actor holds them up to 1 ms). The actor↔loop
+handoffs cost a few µs per token at most: under 0.2 context switches per token on either thread, 0.03
+``call_soon_threadsafe`` per token. The gap to the bare server is the actor thread, and most of it is the engine
+core (``bench/actor_core.py``, same hour: 72-78 µs and ~315 Python calls per token, on one thread with a plain
+``StreamWriter``); the rest (~25 µs) is its work around the core in the service (the admission snapshot taken
+after every turn, the ``TimedStream`` sink and the request observer) and sharing the machine with the loop. Even
+with that rest and the loop at zero, the core alone is 3.5× the bare server: the ≤ 3× target needs a cheaper core.
+
+The experiment this measured for (issue #20, session 13): the engine hosted on the event loop's own thread (the
+HTTP server served on the engine's loop, a turn a loop callback, submits on the loop run inline, streams woken on
+their own thread, the admission snapshot taken when read instead of after every turn; branch ``h6-loop``). Its
+whole process, this tool, same run as the table: 112.3 / 124.6 / 119.3 µs per token at 1 / 16 / 64 streams, 0.93 /
+0.99 / 0.97 of the threaded engine's; ``bench/host_path.py --rounds 9 --against`` 0dcb57b: 0.91 / 0.97 / 0.91
+(completions/s 1.14 / 0.94 / 1.08). That is the handoffs' and the snapshot's share, no clear margin at 16 streams,
+so the threaded engine stays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from host_path import stream_round  # bench/ is sys.path[0]
+from service import Server
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def launch(tree: str, mode: str, counts_path: str, argv: Sequence[str]) -> None:
+    """(the server process) Name every OS thread after its Python thread (prctl PR_SET_NAME), count the stream
+    wake-ups calculet hands to a consumer loop, dump the count to ``counts_path`` on SIGUSR2, then serve:
+    ``calculet.run`` from ``tree`` (``mode`` "calc") or the bare baseline."""
+    import ctypes
+    import runpy
+    import threading
+
+    sys.path.insert(0, tree)
+    libc = ctypes.CDLL(None)
+
+    def name_thread(name: str) -> None:
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)
+
+    bootstrap = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
+
+    def named(self: threading.Thread) -> None:
+        name_thread(self.name)
+        bootstrap(self)
+
+    threading.Thread._bootstrap_inner = named  # type: ignore[attr-defined]
+    name_thread("MainThread")
+    wakes = [0]
+
+    def dump(*_: object) -> None:
+        Path(counts_path).write_text(json.dumps({"wakes": wakes[0]}))
+
+    signal.signal(signal.SIGUSR2, dump)
+    if mode == "bare":
+        import host_path
+        host_path.serve_baseline()
+        return
+    import calculet
+    assert calculet.__file__ is not None and calculet.__file__.startswith(tree), calculet.__file__
+    from calculet.runtime.streams import writer
+
+    call_soon = writer._call_soon
+
+    def counted(loop: object, fn: object) -> None:
+        wakes[0] += 1
+        call_soon(loop, fn)  # type: ignore[arg-type]
+
+    writer._call_soon = counted
+    sys.argv = ["calculet.run", *argv]
+    runpy.run_module("calculet.run", run_name="__main__", alter_sys=True)
+
+
+def threads(pid: int) -> dict[str, list[int]]:
+    """Thread name → [on-CPU ns, utime ticks, stime ticks, voluntary, involuntary switches] (same names summed)."""
+    out: dict[str, list[int]] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        base = f"/proc/{pid}/task/{tid}"
+        try:
+            stat = Path(f"{base}/stat").read_text()
+            ns = int(Path(f"{base}/schedstat").read_text().split()[0])
+            status = dict(line.split(":", 1) for line in Path(f"{base}/status").read_text().splitlines())
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a thread that ended meanwhile
+        fields = stat.rsplit(")", 1)[1].split()
+        row = out.setdefault(stat[stat.index("(") + 1: stat.rindex(")")], [0, 0, 0, 0, 0])
+        for i, value in enumerate((ns, int(fields[11]), int(fields[12]), int(status["voluntary_ctxt_switches"]),
+                                   int(status["nonvoluntary_ctxt_switches"]))):
+            row[i] += value
+    return out
+
+
+def writes(pid: int) -> int:
+    return int(next(line for line in Path(f"/proc/{pid}/io").read_text().splitlines()
+                    if line.startswith("syscw")).split()[1])
+
+
+def wakes(server: Server, path: Path) -> int:
+    """The server's stream wake-ups so far (0 for the bare server, which has none)."""
+    path.unlink(missing_ok=True)
+    os.kill(server.proc.pid, signal.SIGUSR2)
+    for _ in range(500):
+        try:
+            return int(json.loads(path.read_text())["wakes"])
+        except (FileNotFoundError, json.JSONDecodeError):
+            time.sleep(0.01)
+    raise RuntimeError("the server did not answer SIGUSR2")
+
+
+def start(label: str, tree: Path, mode: str, home: Path) -> tuple[str, Server, Path]:
+    counts = home / f"counts-{label}.json"
+    argv = ["--host", "127.0.0.1", "--port", "0", "--log-format", "json", "--log-level", "INFO", "--sim-cost", "null"]
+    command = [sys.executable, str(Path(__file__).resolve()), "--launch", str(tree.resolve()), mode, str(counts),
+               "--", *argv]
+    return label, Server("null" if mode == "calc" else "", home, command=command,
+                         env={"PYTHONPATH": str(tree.resolve())}), counts
+
+
+def measure(servers: Sequence[tuple[str, Server, Path]], levels: Sequence[int], rounds: int,
+            tokens: int) -> dict[tuple[str, int], list[dict[str, float]]]:
+    """Per (server, streams): one dict per round of per-token figures (``<thread> cpu``/``user``/``sys``/``vcs``/
+    ``ics``, ``writes``, ``wakes``, ``total``)."""
+    got: dict[tuple[str, int], list[dict[str, float]]] = {}
+    for n in levels:
+        per_stream = max(2, 48 // n)
+        for r in range(rounds):
+            for label, server, counts in (servers if r % 2 == 0 else servers[::-1]):
+                pid = server.proc.pid
+                t0, w0, k0 = threads(pid), writes(pid), wakes(server, counts)
+                done = stream_round(server, n, per_stream, tokens)
+                t1, w1, k1 = threads(pid), writes(pid), wakes(server, counts)
+                tok = done.tokens + n * tokens  # stream_round's own warm-up (one completion a client) is inside
+                row: dict[str, float] = {"writes": (w1 - w0) / tok, "wakes": (k1 - k0) / tok}
+                total = 0.0
+                for name, after in t1.items():
+                    before = t0.get(name, [0] * 5)
+                    d = [a - b for a, b in zip(after, before)]
+                    cpu = d[0] / 1e3 / tok
+                    total += cpu
+                    row.update({f"{name} cpu": cpu, f"{name} user": d[1] / TICK * 1e6 / tok,
+                                f"{name} sys": d[2] / TICK * 1e6 / tok, f"{name} vcs": d[3] / tok,
+                                f"{name} ics": d[4] / tok})
+                row["total"] = total
+                got.setdefault((label, n), []).append(row)
+    return got
+
+
+def report(got: dict[tuple[str, int], list[dict[str, float]]], tokens: int) -> None:
+    print(f"Server CPU per streamed token by thread (µs, median of rounds; user/sys from clock ticks), context "
+          f"switches (voluntary/involuntary) and write syscalls per token; {tokens}-token streams, null device")
+    for (label, n), rows in got.items():
+        def med(key: str) -> float:
+            return statistics.median(row.get(key, 0.0) for row in rows)
+        names = sorted({key[:-4] for row in rows for key in row if key.endswith(" cpu")})
+        parts = [f"{name} {med(name + ' cpu'):.1f} (u{med(name + ' user'):.0f}/s{med(name + ' sys'):.0f}, "
+                 f"cs {med(name + ' vcs'):.2f}/{med(name + ' ics'):.2f})" for name in names if med(name + " cpu") >= 1]
+        print(f"{label:>12} {n:>3} streams: total {med('total'):6.1f}  writes/tok {med('writes'):.2f}  "
+              f"wakes/tok {med('wakes'):.2f} | " + "; ".join(parts))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--launch"]:
+        launch(argv[1], argv[2], argv[3], argv[5:])
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--streams", default="1,16,64")
+    parser.add_argument("--against", type=Path, action="append", default=[],
+                        help="also run calculet from this source tree (a worktree; may be given more than once)")
+    args = parser.parse_args(argv)
+    here = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory(prefix="calculet-bench-home-") as tmp:
+        home = Path(tmp)
+        servers = [start("this", here, "calc", home), start("bare", here, "bare", home)]
+        servers += [start(tree.resolve().name, tree, "calc", home) for tree in args.against]
+        try:
+            got = measure(servers, [int(n) for n in args.streams.split(",")], args.rounds, args.tokens)
+        finally:
+            for _, server, _ in servers:
+                server.stop()
+    report(got, args.tokens)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
