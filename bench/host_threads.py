@@ -23,19 +23,19 @@ interleaved rounds; µs of CPU per streamed token, user/system in clock ticks)::
       64        21.8 (u18/s6)       22.7 + 100.3 = 123.1               1.06 / 0.16    loop 0.18, actor 0.13
 
 What it says. The HTTP side of calculet — its event loop: parsing, routing, submits, the SSE framing and the socket
-writes of 64-token streams — costs what the bare server's whole process costs (calculet sends 6 tokens per write where
-the bare server sends one; stream wake-ups: 0.03 per token, the actor holds them up to 1 ms). The actor↔loop
+writes of 64-token streams — costs what the bare server's whole process costs (calculet sends 6 tokens per write
+where the bare server sends one; stream wake-ups: 0.03 per token, the actor holds them up to 1 ms). The actor↔loop
 handoffs cost a few µs per token at most: under 0.2 context switches per token on either thread, 0.03
 ``call_soon_threadsafe`` per token. The gap to the bare server is the actor thread, and most of it is the engine
 core (``bench/actor_core.py``, same hour: 72-78 µs and ~315 Python calls per token, on one thread with a plain
-``StreamWriter``); the rest (~20 µs) is not the service's work around the core — on one thread the ``TimedStream`` sinks and the
-service's request observer add 0-3 µs per token to the core's turns and the admission snapshot published after each
-turn 0-2 µs (about 11 tokens a turn in the server as in ``actor_core``; garbage collection under 1 µs) — but the core
-running beside the HTTP work (the loop-hosted experiment below, one thread, still pays it). The loop thread's own
-profile (cProfile in its CPU time, 16 streams, after the warm-up): about half streaming (the SSE generator, the
-frames of its text pieces, the ASGI send chain: one send per ~12 tokens), a third per request (the front, body gate,
-routing, submit, one log line), the rest asyncio/anyio. Even with all of that at zero, the core alone is 3.5× the
-bare server: the ≤ 3× target needs a cheaper core.
+``StreamWriter``); the rest (~20 µs) is not the service's work around the core — on one thread the ``TimedStream``
+sinks and the service's request observer add 0-3 µs per token to the core's turns and the admission snapshot
+published after each turn 0-2 µs (about 11 tokens a turn in the server as in ``actor_core``; garbage collection
+under 1 µs) — but the core running beside the HTTP work (the loop-hosted experiment below, one thread, still pays
+it). The loop thread's own profile (cProfile in its CPU time, 16 streams, after the warm-up): about half streaming
+(the SSE generator, the frames of its text pieces, the ASGI send chain: one send per ~12 tokens), a third per
+request (the front, body gate, routing, submit, one log line), the rest asyncio/anyio. Even with all of that at
+zero, the core alone is 3.5× the bare server: the ≤ 3× target needs a cheaper core.
 
 The experiment this measured for (issue #20, session 13): the engine hosted on the event loop's own thread (the
 HTTP server served on the engine's loop, a turn a loop callback, submits on the loop run inline, streams woken on
