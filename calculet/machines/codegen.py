@@ -289,9 +289,9 @@ def generate_dispatch(d: Definition) -> tuple[dict[str, dict[str, Callable[..., 
     exec(compile(source, f"<calculet dispatch {d.name}>", "exec"), namespace)  # noqa: S102 - generated from the declaration
     table: dict[str, dict[str, Callable[..., int]]] = {}
     fire: dict[str, dict[str, Callable[..., int]]] = {}
-    for (state, event), (slow, fast) in names.items():
-        table.setdefault(state, {})[event] = namespace[slow]
-        fire.setdefault(state, {})[event] = namespace[fast]
+    for (state, event), (slow_name, fast_name) in names.items():
+        table.setdefault(state, {})[event] = namespace[slow_name]
+        fire.setdefault(state, {})[event] = namespace[fast_name]
     return table, fire, source
 
 

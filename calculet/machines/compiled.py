@@ -65,7 +65,7 @@ class CompiledInstance:
         for name, value in self._initial_values:
             object.__setattr__(self, name, value)
         self._state = d.initial
-        self.last_transition = None
+        self.last_transition: Transition | None = None  # the row the last event took (None before any)
 
     # ------------------------------------------------------------------ reading
 
