@@ -347,7 +347,7 @@ class _PoolUnrolling:
         self.reduction = reduction(p, encoded, lemmas=not instance_properties)
         self.local_rows = sorted(self.reduction.local)
         self.distance = _distances(d)
-        self.previous: tuple[Any, Any] | None = None
+        self.previous: tuple[Any, Any, Any] | None = None  # (lane, local row, stutter) of the last step
 
     def unroll(self, k: int) -> None:
         """Encode step ``k``: the choice of instance and row, its reductions, and frame ``k``."""

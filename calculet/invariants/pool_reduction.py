@@ -91,7 +91,7 @@ class _Pair:
         after[j] = post_state(self.d, t, lanes[j], args)
         return z3.And(takes(self.d, t, lanes[j], args), guard), after
 
-    def holds(self, premise: Any, conclusion: Any, args: list[dict[str, Any]]) -> bool:
+    def holds(self, premise: Any, conclusion: Any, args: list[tuple[dict[str, Any], str]]) -> bool:
         s = solver()
         s.add(*self.domain, *[c for a, t in args for c in arg_domain(self.d.events[t], a)], premise,
               z3.Not(conclusion))
