@@ -51,7 +51,8 @@ class ReadyBucket:
 
         A dict keeps the slot of a deleted key until it next grows, and iterating it walks those slots: with
         1 000 configured tenants that had work once and 8 that still have, the tick's merge walked 1 000
-        slots for 8 queues (bench/scheduler.py's idle-tenant row, issue #20); at 4 000, 3.4 µs a tick."""
+        slots for 8 queues (bench/scheduler.py's idle-tenant row, issue #20); at 4 000, 3.4 µs a tick (timeit of
+        the walk), and that row's ratio went 1.052-1.055x -> 1.026-1.032x once rebuilt."""
         self.tenants = dict(self.tenants)
         self.left = 0
 
