@@ -446,6 +446,12 @@ class AdmissionController:
     def active(self) -> int:
         return self._active
 
+    def counters(self) -> tuple[int, int, int, int]:
+        """(waiting, waiting prompt tokens, active, active KV tokens): the budget's four counters, without
+        :meth:`statistics`' per-tenant rows — the sampled budget check reads them inside a scheduler step,
+        where an O(configured tenants) call is a tick that grows with idle tenants (issue #20)."""
+        return self._waiting, self._waiting_tokens, self._active, self._active_kv
+
     def statistics(self) -> AdmissionStatistics:
         service = self.wfq.service()
         lag = self.wfq.lag()
