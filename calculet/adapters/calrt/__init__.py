@@ -46,6 +46,7 @@ from calculet.adapters.calrt.codes import (
     error_for,
     map_exceptions,
     rc_of,
+    translated,
     vendor_boundary,
 )
 from calculet.adapters.calrt.jobs import (
@@ -91,5 +92,5 @@ __all__ = [
     "MAX_CHIPLETS", "MaskContract", "MemInfo", "MemoryFootprint", "OperationNotSupported", "PrefillJob",
     "PrimitiveType", "ResetDomain", "ResultCheck", "ReturnCode", "SpecRating", "StatusCounters",
     "TensorRole", "TensorSpec", "VendorError", "VirtualDevice", "error_for", "map_exceptions",
-    "profile_tier", "rc_of", "read_board_memory", "vendor_boundary", "verify_result",
+    "profile_tier", "rc_of", "read_board_memory", "translated", "vendor_boundary", "verify_result",
 ]

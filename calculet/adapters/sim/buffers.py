@@ -19,6 +19,7 @@ from calculet.adapters.calrt import (
     BufferKind,
     JobBuffers,
     JobKind,
+    JobSpec,
     ReturnCode,
     TensorRole,
     VendorError,
@@ -36,6 +37,11 @@ class SimBuffer:
     bound_job: int | None = None
     written: int | None = None
     """How many leading bytes the last DMA wrote (the rest are zero); None: unknown, the whole buffer may hold data."""
+    pending: JobSpec | None = field(default=None, repr=False, compare=False)
+    """The job whose payload the last DMA carried, not yet written into ``data`` (an InputBuf): the bytes are
+    written when the buffer is read (:func:`~calculet.adapters.sim.job_record.settle`), the only place anyone
+    sees them — the simulated engines compute from the job itself. Issue #20: the copy per decode step, a
+    tenth of the null device's submit, was made for a reader that almost never comes."""
     view: memoryview = field(init=False, repr=False, compare=False)
     """A byte view of ``data``, made once: the DMA of every job writes through it (issue #20: a view made per
     job, and the payload sliced to fit it, cost ~2.5 µs of a B1 token)."""

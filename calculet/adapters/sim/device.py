@@ -63,6 +63,7 @@ from calculet.adapters.calrt import (
     MemInfo,
     ReturnCode,
     VendorError,
+    translated,
     vendor_boundary,
 )
 from calculet.adapters.sim import fault_effects
@@ -72,7 +73,7 @@ from calculet.adapters.sim.config import SimConfig, TimeMode
 from calculet.adapters.sim.device_statistics import DeviceStatistics, RuntimeStatistics
 from calculet.adapters.sim.execution import Computed, SimJob, compute
 from calculet.adapters.sim.faults import FaultInjector, InjectedFault
-from calculet.adapters.sim.job_record import completion_record, dma_payload, null_decode_record
+from calculet.adapters.sim.job_record import completion_record, null_decode_record, settle
 from calculet.adapters.sim.kv import SimKvManager
 from calculet.adapters.sim.memory import MemoryLedger
 from calculet.adapters.sim.submit_checks import SubmitGate
@@ -348,19 +349,23 @@ class SimVirtualDevice:
     def read_buffer(self, handle: BufferHandle) -> np.ndarray:
         """A copy of a buffer's current contents (output: logits rows; input: the DMA'd bytes)."""
         with self._lock:
-            return self._buffers.lookup(handle, self._epoch).data.copy()
+            return settle(self._buffers.lookup(handle, self._epoch)).data.copy()
 
     # --- jobs ------------------------------------------------------------------------------
 
-    @vendor_boundary("VirtualDevice.Submit")
     def submit(self, job: JobSpec) -> JobTicket:
-        """Validate, price and enqueue a job on its engine; raises on refusal (rc on the error)."""
+        """Validate, price and enqueue a job on its engine; raises on refusal (rc on the error). The vendor boundary
+        is the try the refusals are counted in, not a wrapper around it: a call per job fewer (issue #20)."""
         with self._lock:  # the lock of ``_cond`` itself, entered without the Condition's Python-level __enter__
             try:
                 return self._submit_locked(job)
-            except VendorError as exc:
-                self._refused[exc.rc] += 1
-                raise
+            except Exception as exc:  # noqa: BLE001 - the boundary must catch everything the vendor raises
+                if isinstance(exc, VendorError):
+                    self._refused[exc.rc] += 1
+                mapped = translated(exc, "VirtualDevice.Submit")
+                if mapped is exc:
+                    raise
+                raise mapped from exc
 
     def _submit_locked(self, job: JobSpec) -> JobTicket:
         if self._closed:
@@ -391,7 +396,7 @@ class SimVirtualDevice:
         job_id = JobId(next(self._ids))
         ticket = JobTicket(job_id=job_id, generation=job.generation, kind=job.kind, engine=job.engine,
                            calbin_id=cb.calbin_id, submitted_at=now)
-        dma_payload(job, in_buf)
+        in_buf.pending = job  # the DMA: its bytes written when the buffer is read (SimBuffer.pending)
         self._submitted += 1
         if (fault is None and finish is not None and finish <= now and self.completes_at_submit
                 and decode and cb.model is None):
@@ -448,14 +453,17 @@ class SimVirtualDevice:
         self._per_engine[engine] += 1
         self.timeline.done[job_id] = result
 
-    @vendor_boundary("VirtualDevice.poll")
     def poll(self) -> list[JobResult]:
-        """Every completed, uncollected result (virtual time: those due at ``clock.now()``)."""
+        """Every completed, uncollected result (virtual time: those due at ``clock.now()``). In real time with
+        nothing published, [] at once: no lock, nothing that could raise, no boundary crossed (issue #20: the actor
+        polls after each submit and once more a turn); a result published meanwhile is the next poll's."""
+        return self._drain() if self._virtual or self.timeline.done else []
+
+    @vendor_boundary("VirtualDevice.poll")
+    def _drain(self) -> list[JobResult]:
         timeline = self.timeline
         if self._virtual:
             timeline.advance_virtual()
-        if not timeline.done:  # nothing published: no lock taken (the actor polls twice per turn, issue #20); a
-            return []          # result published meanwhile is the next poll's, as one published just after it
         with self._lock:
             return timeline.drain()
 
@@ -527,12 +535,6 @@ class SimVirtualDevice:
         cb = self._calbins.get(calbin.calbin_id)
         if cb is not calbin:
             raise VendorError(ReturnCode.NOT_FOUND, f"calbin {calbin.calbin_id} does not exist on this device")
-        return cb
-
-    def _calbin_by_id(self, calbin_id: int) -> SimCalbin:
-        cb = self._calbins.get(calbin_id)
-        if cb is None:
-            raise VendorError(ReturnCode.NOT_FOUND, f"calbin {calbin_id} does not exist on this device")
         return cb
 
 

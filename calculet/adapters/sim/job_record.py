@@ -1,9 +1,9 @@
 """A job's data at the two ends of its passage through the simulated device.
 
-At submit the host DMAs the job's payload into its InputBuf (:func:`dma_payload`); at completion
-the device turns what the job computed into its :class:`~calculet.adapters.calrt.JobResult`
-(:func:`completion_record`): the job's and each lane's return code, the §9.2 commit of the OK
-lanes, the engine's status counters and what an injected fault does to them (§7.4, §14).
+At submit the host DMAs the job's payload into its InputBuf (:func:`dma_payload`, its bytes written when the
+buffer is read: :func:`settle`); at completion the device turns what the job computed into its
+:class:`~calculet.adapters.calrt.JobResult` (:func:`completion_record`): the job's and each lane's return code,
+the §9.2 commit of the OK lanes, the engine's status counters and what an injected fault does to them (§7.4, §14).
 
 It exists apart from :mod:`calculet.adapters.sim.device` so that the device keeps only its
 bookkeeping — locks, engines, buffer binding, counts and the timeline — while the record of one
@@ -25,6 +25,16 @@ from calculet.adapters.sim.kv import SimKvManager, _Sequence
 from calculet.adapters.sim.model import pseudo_next_token
 from calculet.adapters.sim.submit_checks import payload
 from calculet.machines.job import JobEngine
+
+
+def settle(in_buf: SimBuffer) -> SimBuffer:
+    """The InputBuf with the payload of the last job DMA'd into it written (:attr:`SimBuffer.pending`), so its
+    ``data`` holds exactly that job's bytes followed by zeros; a buffer with nothing pending as it is."""
+    job = in_buf.pending
+    if job is not None:
+        dma_payload(job, in_buf)
+        in_buf.pending = None
+    return in_buf
 
 
 def dma_payload(job: JobSpec, in_buf: SimBuffer) -> None:

@@ -129,3 +129,72 @@ def test_the_checks_still_refuse_a_position_off_the_committed_length_and_a_zero_
     assert device.statistics().submit_refused[ReturnCode.INVALID_ARGUMENT] == 2
     device.submit(good)
     assert [r.ok for r in device.poll()] == [True]
+
+
+def test_the_input_buffer_holds_the_last_accepted_job_and_a_refused_one_dmas_nothing(
+        null: tuple[SimSession, HostDriver]) -> None:
+    """The DMA is written when the InputBuf is read (``SimBuffer.pending``): read after several jobs, the buffer
+    holds the last accepted one's bytes, never a refused job's. Mutants caught: a read that does not write the
+    pending payload (zeros), an older pending payload kept over a newer one (the first job's bytes)."""
+    session, driver = null
+    device = session.device
+    seq = session.kv.allocate_sequence()
+    assert driver.prefill(seq, [256, 72, 105]).ok
+    in_buf = driver.buffers(JobKind.DECODE, 4).input
+    first = driver.decode_job(4, [(seq, 5)])
+    device.submit(first)
+    second = driver.decode_job(4, [(seq, 6)])  # the committed length moved: the next position
+    device.submit(second)
+    assert [r.ok for r in device.poll()] == [True, True]
+    stale = driver.decode_job(4, [(seq, 7)])
+    refused = DecodeJob(generation=1, calbin_id=stale.calbin_id, compiled_batch=4, engine=JobEngine.PING,
+                        buffers=stale.buffers, seq_ids=stale.seq_ids, token_ids=stale.token_ids,
+                        positions=np.array([1, 0, 0, 0], dtype=np.int32), lane_valid=stale.lane_valid)
+    with pytest.raises(CalculetError):
+        device.submit(refused)
+    held = device.read_buffer(in_buf)
+    data = payload(second)
+    assert payload(first) != data != payload(refused)
+    assert bytes(held[: len(data)]) == data and not held[len(data):].any()
+    assert device.read_buffer(in_buf).tobytes() == held.tobytes()  # read twice: the same bytes
+
+
+def test_submit_and_poll_are_still_vendor_boundaries(null: tuple[SimSession, HostDriver],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Submit is its own boundary (its try, where refusals are counted) and poll crosses one only when it has
+    results: anything else escaping the device becomes a DeviceFault with rc INTERNAL, a refusal the error of its
+    code, counted. Mutants caught: submit's try catching VendorError only (the KeyError escapes), the refusal not
+    counted, poll's drain undecorated (the KeyError escapes)."""
+    from calculet.adapters.calrt import VendorError
+    from calculet.errors import DeviceFault
+
+    session, driver = null
+    device = session.device
+    seq = session.kv.allocate_sequence()
+    job = driver.prefill_job(seq, [256, 72])
+
+    def broken(*_args: object) -> None:
+        raise KeyError("a bug inside the device layer")
+
+    monkeypatch.setattr(device._gate, "admit", broken)  # noqa: SLF001 - a fault inside the device's submit
+    with pytest.raises(DeviceFault) as internal:
+        device.submit(job)
+    assert internal.value.rc is ReturnCode.INTERNAL and "VirtualDevice.Submit" in str(internal.value)
+    assert isinstance(internal.value.__cause__, KeyError)
+
+    def busy(*_args: object) -> None:
+        raise VendorError(ReturnCode.DEVICE_BUSY, "engine taken")
+
+    monkeypatch.setattr(device._gate, "admit", busy)  # noqa: SLF001
+    with pytest.raises(CalculetError) as refused:
+        device.submit(job)
+    assert refused.value.rc is ReturnCode.DEVICE_BUSY and not isinstance(refused.value, VendorError)  # type: ignore[attr-defined]
+    assert device.statistics().submit_refused[ReturnCode.DEVICE_BUSY] == 1
+    monkeypatch.undo()
+    device.submit(job)
+    monkeypatch.setattr(device.timeline, "drain", broken)
+    with pytest.raises(DeviceFault) as drained:
+        device.poll()
+    assert drained.value.rc is ReturnCode.INTERNAL and "VirtualDevice.poll" in str(drained.value)
+    monkeypatch.undo()
+    assert [r.ok for r in device.poll()] == [True] and device.poll() == []
