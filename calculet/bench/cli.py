@@ -18,6 +18,7 @@ from typing import Any
 from rich.console import Console
 
 from calculet.bench.comparison import CAPACITY_MULTIPLES, COMPARISON_PRESET, DEADLINE_SETTINGS
+from calculet.bench.comparison_seeds import MAX_SEED_COUNT
 from calculet.bench.commands import PROG, BadInput, cmd_all, cmd_goodput, cmd_list, cmd_run
 from calculet.bench.soak_command import cmd_soak
 from calculet.bench.sweep import COSTS, PRESET_LOADS
@@ -26,7 +27,7 @@ from calculet.loadsim.soak_products import PRODUCTS
 from calculet.loadsim.soak_report import SoakOptions
 from calculet.loadsim.workload import preset_names
 
-__all__ = ["build_parser", "main", "parse_loads"]
+__all__ = ["build_parser", "main", "parse_loads", "parse_seeds"]
 
 DESCRIPTION = "policies judged in virtual time against the baselines and the device bound."
 
@@ -49,6 +50,32 @@ def parse_loads(text: str) -> tuple[float, ...]:
             raise argparse.ArgumentTypeError(f"load {part!r} is listed twice")
         loads.append(value)
     return tuple(loads)
+
+
+def parse_seeds(text: str) -> int | tuple[int, ...]:
+    """``"11,12,13"`` → ``(11, 12, 13)`` (integers >= 0, no duplicates); ``"3"`` → 3, a count of seeds
+    (2..MAX_SEED_COUNT: one seed is ``--seed``, and a bare ``13`` meant as one seed must not run 13)."""
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(not p for p in parts):
+        raise argparse.ArgumentTypeError(f"expected comma-separated seeds such as 11,12,13 or a count such as 3; "
+                                         f"got {text!r}")
+    seeds: list[int] = []
+    for part in parts:
+        try:
+            value = int(part)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"seed {part!r} is not an integer") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"seed {part!r} must be >= 0")
+        if value in seeds:
+            raise argparse.ArgumentTypeError(f"seed {part!r} is listed twice")
+        seeds.append(value)
+    if len(seeds) > 1:
+        return tuple(seeds)
+    if not 2 <= seeds[0] <= MAX_SEED_COUNT:
+        raise argparse.ArgumentTypeError(f"a count of seeds must be 2..{MAX_SEED_COUNT}, got {seeds[0]} (one seed: "
+                                         f"--seed {seeds[0]}; chosen seeds: a list such as 11,12,13)")
+    return seeds[0]
 
 
 def _number(kind: Callable[[str], Any], ok: Callable[[Any], bool], rule: str,
@@ -147,10 +174,15 @@ def _goodput_parser(sub: Any) -> None:
     _multiples_argument(cmd)
     cmd.add_argument("--duration", type=_positive(float), default=None,
                      help="virtual seconds of arrivals (default: the preset's duration_s)")
-    cmd.add_argument("--seed", type=_non_negative_int, default=None, help="override the preset's seed")
+    seeds = cmd.add_mutually_exclusive_group()
+    seeds.add_argument("--seed", type=_non_negative_int, default=None, help="override the preset's seed")
+    seeds.add_argument("--seeds", type=parse_seeds, default=None,
+                       help="run the comparison once per seed and judge every check over them: a list such as "
+                            f"11,12,13, or a count N (2..{MAX_SEED_COUNT}): the preset's seed and the N-1 after "
+                            "it; each seed's report in OUT/seed-<S>/, the checks per seed and pooled in OUT/report.md")
     cmd.add_argument("--cost", choices=sorted(COSTS), default="reference", help="cost model (default reference)")
     cmd.add_argument("--out", type=Path, required=True, help="output folder (report.md, summary.json, one folder "
-                                                             "per device and deadline setting)")
+                                                             "per device and deadline setting, or per seed)")
     cmd.add_argument("--quiet", action="store_true", help="no progress bar")
     cmd.set_defaults(func=cmd_goodput, parser=cmd)
 

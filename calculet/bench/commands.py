@@ -22,6 +22,8 @@ from rich.console import Console
 from calculet.bench.acceptance import acceptance, acceptance_table
 from calculet.bench.comparison import CAPACITY_MULTIPLES, COMPARISON_PRESET, run_comparison
 from calculet.bench.comparison_report import acceptance_matrix, write_comparison_report
+from calculet.bench.comparison_seeds import resolve_seeds
+from calculet.bench.comparison_seeds_report import run_seeds, seed_folder
 from calculet.bench.report import write_sweep_report
 from calculet.bench.sweep import COSTS, DEFAULT_LOADS, PRESET_LOADS, SweepResult, run_sweep
 from calculet.loadsim.policies import POLICIES, PolicyError, PolicySpec, parse_policies
@@ -138,29 +140,56 @@ def _preset_section(args: argparse.Namespace, name: str, console: Console) -> li
 
 
 def cmd_goodput(args: argparse.Namespace, argv: Sequence[str], console: Console) -> int:
+    if args.seeds is not None:
+        return _goodput_seeds(args, argv, console)
     _, report = _comparison(args, args.out, argv, console)
     console.print(f"report: {report}")
     return 0
 
 
-def _comparison(args: argparse.Namespace, out: Path, argv: Sequence[str], console: Console) -> tuple[Any, Path]:
+def _goodput_seeds(args: argparse.Namespace, argv: Sequence[str], console: Console) -> int:
+    """``goodput --seeds``: the comparison once per seed into OUT/seed-<S>/, then the checks over them."""
+    seeds = resolve_seeds(args.seeds, workload_of(COMPARISON_PRESET, None).seed)
+
+    def run(seed: int) -> Any:
+        return _run_comparison(args, seed, console)
+
+    def command_of(seed: int) -> str:
+        return command_line(_goodput_argv(args, args.out / seed_folder(seed), seed) + (["--quiet"] if args.quiet
+                                                                                         else []))
+    report, _ = run_seeds(seeds, args.out, run, command_of, command_line(argv), console, args.quiet)
+    console.print(f"report: {report}")
+    return 0
+
+
+def _run_comparison(args: argparse.Namespace, seed: int | None, console: Console) -> Any:
     workload = workload_of(COMPARISON_PRESET, None)
-    comparison = run_comparison(workload, COSTS[args.cost](), multiples=args.multiples, duration_s=args.duration,
-                                seed=args.seed, console=console, quiet=args.quiet)
+    return run_comparison(workload, COSTS[args.cost](), multiples=args.multiples, duration_s=args.duration,
+                          seed=seed, console=console, quiet=args.quiet)
+
+
+def _comparison(args: argparse.Namespace, out: Path, argv: Sequence[str], console: Console) -> tuple[Any, Path]:
+    comparison = _run_comparison(args, args.seed, console)
     return comparison, write_comparison_report(comparison, out, command_line(argv))
 
 
-def _goodput_section(args: argparse.Namespace, console: Console) -> list[str]:
-    """The goodput comparison of ``all`` into OUT/goodput/, and its lines of the index."""
-    sub_argv = ["goodput", "--out", str(args.out / "goodput")]
+def _goodput_argv(args: argparse.Namespace, out: Path, seed: int | None) -> list[str]:
+    """The ``goodput`` command line of one comparison into ``out`` (the options that differ from the defaults)."""
+    sub_argv = ["goodput", "--out", str(out)]
     if args.multiples != CAPACITY_MULTIPLES:
         sub_argv += ["--multiples", ",".join(f"{x:g}" for x in args.multiples)]
     if args.duration is not None:
         sub_argv += ["--duration", f"{args.duration:g}"]
-    if args.seed is not None:
-        sub_argv += ["--seed", str(args.seed)]
+    if seed is not None:
+        sub_argv += ["--seed", str(seed)]
     if args.cost != "reference":
         sub_argv += ["--cost", args.cost]
+    return sub_argv
+
+
+def _goodput_section(args: argparse.Namespace, console: Console) -> list[str]:
+    """The goodput comparison of ``all`` into OUT/goodput/, and its lines of the index."""
+    sub_argv = _goodput_argv(args, args.out / "goodput", args.seed)
     comparison, report = _comparison(args, args.out / "goodput", sub_argv, console)
     matrix, met, judged = acceptance_matrix(comparison)
     console.print(f"report: {report}")

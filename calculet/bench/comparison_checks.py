@@ -51,6 +51,8 @@ class PointFigures:
     wasted_share: float
     bound: int | None = None
     bound_method: str | None = None
+    device_s: float | None = None
+    """Device seconds of the run (pools the wasted share over seeds); None in older summaries."""
 
     @property
     def on_time_fraction(self) -> float:
@@ -67,12 +69,13 @@ class PointFigures:
     def as_json(self) -> dict[str, Any]:
         return {"policy": self.policy, "offered": self.offered, "on_time": self.on_time,
                 "goodput_per_s": round(self.goodput_per_s, 6), "admitted": self.admitted, "expired": self.expired,
-                "wasted_share": round(self.wasted_share, 6), "bound": self.bound, "bound_method": self.bound_method}
+                "wasted_share": round(self.wasted_share, 6), "bound": self.bound, "bound_method": self.bound_method,
+                "device_s": None if self.device_s is None else round(self.device_s, 4)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PointFigures:
         return cls(**{k: data[k] for k in ("policy", "offered", "on_time", "goodput_per_s", "admitted", "expired",
-                                           "wasted_share", "bound", "bound_method")})
+                                           "wasted_share", "bound", "bound_method")}, device_s=data.get("device_s"))
 
 
 def point_figures(cell: Cell) -> PointFigures:
@@ -85,7 +88,7 @@ def point_figures(cell: Cell) -> PointFigures:
     return PointFigures(cell.policy.name, g.offered, g.on_time, g.goodput_per_s, len(admitted),
                         sum(1 for r in admitted if r.finish_reason == "deadline"), g.wasted_share,
                         None if cell.bound is None else cell.bound.bound,
-                        None if cell.bound is None else cell.bound.method)
+                        None if cell.bound is None else cell.bound.method, g.device_s)
 
 
 @dataclass(frozen=True)

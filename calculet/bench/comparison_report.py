@@ -19,7 +19,7 @@ from calculet.bench.comparison_checks import Check, PointFigures, point_checks, 
 from calculet.bench.report import write_sweep_report
 
 __all__ = [
-    "acceptance_matrix", "arm_folder", "checks_from_json", "comparison_json", "comparison_rows",
+    "acceptance_matrix", "arm_folder", "checks_from_json", "comparison_json", "comparison_rows", "matrix_lines",
     "write_comparison_report",
 ]
 
@@ -64,21 +64,26 @@ def _verdict(check: Check) -> str:
     return f"{check.value}{tag}"
 
 
-def acceptance_matrix(comparison: Comparison) -> tuple[list[str], int, int]:
-    """The acceptance matrix (one row per point, one column per check) and (met, judged) counts."""
+def matrix_lines(points: Sequence[tuple[str, float, str, Sequence[Check]]]) -> tuple[list[str], int, int]:
+    """An acceptance matrix from (arm label, multiple, default order, checks) per point (one row
+    per point, one column per check) and its (met, judged) counts."""
     met = judged = 0
     header: list[str] = []
     rows: list[str] = []
-    for arm in comparison.arms:
-        for multiple, load, checks in comparison_rows(arm):
-            header = header or [c.criterion for c in checks]
-            rows.append(f"| {arm.label} | {multiple:g}× | {arm.device} | "
-                        + " | ".join(_verdict(c) for c in checks) + " |")
-            judged += sum(1 for c in checks if c.met is not None)
-            met += sum(1 for c in checks if c.met)
+    for label, multiple, device, checks in points:
+        header = header or [c.criterion for c in checks]
+        rows.append(f"| {label} | {multiple:g}× | {device} | " + " | ".join(_verdict(c) for c in checks) + " |")
+        judged += sum(1 for c in checks if c.met is not None)
+        met += sum(1 for c in checks if c.met)
     lines = ["| arm | × capacity | default order | " + " | ".join(header) + " |",
              "|---|---|---|" + "---|" * len(header)] + rows
     return lines, met, judged
+
+
+def acceptance_matrix(comparison: Comparison) -> tuple[list[str], int, int]:
+    """The acceptance matrix of one comparison and its (met, judged) counts."""
+    return matrix_lines([(arm.label, multiple, arm.device, checks)
+                         for arm in comparison.arms for multiple, _, checks in comparison_rows(arm)])
 
 
 def write_comparison_report(comparison: Comparison, out: Path, command_line: str) -> Path:
