@@ -61,12 +61,19 @@ def retry_placement(free: Sequence[float], now: float, length: float, alone: flo
     return Placement(alone, max(now, max(free, default=now)), True)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Ghost:
+    """One refused request's reserved retry. Compared by identity (``eq=False``): removing one from the list is a
+    C-level identity scan, not a field comparison per ghost ahead of it."""
+
     retry_at: float
     length: float
     """Lane seconds the refused request needs (its prefill and decode)."""
     tenant: str
+    seq: int = 0
+    """Its place in arrival order (ties among equal retry times go to the earlier)."""
+    gone: bool = False
+    """Dropped from :attr:`RetrySlots.ghosts` (its entry in the tenant index is skipped, not searched for)."""
 
 
 _RETRY_AT = attrgetter("retry_at")
@@ -86,13 +93,15 @@ class RetrySlots:
     * ``grace_s`` after its retry time (its client did not come back, or came back and ended);
     * when a request of the same tenant is admitted from ``grace_s`` before its retry time on
       (that request took its slot; the earliest such ghost goes);
-    * when more than ``limit`` are held (the oldest goes).
+    * when more than ``limit`` + ``limit // 8`` are held, the oldest go down to ``limit`` (a flood of
+      refusals stays bounded; see :meth:`reserve` for why in batches).
 
     The lane heap is rebuilt from the kept schedule whenever that schedule (``key``) or the
     ghosts changed, O(ghosts × log lanes); otherwise a reservation is O(log lanes). The expiry
     pass walks the ghosts only once the earliest of their expiries has passed (issue #13: the
     walk at every reservation was most of a refusal's CPU in a 300-request burst, on the actor
-    and on the HTTP front alike).
+    and on the HTTP front alike). A tenant's earliest slot is found in a per-tenant heap
+    (:meth:`admitted`), not by a walk over every ghost.
     """
 
     grace_s: float = RETRY_GRACE_S
@@ -103,6 +112,10 @@ class RetrySlots:
     _expiry: float = math.inf
     """No ghost expires before this (retry time + grace): exact after a pass, a lower bound after a ghost is
     removed — so a pass is skipped only when it would remove nothing."""
+    _by_tenant: dict[str, list[tuple[float, int, _Ghost]]] | None = None
+    """Per tenant, a heap of its ghosts by (retry time, arrival); a dropped ghost's entry stays until it surfaces
+    (``gone``). None: to be built from :attr:`ghosts` at the next :meth:`admitted` (after a pass dropped some)."""
+    _seq: int = 0
 
     def reserve(self, base: list[float], key: object, now: float, length: float, relative: float,
                 lower: float, tenant: str = "", drained: bool = False) -> float:
@@ -119,18 +132,45 @@ class RetrySlots:
             lower = max(lower, max(free))
         retry = now + max(0, math.ceil(max(lower, lane + length - relative) - now - 1e-9))
         heapq.heapreplace(free, max(retry, lane) + length)
-        self.ghosts.append(_Ghost(retry, length, tenant))
+        self._seq += 1
+        ghost = _Ghost(retry, length, tenant, self._seq)
+        self.ghosts.append(ghost)
+        if self._by_tenant is not None:
+            heapq.heappush(self._by_tenant.setdefault(tenant, []), (retry, ghost.seq, ghost))
         self._expiry = min(self._expiry, retry + self.grace_s)
-        if len(self.ghosts) > self.limit:
-            del self.ghosts[0]
-            self._free = None
+        if len(self.ghosts) > self.limit + self.limit // 8:
+            self._drop_oldest(len(self.ghosts) - self.limit)
         return retry
 
+    def _drop_oldest(self, count: int) -> None:
+        """Past the limit, the ``count`` oldest ghosts go at once. Why in batches (an eighth of the limit): dropping
+        one changes the lanes, so the next reservation rebuilds them from every ghost; dropping one per refusal
+        rebuilt at every refusal once the limit was reached — O(ghosts) each, 4 096 on the HTTP front (issue #13:
+        in-process, a distinct-prompt burst's loop CPU went from ~0.15 to 7-18 ms a request once the front's slots
+        were full). Now one rebuild per ``limit // 8`` refusals there."""
+        for ghost in self.ghosts[:count]:
+            ghost.gone = True
+        del self.ghosts[:count]
+        self._free = None
+
     def admitted(self, tenant: str, now: float) -> None:
-        """A request of ``tenant`` was admitted: it takes the earliest of its tenant's due slots."""
-        due = [g for g in self.ghosts if g.tenant == tenant and g.retry_at <= now + self.grace_s]
-        if due:
-            self.ghosts.remove(min(due, key=lambda g: g.retry_at))
+        """A request of ``tenant`` was admitted: it takes the earliest of its tenant's due slots (ties: the one
+        placed first). Found in the tenant's heap (issue #13: the walk over every ghost ran at each admission on the
+        actor and at each forward the HTTP front counts)."""
+        if self._by_tenant is None:
+            index: dict[str, list[tuple[float, int, _Ghost]]] = {}
+            for ghost in self.ghosts:
+                index.setdefault(ghost.tenant, []).append((ghost.retry_at, ghost.seq, ghost))
+            for entries in index.values():
+                heapq.heapify(entries)
+            self._by_tenant = index
+        entries = self._by_tenant.get(tenant)
+        while entries and entries[0][2].gone:
+            heapq.heappop(entries)
+        if entries and entries[0][0] <= now + self.grace_s:
+            ghost = heapq.heappop(entries)[2]
+            ghost.gone = True
+            self.ghosts.remove(ghost)
             self._free = None
 
     def expire(self, now: float) -> None:
@@ -140,7 +180,7 @@ class RetrySlots:
         kept = [g for g in self.ghosts if g.retry_at + grace >= now]
         self._expiry = min((g.retry_at + grace for g in kept), default=math.inf)
         if len(kept) != len(self.ghosts):
-            self.ghosts, self._free = kept, None
+            self.ghosts, self._free, self._by_tenant = kept, None, None
 
     def _rebuild(self, base: list[float], key: object, now: float) -> None:
         """The lanes from ``base`` with every ghost placed in retry-time order (ties in arrival order). O(ghosts)

@@ -201,7 +201,7 @@ class _WalkingSlots(RetrySlots):
     def expire(self, now: float) -> None:
         kept = [g for g in self.ghosts if g.retry_at + self.grace_s >= now]
         if len(kept) != len(self.ghosts):
-            self.ghosts, self._free = kept, None
+            self.ghosts, self._free, self._by_tenant = kept, None, None  # the tenant index: rebuilt
 
 
 @settings(max_examples=150)
