@@ -5,7 +5,6 @@ families counted in bulk but exact whenever they are read after the loop's turn.
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import logging
 import math
@@ -16,7 +15,7 @@ from hypothesis import strategies as st
 
 from calculet.runtime.engine.admission_snapshot import EarlyRefusal, refusal_reason
 from calculet.server.errors import admission_error
-from calculet.server.logs import JsonFormatter, log_fields
+from calculet.server.logs import log_fields
 from calculet.server.refusal_lane import _STATUS_LINE, AnswerBytes, RefusalLane
 
 
@@ -74,33 +73,16 @@ def test_the_reason_is_the_engines_words() -> None:
     assert refusal_reason(None).endswith("(it would fit never on this device)")
 
 
-def test_a_plain_line_is_the_formatters_line(monkeypatch: Any) -> None:
+def test_a_plain_line_is_the_formatters_line(json_logger: Any) -> None:
     """``log_fields(..., plain=True)`` writes what the JSON formatter writes for the same record. Mutants caught: the
     fields before the head (``ts``, ``level``, ... first in the formatter), a field dropped, the head's level name."""
-    from calculet.server import logs
-
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(JsonFormatter())
-    handler.set_name("calculet")
-    parent = logging.getLogger("plain_test")
-    child = logging.getLogger("plain_test.server")
-    parent.addHandler(handler)
-    parent.propagate = False
-    try:
-        monkeypatch.setattr(logs.time, "time", lambda: 1_700_000_000.5)
-        fields = {"request_id": "ab", "method": "POST", "route": "/v1/completions", "status": 429,
-                  "duration_s": 0.000012, "tenant": "t\u00e9", "client_request_id": "c-1", "code": "over_capacity",
-                  "reason": refusal_reason(3.14), "refused_by": "front", "generation": 2, "model": None}
-        log_fields(child, logging.WARNING, "http", dict(fields), plain=True)
-        record = logging.LogRecord("plain_test.server", logging.WARNING, __file__, 0, "http", (), None)
-        record.created, record.msecs = 1_700_000_000.5, 500.0
-        record.__dict__.update(fields)
-        assert stream.getvalue() == JsonFormatter().format(record) + "\n"
-        assert list(json.loads(stream.getvalue()))[:5] == ["ts", "level", "logger", "msg", "request_id"]
-    finally:
-        parent.removeHandler(handler)
-        parent.propagate = True
+    json_logger.at(1_700_000_000.5)
+    fields = {"request_id": "ab", "method": "POST", "route": "/v1/completions", "status": 429,
+              "duration_s": 0.000012, "tenant": "t\u00e9", "client_request_id": "c-1", "code": "over_capacity",
+              "reason": refusal_reason(3.14), "refused_by": "front", "generation": 2, "model": None}
+    log_fields(json_logger.logger, logging.WARNING, "http", dict(fields), plain=True)
+    assert json_logger.stream.getvalue() == json_logger.formatted(logging.WARNING, fields)
+    assert list(json.loads(json_logger.stream.getvalue()))[:5] == ["ts", "level", "logger", "msg", "request_id"]
 
 
 class _Child:

@@ -9,7 +9,6 @@ the front from it, through the lane (one read) or through the ASGI app (the body
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import logging
 import math
@@ -24,8 +23,7 @@ from calculet.adapters.sim import CostModel, SimConfig, TimeMode
 from calculet.config import load_config
 from calculet.runtime.engine.admission_snapshot import HELD, AdmissionSnapshot, EarlyAdmission
 from calculet.runtime.scheduling.finish_estimate import DeviceModel
-from calculet.server import logs
-from calculet.server.logs import JsonFormatter, log_fields
+from calculet.server.logs import log_fields
 
 STEP_S = 0.05
 DEADLINE_S = 5.0
@@ -252,33 +250,16 @@ def test_decide_holds_a_fitting_request_that_would_not_fit_behind_the_forwards_o
     assert decide(True, lambda: newer) is None
 
 
-def test_the_json_line_written_directly_is_the_formatters(monkeypatch: pytest.MonkeyPatch) -> None:
-    stream = io.StringIO()
-    handler = logging.StreamHandler(stream)
-    handler.setFormatter(JsonFormatter())
-    handler.set_name("calculet")
-    parent = logging.getLogger("lane_test")
-    child = logging.getLogger("lane_test.server")
-    parent.addHandler(handler)
-    parent.propagate = False
-    try:
-        monkeypatch.setattr(logs.time, "time", lambda: 1_700_000_000.25)
-        fields = {"request_id": "ab", "status": 429, "duration_s": 0.5, "tenant": None, "odd": Path("/x"),
-                  "text": "é\u2028"}
-        log_fields(child, logging.INFO, "http", fields)
-        direct = stream.getvalue()
-        record = logging.LogRecord("lane_test.server", logging.INFO, __file__, 0, "http", (), None)
-        record.created, record.msecs = 1_700_000_000.25, 250.0
-        record.__dict__.update(fields)
-        assert direct == JsonFormatter().format(record) + "\n"
-        seen: list[logging.LogRecord] = []
-        child.addFilter(lambda r: seen.append(r) or True)  # a filter sees records: the generic path is taken
-        log_fields(child, logging.INFO, "http", fields)
-        assert len(seen) == 1 and seen[0].status == 429  # type: ignore[attr-defined]
-    finally:
-        parent.removeHandler(handler)
-        parent.propagate = True
-        child.filters.clear()
+def test_the_json_line_written_directly_is_the_formatters(json_logger: Any) -> None:
+    json_logger.at(1_700_000_000.25)
+    fields = {"request_id": "ab", "status": 429, "duration_s": 0.5, "tenant": None, "odd": Path("/x"),
+              "text": "é\u2028"}
+    log_fields(json_logger.logger, logging.INFO, "http", fields)
+    assert json_logger.stream.getvalue() == json_logger.formatted(logging.INFO, fields)
+    seen: list[logging.LogRecord] = []
+    json_logger.logger.addFilter(lambda r: seen.append(r) or True)  # a filter sees records: the generic path is taken
+    log_fields(json_logger.logger, logging.INFO, "http", fields)
+    assert len(seen) == 1 and seen[0].status == 429  # type: ignore[attr-defined]
 
 
 def test_a_forward_is_on_its_way_until_submitted_or_ended(served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
