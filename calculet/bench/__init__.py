@@ -6,6 +6,7 @@ Subcommands::
     python -m calculet.bench run --workload my.yaml --loads 1 --policies b1-serial-fcfs,calculet-b16 --out DIR
     python -m calculet.bench all --out bench/results [--soak-hours 24]   # presets, goodput (+ soak), README.md
     python -m calculet.bench goodput --out DIR                # issue #13 item 7: decode orders on B1/B16
+    python -m calculet.bench goodput --seeds 11,12,13 --out DIR   # the same per seed, judged over the seeds
     python -m calculet.bench soak --hours 24 [--out DIR]      # §19 M0 analogue; exit 1 on any violation
     python -m calculet.bench list                             # presets and policies
 
@@ -23,7 +24,9 @@ Exit codes: 0 done (a benchmark reports figures, it does not pass or fail — DE
 The rooms: :mod:`~calculet.bench.cli` (arguments, exit codes), :mod:`~calculet.bench.commands`
 (run, all, goodput, list), :mod:`~calculet.bench.soak_command`, :mod:`~calculet.bench.sweep` (the
 runs), :mod:`~calculet.bench.comparison` (the goodput comparison's arms, its checks in
-:mod:`~calculet.bench.comparison_checks` and report in :mod:`~calculet.bench.comparison_report`),
+:mod:`~calculet.bench.comparison_checks` and report in :mod:`~calculet.bench.comparison_report`;
+over several seeds :mod:`~calculet.bench.comparison_seeds` and its report
+:mod:`~calculet.bench.comparison_seeds_report`),
 and the report: :mod:`~calculet.bench.report`, :mod:`~calculet.bench.acceptance`,
 :mod:`~calculet.bench.storm`, :mod:`~calculet.bench.tenants`, :mod:`~calculet.bench.figures`.
 """

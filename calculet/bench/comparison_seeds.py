@@ -29,9 +29,10 @@ from calculet.bench.comparison_checks import Check, PointFigures, point_checks
 
 __all__ = ["MAX_SEED_COUNT", "SeedPoint", "Tally", "pool_figures", "resolve_seeds", "seed_points", "seeds_json", "tally"]
 
-MAX_SEED_COUNT = 16
-"""The largest seed *count* ``--seeds N`` accepts: each seed is a full comparison (about 2 min of
-one core), and a bare ``--seeds 13`` meant as one seed should fail, not run for half an hour."""
+MAX_SEED_COUNT = 10
+"""The largest seed *count* ``--seeds N`` accepts: each seed is a full comparison (2-3 min on a
+quiet machine), and a bare ``--seeds 13`` meant as seed 13 (the preset's) should fail at once
+with a hint, not run for half an hour."""
 
 
 def resolve_seeds(choice: int | tuple[int, ...], preset_seed: int) -> tuple[int, ...]:
