@@ -185,15 +185,16 @@ class _Bounds:
 
     def __init__(self, cost: CostModel) -> None:
         self.cost = cost
-        self._done: dict[tuple[int, int, bool, int | None], tuple[Sequence[SimRequest], OnTimeBound]] = {}
+        self._done: dict[tuple[int, tuple[int, ...], bool, int | None], tuple[Sequence[SimRequest], OnTimeBound]] = {}
         """Keyed by the request list's id; the value keeps the list alive so an id is never reused."""
 
     def of(self, requests: Sequence[SimRequest], policy: PolicySpec) -> OnTimeBound:
-        key = (id(requests), policy.max_profile, policy.max_inflight == 2, policy.prefill_chunk_tokens)
+        key = (id(requests), policy.profiles, policy.max_inflight == 2, policy.prefill_chunk_tokens)
         if key not in self._done:
             self._done[key] = (requests, offline_bound(requests, self.cost, compiled_batch=policy.max_profile,
                                                        pingpong=policy.max_inflight == 2,
-                                                       prefill_chunk_tokens=policy.prefill_chunk_tokens))
+                                                       prefill_chunk_tokens=policy.prefill_chunk_tokens,
+                                                       profiles=policy.profiles))
         return self._done[key][1]
 
 

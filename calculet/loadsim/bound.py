@@ -10,8 +10,11 @@ device-exclusive (``prefill_s`` seconds), a decode step serves up to ``lanes`` s
 ``decode_step_s``. For job ``i`` (arrival ``a_i``, deadline ``d_i``) two facts hold in every
 schedule:
 
-* its *chain* — ``c_i = prefill_s + steps · decode_step_s`` — cannot be shortened (one token
-  per step), so it is on time only if ``a_i + c_i ≤ d_i``;
+* its *chain* — ``c_i = prefill_s + steps · s_1`` — cannot be shortened (one token per step,
+  and no step is shorter than ``s_1``, the step of the smallest compiled profile run alone:
+  a device that compiles B1 too runs a lone sequence at the B1 step, not ``decode_step_s``, and
+  a ping/pong job alone is not slowed by the other engine), so it is on time only if
+  ``a_i + c_i ≤ d_i``;
 * it consumes at least ``w_i = prefill_s + steps · decode_step_s / lanes`` device-seconds
   (a step serves at most ``lanes`` tokens), all inside ``[a_i, d_i]`` if it is on time.
 
@@ -94,6 +97,12 @@ def device_model_from_cost(cost: CostModel, compiled_batch: int = 1, *, pingpong
                        prefill_chunk_tokens=prefill_chunk_tokens)
 
 
+def chain_step_from_cost(cost: CostModel, profiles: Sequence[int]) -> float:
+    """The shortest decode step one sequence can see on a device compiling ``profiles``: the
+    fastest profile's step, without ping/pong slow-down (a lone job has no other engine busy)."""
+    return min(cost.decode_s(b) for b in profiles)
+
+
 def _components(jobs: list[tuple[float, float, float]]) -> list[list[tuple[float, float, float]]]:
     """Split (arrival, deadline, work) jobs at instants no window ``[a_i, d_i]`` crosses."""
     jobs = sorted(jobs)
@@ -161,11 +170,17 @@ def _windowed(comp: Sequence[tuple[float, float, float]], cuts: int) -> int:
     return best[-1]
 
 
-def on_time_upper_bound(trace: Sequence[TraceJob], model: DeviceModel, *, ilp_max_jobs: int = 40,
-                        lp_max_jobs: int = 120, lp_max_windows: int = 2000, cuts: int = 24,
+def on_time_upper_bound(trace: Sequence[TraceJob], model: DeviceModel, *, chain_step_s: float | None = None,
+                        ilp_max_jobs: int = 40, lp_max_jobs: int = 120, lp_max_windows: int = 2000, cuts: int = 24,
                         timeout_ms: int = 10_000) -> OnTimeBound:
-    """An upper bound on how many of ``trace``'s requests any schedule on ``model`` finishes on time."""
+    """An upper bound on how many of ``trace``'s requests any schedule on ``model`` finishes on time.
+
+    ``chain_step_s``: the shortest decode step one sequence can see (the module docstring's
+    ``s_1``); default ``model.decode_step_s``, right only for a device with one compiled profile
+    and one engine — :func:`chain_step_from_cost` gives it for a cost model's profiles.
+    """
     step, lanes = model.decode_step_s, model.lanes
+    chain = step if chain_step_s is None else chain_step_s
     free = 0
     jobs: list[tuple[float, float, float]] = []
     for job in trace:
@@ -173,7 +188,7 @@ def on_time_upper_bound(trace: Sequence[TraceJob], model: DeviceModel, *, ilp_ma
             free += 1
             continue
         prefill = model.prefill_s(job.prompt_tokens)
-        if job.arrival_s + prefill + job.decode_steps * step <= job.deadline_s + _EPS:
+        if job.arrival_s + prefill + job.decode_steps * chain <= job.deadline_s + _EPS:
             jobs.append((job.arrival_s, job.deadline_s, prefill + job.decode_steps * step / lanes))
     common = len({a for a, _, _ in jobs}) <= 1
     used, total = 0, free

@@ -29,7 +29,8 @@ import numpy as np
 
 from calculet.adapters.sim.cost import CostModel
 from calculet.loadsim.analysis import SimRequestRecord
-from calculet.loadsim.bound import OnTimeBound, TraceJob, device_model_from_cost, on_time_upper_bound
+from calculet.loadsim.bound import (OnTimeBound, TraceJob, chain_step_from_cost, device_model_from_cost,
+                                   on_time_upper_bound)
 from calculet.loadsim.runner import PolicyRun
 from calculet.loadsim.workload import SimRequest
 
@@ -124,7 +125,10 @@ def trace_of(requests: Sequence[SimRequest]) -> tuple[TraceJob, ...]:
 
 def offline_bound(requests: Sequence[SimRequest], cost: CostModel, *, compiled_batch: int = 1,
                   pingpong: bool = False, prefill_chunk_tokens: int | None = None,
-                  timeout_ms: int = 10_000) -> OnTimeBound:
-    """:func:`on_time_upper_bound` of ``requests`` on the device a policy runs (largest profile)."""
+                  profiles: Sequence[int] | None = None, timeout_ms: int = 10_000) -> OnTimeBound:
+    """:func:`on_time_upper_bound` of ``requests`` on the device a policy runs: the largest profile's
+    step for the device's work, the fastest of ``profiles`` (default: the largest alone) for a
+    request's own chain of steps."""
     model = device_model_from_cost(cost, compiled_batch, pingpong=pingpong, prefill_chunk_tokens=prefill_chunk_tokens)
-    return on_time_upper_bound(trace_of(requests), model, timeout_ms=timeout_ms)
+    chain = chain_step_from_cost(cost, profiles or (compiled_batch,))
+    return on_time_upper_bound(trace_of(requests), model, chain_step_s=chain, timeout_ms=timeout_ms)

@@ -8,7 +8,7 @@ import pytest
 from calculet.adapters.sim.cost import CostModel
 from calculet.loadsim.analysis import SimRequestRecord
 from calculet.loadsim.goodput import estimate_error, goodput_figures, offline_bound, trace_of
-from calculet.loadsim.policies import PolicyError, deadline_orders, goodput_policies, parse_policies
+from calculet.loadsim.policies import PolicyError, deadline_orders, goodput_policies, parse_policies, run_policy
 from calculet.loadsim.runner import PolicyRun
 from calculet.loadsim.workload import SimRequest, load_preset
 
@@ -84,3 +84,18 @@ def test_decode_order_variants_are_validated_by_the_configuration() -> None:
         parse_policies("calculet-b16@sooner")
     with pytest.raises(PolicyError, match="unknown policy"):
         parse_policies("b1-serial-fcfs@strict")  # a baseline has no decode order
+
+
+def test_the_bound_lets_a_lone_request_run_at_its_fastest_step() -> None:
+    """A request alone on calculet-b16 runs at the B1 profile's step (42.5 ms), not B16's (80 ms); on ping/pong a
+    lone job is not slowed by the other engine. Mutant: the chain at the largest profile's (ping/pong: slowed)
+    step, which excluded such requests as never on time — `goodput --seed 12` B16 tight 0.5× had the bound at 239
+    where `at_risk` finished 241 and strict EDF 240."""
+    lone = [SimRequest(0.0, "default", 100, 100, 6_000, None, "short")]  # 99 steps: 4.2 s at 42.5 ms, 7.9 s at 80
+    [b16] = parse_policies("calculet-b16")
+    run = run_policy(b16, lone, load_preset("overload"), COST)
+    assert [(r.on_time, r.finish_s < 4.5) for r in run.requests] == [(True, True)]
+    assert offline_bound(lone, COST, compiled_batch=16, profiles=b16.profiles).bound == 1
+    assert offline_bound(lone, COST, compiled_batch=16).bound == 0  # a device compiling B16 only: too slow
+    wait = [_req(0.0, 9_000, out=100)]  # 7.9 s at 80 ms; 15.8 s at 160 ms (80 ms at overlap 0.5)
+    assert offline_bound(wait, COST, compiled_batch=16, pingpong=True).bound == 1
