@@ -82,18 +82,27 @@ class OnTimeBound:
 
 def device_model_from_cost(cost: CostModel, compiled_batch: int = 1, *, pingpong: bool = False,
                            prefill_chunk_tokens: int | None = None) -> DeviceModel:
-    """The simulated NPU's cost model as a device model for one profile.
+    """The simulated NPU's cost model as a device model for one profile, for the bound's *work*.
 
-    With ping/pong each of the two in-flight decode jobs progresses at ``pingpong_overlap``
-    while the other runs, so one job takes ``decode_s / overlap`` (never better than serial:
-    at most twice the single-engine throughput, at least equal to it).
+    With ping/pong a job (prefill or decode) started while the other engine is busy progresses at
+    ``pingpong_overlap`` (r) until the other's job ends, then at full rate; the job that started
+    first is never slowed (:meth:`CostModel.finish_time`). So whenever both engines are busy one
+    job runs at rate 1 and the other at r: the device does at most ``1 + r`` seconds of job time
+    per second (back-to-back alternation reaches it: one job per ``d / (1 + r)``). Each engine is
+    modelled as taking ``2 d / (1 + r)`` per job, and prefills ``1 / (1 + r)`` of their time,
+    so the pooled work is the least any schedule spends. (Before session 13 a job took
+    ``d / max(r, 0.5)``: at r = 0.5 exactly serial, under the 1.5× the simulator reaches, and
+    ``calculet-b1-pingpong`` finished more requests on time than that bound on four presets.)
+    A request's own chain of steps is not this model's step: see :func:`chain_step_from_cost`.
     """
     step = cost.decode_s(compiled_batch)
-    engines = 1
+    engines, speed = 1, 1.0
     if pingpong:
-        engines, step = 2, step / max(cost.pingpong_overlap, 0.5)
+        speed = 1.0 + cost.pingpong_overlap
+        engines, step = 2, 2.0 * step / speed
     return DeviceModel(decode_step_s=step, compiled_batch=compiled_batch, engines=engines,
-                       prefill_fixed_s=cost.prefill_fixed_s, prefill_per_token_s=cost.prefill_per_token_s,
+                       prefill_fixed_s=cost.prefill_fixed_s / speed,
+                       prefill_per_token_s=cost.prefill_per_token_s / speed,
                        prefill_chunk_tokens=prefill_chunk_tokens)
 
 
