@@ -354,8 +354,7 @@ class SimVirtualDevice:
     # --- jobs ------------------------------------------------------------------------------
 
     def submit(self, job: JobSpec) -> JobTicket:
-        """Validate, price and enqueue a job on its engine; raises on refusal (rc on the error). The vendor boundary
-        is the try the refusals are counted in, not a wrapper around it: a call per job fewer (issue #20)."""
+        """Validate, price and enqueue a job; raises on refusal (rc on error). Its try is the vendor boundary (#20)."""
         with self._lock:  # the lock of ``_cond`` itself, entered without the Condition's Python-level __enter__
             try:
                 return self._submit_locked(job)
@@ -454,9 +453,8 @@ class SimVirtualDevice:
         self.timeline.done[job_id] = result
 
     def poll(self) -> list[JobResult]:
-        """Every completed, uncollected result (virtual time: those due at ``clock.now()``). In real time with
-        nothing published, [] at once: no lock, nothing that could raise, no boundary crossed (issue #20: the actor
-        polls after each submit and once more a turn); a result published meanwhile is the next poll's."""
+        """Every completed, uncollected result (virtual time: those due at ``clock.now()``); with nothing published,
+        [] and no lock taken, no boundary crossed in real time (issue #20: the actor polls after each submit)."""
         return self._drain() if self._virtual or self.timeline.done else []
 
     @vendor_boundary("VirtualDevice.poll")
@@ -464,6 +462,8 @@ class SimVirtualDevice:
         timeline = self.timeline
         if self._virtual:
             timeline.advance_virtual()
+        if not timeline.done:  # a result published meanwhile is the next poll's, as one published just after it
+            return []
         with self._lock:
             return timeline.drain()
 

@@ -165,7 +165,7 @@ def test_submit_and_poll_are_still_vendor_boundaries(null: tuple[SimSession, Hos
     results: anything else escaping the device becomes a DeviceFault with rc INTERNAL, a refusal the error of its
     code, counted. Mutants caught: submit's try catching VendorError only (the KeyError escapes), the refusal not
     counted, poll's drain undecorated (the KeyError escapes)."""
-    from calculet.adapters.calrt import VendorError
+    from calculet.adapters.calrt import VendorError, rc_of
     from calculet.errors import DeviceFault
 
     session, driver = null
@@ -188,7 +188,7 @@ def test_submit_and_poll_are_still_vendor_boundaries(null: tuple[SimSession, Hos
     monkeypatch.setattr(device._gate, "admit", busy)  # noqa: SLF001
     with pytest.raises(CalculetError) as refused:
         device.submit(job)
-    assert refused.value.rc is ReturnCode.DEVICE_BUSY and not isinstance(refused.value, VendorError)  # type: ignore[attr-defined]
+    assert rc_of(refused.value) is ReturnCode.DEVICE_BUSY and not isinstance(refused.value, VendorError)
     assert device.statistics().submit_refused[ReturnCode.DEVICE_BUSY] == 1
     monkeypatch.undo()
     device.submit(job)
