@@ -89,6 +89,7 @@ def cmd_all(args: argparse.Namespace, argv: Sequence[str], console: Console) -> 
         sections += _preset_section(args, name, console)
     if args.goodput:
         sections += _goodput_section(args, console)
+    sections += _committed_seed_comparisons(args.out)
     soak_ok = True
     if args.soak_hours > 0:
         soak_ok, soak_lines = _soak_section(args)
@@ -224,6 +225,25 @@ def _soak_lines(folder: Path, how: str) -> list[str] | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return [f"### [{folder.name}]({folder.name}/soak.md)", "", how, "", verdict, ""]
+
+
+def _committed_seed_comparisons(out: Path) -> list[str]:
+    """The multi-seed goodput comparisons already in OUT (``goodput --seeds``, each made by its own
+    command, minutes per seed): listed with their tally from ``summary.json``, not re-run."""
+    lines: list[str] = []
+    for folder in sorted(p for p in out.glob("goodput-seeds*") if p.is_dir()):
+        try:
+            data = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+            tally = data["tally"]
+            per_seed = "; ".join(f"seed {s} {v['met']} of {v['judged']}" for s, v in tally["per_seed"].items())
+            verdict = (f"Judged checks met: {per_seed}; pooled {tally['pooled']['met']} of "
+                       f"{tally['pooled']['judged']}; met on every seed {tally['met_on_every_seed']}.")
+            command = data["command"]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue
+        lines += [f"### [{folder.name}]({folder.name}/report.md)", "",
+                  f"Not re-run by this command; made by `{command}`.", "", verdict, ""]
+    return lines
 
 
 def _committed_soaks(out: Path) -> list[str]:

@@ -164,3 +164,19 @@ def test_goodput_seeds_runs_each_seed_into_its_folder_and_judges_over_them(tmp_p
                    for f in p["figures"]] for s in ("13", "14")}
     assert offered["13"] != offered["14"]  # two traces
     assert len(data["points"]) == 4 and "## Checks per seed" in (out / "report.md").read_text(encoding="utf-8")
+
+
+def test_all_keeps_the_committed_seed_comparisons_in_its_index(tmp_path: Path) -> None:
+    """``all`` rewrites OUT/README.md; a ``goodput --seeds`` folder in OUT (not re-run: minutes per seed) keeps its
+    entry with its tally. Mutants: the helper listing nothing (the folder dropped from the index); a folder without
+    a readable summary listed or failing the whole index."""
+    from calculet.bench.commands import _committed_seed_comparisons
+
+    seeds = [(11, _summary({2.0: [_fig("at_risk", 90), _fig(DEV, 95)]})),
+             (12, _summary({2.0: [_fig("at_risk", 99), _fig(DEV, 95)]}))]
+    write_seeds_report(seeds, tmp_path / "goodput-seeds", 1.0, "python -m calculet.bench goodput --seeds 11,12")
+    (tmp_path / "goodput-seeds-broken").mkdir()
+    lines = _committed_seed_comparisons(tmp_path)
+    assert lines[0] == "### [goodput-seeds](goodput-seeds/report.md)" and len(lines) == 6
+    assert lines[2] == "Not re-run by this command; made by `python -m calculet.bench goodput --seeds 11,12`."
+    assert lines[4] == "Judged checks met: seed 11 4 of 4; seed 12 3 of 4; pooled 4 of 4; met on every seed 3."
