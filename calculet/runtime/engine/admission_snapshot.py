@@ -248,9 +248,9 @@ HOLD_IN_FLIGHT = 4
 """Requests on their way to the actor beyond which a request that finds no snapshot waits for its next answer."""
 
 FRONT_RETRY_SLOTS = 4096
-"""Retry slots the front holds at most. Why more than the planner's 512: past the limit every new slot drops the
-oldest and the lane heap is rebuilt from all the slots (O(slots) per refusal); a burst's refusals each place
-one, and on the event loop that rebuild would cost more than the rest of the refusal."""
+"""Retry slots the front holds at most (up to an eighth more between two drops). Why more than the planner's 512:
+a drop of the oldest rebuilds the lane heap from all the slots at the next refusal (O(slots)), and a burst's refusals
+each place one; :meth:`RetrySlots.reserve` drops them in batches, one rebuild per ``limit // 8`` refusals."""
 
 
 def _front_slots() -> RetrySlots:

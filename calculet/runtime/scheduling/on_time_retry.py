@@ -32,7 +32,7 @@ class Placement(NamedTuple):
 RETRY_GRACE_S = 2.0
 """A ghost outlives its retry time by this long (a client's retry takes a round trip or two)."""
 MAX_RETRY_SLOTS = 512
-"""Ghosts kept at most: beyond it the oldest is dropped, so a flood of refusals stays bounded."""
+"""Ghosts kept at most: beyond it (and an eighth more) the oldest go, so a flood of refusals stays bounded."""
 
 
 def retry_placement(free: Sequence[float], now: float, length: float, alone: float, relative: float,
