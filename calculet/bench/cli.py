@@ -32,44 +32,51 @@ __all__ = ["build_parser", "main", "parse_loads", "parse_seeds"]
 DESCRIPTION = "policies judged in virtual time against the baselines and the device bound."
 
 
-def parse_loads(text: str) -> tuple[float, ...]:
-    """``"0.5,1,2"`` → ``(0.5, 1.0, 2.0)``: finite, > 0, no duplicates, sorted as given."""
+def _listed(text: str, what: str, example: str, convert: Callable[[str], Any]) -> list[Any]:
+    """A comma-separated list, each item ``convert``-ed (it raises ``ArgumentTypeError`` with its own rule):
+    no empty item, no item twice — one parser for every list flag, so they refuse bad input alike."""
     parts = [p.strip() for p in text.split(",")]
     if not text.strip() or any(not p for p in parts):
-        raise argparse.ArgumentTypeError(f"expected comma-separated load scales such as 0.5,1,2; got {text!r}")
-    loads: list[float] = []
+        raise argparse.ArgumentTypeError(f"expected {example}; got {text!r}")
+    values: list[Any] = []
     for part in parts:
-        try:
-            value = float(part)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"load {part!r} is not a number") from None
-        if not (value > 0 and math.isfinite(value)):
-            raise argparse.ArgumentTypeError(f"load {part!r} must be a finite number > 0 (a multiple of the "
-                                             "workload's arrival rate)")
-        if value in loads:
-            raise argparse.ArgumentTypeError(f"load {part!r} is listed twice")
-        loads.append(value)
-    return tuple(loads)
+        value = convert(part)
+        if value in values:
+            raise argparse.ArgumentTypeError(f"{what} {part!r} is listed twice")
+        values.append(value)
+    return values
+
+
+def _load(part: str) -> float:
+    try:
+        value = float(part)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"load {part!r} is not a number") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"load {part!r} must be a finite number > 0 (a multiple of the "
+                                         "workload's arrival rate)")
+    return value
+
+
+def _seed(part: str) -> int:
+    try:
+        value = int(part)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seed {part!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"seed {part!r} must be >= 0")
+    return value
+
+
+def parse_loads(text: str) -> tuple[float, ...]:
+    """``"0.5,1,2"`` → ``(0.5, 1.0, 2.0)``: finite, > 0, no duplicates, sorted as given."""
+    return tuple(_listed(text, "load", "comma-separated load scales such as 0.5,1,2", _load))
 
 
 def parse_seeds(text: str) -> int | tuple[int, ...]:
     """``"11,12,13"`` → ``(11, 12, 13)`` (integers >= 0, no duplicates); ``"3"`` → 3, a count of seeds
     (2..MAX_SEED_COUNT: one seed is ``--seed``, and a bare ``13`` meant as one seed must not run 13)."""
-    parts = [p.strip() for p in text.split(",")]
-    if not text.strip() or any(not p for p in parts):
-        raise argparse.ArgumentTypeError(f"expected comma-separated seeds such as 11,12,13 or a count such as 3; "
-                                         f"got {text!r}")
-    seeds: list[int] = []
-    for part in parts:
-        try:
-            value = int(part)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"seed {part!r} is not an integer") from None
-        if value < 0:
-            raise argparse.ArgumentTypeError(f"seed {part!r} must be >= 0")
-        if value in seeds:
-            raise argparse.ArgumentTypeError(f"seed {part!r} is listed twice")
-        seeds.append(value)
+    seeds = _listed(text, "seed", "comma-separated seeds such as 11,12,13 or a count such as 3", _seed)
     if len(seeds) > 1:
         return tuple(seeds)
     if not 2 <= seeds[0] <= MAX_SEED_COUNT:
