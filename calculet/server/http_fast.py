@@ -104,7 +104,7 @@ class FastEdgeProtocol(EdgeGuard, HttpToolsProtocol):
             deferred = self._deferred
             if deferred is not None:
                 self._deferred = None
-                self._settle(*deferred)
+                self.lane.arrive(self, *deferred)
 
     def _parse(self, data: bytes) -> None:
         self._unset_keepalive_if_required()
@@ -195,14 +195,15 @@ class FastEdgeProtocol(EdgeGuard, HttpToolsProtocol):
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         """uvicorn's, except for a generation request met while parsing a read: kept until the read is parsed, then
-        given to the refusal lane if it arrived whole (:meth:`_settle`)."""
+        given to the refusal lane (:meth:`RefusalLane.arrive`), which settles it (:meth:`settle`) in its turn's
+        batch."""
         lane = self.lane
         if self._feeding and lane is not None and self._deferred is None and lane.candidate(cycle.scope):
             self._deferred = (cycle, app, time.perf_counter())
             return
         super()._start_asgi_task(cycle, app)
 
-    def _settle(self, cycle: Any, app: Any, started: float) -> None:
+    def settle(self, cycle: Any, app: Any, started: float) -> None:
         """The kept request answered by the lane (a 429), held for the engine's next answer, or started as uvicorn
         would have: when its body is still on its way, the connection was refused or closed meanwhile, a pipelined
         request followed it in the same read, or the lane declines."""

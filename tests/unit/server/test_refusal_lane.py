@@ -563,3 +563,39 @@ def test_held_requests_wait_for_the_next_snapshot_when_the_one_they_were_decided
         assert edge.done == [("answer", "a"), ("answer", "b"), ("answer", "c")]
 
     asyncio.run(run())
+
+
+class _Settling:
+    """A protocol as :meth:`RefusalLane.arrive` sees it: the requests it was told to settle, in order."""
+
+    def __init__(self, settled: list[str]) -> None:
+        self.settled = settled
+
+    def settle(self, cycle: Any, app: Any, started: float) -> None:
+        self.settled.append(cycle.name)
+
+
+def test_the_first_request_of_a_turn_is_settled_at_once_and_the_turns_others_at_its_end_in_order(
+        served: Any) -> None:
+    """Mutants caught: every request settled at once (no batch: ``b`` and ``c`` settled before the turn ends);
+    the first deferred too (its 429 delayed to the turn's end); the turn's requests settled out of order or lost;
+    the turn never closed (``d``, the first of the next turn, deferred)."""
+    from calculet.server.refusal_lane import RefusalLane
+
+    service, _app = served
+    lane = RefusalLane(service, {})
+    settled: list[str] = []
+
+    async def run() -> None:
+        edge = _Settling(settled)
+        for name in "abc":
+            lane.arrive(edge, _Cycle(name), None, 0.0)
+        assert settled == ["a"]
+        await asyncio.sleep(0)
+        assert settled == ["a", "b", "c"]
+        lane.arrive(edge, _Cycle("d"), None, 0.0)
+        assert settled == ["a", "b", "c", "d"]
+        await asyncio.sleep(0)
+        assert settled == ["a", "b", "c", "d"]
+
+    asyncio.run(run())
