@@ -208,22 +208,25 @@ class RefusalLane:
         """path → its route's template (the log line's and the metrics' label)."""
         self._turn: list[tuple[Any, Any, Any, float]] | None = None
         """The requests of this turn of the event loop kept for its end (None: none arrived yet, :meth:`arrive`)."""
+        self._batching = False
+        """Whether this turn's lane answered a request already: the turn's next arrivals wait for its end."""
         self._pending: dict[str, list[float]] = {}
         """Refusals' durations by route template, not yet added to the service's families (:meth:`_count`)."""
 
     def arrive(self, edge: Any, cycle: Any, app: Any, started: float) -> None:
         """A candidate request that arrived whole (``edge``'s read parsed): settled (``edge.settle``: answered,
-        held or started) at once when it is the first of this turn of the event loop, else with the turn's others
-        in arrival order once every read of the turn is parsed (:meth:`_end_turn`, the loop's next callback).
+        held or started) at once up to the first of this turn of the event loop the lane answers, the turn's
+        others in arrival order once every read of the turn is parsed (:meth:`_end_turn`, the loop's next callback).
 
         Why a batch: a burst's reads come in one turn of the loop, and settling each between two reads' HTTP
         parsing ran the lane's code (JSON, validation, tokeniser, snapshot, answer, log line) interleaved with the
         parser's: settled one after another it runs warm. ``bench/overload_http.py --part burst --distinct`` against
         a6780ff, two interleaved pairs in one run: the loop's CPU per request up to the last 429 0.151 and 0.122 ms
         against 0.214 and 0.186, the 429 P99 50 and 39 ms against 70 and 58 (in-process, ``bench/loop_profile.py
-        --distinct``, the same A/B in one process: from 2 % more to 22 % less, within its noise). The first of a
-        turn is not delayed (its 429 as soon as it is parsed); the others wait at most for the turn's remaining
-        reads to be parsed, tens of microseconds each."""
+        --distinct``, the same A/B in one process: from 2 % more to 22 % less, within its noise). The turn's first
+        429 is not delayed (written as soon as it is parsed; at 6da513f only the turn's first request was settled at
+        once, and a burst's first 429 came 3-27 ms after its first arrival against 0-14 ms before); the others wait
+        at most for the turn's remaining reads to be parsed, tens of microseconds each."""
         turn = self._turn
         if turn is None:
             try:
@@ -231,14 +234,18 @@ class RefusalLane:
             except RuntimeError:  # no loop (a direct call): settled at once, each
                 edge.settle(cycle, app, started)
                 return
-            self._turn = []
-            edge.settle(cycle, app, started)
-        else:
+            self._turn = turn = []
+        if self._batching:
             turn.append((edge, cycle, app, started))
+            return
+        edge.settle(cycle, app, started)
+        # settled at once until the turn's first answer (a 429) is written: requests forwarded to the engine at a
+        # burst's start do not delay its first 429 to the turn's end
+        self._batching = bool(cycle.response_complete)
 
     def _end_turn(self) -> None:
         """(the turn's reads parsed) Settle the requests :meth:`arrive` kept, in arrival order."""
-        turn, self._turn = self._turn or [], None
+        turn, self._turn, self._batching = self._turn or [], None, False
         for edge, cycle, app, started in turn:
             try:
                 edge.settle(cycle, app, started)

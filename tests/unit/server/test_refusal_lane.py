@@ -566,20 +566,24 @@ def test_held_requests_wait_for_the_next_snapshot_when_the_one_they_were_decided
 
 
 class _Settling:
-    """A protocol as :meth:`RefusalLane.arrive` sees it: the requests it was told to settle, in order."""
+    """A protocol as :meth:`RefusalLane.arrive` sees it: the requests it was told to settle, in order; those named in
+    ``answered`` get their answer written (a 429), the others go on (forwarded or held)."""
 
-    def __init__(self, settled: list[str]) -> None:
+    def __init__(self, settled: list[str], answered: str) -> None:
         self.settled = settled
+        self.answered = answered
 
     def settle(self, cycle: Any, app: Any, started: float) -> None:
         self.settled.append(cycle.name)
+        cycle.response_complete = cycle.name in self.answered
 
 
-def test_the_first_request_of_a_turn_is_settled_at_once_and_the_turns_others_at_its_end_in_order(
+def test_a_turns_requests_are_settled_at_once_up_to_its_first_answer_and_the_others_at_its_end_in_order(
         served: Any) -> None:
-    """Mutants caught: every request settled at once (no batch: ``b`` and ``c`` settled before the turn ends);
-    the first deferred too (its 429 delayed to the turn's end); the turn's requests settled out of order or lost;
-    the turn never closed (``d``, the first of the next turn, deferred)."""
+    """Mutants caught: every request settled at once (no batch: ``c`` and ``d`` settled before the turn ends); the
+    turn's first request only settled at once (``b``'s 429, the turn's first, delayed to the turn's end); the turn's
+    requests settled out of order or lost; the turn never closed, or its batching kept (``e``, the first of the next
+    turn, deferred; ``f``, after it, never settled)."""
     from calculet.server.refusal_lane import RefusalLane
 
     service, _app = served
@@ -587,15 +591,16 @@ def test_the_first_request_of_a_turn_is_settled_at_once_and_the_turns_others_at_
     settled: list[str] = []
 
     async def run() -> None:
-        edge = _Settling(settled)
-        for name in "abc":
+        edge = _Settling(settled, answered="bcdef")
+        for name in "abcd":
             lane.arrive(edge, _Cycle(name), None, 0.0)
-        assert settled == ["a"]
-        await asyncio.sleep(0)
-        assert settled == ["a", "b", "c"]
-        lane.arrive(edge, _Cycle("d"), None, 0.0)
-        assert settled == ["a", "b", "c", "d"]
+        assert settled == ["a", "b"]
         await asyncio.sleep(0)
         assert settled == ["a", "b", "c", "d"]
+        lane.arrive(edge, _Cycle("e"), None, 0.0)
+        lane.arrive(edge, _Cycle("f"), None, 0.0)
+        assert settled == ["a", "b", "c", "d", "e"]
+        await asyncio.sleep(0)
+        assert settled == ["a", "b", "c", "d", "e", "f"]
 
     asyncio.run(run())
