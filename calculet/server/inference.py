@@ -28,26 +28,24 @@ not shown in the text).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from calculet.errors import CalculetError
-from calculet.machines.request import FinishReason
 from calculet.runtime.engine.admission_snapshot import EarlyRefusal
 from calculet.runtime.engine.types import GenerateRequest
 from calculet.runtime.request import RequestOutcome
 from calculet.runtime.scheduling.plan import Submission
-from calculet.runtime.streams.writer import StreamFinish
+from calculet.runtime.streams.writer import StreamEvent, StreamFinish
 from calculet.server.errors import APIError, admission_error, from_calculet
 from calculet.server.edge_answers import new_request_id
+from calculet.server.logs import log_fields
 from calculet.server.request_parsing import ApiGeneration, prepare_chat, prepare_completion, stop_reason
 from calculet.server.schemas import (
     AssistantMessage,
@@ -64,34 +62,13 @@ from calculet.server.schemas import (
     Usage,
 )
 from calculet.server.service import Service
-from calculet.server.timed_stream import TextFrames, TimedStream, sse_json
+from calculet.server.sse import Frames, SSEResponse, finish_of, outcome_error
+from calculet.server.timed_stream import TimedStream
 
 log = logging.getLogger("calculet.server.inference")
 
 _api_bearer = HTTPBearer(auto_error=False, scheme_name="ApiKey",
                          description="A tenant's API key (its SHA-256 is tenants[].api_key_sha256).")
-
-
-def _finish(reason: StreamFinish | None) -> Literal["stop", "length"]:
-    return "length" if reason is StreamFinish.LENGTH else "stop"
-
-
-def _outcome_error(outcome: RequestOutcome, *, disconnected: bool = False) -> APIError:
-    """The error of a request that ended without completing (not a §5.2 rejection)."""
-    reason = outcome.finish_reason
-    detail = outcome.detail or reason.name.lower()
-    if reason is FinishReason.REJECTED:
-        return admission_error(outcome.http_status, outcome.detail)
-    if reason is FinishReason.DEADLINE:
-        return APIError(504, f"the request's deadline passed: {detail}", code="deadline_exceeded")
-    if reason is FinishReason.CANCELLED:
-        if disconnected:
-            return APIError(499, "client closed the request", code="client_closed_request",
-                            type="invalid_request_error")
-        return APIError(503, f"the request was cancelled by the service (shutting down or draining): {detail}",
-                        code="request_cancelled")
-    status = outcome.http_status if 500 <= outcome.http_status < 600 else 500
-    return APIError(status, f"generation failed: {detail}", code="generation_failed", type="server_error")
 
 
 SSE_EVENT_SCHEMA: dict[str, Any] = {
@@ -345,16 +322,14 @@ async def _generate(service: Service, request: Request, tenant: str, gen: ApiGen
     fingerprint = f"calculet-g{service.info.generation}"
     rid = submission.request_id
     if gen.stream:
-        body = _sse(service, request, stream, rid, gen, response_id, created, fingerprint, extra)
-        return StreamingResponse(body, media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return _sse(service, stream, rid, gen, response_id, created, fingerprint, extra)
     result_text, outcome_final, disconnected = await _collect(service, request, stream, rid)
     _log_end(extra, stream, disconnected)
     if outcome_final.state != "completed":
-        raise _outcome_error(outcome_final, disconnected=disconnected)
+        raise outcome_error(outcome_final, disconnected=disconnected)
     usage = Usage(prompt_tokens=n, completion_tokens=outcome_final.generated_tokens,
                   total_tokens=n + outcome_final.generated_tokens)
-    finish = _finish(StreamFinish.of(outcome_final.finish_reason))
+    finish = finish_of(StreamFinish.of(outcome_final.finish_reason))
     why = _stop_reason(stream)
     if gen.kind == "completion":
         return CompletionResponse(id=response_id, created=created, model=gen.model, system_fingerprint=fingerprint,
@@ -482,77 +457,36 @@ async def _collect(service: Service, request: Request, stream: TimedStream,
     return result.text, result.outcome, disconnected
 
 
-def _sse_line(payload: dict[str, Any]) -> str:
-    return f"data: {sse_json(payload)}\n\n"
-
-
-async def _sse(service: Service, request: Request, stream: TimedStream, rid: int, gen: ApiGeneration, response_id: str,
-               created: int, fingerprint: str, extra: dict[str, Any]) -> AsyncIterator[str]:
-    """Server-sent events, one chunk per text event, every event found at a wake-up sent as one write (one pass
-    through the ASGI send chain, issue #20); if the client goes away, the request is cancelled in ``finally``."""
-    head = {"id": response_id, "created": created, "model": gen.model, "system_fingerprint": fingerprint}
+def _sse(service: Service, stream: TimedStream, rid: int, gen: ApiGeneration, response_id: str, created: int,
+         fingerprint: str, extra: dict[str, Any]) -> SSEResponse:
+    """The server-sent events of ``stream`` (:mod:`calculet.server.sse`); if the client goes away first, the request
+    is cancelled (§4)."""
     chat = gen.kind == "chat"
-    obj = "chat.completion.chunk" if chat else "text_completion"
+    frames = Frames(response_id=response_id, created=created, model=gen.model, fingerprint=fingerprint, chat=chat,
+                    prompt_tokens=len(gen.prompt), include_usage=gen.include_usage,
+                    continuous_usage=gen.continuous_usage)
 
-    def usage(completion_tokens: int) -> dict[str, int]:
-        n = len(gen.prompt)
-        return {"prompt_tokens": n, "completion_tokens": completion_tokens, "total_tokens": n + completion_tokens}
+    def why(event: StreamEvent) -> str | None:
+        return stop_reason(stream.stop_matched, event.finish_reason is StreamFinish.STOP)
 
-    def chunk(text: str | None, finish: str | None, *, role: bool = False, why: str | None = None,
-              generated: int = 0) -> str:
-        if chat:
-            delta: dict[str, Any] = {}
-            if role:
-                delta["role"] = "assistant"
-            if text is not None:
-                delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-        else:
-            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
-        choice["stop_reason"] = why
-        payload = {**head, "object": obj, "choices": [choice]}
-        if gen.continuous_usage:  # vLLM's stream_options.continuous_usage_stats: the counts so far, every chunk
-            payload["usage"] = usage(generated)
-        return _sse_line(payload)
+    def abandon() -> None:
+        service.metrics.disconnects.labels(stream.tenant).inc()
+        _cancel(service, rid)
 
-    frames = None if gen.continuous_usage else TextFrames(json.loads(chunk(TextFrames.SLOT, None)[6:]))
-    finished = False
-    try:
-        if chat:
-            yield chunk("", None, role=True)
-        async for batch in stream.abatches():
-            parts: list[str] = []
-            for event in batch:
-                if event.text:  # a text chunk's frame: the per-stream prefix and suffix, encoded once
-                    parts.append(chunk(event.text, None, generated=event.generated) if frames is None
-                                 else frames.frame(event.text))
-                if not event.finished:
-                    continue
-                outcome = event.outcome
-                assert outcome is not None
-                if outcome.state == "completed":
-                    parts.append(chunk(None if chat else "", _finish(event.finish_reason), why=_stop_reason(stream),
-                                       generated=outcome.generated_tokens))
-                    if gen.include_usage:
-                        parts.append(_sse_line({**head, "object": obj, "choices": [], "usage": usage(event.generated)}))
-                else:
-                    parts.append(_sse_line(_outcome_error(outcome).body()))
-                parts.append("data: [DONE]\n\n")
-                finished = True
-            if parts:
-                yield "".join(parts)
-    finally:
-        if not finished and not stream.closed:
-            service.metrics.disconnects.labels(stream.tenant).inc()
-            _cancel(service, rid)
-        _log_end(extra, stream, not finished)
+    return SSEResponse(stream, frames, first=frames.chunk("", None, role=True) if chat else None, why=why,
+                       abandon=abandon, end=lambda gone: _log_end(extra, stream, gone))
 
 
 def _log_end(extra: dict[str, Any], stream: TimedStream, disconnected: bool) -> None:
+    """The request's "request finished" (or "abandoned") line, written as :func:`~calculet.server.logs.log_fields`
+    writes the request's ``http`` line: on the event loop, once per request, without a ``LogRecord`` when the
+    service's JSON handler is its only reader (#13, #20). Every value is a str, int, float, bool or None."""
+    if not log.isEnabledFor(logging.INFO):
+        return
     outcome = stream.final
     times = stream.token_times
-    log.info("request finished" if outcome is not None else "request abandoned", extra={
+    log_fields(log, logging.INFO, "request finished" if outcome is not None else "request abandoned", {
         **extra, "finish_reason": outcome.finish_reason.name.lower() if outcome else None,
         "completion_tokens": outcome.generated_tokens if outcome else len(times),
         "ttft_s": round(times[0] - stream.arrival, 6) if times else None,
-        "client_disconnected": disconnected})
+        "client_disconnected": disconnected}, plain=True)

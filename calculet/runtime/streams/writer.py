@@ -303,24 +303,31 @@ class StreamWriter:
         """The events for an asyncio consumer, as many as are there at each wake-up (in order, the last
         batch ending with the final event): a consumer that writes them to a socket makes one write per
         wake-up, not one per token (issue #20: SSE frames of a step encoded and sent together)."""
-        loop = asyncio.get_running_loop()
+        create_future = asyncio.get_running_loop().create_future
         index = 0
         while True:
-            with self._mutex:
-                events = self._events
-                if len(events) > index:
-                    batch: list[StreamEvent] | None = events[index:]
-                else:  # a future only when there is something to wait for
-                    batch = None
-                    wake = loop.create_future()
-                    self._async_waiters.append((loop, wake))
-            if batch is None:
+            wake: asyncio.Future[None] = create_future()
+            batch = self.events_since(index, wake)
+            if not batch:
                 await wake
                 continue
             index += len(batch)
             yield batch
             if batch[-1].finished:
                 return
+
+    def events_since(self, index: int, wake: asyncio.Future[None] | None = None) -> list[StreamEvent]:
+        """The events from number ``index`` on ([] when there is none yet); with none and ``wake`` given, ``wake``
+        is set (through its own loop, thread-safely) when the next one comes. Why apart from :meth:`abatches`: a
+        consumer that also waits for something else (the SSE response waits for the client going away too) sets
+        ``wake`` itself, and reads the stream without an async generator between it and the events (#20)."""
+        with self._mutex:
+            events = self._events
+            if len(events) > index:
+                return events[index:]
+            if wake is not None:
+                self._async_waiters.append((wake.get_loop(), wake))
+            return []
 
     def statistics(self) -> StreamStatistics:
         with self._lock:

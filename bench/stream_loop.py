@@ -1,0 +1,304 @@
+"""The HTTP event loop's CPU per streamed token, in-process (issue #20): the service's ASGI app behind its real
+uvicorn protocol on fake transports, the engine on the null device in the same process.
+
+Why in-process: ``bench/host_threads.py`` splits the server's CPU by thread from ``/proc`` while an httpx client on
+the same two cores drives it; a profile of the loop there sees the client's noise, and a change of a few µs per
+token is lost in it. Here each request's bytes are handed to the edge's protocol (``calculet.server.http_server``'s
+``edge_protocol``, httptools) as a socket read would, on a uvloop loop like uvicorn's, and the responses go to
+transports that keep only what ends them (the chunked body's last chunk): the loop runs everything it runs for a
+streamed completion — parsing, the ASGI stack, the route, the submit, the SSE frames, logging (the JSON formatter,
+to a null stream), metrics — and nothing else. The engine's actor runs on its own thread as in the server.
+
+``--streams`` connections each send ``--per-stream`` streamed completions of ``--tokens`` tokens one after the
+other (keep-alive, as ``bench/host_path.py``'s clients). Reported per level: the loop thread's CPU per streamed
+token (``time.thread_time``) and the actor thread's (``pthread_getcpuclockid``), medians of ``--rounds``, and
+the loop's CPU per request of ``--tokens 1`` completions (what is paid per request, whatever the length). With
+``--against TREE`` each round also runs calculet from ``TREE`` (a worktree of the base commit) in a child process,
+interleaved, and the ratio this/that is reported per round. ``--profile FILE`` writes a cProfile of the loop
+thread (in its CPU time) of one more round at the first level. Figures, not a pass/fail test.
+
+    python bench/stream_loop.py [--streams 1,16,64] [--tokens 64] [--rounds 5] [--against TREE] [--profile FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import gc
+import io
+import json
+import os
+import pstats
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+MODEL = "tiny-random"
+PROMPT = "Calculet streaming benchmark"
+_END = b"0\r\n\r\n"
+
+
+class SinkTransport:
+    """An asyncio transport that keeps nothing: it reports the end of each response (the last chunk of a chunked
+    body, or a body of its ``content-length``) with its status, and counts the writes."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+        self.status = 0
+        self.pending = -1
+        """Body bytes still to come of a response with a content-length (-1: chunked, or between responses)."""
+        self.closing = False
+        self.done: asyncio.Future[int] | None = None
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 40000)}.get(name, default)
+
+    def write(self, data: bytes) -> None:
+        self.writes += 1
+        if data.startswith(b"HTTP/1.1 "):
+            self.status = int(data[9:12])
+            head, _, body = data.partition(b"\r\n\r\n")
+            lower = head.lower()
+            at = lower.find(b"\r\ncontent-length:")
+            if at >= 0:
+                end = lower.find(b"\r\n", at + 2)
+                self.pending = int(lower[at + 17: end if end > 0 else None]) - len(body)
+                if self.pending <= 0:
+                    self._ended()
+                return
+            self.pending = -1
+            data = body
+        if self.pending >= 0:
+            self.pending -= len(data)
+            if self.pending <= 0:
+                self._ended()
+        elif data.endswith(_END):
+            self._ended()
+
+    def _ended(self) -> None:
+        self.pending = -1
+        if self.done is not None and not self.done.done():
+            self.done.set_result(self.status)
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def set_write_buffer_limits(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+def request_bytes(tokens: int) -> bytes:
+    """A streamed completion of ``tokens`` tokens (``ignore_eos``: every one is generated), as a client sends it."""
+    body = json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": tokens, "temperature": 0, "stream": True,
+                       "ignore_eos": True}).encode()
+    return (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {len(body)}\r\n"
+            "Content-Type: application/json\r\nAuthorization: Bearer sk-bench\r\n\r\n").encode() + body
+
+
+def _service() -> tuple[Any, Any, Any]:
+    from calculet.adapters.sim import CostModel, SimConfig, TimeMode
+    from calculet.config import default_config
+    from calculet.runtime.engine.types import EngineOptions
+    from calculet.server.app import create_app
+    from calculet.server.bringup import bring_up
+    from calculet.server.logs import configure_logging
+    from calculet.server.service import Service
+
+    configure_logging("json", "INFO", stream=io.StringIO())  # the formatter's work, without a terminal
+    brought = bring_up(default_config(), sim=SimConfig(time_mode=TimeMode.REAL, cost=CostModel.null()),
+                       options=EngineOptions(verify_golden=False, **_coalesce()))
+    service = Service(brought.config, brought.engine)
+    service.start()
+    return brought, service, create_app(service)
+
+
+def _coalesce() -> dict[str, float]:
+    value = os.environ.get("STREAM_LOOP_COALESCE_S")
+    return {"wake_coalesce_s": float(value)} if value else {}
+
+
+class Connections:
+    """Kept-alive connections of the edge protocol over :class:`SinkTransport`, for one app."""
+
+    def __init__(self, app: Any, server_config: Any) -> None:
+        from uvicorn.server import ServerState
+
+        from calculet.server.http_server import edge_protocol, uvicorn_config
+
+        self.config = uvicorn_config(app, server_config)
+        self.config.http = edge_protocol(server_config.header_timeout_s, "httptools")
+        self.config.timeout_keep_alive = 3600
+        self.config.load()
+        self.state = ServerState()
+        self.open: list[tuple[Any, SinkTransport]] = []
+
+    def take(self, count: int) -> list[tuple[Any, SinkTransport]]:
+        loop = asyncio.get_running_loop()
+        while len(self.open) < count:
+            protocol = self.config.http_protocol_class(config=self.config, server_state=self.state, app_state={},
+                                                       _loop=loop)
+            transport = SinkTransport()
+            protocol.connection_made(transport)
+            self.open.append((protocol, transport))
+        return self.open[:count]
+
+
+async def _client(protocol: Any, transport: SinkTransport, data: bytes, count: int, statuses: dict[int, int]) -> None:
+    loop = asyncio.get_running_loop()
+    for _ in range(count):
+        transport.done = loop.create_future()
+        protocol.data_received(data)
+        status = await transport.done
+        statuses[status] = statuses.get(status, 0) + 1
+
+
+def _actor_clock() -> int | None:
+    for thread in threading.enumerate():
+        if thread.name == "calculet-engine" and thread.ident is not None:
+            return time.pthread_getcpuclockid(thread.ident)
+    return None
+
+
+async def level(connections: Connections, streams: int, per_stream: int, tokens: int,
+                profile: cProfile.Profile | None = None) -> dict[str, float]:
+    """One round at ``streams`` connections: loop and actor CPU (µs) per streamed token, writes per token."""
+    data = request_bytes(tokens)
+    conns = connections.take(streams)
+    statuses: dict[int, int] = {}
+    await asyncio.gather(*(_client(p, t, data, 1, statuses) for p, t in conns))  # warm-up, one each
+    statuses.clear()
+    actor = _actor_clock()
+    writes = sum(t.writes for _, t in conns)
+    a0 = time.clock_gettime(actor) if actor is not None else 0.0
+    if profile is not None:
+        profile.enable()
+    r0 = resource.getrusage(resource.RUSAGE_THREAD)
+    start = time.thread_time()
+    await asyncio.gather(*(_client(p, t, data, per_stream, statuses) for p, t in conns))
+    took = time.thread_time() - start
+    r1 = resource.getrusage(resource.RUSAGE_THREAD)
+    if profile is not None:
+        profile.disable()
+    a1 = time.clock_gettime(actor) if actor is not None else 0.0
+    if set(statuses) != {200}:
+        raise RuntimeError(f"statuses {statuses}")
+    count = streams * per_stream * tokens
+    return {"loop": took * 1e6 / count, "actor": (a1 - a0) * 1e6 / count,
+            "writes": (sum(t.writes for _, t in conns) - writes) / count,
+            "sys": (r1.ru_stime - r0.ru_stime) * 1e6 / count, "switches": (r1.ru_nvcsw - r0.ru_nvcsw) / count}
+
+
+async def _run(levels: Sequence[int], tokens: int, per_request_tokens: int, profile: str | None) -> dict[str, Any]:
+    brought, service, app = _service()
+    out: dict[str, Any] = {}
+    try:
+        service.tenants.resolve  # noqa: B018 - the default config's tenant takes any key
+        connections = Connections(app, service.config.server)
+        for n in levels:
+            per_stream = max(2, 96 // n)
+            out[f"{n}"] = await level(connections, n, per_stream, tokens)
+        if per_request_tokens:
+            one = await level(connections, 16, 12, per_request_tokens)
+            out["request"] = {key: value * per_request_tokens for key, value in one.items()}
+        if profile:
+            prof = cProfile.Profile(time.thread_time)
+            await level(connections, levels[0], max(2, 96 // levels[0]), tokens, prof)
+            prof.dump_stats(profile)
+    finally:
+        service.stop(wait_s=5)
+        brought.close()
+    return out
+
+
+def child(levels: Sequence[int], tokens: int, per_request_tokens: int, profile: str | None) -> dict[str, Any]:
+    """One round in this process (the tree is whatever ``calculet`` imports from)."""
+    import uvloop
+
+    gc.freeze()
+    if os.environ.get("STREAM_LOOP_NO_GC"):
+        gc.disable()
+    sys.setswitchinterval(0.001)  # as calculet.run serves
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(_run(levels, tokens, per_request_tokens, profile))
+
+
+def _spawn(tree: Path, args: argparse.Namespace, profile: str | None = None) -> dict[str, Any]:
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", "--streams", args.streams,
+               "--tokens", str(args.tokens), "--request-tokens", str(args.request_tokens)]
+    if profile:
+        command += ["--profile", profile]
+    env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"child in {tree} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--streams", default="1,16,64")
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--request-tokens", type=int, default=1, help="tokens of the per-request round (0: none)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--against", type=Path, action="append", default=[])
+    parser.add_argument("--profile", default=None)
+    parser.add_argument("--top", type=int, default=45)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    levels = [int(n) for n in args.streams.split(",")]
+    if args.child:
+        print(json.dumps(child(levels, args.tokens, args.request_tokens, args.profile)))
+        return 0
+    here = Path(__file__).resolve().parents[1]
+    trees = [("this", here)] + [(tree.resolve().name, tree) for tree in args.against]
+    got: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in trees}
+    for r in range(args.rounds):
+        for label, tree in (trees if r % 2 == 0 else trees[::-1]):
+            got[label].append(_spawn(tree, args))
+    print(f"Loop / actor thread CPU per streamed token (µs, median of {args.rounds} rounds), {args.tokens}-token "
+          f"streams, null device, in-process; 'request': CPU per {args.request_tokens}-token request at 16 streams")
+    keys = [str(n) for n in levels] + (["request"] if args.request_tokens else [])
+    for key in keys:
+        for label, _ in trees:
+            rows = got[label]
+            loop = statistics.median(row[key]["loop"] for row in rows)
+            actor = statistics.median(row[key]["actor"] for row in rows)
+            writes = statistics.median(row[key].get("writes", 0.0) for row in rows)
+            sys_ = statistics.median(row[key].get("sys", 0.0) for row in rows)
+            switches = statistics.median(row[key].get("switches", 0.0) for row in rows)
+            line = (f"{key:>8} {label:>14}: loop {loop:7.1f} (sys {sys_:5.1f}, vol. switches {switches:.2f})  "
+                    f"actor {actor:7.1f}  writes/token {writes:.3f}")
+            if label != "this":
+                ratios = [a[key]["loop"] / b[key]["loop"] for a, b in zip(got["this"], rows)]
+                line += f"   this/that loop {statistics.median(ratios):.2f} (rounds {min(ratios):.2f}-{max(ratios):.2f})"
+            print(line)
+    if args.profile:
+        _spawn(here, args, args.profile)
+        stats = pstats.Stats(args.profile, stream=(out := io.StringIO()))
+        stats.sort_stats("tottime").print_stats(args.top)
+        stats.sort_stats("cumulative").print_stats(args.top)
+        print(out.getvalue())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
