@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -45,7 +45,6 @@ from calculet.runtime.scheduling.plan import Submission
 from calculet.runtime.streams.writer import StreamEvent, StreamFinish
 from calculet.server.errors import APIError, admission_error, from_calculet
 from calculet.server.edge_answers import new_request_id
-from calculet.server.logs import log_fields
 from calculet.server.request_parsing import ApiGeneration, prepare_chat, prepare_completion, stop_reason
 from calculet.server.schemas import (
     AssistantMessage,
@@ -310,21 +309,23 @@ async def _generate(service: Service, request: Request, tenant: str, gen: ApiGen
         stream.release()
         raise APIError(503, "the engine did not answer in time", code="model_unavailable") from None
     outcome = submission.outcome
-    extra = {"request_id": http_id, "engine_request_id": submission.request_id, "tenant": tenant,
-             "generation": service.info.generation, "model": gen.model}
     if outcome.rejected:
         raise _engine_refusal(service, request, submission, gen, tenant)
+    fields = {"engine_request_id": submission.request_id, "generation": service.info.generation, "model": gen.model}
     if log.isEnabledFor(logging.DEBUG):
-        log.debug("request accepted", extra={**extra, "decision": outcome.decision.value, "prompt_tokens": n,
-                                             "max_tokens": gen.max_tokens, "stream": gen.stream})
+        log.debug("request accepted", extra={"request_id": http_id, "tenant": tenant, **fields, "prompt_tokens": n,
+                                             "decision": outcome.decision.value, "max_tokens": gen.max_tokens,
+                                             "stream": gen.stream})
+    state = request.scope["state"]
     response_id = ("cmpl-" if gen.kind == "completion" else "chatcmpl-") + http_id
     created = int(time.time())
     fingerprint = f"calculet-g{service.info.generation}"
     rid = submission.request_id
     if gen.stream:
-        return _sse(service, stream, rid, gen, response_id, created, fingerprint, extra)
+        return _sse(service, stream, rid, gen, response_id, created, fingerprint,
+                    lambda gone: _note_end(state, fields, stream, gone))
     result_text, outcome_final, disconnected = await _collect(service, request, stream, rid)
-    _log_end(extra, stream, disconnected)
+    _note_end(state, fields, stream, disconnected)
     if outcome_final.state != "completed":
         raise outcome_error(outcome_final, disconnected=disconnected)
     usage = Usage(prompt_tokens=n, completion_tokens=outcome_final.generated_tokens,
@@ -458,7 +459,7 @@ async def _collect(service: Service, request: Request, stream: TimedStream,
 
 
 def _sse(service: Service, stream: TimedStream, rid: int, gen: ApiGeneration, response_id: str, created: int,
-         fingerprint: str, extra: dict[str, Any]) -> SSEResponse:
+         fingerprint: str, end: Callable[[bool], None]) -> SSEResponse:
     """The server-sent events of ``stream`` (:mod:`calculet.server.sse`); if the client goes away first, the request
     is cancelled (§4)."""
     chat = gen.kind == "chat"
@@ -474,19 +475,19 @@ def _sse(service: Service, stream: TimedStream, rid: int, gen: ApiGeneration, re
         _cancel(service, rid)
 
     return SSEResponse(stream, frames, first=frames.chunk("", None, role=True) if chat else None, why=why,
-                       abandon=abandon, end=lambda gone: _log_end(extra, stream, gone))
+                       abandon=abandon, end=end)
 
 
-def _log_end(extra: dict[str, Any], stream: TimedStream, disconnected: bool) -> None:
-    """The request's "request finished" (or "abandoned") line, written as :func:`~calculet.server.logs.log_fields`
-    writes the request's ``http`` line: on the event loop, once per request, without a ``LogRecord`` when the
-    service's JSON handler is its only reader (#13, #20). Every value is a str, int, float, bool or None."""
-    if not log.isEnabledFor(logging.INFO):
-        return
+def _note_end(state: dict[str, Any], fields: dict[str, Any], stream: TimedStream, disconnected: bool) -> None:
+    """How the request ended, for its one log line (:class:`~calculet.server.app.RequestContext` writes it, with
+    these fields, at the response's last message, or at its end when the client went away first): the engine's
+    id, the generation and model, the finish reason (None: abandoned before the engine closed it), the tokens
+    generated, the time to the first token, and whether the client went away. One line per request, not a
+    "request finished" line beside it: each line is written on the event loop (#13, #20)."""
     outcome = stream.final
     times = stream.token_times
-    log_fields(log, logging.INFO, "request finished" if outcome is not None else "request abandoned", {
-        **extra, "finish_reason": outcome.finish_reason.name.lower() if outcome else None,
-        "completion_tokens": outcome.generated_tokens if outcome else len(times),
-        "ttft_s": round(times[0] - stream.arrival, 6) if times else None,
-        "client_disconnected": disconnected}, plain=True)
+    state["log_fields"] = {**state.get("log_fields", {}), **fields,
+                           "finish_reason": outcome.finish_reason.name.lower() if outcome else None,
+                           "completion_tokens": outcome.generated_tokens if outcome else len(times),
+                           "ttft_s": round(times[0] - stream.arrival, 6) if times else None,
+                           "client_disconnected": disconnected}

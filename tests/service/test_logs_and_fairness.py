@@ -20,18 +20,35 @@ def test_request_logs_carry_request_id_tenant_and_generation(server: RunningServ
         raw = server.client("gamma").completions.with_raw_response.create(model=ALIAS, prompt="log me", max_tokens=2)
         assert server.service.wait_streams_closed(30)
     request_id = raw.headers["x-request-id"]
-    finished = [r for r in caplog.records if r.getMessage() == "request finished"
-                and getattr(r, "request_id", None) == request_id]
-    assert len(finished) == 1
-    record = finished[0]
+    lines = [r for r in caplog.records if getattr(r, "request_id", None) == request_id]
+    assert [r.getMessage() for r in lines] == ["http"]  # the request's one line (#20: no second line beside it)
+    record = lines[0]
     assert (record.tenant, record.generation, record.model) == ("gamma", 1, ALIAS)  # type: ignore[attr-defined]
     assert record.engine_request_id >= 1 and record.finish_reason in ("length", "stop")  # type: ignore[attr-defined]
-    http = [r for r in caplog.records if r.getMessage() == "http" and getattr(r, "request_id", None) == request_id]
-    assert http and http[0].route == "/v1/completions" and http[0].tenant == "gamma"  # type: ignore[attr-defined]
+    assert (record.route, record.status, record.completion_tokens) == ("/v1/completions", 200, 2)  # type: ignore
+    assert record.client_disconnected is False and record.ttft_s >= 0  # type: ignore[attr-defined]
     line = json.loads(JsonFormatter().format(record))
     assert {"ts", "level", "logger", "msg", "request_id", "tenant", "generation", "engine_request_id"} <= set(line)
     text = TextFormatter().format(record)
     assert f"request_id={request_id}" in text and "tenant=gamma" in text and "generation=1" in text
+
+
+@pytest.mark.req("R16.10")
+def test_a_streamed_request_has_one_line_saying_how_it_ended(server: RunningServer,
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    """Catches: the stream's end fields set after the request's line was written (its last message), or a second
+    line for the end of the stream."""
+    with caplog.at_level(logging.INFO, logger="calculet"):
+        with server.client("gamma").completions.with_streaming_response.create(
+                model=ALIAS, prompt="log my stream", max_tokens=3, stream=True, extra_body={"ignore_eos": True}) as raw:
+            request_id = raw.headers["x-request-id"]
+            assert "data: [DONE]" in raw.read().decode()
+        assert server.service.wait_streams_closed(30)
+    lines = [r for r in caplog.records if getattr(r, "request_id", None) == request_id]
+    assert [r.getMessage() for r in lines] == ["http"]
+    record = lines[0]
+    assert (record.status, record.finish_reason, record.completion_tokens) == (200, "length", 3)  # type: ignore
+    assert record.client_disconnected is False and record.engine_request_id >= 1  # type: ignore[attr-defined]
 
 
 @pytest.mark.usefixtures("restore_logging")
