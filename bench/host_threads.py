@@ -12,7 +12,13 @@ _call_soon``, counted by the launcher at one Python frame each). The window is :
 warm-up completion per client counted); same client, same interleaved rounds as ``host_path``. Figures, not a
 pass/fail test (DESIGN principle 10).
 
-    python bench/host_threads.py [--rounds 3] [--streams 1,16,64] [--against /tmp/base_worktree ...]
+``--split`` also splits the actor thread's CPU per token into the engine core's turn and the work around it
+(:data:`SPLIT`: the admission snapshot's publication, submits, the mailbox's waits and hand-offs, the stream
+wake-ups' flush, garbage collections), timed on that thread in every calculet server of the run; ``--switch-ms 1,5``
+runs this tree once per interpreter switch interval in the same rounds.
+
+    python bench/host_threads.py [--rounds 3] [--streams 1,16,64] [--against /tmp/base_worktree ...] [--split]
+                                 [--switch-ms 1,5]
 
 Measured (session 13, calculet at 0dcb57b; 2 cores shared with three other helpers, load average 3-4; medians of 5
 interleaved rounds; µs of CPU per streamed token, user/system in clock ticks)::
@@ -44,6 +50,27 @@ whole process, this tool, same run as the table: 112.3 / 124.6 / 119.3 µs per t
 0.99 / 0.97 of the threaded engine's; ``bench/host_path.py --rounds 9 --against`` 0dcb57b: 0.91 / 0.97 / 0.91
 (completions/s 1.14 / 0.94 / 1.08). That is the handoffs' and the snapshot's share, no clear margin at 16 streams,
 so the threaded engine stays.
+
+The split (session 14, ``--split --switch-ms 1,5 --rounds 5``, tree at 448ea5d plus other helpers' work in progress,
+load average 6-9; µs of actor CPU per streamed token, calls per token in brackets; the wrappers cost ~1-2 µs a call,
+in ``rest`` and the outer labels)::
+
+    streams  actor  turn         publish      submit       mailbox      flush        next_wake  gc   rest
+       1     105.7  93.3 (0.09)  3.3 (0.10)   4.3 (0.02)   1.5 (0.09)   0.7 (0.04)   0.3        0.6  1.7
+      16     106.1  95.2 (0.09)  2.7 (0.10)   4.2 (0.02)   0.8 (0.09)   0.6 (0.04)   0.2        0.7  1.6
+      64     101.3  91.8 (0.09)  2.4 (0.10)   3.4 (0.02)   0.9 (0.09)   0.6 (0.03)   0.2        0.6  1.3
+
+What it says. The core's turn is 88-91 % of the actor; around it, 6-8 µs per token, of which the admission snapshot's
+publication (one a turn, ~11 tokens a turn, ~25 µs each) 2.4-3.3 and the submits (core.submit, ~200 µs a request in
+the server) 3-4.5; the completion thread costs under 1 µs per token (the null device completes at submit: it is
+not in WaitAny). So the ~20 µs per token the actor spends beyond ``bench/actor_core.py``'s core alone (72-77 µs the
+same hour) is inside the turn: the same core runs slower beside the HTTP loop. It moves with the actor's
+involuntary context switches — the loop forcing the interpreter lock from it after the switch interval — which
+``--switch-ms 1,5`` cuts from 0.16-0.19 to 0.07-0.11 per token: actor 105.7 / 106.1 / 101.3 µs at 1 ms against
+101.5 / 92.9 / 102.4 at 5 ms, whole process 128.3 / 124.4 / 120.5 against 120.2 / 105.1 / 118.7 (1 / 16 / 64
+streams, same rounds). A snapshot rebuilt only when its inputs change would save little: of 589 publications at 1
+and 16 streams none equalled the previous one (the admission model moves with every measured decode step), and
+26-38 % equalled it but for the model — the publication is ~2.5 % of the actor, its model part ~40 % of that.
 """
 
 from __future__ import annotations
@@ -56,8 +83,9 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from host_path import stream_round  # bench/ is sys.path[0]
 from service import Server
@@ -65,10 +93,88 @@ from service import Server
 TICK = os.sysconf("SC_CLK_TCK")
 
 
+ACTOR = "calculet-engine"
+
+SPLIT = (("calculet.runtime.engine.core", "EngineCore", "turn", "turn"),
+         ("calculet.runtime.engine.core", "EngineCore", "submit", "submit"),
+         ("calculet.runtime.engine.core", "EngineCore", "on_results", "results"),
+         ("calculet.runtime.engine.core", "EngineCore", "next_wake", "next_wake"),
+         ("calculet.runtime.engine.threaded", "ThreadedEngine", "_publish", "publish"),
+         ("calculet.runtime.engine.threaded", None, "flush_wakeups", "flush"),
+         ("calculet.runtime.actor", "Mailbox", "run_until", "mailbox"))
+"""What ``--split`` times on the actor thread (module, class or None, attribute, label): each label's *own* CPU
+(``time.thread_time``, the labelled calls it makes excluded; garbage collections apart, as ``gc0``-``gc2``). The
+actor's CPU outside all of them (``rest``) is its loop, the mailbox's hand-off of a message (the submit message's
+closure and its ``done`` callback) and the wrappers' own cost (about 1-2 µs a wrapped call)."""
+
+
+def split_timers(acc: dict[str, float], split: Sequence[tuple[str, str | None, str, str]] = SPLIT,
+                 clock: Callable[[], float] = time.thread_time) -> Callable[[], None]:
+    """Wrap ``split``'s functions (:data:`SPLIT`) so that, on the actor thread only, each label accumulates its own
+    CPU seconds (``clock``) into ``acc`` (``<label> n``: its calls); garbage collections on that thread apart. Returns
+    the undo (the functions restored, the collector's callback removed)."""
+    import gc
+    import importlib
+    import threading
+
+    stack: list[float] = []
+    """The CPU of the labelled calls made inside each open labelled call (subtracted from its own)."""
+
+    def wrap(fn: Any, label: str) -> Any:
+        calls = f"{label} n"
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if threading.current_thread().name != ACTOR:
+                return fn(*args, **kwargs)
+            stack.append(0.0)
+            t0 = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent = clock() - t0
+                inner = stack.pop()
+                acc[label] = acc.get(label, 0.0) + spent - inner
+                acc[calls] = acc.get(calls, 0.0) + 1
+                if stack:
+                    stack[-1] += spent
+        return timed
+
+    undo: list[tuple[object, str, object]] = []
+    for module_name, owner_name, attr, label in split:
+        module = importlib.import_module(module_name)
+        owner = module if owner_name is None else getattr(module, owner_name)
+        original = getattr(owner, attr)
+        undo.append((owner, attr, original))
+        setattr(owner, attr, wrap(original, label))
+    gc_started = [0.0]
+
+    def collected(phase: str, info: dict[str, int]) -> None:
+        """A garbage collection on the actor thread: its CPU (``gc<generation>``) out of the label it ran in."""
+        if threading.current_thread().name != ACTOR:
+            return
+        if phase == "start":
+            gc_started[0] = clock()
+            return
+        spent, label = clock() - gc_started[0], f"gc{info['generation']}"
+        acc[label] = acc.get(label, 0.0) + spent
+        acc[f"{label} n"] = acc.get(f"{label} n", 0.0) + 1
+        if stack:
+            stack[-1] += spent
+
+    gc.callbacks.append(collected)
+
+    def restore() -> None:
+        for owner, attr, original in reversed(undo):
+            setattr(owner, attr, original)
+        gc.callbacks.remove(collected)
+    return restore
+
+
 def launch(tree: str, mode: str, counts_path: str, argv: Sequence[str]) -> None:
     """(the server process) Name every OS thread after its Python thread (prctl PR_SET_NAME), count the stream
     wake-ups calculet hands to a consumer loop, dump the count to ``counts_path`` on SIGUSR2, then serve:
-    ``calculet.run`` from ``tree`` (``mode`` "calc") or the bare baseline."""
+    ``calculet.run`` from ``tree`` (``mode`` "calc", or "split": with the actor's split, :func:`split_timers`) or
+    the bare baseline."""
     import ctypes
     import runpy
     import threading
@@ -88,9 +194,10 @@ def launch(tree: str, mode: str, counts_path: str, argv: Sequence[str]) -> None:
     threading.Thread._bootstrap_inner = named  # type: ignore[attr-defined]
     name_thread("MainThread")
     wakes = [0]
+    split: dict[str, float] = {}
 
     def dump(*_: object) -> None:
-        Path(counts_path).write_text(json.dumps({"wakes": wakes[0]}))
+        Path(counts_path).write_text(json.dumps({"wakes": wakes[0], "split": split}))
 
     signal.signal(signal.SIGUSR2, dump)
     if mode == "bare":
@@ -108,6 +215,8 @@ def launch(tree: str, mode: str, counts_path: str, argv: Sequence[str]) -> None:
         call_soon(loop, fn)  # type: ignore[arg-type]
 
     writer._call_soon = counted
+    if mode == "split":
+        split_timers(split)
     sys.argv = ["calculet.run", *argv]
     runpy.run_module("calculet.run", run_name="__main__", alter_sys=True)
 
@@ -136,25 +245,30 @@ def writes(pid: int) -> int:
                     if line.startswith("syscw")).split()[1])
 
 
-def wakes(server: Server, path: Path) -> int:
-    """The server's stream wake-ups so far (0 for the bare server, which has none)."""
+def wakes(server: Server, path: Path) -> tuple[int, dict[str, float]]:
+    """The server's stream wake-ups so far (0 for the bare server, which has none) and its actor's split so far
+    (``--split``; else empty)."""
     path.unlink(missing_ok=True)
     os.kill(server.proc.pid, signal.SIGUSR2)
     for _ in range(500):
         try:
-            return int(json.loads(path.read_text())["wakes"])
+            counts = json.loads(path.read_text())
+            return int(counts["wakes"]), counts["split"]
         except (FileNotFoundError, json.JSONDecodeError):
             time.sleep(0.01)
     raise RuntimeError("the server did not answer SIGUSR2")
 
 
-def start(label: str, tree: Path, mode: str, home: Path) -> tuple[str, Server, Path]:
+def start(label: str, tree: Path, mode: str, home: Path, switch_ms: str | None = None) -> tuple[str, Server, Path]:
+    """Launch a server (``mode``: "calc", "split" or "bare"; ``switch_ms``: calculet's switch interval, else its
+    default or the environment's ``CALCULET_SWITCH_INTERVAL_MS``)."""
     counts = home / f"counts-{label}.json"
     argv = ["--host", "127.0.0.1", "--port", "0", "--log-format", "json", "--log-level", "INFO", "--sim-cost", "null"]
     command = [sys.executable, str(Path(__file__).resolve()), "--launch", str(tree.resolve()), mode, str(counts),
                "--", *argv]
-    return label, Server("null" if mode == "calc" else "", home, command=command,
-                         env={"PYTHONPATH": str(tree.resolve())}), counts
+    return label, Server("" if mode == "bare" else "null", home, command=command,
+                         env={"PYTHONPATH": str(tree.resolve()),
+                              **({} if switch_ms is None else {"CALCULET_SWITCH_INTERVAL_MS": switch_ms})}), counts
 
 
 def measure(servers: Sequence[tuple[str, Server, Path]], levels: Sequence[int], rounds: int,
@@ -167,11 +281,13 @@ def measure(servers: Sequence[tuple[str, Server, Path]], levels: Sequence[int], 
         for r in range(rounds):
             for label, server, counts in (servers if r % 2 == 0 else servers[::-1]):
                 pid = server.proc.pid
-                t0, w0, k0 = threads(pid), writes(pid), wakes(server, counts)
+                t0, w0, (k0, s0) = threads(pid), writes(pid), wakes(server, counts)
                 done = stream_round(server, n, per_stream, tokens)
-                t1, w1, k1 = threads(pid), writes(pid), wakes(server, counts)
+                t1, w1, (k1, s1) = threads(pid), writes(pid), wakes(server, counts)
                 tok = done.tokens + n * tokens  # stream_round's own warm-up (one completion a client) is inside
                 row: dict[str, float] = {"writes": (w1 - w0) / tok, "wakes": (k1 - k0) / tok}
+                for key, value in s1.items():  # per token: µs of CPU, or calls (``<label> n``)
+                    row[f"split {key}"] = (value - s0.get(key, 0.0)) * (1 if key.endswith(" n") else 1e6) / tok
                 total = 0.0
                 for name, after in t1.items():
                     before = t0.get(name, [0] * 5)
@@ -197,6 +313,12 @@ def report(got: dict[tuple[str, int], list[dict[str, float]]], tokens: int) -> N
                  f"cs {med(name + ' vcs'):.2f}/{med(name + ' ics'):.2f})" for name in names if med(name + " cpu") >= 1]
         print(f"{label:>12} {n:>3} streams: total {med('total'):6.1f}  writes/tok {med('writes'):.2f}  "
               f"wakes/tok {med('wakes'):.2f} | " + "; ".join(parts))
+        labels = [key[6:] for key in rows[0] if key.startswith("split ") and not key.endswith(" n")]
+        if labels:
+            rest = med(f"{ACTOR} cpu") - sum(med(f"split {label}") for label in labels)
+            print(f"{'':>12} {'':>3} actor split (µs/token, calls/token): " + "; ".join(
+                f"{label} {med(f'split {label}'):.1f} ({med(f'split {label} n'):.2f})" for label in labels)
+                + f"; rest {rest:.1f}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -210,12 +332,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--streams", default="1,16,64")
     parser.add_argument("--against", type=Path, action="append", default=[],
                         help="also run calculet from this source tree (a worktree; may be given more than once)")
+    parser.add_argument("--split", action="store_true",
+                        help="split the actor's CPU per token: the core's turn, the snapshot's publication, submits, "
+                             "the mailbox's waits, ... (SPLIT; timers on the actor thread, every calculet server)")
+    parser.add_argument("--switch-ms", default="",
+                        help="comma-separated interpreter switch intervals (ms): this tree once per interval "
+                             "(labelled this@<ms>), in the same interleaved rounds")
     args = parser.parse_args(argv)
     here = Path(__file__).resolve().parents[1]
+    mode = "split" if args.split else "calc"
     with tempfile.TemporaryDirectory(prefix="calculet-bench-home-") as tmp:
         home = Path(tmp)
-        servers = [start("this", here, "calc", home), start("bare", here, "bare", home)]
-        servers += [start(tree.resolve().name, tree, "calc", home) for tree in args.against]
+        intervals = [ms.strip() for ms in args.switch_ms.split(",") if ms.strip()]
+        servers = ([start(f"this@{ms}", here, mode, home, ms) for ms in intervals] if intervals
+                   else [start("this", here, mode, home)])
+        servers.append(start("bare", here, "bare", home))
+        servers += [start(tree.resolve().name, tree, mode, home) for tree in args.against]
         try:
             got = measure(servers, [int(n) for n in args.streams.split(",")], args.rounds, args.tokens)
         finally:
