@@ -61,10 +61,9 @@ def retry_placement(free: Sequence[float], now: float, length: float, alone: flo
     return Placement(alone, max(now, max(free, default=now)), True)
 
 
-@dataclass(eq=False)
+@dataclass(slots=True, eq=False)
 class _Ghost:
-    """One refused request's reserved retry. Compared by identity (``eq=False``): removing one from the list is a
-    C-level identity scan, not a field comparison per ghost ahead of it."""
+    """One refused request's reserved retry. Compared by identity (``eq=False``)."""
 
     retry_at: float
     length: float
@@ -73,10 +72,13 @@ class _Ghost:
     seq: int = 0
     """Its place in arrival order (ties among equal retry times go to the earlier)."""
     gone: bool = False
-    """Dropped from :attr:`RetrySlots.ghosts` (its entry in the tenant index is skipped, not searched for)."""
+    """No longer held (expired, taken by an admission, dropped past the limit): its entries in the indexes of
+    :class:`RetrySlots` are skipped where they surface, not searched for."""
 
 
 _RETRY_AT = attrgetter("retry_at")
+_Entry = tuple[float, int, _Ghost]
+"""A ghost in a heap: (retry time, arrival, the ghost)."""
 
 
 @dataclass
@@ -94,28 +96,52 @@ class RetrySlots:
     * when a request of the same tenant is admitted from ``grace_s`` before its retry time on
       (that request took its slot; the earliest such ghost goes);
     * when more than ``limit`` + ``limit // 8`` are held, the oldest go down to ``limit`` (a flood of
-      refusals stays bounded; see :meth:`reserve` for why in batches).
+      refusals stays bounded; see :meth:`_drop_oldest` for why in batches).
 
     The lane heap is rebuilt from the kept schedule whenever that schedule (``key``) or the
-    ghosts changed, O(ghosts × log lanes); otherwise a reservation is O(log lanes). The expiry
-    pass walks the ghosts only once the earliest of their expiries has passed (issue #13: the
-    walk at every reservation was most of a refusal's CPU in a 300-request burst, on the actor
-    and on the HTTP front alike). A tenant's earliest slot is found in a per-tenant heap
-    (:meth:`admitted`), not by a walk over every ghost.
+    ghosts changed, O(ghosts × log lanes); otherwise a reservation is O(log lanes + log ghosts).
+    Every other operation is O(log ghosts), amortised, whatever the slots held (issue #13: a
+    distinct-prompt burst in process, ``bench/loop_profile.py --distinct``, spent 11 µs of the
+    loop's ~105 µs per request here with 2 000-4 600 slots held, half of it in walks over every
+    slot): a ghost is indexed by arrival (:attr:`_order`), by expiry (:attr:`_expiring`) and per
+    tenant (:attr:`_by_tenant`); one that goes is marked ``gone`` and skipped where it surfaces,
+    and the indexes are compacted once the gone ones outnumber the held ones (:meth:`_compact`).
     """
 
     grace_s: float = RETRY_GRACE_S
     limit: int = MAX_RETRY_SLOTS
-    ghosts: list[_Ghost] = field(default_factory=list)
+    _order: list[_Ghost] = field(default_factory=list)
+    """The ghosts in arrival order, gone ones among them until the next compaction."""
+    _held: int = 0
+    _dead: int = 0
+    """Ghosts gone since the last compaction (each may still sit in the three indexes)."""
+    _expiring: list[_Entry] = field(default_factory=list)
+    """A heap of the ghosts by retry time (and arrival): the next to expire on top."""
+    _by_tenant: dict[str, list[_Entry]] | None = field(default_factory=dict)
+    """Per tenant, a heap of its ghosts by (retry time, arrival). None: to be made from the held ghosts at the next
+    :meth:`admitted` (a reference implementation in the tests replaces the ghosts wholesale)."""
     _free: list[float] | None = None
     _key: object = None
-    _expiry: float = math.inf
-    """No ghost expires before this (retry time + grace): exact after a pass, a lower bound after a ghost is
-    removed — so a pass is skipped only when it would remove nothing."""
-    _by_tenant: dict[str, list[tuple[float, int, _Ghost]]] | None = None
-    """Per tenant, a heap of its ghosts by (retry time, arrival); a dropped ghost's entry stays until it surfaces
-    (``gone``). None: to be built from :attr:`ghosts` at the next :meth:`admitted` (after a pass dropped some)."""
     _seq: int = 0
+
+    @property
+    def ghosts(self) -> list[_Ghost]:
+        """The held ghosts in arrival order (a new list: O(ghosts); :func:`len` of the slots counts them in O(1))."""
+        return [g for g in self._order if not g.gone]
+
+    @ghosts.setter
+    def ghosts(self, ghosts: list[_Ghost]) -> None:
+        """Hold exactly ``ghosts``, numbered in their order (arrival); the lanes are rebuilt at the next reservation."""
+        for seq, ghost in enumerate(ghosts, self._seq + 1):
+            ghost.seq = seq
+        self._seq += len(ghosts)
+        self._order, self._held, self._dead, self._free = list(ghosts), len(ghosts), 0, None
+        self._expiring = [(g.retry_at, g.seq, g) for g in ghosts]
+        heapq.heapify(self._expiring)
+        self._by_tenant = None
+
+    def __len__(self) -> int:
+        return self._held
 
     def reserve(self, base: list[float], key: object, now: float, length: float, relative: float,
                 lower: float, tenant: str = "", drained: bool = False) -> float:
@@ -134,12 +160,14 @@ class RetrySlots:
         heapq.heapreplace(free, max(retry, lane) + length)
         self._seq += 1
         ghost = _Ghost(retry, length, tenant, self._seq)
-        self.ghosts.append(ghost)
+        entry = (retry, ghost.seq, ghost)
+        self._order.append(ghost)
+        heapq.heappush(self._expiring, entry)
         if self._by_tenant is not None:
-            heapq.heappush(self._by_tenant.setdefault(tenant, []), (retry, ghost.seq, ghost))
-        self._expiry = min(self._expiry, retry + self.grace_s)
-        if len(self.ghosts) > self.limit + self.limit // 8:
-            self._drop_oldest(len(self.ghosts) - self.limit)
+            heapq.heappush(self._by_tenant.setdefault(tenant, []), entry)
+        self._held += 1
+        if self._held > self.limit + self.limit // 8:
+            self._drop_oldest(self._held - self.limit)
         return retry
 
     def _drop_oldest(self, count: int) -> None:
@@ -148,45 +176,64 @@ class RetrySlots:
         rebuilt at every refusal once the limit was reached — O(ghosts) each, 4 096 on the HTTP front (issue #13:
         in-process, a distinct-prompt burst's loop CPU went from ~0.15 to 7-18 ms a request once the front's slots
         were full). Now one rebuild per ``limit // 8`` refusals there."""
-        for ghost in self.ghosts[:count]:
-            ghost.gone = True
-        del self.ghosts[:count]
-        self._free = None
+        order, cut = self._order, 0
+        while count:
+            ghost = order[cut]
+            cut += 1
+            if not ghost.gone:
+                self._gone(ghost)
+                count -= 1
+        del order[:cut]
+        self._compact_if_dead()
 
     def admitted(self, tenant: str, now: float) -> None:
         """A request of ``tenant`` was admitted: it takes the earliest of its tenant's due slots (ties: the one
         placed first). Found in the tenant's heap (issue #13: the walk over every ghost ran at each admission on the
         actor and at each forward the HTTP front counts)."""
-        if self._by_tenant is None:
-            index: dict[str, list[tuple[float, int, _Ghost]]] = {}
-            for ghost in self.ghosts:
-                index.setdefault(ghost.tenant, []).append((ghost.retry_at, ghost.seq, ghost))
-            for entries in index.values():
-                heapq.heapify(entries)
-            self._by_tenant = index
-        entries = self._by_tenant.get(tenant)
+        index = self._by_tenant
+        if index is None:
+            index = self._by_tenant = _tenant_heaps(self.ghosts)
+        entries = index.get(tenant)
         while entries and entries[0][2].gone:
             heapq.heappop(entries)
         if entries and entries[0][0] <= now + self.grace_s:
-            ghost = heapq.heappop(entries)[2]
-            ghost.gone = True
-            self.ghosts.remove(ghost)
-            self._free = None
+            self._gone(heapq.heappop(entries)[2])
+            self._compact_if_dead()
 
     def expire(self, now: float) -> None:
-        if now <= self._expiry:
+        """Drop the ghosts whose retry time is more than ``grace_s`` before ``now``: the earliest of the expiry heap,
+        O(log ghosts) each (before issue #13's heap, a walk over every ghost once the earliest had expired)."""
+        expiring, grace = self._expiring, self.grace_s
+        while expiring and (expiring[0][2].gone or expiring[0][0] + grace < now):
+            ghost = heapq.heappop(expiring)[2]
+            if not ghost.gone:
+                self._gone(ghost)
+        self._compact_if_dead()
+
+    def _gone(self, ghost: _Ghost) -> None:
+        """``ghost`` is no longer held: the lanes are rebuilt at the next reservation."""
+        ghost.gone = True
+        self._held -= 1
+        self._dead += 1
+        self._free = None
+
+    def _compact_if_dead(self) -> None:
+        """The indexes without their gone ghosts once these outnumber the held ones: O(ghosts), once per as many
+        ghosts gone, so each index stays O(held) amortised (a tenant never admitted again keeps none)."""
+        if self._dead <= self._held + 64:
             return
-        grace = self.grace_s
-        kept = [g for g in self.ghosts if g.retry_at + grace >= now]
-        self._expiry = min((g.retry_at + grace for g in kept), default=math.inf)
-        if len(kept) != len(self.ghosts):
-            self.ghosts, self._free, self._by_tenant = kept, None, None
+        held = self.ghosts
+        self._order, self._dead = held, 0
+        self._expiring = [entry for entry in self._expiring if not entry[2].gone]
+        heapq.heapify(self._expiring)
+        if self._by_tenant is not None:
+            self._by_tenant = _tenant_heaps(held)
 
     def _rebuild(self, base: list[float], key: object, now: float) -> None:
-        """The lanes from ``base`` with every ghost placed in retry-time order (ties in arrival order). O(ghosts)
-        per call, and called at every reservation once more than ``limit`` are held (the oldest dropped each
-        time): issue #20 measured 104 µs per refusal there (17 below the limit) in a distinct-prompt burst, two
-        thirds of it the sort's key and the placement's calls, now C-level (``attrgetter``, one comparison)."""
+        """The lanes from ``base`` with every ghost placed in retry-time order (ties in arrival order): O(ghosts),
+        at a reservation after the kept schedule (``key``) or the ghosts changed. Issue #20 made its sort key and
+        placement C-level (``attrgetter``, one comparison): 104 -> 57 µs per refusal in a distinct-prompt burst
+        while a rebuild ran at every refusal past the limit."""
         free = [max(now, t) for t in base] or [now]
         heapq.heapify(free)
         replace = heapq.heapreplace
@@ -194,3 +241,13 @@ class RetrySlots:
             at, lane = ghost.retry_at, free[0]
             replace(free, (at if at > lane else lane) + ghost.length)
         self._free, self._key = free, key
+
+
+def _tenant_heaps(ghosts: list[_Ghost]) -> dict[str, list[_Entry]]:
+    """Per tenant, a heap of its ``ghosts`` by (retry time, arrival)."""
+    index: dict[str, list[_Entry]] = {}
+    for ghost in ghosts:
+        index.setdefault(ghost.tenant, []).append((ghost.retry_at, ghost.seq, ghost))
+    for entries in index.values():
+        heapq.heapify(entries)
+    return index
