@@ -21,12 +21,16 @@ Phases, each ``--requests`` requests on as many connections, all fed at once (a 
 Reported per phase: the loop thread's CPU per request (``time.thread_time`` over the phase, the engine's threads
 excluded), median of ``--rounds``, beside a bare ASGI app on the same protocol and harness (the floor), and the
 statuses. ``--profile`` writes a cProfile of one more round of each phase (``--profile-out``) and prints the top
-functions by own time and by cumulative time.
+functions by own time and by cumulative time. ``--stages`` runs ``--rounds`` more rounds of the refusal phases with
+the lane's stages timed (:class:`Stages`: each function's own loop-thread CPU, the stages it calls excluded) and
+prints the CPU per request of each stage: what a profiler's per-call overhead would distort (cProfile triples the
+loop's CPU and moves the snapshot's timing, so a third of a profiled round's requests went to the engine).
 
 With ``--distinct`` every completion has a prompt of its own (no body is seen twice: the refusal lane's memo of
 prepared bodies never hits, :mod:`calculet.server.refusal_lane`).
 
     python bench/loop_profile.py [--requests 300] [--rounds 5] [--http httptools|h11] [--distinct] [--profile]
+                                 [--stages]
 """
 
 from __future__ import annotations
@@ -246,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--profile-out", default="/tmp/loop_profile")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--stages", action="store_true", help="the refusal phases' CPU per request by stage")
     args = parser.parse_args(argv)
     logging.getLogger("calculet.server.inference").setLevel(logging.INFO)
     brought, service, app = _service(args.deadline_ms)
@@ -322,6 +327,86 @@ async def _catch_snapshot(service: Any, state: dict[str, Any]) -> None:
         await asyncio.sleep(0.0005)
 
 
+class Stages:
+    """Loop-thread CPU per stage of a request: each instrumented function's own time, the instrumented functions it
+    calls excluded (a stack of open stages, each paused while a nested one runs). The rest of a phase's CPU (the
+    loop, asyncio, the ASGI path of the requests the lane forwards) is ``other``. The wrappers cost about a
+    microsecond a call: the total is printed beside the uninstrumented rounds' figure."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = {}
+        self._open: list[list[Any]] = []
+        self._undo: list[tuple[Any, str, Any]] = []
+
+    def wrap(self, stage: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        spent, opened, clock = self.spent, self._open, time.thread_time
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            now = clock()
+            if opened:
+                outer = opened[-1]
+                spent[outer[0]] = spent.get(outer[0], 0.0) + now - outer[1]
+            mine = [stage, now]
+            opened.append(mine)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                end = clock()
+                opened.pop()
+                spent[stage] = spent.get(stage, 0.0) + end - mine[1]
+                if opened:
+                    opened[-1][1] = end
+        return timed
+
+    def patch(self, owner: Any, name: str, stage: str) -> None:
+        """``owner.name`` (a class's method or a module's function) timed as ``stage`` until :meth:`restore`."""
+        original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+        self._undo.append((owner, name, original))
+        setattr(owner, name, self.wrap(stage, original))
+
+    def restore(self) -> None:
+        for owner, name, original in reversed(self._undo):
+            if isinstance(owner, dict):
+                owner[name] = original
+            else:
+                setattr(owner, name, original)
+        self._undo.clear()
+
+
+def _stage_targets(stages: Stages) -> None:
+    """What the lane's path runs, by stage (see :class:`Stages`)."""
+    import calculet.server.inference as inference
+    import calculet.server.refusal_lane as lane
+    import calculet.server.request_parsing as parsing
+    from calculet.runtime.engine.admission_snapshot import EarlyAdmission
+    from calculet.runtime.scheduling.on_time_retry import RetrySlots
+    from calculet.server.http_fast import FastEdgeProtocol
+
+    for name in ("_parse",):
+        stages.patch(FastEdgeProtocol, name, "http read+parse")
+    for name in ("settle", "write_answer"):
+        stages.patch(FastEdgeProtocol, name, "lane glue+write")
+    for name in ("arrive", "_end_turn", "decide", "_decide", "_drain", "_decide_held"):
+        stages.patch(lane.RefusalLane, name, "lane glue+write")
+    stages.patch(parsing, "parse_body", "json+validate")
+    stages.patch(parsing, "completion_prompt", "tokenize")
+    stages.patch(parsing, "chat_prompt", "tokenize")
+    for path, (prepare, param) in list(inference.GENERATION_ROUTES.items()):
+        stages._undo.append((inference.GENERATION_ROUTES, path, (prepare, param)))
+        inference.GENERATION_ROUTES[path] = (stages.wrap("prepare other", prepare), param)
+    for name in ("_screen", "_prepared"):
+        stages.patch(lane.RefusalLane, name, "screen")
+    for name in ("decide", "_refusal", "should_hold", "engine_refused"):
+        stages.patch(EarlyAdmission, name, "snapshot decide")
+    for name in ("reserve", "admitted", "expire"):
+        stages.patch(RetrySlots, name, "retry slots")
+    stages.patch(lane.RefusalLane, "_answer", "429 answer")
+    stages.patch(lane.AnswerBytes, "response", "429 answer")
+    stages.patch(lane, "log_fields", "log line")
+    for name in ("_count", "flush_metrics"):
+        stages.patch(lane.RefusalLane, name, "metrics")
+
+
 class _Distinct(list):  # type: ignore[type-arg]
     """Requests made afresh for each burst (``--distinct``): a list the harness reads, refilled at each read."""
 
@@ -372,6 +457,8 @@ async def _run(args: argparse.Namespace, service: Any, app: Any) -> int:
             await _phase(name, harness, data, service, state, profile)
             profile.dump_stats(f"{args.profile_out}-{name.replace(' ', '_')}.prof")
             _print_profile(profile, name, args.top)
+    if args.stages:
+        await _stage_rounds(args, phases, service, state)
     print(f"loop thread CPU per request, {args.requests} requests fed at once, {args.rounds} rounds ({args.http}):")
     for name, values in figures.items():
         print(f"  {name:<14} median {statistics.median(values):.3f} ms, min {min(values):.3f}, max {max(values):.3f}"
@@ -384,6 +471,27 @@ async def _run(args: argparse.Namespace, service: Any, app: Any) -> int:
     front = service.early_admission.statistics()
     print(f"  front: refused {front.refused}, forwarded {front.forwarded}, held {front.held}")
     return 0
+
+
+async def _stage_rounds(args: argparse.Namespace, phases: dict[str, Any], service: Any, state: dict[str, Any]) -> None:
+    """``--stages``: ``--rounds`` more rounds of the refusal phases, their stages timed (:class:`Stages`)."""
+    for name in ("refuse", "refuse pinned", "refuse idle"):
+        harness, data = phases[name]
+        stages = Stages()
+        _stage_targets(stages)
+        total = 0.0
+        try:
+            for _ in range(args.rounds):
+                took, _statuses = await _phase(name, harness, data, service, state)
+                total += took
+        finally:
+            stages.restore()
+        count = args.requests * args.rounds
+        spent = dict(stages.spent)
+        spent["other (loop, ASGI path)"] = total - sum(spent.values())
+        print(f"=== stages: {name}, loop CPU per request (instrumented) {total * 1e3 / count:.3f} ms")
+        for stage, seconds in sorted(spent.items(), key=lambda item: -item[1]):
+            print(f"  {stage:<26} {seconds * 1e6 / count:7.1f} us  {100 * seconds / total:5.1f} %")
 
 
 if __name__ == "__main__":
