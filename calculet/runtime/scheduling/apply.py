@@ -163,7 +163,7 @@ class CompletionApplier:
         if completion.ok:
             jobs.fire(job, "complete", ok=True)
             # the usual decode step: ``job`` has left the table and no other job is in it, nothing to scan
-            lanes_elsewhere, compiled_elsewhere = self._decoding_elsewhere(job) if len(jobs) else (0, 0)
+            lanes_elsewhere, compiled_elsewhere = self._decoding_elsewhere(job) if jobs.by_id else (0, 0)
             self.step_times.observe(now - job.submitted_at, lanes=len(batch.active), now=now,
                                     compiled=batch.profile.compiled_batch + compiled_elsewhere,
                                     decoding=len(batch.active) + self.decode.total_ready() + lanes_elsewhere)

@@ -13,6 +13,7 @@ engine no held job uses; with ``fixed_engine`` always PING (then only one job at
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
@@ -23,7 +24,8 @@ from calculet.machines.job import JobEngine
 PREFILL = "prefill"
 DECODE = "decode"
 _ENDED = frozenset({"completed", "failed"})
-_PING_ONLY = (JobEngine.PING,)
+_PING = JobEngine.PING
+_PING_ONLY = (_PING,)
 _BOTH = (JobEngine.PING, JobEngine.PONG)
 _JOB = DeviceJobMachine.Instance
 
@@ -73,6 +75,9 @@ class InflightTable:
         self.max_inflight = max_inflight
         self.fixed_engine = fixed_engine
         self._jobs: dict[int, JobRecord] = {}
+        self.by_id: Mapping[int, JobRecord] = self._jobs
+        """The table itself, read-only: the decode completion asks whether another job is in it without a
+        ``__len__`` frame (once per step, issue #20)."""
         self._held: list[JobEngine] = []
         """The engines of the jobs in the table (one job per engine: ``plan`` takes a free one). A list of at
         most two: membership compares, where a set hashed the enum in Python (``Enum.__hash__``) on every
@@ -102,13 +107,15 @@ class InflightTable:
         return len(self._jobs) < self.max_inflight
 
     def plan(self, job_id: int, kind: str, generation: int, lanes: int, work: Any) -> JobRecord:
-        engine = self._free_engine()
+        held = self._held
+        # an empty table: PING, the first engine of either order (the usual decode step, no _free_engine frame)
+        engine = _PING if not held else self._free_engine()
         if engine is None or len(self._jobs) >= self.max_inflight:
             raise DefinitionError("no in-flight slot: plan() must follow has_slot()")
         machine = _JOB(job_id=job_id, generation=generation, engine=engine, lanes=lanes)
         job = JobRecord(job_id, kind, generation, machine, work)
         self._jobs[job_id] = job
-        self._held.append(engine)
+        held.append(engine)
         self._planned += 1
         return job
 

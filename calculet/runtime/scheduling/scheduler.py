@@ -70,7 +70,8 @@ DECODE_CYCLE = frozenset({"decode_ready", "decode_running"})
 """Moving between these reclaims nothing (the queue entry left with the batch) and is neither an admission
 nor an end (OnTimePolicy.transition acts only on those): two transitions per lane per step skip the listener;
 an observer hears them once per step (``step_observer``), or one by one from that one call."""
-SERVING = frozenset({ModelAvailability.READY, ModelAvailability.DRAINING})
+_READY, _DRAINING = ModelAvailability.READY, ModelAvailability.DRAINING
+"""The availabilities that serve (new jobs go out), compared by identity in :meth:`Scheduler.step`."""
 _new_tuple = tuple.__new__
 
 
@@ -240,8 +241,10 @@ class Scheduler:
         generations = self.generations
         gen = generations.generation
         profiles = generations.profiles
-        if gen == 0 or profiles is None or generations.availability not in SERVING:
-            return Plan(None, wake_at=wake, reason=f"model {generations.availability.value}")
+        availability = generations.availability
+        if gen == 0 or profiles is None or (availability is not _READY and availability is not _DRAINING):
+            # identity, not a frozenset's ``in``: that hashes the enum in Python (Enum.__hash__), twice a step
+            return Plan(None, wake_at=wake, reason=f"model {availability.value}")
         for _attempt in range(4):
             queued = prefill.depth  # no prefill queued (a decode rotation's steps): no class to ask (issue #20)
             eligible = prefill.eligible(now) if queued else set()
@@ -261,24 +264,29 @@ class Scheduler:
             job_id = self._next_job
             if choice == "decode":
                 assert profile is not None
-                work: PrefillWork | DecodeBatch | None = build_decode(self.decode, self.registry, profile, gen, now,
-                                                                     job_id)
+                built = self.decode.build_decode_batch(profile, gen, now, job_id)
+                if built.__class__ is not DecodeBatch or built.expired or built.invalid:
+                    built = intercepted(self.registry, built)  # candidates the build turned away end here
+                    if built is None:
+                        continue
+                self._next_job += 1
+                job = self.jobs.plan(job_id, DECODE, gen, profile.compiled_batch, built)
             else:
                 work = build_prefill(self.prefill, self.kv, self.registry, choice, job_id)
-            if work is None:
-                continue
-            self._next_job += 1
-            if isinstance(work, DecodeBatch):
-                job = self.jobs.plan(job_id, DECODE, gen, work.profile.compiled_batch, work)
-            else:
+                if work is None:
+                    continue
+                self._next_job += 1
                 job = self.jobs.plan(job_id, PREFILL, work.generation, 1, work)
             self._pending = job
-            return _new_tuple(Plan, (work, job.machine.engine, wake, ""))  # Plan(...) without its __new__ frame
+            return _new_tuple(Plan, (job.work, job.machine.engine, wake, ""))  # Plan(...) without its __new__ frame
         return Plan(None, wake_at=wake, reason="no eligible work")
 
     def submitted(self, job_id: int) -> None:
         """The device accepted the planned job: jobs, KV lanes and requests fire ``submit``."""
-        job = self._take_pending(job_id)
+        job = self._pending
+        if job is None or job.job_id != job_id:
+            job = self._take_pending(job_id)  # raises here: not the planned job
+        self._pending = None  # _take_pending's accepting case without its call (once per step, issue #20)
         self.jobs.fire(job, "submit")
         job.submitted_at = self._clock.now()
         work = job.work
@@ -461,12 +469,11 @@ class Scheduler:
         return job
 
 
-def build_decode(decode: DecodeScheduler, registry: RequestRegistry, profile: ProfileSpec, gen: int, now: float,
-                 job_id: int) -> DecodeBatch | None:
-    """The decode batch of ``profile`` for job ``job_id``, or None; the candidates the build intercepted end
-    here, before anything is submitted: expired ones expire, invalid ones and those whose KV lane cannot
-    take the step fail (R7.4.4)."""
-    result = decode.build_decode_batch(profile, gen, now, job_id)
+def intercepted(registry: RequestRegistry, result: DecodeBatch | NoBatch) -> DecodeBatch | None:
+    """A decode build's outcome with candidates it turned away (or no batch): those end here, before anything
+    is submitted — expired ones expire, invalid ones and those whose KV lane cannot take the step fail
+    (R7.4.4) — and the batch, if there is one, goes on. A build that turned none away skips this call (the
+    usual decode step, issue #20)."""
     for rec in result.expired:
         if rec.state == "decode_ready":
             registry.fire(rec, "expire")
