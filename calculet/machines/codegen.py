@@ -467,6 +467,10 @@ def _fire_each_entry_lines(d: Definition, variant: str, all_args: tuple[str, ...
              *[f"    if {n} is not _M and len({n}) != n:\n"
                f"        raise ValueError(f'fire_each: {n} has {{len({n})}} values for {{n}} instances')"
                for n in all_args],
+             # one instance (every event of a B1 decode step): its own ``fire`` — the same row, draw and refusal as
+             # the loop's, without building the draws, the run and the loop for one element (issue #20)
+             "    if n == 1:",
+             f"        return [instances[0].fire(event{''.join(f', {n}={n} if {n} is _M else {n}[0]' for n in all_args)})]",
              "    run = _each.get(event)"]
     if variant == "sampled":
         lines += ["    drawn = list(_islice(_draws, n))",

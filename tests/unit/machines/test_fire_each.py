@@ -98,3 +98,31 @@ def test_the_monitor_draws_as_for_single_fires() -> None:
     finally:
         MONITOR.every_event = saved
         MONITOR.configure(enabled=True, mode="raise")
+
+
+@pytest.mark.req("R9.2.3")
+def test_one_instance_fires_as_its_own_fire() -> None:
+    """One instance (every event of a B1 decode step) goes through its own ``fire``: one draw, checked when it hits
+    and not otherwise, its columns' first values as the arguments, and a column of the wrong length still refused.
+    Mutants caught: the one-instance case calling the unsampled variant (a drawn event unchecked), passing a whole
+    column (the argument refused), or taken before the length checks (no ValueError)."""
+    MONITOR.every_event, saved = False, MONITOR.every_event
+    try:
+        MONITOR.configure(enabled=True, mode="raise", sample_every=1000)
+        lane = KvSequenceMachine.create(max_seq=8, lane=0)
+        fire_each = KvSequenceMachine.Instance.fire_each
+        draws = iter([False, True, False])
+        fire_each.__globals__["_draws"] = draws  # the generated code's draws (fire and fire_each share them)
+        checks = MONITOR.statistics().checks
+        assert fire_each([lane], "reserve", seq=[7], gen=[1], tokens=[4]) == ["reserved"]
+        assert MONITOR.statistics().checks == checks  # not drawn: nothing checked
+        assert (lane.seq_id, lane.reserved_len) == (7, 4)
+        assert fire_each([lane], "submit", tokens=[1]) == ["updating"]
+        assert MONITOR.statistics().checks == checks + 1  # drawn: this event checked
+        assert next(draws) is False  # exactly one draw per event
+        with pytest.raises(ValueError):
+            fire_each([lane], "commit", tokens=[1, 1])
+        assert lane.state == "updating"
+    finally:
+        MONITOR.every_event = saved
+        MONITOR.configure(enabled=True, mode="raise")
