@@ -76,7 +76,7 @@ from calculet.adapters.sim.faults import FaultInjector, InjectedFault
 from calculet.adapters.sim.job_record import completion_record, null_decode_record, settle
 from calculet.adapters.sim.kv import SimKvManager
 from calculet.adapters.sim.memory import MemoryLedger
-from calculet.adapters.sim.submit_checks import SubmitGate
+from calculet.adapters.sim.submit_checks import SubmitGate, decode_step
 from calculet.adapters.sim.timeline import CompletionTimeline
 from calculet.clock import Clock
 from calculet.machines.job import JobEngine
@@ -372,16 +372,16 @@ class SimVirtualDevice:
         if self._virtual:
             self.timeline.advance_virtual()
         decode = isinstance(job, DecodeJob)  # asked once: the null device's commit below asks again (issue #20)
-        cb, kv, admitted, in_buf, out_buf = self._gate.admit(job, decode, self._poisoned, self._epoch)
+        routed = decode and self._poisoned is None and decode_step(job, self._gate.routes)  # type: ignore[arg-type]
+        cb, kv, admitted, in_buf, out_buf = routed or self._gate.admit(job, decode, self._poisoned, self._epoch)
         caps = cb.capabilities
         if self._engine_job[job.engine] is not None:
             raise VendorError(ReturnCode.DEVICE_BUSY,
                               f"engine {job.engine.name} is running job {self._engine_job[job.engine]}")
         pending = self.timeline.pending
         if len(pending) >= caps.max_inflight_jobs.value:
-            raise VendorError(ReturnCode.DEVICE_BUSY,
-                              f"{len(pending)} job(s) in flight; the contract allows "
-                              f"{caps.max_inflight_jobs.value}")
+            raise VendorError(ReturnCode.DEVICE_BUSY, f"{len(pending)} job(s) in flight; the contract allows "
+                                                      f"{caps.max_inflight_jobs.value}")
         fault = self.faults.decide(job.kind, job.engine, admitted.valid_lanes)
         if fault is not None and fault.kind is InjectedFault.DEVICE_BUSY:
             raise VendorError(ReturnCode.DEVICE_BUSY, f"injected DeviceBusy ({fault.origin})")

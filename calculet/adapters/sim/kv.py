@@ -85,6 +85,10 @@ class SimKvManager:
         self.max_seq = max_seq
         self._shape = shape  # (layers, heads, head_dim); None in numerics-off mode
         self._seqs: dict[int, _Sequence] = {}
+        self.find: Callable[[int], _Sequence | None] = self._seqs.get
+        """The sequence, or None when it is not allocated (an invalidated manager holds none): ``exists`` and
+        ``lookup`` in one dictionary read, for the submit checks and the commit of every job — the dictionary's
+        own ``get``, no frame of this manager's per lane (issue #20; ``_seqs`` is cleared, never rebound)."""
         self._next_id = 1
         self._valid = True
         self._why_invalid = on_invalid
@@ -234,11 +238,6 @@ class SimKvManager:
 
     def exists(self, seq_id: int) -> bool:
         return seq_id in self._seqs
-
-    def find(self, seq_id: int) -> _Sequence | None:
-        """The sequence, or None when it is not allocated (an invalidated manager holds none): ``exists`` and
-        ``lookup`` in one dictionary read, for the commit of every job (issue #20)."""
-        return self._seqs.get(seq_id)
 
     def past(self, seq: _Sequence) -> tuple[np.ndarray, np.ndarray]:
         """Views of the committed K/V ``[L, committed_len, H, Dh]`` (numerics on)."""

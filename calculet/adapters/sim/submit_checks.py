@@ -185,10 +185,17 @@ def decode_route(job: DecodeJob, cb: SimCalbin, kv: SimKvManager, in_buf: SimBuf
                        cb.profile_of(b).max_seq, cost.decode_s(b))
 
 
-def decode_step(job: DecodeJob, route: DecodeRoute) -> Admitted | None:
-    """:func:`check_decode` and :func:`check_buffers` of a job on ``route``: what they return when every check
-    passes, or None where any might fail — the caller then runs the full checks, which raise the refusal each
-    check names, in their order. The device checks the rest (closed, poisoned) before."""
+def decode_step(job: DecodeJob, routes: Mapping[int, DecodeRoute]
+                ) -> tuple[SimCalbin, SimKvManager, Admitted, SimBuffer, SimBuffer] | None:
+    """A decode job that is a step of a known route (``routes``, by ``id`` of the job's buffer pair): what
+    :meth:`SubmitGate.admit` returns for it when every check of :func:`check_decode` and :func:`check_buffers`
+    passes, checking only what changes from one step to the next; None where any check might fail, or for a job
+    of no route — the caller then runs the full checks, which raise the refusal each check names, in their order.
+    The device checks the rest (closed, poisoned) before. The device's submit asks this first (issue #20: the
+    gate's call and the route's lookup in one frame, once per token at B1)."""
+    route = routes.get(id(job.buffers))
+    if route is None:
+        return None
     if (job.buffers is not route.buffers or job.calbin_id != route.calbin_id or job.engine is not route.engine
             or job.compiled_batch != route.compiled_batch):
         return None
@@ -207,7 +214,8 @@ def decode_step(job: DecodeJob, route: DecodeRoute) -> Admitted | None:
         held.append(seq)
     if len(held) > 1 and len(set(seq_ids)) != len(held):
         return None  # a sequence in two lanes
-    return _new_tuple(Admitted, (seq_ids, lanes, route.duration_s, tuple(held)))
+    return (route.cb, route.kv, _new_tuple(Admitted, (seq_ids, lanes, route.duration_s, tuple(held))), route.in_buf,
+            route.out_buf)
 
 
 class SubmitGate:
@@ -221,21 +229,19 @@ class SubmitGate:
         self._kvs = kvs
         self._buffers = buffers
         self._cost = cost
-        self._routes: dict[int, DecodeRoute] = {}
+        self.routes: dict[int, DecodeRoute] = {}
+        """The routes by ``id`` of their buffer pair (read by the device's submit for a decode step; written here)."""
 
     def forget(self) -> None:
         """The configuration changed: every route is checked in full again at its next job."""
-        self._routes.clear()
+        self.routes.clear()
 
     def admit(self, job: JobSpec, decode: bool, poisoned: ReturnCode | None, epoch: int
               ) -> tuple[SimCalbin, SimKvManager, Admitted, SimBuffer, SimBuffer]:
         """The job's calbin, KvManager, what it touches and its buffers, or the refusal (VendorError) of the first
-        check that fails; the engine-busy, in-flight and fault checks are the device's."""
-        route = self._routes.get(id(job.buffers)) if decode and poisoned is None else None
-        if route is not None:
-            admitted = decode_step(job, route)  # type: ignore[arg-type]
-            if admitted is not None:  # a step of a route: its configuration's part was checked before
-                return route.cb, route.kv, admitted, route.in_buf, route.out_buf
+        check that fails, by the full checks — for a job that is not a step of a known route (the device tries
+        :attr:`routes` with :func:`decode_step` first); a decode job that passes them opens its route. The
+        engine-busy, in-flight and fault checks are the device's."""
         cb = check_target(job, self._calbins, poisoned)
         kv = self.kv_for(cb)
         cost = self._cost
@@ -245,7 +251,7 @@ class SubmitGate:
         if decode:
             route = decode_route(job, cb, kv, in_buf, out_buf, cost)  # type: ignore[arg-type]
             if route is not None:
-                self._routes[id(job.buffers)] = route
+                self.routes[id(job.buffers)] = route
         return cb, kv, admitted, in_buf, out_buf
 
     def kv_for(self, cb: SimCalbin) -> SimKvManager:

@@ -24,7 +24,7 @@ def rig() -> Iterator[tuple[SimSession, HostDriver, int, int]]:
         seq = session.kv.allocate_sequence()
         token = driver.prefill(seq, [256, 72, 105]).lanes[0].greedy_token
         step = driver.decode(1, [(seq, token)])
-        assert step.ok and len(session.device._gate._routes) == 1  # the route the later steps take
+        assert step.ok and len(session.device._gate.routes) == 1  # the route the later steps take
         yield session, driver, seq, step.lanes[0].greedy_token
 
 
@@ -59,7 +59,7 @@ def test_a_routed_step_is_refused_as_the_full_checks_refuse_it(rig: tuple[SimSes
             "token_outside_vocab": lambda: job(session, driver, seq, session.calbin.vocab_size),
             "negative_token": lambda: job(session, driver, seq, -1)}[fault]()
     got = refusal(session, spec)
-    session.device._gate._routes.clear()  # the same job through the full checks alone
+    session.device._gate.routes.clear()  # the same job through the full checks alone
     assert refusal(session, spec) == got and got[0] == "INVALID_ARGUMENT"
     assert session.kv.committed_length(seq) == at  # nothing was committed
 
@@ -69,7 +69,7 @@ def test_a_freed_sequence_is_refused_on_a_route(rig: tuple[SimSession, HostDrive
     spec = job(session, driver, seq, token)
     session.kv.free_sequence(seq)
     got = refusal(session, spec)
-    session.device._gate._routes.clear()
+    session.device._gate.routes.clear()
     assert refusal(session, spec) == got
 
 
@@ -78,7 +78,7 @@ def test_freed_buffers_send_the_next_job_through_the_full_checks(rig: tuple[SimS
     session, driver, seq, token = rig
     spec = job(session, driver, seq, token)
     session.device.free_job_buffers(driver.buffers(JobKind.DECODE, 1))
-    assert not session.device._gate._routes
+    assert not session.device._gate.routes
     assert refusal(session, spec)[0] == "NOT_FOUND"
 
 
@@ -86,7 +86,7 @@ def test_a_reset_forgets_every_route(rig: tuple[SimSession, HostDriver, int, int
     session, driver, seq, token = rig
     spec = job(session, driver, seq, token)
     session.device.reset_configuration()
-    assert not session.device._gate._routes
+    assert not session.device._gate.routes
     with pytest.raises(CalculetError):
         session.device.submit(spec)
 
