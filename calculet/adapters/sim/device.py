@@ -393,8 +393,7 @@ class SimVirtualDevice:
         if fault is not None and fault.kind is InjectedFault.TIMEOUT:
             finish = None
         job_id = JobId(next(self._ids))
-        ticket = JobTicket(job_id=job_id, generation=job.generation, kind=job.kind, engine=job.engine,
-                           calbin_id=cb.calbin_id, submitted_at=now)
+        ticket = JobTicket(job_id, job.generation, job.kind, job.engine, cb.calbin_id, now)  # positional: once a job
         in_buf.pending = job  # the DMA: its bytes written when the buffer is read (SimBuffer.pending)
         self._submitted += 1
         if (fault is None and finish is not None and finish <= now and self.completes_at_submit

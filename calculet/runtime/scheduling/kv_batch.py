@@ -111,7 +111,7 @@ class KvBatchOperations:
         which is in ``OPEN_STATES`` with room for ``tokens`` more — by the caller's own pass over them (the
         decode tick's selection, issue #20: no second pass per step). What is left is the batch-wide rule, each
         lane once; a lane that appears twice is refused as :meth:`reserve_batch` refuses it."""
-        if len(set(lanes)) != len(lanes):
+        if len(lanes) > 1 and len(set(lanes)) != len(lanes):  # one lane (B1) cannot appear twice: no set built
             return self._refusal(leases, tokens)
         return KvBatchReservation(leases, tokens, lanes, machines, self.owners_changed)
 

@@ -201,3 +201,17 @@ def test_kv_sequence_has_the_spec_fields_and_states():
     assert (machine.seq_id, machine.lane, machine.committed_len, machine.reserved_len, machine.generation,
             machine.state) == (77, lease.lane, 0, 10, 3, "reserved")
     assert set(kv.statistics().by_state) == {"free", "reserved", "active", "updating", "unknown", "releasing"}
+
+
+@pytest.mark.req("R7.1.5")
+def test_a_lane_twice_in_one_batch_is_refused_and_one_lane_alone_is_not():
+    """The batch-wide rule of a checked reservation (issue #20: no set built for a one-lane batch, every B1 step):
+    a lease listed twice is refused as ``reserve_batch`` refuses it; one lane alone is reserved. Mutants caught:
+    the duplicate check skipped for two lanes (``len(lanes) > 2``), or dropped."""
+    kv = pool(lanes=2, max_seq=64)
+    a = kv.reserve(1, 10)
+    assert not isinstance(kv.reserve_batch([a]), KvReservationFailure)
+    twice = kv.reserve_batch([a, a])
+    assert isinstance(twice, KvReservationFailure)
+    assert [(lease.lane, why) for lease, why in twice.problems] == [(a.lane, "lane appears twice in one batch")]
+    assert kv.state(a) == "reserved"
