@@ -12,6 +12,7 @@ job under ping/pong, which is the figure both rules need.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 DEFAULT_SMOOTHING = 0.125
 """Weight of the newest sample (the TCP RTT estimator's 1/8): about the last 16 steps count."""
@@ -29,6 +30,8 @@ class StepTimeStatistics:
     """Back-to-back decode steps' completion-to-completion time (:attr:`StepTimer.period_s`)."""
     period_high_s: float = 0.0
     """Its tail, mean plus four mean deviations (:attr:`StepTimer.period_high_s`)."""
+    slot_token_s: float = 0.0
+    """Wall seconds a KV slot is held per token it yields (:attr:`StepTimer.slot_token_s`)."""
 
 
 PERIOD_DEVIATION_WEIGHT = 0.25
@@ -59,7 +62,7 @@ class StepTimer:
     """
 
     __slots__ = ("_estimate", "_samples", "_alpha", "_last_done", "_prefill_since", "_waited", "_tokens", "_widest",
-                 "_period", "_period_dev")
+                 "_period", "_period_dev", "_held", "holding")
 
     def __init__(self, prior_s: float = 0.0, smoothing: float = DEFAULT_SMOOTHING) -> None:
         if prior_s < 0 or not 0 < smoothing <= 1:
@@ -68,8 +71,12 @@ class StepTimer:
         self._samples = 0
         self._alpha = smoothing
         self._last_done: float | None = None
-        self._prefill_since = self._waited = self._tokens = self._period = self._period_dev = 0.0
+        self._prefill_since = self._waited = self._tokens = self._period = self._period_dev = self._held = 0.0
         self._widest = 0
+        self.holding: Callable[[], int] | None = None
+        """How many sequences hold a KV slot now (admitted, not yet released: waiting for or running their prefill,
+        decoding, finishing), read at each decode step measured; set by the ``on_time`` policy from the admission
+        budget (None: :attr:`slot_token_s` reads :attr:`token_s`)."""
 
     @property
     def decode_step_s(self) -> float:
@@ -85,6 +92,18 @@ class StepTimer:
     def token_s(self) -> float:
         """Wall seconds per token of a decoding sequence over the long window (0 until measured)."""
         return self._waited / self._tokens if self._tokens > 0 else 0.0
+
+    @property
+    def slot_token_s(self) -> float:
+        """Wall seconds a KV slot is held per token it yields, over the same long window as :attr:`token_s` (0 until
+        measured): Little's law over the slots held rather than the sequences decoding. A slot is held from the
+        request's admission into prefill to its release, so this also counts the time a newcomer holds its slot
+        before its first decode step — waiting for its prefill behind the other newcomers' (§6 serves one prefill
+        between decode steps) — and a freed slot's turnover. Issue #13 measured it on the goodput comparison's B16
+        4x runs at 1.3x the per-token time (the device decodes 11-12 sequences on average of the 16 slots held):
+        a lane schedule that hands a freed lane to the next job at once, at :attr:`token_s`, overstates how fast
+        the queue drains by that much (``DeviceModel.slot_token_s``)."""
+        return self._held / self._tokens if self._tokens > 0 else 0.0
 
     @property
     def period_s(self) -> float:
@@ -131,6 +150,9 @@ class StepTimer:
             else:
                 interval, waiting = min(busy, max(0.0, now - self._last_done)), max(lanes, min(decoding, self._widest))
             self._waited = keep * self._waited + waiting * interval
+            holding = self.holding
+            held = waiting if holding is None else max(waiting, holding())
+            self._held = keep * self._held + held * interval
             self._tokens = keep * self._tokens + lanes
             self._last_done = now
         self._prefill_since = 0.0
@@ -151,7 +173,8 @@ class StepTimer:
                 self._period += self._alpha * (sample - self._period)
 
     def statistics(self) -> StepTimeStatistics:
-        return StepTimeStatistics(self._estimate, self._samples, self.token_s, self._period, self.period_high_s)
+        return StepTimeStatistics(self._estimate, self._samples, self.token_s, self._period, self.period_high_s,
+                                  self.slot_token_s)
 
 
 @dataclass(frozen=True)

@@ -59,86 +59,15 @@ retry gets a new deadline, so the candidate's relative deadline is kept).
 Every call is O(n log n) (plus O(n·lanes) for the lane scan); a job with no deadline is never
 shed and never constrains the others (it runs after them).
 
-Tried and not kept (issue #13, measured on the steady and bursty presets): counting the work that
-arrives *after* admission and runs first. On one KV lane (``calculet-b1``) the estimate is early by
-a signed median of 8-13 %, and the work of later arrivals of the other tenant that started first
-(a later arrival takes an earlier §5.3 tag) correlated 0.64 with how late it was. Stretching the
-wait ``W`` to ``W / (1 - ρ)``, ρ the other tenants' measured rate of accepted work, each capped by
-its WFQ tag window, took the signed median to +1 % but the P90 from 33 to 51 % (steady) and 34 to
-39 % (bursty), b4 28 -> 38 %, b1-pingpong 27 -> 48 %: the later work that overtakes, and the
-earlier work that is shed or cancelled ahead (which makes the estimate late), vary request by
-request far more than their means, so a mean-rate term moved the bias and widened the spread. The
-uncapped M/G/1 stretch overshot further (P90 97-100 %).
+The lane schedules on B>1 hand a freed lane to the next job at the KV slot's measured per-token time
+(:attr:`DeviceModel.handover_s`, issue #13 session 14): a freed slot's next request first waits for its
+prefill behind the other newcomers', so a queue drains slower than its sequences decode. Admission (``fits``
+and its cache) and the overload selection plan with it; the reported admission-order estimate does not (with
+it, the steady/bursty rows got worse: ``docs/estimator.md``).
 
-Measured next (issue #13, session 8), after the admission order became the queue's own
-(:mod:`.wfq_order`: steady calculet-b1 P90 32 -> 23 %): what is left on one KV lane and on B16's
-admission-order path is later arrivals of the other tenant tagged ahead of the candidate (bursty
-calculet-b1: P90 33 % as estimated, 18 % were their work known; steady calculet-b16 at 2-4x, the wait's
-P90 22 -> 11 %). Their work capped by the candidate's tag window (the other tenant's cost up to the
-candidate's tag, at its weight, in device seconds) over-shot by +15 % signed (bursty calculet-b1 P90
-33 -> 42 %, offline on logged windows); half the window gave 22 %, a fit to this preset, not a model.
-On B>1 with a lane free the error is the decode's per-token time, which the decode set decides (the
-§8 thresholds make it non-monotone: two sequences rotate on B1, three share a B4 step). Tried and not
-kept: a per-set-size per-token time measured by the step timer (Little's law per size, stretched by
-the prefills' share), walked over the known set as each finishes plus expected newcomers (M/G/∞ at
-the measured rate and stay). calculet-b16 P90: steady 29 -> 27 % (loads 0.5/1: 36 -> 28, 34 -> 30),
-bursty 38 -> 40 % (a burst's newcomers outrun a long-window rate; a 256-step window: 41 %); offline
-with the cost model's exact per-size times and the trace's mean rate, steady 0.5/1 reached 23/27 %.
-Neither preset meets 25 % with it, and it would add work to every decode step (#20).
-
-Measured for admission (issue #13, the goodput comparison's B16 tight 0.5× miss: trace ids 135 and 161
-refused, at_risk finished them in 9.44/7.51 s): a lane schedule whose per-token time follows the number
-of kept sequences decoding in each stretch (the list schedule time-warped by the reference cost's per-token
-time at that count under the §8 thresholds, relative to B16 full; selection and ``fits`` both warped; no
-later arrivals). It is early: offline at 0.5×, the admitted requests finished a median 1.27× (P90 1.56×)
-after it (17 others started during 135's life under at_risk), and the count is not monotone in cost (9-11
-sequences rotate on B8: 120 ms a token against 80 ms at 12-16). Prototype against the same harness (the
-admission cache off in both): on time 0.5× 245 vs 246 (admits 161, refuses 66 and 67, still 135), 1× 341
-vs 399, 2× 413 vs 478, 4× 412 vs 439; admitted then ended for the deadline 18 vs 4 (1×), 22 vs 5 (2×). A
-monotone shape (the smallest profile holding the set) admits 135 and 161 (0.5× 245: 74 admitted and
-late, 76, 77, 141 refused) and is worse still (1× 362,
-2× 411 with 46 admitted then shed). Not kept: whether 135 makes it depends on the later arrivals' load,
-which no estimate over the kept set knows.
-
-Where the reported error comes from (issue #13 session 10, the bench's definition: the estimate set at the
-§5.2 screen at submit, never revised, against the instant the outcome was delivered, over the latency the
-request had, completed requests pooled over the preset's loads; replayed per request at dd345aa). Where
-sequences > lanes (calculet-b1-shared) the decode follows the EDF plan and the P90 is 8 / 7 %; everywhere
-else the scored estimate is :func:`admission_order_finish`, and two causes share the tail. (1) The wait, on
-the backlogged tenant: later arrivals of the other tenant take earlier §5.3 tags. steady at 2x, the
-backlogged tenant's signed median is -19 % on b8, -15 % on b16, the other's +2 / -1 %; crediting every
-request with the later arrivals that actually started before it (their service over the lanes, an oracle)
-takes the P90 from 23 / 33 to 21 / 18 % (calculet-b1 steady / bursty), steady b4 28 -> 22, b8 30 -> 22, b16
-29 -> 27, b16 bursty 38 -> 39. (2) The per-token time on B>1 with a lane free (loads 0.5-1: the wait is
-1-6 % of the latency): it is set by arrivals during the request's life (each prefill stalls every lane,
-the §8 profile grows), 43-170 ms a token for one run's requests. The best constant per-token time for each
-run, fitted on its own outcomes, with the actual wait, still leaves P90 26 / 31 % (b16 steady 0.5 / 1) and
-31 / 36 % (bursty); a log-linear fit on what is known at submit (set size, arrivals of the last 10 / 30 s,
-length) errs on the per-token time itself by 26 / 29 / 30 / 27 %. No estimate made at submit meets 25 % on
-those runs; pooled with the loads that wait, the same oracle per-token time and actual wait give 17 % (b16
-steady) and 22 % (bursty), so the wait is where the pooled P90 can still move. A faster per-token window (1/64 for 1/256) was worse on every b16
-steady load (P90 36 -> 50, 34 -> 37, 32 -> 36, 24 -> 28 %).
-
-Why the reported estimate is not the admission plan's own finish (issue #13 item 2, "one estimator"; measured at
-0c46189, same runs and decisions, steady/bursty, every load pooled, the bench's definition). Where nobody waits
-the two are already one value (``OnTimePlanner.admit`` keeps the EDF finish). Where requests wait on B1 or B>1
-with sequences <= lanes, reporting the EDF finish (margin taken out) instead of the queue order's changes P90 as
-follows (steady, then bursty): b1 19 -> 287, 21 -> 202 %; b4 28 -> 126, 24 -> 36; b8 30 -> 95, 26 -> 34; b16
-29 -> 58, 38 -> 49; b1-pingpong 26 -> 134, 31 -> 123; b16-pingpong 25 -> 32, 44 -> 45; b16-chunked 30 -> 50,
-38 -> 55; b16-pingpong-chunked 25 -> 30, 42 -> 43 %. Per load it was worse wherever the two differed (one
-point better once: bursty b16-pingpong at 1x, 43 -> 42 %). With the margin left in, as ``fits`` computes it,
-it was later still (b1-shared, where the plan is the reported estimate: P90 8 -> 18 %, signed -3 -> +16 %;
-steady b16 58 -> 87 %). The cause: with equal relative deadlines the EDF plan is FCFS, and it puts a
-candidate behind every waiting request of the backlogged tenant. The §5.3 queue admits it ahead of them. On
-steady b1 at 1x the light tenant's estimate is late by a signed median of +183 % (P90 500 %). The backlogged
-tenant's is early by 13 %. A per-token time walked over the known decode set's departures (each sequence's
-remaining tokens, the cost model's exact per-size step under the §8 thresholds, no later arrivals; offline)
-did no better than the measured per-token time on the lane-free admissions: steady P90 b4 35 -> 39, b8 35 -> 35,
-b16 38 -> 42 %; bursty b4 25 -> 45, b8 34 -> 44, b16 51 -> 53 %. Stretching it by the last minute's prefill
-share brought the signed median to about 0 but widened the P90 further. Averaged 50/50 with the estimate on the
-lane-free admissions only (a fit), the pooled P90 moved by at most 2.5 points (steady b16 29.3 -> 26.8 %; bursty
-b4 23.9 -> 24.4, b8 26.1 -> 26.4, worse). Not kept: it would need per-size step times measured and it changes
-the verdict (25 %) of no row.
+What was measured and tried on this estimator and not kept — counting later arrivals, per-size per-token
+times, the admission plan's own finish as the reported estimate, and the rest — with the figures, is in
+``docs/estimator.md`` ("The estimator's earlier measurements"); read it before trying a variant.
 """
 
 from __future__ import annotations
@@ -217,10 +146,13 @@ class DeviceModel:
     """Measured completion-to-completion time of back-to-back decode steps at its tail (the step and
     the host's time between steps, mean plus four deviations: :attr:`~.estimates.StepTimer.period_high_s`;
     0: not measured): the latency SLO's rotation is sized on it, since ITL is judged at its P99."""
+    slot_token_s: float = 0.0
+    """Measured wall seconds a KV slot is held per token it yields (:attr:`~.estimates.StepTimer.slot_token_s`;
+    0: not measured). On B>1 a job that takes a lane another job held decodes at it (:attr:`handover_s`)."""
 
     def __post_init__(self) -> None:
         if min(self.decode_step_s, self.prefill_fixed_s, self.prefill_per_token_s, self.token_s,
-               self.step_period_s) < 0:
+               self.step_period_s, self.slot_token_s) < 0:
             raise ValueError("device model times must be >= 0")
         if self.compiled_batch < 1 or self.engines not in (1, 2):
             raise ValueError("a device model needs compiled_batch >= 1 and engines in (1, 2)")
@@ -248,6 +180,19 @@ class DeviceModel:
             return self.decode_step_s
         return max(self.token_s, self.decode_step_s)
 
+    @property
+    def handover_s(self) -> float:
+        """Seconds more per decode step for a job that takes a lane after another job held it, in the lane
+        schedules (:func:`edf_schedule`, the selection, the admission-order estimate; 0 on one lane or until
+        measured). Why (issue #13): a lane freed on B>1 does not decode its next job at once — the newcomer holds
+        its slot while it waits for its prefill behind the other newcomers' — so a queue drains at the slot's
+        per-token time, not the decoding sequence's. Measured on the goodput comparison's B16 tight 4x runs: the
+        slot's 1.3x the sequence's, and requests planned to start 4 s out started at 6.3 s; ``docs/estimator.md``
+        has the figures. Jobs that start on a lane free now (a device not full) keep the sequence's time."""
+        if self.compiled_batch * self.engines == 1 or self.token_s <= 0:
+            return 0.0
+        return max(0.0, self.slot_token_s - self.lane_step_s)
+
     def slowed(self, factor: float) -> DeviceModel:
         """This device with every time multiplied by ``factor`` (≥ 1): admission's margin for the
         estimator's measured error (:mod:`.estimate_error`). Finish times from ``now`` scale by it."""
@@ -255,7 +200,7 @@ class DeviceModel:
             return self
         return replace(self, decode_step_s=self.decode_step_s * factor, prefill_fixed_s=self.prefill_fixed_s * factor,
                        prefill_per_token_s=self.prefill_per_token_s * factor, token_s=self.token_s * factor,
-                       step_period_s=self.step_period_s * factor)
+                       step_period_s=self.step_period_s * factor, slot_token_s=self.slot_token_s * factor)
 
     def prefill_s(self, tokens: int) -> float:
         if tokens <= 0:
@@ -322,12 +267,14 @@ def _prefills(jobs: Sequence[PendingJob], model: DeviceModel) -> list[float]:
     return [-(-t // chunk) * fixed + per * t if (t := j.prefill_tokens) else 0.0 for j in jobs]
 
 
-def _plan(jobs: Sequence[PendingJob], model: DeviceModel) -> tuple[float, list[float]]:
-    """(device time before the lanes start, per-job lane length): the EDF work model."""
-    step, prefills = model.lane_step_s, _prefills(jobs, model)
+def _plan(jobs: Sequence[PendingJob], model: DeviceModel) -> tuple[float, list[float], list[float] | None]:
+    """(device time before the lanes start, per-job lane length, per-job extra length on a lane another job held
+    — None when there is none, :attr:`DeviceModel.handover_s`): the EDF work model."""
+    step, prefills, handover = model.lane_step_s, _prefills(jobs, model), model.handover_s
+    extra = [j.decode_steps * handover for j in jobs] if handover > 0 else None
     if model.prefill_on_lane:
-        return 0.0, [p + j.decode_steps * step for p, j in zip(prefills, jobs)]
-    return sum(prefills), [j.decode_steps * step for j in jobs]
+        return 0.0, [p + j.decode_steps * step for p, j in zip(prefills, jobs)], extra
+    return sum(prefills), [j.decode_steps * step for j in jobs], extra
 
 
 def _edf_order(jobs: Sequence[PendingJob]) -> list[int]:
@@ -336,14 +283,16 @@ def _edf_order(jobs: Sequence[PendingJob]) -> list[int]:
     return sorted(range(len(jobs)), key=deadlines.__getitem__)
 
 
-def _list_schedule(order: Sequence[int], lengths: Sequence[float], lanes: int,
-                   start: float) -> tuple[dict[int, float], list[float]]:
-    """Each job in ``order`` takes the earliest free lane and holds it ``lengths[i]``: (finish per
-    index, the lanes' free times as a heap)."""
+def _list_schedule(order: Sequence[int], lengths: Sequence[float], lanes: int, start: float,
+                   extra: Sequence[float] | None = None) -> tuple[dict[int, float], list[float]]:
+    """Each job in ``order`` takes the earliest free lane and holds it ``lengths[i]``, plus ``extra[i]`` when
+    another job held that lane before it (:attr:`DeviceModel.handover_s`): (finish per index, the lanes' free
+    times as a heap)."""
     free = [start] * lanes
     finish: dict[int, float] = {}
     for i in order:
-        end = heapq.heappop(free) + lengths[i]
+        end = heapq.heappop(free)
+        end += lengths[i] if extra is None or end <= start else lengths[i] + extra[i]
         finish[i] = end
         heapq.heappush(free, end)
     return finish, free
@@ -387,16 +336,17 @@ def edf_schedule(jobs: Sequence[PendingJob], now: float,
                  model: DeviceModel) -> tuple[dict[int, float], list[float]]:
     """:func:`edf_finish`, and the lanes' free times after it as a heap: a lane no job holds is free when the
     prefill backlog ends (``now`` where prefills run on their own lanes), not at ``now``."""
-    base, lengths = _plan(jobs, model)
-    finish, free = _list_schedule(_edf_order(jobs), lengths, model.lanes, now + base)
+    base, lengths, extra = _plan(jobs, model)
+    finish, free = _list_schedule(_edf_order(jobs), lengths, model.lanes, now + base, extra)
     return {jobs[i].id: t for i, t in finish.items()}, free
 
 
 def _select(order: Sequence[int], lengths: Sequence[float], deadlines: Sequence[float],
-            weights: Sequence[float], lanes: int, start: float) -> tuple[list[int], dict[int, float]]:
+            weights: Sequence[float], lanes: int, start: float,
+            extra: Sequence[float] | None = None) -> tuple[list[int], dict[int, float]]:
     """Moore–Hodgson on an EDF list schedule of ``lanes`` lanes: (shed indices, kept finish)."""
     if lanes > 1:
-        return _select_lanes(order, lengths, deadlines, weights, lanes, start)
+        return _select_lanes(order, lengths, deadlines, weights, lanes, start, extra)
     ends = list(accumulate([lengths[i] for i in order], initial=start))[1:]
     if all(map(le, ends, [deadlines[i] + ON_TIME_EPS_S for i in order])):
         return [], dict(zip(order, ends))
@@ -423,7 +373,8 @@ def _select(order: Sequence[int], lengths: Sequence[float], deadlines: Sequence[
 
 
 def _select_lanes(order: Sequence[int], lengths: Sequence[float], deadlines: Sequence[float],
-                  weights: Sequence[float], lanes: int, start: float) -> tuple[list[int], dict[int, float]]:
+                  weights: Sequence[float], lanes: int, start: float,
+                  extra: Sequence[float] | None = None) -> tuple[list[int], dict[int, float]]:
     """The ``lanes > 1`` extension: the kept prefix is always on time under its *own* EDF list schedule.
 
     Removing a job from a list schedule can delay the jobs after it (Graham's anomalies, 1969:
@@ -438,7 +389,8 @@ def _select_lanes(order: Sequence[int], lengths: Sequence[float], deadlines: Seq
     longest: list[tuple[float, int]] = []
     shed: list[int] = []
     for i in order:
-        end = heapq.heappop(free) + lengths[i]
+        end = heapq.heappop(free)
+        end += lengths[i] if extra is None or end <= start else lengths[i] + extra[i]
         heapq.heappush(free, end)
         kept.append(i)
         finish[i] = end
@@ -451,7 +403,7 @@ def _select_lanes(order: Sequence[int], lengths: Sequence[float], deadlines: Seq
             victim = -heapq.heappop(longest)[1]
             shed.append(victim)
             kept.remove(victim)
-            finish, free = _list_schedule(kept, lengths, lanes, start)
+            finish, free = _list_schedule(kept, lengths, lanes, start, extra)
             if all(finish[k] <= deadlines[k] + ON_TIME_EPS_S for k in kept):
                 break
     return shed, finish
@@ -480,10 +432,10 @@ def on_time_selection(jobs: Sequence[PendingJob], now: float, model: DeviceModel
     On B>1 the prefill backlog of *all* jobs is charged before the lanes start (conservative:
     shedding a job also removes its prefill).
     """
-    base, lengths = _plan(jobs, model)
+    base, lengths, extra = _plan(jobs, model)
     deadlines = [_INF if j.deadline is None else j.deadline for j in jobs]
     order = sorted(range(len(jobs)), key=deadlines.__getitem__)
-    shed, finish = _select(order, lengths, deadlines, [j.weight for j in jobs], model.lanes, now + base)
+    shed, finish = _select(order, lengths, deadlines, [j.weight for j in jobs], model.lanes, now + base, extra)
     dropped = set(shed)
     return Selection(keep=tuple(jobs[i].id for i in order if i not in dropped),
                      shed=tuple(jobs[i].id for i in order if i in dropped),
@@ -591,6 +543,6 @@ def admission_order_finish(candidate: PendingJob, tenant: str, admitted: Sequenc
         for name, jobs in queued.items():
             ahead.extend(jobs if name == tenant else jobs[:math.ceil((mine + 1) * weights.get(name, 1.0) / own_w)])
     jobs = [*ahead, candidate]
-    base, lengths = _plan(jobs, model)
+    base, lengths, _ = _plan(jobs, model)  # no handover: the reported estimate keeps the long window (module doc)
     finish, _ = _list_schedule(range(len(jobs)), lengths, model.lanes, now + base)
     return finish[len(jobs) - 1]

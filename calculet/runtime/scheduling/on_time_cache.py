@@ -28,7 +28,7 @@ def _deadline(job: PendingJob) -> float:
 class _EdfCache:
     """The kept set's EDF lane schedule at the last plan: lane free times and the least slack."""
 
-    __slots__ = ("free", "min_slack", "latest", "on_lane", "_of", "_step", "_tokens", "_prefill")
+    __slots__ = ("free", "min_slack", "latest", "on_lane", "_of", "_step", "_handover", "_tokens", "_prefill")
 
     def __init__(self, kept: list[PendingJob], now: float, model: DeviceModel,
                  late_ok: frozenset[int] = frozenset()) -> None:
@@ -47,7 +47,7 @@ class _EdfCache:
         self._of: DeviceModel | None = None
         """The model :meth:`place` last read (a frozen DeviceModel): its lane step, and the prefill of the last
         prompt length placed, are kept for the next ``submit()`` (a burst's prompts are mostly alike, #20)."""
-        self._step = 0.0
+        self._step = self._handover = 0.0
         self._tokens = -1
         self._prefill = 0.0
 
@@ -56,7 +56,9 @@ class _EdfCache:
         schedule cannot say — an earlier deadline, or a backlog prefill that would shift the lanes)."""
         if _deadline(job) < self.latest or not self.on_lane:
             return None
-        return max(self.free[0], now) + model.service_s(job.prefill_tokens, job.decode_steps)
+        free = self.free[0]
+        service = model.service_s(job.prefill_tokens, job.decode_steps)
+        return now + service if free <= now else free + service + job.decode_steps * model.handover_s
 
     def place(self, tokens: int, decode_steps: int, deadline: float | None, now: float,
               model: DeviceModel) -> float | None:
@@ -69,7 +71,7 @@ class _EdfCache:
         if deadline < self.latest:
             return None
         if model is not self._of:
-            self._of, self._step, self._tokens = model, model.lane_step_s, -1
+            self._of, self._step, self._handover, self._tokens = model, model.lane_step_s, model.handover_s, -1
         if tokens == self._tokens:
             prefill = self._prefill
         else:
@@ -80,9 +82,12 @@ class _EdfCache:
         if shift > min_slack + _EPS:
             return None
         start = free[0] + shift  # on a lane, the prefill runs at its start
-        if now + shift > start:
+        step = self._step
+        if now + shift >= start:
             start = now + shift
-        finish = start + decode_steps * self._step + (prefill if on_lane else 0.0)
+        else:  # a lane another job holds until then (DeviceModel.handover_s)
+            step += self._handover
+        finish = start + decode_steps * step + (prefill if on_lane else 0.0)
         if finish > deadline + _EPS:
             return None
         if shift:

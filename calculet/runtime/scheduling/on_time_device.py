@@ -55,7 +55,7 @@ class MeasuredDevice:
             self._fastest_step = step
         fixed, per_token = self.prefill_times.cost()
         return DeviceModel(step, compiled_batch, engines, fixed, per_token, chunk, step_times.token_s,
-                           step_times.period_high_s)
+                           step_times.period_high_s, step_times.slot_token_s)
 
     def admitting_model(self, model: DeviceModel) -> DeviceModel:
         """``model`` slowed by admission's margin, kept while it and the margin are (#20: not per ``submit()``);
@@ -102,7 +102,7 @@ def _slowed(model: DeviceModel, factor: float) -> DeviceModel:
         return model
     return DeviceModel(model.decode_step_s * factor, model.compiled_batch, model.engines, model.prefill_fixed_s * factor,
                        model.prefill_per_token_s * factor, model.prefill_chunk_tokens, model.token_s * factor,
-                       model.step_period_s * factor)
+                       model.step_period_s * factor, model.slot_token_s * factor)
 
 
 def _alone(model: DeviceModel, step: float, factor: float) -> DeviceModel:

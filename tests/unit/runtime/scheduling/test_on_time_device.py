@@ -5,7 +5,8 @@ The step timer measures at every decode step, so the measured, admitting and alo
 wherever one is read; they are now built directly rather than through ``DeviceModel.slowed`` and ``replace``. The
 decisions read every field (``==`` keys the refusal cache and the retry slots), so the models must be equal, field
 for field, to the ones built before. Mutants caught: a field left unslowed (``prefill_fixed_s``, ``step_period_s``,
-``token_s``), the alone model keeping ``token_s`` or the compiled batch, the margin applied to the alone step twice.
+``token_s``, ``slot_token_s``), the alone model keeping ``token_s``, ``slot_token_s`` or the compiled batch, the margin
+applied to the alone step twice.
 """
 
 from __future__ import annotations
@@ -27,15 +28,16 @@ positive = st.floats(1e-4, 5.0, allow_nan=False)
 @settings(max_examples=300, deadline=None)
 @given(step=positive, batch=st.sampled_from([1, 4, 16]), engines=st.sampled_from([1, 2]), fixed=times, per=times,
        chunk=st.sampled_from([None, 64]), token=times, period=times, margin=st.floats(0.0, 3.0, allow_nan=False),
-       fastest=positive)
+       fastest=positive, slot=times)
 def test_the_models_are_those_slowed_and_replace_built(step: float, batch: int, engines: int, fixed: float,
                                                         per: float, chunk: int | None, token: float, period: float,
-                                                        margin: float, fastest: float) -> None:
-    model = DeviceModel(step, batch, engines, fixed, per, chunk, token, period)
+                                                        margin: float, fastest: float, slot: float) -> None:
+    model = DeviceModel(step, batch, engines, fixed, per, chunk, token, period, slot)
     factor = 1.0 + margin
     assert _slowed(model, factor) == model.slowed(factor)
     alone_step = min(fastest, step)
-    expected = dataclasses.replace(model, decode_step_s=alone_step, compiled_batch=1, engines=1, token_s=0.0)
+    expected = dataclasses.replace(model, decode_step_s=alone_step, compiled_batch=1, engines=1, token_s=0.0,
+                                   slot_token_s=0.0)
     assert _alone(model, alone_step, factor) == expected.slowed(factor)
     assert _alone(model, alone_step, 1.0) == expected
 
@@ -58,7 +60,8 @@ def test_measured_device_builds_from_the_timers_and_the_alone_model_follows_the_
     assert slow is not None and slow.decode_step_s > 0.1
     devices.admitting_model(slow)
     alone = devices.admitting_alone()
-    assert alone == dataclasses.replace(slow, decode_step_s=0.02, compiled_batch=1, engines=1, token_s=0.0).slowed(1.25)
+    assert alone == dataclasses.replace(slow, decode_step_s=0.02, compiled_batch=1, engines=1, token_s=0.0,
+                                        slot_token_s=0.0).slowed(1.25)
     devices.restart()
     assert devices.admitting_alone() is None  # nothing built since
     devices.admitting_model(slow)

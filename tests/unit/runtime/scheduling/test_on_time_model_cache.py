@@ -29,7 +29,7 @@ def fresh(policy: OnTimePolicy) -> DeviceModel | None:
     fixed, per_token = planner.prefill_times.cost()
     return DeviceModel(planner.step_times.decode_step_s, profiles.select_profile(2**31).compiled_batch,
                        policy._engines(), fixed, per_token, profiles.prefill_chunk_tokens,
-                       planner.step_times.token_s, planner.step_times.period_high_s)
+                       planner.step_times.token_s, planner.step_times.period_high_s, planner.step_times.slot_token_s)
 
 
 def on_time(h: Harness) -> OnTimePolicy:
