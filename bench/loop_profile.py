@@ -402,8 +402,8 @@ def _stage_targets(stages: Stages) -> None:
         stages.patch(RetrySlots, name, "retry slots")
     stages.patch(lane.RefusalLane, "_answer", "429 answer")
     stages.patch(lane.AnswerBytes, "response", "429 answer")
-    stages.patch(lane, "log_fields", "log line")
-    for name in ("_count", "flush_metrics"):
+    stages.patch(lane, "log_lines", "log line")
+    for name in ("_count", "flush"):
         stages.patch(lane.RefusalLane, name, "metrics")
 
 

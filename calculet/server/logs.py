@@ -120,22 +120,38 @@ def log_fields(logger: logging.Logger, level: int, msg: str, fields: dict[str, A
     order as :class:`JsonFormatter` writes. Otherwise the record is made directly (``Logger.log`` would first walk
     the stack for the caller's file and line, which no formatter of the service prints, and ``makeRecord`` would
     test each field against the record's own names — these are the caller's fixed names) and handled as usual."""
+    log_lines(logger, level, msg, [(time.time(), fields)], plain=plain)
+
+
+def log_lines(logger: logging.Logger, level: int, msg: str, lines: list[tuple[float, dict[str, Any]]], *,
+              plain: bool = False) -> None:
+    """Log lines as :func:`log_fields` writes each, every one with its own instant (``time.time()`` when it was
+    decided: its ``ts``), written to the service's JSON handler in one write and one flush.
+
+    Why one write (issue #13): a flush of the service's stream (stderr: a pipe or a file) is a system call that
+    releases the interpreter lock; under a burst the engine's threads are busy, and the event loop then waits for
+    one of them to hand the lock back before its next request — at each refusal's line. The refusal lane writes a
+    turn's lines together (:meth:`~calculet.server.refusal_lane.RefusalLane.flush`)."""
     handler = _json_handler(logger, level)
     if handler is None:
-        record = logging.getLogRecordFactory()(logger.name, level, __file__, 0, msg, (), None, "log_fields")
-        record.__dict__.update(fields)
-        logger.handle(record)
+        for created, fields in lines:
+            record = logging.getLogRecordFactory()(logger.name, level, __file__, 0, msg, (), None, "log_fields")
+            record.created, record.msecs = created, (created - int(created)) * 1000
+            record.__dict__.update(fields)
+            logger.handle(record)
         return
-    created = time.time()
-    head = _json_head(_stamp(created, (created - int(created)) * 1000), logging.getLevelName(level), logger.name, msg)
-    if plain:
-        head.update(fields)
-    else:
-        _json_fields(head, fields)
-    line = dumps_text(head)
+    name, level_name, end = logger.name, logging.getLevelName(level), handler.terminator
+    text = []
+    for created, fields in lines:
+        head = _json_head(_stamp(created, (created - int(created)) * 1000), level_name, name, msg)
+        if plain:
+            head.update(fields)
+        else:
+            _json_fields(head, fields)
+        text.append(dumps_text(head) + end)
     handler.acquire()
     try:
-        handler.stream.write(line + handler.terminator)
+        handler.stream.write("".join(text))
         handler.flush()
     except Exception:  # noqa: BLE001 - as StreamHandler.emit: reported, never raised into the caller
         record = logging.LogRecord(logger.name, level, __file__, 0, msg, (), None)

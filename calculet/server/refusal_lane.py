@@ -44,9 +44,10 @@ The answer is the full path's, byte for byte: the status line, uvicorn's default
 sent a valid ``X-Request-Id``, ``connection: close`` when the connection does not stay open, and the body of
 :func:`~calculet.server.errors.admission_error`, written from pieces encoded once (:class:`AnswerBytes`). The
 request's one log line has the fields and order :class:`~calculet.server.app.RequestContext` writes
-(:func:`~calculet.server.logs.log_fields`, which writes it without a record when the service's JSON handler is the
+(:func:`~calculet.server.logs.log_lines`, which writes it without a record when the service's JSON handler is the
 only one), and ``calculet_http_requests_total`` and the duration histogram count it as they count every request,
-added once per turn of the event loop (:meth:`RefusalLane.flush_metrics`).
+added once per turn of the event loop, when the turn's log lines are written, in one write
+(:meth:`RefusalLane.flush`).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ from calculet.server.edge_answers import new_request_id
 from calculet.server.errors import RETRY_AFTER_S, APIError, admission_error
 from calculet.server.inference import GENERATION_ROUTES, HOLD_ROUNDS, INLINE_BODY, ApiGeneration, on_loop
 from calculet.server.lane_statistics import RefusalLaneStatistics
-from calculet.server.logs import log_fields
+from calculet.server.logs import log_lines
 from calculet.server.service import HOLD_S
 
 log = logging.getLogger("calculet.server")
@@ -212,6 +213,8 @@ class RefusalLane:
         """Whether this turn's lane answered a request already: the turn's next arrivals wait for its end."""
         self._pending: dict[str, list[float]] = {}
         """Refusals' durations by route template, not yet added to the service's families (:meth:`_count`)."""
+        self._lines: list[tuple[float, dict[str, Any]]] = []
+        """Refusals' log lines (their instant, their fields) not yet written (:meth:`_count`)."""
 
     def arrive(self, edge: Any, cycle: Any, app: Any, started: float) -> None:
         """A candidate request that arrived whole (``edge``'s read parsed): settled (``edge.settle``: answered,
@@ -471,37 +474,46 @@ class RefusalLane:
             route = self.routes[scope["path"]]
             template = self._templates[scope["path"]] = str(getattr(route, "path", scope["path"]))
         took = time.perf_counter() - started
-        self._count(template, took)
+        fields: dict[str, Any] | None = None
         if log.isEnabledFor(logging.INFO):
-            fields: dict[str, Any] = {"request_id": request_id, "method": "POST", "route": template, "status": 429,
-                                      "duration_s": round(took, 6), "tenant": tenant}
+            fields = {"request_id": request_id, "method": "POST", "route": template, "status": 429,
+                      "duration_s": round(took, 6), "tenant": tenant}
             if client_id is not None:
                 fields["client_request_id"] = client_id
             fields.update(code=self.answers.code, reason=refusal_reason(fit_in), refused_by="front",
                           generation=self.service.info.generation, model=gen.model)
-            log_fields(log, logging.INFO, "http", fields, plain=True)
+        self._count(template, took, fields)
         return answer
 
-    def _count(self, route: str, took: float) -> None:
-        """``calculet_http_requests_total`` and the duration histogram of one refusal, counted in bulk: kept here and
-        added to the service's families once per turn of the event loop (:meth:`flush_metrics`, scheduled at the
-        first), so a burst's read of 300 refusals increments the counter once. Exact at any scrape: a scrape is
-        answered in a later turn of the loop (or reads :meth:`flush_metrics` first)."""
+    def _count(self, route: str, took: float, fields: dict[str, Any] | None) -> None:
+        """One refusal's ``calculet_http_requests_total``, duration and log line (``fields``; None: INFO is off), kept
+        for the end of this turn of the event loop (:meth:`flush`, scheduled at the turn's first): a burst's read of
+        300 refusals increments the counter once and writes its 300 lines in one write. Exact at any scrape: a scrape
+        is answered in a later turn of the loop (or calls :meth:`flush` first). A line keeps the instant it was
+        decided (its ``ts``) and is written after the answers of its turn, before the loop reads the next sockets
+        (issue #13: one flush of the log stream per refusal released the interpreter lock each time, see
+        :func:`~calculet.server.logs.log_lines`)."""
         pending = self._pending
-        first = not pending
+        first = not pending and not self._lines
         durations = pending.get(route)
         if durations is None:
             pending[route] = [took]
         else:
             durations.append(took)
+        if fields is not None:
+            self._lines.append((time.time(), fields))
         if first:
             try:
-                asyncio.get_running_loop().call_soon(self.flush_metrics)
-            except RuntimeError:  # no loop (a direct call): counted at once
-                self.flush_metrics()
+                asyncio.get_running_loop().call_soon(self.flush)
+            except RuntimeError:  # no loop (a direct call): counted and written at once
+                self.flush()
 
-    def flush_metrics(self) -> None:
-        """Add the refusals counted since the last flush to the service's HTTP families (see :meth:`_count`)."""
+    def flush(self) -> None:
+        """Write the log lines and add the refusals counted since the last flush to the service's HTTP families (see
+        :meth:`_count`)."""
+        lines, self._lines = self._lines, []
+        if lines:
+            log_lines(log, logging.INFO, "http", lines, plain=True)
         pending, self._pending = self._pending, {}
         metrics = self.service.metrics
         for route, durations in pending.items():

@@ -115,11 +115,11 @@ def test_refusals_are_counted_once_per_turn_of_the_loop_and_all_of_them() -> Non
     scheduled (nothing counted), the pending durations kept after a flush (counted twice)."""
     service = type("S", (), {"metrics": _Metrics()})()
     lane = RefusalLane.__new__(RefusalLane)
-    lane.service, lane._pending = service, {}
+    lane.service, lane._pending, lane._lines = service, {}, []
 
     async def turn(durations: list[tuple[str, float]]) -> None:
         for route, took in durations:
-            lane._count(route, took)
+            lane._count(route, took, None)
         await asyncio.sleep(0)
 
     async def run() -> None:
@@ -132,5 +132,44 @@ def test_refusals_are_counted_once_per_turn_of_the_loop_and_all_of_them() -> Non
         await turn([("/v1/completions", 0.004)])
         assert requests[("/v1/completions", "POST", "429")].calls == [2, 1]
         assert durations[("/v1/completions",)].calls == [0.001, 0.002, 0.004]
+
+    asyncio.run(run())
+
+
+def test_a_turns_log_lines_are_written_after_it_in_one_write_each_with_its_own_instant(json_logger: Any,
+                                                                                      monkeypatch: Any) -> None:
+    """Issue #13: a flush of the log stream per refusal released the interpreter lock at each one; a turn's lines are
+    written at its end, in one write and one flush, each the formatter's line for its own instant (the one it was
+    decided at), and a second turn writes only its own. Mutants caught: each line written at once (before the turn's
+    end), the instant read at the flush (every line of the turn with the last one's ``ts``), a flush per line, the
+    written lines kept for the next turn (written twice)."""
+    import calculet.server.refusal_lane as refusal_lane
+
+    monkeypatch.setattr(refusal_lane, "log", json_logger.logger)
+    parent = logging.getLogger(json_logger.name)
+    handler = parent.handlers[0]
+    monkeypatch.setattr(parent, "handlers", [handler])  # the JSON handler alone (pytest's capture added its own)
+    flushes: list[int] = []
+    monkeypatch.setattr(handler, "flush", lambda: flushes.append(1))
+    service = type("S", (), {"metrics": _Metrics()})()
+    lane = RefusalLane.__new__(RefusalLane)
+    lane.service, lane._pending, lane._lines = service, {}, []
+    fields = [{"request_id": f"r{k}", "method": "POST", "route": "/v1/completions", "status": 429,
+               "duration_s": 0.001 * k, "tenant": "default"} for k in range(3)]
+
+    async def run() -> None:
+        expected = ""
+        for k, at in enumerate((1_700_000_000.25, 1_700_000_000.5)):
+            json_logger.at(at)
+            expected += json_logger.formatted(logging.INFO, fields[k])
+            lane._count("/v1/completions", 0.001, dict(fields[k]))
+        assert json_logger.stream.getvalue() == ""  # not before the turn's end
+        await asyncio.sleep(0)
+        assert json_logger.stream.getvalue() == expected and flushes == [1]
+        json_logger.at(1_700_000_001.0)
+        lane._count("/v1/completions", 0.001, dict(fields[2]))
+        await asyncio.sleep(0)
+        assert json_logger.stream.getvalue() == expected + json_logger.formatted(logging.INFO, fields[2])
+        assert flushes == [1, 1]
 
     asyncio.run(run())
