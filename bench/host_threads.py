@@ -64,9 +64,11 @@ What it says. The core's turn is 88-91 % of the actor; around it, 6-8 µs per to
 publication (one a turn, ~11 tokens a turn, ~25 µs each) 2.4-3.3 and the submits (core.submit, ~200 µs a request in
 the server) 3-4.5; the completion thread costs under 1 µs per token (the null device completes at submit: it is
 not in WaitAny). So the ~20 µs per token the actor spends beyond ``bench/actor_core.py``'s core alone (72-77 µs the
-same hour) is inside the turn: the same core runs slower beside the HTTP loop. It moves with the actor's
-involuntary context switches — the loop forcing the interpreter lock from it after the switch interval — which
-``--switch-ms 1,5`` cuts from 0.16-0.19 to 0.07-0.11 per token: actor 105.7 / 106.1 / 101.3 µs at 1 ms against
+same hour) is inside the turn: the same core runs slower beside the HTTP loop. In these runs it went with the
+actor's involuntary context switches (about one per socket write of the loop; the likely mechanism, not proven: the
+loop taking the interpreter lock back after the switch interval — ``bench/actor_core.py``'s core beside a second
+thread that only wakes every 0.2-0.5 ms was too noisy at load 8 to tell), which ``--switch-ms 1,5`` cuts from
+0.16-0.19 to 0.07-0.11 per token: actor 105.7 / 106.1 / 101.3 µs at 1 ms against
 101.5 / 92.9 / 102.4 at 5 ms, whole process 128.3 / 124.4 / 120.5 against 120.2 / 105.1 / 118.7 (1 / 16 / 64
 streams, same rounds). A snapshot rebuilt only when its inputs change would save little: of 589 publications at 1
 and 16 streams none equalled the previous one (the admission model moves with every measured decode step), and
