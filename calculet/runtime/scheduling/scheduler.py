@@ -60,7 +60,7 @@ from calculet.runtime.scheduling.on_time import OnTimePolicy
 from calculet.runtime.scheduling.plan import (Applied, Command, Plan, SchedulerStatistics, SchedulingCapabilities,
                                               Submission)
 from calculet.runtime.scheduling.prefill import PrefillScheduler, PrefillWork, SmoothWrr
-from calculet.runtime.scheduling.profiles import ProfileSet, ProfileSpec
+from calculet.runtime.scheduling.profiles import ProfileSet
 from calculet.runtime.scheduling.registry import (WAITING_STATES, Cancellation, CancelResult, QuietListener,
                                                   RequestRecord, RequestRegistry, TransitionListener, one_by_one)
 
