@@ -17,7 +17,8 @@ the loop's CPU per request of ``--tokens 1`` completions (what is paid per reque
 interleaved, and the ratio this/that is reported per round. ``--profile FILE`` writes a cProfile of the loop
 thread (in its CPU time) of one more round at the first level. Figures, not a pass/fail test.
 
-    python bench/stream_loop.py [--streams 1,16,64] [--tokens 64] [--rounds 5] [--against TREE] [--profile FILE]
+    python bench/stream_loop.py [--streams 1,16,64] [--tokens 64] [--rounds 5] [--tree TREE] [--against TREE]
+                                [--profile FILE]
 """
 
 from __future__ import annotations
@@ -171,6 +172,63 @@ async def _client(protocol: Any, transport: SinkTransport, data: bytes, count: i
         statuses[status] = statuses.get(status, 0) + 1
 
 
+class ReplayEngine:
+    """``--replay``: the engine's side of each request played on the event loop itself, the actor left idle — the
+    loop's own work per request and per token measured alone, without the interpreter lock shared with a busy
+    actor (what moves the in-process figure by tens of percent from run to run on a loaded machine).
+
+    ``submit_then`` admits at the next turn; every turn gives each open stream one token (one decode step of
+    all lanes, as the engine's B-lane step does) and ``steps`` turns are handed over per wake-up of the loop
+    (``batched_wakeups``: one ``call_soon_threadsafe`` per wake-up, as the actor's flush). The sinks' own work
+    (``TimedStream.token``/``close``, the actor's in the server) is timed apart and reported as ``feed``."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, steps: int) -> None:
+        self.loop = loop
+        self.steps = steps
+        self.open: list[list[Any]] = []
+        self.pending: list[tuple[Any, Any, Any]] = []
+        self.next_id = 1
+        self.feed = 0.0
+        self.armed = False
+
+    def submit_then(self, request: Any, sink: Any, done: Any) -> None:
+        self.pending.append((request, sink, done))
+        self._arm()
+
+    def _arm(self) -> None:
+        if not self.armed:
+            self.armed = True
+            self.loop.call_soon(self._turn)
+
+    def _turn(self) -> None:
+        from calculet.machines.request import FinishReason
+        from calculet.runtime.request import RequestOutcome
+        from calculet.runtime.scheduling.admission import ADMITTED
+        from calculet.runtime.scheduling.plan import Submission
+        from calculet.runtime.streams.writer import batched_wakeups
+
+        self.armed = False
+        start = time.thread_time()
+        pending, self.pending = self.pending, []
+        for request, sink, done in pending:
+            rid, self.next_id = self.next_id, self.next_id + 1
+            self.open.append([rid, sink, request.max_new_tokens, 0])
+            done(Submission(rid, ADMITTED), None)
+        with batched_wakeups():
+            for _ in range(self.steps):
+                for lane in self.open:
+                    rid, sink, limit, made = lane
+                    if made < limit:
+                        sink.token(rid, 32 + (rid * 7 + made * 13) % 90)  # printable ASCII, a byte each
+                        lane[3] = made + 1
+                        if made + 1 == limit:
+                            sink.close(RequestOutcome(rid, "completed", FinishReason.LENGTH, limit, 200))
+                self.open = [lane for lane in self.open if lane[3] < lane[2]]
+        self.feed += time.thread_time() - start
+        if self.open or self.pending:
+            self._arm()
+
+
 def _actor_clock() -> int | None:
     for thread in threading.enumerate():
         if thread.name == "calculet-engine" and thread.ident is not None:
@@ -188,6 +246,7 @@ async def level(connections: Connections, streams: int, per_stream: int, tokens:
     statuses.clear()
     actor = _actor_clock()
     writes = sum(t.writes for _, t in conns)
+    feed0 = connections.replay.feed if getattr(connections, "replay", None) is not None else 0.0
     a0 = time.clock_gettime(actor) if actor is not None else 0.0
     if profile is not None:
         profile.enable()
@@ -202,17 +261,25 @@ async def level(connections: Connections, streams: int, per_stream: int, tokens:
     if set(statuses) != {200}:
         raise RuntimeError(f"statuses {statuses}")
     count = streams * per_stream * tokens
+    replay = getattr(connections, "replay", None)
+    if replay is not None:
+        feed = replay.feed - feed0
+        return {"loop": (took - feed) * 1e6 / count, "actor": feed * 1e6 / count,
+                "writes": (sum(t.writes for _, t in conns) - writes) / count}
     return {"loop": took * 1e6 / count, "actor": (a1 - a0) * 1e6 / count,
             "writes": (sum(t.writes for _, t in conns) - writes) / count,
             "sys": (r1.ru_stime - r0.ru_stime) * 1e6 / count, "switches": (r1.ru_nvcsw - r0.ru_nvcsw) / count}
 
 
-async def _run(levels: Sequence[int], tokens: int, per_request_tokens: int, profile: str | None) -> dict[str, Any]:
+async def _run(levels: Sequence[int], tokens: int, per_request_tokens: int, profile: str | None,
+               replay: int) -> dict[str, Any]:
     brought, service, app = _service()
     out: dict[str, Any] = {}
     try:
-        service.tenants.resolve  # noqa: B018 - the default config's tenant takes any key
         connections = Connections(app, service.config.server)
+        if replay:
+            connections.replay = ReplayEngine(asyncio.get_running_loop(), replay)  # type: ignore[attr-defined]
+            service.engine.submit_then = connections.replay.submit_then  # type: ignore[attr-defined]
         for n in levels:
             per_stream = max(2, 96 // n)
             out[f"{n}"] = await level(connections, n, per_stream, tokens)
@@ -229,21 +296,22 @@ async def _run(levels: Sequence[int], tokens: int, per_request_tokens: int, prof
     return out
 
 
-def child(levels: Sequence[int], tokens: int, per_request_tokens: int, profile: str | None) -> dict[str, Any]:
+def child(levels: Sequence[int], tokens: int, per_request_tokens: int, profile: str | None,
+          replay: int = 0) -> dict[str, Any]:
     """One round in this process (the tree is whatever ``calculet`` imports from)."""
     import uvloop
 
     gc.freeze()
     if os.environ.get("STREAM_LOOP_NO_GC"):
         gc.disable()
-    sys.setswitchinterval(0.001)  # as calculet.run serves
+    sys.setswitchinterval(float(os.environ.get("STREAM_LOOP_SWITCH_S", "0.001")))  # as calculet.run serves
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(_run(levels, tokens, per_request_tokens, profile))
+        return runner.run(_run(levels, tokens, per_request_tokens, profile, replay))
 
 
 def _spawn(tree: Path, args: argparse.Namespace, profile: str | None = None) -> dict[str, Any]:
     command = [sys.executable, str(Path(__file__).resolve()), "--child", "--streams", args.streams,
-               "--tokens", str(args.tokens), "--request-tokens", str(args.request_tokens)]
+               "--tokens", str(args.tokens), "--request-tokens", str(args.request_tokens), "--replay", str(args.replay)]
     if profile:
         command += ["--profile", profile]
     env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
@@ -260,15 +328,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--request-tokens", type=int, default=1, help="tokens of the per-request round (0: none)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--against", type=Path, action="append", default=[])
+    parser.add_argument("--tree", type=Path, default=None,
+                        help="run 'this' from this source tree (default: the tree of this script)")
     parser.add_argument("--profile", default=None)
     parser.add_argument("--top", type=int, default=45)
+    parser.add_argument("--replay", type=int, default=0,
+                        help="play the engine's side on the loop (ReplayEngine), this many decode steps per wake-up")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     levels = [int(n) for n in args.streams.split(",")]
     if args.child:
-        print(json.dumps(child(levels, args.tokens, args.request_tokens, args.profile)))
+        print(json.dumps(child(levels, args.tokens, args.request_tokens, args.profile, args.replay)))
         return 0
-    here = Path(__file__).resolve().parents[1]
+    here = args.tree.resolve() if args.tree else Path(__file__).resolve().parents[1]
     trees = [("this", here)] + [(tree.resolve().name, tree) for tree in args.against]
     got: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in trees}
     for r in range(args.rounds):

@@ -202,7 +202,16 @@ async def _submit(service: Service, engine_request: GenerateRequest, stream: Tim
 
     service.engine.submit_then(engine_request, stream, done)
     service.early_admission.sent()  # answered() in settle, which runs on this loop: never before this line
-    return await asyncio.wait_for(future, service.submit_timeout_s)
+    timer = loop.call_later(service.submit_timeout_s, _expire, future)  # not wait_for: no second future, no
+    try:  # callbacks between them, once per request (#20)
+        return await future
+    finally:
+        timer.cancel()
+
+
+def _expire(future: asyncio.Future[Submission]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError("the engine did not answer the submit in time"))
 
 
 GENERATION_ROUTES: dict[str, tuple[Callable[[Service, bytes | bytearray], ApiGeneration], str]] = {
@@ -446,7 +455,7 @@ async def _collect(service: Service, request: Request, stream: TimedStream,
         await asyncio.wait({done_task, watch}, return_when=asyncio.FIRST_COMPLETED)
         if not done_task.done():
             disconnected = True
-            service.metrics.disconnects.labels(stream.tenant).inc()
+            service.metrics.of(stream.tenant).disconnects.inc()
             _cancel(service, rid)
             await done_task
     finally:
@@ -471,7 +480,7 @@ def _sse(service: Service, stream: TimedStream, rid: int, gen: ApiGeneration, re
         return stop_reason(stream.stop_matched, event.finish_reason is StreamFinish.STOP)
 
     def abandon() -> None:
-        service.metrics.disconnects.labels(stream.tenant).inc()
+        service.metrics.of(stream.tenant).disconnects.inc()
         _cancel(service, rid)
 
     return SSEResponse(stream, frames, first=frames.chunk("", None, role=True) if chat else None, why=why,

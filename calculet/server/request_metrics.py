@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
@@ -108,6 +108,20 @@ class StarvationWatch:
             self._waiting.pop(key, None)
 
 
+class TenantMetrics(NamedTuple):
+    """One tenant's series of :class:`ServiceMetrics`' per-tenant families (children of ``labels(tenant)``)."""
+
+    ttft: Any
+    itl: Any
+    e2e: Any
+    generated: Any
+    disconnects: Any
+    queue_time: Any
+    prefill_time: Any
+    decode_token: Any
+    prompt_tokens: Any
+
+
 class ServiceMetrics:
     """Histograms and counters the HTTP layer measures (registered in the app's own registry)."""
 
@@ -148,11 +162,22 @@ class ServiceMetrics:
                                       ["tenant"], buckets=DECODE_TOKEN_BUCKETS, registry=registry)
         self.prompt_tokens = Counter("calculet_request_prompt_tokens", "Prompt tokens of admitted requests.",
                                      ["tenant"], registry=registry)
+        self._tenants: dict[str, TenantMetrics] = {}
         for tenant in tenants:
-            for metric in (self.ttft, self.itl, self.e2e, self.generated, self.disconnects, self.starvation,
-                           self.queue_time, self.prefill_time, self.decode_token, self.prompt_tokens):
-                metric.labels(tenant)
+            self.starvation.labels(tenant)
+            self.of(tenant)
         self._http_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+    def of(self, tenant: str) -> TenantMetrics:
+        """``tenant``'s children of the per-tenant families, resolved once. Why: ``labels()`` validates, formats and
+        looks the child up under a lock on every call, and a request's metrics (its phases, its latencies at its
+        close: eight series) were eight such calls on the engine's actor thread per request (#20)."""
+        children = self._tenants.get(tenant)
+        if children is None:
+            children = self._tenants[tenant] = TenantMetrics(*(family.labels(tenant) for family in (
+                self.ttft, self.itl, self.e2e, self.generated, self.disconnects, self.queue_time, self.prefill_time,
+                self.decode_token, self.prompt_tokens)))
+        return children
 
     def observe_http(self, route: str, method: str, status: int, took_s: float) -> None:
         """One HTTP request answered: ``calculet_http_requests_total`` and its duration.
@@ -171,12 +196,13 @@ class ServiceMetrics:
 
     def observe_request(self, tenant: str, arrival: float, token_times: Sequence[float], closed_at: float) -> None:
         """One finished request's latencies (times from ``time.perf_counter``)."""
+        children = self.of(tenant)
         if token_times:
-            self.ttft.labels(tenant).observe(max(0.0, token_times[0] - arrival))
+            children.ttft.observe(max(0.0, token_times[0] - arrival))
             gaps = [after - before for before, after in zip(token_times, token_times[1:])]
-            self.itl.labels(tenant).observe_many(gaps)
-            self.generated.labels(tenant).inc(len(token_times))
-        self.e2e.labels(tenant).observe(max(0.0, closed_at - arrival))
+            children.itl.observe_many(gaps)
+            children.generated.inc(len(token_times))
+        children.e2e.observe(max(0.0, closed_at - arrival))
 
 
 
@@ -219,20 +245,20 @@ class RequestPhases:
         if phase is None:
             phase = self._open[key] = [None, None, 0]
         now = self._clock.now()
-        m = self._metrics
+        m = self._metrics.of(rec.tenant)
         if target == "prefill_ready" and source in _WAITING:
-            m.prompt_tokens.labels(rec.tenant).inc(rec.prompt_tokens)
+            m.prompt_tokens.inc(rec.prompt_tokens)
         elif target == "prefill_running" and phase[0] is None:
             phase[0] = now
-            m.queue_time.labels(rec.tenant).observe(max(0.0, now - rec.arrival))
+            m.queue_time.observe(max(0.0, now - rec.arrival))
         elif source == "prefill_running" and target not in _PREFILL:
-            m.prefill_time.labels(rec.tenant).observe(max(0.0, now - phase[0]))
+            m.prefill_time.observe(max(0.0, now - phase[0]))
             phase[1] = now
         elif source == "decode_running" and target in ("decode_ready", "finishing"):
             phase[2] += 1
         if target in _ENDED or (target == "finishing" and source == "decode_running"):
             if phase[1] is not None and phase[2]:
-                m.decode_token.labels(rec.tenant).observe(max(0.0, now - phase[1]) / phase[2])
+                m.decode_token.observe(max(0.0, now - phase[1]) / phase[2])
                 phase[1] = None
             if target in _ENDED:
                 del self._open[key]
@@ -254,4 +280,4 @@ def make_registry() -> CollectorRegistry:
 
 
 __all__ = ["STARVATION_THRESHOLD_S", "BulkHistogram", "RequestPhases", "ServiceMetrics", "StarvationWatch",
-           "make_registry"]
+           "TenantMetrics", "make_registry"]
