@@ -133,8 +133,9 @@ def _service() -> tuple[Any, Any, Any]:
 
 
 def _coalesce() -> dict[str, float]:
-    value = os.environ.get("STREAM_LOOP_COALESCE_S")
-    return {"wake_coalesce_s": float(value)} if value else {}
+    """``--coalesce-ms`` (the actor's ``EngineOptions.wake_coalesce_s``), handed to the child in its environment."""
+    value = os.environ.get("STREAM_LOOP_COALESCE_MS")
+    return {"wake_coalesce_s": float(value) / 1000} if value else {}
 
 
 class Connections:
@@ -302,9 +303,7 @@ def child(levels: Sequence[int], tokens: int, per_request_tokens: int, profile: 
     import uvloop
 
     gc.freeze()
-    if os.environ.get("STREAM_LOOP_NO_GC"):
-        gc.disable()
-    sys.setswitchinterval(float(os.environ.get("STREAM_LOOP_SWITCH_S", "0.001")))  # as calculet.run serves
+    sys.setswitchinterval(float(os.environ.get("STREAM_LOOP_SWITCH_MS", "1")) / 1000)  # 1 ms: as calculet.run
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         return runner.run(_run(levels, tokens, per_request_tokens, profile, replay))
 
@@ -314,7 +313,9 @@ def _spawn(tree: Path, args: argparse.Namespace, profile: str | None = None) -> 
                "--tokens", str(args.tokens), "--request-tokens", str(args.request_tokens), "--replay", str(args.replay)]
     if profile:
         command += ["--profile", profile]
-    env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
+    env = {**os.environ, "PYTHONPATH": str(tree.resolve()), "STREAM_LOOP_SWITCH_MS": str(args.switch_ms)}
+    if args.coalesce_ms is not None:
+        env["STREAM_LOOP_COALESCE_MS"] = str(args.coalesce_ms)
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"child in {tree} failed:\n{done.stderr[-3000:]}")
@@ -334,6 +335,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=45)
     parser.add_argument("--replay", type=int, default=0,
                         help="play the engine's side on the loop (ReplayEngine), this many decode steps per wake-up")
+    parser.add_argument("--switch-ms", type=float, default=1.0, help="the interpreter's switch interval (ms)")
+    parser.add_argument("--coalesce-ms", type=float, default=None,
+                        help="the actor's wake-up coalescing window (ms; default: EngineOptions')")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     levels = [int(n) for n in args.streams.split(",")]

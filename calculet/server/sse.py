@@ -223,13 +223,13 @@ class SSEResponse(Response):
         self._wake: asyncio.Future[None] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        if self._first is not None:
-            await send({"type": "http.response.body", "body": self._first, "more_body": True})
-        watch = asyncio.ensure_future(_disconnect(receive))
+        watch = asyncio.ensure_future(_disconnect(receive))  # runs from the loop's next turn
         watch.add_done_callback(self._client_gone)
         finished = False
         try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            if self._first is not None:
+                await send({"type": "http.response.body", "body": self._first, "more_body": True})
             finished = await self._pump(send)
         finally:
             if not finished:
@@ -265,6 +265,7 @@ class SSEResponse(Response):
     def _client_gone(self, watch: asyncio.Future[None]) -> None:
         if watch.cancelled():
             return
+        watch.exception()  # a receive that raised: the client is as gone (and the error is not reported unread)
         self._gone = True
         wake = self._wake
         if wake is not None and not wake.done():

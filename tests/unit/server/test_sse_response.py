@@ -115,3 +115,21 @@ def test_a_cancelled_response_abandons_an_open_stream_once() -> None:
         return calls
 
     assert asyncio.run(run()) == ["abandon", "end gone=True"]
+
+
+def test_a_response_whose_head_cannot_be_sent_abandons_the_request() -> None:
+    """Catches: the head sent outside the response's cleanup (an ASGI server that raises on a send to a gone
+    client, ASGI 2.4, would leave the engine's request running for nobody)."""
+    async def run() -> list[str]:
+        calls: list[str] = []
+        client = _Client()
+
+        async def send(message: dict[str, Any]) -> None:
+            raise OSError("the client has gone")
+
+        with pytest.raises(OSError):
+            await _response(StreamWriter(), calls)({"type": "http"}, client.receive, send)  # type: ignore[arg-type]
+        await _turns()
+        return calls
+
+    assert asyncio.run(run()) == ["abandon", "end gone=True"]
