@@ -126,7 +126,7 @@ class EdgeProtocol(EdgeGuard, H11Protocol):
         if self.transport.is_closing():
             self._disarm_header_timer()
         elif self.conn.their_state is h11.IDLE:
-            if self._header_timer is None:
+            if self._head_deadline is None:
                 self._arm_header_timer()  # the first byte of a request after a keep-alive pause
         else:
             self._disarm_header_timer()  # h11 has the request line and headers
