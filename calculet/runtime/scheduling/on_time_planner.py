@@ -84,7 +84,7 @@ from calculet.runtime.scheduling.on_time_kept import DECODING_STATES, PLANNED_ST
 from calculet.runtime.scheduling.on_time_order import AdmissionOrderIndex
 from calculet.runtime.scheduling.on_time_refusal import fit_afresh
 from calculet.runtime.scheduling.on_time_retry import MAX_RETRY_SLOTS, RETRY_GRACE_S, RetrySlots
-from calculet.runtime.scheduling.on_time_spare import at_risk_prefix, slack_ratio, spare_harmless
+from calculet.runtime.scheduling.on_time_spare import at_risk_prefix, near_deadline, slack_ratio, spare_harmless
 from calculet.runtime.scheduling.overtaking import Overtaking, window_starts
 from calculet.runtime.scheduling.registry import WAITING_STATES, RequestRecord
 from calculet.runtime.scheduling.wfq_order import QueuedRequest, admission_ranks
@@ -282,7 +282,7 @@ class OnTimePlanner:
             decoding = [j for j in kept if live[j.id].state in DECODING_STATES]
             self._slots = sorted(fair_share_finish(decoding, now, model).values())
         prefix, slack = at_risk_prefix(kept, now, model)
-        risky = [live[i] for i in prefix]
+        risky = [live[i] for i in dict.fromkeys([*prefix, *near_deadline(kept, selection.finish, now)])]
         if spared or self.any_ttft:
             self._tolerance = 0.0  # spared jobs and TTFT slots: replan on any 10 % drift, as before
         else:

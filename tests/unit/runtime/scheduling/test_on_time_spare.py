@@ -141,3 +141,33 @@ def test_step_jitter_within_a_long_deadlines_slack_replans_only_on_events():
     assert all(h.sinks[r].outcome.state == "completed" for r in rids)
     # 3 admissions and 3 ends (and a prefill_ready each) mark the plan: about a dozen replans at most
     assert h.scheduler.statistics().on_time.replans <= 12
+
+
+def test_a_job_the_plan_finishes_at_its_deadline_edge_is_at_risk_though_fair_share_finishes_it_early():
+    """Issue #13 session 14 (:func:`near_deadline`): processor sharing finishes short jobs first, so the at-risk
+    prefix misses a short job the EDF plan puts at the edge of its deadline, and its prefill waited behind cheaper
+    prompts until the deadline. Two lanes: A and B (100 steps, deadline 10.1 s) hold them, C (5 steps, 11 s) follows
+    at 10.5 s in the plan, 0.5 s to spare of 10.5 s left. Mutants caught: the test dropped from the replan (C not
+    flagged), the slack compared the wrong way, or against the deadline's distance from 0 instead of the time left,
+a job planned to end before now flagged."""
+    from calculet.runtime.scheduling.on_time_spare import PLAN_SLACK_AT_RISK, at_risk_prefix, near_deadline
+    from tests.unit.runtime.runtime_support import Harness
+
+    model = DeviceModel(0.1, compiled_batch=2)
+    jobs = [PendingJob(1, 0, 100, 10.1), PendingJob(2, 0, 100, 10.1), PendingJob(3, 0, 5, 11.0)]
+    plan = on_time_selection(jobs, 0.0, model).finish
+    assert plan == pytest.approx({1: 10.0, 2: 10.0, 3: 10.5})  # A, B, then C on a freed lane
+    assert at_risk_prefix(jobs, 0.0, model)[0] == [1, 2]  # fair share: A and B late, C early
+    assert near_deadline(jobs, plan, 0.0) == [1, 2, 3]  # A, B: 0.1 s of 10 s to spare is 1 % (< 10 %): in too
+    assert near_deadline(jobs, {**plan, 1: 5.0, 2: 5.0}, 0.0) == [3]  # 5.1 s of 5 s to spare: not at risk
+    assert near_deadline([PendingJob(4, 0, 5, None)], {4: 10.5}, 0.0) == []  # no deadline
+    assert near_deadline([PendingJob(5, 0, 5, 10.4)], {5: 10.5}, 11.0) == []  # planned to end before now
+    assert near_deadline([PendingJob(6, 0, 5, 30.0)], {6: 29.0}, 25.0) == []  # 1 s to spare of 4 s left: 25 %
+    assert PLAN_SLACK_AT_RISK == 0.1
+
+    h = Harness.build(sizes=(2,), lanes=2, step_estimate_s=0.1, batch={"select_thresholds": {2: 1}})
+    ids = [h.submit(prompt=8, new=101, deadline_ms=10_100).request_id for _ in range(2)]
+    short = h.submit(prompt=8, new=6, deadline_ms=11_000).request_id
+    assert all(not h.rec(i).at_risk for i in [*ids, short])
+    h.step()  # the tick replans
+    assert h.rec(short).at_risk
