@@ -397,7 +397,10 @@ class EarlyAdmission:
                 return self._fits_unknown(snapshot, now, length, deadline, hold)
             start = lanes[0]
             if max(start, now) + length <= deadline + ON_TIME_EPS_S:
-                sure = self._surely(snapshot, start, now, max(start, now) + length)
+                # on a lane another job holds, the engine charges the slot's turnover (DeviceModel.handover_s, #13
+                # session 14) that this length does not: it may refuse what fits here, so such a forward is not sure
+                sure = (start <= now or model.handover_s == 0.0) and self._surely(snapshot, start, now,
+                                                                                 max(start, now) + length)
                 if hold and not sure:
                     return HELD  # the engine, later, may refuse it: not counted ahead of the next ones
                 self._appended(snapshot, now, length)
