@@ -360,6 +360,44 @@ def test_every_front_refusal_counting_forwards_is_an_engine_refusal(arrivals: li
     admissions again for forwards already taken (:meth:`EarlyAdmission._track`: double-freed retry slots)."""
     h = _harness(lanes)
     _idle(h)
+    _lagging_engine(h, arrivals, backlog)
+
+
+def _crowded(h: Harness) -> None:
+    """Eight short requests at once on the B4 device, served to their end, then a tick: the newcomers held their KV
+    slots while they waited for their prefills, so the slot's measured per-token time exceeds the sequence's
+    (``StepTimer.slot_token_s``) and a job taking a lane another job holds is charged the turnover
+    (``DeviceModel.handover_s``, issue #13 session 14); the device idle, its plan empty and fresh."""
+    for _ in range(8):
+        h.submit(prompt=8, new=3)
+    while _job(h):
+        pass
+    h.step()
+
+
+@pytest.mark.req("R5.2.2")
+@settings(max_examples=60)
+@given(arrivals=LAG, backlog=st.integers(0, 6))
+@example(arrivals=[(8, 11, 0, 0)] * 4 + [(4, 2, 0, 0)], backlog=4)
+@example(arrivals=[(8, 24, 0, 0), (8, 6, 0, 0), (4, 11, 3, 2), (30, 11, 1, 2)], backlog=6)
+def test_every_front_refusal_counting_forwards_is_an_engine_refusal_with_a_handover(
+        arrivals: list[tuple[int, int, int, int]], backlog: int):
+    """The lagging engine of the test above on a B4 device whose freed lanes carry a handover (the admission model's
+    ``handover_s`` > 0): the engine charges a job that starts on a held lane its per-step turnover. Mutant caught:
+    the front placing such a forward without the turnover and counting it as surely admitted (before 2cf8cd8). The
+    first example: four lanes held past now, four 1 s forwards that fit them without the turnover but not with it
+    (the engine refuses all four), then a 0.1 s request the front refuses behind them and the engine admits; the
+    second: a forward the engine admits, its lane's finish short of the engine's by the turnover, so the next
+    refusal's Retry-After is not the engine's."""
+    h = _harness(4)
+    _crowded(h)
+    snap = _snapshot(h)
+    assert snap is not None and snap.model.handover_s > 0.1 * snap.model.lane_step_s
+    _lagging_engine(h, arrivals, backlog)
+
+
+def _lagging_engine(h: Harness, arrivals: list[tuple[int, int, int, int]], backlog: int) -> None:
+    """The body of the lagging-engine property tests: ``h`` warmed up, idle."""
     for _ in range(backlog):  # all admitted: a refusal the front did not see would hold a retry slot it has not
         assert not h.submit(prompt=8, new=4).outcome.rejected
     front = EarlyAdmission()
