@@ -159,6 +159,9 @@ def batch(s: EngineStatistics, facts: ServedModelFacts) -> list[Metric]:
                s.scheduler.step_times.decode_step_s),
         gauge("calculet_decode_token_seconds", "Measured wall seconds per token of a decoding sequence "
                "(0: not measured); the B>1 lane step of the finish estimate.", s.scheduler.step_times.token_s),
+        gauge("calculet_decode_slot_token_seconds", "Measured wall seconds a KV slot is held per token it yields "
+               "(0: not measured); on B>1 the lane step of a job that takes a freed lane in admission's plan "
+               "(issue #13).", s.scheduler.step_times.slot_token_s),
         counter("calculet_batch_lane_waste_lanes", "Compiled lanes that carried no sequence.", d.lane_waste),
         counter("calculet_batch_batches", "Decode batches dispatched.", d.batches),
         by(counter("calculet_batch_lanes", "Decode lanes dispatched, active vs compiled.", labels=["kind"]),

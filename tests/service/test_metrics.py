@@ -35,7 +35,7 @@ SECTION_16: dict[str, tuple[str, ...]] = {
     "batch": ("calculet_batch_compiled_size_lanes", "calculet_batch_active_lanes", "calculet_batch_fill_ratio",
               "calculet_batch_wait_avg_seconds", "calculet_batch_wait_max_seconds", "calculet_batch_lane_waste_lanes",
               "calculet_batch_profile_info", "calculet_decode_step_estimate_seconds",
-              "calculet_decode_token_seconds", "calculet_batch_wait_seconds"),
+              "calculet_decode_token_seconds", "calculet_decode_slot_token_seconds", "calculet_batch_wait_seconds"),
     "kv": ("calculet_kv_sequences", "calculet_kv_used_tokens", "calculet_kv_reserved_tokens",
            "calculet_kv_lane_wait_refusals", "calculet_kv_unknown_sequences", "calculet_kv_free_latency_avg_seconds",
            "calculet_kv_free_latency_max_seconds", "calculet_kv_free_latency_seconds", "calculet_kv_usage_ratio"),

@@ -344,7 +344,7 @@ class OnTimePlanner:
         self._version += 1
         if in_order:  # the rates feed the queue-order estimate only (_overtaken): else no call per submit (#20)
             self.overtaking.accepted(rec.tenant, self.wfq_cost(rec), nominal.service_s(values[1], values[2]), now)
-        if self.retry_slots.ghosts:  # a refused client's slot it may take (none held: no call per submit, #20)
+        if self.retry_slots:  # a refused client's slot it may take (none held: no call per submit, #20; len is O(1))
             self.retry_slots.admitted(rec.tenant, now)
         if finish is not None:  # the expected finish: the margin's slowdown taken back out
             finish = now + (finish - now) / (1.0 + margin)
