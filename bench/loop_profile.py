@@ -58,12 +58,13 @@ from calculet.adapters.sim import CostModel, SimConfig, TimeMode
 from calculet.config import SchedulerConfig
 from calculet.runtime.engine.types import GenerateRequest
 from calculet.runtime.streams.writer import StreamWriter
+from fake_transport import QuietTransport  # bench/ is the script's directory: sys.path[0]
 
 MODEL = "tiny-random"
 PROMPT = "Calculet overload benchmark"
 
 
-class FakeTransport:
+class FakeTransport(QuietTransport):
     """An asyncio transport that keeps nothing: it reads each response's status and ``content-length`` (the
     service's and uvicorn's header names are lower case) and reports every complete response."""
 
@@ -71,11 +72,7 @@ class FakeTransport:
         self.pending = 0
         """Body bytes of the current response still to come."""
         self.status = 0
-        self.closing = False
         self.on_response: Callable[[int], None] = lambda status: None
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return _EXTRA.get(name, default)
 
     def write(self, data: bytes) -> None:
         if self.pending == 0 and data.startswith(b"HTTP/1.1 "):  # a head (uvicorn writes a head in one piece)
@@ -89,26 +86,7 @@ class FakeTransport:
             self.pending = 0
             self.on_response(self.status)
 
-    def is_closing(self) -> bool:
-        return self.closing
 
-    def close(self) -> None:
-        self.closing = True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def set_write_buffer_limits(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-
-_EXTRA = {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 40000)}
 _LENGTH = re.compile(rb"\r\ncontent-length: *(\d+)")
 
 

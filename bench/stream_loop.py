@@ -58,12 +58,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from fake_transport import QuietTransport  # bench/ is the script's directory: sys.path[0]
+
 MODEL = "tiny-random"
 PROMPT = "Calculet streaming benchmark"
 _END = b"0\r\n\r\n"
 
 
-class SinkTransport:
+class SinkTransport(QuietTransport):
     """An asyncio transport that keeps nothing: it reports the end of each response (the last chunk of a chunked
     body, or a body of its ``content-length``) with its status, and counts the writes."""
 
@@ -72,11 +74,7 @@ class SinkTransport:
         self.status = 0
         self.pending = -1
         """Body bytes still to come of a response with a content-length (-1: chunked, or between responses)."""
-        self.closing = False
         self.done: asyncio.Future[int] | None = None
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 40000)}.get(name, default)
 
     def write(self, data: bytes) -> None:
         self.writes += 1
@@ -104,24 +102,6 @@ class SinkTransport:
         self.pending = -1
         if self.done is not None and not self.done.done():
             self.done.set_result(self.status)
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def set_write_buffer_limits(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def get_write_buffer_size(self) -> int:
-        return 0
 
 
 def request_bytes(tokens: int) -> bytes:
