@@ -18,7 +18,12 @@ principle 10); the baseline is measured in the same run.
 the same interleaved rounds: its figures beside the bare server's, and this tree's CPU per token over that tree's
 (median of per-round ratios) — a change's before/after in the same run, under the same machine noise.
 
+``--switch-ms 1,5`` serves this tree once per interpreter switch interval (``CALCULET_SWITCH_INTERVAL_MS`` of the
+server; the first is the main row), all in the same interleaved rounds: a row per interval, and each one's CPU per
+token and completions/s over the first's (median of per-round ratios) — how ``calculet.run``'s default was chosen.
+
     python bench/host_path.py [--rounds 3] [--streams 1,16,64] [--tokens 64] [--profile FILE] [--against TREE]
+                              [--switch-ms 1,5]
 """
 
 from __future__ import annotations
@@ -183,6 +188,8 @@ class HostRow:
     baseline: list[HostRound]
     against: list[HostRound] | None = None
     """The rounds of calculet from ``--against``'s tree, when given."""
+    switched: dict[str, list[HostRound]] | None = None
+    """``--switch-ms`` beyond the first: the rounds of this tree at each further switch interval (ms), when given."""
 
     def ratio(self, figure: str, of: list[HostRound] | None = None, to: list[HostRound] | None = None) -> float:
         """Median over rounds of ``of`` / ``to`` ``figure`` (a HostRound property); calculet / baseline by default."""
@@ -255,18 +262,21 @@ def tree_server(home: Path, tree: Path) -> Server:
 
 
 def measure(home: Path, rounds: int, tokens: int, levels: Sequence[int], profile: Path | None,
-            against: Path | None = None) -> list[HostRow]:
-    """calculet on the null device beside the bare baseline (and calculet from ``against``'s tree), the rounds
-    interleaved so machine noise hits all alike; ``profile``: write the calculet server's cProfile there."""
+            against: Path | None = None, switch_ms: Sequence[str] = ()) -> list[HostRow]:
+    """calculet on the null device beside the bare baseline (and calculet from ``against``'s tree, and this tree at
+    each switch interval of ``switch_ms`` after the first, which the main server gets), the rounds interleaved so
+    machine noise hits all alike; ``profile``: write the calculet server's cProfile there."""
     command = None
     if profile is not None:
         command = [sys.executable, str(Path(__file__).resolve()), "--profile-server", str(profile), "--",
                    "--host", "127.0.0.1", "--port", "0", "--log-format", "json", "--log-level", "INFO",
                    "--sim-cost", "null"]
-    calc = Server("null", home, command=command)
+    first = {"CALCULET_SWITCH_INTERVAL_MS": switch_ms[0]} if switch_ms else None
+    calc = Server("null", home, command=command, env=first)
     base = Server("", home, command=[sys.executable, str(Path(__file__).resolve()), "--serve-baseline"])
     prev = tree_server(home, against) if against is not None else None
-    servers = [calc, base] + ([prev] if prev is not None else [])
+    switched = {ms: Server("null", home, env={"CALCULET_SWITCH_INTERVAL_MS": ms}) for ms in switch_ms[1:]}
+    servers = [calc, base] + ([prev] if prev is not None else []) + list(switched.values())
     rows = []
     try:
         for streams in levels:
@@ -275,15 +285,17 @@ def measure(home: Path, rounds: int, tokens: int, levels: Sequence[int], profile
             for r in range(rounds):
                 for server in (servers if r % 2 == 0 else servers[::-1]):
                     got[id(server)].append(stream_round(server, streams, per_stream, tokens))
-            rows.append(HostRow(streams, got[id(calc)], got[id(base)], got[id(prev)] if prev is not None else None))
+            rows.append(HostRow(streams, got[id(calc)], got[id(base)], got[id(prev)] if prev is not None else None,
+                                {ms: got[id(server)] for ms, server in switched.items()} or None))
     finally:
         for server in servers:
             server.stop()
     return rows
 
 
-def report(rows: Sequence[HostRow], tokens: int) -> None:
-    interval = os.environ.get("CALCULET_SWITCH_INTERVAL_MS")  # calculet.run's --switch-interval-ms (#13)
+def report(rows: Sequence[HostRow], tokens: int, switch_ms: Sequence[str] = ()) -> None:
+    # calculet.run's --switch-interval-ms (#13)
+    interval = switch_ms[0] if switch_ms else os.environ.get("CALCULET_SWITCH_INTERVAL_MS")
     print(f"Server CPU per streamed token, calculet --sim-cost null (monitors at the production default, switch "
           f"interval {interval + ' ms' if interval else 'calculet.run default'}) beside a bare FastAPI/uvicorn SSE "
           f"server streaming the same chunks; {tokens}-token streams, same httpx client, rounds interleaved; ratios "
@@ -296,7 +308,8 @@ def report(rows: Sequence[HostRow], tokens: int) -> None:
         return float(np.median([getattr(x, figure) for x in rounds]))
 
     for row in rows:
-        for label, rounds in (("", row.calculet), (" against", row.against)):
+        further = [(f" at {ms} ms", rounds) for ms, rounds in (row.switched or {}).items()]
+        for label, rounds in [("", row.calculet), (" against", row.against), *further]:
             if rounds is None:
                 continue
             c, b = med(rounds, "cpu_per_token_ms"), med(row.baseline, "cpu_per_token_ms")
@@ -311,6 +324,12 @@ def report(rows: Sequence[HostRow], tokens: int) -> None:
             f"{row.streams} streams CPU/token {row.ratio('cpu_per_token_ms', row.calculet, row.against):.3f}"
             f" completions/s {row.ratio('completions_per_s', row.calculet, row.against):.3f}"
             for row in rows if row.against) + "\n")
+    if any(row.switched for row in rows):
+        print(f"switch interval / {interval} ms (median of per-round ratios): " + "; ".join(
+            f"{row.streams} streams " + ", ".join(
+                f"{ms} ms CPU/token {row.ratio('cpu_per_token_ms', rounds, row.calculet):.3f} completions/s "
+                f"{row.ratio('completions_per_s', rounds, row.calculet):.3f}" for ms, rounds in row.switched.items())
+            for row in rows if row.switched) + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -329,10 +348,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="write a cProfile of the calculet server (every thread, CPU time) to this file")
     parser.add_argument("--against", type=Path, default=None,
                         help="also run calculet from this source tree (a base worktree) in the same rounds")
+    parser.add_argument("--switch-ms", default="",
+                        help="interpreter switch intervals (ms, comma-separated) to serve this tree at, each a server "
+                             "in the same rounds (default: calculet.run's own, or CALCULET_SWITCH_INTERVAL_MS)")
     args = parser.parse_args(argv)
+    switch_ms = [ms.strip() for ms in args.switch_ms.split(",") if ms.strip()]
     with tempfile.TemporaryDirectory(prefix="calculet-bench-home-") as home:
         levels = [int(n) for n in args.streams.split(",")]
-        report(measure(Path(home), args.rounds, args.tokens, levels, args.profile, args.against), args.tokens)
+        report(measure(Path(home), args.rounds, args.tokens, levels, args.profile, args.against, switch_ms),
+               args.tokens, switch_ms)
     if args.profile is not None:
         print(f"calculet server CPU by part (cProfile own time, every thread; {args.profile}):")
         for group, share in profile_breakdown(args.profile):

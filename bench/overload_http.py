@@ -51,11 +51,14 @@ from another source tree too (a worktree of a base commit), a row of its own bef
 ``--distinct`` gives each burst client a prompt of its own (the prompt + its index, one token-length class), as real
 traffic has: with one body for all (the default), the server's memo of the route's parsing (the refusal lane's
 ``PreparedMemo``) parses it once, a best case; a client's retry resends its first try's body either way.
+``--switch-ms 1,5`` serves part 1 once per interpreter switch interval (the server's ``CALCULET_SWITCH_INTERVAL_MS``,
+``calculet.run``'s ``--switch-interval-ms``), a row per interval named by it, the intervals alternating in the order of
+the runs: how the HTTP loop's wait for the lock a busy engine thread holds moves the time to 429.
 
     python bench/overload_http.py [--burst 300] [--burst-tokens 16] [--deadline-ms 5000]
                                   [--streams 16] [--stream-tokens 32] [--itl-target-ms 200]
                                   [--http h11,httptools] [--part all|burst|itl|bare] [--orders on_time,at_risk]
-                                  [--tree PATH ...] [--no-bare] [--distinct]
+                                  [--tree PATH ...] [--no-bare] [--distinct] [--switch-ms 1,5]
 """
 
 from __future__ import annotations
@@ -733,13 +736,15 @@ TREE_RUN = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); import calc
 this tree, which ``-m`` would put first on ``sys.path``)."""
 
 
-def _server(home: Path, config: Path, impl: str, tree: str | None) -> Server:
-    """The service on ``config`` with HTTP/1.1 implementation ``impl``, from this tree or from ``tree``."""
+def _server(home: Path, config: Path, impl: str, tree: str | None, switch_ms: str | None = None) -> Server:
+    """The service on ``config`` with HTTP/1.1 implementation ``impl``, from this tree or from ``tree``, at the switch
+    interval ``switch_ms`` (``calculet.run``'s default when None)."""
+    env = {HTTP_ENV: impl} | ({"CALCULET_SWITCH_INTERVAL_MS": switch_ms} if switch_ms else {})
     if tree is None:
-        return Server("reference", home, config, env={HTTP_ENV: impl})
+        return Server("reference", home, config, env=env)
     command = [sys.executable, "-c", TREE_RUN, str(Path(tree).resolve()), "--host", "127.0.0.1", "--port", "0",
                "--log-format", "json", "--log-level", "INFO", "--sim-cost", "reference", "--config", str(config)]
-    return Server("reference", home, command=command, env={HTTP_ENV: impl, "PYTHONPATH": str(Path(tree).resolve())})
+    return Server("reference", home, command=command, env={**env, "PYTHONPATH": str(Path(tree).resolve())})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -763,32 +768,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--http", default="httptools",
                         help="calculet's HTTP/1.1 implementation(s), comma-separated (h11, httptools: the default when "
                              "installed); with two, part 1 runs each per deadline_order, side by side in one run")
+    parser.add_argument("--switch-ms", default="",
+                        help="part 1 at each of these interpreter switch intervals (ms, comma-separated), a row per "
+                             "interval (default: calculet.run's own)")
     args = parser.parse_args(argv)
+    intervals: list[str | None] = [ms.strip() for ms in args.switch_ms.split(",") if ms.strip()] or [None]
     impls = [impl.strip() for impl in args.http.split(",") if impl.strip()]
     burst_rows: list[BurstRow] = []
     stream_rows: list[StreamRow] = []
     bare_rows: list[BareFloor] = []
     with tempfile.TemporaryDirectory(prefix="calculet-bench-overload-") as tmp:
         home = Path(tmp)
-        runs: list[tuple[str, str, Path, str, str | None]] = []  # (part, label, config, http, source tree)
+        # (part, label, config, http, source tree, switch interval ms)
+        runs: list[tuple[str, str, Path, str, str | None, str | None]] = []
         orders = [order.strip() for order in args.orders.split(",") if order.strip()]
         if args.part in ("all", "burst"):
             burst_runs = [(order + (f" {impl}" if len(impls) > 1 else ""),
                            _write_config(home, f"burst-{order}", order=order, deadline_ms=args.deadline_ms), impl)
                           for order in orders for impl in impls]
-            for tree in args.tree or [None]:
-                if tree is not None:
-                    runs += [("burst", f"{label} [{Path(tree).name}]", config, impl, tree)
-                             for label, config, impl in burst_runs]
-                runs += [("burst", label, config, impl, None) for label, config, impl in burst_runs]
+            for turn, tree in enumerate(args.tree or [None]):
+                for ms in intervals if turn % 2 == 0 else intervals[::-1]:
+                    at = f" {ms} ms" if ms else ""
+                    if tree is not None:
+                        runs += [("burst", f"{label}{at} [{Path(tree).name}]", config, impl, tree, ms)
+                                 for label, config, impl in burst_runs]
+                    runs += [("burst", label + at, config, impl, None, ms) for label, config, impl in burst_runs]
         if args.part in ("all", "itl"):
             runs += [("itl", f"{args.itl_target_ms} ms", _write_config(home, "itl", order="on_time",
-                                                                       itl_ms=args.itl_target_ms), impls[0], None),
-                     ("itl", "none", _write_config(home, "no-itl", order="on_time"), impls[0], None)]
+                                                                       itl_ms=args.itl_target_ms), impls[0], None,
+                      None),
+                     ("itl", "none", _write_config(home, "no-itl", order="on_time"), impls[0], None, None)]
         if args.part in ("all", "burst", "bare") and not args.no_bare:
             bare_rows = bare_floor(home, args.burst)
-        for part, label, config, impl, tree in runs:
-            server = _server(home, config, impl, tree)
+        for part, label, config, impl, tree, ms in runs:
+            server = _server(home, config, impl, tree, ms)
             try:
                 if part == "burst":
                     burst_rows.append(burst(server, label, args.burst, args.burst_tokens,
