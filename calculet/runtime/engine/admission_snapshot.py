@@ -31,12 +31,14 @@ instant, because the snapshot is *current* whenever it is read:
 * the actor's next timed wake-up (a deadline expiry, a Wait timeout) would change the set: the snapshot is
   valid only until then, and at most :data:`MAX_AGE_S` after it was taken;
 * requests the front forwarded that the actor has not decided yet can only *add* kept work, which makes every
-  later finish later: a refusal stays a refusal. The front also counts them, appended to the snapshot's lanes
-  (:meth:`EarlyAdmission.decide`), but only those the engine surely admits as appended (:class:`_Epoch`): the
-  front knows which of them the snapshot holds (the engine's count of requests created, from a moment nothing was
-  on its way), each fit the lanes it knew (a chain begun on an idle lane within the deadline of its first
-  request: the engine starts it later), and nothing else the engine checks could refuse one (:func:`_room`);
-  with a request of another kind on its way the front counts none, and holds or forwards what fits the snapshot;
+  later finish later: a refusal stays a refusal. The front also counts them, appended to the snapshot's lanes as
+  the engine appends them (:meth:`EarlyAdmission.decide`; on B>1 one that starts on a lane another job holds is
+  charged the slot's turnover, :class:`_Cost`), but only those the engine surely admits as appended
+  (:class:`_Epoch`): the front knows which of them the snapshot holds (the engine's count of requests created,
+  from a moment nothing was on its way), each fit the lanes it knew (a chain begun on an idle lane within the
+  deadline of its first request: the engine starts it later), and nothing else the engine checks could refuse one
+  (:func:`_room`); with a request of another kind on its way the front counts none, and holds or forwards what fits
+  the snapshot;
 * the planner's own conditions: no snapshot while the planner is stale (work left the kept set since its
   last plan: the cache over-states what is ahead), while the measured step is faster than the cached plan's by
   more than its drift tolerance (the cached lanes free late: the planner does not refuse from them either),
@@ -257,6 +259,30 @@ def _front_slots() -> RetrySlots:
     return RetrySlots(limit=FRONT_RETRY_SLOTS)
 
 
+class _Cost(NamedTuple):
+    """A forward's service as the engine places it at its kept schedule's tail (``_EdfCache.place``): its decode
+    steps, each longer by the turnover (:attr:`DeviceModel.handover_s`) when it starts on a lane another job holds,
+    and its prefill — the engine's products in its order, so the front's lanes are the engine's to the last bit (a
+    retry slot keyed by them is the engine's). Compared and sorted by ``length`` (``model.service_s``) first."""
+
+    length: float
+    decode: float
+    """Its decode steps at the lane step, ..."""
+    held: float
+    """... at the lane step and the turnover, ..."""
+    prefill: float
+
+    @classmethod
+    def of(cls, model: DeviceModel, prompt_tokens: int, steps: int) -> _Cost:
+        prefill, step = model.prefill_s(prompt_tokens), model.lane_step_s
+        decode = steps * step
+        return cls(prefill + decode, decode, steps * (step + model.handover_s), prefill)
+
+    def finish(self, free: float, now: float) -> float:
+        """Its finish appended at ``now`` to the lane free at ``free``."""
+        return (now + self.decode if free <= now else free + self.held) + self.prefill
+
+
 @dataclass(slots=True)
 class _Epoch:
     """The requests the front forwarded (each because it fit) since a moment nothing was on its way to the engine.
@@ -271,7 +297,7 @@ class _Epoch:
     base: int
     sends: int
     """The front's sends at the epoch's start."""
-    lengths: list[float] = field(default_factory=list)
+    lengths: list[_Cost] = field(default_factory=list)
     """The forwards' service lengths (admission's model), in the order forwarded ..."""
     at: list[float] = field(default_factory=list)
     """... and the front's instant of each: appended at it (not at the instant a later decision reads them: the lanes,
@@ -281,9 +307,9 @@ class _Epoch:
     anchor: float = math.inf
     """The front's instant of the first of them placed on a lane idle then (:meth:`EarlyAdmission._surely`)."""
 
-    def ahead(self, created: int) -> list[tuple[float, float]]:
-        """(length, instant) of the forwards a snapshot with ``created`` requests does not hold yet (when unsure which:
-        the shortest, earliest — what puts the least ahead of a candidate)."""
+    def ahead(self, created: int) -> list[tuple[_Cost, float]]:
+        """(length, instant) of the forwards a snapshot with ``created`` requests does not hold yet (when
+        unsure which: the shortest, earliest — what puts the least ahead of a candidate)."""
         held = created - self.base - self.sends
         forwards = list(zip(self.lengths, self.at))
         if held <= 0:
@@ -395,16 +421,14 @@ class EarlyAdmission:
         if max(min(free), now) + length <= deadline + ON_TIME_EPS_S:
             if lanes is None:
                 return self._fits_unknown(snapshot, now, length, deadline, hold)
-            start = lanes[0]
-            if max(start, now) + length <= deadline + ON_TIME_EPS_S:
-                # on a lane another job holds, the engine charges the slot's turnover (DeviceModel.handover_s, #13
-                # session 14) that this length does not: it may refuse what fits here, so such a forward is not sure
-                sure = (start <= now or model.handover_s == 0.0) and self._surely(snapshot, start, now,
-                                                                                 max(start, now) + length)
+            start, cost = lanes[0], _Cost.of(model, prompt_tokens, steps)
+            finish = cost.finish(start, now)
+            if finish <= deadline + ON_TIME_EPS_S:
+                sure = self._surely(snapshot, start, now, finish)
                 if hold and not sure:
                     return HELD  # the engine, later, may refuse it: not counted ahead of the next ones
                 self._appended(snapshot, now, length)
-                self._track(snapshot, length, prompt_tokens, tenant, now if start <= now else None, sure, now)
+                self._track(snapshot, cost, prompt_tokens, tenant, now if start <= now else None, sure, now)
                 return self._forward("fits")
             free = lanes  # late behind the forwards the engine has not decided yet: refused as it will refuse it
         elif not snapshot.kept and not (lanes is not None and self._ahead):
@@ -489,8 +513,8 @@ class EarlyAdmission:
         self._known = len(ahead) in (0, count) or min(epoch.lengths) == max(epoch.lengths)
         lanes = list(snapshot.free)
         heapq.heapify(lanes)
-        for length, at in ahead:
-            heapq.heapreplace(lanes, max(lanes[0], at) + length)
+        for cost, at in ahead:
+            heapq.heapreplace(lanes, cost.finish(lanes[0], at))
         self._made = (snapshot, epoch, count, self._ahead, self._known, lanes)
         return lanes
 
@@ -505,7 +529,7 @@ class EarlyAdmission:
         anchor = min(epoch.anchor if epoch is not None else math.inf, now)
         return finish <= anchor + snapshot.deadline_s + ON_TIME_EPS_S
 
-    def _track(self, snapshot: AdmissionSnapshot, length: float, prompt_tokens: int, tenant: str, idle: float | None,
+    def _track(self, snapshot: AdmissionSnapshot, length: _Cost, prompt_tokens: int, tenant: str, idle: float | None,
                sure: bool, now: float) -> None:
         """A request forwarded because it fits the lanes of :meth:`_lanes`: accounted in the epoch when the engine
         surely admits it as appended (``sure``: :meth:`_surely`; the lanes known, not only an under-count; the

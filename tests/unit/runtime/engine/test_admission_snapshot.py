@@ -380,15 +380,18 @@ def _crowded(h: Harness) -> None:
 @given(arrivals=LAG, backlog=st.integers(0, 6))
 @example(arrivals=[(8, 11, 0, 0)] * 4 + [(4, 2, 0, 0)], backlog=4)
 @example(arrivals=[(8, 24, 0, 0), (8, 6, 0, 0), (4, 11, 3, 2), (30, 11, 1, 2)], backlog=6)
+@example(arrivals=[(4, 2, 0, 0)] * 8 + [(8, 6, 0, 0)], backlog=4)
 def test_every_front_refusal_counting_forwards_is_an_engine_refusal_with_a_handover(
         arrivals: list[tuple[int, int, int, int]], backlog: int):
     """The lagging engine of the test above on a B4 device whose freed lanes carry a handover (the admission model's
-    ``handover_s`` > 0): the engine charges a job that starts on a held lane its per-step turnover. Mutant caught:
-    the front placing such a forward without the turnover and counting it as surely admitted (before 2cf8cd8). The
-    first example: four lanes held past now, four 1 s forwards that fit them without the turnover but not with it
-    (the engine refuses all four), then a 0.1 s request the front refuses behind them and the engine admits; the
-    second: a forward the engine admits, its lane's finish short of the engine's by the turnover, so the next
-    refusal's Retry-After is not the engine's."""
+    ``handover_s`` > 0): the engine charges a job that starts on a held lane its per-step turnover, and so does the
+    front (:meth:`EarlyAdmission.decide`, :meth:`EarlyAdmission._lanes`). Mutants caught: the front deciding such a
+    forward without the turnover and counting it as surely admitted (as before 2cf8cd8) — the first example: four
+    lanes held past now, four 1 s forwards that fit them without the turnover but not with it (the engine refuses
+    all four), then a 0.1 s request the front refuses behind them and the engine admits; the second: a forward the
+    engine admits, its lane's finish short of the engine's by the turnover, so the next refusal's Retry-After is
+    not the engine's — and the front deciding with it but appending the forwards it does not see in the snapshot
+    without it (``_lanes``; the third example: a Retry-After of 0 s where the engine's is 1 s)."""
     h = _harness(4)
     _crowded(h)
     snap = _snapshot(h)
@@ -420,6 +423,7 @@ def _lagging_engine(h: Harness, arrivals: list[tuple[int, int, int, int]], backl
             if refusal is not None:
                 assert outcome.http_status == 429, (refusal, outcome)
                 assert outcome.retry_after_s == refusal.retry_after_s or not synced, (refusal, outcome)
+            synced = synced and not (refusal is None and outcome.rejected)  # a forward refused: a slot (see below)
             admitted += not outcome.rejected
             checked += refusal is not None
             snap = _snapshot(h, generation, {"default": admitted})
@@ -442,6 +446,9 @@ def _lagging_engine(h: Harness, arrivals: list[tuple[int, int, int, int]], backl
         if refusal is not None:
             assert outcome.http_status == 429, (refusal, outcome)
             assert outcome.retry_after_s == refusal.retry_after_s or not synced, (refusal, outcome)
+        # a forward the engine refused took a retry slot of the engine's the front's slots lack (the service places
+        # the front's by EarlyAdmission.engine_refused, its own rule): later Retry-After may differ
+        synced = synced and not (refusal is None and outcome.rejected)
 
 
 def test_a_chain_begun_on_an_idle_lane_is_counted_only_within_its_first_requests_deadline():
