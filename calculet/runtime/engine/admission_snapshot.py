@@ -590,7 +590,7 @@ class EarlyAdmission:
 
     def statistics(self) -> EarlyAdmissionStatistics:
         return EarlyAdmissionStatistics(self._refused, self._never, dict(self._forwarded), self._max_age,
-                                        self._max_since, len(self.slots.ghosts), self._held, self._provisional)
+                                        self._max_since, len(self.slots), self._held, self._provisional)
 
 
 __all__ = ["AdmissionSnapshot", "EarlyAdmission", "EarlyAdmissionStatistics", "EarlyRefusal", "FIT_IN_REASON",
