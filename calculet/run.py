@@ -51,19 +51,33 @@ COSTS = {"tiny": CostModel.tiny, "reference": CostModel.reference, "instant": Co
 SHUTDOWN_MARGIN_S = 5.0
 """Extra time the HTTP server waits for streams after the drain deadline (they end by then)."""
 SWITCH_INTERVAL_MS = 1.0
-"""The interpreter's thread switch interval while serving (CPython's default: 5 ms), issue #13.
+"""The interpreter's thread switch interval while serving (CPython's default: 5 ms), issues #13 and #20.
 
 Why: the event-loop thread that answers HTTP shares the interpreter lock with the engine's actor,
-the device's completion thread and (on the simulated NPU) the device worker, which are CPU-bound
-while requests are admitted and decoded. The loop gives the lock up at every socket send, log write
-and wake-up, and when a busy thread has taken it meanwhile, gets it back only once that thread is
-asked to drop it — after the switch interval (a wall-clock profile of the loop during a 300-request
-burst at 5 ms: 2.2 ms per log line written, 1 ms per socket send, against under 0.1 ms of CPU for either).
-Measured with ``bench/host_path.py`` (null device, 16 and 64 streams, two runs each way at load
-average 15-17, ratios against the bare server of the same run): completions/s ratio median 0.52 at
-1 ms against 0.38 at 5 ms, server CPU per token unchanged (0.60-0.76 ms against 0.63-0.82 ms).
+the device's completion thread and (on the simulated NPU) the device worker. The loop gives the lock
+up at every socket send, log write and wake-up, and when a busy thread has taken it meanwhile, gets it
+back only once that thread is asked to drop it — after the switch interval (a wall-clock profile of
+the loop during a 300-request burst at 5 ms: 2.2 ms per log line written, 1 ms per socket send,
+against under 0.1 ms of CPU for either). A longer interval costs the loop that wait and saves the busy
+threads their forced hand-overs: the trade-off is the time to 429 (#13) against CPU per token (#20).
+
+Decided again on 2026-12-03 with the ``--switch-ms`` option of both benchmarks, each interval a server of
+its own, the intervals interleaved (load average 3-8 on this 2-core machine from other work in runs 1-2,
+1.3-1.7 in run 3). ``bench/host_path.py`` (null device, 64-token streams, ratios per round, medians of 3-4
+rounds), 5 ms over 1 ms: at 16 streams CPU per token 0.76x, 0.76x, 0.91x in three runs (93-123 against
+121-134 us; CPU ratio to the bare server 3.4-5.0 against 4.4-6.3) and completions/s 1.46x, 1.34x, 1.11x;
+at 64 streams CPU 0.84-0.95x, completions/s 0.90-1.16x; at 1 stream no difference (0.94-0.98x); 2 ms lay
+between, 10 ms no better than 5. No interval meets #20's CPU ratio <= 3; every one keeps completions/s
+>= 1/3 of the bare server's. ``bench/overload_http.py --part burst --orders on_time`` (300 concurrent,
+B1 reference cost), time to 429 P99 per run: one body for all 33, 33, 33, 34, 51 ms at 1 ms against 28,
+30, 36, 43, 54 ms at 5 ms; a prompt per client (``--distinct``) 39, 41, 47, 49, 52, 53, 56 ms at 1 ms
+against 39, 51, 51, 67, 88, 94, 108 ms at 5 ms (the last two at load 1.3: not the machine's noise), and
+62, 88, 90 ms at 2 ms; retries admitted 99-100 % at every interval. 1 ms kept: what 5 ms saves in CPU
+(a quarter at 16 streams on a loaded machine, a tenth on a quiet one) does not reach #20's target,
+while with a prompt per client it put #13's 50 ms out of reach in 6 of 7 runs (1 ms: 3 of 7). The
+2026-12-02 figures at load 15-17 (completions/s 0.52 at 1 ms against 0.38 at 5 ms) did not hold here.
 ``--switch-interval-ms`` (or the environment's ``CALCULET_SWITCH_INTERVAL_MS``, which benchmarks that
-start the service use) sets it."""
+start the service use; ``--switch-ms`` of both benchmarks runs several in one run) sets it."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--switch-interval-ms", type=float,
                         default=float(os.environ.get("CALCULET_SWITCH_INTERVAL_MS", SWITCH_INTERVAL_MS)),
                         help="the interpreter's thread switch interval while serving (default 1 ms; CPython's own: "
-                             "5 ms): how long the HTTP event loop may wait for the lock a busy engine thread holds")
+                             "5 ms): how long the HTTP event loop may wait for the lock a busy engine thread holds; "
+                             "longer saves CPU per streamed token and lengthens the time to 429 in a burst")
     return parser
 
 
