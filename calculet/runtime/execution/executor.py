@@ -48,7 +48,7 @@ from calculet.machines.job import JobEngine
 from calculet.runtime.execution.degrade import DegradeMonitor, DegradeStatistics
 from calculet.runtime.execution.inflight import InflightJob, Work
 from calculet.runtime.execution.session import RuntimeSession
-from calculet.runtime.execution.verification import check_result, clean_decode
+from calculet.runtime.execution.verification import check_result
 from calculet.runtime.scheduling.decode import DecodeBatch
 from calculet.runtime.scheduling.kv import FreeSequence
 
@@ -221,12 +221,8 @@ class DeviceExecutor:
                         rows = None
                         log.warning("OutputBuf unreadable", extra={"rc": rc_of(exc).name})
                     break
-        previous = self._engine_seq[engine]
-        # a clean decode result (the common case, once per token at B1): recognised here in one pass, no
-        # check_result frame between (issue #20); anything else goes through the checks that name what they find
-        found = ([] if rows is None and clean_decode(job.spec, job.ticket, result, previous)
-                 else check_result(job, result, previous_engine_sequence=previous, output_rows=rows))
-        if not found:  # the counters are the next anchor
+        found = check_result(job, result, previous_engine_sequence=self._engine_seq[engine], output_rows=rows)
+        if not found:  # the common case, once per token at B1 (issue #20): the counters are the next anchor
             self._engine_seq[engine] = result.counters.engine_sequence
             return found
         counters_bad = any(kind is Anomaly.COUNTERS for kind, _ in found)

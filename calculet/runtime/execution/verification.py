@@ -35,10 +35,10 @@ def check_result(job: InflightJob, result: JobResult, *, previous_engine_sequenc
     """Every anomaly of ``result`` against the job that was submitted (the four checks above).
 
     A clean decode result — every check passing, the case once per token at B1 — is recognised in one pass
-    (:func:`clean_decode`, issue #20); any other result goes through the checks one by one, which name what
+    (:func:`_clean_decode`, issue #20); any other result goes through the checks one by one, which name what
     they find."""
     spec, ticket = job.spec, job.ticket
-    if output_rows is None and clean_decode(spec, ticket, result, previous_engine_sequence):
+    if output_rows is None and _clean_decode(spec, ticket, result, previous_engine_sequence):
         return []
     tagged = verify_result(spec, ticket, result, previous_engine_sequence).anomalies
     found = list(tagged) if tagged else []
@@ -79,7 +79,7 @@ def check_result(job: InflightJob, result: JobResult, *, previous_engine_sequenc
     return found
 
 
-def clean_decode(spec: JobSpec, ticket: JobTicket, result: JobResult, previous: int | None) -> bool:
+def _clean_decode(spec: JobSpec, ticket: JobTicket, result: JobResult, previous: int | None) -> bool:
     """Whether ``result`` is an OK decode result that passes checks 1–3 of the module docstring (check 4 needs
     the OutputBuf's rows: a caller that read them does not ask), in one pass over the lanes.
 
