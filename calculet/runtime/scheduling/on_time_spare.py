@@ -71,12 +71,13 @@ def slack_ratio(finish: Mapping[int, float], jobs: Iterable[PendingJob], now: fl
 
 
 PLAN_SLACK_AT_RISK = 0.1
-"""A kept job whose finish in the plan leaves it less slack than this share of its time left is at risk too."""
+"""A kept job whose slack in the plan (deadline - planned finish) is under this share of the time from now to its
+planned finish is at risk too."""
 
 
 def near_deadline(kept: Iterable[PendingJob], finish: Mapping[int, float], now: float) -> list[int]:
     """Ids of the ``kept`` jobs the EDF plan (``finish``: the overload selection's, the lane schedule admission
-    proved) finishes with less than :data:`PLAN_SLACK_AT_RISK` of their time left to spare: at risk whatever their
+    proved) finishes with a slack under :data:`PLAN_SLACK_AT_RISK` times the time to that finish: at risk whatever their
     fair-share finish says.
 
     Why (issue #13 session 14): :func:`at_risk_prefix` judges by processor sharing, which finishes short jobs
