@@ -117,9 +117,8 @@ class RetrySlots:
     """Ghosts gone since the last compaction (each may still sit in the three indexes)."""
     _expiring: list[_Entry] = field(default_factory=list)
     """A heap of the ghosts by retry time (and arrival): the next to expire on top."""
-    _by_tenant: dict[str, list[_Entry]] | None = field(default_factory=dict)
-    """Per tenant, a heap of its ghosts by (retry time, arrival). None: to be made from the held ghosts at the next
-    :meth:`admitted` (a reference implementation in the tests replaces the ghosts wholesale)."""
+    _by_tenant: dict[str, list[_Entry]] = field(default_factory=dict)
+    """Per tenant, a heap of its ghosts by (retry time, arrival)."""
     _free: list[float] | None = None
     _key: object = None
     _seq: int = 0
@@ -128,17 +127,6 @@ class RetrySlots:
     def ghosts(self) -> list[_Ghost]:
         """The held ghosts in arrival order (a new list: O(ghosts); :func:`len` of the slots counts them in O(1))."""
         return [g for g in self._order if not g.gone]
-
-    @ghosts.setter
-    def ghosts(self, ghosts: list[_Ghost]) -> None:
-        """Hold exactly ``ghosts``, numbered in their order (arrival); the lanes are rebuilt at the next reservation."""
-        for seq, ghost in enumerate(ghosts, self._seq + 1):
-            ghost.seq = seq
-        self._seq += len(ghosts)
-        self._order, self._held, self._dead, self._free = list(ghosts), len(ghosts), 0, None
-        self._expiring = [(g.retry_at, g.seq, g) for g in ghosts]
-        heapq.heapify(self._expiring)
-        self._by_tenant = None
 
     def __len__(self) -> int:
         return self._held
@@ -163,8 +151,7 @@ class RetrySlots:
         entry = (retry, ghost.seq, ghost)
         self._order.append(ghost)
         heapq.heappush(self._expiring, entry)
-        if self._by_tenant is not None:
-            heapq.heappush(self._by_tenant.setdefault(tenant, []), entry)
+        heapq.heappush(self._by_tenant.setdefault(tenant, []), entry)
         self._held += 1
         if self._held > self.limit + self.limit // 8:
             self._drop_oldest(self._held - self.limit)
@@ -190,10 +177,7 @@ class RetrySlots:
         """A request of ``tenant`` was admitted: it takes the earliest of its tenant's due slots (ties: the one
         placed first). Found in the tenant's heap (issue #13: the walk over every ghost ran at each admission on the
         actor and at each forward the HTTP front counts)."""
-        index = self._by_tenant
-        if index is None:
-            index = self._by_tenant = _tenant_heaps(self.ghosts)
-        entries = index.get(tenant)
+        entries = self._by_tenant.get(tenant)
         while entries and entries[0][2].gone:
             heapq.heappop(entries)
         if entries and entries[0][0] <= now + self.grace_s:
@@ -226,8 +210,7 @@ class RetrySlots:
         self._order, self._dead = held, 0
         self._expiring = [entry for entry in self._expiring if not entry[2].gone]
         heapq.heapify(self._expiring)
-        if self._by_tenant is not None:
-            self._by_tenant = _tenant_heaps(held)
+        self._by_tenant = _tenant_heaps(held)
 
     def _rebuild(self, base: list[float], key: object, now: float) -> None:
         """The lanes from ``base`` with every ghost placed in retry-time order (ties in arrival order): O(ghosts),

@@ -16,6 +16,7 @@ from calculet.runtime.engine.admission_snapshot import (HELD, HOLD_IN_FLIGHT, Ad
                                                       EarlyRefusal, take_snapshot)
 from calculet.runtime.scheduling.on_time_retry import RetrySlots
 from tests.unit.runtime.runtime_support import Harness
+from tests.unit.runtime.scheduling.retry_reference import PlainRetrySlots
 
 STEP = 0.1
 DEADLINE_MS = 3_000
@@ -195,23 +196,17 @@ def test_a_request_finding_no_snapshot_waits_for_the_engines_next_answer_only_be
     assert woken == [1, 2]  # each waker once
 
 
-class _WalkingSlots(RetrySlots):
-    """The reference: the expiry pass over every slot at every call, as before issue #13's skip."""
-
-    def expire(self, now: float) -> None:
-        kept = [g for g in self.ghosts if g.retry_at + self.grace_s >= now]
-        if len(kept) != len(self.ghosts):
-            self.ghosts, self._free, self._by_tenant = kept, None, None  # the tenant index: rebuilt
-
-
 @settings(max_examples=150)
 @given(ops=st.lists(st.tuples(st.sampled_from(["reserve", "reserve", "admit", "wait", "wait"]), st.integers(0, 40),
                               st.sampled_from(["a", "b"])), min_size=4, max_size=80), limit=st.sampled_from([4, 64]))
 def test_retry_slots_skipping_the_expiry_pass_hold_what_a_pass_at_every_call_holds(ops: list[tuple[str, int, str]],
                                                                                     limit: int):
     """Same reservations, admissions and time on RetrySlots (which skips the expiry pass while no slot can have
-    expired) and on a reference that walks every slot at every call: the same retry times and the same slots."""
-    plain, front = _WalkingSlots(limit=limit), RetrySlots(limit=limit)
+    expired) and on the reference that walks every slot at every call (:class:`.retry_reference.PlainRetrySlots`),
+    explicit expiry passes among them: the same retry times and the same slots, in the same order, and ``len`` counting
+    them. Mutants caught (each checked): the expiry boundary moved (``<=``), a gone slot's expiry entry not skipped (the
+    held count drifts), the expiry pass stopping at a gone slot's entry."""
+    plain, front = PlainRetrySlots(limit=limit), RetrySlots(limit=limit)
     now, base = 0.0, [3.0, 5.0]
     for op, x, tenant in ops:
         if op == "reserve":
@@ -224,8 +219,8 @@ def test_retry_slots_skipping_the_expiry_pass_hold_what_a_pass_at_every_call_hol
             now += x / 8
             plain.expire(now)
             front.expire(now)
-        assert [(g.retry_at, g.length, g.tenant) for g in plain.ghosts] == [
-            (g.retry_at, g.length, g.tenant) for g in front.ghosts]
+        assert [(g.retry_at, g.length, g.tenant, g.seq) for g in plain.ghosts] == [
+            (g.retry_at, g.length, g.tenant, g.seq) for g in front.ghosts] and len(front) == len(plain.ghosts)
 
 
 def test_no_snapshot_while_the_step_is_faster_than_the_cached_plans():

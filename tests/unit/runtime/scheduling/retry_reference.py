@@ -1,7 +1,10 @@
-"""The retry slots' rules written plainly, as a reference for :class:`~calculet.runtime.scheduling.on_time_retry
-.RetrySlots` (issue #13): one list of ghosts in arrival order, an expiry pass over every ghost at every reservation,
-a walk over every ghost for an admission, the lanes rebuilt from every ghost in retry-time order when the kept
-schedule or the ghosts changed, the oldest dropped down to the limit once more than limit + limit // 8 are held."""
+"""The retry slots' rules written plainly, as the one reference for :class:`~calculet.runtime.scheduling.on_time_retry
+.RetrySlots` (issue #13): one list of ghosts in arrival order, an expiry pass over every ghost at every reservation
+(and at every :meth:`PlainRetrySlots.expire`), a walk over every ghost for an admission, the lanes rebuilt from every
+ghost in retry-time order when the kept schedule or the ghosts changed, the oldest dropped down to the limit once more
+than limit + limit // 8 are held. Plain Python with no code of the production class: the tests that hold
+``RetrySlots`` to it (its indexes, its expiry skipped while nothing can have expired, its C-level rebuild) compare two
+independent writings of one rule."""
 
 from __future__ import annotations
 
@@ -31,11 +34,8 @@ class PlainRetrySlots:
                 tenant: str = "", drained: bool = False) -> float:
         self.expire(now)
         if self.free is None or key != self.key:
-            self.free = [max(now, t) for t in base] or [now]
-            heapq.heapify(self.free)
-            for ghost in sorted(self.ghosts, key=lambda g: g.retry_at):
-                heapq.heapreplace(self.free, max(ghost.retry_at, self.free[0]) + ghost.length)
-            self.key = key
+            self.rebuild(base, key, now)
+        assert self.free is not None
         lane = self.free[0]
         if drained:
             lower = max(lower, max(self.free))
@@ -47,6 +47,14 @@ class PlainRetrySlots:
             del self.ghosts[:len(self.ghosts) - self.limit]
             self.free = None
         return retry
+
+    def rebuild(self, base: list[float], key: object, now: float) -> None:
+        """The lanes from ``base`` with every ghost placed in retry-time order, ties in arrival order (stable sort)."""
+        self.free = [max(now, t) for t in base] or [now]
+        heapq.heapify(self.free)
+        for ghost in sorted(self.ghosts, key=lambda g: g.retry_at):
+            heapq.heapreplace(self.free, max(ghost.retry_at, self.free[0]) + ghost.length)
+        self.key = key
 
     def admitted(self, tenant: str, now: float) -> None:
         due = [g for g in self.ghosts if g.tenant == tenant and g.retry_at <= now + self.grace_s]

@@ -93,4 +93,4 @@ def test_the_indexes_stay_bounded_by_the_slots_held():
             slots.admitted("a", now)
         bound = 2 * (64 + 64 // 8) + 64
         assert len(slots) <= 72 and len(slots._order) <= bound and len(slots._expiring) <= bound
-        assert sum(len(e) for e in (slots._by_tenant or {}).values()) <= bound
+        assert sum(len(e) for e in slots._by_tenant.values()) <= bound
