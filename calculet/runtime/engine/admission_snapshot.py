@@ -13,8 +13,8 @@ What the snapshot holds is exactly what the on_time planner's fast refusal reads
 :mod:`calculet.runtime.scheduling.on_time_planner`): the kept set's EDF lane free times, the latest kept
 deadline and the admission device model (the measured device slowed by the estimator's margin). A candidate
 whose deadline is the latest (every request with the default deadline, in arrival order) finishes, appended
-to that schedule, at ``max(free, now) + prefill + decode steps × lane step``
-(:class:`~calculet.runtime.scheduling.finish_estimate.DeviceModel`'s own ``prefill_s`` and ``lane_step_s``);
+to that schedule, at ``max(free, now) + prefill + decode steps × lane step``, plus a turnover per step on a lane
+another job holds (:func:`~calculet.runtime.scheduling.lane_time.lane_finish`, the engine's one lane arithmetic);
 past its deadline it is refused with the same ``Retry-After`` rule
 (:class:`~calculet.runtime.scheduling.on_time_retry.RetrySlots`, placed by
 :func:`~calculet.runtime.scheduling.on_time_retry.retry_placement`: "never" only when late even on an idle device).
@@ -33,8 +33,9 @@ instant, because the snapshot is *current* whenever it is read:
 * requests the front forwarded that the actor has not decided yet can only *add* kept work, which makes every
   later finish later: a refusal stays a refusal. The front also counts them, appended to the snapshot's lanes as
   the engine appends them (:meth:`EarlyAdmission.decide`; on B>1 one that starts on a lane another job holds is
-  charged the slot's turnover, :class:`_Cost`), but only those the engine surely admits as appended
-  (:class:`_Epoch`): the front knows which of them the snapshot holds (the engine's count of requests created,
+  charged the slot's turnover: the engine's own function, :func:`~calculet.runtime.scheduling.lane_time
+  .lane_finish`, so the front's lanes are the engine's to the last bit), but only those the engine surely admits as
+  appended (:class:`_Epoch`): the front knows which of them the snapshot holds (the engine's count of requests created,
   from a moment nothing was on its way), each fit the lanes it knew (a chain begun on an idle lane within the
   deadline of its first request: the engine starts it later), and nothing else the engine checks could refuse one
   (:func:`_room`); with a request of another kind on its way the front counts none, and holds or forwards what fits
@@ -69,6 +70,7 @@ from typing import NamedTuple
 
 from calculet.runtime.scheduling.finish_estimate import ON_TIME_EPS_S, DeviceModel
 from calculet.runtime.scheduling.admission import ModelAvailability
+from calculet.runtime.scheduling.lane_time import LaneCost
 from calculet.runtime.scheduling.on_time_retry import RetrySlots, retry_placement
 from calculet.runtime.scheduling.scheduler import Scheduler
 
@@ -259,30 +261,6 @@ def _front_slots() -> RetrySlots:
     return RetrySlots(limit=FRONT_RETRY_SLOTS)
 
 
-class _Cost(NamedTuple):
-    """A forward's service as the engine places it at its kept schedule's tail (``_EdfCache.place``): its decode
-    steps, each longer by the turnover (:attr:`DeviceModel.handover_s`) when it starts on a lane another job holds,
-    and its prefill — the engine's products in its order, so the front's lanes are the engine's to the last bit (a
-    retry slot keyed by them is the engine's). Compared and sorted by ``length`` (``model.service_s``) first."""
-
-    length: float
-    decode: float
-    """Its decode steps at the lane step, ..."""
-    held: float
-    """... at the lane step and the turnover, ..."""
-    prefill: float
-
-    @classmethod
-    def of(cls, model: DeviceModel, prompt_tokens: int, steps: int) -> _Cost:
-        prefill, step = model.prefill_s(prompt_tokens), model.lane_step_s
-        decode = steps * step
-        return cls(prefill + decode, decode, steps * (step + model.handover_s), prefill)
-
-    def finish(self, free: float, now: float) -> float:
-        """Its finish appended at ``now`` to the lane free at ``free``."""
-        return (now + self.decode if free <= now else free + self.held) + self.prefill
-
-
 @dataclass(slots=True)
 class _Epoch:
     """The requests the front forwarded (each because it fit) since a moment nothing was on its way to the engine.
@@ -297,7 +275,7 @@ class _Epoch:
     base: int
     sends: int
     """The front's sends at the epoch's start."""
-    lengths: list[_Cost] = field(default_factory=list)
+    lengths: list[LaneCost] = field(default_factory=list)
     """The forwards' service lengths (admission's model), in the order forwarded ..."""
     at: list[float] = field(default_factory=list)
     """... and the front's instant of each: appended at it (not at the instant a later decision reads them: the lanes,
@@ -307,7 +285,7 @@ class _Epoch:
     anchor: float = math.inf
     """The front's instant of the first of them placed on a lane idle then (:meth:`EarlyAdmission._surely`)."""
 
-    def ahead(self, created: int) -> list[tuple[_Cost, float]]:
+    def ahead(self, created: int) -> list[tuple[LaneCost, float]]:
         """(length, instant) of the forwards a snapshot with ``created`` requests does not hold yet (when
         unsure which: the shortest, earliest — what puts the least ahead of a candidate)."""
         held = created - self.base - self.sends
@@ -421,7 +399,7 @@ class EarlyAdmission:
         if max(min(free), now) + length <= deadline + ON_TIME_EPS_S:
             if lanes is None:
                 return self._fits_unknown(snapshot, now, length, deadline, hold)
-            start, cost = lanes[0], _Cost.of(model, prompt_tokens, steps)
+            start, cost = lanes[0], LaneCost.of(model, prompt_tokens, steps)
             finish = cost.finish(start, now)
             if finish <= deadline + ON_TIME_EPS_S:
                 sure = self._surely(snapshot, start, now, finish)
@@ -529,8 +507,8 @@ class EarlyAdmission:
         anchor = min(epoch.anchor if epoch is not None else math.inf, now)
         return finish <= anchor + snapshot.deadline_s + ON_TIME_EPS_S
 
-    def _track(self, snapshot: AdmissionSnapshot, length: _Cost, prompt_tokens: int, tenant: str, idle: float | None,
-               sure: bool, now: float) -> None:
+    def _track(self, snapshot: AdmissionSnapshot, length: LaneCost, prompt_tokens: int, tenant: str,
+               idle: float | None, sure: bool, now: float) -> None:
         """A request forwarded because it fits the lanes of :meth:`_lanes`: accounted in the epoch when the engine
         surely admits it as appended (``sure``: :meth:`_surely`; the lanes known, not only an under-count; the
         snapshot's room, no long prefill; on several lanes only requests of one length, whose order of arrival at the

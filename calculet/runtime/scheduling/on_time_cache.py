@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 from calculet.runtime.scheduling.finish_estimate import ON_TIME_EPS_S, DeviceModel, PendingJob, edf_schedule
+from calculet.runtime.scheduling.lane_time import lane_finish
 
 __all__ = ["_EdfCache", "_Refusal"]
 
@@ -56,16 +57,17 @@ class _EdfCache:
         schedule cannot say — an earlier deadline, or a backlog prefill that would shift the lanes)."""
         if _deadline(job) < self.latest or not self.on_lane:
             return None
-        free = self.free[0]
-        service = model.service_s(job.prefill_tokens, job.decode_steps)
-        return now + service if free <= now else free + service + job.decode_steps * model.handover_s
+        return lane_finish(self.free[0], now, model.service_s(job.prefill_tokens, job.decode_steps),
+                           job.decode_steps * model.handover_s)
 
     def place(self, tokens: int, decode_steps: int, deadline: float | None, now: float,
               model: DeviceModel) -> float | None:
         """The finish of a latest-deadline job (its prefill ``tokens``, ``decode_steps`` and ``deadline``, a
         :class:`PendingJob`'s fields) appended to the schedule, or None if it would not fit. Once per
         ``submit()``: attributes read once, no call for what a comparison answers, the job's values rather
-        than a job (admission builds one only when it is read, :mod:`.on_time_kept`; #20)."""
+        than a job (admission builds one only when it is read, :mod:`.on_time_kept`; #20). Its finish is
+        :func:`~.lane_time.lane_finish`, the sum of the plan it appends to (:func:`.edf_schedule`) and of the HTTP
+        front's copy of this placement, so the three agree to the last bit (#13: a front ``Retry-After`` 1 s off)."""
         if deadline is None:
             deadline = math.inf
         if deadline < self.latest:
@@ -81,13 +83,9 @@ class _EdfCache:
         shift = 0.0 if on_lane else prefill
         if shift > min_slack + _EPS:
             return None
-        start = free[0] + shift  # on a lane, the prefill runs at its start
-        step = self._step
-        if now + shift >= start:
-            start = now + shift
-        else:  # a lane another job holds until then (DeviceModel.handover_s)
-            step += self._handover
-        finish = start + decode_steps * step + (prefill if on_lane else 0.0)
+        # on a lane its prefill runs at its start (DeviceModel.service_s); off a lane the backlog's runs first
+        finish = lane_finish(free[0] + shift, now + shift, (prefill if on_lane else 0.0) + decode_steps * self._step,
+                             decode_steps * self._handover)
         if finish > deadline + _EPS:
             return None
         if shift:
