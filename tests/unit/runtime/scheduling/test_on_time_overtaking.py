@@ -1,5 +1,5 @@
 """Issue #13: the admission-order estimate counts later arrivals of other tenants tagged ahead of a waiting request
-(§5.3), in their own lane seconds over the lanes, up to half its slack (§7.2 at risk) —
+(§5.3), in their own lane seconds over the lanes, up to a quarter of its slack (§7.2 at risk) and half its wait —
 :mod:`calculet.runtime.scheduling.overtaking`.
 
 Decisions in virtual time, no sleeps: the pure pieces by hand, then the planner's estimate on a one-lane and a
@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 
-from calculet.runtime.scheduling.overtaking import (RATE_WINDOW_S, SLACK_SHARE, Overtaking, fixed_point_wait,
-                                                    window_starts)
+from calculet.runtime.scheduling.overtaking import RATE_WINDOW_S, Overtaking, fixed_point_wait, window_starts
 from tests.unit.runtime.scheduling.test_on_time_order import build, planner
 
 
@@ -64,20 +63,25 @@ def test_the_other_tenants_work_is_counted_in_its_own_lane_seconds_over_the_lane
     units (the two tenants' delays equal), the lanes ignored (the 4-lane delay equals the 1-lane one)."""
     others = [("a", 0.0, 1.0)]
     light = _overtaking(50.0, lane_s_per_cost=0.001)  # 50 cost/s at 1 ms a unit: 0.05 s of lane a second
-    heavy = _overtaking(50.0, lane_s_per_cost=0.01)   # 0.5 s of lane a second
+    heavy = _overtaking(25.0, lane_s_per_cost=0.01)   # 0.25 s of lane a second (under the wait's cap)
     assert light.delay("b", 1e6, 20.0, 1, 1e9, 100.0, others) == pytest.approx(20.0 / 0.95 - 20.0, abs=2e-3)
-    assert heavy.delay("b", 1e6, 20.0, 1, 1e9, 100.0, others) == pytest.approx(20.0, abs=2e-3)  # W = 20 / 0.5
-    assert heavy.delay("b", 1e6, 20.0, 4, 1e9, 100.0, others) == pytest.approx(20.0 / 0.875 - 20.0, abs=2e-3)
+    assert heavy.delay("b", 1e6, 20.0, 1, 1e9, 100.0, others) == pytest.approx(20.0 / 0.75 - 20.0, abs=2e-3)
+    assert heavy.delay("b", 1e6, 20.0, 4, 1e9, 100.0, others) == pytest.approx(20.0 / 0.9375 - 20.0, abs=2e-3)
     # the window spreads over the lanes too: 1 000 cost at 0.01 s is 10 s of lane, 2.5 s on each of 4
     flood = _overtaking(5000.0)
     assert flood.delay("b", 1000.0, 20.0, 4, 1e9, 100.0, others) == pytest.approx(2.5)
 
 
-def test_the_delay_takes_half_the_slack_at_most():
+def test_the_delay_takes_a_share_of_the_slack_and_of_the_wait_at_most():
+    """Issue #13 session 15: the overtakers' work is capped by a quarter of the slack and half the queue-order wait.
+    Mutants caught: the wait's cap dropped (8 s instead of 4 s for the 8 s wait), the slack's share back at half
+    (4 s instead of 2 s for 8 s of slack)."""
     o = _overtaking(50.0)                           # a arrives faster than the lane serves: the window binds
     others = [("a", 0.0, 1.0)]
-    assert o.delay("b", 1000.0, 20.0, 1, 1e9, 100.0, others) == pytest.approx(10.0)  # the whole window
-    assert o.delay("b", 1000.0, 20.0, 1, 8.0, 100.0, others) == pytest.approx(SLACK_SHARE * 8.0)
+    assert o.delay("b", 1000.0, 20.0, 1, 1e9, 100.0, others) == pytest.approx(10.0)  # the whole window (= half of 20)
+    assert o.delay("b", 1000.0, 20.0, 1, 8.0, 100.0, others) == pytest.approx(2.0)   # a quarter of the slack
+    # an 8 s wait: W = 8 + min(W / 2, 10) -> 16, 8 s of overtaking predicted; half the wait is 4 s
+    assert o.delay("b", 1000.0, 8.0, 1, 1e9, 100.0, others) == pytest.approx(4.0)
     assert o.delay("b", 1000.0, 20.0, 1, -1.0, 100.0, others) == 0.0  # already late: at risk at once
 
 
