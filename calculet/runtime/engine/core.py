@@ -159,7 +159,8 @@ class EngineCore:
         self.kv = KvLaneManager(plan.lanes, plan.max_seq, capabilities=plan.kv_capabilities(), clock=clock)
         self.scheduler = Scheduler(config, clock=clock, kv=self.kv, device_kv_tokens=plan.kv_token_capacity,
                                    max_seq=plan.max_seq, capabilities=plan.scheduling_capabilities(),
-                                   observer=self._observe, step_observer=self._observe_step)
+                                   observer=self._observe,  # a decode step's moves: the joint monitor alone
+                                   step_observer=self._observe_step if self._observer else self._joint.step_observer)
         self.sampler = SamplerPool(seed=options.sampler_seed, eos=facts.eos_token, decoder=self.tokenizer)
         self.executor = DeviceExecutor(RuntimeSession.detached(self._device, config), config.executor, clock=clock,
                                        job_timeout_s=options.job_timeout_s,
@@ -492,13 +493,11 @@ class EngineCore:
             self._observer(rec, source, target)
 
     def _observe_step(self, recs: Sequence[RequestRecord], source: str, targets: Sequence[str]) -> None:
-        """A decode step's moves, one call per step (the scheduler's step observer, #20): the joint monitor and
-        the caller's observer hear each; none changes a generation's counters (not in REQUEST_TARGETS)."""
+        """A decode step's moves with the caller's observer (without one the joint monitor hears the step, #20)."""
         joint, observer = self._joint_observe, self._observer
         for rec, target in zip(recs, targets):
             joint(rec)
-            if observer is not None:
-                observer(rec, source, target)
+            observer(rec, source, target)  # type: ignore[misc]
 
     def _account(self, start: float) -> None:
         self._joint.after_call()
@@ -525,6 +524,11 @@ class _TickChecks:
     def observer(self) -> Callable[[RequestRecord], None]:
         """:meth:`observe` without its own frame: the monitor's bound method, called at each request transition."""
         return self._monitor.observe
+
+    @property
+    def step_observer(self) -> Callable[[Sequence[RequestRecord], str, Sequence[str]], None]:
+        """A decode step's moves, in one call, when only the monitor hears them (no caller's observer, #20)."""
+        return self._monitor.observe_step
 
     def after_call(self) -> None:
         if MONITOR.sample_every == 1:

@@ -26,6 +26,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from calculet.clock import Clock
+from calculet.runtime.scheduling.changes import Changes
 from calculet.runtime.scheduling.completion import (DecodeCompletion, FaultKind, LaneVerdict, PrefillCompletion,
                                                     check_decode_lanes, clean_decode_lanes)
 from calculet.runtime.scheduling.decode import DecodeBatch, DecodeScheduler
@@ -112,7 +113,8 @@ class CompletionApplier:
     def __init__(self, *, registry: RequestRegistry, kv: KvLaneManager, jobs: InflightTable,
                  decode: DecodeScheduler, prefill: PrefillScheduler, step_times: StepTimer,
                  capabilities: SchedulingCapabilities, clock: Clock, commands: list[Command],
-                 pump: Callable[[float], None], prefill_times: PrefillTimer | None = None) -> None:
+                 pump: Callable[[float], None], prefill_times: PrefillTimer | None = None,
+                 changes: Changes | None = None) -> None:
         self.registry = registry
         self.kv = kv
         self.jobs = jobs
@@ -126,6 +128,8 @@ class CompletionApplier:
         """The scheduler's command list (shared: the engine takes from it)."""
         self._pump = pump
         """Admit waiting requests (the scheduler's ``_pump``): reclaimed room is used at once."""
+        self._changes = changes if changes is not None else Changes()
+        """The scheduler's count of changes: a decode result that changed nothing a pass reads skips it."""
         self.stale = 0
         self.anomalies = 0
 
@@ -196,7 +200,9 @@ class CompletionApplier:
             self.decode.add_back(records, now)
         else:
             self.decode.add_back([rec for rec, target in zip(records, targets) if target == "decode_ready"], now)
-        self._pump(now)
+        changes = self._changes
+        if changes.calm != changes.count:  # a lane ended (its budget back), or a change since the last pass
+            self._pump(now)
         return _new_tuple(Applied, (job.job_id, False, ok, failed))  # Applied(...) without its __new__ frame
 
     def _lane_verdicts(self, batch: DecodeBatch, completion: DecodeCompletion

@@ -124,6 +124,16 @@ class JointMonitor:
             self.records[rid] = rec
             self._dirty.add(rid)
 
+    def observe_step(self, recs: Sequence[Any], source: str = "", targets: Sequence[str] = ()) -> None:
+        """A decode step's moves (the registry's quiet listener signature, one call per step, #20): :meth:`observe`
+        of each record. Each is in decode: it holds its lane, so :meth:`observe` keeps and marks it, and its lease's
+        seq id is kept already (since the move that gave it the lease)."""
+        records, dirty = self.records, self._dirty
+        for rec in recs:
+            rid = rec.request_id
+            records[rid] = rec
+            dirty.add(rid)
+
     def _seq_of(self, rec: Any) -> int:
         return self.seq.get(rec.request_id, -rec.request_id)
 

@@ -311,7 +311,7 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
         """Open the lane's transaction; with monitors on, record the position the job binds (the
         pool's ghost, whose invariant says it is the lane's committed_len)."""
         if MONITOR.enabled:
-            record_submit_ghosts(self, (lane,), tokens)
+            record_submit_ghosts(self._ghosts, self.view, (lane,), tokens)
         self._fire(lane, "submit", tokens=tokens)
 
 

@@ -77,6 +77,8 @@ class KvBatchOperations:
     # the manager's own state and methods, which these operations go through (declared here, defined there)
     _owner: list[int]
     _lanes: list[Any]
+    _ghosts: list[dict[str, int]]
+    view: Any
     _faults: int
     owners_changed: int
     _checked: Callable[[str], None]
@@ -165,7 +167,7 @@ class KvBatchOperations:
                 at.append(lane)
             machines, indices = found, at
         if MONITOR.enabled:
-            record_submit_ghosts(self, indices, tokens)
+            record_submit_ghosts(self._ghosts, self.view, indices, tokens)
         _INSTANCE.fire_each(machines, "submit", tokens=[tokens] * len(machines))
         self._checked("submit_batch")
 
@@ -217,11 +219,13 @@ class KvBatchOperations:
         self._checked("settle_batch")
 
 
-def record_submit_ghosts(kv: Any, lanes: Sequence[int], tokens: int) -> None:
-    """The declared ``submit`` ghosts of ``lanes`` (the position each job binds), recorded for the pool monitor."""
+def record_submit_ghosts(ghosts: list[dict[str, int]], view: Any, lanes: Sequence[int], tokens: int) -> None:
+    """The declared ``submit`` ghosts of ``lanes`` (the position each job binds), recorded for the pool monitor:
+    ``ghosts`` is every lane's (``KvLaneManager.ghost_list``) and ``view`` the pool's (``KvLaneManager.view``), both
+    passed by the manager itself (once per decode step: no two reads through its methods, #20)."""
     if _SUBMIT_GHOSTS is not None:
-        _SUBMIT_GHOSTS(kv.ghost_list(), kv.lane_list(), lanes, tokens)
+        _SUBMIT_GHOSTS(ghosts, view.lanes, lanes, tokens)
         return
-    ghost, ghosts = _POOL.ops["submit"].ghost, kv.ghost_list()
+    ghost = _POOL.ops["submit"].ghost
     for lane in lanes:
-        ghosts[lane].update(ghost(kv.view, lane, tokens=tokens))  # type: ignore[misc]
+        ghosts[lane].update(ghost(view, lane, tokens=tokens))  # type: ignore[misc]

@@ -24,7 +24,9 @@ removes the queue entry, and reaching Finishing or a terminal state releases the
 
 This object is the intake, the tick and the reclaim path; the rest lives beside it: what the
 device's results do (:mod:`.apply`), which generation requests are pinned to
-(:mod:`.generations`), and the values exchanged with the actor (:mod:`.plan`).
+(:mod:`.generations`), and the values exchanged with the actor (:mod:`.plan`). A step that finds
+nothing changed since the last admission pass found nothing waiting takes that pass's answer
+(:mod:`.changes`: the steady decode step, issue #20).
 
 Decisions where the spec is silent (the generation decisions are in :mod:`.generations`):
 
@@ -53,6 +55,7 @@ from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.fairness import TenantPolicy
 from calculet.runtime.scheduling.generations import GenerationBinding
 from calculet.runtime.scheduling.budget_monitor import check_counts
+from calculet.runtime.scheduling.changes import Changes
 from calculet.runtime.scheduling.job_lane_monitor import attach as attach_job_lane_monitor
 from calculet.runtime.scheduling.jobs import DECODE, PREFILL, InflightTable, JobRecord
 from calculet.runtime.scheduling.kv import KvLaneManager, KvLease, KvReservationFailure
@@ -109,6 +112,7 @@ class Scheduler:
         self._deadline_default_ms = config.admission.deadline_default_ms
         self._deadlines = DeadlineQueue()
         self._commands: list[Command] = []
+        self.changes = Changes()
         self.queued_commands: Sequence[Command] = self._commands
         """The commands not yet taken, read-only: the engine asks :meth:`take_commands` only when there are some."""
         self._pending: JobRecord | None = None
@@ -119,7 +123,7 @@ class Scheduler:
         self.completions = CompletionApplier(registry=self.registry, kv=kv, jobs=self.jobs, decode=self.decode,
                                              prefill=self.prefill, step_times=self.step_times,
                                              capabilities=capabilities, clock=clock, commands=self._commands,
-                                             pump=self._pump, prefill_times=self.prefill_times)
+                                             pump=self._pump, prefill_times=self.prefill_times, changes=self.changes)
         self.on_time = None if config.batch.deadline_order != "on_time" else OnTimePolicy(
             config, registry=self.registry, admission=self.admission, decode=self.decode, prefill=self.prefill,
             step_times=self.step_times, prefill_times=self.prefill_times,
@@ -229,13 +233,13 @@ class Scheduler:
         self.job_lanes.boundary("scheduler step")  # a step boundary: JobLaneSystem's invariants (sampled, #17)
         check_counts(self.admission, self.registry, "scheduler step")  # the budget's counters are its requests (#17)
         now = self._clock.now()
-        deadlines, prefill = self._deadlines, self.prefill
+        deadlines, prefill, changes = self._deadlines, self.prefill, self.changes
         if now >= deadlines.soonest:  # a deadline passed: sweep (only then, issue #20)
+            changes.count += 1  # the sweep pops deadlines, those of ended requests too (no transition tells)
             deadlines.expire_due(now, self.registry, prefill, self.admission.timed_out)
         if self.on_time is not None:
             self.on_time.tick(now)
-        self._pump(now)
-        wake = deadlines.next_due()
+        wake = changes.wake if changes.calm == changes.count else self._pass(now)  # a calm count: the last pass stands
         if not self.jobs.has_slot():
             return Plan(None, wake_at=wake, reason="no in-flight slot")
         generations = self.generations
@@ -395,6 +399,7 @@ class Scheduler:
 
     def _on_transition(self, rec: RequestRecord, source: str, target: str) -> None:
         """Reclaim whatever ``rec`` stops needing with this transition (the one reclaim path)."""
+        self.changes.count += 1  # a reported move may start or end a wait, free budget or end a deadline
         if self._observer is not None:
             self._observer(rec, source, target)
         if source == target or (source in DECODE_CYCLE and target in DECODE_CYCLE):
@@ -419,6 +424,11 @@ class Scheduler:
                 if command is not None:
                     self._commands.append(command)
                 self.admission.released(rec)
+
+    def _pass(self, now: float) -> float | None:
+        """The step's admission pass and wake-up (the next due deadline), kept while the count is calm (:class:`.Changes`)."""
+        self._pump(now)
+        return self.changes.settle(not self.admission.waiting, self._deadlines.next_due())
 
     def _admit_now(self, rec: RequestRecord, now: float) -> bool:
         """Admit ``rec``, a new request passing screening while its generation is Ready, at once if nothing
