@@ -37,7 +37,7 @@ def _kept(monitor: JointMonitor) -> tuple[Any, ...]:
     return kept
 
 
-@pytest.mark.req("R9.2")
+@pytest.mark.req("R9.2.1")
 def test_a_step_observed_at_once_keeps_and_marks_what_each_record_would() -> None:
     """Mutant caught: ``observe_step`` not marking a record for the next check (a decode step's request not
     checked again until it moves otherwise)."""

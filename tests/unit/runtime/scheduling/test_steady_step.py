@@ -133,7 +133,7 @@ def test_a_saturated_rotation_takes_the_pass_it_already_made() -> None:
     assert all(h.scheduler.registry.outcome(rid).state == "completed" for rid in h.sinks)
 
 
-@pytest.mark.req("R5.1.2")
+@pytest.mark.req("R5.1.2", "R5.2.2")
 def test_a_request_queued_while_calm_is_admitted_when_a_lane_frees() -> None:
     """A calm rotation on a full pool, then a newcomer that must wait: the count moves with its ``bind``, the next
     pass sees it waiting, and it is admitted when a stream ends and its lane is released — the same step as
@@ -154,7 +154,7 @@ def test_a_request_queued_while_calm_is_admitted_when_a_lane_frees() -> None:
     assert len(h.sinks[late].tokens) == 2
 
 
-@pytest.mark.req("R4.1")
+@pytest.mark.req("R7.2.1")
 def test_the_wake_up_follows_a_deadline_swept_for_an_ended_request() -> None:
     """A request that completed keeps its deadline queued until the sweep pops it (no transition tells): the
     steady step's wake-up must move on with the sweep. Mutant caught: the sweep not moving the count (the plan
