@@ -21,7 +21,8 @@ Then, per policy over the loads pooled (the report's row), the P90 of every arri
 the first ``--warmup`` seconds, and how many of the errors above the P90 arrived in those first seconds: a
 run starts on an empty device whose per-token time the long window has not measured under the load yet
 (issue #13 session 12: on steady B16, 37 of the 92 errors above the P90 arrived in the first 30 s of 300;
-the P90 of the later arrivals is 23.3 % against 27.9 % for all).
+the P90 of the later arrivals is 23.3 % against 27.9 % for all). Last, the errors beyond 25 % split by sign and the
+P90 were no request to finish after its estimate: the bound of a promise the schedule keeps (session 15).
 
     python bench/estimate_components.py --preset steady --policies calculet-b16,calculet-b4 --loads 0.5,1,2,4
 """
@@ -104,6 +105,20 @@ def warmup_line(preset: str, policy: str, pooled: list[tuple[float, float]], war
             f" {early_above} arrived in the first {warmup_s:g} s")
 
 
+def promise_line(preset: str, policy: str, pooled: list[tuple[float, float]], bound: float = 0.25) -> str:
+    """The row's errors beyond ``bound`` split by sign, and the P90 were no request to finish after its estimate
+    (issue #13 session 15): the most a promise the schedule keeps could give, before what holding others back costs
+    (``docs/estimator.md``, "A promise the schedule keeps"). A positive error is a request that finished early."""
+    if not pooled:
+        return f"{preset} {policy} every load: no estimate"
+    errors = np.array([e for e, _ in pooled])
+    early, late = int(np.sum(errors > bound)), int(np.sum(errors < -bound))
+    n = len(errors)
+    return (f"{preset} {policy} every load: beyond {bound:.0%} finished before the estimate {early} ({early / n:.1%}),"
+            f" after it {late} ({late / n:.1%}) | P90 with no request after its estimate"
+            f" {_p90(list(np.maximum(errors, 0.0))):.1f} %")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="steady")
@@ -128,6 +143,7 @@ def main() -> None:
                   f" p10 {lo:.2f} p50 {mid:.2f} p90 {hi:.2f} | signed medians % {tenants}", flush=True)
             pooled.extend(zip(s["errors"], s["arrivals"]))
         print(warmup_line(args.preset, policy.name, pooled, args.warmup), flush=True)
+        print(promise_line(args.preset, policy.name, pooled), flush=True)
 
 
 if __name__ == "__main__":
