@@ -135,7 +135,9 @@ def test_a_request_of_a_tenant_with_a_ttft_target_is_refused_when_it_waits_past_
 
 
 def _place_reference(cache: object, job: PendingJob, now: float, model: DeviceModel) -> tuple[object, ...]:
-    """``_EdfCache.place`` as written before #20 trimmed it, on copies: (finish, free, min_slack, latest)."""
+    """``_EdfCache.place`` as written before #20 trimmed it, on copies: (finish, free, min_slack, latest); its finish
+    summed as the planner's list schedule sums it (``start + (prefill + steps × step)``, issue #13's one lane
+    arithmetic, :func:`~calculet.runtime.scheduling.lane_time.lane_finish`; no turnover on these models)."""
     import heapq
     import math
 
@@ -148,7 +150,7 @@ def _place_reference(cache: object, job: PendingJob, now: float, model: DeviceMo
     if shift > min_slack + 1e-12:
         return None, sorted(free), min_slack, latest
     start = max(free[0] + shift, now + shift)
-    finish = start + job.decode_steps * model.lane_step_s + (prefill if on_lane else 0.0)
+    finish = start + ((prefill if on_lane else 0.0) + job.decode_steps * model.lane_step_s)
     if finish > deadline + 1e-12:
         return None, sorted(free), min_slack, latest
     if shift:
