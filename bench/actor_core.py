@@ -20,6 +20,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 
@@ -99,11 +100,16 @@ def serve() -> int:
 def _spawn(tree: str) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=tree)
     # this script, importing calculet from ``tree`` (a base worktree need not have the script)
+    errors = tempfile.TemporaryFile("w+")  # the child's stderr, shown if it dies before it is ready
     proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve"], cwd=tree,
-                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True)
     assert proc.stdout is not None
-    while proc.stdout.readline().strip() != "ready":
-        pass
+    while (line := proc.stdout.readline()).strip() != "ready":
+        if not line:  # EOF: the child exited (an import error in ``tree``, a crash) and will never say ready
+            proc.wait()
+            errors.seek(0)
+            raise SystemExit(f"actor_core: the core from {tree} exited ({proc.returncode}) before it was ready:\n"
+                             + errors.read()[-4000:])
     return proc
 
 
