@@ -67,7 +67,7 @@ def _chain(first: Observer, second: Observer) -> Observer:
 def _traced_stack(st: Stack, sample_ratio: float = 1.0) -> tuple[RequestTracer, InMemorySpanExporter]:
     pipeline, exporter = _pipeline(sample_ratio)
     tracer = RequestTracer(pipeline, st.clock, job=st.driver.job, alias="tiny")
-    st.driver.core._observer = _chain(st.driver.core._observer, tracer.observe)
+    st.driver.core.set_observer(_chain(st.driver.core._observer, tracer.observe))
     return tracer, exporter
 
 
@@ -352,7 +352,7 @@ def test_the_span_tuples_are_written_as_the_library_writes_the_same_spans() -> N
     st = stack(config, profiles=(1, 4), variant="future")
     tuples = _Tuples()
     tracer = RequestTracer(SpanPipeline(tuples), st.clock, job=st.driver.job, alias="tiny")
-    st.driver.core._observer = _chain(st.driver.core._observer, tracer.observe)
+    st.driver.core.set_observer(_chain(st.driver.core._observer, tracer.observe))
     for new in (3, 3, 5):
         st.submit(8, new)
     st.runtime.hooks.result_rc[st.runtime.hooks.accepted + 5] = ReturnCode.INTERNAL

@@ -492,6 +492,13 @@ class EngineCore:
         if self._observer is not None:
             self._observer(rec, source, target)
 
+    def set_observer(self, observer: Callable[[RequestRecord, str, str], None] | None) -> None:
+        """Install the caller's request observer. The scheduler was built with the step listener that fitted the
+        observer then; the service installs its own later, so the listener is chosen again here (#20)."""
+        self._observer = observer
+        self.scheduler.registry.quiet_listener = self._observe_step if observer is not None else \
+            self._joint.step_observer
+
     def _observe_step(self, recs: Sequence[RequestRecord], source: str, targets: Sequence[str]) -> None:
         """A decode step's moves with the caller's observer (without one the joint monitor hears the step, #20)."""
         joint, observer = self._joint_observe, self._observer

@@ -197,7 +197,7 @@ class ThreadedEngine:
 
     def set_observer(self, observer: Callable[[RequestRecord, str, str], None] | None) -> None:
         """Install the request-transition observer (called on the actor thread); before ``start()``."""
-        self._core._observer = observer
+        self._core.set_observer(observer)
 
     @property
     def clock(self) -> Clock:
