@@ -159,8 +159,8 @@ class EngineCore:
         self.kv = KvLaneManager(plan.lanes, plan.max_seq, capabilities=plan.kv_capabilities(), clock=clock)
         self.scheduler = Scheduler(config, clock=clock, kv=self.kv, device_kv_tokens=plan.kv_token_capacity,
                                    max_seq=plan.max_seq, capabilities=plan.scheduling_capabilities(),
-                                   observer=self._observe,  # a decode step's moves: the joint monitor alone
-                                   step_observer=self._observe_step if self._observer else self._joint.step_observer)
+                                   observer=self._observe)
+        self.set_observer(self._observer)  # a decode step's listener
         self.sampler = SamplerPool(seed=options.sampler_seed, eos=facts.eos_token, decoder=self.tokenizer)
         self.executor = DeviceExecutor(RuntimeSession.detached(self._device, config), config.executor, clock=clock,
                                        job_timeout_s=options.job_timeout_s,
@@ -493,18 +493,9 @@ class EngineCore:
             self._observer(rec, source, target)
 
     def set_observer(self, observer: Callable[[RequestRecord, str, str], None] | None) -> None:
-        """Install the caller's request observer. The scheduler was built with the step listener that fitted the
-        observer then; the service installs its own later, so the listener is chosen again here (#20)."""
+        """Install the caller's request observer (the service does, after bring-up); a decode step's listener follows."""
         self._observer = observer
-        self.scheduler.registry.quiet_listener = self._observe_step if observer is not None else \
-            self._joint.step_observer
-
-    def _observe_step(self, recs: Sequence[RequestRecord], source: str, targets: Sequence[str]) -> None:
-        """A decode step's moves with the caller's observer (without one the joint monitor hears the step, #20)."""
-        joint, observer = self._joint_observe, self._observer
-        for rec, target in zip(recs, targets):
-            joint(rec)
-            observer(rec, source, target)  # type: ignore[misc]
+        self.scheduler.registry.quiet_listener = self._joint.step_listener(observer)
 
     def _account(self, start: float) -> None:
         self._joint.after_call()
@@ -532,10 +523,19 @@ class _TickChecks:
         """:meth:`observe` without its own frame: the monitor's bound method, called at each request transition."""
         return self._monitor.observe
 
-    @property
-    def step_observer(self) -> Callable[[Sequence[RequestRecord], str, Sequence[str]], None]:
-        """A decode step's moves, in one call, when only the monitor hears them (no caller's observer, #20)."""
-        return self._monitor.observe_step
+    def step_listener(self, observer: Callable[[RequestRecord, str, str], None] | None
+                      ) -> Callable[[Sequence[RequestRecord], str, Sequence[str]], None]:
+        """A decode step's moves, in one call a step (#20): to the monitor alone, in one call, when nothing else
+        listens; else to the monitor and ``observer``, record by record (none changes a generation's counters)."""
+        if observer is None:
+            return self._monitor.observe_step
+        joint = self._monitor.observe
+
+        def observe_step(recs: Sequence[RequestRecord], source: str, targets: Sequence[str]) -> None:
+            for rec, target in zip(recs, targets):
+                joint(rec)
+                observer(rec, source, target)
+        return observe_step
 
     def after_call(self) -> None:
         if MONITOR.sample_every == 1:
