@@ -29,7 +29,7 @@ from calculet.runtime.scheduling.decode import DecodeBatch
 from calculet.runtime.scheduling.plan import Submission
 from calculet.runtime.scheduling.prefill import PrefillWork
 from calculet.runtime.scheduling.scheduler import Scheduler
-from calculet.runtime.streams.tokenizer import ByteTokenizer
+from calculet.runtime.streams.package_tokenizer import Tokenizer
 
 log = logging.getLogger("calculet.runtime.engine.requests")
 
@@ -94,7 +94,7 @@ def _reject(sink: RequestSink, decision: Decision, status: int, reason: str) -> 
 class RequestDesk:
     """The live requests' engine-side facts and the counts of what came in and how it ended."""
 
-    def __init__(self, scheduler: Scheduler, tokenizer: ByteTokenizer, sampler: SamplerPool,
+    def __init__(self, scheduler: Scheduler, tokenizer: Tokenizer, sampler: SamplerPool,
                  executor: DeviceExecutor, clock: Clock, *, trace: Trace | None,
                  provenance: Callable[[TokenProvenance], None] | None) -> None:
         self._scheduler = scheduler
