@@ -76,7 +76,7 @@ import heapq
 import math
 from itertools import accumulate
 from operator import le
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from calculet.records import quick_init
@@ -198,9 +198,10 @@ class DeviceModel:
         estimator's measured error (:mod:`.estimate_error`). Finish times from ``now`` scale by it."""
         if factor == 1.0:
             return self
-        return replace(self, decode_step_s=self.decode_step_s * factor, prefill_fixed_s=self.prefill_fixed_s * factor,
-                       prefill_per_token_s=self.prefill_per_token_s * factor, token_s=self.token_s * factor,
-                       step_period_s=self.step_period_s * factor, slot_token_s=self.slot_token_s * factor)
+        # the constructor, not dataclasses.replace: admission builds one per change of the model or margin (#20)
+        return DeviceModel(self.decode_step_s * factor, self.compiled_batch, self.engines, self.prefill_fixed_s * factor,
+                           self.prefill_per_token_s * factor, self.prefill_chunk_tokens, self.token_s * factor,
+                           self.step_period_s * factor, self.slot_token_s * factor)
 
     def prefill_s(self, tokens: int) -> float:
         if tokens <= 0:

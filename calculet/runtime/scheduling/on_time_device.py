@@ -6,7 +6,7 @@ device slowed by the estimator's measured error (:mod:`.estimate_error`'s margin
 request alone ("never" and a candidate on an idle device are judged on it). The step timer measures at every
 decode step, so wherever a model is read after a step — a ``submit()``, the replan, the HTTP front's snapshot at
 each actor turn — the models are built again. Issue #20 measured that chain (measured + admitting model) at 11.4 µs
-of CPU per step when each derived model went through ``DeviceModel.slowed`` and ``dataclasses.replace``, and an
+of CPU per step when each derived model went through ``dataclasses.replace`` (as ``DeviceModel.slowed`` did then), and an
 admitted ``submit()`` between two steps at 23-26 µs against 11-12 within one step (``bench/admission_screen.py``);
 here each model is one constructor call with the same products, the measured one keyed once, and the alone model
 built only when read: 4.6 µs per step, 15.7-16.1 µs per submit between steps. Moved out of the planner for the
@@ -64,7 +64,7 @@ class MeasuredDevice:
         admitting = self.admitting
         if model is not self.admitting_of or margin != self.admitting_margin or admitting is None:
             self.admitting_of, self.admitting_margin = model, margin
-            self.admitting = admitting = _slowed(model, 1.0 + margin)
+            self.admitting = admitting = model.slowed(1.0 + margin)
             self._alone_step = min(self._fastest_step, model.decode_step_s)
             self._alone = None
         return admitting
@@ -75,7 +75,7 @@ class MeasuredDevice:
         margin = self.errors.margin
         if model is self.admitting_of and margin == self.admitting_margin and self.admitting is not None:
             return self.admitting
-        return _slowed(model, 1.0 + margin)
+        return model.slowed(1.0 + margin)
 
     def alone_model(self, model: DeviceModel) -> DeviceModel:
         """``model`` serving one request alone (see ``OnTimePlanner.alone_model``), not slowed."""
@@ -94,15 +94,6 @@ class MeasuredDevice:
         optimistic admission; the next model built sets it again, from the step measured then."""
         self._fastest_step = math.inf
         self.admitting = self.admitting_of = self._alone = None
-
-
-def _slowed(model: DeviceModel, factor: float) -> DeviceModel:
-    """``model.slowed(factor)``: the same products, built with the constructor (no ``dataclasses.replace``, #20)."""
-    if factor == 1.0:
-        return model
-    return DeviceModel(model.decode_step_s * factor, model.compiled_batch, model.engines, model.prefill_fixed_s * factor,
-                       model.prefill_per_token_s * factor, model.prefill_chunk_tokens, model.token_s * factor,
-                       model.step_period_s * factor, model.slot_token_s * factor)
 
 
 def _alone(model: DeviceModel, step: float, factor: float) -> DeviceModel:

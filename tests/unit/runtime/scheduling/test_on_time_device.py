@@ -2,7 +2,7 @@
 ``dataclasses.replace`` built (:mod:`calculet.runtime.scheduling.on_time_device`).
 
 The step timer measures at every decode step, so the measured, admitting and alone models are rebuilt per step
-wherever one is read; they are now built directly rather than through ``DeviceModel.slowed`` and ``replace``. The
+wherever one is read; they are now built directly rather than through ``replace`` (``DeviceModel.slowed`` too). The
 decisions read every field (``==`` keys the refusal cache and the retry slots), so the models must be equal, field
 for field, to the ones built before. Mutants caught: a field left unslowed (``prefill_fixed_s``, ``step_period_s``,
 ``token_s``, ``slot_token_s``), the alone model keeping ``token_s``, ``slot_token_s`` or the compiled batch, the margin
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from calculet.runtime.scheduling.estimate_error import EstimateErrors
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.finish_estimate import DeviceModel
-from calculet.runtime.scheduling.on_time_device import MeasuredDevice, _alone, _slowed
+from calculet.runtime.scheduling.on_time_device import MeasuredDevice, _alone
 
 times = st.floats(0.0, 5.0, allow_nan=False)
 positive = st.floats(1e-4, 5.0, allow_nan=False)
@@ -34,7 +34,9 @@ def test_the_models_are_those_slowed_and_replace_built(step: float, batch: int, 
                                                         margin: float, fastest: float, slot: float) -> None:
     model = DeviceModel(step, batch, engines, fixed, per, chunk, token, period, slot)
     factor = 1.0 + margin
-    assert _slowed(model, factor) == model.slowed(factor)
+    times_slowed = {name: getattr(model, name) * factor for name in
+                    ("decode_step_s", "prefill_fixed_s", "prefill_per_token_s", "token_s", "step_period_s", "slot_token_s")}
+    assert model.slowed(factor) == dataclasses.replace(model, **times_slowed)  # every time field, nothing else
     alone_step = min(fastest, step)
     expected = dataclasses.replace(model, decode_step_s=alone_step, compiled_batch=1, engines=1, token_s=0.0,
                                    slot_token_s=0.0)
