@@ -199,9 +199,9 @@ class DeviceModel:
         if factor == 1.0:
             return self
         # the constructor, not dataclasses.replace: admission builds one per change of the model or margin (#20)
-        return DeviceModel(self.decode_step_s * factor, self.compiled_batch, self.engines, self.prefill_fixed_s * factor,
-                           self.prefill_per_token_s * factor, self.prefill_chunk_tokens, self.token_s * factor,
-                           self.step_period_s * factor, self.slot_token_s * factor)
+        return DeviceModel(self.decode_step_s * factor, self.compiled_batch, self.engines,
+                           self.prefill_fixed_s * factor, self.prefill_per_token_s * factor, self.prefill_chunk_tokens,
+                           self.token_s * factor, self.step_period_s * factor, self.slot_token_s * factor)
 
     def prefill_s(self, tokens: int) -> float:
         if tokens <= 0:

@@ -6,8 +6,8 @@ device slowed by the estimator's measured error (:mod:`.estimate_error`'s margin
 request alone ("never" and a candidate on an idle device are judged on it). The step timer measures at every
 decode step, so wherever a model is read after a step — a ``submit()``, the replan, the HTTP front's snapshot at
 each actor turn — the models are built again. Issue #20 measured that chain (measured + admitting model) at 11.4 µs
-of CPU per step when each derived model went through ``dataclasses.replace`` (as ``DeviceModel.slowed`` did then), and an
-admitted ``submit()`` between two steps at 23-26 µs against 11-12 within one step (``bench/admission_screen.py``);
+of CPU per step when each derived model went through ``dataclasses.replace`` (as ``DeviceModel.slowed`` did then),
+and an admitted ``submit()`` between two steps at 23-26 µs against 11-12 within one step (``bench/admission_screen.py``);
 here each model is one constructor call with the same products, the measured one keyed once, and the alone model
 built only when read: 4.6 µs per step, 15.7-16.1 µs per submit between steps. Moved out of the planner for the
 size limits; the planner delegates.

@@ -34,8 +34,8 @@ def test_the_models_are_those_slowed_and_replace_built(step: float, batch: int, 
                                                         margin: float, fastest: float, slot: float) -> None:
     model = DeviceModel(step, batch, engines, fixed, per, chunk, token, period, slot)
     factor = 1.0 + margin
-    times_slowed = {name: getattr(model, name) * factor for name in
-                    ("decode_step_s", "prefill_fixed_s", "prefill_per_token_s", "token_s", "step_period_s", "slot_token_s")}
+    fields = ("decode_step_s", "prefill_fixed_s", "prefill_per_token_s", "token_s", "step_period_s", "slot_token_s")
+    times_slowed = {name: getattr(model, name) * factor for name in fields}
     assert model.slowed(factor) == dataclasses.replace(model, **times_slowed)  # every time field, nothing else
     alone_step = min(fastest, step)
     expected = dataclasses.replace(model, decode_step_s=alone_step, compiled_batch=1, engines=1, token_s=0.0,
