@@ -32,8 +32,9 @@ This module is the façade: lifecycle calls, submit and the bookkeeping of a job
 The parts live beside it — :mod:`.calbin` (CreateCalbin, configure rules), :mod:`.buffers` (job
 buffers and their binding), :mod:`.submit_checks` (what submit refuses), :mod:`.job_record` (the
 submit DMA and the job's completion record), :mod:`.execution` (numerics and the §9.2 commit),
-:mod:`.fault_effects` (what an injected fault does to a result) and :mod:`.timeline` (completion
-instants, virtual time, the real-time worker, Wait).
+:mod:`.fault_effects` (what an injected fault does to a result), :mod:`.timeline` (completion
+instants, virtual time, the real-time worker, Wait) and :mod:`.null_plan` (the null device's decode step, its
+configuration's constant verdicts decided once).
 """
 
 from __future__ import annotations
@@ -73,9 +74,10 @@ from calculet.adapters.sim.config import SimConfig, TimeMode
 from calculet.adapters.sim.device_statistics import DeviceStatistics, RuntimeStatistics
 from calculet.adapters.sim.execution import Computed, SimJob, compute
 from calculet.adapters.sim.faults import FaultInjector, InjectedFault
-from calculet.adapters.sim.job_record import completion_record, null_decode_record, settle
+from calculet.adapters.sim.job_record import completion_record, settle
 from calculet.adapters.sim.kv import SimKvManager
 from calculet.adapters.sim.memory import MemoryLedger
+from calculet.adapters.sim.null_plan import NullDecodePlan
 from calculet.adapters.sim.submit_checks import SubmitGate, decode_step
 from calculet.adapters.sim.timeline import CompletionTimeline
 from calculet.clock import Clock
@@ -171,6 +173,8 @@ class SimVirtualDevice:
         self._per_engine: Counter[JobEngine] = Counter()
         self._resets = 0
         self.completes_at_submit = config.completes_inline  # the null device: see SimConfig
+        self._null = NullDecodePlan(self.timeline, self.clock, self._ids, self._engine_seq, self._completed,
+                                    self._per_engine, self.faults, self._cond) if self.completes_at_submit else None
         self._worker: threading.Thread | None = None
         if config.time_mode is TimeMode.REAL:
             self._worker = threading.Thread(target=self.timeline.work, args=(lambda: self._closed,),
@@ -354,10 +358,14 @@ class SimVirtualDevice:
     # --- jobs ------------------------------------------------------------------------------
 
     def submit(self, job: JobSpec) -> JobTicket:
-        """Validate, price and enqueue a job; raises on refusal (rc on error). Its try is the vendor boundary (#20)."""
+        """Validate, price and enqueue a job; raises on refusal (rc on error). Its try is the vendor boundary (#20).
+        The null device's plan (:mod:`.null_plan`) takes a decode step of a known route, or leaves it to the full
+        path (:meth:`_submit_locked`) with every other job."""
         with self._lock:  # the lock of ``_cond`` itself, entered without the Condition's Python-level __enter__
             try:
-                return self._submit_locked(job)
+                route = self._null is not None and self._gate.routes.get(id(job.buffers))
+                ticket = route and self._null.step(route, job)  # type: ignore[union-attr,arg-type]
+                return ticket or self._submit_locked(job)
             except Exception as exc:  # noqa: BLE001 - the boundary must catch everything the vendor raises
                 if isinstance(exc, VendorError):
                     self._refused[exc.rc] += 1
@@ -372,16 +380,15 @@ class SimVirtualDevice:
         if self._virtual:
             self.timeline.advance_virtual()
         decode = isinstance(job, DecodeJob)  # asked once: the null device's commit below asks again (issue #20)
-        routed = decode and self._poisoned is None and decode_step(job, self._gate.routes)  # type: ignore[arg-type]
+        routed = decode and decode_step(job, self._gate.routes)  # type: ignore[arg-type]  # none while poisoned
         cb, kv, admitted, in_buf, out_buf = routed or self._gate.admit(job, decode, self._poisoned, self._epoch)
-        caps = cb.capabilities
         if self._engine_job[job.engine] is not None:
             raise VendorError(ReturnCode.DEVICE_BUSY,
                               f"engine {job.engine.name} is running job {self._engine_job[job.engine]}")
         pending = self.timeline.pending
-        if len(pending) >= caps.max_inflight_jobs.value:
+        if len(pending) >= cb.capabilities.max_inflight_jobs.value:
             raise VendorError(ReturnCode.DEVICE_BUSY, f"{len(pending)} job(s) in flight; the contract allows "
-                                                      f"{caps.max_inflight_jobs.value}")
+                                                      f"{cb.capabilities.max_inflight_jobs.value}")
         fault = self.faults.decide(job.kind, job.engine, admitted.valid_lanes)
         if fault is not None and fault.kind is InjectedFault.DEVICE_BUSY:
             raise VendorError(ReturnCode.DEVICE_BUSY, f"injected DeviceBusy ({fault.origin})")
@@ -396,15 +403,8 @@ class SimVirtualDevice:
         ticket = JobTicket(job_id, job.generation, job.kind, job.engine, cb.calbin_id, now)  # positional: once a job
         in_buf.pending = job  # the DMA: its bytes written when the buffer is read (SimBuffer.pending)
         self._submitted += 1
-        if (fault is None and finish is not None and finish <= now and self.completes_at_submit
-                and decode and cb.model is None):
-            # the null device's decode step: committed and published here, its buffers and sequences never bound
-            self.timeline.done[job_id] = null_decode_record(ticket, job, kv, admitted.held, self._engine_seq, now)
-            self._completed[ReturnCode.OK] += 1
-            self._per_engine[job.engine] += 1
-            if self.timeline.sleepers:
-                self._cond.notify_all()
-            return ticket
+        if fault is None and finish is not None and finish <= now and self._null is not None and decode:
+            return self._null.commit(ticket, job, kv, admitted.held)  # type: ignore[arg-type]  # a step off a route
         in_buf.bound_job = out_buf.bound_job = job_id
         for seq in admitted.held:  # every one as the checks above found it
             seq.inflight_job = job_id
@@ -444,6 +444,7 @@ class SimVirtualDevice:
         job_rc = result.rc
         if job.fault is not None and fault_effects.poisons(job_rc) and self.config.fault_requires_reset:
             self._poisoned = job_rc
+            self._gate.forget()  # no route while poisoned: every job meets the full checks, which refuse it
         self._buffers.unbind(job_id, spec.buffers)
         if self._engine_job[engine] == job_id:
             self._engine_job[engine] = None
@@ -452,19 +453,21 @@ class SimVirtualDevice:
         self.timeline.done[job_id] = result
 
     def poll(self) -> list[JobResult]:
-        """Every completed, uncollected result (virtual time: those due at ``clock.now()``); with nothing published,
-        [] and no lock taken, no boundary crossed in real time (issue #20: the actor polls after each submit)."""
-        return self._drain() if self._virtual or self.timeline.done else []
-
-    @vendor_boundary("VirtualDevice.poll")
-    def _drain(self) -> list[JobResult]:
+        """Every completed, uncollected result (virtual time: those due at ``clock.now()``); with none published, []
+        and no lock taken in real time (#20: the actor polls after each submit). Its try is the vendor boundary."""
         timeline = self.timeline
-        if self._virtual:
-            timeline.advance_virtual()
-        if not timeline.done:  # a result published meanwhile is the next poll's, as one published just after it
+        if not self._virtual and not timeline.done:
             return []
-        with self._lock:
-            return timeline.drain()
+        try:
+            if self._virtual:
+                timeline.advance_virtual()
+            with self._lock:
+                return timeline.drain()  # a result published meanwhile is the next poll's
+        except Exception as exc:  # noqa: BLE001 - the boundary must catch everything the vendor raises
+            mapped = translated(exc, "VirtualDevice.poll")
+            if mapped is exc:
+                raise
+            raise mapped from exc
 
     @vendor_boundary("VirtualDevice.Wait")
     def wait(self, job_id: JobId, timeout_s: float) -> JobResult:
@@ -549,7 +552,8 @@ def _device_statistics(device: SimVirtualDevice) -> DeviceStatistics:
             kv_managers=len(device._kvs), buffers=len(device._buffers), buffers_bound=device._buffers.bound(),
             inflight=len(timeline.pending),
             inflight_never_completing=sum(1 for j in timeline.pending.values() if j.finish is None),
-            submitted=device._submitted, submit_refused=MappingProxyType(dict(device._refused)),
+            submitted=device._submitted + (device._null.submitted if device._null is not None else 0),
+            submit_refused=MappingProxyType(dict(device._refused)),
             completed=MappingProxyType(dict(device._completed)),
             completed_per_engine=MappingProxyType(dict(device._per_engine)),
             results_uncollected=len(timeline.done), discarded_by_reset=timeline.discarded_count,

@@ -118,7 +118,13 @@ class FaultInjector:
         self._rng = random.Random(seed)
         self._rates: dict[InjectedFault, float] = {}
         self._decisions = 0
+        self.passed = 0
+        """Submits the device accepted without asking :meth:`decide`, while nothing was :attr:`armed` (the null
+        device's plan, issue #20): each is a decision that injected nothing, counted in ``decisions``."""
         self._injected: dict[InjectedFault, int] = {k: 0 for k in InjectedFault}
+        self.armed = False
+        """Whether any rule or positive random rate is set: with none, :meth:`decide` can only answer None (the
+        null device's plan asks this per step, an attribute, instead of calling :meth:`decide`)."""
         for rule in rules:
             self.add(rule)
         if rates:
@@ -129,6 +135,7 @@ class FaultInjector:
             self._rules.append(rule)
             self._seen.append(0)
             self._fired.append(0)
+        self._changed()
 
     def clear(self) -> None:
         """Remove every rule and random rate (counters of injected faults are kept)."""
@@ -137,6 +144,10 @@ class FaultInjector:
             self._seen.clear()
             self._fired.clear()
             self._rates.clear()
+        self._changed()
+
+    def _changed(self) -> None:
+        self.armed = bool(self._rules) or any(rate > 0.0 for rate in self._rates.values())
 
     def set_random(self, seed: int | None, rates: Mapping[InjectedFault, float]) -> None:
         for kind, rate in rates.items():
@@ -145,13 +156,15 @@ class FaultInjector:
         with self._lock:
             self._rng = random.Random(seed)
             self._rates = dict(rates)
+        self._changed()
 
     def decide(self, job_kind: JobKind, engine: JobEngine, valid_lanes: Sequence[int]) -> FaultDecision | None:
         """Consume one submit; return the fault to apply, or None.
 
         Called by the device's Submit only, under the device lock: one caller at a time. With nothing to inject
         (serving, benchmarks) the count is all there is to do, without this injector's own lock (issue #20); a rule
-        or rate set meanwhile from another thread applies from the next submit, as it would after the lock."""
+        or rate set meanwhile from another thread applies from the next submit, as it would after the lock. (The
+        null device does not ask while nothing is :attr:`armed`: it counts :attr:`passed` instead.)"""
         if not self._rules and not self._rates:
             self._decisions += 1
             return None
@@ -187,4 +200,4 @@ class FaultInjector:
     def statistics(self) -> FaultStatistics:
         with self._lock:
             return FaultStatistics(rules=len(self._rules), random_rates=MappingProxyType(dict(self._rates)),
-                                   decisions=self._decisions, injected=MappingProxyType(dict(self._injected)))
+                                   decisions=self._decisions + self.passed, injected=MappingProxyType(dict(self._injected)))

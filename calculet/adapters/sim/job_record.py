@@ -16,13 +16,10 @@ from collections.abc import MutableMapping
 
 import numpy as np
 
-from calculet.adapters.calrt import NO_SEQUENCE, DecodeJob, JobResult, JobSpec, JobTicket, LaneResult, ReturnCode, \
-    StatusCounters
+from calculet.adapters.calrt import JobResult, JobSpec, ReturnCode, StatusCounters
 from calculet.adapters.sim import fault_effects
 from calculet.adapters.sim.buffers import SimBuffer
 from calculet.adapters.sim.execution import Computed, LaneLayout, SimJob, commit
-from calculet.adapters.sim.kv import SimKvManager, _Sequence
-from calculet.adapters.sim.model import pseudo_next_token
 from calculet.adapters.sim.submit_checks import payload
 from calculet.machines.job import JobEngine
 
@@ -80,36 +77,3 @@ def completion_record(job: SimJob, computed: Computed | None, output: np.ndarray
     ticket = job.ticket
     return JobResult(ticket.job_id, spec.generation, spec.kind, engine, ticket.calbin_id, spec.compiled_batch, job_rc,
                      tuple(lanes), counters, ticket.submitted_at, now, spec.buffers.output, message)
-
-
-def null_decode_record(ticket: JobTicket, spec: DecodeJob, kv: SimKvManager, held: tuple[_Sequence, ...],
-                       engine_seq: MutableMapping[JobEngine, int], now: float) -> JobResult:
-    """The result of a fault-free decode job on the null device, committed at its submit instant (lock held).
-
-    The same record :func:`completion_record` builds from ``compute`` and ``commit`` for such a job — the
-    pseudo token per valid lane, one KV token committed to each, no logits, every lane OK, the engine's
-    counter advanced — in one pass over the lanes with nothing built in between (issue #20: the null
-    device measures the host, and the general path cost ~15 µs of its own per B1 token). ``held`` are the
-    valid lanes' sequences in lane order, as the submit checks found them; they are never bound to the job,
-    which is done before the lock is released. ``test_null_decode_record`` holds this to the general path.
-    """
-    tokens, positions, valid, seq_ids, _active = spec.lanes
-    ok = ReturnCode.OK
-    lanes: list[LaneResult] = []
-    append = lanes.append
-    n_valid = 0
-    for i, sid in enumerate(seq_ids):
-        pos = positions[i]
-        if valid[i]:
-            seq = held[n_valid]
-            n_valid += 1
-            seq.committed_len += 1  # SimKvManager.commit of one token without rows
-            append(LaneResult(i, sid, True, ok, pos, seq.committed_len, None, pseudo_next_token(tokens[i], pos)))
-        else:
-            named = kv.find(sid) if sid != NO_SEQUENCE else None  # an invalid lane may name no sequence
-            append(LaneResult(i, sid, False, ok, pos, named.committed_len if named else 0, None, None))
-    engine = spec.engine
-    sequence = engine_seq[engine] = engine_seq[engine] + 1
-    return JobResult(ticket.job_id, spec.generation, spec.kind, engine, ticket.calbin_id, spec.compiled_batch, ok,
-                     tuple(lanes), StatusCounters(sequence, n_valid, n_valid, n_valid), ticket.submitted_at, now,
-                     spec.buffers.output, "")

@@ -100,3 +100,21 @@ def test_random_faults_replay_exactly_from_a_seed() -> None:
     assert {InjectedFault.CCU_FAULT, InjectedFault.DEVICE_BUSY, InjectedFault.LANE_CROSSTALK, None} <= kinds
     with pytest.raises(DefinitionError):
         FaultInjector(seed=1, rates={InjectedFault.TIMEOUT: 2.0})
+
+
+def test_armed_says_whether_decide_can_inject_anything() -> None:
+    """``FaultInjector.armed`` is what the null device's plan asks instead of calling ``decide`` (issue #20).
+    Mutants caught: ``armed`` not set by ``add`` or ``set_random``, not cleared by ``clear``, or true for rates that
+    are all zero (which inject nothing: the null plan would be left for nothing)."""
+    inj = FaultInjector()
+    assert not inj.armed
+    inj.set_random(1, {InjectedFault.TIMEOUT: 0.0})
+    assert not inj.armed
+    inj.set_random(1, {InjectedFault.TIMEOUT: 0.5})
+    assert inj.armed
+    inj.clear()
+    assert not inj.armed
+    inj.add(FaultRule(InjectedFault.BAD_COUNTERS, nth=2))
+    assert inj.armed
+    assert FaultInjector([FaultRule(InjectedFault.BAD_COUNTERS)]).armed
+    assert FaultInjector(seed=3, rates={InjectedFault.CCU_FAULT: 0.1}).armed

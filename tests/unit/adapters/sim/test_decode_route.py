@@ -11,15 +11,18 @@ import pytest
 
 from calculet.adapters.calrt import DecodeJob, JobKind, ReturnCode
 from calculet.adapters.host_driver import HostDriver
-from calculet.adapters.sim import CostModel, SimConfig, SimSession, open_sim
+from calculet.adapters.sim import CostModel, FaultRule, InjectedFault, SimConfig, SimSession, TimeMode, open_sim
 from calculet.errors import CalculetError
 from calculet.machines.job import JobEngine
 
 
-@pytest.fixture
-def rig() -> Iterator[tuple[SimSession, HostDriver, int, int]]:
-    """The null device (B1), one sequence prefilled and decoded once: its decode route exists."""
-    with open_sim("current", config=SimConfig(cost=CostModel.null())) as session:
+@pytest.fixture(params=[TimeMode.VIRTUAL, TimeMode.REAL])
+def rig(request: pytest.FixtureRequest) -> Iterator[tuple[SimSession, HostDriver, int, int]]:
+    """The null device (B1), one sequence prefilled and decoded once: its decode route exists. In virtual time
+    a routed step takes ``decode_step`` and the device's own submit; in real time, the null plan's step
+    (:mod:`calculet.adapters.sim.null_plan`): each test holds both to the full checks."""
+    with open_sim("current", config=SimConfig(time_mode=request.param, cost=CostModel.null())) as session:
+        assert (session.device._null is not None) is (request.param is TimeMode.REAL)  # noqa: SLF001
         driver = HostDriver(session.device, session.calbin, session.kv, generation=1)
         seq = session.kv.allocate_sequence()
         token = driver.prefill(seq, [256, 72, 105]).lanes[0].greedy_token
@@ -92,7 +95,46 @@ def test_a_reset_forgets_every_route(rig: tuple[SimSession, HostDriver, int, int
 
 
 def test_a_poisoned_device_refuses_a_routed_step(rig: tuple[SimSession, HostDriver, int, int]) -> None:
-    """Mutant caught: the route taken without asking whether a fault poisoned the device (§12)."""
+    """Mutant caught: the poison not forgetting the routes (§12): the route's step — ``decode_step`` in virtual
+    time, the null plan's in real time — would accept the job a poisoned device must refuse."""
     session, driver, seq, token = rig
-    session.device._poisoned = ReturnCode.CCU_FAULT
+    device = session.device
+    device.faults.add(FaultRule(InjectedFault.CCU_FAULT, job_kind=JobKind.DECODE))
+    assert device.statistics().poisoned is None
+    faulted = driver.decode(1, [(seq, token)])
+    assert faulted.rc is ReturnCode.CCU_FAULT and device.statistics().poisoned is ReturnCode.CCU_FAULT
+    device.faults.clear()  # nothing armed: the null device is back on its plan, the poison stays until a reset
     assert refusal(session, job(session, driver, seq, token))[0] == "INVALID_STATE"
+
+
+def test_a_fault_armed_on_a_live_device_applies_from_the_next_step(rig: tuple[SimSession, HostDriver, int, int]
+                                                                   ) -> None:
+    """Mutant caught: the null plan's step not asking whether a fault is armed (or ``FaultInjector.armed`` not set
+    by ``add``): the next routed step would skip the injector and complete OK."""
+    session, driver, seq, token = rig
+    device = session.device
+    device.faults.add(FaultRule(InjectedFault.BAD_COUNTERS, job_kind=JobKind.DECODE))
+    step = driver.decode(1, [(seq, token)])
+    assert step.ok and step.counters.lanes_valid != 1  # corrupted counters: the injector decided this step
+    assert device.statistics().faults.injected[InjectedFault.BAD_COUNTERS] == 1
+    device.faults.clear()
+    before = device.statistics().faults.decisions
+    assert driver.decode(1, [(seq, step.lanes[0].greedy_token)]).ok
+    assert device.statistics().faults.decisions == before + 1  # counted, with or without asking the injector
+
+
+def test_a_job_left_on_the_device_sends_steps_to_the_full_checks(rig: tuple[SimSession, HostDriver, int, int]
+                                                                  ) -> None:
+    """Mutant caught: the null plan's step without its ``timeline.pending`` check — it would accept a step on the
+    engine and buffers of a job that never completes (an injected TIMEOUT), which the full checks refuse."""
+    session, driver, seq, token = rig
+    device = session.device
+    other = session.kv.allocate_sequence()
+    first = driver.prefill(other, [256, 72]).lanes[0].greedy_token
+    device.faults.add(FaultRule(InjectedFault.TIMEOUT, job_kind=JobKind.DECODE))
+    device.submit(job(session, driver, seq, token))  # never completes: engine, buffers and sequence stay taken
+    device.faults.clear()
+    got = refusal(session, job(session, driver, other, first))
+    assert got[0] in ("DEVICE_BUSY", "BUFFER_IN_USE")
+    device._gate.routes.clear()  # noqa: SLF001 - the same job through the full checks alone
+    assert refusal(session, job(session, driver, other, first)) == got

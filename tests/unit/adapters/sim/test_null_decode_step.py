@@ -1,9 +1,11 @@
-"""The null device's decode step committed at submit (issue #20: ``job_record.null_decode_record``) against the
-general completion path it replaces for that case (``compute`` → ``commit`` → ``completion_record``).
+"""The null device's decode step committed at submit (issue #20: :mod:`calculet.adapters.sim.null_plan` — a routed
+step through ``NullDecodePlan.step``, a step off a route through ``NullDecodePlan.record``) against the general
+completion path it replaces for that case (``compute`` → ``commit`` → ``completion_record``).
 
 The same jobs run on two numerics-off devices with no device time: one in real time, which completes each decode
-inside Submit through the one-pass record, and one in virtual time, which completes them through the general path.
-Every field of every result except the instants must agree, and so must the KV each job leaves behind."""
+inside Submit through the null plan, and one in virtual time, which completes them through the general path.
+Every field of every result except the instants must agree, and so must the KV each job leaves behind and the
+device's counts (submitted, completed, per engine, fault decisions)."""
 
 from __future__ import annotations
 
@@ -81,9 +83,17 @@ def test_the_one_pass_record_equals_the_general_completion(pair: tuple[SimSessio
             if lane.valid:
                 last[slots[lane.lane]] = lane.greedy_token  # type: ignore[index]
         assert [fast.kv.committed_length(q) for q in seqs[0]] == [general.kv.committed_length(q) for q in seqs[1]]
+    for _ in range(2):  # B1 steps of one sequence: the first opens the route if none did, the second takes the plan
+        a, b = (_run(s, d.decode_job(1, [(q[0], last[0])], JobEngine.PING, [NO_SEQUENCE])) for s, d, q in
+                zip(pair, drivers, seqs))
+        assert _comparable(a) == _comparable(b)
+        last[0] = a.lanes[0].greedy_token
     for session in pair:  # nothing left bound: every sequence and buffer is free for the next job
         assert not session.device.inflight()
         assert all(s.inflight_job is None for s in session.kv._seqs.values())  # noqa: SLF001
     assert fast.device.statistics().buffers_bound == general.device.statistics().buffers_bound == 0
     assert fast.device.statistics().completed == general.device.statistics().completed
     assert fast.device.statistics().completed_per_engine == general.device.statistics().completed_per_engine
+    assert fast.device.statistics().submitted == general.device.statistics().submitted
+    assert fast.device.statistics().faults.decisions == general.device.statistics().faults.decisions
+    assert fast.device._null is not None and fast.device._null.submitted > 0  # noqa: SLF001 - the plan took steps

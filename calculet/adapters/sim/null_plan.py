@@ -1,0 +1,139 @@
+"""The null device's plan for a decode step: what its configuration makes constant, decided once (issue #20).
+
+The null device (:attr:`SimConfig.completes_inline <calculet.adapters.sim.config.SimConfig.completes_inline>`:
+real time, numerics off, no device time) measures the host alone, so what the simulated device does per step
+should be what the vendor runtime would do in C, not Python deciding the same things again every token. Of a
+decode step's submit, most verdicts are fixed by the configuration and the device's state, not by the step:
+
+* the job's calbin, profile and buffer pair: the full checks passed them when the step's route
+  (:class:`~calculet.adapters.sim.submit_checks.DecodeRoute`) opened, and every configuration change or poison
+  forgets the routes;
+* the fault to inject: none, as long as the injector has nothing :attr:`~.faults.FaultInjector.armed` (asked per
+  step: a rule or rate set from another thread applies from the next submit);
+* the engine, the in-flight limit, the buffers' and sequences' binding: with no job on the device
+  (``timeline.pending`` empty, asked per step) no engine is busy, the limit is not reached, and nothing is
+  bound (a buffer or sequence is bound only while its job is pending, or inside a submit that completes it);
+* the completion instant: the submit instant (no device time), so the step is committed and published inside
+  its submit, as the general path does for such a job (``compute`` → ``commit`` → ``completion_record``).
+
+What changes from step to step is checked as :func:`~calculet.adapters.sim.submit_checks.check_decode` checks it
+— every lane valid, each lane's sequence live, its token in the vocabulary, its position the sequence's
+committed length and below ``max_seq``, no sequence in two lanes — and the step's record is built in the same
+pass over its lanes. Anything the plan does not accept goes back to the full path (the caller), which gives
+the verdict and the refusal of every check in their order; a refused step changes nothing here.
+``tests/unit/adapters/sim/test_null_decode_step.py`` holds results, KV and counts to the general path's.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Iterator, MutableMapping
+
+from calculet.adapters.calrt import NO_SEQUENCE, DecodeJob, JobId, JobKind, JobResult, JobTicket, LaneResult, ReturnCode, \
+    StatusCounters
+from calculet.adapters.sim.faults import FaultInjector
+from calculet.adapters.sim.kv import SimKvManager, _Sequence
+from calculet.adapters.sim.model import pseudo_next_token
+from calculet.adapters.sim.submit_checks import DecodeRoute
+from calculet.adapters.sim.timeline import CompletionTimeline
+from calculet.clock import Clock
+from calculet.machines.job import JobEngine
+
+__all__ = ["NullDecodePlan"]
+
+
+class NullDecodePlan:
+    """A null device's decode steps, taken at submit (device lock held) on the device's own tables and counts.
+
+    One per device, built at its creation when every job completes at submit: the device submits a decode step of
+    a known route through :meth:`step`, and has :meth:`commit` complete a decode job its full checks accepted."""
+
+    __slots__ = ("_timeline", "_clock", "_ids", "_engine_seq", "_completed", "_per_engine", "_faults", "_cond",
+                 "submitted")
+
+    def __init__(self, timeline: CompletionTimeline, clock: Clock, ids: Iterator[int],
+                 engine_seq: MutableMapping[JobEngine, int], completed: Counter[ReturnCode],
+                 per_engine: Counter[JobEngine], faults: FaultInjector, cond: threading.Condition) -> None:
+        self._timeline = timeline
+        self._clock = clock
+        self._ids = ids
+        """The device's id counter (jobs, buffers, calbins share it): a job id is taken only for an accepted step."""
+        self._engine_seq = engine_seq
+        self._completed = completed
+        self._per_engine = per_engine
+        self._faults = faults
+        self._cond = cond
+        self.submitted = 0
+        """Steps accepted here (the device's ``submitted`` adds them)."""
+
+    def step(self, route: DecodeRoute, job: DecodeJob) -> JobTicket | None:
+        """Submit ``job``, a decode step of ``route``: checked, committed and published, its ticket returned; None
+        (nothing changed) where the full path must decide (see the module docstring for what is taken as given)."""
+        timeline = self._timeline
+        if (self._faults.armed or timeline.pending or job.buffers is not route.buffers or job.calbin_id != route.calbin_id
+                or job.engine is not route.engine or job.compiled_batch != route.compiled_batch):
+            return None
+        tokens, positions, valid, seq_ids, active = job.lanes
+        if valid != route.all_valid:
+            return None
+        find, vocab, max_seq, ok = route.kv.find, route.vocab, route.max_seq, ReturnCode.OK
+        held, lanes = [], []
+        for i in active:
+            seq, token, pos = find(seq_ids[i]), tokens[i], positions[i]  # NO_SEQUENCE is never a sequence: None
+            if seq is None or not 0 <= token < vocab or pos != seq.committed_len or pos >= max_seq:
+                return None
+            held.append(seq)
+            lanes.append(LaneResult(i, seq_ids[i], True, ok, pos, pos + 1, None, pseudo_next_token(token, pos)))
+        n = len(held)
+        if n > 1 and len(set(seq_ids)) != n:
+            return None  # a sequence in two lanes
+        for seq in held:
+            seq.committed_len += 1  # SimKvManager.commit of one token without rows
+        now = self._clock.now()
+        job_id = JobId(next(self._ids))
+        route.in_buf.pending = job  # the DMA: its bytes written when the buffer is read (SimBuffer.pending)
+        engine, calbin_id, generation = route.engine, route.calbin_id, job.generation
+        sequence = self._engine_seq[engine] = self._engine_seq[engine] + 1
+        timeline.done[job_id] = JobResult(job_id, generation, JobKind.DECODE, engine, calbin_id, route.compiled_batch,
+                                          ok, tuple(lanes), StatusCounters(sequence, n, n, n), now, now,
+                                          route.buffers.output, "")
+        self.submitted += 1
+        self._completed[ok] += 1
+        self._per_engine[engine] += 1
+        self._faults.passed += 1
+        if timeline.sleepers:  # a Wait/WaitAny caller: the result may be what it waits for
+            self._cond.notify_all()
+        return JobTicket(job_id, generation, JobKind.DECODE, engine, calbin_id, now)
+
+    def commit(self, ticket: JobTicket, spec: DecodeJob, kv: SimKvManager, held: tuple[_Sequence, ...]) -> JobTicket:
+        """A decode job off a route (an inactive lane, or a fault armed that spared it) which the device's full
+        checks accepted: committed and published at its submit instant (lock held) with the record :meth:`step`
+        builds, for any lanes; its ticket returned. ``held`` are the valid lanes' sequences in lane order, as the
+        checks found them; they are never bound to the job, which is done before the lock is released."""
+        tokens, positions, valid, seq_ids, _active = spec.lanes
+        ok = ReturnCode.OK
+        lanes: list[LaneResult] = []
+        append = lanes.append
+        n_valid = 0
+        for i, sid in enumerate(seq_ids):
+            pos = positions[i]
+            if valid[i]:
+                seq = held[n_valid]
+                n_valid += 1
+                seq.committed_len += 1  # SimKvManager.commit of one token without rows
+                append(LaneResult(i, sid, True, ok, pos, seq.committed_len, None, pseudo_next_token(tokens[i], pos)))
+            else:
+                named = kv.find(sid) if sid != NO_SEQUENCE else None  # an invalid lane may name no sequence
+                append(LaneResult(i, sid, False, ok, pos, named.committed_len if named else 0, None, None))
+        engine, timeline, now = spec.engine, self._timeline, ticket.submitted_at
+        sequence = self._engine_seq[engine] = self._engine_seq[engine] + 1
+        timeline.done[ticket.job_id] = JobResult(ticket.job_id, spec.generation, spec.kind, engine, ticket.calbin_id,
+                                                 spec.compiled_batch, ok, tuple(lanes),
+                                                 StatusCounters(sequence, n_valid, n_valid, n_valid), now, now,
+                                                 spec.buffers.output, "")
+        self._completed[ok] += 1
+        self._per_engine[engine] += 1
+        if timeline.sleepers:  # a Wait/WaitAny caller: the result may be what it waits for
+            self._cond.notify_all()
+        return ticket
