@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Sequence
 
 from calculet.machines.request import FinishReason
 
@@ -92,22 +92,23 @@ class GoodputLedger:
         self._wasted_s: Counter[str] = Counter()
         self._device_free_at = float("-inf")
 
-    def job_done(self, works: Iterable[RequestWork | None], phase: str, tokens: int, submitted_at: float,
+    def job_done(self, lanes: Sequence[RequestWork | None], phase: str, tokens: int, submitted_at: float,
                  completed_at: float) -> None:
-        """A job returned: ``tokens`` of ``phase`` per lane, its busy time shared among the lanes.
+        """A job returned: ``tokens`` of ``phase`` per lane, its busy time shared among the lanes (one call per job,
+        the lanes given as one sequence, issue #20).
 
         A lane whose request is no longer on record (None) still counts as computed."""
-        lanes = works if isinstance(works, list) else list(works)
         free_at = self._device_free_at
         start = submitted_at if submitted_at > free_at else free_at
         busy = completed_at - start if completed_at > start else 0.0
         if completed_at > free_at:
             self._device_free_at = completed_at
         self._device_s += busy
-        self._computed[phase] += tokens * len(lanes)
-        if not lanes:
+        n = len(lanes)
+        self._computed[phase] += tokens * n
+        if not n:
             return
-        share = busy / len(lanes)
+        share = busy / n
         prefill = phase == "prefill"
         for work in lanes:
             if work is None:

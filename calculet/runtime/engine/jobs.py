@@ -15,9 +15,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from calculet.adapters.calrt import JobResult, ReturnCode, rc_of
+from calculet.adapters.calrt import Anomaly, JobResult, ReturnCode, rc_of
 from calculet.clock import Clock
-from calculet.errors import CalculetError, DefinitionError
+from calculet.errors import DefinitionError
 from calculet.runtime.engine.requests import RequestDesk, Trace
 from calculet.runtime.execution.degrade import DegradeReason
 from calculet.runtime.execution.dispatch import CompletionDispatcher
@@ -68,16 +68,16 @@ class JobPath:
                 scheduler.fail(rid, f"generation {work.generation} is no longer serving")
             return None
         prefill = isinstance(work, PrefillWork)  # asked once per job (issue #20)
-        prompt = self._desk.prompt(work.request_id) if prefill else None
-        try:
-            if prefill and prompt is None:
-                raise DefinitionError(f"request {work.request_id} has no prompt on record")
-            spec = executor.build(work, plan.engine, prompt)
-        except CalculetError as exc:
-            scheduler.submit_failed(work.job_id)
-            self._refuse(work, SubmitRefused(rc_of(exc), str(exc)))
-            return None
-        outcome = executor.submit(work, spec)
+        if prefill:
+            prompt = self._desk.prompt(work.request_id)
+            if prompt is None:
+                scheduler.submit_failed(work.job_id)
+                missing = DefinitionError(f"request {work.request_id} has no prompt on record")
+                self._refuse(work, SubmitRefused(rc_of(missing), str(missing)))
+                return None
+            outcome = executor.submit(work, plan.engine, prompt)
+        else:
+            outcome = executor.submit(work, plan.engine)  # built and submitted in one call (issue #20)
         if isinstance(outcome, SubmitRefused):
             scheduler.submit_failed(work.job_id)
             self._refuse(work, outcome)
@@ -116,47 +116,53 @@ class JobPath:
     # ------------------------------------------------------------------ completions
 
     def handle_result(self, result: JobResult) -> None:
-        """A device result: take its job, deliver what it produced, react to what went wrong."""
-        job = self.executor.take(result)
+        """A device result: take its job (checked by the executor), deliver what it produced, react to what went
+        wrong. One pass per result (issue #20): a clean step is delivered here; a late completion, a rejected or
+        failed result goes on to :meth:`_late` or :meth:`_react`."""
+        job, found = self.executor.complete(result)
         if job is None:
             return
         work = job.work
         self.models.on_job_finished(work.generation)
         desk = self._desk
         desk.on_job_done(work, result)  # device work per request, before the result can end one (#13)
-        if not self._provenance:
-            self._apply_result(job, result)
-            return
-        desk.delivering = (work.generation, result.generation, self.models.generation_of_calbin(result.calbin_id))
+        provenance = self._provenance
+        if provenance:
+            desk.delivering = (work.generation, result.generation, self.models.generation_of_calbin(result.calbin_id))
         try:
-            self._apply_result(job, result)
-        finally:
-            desk.delivering = None
-
-    def _apply_result(self, job: InflightJob, result: JobResult) -> None:
-        executor, scheduler = self.executor, self.scheduler
-        work = job.work
-        if job.timed_out:  # a late completion: nothing is delivered, the slot and lanes are reclaimed
+            if job.timed_out:  # a late completion: nothing is delivered, the slot and lanes are reclaimed
+                self._late(work, result)
+                return
+            desk.overlapped = job.overlapped
+            if self.trace is not None:
+                for rid in self._request_ids(work):
+                    self.trace.extend((("completion", rid), ("sampler", rid)))
             if isinstance(work, DecodeBatch):
-                scheduler.on_decode_complete(DecodeCompletion(work.job_id, result.generation, False, (),
-                                                              FaultKind.ERROR, "late completion"))
+                self.scheduler.on_decode_complete(self.dispatcher.decode(job, result, found))
             else:
-                scheduler.on_prefill_complete(PrefillCompletion(work.job_id, result.generation, work.request_id,
-                                                                work.seq_id, False, None))
-            return
-        anomalies = executor.verify(job, result)
-        self._desk.overlapped = job.overlapped
-        if self.trace is not None:
-            for rid in self._request_ids(work):
-                self.trace.extend((("completion", rid), ("sampler", rid)))
+                self.scheduler.on_prefill_complete(self.dispatcher.prefill(job, result, found))
+            if found or result.rc is not ReturnCode.OK:
+                self._react(result, found)
+        finally:
+            if provenance:
+                desk.delivering = None
+
+    def _late(self, work: PrefillWork | DecodeBatch, result: JobResult) -> None:
+        """The result of a job that timed out: its slot and lanes are reclaimed, nothing is delivered."""
+        scheduler = self.scheduler
         if isinstance(work, DecodeBatch):
-            scheduler.on_decode_complete(self.dispatcher.decode(job, result, anomalies))
+            scheduler.on_decode_complete(DecodeCompletion(work.job_id, result.generation, False, (),
+                                                          FaultKind.ERROR, "late completion"))
         else:
-            scheduler.on_prefill_complete(self.dispatcher.prefill(job, result, anomalies))
-        degrade = executor.degrade
-        if anomalies:
-            kinds = {kind.value for kind, _ in anomalies}
-            detail = anomalies[0][1]
+            scheduler.on_prefill_complete(PrefillCompletion(work.job_id, result.generation, work.request_id,
+                                                            work.seq_id, False, None))
+
+    def _react(self, result: JobResult, found: list[tuple[Anomaly, str]]) -> None:
+        """A delivered result the checks rejected (crosstalk, counters: degrade, §14) or the device failed."""
+        scheduler, degrade = self.scheduler, self.executor.degrade
+        if found:
+            kinds = {kind.value for kind, _ in found}
+            detail = found[0][1]
             if kinds & {"crosstalk", "wrong_job", "wrong_generation"}:
                 degrade.trigger(DegradeReason.CROSSTALK, detail)
             if "counters" in kinds:
@@ -164,8 +170,6 @@ class JobPath:
             scheduler.recover_lanes()
             return
         rc = result.rc
-        if rc is ReturnCode.OK:
-            return
         if rc in (ReturnCode.TIMEOUT, ReturnCode.CCU_FAULT, ReturnCode.DMA_UNKNOWN):
             if rc is ReturnCode.TIMEOUT:
                 degrade.busy_or_timeout(rc.name)

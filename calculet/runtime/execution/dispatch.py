@@ -91,12 +91,12 @@ class CompletionDispatcher:
         detail = "" if job_ok else _rc_detail(rc, result.message)
         if not job_ok:
             self._failed += 1
-        seq_ids = job.spec.seq_ids  # type: ignore[union-attr]
+        seq_ids = job.spec.lanes.seqs  # type: ignore[union-attr]  # plain ints (DecodeJob.lanes)
         # the lane a result names is matched to its binding by the sequence bound there; a loop, not a dict
         # comprehension, which is a function call of its own on Python 3.11 (once per token at B1, issue #20)
         by_seq: dict[int, Any] = {}
         for b in batch.active:
-            by_seq[int(seq_ids[b.lane])] = b
+            by_seq[seq_ids[b.lane]] = b
         usable = job_ok or self.lane_isolation
         generation = result.generation
         sample_lane = self.sampler.sample

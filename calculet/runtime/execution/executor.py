@@ -48,9 +48,9 @@ from calculet.machines.job import JobEngine
 from calculet.runtime.execution.degrade import DegradeMonitor, DegradeStatistics
 from calculet.runtime.execution.inflight import InflightJob, Work
 from calculet.runtime.execution.session import RuntimeSession
-from calculet.runtime.execution.verification import check_result
-from calculet.runtime.scheduling.decode import DecodeBatch
+from calculet.runtime.execution.verification import anomalies, clean_decode
 from calculet.runtime.scheduling.kv import FreeSequence
+from calculet.runtime.scheduling.prefill import PrefillWork
 
 log = logging.getLogger("calculet.runtime.execution.executor")
 
@@ -121,35 +121,34 @@ class DeviceExecutor:
 
     # ------------------------------------------------------------------ building and submitting
 
-    def build(self, work: Work, engine: JobEngine, prompt: Sequence[int] | None) -> JobSpec:
-        """The CalRT job for planned work (KV sequences bound on first use).
+    def submit(self, work: Work, engine: JobEngine, prompt: Sequence[int] | None = None) -> InflightJob | SubmitRefused:
+        """The CalRT job for planned work on ``engine`` (a decode batch; a prefill of ``prompt``), submitted and
+        tracked; a refusal is a value (R19.2): the device's, its rc counted and logged, or a job that could not be
+        built (no buffers for it, a sequence the device would not allocate), which never reached the device.
 
-        Raises a :class:`CalculetError` carrying ``rc`` if a sequence cannot be allocated.
-        """
-        session = self.session
-        calbin_id = session.calbin.calbin_id
-        if isinstance(work, DecodeBatch):
-            size = work.profile.compiled_batch
+        A decode step is built from its session's :attr:`~RuntimeSession.decode_targets` entry and its lanes' ints
+        (issue #20: one read per step for what its configuration fixes; the batch keeps no arrays, the job builds
+        its tensors only if read); a prefill binds its KV sequence at its first chunk."""
+        if prompt is None:  # a decode batch
+            size = work.profile.compiled_batch  # type: ignore[union-attr]
+            target = self.session.decode_targets.get((engine, size))
+            if target is None:
+                refused = self.session.no_decode_target(engine, size)
+                return SubmitRefused(rc_of(refused), str(refused))
             seqs = [NO_SEQUENCE] * size
-            for binding in work.active:
-                seqs[binding.lane] = self._seqs[binding.seq_id]
-            buffers = session.buffers(engine, JobKind.DECODE, size)
-            # the ints the batch was built from (a batch keeps no arrays, #20): the job keeps them, its tensors
-            # built if read
-            return DecodeJob.of_lanes(work.generation, calbin_id, size, engine, buffers, tuple(seqs),
-                                      work.lane_tokens, work.lane_positions, work.lane_flags)
-        assert prompt is not None
-        seq = self._seqs.get(work.seq_id)
-        if seq is None:
-            seq = self._seqs[work.seq_id] = session.allocate_sequence()
-        start = work.start_position
-        tokens = np.asarray(prompt[start:start + work.tokens], dtype=np.int32)
-        return PrefillJob(generation=work.generation, calbin_id=calbin_id, engine=engine,
-                          buffers=session.buffers(engine, JobKind.PREFILL, 1), seq_id=seq, tokens=tokens,
-                          start_position=start)
-
-    def submit(self, work: Work, spec: JobSpec) -> InflightJob | SubmitRefused:
-        """Submit ``spec``; a refusal is a value (its rc counted and logged, R19.2)."""
+            bound = self._seqs
+            for binding in work.active:  # type: ignore[union-attr]
+                seqs[binding.lane] = bound[binding.seq_id]
+            spec: JobSpec = DecodeJob.of_lanes(work.generation, target[0], size, engine, target[1], tuple(seqs),
+                                               work.lane_tokens, work.lane_positions,  # type: ignore[union-attr]
+                                               work.lane_flags)  # type: ignore[union-attr]
+            timeout = self.job_timeout_s
+        else:
+            try:
+                spec = self._prefill_job(work, engine, prompt)  # type: ignore[arg-type]
+            except CalculetError as exc:
+                return SubmitRefused(rc_of(exc), str(exc))
+            timeout = self.job_timeout_s + self.prefill_timeout_per_token_s * len(spec.tokens)
         now = self._clock.now()
         try:
             ticket = self.session.device.submit(spec)
@@ -160,10 +159,6 @@ class DeviceExecutor:
             return SubmitRefused(rc, str(exc))
         self._submit_rc[_OK] += 1
         self._submitted += 1
-        if isinstance(spec, PrefillJob):
-            timeout = self.job_timeout_s + self.prefill_timeout_per_token_s * len(spec.tokens)
-        else:
-            timeout = self.job_timeout_s
         jobs = self._jobs
         job = InflightJob(work.job_id, ticket, work, spec, now + timeout, bool(jobs))
         if jobs:  # another job on the device (ping/pong): both overlapped; none on the null device (issue #20)
@@ -171,6 +166,19 @@ class DeviceExecutor:
                 other.overlapped = True
         jobs[int(ticket.job_id)] = job
         return job
+
+    def _prefill_job(self, work: PrefillWork, engine: JobEngine, prompt: Sequence[int]) -> PrefillJob:
+        """The prefill (chunk) job of ``work`` (its KV sequence bound on first use). Raises a :class:`CalculetError`
+        carrying ``rc`` if a sequence cannot be allocated, or if the session has no calbin or buffers for it."""
+        session = self.session
+        seq = self._seqs.get(work.seq_id)
+        if seq is None:
+            seq = self._seqs[work.seq_id] = session.allocate_sequence()
+        start = work.start_position
+        tokens = np.asarray(prompt[start:start + work.tokens], dtype=np.int32)
+        return PrefillJob(generation=work.generation, calbin_id=session.calbin.calbin_id, engine=engine,
+                          buffers=session.buffers(engine, JobKind.PREFILL, 1), seq_id=seq, tokens=tokens,
+                          start_position=start)
 
     # ------------------------------------------------------------------ completions
 
@@ -195,41 +203,48 @@ class DeviceExecutor:
             log.warning("Wait failed", extra={"rc": rc.name, "job_id": job.job_id, "detail": str(exc)})
             return None
 
-    def take(self, result: JobResult) -> InflightJob | None:
-        """The in-flight job a result belongs to (removed), or None for a stale/unknown result."""
+    def complete(self, result: JobResult) -> tuple[InflightJob | None, list[tuple[Anomaly, str]]]:
+        """The in-flight job a result belongs to (removed from those tracked) and what the result checks found
+        (:mod:`.verification`); (None, []) for a stale or unknown result, nothing checked for a job that timed out
+        (a late completion: the caller only reclaims its slot and lanes).
+
+        One pass per result (issue #20): a clean decode result is recognised by
+        :func:`~.verification.clean_decode` (the common case, once per token at B1); any other goes through every
+        check, which names what it finds. The engine's expected ``engine_sequence`` follows the result; after a
+        counter anomaly it is forgotten instead, since counters the device got wrong are no anchor for the next
+        job."""
         rc = result.rc
         self._completion_rc[_OK if rc is ReturnCode.OK else rc.name] += 1
         job = self._jobs.pop(result.job_id, None)
         if job is None:
             self._stale += 1
-            log.info("stale result dropped", extra={"device_job": int(result.job_id), "rc": result.rc.name})
-        return job
-
-    def verify(self, job: InflightJob, result: JobResult) -> list[tuple[Anomaly, str]]:
-        """Crosstalk and counter checks (module docstring).
-
-        The engine's expected ``engine_sequence`` follows this result; after a counter anomaly it is
-        forgotten instead, since counters the device got wrong are no anchor for the next job."""
-        engine = job.spec.engine
+            log.info("stale result dropped", extra={"device_job": int(result.job_id), "rc": rc.name})
+            return None, []
+        if job.timed_out:
+            return job, []
+        spec = job.spec
+        engine = spec.engine
+        previous = self._engine_seq[engine]
         rows = None
-        if self.check_output_buffers and result.rc is ReturnCode.OK:
+        if self.check_output_buffers and rc is ReturnCode.OK:
             for lane in result.lanes:  # a plain loop: the null device returns no logits, every token (issue #20)
                 if lane.logits is not None:
                     try:
-                        rows = np.asarray(self.device.read_buffer(job.spec.buffers.output))
+                        rows = np.asarray(self.device.read_buffer(spec.buffers.output))
                     except CalculetError as exc:
                         rows = None
                         log.warning("OutputBuf unreadable", extra={"rc": rc_of(exc).name})
                     break
-        found = check_result(job, result, previous_engine_sequence=self._engine_seq[engine], output_rows=rows)
-        if not found:  # the common case, once per token at B1 (issue #20): the counters are the next anchor
+        if rows is None and clean_decode(spec, job.ticket, result, previous):
             self._engine_seq[engine] = result.counters.engine_sequence
-            return found
-        counters_bad = any(kind is Anomaly.COUNTERS for kind, _ in found)
-        self._engine_seq[engine] = None if counters_bad else result.counters.engine_sequence
+            return job, []
+        found = anomalies(job, result, previous_engine_sequence=previous, output_rows=rows)
+        counters_bad = False
         for kind, _ in found:
             self._anomalies[kind.value] += 1
-        return found
+            counters_bad = counters_bad or kind is Anomaly.COUNTERS
+        self._engine_seq[engine] = None if counters_bad else result.counters.engine_sequence
+        return job, found
 
     def expired(self, now: float | None = None) -> list[InflightJob]:
         """Submitted jobs whose Wait deadline passed (marked timed out; they keep their buffers).

@@ -185,6 +185,10 @@ class RuntimeSession:
         self._kv: KvManager | None = None
         self._configured: tuple[int, ...] = ()
         self._buffers: dict[tuple[JobEngine, JobKind, int], JobBuffers] = {}
+        self.decode_targets: dict[tuple[JobEngine, int], tuple[int, JobBuffers]] = {}
+        """Per (engine, compiled batch), the calbin id and buffer pair of a decode job (§14): what every decode step
+        of this configuration is built on, kept with the buffers (created with the pools, dropped with them) so the
+        executor reads one entry per step (issue #20); a missing one is explained by :meth:`no_decode_target`."""
         self._live: set[int] = set()
         self._allocated = 0
         self._freed = 0
@@ -265,6 +269,16 @@ class RuntimeSession:
         except KeyError:
             raise DefinitionError(f"no {kind.value} B{compiled_batch} buffers for engine {engine.name.lower()}") from None
 
+    def no_decode_target(self, engine: JobEngine, compiled_batch: int) -> CalculetError:
+        """Why :attr:`decode_targets` has no entry for (``engine``, ``compiled_batch``): the error :attr:`calbin` or
+        :meth:`buffers` raises (no calbin, or no such buffers)."""
+        try:
+            self.calbin  # noqa: B018 - raises when there is none
+            self.buffers(engine, JobKind.DECODE, compiled_batch)  # raises when there are no such buffers
+        except DefinitionError as exc:
+            return exc
+        return DefinitionError(f"no decode B{compiled_batch} target for engine {engine.name.lower()}")  # not while both change together
+
     # ------------------------------------------------------------------ sequences
 
     def allocate_sequence(self) -> KvSeqId:
@@ -319,8 +333,9 @@ class RuntimeSession:
         for engine in self.engines:
             self._buffers[(engine, JobKind.PREFILL, 1)] = device.allocate_job_buffers(calbin, JobKind.PREFILL, 1)
             for size in self.plan.profiles.sizes:
-                self._buffers[(engine, JobKind.DECODE, size)] = device.allocate_job_buffers(
+                pair = self._buffers[(engine, JobKind.DECODE, size)] = device.allocate_job_buffers(
                     calbin, JobKind.DECODE, size)
+                self.decode_targets[(engine, size)] = (calbin.calbin_id, pair)
 
     def inspect(self) -> None:
         """Step 8: the device reports exactly the verified manifest's profiles, exact tensors,
@@ -418,6 +433,7 @@ class RuntimeSession:
         them: the device already did, by a reset or by closing."""
         self._kv = None
         self._buffers.clear()
+        self.decode_targets.clear()
         self._live.clear()
         self._configured = ()
 
@@ -452,6 +468,7 @@ class RuntimeSession:
             except CalculetError as exc:
                 problems.append(f"free {key[1].value} B{key[2]} buffers of {key[0].value}: {rc_of(exc).name}")
             del self._buffers[key]
+        self.decode_targets.clear()
         return problems
 
     def destroy_kv_manager(self) -> list[str]:

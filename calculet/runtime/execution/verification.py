@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from calculet.adapters.calrt import Anomaly, DecodeJob, JobResult, JobSpec, JobTicket, ReturnCode, verify_result
+from calculet.adapters.calrt import Anomaly, DecodeJob, JobKind, JobResult, JobSpec, JobTicket, ReturnCode, verify_result
 from calculet.runtime.execution.inflight import InflightJob
 
 
@@ -35,11 +35,17 @@ def check_result(job: InflightJob, result: JobResult, *, previous_engine_sequenc
     """Every anomaly of ``result`` against the job that was submitted (the four checks above).
 
     A clean decode result — every check passing, the case once per token at B1 — is recognised in one pass
-    (:func:`_clean_decode`, issue #20); any other result goes through the checks one by one, which name what
-    they find."""
-    spec, ticket = job.spec, job.ticket
-    if output_rows is None and _clean_decode(spec, ticket, result, previous_engine_sequence):
+    (:func:`clean_decode`, issue #20); any other result goes through the checks one by one (:func:`anomalies`),
+    which name what they find. The executor asks the two itself, in this order."""
+    if output_rows is None and clean_decode(job.spec, job.ticket, result, previous_engine_sequence):
         return []
+    return anomalies(job, result, previous_engine_sequence=previous_engine_sequence, output_rows=output_rows)
+
+
+def anomalies(job: InflightJob, result: JobResult, *, previous_engine_sequence: int | None,
+              output_rows: np.ndarray | None) -> list[tuple[Anomaly, str]]:
+    """The four checks above one by one, each naming what it finds ([] for a result that passes them all)."""
+    spec, ticket = job.spec, job.ticket
     tagged = verify_result(spec, ticket, result, previous_engine_sequence).anomalies
     found = list(tagged) if tagged else []
     out = spec.buffers.output
@@ -79,7 +85,7 @@ def check_result(job: InflightJob, result: JobResult, *, previous_engine_sequenc
     return found
 
 
-def _clean_decode(spec: JobSpec, ticket: JobTicket, result: JobResult, previous: int | None) -> bool:
+def clean_decode(spec: JobSpec, ticket: JobTicket, result: JobResult, previous: int | None) -> bool:
     """Whether ``result`` is an OK decode result that passes checks 1–3 of the module docstring (check 4 needs
     the OutputBuf's rows: a caller that read them does not ask), in one pass over the lanes.
 
@@ -89,7 +95,7 @@ def _clean_decode(spec: JobSpec, ticket: JobTicket, result: JobResult, previous:
     its position and a KV length one past it; an inactive lane returns no output; the counters say the valid
     lanes, one token and one KV token each, and ``engine_sequence`` follows ``previous``. False sends the result
     through the checks that explain it (``test_verification_fast_path`` holds the two to the same verdict)."""
-    if not isinstance(spec, DecodeJob):
+    if spec.kind is not JobKind.DECODE:
         return False
     ok = ReturnCode.OK
     out = result.output_buffer

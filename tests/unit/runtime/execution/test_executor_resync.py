@@ -49,7 +49,7 @@ class Rig:
         work = PrefillWork(job_id=n, generation=self.session.generation, request_id=n, seq_id=n, kv_lane=0,
                            start_position=0, tokens=len(PROMPT), prompt_tokens=len(PROMPT), last_chunk=True,
                            queue="short", request_job=n, lease=cast(Any, None), record=cast(Any, None))
-        job = self.executor.submit(work, self.executor.build(work, JobEngine.PING, PROMPT))
+        job = self.executor.submit(work, JobEngine.PING, PROMPT)
         assert isinstance(job, InflightJob), job
         return job
 
@@ -57,8 +57,9 @@ class Rig:
         """Wait for ``job`` and run the executor's checks on its result."""
         result = self.executor.wait(job)
         assert result is not None and result.ok, result
-        assert self.executor.take(result) is job
-        return self.executor.verify(job, result)
+        taken, found = self.executor.complete(result)
+        assert taken is job
+        return found
 
     def run_outside(self) -> None:
         """§11 step 9's golden jobs: on the device (PING), but not through the executor."""

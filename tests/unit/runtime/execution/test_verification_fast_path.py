@@ -1,11 +1,11 @@
 """The clean-decode fast path of :func:`check_result` (issue #20) gives the verdict of the checks it skips.
 
-A decode result that passes every check is recognised in one pass (``_clean_decode``) instead of going through
-:func:`~calculet.adapters.calrt.verify_result` and the identity and echo checks one by one. Here a clean result
-and every one-field corruption of it are checked both ways — as shipped (the fast path may apply) and with
-``_clean_decode`` replaced by one that never accepts (the full checks) — and the two lists of anomalies must be
-equal: a fast path that accepted a corrupted result would
-return ``[]`` where the full checks name an anomaly (mutant: drop any one condition of ``_clean_decode``).
+A decode result that passes every check is recognised in one pass (``clean_decode``, which the executor asks
+first) instead of going through :func:`~calculet.adapters.calrt.verify_result` and the identity and echo checks one
+by one (``anomalies``). Here a clean result and every one-field corruption of it are checked both ways — as shipped
+(the fast path may apply) and by the full checks alone — and the two lists of anomalies must be equal: a fast path
+that accepted a corrupted result would return ``[]`` where the full checks name an anomaly (mutant: drop any one
+condition of ``clean_decode``).
 """
 
 from __future__ import annotations
@@ -102,25 +102,20 @@ _PATTERNS = ([1], [1, 1], [0, 1], [1, 1, 0, 0], [1, 0, 1, 1])
 def test_the_fast_path_finds_what_the_full_checks_find(corruption: str) -> None:
     """Every corruption at every lane of every pattern, with and without a previous engine sequence (5 follows
     the clean result's 6; 4 does not): exhaustive, so a dropped condition is found whatever it guards."""
-    shipped = verification._clean_decode
     for valid in _PATTERNS:
         job, clean = _job(valid)
         for lane in range(len(valid)):
             result = _CORRUPTIONS[corruption](clean, lane)
             for previous in (None, 5, 4):
                 fast = check_result(job, result, previous_engine_sequence=previous, output_rows=None)
-                verification._clean_decode = lambda *a: False  # the full checks, one by one
-                try:
-                    full = check_result(job, result, previous_engine_sequence=previous, output_rows=None)
-                finally:
-                    verification._clean_decode = shipped
+                full = verification.anomalies(job, result, previous_engine_sequence=previous, output_rows=None)
                 assert fast == full, (valid, lane, previous)
 
 
 @pytest.mark.parametrize("valid", [[1], [1, 1, 0, 0], [0, 1]])
 def test_a_clean_decode_result_skips_the_one_by_one_checks(valid: list[int],
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fast path is taken for a clean result (mutant: ``_clean_decode`` always False — the figure of issue #20
+    """The fast path is taken for a clean result (mutant: ``clean_decode`` always False — the figure of issue #20
     would silently return), and its verdict is the full checks' (nothing found)."""
     job, result = _job(valid)
     calls: list[object] = []
