@@ -28,7 +28,8 @@ def proof_scope(sd: SystemDefinition, results: Iterable[CheckResult]) -> str:
     counts = [inv.name for inv in sd.invariants if inv.counts]
     always, encoded = [], []
     if every:
-        how = (f"each count ({', '.join(f'`{n}`' for n in counts)}) split into its encoded terms and a ghost for the "
+        which = f"each count ({', '.join(f'`{n}`' for n in counts)})" if counts else "each count a step guard reads"
+        how = (f"{which} split into its encoded terms and a ghost for the "
                "instances not encoded, which no step changes (argument in `calculet/invariants/system_induction.py`)"
                if ghosts else "the cutoff argument in `calculet/invariants/system_checks.py`")
         always.append(f"initiation and the induction of all {len(sd.invariants)} properties — {how}")

@@ -8,6 +8,15 @@ from calculet.machines.core import Machine
 from calculet.machines.definition import Event, Invariant, Param, State, StepProperty, T, Var
 
 
+INFLIGHT = Int(ge=0)
+"""The type of the ``inflight`` argument: how many jobs of this generation the device may still write
+(submitted, timed out or quarantined), counted in the jobs table, their one owner
+(``calculet/runtime/models/generations.py`` ``jobs_on_device``), when the event fires. The machine keeps no
+copy of that count (issue #20: a counter fired up and down per job was two events per decoded token); the
+properties that read it are proved on the jobs × generations system
+(:class:`~calculet.machines.model_couplings.GenerationJobSystem`), whose step guards hold the argument to it."""
+
+
 def _self_loops(states, event, guard=None, effect=None) -> list[T]:
     """Counter bookkeeping: the same self-loop in every state where the counted thing may happen."""
     return [T(s, event, s, guard=guard, effect=effect) for s in states]
@@ -34,7 +43,13 @@ class ModelMachine(Machine):
     * Unloading is the state in which §12's "free sequences/KV … verify device memory/health"
       runs; it is entered from Draining once the generation is idle.
     * At the drain deadline with jobs still submitted the generation goes to Recovering and
-      keeps its buffers (§12); a device ``reset`` per the contract is what ends those jobs.
+      keeps its buffers (§12); a device reset per the contract is what ends those jobs.
+    * The jobs in flight are counted where they live, in the jobs table, not here: the events
+      whose guards need the count take it as their ``inflight`` argument (:data:`INFLIGHT`), and
+      what must hold of it — every job on the device has a live generation with its buffers, and
+      none is in doubt while the generation is Ready — is proved on the joint system
+      (``GenerationJobSystem``). Recovering ends (``recovered``) once every job of the generation
+      ended, none being left in doubt.
     * Failed is where a generation goes when recovery gives up (reset budget exhausted,
       §15 recovery), at once, even with jobs still in flight: they stay in doubt and keep their
       buffers until they end (or a device restart ends them); it can be unloaded once nothing is
@@ -54,10 +69,7 @@ class ModelMachine(Machine):
     generation = Param(Int(ge=1), doc="ModelGenerationId")
 
     active_requests = Var(Int(ge=0), doc="requests pinned to this generation and not yet terminal")
-    inflight_jobs = Var(Int(ge=0), doc="jobs submitted to the device and not yet drained")
     buffers = Var(Bool(), doc="device resources of step 7 exist")
-    in_doubt = Var(Int(ge=0), doc="submitted jobs a fault or the drain deadline left in doubt: the device may "
-                                  "still write them, and only a reset or their own late end settles them")
     unload_pending = Var(Bool(), doc="an unload or a replacement asked to drain this generation (set by every "
                                      "drain row, in Ready, Recovering or Failed); cleared only once it is Unloaded")
     replacing = Var(Bool(), doc="that drain is a replacement's (§11 steps 5–6: new requests held, pinned ones "
@@ -80,17 +92,15 @@ class ModelMachine(Machine):
     load_failed = Event("a load step failed")
     acquire = Event("a request was pinned to this generation")
     release_request = Event("a pinned request reached a terminal state")
-    job_submitted = Event("a job was submitted to the device")
-    job_finished = Event("a submitted job drained (completed, failed, or ended by a reset)")
     drain = Event("unload() or a replacement began (§12 Ready → Draining); recorded in Recovering/Failed",
-                  replace=Bool())
-    drained = Event("no active requests and no in-flight jobs remain")
-    drain_deadline = Event("the drain deadline passed with jobs still submitted (§12)")
+                  replace=Bool(), inflight=INFLIGHT)
+    drained = Event("no active requests and no in-flight jobs remain", inflight=INFLIGHT)
+    drain_deadline = Event("the drain deadline passed with jobs still submitted (§12)", inflight=INFLIGHT)
     fault = Event("timeout / CCU fault / unknown DMA on a job of this generation")
-    reset = Event("the device was reset per its contract; every in-flight job is dead")
-    recovered = Event("recovery succeeded; serve again, or go on draining if an unload is pending")
+    recovered = Event("recovery succeeded; serve again, or go on draining if an unload is pending",
+                      inflight=INFLIGHT)
     give_up = Event("recovery failed or its budget is exhausted (jobs still in flight stay in doubt)")
-    resume_unload = Event("recovery of a draining generation finished; continue the unload")
+    resume_unload = Event("recovery of a draining generation finished; continue the unload", inflight=INFLIGHT)
     freed = Event("step 12: sequences, pools, buffers, KvManager and calbin destroyed")
     verified = Event("device memory and health back to baseline")
 
@@ -105,33 +115,27 @@ class ModelMachine(Machine):
         *_self_loops((ready, draining, recovering, failed), release_request,
                       guard=lambda v: v.active_requests >= 1,
                       effect=lambda v: {"active_requests": v.active_requests - 1}),
-        *_self_loops((ready, draining), job_submitted,
-                      effect=lambda v: {"inflight_jobs": v.inflight_jobs + 1}),
-        *_self_loops((ready, draining, recovering, failed), job_finished,
-                      guard=lambda v: v.inflight_jobs >= 1,
-                      effect=lambda v: {"inflight_jobs": v.inflight_jobs - 1,
-                                        "in_doubt": If(v.in_doubt >= v.inflight_jobs, v.inflight_jobs - 1, v.in_doubt)}),
         T(ready, drain, draining, effect=_drain_asked),
         T(recovering, drain, recovering, effect=_drain_asked,
           doc="an unload asked while the device recovers: recorded; the drain goes on once recovery ends"),
-        T(failed, drain, failed, guard=lambda v: Or(v.active_requests >= 1, v.inflight_jobs >= 1),
+        T(failed, drain, failed, guard=lambda v, inflight: Or(v.active_requests >= 1, inflight >= 1),
           effect=_drain_asked, doc="an unload asked of a Failed generation that still has pinned requests or "
                                    "jobs in flight: recorded; it is unloaded (unload_failed) once they ended"),
         T(failed, drain, unloading, name="unload_failed", effect=_drain_asked,
-          guard=lambda v: And(v.active_requests == 0, v.inflight_jobs == 0)),
+          guard=lambda v, inflight: And(v.active_requests == 0, inflight == 0)),
         T(draining, drained, unloading,
-          guard=lambda v: And(v.active_requests == 0, v.inflight_jobs == 0)),
-        T(draining, drain_deadline, recovering, guard=lambda v: v.inflight_jobs >= 1,
-          effect=lambda v: {"in_doubt": v.inflight_jobs},
+          guard=lambda v, inflight: And(v.active_requests == 0, inflight == 0)),
+        T(draining, drain_deadline, recovering, guard=lambda v, inflight: inflight >= 1,
           policy="§12: the deadline matters only while jobs are still submitted; with none the drain ends"),
-        T((ready, draining), fault, recovering, effect=lambda v: {"in_doubt": v.inflight_jobs}),
-        *_self_loops((recovering, failed), reset, effect=lambda v: {"inflight_jobs": 0, "in_doubt": 0}),
-        T(recovering, recovered, ready, guard=lambda v: And(v.in_doubt == 0, Not(v.unload_pending))),
-        T(recovering, recovered, draining, guard=lambda v: And(v.in_doubt == 0, v.unload_pending),
+        T((ready, draining), fault, recovering),
+        T(recovering, recovered, ready, guard=lambda v, inflight: And(inflight == 0, Not(v.unload_pending)),
+          doc="every job of the generation ended (a reset per the contract ended those still on the device, or "
+              "each its own late end): none is left in doubt"),
+        T(recovering, recovered, draining, guard=lambda v, inflight: And(inflight == 0, v.unload_pending),
           doc="recovery ended while an unload was pending: the drain goes on (never Ready again)"),
         T(recovering, give_up, failed),
         T(recovering, resume_unload, unloading,
-          guard=lambda v: And(v.inflight_jobs == 0, v.active_requests == 0)),
+          guard=lambda v, inflight: And(inflight == 0, v.active_requests == 0)),
         T(unloading, freed, unloading, guard=lambda v: v.buffers, effect=lambda v: {"buffers": False},
           policy="§12 step 12 destroys what step 7 created, once: a second free is refused, not repeated"),
         T(unloading, verified, unloaded, guard=lambda v: Not(v.buffers),
@@ -139,36 +143,21 @@ class ModelMachine(Machine):
     ]
 
     invariants = [
-        Invariant("R12.10", name="no_free_with_inflight", rejects=({"state": "ready", "inflight_jobs": 1, "buffers": False},),
-                  doc="while any job is in flight its buffers exist (a forced delete is not a cancel)",
-                  predicate=lambda v: Implies(v.inflight_jobs >= 1, v.buffers)),
         Invariant("R3.3", name="serving_has_resources", rejects=({"state": "ready", "buffers": False},),
                   doc="from warm-up until unload, the generation owns its device resources",
                   predicate=lambda v: Implies(v.at("warming", "ready", "draining", "recovering", "failed"),
                                               v.buffers)),
         Invariant("R12.9", name="unloaded_is_clean", rejects=({"state": "unloaded", "buffers": True}, {"state": "warming", "buffers": True, "active_requests": 1}),
-                  doc="before step 7 nothing is on the device; before Ready nothing is pinned or in flight",
+                  doc="before step 7 nothing is on the device; before Ready nothing is pinned (nor in flight: "
+                      "GenerationJobSystem.jobs_only_on_a_live_generation)",
                   predicate=lambda v: And(
                       Implies(v.at("unloaded", "validating", "configuring"), Not(v.buffers)),
-                      Implies(v.at("unloaded", "validating", "configuring", "warming"),
-                              And(v.active_requests == 0, v.inflight_jobs == 0)))),
+                      Implies(v.at("unloaded", "validating", "configuring", "warming"), v.active_requests == 0))),
         Invariant("R12.3", name="unloading_is_idle",
-                  rejects=({"state": "unloading", "inflight_jobs": 1, "buffers": True},
-                           {"state": "unloading", "active_requests": 1, "buffers": True}),
-                  doc="cleanup runs only when no request is pinned and no job is in flight",
-                  predicate=lambda v: Implies(v.at("unloading"), And(v.inflight_jobs == 0, v.active_requests == 0))),
-        Invariant("R12.10", name="ready_only_with_no_job_in_doubt",
-                  doc="jobs are in doubt only while Recovering, where every in-flight job is, or once recovery gave "
-                      "up (Failed, the jobs still draining); a generation serves (Ready) again only once none is "
-                      "(§12, §15: reset per the contract or each job's own end)",
-                  predicate=lambda v: And(v.in_doubt <= v.inflight_jobs,
-                                          Implies(v.at("recovering", "failed"), v.in_doubt == v.inflight_jobs),
-                                          Implies(Not(v.at("recovering", "failed")), v.in_doubt == 0)),
-                  rejects=({"state": "ready", "inflight_jobs": 1, "in_doubt": 1, "buffers": True},
-                           {"state": "recovering", "inflight_jobs": 2, "in_doubt": 1, "buffers": True},
-                           {"state": "failed", "inflight_jobs": 1, "in_doubt": 0, "buffers": True},
-                           {"state": "draining", "inflight_jobs": 1, "in_doubt": 1, "buffers": True,
-                            "unload_pending": True})),
+                  rejects=({"state": "unloading", "active_requests": 1, "buffers": True},),
+                  doc="cleanup runs only when no request is pinned (and no job is in flight: "
+                      "GenerationJobSystem.jobs_only_on_a_live_generation)",
+                  predicate=lambda v: Implies(v.at("unloading"), v.active_requests == 0)),
         Invariant("R12.2", name="unload_is_never_undone",
                   doc="an unload is recorded as soon as it is asked for and holds until Unloaded: a Draining "
                       "generation always has one (and knows whether a replacement holds new requests, §11 step 5, "
@@ -182,10 +171,6 @@ class ModelMachine(Machine):
                            {"state": "draining", "unload_pending": False, "buffers": True},
                            {"state": "recovering", "unload_pending": False, "replacing": True, "buffers": True},
                            {"state": "unloaded", "unload_pending": True})),
-        StepProperty("R12.11", name="buffers_freed_only_when_idle", rejects=(({"state": "unloading", "buffers": True, "inflight_jobs": 1}, {"buffers": False}),),
-                     doc="no transition frees device resources while a job is in flight",
-                     predicate=lambda pre, post: Implies(And(pre.buffers, Not(post.buffers)),
-                                                         pre.inflight_jobs == 0)),
         StepProperty("R11.5", name="drain_cause_is_fixed",
                      rejects=(({"state": "recovering", "unload_pending": True, "replacing": False, "buffers": True},
                                {"unload_pending": True, "replacing": True}),

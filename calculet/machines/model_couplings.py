@@ -1,32 +1,35 @@
 """Model generations coupled with what they count: pinned requests and device jobs (#17; §10, §12, §14).
 
-``ModelMachine`` keeps two counters, ``active_requests`` and ``inflight_jobs`` (R10.2), and the
-unload waits for both to reach zero (R12.3); on its own the machine cannot say they count
-anything. These two coupled systems put each counter next to the instances it counts, in the
-shape of :class:`~calculet.machines.system.CoupledSystem` (the ``lane`` role is the generation,
-the binding is "counted by"):
+``ModelMachine`` keeps one counter, ``active_requests`` (R10.2), and its unload waits for it and for the
+generation's jobs on the device to reach zero (R12.3); on its own the machine cannot say what it counts. These
+two coupled systems put the generation next to the instances it counts, in the shape of
+:class:`~calculet.machines.system.CoupledSystem` (the ``lane`` role is the generation, the binding is
+"counted by"):
 
 * :class:`GenerationRequestSystem` — R requests × G generations. ``binding[i] = g`` while request
   ``i`` is pinned to generation ``g`` and not terminal: ``bind`` fires the request's ``bind`` and
   the generation's ``acquire`` in one step; every row that ends a pinned request fires the
   generation's ``release_request`` in the same step (what ``ModelManager.on_request_transition``
-  does on the engine's actor).
+  does on the engine's actor). The generation's ``inflight`` arguments are free here (no jobs).
 * :class:`GenerationJobSystem` — R device jobs × G generations. ``binding[i] = g`` while job
   ``i`` of generation ``g`` is on the device (submitted, timed out or quarantined): ``submit``
-  fires the job's ``submit`` and ``job_submitted``; every end of a job fires ``job_finished``
-  (``engine/jobs.py``). A timeout or CCU fault of a job moves its generation to Recovering
-  (``GenerationRecovery.on_fault``); once recovery gave up (Failed) a job still on the device may
-  still time out or fault, and stays in doubt until it ends. A device reset ends every job on the device; here it is the
-  sequence of those ends (``reset_done`` and ``job_finished`` per job) followed by the
-  generation's ``reset``, which the step guard lets fire only once nothing is left in flight —
-  the runtime does the same in one actor step (``executor.forget_all`` then ``on_jobs_discarded``).
+  binds a job of a Ready or Draining generation, every end of a job unbinds it. The generation
+  keeps no count of them (issue #20: ``job_submitted``/``job_finished`` were two events per decoded
+  token): the events whose guards need it (``drain``, ``drained``, ``drain_deadline``,
+  ``recovered``, ``resume_unload``) take it as their ``inflight`` argument, which a step guard here holds
+  to the number of jobs bound to the generation — what the runtime's jobs table, their one owner, gives
+  (``runtime/models/generations.py`` ``jobs_on_device``). A timeout or CCU fault of a job moves its
+  generation to Recovering (``GenerationRecovery.on_fault``); once recovery gave up (Failed) a job
+  still on the device may still time out or fault, and stays in doubt until it ends. A device reset
+  ends every job on the device (``reset_done`` per job); ``recovered`` needs none left.
 
-Both systems' counting invariants are sums over every request/job (declared ``counts=True``):
+The requests system's counting invariant is a sum over every request (declared ``counts=True``):
 not of the ∀-shape that makes the requests × lanes induction hold for every size
-(``system_checks``). Their sums go through ``SystemView.beyond`` (``_count``), so the induction
-proves them for every size with the part of each count over the instances not encoded as a ghost
-that no step changes (the argument is in ``calculet/invariants/system_induction.py``); the runtime
-also checks the same equalities on the live instances (``ModelManager.counter_faults``).
+(``system_checks``). Its sum, and the jobs count the ``inflight`` guards read, go through
+``SystemView.beyond`` (``_count``), so the induction proves them for every size with the part of
+each count over the instances not encoded as a ghost that no step changes (the argument is in
+``calculet/invariants/system_induction.py``); the runtime also checks the request count on the
+live instances (``ModelManager.counter_faults``).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from calculet.machines.model import ModelMachine
 from calculet.machines.request import RequestMachine, is_holding, is_terminal
 from calculet.machines.system import NONE, Coupled, CoupledSystem, SystemInvariant
 
-__all__ = ["GenerationJobSystem", "GenerationRequestSystem"]
+__all__ = ["ON_DEVICE", "GenerationJobSystem", "GenerationRequestSystem"]
 
 
 def _count(sys, j):
@@ -84,12 +87,24 @@ def _request_steps() -> list[Coupled]:
     return steps
 
 
-def _model_steps(coupled_events: tuple[str, ...], guards: dict | None = None) -> list[Coupled]:
-    """Every ModelMachine row whose event the system does not couple, moving the generation alone."""
-    guards = guards or {}
+def _model_steps(coupled_events: tuple[str, ...], count=None) -> list[Coupled]:
+    """Every ModelMachine row whose event the system does not couple, moving the generation alone.
+
+    ``count(sys, j)``: the count of generation ``j``'s jobs on the device that the system knows. A row whose
+    event takes an ``inflight`` argument then fires only with that count (a step guard: the runtime hands the
+    jobs table's count, ``Generation.inflight``); the argument itself passes through unchanged, so the step's
+    effect reads only what it moves (the every-size induction's projection, ``system_induction``). None: the
+    argument is free (a system without jobs: any count)."""
     events = ModelMachine.definition.events
-    return [Coupled(f"model:{t.name}", lane=(t.name,), guard=guards.get(t.name), args=dict(events[t.event].args))
-            for t in ModelMachine.definition.transitions if t.event not in coupled_events]
+    counted = None if count is None else (lambda sys, i, j, inflight: inflight == count(sys, j))
+    steps = []
+    for t in ModelMachine.definition.transitions:
+        if t.event in coupled_events:
+            continue
+        args = dict(events[t.event].args)
+        guard = counted if counted is not None and "inflight" in args else None
+        steps.append(Coupled(f"model:{t.name}", lane=(t.name,), args=args, guard=guard))
+    return steps
 
 
 class GenerationRequestSystem(CoupledSystem):
@@ -163,7 +178,9 @@ class GenerationRequestSystem(CoupledSystem):
 # ------------------------------------------------------------------------------------------------
 # device jobs × generations
 
-_ON_DEVICE = ("submitted", "timed_out", "quarantined")
+ON_DEVICE = ("submitted", "timed_out", "quarantined")
+"""The DeviceJobMachine states of a job the device may still write (its buffers held after it was submitted): the
+jobs the binding counts, and those the runtime counts into the generation's ``inflight`` arguments."""
 _IN_DOUBT = ("timed_out", "quarantined")
 
 
@@ -173,20 +190,26 @@ def _engine_free(sys, i):
                  for k in range(len(sys.requests)) if k != i])
 
 
+SERVING = ("ready", "draining")
+"""The generation states that take a new job (``ModelManager.may_submit``: Ready, or Draining what was pinned)."""
+LIVE = ("ready", "draining", "recovering", "failed")
+"""The generation states a job may be on the device in: from Ready until it is idle and unloads (its buffers exist)."""
+
+
 def _job_steps() -> list[Coupled]:
-    finished = ("job_finished",)
     ok = dict(DeviceJobMachine.definition.events["complete"].args)
     on = lambda sys, i, j: sys.bound(i, j)  # noqa: E731 — the job is counted by this generation
     given_up_or_recovering = lambda sys, i, j: And(sys.bound(i, j), sys.lanes[j].at("recovering", "failed"))  # noqa: E731
     return [
-        Coupled("submit", request=("submit@prepared",), lane=("job_submitted",), binding="bind",
+        Coupled("submit", request=("submit@prepared",), involves="both", binding="bind",
                 guard=lambda sys, i, j: And(sys.unbound(i), sys.requests[i].generation == sys.lanes[j].generation,
-                                            _engine_free(sys, i)),
-                doc="the device accepted the job: its generation counts it (R10.2); it runs on an engine no "
-                    "other job on the device uses (§14)"),
+                                            sys.lanes[j].at(*SERVING), _engine_free(sys, i)),
+                doc="the device accepted a job of a generation that takes new jobs (Ready, or Draining what was "
+                    "pinned: ModelManager.may_submit): the generation counts it from now on (R10.2); it runs on an "
+                    "engine no other job on the device uses (§14)"),
         Coupled("submit_rejected", request=("submit_rejected@prepared",), guard=lambda sys, i, j: sys.unbound(i)),
-        Coupled("complete_ok", request=("complete_ok",), lane=finished, binding="unbind", guard=on, args=ok),
-        Coupled("complete_error", request=("complete_error",), lane=finished, binding="unbind", guard=on, args=ok),
+        Coupled("complete_ok", request=("complete_ok",), involves="both", binding="unbind", guard=on, args=ok),
+        Coupled("complete_error", request=("complete_error",), involves="both", binding="unbind", guard=on, args=ok),
         Coupled("timeout", request=("timeout@submitted",), lane=("fault",), guard=on,
                 doc="a timed-out job leaves the device in doubt: its generation goes Recovering (on_fault)"),
         Coupled("timeout_while_recovering", request=("timeout@submitted",), involves="both", guard=given_up_or_recovering,
@@ -195,35 +218,43 @@ def _job_steps() -> list[Coupled]:
         Coupled("fault", request=("fault@submitted",), lane=("fault",), guard=on),
         Coupled("fault_while_recovering", request=("fault@submitted",), involves="both", guard=given_up_or_recovering),
         Coupled("quarantine", request=("quarantine@timed_out",)),
-        Coupled("late_complete", request=("late_complete",), lane=finished, binding="unbind", guard=on),
-        Coupled("reset_done", request=("reset_done@quarantined",), lane=finished, binding="unbind", guard=on,
+        Coupled("late_complete", request=("late_complete",), involves="both", binding="unbind", guard=on),
+        Coupled("reset_done", request=("reset_done@quarantined",), involves="both", binding="unbind", guard=on,
                 doc="a device reset ends this job (one of the jobs the reset ends)"),
     ]
 
 
 class GenerationJobSystem(CoupledSystem):
-    """Device jobs counted by their generation, on PING/PONG: ``inflight_jobs`` is exactly the
-    generation's jobs on the device, at most one job per engine (so at most two in flight), and a
-    job in doubt only while its generation is Recovering (Ready again only once none is left)."""
+    """Device jobs of a generation, on PING/PONG: the jobs on the device (the binding) are what the generation's
+    guards count (the ``inflight`` argument, wired to the count here as the runtime's jobs table gives it), a job
+    is on the device only while its generation is live and keeps its buffers, at most one job per engine (so at
+    most two in flight), and a job in doubt only while its generation is Recovering (Ready again only once none
+    is left)."""
 
     spec = "§10, §12, §14, §15"
     bmc_size = (2, 2)  # two jobs (an engine conflict), two generations (a job counted by the wrong one)
     fast_bmc = False
     request = DeviceJobMachine
     lane = ModelMachine
-    steps = [*_job_steps(),
-             *_model_steps(("job_submitted", "job_finished"),
-                           {"reset@recovering": lambda sys, i, j: sys.lanes[j].inflight_jobs == 0,
-                            "reset@failed": lambda sys, i, j: sys.lanes[j].inflight_jobs == 0})]
+    steps = [*_job_steps(), *_model_steps((), count=_count)]
 
     invariants = [
         SystemInvariant(
-            "R10.2", "inflight_jobs_are_the_generations_jobs_on_the_device", counts=True,
-            predicate=lambda sys: And(*[sys.lanes[j].inflight_jobs == _count(sys, j)
-                                        for j in range(len(sys.lanes))]),
-            doc="each generation's inflight_jobs counts exactly its jobs the device may still write "
-                "(R10.2's counter; R12.3 waits for it to reach zero)",
-            rejects=({"requests": [{"state": "submitted"}], "lanes": [{"state": "ready", "buffers": True}],
+            "R12.3", "jobs_only_on_a_live_generation",
+            predicate=lambda sys: sys.all_pairs(lambda i, j: Implies(sys.bound(i, j), sys.lanes[j].at(*LIVE))),
+            doc="a job the device may still write belongs to a generation between Ready and its unload: none before "
+                "Ready (R12.9), none once the cleanup began (R12.3: drained, resume_unload and an unload of a Failed "
+                "generation wait for the jobs table's count of them to reach zero)",
+            rejects=({"requests": [{"state": "submitted"}], "lanes": [{"state": "unloading", "buffers": True}],
+                      "binding": [0]},
+                     {"requests": [{"state": "timed_out"}], "lanes": [{"state": "warming", "buffers": True}],
+                      "binding": [0]})),
+        SystemInvariant(
+            "R12.10", "job_on_the_device_keeps_its_generations_buffers",
+            predicate=lambda sys: sys.all_pairs(lambda i, j: Implies(sys.bound(i, j), sys.lanes[j].buffers)),
+            doc="while any job of a generation is in flight its buffers exist (a forced delete is not a cancel), so "
+                "no step frees them while one is (R12.11)",
+            rejects=({"requests": [{"state": "submitted"}], "lanes": [{"state": "ready", "buffers": False}],
                       "binding": [0]},)),
         SystemInvariant(
             "R14.3", "one_engine_per_job_on_the_device",
@@ -234,7 +265,7 @@ class GenerationJobSystem(CoupledSystem):
                 "with its own buffers (§14)",
             rejects=({"requests": [{"state": "submitted", "engine": JobEngine.PING},
                                    {"state": "submitted", "engine": JobEngine.PING}],
-                      "lanes": [{"state": "ready", "inflight_jobs": 2, "buffers": True}], "binding": [0, 0]},)),
+                      "lanes": [{"state": "ready", "buffers": True}], "binding": [0, 0]},)),
         SystemInvariant(
             "R12.10", "job_in_doubt_only_while_recovering",
             predicate=lambda sys: sys.all_pairs(lambda i, j: Implies(
@@ -243,9 +274,9 @@ class GenerationJobSystem(CoupledSystem):
                 "Failed, once recovery gave up with it still in doubt): the generation is Ready (or Draining) "
                 "again only once no job of it is in doubt",
             rejects=({"requests": [{"state": "timed_out"}],
-                      "lanes": [{"state": "ready", "inflight_jobs": 1, "buffers": True}], "binding": [0]},
+                      "lanes": [{"state": "ready", "buffers": True}], "binding": [0]},
                      {"requests": [{"state": "quarantined"}],
-                      "lanes": [{"state": "draining", "inflight_jobs": 1, "buffers": True, "unload_pending": True}],
+                      "lanes": [{"state": "draining", "buffers": True, "unload_pending": True}],
                       "binding": [0]})),
         SystemInvariant(
             "R10.3", "job_names_its_generation",
@@ -253,12 +284,12 @@ class GenerationJobSystem(CoupledSystem):
                 sys.bound(i, j), sys.requests[i].generation == sys.lanes[j].generation)),
             doc="a job counted by a generation carries that generation's id (§4: every callback carries it)",
             rejects=({"requests": [{"state": "submitted", "generation": 2}],
-                      "lanes": [{"state": "ready", "generation": 1, "inflight_jobs": 1, "buffers": True}],
+                      "lanes": [{"state": "ready", "generation": 1, "buffers": True}],
                       "binding": [0]},)),
         SystemInvariant(
             "R10.2", "counted_exactly_while_on_the_device",
-            predicate=lambda sys: sys.all_requests(lambda i: Not(sys.unbound(i)) == sys.requests[i].at(*_ON_DEVICE)),
+            predicate=lambda sys: sys.all_requests(lambda i: Not(sys.unbound(i)) == sys.requests[i].at(*ON_DEVICE)),
             doc="a job is counted from its submission until it completes, fails or a reset ends it",
             rejects=({"requests": [{"state": "completed", "delivered": 1, "buffers_held": False}],
-                      "lanes": [{"state": "ready", "inflight_jobs": 1, "buffers": True}], "binding": [0]},)),
+                      "lanes": [{"state": "ready", "buffers": True}], "binding": [0]},)),
     ]

@@ -13,7 +13,7 @@ from calculet.invariants.mutation import Mutant, derive, derive_pool, replace_ro
 from calculet.invariants.pool_checks import check_pool_bmc, check_pool_induction
 from calculet.invariants.system_bmc import check_system_bmc
 from calculet.invariants.system_induction import check_system_induction, check_system_initiation, check_system_vacuity
-from calculet.logic.expr import Or
+from calculet.logic.expr import Not, Or
 from calculet.machines import ALL_MACHINES, DeviceJobMachine, KvSequenceMachine, ModelMachine, RequestMachine
 from calculet.machines.definition import T
 from calculet.machines.kv_pool import KvLanePool, _held_count, _reserved_total
@@ -76,17 +76,19 @@ MUTANTS = [
                                           effect=lambda v, gen: {"generation": gen}, name="bind@decode_ready"))),
     _req("ReqAdmitBeyondContext", "admission without the context check", "admitted_fits_context",
          lambda rows, d: replace_row(rows, "admit@waiting_admission", guard=None)),
-    Mutant("ModelFreesWithInflight", "drained without waiting for in-flight jobs",
-           lambda: derive(ModelMachine, "ModelFreesWithInflight",
+    Mutant("ModelFreesWithPinnedRequests", "drained without waiting for pinned requests",
+           lambda: derive(ModelMachine, "ModelFreesWithPinnedRequests",
                           lambda rows, d: replace_row(rows, "drained@draining",
-                                                      guard=lambda v: v.active_requests == 0)),
+                                                      guard=lambda v, inflight: inflight == 0)),
            "unloading_is_idle"),
-    Mutant("ModelFreedDuringDrain", "buffers freed while jobs are in flight",
+    # (drained without waiting for the jobs on the device: GenDrainedWithJobsOnTheDevice, a joint-system mutant —
+    # the generation no longer counts its jobs itself, issue #20)
+    Mutant("ModelFreedDuringDrain", "buffers freed while the generation still serves what was pinned (and its jobs)",
            lambda: derive(ModelMachine, "ModelFreedDuringDrain",
                           _add(ModelMachine, lambda d: T(d.states["draining"], d.events["freed"], d.states["draining"],
                                                          effect=lambda v: {"buffers": False},
                                                          name="freed@draining"))),
-           "no_free_with_inflight"),
+           "serving_has_resources"),
     Mutant("ModelAdmitWhileDraining", "new requests pinned to a draining generation",
            lambda: derive(ModelMachine, "ModelAdmitWhileDraining",
                           _add(ModelMachine, lambda d: T(d.states["draining"], d.events["acquire"], d.states["draining"],
@@ -260,6 +262,10 @@ def _reject_by_consecution(machine):
     return {name for r in failures for name in r.broken}
 
 
+def _reject_by_system_induction(system):
+    return {name for r in check_system_induction(system.definition) if not r.ok for name in r.broken}
+
+
 def _reject_by_index_monitor(_):
     """A KvLaneManager whose confirm_release leaves (generation, seq) -> lane behind: the index
     monitor (kv_checks, on in every test) raises at the stale confirm."""
@@ -315,11 +321,12 @@ CLASS_MUTANTS = [
                     lambda rows, d: replace_row(rows, "abort_to_active", effect=lambda v: {
                         "committed_len": v.committed_len + v.pending, "pending": 0})),
      _reject_by_consecution, "abort_keeps_committed"),
-    # 5. a model declared Ready while jobs are in doubt
+    # 5. a model declared Ready while jobs are in doubt (the jobs are the jobs table's: proved on the joint system)
     ("ReadyWithJobsInDoubt", "recovered fires with jobs still in doubt",
-     lambda: derive(ModelMachine, "ReadyWithJobsInDoubt",
-                    lambda rows, d: replace_row(rows, "recovered@recovering", guard=None)),
-     _reject_by_consecution, "ready_only_with_no_job_in_doubt"),
+     lambda: _job_system_over(derive(ModelMachine, "ReadyWithJobsInDoubt",
+                                     lambda rows, d: replace_row(rows, "recovered@recovering",
+                                                                 guard=lambda v: Not(v.unload_pending)))),
+     _reject_by_system_induction, "job_in_doubt_only_while_recovering"),
     # 6. state outside the machines: an index left stale after a confirmed release
     ("StaleSeqIndex", "KvLaneManager keeps (generation, seq) -> lane after the release is confirmed",
      lambda: None, _reject_by_index_monitor, "index_seq_names_the_held_lanes"),
@@ -355,6 +362,25 @@ def _generation_mutant(system, step: str, name: str, description: str, expected:
                   kind="system"), step, depth
 
 
+def _job_system_over(model):
+    """GenerationJobSystem with its generations declared by ``model`` (a ModelMachine mutant): same steps, same
+    invariants (the steps name the rows, which the mutant keeps)."""
+    from calculet.machines.model_couplings import GenerationJobSystem
+    from calculet.machines.system import CoupledSystem
+
+    sd = GenerationJobSystem.definition
+    return type(f"{model.definition.name}Jobs", (CoupledSystem,), {
+        "__doc__": f"GenerationJobSystem over {model.definition.name}.", "spec": sd.spec, "request": sd.request,
+        "lane": model, "steps": list(sd.steps), "invariants": list(sd.invariants), "omitted": list(sd.omitted)})
+
+
+def _generation_model_mutant(row: str, name: str, description: str, expected: str, depth: int, **changes):
+    """A ModelMachine row mutated (``changes``), in the jobs system: the proofs that read the jobs table's count."""
+    def build():
+        return _job_system_over(derive(ModelMachine, name, lambda rows, d: replace_row(rows, row, **changes)))
+    return Mutant(name, description, build, expected, kind="system"), f"model:{row}", depth
+
+
 def _generation_mutants():
     from calculet.machines.model_couplings import GenerationJobSystem, GenerationRequestSystem
     return [
@@ -367,14 +393,28 @@ def _generation_mutants():
         _generation_mutant(GenerationJobSystem, "submit", "JobSubmitOnBusyEngine",
                            "a job is submitted on an engine another job on the device uses",
                            "one_engine_per_job_on_the_device", 6,
+                           guard=lambda sys, i, j: And(sys.unbound(i), sys.lanes[j].at("ready", "draining"),
+                                                       sys.requests[i].generation == sys.lanes[j].generation)),
+        _generation_mutant(GenerationJobSystem, "submit", "JobSubmitToALeavingGeneration",
+                           "a job is submitted to a generation that no longer takes one (may_submit dropped)",
+                           "jobs_only_on_a_live_generation", 7,
                            guard=lambda sys, i, j: And(sys.unbound(i),
                                                        sys.requests[i].generation == sys.lanes[j].generation)),
         _generation_mutant(GenerationJobSystem, "timeout", "JobTimeoutKeepsReady",
                            "a job times out and its generation stays Ready (no fault)",
                            "job_in_doubt_only_while_recovering", 6, lane=(), involves="both"),
         _generation_mutant(GenerationJobSystem, "complete_ok", "JobEndsUncounted",
-                           "a job completes and its generation keeps counting it (job_finished dropped)",
-                           "inflight_jobs_are_the_generations_jobs_on_the_device", 6, lane=(), involves="both"),
+                           "a job completes and the jobs table keeps counting it (the ended job not removed)",
+                           "counted_exactly_while_on_the_device", 6, binding="keep"),
+        _generation_mutant(GenerationJobSystem, "model:drained@draining", "GenDrainedWithJobsOnTheDevice",
+                           "drained fires with a count that is not the jobs table's (jobs still on the device)",
+                           "jobs_only_on_a_live_generation", 7, guard=None),
+        _generation_model_mutant("drained@draining", "GenDrainedIgnoringItsJobs",
+                                 "the drained row forgets the count of jobs on the device",
+                                 "jobs_only_on_a_live_generation", 7, guard=lambda v: v.active_requests == 0),
+        _generation_model_mutant("resume_unload@recovering", "GenResumesUnloadWithJobsInDoubt",
+                                 "resume_unload forgets the jobs still on the device",
+                                 "jobs_only_on_a_live_generation", 8, guard=lambda v: v.active_requests == 0),
     ]
 
 
@@ -475,10 +515,10 @@ def test_scheduler_pinning_to_a_generation_that_is_not_ready_is_rejected():
     gens, _ = _serving_generation()
     gen = gens.serving
     assert availability_of(gen.machine, held=False) is A.READY
-    gen.machine.fire("drain", replace=True)
+    gen.machine.fire("drain", replace=True, inflight=0)
     assert availability_of(gen.machine, held=False) is not A.READY
     assert availability_of(gen.machine, held=True) is A.READY
-    gen.machine.fire("drained")
+    gen.machine.fire("drained", inflight=0)
     assert availability_of(gen.machine, held=True, unserved=A.LOADING) is A.LOADING
 
 
@@ -510,7 +550,6 @@ def test_live_jobs_sharing_an_engine_or_in_doubt_on_a_ready_generation_are_rejec
     good.fire(job, "submit")
     good.fire(job, "timeout")  # the fault: no on_fault, the generation stays Ready
     assert ("job_in_doubt_only_while_recovering", "R12.10") in job_faults(gens, list(good))
-    gens.serving.machine.fire("job_submitted")
     gens.serving.machine.fire("fault")  # what GenerationRecovery.on_fault does
     assert job_faults(gens, list(good)) == []
 

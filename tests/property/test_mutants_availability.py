@@ -40,7 +40,7 @@ def _hand_set_failed_on_give_up(self: GenerationRecovery, detail: str) -> None:
     """The fault (the pre-#17 hook): FAILED stated at once while the machine stays Recovering,
     because ``give_up`` was refused with a job still in flight."""
     gen = self._gens.serving
-    if gen is not None and gen.machine.at("recovering") and gen.machine.inflight_jobs == 0:
+    if gen is not None and gen.machine.at("recovering") and gen.inflight() == 0:
         gen.machine.fire("give_up")
     self._engine.scheduler.set_model(self._engine.scheduler.generation, ModelAvailability.FAILED, detail=detail)
 
@@ -126,9 +126,9 @@ MODEL_MUTANTS = [
     ("UnloadFailedWithJobsInFlight", "a Failed generation is cleaned up while jobs it gave up on are in flight",
      lambda rows, d: replace_row(rows, "unload_failed", guard=lambda v: v.active_requests == 0),
      "determinism:drain@failed"),  # the earlier drain@failed row masks it in consecution; the overlap is refused
-    ("GiveUpClearsTheDoubt", "give_up forgets the jobs still in doubt",
-     lambda rows, d: replace_row(rows, "give_up@recovering", effect=lambda v: {"in_doubt": 0}),
-     "ready_only_with_no_job_in_doubt"),
+    # (the jobs in doubt are no fact of the machine any more — the jobs table counts them, issue #20: a generation
+    # Ready or unloading while they are on the device is rejected on the joint system, test_mutants.py
+    # ReadyWithJobsInDoubt, GenResumesUnloadWithJobsInDoubt)
 ]
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from calculet.adapters.calrt import MemoryFootprint
 from calculet.errors import DefinitionError, DeviceFault
 from calculet.machines import ModelMachine
+from calculet.machines.model_couplings import ON_DEVICE
 from calculet.packages import VerifiedPackage
 from calculet.runtime.execution.model_facts import ModelFacts
 from calculet.runtime.execution.session import RuntimeSession
@@ -30,20 +31,33 @@ from calculet.runtime.scheduling.admission import ModelAvailability
 if TYPE_CHECKING:
     from calculet.runtime.models.port import EnginePort
 
-__all__ = ["HISTORY", "Alias", "Generation", "Generations", "Prepared", "Retained", "Snapshot", "cancel_pinned"]
+__all__ = ["HISTORY", "Alias", "Generation", "Generations", "Prepared", "Retained", "Snapshot", "cancel_pinned",
+           "jobs_on_device"]
+
+_ON_DEVICE = frozenset(ON_DEVICE)
 
 HISTORY = 32
 """Ended generations kept in :meth:`ModelManager.status` (bounded, like every label set)."""
 
 
+def jobs_on_device(jobs: Iterable[Any], gen_id: int) -> int:
+    """How many of ``jobs`` (the scheduler's jobs table, their one owner) are of generation ``gen_id`` and on the
+    device — submitted, timed out or quarantined: the ``inflight`` argument of the ModelMachine events whose guards
+    need it (``drained``, ``drain_deadline``, ``recovered``, ...). The machine keeps no copy of the count (issue
+    #20); GenerationJobSystem proves the properties with this count wired in."""
+    return sum(1 for job in jobs if job.generation == gen_id and job.state in _ON_DEVICE)
+
+
 class Generation:
-    """The manager's record of one generation; its state lives only in ``machine``."""
+    """The manager's record of one generation; its state lives only in ``machine``, its jobs in the jobs table."""
 
     __slots__ = ("id", "alias", "machine", "_identity", "facts", "plan", "verified", "package_path", "source",
                  "signed_by", "trusted", "session", "published", "unload_requested", "error", "epoch",
-                 "durations", "created_at")
+                 "durations", "created_at", "_jobs")
 
-    def __init__(self, gen_id: int, alias: str, source: Path, created_at: float) -> None:
+    def __init__(self, gen_id: int, alias: str, source: Path, created_at: float,
+                 jobs: Callable[[], Iterable[Any]] = tuple) -> None:
+        self._jobs = jobs
         self.id = gen_id
         self.alias = alias
         self.machine = ModelMachine.create(generation=gen_id)
@@ -77,9 +91,12 @@ class Generation:
     def state(self) -> str:
         return self.machine.state  # type: ignore[no-any-return]
 
+    def inflight(self) -> int:
+        """Its jobs on the device, counted in the jobs table (:func:`jobs_on_device`): the ``inflight`` argument."""
+        return jobs_on_device(self._jobs(), self.id)
+
     def idle(self) -> bool:
-        m = self.machine
-        return m.active_requests == 0 and m.inflight_jobs == 0
+        return self.machine.active_requests == 0 and self.inflight() == 0
 
 
 @dataclass
@@ -143,6 +160,9 @@ class Generations:
         self.epoch = 0
         self.contract: EngineContract | None = None
         """What the engine was built on (the first generation's plan); replacements must keep it."""
+        self.jobs: Callable[[], Iterable[Any]] = tuple
+        """The jobs table (the scheduler's ``InflightTable``), read when a generation counts its jobs on the device;
+        the manager sets it (none until then)."""
         self.unserved = ModelAvailability.UNLOADED
         """What the alias is while no generation serves — a load replacing the unloaded one (LOADING),
         an unload done (UNLOADED), no version left (FAILED): the lifecycle's, not a generation's, so
@@ -150,7 +170,7 @@ class Generations:
 
     def new(self, alias: str, source: Path, created_at: float) -> Generation:
         """A new generation enters Validating."""
-        gen = Generation(next(self._ids), alias, source, created_at)
+        gen = Generation(next(self._ids), alias, source, created_at, lambda: self.jobs())
         self._gens[gen.id] = gen
         gen.machine.fire("load")
         return gen
@@ -204,7 +224,7 @@ class Generations:
         facts, plan = gen.facts, gen.plan
         return ModelGeneration(
             id=gen.id, alias=gen.alias, calbin_sha256=facts.package_sha256 if facts else "", state=m.state,
-            runtime=gen.session, active_requests=m.active_requests, inflight_jobs=m.inflight_jobs,
+            runtime=gen.session, active_requests=m.active_requests, inflight_jobs=gen.inflight(),
             published=gen.published, package=str(gen.source), signed_by=gen.signed_by,
             name=facts.name if facts else "", exact_submodel=facts.exact_submodel if facts else "",
             max_seq=plan.max_seq if plan else 0, profiles=plan.profiles.sizes if plan else (),

@@ -4,8 +4,9 @@ A **generation** is one immutable loaded instance of a signed package under an a
 its identity (id, alias, calbin sha256, package, signer) is fixed once steps 1–3 pass; its
 lifecycle is a :class:`~calculet.machines.ModelMachine` instance and every change of its state
 goes through that machine's ``fire`` — the manager keeps no second state field. The machine's
-counters (``active_requests``, ``inflight_jobs``) are fired by the engine as requests are pinned
-and end and as jobs are submitted and drain, so "drained" is the declared guard, not a guess.
+counter ``active_requests`` is fired by the engine as requests are pinned and end; its jobs on the
+device are counted where they live, in the scheduler's jobs table (``Generation.inflight``), and
+handed to the events whose guards read them, so "drained" is the declared guard, not a guess.
 
 **Where things run** (DESIGN principle 2). All state changes happen on the engine's actor,
 reached through the :class:`~calculet.runtime.models.port.EnginePort` this package owns (the
@@ -52,7 +53,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from calculet.errors import NotFound, Unavailable
 from calculet.machines import RequestMachine
@@ -61,7 +62,7 @@ from calculet.machines.request import TERMINAL
 from calculet.runtime.execution.session_plan import EngineContract
 from calculet.runtime.models.availability import availability_faults, job_faults
 from calculet.runtime.models.capacity import CapacityPlanner
-from calculet.runtime.models.generations import Generation, Generations, Prepared
+from calculet.runtime.models.generations import Generation, Generations, Prepared, jobs_on_device
 from calculet.runtime.models.load import Loader
 from calculet.runtime.models.operations import ActorPort, InlinePort, LifecycleLock, OperationHandle, Steps
 from calculet.runtime.models.port import EnginePort
@@ -85,6 +86,15 @@ a move into any other state (every decode step's two) changes none, so a caller 
 _SERVING_STATES = frozenset({"ready", "draining"})
 
 
+def _awaiting_a_result(jobs: "list[Any]", gens: Generations) -> int:
+    """The jobs the generations count on the device (:func:`jobs_on_device`) whose result the executor still waits
+    for: all of them but those quarantined by a fault their own result reported (CCU fault, unknown DMA: the
+    executor handed that result over, the table keeps the job on the device until a reset ends it)."""
+    on_device = sum(jobs_on_device(jobs, gen.id) for gen in gens)
+    reported = sum(1 for job in jobs if job.state == "quarantined" and job.machine.last_transition.event == "fault")
+    return on_device - reported
+
+
 class ModelManager:
     """Generations, the alias, and their lifecycle operations (§3 ModelManager, §10–§13).
 
@@ -99,6 +109,7 @@ class ModelManager:
         self.clock = engine.clock
         self._engine = engine
         self._gens = Generations(engine.config.model_alias, first_generation)
+        self._gens.jobs = lambda: engine.scheduler.jobs  # the jobs table, their one owner (read when counted)
         self._by_id = self._gens.by_id
         self._lock = LifecycleLock(engine.run_commands)
         self.poll: Callable[[], None] = self._lock.poll
@@ -251,10 +262,11 @@ class ModelManager:
             self._gens[gen_id].machine.fire("acquire")
 
     def counter_faults(self, live: "Iterable[RequestRecord]") -> list[tuple[str, str]]:
-        """The ModelMachine's counters and the scheduler's availability checked against what they
+        """The ModelMachine's counter and the scheduler's availability checked against what they
         stand for (#17, R10.2, R12.3, R12.2): each generation's ``active_requests`` equals the live
-        requests pinned to it; the generations' ``inflight_jobs`` add up to the jobs the executor
-        has on the device; the availability the scheduler was given equals the one the serving
+        requests pinned to it; the jobs the jobs table has on the device (what the generations'
+        ``inflight`` arguments count) are the jobs the executor has on the device; the availability
+        the scheduler was given equals the one the serving
         generation's machine implies (``availability_of``: a stale copy is caught here), no two jobs
         share an engine and no job in doubt has a Ready generation
         (:mod:`calculet.runtime.models.availability`). The same equalities are
@@ -269,34 +281,27 @@ class ModelManager:
             if gen.machine.active_requests != pinned.get(gen.id, 0):
                 faults.append((f"active_requests_of_generation_{gen.id}_is_its_pinned_requests", "R10.2"))
                 break
-        if sum(gen.machine.inflight_jobs for gen in self._gens) != self._engine.inflight_jobs():
-            faults.append(("inflight_jobs_are_the_executors_jobs_on_the_device", "R10.2"))
         scheduler = self._engine.scheduler
+        jobs = list(scheduler.jobs)
+        if _awaiting_a_result(jobs, self._gens) != self._engine.inflight_jobs():
+            faults.append(("inflight_jobs_are_the_executors_jobs_on_the_device", "R10.2"))
         faults += availability_faults(self._gens, scheduler)
-        faults += job_faults(self._gens, list(scheduler.jobs))
+        faults += job_faults(self._gens, jobs)
         return faults
 
-    # The three per-job hooks (once per token at B1) read the generation from the table's dictionary
-    # directly and fire the machine's generated ``fire`` (issue #20); the events, their guards and the
-    # monitor's checks are the declaration's, unchanged.
-
     def may_submit(self, gen_id: int) -> bool:
-        """Whether ``gen_id`` takes a new job: Ready, or Draining what was pinned to it (§12)."""
+        """Whether ``gen_id`` takes a new job: Ready, or Draining what was pinned to it (§12; GenerationJobSystem's
+        ``submit`` step guard). Once per job: the generation read from the table's dictionary directly."""
         gen = self._by_id.get(gen_id)
         return gen is not None and gen.machine.state in _SERVING_STATES  # ``at`` without its frame (once a job)
 
     def on_job_submitted(self, gen_id: int) -> None:
-        """A job of ``gen_id`` went to the device: ``job_submitted`` (its ``inflight_jobs`` counts it)."""
-        self._by_id[gen_id].machine.fire("job_submitted")
+        """Nothing to do any more: a generation's jobs on the device are counted in the jobs table, not fired
+        into its machine (issue #20). Kept until the engine's job path stops calling it (patch V11-1 to
+        ``runtime/engine/jobs.py``); then removed."""
 
     def on_job_finished(self, gen_id: int) -> None:
-        """A job of ``gen_id`` drained: ``job_finished``, unless a reset already ended every job of it
-        (``inflight_jobs`` 0: the late result counts nothing) or the generation is gone."""
-        gen = self._by_id.get(gen_id)
-        if gen is not None:
-            machine = gen.machine
-            if machine.inflight_jobs > 0:
-                machine.fire("job_finished")
+        """As :meth:`on_job_submitted`: the job's end is the jobs table's, the generation fires nothing."""
 
     def generation_of_calbin(self, calbin_id: int) -> int:
         return self._gens.generation_of_calbin(calbin_id)

@@ -49,13 +49,13 @@ class GenerationRecovery:
         self.sync()
 
     def on_jobs_discarded(self) -> None:
-        """A reset or restart ended every job on the device (the executor forgot them)."""
+        """A reset or restart ended every job on the device (the executor forgot them; the scheduler's jobs table
+        ends them when the reset is done, ``Scheduler.device_reset``): a generation that had jobs on the device
+        and was serving goes Recovering; it serves again (``recovered``) once the table holds none of them."""
         for gen in self._gens:
             m = gen.machine
-            if m.inflight_jobs > 0:
-                if not m.at("recovering", "failed"):
-                    m.fire("fault")
-                m.fire("reset")
+            if gen.inflight() > 0 and not m.at("recovering", "failed"):
+                m.fire("fault")
         self.sync()
 
     def reset_device(self) -> None:
@@ -97,8 +97,9 @@ class GenerationRecovery:
         if gen is None:
             return
         m = gen.machine
-        if m.at("recovering") and m.can_fire("recovered"):
-            m.fire("recovered")  # → Ready, or → Draining when an unload is pending
+        inflight = gen.inflight()
+        if m.at("recovering") and m.can_fire("recovered", inflight=inflight):
+            m.fire("recovered", inflight=inflight)  # → Ready, or → Draining when an unload is pending
         self.sync()
         if gen.unload_requested:
             cancel_pinned(self._engine, gen)

@@ -115,7 +115,7 @@ class Unloader:
         # unload_pending: Draining again after a recovery, never Ready). An idle Failed generation
         # goes to Unloading at step 3 (unload_failed), not here, while it still serves.
         if m.at("ready", "recovering") or (m.at("failed") and not gen.idle()):
-            m.fire("drain", replace=replacement)
+            m.fire("drain", replace=replacement, inflight=gen.inflight())
         alias = self._gens.aliases[gen.alias]
         if alias.current is gen:
             alias.current = None
@@ -139,8 +139,9 @@ class Unloader:
         t0 = self._steps.soft(op, UnloadStep.CANCEL, gen.id, run.problems) or clock.now()
         if not gen.idle():
             run.cancelled = cancel_pinned(engine, gen)
-            if m.inflight_jobs > 0 and m.at("draining") and (run.deadline_passed or forced):
-                m.fire("drain_deadline")  # R12.10: Recovering, buffers kept
+            inflight = gen.inflight()
+            if inflight > 0 and m.at("draining") and (run.deadline_passed or forced):
+                m.fire("drain_deadline", inflight=inflight)  # R12.10: Recovering, buffers kept
                 run.went_recovering = True
                 if self._gens.serving is gen:
                     sync_availability(self._gens, engine.scheduler)
@@ -149,24 +150,24 @@ class Unloader:
             if not gen.idle():
                 gen.error = "jobs stuck on the device and recovery gave up; buffers kept (§12)"
                 raise UnloadFailed(f"generation {gen.id}: {gen.error}", rc=None)
-        if m.at("failed") and m.can_fire("drain", replace=replacement):
-            m.fire("drain", replace=replacement)  # unload_failed: failed → unloading
+        if m.at("failed") and m.can_fire("drain", replace=replacement, inflight=gen.inflight()):
+            m.fire("drain", replace=replacement, inflight=gen.inflight())  # unload_failed: failed → unloading
         elif m.at("recovering"):
             # recovery ends in Draining (recovered with the unload pending), or the idle generation
             # goes on to Unloading before it (resume_unload)
-            yield Wait(lambda: not m.at("recovering") or m.can_fire("resume_unload") or engine.recovery_failed(),
-                       None, f"generation {gen.id} to leave recovery")
+            yield Wait(lambda: not m.at("recovering") or m.can_fire("resume_unload", inflight=gen.inflight())
+                       or engine.recovery_failed(), None, f"generation {gen.id} to leave recovery")
             if m.at("recovering"):
-                if not m.can_fire("resume_unload"):
+                if not m.can_fire("resume_unload", inflight=gen.inflight()):
                     raise UnloadFailed(f"generation {gen.id} cannot leave Recovering (recovery gave up)", rc=None)
-                m.fire("resume_unload")
+                m.fire("resume_unload", inflight=gen.inflight())
         if m.at("draining"):  # never left it, or back in it after a recovery
             if not gen.idle():
                 yield Wait(lambda: gen.idle() or not m.at("draining") or engine.recovery_failed(), None,
                            f"generation {gen.id} to drain after recovery")
-            if not m.can_fire("drained"):
+            if not m.can_fire("drained", inflight=gen.inflight()):
                 raise UnloadFailed(f"generation {gen.id} could not finish draining ({gen.state})", rc=None)
-            m.fire("drained")
+            m.fire("drained", inflight=gen.inflight())
         run.drain_s = clock.now() - t_wait
         self._tally.measured(gen.durations, "drain", run.drain_s)
         run.timings.append(StepTiming("cancel", t0, clock.now() - t0))
@@ -261,8 +262,8 @@ class Unloader:
         if m.at("configuring", "warming"):
             m.fire("load_failed")
         elif m.at("ready"):
-            m.fire("drain", replace=False)
-            m.fire("drained")
+            m.fire("drain", replace=False, inflight=gen.inflight())
+            m.fire("drained", inflight=gen.inflight())
         session = gen.session
         if session is not None:
             if gen.epoch != self._gens.epoch and session.state is not SessionState.ABANDONED:
@@ -300,11 +301,11 @@ class Unloader:
                 continue
             try:
                 if m.at("ready"):
-                    m.fire("drain", replace=False)
+                    m.fire("drain", replace=False, inflight=gen.inflight())
                 if m.at("draining"):
-                    m.fire("drained")
+                    m.fire("drained", inflight=gen.inflight())
                 else:
-                    m.fire("drain", replace=False)  # unload_failed: an idle Failed generation
+                    m.fire("drain", replace=False, inflight=gen.inflight())  # unload_failed: an idle Failed generation
                 session.teardown(verify=True, others_configured=self._gens.others_resident(gen))
                 m.fire("freed")
                 m.fire("verified")

@@ -249,14 +249,15 @@ def assert_isolated(provenance: Sequence[TokenProvenance]) -> None:
 
 
 def assert_counters_consistent(rig: Rig) -> None:
-    """Each ModelMachine's counters equal what the engine holds: its pinned live requests, and (in
-    total) the jobs the executor tracks — the declared drain guard counts the real thing."""
+    """Each ModelMachine's counter equals what the engine holds: its pinned live requests; and the jobs the
+    generations count on the device (the jobs table's, ``Generation.inflight``) are, in total, the jobs the
+    executor tracks — the declared drain guard counts the real thing."""
     core = rig.driver.core
     live = [r for r in core.scheduler.registry.live() if r.generation]
     gens = list(rig.models.generations())
     for gen in gens:
         assert gen.machine.active_requests == sum(1 for r in live if r.generation == gen.id), gen.machine
-    assert sum(g.machine.inflight_jobs for g in gens) == core.executor.inflight()
+    assert sum(g.inflight() for g in gens) == core.executor.inflight()
 
 
 @functools.lru_cache(maxsize=None)

@@ -125,7 +125,7 @@ def test_a_replacement_on_0_7_6_drains_the_old_model_before_configuring_the_new_
     def hook(step: object, gen: int) -> None:
         if step is LoadStep.CREATE:
             g1 = next(g for g in rig.models.generations() if g.id == 1)
-            seen["create"] = (g1.machine.active_requests, g1.machine.inflight_jobs, len(rig.runtime.calls))
+            seen["create"] = (g1.machine.active_requests, g1.inflight(), len(rig.runtime.calls))
 
     rig.models.step_hook = hook
     handle = rig.models.begin_load(ALIAS, b)

@@ -105,7 +105,7 @@ def test_a_property_without_a_witness_fails():
 def test_a_witness_outside_the_types_is_refused():
     d = ModelMachine.definition
     odd = dataclasses.replace(d, invariants=tuple(
-        dataclasses.replace(i, rejects=({"state": "ready", "inflight_jobs": -3, "buffers": False},))
+        dataclasses.replace(i, rejects=({"state": "ready", "active_requests": -3, "buffers": False},))
         if i.name == "serving_has_resources" else i for i in d.invariants))
     result = check_witnesses(odd)
     assert not result.ok and "outside the declared types" in result.detail

@@ -13,9 +13,12 @@ def test_requirements_are_credited_only_to_properties_that_state_them():
     assert "ModelMachine.unloading_is_idle" not in refs.get("R12.5", [])
     assert "DeviceJobMachine.delivered_only_when_completed" not in refs.get("R4.7", [])
     # ... and are now credited where their text is what the property states
-    assert "ModelMachine.unloading_is_idle" in refs["R12.3"]          # unload waits for both counters
+    assert "ModelMachine.unloading_is_idle" in refs["R12.3"]          # unload waits for the pinned requests
     assert "RequestMachine.decoding_has_budget" in refs["R5.1.4"]     # never exceeds the context
-    assert "ModelMachine.ready_only_with_no_job_in_doubt" in refs["R12.10"]
+    # Ready again only with no job in doubt: the jobs are the jobs table's, so it is the joint system's (issue #20)
+    assert "GenerationJobSystem.job_in_doubt_only_while_recovering" in refs["R12.10"]
+    assert "GenerationJobSystem.job_on_the_device_keeps_its_generations_buffers" in refs["R12.10"]
+    assert "GenerationJobSystem.jobs_only_on_a_live_generation" in refs["R12.3"]  # ... and for its jobs
 
 
 def test_the_generation_couplings_are_credited_to_what_they_state():
@@ -25,7 +28,6 @@ def test_the_generation_couplings_are_credited_to_what_they_state():
     refs = proof_references()
     assert refs["R10.2"] == ["GenerationRequestSystem.active_requests_are_the_pinned_live_requests",
                              "GenerationRequestSystem.counted_exactly_while_pinned_and_live",
-                             "GenerationJobSystem.inflight_jobs_are_the_generations_jobs_on_the_device",
                              "GenerationJobSystem.counted_exactly_while_on_the_device"]
     assert refs["R12.5"] == ["GenerationRequestSystem.holding_request_keeps_its_generations_buffers"]
     assert "GenerationRequestSystem.requests_pinned_only_to_a_live_generation" in refs["R12.3"]

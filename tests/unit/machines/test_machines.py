@@ -114,12 +114,17 @@ def test_kv_commit_only_after_success_and_unknown_is_quarantined():
 @pytest.mark.req("R12.10")
 def test_model_drain_deadline_with_jobs_goes_to_recovering_and_keeps_buffers():
     m = ModelMachine.create(generation=3)
-    for event in ("load", "validated", "configured", "warmed", "job_submitted"):
+    for event in ("load", "validated", "configured", "warmed"):
         m.fire(event)
-    m.fire("drain", replace=False)
+    m.fire("drain", replace=False, inflight=1)  # one job on the device (the jobs table's count)
     with pytest.raises(TransitionNotAllowed):
-        m.fire("drained")
-    assert m.fire("drain_deadline") == "recovering" and m.buffers
+        m.fire("drained", inflight=1)
+    with pytest.raises(TransitionNotAllowed):  # the deadline matters only while a job is on the device
+        m.fire("drain_deadline", inflight=0)
+    assert m.fire("drain_deadline", inflight=1) == "recovering" and m.buffers
+    with pytest.raises(TransitionNotAllowed):  # not while the job is still in doubt
+        m.fire("recovered", inflight=1)
+    assert m.fire("recovered", inflight=0) == "draining"
 
 
 def test_device_job_delivers_once_and_quarantines_timeouts():

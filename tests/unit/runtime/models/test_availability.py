@@ -30,13 +30,19 @@ def machine(*events: str | tuple[str, dict]) -> ModelMachine:
 
 
 LOADED = ("load", "validated", "configured", "warmed")
-PLAIN = ("drain", {"replace": False})
-REPLACE = ("drain", {"replace": True})
+PLAIN = ("drain", {"replace": False, "inflight": 0})
+REPLACE = ("drain", {"replace": True, "inflight": 0})
+# With one job on the device (the jobs table's count, handed to the events that read it, issue #20):
+PLAIN_BUSY = ("drain", {"replace": False, "inflight": 1})
+REPLACE_BUSY = ("drain", {"replace": True, "inflight": 1})
+DRAINED = ("drained", {"inflight": 0})
+DEADLINE = ("drain_deadline", {"inflight": 1})
+RECOVERED = ("recovered", {"inflight": 0})  # the reset ended the job: none left in doubt
 
 
 @pytest.mark.req("R10.4", "R12.9")
 @pytest.mark.parametrize("events", [(), ("load",), ("load", "validated"), ("load", "validated", "configured"),
-                                    (*LOADED, PLAIN, "drained"), (*LOADED, PLAIN, "drained", "freed", "verified")],
+                                    (*LOADED, PLAIN, DRAINED), (*LOADED, PLAIN, DRAINED, "freed", "verified")],
                          ids=["unloaded", "validating", "configuring", "warming", "unloading", "unloaded_again"])
 def test_a_generation_that_does_not_serve_is_what_the_alias_is_without_one(events) -> None:
     """Loading, cleaning up or unloaded: the generation says nothing; the lifecycle's ``unserved`` does."""
@@ -67,12 +73,11 @@ def test_draining_is_draining_for_an_unload_and_ready_held_for_a_replacement() -
 
 @pytest.mark.req("R12.10", "R15.16")
 @pytest.mark.parametrize("events", [
-    (*LOADED, "job_submitted", "fault"),
-    (*LOADED, "job_submitted", PLAIN, "drain_deadline"),
-    (*LOADED, "job_submitted", REPLACE, "drain_deadline"),
-    (*LOADED, "job_submitted", "fault", PLAIN),
-    (*LOADED, "job_submitted", "fault", "reset"),
-], ids=["fault", "unload_deadline", "replacement_deadline", "unload_asked_while_recovering", "reset_done"])
+    (*LOADED, "fault"),
+    (*LOADED, PLAIN_BUSY, DEADLINE),
+    (*LOADED, REPLACE_BUSY, DEADLINE),
+    (*LOADED, "fault", PLAIN_BUSY),
+], ids=["fault", "unload_deadline", "replacement_deadline", "unload_asked_while_recovering"])
 def test_recovering_is_recovering_whatever_is_pending(events) -> None:
     m = machine(*events)
     assert m.state == "recovering"
@@ -83,24 +88,26 @@ def test_recovering_is_recovering_whatever_is_pending(events) -> None:
 
 @pytest.mark.req("R12.10", "R12.2")
 def test_recovery_with_an_unload_pending_goes_on_draining_never_ready() -> None:
-    plain = machine(*LOADED, "job_submitted", PLAIN, "drain_deadline", "reset", "recovered")
+    plain = machine(*LOADED, PLAIN_BUSY, DEADLINE, RECOVERED)
     assert plain.state == "draining"
     assert availability_of(plain, held=True) is A.DRAINING
-    replace = machine(*LOADED, "job_submitted", REPLACE, "drain_deadline", "reset", "recovered")
+    replace = machine(*LOADED, REPLACE_BUSY, DEADLINE, RECOVERED)
     assert replace.state == "draining" and availability_of(replace, held=True) is A.READY
-    asked_during = machine(*LOADED, "job_submitted", "fault", PLAIN, "reset", "recovered")
+    asked_during = machine(*LOADED, "fault", PLAIN_BUSY, RECOVERED)
     assert asked_during.state == "draining" and availability_of(asked_during) is A.DRAINING
-    nothing_pending = machine(*LOADED, "job_submitted", "fault", "reset", "recovered")
+    nothing_pending = machine(*LOADED, "fault", RECOVERED)
     assert nothing_pending.state == "ready" and availability_of(nothing_pending) is A.READY
 
 
 @pytest.mark.req("R15.16", "R12.10", "R12.11")
 def test_give_up_is_failed_at_once_even_with_jobs_in_flight() -> None:
-    m = machine(*LOADED, "job_submitted", "fault", "give_up")
-    assert m.state == "failed" and m.inflight_jobs == 1 and m.in_doubt == 1 and m.buffers
+    m = machine(*LOADED, "fault", "give_up")  # with a job still on the device: nothing waits for it
+    assert m.state == "failed" and m.buffers
     assert availability_of(m) is A.FAILED
-    m.fire("job_finished")  # the job in doubt ends late: its buffers could be freed now
-    assert m.inflight_jobs == 0 and m.in_doubt == 0 and availability_of(m) is A.FAILED
+    # the job in doubt keeps the generation's buffers: an unload waits for the jobs table to hold none of it
+    assert m.fire("drain", replace=False, inflight=1) == "failed" and m.buffers
+    assert availability_of(m) is A.DRAINING
+    assert m.fire("drain", replace=False, inflight=0) == "unloading"  # it ended late: now the unload goes on
 
 
 @pytest.mark.req("R12.2", "R12.3")
@@ -109,7 +116,7 @@ def test_failed_is_draining_once_a_plain_unload_is_pending() -> None:
     assert busy.state == "failed" and busy.unload_pending
     assert availability_of(busy) is A.DRAINING
     busy.fire("release_request")
-    busy.fire("drain", replace=False)  # unload_failed: idle now
+    busy.fire("drain", replace=False, inflight=0)  # unload_failed: idle now
     assert busy.state == "unloading"
     replaced = machine(*LOADED, "acquire", "fault", "give_up", REPLACE)
     assert replaced.state == "failed" and availability_of(replaced) is A.FAILED
@@ -177,7 +184,7 @@ def test_the_hold_released_under_a_replacement_drain_is_seen_as_a_stale_ready() 
     gens, scheduler = _serving()
     sync_availability(gens, scheduler)
     scheduler.holding_new_requests = True
-    gens.serving.machine.fire("drain", replace=True)
+    gens.serving.machine.fire("drain", replace=True, inflight=0)
     assert sync_availability(gens, scheduler) is A.READY
     scheduler.holding_new_requests = False  # the load failed and released the hold, nothing synced
     assert availability_faults(gens, scheduler) == [("scheduler_availability_is_the_model_machines", "R12.2")]

@@ -21,7 +21,7 @@ from calculet.adapters.sim.memory import (
     REFERENCE_RESERVED_BYTES,
 )
 from calculet.errors import ConfigError, DefinitionError
-from calculet.machines import ModelMachine
+from calculet.machines import ModelMachine, TransitionNotAllowed
 from calculet.runtime.scheduling.admission import Decision, ModelAvailability
 from calculet.clock import FakeClock
 from calculet.runtime.models.capacity import CapacityPlanner, ChipMemory, ResidentModel
@@ -228,29 +228,46 @@ def test_held_requests_end_with_503_when_no_generation_will_come() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# the engine's per-job hooks (issue #20: one dictionary read, the machine's generated fire)
+# a generation's jobs on the device: counted in the jobs table, not fired into its machine (issue #20)
 # ---------------------------------------------------------------------------------------------
 
 
-def test_the_per_job_hooks_count_jobs_on_the_machine_and_ignore_what_has_nothing_to_count() -> None:
+def test_a_generation_counts_its_jobs_on_the_device_in_the_jobs_table() -> None:
+    """``Generation.inflight`` (the ``inflight`` argument of drained/drain_deadline/recovered/...) is the number of
+    the table's jobs of that generation the device may still write: submitted, timed out or quarantined. Catches a
+    count that takes a prepared job (``state not in ("completed", "failed")``: 4 here, checked) and one that forgets
+    the generation (4, checked); the machine refuses ``drained`` while the table holds a job of it."""
     from types import SimpleNamespace
 
+    from calculet.machines import DeviceJobMachine
+    from calculet.machines.job import JobEngine
     from calculet.runtime.models.manager import ModelManager
 
-    engine: Any = SimpleNamespace(config=make_config(), clock=FakeClock(), run_commands=lambda: None)
+    table: list[Any] = []
+    engine: Any = SimpleNamespace(config=make_config(), clock=FakeClock(), run_commands=lambda: None,
+                                  scheduler=SimpleNamespace(jobs=table))
     manager = ModelManager(engine)
     gen = manager._gens.new(manager.alias, package_dir(), 0.0)  # noqa: SLF001 - a generation without a load
     assert not manager.may_submit(gen.id) and not manager.may_submit(99)
     for event in ("validated", "configured", "warmed"):
         gen.machine.fire(event)
-    assert manager.may_submit(gen.id)
-    manager.on_job_submitted(gen.id)
-    manager.on_job_submitted(gen.id)
-    manager.on_job_finished(gen.id)
-    assert gen.machine.inflight_jobs == 1
-    manager.on_job_finished(99)  # a generation no longer known: nothing to count
-    gen.machine.fire("fault")
-    gen.machine.fire("reset")  # the reset ended every job: a late result counts nothing
-    manager.on_job_finished(gen.id)
-    assert gen.machine.inflight_jobs == 0 and gen.machine.state == "recovering"
+    assert manager.may_submit(gen.id) and gen.inflight() == 0 and gen.idle()
+
+    def job(job_id: int, generation: int, *events: str) -> Any:
+        machine = DeviceJobMachine.create(job_id=job_id, generation=generation, engine=JobEngine.PING, lanes=1)
+        for event in events:
+            machine.fire(event, **({"ok": True} if event == "complete" else {}))
+        return SimpleNamespace(generation=generation, state=machine.state)
+
+    table += [job(1, gen.id, "submit"), job(2, gen.id, "submit", "timeout"),
+              job(3, gen.id, "submit", "timeout", "quarantine"), job(4, gen.id), job(5, gen.id + 1, "submit"),
+              job(6, gen.id, "submit", "complete")]
+    assert gen.inflight() == 3 and not gen.idle()
+    assert manager.status_now().generations[0].inflight_jobs == 3
+    gen.machine.fire("drain", replace=False, inflight=gen.inflight())
+    with pytest.raises(TransitionNotAllowed):
+        gen.machine.fire("drained", inflight=gen.inflight())
+    del table[:3]
+    assert gen.inflight() == 0 and gen.idle()
+    assert gen.machine.fire("drained", inflight=gen.inflight()) == "unloading"
     assert not manager.may_submit(gen.id)
