@@ -35,9 +35,8 @@ domain (R12.7), then :meth:`verify_released`: the device memory this session too
 session reserved when it became ready must be what its teardown gives back), so it stays exact
 when another generation is resident beside it (§13.2 co-residency, simulated).
 
-Buffers (§14): one InputBuf/OutputBuf pair per (engine, job kind, compiled batch). A job runs
-wholly on one engine and an engine runs one job at a time, so two in-flight jobs never share a
-buffer; the buffers of a job stuck on the device stay bound until a reset or restart.
+Buffers (§14): one InputBuf/OutputBuf pair per (engine, job kind, compiled batch), kept by the session's
+:class:`~calculet.runtime.execution.pools.JobPools` with the decode targets built on them.
 
 Decision: the KV lanes the scheduler may use (``admission.max_sequences``) are checked against
 the CalRT KvManager's ``canAllocate`` hint at step 8.
@@ -70,6 +69,7 @@ from calculet.errors import CalculetError, DefinitionError, DeviceFault
 from calculet.machines.job import JobEngine
 from calculet.runtime.execution.golden import require_reproduced, run_golden_vectors, warm_up
 from calculet.runtime.execution.model_facts import ModelFacts
+from calculet.runtime.execution.pools import JobPools
 from calculet.runtime.execution.session_plan import SessionPlan, job_engines, plan_session
 from calculet.runtime.scheduling.kv import KvCapabilities
 from calculet.runtime.scheduling.profiles import ProfileSet
@@ -184,11 +184,10 @@ class RuntimeSession:
         self._calbin: Calbin | None = None
         self._kv: KvManager | None = None
         self._configured: tuple[int, ...] = ()
-        self._buffers: dict[tuple[JobEngine, JobKind, int], JobBuffers] = {}
-        self.decode_targets: dict[tuple[JobEngine, int], tuple[int, JobBuffers]] = {}
-        """Per (engine, compiled batch), the calbin id and buffer pair of a decode job (§14): what every decode step
-        of this configuration is built on, kept with the buffers (created with the pools, dropped with them) so the
-        executor reads one entry per step (issue #20); a missing one is explained by :meth:`no_decode_target`."""
+        self._pools = JobPools()
+        self.decode_targets = self._pools.decode_targets
+        """The calbin id and buffer pair of a decode step per (engine, batch) (:mod:`.pools`, issue #20); a missing
+        one is explained by :meth:`no_decode_target`."""
         self._live: set[int] = set()
         self._allocated = 0
         self._freed = 0
@@ -264,10 +263,7 @@ class RuntimeSession:
 
     def buffers(self, engine: JobEngine, kind: JobKind, compiled_batch: int) -> JobBuffers:
         """The buffer pair of ``engine`` for a ``kind`` job of ``compiled_batch`` lanes (§14)."""
-        try:
-            return self._buffers[(engine, kind, compiled_batch)]
-        except KeyError:
-            raise DefinitionError(f"no {kind.value} B{compiled_batch} buffers for engine {engine.name.lower()}") from None
+        return self._pools.pair(engine, kind, compiled_batch)
 
     def no_decode_target(self, engine: JobEngine, compiled_batch: int) -> CalculetError:
         """Why :attr:`decode_targets` has no entry for (``engine``, ``compiled_batch``): the error :attr:`calbin` or
@@ -277,7 +273,7 @@ class RuntimeSession:
             self.buffers(engine, JobKind.DECODE, compiled_batch)  # raises when there are no such buffers
         except DefinitionError as exc:
             return exc
-        return DefinitionError(f"no decode B{compiled_batch} target for engine {engine.name.lower()}")  # not while both change together
+        return DefinitionError(f"no decode B{compiled_batch} target for engine {engine.name.lower()}")  # not reached
 
     # ------------------------------------------------------------------ sequences
 
@@ -329,13 +325,7 @@ class RuntimeSession:
     def create_pools(self) -> None:
         """Step 7d: the job buffer pools, one InputBuf/OutputBuf pair per (engine, kind, batch) (§14)."""
         assert self.plan is not None
-        device, calbin = self.device, self.calbin
-        for engine in self.engines:
-            self._buffers[(engine, JobKind.PREFILL, 1)] = device.allocate_job_buffers(calbin, JobKind.PREFILL, 1)
-            for size in self.plan.profiles.sizes:
-                pair = self._buffers[(engine, JobKind.DECODE, size)] = device.allocate_job_buffers(
-                    calbin, JobKind.DECODE, size)
-                self.decode_targets[(engine, size)] = (calbin.calbin_id, pair)
+        self._pools.create(self.device, self.calbin, self.engines, self.plan.profiles.sizes)
 
     def inspect(self) -> None:
         """Step 8: the device reports exactly the verified manifest's profiles, exact tensors,
@@ -419,7 +409,7 @@ class RuntimeSession:
     def drop_configuration(self) -> None:
         """A ResetConfiguration (this session's or another's: the reset domain is the device) dropped
         the configuration, the KvManager, the buffers and every sequence; the calbin remains."""
-        self._memory.give_back(sum(b.input.nbytes + b.output.nbytes for b in self._buffers.values()))
+        self._memory.give_back(self._pools.nbytes())
         self._forget_configuration()
 
     def abandon(self) -> None:
@@ -432,8 +422,7 @@ class RuntimeSession:
         """Drop the handles a configuration owns (KvManager, buffers, sequences) without freeing
         them: the device already did, by a reset or by closing."""
         self._kv = None
-        self._buffers.clear()
-        self.decode_targets.clear()
+        self._pools.forget()
         self._live.clear()
         self._configured = ()
 
@@ -461,15 +450,7 @@ class RuntimeSession:
     def destroy_pools(self) -> list[str]:
         """§12: free the job buffer pools (refused by the device while a job holds a buffer)."""
         self.begin_teardown()
-        problems: list[str] = []
-        for key, buffers in list(self._buffers.items()):
-            try:
-                self.device.free_job_buffers(buffers)
-            except CalculetError as exc:
-                problems.append(f"free {key[1].value} B{key[2]} buffers of {key[0].value}: {rc_of(exc).name}")
-            del self._buffers[key]
-        self.decode_targets.clear()
-        return problems
+        return self._pools.destroy(self.device)
 
     def destroy_kv_manager(self) -> list[str]:
         return self._destroy("_kv", self.device.destroy_kv_manager, "KvManager")
@@ -570,7 +551,7 @@ class RuntimeSession:
             generation=self.generation, state=self.state.value, calbin=calbin.name if calbin else "",
             package_sha256=calbin.package_sha256 if calbin else "", configured_profiles=self._configured,
             lanes=self.lanes, max_seq=plan.max_seq if plan is not None and not self.detached else 0,
-            kv_token_capacity=capacity, buffer_pairs=len(self._buffers), live_sequences=len(self._live),
+            kv_token_capacity=capacity, buffer_pairs=len(self._pools), live_sequences=len(self._live),
             sequences_allocated=self._allocated, sequences_freed=self._freed, resets=self._resets,
             golden_checks=self._golden, warmups=self._warmups, baseline_memory_bytes=self._memory.baseline,
             acquired_memory_bytes=self._memory.acquired)
