@@ -32,19 +32,11 @@ from calculet.runtime.request import RequestSink
 from calculet.runtime.scheduling.jobs import JobRecord
 from calculet.runtime.scheduling.registry import Cancellation, RequestRecord
 from calculet.runtime.scheduling.plan import Submission
-from calculet.runtime.streams.writer import (batched_wakeups, final_held, flush_wakeups, held_wakeups,
-                                              hold_wakeups)
+from calculet.runtime.streams.writer import batched_wakeups, flush_wakeups, held_wakeups, hold_wakeups
 
 __all__ = ["ThreadedEngine"]
 
 T = TypeVar("T")
-
-CHAIN_READY_S = 1e-3
-"""Longest a turn chains the steps of a device that completes at submit (the null device), whatever
-``EngineOptions.wake_coalesce_s`` holds the streams' wake-ups for: a message posted meanwhile (a submit, a cancel)
-waits at most this, and the admission snapshot is withdrawn at most this long. Apart from the wake-up window since
-issue #20 session 16, which held wake-ups longer across turns (fewer hand-offs to the HTTP loop, each a forced
-interpreter-lock switch) without making turns longer."""
 
 
 class ThreadedEngine:
@@ -75,9 +67,7 @@ class ThreadedEngine:
         self.models: ModelManager = self._core.models
         """Load / unload / rollback / status, thread-safe and blocking with a timeout (§10–§13)."""
         self.models.bind_port(_ThreadPort(self))
-        # a turn lasts at most as long as a wake-up is held (held ones are flushed between turns), and at most
-        # CHAIN_READY_S however long that is
-        self._core.chain_ready_s = min(options.wake_coalesce_s, CHAIN_READY_S)
+        self._core.chain_ready_s = options.wake_coalesce_s  # a turn lasts at most as long as a wake-up is held
         self._mailbox = Mailbox()
         self._device_cv = threading.Condition()
         self._exclusive = False
@@ -259,8 +249,8 @@ class ThreadedEngine:
                     timeout = min(timeout, max(0.0, self._stop_deadline - now))
                 if ready:
                     timeout = 0.0
-                if held_since is not None and (timeout > 0 or now - held_since >= coalesce or final_held()):
-                    flush_wakeups()  # before sleeping, when the oldest has waited long enough, or a stream ended
+                if held_since is not None and (timeout > 0 or now - held_since >= coalesce):
+                    flush_wakeups()  # before sleeping, or when the oldest has waited long enough
                     held_since = None
                 mailbox.run_until(timeout)
                 ready = self._stepped(turn)

@@ -257,7 +257,7 @@ class StreamWriter:
                 held.clear()
             waiters, self._async_waiters = self._async_waiters, []
         if waiters:
-            _wake(waiters, final=True)
+            _wake(waiters)
 
     # ------------------------------------------------------------------ consumers (any thread)
 
@@ -460,15 +460,14 @@ def batched_wakeups() -> Iterator[None]:
         yield
     finally:
         _batch.pending = None
-        _batch.final = False
         if pending:
             _wake_now(pending)
 
 
 def hold_wakeups() -> None:
     """From now on (on this thread) stream wake-ups are collected until :func:`flush_wakeups`: the engine's
-    actor holds them across its turns while it keeps finding work, and flushes them before it sleeps, after a turn
-    that ended a stream (:func:`final_held`) or once they have waited ``EngineOptions.wake_coalesce_s`` — a device that completes steps faster than a consumer
+    actor holds them across its turns while it keeps finding work, and flushes them before it sleeps or once
+    they have waited ``EngineOptions.wake_coalesce_s`` — a device that completes steps faster than a consumer
     loop can usefully wake (the null device) then costs one wake-up of that loop per window, not per step
     (issue #20). :func:`batched_wakeups` blocks inside join it."""
     if getattr(_batch, "pending", None) is None:
@@ -481,30 +480,20 @@ def held_wakeups() -> int:
     return len(pending) if pending else 0
 
 
-def final_held() -> bool:
-    """Whether a wake-up this thread holds is for a stream's final event: its consumer ends the response with it
-    and its client sends its next request, so the holder hands it over after the turn it came in, not after the
-    window (issue #20: a window of several turns would delay every client's next request)."""
-    return bool(getattr(_batch, "final", False))
-
-
 def flush_wakeups(*, release: bool = False) -> None:
     """Wake every consumer loop this thread holds wake-ups for (each once); ``release``: stop holding."""
     pending: list[Waiter] | None = getattr(_batch, "pending", None)
     if pending is None:
         return
     _batch.pending = None if release else []
-    _batch.final = False
     if pending:
         _wake_now(pending)
 
 
-def _wake(waiters: list[Waiter], final: bool = False) -> None:
+def _wake(waiters: list[Waiter]) -> None:
     pending: list[Waiter] | None = getattr(_batch, "pending", None)
     if pending is not None:
         pending.extend(waiters)
-        if final:
-            _batch.final = True
     else:
         _wake_now(waiters)
 

@@ -15,8 +15,7 @@ import pytest
 
 from calculet.machines.request import FinishReason
 from calculet.runtime.request import RequestOutcome
-from calculet.runtime.streams.writer import (StreamWriter, batched_wakeups, final_held, flush_wakeups, held_wakeups,
-                                              hold_wakeups)
+from calculet.runtime.streams.writer import StreamWriter, batched_wakeups, flush_wakeups, held_wakeups, hold_wakeups
 
 
 def _outcome(request_id: int) -> RequestOutcome:
@@ -171,30 +170,3 @@ def test_held_wakeups_reach_each_loop_once_when_flushed_and_none_before():
     assert before == 0  # nothing handed over while held
     assert 1 <= after <= 2  # one per flush for the one loop (none at the second if nobody was waiting)
     assert all(s == [(80,), (81,), (82,), (83,), ()] for s in seen)
-
-
-def test_a_held_close_is_flagged_final_until_its_flush_and_a_token_is_not():
-    """The actor flushes after a turn that ended a stream (final_held), not after every turn: a token's wake-up
-    does not raise the flag, a close's does, and the flush (or a batch's end) lowers it. Mutants caught: a close
-    held like a token (never flagged), a flag left up after the flush (every later turn would flush)."""
-    loop = asyncio.new_event_loop()
-    stream = StreamWriter()
-    try:
-        hold_wakeups()
-        stream.events_since(0, loop.create_future())
-        stream.token(1, 70)
-        assert held_wakeups() == 1 and not final_held()
-        stream.events_since(1, loop.create_future())
-        stream.close(_outcome(1))
-        assert held_wakeups() == 2 and final_held()
-        flush_wakeups()
-        assert held_wakeups() == 0 and not final_held()
-    finally:
-        flush_wakeups(release=True)
-    other = StreamWriter()
-    other.events_since(0, loop.create_future())
-    with batched_wakeups():
-        other.close(_outcome(2))
-        assert final_held()
-    assert not final_held()
-    loop.close()
