@@ -22,8 +22,15 @@ the same interleaved rounds: its figures beside the bare server's, and this tree
 server; the first is the main row), all in the same interleaved rounds: a row per interval, and each one's CPU per
 token and completions/s over the first's (median of per-round ratios) — how ``calculet.run``'s default was chosen.
 
+``--server-cpu N`` runs every server (calculet's and the bare one) on CPU ``N`` alone and the client on the other
+CPUs: on this 2-core machine the client otherwise shares a core with calculet's threads at times (they hand the
+interpreter lock to each other and gain nothing from a second core), while the bare server's one thread leaves it a
+core. A measurement setting, not the service's: :mod:`calculet.run` pins nothing. Only on a quiet machine: the
+servers then share one CPU with whatever else runs there (session 16, load 6: the bare server's completions/s at 1
+stream fell from 114 to 88 pinned, calculet's from 28-62 to 55-62, so the ratio rose from 0.39 to 0.71).
+
     python bench/host_path.py [--rounds 3] [--streams 1,16,64] [--tokens 64] [--profile FILE] [--against TREE]
-                              [--switch-ms 1,5]
+                              [--switch-ms 1,5] [--server-cpu 1]
 """
 
 from __future__ import annotations
@@ -254,28 +261,31 @@ TREE_RUN = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); import calc
 """``python -m calculet.run`` from the source tree named by its first argument (as ``bench/overload_http.py``)."""
 
 
-def tree_server(home: Path, tree: Path) -> Server:
+def tree_server(home: Path, tree: Path, prefix: Sequence[str] = ()) -> Server:
     """``calculet.run --sim-cost null`` from the source tree ``tree``."""
     command = [sys.executable, "-c", TREE_RUN, str(tree.resolve()), "--host", "127.0.0.1", "--port", "0",
                "--log-format", "json", "--log-level", "INFO", "--sim-cost", "null"]
-    return Server("null", home, command=command, env={"PYTHONPATH": str(tree.resolve())})
+    return Server("null", home, command=command, env={"PYTHONPATH": str(tree.resolve())}, prefix=prefix)
 
 
 def measure(home: Path, rounds: int, tokens: int, levels: Sequence[int], profile: Path | None,
-            against: Path | None = None, switch_ms: Sequence[str] = ()) -> list[HostRow]:
+            against: Path | None = None, switch_ms: Sequence[str] = (), server_cpu: int | None = None
+            ) -> list[HostRow]:
     """calculet on the null device beside the bare baseline (and calculet from ``against``'s tree, and this tree at
     each switch interval of ``switch_ms`` after the first, which the main server gets), the rounds interleaved so
-    machine noise hits all alike; ``profile``: write the calculet server's cProfile there."""
+    machine noise hits all alike; ``profile``: write the calculet server's cProfile there; ``server_cpu``: every
+    server runs on that CPU alone (``taskset``; the caller keeps the client off it)."""
+    pin = ("taskset", "-c", str(server_cpu)) if server_cpu is not None else ()
     command = None
     if profile is not None:
         command = [sys.executable, str(Path(__file__).resolve()), "--profile-server", str(profile), "--",
                    "--host", "127.0.0.1", "--port", "0", "--log-format", "json", "--log-level", "INFO",
                    "--sim-cost", "null"]
     first = {"CALCULET_SWITCH_INTERVAL_MS": switch_ms[0]} if switch_ms else None
-    calc = Server("null", home, command=command, env=first)
-    base = Server("", home, command=[sys.executable, str(Path(__file__).resolve()), "--serve-baseline"])
-    prev = tree_server(home, against) if against is not None else None
-    switched = {ms: Server("null", home, env={"CALCULET_SWITCH_INTERVAL_MS": ms}) for ms in switch_ms[1:]}
+    calc = Server("null", home, command=command, env=first, prefix=pin)
+    base = Server("", home, command=[sys.executable, str(Path(__file__).resolve()), "--serve-baseline"], prefix=pin)
+    prev = tree_server(home, against, pin) if against is not None else None
+    switched = {ms: Server("null", home, env={"CALCULET_SWITCH_INTERVAL_MS": ms}, prefix=pin) for ms in switch_ms[1:]}
     servers = [calc, base] + ([prev] if prev is not None else []) + list(switched.values())
     rows = []
     try:
@@ -351,12 +361,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--switch-ms", default="",
                         help="interpreter switch intervals (ms, comma-separated) to serve this tree at, each a server "
                              "in the same rounds (default: calculet.run's own, or CALCULET_SWITCH_INTERVAL_MS)")
+    parser.add_argument("--server-cpu", type=int, default=None,
+                        help="run every server on this CPU alone (taskset) and the client on the others")
     args = parser.parse_args(argv)
     switch_ms = [ms.strip() for ms in args.switch_ms.split(",") if ms.strip()]
+    if args.server_cpu is not None:  # the client's threads (this process) off the servers' CPU
+        os.sched_setaffinity(0, set(os.sched_getaffinity(0)) - {args.server_cpu})
+        print(f"servers on CPU {args.server_cpu}, the client on CPUs {sorted(os.sched_getaffinity(0))}")
     with tempfile.TemporaryDirectory(prefix="calculet-bench-home-") as home:
         levels = [int(n) for n in args.streams.split(",")]
-        report(measure(Path(home), args.rounds, args.tokens, levels, args.profile, args.against, switch_ms),
-               args.tokens, switch_ms)
+        report(measure(Path(home), args.rounds, args.tokens, levels, args.profile, args.against, switch_ms,
+                       args.server_cpu), args.tokens, switch_ms)
     if args.profile is not None:
         print(f"calculet server CPU by part (cProfile own time, every thread; {args.profile}):")
         for group, share in profile_breakdown(args.profile):

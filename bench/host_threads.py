@@ -17,8 +17,14 @@ pass/fail test (DESIGN principle 10).
 wake-ups' flush, garbage collections), timed on that thread in every calculet server of the run; ``--switch-ms 1,5``
 runs this tree once per interpreter switch interval in the same rounds.
 
+``--timeline`` instead follows one stream's completions in wall time (1 stream, 48 completions a round): the
+launcher marks (:data:`TIMELINE`) when the loop reads a request, posts its submit, frames a wake-up's events and
+sends them, and when the actor submits, turns, hands a token to the stream and closes it; :func:`completion_phases`
+cuts each completion into :data:`PHASES` (head, hand-off, submit, first token, tokens, to client, client), with
+the actor's turns within it, the loop's wake-ups, and each token's wait from the stream to its frames.
+
     python bench/host_threads.py [--rounds 3] [--streams 1,16,64] [--against /tmp/base_worktree ...] [--split]
-                                 [--switch-ms 1,5]
+                                 [--switch-ms 1,5] [--timeline]
 
 Measured (session 13, calculet at 0dcb57b; 2 cores shared with three other helpers, load average 3-4; medians of 5
 interleaved rounds; µs of CPU per streamed token, user/system in clock ticks)::
@@ -73,6 +79,26 @@ thread that only wakes every 0.2-0.5 ms was too noisy at load 8 to tell), which 
 streams, same rounds). A snapshot rebuilt only when its inputs change would save little: of 589 publications at 1
 and 16 streams none equalled the previous one (the admission model moves with every measured decode step), and
 26-38 % equalled it but for the model — the publication is ~2.5 % of the actor, its model part ~40 % of that.
+
+One stream (session 16, ``--timeline --rounds 3``, a0dae5e, load average 5-6, 141 completions; median µs and share
+of the median total): total 13 723 — head 803 (6 %), hand-off 33, submit 354 (3 %), first token 612 (4 %), tokens
+8 928 (65 %), to client 537 (4 %), client 1 543 (11 %); 7 turns lasting 9 248 (67 %), 4 loop wake-ups, a token's wait
+for its frames 1 321 (p90 2 595). The same marks at load 1: total ~9 000, tokens 6 130, client ~1 000.
+
+What it says. One stream's completion is the actor's turns: they run back to back from the submit to the close (the
+turns last as long as the first token and the tokens together), so nothing on that path waits for a timer, a
+wake-up window or the mailbox. The ~4 hand-offs a completion to the loop (a token waits for its frames about the
+window plus a switch interval) are latency, not throughput: the actor keeps turning, and the loop's frames and sends
+take the interpreter lock from it in between — their CPU is in the completion either way. In series around the
+turns: the loop's head (parsing, routing, preparing; httpx sends the body apart from the head), the core's submit,
+the prefill's turn, and after the close the rest of that turn (the service's close bookkeeping ~45 µs, a last
+scheduler step ~80 µs), the snapshot, the loop's wake-up, the last frames and the request's log line (~100 µs before
+the last send); then the client's own ~1 ms. So one stream's completions/s is the server's CPU per completion:
+#20's 0.36 of the bare server (5.7 ms a completion against ~8.3 on a quiet machine) needs about a third less CPU per
+token, most of it in the core's turn. Tried the same session, interleaved against a0dae5e at load 2-8: every token
+handed over at once (``wake_coalesce_s`` 0) 0.75x completions/s and 1.22x CPU per token at 1 stream (a lock hand-over
+per token); a 3 ms window with turns still chained for at most 1 ms: CPU per token 0.91-1.03x at 1 stream and
+0.88-1.17x at 64 over four runs, the same code at 1 ms moving as much in the same run — nothing to keep.
 """
 
 from __future__ import annotations
@@ -172,10 +198,99 @@ def split_timers(acc: dict[str, float], split: Sequence[tuple[str, str | None, s
     return restore
 
 
+TIMELINE = (("calculet.server.http_fast", "FastEdgeProtocol", "data_received", "read"),
+            ("calculet.runtime.engine.threaded", "ThreadedEngine", "submit_then", "post"),
+            ("calculet.runtime.engine.core", "EngineCore", "submit", "submit"),
+            ("calculet.runtime.engine.core", "EngineCore", "turn", "turn"),
+            ("calculet.server.timed_stream", "TimedStream", "token", "token"),
+            ("calculet.server.timed_stream", "TimedStream", "close", "close"),
+            ("calculet.server.sse", "Frames", "batch", "frames"),
+            ("uvicorn.protocols.http.httptools_impl", "RequestResponseCycle", "send", "send"))
+"""What ``--timeline`` marks (module, class, attribute, label): each call's wall-clock start and end (ns), on
+whichever thread makes it — the loop reads a request, posts its submit, frames a wake-up's events and sends them;
+the actor submits, turns, hands each token to the request's stream and closes it."""
+
+
+def timeline_marks(events: list[tuple[str, int, int]]) -> None:
+    """Wrap :data:`TIMELINE`'s functions so that every call appends (label, start ns, end ns) to ``events``."""
+    import importlib
+    import inspect
+
+    clock = time.perf_counter_ns
+
+    def wrap(fn: Any, label: str) -> Any:
+        if inspect.iscoroutinefunction(fn):
+            async def marked_async(*args: Any, **kwargs: Any) -> Any:
+                t0 = clock()
+                try:
+                    return await fn(*args, **kwargs)
+                finally:
+                    events.append((label, t0, clock()))
+            return marked_async
+
+        def marked(*args: Any, **kwargs: Any) -> Any:
+            t0 = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                events.append((label, t0, clock()))
+        return marked
+
+    for module_name, owner_name, attr, label in TIMELINE:
+        owner = getattr(importlib.import_module(module_name), owner_name)
+        setattr(owner, attr, wrap(getattr(owner, attr), label))
+
+
+PHASES = ("head", "hand-off", "submit", "first token", "tokens", "to client", "client", "total")
+"""One completion of one stream, in wall time (:func:`completion_phases`): ``head`` its first bytes read to its
+submit posted (the loop: parsing, routing, preparing); ``hand-off`` that post to the actor's submit; ``submit`` the
+actor's admission; ``first token`` the submit's end to the first token; ``tokens`` the first token to the close;
+``to client`` the close to the end of the last send (the actor's rest of the turn and its publication, the loop's
+wake-up, the last frames, the request's log line); ``client`` that send's end to the next request's first bytes.
+Beside them, ``in turns``: the actor's turns within the completion, end to end (its first token's turn included)."""
+
+
+def completion_phases(events: Sequence[tuple[str, int, int]]) -> tuple[list[dict[str, float]], list[float]]:
+    """The phases (µs, :data:`PHASES`) of each completion of one stream's sequential completions in ``events``
+    (the first, a warm-up, and the last, with no next one, left out), and each token's wait from its hand-off to the
+    stream to the start of the frames that carry it (µs)."""
+    events = sorted(events, key=lambda e: e[1])
+    posts = [i for i, e in enumerate(events) if e[0] == "post"]
+
+    def arrival(post: int) -> int:
+        """The first read of the request posted at ``post``: the run of reads right before it (head, body)."""
+        i = max(j for j in range(post) if events[j][0] == "read")
+        while i > 0 and events[i - 1][0] == "read":
+            i -= 1
+        return events[i][1]
+
+    rows: list[dict[str, float]] = []
+    waits: list[float] = []
+    for k in range(1, len(posts) - 1):
+        start, nxt = arrival(posts[k]), arrival(posts[k + 1])
+        span = [e for e in events[posts[k]:posts[k + 1]] if e[1] < nxt]
+        first = {label: next((e for e in span if e[0] == label), None) for label in ("submit", "token", "close")}
+        tokens = [e for e in span if e[0] == "token"]
+        sends = [e for e in span if e[0] == "send"]
+        post, submit, close = events[posts[k]], first["submit"], first["close"]
+        if submit is None or close is None or not tokens or not sends:
+            continue
+        rows.append({"head": post[1] - start, "hand-off": submit[1] - post[2], "submit": submit[2] - submit[1],
+                     "first token": tokens[0][1] - submit[2], "tokens": close[2] - tokens[0][1],
+                     "to client": sends[-1][2] - close[2], "client": nxt - sends[-1][2], "total": nxt - start,
+                     "in turns": sum(e[2] - e[1] for e in span if e[0] == "turn"),
+                     "wake-ups": sum(e[0] == "frames" for e in span), "turns": sum(e[0] == "turn" for e in span)})
+        frames = [e[1] for e in span if e[0] == "frames"]
+        waits += [min((f for f in frames if f >= t[2]), default=t[2]) - t[2] for t in tokens]
+    return ([{k: v / 1e3 if k in PHASES or k == "in turns" else v for k, v in row.items()} for row in rows],
+            [w / 1e3 for w in waits])
+
+
 def launch(tree: str, mode: str, counts_path: str, argv: Sequence[str]) -> None:
     """(the server process) Name every OS thread after its Python thread (prctl PR_SET_NAME), count the stream
     wake-ups calculet hands to a consumer loop, dump the count to ``counts_path`` on SIGUSR2, then serve:
-    ``calculet.run`` from ``tree`` (``mode`` "calc", or "split": with the actor's split, :func:`split_timers`) or
+    ``calculet.run`` from ``tree`` (``mode`` "calc", "split": with the actor's split, :func:`split_timers`, or
+    "timeline": with :func:`timeline_marks`, the marks since the last dump dumped with the counts) or
     the bare baseline."""
     import ctypes
     import runpy
@@ -197,9 +312,12 @@ def launch(tree: str, mode: str, counts_path: str, argv: Sequence[str]) -> None:
     name_thread("MainThread")
     wakes = [0]
     split: dict[str, float] = {}
+    marks: list[tuple[str, int, int]] = []
 
     def dump(*_: object) -> None:
-        Path(counts_path).write_text(json.dumps({"wakes": wakes[0], "split": split}))
+        taken = marks[:]
+        del marks[:len(taken)]
+        Path(counts_path).write_text(json.dumps({"wakes": wakes[0], "split": split, "timeline": taken}))
 
     signal.signal(signal.SIGUSR2, dump)
     if mode == "bare":
@@ -219,6 +337,8 @@ def launch(tree: str, mode: str, counts_path: str, argv: Sequence[str]) -> None:
     writer._call_soon = counted
     if mode == "split":
         split_timers(split)
+    elif mode == "timeline":
+        timeline_marks(marks)
     sys.argv = ["calculet.run", *argv]
     runpy.run_module("calculet.run", run_name="__main__", alter_sys=True)
 
@@ -250,12 +370,17 @@ def writes(pid: int) -> int:
 def wakes(server: Server, path: Path) -> tuple[int, dict[str, float]]:
     """The server's stream wake-ups so far (0 for the bare server, which has none) and its actor's split so far
     (``--split``; else empty)."""
+    counts = dumped(server, path)
+    return int(counts["wakes"]), counts["split"]
+
+
+def dumped(server: Server, path: Path) -> dict[str, Any]:
+    """What the server's launcher dumps on SIGUSR2 (:func:`launch`)."""
     path.unlink(missing_ok=True)
     os.kill(server.proc.pid, signal.SIGUSR2)
     for _ in range(500):
         try:
-            counts = json.loads(path.read_text())
-            return int(counts["wakes"]), counts["split"]
+            return json.loads(path.read_text())  # type: ignore[no-any-return]
         except (FileNotFoundError, json.JSONDecodeError):
             time.sleep(0.01)
     raise RuntimeError("the server did not answer SIGUSR2")
@@ -323,6 +448,34 @@ def report(got: dict[tuple[str, int], list[dict[str, float]]], tokens: int) -> N
                 + f"; rest {rest:.1f}")
 
 
+def measure_timeline(servers: Sequence[tuple[str, Server, Path]], rounds: int,
+                     tokens: int) -> dict[str, tuple[list[dict[str, float]], list[float]]]:
+    """Per calculet server: :func:`completion_phases` of one stream's completions, ``rounds`` interleaved rounds."""
+    got: dict[str, tuple[list[dict[str, float]], list[float]]] = {}
+    for r in range(rounds):
+        for label, server, counts in (servers if r % 2 == 0 else servers[::-1]):
+            dumped(server, counts)  # the marks before this round (the other rounds', the first request's) dropped
+            stream_round(server, 1, 48, tokens)
+            rows, waits = completion_phases([tuple(e) for e in dumped(server, counts)["timeline"]])
+            mine = got.setdefault(label, ([], []))
+            mine[0].extend(rows)
+            mine[1].extend(waits)
+    return got
+
+
+def report_timeline(got: dict[str, tuple[list[dict[str, float]], list[float]]], tokens: int) -> None:
+    print(f"One stream's completions ({tokens} tokens) in wall time, µs, median over completions (share of the "
+          f"median total); the marks cost a few µs each, so the figures are for where the time goes, not for speed")
+    for label, (rows, waits) in got.items():
+        med = {key: statistics.median(row[key] for row in rows) for key in rows[0]}
+        spent = ", ".join(f"{key} {med[key]:.0f} ({med[key] / med['total']:.0%})" for key in PHASES[:-1])
+        waits.sort()
+        print(f"{label:>12}: {len(rows)} completions, total {med['total']:.0f}: {spent}; {med['turns']:.0f} turns "
+              f"lasting {med['in turns']:.0f} ({med['in turns'] / med['total']:.0%}), {med['wake-ups']:.0f} loop "
+              f"wake-ups; a token's wait for its frames median {waits[len(waits) // 2]:.0f} p90 "
+              f"{waits[len(waits) * 9 // 10]:.0f}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--launch"]:
@@ -340,17 +493,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--switch-ms", default="",
                         help="comma-separated interpreter switch intervals (ms): this tree once per interval "
                              "(labelled this@<ms>), in the same interleaved rounds")
+    parser.add_argument("--timeline", action="store_true",
+                        help="one stream's completions in wall time, phase by phase (TIMELINE marks, PHASES), "
+                             "instead of the CPU per token")
     args = parser.parse_args(argv)
     here = Path(__file__).resolve().parents[1]
-    mode = "split" if args.split else "calc"
+    mode = "timeline" if args.timeline else "split" if args.split else "calc"
     with tempfile.TemporaryDirectory(prefix="calculet-bench-home-") as tmp:
         home = Path(tmp)
         intervals = [ms.strip() for ms in args.switch_ms.split(",") if ms.strip()]
         servers = ([start(f"this@{ms}", here, mode, home, ms) for ms in intervals] if intervals
                    else [start("this", here, mode, home)])
-        servers.append(start("bare", here, "bare", home))
+        if not args.timeline:
+            servers.append(start("bare", here, "bare", home))
         servers += [start(tree.resolve().name, tree, mode, home) for tree in args.against]
         try:
+            if args.timeline:
+                report_timeline(measure_timeline(servers, args.rounds, args.tokens), args.tokens)
+                return 0
             got = measure(servers, [int(n) for n in args.streams.split(",")], args.rounds, args.tokens)
         finally:
             for _, server, _ in servers:

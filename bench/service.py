@@ -93,16 +93,17 @@ def _row(path: str, concurrency: int, latencies: list[float], wall: float) -> Ro
 class Server:
     """``python -m calculet.run --port 0`` in a subprocess; the port comes from its log line.
 
-    ``config``: a calculet-scheduler/v1 file (default: the §15 defaults). Also used by
-    ``bench/overload_http.py``."""
+    ``config``: a calculet-scheduler/v1 file (default: the §15 defaults); ``prefix``: what the command runs under
+    (``taskset -c 1``). Also used by ``bench/overload_http.py``."""
 
     def __init__(self, cost: str, home: Path, config: Path | None = None, *,
-                 command: Sequence[str] | None = None, env: dict[str, str] | None = None) -> None:
+                 command: Sequence[str] | None = None, env: dict[str, str] | None = None,
+                 prefix: Sequence[str] = ()) -> None:
         env = {**os.environ, "CALCULET_HOME": str(home), "PYTHONPATH": str(ROOT), **(env or {})}
         extra = ["--config", str(config)] if config is not None else []
-        argv = list(command) if command is not None else [
+        argv = [*prefix, *(list(command) if command is not None else [
             sys.executable, "-m", "calculet.run", "--host", "127.0.0.1", "--port", "0", "--log-format", "json",
-            "--log-level", "INFO", "--sim-cost", cost, *extra]
+            "--log-level", "INFO", "--sim-cost", cost, *extra])]
         self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                      text=True)
         lines: Queue[str] = Queue()
