@@ -171,12 +171,13 @@ class DeviceExecutor:
         """The prefill (chunk) job of ``work`` (its KV sequence bound on first use). Raises a :class:`CalculetError`
         carrying ``rc`` if a sequence cannot be allocated, or if the session has no calbin or buffers for it."""
         session = self.session
+        calbin_id = session.calbin.calbin_id  # first: a session with no calbin says so, not that it has no KvManager
         seq = self._seqs.get(work.seq_id)
         if seq is None:
             seq = self._seqs[work.seq_id] = session.allocate_sequence()
         start = work.start_position
         tokens = np.asarray(prompt[start:start + work.tokens], dtype=np.int32)
-        return PrefillJob(generation=work.generation, calbin_id=session.calbin.calbin_id, engine=engine,
+        return PrefillJob(generation=work.generation, calbin_id=calbin_id, engine=engine,
                           buffers=session.buffers(engine, JobKind.PREFILL, 1), seq_id=seq, tokens=tokens,
                           start_position=start)
 

@@ -92,3 +92,17 @@ def test_the_executor_refuses_a_step_it_cannot_build_without_reaching_the_device
     outcome = rig.executor.submit(work, JobEngine.PING)
     assert isinstance(outcome, SubmitRefused) and "no decode B8 buffers" in outcome.message
     assert rig.device.statistics().submitted == submitted and rig.executor.statistics().submit_rc == {}
+
+
+def test_a_prefill_on_a_detached_session_is_refused_for_its_missing_calbin(rig: Rig) -> None:
+    """The reason a request fails with names what is missing first (the calbin), as the build did before it was
+    folded into ``submit``. Mutant caught: the sequence allocated before the calbin is read (the refusal then says
+    the session has no KvManager)."""
+    from calculet.runtime.scheduling.prefill import PrefillWork  # noqa: PLC0415
+
+    executor = DeviceExecutor(RuntimeSession.detached(rig.device, make_config()), make_config().executor,
+                              clock=FakeClock(), job_timeout_s=5.0, prefill_timeout_per_token_s=0.0)
+    work = object.__new__(PrefillWork)
+    work.__dict__.update(job_id=1, generation=1, seq_id=1, start_position=0, tokens=2)
+    outcome = executor.submit(work, JobEngine.PING, (256, 72))
+    assert isinstance(outcome, SubmitRefused) and "has no calbin" in outcome.message
