@@ -155,7 +155,7 @@ class CompletionApplier:
             self.stale += 1
             return Applied(completion.job_id, True)
         batch: DecodeBatch = job.work
-        if job.machine.state != "submitted":
+        if job.state != "submitted":
             return self._late(job, batch.kv.leases, now)
         if completion.generation != job.generation:
             self.anomalies += 1

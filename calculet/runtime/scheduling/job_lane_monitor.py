@@ -119,8 +119,9 @@ class JobLaneMonitor:
     def __init__(self, kv: Any, jobs: Any) -> None:
         self.kv = kv
         self.jobs = jobs
-        # lane → the DeviceJobMachine of the job whose transaction it last opened (the binding); the machine, not
-        # the JobRecord, so an ended job's work (its requests, its host tensors) is not kept alive by the monitor
+        # lane → the job (its DeviceJobMachine instance, the table's record) whose transaction it last opened: the
+        # binding. An ended job's record, with what it carried, stays here until another job takes the lane: at
+        # most one per lane (the record is the machine since issue #20: one object per job)
         self.batch: dict[int, Any] = {}
 
     def observe(self, job: Any, event: str) -> None:
@@ -131,7 +132,7 @@ class JobLaneMonitor:
         if event == "submit":  # one dict update per job, not a store per lane (issue #20)
             kv = getattr(job.work, "kv", None)
             lanes = kv.lanes if isinstance(kv, KvBatchReservation) else ()  # recorded by reserve_batch
-            self.batch.update(dict.fromkeys(lanes or [lease.lane for lease in _leases(job.work)], job.machine))
+            self.batch.update(dict.fromkeys(lanes or [lease.lane for lease in _leases(job.work)], job))
 
     def boundary(self, after: str) -> None:
         """Another step boundary of the runtime (the start of a scheduler step), checked at the sampled rate."""
@@ -146,12 +147,12 @@ class JobLaneMonitor:
         for i in range(kv.lanes):
             job = batch.get(i)
             keys.add((kv.lane(i).state, UNBOUND if job is None else job.state))
-        return keys, SystemView([], [job.machine for job in self.jobs], [], [])
+        return keys, SystemView([], list(self.jobs), [], [])
 
     def broken(self) -> list[str]:
         """Every invariant false on the whole live system as one view (tests compare it with the parts)."""
         kv = self.kv
-        jobs = list({id(m): m for m in (*self.batch.values(), *(j.machine for j in self.jobs))}.values())
+        jobs = list({id(m): m for m in (*self.batch.values(), *self.jobs)}.values())
         index = {id(m): k for k, m in enumerate(jobs)}
         binding = [index[id(self.batch[i])] if i in self.batch else NONE for i in range(kv.lanes)]
         view = SystemView([kv.lane(i) for i in range(kv.lanes)], jobs, binding,

@@ -4,7 +4,9 @@ The table is how the scheduler knows which callbacks are current (§4: every cal
 generation and job id) and how many device slots are held (§5.1 ``max_inflight_jobs``). A
 slot stays held while the device may still write the job's buffers — submitted, timed out or
 quarantined — and is released only by a completion, a late completion or a reset; a job's
-lifecycle moves only through the machine's declared events.
+lifecycle moves only through the machine's declared events. The same jobs are what a model
+generation counts as its jobs on the device (``runtime/models/generations.py`` ``jobs_on_device``):
+the ModelMachine keeps no copy of that count (issue #20).
 
 Engines (§14): a job runs wholly on PING or PONG, chosen when it is planned: the first
 engine no held job uses; with ``fixed_engine`` always PING (then only one job at a time).
@@ -30,26 +32,23 @@ _BOTH = (JobEngine.PING, JobEngine.PONG)
 _JOB = DeviceJobMachine.Instance
 
 
-class JobRecord:
-    """A job the scheduler planned: its machine, its kind and what it carries."""
+class JobRecord(_JOB):
+    """A job the scheduler planned: its DeviceJobMachine instance itself, with its kind and what it carries.
 
-    __slots__ = ("job_id", "kind", "generation", "machine", "work", "submitted_at")
+    One object per job, not a record around a machine (issue #20: two creations per decode step): the
+    declaration's parameters (``job_id``, ``generation``, ``engine``, ``lanes``) and variables are its slots,
+    ``fire`` is the machine's generated one, and :meth:`InflightTable.plan` sets the three slots added here.
+    ``machine`` names the record itself, for readers that ask for the machine of a job."""
 
-    def __init__(self, job_id: int, kind: str, generation: int, machine: Any, work: Any) -> None:
-        self.job_id = job_id
-        self.kind = kind
-        self.generation = generation
-        self.machine = machine
-        self.work = work
-        self.submitted_at = 0.0
+    __slots__ = ("kind", "work", "submitted_at")
 
-    @property
-    def state(self) -> str:
-        return self.machine.state  # type: ignore[no-any-return]
+    kind: str
+    work: Any
+    submitted_at: float
 
     @property
-    def engine(self) -> JobEngine:
-        return self.machine.engine  # type: ignore[no-any-return]
+    def machine(self) -> "JobRecord":
+        return self
 
 
 @dataclass(frozen=True)
@@ -112,8 +111,8 @@ class InflightTable:
         engine = _PING if not held else self._free_engine()
         if engine is None or len(self._jobs) >= self.max_inflight:
             raise DefinitionError("no in-flight slot: plan() must follow has_slot()")
-        machine = _JOB(job_id=job_id, generation=generation, engine=engine, lanes=lanes)
-        job = JobRecord(job_id, kind, generation, machine, work)
+        job = JobRecord(job_id=job_id, generation=generation, engine=engine, lanes=lanes)  # the generated __init__
+        job.kind, job.work, job.submitted_at = kind, work, 0.0
         self._jobs[job_id] = job
         held.append(engine)
         self._planned += 1
@@ -123,13 +122,13 @@ class InflightTable:
         """Fire a job event; a job that reaches a terminal state leaves the table (slot free)."""
         if self.observer is not None:
             self.observer(job, event)
-        target: str = job.machine.fire(event, **args)
+        target: str = job.fire(event, **args)
         if target in _ENDED:
             del self._jobs[job.job_id]
-            engine = job.machine.engine
+            engine = job.engine
             if engine in self._held:
                 self._held.remove(engine)
-            self._ended[job.machine.last_transition.name] += 1
+            self._ended[job.last_transition.name] += 1
         return target
 
     def statistics(self) -> JobStatistics:

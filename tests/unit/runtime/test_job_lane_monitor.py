@@ -160,14 +160,14 @@ def test_the_per_part_verdict_equals_the_whole_system_verdict():
     job_states = list(DeviceJobMachine.definition.states)
     for _ in range(400):
         lanes = [_Instance(state=rnd.choice(lane_states)) for _ in range(rnd.randint(1, 5))]
-        jobs = [SimpleNamespace(job_id=k + 1, machine=_Instance(state=rnd.choice(job_states)),
-                                state=None) for k in range(rnd.randint(0, 4))]
+        # a job is its machine (the table's record is the DeviceJobMachine instance, issue #20)
+        jobs = [_Instance(job_id=k + 1, state=rnd.choice(job_states)) for k in range(rnd.randint(0, 4))]
         kv = SimpleNamespace(lanes=len(lanes), lane=lambda i, lanes=lanes: lanes[i])
-        table = [j for j in jobs if not j.machine.at("completed", "failed")]  # ended jobs left it, may stay bound
+        table = [j for j in jobs if not j.at("completed", "failed")]  # ended jobs left it, may stay bound
         monitor = JobLaneMonitor(kv, table)
         for i in range(len(lanes)):
             if jobs and rnd.random() < 0.7:
-                monitor.batch[i] = rnd.choice(jobs).machine
+                monitor.batch[i] = rnd.choice(jobs)
         assert sorted(monitor.verdict()) == sorted(monitor.broken())
 
 

@@ -271,3 +271,47 @@ def test_a_generation_counts_its_jobs_on_the_device_in_the_jobs_table() -> None:
     assert gen.inflight() == 0 and gen.idle()
     assert gen.machine.fire("drained", inflight=gen.inflight()) == "unloading"
     assert not manager.may_submit(gen.id)
+
+
+def test_the_tick_monitor_holds_the_tables_jobs_on_the_device_to_the_executors() -> None:
+    """``counter_faults``' R10.2 job equality: the jobs the table has on the device, less those quarantined by a
+    fault their own result reported (the executor handed that result over), are the executor's jobs in flight —
+    except while a recovery is pending or given up (the executor forgot its jobs; the table keeps them until a
+    reset ends them). Catches a table that keeps an ended job (one too many), an executor that forgets a job the
+    table still waits on, a count that takes the fault-quarantined job (one too many: checked by dropping the
+    subtraction), and the recovery condition dropped (a fault reported after a failed reset: checked)."""
+    from types import SimpleNamespace
+
+    from calculet.runtime.models.manager import ModelManager
+    from calculet.runtime.scheduling.jobs import DECODE, InflightTable
+
+    table = InflightTable(max_inflight=2)
+    state = SimpleNamespace(executor=0, pending=False, failed=False)
+    scheduler = SimpleNamespace(jobs=table, holding_new_requests=False, availability=ModelAvailability.UNLOADED,
+                                generation=0)
+    engine: Any = SimpleNamespace(config=make_config(), clock=FakeClock(), run_commands=lambda: None,
+                                  scheduler=scheduler, inflight_jobs=lambda: state.executor,
+                                  recovery_pending=lambda: state.pending, recovery_failed=lambda: state.failed)
+    manager = ModelManager(engine)
+    gen = manager._gens.new(manager.alias, package_dir(), 0.0)  # noqa: SLF001 - a generation without a load
+    for event in ("validated", "configured", "warmed"):
+        gen.machine.fire(event)
+
+    def job_fault() -> bool:
+        return ("inflight_jobs_are_the_executors_jobs_on_the_device", "R10.2") in manager.counter_faults([])
+
+    running = table.plan(1, DECODE, gen.id, 1, None)
+    table.fire(running, "submit")
+    assert job_fault()  # the executor does not have the job the table waits on
+    state.executor = 1
+    assert not job_fault()
+    faulted = table.plan(2, DECODE, gen.id, 1, None)
+    table.fire(faulted, "submit")
+    table.fire(faulted, "fault")  # its result reported a CCU fault: the executor handed it over
+    assert faulted.state == "quarantined" and gen.inflight() == 2 and not job_fault()
+    state.executor = 0  # a reset that failed: the executor forgot its jobs, the table keeps them
+    assert job_fault()
+    state.pending = True
+    assert not job_fault()
+    state.pending, state.failed = False, True
+    assert not job_fault()

@@ -62,3 +62,22 @@ def test_degrade_with_a_pong_job_draining_leaves_no_slot() -> None:
     assert not table.has_slot()
     table.fire(pong, "complete", ok=True)
     assert table.has_slot()
+
+
+def test_a_planned_job_is_its_machine_instance() -> None:
+    """One object per job (issue #20): the table's record is the DeviceJobMachine instance — the declaration's
+    parameters, its generated ``fire`` — with the kind and work it carries, and it leaves the table through its
+    own declared events. Catches a record wrapping a second, separately created machine (``job.machine is not
+    job``: two creations per decode step again) and a plan that drops the work or mislabels the kind."""
+    from calculet.machines import DeviceJobMachine
+    from calculet.machines.job import JobEngine
+
+    table = InflightTable(max_inflight=2)
+    work = object()
+    job = table.plan(7, DECODE, 3, 4, work)
+    assert isinstance(job, DeviceJobMachine.Instance) and job.machine is job
+    assert (job.job_id, job.generation, job.engine, job.lanes) == (7, 3, JobEngine.PING, 4)
+    assert (job.kind, job.work, job.submitted_at, job.state) == (DECODE, work, 0.0, "prepared")
+    assert table.fire(job, "submit") == "submitted" and table.get(7) is job
+    assert table.fire(job, "complete", ok=True) == "completed" and table.get(7) is None and job.delivered == 1
+    assert table.statistics().ended == {"complete_ok": 1}
