@@ -78,5 +78,6 @@ class KvLanePool(Pool):
         ("RequestMachine", "terminal_closed_once",
          "each request's stream closes once whatever the other requests do: at most once for all M (R4.6, R4.7)"),
         ("DeviceJobMachine", "delivered_only_when_completed", "each job delivers its results at most once (R4.7)"),
-        ("ModelMachine", "no_free_with_inflight", "no generation frees buffers while a job is in flight (R12.10)"),
+        ("GenerationJobSystem", "job_on_the_device_keeps_its_generations_buffers",
+         "no generation frees buffers while a job of it is in flight (R12.10)"),
     ]
