@@ -235,8 +235,8 @@ def vendor_boundary(operation: str) -> Callable[[Callable[_P, _R]], Callable[_P,
     def decorate(fn: Callable[_P, _R]) -> Callable[_P, _R]:
         @functools.wraps(fn)
         def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-            # try/except, not ``with map_exceptions``: a generator context manager costs ~1.5 µs per call, and a
-            # B1 token crosses this boundary five times (issue #20); the translation is the same function
+            # try/except, not ``with map_exceptions``: a generator context manager costs ~1.5 µs per call (issue #20;
+            # the per-step calls, Submit and poll, are boundaries of their own: see translated); same translation
             try:
                 return fn(*args, **kwargs)
             except Exception as exc:  # noqa: BLE001 - the boundary must catch everything the vendor raises
