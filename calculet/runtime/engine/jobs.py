@@ -82,8 +82,7 @@ class JobPath:
             scheduler.submit_failed(work.job_id)
             self._refuse(work, outcome)
             return None
-        scheduler.submitted(work.job_id)
-        self.models.on_job_submitted(work.generation)
+        scheduler.submitted(work.job_id)  # the jobs table counts it for its generation: no model event (#20)
         degrade = executor.degrade
         if degrade.streak:  # a run of DeviceBusy/timeouts stands: this accepted job breaks it
             degrade.accepted()
@@ -123,7 +122,6 @@ class JobPath:
         if job is None:
             return
         work = job.work
-        self.models.on_job_finished(work.generation)
         desk = self._desk
         desk.on_job_done(work, result)  # device work per request, before the result can end one (#13)
         provenance = self._provenance

@@ -299,14 +299,6 @@ class ModelManager:
         gen = self._by_id.get(gen_id)
         return gen is not None and gen.machine.state in _SERVING_STATES  # ``at`` without its frame (once a job)
 
-    def on_job_submitted(self, gen_id: int) -> None:
-        """Nothing to do any more: a generation's jobs on the device are counted in the jobs table, not fired
-        into its machine (issue #20). Kept until the engine's job path stops calling it (patch V11-1 to
-        ``runtime/engine/jobs.py``); then removed."""
-
-    def on_job_finished(self, gen_id: int) -> None:
-        """As :meth:`on_job_submitted`: the job's end is the jobs table's, the generation fires nothing."""
-
     def generation_of_calbin(self, calbin_id: int) -> int:
         return self._gens.generation_of_calbin(calbin_id)
 

@@ -282,7 +282,7 @@ class Scheduler:
                 self._next_job += 1
                 job = self.jobs.plan(job_id, PREFILL, work.generation, 1, work)
             self._pending = job
-            return _new_tuple(Plan, (job.work, job.machine.engine, wake, ""))  # Plan(...) without its __new__ frame
+            return _new_tuple(Plan, (job.work, job.engine, wake, ""))  # Plan(...) without its __new__ frame
         return Plan(None, wake_at=wake, reason="no eligible work")
 
     def submitted(self, job_id: int) -> None:
