@@ -86,7 +86,8 @@ def check_system_initiation(sd: SystemDefinition, requests: int = 3, lanes: int 
 
 
 def check_system_induction(sd: SystemDefinition, requests: int = 3, lanes: int = 3,
-                           progress: Progress | None = None, steps: Iterable[str] | None = None) -> list[CheckResult]:
+                           progress: Progress | None = None, steps: Iterable[str] | None = None,
+                           goals: Iterable[str] | None = None) -> list[CheckResult]:
     """One result per variant (of ``steps``, default all): every invariant preserved when
     request 0 and lane 0 take it.
 
@@ -98,31 +99,38 @@ def check_system_induction(sd: SystemDefinition, requests: int = 3, lanes: int =
     instances than are encoded, or an invariant too weak for every size).
 
     The pre-state is the same for every variant, so one solver holds it and each variant is a
-    push/pop on top (one query each: all goals at once, then which ones broke)."""
+    push/pop on top (one query each: all goals at once, then which ones broke).
+
+    ``goals`` (default: every invariant) names the properties whose preservation is asked; every invariant is
+    still assumed of the pre-state. A test of a mutant asks for the one property it must break: with all goals at
+    once, the counterexample z3 happens to find may break only another one (which one depends on the solver's
+    state, e.g. the queries run before it in the same process)."""
     wanted = None if steps is None else set(steps)
+    only = None if goals is None else frozenset(goals)
     local = len(sd.local) == len(sd.steps)
     counting = any(inv.counts for inv in sd.invariants)
     cutoff = requests >= 3 and lanes >= 2
     if local and not counting:
         return _induction(sd, requests, lanes, wanted, progress, beyond=False,
-                          scope=" (so every R, L)" if cutoff else "")
+                          scope=" (so every R, L)" if cutoff else "", only=only)
     unhooked = [r.subject for r in _counts_read_beyond(sd, requests, lanes) if not r.ok]
     if unhooked:  # the ghost would stand for nothing: prove the encoded size, and say that is all
         return _induction(sd, requests, lanes, wanted, progress, beyond=False,
                           scope=" (this size only: a count reads no SystemView.beyond — "
-                                + ", ".join(sorted(unhooked)) + ")")
+                                + ", ".join(sorted(unhooked)) + ")", only=only)
     reading = _wirings_reading_others(sd)
     if reading:  # an effect's argument read from an instance the projection may drop
         return _induction(sd, requests, lanes, wanted, progress, beyond=False,
                           scope=" (this size only: the arguments of " + ", ".join(reading)
-                                + " are read from other instances)")
+                                + " are read from other instances)", only=only)
     results = _induction(sd, requests, lanes, wanted, progress, beyond=True,
-                         scope=" with ghost counts beyond them (so every R, L)" if cutoff else " with ghost counts")
+                         scope=" with ghost counts beyond them (so every R, L)" if cutoff else " with ghost counts",
+                         only=only)
     unsettled = {r.subject for r in results if not r.ok}
     if not unsettled:
         return results
     encoded = {r.subject: r for r in _induction(sd, requests, lanes, unsettled, None, beyond=False, scope="",
-                                                by_variant=True)}
+                                                by_variant=True, only=only)}
     for r in results:
         if r.subject in encoded:
             r.detail += ("; at this size alone it holds — a bug that needs more instances than are encoded, "
@@ -171,9 +179,11 @@ def _counts_read_beyond(sd: SystemDefinition, requests: int, lanes: int) -> list
 
 
 def _induction(sd: SystemDefinition, requests: int, lanes: int, wanted: set[str] | None,
-               progress: Progress | None, beyond: bool, scope: str, by_variant: bool = False) -> list[CheckResult]:
+               progress: Progress | None, beyond: bool, scope: str, by_variant: bool = False,
+               only: frozenset[str] | None = None) -> list[CheckResult]:
     """The inductive step of every wanted variant (``by_variant``: ``wanted`` names variants, not
-    steps); ``beyond`` adds the counts' ghost parts over the instances not encoded."""
+    steps); ``beyond`` adds the counts' ghost parts over the instances not encoded; ``only``: the goals asked
+    (default all)."""
     results = []
     frame = fresh_frame(sd, requests, lanes, "", beyond=beyond)
     args, arg_dom = step_args(sd, "")
@@ -188,6 +198,8 @@ def _induction(sd: SystemDefinition, requests: int, lanes: int, wanted: set[str]
         move = Move(sd, v, frame, 0, 0, args)
         post = move.after(frame)
         goals = built.after(move)
+        if only is not None:
+            goals = [goal for goal in goals if goal[0] in only]
         s.push()
         s.add(move.enabled, z3.Not(z3.And(*[g for _, _, g in goals])))
         if frame.beyond is not None:

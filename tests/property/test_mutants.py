@@ -425,7 +425,11 @@ GENERATION_MUTANTS = _generation_mutants()
 @pytest.mark.parametrize("mutant, step, depth", [pytest.param(*m, id=m[0].name) for m in GENERATION_MUTANTS])
 def test_generation_coupling_mutant_is_rejected_by_induction_and_found_by_bmc(mutant, step, depth):
     system = mutant.build().definition
-    induction = [r for r in check_system_induction(system, steps=[step]) if not r.ok]
+    # asked of the expected property alone: with every goal at once, the counterexample found may break only
+    # another property the mutant also breaks (JobSubmitToALeavingGeneration, run alone, broke
+    # one_engine_per_job_on_the_device in z3's model; in the full suite's order, its expected one)
+    induction = [r for r in check_system_induction(system, steps=[step], goals=[mutant.expected_invariant])
+                 if not r.ok]
     assert induction, f"{mutant.name} ({mutant.description}) was not caught by induction"
     assert any(mutant.expected_invariant in r.broken for r in induction), [r.detail for r in induction]
     bmc = check_system_bmc(system, 2, 2, depth)
