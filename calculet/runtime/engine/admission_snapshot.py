@@ -5,11 +5,9 @@ Why: under a 300-request burst every refusal used to cross to the engine's actor
 §5.2 screen, the on_time planner's check and its retry slot, the wake-up of the event loop — and the actor's
 CPU for it (about 0.6-0.8 ms a refusal on this machine) ran under the same interpreter lock as the loop that
 answers HTTP, so the last 429 of the burst waited for both. The actor stays the one owner of admission state
-(DESIGN principle 2): it *publishes* an immutable :class:`AdmissionSnapshot` after every message and after every
-tick that no other tick follows at once (between ticks chained back to back it stays withdrawn: a reader would
-almost never get the interpreter lock there, and one that does finds none and goes to the engine), and the event
-loop only *reads* it. The loop never admits from it: a request the snapshot cannot refuse goes to the engine,
-which still decides.
+(DESIGN principle 2): it *publishes* an immutable :class:`AdmissionSnapshot` after every step that could
+change what it would admit, and the event loop only *reads* it. The loop never admits from it: a request the
+snapshot cannot refuse goes to the engine, which still decides.
 
 What the snapshot holds is exactly what the on_time planner's fast refusal reads (``_EdfCache.tail_finish``,
 :mod:`calculet.runtime.scheduling.on_time_planner`): the kept set's EDF lane free times, the latest kept
@@ -24,8 +22,7 @@ past its deadline it is refused with the same ``Retry-After`` rule
 **Soundness.** The front only refuses. A refusal from the snapshot is one the engine would make at the same
 instant, because the snapshot is *current* whenever it is read:
 
-* the actor withdraws it (sets it to None) before it runs any message or tick and publishes a new one after (after
-  a tick, once no tick follows at once),
+* the actor withdraws it (sets it to None) before it runs any message or tick and publishes a new one after,
   so no state change of the actor is ever hidden from a reader (a reader that raced the withdrawal sees the
   state before the change: its decision is the one the engine would have made just before it);
 * device results the completion thread has posted but the actor has not applied yet would end work the
@@ -79,8 +76,7 @@ from calculet.runtime.scheduling.scheduler import Scheduler
 
 MAX_AGE_S = 0.5
 """A snapshot is not used past this age even when the actor has no timed wake-up due (it publishes one after
-every message and every tick that leaves nothing ready, so under load on a device it is replaced every decode
-step) — unless nothing is kept (:func:`take_snapshot`)."""
+every tick, so under load it is replaced every decode step) — unless nothing is kept (:func:`take_snapshot`)."""
 
 
 class AdmissionSnapshot(NamedTuple):
