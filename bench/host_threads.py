@@ -98,10 +98,7 @@ the last send); then the client's own ~1 ms. So one stream's completions/s is th
 token, most of it in the core's turn. Tried the same session, interleaved against a0dae5e at load 2-8: every token
 handed over at once (``wake_coalesce_s`` 0) 0.75x completions/s and 1.22x CPU per token at 1 stream (a lock hand-over
 per token); a 3 ms window with turns still chained for at most 1 ms: CPU per token 0.91-1.03x at 1 stream and
-0.88-1.17x at 64 over four runs, the same code at 1 ms moving as much in the same run — nothing to keep. Kept:
-the admission snapshot published only after a turn that leaves nothing ready (51559a3; ``--split``, a0dae5e plus
-that change against a0dae5e, load 4-5: publications 0.12-0.14 -> 0.02-0.03 per token, ``publish`` 4.7-5.8 ->
-0.5-1.3 µs and ``next_wake`` 0.4-0.5 -> 0.1 µs per token at 1 / 16 / 64 streams).
+0.88-1.17x at 64 over four runs, the same code at 1 ms moving as much in the same run — nothing to keep.
 """
 
 from __future__ import annotations
