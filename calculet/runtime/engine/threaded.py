@@ -253,17 +253,10 @@ class ThreadedEngine:
                     flush_wakeups()  # before sleeping, or when the oldest has waited long enough
                     held_since = None
                 mailbox.run_until(timeout)
-                self._snapshot = None  # withdrawn for the turn, as _stepped does
-                ready = turn()
-                if not ready:
-                    # Published only after a turn that found nothing more ready. After one that did, the next turn
-                    # follows at once, without the actor letting go of the interpreter lock unless its switch
-                    # interval ends just there: a snapshot published between the two would almost never be read
-                    # (a reader that finds none goes to the engine) and cost ~3 % of the actor (issue #20).
-                    self._publish()
-                    # the actor's next wake-up as that publication found it: nothing has run since, so it is the
-                    # one the next iteration would ask for (next_wake asked once, not twice, per turn)
-                    wake = self._published_wake
+                ready = self._stepped(turn)
+                # the actor's next wake-up as the publication after the turn found it: nothing has run since, so
+                # it is the one the next iteration would ask for (issue #20: next_wake was asked twice per turn)
+                wake = self._published_wake
                 if held_since is None and held_wakeups():
                     held_since = clock.now()
                 deadline = self._stop_deadline
