@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any
 
 from calculet.errors import NotFound, Unavailable
 from calculet.machines import RequestMachine
-from calculet.machines.model_couplings import PINNING_EVENTS
+from calculet.machines.model_couplings import PINNING_EVENTS, SERVING
 from calculet.machines.request import TERMINAL
 from calculet.runtime.execution.session_plan import EngineContract
 from calculet.runtime.models.availability import availability_faults, job_faults
@@ -83,7 +83,8 @@ _PINNING = frozenset((t.source, t.target) for t in RequestMachine.definition.tra
 REQUEST_TARGETS = _TERMINAL | {target for _, target in _PINNING}
 """The request states a move into may change a generation's counters (:meth:`ModelManager.on_request_transition`);
 a move into any other state (every decode step's two) changes none, so a caller may skip the call (issue #20)."""
-_SERVING_STATES = frozenset({"ready", "draining"})
+_SERVING_STATES = frozenset(SERVING)
+"""The generation states that take a new job: GenerationJobSystem's ``submit`` guard, declared once there."""
 
 
 def _awaiting_a_result(jobs: "list[Any]", gens: Generations) -> int:
