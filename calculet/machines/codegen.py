@@ -467,10 +467,9 @@ def _fire_each_entry_lines(d: Definition, variant: str, all_args: tuple[str, ...
              *[f"    if {n} is not _M and len({n}) != n:\n"
                f"        raise ValueError(f'fire_each: {n} has {{len({n})}} values for {{n}} instances')"
                for n in all_args],
-             # one instance (every event of a B1 decode step): its own ``fire`` — the same row, draw and refusal as
-             # the loop's, without building the draws, the run and the loop for one element (issue #20)
-             "    if n == 1:",
-             f"        return [instances[0].fire(event{''.join(f', {n}={n} if {n} is _M else {n}[0]' for n in all_args)})]",
+             # one instance (every event of a B1 decode step): ``fire``'s own body — the same draw, row and refusal —
+             # without building the draws, the run and the loop for one element, nor a ``fire`` frame (issue #20)
+             *_one_instance_lines(variant, all_args),
              "    run = _each.get(event)"]
     if variant == "sampled":
         lines += ["    drawn = list(_islice(_draws, n))",
@@ -481,6 +480,25 @@ def _fire_each_entry_lines(d: Definition, variant: str, all_args: tuple[str, ...
     else:
         lines += ["    if run is None:", f"        return _one_by_one(instances, event, {given}, None)"]
     return lines + [f"    return run(instances{columns})", ""]
+
+
+def _one_instance_lines(variant: str, all_args: tuple[str, ...]) -> list[str]:
+    """``fire_each``'s case of one instance: the lines of :func:`generate_fire`'s ``fire_<variant>`` on
+    ``instances[0]`` with each column's one value, the target in a list — so ``fire_each([x], e, a=[v])`` is
+    ``[x.fire(e, a=v)]`` (the same draw, table row and exact path), one frame fewer per B1 event (#20)."""
+    values = "".join(f", {n}" for n in all_args)
+    unpack = [f"        {n} = {n} if {n} is _M else {n}[0]" for n in all_args]
+    lines = ["    if n == 1:", "        self = instances[0]", *unpack]
+    if variant == "sampled":
+        lines += ["        if next(_draws):", f"            return [_exact(self, event, _given({values[2:]}))]"]
+    return lines + ["        try:",
+                    "            fast = _ft[self._state][event]",
+                    "        except KeyError:",
+                    f"            return [_exact(self, event, _given({values[2:]}))]",
+                    f"        target = fast(self{values})",
+                    "        if target is not None:",
+                    "            return [target]",
+                    f"        return [_exact(self, event, _given({values[2:]}))]"]
 
 
 def generate_lifecycle(d: Definition, slow_init: Callable[..., None]

@@ -102,10 +102,11 @@ def test_the_monitor_draws_as_for_single_fires() -> None:
 
 @pytest.mark.req("R9.2.3")
 def test_one_instance_fires_as_its_own_fire() -> None:
-    """One instance (every event of a B1 decode step) goes through its own ``fire``: one draw, checked when it hits
-    and not otherwise, its columns' first values as the arguments, and a column of the wrong length still refused.
-    Mutants caught: the one-instance case calling the unsampled variant (a drawn event unchecked), passing a whole
-    column (the argument refused), or taken before the length checks (no ValueError)."""
+    """One instance (every event of a B1 decode step) runs its own ``fire``'s body, generated inline: one draw,
+    checked when it hits and not otherwise, its columns' first values as the arguments, and a column of the wrong
+    length still refused. Mutants caught: the one-instance case without the draw (a drawn event unchecked; checked
+    again when the body became inline, #20 session 17), passing a whole column (the argument refused), or taken
+    before the length checks (no ValueError)."""
     MONITOR.every_event, saved = False, MONITOR.every_event
     try:
         MONITOR.configure(enabled=True, mode="raise", sample_every=1000)
