@@ -66,7 +66,7 @@ from calculet.runtime.scheduling.decode_ready import ReadyBucket, push_compactin
 from calculet.runtime.scheduling.decode_select import LaneBinding, select_candidates
 from calculet.runtime.scheduling.estimates import StepTimer
 from calculet.runtime.scheduling.kv import KvBatchReservation, KvLaneManager, KvReservationFailure
-from calculet.runtime.scheduling.profiles import ProfileSpec
+from calculet.runtime.scheduling.profiles import ProfileSet, ProfileSpec
 from calculet.runtime.scheduling.ready_queue import TenantQueue
 from calculet.runtime.scheduling.registry import RequestRecord
 
@@ -276,8 +276,11 @@ class DecodeScheduler:
             rec.entry = entry
             rec.ready_since = now
             queue = tenants.get(tenant)
-            if queue is None:
-                queue = tenants[tenant] = TenantQueue()
+            if queue is None:  # ReadyBucket.rejoin inlined: a one-stream rotation's tenant, every step
+                queue = bucket.parked.pop(tenant, None)
+                if queue is None:
+                    queue = TenantQueue()
+                tenants[tenant] = queue
             fifo = queue.fifo  # TenantQueue.push inlined (once per lane per step)
             if not fifo or entry > fifo[-1]:
                 fifo.append(entry)
@@ -332,7 +335,7 @@ class DecodeScheduler:
         """How long the oldest Ready sequence of ``generation`` has waited at ``now`` (0 with none).
 
         The arrivals in time order are kept only with a batching window, their one reader per tick
-        (:meth:`dispatch_due`); without one this walks the Ready entries (O(ready): tests and metrics)."""
+        (:meth:`due`); without one this walks the Ready entries (O(ready): tests and metrics)."""
         bucket = self._buckets.get(generation)
         if bucket is None or not bucket.count:
             return 0.0
@@ -364,27 +367,32 @@ class DecodeScheduler:
 
     # ------------------------------------------------------------------ §7.2 items 4–5
 
-    def dispatch_due(self, generation: int, compiled_batch: int, now: float) -> tuple[bool, float | None]:
-        """Whether a batch should go now, and if not, when it must go at the latest.
+    def due(self, generation: int, profiles: ProfileSet, now: float) -> tuple[ProfileSpec | None, float | None]:
+        """The decode step's decision before any prefill is weighed (§8, §7.2 items 4–5), in one stage: the
+        profile the Ready count selects when its batch should go now, else (None, the instant it must go at the
+        latest), (None, None) with nothing Ready.
 
-        A full batch goes at once; a partial one after the batching window, measured from
-        the oldest candidate's entry into Ready, but never later than the earliest
-        candidate deadline minus the expected step time (§7.2 item 4). With the default
-        window of 0 every partial batch goes at the first tick (§7.2 item 5, R15.13).
+        A full batch goes at once; a partial one after the batching window, measured from the oldest
+        candidate's entry into Ready, but never later than the earliest candidate deadline minus the expected
+        step time (§7.2 item 4). With the default window of 0 every partial batch goes at the first tick
+        (§7.2 item 5, R15.13). The profile is the set's for this count (``ProfileSet.by_ready``: decided once
+        per count, issue #20).
         """
         bucket = self._buckets.get(generation)
         if bucket is None or not bucket.count:
-            return False, None
-        if bucket.count >= compiled_batch or self.window_s <= 0:
-            return True, None
+            return None, None
+        profile = profiles.by_ready[bucket.count]  # oldest_wait never changes the choice (profiles: ambiguity 13)
+        if self.window_s <= 0 or bucket.count >= profile.compiled_batch:
+            return profile, None
         fire_at = bucket.oldest_since() + self.window_s
         deadline = self._earliest_deadline(generation)
-        if deadline is not None and deadline - self.step_estimate_s < fire_at:
-            fire_at = deadline - self.step_estimate_s
+        step_s = self._step_times.decode_step_s
+        if deadline is not None and deadline - step_s < fire_at:
+            fire_at = deadline - step_s
         if now >= fire_at:
-            return True, None
+            return profile, None
         self._window_waits += 1
-        return False, fire_at
+        return None, fire_at
 
     # ------------------------------------------------------------------ §7.1 tick
 
@@ -483,7 +491,7 @@ class DecodeScheduler:
         rec.ready_since = since
         queue = bucket.tenants.get(rec.tenant)
         if queue is None:
-            queue = bucket.tenants[rec.tenant] = TenantQueue()
+            queue = bucket.rejoin(rec.tenant)
         queue.push(entry)
         if priority == math.inf and not self.planned:
             bucket.watch = push_compacting(bucket.watch, (at_risk_from, self._seq, entry), bucket.count)
@@ -567,7 +575,7 @@ class DecodeScheduler:
         rec.entry = entry
         queue = bucket.tenants.get(rec.tenant)
         if queue is None:
-            queue = bucket.tenants[rec.tenant] = TenantQueue()
+            queue = bucket.rejoin(rec.tenant)
         queue.push(entry)
         if self.window_s > 0:  # the batching window's reads, as in _push
             bucket.since = push_compacting(bucket.since, (rec.ready_since, self._seq, entry), bucket.count)

@@ -21,12 +21,16 @@ from calculet.runtime.scheduling.ready_queue import TenantQueue
 class ReadyBucket:
     """The ready sequences of one generation."""
 
-    __slots__ = ("tenants", "left", "arrivals", "last_arrival", "since", "count", "watch", "deadlines")
+    __slots__ = ("tenants", "parked", "left", "arrivals", "last_arrival", "since", "count", "watch", "deadlines")
 
     def __init__(self) -> None:
         self.tenants: dict[str, TenantQueue] = {}
         """The index of tenants with ready work: a tenant's queue is dropped once it is found empty
         (issue #20: a tick must not walk the tenants that have none)."""
+        self.parked: dict[str, TenantQueue] = {}
+        """The (empty) queues of tenants dropped from ``tenants``, taken back when their tenant has work again
+        (:meth:`rejoin`): a one-stream rotation empties its tenant's queue at every step and refills it at the
+        step's result, which built a queue per step (issue #20)."""
         self.left = 0
         """Tenants dropped from ``tenants`` since it was last rebuilt (:meth:`compact`)."""
         self.arrivals: deque[tuple[float, list[Any]]] = deque()
@@ -55,6 +59,19 @@ class ReadyBucket:
         the walk), and that row's ratio went 1.052-1.055x -> 1.026-1.032x once rebuilt."""
         self.tenants = dict(self.tenants)
         self.left = 0
+
+    def leave(self, tenant: str) -> None:
+        """``tenant``'s queue was found empty: out of the index (a tick walks tenants with work only), parked."""
+        self.parked[tenant] = self.tenants.pop(tenant)
+        self.left += 1
+
+    def rejoin(self, tenant: str) -> TenantQueue:
+        """``tenant``, not in the index, has work again: its parked queue (or a new one) back in the index."""
+        queue = self.parked.pop(tenant, None)
+        if queue is None:
+            queue = TenantQueue()
+        self.tenants[tenant] = queue
+        return queue
 
     def arrive(self, now: float) -> None:
         """Entries are about to arrive at ``now`` (not before the last arrival): drop the arrivals' dead

@@ -90,8 +90,7 @@ def tenant_heads(bucket: ReadyBucket, names: Iterable[str]) -> list[list[Any]]:
         if head is not None:
             heads.append(head)
         else:  # the index holds tenants with work only: a tick costs O(tenants with work)
-            del tenants[tenant]
-            bucket.left += 1
+            bucket.leave(tenant)
     heapq.heapify(heads)
     return heads
 
@@ -163,8 +162,7 @@ def _leave_merge(heads: list[list[Any]], bucket: ReadyBucket, tenant: str,
     cap (§7.2 item 3). Returns 1 for a cap hit that left lanes free, else 0 (once per tenant per tick)."""
     heapq.heappop(heads)
     if head is None:
-        del bucket.tenants[tenant]
-        bucket.left += 1
+        bucket.leave(tenant)
         return 0
     capped.append(tenant)
     return 1 if lanes_free else 0

@@ -12,7 +12,7 @@ job under ping/pong, which is the figure both rules need.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Protocol
 
 DEFAULT_SMOOTHING = 0.125
 """Weight of the newest sample (the TCP RTT estimator's 1/8): about the last 16 steps count."""
@@ -46,6 +46,13 @@ TOKEN_SMOOTHING = 1 / 256
 streams come and go, so it is averaged over a few hundred steps (about a request's lifetime)."""
 
 
+class Holding(Protocol):
+    """The count of sequences holding a KV slot (the admission budget's active sequences)."""
+
+    @property
+    def active(self) -> int: ...
+
+
 class StepTimer:
     """Exponentially smoothed decode step time, starting from a prior until a step is measured.
 
@@ -61,26 +68,25 @@ class StepTimer:
     with their figures: ``docs/estimator.md``.
     """
 
-    __slots__ = ("_estimate", "_samples", "_alpha", "_last_done", "_prefill_since", "_waited", "_tokens", "_widest",
+    __slots__ = ("decode_step_s", "_samples", "_alpha", "_last_done", "_prefill_since", "_waited", "_tokens", "_widest",
                  "_period", "_period_dev", "_held", "holding")
 
     def __init__(self, prior_s: float = 0.0, smoothing: float = DEFAULT_SMOOTHING) -> None:
         if prior_s < 0 or not 0 < smoothing <= 1:
             raise ValueError("a step timer needs prior_s >= 0 and 0 < smoothing <= 1")
-        self._estimate = prior_s
+        self.decode_step_s = prior_s
+        """The estimate: the prior until a step is measured, then smoothed (written by :meth:`observe` only). A plain
+        attribute, not a property: the steady decode step reads it (the drift check, the batching window), and
+        a property is a call per read (issue #20)."""
         self._samples = 0
         self._alpha = smoothing
         self._last_done: float | None = None
         self._prefill_since = self._waited = self._tokens = self._period = self._period_dev = self._held = 0.0
         self._widest = 0
-        self.holding: Callable[[], int] | None = None
-        """How many sequences hold a KV slot now (admitted, not yet released: waiting for or running their prefill,
-        decoding, finishing), read at each decode step measured; set by the ``on_time`` policy from the admission
-        budget (None: :attr:`slot_token_s` reads :attr:`token_s`)."""
-
-    @property
-    def decode_step_s(self) -> float:
-        return self._estimate
+        self.holding: Holding | None = None
+        """What counts the sequences that hold a KV slot now (admitted, not yet released: waiting for or running their
+        prefill, decoding, finishing): its ``active``, read at each decode step measured; set by the ``on_time``
+        policy to the admission budget itself (None: :attr:`slot_token_s` reads :attr:`token_s`)."""
 
     @property
     def samples(self) -> int:
@@ -134,36 +140,34 @@ class StepTimer:
         Under ping/pong ``compiled`` and ``decoding`` include the other decode job in flight: its
         sequences wait too, and the two jobs' lanes decode at once (issue #13)."""
         if seconds < 0:
-            return self._estimate
+            return self.decode_step_s
         if self._samples == 0:
-            self._estimate = seconds
+            self.decode_step_s = seconds
         else:
-            self._estimate += self._alpha * (seconds - self._estimate)
+            self.decode_step_s += self._alpha * (seconds - self.decode_step_s)
         self._samples += 1
         if now is not None and lanes > 0:
-            self._observe_period(now, seconds)
             busy = seconds + self._prefill_since
             keep = 1.0 - TOKEN_SMOOTHING
             self._widest = max(self._widest, compiled, lanes)
-            if self._last_done is None:  # the first step: only its own lanes' wait is known (under ping/pong
+            last_done = self._last_done
+            if last_done is None:  # the first step: only its own lanes' wait is known (under ping/pong
                 interval, waiting = busy, lanes  # the other job's sequences may have been submitted just now)
             else:
-                interval, waiting = min(busy, max(0.0, now - self._last_done)), max(lanes, min(decoding, self._widest))
+                self._observe_period(now - last_done - self._prefill_since, seconds)
+                interval, waiting = min(busy, max(0.0, now - last_done)), max(lanes, min(decoding, self._widest))
             self._waited = keep * self._waited + waiting * interval
             holding = self.holding
-            held = waiting if holding is None else max(waiting, holding())
+            held = waiting if holding is None else max(waiting, holding.active)
             self._held = keep * self._held + held * interval
             self._tokens = keep * self._tokens + lanes
             self._last_done = now
         self._prefill_since = 0.0
-        return self._estimate
+        return self.decode_step_s
 
-    def _observe_period(self, now: float, seconds: float) -> None:
-        """One completion-to-completion interval, if the two steps ran back to back: an interval over
-        PERIOD_CAP steps means the device idled (nothing was ready), which no stream waits for."""
-        if self._last_done is None:
-            return
-        sample = now - self._last_done - self._prefill_since
+    def _observe_period(self, sample: float, seconds: float) -> None:
+        """One completion-to-completion interval less the prefills between, if the two steps ran back to back: an
+        interval over PERIOD_CAP steps means the device idled (nothing was ready), which no stream waits for."""
         if 0 < sample <= PERIOD_CAP * seconds:
             if self._period == 0:
                 self._period = sample  # no spread seen yet (RFC 6298 starts at R/2; a cap held that low would
@@ -173,7 +177,7 @@ class StepTimer:
                 self._period += self._alpha * (sample - self._period)
 
     def statistics(self) -> StepTimeStatistics:
-        return StepTimeStatistics(self._estimate, self._samples, self.token_s, self._period, self.period_high_s,
+        return StepTimeStatistics(self.decode_step_s, self._samples, self.token_s, self._period, self.period_high_s,
                                   self.slot_token_s)
 
 

@@ -7,20 +7,20 @@ the *same* declared invariants on the live objects — the scheduler's jobs (:cl
 ``DeviceJobMachine`` instances) and the KV manager's lanes (``KvSequenceMachine`` instances) — so
 a runtime that settles a lane by the wrong job's end is caught where it runs.
 
-*Binding.* The model's ``binding[lane] = job``: the job whose transaction the lane last opened. The
-runtime has no such field (a lane does not know its job, and the jobs table forgets a job once it
-completes or fails), so the monitor keeps it: the table calls :meth:`JobLaneMonitor.observe` before
-every job event (its one hook), and on ``submit`` the job's leases (its batch) are bound to it —
-exactly the model's ``enlist`` after ``job:submit``. An ended job stays in the binding (its final
+*Binding.* The model's ``binding[lane] = job``: the job whose transaction the lane last opened. A lane
+does not know its job, and the jobs table forgets a job once it completes or fails, so the table keeps the
+binding beside its jobs (``InflightTable.binding``): on ``submit`` the job's lanes (its batch) are bound to
+it — exactly the model's ``enlist`` after ``job:submit``. An ended job stays in the binding (its final
 machine state) until another job takes its lanes, as in the model.
 
 *When.* The runtime does a job's event and its lanes' settlement in one actor step (a completion
 ends the job, then settles each lane of its batch); the declared invariants hold between such
 steps. Every job event starts a new step of that kind, so the state just *before* a job event is a
 step boundary: that is where ``observe`` checks (at the monitors' sampled rate: every event in the
-test suite, one in ``monitoring.sample_every`` in production); the start of each scheduler step is
-another (``boundary``: a request that moves on a lane left pending is seen there before the lane's
-own machine refuses the move); :meth:`check` checks at any other boundary (tests).
+test suite, one in ``monitoring.sample_every`` in production; the table draws, issue #20); the start
+of each scheduler step is another (``drawn``, the scheduler drawing: a request that moves on a lane
+left pending is seen there before the lane's own machine refuses the move), and the engine's tick
+(``boundary``); :meth:`check` checks at any other boundary (tests).
 
 *At step ends only.* ``JobLaneSystem.SETTLED_AT_STEP_END`` (declared there, with a negative witness)
 adds what only a boundary can show: no ended job leaves a lane of its batch pending. The model
@@ -51,8 +51,8 @@ from calculet.machines.job_lanes import SETTLED_AT_STEP_END, JobLaneSystem
 from calculet.machines.kv_sequence import KvSequenceMachine
 from calculet.machines.monitor import MONITOR
 from calculet.machines.system import NONE, SystemView
+from calculet.runtime.scheduling.jobs import lanes_of
 from calculet.runtime.scheduling.partwise import AcrossParts
-from calculet.runtime.scheduling.kv import KvBatchReservation
 
 __all__ = ["BROKEN_BY_KEY", "UNBOUND", "JobLaneMonitor", "attach"]
 
@@ -107,12 +107,6 @@ class _Across(AcrossParts):
 _ACROSS = tuple(_Across(inv) for inv in (*_SYSTEM.invariants, *SETTLED_AT_STEP_END))
 
 
-def _leases(work: Any) -> tuple[Any, ...]:
-    """The KV leases of a job's batch: a decode batch's reservation, or a prefill's one lease."""
-    kv = getattr(work, "kv", None)
-    return kv.leases if isinstance(kv, KvBatchReservation) else (work.lease,)
-
-
 class JobLaneMonitor:
     """The live device jobs × KV lanes system, as JobLaneSystem's invariants read it."""
 
@@ -120,23 +114,24 @@ class JobLaneMonitor:
         self.kv = kv
         self.jobs = jobs
         # lane → the job (its DeviceJobMachine instance, the table's record) whose transaction it last opened: the
-        # binding. An ended job's record, with what it carried, stays here until another job takes the lane: at
-        # most one per lane (the record is the machine since issue #20: one object per job)
-        self.batch: dict[int, Any] = {}
+        # binding, kept by the jobs table at each submit (InflightTable.binding; the model's ``enlist``). An ended
+        # job's record, with what it carried, stays there until another job takes the lane: at most one per lane
+        self.batch: dict[int, Any] = jobs.binding
 
     def observe(self, job: Any, event: str) -> None:
-        """The jobs table is about to fire ``event`` on ``job``: the state now is a step boundary (checked at
-        the sampled rate); a ``submit`` binds the job's batch to it (the model's ``enlist``)."""
-        if MONITOR.enabled and next(MONITOR.draws) and self.kv.whole_pool_drawn():  # O(lanes): scaled like the pool's (#20)
+        """The jobs table is about to fire ``event`` on ``job``, and the monitors' draw picked it: the state now is
+        a step boundary, checked (the table draws, so an event that is not checked costs no call, issue #20)."""
+        if self.kv.whole_pool_drawn():  # O(lanes): scaled like the pool's (#20)
             self.check(f"before {event} of job {job.job_id}")
-        if event == "submit":  # one dict update per job, not a store per lane (issue #20)
-            kv = getattr(job.work, "kv", None)
-            lanes = kv.lanes if isinstance(kv, KvBatchReservation) else ()  # recorded by reserve_batch
-            self.batch.update(dict.fromkeys(lanes or [lease.lane for lease in _leases(job.work)], job))
 
     def boundary(self, after: str) -> None:
-        """Another step boundary of the runtime (the start of a scheduler step), checked at the sampled rate."""
-        if MONITOR.enabled and next(MONITOR.draws) and self.kv.whole_pool_drawn():
+        """Another step boundary of the runtime (the engine's tick), checked at the sampled rate."""
+        if MONITOR.enabled and next(MONITOR.draws):
+            self.drawn(after)
+
+    def drawn(self, after: str) -> None:
+        """A step boundary the monitors' draw picked (``after`` names it; the scheduler's step draws itself)."""
+        if self.kv.whole_pool_drawn():
             self.check(after)
 
     def parts(self) -> tuple[set[tuple[str, str | None]], SystemView]:
@@ -170,8 +165,8 @@ class JobLaneMonitor:
         held: dict[int, int] = {}
         for job in self.jobs:
             if job.state in _ON_DEVICE:
-                for lease in _leases(job.work):
-                    if held.setdefault(lease.lane, job.job_id) != job.job_id:
+                for lane in lanes_of(job.work):
+                    if held.setdefault(lane, job.job_id) != job.job_id:
                         return [("lane_in_two_batches_on_the_device", "R14.4")]
         return []
 
@@ -199,5 +194,5 @@ class _State:
 def attach(jobs: Any, kv: Any) -> JobLaneMonitor:
     """A monitor for ``jobs`` (an :class:`InflightTable`) and ``kv`` (a ``KvLaneManager``), hooked into the table."""
     monitor = JobLaneMonitor(kv, jobs)
-    jobs.observer = monitor.observe
+    jobs.check = monitor.observe
     return monitor

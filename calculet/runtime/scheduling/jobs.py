@@ -15,13 +15,15 @@ engine no held job uses; with ``fixed_engine`` always PING (then only one job at
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from calculet.errors import DefinitionError
 from calculet.machines import DeviceJobMachine
 from calculet.machines.job import JobEngine
+from calculet.machines.monitor import MONITOR
+from calculet.runtime.scheduling.kv import KvBatchReservation
 
 PREFILL = "prefill"
 DECODE = "decode"
@@ -83,8 +85,13 @@ class InflightTable:
         plan, slot test and end — three calls per job (issue #20)."""
         self._planned = 0
         self._ended: Counter[str] = Counter()
-        self.observer: Callable[[JobRecord, str], None] | None = None
-        """Told of every job event before it fires (the JobLaneSystem monitor's hook, #17)."""
+        self.binding: dict[int, JobRecord] = {}
+        """KV lane -> the job whose batch last opened a transaction on it (a ``submit``), kept while that job has
+        ended until another job's batch takes the lane: JobLaneSystem's ``binding`` (#17), recorded where jobs
+        are submitted (one dict update per job) while the monitor is attached (:attr:`check`), which reads it."""
+        self.check: Callable[[JobRecord, str], None] | None = None
+        """The JobLaneSystem monitor's check before a job event (#17), asked for the events the monitors' draw
+        picks (``MONITOR.draws``, drawn here: a job event that is not checked costs no call, issue #20)."""
 
     def __len__(self) -> int:
         return len(self._jobs)
@@ -119,9 +126,15 @@ class InflightTable:
         return job
 
     def fire(self, job: JobRecord, event: str, **args: Any) -> str:
-        """Fire a job event; a job that reaches a terminal state leaves the table (slot free)."""
-        if self.observer is not None:
-            self.observer(job, event)
+        """Fire a job event; a job that reaches a terminal state leaves the table (slot free). The state before the
+        event is a step boundary of the monitor's (checked when drawn); a ``submit`` binds the batch's lanes."""
+        check = self.check
+        if check is not None:  # the monitor attached (every Scheduler's table)
+            if MONITOR.enabled and next(MONITOR.draws):
+                check(job, event)
+            if event == "submit":  # the model's ``enlist``: a decode batch's lanes, as its reservation recorded them
+                lanes = job.work.kv.lanes if job.kind == DECODE else ()
+                self.binding.update(dict.fromkeys(lanes or lanes_of(job.work), job))
         target: str = job.fire(event, **args)
         if target in _ENDED:
             del self._jobs[job.job_id]
@@ -145,3 +158,12 @@ class InflightTable:
             if engine not in held:
                 return engine
         return None
+
+
+def lanes_of(work: Any) -> Sequence[int]:
+    """The KV lanes of a job's batch: a decode batch's reservation's (recorded by ``reserve_batch``), or a
+    prefill's one lease's."""
+    kv = getattr(work, "kv", None)
+    if isinstance(kv, KvBatchReservation):
+        return kv.lanes or [lease.lane for lease in kv.leases]
+    return (work.lease.lane,)

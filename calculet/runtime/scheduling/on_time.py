@@ -81,7 +81,7 @@ class OnTimePolicy:
         self.planner.head_tag = lambda rec: (None if (e := rec.entry) is None or len(e) != 3 or e[0] is None
                                              or e[2] is not rec else e[0] / wfq.scale)
         self.planner.wfq_cost = lambda rec: rec.cost or wfq.cost(rec.prompt_tokens, rec.machine.max_new_tokens)
-        step_times.holding = lambda: admission.active  # KV slots held: the lane schedules' handover (estimates.py)
+        step_times.holding = admission  # its active count, the KV slots held: the lanes' handover (estimates.py)
         if self.planner.any_itl:
             prefill.gate = self.prefill_fits_itl
 

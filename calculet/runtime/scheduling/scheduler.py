@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from calculet.clock import Clock
 from calculet.config import SchedulerConfig
 from calculet.errors import BadRequest, DefinitionError
+from calculet.machines.monitor import MONITOR
 from calculet.machines.request import FinishReason
 from calculet.runtime.request import InferenceRequest, RequestOutcome, RequestSink
 from calculet.runtime.scheduling.admission import (ADMITTED, QUEUED, AdmissionController, AdmissionOutcome, Decision,
@@ -230,7 +231,8 @@ class Scheduler:
         """Expire deadlines, admit what fits, and plan at most one job (one service opportunity)."""
         if self._pending is not None:  # _no_pending without its call (once per decode step)
             self._no_pending()
-        self.job_lanes.boundary("scheduler step")  # a step boundary: JobLaneSystem's invariants (sampled, #17)
+        if MONITOR.enabled and next(MONITOR.draws):  # a step boundary: JobLaneSystem's invariants (sampled, #17)
+            self.job_lanes.drawn("scheduler step")
         check_counts(self.admission, self.registry, "scheduler step")  # the budget's counters are its requests (#17)
         now = self._clock.now()
         deadlines, prefill, changes = self._deadlines, self.prefill, self.changes
@@ -252,15 +254,11 @@ class Scheduler:
         for _attempt in range(4):
             queued = prefill.depth  # no prefill queued (a decode rotation's steps): no class to ask (issue #20)
             eligible = prefill.eligible(now) if queued else set()
-            profile = None
-            ready = self.decode.ready_count(gen)
-            if ready:
-                profile = profiles.select_profile(ready)  # oldest_wait never changes the choice (profiles: ambiguity 13)
-                due, fire_at = self.decode.dispatch_due(gen, profile.compiled_batch, now)
-                if due:
-                    eligible.add("decode")
-                elif fire_at is not None:
-                    wake = fire_at if wake is None else min(wake, fire_at)
+            profile, fire_at = self.decode.due(gen, profiles, now)  # the profile if a batch goes now
+            if profile is not None:
+                eligible.add("decode")
+            elif fire_at is not None:
+                wake = fire_at if wake is None else min(wake, fire_at)
             first = prefill.deadline_first(eligible, self.decode, gen) if queued else None  # an at-risk prefill
             choice = first or self.arbiter.choose(eligible)
             if choice is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -151,6 +152,14 @@ class _Instance(SimpleNamespace):
         return self.state in states
 
 
+class _Table(list):
+    """A jobs table as the monitor reads it: its jobs, and the binding it keeps (``InflightTable.binding``)."""
+
+    def __init__(self, jobs: Any) -> None:
+        super().__init__(jobs)
+        self.binding: dict[int, Any] = {}
+
+
 @pytest.mark.req("R14.4", "R5.1.2")
 def test_the_per_part_verdict_equals_the_whole_system_verdict():
     """Parts (each job with its lanes, the unbound lanes, every job for the budget) give the same broken
@@ -163,7 +172,7 @@ def test_the_per_part_verdict_equals_the_whole_system_verdict():
         # a job is its machine (the table's record is the DeviceJobMachine instance, issue #20)
         jobs = [_Instance(job_id=k + 1, state=rnd.choice(job_states)) for k in range(rnd.randint(0, 4))]
         kv = SimpleNamespace(lanes=len(lanes), lane=lambda i, lanes=lanes: lanes[i])
-        table = [j for j in jobs if not j.at("completed", "failed")]  # ended jobs left it, may stay bound
+        table = _Table(j for j in jobs if not j.at("completed", "failed"))  # ended jobs left it, may stay bound
         monitor = JobLaneMonitor(kv, table)
         for i in range(len(lanes)):
             if jobs and rnd.random() < 0.7:
@@ -176,7 +185,7 @@ def test_the_scheduler_runs_the_monitor(monkeypatch):
     """Every Scheduler hooks the monitor into its jobs table; the runtime tests run it at every job event."""
     from tests.unit.runtime.runtime_support import Harness
     h = Harness.build(sizes=(1,), lanes=4)
-    assert h.scheduler.jobs.observer == h.scheduler.job_lanes.observe
+    assert h.scheduler.jobs.check == h.scheduler.job_lanes.observe
     seen = []
     monkeypatch.setattr(h.scheduler.job_lanes, "check", lambda after="check": seen.append(after))
     h.submit(prompt=8, new=3)

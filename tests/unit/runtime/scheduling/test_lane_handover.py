@@ -12,6 +12,7 @@ Virtual time only (no sleeps): the timer is fed completion instants, the estimat
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -31,7 +32,7 @@ def played(holding: int | None, decoding: int, steps: int = 64) -> StepTimer:
     """A timer fed ``steps`` back-to-back decode steps of ``decoding`` sequences while ``holding`` hold a slot."""
     timer = StepTimer()
     if holding is not None:
-        timer.holding = lambda: holding
+        timer.holding = SimpleNamespace(active=holding)
     for k in range(steps):
         timer.observe(STEP, lanes=decoding, compiled=16, decoding=decoding, now=STEP * (k + 1))
     return timer

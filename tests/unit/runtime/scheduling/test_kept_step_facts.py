@@ -1,0 +1,200 @@
+"""The decode step's kept facts (issue #20, session 17): what a step used to re-derive every time and now keeps.
+
+* ``ProfileSet.by_ready``: the §8 profile of each Ready count, decided once per count for the set (a generation's
+  profiles never change once built, so nothing invalidates it; a new generation brings a new set);
+* ``ReadyBucket.parked``: a tenant's queue found empty leaves the tick's index but is kept for its return, so a
+  one-stream rotation does not build a queue per step;
+* the jobs table's draw: a job event the monitors' draw does not pick costs no call into the JobLaneSystem
+  monitor, and the binding (lane -> the job that last opened it) is kept by the table at each submit.
+
+These tests play random traffic with the facts kept and with them asked again at every step (the memo bypassed,
+no queue parked): every answer, plan, token, outcome and statistic must be the same.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from calculet.machines.monitor import MONITOR
+from calculet.runtime.scheduling.decode import DecodeBatch
+from calculet.runtime.scheduling.jobs import lanes_of
+from calculet.runtime.scheduling.plan import SchedulingCapabilities
+from calculet.runtime.scheduling.profiles import ProfileSet
+from tests.unit.runtime.runtime_support import Harness
+
+OPS = ("submit", "submit", "submit", "submit", "cancel", "tick", "step", "step", "step", "step", "step", "fail",
+       "confirm")
+_op = st.tuples(st.sampled_from(OPS), st.integers(min_value=0, max_value=10**6))
+
+
+class _AskAgain(dict):  # type: ignore[type-arg]
+    """``ProfileSet.by_ready`` that keeps nothing: every read asks ``select_profile`` again."""
+
+    def __init__(self, profiles: ProfileSet) -> None:
+        super().__init__()
+        self._profiles = profiles
+
+    def __getitem__(self, ready: int) -> Any:
+        return self._profiles.select_profile(ready)
+
+
+class _NoPark(dict):  # type: ignore[type-arg]
+    """``ReadyBucket.parked`` that keeps nothing: a tenant coming back gets a new queue, as before parking."""
+
+    def __setitem__(self, tenant: str, queue: Any) -> None:
+        pass
+
+
+def _ask_again(h: Harness) -> None:
+    """Turn the kept facts off on ``h``'s scheduler: profiles read through ``select_profile``, nothing parked."""
+    decode = h.scheduler.decode
+    original = decode.due
+
+    def due(generation: int, profiles: ProfileSet, now: float) -> Any:
+        if not isinstance(profiles.by_ready, _AskAgain):
+            profiles.by_ready = _AskAgain(profiles)
+        for bucket in decode._buckets.values():  # noqa: SLF001 - the containers the step reads
+            if not isinstance(bucket.parked, _NoPark):
+                bucket.parked = _NoPark()
+        return original(generation, profiles, now)
+
+    decode.due = due  # type: ignore[method-assign]
+
+
+def _plan_row(plan: Any) -> tuple[Any, ...]:
+    work = plan.work
+    if work is None:
+        return ("none", plan.wake_at, plan.reason)
+    ids = tuple(b.request_id for b in work.active) if isinstance(work, DecodeBatch) else (work.request_id,)
+    return (type(work).__name__, work.job_id, work.profile.compiled_batch if isinstance(work, DecodeBatch) else 1,
+            ids, plan.wake_at, plan.engine)
+
+
+def _play(ops: list[tuple[str, int]], kept: bool) -> list[Any]:
+    """Random traffic on a B1/B2/B4 scheduler (the Ready count picks the profile), three tenants (queues leave
+    the index and come back), few lanes (requests wait), chunked prompts, short deadlines, cancels and failed
+    jobs; returns what the caller sees."""
+    h = Harness.build(sizes=(1, 2, 4), lanes=4, chunk=8, caps=SchedulingCapabilities(incremental_prefill=True),
+                      batch={"select_thresholds": {2: 2, 4: 3}},
+                      tenants=[{"name": "a", "weight": 1.0}, {"name": "b", "weight": 3.0, "api_key_sha256": "b" * 64},
+                               {"name": "c", "weight": 2.0, "api_key_sha256": "c" * 64}])
+    if not kept:
+        _ask_again(h)
+    seen: list[Any] = []
+    ids: list[int] = []
+    for op, n in ops:
+        if op == "submit":
+            sub = h.submit(prompt=(4, 12, 30)[n % 3], new=1 + n % 7, tenant="abc"[n // 3 % 3],
+                           deadline_ms=(None, 3, 40, 400)[n // 7 % 4])
+            seen.append(("submit", sub.request_id, sub.outcome))
+            if sub.request_id:
+                ids.append(sub.request_id)
+        elif op == "cancel" and ids:
+            seen.append(("cancel", h.scheduler.cancel(ids[n % len(ids)])))
+        elif op == "tick":
+            h.clock.advance((0.0, 0.001, 0.004, 0.05)[n % 4])
+        elif op in ("step", "fail"):
+            plan = h.step()
+            seen.append(_plan_row(plan))
+            if plan.work is not None:
+                h.scheduler.submitted(plan.work.job_id)
+                seen.append(("applied", h.complete(plan.work, ok=op == "step", stop=ids[n % len(ids):][:1])))
+                if op == "fail":
+                    seen.append(("recovered", h.scheduler.recover_lanes()))
+        elif op == "confirm":
+            h.confirm_all()
+    h.clock.advance(1.0)
+    seen.extend(_plan_row(plan) for plan in h.drive())
+    seen.extend((rid, h.scheduler.registry.outcome(rid), tuple(h.sinks[rid].tokens)) for rid in ids)
+    seen.append(h.scheduler.statistics())
+    assert h.scheduler.idle()
+    return seen
+
+
+@pytest.mark.req("R8.1", "R7.2.1", "R7.2.3")
+@settings(max_examples=80, deadline=None)
+@given(st.lists(_op, min_size=20, max_size=120))
+def test_the_kept_facts_see_what_asking_again_sees(ops: list[tuple[str, int]]) -> None:
+    """Random traffic played twice, the step's kept facts on and off: the same answers, plans (work, profile,
+    lanes, engine, wake-up), tokens, outcomes and statistics. Mutants caught (each checked to fail here): the
+    profile memo keeping its first answer for every count (a steady "decided once" without the count as its
+    key: B4 batches where three are Ready go out as B1); a capped tenant parked with work left (its queue leaves
+    the index with entries: the step counts them Ready and never finds them)."""
+    assert _play(ops, kept=True) == _play(ops, kept=False)
+
+
+@pytest.mark.req("R8.1", "R7.2.1")
+@pytest.mark.parametrize("seed", range(8))
+def test_long_traffic_with_kept_facts_sees_what_asking_again_sees(seed: int) -> None:
+    """The same on long seeded runs (160 calls: the pool fills, tenants leave the index and rejoin it often)."""
+    rng = random.Random(seed)
+    ops = [(rng.choice(OPS), rng.randrange(10**6)) for _ in range(160)]
+    assert _play(ops, kept=True) == _play(ops, kept=False)
+
+
+@pytest.mark.req("R8.1")
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=40), min_size=1, max_size=60),
+       st.sets(st.sampled_from((1, 2, 4, 8, 16)), min_size=1))
+def test_the_profile_memo_is_select_profile(counts: list[int], sizes: set[int]) -> None:
+    """Whatever order the Ready counts come in (repeats included), ``by_ready[n]`` is ``select_profile(n)``.
+    Mutant caught: the memo keeping its first answer for every count (checked)."""
+    h = Harness.build(sizes=tuple(sorted(sizes)), lanes=4,
+                      batch={"select_thresholds": {s: s - 1 for s in sizes if s > 1}})
+    profiles = h.scheduler.profiles
+    assert profiles is not None
+    for n in counts:
+        assert profiles.by_ready[n] is profiles.select_profile(n)
+
+
+@pytest.mark.req("R14.4")
+def test_the_table_asks_the_monitor_only_on_a_drawn_event() -> None:
+    """The jobs table draws for the JobLaneSystem monitor: with some events drawn, the monitor's check runs
+    on exactly the events drawn for it, and the binding is kept at every submit whether drawn or not. Mutants
+    caught (checked): the table calling the monitor on every event (it checks undrawn events); the binding
+    recorded only on drawn events (a submit not drawn leaves its lanes bound to the previous job)."""
+    h = Harness.build(sizes=(1,), lanes=2)
+    monitor = h.scheduler.job_lanes
+    checked: list[str] = []
+    monitor.observe = lambda job, event: checked.append(event)  # type: ignore[method-assign]
+    h.scheduler.jobs.check = monitor.observe
+    events: list[str] = []
+    table_fire = h.scheduler.jobs.fire
+    saved = MONITOR.draws
+    rng = random.Random(5)
+    pattern = iter(lambda: rng.random() < 0.4, None)  # events drawn at random (the test suite: every event)
+    draws: list[bool] = []
+
+    class _Spy:
+        def __iter__(self) -> "_Spy":
+            return self
+
+        def __next__(self) -> bool:
+            drawn = next(pattern)
+            draws.append(drawn)
+            return drawn
+
+    try:
+        MONITOR.draws = _Spy()
+
+        def fire(job: Any, event: str, **args: Any) -> str:
+            before = len(draws)
+            target = table_fire(job, event, **args)
+            events.append(event if len(draws) > before and draws[before] else "")
+            if event == "submit":
+                assert all(h.scheduler.jobs.binding[lane] is job for lane in lanes_of(job.work))
+            return target
+
+        h.scheduler.jobs.fire = fire  # type: ignore[method-assign]
+        for _ in range(3):
+            h.submit(prompt=4, new=10, deadline_ms=60_000)
+        h.drive()
+    finally:
+        MONITOR.draws = saved
+    assert [e for e in events if e] == checked
+    assert len(events) > len(checked) > 0 and "submit" in checked
