@@ -56,6 +56,9 @@ def _count(sys, j):
 # requests × generations
 
 _REQ = RequestMachine.definition
+LIVE = ("ready", "draining", "recovering", "failed")
+"""The generation states a request may be pinned to and a job may be on the device in: from Ready until the
+generation is idle and unloads (its buffers exist)."""
 _UNPINNED = frozenset({"new", "waiting_model"})  # RequestMachine.pinned_exactly_after_bind: generation == 0
 PINNING_EVENTS = ("bind", "admit_now")
 """The request events that pin a request to the Ready generation, which counts it (``acquire``): the coupling
@@ -151,7 +154,7 @@ class GenerationRequestSystem(CoupledSystem):
         SystemInvariant(
             "R12.3", "requests_pinned_only_to_a_live_generation",
             predicate=lambda sys: sys.all_pairs(lambda i, j: Implies(
-                sys.bound(i, j), sys.lanes[j].at("ready", "draining", "recovering", "failed"))),
+                sys.bound(i, j), sys.lanes[j].at(*LIVE))),
             doc="no request is pinned to a generation that is loading, cleaning up or unloaded: the unload's "
                 "cleanup begins only once every pinned request ended",
             rejects=({"requests": [{"state": "decode_ready", "generation": 1}],
@@ -192,8 +195,6 @@ def _engine_free(sys, i):
 
 SERVING = ("ready", "draining")
 """The generation states that take a new job (``ModelManager.may_submit``: Ready, or Draining what was pinned)."""
-LIVE = ("ready", "draining", "recovering", "failed")
-"""The generation states a job may be on the device in: from Ready until it is idle and unloads (its buffers exist)."""
 
 
 def _job_steps() -> list[Coupled]:
