@@ -203,22 +203,33 @@ class FastEdgeProtocol(EdgeGuard, HttpToolsProtocol):
             return
         super()._start_asgi_task(cycle, app)
 
-    def settle(self, cycle: Any, app: Any, started: float) -> None:
-        """The kept request answered by the lane (a 429), held for the engine's next answer, or started as uvicorn
-        would have: when its body is still on its way, the connection was refused or closed meanwhile, a pipelined
-        request followed it in the same read, or the lane declines."""
-        lane = self.lane
+    def lane_body(self, cycle: Any) -> bytes | None:
+        """The kept request's body for the lane to decide on, or None: it is started as uvicorn would have — its body
+        is still on its way, the connection was refused or closed meanwhile, a pipelined request followed it in the
+        same read, or the client waits for "100 Continue" (the app's receive() writes it before its answer)."""
         if (cycle.more_body or cycle.disconnected or cycle is not self.cycle or self.transport.is_closing()
-                or cycle.waiting_for_100_continue):  # the app's receive() writes "100 Continue" before its answer
+                or cycle.waiting_for_100_continue):
+            return None
+        return bytes(cycle.body)
+
+    def settle(self, cycle: Any, app: Any, started: float,
+               answers: list[tuple[Any, Any, bytes]] | None = None) -> None:
+        """The kept request answered by the lane (a 429), held for the engine's next answer, or started as uvicorn
+        would have (:meth:`lane_body`, or the lane declines). With ``answers``, a 429 is appended there for the caller
+        to write (:meth:`write_answer`) instead of written at once (the lane's turn writes its answers together)."""
+        lane = self.lane
+        body = self.lane_body(cycle)
+        if body is None:
             super()._start_asgi_task(cycle, app)
             return
-        body = bytes(cycle.body)
         answer = lane.decide(cycle.scope, body, default_headers=self.server_state.default_headers,
                              keep_alive=cycle.keep_alive, started=started, hold=True, patient=lane.holding())
         if answer is None:
             super()._start_asgi_task(cycle, app)
         elif not isinstance(answer, bytes):  # the lane's HELD: decided after the engine's next answer
             lane.hold(self, cycle, app, body, started)
+        elif answers is not None:
+            answers.append((self, cycle, answer))
         else:
             self.write_answer(cycle, answer)
 

@@ -573,7 +573,10 @@ class _Settling:
         self.settled = settled
         self.answered = answered
 
-    def settle(self, cycle: Any, app: Any, started: float) -> None:
+    def lane_body(self, cycle: Any) -> bytes | None:
+        return None  # nothing for the lane's screen: only the order of the settles is followed here
+
+    def settle(self, cycle: Any, app: Any, started: float, answers: list[Any] | None = None) -> None:
         self.settled.append(cycle.name)
         cycle.response_complete = cycle.name in self.answered
 
@@ -604,3 +607,100 @@ def test_a_turns_requests_are_settled_at_once_up_to_its_first_answer_and_the_oth
         assert settled == ["a", "b", "c", "d", "e", "f"]
 
     asyncio.run(run())
+
+
+class _Staged:
+    """A protocol as :meth:`RefusalLane._end_turn` sees it, recording each stage of each request: its body handed to
+    the screen, its decision (``settle``), its answer's write; the requests named in ``answered`` are refused."""
+
+    def __init__(self, events: list[tuple[str, str]], answered: str) -> None:
+        self.events = events
+        self.answered = answered
+
+    def lane_body(self, cycle: Any) -> bytes | None:
+        return cycle.name.encode()
+
+    def settle(self, cycle: Any, app: Any, started: float, answers: list[Any] | None = None) -> None:
+        self.events.append(("decide", cycle.name))
+        if cycle.name not in self.answered:
+            cycle.response_complete = False
+        elif answers is None:
+            self.write_answer(cycle, b"429")
+        else:
+            answers.append((self, cycle, b"429"))
+
+    def write_answer(self, cycle: Any, answer: bytes) -> None:
+        self.events.append(("write", cycle.name))
+        cycle.response_complete = True
+
+
+def test_a_turns_kept_requests_are_screened_then_decided_then_answered_each_stage_in_order(served: Any) -> None:
+    """Mutants caught: the turn's screen stage removed (each body screened inside its decision: ``screen`` of ``c``
+    after the decision of ``b``); the answers written as each is decided (``write`` of ``b`` before the decision of
+    ``c``); a stage out of arrival order, or a request lost or answered twice; a body screened again at its decision
+    (``screen`` twice for one request)."""
+    from calculet.server.refusal_lane import RefusalLane
+
+    service, _app = served
+    lane = RefusalLane(service, {})
+    events: list[tuple[str, str]] = []
+
+    def screen(scope: dict[str, Any], body: bytes) -> bool:
+        events.append(("screen", body.decode()))
+        scope["state"]["screened"] = False  # declined: the decisions of this test are the edge's own
+        return False
+
+    lane.screen = screen  # type: ignore[method-assign]
+
+    async def run() -> None:
+        edge = _Staged(events, answered="abd")
+        for name in "abcd":
+            lane.arrive(edge, _Cycle(name), None, 0.0)
+        assert events == [("decide", "a"), ("write", "a")]  # the turn's first answer: at once, as before
+        events.clear()
+        await asyncio.sleep(0)
+        assert events == [("screen", "b"), ("screen", "c"), ("screen", "d"),
+                          ("decide", "b"), ("decide", "c"), ("decide", "d"),
+                          ("write", "b"), ("write", "d")]
+
+    asyncio.run(run())
+
+
+def test_a_burst_read_in_one_turn_gets_the_same_429s_as_requests_sent_alone(pinned: Any) -> None:
+    """Several connections whose requests arrive in one turn of the loop (settled by the lane's turn, stage by stage)
+    each get the answer a request alone on its connection gets (its own client id echoed), and one log line each.
+    Mutants caught: the turn's answers not written, written to another request's connection, or written twice; a
+    screen of the turn's stage lost before the decision (the lane declines, the ASGI app answers: a task started)."""
+    from uvicorn.server import ServerState
+
+    from calculet.server.http_server import edge_protocol, uvicorn_config
+
+    service, app = pinned
+    names = [f"burst-{i}" for i in range(5)]
+    reads = [b"".join(_request(NEVER, headers=f"X-Request-Id: {name}\r\n")) for name in names]
+    alone = [_masked(_exchange(app, service, "httptools", [read])[0]) for read in reads]
+
+    async def run() -> tuple[list[bytes], int]:
+        config = uvicorn_config(app, service.config.server)
+        config.http = edge_protocol(service.config.server.header_timeout_s, "httptools")  # type: ignore[assignment]
+        config.load()
+        state, loop = ServerState(), asyncio.get_running_loop()
+        edges = []
+        for _ in reads:
+            protocol = config.http_protocol_class(config=config, server_state=state, app_state={},  # type: ignore
+                                                  _loop=loop)
+            transport = _Transport()
+            protocol.connection_made(transport)
+            edges.append((protocol, transport))
+        for (protocol, _transport), read in zip(edges, reads):
+            protocol.data_received(read)
+        tasks = sum(len(protocol.tasks) for protocol, _transport in edges)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        return [bytes(transport.data) for _protocol, transport in edges], tasks
+
+    answers, tasks = asyncio.run(run())
+    assert tasks == 0
+    assert [_masked(answer) for answer in answers] == alone
+    for name, answer in zip(names, answers):
+        assert answer.count(b"HTTP/1.1 429") == 1 and f"x-client-request-id: {name}\r\n".encode() in answer
