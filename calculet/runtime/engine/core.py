@@ -174,7 +174,7 @@ class EngineCore:
                                     trace=self.trace, provenance=provenance)
         self.jobs = JobPath(self.scheduler, self.executor, self.dispatcher, self.recovery, self.models,
                             self.requests, clock, trace=self.trace, enter_recovery=self._enter_recovery,
-                            back_off=self._back_off)
+                            back_off=self._back_off, recover=self._maybe_recover)
 
     # ------------------------------------------------------------------ the serving generation
 
@@ -322,7 +322,7 @@ class EngineCore:
         results = self.executor.collect() if self._schedule(start) else None
         if results:
             joint.after_call()
-            self._apply_results(results)
+            self.jobs.apply(results)
         joint.after_tick()
         self._account(start)
         return bool(results)
@@ -340,8 +340,7 @@ class EngineCore:
     def _dispatch(self) -> None:
         jobs = self.jobs
         if self.options.mode is ExecutionMode.ASYNC:
-            for result in self.executor.collect():
-                jobs.handle_result(result)
+            jobs.apply(self.executor.collect(), settle=False)  # settled below, after the Wait deadlines
         jobs.expire()
         if self.recovery.pending is not None:
             self._maybe_recover()
@@ -351,16 +350,9 @@ class EngineCore:
     def on_results(self, results: list[JobResult]) -> None:
         """Results collected by the completion thread (real time), applied on the actor."""
         start = time.perf_counter()
-        self._apply_results(results)
+        self.jobs.apply(results)
         self._account(start)
 
-    def _apply_results(self, results: list[JobResult]) -> None:
-        jobs = self.jobs
-        for result in results:
-            jobs.handle_result(result)
-        if self.recovery.pending is not None:
-            self._maybe_recover()
-        jobs.run_commands()
 
     def schedule(self) -> int:
         """Plan and submit while the executor has room; the sync baseline also waits (one job)."""
@@ -392,11 +384,11 @@ class EngineCore:
             if job is None:
                 continue
             submitted += 1
-            if not sync and not scheduler.jobs.has_slot():
+            if not sync and plan.last_slot:
                 if self.chain_ready_s and time.perf_counter() - start < self.chain_ready_s:
                     results = executor.collect()  # a device that completes at submit (the null device) has it now
                     if results:
-                        self._apply_results(results)
+                        self.jobs.apply(results)
                         continue  # the slot is free again: the next step plans work instead of finding none
                 # No slot left: another step now would only find none (issue #20: a B1 token paid two steps).
                 # The step just taken expired the deadlines and admitted what fits at this instant, and its

@@ -13,7 +13,7 @@ the same way, a refused one retried every tick. Requests' engine-side facts live
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from calculet.adapters.calrt import Anomaly, JobResult, ReturnCode, rc_of
 from calculet.clock import Clock
@@ -43,7 +43,7 @@ class JobPath:
     def __init__(self, scheduler: Scheduler, executor: DeviceExecutor, dispatcher: CompletionDispatcher,
                  recovery: HealthRecovery, models: ModelManager, desk: RequestDesk, clock: Clock, *,
                  trace: Trace | None, enter_recovery: Callable[[FaultReason, str], None],
-                 back_off: Callable[[], None]) -> None:
+                 back_off: Callable[[], None], recover: Callable[[], None]) -> None:
         self.scheduler = scheduler
         self.executor = executor
         self.dispatcher = dispatcher
@@ -54,6 +54,9 @@ class JobPath:
         self._desk = desk
         self._enter_recovery = enter_recovery
         self._back_off = back_off
+        self._recover = recover
+        """Recover the device once its healthy jobs drained (the engine's, within the budget): :meth:`apply` asks
+        when a result left a recovery pending."""
         self._pending_frees: list[FreeSequence] = []
         self._provenance = desk.tracks_provenance  # fixed when the desk is built: read once, not per result
 
@@ -114,36 +117,49 @@ class JobPath:
 
     # ------------------------------------------------------------------ completions
 
-    def handle_result(self, result: JobResult) -> None:
-        """A device result: take its job (checked by the executor), deliver what it produced, react to what went
-        wrong. One pass per result (issue #20): a clean step is delivered here; a late completion, a rejected or
-        failed result goes on to :meth:`_late` or :meth:`_react`."""
-        job, found = self.executor.complete(result)
-        if job is None:
-            return
-        work = job.work
-        desk = self._desk
-        desk.on_job_done(work, result)  # device work per request, before the result can end one (#13)
-        provenance = self._provenance
-        if provenance:
-            desk.delivering = (work.generation, result.generation, self.models.generation_of_calbin(result.calbin_id))
-        try:
-            if job.timed_out:  # a late completion: nothing is delivered, the slot and lanes are reclaimed
-                self._late(work, result)
-                return
-            desk.overlapped = job.overlapped
-            if self.trace is not None:
-                for rid in self._request_ids(work):
-                    self.trace.extend((("completion", rid), ("sampler", rid)))
-            if isinstance(work, DecodeBatch):
-                self.scheduler.on_decode_complete(self.dispatcher.decode(job, result, found))
-            else:
-                self.scheduler.on_prefill_complete(self.dispatcher.prefill(job, result, found))
-            if found or result.rc is not ReturnCode.OK:
-                self._react(result, found)
-        finally:
+    def apply(self, results: Iterable[JobResult], settle: bool = True) -> None:
+        """Device results, in order: each one's job taken (checked by the executor), what it produced delivered,
+        what went wrong reacted to — one pass per result (issue #20): a clean step is delivered here; a late
+        completion, a rejected or failed result goes on to :meth:`_late` or :meth:`_react`. ``settle``: then, as
+        after every batch of results the actor applies, the recovery one of them asked for (once the healthy jobs
+        drained) and the machines' commands — one stage from the device's results to the commands they freed,
+        where the engine forwarded each result here and settled after (two calls per decode step)."""
+        executor, desk, provenance, scheduler, dispatcher = (self.executor, self._desk, self._provenance,
+                                                             self.scheduler, self.dispatcher)
+        for result in results:
+            job, found = executor.complete(result)
+            if job is None:
+                continue
+            work = job.work
+            desk.on_job_done(work, result)  # device work per request, before the result can end one (#13)
             if provenance:
-                desk.delivering = None
+                desk.delivering = (work.generation, result.generation,
+                                   self.models.generation_of_calbin(result.calbin_id))
+            try:
+                if job.timed_out:  # a late completion: nothing is delivered, the slot and lanes are reclaimed
+                    self._late(work, result)
+                    continue
+                desk.overlapped = job.overlapped
+                if self.trace is not None:
+                    for rid in self._request_ids(work):
+                        self.trace.extend((("completion", rid), ("sampler", rid)))
+                if isinstance(work, DecodeBatch):
+                    scheduler.on_decode_complete(dispatcher.decode(job, result, found))
+                else:
+                    scheduler.on_prefill_complete(dispatcher.prefill(job, result, found))
+                if found or result.rc is not ReturnCode.OK:
+                    self._react(result, found)
+            finally:
+                if provenance:
+                    desk.delivering = None
+        if settle:
+            if self.recovery.pending is not None:
+                self._recover()
+            self.run_commands()
+
+    def handle_result(self, result: JobResult) -> None:
+        """One device result, :meth:`apply` of it alone with nothing settled after (the caller settles)."""
+        self.apply((result,), settle=False)
 
     def _late(self, work: PrefillWork | DecodeBatch, result: JobResult) -> None:
         """The result of a job that timed out: its slot and lanes are reclaimed, nothing is delivered."""

@@ -281,11 +281,11 @@ class DecodeScheduler:
                 if queue is None:
                     queue = TenantQueue()
                 tenants[tenant] = queue
-            fifo = queue.fifo  # TenantQueue.push inlined (once per lane per step)
+            fifo = queue.fifo  # TenantQueue.push inlined (once per lane per step), both its parts
             if not fifo or entry > fifo[-1]:
                 fifo.append(entry)
-            else:
-                queue.push(entry)
+            else:  # behind the FIFO's last (a rotation's equal tags, by virtual finish): the heap part
+                heapq.heappush(queue.heap, entry)
         bucket.count += len(recs) - pushed
         self._seq = seq
 

@@ -56,6 +56,9 @@ class Plan(NamedTuple):
     engine: JobEngine | None = None
     wake_at: float | None = None
     reason: str = ""
+    last_slot: bool = False
+    """The job takes the last in-flight slot: until a job ends, another step finds none (the engine stops planning
+    once it is submitted; the slots are the jobs table's, counted when the job was planned, issue #20)."""
 
 
 class Applied(NamedTuple):

@@ -280,7 +280,8 @@ class Scheduler:
                 self._next_job += 1
                 job = self.jobs.plan(job_id, PREFILL, work.generation, 1, work)
             self._pending = job
-            return _new_tuple(Plan, (job.work, job.engine, wake, ""))  # Plan(...) without its __new__ frame
+            jobs = self.jobs  # the last slot: has_slot's rule, read here once the job holds its slot
+            return _new_tuple(Plan, (job.work, job.engine, wake, "", len(jobs.by_id) >= jobs.max_inflight))
         return Plan(None, wake_at=wake, reason="no eligible work")
 
     def submitted(self, job_id: int) -> None:

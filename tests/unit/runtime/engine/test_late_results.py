@@ -54,7 +54,7 @@ class _Recorded:
         dispatcher = SimpleNamespace(decode=unreachable, prefill=unreachable)
         return JobPath(cast(Any, self.scheduler), cast(Any, self.executor), cast(Any, dispatcher), cast(Any, None),
                        cast(Any, self.models), cast(Any, self.desk), FakeClock(), trace=None,
-                       enter_recovery=unreachable, back_off=unreachable)
+                       enter_recovery=unreachable, back_off=unreachable, recover=unreachable)
 
 
 def _late(work: object) -> tuple[InflightJob, JobResult]:

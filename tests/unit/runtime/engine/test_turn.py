@@ -36,3 +36,25 @@ def test_a_turn_applies_the_results_the_null_device_already_has_under_one_host_t
         assert sum(applied) == core.executor.statistics().submitted == 4  # a prefill and three decode steps
     finally:
         core.teardown()
+
+
+def test_a_chained_turn_frees_an_ended_streams_lane_before_its_next_step() -> None:
+    """Results applied inside a chained schedule are settled there (``JobPath.apply``): the stream that ends frees
+    its KV lane (the ``FreeSequence`` command runs, the release is confirmed, the waiting request admitted) before
+    the chain's next step, which then prefills the newcomer in the same turn. Mutant caught (checked): ``apply``
+    without its settling (the lane stays held until the schedule ends: the chain finds nothing to plan, and the
+    newcomer waits for the next turn)."""
+    engine = ThreadedEngine(engine_config(admission={"max_sequences": 1}),
+                            SimCalRT(SimConfig(time_mode=TimeMode.REAL, cost=CostModel.null())),
+                            package_dir("current"), options=EngineOptions(verify_golden=False, monitor_mode=None))
+    core = engine._core  # noqa: SLF001 - driven on this thread: the actor is never started
+    core.chain_ready_s = 60.0  # one turn chains every ready result (a null device's, at once)
+    first, second = StreamWriter(), StreamWriter()
+    core.submit(request(0, 3), first)
+    core.submit(request(1, 3), second)
+    try:
+        core.turn()
+        assert first.result(0).outcome.state == "completed"
+        assert second.result(0).outcome.state == "completed"  # admitted, prefilled and decoded in the same turn
+    finally:
+        core.teardown()

@@ -198,3 +198,36 @@ def test_the_table_asks_the_monitor_only_on_a_drawn_event() -> None:
         MONITOR.draws = saved
     assert [e for e in events if e] == checked
     assert len(events) > len(checked) > 0 and "submit" in checked
+
+
+@pytest.mark.req("R14.1", "R5.1.2")
+@pytest.mark.parametrize("inflight", [1, 2])
+def test_the_plan_says_when_it_takes_the_last_slot(inflight: int) -> None:
+    """``Plan.last_slot`` (the engine stops planning on it) is the jobs table's answer once the job holds its slot:
+    true exactly when another step would find no slot. Mutants caught (checked): the last slot counted before the
+    job took it (``>`` for ``>=``: one job at a time never says last, the engine steps again for nothing; two
+    at a time says last one job early, and ping/pong runs one job)."""
+    h = Harness.build(sizes=(1,), lanes=4, executor={"max_inflight": inflight})
+    for _ in range(4):
+        h.submit(prompt=4, new=6, deadline_ms=60_000)
+    held: list[Any] = []  # works on the device, oldest first
+    planned = 0
+    for _ in range(400):
+        plan = h.step()
+        if plan.work is None:
+            if not held:
+                if h.confirm_all() == 0:
+                    break
+                continue
+            h.complete(held.pop(0))
+            h.confirm_all()
+            continue
+        planned += 1
+        h.scheduler.submitted(plan.work.job_id)
+        held.append(plan.work)
+        assert plan.last_slot == (not h.scheduler.jobs.has_slot())
+        assert plan.last_slot == (len(held) == inflight)
+        if plan.last_slot:
+            h.complete(held.pop(0))
+            h.confirm_all()
+    assert planned > 8 and not held
