@@ -60,11 +60,6 @@ class ReadyBucket:
         self.tenants = dict(self.tenants)
         self.left = 0
 
-    def leave(self, tenant: str) -> None:
-        """``tenant``'s queue was found empty: out of the index (a tick walks tenants with work only), parked."""
-        self.parked[tenant] = self.tenants.pop(tenant)
-        self.left += 1
-
     def rejoin(self, tenant: str) -> TenantQueue:
         """``tenant``, not in the index, has work again: its parked queue (or a new one) back in the index."""
         queue = self.parked.pop(tenant, None)

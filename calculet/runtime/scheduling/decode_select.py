@@ -89,8 +89,9 @@ def tenant_heads(bucket: ReadyBucket, names: Iterable[str]) -> list[list[Any]]:
         head = queue.head()  # once per tenant with work and tick: not worth a second inlined copy
         if head is not None:
             heads.append(head)
-        else:  # the index holds tenants with work only: a tick costs O(tenants with work)
-            bucket.leave(tenant)
+        else:  # the index holds tenants with work only (a tick costs O(tenants with work)); its queue parked
+            bucket.parked[tenant] = tenants.pop(tenant)
+            bucket.left += 1
     heapq.heapify(heads)
     return heads
 
@@ -161,8 +162,9 @@ def _leave_merge(heads: list[list[Any]], bucket: ReadyBucket, tenant: str,
     """``tenant`` leaves the merge: out of the index if its queue is empty, else set aside at its lane
     cap (§7.2 item 3). Returns 1 for a cap hit that left lanes free, else 0 (once per tenant per tick)."""
     heapq.heappop(heads)
-    if head is None:
-        bucket.leave(tenant)
+    if head is None:  # out of the index, its queue parked for its return (ReadyBucket.parked)
+        bucket.parked[tenant] = bucket.tenants.pop(tenant)
+        bucket.left += 1
         return 0
     capped.append(tenant)
     return 1 if lanes_free else 0
