@@ -109,7 +109,8 @@ class InflightTable:
         (:meth:`plan` takes a free one), so with one job held and ``max_inflight`` 2 the other engine is
         free, and with ``max_inflight`` 1 an empty table leaves PING free. ``fixed_engine`` comes with
         ``max_inflight`` 1 (the constructor and the executor config refuse 2; the §14 degrade only lowers it).
-        So :meth:`_free_engine` is not asked here, twice a step (issue #20); :meth:`plan` asks it."""
+        So :meth:`_free_engine` is not asked here, once a step (issue #20); :meth:`plan` asks it. The engine reads
+        the answer after a planned job from its plan (``Plan.last_slot``), not by asking again."""
         return len(self._jobs) < self.max_inflight
 
     def plan(self, job_id: int, kind: str, generation: int, lanes: int, work: Any) -> JobRecord:
