@@ -255,10 +255,15 @@ class RefusalLane:
         turns per request (the same reasoning as the batch of :meth:`arrive`, one level down). The decisions are made
         in the same order, each from the snapshot of its moment: screening is a pure function of the body (the memo
         aside), and nothing the loop runs comes between a decision and its answer's write but the turn's other
-        decisions. ``bench/overload_http.py --part burst --distinct`` against c651575, three interleaved pairs in one
-        run (load 2-6): the loop's CPU per request up to the last 429 0.126/0.099/0.208 ms against 0.184/0.221/0.188,
-        the 429 P99 56/68/103 ms against 127/104/79 (the third pair's own run held 298 of its burst for want of a
-        snapshot: those are decided by the drains, :meth:`_decide_held`, not here)."""
+        decisions. Measured against c651575 (this change alone on it), interleaved pairs in one run each, load 2-6:
+        ``bench/overload_http.py --part burst --distinct``, six pairs in two runs, the loop's CPU per request up to
+        the last 429 0.126/0.099/0.208/0.097/0.118/0.160 ms against 0.184/0.221/0.188/0.200/0.122/0.166 (medians
+        0.122 and 0.186), the 429 P99 56/68/103/36/62/136 ms against 127/104/79/86/64/72 (the wall times move with
+        the machine: the 136 ms run's loop spent 48 ms of CPU in the 212 ms to its last 429); ``bench/loop_profile.py
+        --distinct``, four pairs: 0.140/0.119/0.138/0.144 ms a refusal against 0.163/0.158/0.160/0.181 with the device
+        busy, 0.121/0.103/0.114/0.103 against 0.145/0.136/0.144/0.156 from a pinned snapshot. (Its ``--stages`` split
+        cannot show this: its timers, two clock reads around each of ~20 calls a request, break the locality it
+        measures.)"""
         turn, self._turn, self._batching = self._turn or [], None, False
         for edge, cycle, _app, _started in turn:
             try:
