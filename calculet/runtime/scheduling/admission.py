@@ -161,6 +161,10 @@ class AdmissionController:
         self._outcomes: Counter[str] = Counter()
         self._timeouts = 0
         self._blocked: Counter[str] = Counter()
+        self.blocked_by: str | None = None
+        """The budget that kept the last :meth:`next_admissible`'s head out (None: it admitted one, or found none
+        that was not held back): a pass that nothing could have changed since ends the same way
+        (:meth:`blocked_again`, issue #20)."""
         self._tenant_parked: dict[str, set[object]] = {}
         self._long_parked: set[object] = set()
         self._queued_cost: Counter[str] = Counter()
@@ -331,6 +335,7 @@ class AdmissionController:
         while True:
             head = queue.peek()
             if head is None:
+                self.blocked_by = None
                 return None
             flow, tag, rec = head
             held = self._held_back(rec)
@@ -340,6 +345,7 @@ class AdmissionController:
                 parked.add(flow)
                 continue
             blocker = self._blocker(rec, free_lanes)
+            self.blocked_by = blocker
             if blocker is not None:
                 self._blocked[blocker] += 1
                 return None
@@ -348,6 +354,11 @@ class AdmissionController:
             rec.entry = None
             rec.virtual_finish = tag
             return rec
+
+    def blocked_again(self) -> None:
+        """The pass :meth:`next_admissible` would make now is the last one again — the same head, held out by the same
+        budget (the scheduler knows nothing it reads has moved since): counted as that pass counts it."""
+        self._blocked[self.blocked_by] += 1  # type: ignore[index]
 
     # ------------------------------------------------------------------ active budget
 

@@ -18,13 +18,18 @@ class Changes:
     the step and the decode result skip both (the usual step of a saturated decode rotation). ``reuse`` False
     (a test's switch) never records a calm count: every step asks again."""
 
-    __slots__ = ("count", "calm", "wake", "reuse")
+    __slots__ = ("count", "calm", "wake", "reuse", "blocked")
 
     def __init__(self) -> None:
         self.count = 0
         self.calm = -1
         self.wake: float | None = None
         self.reuse = True
+        self.blocked: tuple[int, int, int | None] | None = None
+        """(count, free KV lanes, decode cap) at which an admission pass ended on a head the budget held out
+        (``AdmissionController.blocked_by``): while all three stay, the next pass would end the same way — the
+        waiting set, the budget's counters and the held-back tenants move only by reported transitions, the lanes
+        and the cap are compared by value (a saturated rotation with requests waiting, issue #20)."""
 
     def settle(self, nothing_waits: bool, wake: float | None) -> float | None:
         """A pass just ran at the current count and found ``wake`` the next due deadline: remembered when it found

@@ -446,11 +446,18 @@ class Scheduler:
         ready = self.generations.availability is ModelAvailability.READY
         if not ready or not admission.waiting:
             return  # nothing waits (every step of a saturated decode rotation): nothing to admit (issue #20)
-        kv = self.kv
+        kv, changes = self.kv, self.changes
         cap = self.on_time.decode_cap() if self.on_time is not None else None
+        if cap is not None and admission.active >= cap:
+            return
+        if changes.blocked is not None and changes.blocked == (changes.count, kv.free_lanes, cap):
+            admission.blocked_again()  # the last pass's head, held out again (Changes.blocked)
+            return
         while cap is None or admission.active < cap:
             rec = admission.next_admissible(kv.free_lanes)
             if rec is None:
+                if admission.blocked_by is not None and changes.reuse:
+                    changes.blocked = (changes.count, kv.free_lanes, cap)
                 return
             self._admit(rec, now)
 

@@ -175,3 +175,33 @@ def test_the_wake_up_follows_a_deadline_swept_for_an_ended_request() -> None:
     h.run(plan)
     h.drive()
     assert h.scheduler.registry.outcome(long).state == "completed"
+
+
+@pytest.mark.req("R5.1.2", "R5.2.2")
+def test_a_full_pool_with_requests_waiting_keeps_its_blocked_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two streams decoding on two lanes, two requests waiting: once a pass finds the head held out (no free lane),
+    the passes of the next steps and results take that answer (``Changes.blocked``) — counted as blocked each time,
+    the queue not walked again — until a stream ends and its lane is released; the waiting ones are then admitted
+    and every request completes. Mutants caught (each checked, here and by the random traffic above): the kept
+    pass keyed without the free lanes (a lane released with no transition: the newcomer is never admitted by that
+    release), a kept pass not counted as blocked (the statistics differ from asking again)."""
+    h = Harness.build(sizes=(1,), lanes=2)
+    ids = [h.submit(prompt=4, new=8, deadline_ms=60_000).request_id for _ in range(4)]
+    h.prefill_all()
+    h.confirm_all()
+    walks = []
+    admission = h.scheduler.admission
+    real = admission.next_admissible
+    monkeypatch.setattr(admission, "next_admissible", lambda free: walks.append(free) or real(free))
+    blocked = admission.statistics().blocked.get("kv_lane", 0)
+    for _ in range(6):
+        h.run(h.step())
+        _promise(h)
+    assert len(walks) <= 1 and admission.statistics().blocked.get("kv_lane", 0) >= blocked + 6
+    while all(h.scheduler.registry.outcome(rid) is None for rid in ids[:2]):  # until a stream ends
+        h.run(h.step())
+    assert [h.state(rid) for rid in ids[2:]] == ["waiting_admission"] * 2  # its lane not released yet
+    h.confirm_all()  # released: no transition, the free lanes moved
+    assert sorted(h.state(rid) for rid in ids[2:]) == ["prefill_ready", "waiting_admission"]
+    h.drive()
+    assert [h.scheduler.registry.outcome(rid).state for rid in ids] == ["completed"] * 4
