@@ -29,9 +29,9 @@ $(STAMP_RUN): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv --without-pip $(VENV)
 	@# uv comes from $(PYTHON)'s pip; a $(PYTHON) without pip (e.g. an activated venv made by uv) bootstraps
 	@# the bundled pip into .venv (ensurepip, offline) and installs uv with that
-	test -x $(UV) || if $(PYTHON) -m pip --version >/dev/null 2>&1; then \
+	@test -x $(UV) || { echo "installing uv into $(VENV)"; if $(PYTHON) -m pip --version >/dev/null 2>&1; then \
 		$(PYTHON) -m pip --python $(PY) install --quiet --disable-pip-version-check 'uv>=0.4,<1'; \
-	else $(PY) -m ensurepip >/dev/null && $(PY) -m pip install --quiet --disable-pip-version-check 'uv>=0.4,<1'; fi
+	else $(PY) -m ensurepip >/dev/null && $(PY) -m pip install --quiet --disable-pip-version-check 'uv>=0.4,<1'; fi; }
 	$(INSTALL) -e .
 	touch $(STAMP_RUN)
 
