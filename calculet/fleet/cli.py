@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -186,18 +187,25 @@ def _cmd_agent(args: argparse.Namespace) -> int:
 def _cmd_local(args: argparse.Namespace) -> int:
     from calculet.fleet.local import LocalFleet
 
+    # SIGTERM (a supervisor, `kill PID`) stops the fleet as Ctrl-C does: without this the process died and left
+    # HAProxy and every board running. SIGINT gets Python's handler back even when a shell started us in the
+    # background with SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     fleet = LocalFleet(args.workdir, boards=args.boards, sim_cost=args.sim_cost)
-    fleet.start()
-    console = Console()
-    console.print(f"HAProxy on {fleet.url}; admin socket {fleet.runtime().socket_path}; boards "
-                  + ", ".join(f"{m.board.name}={m.board.url} (pid {m.pid})" for m in fleet.members))
-    console.print(f"admin token: {fleet.admin_token}   packages: {fleet.packages}   Ctrl-C stops everything")
-    try:
+    try:  # a signal during the start stops what had started too
+        fleet.start()
+        console = Console()
+        console.print(f"HAProxy on {fleet.url}; admin socket {fleet.runtime().socket_path}; boards "
+                      + ", ".join(f"{m.board.name}={m.board.url} (pid {m.pid})" for m in fleet.members))
+        console.print(f"admin token: {fleet.admin_token}   packages: {fleet.packages}   Ctrl-C stops everything")
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
         pass
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second signal must not cut the stop short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         fleet.stop()
     return 0
 
