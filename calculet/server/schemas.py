@@ -101,7 +101,7 @@ class StreamOptions(_Request):
     continuous_usage_stats: bool = Field(False, description="vLLM's extension: usage counts so far in every chunk.")
 
 
-def _shape(value: Any) -> str:
+def _shape(value: Any) -> str | None:
     """The branch of a text-or-list union a value takes, decided by its shape, so that an error names the
     element the client wrote (``stop.0``) and never pydantic's union tags. Tags are not identifiers, so they can
     never be mistaken for a field name."""
@@ -115,13 +115,24 @@ def _shape(value: Any) -> str:
             return "as-token-lists"
         if isinstance(first, dict):
             return "as-parts"
-    return "as-tokens" if isinstance(value, list) else "as-text"
+    return "as-tokens" if isinstance(value, list) else None
+
+
+def _text_or_list(kind: str, list_tag: str) -> Discriminator:
+    """A text-or-list union's discriminator whose error, for a value of neither kind (``"content": 5``), names both
+    kinds the field takes — not only the member its tag fell back to (``Input should be a valid list``)."""
+    def shape(value: Any) -> str | None:
+        if isinstance(value, str):
+            return "as-text"
+        return list_tag if isinstance(value, list) else None
+    return Discriminator(shape, custom_error_type="text_or_list_type",
+                         custom_error_message=f"Input should be a string or a list of {kind}")
 
 
 StopField = Annotated[Union[Annotated[Annotated[str, Field(min_length=1)], Tag("as-text")],
                             Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_SEQUENCES),
                                       Tag("as-texts")]],
-                      Discriminator(lambda v: "as-text" if isinstance(v, str) else "as-texts")] | None
+                      _text_or_list("strings", "as-texts")] | None
 _IGNORED = "Accepted for compatibility and ignored: it does not change generation."
 _NEUTRAL = "Not supported beyond this value"
 
@@ -174,7 +185,8 @@ PromptField = Annotated[Union[Annotated[str, Tag("as-text")],
                               Annotated[list[str], Field(min_length=1, max_length=1), Tag("as-texts")],
                               Annotated[TokenIds, Tag("as-tokens")],
                               Annotated[list[TokenIds], Field(min_length=1, max_length=1), Tag("as-token-lists")]],
-                        Discriminator(_shape)]
+                        Discriminator(_shape, custom_error_type="text_or_list_type",
+                                      custom_error_message="Input should be a string, a list of token ids, or a list of one of either")]
 
 
 class CompletionRequest(_Sampling):
@@ -196,7 +208,7 @@ class TextPart(_Request):
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant"]
     content: Annotated[Union[Annotated[str, Tag("as-text")], Annotated[list[TextPart], Tag("as-parts")]],
-                       Discriminator(lambda v: "as-text" if isinstance(v, str) else "as-parts")] | None = None
+                       _text_or_list("text parts", "as-parts")] | None = None
     name: str | None = Field(None, max_length=64)
 
     def text(self) -> str:
