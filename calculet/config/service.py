@@ -128,7 +128,7 @@ class ServerConfig(Section):
     )
     max_header_bytes: Annotated[PosInt, Field(ge=1024, le=1024 * 1024)] = Field(
         16 * 1024,
-        description="Largest request line plus headers (bytes; h11's max incomplete event size); "
+        description="Largest request line plus headers (bytes), on either HTTP/1.1 parser (httptools or h11); "
         "headers still incomplete beyond it are answered 431 and the connection closed.",
     )
     header_timeout_s: Annotated[PosFloat, Field(le=300.0)] = Field(
