@@ -31,6 +31,13 @@ class Changes:
         waiting set, the budget's counters and the held-back tenants move only by reported transitions, the lanes
         and the cap are compared by value (a saturated rotation with requests waiting, issue #20)."""
 
+    def held_out(self, blocker: str | None, free_lanes: int, cap: int | None) -> None:
+        """An admission pass just ended, on a head held out by ``blocker`` (None: nothing it could admit was
+        held out): remembered as :attr:`blocked` (not while ``reuse`` is off). A kept key holds only a pass that
+        the decode cap let run: the cap is in the key, and the active count moves only by transitions."""
+        if blocker is not None and self.reuse:
+            self.blocked = (self.count, free_lanes, cap)
+
     def settle(self, nothing_waits: bool, wake: float | None) -> float | None:
         """A pass just ran at the current count and found ``wake`` the next due deadline: remembered when it found
         nothing waiting. Returns ``wake``."""

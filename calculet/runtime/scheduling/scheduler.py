@@ -147,10 +147,8 @@ class Scheduler:
 
     def set_model(self, generation: int, availability: ModelAvailability, profiles: ProfileSet | None = None,
                   detail: str = "") -> None:
-        """The model manager's view of the alias: its generation, availability and profiles.
-
-        ``detail`` is the error detail of requests that end because the generation went away
-        or failed (R19.2)."""
+        """The model manager's view of the alias: its generation, availability and profiles. ``detail`` is the
+        error detail of requests that end because the generation went away or failed (R19.2)."""
         self._no_pending()
         self.generations.set_model(generation, availability, profiles, detail, self._clock.now())
 
@@ -448,16 +446,13 @@ class Scheduler:
             return  # nothing waits (every step of a saturated decode rotation): nothing to admit (issue #20)
         kv, changes = self.kv, self.changes
         cap = self.on_time.decode_cap() if self.on_time is not None else None
-        if cap is not None and admission.active >= cap:
-            return
-        if changes.blocked is not None and changes.blocked == (changes.count, kv.free_lanes, cap):
+        if changes.blocked == (changes.count, kv.free_lanes, cap):
             admission.blocked_again()  # the last pass's head, held out again (Changes.blocked)
             return
         while cap is None or admission.active < cap:
             rec = admission.next_admissible(kv.free_lanes)
             if rec is None:
-                if admission.blocked_by is not None and changes.reuse:
-                    changes.blocked = (changes.count, kv.free_lanes, cap)
+                changes.held_out(admission.blocked_by, kv.free_lanes, cap)
                 return
             self._admit(rec, now)
 
