@@ -21,11 +21,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calculet.machines.monitor import MONITOR
-from calculet.runtime.scheduling.decode import DecodeBatch
 from calculet.runtime.scheduling.jobs import lanes_of
 from calculet.runtime.scheduling.plan import SchedulingCapabilities
 from calculet.runtime.scheduling.profiles import ProfileSet
 from tests.unit.runtime.runtime_support import Harness
+from tests.unit.runtime.scheduling.traffic import play
 
 OPS = ("submit", "submit", "submit", "submit", "cancel", "tick", "step", "step", "step", "step", "step", "fail",
        "confirm")
@@ -66,15 +66,6 @@ def _ask_again(h: Harness) -> None:
     decode.due = due  # type: ignore[method-assign]
 
 
-def _plan_row(plan: Any) -> tuple[Any, ...]:
-    work = plan.work
-    if work is None:
-        return ("none", plan.wake_at, plan.reason)
-    ids = tuple(b.request_id for b in work.active) if isinstance(work, DecodeBatch) else (work.request_id,)
-    return (type(work).__name__, work.job_id, work.profile.compiled_batch if isinstance(work, DecodeBatch) else 1,
-            ids, plan.wake_at, plan.engine)
-
-
 def _play(ops: list[tuple[str, int]], kept: bool) -> list[Any]:
     """Random traffic on a B1/B2/B4 scheduler (the Ready count picks the profile), three tenants (queues leave
     the index and come back), few lanes (requests wait), chunked prompts, short deadlines, cancels and failed
@@ -85,35 +76,7 @@ def _play(ops: list[tuple[str, int]], kept: bool) -> list[Any]:
                                {"name": "c", "weight": 2.0, "api_key_sha256": "c" * 64}])
     if not kept:
         _ask_again(h)
-    seen: list[Any] = []
-    ids: list[int] = []
-    for op, n in ops:
-        if op == "submit":
-            sub = h.submit(prompt=(4, 12, 30)[n % 3], new=1 + n % 7, tenant="abc"[n // 3 % 3],
-                           deadline_ms=(None, 3, 40, 400)[n // 7 % 4])
-            seen.append(("submit", sub.request_id, sub.outcome))
-            if sub.request_id:
-                ids.append(sub.request_id)
-        elif op == "cancel" and ids:
-            seen.append(("cancel", h.scheduler.cancel(ids[n % len(ids)])))
-        elif op == "tick":
-            h.clock.advance((0.0, 0.001, 0.004, 0.05)[n % 4])
-        elif op in ("step", "fail"):
-            plan = h.step()
-            seen.append(_plan_row(plan))
-            if plan.work is not None:
-                h.scheduler.submitted(plan.work.job_id)
-                seen.append(("applied", h.complete(plan.work, ok=op == "step", stop=ids[n % len(ids):][:1])))
-                if op == "fail":
-                    seen.append(("recovered", h.scheduler.recover_lanes()))
-        elif op == "confirm":
-            h.confirm_all()
-    h.clock.advance(1.0)
-    seen.extend(_plan_row(plan) for plan in h.drive())
-    seen.extend((rid, h.scheduler.registry.outcome(rid), tuple(h.sinks[rid].tokens)) for rid in ids)
-    seen.append(h.scheduler.statistics())
-    assert h.scheduler.idle()
-    return seen
+    return play(h, ops, "abc")
 
 
 @pytest.mark.req("R8.1", "R7.2.1", "R7.2.3")

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calculet.runtime.scheduling.decode import DecodeBatch
 from calculet.runtime.scheduling.plan import SchedulingCapabilities
 from tests.unit.runtime.runtime_support import Harness
+from tests.unit.runtime.scheduling.traffic import play
 
 OPS = ("submit", "submit", "cancel", "tick", "step", "step", "step", "fail", "confirm")
 _op = st.tuples(st.sampled_from(OPS), st.integers(min_value=0, max_value=10**6))
@@ -31,56 +31,20 @@ def _promise(h: Harness) -> None:
         assert changes.wake == h.scheduler._deadlines.next_due()  # noqa: SLF001 - the queue the step reads
 
 
-def _plan_row(plan: Any) -> tuple[Any, ...]:
-    work = plan.work
-    if work is None:
-        return ("none", plan.wake_at, plan.reason)
-    ids = tuple(b.request_id for b in work.active) if isinstance(work, DecodeBatch) else (work.request_id,)
-    return (type(work).__name__, work.job_id, ids, plan.wake_at, plan.engine)
-
-
 def _play(ops: list[tuple[str, int]], reuse: bool) -> tuple[list[Any], int]:
     """Random traffic on a B1/B4 scheduler with few lanes (requests wait), chunked prompts, short deadlines,
     cancels and failed jobs; returns what the caller sees (every answer, plan, token and outcome, the
-    statistics) and how many steps found the count calm."""
+    statistics) and how many steps found the count calm. The count's promise is held after every call."""
     h = Harness.build(sizes=(1, 4), lanes=3, chunk=8, caps=SchedulingCapabilities(incremental_prefill=True),
                       tenants=[{"name": "a", "weight": 1.0}, {"name": "b", "weight": 3.0, "api_key_sha256": "b" * 64}])
     changes = h.scheduler.changes
     changes.reuse = reuse
-    seen: list[Any] = []
-    ids: list[int] = []
-    calm_steps = 0
-    for op, n in ops:
-        if op == "submit":
-            sub = h.submit(prompt=(4, 12, 30)[n % 3], new=1 + n % 7, tenant="ab"[n // 3 % 2],
-                           deadline_ms=(None, 3, 40, 400)[n // 7 % 4])
-            seen.append(("submit", sub.request_id, sub.outcome))
-            if sub.request_id:
-                ids.append(sub.request_id)
-        elif op == "cancel" and ids:
-            seen.append(("cancel", h.scheduler.cancel(ids[n % len(ids)])))
-        elif op == "tick":
-            h.clock.advance((0.0, 0.001, 0.004, 0.05)[n % 4])
-        elif op in ("step", "fail"):
-            calm_steps += changes.calm == changes.count
-            plan = h.step()
-            seen.append(_plan_row(plan))
-            if plan.work is not None:
-                h.scheduler.submitted(plan.work.job_id)
-                seen.append(("applied", h.complete(plan.work, ok=op == "step", stop=ids[n % len(ids):][:1])))
-                if op == "fail":  # a known failure: the device is done with the job's lanes (as the engine does)
-                    seen.append(("recovered", h.scheduler.recover_lanes()))
-        elif op == "confirm":
-            h.confirm_all()
-        _promise(h)
-    h.clock.advance(1.0)
-    seen.extend(_plan_row(plan) for plan in h.drive())
-    _promise(h)
-    seen.extend((rid, h.scheduler.registry.outcome(rid), tuple(h.sinks[rid].tokens)) for rid in ids)
-    stats = h.scheduler.statistics()
-    seen.append(stats)
-    assert h.scheduler.idle()
-    return seen, calm_steps
+    calm_steps = [0]
+
+    def count_calm() -> None:
+        calm_steps[0] += changes.calm == changes.count
+
+    return play(h, ops, "ab", after_call=lambda: _promise(h), before_step=count_calm), calm_steps[0]
 
 
 def _same_either_way(ops: list[tuple[str, int]]) -> None:
