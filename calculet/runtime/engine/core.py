@@ -353,7 +353,6 @@ class EngineCore:
         self.jobs.apply(results)
         self._account(start)
 
-
     def schedule(self) -> int:
         """Plan and submit while the executor has room; the sync baseline also waits (one job)."""
         start = time.perf_counter()
