@@ -62,6 +62,7 @@ import numpy as np
 from calculet.errors import DefinitionError
 from calculet.records import quick_init
 from calculet.runtime.distribution import BATCH_WAIT_BOUNDS, Distribution, DistributionSnapshot
+from calculet.runtime.scheduling.asked_once import AskedOnce
 from calculet.runtime.scheduling.decode_ready import ReadyBucket, push_compacting
 from calculet.runtime.scheduling.decode_select import LaneBinding, select_candidates
 from calculet.runtime.scheduling.estimates import StepTimer
@@ -121,26 +122,6 @@ class DecodeBatch:
 
 
 _new_tuple = tuple.__new__
-
-
-class _PerTenant(dict[str, int]):
-    """A tenant's decode step cost (``wfq_decode_weight / weight``, scaled), asked of ``cost`` once per tenant.
-
-    The cost is fixed by the tenant's configured weight (§5.3), and a decode step reads it once per lane
-    (:meth:`DecodeScheduler.add_back`): a dictionary read instead of a call (issue #20). Called like the
-    function it caches."""
-
-    __slots__ = ("_cost",)
-
-    def __init__(self, cost: Callable[[str], int]) -> None:
-        super().__init__()
-        self._cost = cost
-
-    def __missing__(self, tenant: str) -> int:
-        value = self[tenant] = self._cost(tenant)
-        return value
-
-    __call__ = dict.__getitem__
 
 
 class NoBatchReason(enum.Enum):
@@ -211,7 +192,9 @@ class DecodeScheduler:
         self.window_s = batching_window_us / 1_000_000
         self.share = max_tenant_lane_share
         self._step_times = step_times if step_times is not None else StepTimer()
-        self._step_cost = _PerTenant(step_cost or (lambda tenant: 1))
+        # a tenant's decode step cost (wfq_decode_weight / weight, scaled) is fixed by its configured weight (§5.3)
+        # and read once per lane per step: asked once per tenant (issue #20)
+        self._step_cost: AskedOnce[str, int] = AskedOnce(step_cost or (lambda tenant: 1))
         self._buckets: dict[int, ReadyBucket] = {}
         self._vt = 0
         self._seq = 0

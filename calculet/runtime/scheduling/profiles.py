@@ -19,9 +19,10 @@ batch is the decode scheduler's batching window (§7.2 items 4–5), not a profi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Collection, Iterable, Mapping
+from typing import Collection, Iterable, Mapping
 
 from calculet.errors import ConfigError, DefinitionError
+from calculet.runtime.scheduling.asked_once import AskedOnce
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,20 +88,6 @@ class ProfileSpec:
         return None
 
 
-class _ByReady(dict[int, ProfileSpec]):
-    """Ready count -> the profile §8 selects for it, asked of ``select`` once per count."""
-
-    __slots__ = ("_select",)
-
-    def __init__(self, select: Callable[[int], ProfileSpec]) -> None:
-        super().__init__()
-        self._select = select
-
-    def __missing__(self, ready: int) -> ProfileSpec:
-        profile = self[ready] = self._select(ready)
-        return profile
-
-
 class ProfileSet:
     """The profiles of one model generation that the scheduler may use."""
 
@@ -144,7 +131,7 @@ class ProfileSet:
         self._order = sorted(usable, reverse=True)
         self._smallest = usable[min(usable)]
         self._max_seq = min(p.max_seq for p in usable.values())
-        self.by_ready = _ByReady(self.select_profile)
+        self.by_ready: AskedOnce[int, ProfileSpec] = AskedOnce(self.select_profile)
         """:meth:`select_profile` of each Ready count asked so far (the decode step's profile, issue #20): the set of
         one generation is fixed once built, so a count's profile is decided once, and a steady rotation, whose
         Ready count repeats step after step, reads it instead of asking again."""
