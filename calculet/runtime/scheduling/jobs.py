@@ -133,9 +133,8 @@ class InflightTable:
         if check is not None:  # the monitor attached (every Scheduler's table)
             if MONITOR.enabled and next(MONITOR.draws):
                 check(job, event)
-            if event == "submit":  # the model's ``enlist``: a decode batch's lanes, as its reservation recorded them
-                lanes = job.work.kv.lanes if job.kind == DECODE else ()
-                self.binding.update(dict.fromkeys(lanes or lanes_of(job.work), job))
+            if event == "submit":  # the model's ``enlist``: the batch's lanes bound to the job
+                self.binding.update(dict.fromkeys(lanes_of(job.work), job))
         target: str = job.fire(event, **args)
         if target in _ENDED:
             del self._jobs[job.job_id]
