@@ -337,17 +337,7 @@ def generate_fire(d: Definition, fire_table: dict[str, dict[str, Callable[..., i
     for variant in ("plain", "sampled"):
         lines.append(f"def fire_{variant}(self, event, {keywords[:-2]}):  # {d.name}" if keywords else
                      f"def fire_{variant}(self, event):  # {d.name}")
-        if variant == "sampled":
-            lines += ["    if next(_draws):", f"        return _exact(self, event, _given({positional[2:]}))"]
-        lines += ["    try:",
-                  "        fast = _ft[self._state][event]",
-                  "    except KeyError:",
-                  f"        return _exact(self, event, _given({positional[2:]}))",
-                  f"    target = fast(self{positional})",
-                  "    if target is not None:",
-                  "        return target",
-                  f"    return _exact(self, event, _given({positional[2:]}))",
-                  ""]
+        lines += [*_fire_body(variant, positional, "    "), ""]
     source = "\n".join(lines)
     exec(compile(source, f"<calculet fire {d.name}>", "exec"), namespace)  # noqa: S102 - generated
     for variant in ("plain", "sampled"):
@@ -488,17 +478,25 @@ def _one_instance_lines(variant: str, all_args: tuple[str, ...]) -> list[str]:
     ``[x.fire(e, a=v)]`` (the same draw, table row and exact path), one frame fewer per B1 event (#20)."""
     values = "".join(f", {n}" for n in all_args)
     unpack = [f"        {n} = {n} if {n} is _M else {n}[0]" for n in all_args]
-    lines = ["    if n == 1:", "        self = instances[0]", *unpack]
-    if variant == "sampled":
-        lines += ["        if next(_draws):", f"            return [_exact(self, event, _given({values[2:]}))]"]
-    return lines + ["        try:",
-                    "            fast = _ft[self._state][event]",
-                    "        except KeyError:",
-                    f"            return [_exact(self, event, _given({values[2:]}))]",
-                    f"        target = fast(self{values})",
-                    "        if target is not None:",
-                    "            return [target]",
-                    f"        return [_exact(self, event, _given({values[2:]}))]"]
+    return ["    if n == 1:", "        self = instances[0]", *unpack,
+            *_fire_body(variant, values, "        ", lambda answer: f"[{answer}]")]
+
+
+def _fire_body(variant: str, values: str, indent: str, answer: Callable[[str], str] = str) -> list[str]:
+    """The body of a generated ``fire_<variant>`` on ``self`` with the argument names ``values`` (", a, b"): the
+    sampled draw, the (state, event) row, and the exact path for what the row does not take. ``answer`` wraps
+    each returned target (``fire_each``'s case of one instance returns it in a list)."""
+    exact = answer(f"_exact(self, event, _given({values[2:]}))")
+    lines = ["if next(_draws):", f"    return {exact}"] if variant == "sampled" else []
+    lines += ["try:",
+              "    fast = _ft[self._state][event]",
+              "except KeyError:",
+              f"    return {exact}",
+              f"target = fast(self{values})",
+              "if target is not None:",
+              f"    return {answer('target')}",
+              f"return {exact}"]
+    return [indent + line for line in lines]
 
 
 def generate_lifecycle(d: Definition, slow_init: Callable[..., None]
