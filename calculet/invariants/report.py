@@ -257,6 +257,12 @@ def _system_sections(run: VerifyRun) -> list[str]:
                 search = "holds on the failing run"
             rows.append(dict(property=f"`{inv.name}`", requirement=inv.rid,
                              kind="strengthening" if inv.strengthening else "asked", induction=how, bmc=search))
+        for sp in sd.step_properties:  # proved by the induction only (system_checks: BMC searches invariants)
+            how = ("NOT INDUCTIVE" if sp.name in broken else
+                   f"proved{' (every R, L)' if every else ''}: {len(steps)} step variants" if all(r.ok for r in ind)
+                   else "not checked (another property failed)")
+            rows.append(dict(property=f"`{sp.name}`", requirement=sp.rid, kind="step", induction=how,
+                             bmc="— (a step property: the induction proves it)"))
         out += [proof_scope(sd, results), ""]  # what holds for every size, what for the encoded one (#17)
         out += _table(rows, ["property", "requirement", "kind", "induction", "bmc"])
         notes = [inv for inv in sd.invariants if inv.strengthening]

@@ -30,7 +30,7 @@ from calculet.logic.symbolic import SymbolicVars, arg_domain, symbolic_args
 from calculet.logic.types import Bool
 from calculet.machines.definition import Definition, Step, Transition
 from calculet.machines.pool import PoolDefinition, PoolView
-from calculet.machines.system import SystemDefinition, SystemView
+from calculet.machines.system import SystemDefinition, SystemStep, SystemView
 
 __all__ = ["check_guards", "check_pool_witnesses", "check_redundancy", "check_system_witnesses",
            "check_witnesses", "valuation"]
@@ -141,20 +141,39 @@ def check_pool_witnesses(p: PoolDefinition) -> CheckResult:
     return _result("pool-witnesses", p.name, "negative witnesses", start, faults, count)
 
 
+def _system_view(sd: SystemDefinition, w: Mapping[str, Any], rtag: str, ltag: str
+                 ) -> tuple[SystemView, tuple[SymbolicVars, ...]]:
+    """A partial system witness as a view (instances default to their initial state) and its instances."""
+    requests = [valuation(sd.request.definition, r, f"{rtag}{i}") for i, r in enumerate(w.get("requests", [{}]))]
+    lanes = [valuation(sd.lane.definition, lane, f"{ltag}{j}") for j, lane in enumerate(w.get("lanes", [{}]))]
+    binding = [z3.IntVal(b) for b in w.get("binding", [-1] * len(requests))]
+    seq = [z3.IntVal(s) for s in w.get("seq", list(range(1, len(requests) + 1)))]
+    return SystemView(requests, lanes, binding, seq), (*requests, *lanes)
+
+
 def check_system_witnesses(sd: SystemDefinition) -> CheckResult:
-    """Each joint-system invariant rejects each of its negative witnesses."""
+    """Each joint-system invariant and step property rejects each of its negative witnesses."""
     start = time.process_time()
     faults: list[str] = []
 
     def judge(inv: Any, w: Mapping[str, Any]) -> _Judged:
-        requests = [valuation(sd.request.definition, r, f"_sr{i}") for i, r in enumerate(w.get("requests", [{}]))]
-        lanes = [valuation(sd.lane.definition, lane, f"_sl{j}") for j, lane in enumerate(w.get("lanes", [{}]))]
-        binding = [z3.IntVal(b) for b in w.get("binding", [-1] * len(requests))]
-        seq = [z3.IntVal(s) for s in w.get("seq", list(range(1, len(requests) + 1)))]
-        view = SystemView(requests, lanes, binding, seq)
-        return (*requests, *lanes), lambda: inv.predicate(view)
+        view, states = _system_view(sd, w, "_sr", "_sl")
+        return states, lambda: inv.predicate(view)
 
-    count = _witness_faults(sd.invariants, judge, faults)
+    def step(sp: Any, w: Mapping[str, Any]) -> _Judged:
+        pre, post = w.get("pre", {}), w.get("post", {})
+        after = dict(pre)
+        for key in ("requests", "lanes"):  # an instance's post entries merged over its pre-state
+            if key in post:
+                before = pre.get(key, [])
+                after[key] = [{**(before[k] if k < len(before) else {}), **new} for k, new in enumerate(post[key])]
+        after.update({key: post[key] for key in ("binding", "seq") if key in post})
+        pre_view, pre_states = _system_view(sd, pre, "_sr", "_sl")
+        post_view, post_states = _system_view(sd, after, "_sqr", "_sql")
+        taken = SystemStep(w["step"], w["step"])
+        return (*pre_states, *post_states), lambda: sp.predicate(pre_view, post_view, taken)
+
+    count = _witness_faults(sd.invariants, judge, faults) + _witness_faults(sd.step_properties, step, faults)
     return _result("system-witnesses", sd.name, "negative witnesses", start, faults, count)
 
 

@@ -32,6 +32,18 @@ effect): a step is a chain of declared rows on request ``i`` and a chain on lane
   induction then gives each count a ghost for its part over the instances not encoded and the
   same projection covers every size (:mod:`calculet.invariants.system_induction`; a count that
   does not go through ``SystemView.beyond`` is proved at the encoded size only, and says so).
+* **Step properties** (``SystemStepProperty``, #20) — a property of (before, step, after) that no
+  state can express ("a lane commits only while the job it is bound to has completed": both
+  states of a wrong commit may satisfy every invariant). Each is a goal of the same inductive
+  step, on the pre-frame, the post-frame and the variant taken, so it holds of every step from
+  every state satisfying the invariants (every reachable one among them). The cutoff carries
+  over unchanged: a property of the declared shape (a ∀ over at most two requests and one lane
+  whose instance reads only those, before and after) broken at some size names at most two
+  requests and one lane; keep them with the moved pair, and the projected step is still enabled,
+  still does the same, and still breaks that instance. With ghost counts, before and after share
+  the ghosts, as for the invariants. Bounded model checking searches the invariants only (its
+  depth-k selectors do not name a declared step a property could read); the induction is the
+  proof of the step properties.
 * **Bounded model checking** — from the initial system (parameters and seq ids symbolic),
   every run of up to ``depth`` steps, one query for all depths, with symmetry breaking and a
   partial-order reduction (:mod:`calculet.invariants.system_bmc`).

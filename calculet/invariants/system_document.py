@@ -32,10 +32,10 @@ def proof_scope(sd: SystemDefinition, results: Iterable[CheckResult]) -> str:
         how = (f"{which} split into its encoded terms and a ghost for the "
                "instances not encoded, which no step changes (argument in `calculet/invariants/system_induction.py`)"
                if ghosts else "the cutoff argument in `calculet/invariants/system_checks.py`")
-        always.append(f"initiation and the induction of all {len(sd.invariants)} properties — {how}")
+        always.append(f"initiation and the induction of all {_properties(sd)} — {how}")
     elif steps:
         why = steps[0].detail.split("(", 1)[1].split(")")[0] if "(" in steps[0].detail else "not every size"
-        encoded.append(f"the induction of all {len(sd.invariants)} properties ({why})")
+        encoded.append(f"the induction of all {_properties(sd)} ({why})")
     found = [r for r in mine if r.check == "system-reachability"]
     if found:
         size = " × ".join(part.split("=")[1] for part in found[0].subject.split(", ")[:2])
@@ -47,6 +47,12 @@ def proof_scope(sd: SystemDefinition, results: Iterable[CheckResult]) -> str:
                        "instances")
     return (f"Proved for every size: {'; '.join(always) if always else 'nothing'}. "
             f"For the encoded instances only: {'; '.join(encoded) if encoded else 'nothing'}.")
+
+
+def _properties(sd: SystemDefinition) -> str:
+    """How many properties the induction proves ("7 properties", or "7 properties and 2 step properties")."""
+    steps = len(sd.step_properties)
+    return f"{len(sd.invariants)} properties" + (f" and {steps} step properties" if steps else "")
 
 
 def request_lanes_document() -> str:
@@ -96,6 +102,13 @@ def system_document(sd: SystemDefinition) -> str:
         kind = "strengthening" if inv.strengthening else "asked"
         meaning = inv.doc + (f" — *needed because* {inv.strengthening}" if inv.strengthening else "")
         out.append(f"| `{inv.name}` | {inv.rid} | {kind} | {cell(meaning)} |")
+    if sd.step_properties:
+        out += ["", "## Step properties", "",
+                "Properties of each step (the system before, the step taken, the system after), proved by the same "
+                "induction for every number of requests and lanes (no state can express them: both states of a "
+                "wrong step may satisfy every invariant).", "",
+                "| property | requirement | meaning |", "|---|---|---|"]
+        out += [f"| `{sp.name}` | {sp.rid} | {cell(sp.doc)} |" for sp in sd.step_properties]
     if sd.omitted:
         out += ["", "## Rows no step takes", ""]
         out += [f"- `{row}`: {why}" for row, why in sd.omitted]

@@ -21,10 +21,10 @@ from calculet.logic.symbolic import SymbolicVars, arg_domain
 from calculet.logic.types import Bool
 from calculet.machines.core import Machine
 from calculet.machines.definition import Definition, Step
-from calculet.machines.system import NONE, SystemDefinition, SystemView, Variant
+from calculet.machines.system import NONE, SystemDefinition, SystemStep, SystemView, Variant
 
 __all__ = ["Beyond", "Frame", "Move", "StepGoals", "assume_invariants", "flat", "fresh_frame", "initial_frame", "read_frame", "seq_domain",
-           "step_args", "system_goals"]
+           "step_args", "step_property_goals", "system_goals"]
 
 
 class _Memo:
@@ -280,6 +280,15 @@ def step_args(sd: SystemDefinition, tag: str) -> tuple[dict[str, Any], list[Any]
 def system_goals(sd: SystemDefinition, frame: Frame) -> list[tuple[str, str, Any]]:
     view = frame.view()
     return [(inv.name, inv.rid, as_bool(inv.predicate(view))) for inv in sd.invariants]
+
+
+def step_property_goals(sd: SystemDefinition, frame: Frame, move: Move, v: Variant) -> list[tuple[str, str, Any]]:
+    """Each system step property on ``move`` (variant ``v``) taken from ``frame``: the declared
+    predicate on the pre-frame's view, the post-frame's view and the step. Built per variant (the
+    step it sees differs), after the substituted goals of :class:`StepGoals`."""
+    pre, post = frame.view(), move.after(frame).view()
+    step = SystemStep(v.step.name, v.name, move.args)
+    return [(sp.name, sp.rid, as_bool(sp.predicate(pre, post, step))) for sp in sd.step_properties]
 
 
 def read_frame(model: z3.ModelRef, sd: SystemDefinition, frame: Frame, params: bool = True) -> dict[str, Any]:

@@ -5,7 +5,7 @@
 * **Induction** — R requests and L lanes, all symbolic, satisfying every system invariant and
   every instance invariant (proved per machine); request 0 and lane 0 take a step (any
   variant); every system invariant, the moved instances' invariants and their rows' step
-  properties must hold after. Why R = 3, L = 3 covers every size is argued in
+  properties must hold after, and every system step property of (before, step, after). Why R = 3, L = 3 covers every size is argued in
   :mod:`calculet.invariants.system_checks`.
 * **Vacuity** — every step can fire from some state that satisfies the invariants.
 
@@ -52,7 +52,7 @@ import z3
 
 from calculet.invariants.checks import CheckResult, Counterexample, Progress, model_value, solver
 from calculet.invariants.system_encoding import (Move, StepGoals, assume_invariants, flat, fresh_frame, initial_frame,
-                                                 read_frame, seq_domain, step_args, system_goals)
+                                                 read_frame, seq_domain, step_args, step_property_goals, system_goals)
 from calculet.logic.symbolic import SymbolicVars
 from calculet.machines.system import Opaque, SystemDefinition, SystemView
 
@@ -197,7 +197,7 @@ def _induction(sd: SystemDefinition, requests: int, lanes: int, wanted: set[str]
         start = time.process_time()
         move = Move(sd, v, frame, 0, 0, args)
         post = move.after(frame)
-        goals = built.after(move)
+        goals = built.after(move) + step_property_goals(sd, frame, move, v)
         if only is not None:
             goals = [goal for goal in goals if goal[0] in only]
         s.push()

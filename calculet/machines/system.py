@@ -19,7 +19,13 @@ A declaration names
   lane ``j``: a sequence of request rows and a sequence of lane events (each fires the
   machine's first enabled row, as the runtime's ``fire`` does), a step guard over the whole
   system, the arguments the rows receive, and what happens to the binding;
-* ``invariants``: :class:`SystemInvariant` predicates over a :class:`SystemView`.
+* ``invariants``: :class:`SystemInvariant` predicates over a :class:`SystemView`;
+* ``step_properties``: :class:`SystemStepProperty` predicates over a step of the whole system —
+  its pre- and post-:class:`SystemView` and the :class:`SystemStep` taken — for what no state
+  can say: "a lane's committed length grows only while the job it is bound to has completed"
+  holds of every state whether or not a step broke it. Proved by the same induction as the
+  invariants, for every size (``calculet/invariants/system_checks.py``); ``SystemDefinition.
+  broken_steps`` is their run-time form, the declared predicates on live values.
 
 The binding is a ghost map: ``binding[i]`` is the lane request ``i`` holds, or :data:`NONE`
 (the runtime's ``RequestRecord.lease``). Each request also has ``seq[i]``, a positive id no
@@ -100,6 +106,37 @@ class SystemInvariant:
     counts: bool = False
 
 
+@dataclass(frozen=True)
+class SystemStep:
+    """What a system step property sees of the step taken: the declared step's name, the
+    variant's (its row chain), and the step's arguments (z3 terms in the proofs; the run-time
+    form passes what the runtime has, possibly none)."""
+
+    name: str
+    variant: str = ""
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SystemStepProperty:
+    """A named predicate ``predicate(pre, post, step)`` over every step of the system: ``pre``
+    and ``post`` are the whole system before and after (:class:`SystemView`), ``step`` the
+    :class:`SystemStep`. Like an invariant it must be a ∀ over at most two requests and one lane
+    whose instance reads only the instances it names (before and after) — the shape the
+    induction's cutoff argument needs (``calculet/invariants/system_checks.py``).
+
+    ``rejects``: negative witnesses ``{"pre": {...}, "post": {...}, "step": name}`` — ``pre`` a
+    partial system as an invariant's witness, ``post`` the same keys for what changed (an
+    instance's entries merged over its pre-state; ``binding`` replaced), ``step`` a declared step
+    name; the predicate must be false on each."""
+
+    rid: str
+    name: str
+    predicate: Callable[[Any, Any, SystemStep], Any]
+    doc: str = ""
+    rejects: tuple[Mapping[str, Any], ...] = ()
+
+
 @dataclass(frozen=True, eq=False)
 class Variant:
     """A step with each event resolved to one row (a step whose ``release`` may leave Reserved
@@ -173,6 +210,7 @@ class SystemDefinition:
     bmc_size: tuple[int, int] | None = None
     # Whether ``verify --fast`` (CI) also runs bounded model checking (the full run always does).
     fast_bmc: bool = True
+    step_properties: tuple[SystemStepProperty, ...] = ()
 
     def variants_of(self, step: str) -> list[Variant]:
         return [v for v in self.variants if v.step.name == step]
@@ -183,6 +221,12 @@ class SystemDefinition:
         taken = {(t.machine, t.name) for v in self.variants for t in (*v.request_rows, *v.lane_rows)}
         return [f"{t.machine}.{t.name}" for m in (self.request, self.lane) for t in m.definition.transitions
                 if (t.machine, t.name) not in taken]
+
+    def broken_steps(self, pre: SystemView, post: SystemView, step: SystemStep) -> list[str]:
+        """The run-time form of the step properties: the names of those false on a step the runtime
+        took, ``pre`` and ``post`` views over the same live instances (a monitor snapshots what the
+        step may move; the predicates evaluate on plain values as on z3 terms)."""
+        return [sp.name for sp in self.step_properties if not sp.predicate(pre, post, step)]
 
 
 def _chains(machine: type[Machine], items: tuple[str, ...], fault: Callable[[str], InvalidDefinition],
@@ -214,6 +258,7 @@ class CoupledSystem:
     spec: ClassVar[str] = ""
     steps: ClassVar[Sequence[Coupled]] = ()
     invariants: ClassVar[Sequence[SystemInvariant]] = ()
+    step_properties: ClassVar[Sequence[SystemStepProperty]] = ()
     # Rows of either machine no step takes, with the reason (shown in the documents).
     omitted: ClassVar[Sequence[tuple[str, str]]] = ()
     reach_depth: ClassVar[int] = 8
@@ -251,21 +296,21 @@ class CoupledSystem:
                     variants.append(Variant(step, label, rc, lc, involves, guard_args, req_wiring, lane_wiring,
                                             r_needs, l_needs))
         invariants = list(cls.invariants)
-        names = [inv.name for inv in invariants]
+        names = [inv.name for inv in (*invariants, *cls.step_properties)]
         if len(set(names)) != len(names):
-            raise fault("two invariants share a name")
+            raise fault("two invariants or step properties share a name")
         cls.definition = SystemDefinition(
             name=name, doc=inspect.cleandoc(cls.__doc__ or ""), spec=cls.spec, request=cls.request, lane=cls.lane,
             steps=tuple(cls.steps), variants=tuple(variants), invariants=tuple(invariants), step_args=step_args,
             omitted=tuple(cls.omitted), reach_depth=cls.reach_depth,
-            bmc_size=cls.bmc_size, fast_bmc=cls.fast_bmc)
+            bmc_size=cls.bmc_size, fast_bmc=cls.fast_bmc, step_properties=tuple(cls.step_properties))
         cls.definition = dataclasses.replace(cls.definition, local=frozenset(_check_wirings(cls.definition, fault)))
 
     @classmethod
     def derive(cls, name: str, replace: Mapping[str, Coupled | None] | None = None,
                add: Sequence[Coupled] = ()) -> type["CoupledSystem"]:
         """A copy with some steps replaced (``None`` drops one) or added — the mutation suite's
-        deliberately broken systems; the invariants are unchanged."""
+        deliberately broken systems; the invariants and step properties are unchanged."""
         replace = dict(replace or {})
         known = {s.name for s in cls.definition.steps}
         unknown = set(replace) - known
@@ -275,7 +320,8 @@ class CoupledSystem:
         namespace = {"__doc__": f"Mutant {name} of {cls.definition.name}.", "spec": cls.definition.spec,
                      "request": cls.definition.request, "lane": cls.definition.lane,
                      "steps": [s for s in steps if s is not None] + list(add),
-                     "invariants": list(cls.definition.invariants), "omitted": list(cls.definition.omitted)}
+                     "invariants": list(cls.definition.invariants), "omitted": list(cls.definition.omitted),
+                     "step_properties": list(cls.definition.step_properties)}
         return type(name, (CoupledSystem,), namespace)
 
 
@@ -347,10 +393,29 @@ def _check_wirings(sd: SystemDefinition, fault: Callable[[str], InvalidDefinitio
             raise fault(f"invariant {inv.name}: {exc}") from None
         if not (isinstance(p, bool) or z3.is_bool(p)):
             raise fault(f"invariant {inv.name} is not a boolean expression")
+    _check_step_properties(sd, view, args, fault)
     return local
 
 
-__all__ = ["NONE", "Coupled", "NotLocal", "Opaque", "CoupledSystem", "SystemDefinition", "SystemInvariant", "SystemView", "Variant"]
+def _check_step_properties(sd: SystemDefinition, view: SystemView, args: dict[str, Any],
+                          fault: Callable[[str], InvalidDefinition]) -> None:
+    """Each step property, on ``view`` and a symbolic post-state, for every declared step: reads only
+    declared names and is a boolean expression (a property reading the step sees each name once)."""
+    after = SystemView([SymbolicVars(sd.request.definition, f"_wr{i}_post") for i in range(2)],
+                       [SymbolicVars(sd.lane.definition, f"_wl{j}_post") for j in range(2)],
+                       [z3.Int(f"bind_w{i}_post") for i in range(2)], view.seq)
+    for sp in sd.step_properties:
+        for step in sd.steps:
+            try:
+                p = sp.predicate(view, after, SystemStep(step.name, step.name, args))
+            except AttributeError as exc:
+                raise fault(f"step property {sp.name}: {exc}") from None
+            if not (isinstance(p, bool) or z3.is_bool(p)):
+                raise fault(f"step property {sp.name} is not a boolean expression")
+
+
+__all__ = ["NONE", "Coupled", "NotLocal", "Opaque", "CoupledSystem", "SystemDefinition", "SystemInvariant", "SystemStep",
+           "SystemStepProperty", "SystemView", "Variant"]
 
 
 def _step_shape(step: Coupled, step_args: dict[str, VarType],
@@ -362,8 +427,8 @@ def _step_shape(step: Coupled, step_args: dict[str, VarType],
     involves = step.involves or ("both" if step.request and step.lane else "lane" if step.lane else "request")
     if involves not in INVOLVES:
         raise fault(f"step {step.name!r}: involves must be one of {INVOLVES}")
-    if not step.request and not step.lane:
-        raise fault(f"step {step.name!r} fires nothing")
+    if not step.request and not step.lane and step.binding == "keep":
+        raise fault(f"step {step.name!r} fires nothing")  # one that only binds or unbinds is a step (#20)
     if step.binding != "keep" and involves != "both":
         raise fault(f"step {step.name!r} changes a binding, so it must involve a request and a lane")
     for arg, typ in step.args.items():
