@@ -296,6 +296,8 @@ class Served(typing.Protocol):
 
 
 def _ignored(body: CompletionRequest | ChatCompletionRequest) -> None:
+    if not log.isEnabledFor(logging.DEBUG):  # the fields' set and sort only for a line that is written (issue #13)
+        return
     ignored = body.ignored()
     if ignored:
         log.debug("ignored request fields", extra={"fields": ignored})
