@@ -10,7 +10,22 @@ base commit) and alternates blocks between the two, reporting per-block ratios: 
 to the actor path, measured in the same run (DESIGN principle 10); given twice or more, every tree runs in the same
 rounds and each gets its ratio. Figures, not a pass/fail test.
 
+``--parts core,service,stepped,threaded,loaded`` (:data:`PARTS`) runs the same core as the service runs it, part by
+part, each in its own process and all in the same alternated blocks: each part's own cost is the per-block
+difference from the part before it (``threaded`` and ``loaded`` read the engine thread's own CPU clock and count no
+calls). What it measured (session 18 at 5fa611d, load average 3-8, 4-12 blocks a run, four runs; µs of CPU per token at
+1 / 16 / 64 streams, calls per token in brackets): the core alone 76-111 / 85-116 / 84-96 (239 / 244-249 / 263-265);
+the service's sinks and request observer +2-9 (+13 / +8 / +13; +8 / +4 / +6 once the observer no longer takes a
+decode step's moves, 01b8bcc); the actor's publications after turns and submits +3-12 at 1-16 streams (+8-10); the
+started engine with a consumer loop on a second thread +5-15; that loop busy with ~30 µs of Python work a token +0-6
+more. Each part moves ±10 µs from run to run. The server's engine thread the same hour (``bench/host_threads.py``, the
+base tree): 96 / 104 / 122, the core plus these parts. So the engine thread's CPU is the core's, and the service adds
+~10-25 µs a token around it, in no single large piece. Per request (1 stream, requests of 8 against 64 tokens): about
+490 µs of actor CPU on one thread (``stepped``), 880 on the started engine (its mailbox and the loop's wake-ups:
+``call_soon_threadsafe`` writes).
+
     python bench/actor_core.py [--streams 1,16,64] [--blocks 12] [--against /tmp/base_worktree [--against ...]]
+                               [--parts core,service,stepped,threaded]
 """
 
 from __future__ import annotations
