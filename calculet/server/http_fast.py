@@ -26,6 +26,10 @@ A generation POST that arrives whole in one read is first offered to the app's r
 (:mod:`calculet.server.refusal_lane`): a 429 it decides from the admission snapshot is written here as whole bytes,
 and no ASGI task is started for it; anything else starts as uvicorn starts it.
 
+uvicorn's keep-alive timeout holds as uvicorn applies it (an idle connection closed that long after its last
+response), kept as a deadline on one timer per connection like the head's, not a timer armed at every response
+(:meth:`FastEdgeProtocol.on_response_complete`).
+
 :func:`calculet.server.http_server.uvicorn_config` chooses this protocol when httptools is installed (a
 dependency of the service) unless ``CALCULET_HTTP=h11`` says otherwise (benchmarks compare both in one run).
 """
