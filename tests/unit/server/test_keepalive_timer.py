@@ -17,49 +17,27 @@ import uvicorn
 from uvicorn.server import ServerState
 
 from calculet.server.http_fast import fast_protocol_class
+from tests.unit.server.test_head_timer import _Handle
+from tests.unit.server.test_head_timer import _Loop as _HeadLoop
 
 KEEP_ALIVE_S = 5.0
 
 
-class _Loop:
-    """A loop whose clock the test sets; ``call_at`` keeps the handles, :meth:`run_due` runs those due."""
+class _Loop(_HeadLoop):
+    """test_head_timer's loop (the test sets its clock; :meth:`run_due` runs the handles due), counting the idle
+    timers armed: this edge's own and uvicorn's ``call_later``."""
 
     def __init__(self) -> None:
-        self.now = 0.0
-        self.handles: list[_Handle] = []
+        super().__init__()
         self.armed = 0
 
-    def time(self) -> float:
-        return self.now
-
     def call_at(self, when: float, callback: Any) -> _Handle:
-        handle = _Handle(when, callback)
-        self.handles.append(handle)
         self.armed += getattr(callback, "__name__", "") == "_idle_due"
-        return handle
+        return super().call_at(when, callback)
 
     def call_later(self, delay: float, callback: Any) -> _Handle:
         self.armed += 1  # uvicorn's own keep-alive timer: counted as an idle timer too
-        return self.call_at(self.now + delay, callback)
-
-    def run_due(self, until: float) -> None:
-        while True:
-            due = [h for h in self.handles if not h.cancelled and h.when <= until]
-            if not due:
-                break
-            handle = min(due, key=lambda h: h.when)
-            self.handles.remove(handle)
-            self.now = handle.when
-            handle.callback()
-        self.now = until
-
-
-class _Handle:
-    def __init__(self, when: float, callback: Any) -> None:
-        self.when, self.callback, self.cancelled = when, callback, False
-
-    def cancel(self) -> None:
-        self.cancelled = True
+        return super().call_at(self.now + delay, callback)
 
 
 class _Transport:

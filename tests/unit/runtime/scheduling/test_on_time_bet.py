@@ -11,35 +11,11 @@ from __future__ import annotations
 
 import pytest
 
-from calculet.runtime.scheduling.decode import DecodeBatch
 from tests.unit.runtime.runtime_support import Harness
-
-STEP_S = {1: 0.05, 4: 0.2}
-PREFILL_S = 0.01
+from tests.unit.runtime.scheduling.test_on_time_never import advance  # the device by hand: B1 0.05 s, B4 0.2 s a step
 STEPS = 40
 """Decode steps of the candidate (``new`` = 41): 2 s alone on B1, 4 s rotating with one other stream on B1, 8 s at
 the loaded window's ~0.2 s a token."""
-
-
-def advance(h: Harness, until: float | None = None, *, drained: bool = False) -> None:
-    """Play the device: each job takes its profile's time (as ``test_on_time_never``)."""
-    while True:
-        if drained and len(h.scheduler.registry) == 0:
-            return
-        if until is not None and h.clock.now() >= until - 1e-12:
-            return
-        plan = h.step()
-        work = plan.work
-        if work is None:
-            wake = plan.wake_at if plan.wake_at is not None else h.clock.now() + 0.01
-            stop = wake if until is None else min(wake, until)
-            h.clock.advance(max(1e-3, stop - h.clock.now()))
-            h.confirm_all()
-            continue
-        h.scheduler.submitted(work.job_id)
-        h.clock.advance(STEP_S[work.profile.compiled_batch] if isinstance(work, DecodeBatch) else PREFILL_S)
-        h.complete(work)
-        h.confirm_all()
 
 
 def loaded(long_streams: int, long_new: int = 2_000, long_deadline_ms: int = 600_000) -> Harness:
