@@ -355,10 +355,15 @@ class RefusalLane:
         self._arm()
 
     def _poll(self) -> None:
-        """(:data:`SNAPSHOT_POLL_S` after a drain met no snapshot soon after reading one) Decide the held requests
-        again from the actor's next snapshot; no round ends (the engine did not answer)."""
+        """(:data:`SNAPSHOT_POLL_S` after a drain met no snapshot soon after reading one, or while held requests wait
+        for one: :meth:`_watch`) Decide the held requests again from the actor's next snapshot; no round ends (the
+        engine did not answer), and none is forwarded for want of a snapshot unless a drain read one lately."""
         self._polling = False
-        self._decide_held(time.perf_counter(), patient=True)
+        now = time.perf_counter()
+        if self.service.engine.admission_snapshot is None and now - self._seen_at >= SNAPSHOT_WAIT_S:
+            self._watch(now)  # still in its step
+            return
+        self._decide_held(now, patient=True)
 
     def _decide_held(self, now: float, *, patient: bool) -> None:
         """Decide the held requests in order, up to the first still held. With no snapshot where one was read less
