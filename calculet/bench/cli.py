@@ -112,7 +112,7 @@ _rate = _number(float, lambda v: 0 <= v <= 0.05, "must be in [0, 0.05] per fault
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", metavar="{run,all,goodput,soak,list}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,all,goodput,estimate-bound,soak,list}")
     sub.required = True
 
     run = sub.add_parser("run", help="run a workload under several policies at several loads; write a report")

@@ -61,7 +61,7 @@ def test_parse_loads() -> None:
     (["soak", "--fault-rate", "0.5"], "fault rate '0.5' must be in [0, 0.05]"),
     (["soak", "--policy", "b1-serial-fcfs"], "a soak runs an engine policy"),
     (["soak", "--preset", "nope"], "unknown preset 'nope'"),
-    ([], "the following arguments are required: {run,all,goodput,soak,list}"),
+    ([], "the following arguments are required: {run,all,goodput,estimate-bound,soak,list}"),
     (["goodput", "--multiples", "2,2", "--out", "X"], "load '2' is listed twice"),
 ])
 def test_bad_input_is_a_clear_error_with_exit_code_2(argv: list[str], message: str, tmp_path: Path,
