@@ -7,10 +7,10 @@ the *same* declared invariants on the live objects — the scheduler's jobs (:cl
 ``DeviceJobMachine`` instances) and the KV manager's lanes (``KvSequenceMachine`` instances) — so
 a runtime that settles a lane by the wrong job's end is caught where it runs.
 
-*Binding.* The model's ``binding[lane] = job``: the job whose transaction the lane last opened. A lane
-does not know its job, and the jobs table forgets a job once it completes or fails, so the table keeps the
-binding beside its jobs (``InflightTable.binding``): on ``submit`` the job's lanes (its batch) are bound to
-it — exactly the model's ``enlist`` after ``job:submit``. An ended job stays in the binding (its final
+*Binding.* The model's ``binding[lane] = job``: the job of the lane's open step (#20). The KV manager knows
+whether a lane's step is open (``KvLaneManager.open_list``), not which job it is; the jobs table keeps the job
+whose batch last took each lane (``InflightTable.binding``): on ``submit`` the job's lanes (its batch) are bound to
+it — exactly the model's ``enlist`` after ``job:submit`` — and a lane is bound while its step is open. An ended job stays in the table's map (its final
 machine state) until another job takes its lanes, as in the model.
 
 *When.* The runtime does a job's event and its lanes' settlement in one actor step (a completion
@@ -138,9 +138,10 @@ class JobLaneMonitor:
         """What a check evaluates: every lane's key (its state, its job's state or UNBOUND; module doc, *A
         table*) and the view holding every job of the table and no lane (the budget's part)."""
         kv, batch = self.kv, self.batch
+        opened = kv.open_list()
         keys = set()
         for i in range(kv.lanes):
-            job = batch.get(i)
+            job = batch.get(i) if opened[i] else None  # bound while its step is open (#20)
             keys.add((kv.lane(i).state, UNBOUND if job is None else job.state))
         return keys, SystemView([], list(self.jobs), [], [])
 
@@ -149,7 +150,8 @@ class JobLaneMonitor:
         kv = self.kv
         jobs = list({id(m): m for m in (*self.batch.values(), *self.jobs)}.values())
         index = {id(m): k for k, m in enumerate(jobs)}
-        binding = [index[id(self.batch[i])] if i in self.batch else NONE for i in range(kv.lanes)]
+        opened = kv.open_list()
+        binding = [index[id(self.batch[i])] if i in self.batch and opened[i] else NONE for i in range(kv.lanes)]
         view = SystemView([kv.lane(i) for i in range(kv.lanes)], jobs, binding,
                           [0] * kv.lanes)
         return [inv.name for inv in (*_SYSTEM.invariants, *SETTLED_AT_STEP_END) if not inv.predicate(view)]

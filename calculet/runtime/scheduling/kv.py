@@ -48,8 +48,7 @@ from calculet.machines.monitor import MONITOR
 from calculet.machines.pool import PoolView
 from calculet.runtime.scheduling.kv_checks import PoolMonitor, check_pool, check_reserve_decision
 from calculet.runtime.scheduling.kv_batch import (  # the batch side (one decode step's lanes), re-exported
-    _SUBMIT_GHOSTS, KEEPS_TOTALS, OPEN_STATES, SUBMIT_GHOSTS_SOURCE, KvBatchOperations, KvBatchReservation,
-    KvReservationFailure, StaleLease, record_submit_ghosts)
+    KEEPS_TOTALS, OPEN_STATES, KvBatchOperations, KvBatchReservation, KvReservationFailure, StaleLease)
 from calculet.runtime.scheduling.kv_context import KvContextOperations, ShiftSequence
 from calculet.runtime.scheduling.kv_guard import compile_measures, compile_moves, compile_reserve_guard
 from calculet.runtime.distribution import FREE_LATENCY_BOUNDS, Distribution, DistributionSnapshot
@@ -126,8 +125,8 @@ _RESERVE_GUARD, RESERVE_GUARD_SOURCE = compile_reserve_guard(_POOL)
 _MEASURES, MEASURES_SOURCE = compile_measures(_POOL)
 _MOVES, MOVES_SOURCE = compile_moves(_POOL)
 __all__ = ["FreeSequence", "KvBatchReservation", "KvCapabilities", "KvLaneManager", "KvLaneStatistics", "KvLease",
-           "KvReservationFailure", "NoCapacity", "OPEN_STATES", "POOL_CHECK_LANES", "SUBMIT_GHOSTS_SOURCE", "ShiftSequence",
-           "StaleLease", "record_submit_ghosts"]  # the batch side's names too (kv_batch), as before the split
+           "KvReservationFailure", "NoCapacity", "OPEN_STATES", "POOL_CHECK_LANES", "ShiftSequence",
+           "StaleLease"]  # the batch side's names too (kv_batch), as before the split
 
 class KvLaneManager(KvBatchOperations, KvContextOperations):
     """The KV lane pool of one model generation's runtime session (§9)."""
@@ -157,6 +156,10 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
         self._check_scale = lanes / POOL_CHECK_LANES
         self._scale_draw = random.Random(lanes).random
         self._owner = [0] * lanes
+        self._open = [0] * lanes
+        """Each lane's open step: the positions the device job it is bound to writes (0: none). The lane machine
+        has no in-flight state (#20): the open transaction is JobLaneSystem's binding, kept here, where the
+        runtime releases and settles lanes (``release`` refused, a stale settle ignored, while it is open)."""
         self.owners_changed = 0
         """How many times a lane's owner has changed (read-only outside: a reservation made at the same count
         finds every lease still owning its lane)."""
@@ -190,6 +193,10 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
     def lane_list(self) -> list[Any]:
         """Every lane's machine instance, in lane order (read-only use: the pool monitor)."""
         return self._lanes
+
+    def open_list(self) -> list[int]:
+        """Each lane's open step (its positions; 0: none) — JobLaneSystem's binding, read by its monitor."""
+        return self._open
 
     def ghost_list(self) -> list[dict[str, int]]:
         """Every lane's pool ghosts (KvLanePool.ghosts), in lane order (read-only use: the pool monitor)."""
@@ -264,25 +271,40 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
         return _new_tuple(KvLease, (lane, seq, generation, lease_id, tokens))  # KvLease(...) without its __new__ frame
 
     def submit(self, lease: KvLease, tokens: int) -> None:
-        """The device accepted a job writing ``tokens`` positions (→ Updating)."""
+        """The device accepted a job writing ``tokens`` positions: the lane's step opens (no lane event, #20)."""
         self._submit(self._owned(lease), tokens)
         self._checked("submit")
 
     def commit(self, lease: KvLease) -> None:
-        """Device and output both succeeded: the pending tokens become committed (§9.2)."""
-        self._fire(self._owned(lease), "commit")
+        """Device and output both succeeded: the step's positions become committed (§9.2), the step closes."""
+        lane = self._owned(lease)
+        self._fire(lane, "commit", tokens=self._step_of(lane))
+        self._open[lane] = 0
         self._checked("commit")
 
     def abort(self, lease: KvLease) -> None:
-        """A known failure: nothing the job wrote is kept."""
-        self._fire(self._owned(lease), "abort")
+        """A known failure: nothing the job wrote is kept — the step closes, no lane event."""
+        lane = self._owned(lease)
+        self._step_of(lane)
+        self._open[lane] = 0
         self._checked("abort")
 
     def fault(self, lease: KvLease) -> None:
-        """Timeout / CCU fault / DMA unknown: the lane becomes Unknown and is quarantined."""
-        self._fire(self._owned(lease), "fault")
+        """Timeout / CCU fault / DMA unknown: the lane becomes Unknown and is quarantined (an open step stays
+        open, naming the job recovery waits for, until ``recover``)."""
+        lane = self._owned(lease)
+        self._fire(lane, "fault")
         self._faults += 1
         self._checked("fault")
+
+    def _step_of(self, lane: int) -> int:
+        """The open step's positions; refused (TransitionNotAllowed, as the machine refused a settle outside
+        Updating) when the lane has none or is not working."""
+        tokens = self._open[lane]
+        machine = self._lanes[lane]
+        if not tokens or machine.state not in OPEN_STATES:
+            raise TransitionNotAllowed(machine.definition.name, machine.state, "settle", "no open step on the lane")
+        return tokens
 
     def release(self, lease: KvLease) -> FreeSequence | None:
         """The owner ended: start freeing the lane, or detach from a quarantined one.
@@ -301,23 +323,28 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
             self.owners_changed += 1
             self._checked("release (detach from Unknown)")
             return None
-        self._fire(lane, "release")  # refused (and nothing changes) while a job is writing the lane
+        if self._open[lane]:  # refused (and nothing changes) while a job is writing the lane (JobLaneSystem)
+            raise TransitionNotAllowed(machine.definition.name, machine.state, "release", "its step is open")
+        self._fire(lane, "release")
         self._owner[lane] = 0
         self.owners_changed += 1
         self._checked("release")
         return self._releasing(lane)
 
     def _submit(self, lane: int, tokens: int) -> None:
-        """Open the lane's transaction; with monitors on, record the position the job binds (the
-        pool's ghost, whose invariant says it is the lane's committed_len)."""
-        if MONITOR.enabled:
-            record_submit_ghosts(self._ghosts, self.view, (lane,), tokens)
-        self._fire(lane, "submit", tokens=tokens)
+        """Open the lane's step (JobLaneSystem's ``enlist``: no lane event): refused as the machine refused a
+        submit — the lane must be working, with no open step and room for ``tokens`` more positions."""
+        machine = self._lanes[lane]
+        if (self._open[lane] or machine.state not in OPEN_STATES
+                or machine.committed_len + tokens > machine.reserved_len):
+            raise TransitionNotAllowed(machine.definition.name, machine.state, "submit", "cannot open a step")
+        self._open[lane] = tokens
 
 
     def recover(self, lane: int) -> FreeSequence:
         """Recovery made the Unknown lane safe again (reset, or the job provably finished)."""
         self._owner[lane] = 0
+        self._open[lane] = 0
         self.owners_changed += 1
         self._fire(lane, "recover")
         self._checked("recover")
@@ -355,14 +382,18 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
         if self._owner[lane] != lease.lease_id:
             return False
         machine = self._lanes[lane]
-        if machine.state != "updating":
+        tokens = self._open[lane]
+        if not tokens or machine.state not in OPEN_STATES:
             return False
-        if event in KEEPS_TOTALS:  # commit/abort/fault: provably no budget total moves
-            machine.fire(event)
-        else:
-            self._fire(lane, event)
-        if event == "fault":
+        if event == "commit":
+            self._fire(lane, "commit", tokens=tokens)
+        elif event == "fault":
+            self._fire(lane, "fault")
             self._faults += 1
+        elif event != "abort":
+            raise ValueError(f"settle with {event!r}: commit, abort or fault")
+        if event != "fault":
+            self._open[lane] = 0
         self._checked(event)
         return True
 
