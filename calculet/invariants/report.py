@@ -257,12 +257,13 @@ def _system_sections(run: VerifyRun) -> list[str]:
                 search = "holds on the failing run"
             rows.append(dict(property=f"`{inv.name}`", requirement=inv.rid,
                              kind="strengthening" if inv.strengthening else "asked", induction=how, bmc=search))
-        for sp in sd.step_properties:  # proved by the induction only (system_checks: BMC searches invariants)
+        for sp in sd.step_properties:  # proved by the induction, searched by BMC (system_checks)
             how = ("NOT INDUCTIVE" if sp.name in broken else
                    f"proved{' (every R, L)' if every else ''}: {len(steps)} step variants" if all(r.ok for r in ind)
                    else "not checked (another property failed)")
-            rows.append(dict(property=f"`{sp.name}`", requirement=sp.rid, kind="step", induction=how,
-                             bmc="— (a step property: the induction proves it)"))
+            search = ("—" if not bmc else f"no violation in any run of ≤{o.system_depth} steps" if bmc[0].ok
+                      else "BROKEN: " + bmc[0].detail if sp.name in bmc[0].broken else "holds on the failing run")
+            rows.append(dict(property=f"`{sp.name}`", requirement=sp.rid, kind="step", induction=how, bmc=search))
         out += [proof_scope(sd, results), ""]  # what holds for every size, what for the encoded one (#17)
         out += _table(rows, ["property", "requirement", "kind", "induction", "bmc"])
         notes = [inv for inv in sd.invariants if inv.strengthening]

@@ -1,5 +1,6 @@
 """Coupled-system bounded model checking: every run of up to ``depth`` steps from the initial
-system (parameters and seq ids symbolic), one query for all depths (§9.2, §4).
+system (parameters and seq ids symbolic), one query for all depths (§9.2, §4). A run breaks the
+system when a frame breaks an invariant or a step breaks a step property (#20).
 
 A hit is a real, reachable bug, reported as a step-by-step trace. Two reductions keep it
 affordable, and neither loses a reachable violation within the depth (every depth is checked,
@@ -39,11 +40,11 @@ from typing import Any
 
 import z3
 
-from calculet.invariants.checks import RLIMIT_SEARCH, CheckResult, Counterexample, Progress, model_value, solver
+from calculet.invariants.checks import RLIMIT_SEARCH, CheckResult, Counterexample, Progress, as_bool, model_value, solver
 from calculet.invariants.pool_checks import search_unrolling
 from calculet.invariants.system_encoding import Frame, Move, initial_frame, read_frame, seq_domain, step_args, system_goals
 from calculet.logic.symbolic import SymbolicVars
-from calculet.machines.system import NONE, SystemDefinition, Variant
+from calculet.machines.system import NONE, SystemDefinition, SystemStep, Variant
 
 __all__ = ["check_system_bmc"]
 
@@ -67,6 +68,17 @@ def check_system_bmc(sd: SystemDefinition, requests: int = 3, lanes: int = 3, de
     return CheckResult("system-bmc", sd.name, subject, True, time.process_time() - start,
                        f"no invariant broken in any run of ≤{depth} steps over {requests} requests × {lanes} lanes",
                        queries=1)
+
+
+class _ReadsStep(Exception):
+    """A step property read the step taken (raised by :class:`_UnreadStep`)."""
+
+
+class _UnreadStep:
+    """The step of a depth, for a step property that may not read it: any attribute refuses."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise _ReadsStep(name)
 
 
 def _source(v: Variant, side: str) -> str | None:
@@ -178,7 +190,24 @@ class _Unrolling:
         self.frames.append(nxt)
         self.chosen.append((chosen.sel, options))
         self.selected.append(chosen)
-        self.all_props.append(system_goals(self.sd, nxt))
+        self.all_props.append(system_goals(self.sd, nxt) + self._step_goals(prev, nxt, chosen, options))
+
+    def _step_goals(self, prev: Frame, nxt: Frame, c: "_Selected", options: list["_Option"]) -> list[tuple[str, str, Any]]:
+        """Each step property on the step of depth k (frame ``prev`` to ``nxt``): evaluated once when it does not
+        read the step taken, else once per move, under "this move was selected" (a stutter leaves the frame as it
+        was, and the property is asked of that no-step as well — every declared one holds of it)."""
+        pre, post = prev.view(), nxt.view()
+        goals = []
+        for sp in self.sd.step_properties:
+            try:
+                prop = as_bool(sp.predicate(pre, post, _UnreadStep()))
+            except _ReadsStep:
+                prop = z3.And(*[z3.Implies(z3.And(c.sel == o, mv.enabled),
+                                           as_bool(sp.predicate(pre, post, SystemStep(opt.step.name, opt.name_of(mv),
+                                                                                      mv.args))))
+                                for o, opt in enumerate(options) for mv in opt.moves])
+            goals.append((sp.name, sp.rid, prop))
+        return goals
 
     def _ready(self, v: Variant, k: int, i: int, j: int) -> bool:
         """Before frame k an instance has moved at most k-1 times, less one for each instance of

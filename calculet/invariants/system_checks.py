@@ -41,9 +41,9 @@ effect): a step is a chain of declared rows on request ``i`` and a chain on lane
   whose instance reads only those, before and after) broken at some size names at most two
   requests and one lane; keep them with the moved pair, and the projected step is still enabled,
   still does the same, and still breaks that instance. With ghost counts, before and after share
-  the ghosts, as for the invariants. Bounded model checking searches the invariants only (its
-  depth-k selectors do not name a declared step a property could read); the induction is the
-  proof of the step properties.
+  the ghosts, as for the invariants. Bounded model checking searches them too, on each depth's
+  step (a property that reads the step taken is asked once per move, under its selector), so a
+  step only they reject is found as a run from the initial system.
 * **Bounded model checking** — from the initial system (parameters and seq ids symbolic),
   every run of up to ``depth`` steps, one query for all depths, with symmetry breaking and a
   partial-order reduction (:mod:`calculet.invariants.system_bmc`).

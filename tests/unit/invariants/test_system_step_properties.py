@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from calculet.invariants.strength import check_system_witnesses
+from calculet.invariants.system_bmc import check_system_bmc
 from calculet.invariants.system_document import system_document
 from calculet.invariants.system_induction import check_system_induction
 from calculet.logic.expr import And, If, Implies, Not
@@ -216,6 +217,12 @@ def test_a_wrong_step_the_invariants_let_through_is_caught(step: str, guard: Any
     # The step property does, and names itself.
     caught = check_system_induction(mutant.definition, steps=[step], goals=[caught_by])
     assert any(not r.ok and r.broken == [caught_by] for r in caught), [r.detail for r in caught]
+    # Bounded model checking finds it as a run from the initial system (reserve, submit, enlist, the wrong step),
+    # and finds nothing in the system without it.
+    found = check_system_bmc(mutant.definition, 1, 1, 5)
+    assert not found.ok and caught_by in found.broken, found.detail
+    assert found.counterexample.trace[-1]["transition"].startswith(step)
+    assert check_system_bmc(_without_step_properties(mutant).definition, 1, 1, 5).ok
 
 
 def test_a_step_aware_property_reads_the_step_taken() -> None:
@@ -227,6 +234,14 @@ def test_a_step_aware_property_reads_the_step_taken() -> None:
                                     sys.lanes[j].at("completed")))})
     caught = check_system_induction(mutant.definition, steps=["commit"], goals=["steps_open_only_by_enlist"])
     assert any(not r.ok and r.broken == ["steps_open_only_by_enlist"] for r in caught)
+    found = check_system_bmc(mutant.definition, 1, 1, 6)  # read per move, under its selector
+    assert not found.ok and "steps_open_only_by_enlist" in found.broken, found.detail
+
+
+def test_bounded_model_checking_holds_on_the_declared_system() -> None:
+    """No false alarm: the step properties hold on every run of the declared system (3 lanes, 2 jobs)."""
+    result = check_system_bmc(OneEventJobLanes.definition, 3, 2, 6)
+    assert result.ok, result.detail
 
 
 def test_negative_witnesses_of_step_properties() -> None:
