@@ -567,16 +567,16 @@ def _job_lane_mutants():
     from calculet.machines.job_lanes import JobLaneSystem
     return [
         _generation_mutant(JobLaneSystem, "commit", "JobCommitsAnotherJobsLane",
-                           "a job that completed commits a pending lane of another job still on the device",
-                           "lanes_of_a_job_on_the_device_are_pending", 6,
+                           "a job that completed commits a lane whose step is another job's, still on the device",
+                           "lane_commits_only_after_its_job_completed", 6,
                            guard=lambda sys, i, j: sys.lanes[j].at("completed")),
         _generation_mutant(JobLaneSystem, "fault", "JobFaultMarksAnotherJobsLane",
-                           "a job's timeout marks Unknown a pending lane of another job still on the device",
-                           "lanes_of_a_job_on_the_device_are_pending", 6,
+                           "a job's timeout marks Unknown a lane whose step is another job's, still on the device",
+                           "unknown_lane_names_its_job", 6,
                            guard=lambda sys, i, j: sys.lanes[j].at("timed_out", "quarantined")),
         _generation_mutant(JobLaneSystem, "recover", "RecoverWhileJobInDoubt",
                            "an Unknown lane is recovered while the job that may write it is still in doubt",
-                           "lanes_of_a_job_in_doubt_are_pending_or_unknown", 6,
+                           "open_step_closes_only_after_its_job_ended", 6,
                            guard=lambda sys, i, j: sys.bound(i, j)),
     ]
 
