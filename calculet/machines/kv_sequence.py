@@ -128,3 +128,17 @@ class KvSequenceMachine(Machine):
                      predicate=lambda pre, post: Implies(pre.at("unknown"),
                                                          Or(post.at("unknown"), post.at("releasing")))),
     ]
+
+
+UPDATING = "updating"
+_WORKING = tuple(name for name, st in KvSequenceMachine.definition.states.items() if "working" in st.groups)
+SEQUENCE_STATES: tuple[str, ...] = tuple(
+    x for name in KvSequenceMachine.definition.states for x in ((name, UPDATING) if name == _WORKING[-1] else (name,)))
+"""§9.1's ``KvSequenceState`` as the runtime reports it (R9.1.1: Free, Reserved, Active, Updating, Unknown,
+Releasing): the machine's states with Updating after the working ones — a lane is Updating while it is working
+and its step is open (bound to the device job writing it, JobLaneSystem; the machine fires no event for it, #20)."""
+
+
+def sequence_state(state: str, step_open: bool) -> str:
+    """The §9.1 state of a lane in machine state ``state`` (R9.2.5: after a successful submit, Updating)."""
+    return UPDATING if step_open and state in _WORKING else state

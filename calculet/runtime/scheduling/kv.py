@@ -43,6 +43,7 @@ from calculet.clock import Clock
 from calculet.errors import DefinitionError
 from calculet.machines.errors import TransitionNotAllowed
 from calculet.machines import KvSequenceMachine
+from calculet.machines.kv_sequence import SEQUENCE_STATES, sequence_state
 from calculet.machines.kv_pool import KvLanePool
 from calculet.machines.monitor import MONITOR
 from calculet.machines.pool import PoolView
@@ -119,7 +120,7 @@ _new_tuple = tuple.__new__
 POOL_CHECK_LANES = 64
 """Up to this many lanes (every device profile), a sampled operation checks the whole pool."""
 
-_STATES = tuple(KvSequenceMachine.definition.states)
+_STATES = SEQUENCE_STATES  # §9.1 KvSequenceState, Updating derived from the open step (R9.1.1, #20)
 _POOL = KvLanePool.definition
 _RESERVE_GUARD, RESERVE_GUARD_SOURCE = compile_reserve_guard(_POOL)
 _MEASURES, MEASURES_SOURCE = compile_measures(_POOL)
@@ -221,7 +222,9 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
         return self._lane(lease).committed_len  # type: ignore[no-any-return]
 
     def state(self, lease: KvLease) -> str:
-        return self._lane(lease).state  # type: ignore[no-any-return]
+        """The lease's lane in §9.1's KvSequenceState (Updating while its step is open, R9.2.5)."""
+        lane = self._owned(lease)
+        return sequence_state(self._lanes[lane].state, bool(self._open[lane]))
 
     def lane_of(self, generation: int, seq_id: int) -> int | None:
         return self._by_seq.get((generation, seq_id))
@@ -403,8 +406,8 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
         """Counts by state and token sums are read from the lanes (O(lanes), off the hot path)."""
         by_state: Counter[str] = Counter()
         used = reserved = 0
-        for machine in self._lanes:
-            by_state[machine.state] += 1
+        for machine, opened in zip(self._lanes, self._open):
+            by_state[sequence_state(machine.state, bool(opened))] += 1
             used += machine.committed_len
             reserved += machine.reserved_len
         confirms = self._confirms

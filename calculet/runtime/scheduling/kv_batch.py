@@ -168,8 +168,8 @@ class KvBatchOperations:
         machines = reservation.machines
         if reservation.owners == self.owners_changed and machines and "commit" in KEEPS_TOTALS:
             opened, tokens = self._open, reservation.tokens
-            for lane in reservation.lanes:  # a loop, not a list comprehension: a frame of its own on 3.11 (#20)
-                if opened[lane] != tokens:
+            for lane, machine in zip(reservation.lanes, machines):  # a loop, not a comprehension: no frame (#20)
+                if opened[lane] != tokens or machine.state not in OPEN_STATES:  # open, and not faulted meanwhile
                     break
             else:
                 _INSTANCE.fire_each(machines, "commit", tokens=[tokens] * len(machines))
