@@ -21,8 +21,13 @@ def test_request_states_are_the_spec_enumeration_in_order():
 
 @pytest.mark.req("R9.1.1")
 def test_kv_sequence_states_are_the_spec_enumeration():
-    assert list(KvSequenceMachine.definition.states) == [
-        "free", "reserved", "active", "updating", "unknown", "releasing"]
+    """§9.1 KvSequenceState as reported (R9.1.1); the machine has every state but Updating, which is a working
+    lane with its step open (#20)."""
+    from calculet.machines.kv_sequence import SEQUENCE_STATES, sequence_state
+    assert list(SEQUENCE_STATES) == ["free", "reserved", "active", "updating", "unknown", "releasing"]
+    assert list(KvSequenceMachine.definition.states) == [s for s in SEQUENCE_STATES if s != "updating"]
+    assert [sequence_state(s, True) for s in ("reserved", "active", "unknown")] == ["updating", "updating", "unknown"]
+    assert sequence_state("active", False) == "active"
 
 
 @pytest.mark.req("R10.1")
@@ -97,11 +102,11 @@ def test_request_cancel_before_running_completes_at_once(path):
 def test_kv_commit_only_after_success_and_unknown_is_quarantined():
     kv = KvSequenceMachine.create(max_seq=16, lane=2)
     kv.fire("reserve", seq=5, gen=1, tokens=10)
-    kv.fire("submit", tokens=4)
-    assert kv.state == "updating" and kv.committed_len == 0
-    kv.fire("commit")
+    assert kv.state == "reserved" and kv.committed_len == 0
+    kv.fire("commit", tokens=4)
     assert kv.committed_len == 4
-    kv.fire("submit", tokens=1)
+    with pytest.raises(TransitionNotAllowed):
+        kv.fire("commit", tokens=7)  # past the reservation
     kv.fire("fault")
     assert kv.state == "unknown" and kv.committed_len == 4
     with pytest.raises(TransitionNotAllowed):
