@@ -63,7 +63,7 @@ def proof_references() -> dict[str, list[str]]:
     for inv in KvLanePool.definition.invariants:
         refs.setdefault(inv.rid, []).append(f"{KvLanePool.definition.name}.{inv.name}")
     for system in (RequestLaneSystem, GenerationRequestSystem, GenerationJobSystem, JobLaneSystem, AdmissionBudgetSystem):
-        for inv in system.definition.invariants:
+        for inv in (*system.definition.invariants, *system.definition.step_properties):
             refs.setdefault(inv.rid, []).append(f"{system.definition.name}.{inv.name}")
     return refs
 
