@@ -40,21 +40,36 @@ part, before; the check is now as cheap as the snapshot comparison that used to 
 so that comparison went too). The in-flight budget counts jobs: it is evaluated on the view holding every job in
 the table and no lane. The tests compare the table's verdict with the declared predicates on the whole system
 (``test_job_lane_monitor``), on random states, consistent or not.
+
+*Steps.* A lane's step has no in-flight state (#20): a lane committed while its job is still on the device, or by
+another job's end, leaves both states satisfying every invariant above, so a state check cannot see it. The
+declared step properties (``JobLaneSystem.step_properties``: ``lane_commits_only_after_its_job_completed``,
+``open_step_closes_only_after_its_job_ended``) see it, and their run-time form is evaluated where the lanes' steps
+end: the KV manager's ``settle``/``settle_batch``/``commit_batch``/``commit``/``abort``/``recover`` call
+:meth:`JobLaneMonitor.before` on the lanes they are about to settle and :meth:`JobLaneMonitor.after` once settled
+(:attr:`KvLaneManager.steps`, set by :func:`attach`; at the monitors' sampled rate, drawn there). Those calls carry
+the job whose end settles the lanes (``job``, passed by ``apply.py``), which names the step in a report; the verdict
+reads, as the model's ``pre.bound(i, j)`` does, the job the lane is *bound* to (the table's binding while the step is
+open). The step properties have the invariants' shape (a ∀ over lanes and jobs whose instance reads one lane and
+the job it is bound to), so a step's verdict is the union of its lanes' one-lane verdicts, each a function of the
+lane's *step key* (the event, the lane's state before and after, whether its committed length grew, its bound job's
+state or UNBOUND before, whether it is bound after): evaluated with ``SystemDefinition.broken_steps`` on
+stand-ins the first time a key is seen (:func:`step_verdict`), looked up after.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from calculet.machines.job import DeviceJobMachine
 from calculet.machines.job_lanes import SETTLED_AT_STEP_END, JobLaneSystem
 from calculet.machines.kv_sequence import KvSequenceMachine
 from calculet.machines.monitor import MONITOR
-from calculet.machines.system import NONE, SystemView
+from calculet.machines.system import NONE, SystemStep, SystemView
 from calculet.runtime.scheduling.jobs import lanes_of
 from calculet.runtime.scheduling.partwise import AcrossParts
 
-__all__ = ["BROKEN_BY_KEY", "UNBOUND", "JobLaneMonitor", "attach"]
+__all__ = ["BROKEN_BY_KEY", "UNBOUND", "JobLaneMonitor", "attach", "step_verdict"]
 
 _SYSTEM = JobLaneSystem.definition
 _ON_DEVICE = ("submitted", "timed_out", "quarantined")
@@ -105,6 +120,57 @@ class _Across(AcrossParts):
 
 
 _ACROSS = tuple(_Across(inv) for inv in (*_SYSTEM.invariants, *SETTLED_AT_STEP_END))
+
+
+class _Lane:
+    """A lane as a step key's views show it: its state and committed length, nothing else."""
+
+    __slots__ = ("state", "committed_len")
+
+    def __init__(self, state: str, committed_len: int) -> None:
+        self.state = state
+        self.committed_len = committed_len
+
+    def at(self, *states: str) -> bool:
+        return self.state in states
+
+
+StepKey = tuple[str, str, str, bool, "str | None", bool]
+"""(event, lane state before, lane state after, committed length grew, bound job's state before or UNBOUND,
+bound after): what a lane's step shows the step properties (module doc, *Steps*) — they read the binding after the
+step only as ``post.unbound(i)``, so which job holds it after is not part of the key."""
+
+_STEP_VERDICTS: dict[StepKey, frozenset[str]] = {}
+
+
+def step_verdict(key: StepKey) -> frozenset[str]:
+    """The declared step properties the one-lane step ``key`` breaks: ``broken_steps`` on its pre and post views
+    (stand-ins carrying only a state and a committed length), evaluated once per key and kept."""
+    verdict = _STEP_VERDICTS.get(key)
+    if verdict is None:
+        event, before, after, grew, job, bound = key
+        jobs = [] if job is UNBOUND else [_StandIn(job)]
+        pre = SystemView([_Lane(before, 0)], jobs, [NONE if job is UNBOUND else 0], [0])
+        post = SystemView([_Lane(after, int(grew))], jobs, [0 if bound and job is not UNBOUND else NONE], [0])
+        verdict = _STEP_VERDICTS[key] = frozenset(_SYSTEM.broken_steps(pre, post, SystemStep(event)))
+    return verdict
+
+
+class _StepAcross:
+    """A declared step property over a step's lane keys: true when no key's one-lane step breaks it."""
+
+    __slots__ = ("name", "rid")
+
+    def __init__(self, name: str, rid: str) -> None:
+        self.name = name
+        self.rid = rid
+
+    def predicate(self, keys: "set[StepKey]") -> bool:
+        name = self.name
+        return not any(name in step_verdict(key) for key in keys)
+
+
+_STEP_ACROSS = tuple(_StepAcross(sp.name, sp.rid) for sp in _SYSTEM.step_properties)
 
 
 class JobLaneMonitor:
@@ -162,6 +228,36 @@ class JobLaneMonitor:
         parts = self.parts()
         return [inv.name for inv in _ACROSS if not inv.predicate(parts)]
 
+    # ------------------------------------------------------------------ steps (module doc, *Steps*)
+
+    def before(self, lanes: Sequence[int]) -> list[tuple[int, str, int, Any, str | None]]:
+        """What the step properties read of ``lanes`` before the KV manager settles them: each lane's state and
+        committed length, and the job it is bound to (its step open: the table's binding) with that job's state."""
+        kv_lanes, opened, batch = self.kv.lane_list(), self.kv.open_list(), self.batch
+        pre = []
+        for i in lanes:
+            machine = kv_lanes[i]
+            job = batch.get(i) if opened[i] else None
+            pre.append((i, machine.state, machine.committed_len, job, None if job is None else job.state))
+        return pre
+
+    def step_keys(self, pre: list[tuple[int, str, int, Any, str | None]], event: str) -> set[StepKey]:
+        """Each settled lane's step key (``pre`` from :meth:`before`, the lanes as they are now)."""
+        kv_lanes, opened, batch = self.kv.lane_list(), self.kv.open_list(), self.batch
+        keys = set()
+        for i, state, committed, job, job_state in pre:
+            machine = kv_lanes[i]
+            keys.add((event, state, machine.state, machine.committed_len > committed,
+                      UNBOUND if job is None else job_state, bool(opened[i]) and batch.get(i) is not None))
+        return keys
+
+    def after(self, pre: list[tuple[int, str, int, Any, str | None]], event: str, job: Any = None) -> None:
+        """The lanes of ``pre`` were settled by ``event`` at the end of ``job`` (None: no job's end, e.g. a
+        recovery): the declared step properties on that step, reported by MONITOR like the invariants."""
+        ending = "" if job is None else f" at the end of job {job.job_id}"
+        MONITOR.check_whole(_SYSTEM.name, _STEP_ACROSS, self.step_keys(pre, event),
+                            f"{event} of lanes {[p[0] for p in pre]}{ending}", state=_State(self))
+
     def index_faults(self) -> list[tuple[str, str]]:
         """The jobs table against the binding: two jobs on the device never hold the same lane (R14.4)."""
         held: dict[int, int] = {}
@@ -197,4 +293,5 @@ def attach(jobs: Any, kv: Any) -> JobLaneMonitor:
     """A monitor for ``jobs`` (an :class:`InflightTable`) and ``kv`` (a ``KvLaneManager``), hooked into the table."""
     monitor = JobLaneMonitor(kv, jobs)
     jobs.check = monitor.observe
+    kv.steps = monitor  # the step properties where the lanes' steps end (module doc, *Steps*)
     return monitor

@@ -122,6 +122,8 @@ POOL_CHECK_LANES = 64
 
 _STATES = SEQUENCE_STATES  # §9.1 KvSequenceState, Updating derived from the open step (R9.1.1, #20)
 _POOL = KvLanePool.definition
+_SETTLES = frozenset(("commit", "abort", "fault"))
+"""The events that end (or, ``fault``, keep open) a lane's step in :meth:`KvLaneManager.settle`."""
 _RESERVE_GUARD, RESERVE_GUARD_SOURCE = compile_reserve_guard(_POOL)
 _MEASURES, MEASURES_SOURCE = compile_measures(_POOL)
 _MOVES, MOVES_SOURCE = compile_moves(_POOL)
@@ -161,6 +163,11 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
         """Each lane's open step: the positions the device job it is bound to writes (0: none). The lane machine
         has no in-flight state (#20): the open transaction is JobLaneSystem's binding, kept here, where the
         runtime releases and settles lanes (``release`` refused, a stale settle ignored, while it is open)."""
+        self.steps: Any = None
+        """The job × lane monitor (set by ``job_lane_monitor.attach``): where a lane's step ends (``settle``,
+        ``settle_batch``, ``commit_batch``, ``commit``, ``abort``, ``recover``), at the monitors' sampled rate, its
+        ``before(lanes)`` and ``after(pre, event, job)`` evaluate JobLaneSystem's step properties on that step (#20:
+        a lane committed by another job's end, or while its job is on the device, breaks no state invariant)."""
         self.owners_changed = 0
         """How many times a lane's owner has changed (read-only outside: a reservation made at the same count
         finds every lease still owning its lane)."""
@@ -278,19 +285,35 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
         self._submit(self._owned(lease), tokens)
         self._checked("submit")
 
-    def commit(self, lease: KvLease) -> None:
-        """Device and output both succeeded: the step's positions become committed (§9.2), the step closes."""
+    def commit(self, lease: KvLease, job: Any = None) -> None:
+        """Device and output both succeeded (``job``'s end): the step's positions become committed (§9.2), the
+        step closes."""
         lane = self._owned(lease)
-        self._fire(lane, "commit", tokens=self._step_of(lane))
+        tokens = self._step_of(lane)
+        pre = self._step_drawn((lane,))
+        self._fire(lane, "commit", tokens=tokens)
         self._open[lane] = 0
+        if pre is not None:
+            self.steps.after(pre, "commit", job)
         self._checked("commit")
 
-    def abort(self, lease: KvLease) -> None:
-        """A known failure: nothing the job wrote is kept — the step closes, no lane event."""
+    def abort(self, lease: KvLease, job: Any = None) -> None:
+        """A known failure (``job``'s end): nothing the job wrote is kept — the step closes, no lane event."""
         lane = self._owned(lease)
         self._step_of(lane)
+        pre = self._step_drawn((lane,))
         self._open[lane] = 0
+        if pre is not None:
+            self.steps.after(pre, "abort", job)
         self._checked("abort")
+
+    def _step_drawn(self, lanes: Any) -> Any:
+        """The job × lane monitor's snapshot of ``lanes`` before their steps end, when one is attached and the
+        monitors' draw picks this operation (:attr:`steps`); None otherwise."""
+        steps = self.steps
+        if steps is not None and MONITOR.enabled and next(MONITOR.draws):
+            return steps.before(lanes)
+        return None
 
     def fault(self, lease: KvLease) -> None:
         """Timeout / CCU fault / DMA unknown: the lane becomes Unknown and is quarantined (an open step stays
@@ -346,10 +369,13 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
 
     def recover(self, lane: int) -> FreeSequence:
         """Recovery made the Unknown lane safe again (reset, or the job provably finished)."""
+        pre = self._step_drawn((lane,))
         self._owner[lane] = 0
         self._open[lane] = 0
         self.owners_changed += 1
         self._fire(lane, "recover")
+        if pre is not None:
+            self.steps.after(pre, "recover")
         self._checked("recover")
         return self._releasing(lane)
 
@@ -375,8 +401,9 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
 
     # ------------------------------------------------------------------ batches (§7.1)
 
-    def settle(self, lease: KvLease, event: str) -> bool:
-        """End the lane's open transaction with ``commit``, ``abort`` or ``fault``.
+    def settle(self, lease: KvLease, event: str, job: Any = None) -> bool:
+        """End the lane's open transaction with ``commit``, ``abort`` or ``fault`` (``job``'s end: the job whose
+        end settles it, for the job × lane monitor's step check, :attr:`steps`).
 
         Returns False — and changes nothing — when the lease no longer owns the lane or the
         lane has no open transaction (a stale completion): settling is then not its business.
@@ -388,6 +415,7 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
         tokens = self._open[lane]
         if not tokens or machine.state not in OPEN_STATES:
             return False
+        pre = self._step_drawn((lane,)) if event in _SETTLES else None
         if event == "commit":
             self._fire(lane, "commit", tokens=tokens)
         elif event == "fault":
@@ -397,6 +425,8 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
             raise ValueError(f"settle with {event!r}: commit, abort or fault")
         if event != "fault":
             self._open[lane] = 0
+        if pre is not None:
+            self.steps.after(pre, event, job)
         self._checked(event)
         return True
 

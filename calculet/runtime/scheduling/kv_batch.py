@@ -83,6 +83,8 @@ class KvBatchOperations:
     _checked: Callable[[str], None]
     _fire: Callable[..., None]
     _owned: Callable[[KvLease], int]
+    _step_drawn: Callable[[Any], Any]
+    steps: Any
 
     def reserve_batch(self, leases: Sequence[KvLease], tokens: int = 1) -> KvBatchReservation | KvReservationFailure:
         """Check that every lane can take ``tokens`` more positions; nothing changes state.
@@ -160,11 +162,11 @@ class KvBatchOperations:
             opened[lane] = tokens
         self._checked("submit_batch")
 
-    def commit_batch(self, reservation: KvBatchReservation) -> None:
-        """``settle_batch(reservation.leases, ["commit"] * lanes)``, a decode step whose every lane succeeded:
-        when no lane changed owner since the reservation (:attr:`owners_changed`) and every lane's step is open,
-        the machines it recorded commit in one generated loop; otherwise ``settle_batch`` decides lane by lane
-        (a stale lease or a settled lane skipped)."""
+    def commit_batch(self, reservation: KvBatchReservation, job: Any = None) -> None:
+        """``settle_batch(reservation.leases, ["commit"] * lanes, job)``, a decode step whose every lane succeeded
+        (``job``'s end, for the job × lane monitor's step check): when no lane changed owner since the reservation
+        (:attr:`owners_changed`) and every lane's step is open, the machines it recorded commit in one generated
+        loop; otherwise ``settle_batch`` decides lane by lane (a stale lease or a settled lane skipped)."""
         machines = reservation.machines
         if reservation.owners == self.owners_changed and machines and "commit" in KEEPS_TOTALS:
             opened, tokens = self._open, reservation.tokens
@@ -172,18 +174,26 @@ class KvBatchOperations:
                 if opened[lane] != tokens or machine.state not in OPEN_STATES:  # open, and not faulted meanwhile
                     break
             else:
+                steps = self.steps  # the step properties, drawn inline (_step_drawn without its frame, #20)
+                pre = steps.before(reservation.lanes) if (
+                    steps is not None and MONITOR.enabled and next(MONITOR.draws)) else None
                 _INSTANCE.fire_each(machines, "commit", tokens=[tokens] * len(machines))
                 for lane in reservation.lanes:
                     opened[lane] = 0
+                if pre is not None:
+                    steps.after(pre, "commit", job)
                 self._checked("settle_batch")
                 return
-        self.settle_batch(reservation.leases, ["commit"] * len(reservation.leases))
+        self.settle_batch(reservation.leases, ["commit"] * len(reservation.leases), job)
 
-    def settle_batch(self, leases: Sequence[KvLease], events: list[str]) -> None:
-        """:meth:`settle` for every lane of one job, ``events[i]`` ending ``leases[i]``'s step: one call and one
-        pool check per job rather than per lane (issue #20). A stale lease or a lane without an open step is
-        skipped, as :meth:`settle` would refuse it; ``abort`` fires no lane event (the step closes)."""
+    def settle_batch(self, leases: Sequence[KvLease], events: list[str], job: Any = None) -> None:
+        """:meth:`settle` for every lane of one job (``job``, whose end settles them: the job × lane monitor's step
+        check), ``events[i]`` ending ``leases[i]``'s step: one call and one pool check per job rather than per lane
+        (issue #20). A stale lease or a lane without an open step is skipped, as :meth:`settle` would refuse it;
+        ``abort`` fires no lane event (the step closes). The step check sees the whole batch as one step (the
+        runtime's), with one key per lane and event."""
         owner, lanes, opened = self._owner, self._lanes, self._open
+        pre = self._step_drawn([lease.lane for lease in leases])
         faults = 0
         for lease, event in zip(leases, events):
             lane = lease.lane
@@ -201,4 +211,7 @@ class KvBatchOperations:
                 continue  # the step stays open (bound) until recover
             opened[lane] = 0
         self._faults += faults
+        if pre is not None:
+            for event in dict.fromkeys(events):  # each event's lanes, keyed by that event
+                self.steps.after([p for p, e in zip(pre, events) if e == event], event, job)
         self._checked("settle_batch")
