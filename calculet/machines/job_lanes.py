@@ -12,7 +12,8 @@ job's batch while a job has many lanes.
 ``binding[i] = j``: lane ``i``'s step is job ``j``'s, open from the moment the device accepts the
 job with the lane in its batch (``enlist``: no lane event, the binding is the open transaction —
 the lane has no Updating state, #20) until it settles by *its own* job's end: ``commit(tokens)``
-after a completion in time (the binding dropped), nothing kept after an error or invalid output
+after a completion in time, or a good lane of a job failed with lane-level isolation (R7.4.6) (the
+binding dropped), nothing kept after an error or invalid output
 (``abort``: only the binding dropped, no lane event), Unknown after a timeout, a fault or a lane
 whose result is not known (R7.4.5 a device error fails the whole batch; R7.4.6 a lane the device
 reports failed; R7.4.2 a result whose tags do not match the lane) — the binding kept, so recovery
@@ -24,7 +25,7 @@ single step, so what is proved of it holds of the runtime's.
 
 What no state can say is a *step property* (``step_properties``): both states of a lane committed
 while its job is still on the device satisfy every invariant here (there is no in-flight lane state
-to contradict), so "a lane commits only after its own job completed" and "a lane's step closes
+to contradict), so "a lane commits only after its own job ended" and "a lane's step closes
 only once its job ended" are properties of (before, step, after), proved by the same induction.
 
 Between two steps of the runtime's actor — where its monitor
@@ -114,7 +115,8 @@ def _job_steps() -> list[Coupled]:
 
 class JobLaneSystem(CoupledSystem):
     """KV lanes written by device jobs: a lane's open step belongs to exactly one job (the
-    binding), and only its own job's end settles it — commit after a completion in time, abort after
+    binding), and only its own job's end settles it — commit after a completion in time (or, R7.4.6, a good lane of a job
+    failed with lane-level isolation), abort after
     an error, Unknown after a timeout, a fault or a lane whose result is not known (R7.4) — so two
     in-flight jobs never share a lane and a fault of one job marks Unknown only its own lanes (R14.4); and at most max_inflight jobs hold a
     device slot (R5.1.2)."""
@@ -133,9 +135,11 @@ class JobLaneSystem(CoupledSystem):
                 doc="Scheduler.submitted: the device accepted the job with the lane in its batch; the binding is the "
                     "lane's open step (no lane event, #20)"),
         Coupled("commit", request=("commit",), binding="unbind", involves="both", args={"tokens": Int(ge=1)},
-                guard=lambda sys, i, j: _of_job(sys, i, j, "completed"),
-                doc="its own job completed in time and the lane's output is valid: the lane commits the step's "
-                    "positions (§9.2) and its step closes"),
+                guard=lambda sys, i, j: _of_job(sys, i, j, *_ENDED),
+                doc="its own job ended in time — completed, or failed with lane-level isolation (R7.4.6: a device "
+                    "error affects only the lanes it reports) — and the lane's output is valid: the lane commits "
+                    "the step's positions (§9.2) and its step closes (a job that failed after a timeout has no "
+                    "working lane with its step open: late_complete and reset_done wait for that)"),
         Coupled("abort", binding="unbind", involves="both",
                 guard=lambda sys, i, j: And(_of_job(sys, i, j, *_ENDED), sys.requests[i].at("reserved", "active")),
                 doc="its own job reported an error, or the lane's output is invalid: nothing the step wrote is kept "
@@ -197,15 +201,16 @@ class JobLaneSystem(CoupledSystem):
 
     step_properties = [
         SystemStepProperty(
-            "R14.4", "lane_commits_only_after_its_job_completed",
+            "R14.4", "lane_commits_only_after_its_job_ended",
             predicate=lambda pre, post, step: And(
                 pre.all_pairs(lambda i, j: Implies(
                     And(pre.bound(i, j), post.requests[i].committed_len > pre.requests[i].committed_len),
-                    pre.lanes[j].at("completed"))),
+                    pre.lanes[j].at(*_ENDED))),
                 pre.all_requests(lambda i: Implies(post.requests[i].committed_len > pre.requests[i].committed_len,
                                                    Not(pre.unbound(i))))),
-            doc="a lane keeps new positions only in a step of the job it is bound to, once that job completed in "
-                "time: no other job's end, and not its own while on the device, commits it (§9.2, R14.4)",
+            doc="a lane keeps new positions only in a step of the job it is bound to, once that job ended (completed, "
+                "or failed with lane-level isolation, R7.4.6): no other job's end, and not its own while on the "
+                "device or in doubt, commits it (§9.2, R14.4)",
             rejects=({"pre": {"requests": [{"state": "active", "seq_id": 1, "generation": 1, "reserved_len": 3,
                                             "committed_len": 1}], "lanes": [{"state": "submitted"}], "binding": [0]},
                       "post": {"requests": [{"committed_len": 2}], "binding": [NONE]}, "step": "commit"},)),

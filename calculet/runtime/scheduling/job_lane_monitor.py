@@ -43,7 +43,7 @@ the table and no lane. The tests compare the table's verdict with the declared p
 
 *Steps.* A lane's step has no in-flight state (#20): a lane committed while its job is still on the device, or by
 another job's end, leaves both states satisfying every invariant above, so a state check cannot see it. The
-declared step properties (``JobLaneSystem.step_properties``: ``lane_commits_only_after_its_job_completed``,
+declared step properties (``JobLaneSystem.step_properties``: ``lane_commits_only_after_its_job_ended``,
 ``open_step_closes_only_after_its_job_ended``) see it, and their run-time form is evaluated where the lanes' steps
 end: the KV manager's ``settle``/``settle_batch``/``commit_batch``/``commit``/``abort``/``recover`` call
 :meth:`JobLaneMonitor.before` on the lanes they are about to settle and :meth:`JobLaneMonitor.after` once settled

@@ -114,7 +114,7 @@ def test_a_job_that_completes_leaving_a_lane_pending_is_caught():
 @pytest.mark.req("R14.4")
 def test_a_lane_committed_by_another_jobs_completion_is_caught():
     """#20: the lane has no in-flight state, so job 1's end committing job 2's lane leaves a state every invariant
-    accepts; the step property ``lane_commits_only_after_its_job_completed`` catches it where the KV manager
+    accepts; the step property ``lane_commits_only_after_its_job_ended`` catches it where the KV manager
     commits. Mutant caught: the KV manager not calling the monitor at the commit (``KvLaneManager.steps`` unused,
     or ``attach`` not setting it): nothing is raised, and the next job event's state check passes."""
     table, kv, monitor = _runtime()
@@ -125,9 +125,9 @@ def test_a_lane_committed_by_another_jobs_completion_is_caught():
     kv.settle(a[0], "commit", job1)
     with pytest.raises(InvariantViolation) as info:
         kv.settle(b[0], "commit", job1)     # the fault: job 1's end commits job 2's lane
-    assert info.value.invariant == "lane_commits_only_after_its_job_completed" and info.value.rid == "R14.4"
+    assert info.value.invariant == "lane_commits_only_after_its_job_ended" and info.value.rid == "R14.4"
     broken = [name for name, _ in info.value.post["broken"]]
-    assert broken == ["lane_commits_only_after_its_job_completed", "open_step_closes_only_after_its_job_ended"]
+    assert broken == ["lane_commits_only_after_its_job_ended", "open_step_closes_only_after_its_job_ended"]
     assert "job 1" in info.value.transition and f"lanes [{b[0].lane}]" in info.value.transition
     assert job2.state == "submitted" and monitor.verdict() == []   # no state invariant sees it (#20)
 
@@ -292,7 +292,7 @@ def test_a_scheduler_whose_completion_commits_another_jobs_lanes_is_caught(monke
     monkeypatch.setattr(kv, "commit_batch", commit_both)
     with pytest.raises(InvariantViolation) as info:
         h.complete(first)
-    assert info.value.invariant == "lane_commits_only_after_its_job_completed"
+    assert info.value.invariant == "lane_commits_only_after_its_job_ended"
     assert info.value.transition == f"commit of lanes [{second.kv.lanes[0]}] at the end of job {first.job_id}"
     assert h.scheduler.jobs.get(second.job_id).state == "submitted"
     assert h.scheduler.job_lanes.verdict() == []   # the state after it breaks no invariant (#20)
