@@ -10,7 +10,22 @@ base commit) and alternates blocks between the two, reporting per-block ratios: 
 to the actor path, measured in the same run (DESIGN principle 10); given twice or more, every tree runs in the same
 rounds and each gets its ratio. Figures, not a pass/fail test.
 
+``--parts core,service,stepped,threaded,loaded`` (:data:`PARTS`) runs the same core as the service runs it, part by
+part, each in its own process and all in the same alternated blocks: each part's own cost is the per-block
+difference from the part before it (``threaded`` and ``loaded`` read the engine thread's own CPU clock and count no
+calls). What it measured (session 18 at 5fa611d, load average 3-8, 4-12 blocks a run, four runs; µs of CPU per token at
+1 / 16 / 64 streams, calls per token in brackets): the core alone 76-111 / 85-116 / 84-96 (239 / 244-249 / 263-265);
+the service's sinks and request observer +2-9 (+13 / +8 / +13; +8 / +4 / +6 once the observer no longer takes a
+decode step's moves, 01b8bcc); the actor's publications after turns and submits +3-12 at 1-16 streams (+8-10); the
+started engine with a consumer loop on a second thread +5-15; that loop busy with ~30 µs of Python work a token +0-6
+more. Each part moves ±10 µs from run to run. The server's engine thread the same hour (``bench/host_threads.py``, the
+base tree): 96 / 104 / 122, the core plus these parts. So the engine thread's CPU is the core's, and the service adds
+~10-25 µs a token around it, in no single large piece. Per request (1 stream, requests of 8 against 64 tokens): about
+490 µs of actor CPU on one thread (``stepped``), 880 on the started engine (its mailbox and the loop's wake-ups:
+``call_soon_threadsafe`` writes).
+
     python bench/actor_core.py [--streams 1,16,64] [--blocks 12] [--against /tmp/base_worktree [--against ...]]
+                               [--parts core,service,stepped,threaded]
 """
 
 from __future__ import annotations
@@ -26,11 +41,33 @@ from collections.abc import Sequence
 
 PROMPT = "Calculet NPU benchmark prompt"
 
+PARTS = ("core", "service", "stepped", "threaded", "loaded")
+"""What runs around the core, each part adding to the one before (``--parts``): ``core`` the core alone, plain
+``StreamWriter`` sinks; ``service`` + the service's own sinks (``Service.open_stream``'s ``TimedStream``) and request
+observer (its phases; tracing as configured, off); ``stepped`` + the actor's publication after every turn and submit
+(``ThreadedEngine._stepped``), the 1 ms switch interval; ``threaded`` the started engine: its own actor thread
+(mailbox, wake-up holding), submits posted by an asyncio loop on a second thread that consumes the streams (no HTTP);
+``loaded`` + that loop doing Python work per token (:data:`LOOP_WORK` JSON chunks, about what the server's loop spends
+on a token: framing, sending), so the engine runs beside a busy neighbour as in the server. The difference from
+``loaded`` to the server's engine thread (``bench/host_threads.py``) is the rest of the HTTP work beside it."""
+
+LOOP_WORK = 8
+"""JSON chunks the ``loaded`` part's loop encodes per token (each ~4 µs here: ~30-35 µs of loop CPU per token, the
+server's loop spends 29-35)."""
+
+
+def _chunk(text: str) -> str:
+    import json
+
+    return json.dumps({"id": "cmpl-0123456789abcdef", "object": "text_completion", "created": 1700000000,
+                       "model": "tiny-random", "choices": [{"index": 0, "text": text, "finish_reason": None,
+                                                            "logprobs": None}]}, separators=(",", ":"))
+
 
 class Core:
     """A brought-up engine core on the null device, never started: its turns run on the caller's thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, part: str = "core") -> None:
         from calculet.adapters.sim import CostModel, SimConfig, TimeMode
         from calculet.config import default_config
         from calculet.runtime.engine.types import EngineOptions
@@ -56,6 +93,24 @@ class Core:
             core = self.core
             turn = lambda: _turn(core)  # noqa: E731
         self.turn = turn
+        self.part = part
+        self.service = None
+        if part != "core":  # the service's own sinks and request observer, as ``calculet.run`` builds them
+            from calculet.server.service import Service
+
+            self.service = Service(self.brought.config, self.brought.engine)
+        if part in ("stepped", "threaded", "loaded"):
+            sys.setswitchinterval(0.001)  # as calculet.run (SWITCH_INTERVAL_MS)
+        if part in ("threaded", "loaded"):
+            self.service.start()  # type: ignore[union-attr]
+
+    def _writer(self, streams: int) -> list:
+        """``streams`` sinks: plain StreamWriters (core), else the service's TimedStreams (``Service.open_stream``)."""
+        from calculet.runtime.streams.writer import StreamWriter
+
+        if self.service is None:
+            return [StreamWriter(tokenizer=self.tokenizer) for _ in range(streams)]
+        return [self.service.open_stream(tenant="default", stop=()) for _ in range(streams)]
 
     def _hook(self, _frame: object, event: str, _arg: object) -> None:
         if event == "call" or event == "c_call":
@@ -65,13 +120,22 @@ class Core:
         """``streams`` requests of ``tokens`` tokens run to the end: (thread CPU seconds, tokens, Python calls)."""
         from calculet.runtime.engine.types import GenerateRequest
         from calculet.runtime.execution.sampler import SamplingParams
-        from calculet.runtime.streams.writer import StreamWriter
 
         core, turn = self.core, self.turn
-        writers = [StreamWriter(tokenizer=self.tokenizer) for _ in range(streams)]
-        for writer in writers:
-            core.submit(GenerateRequest(self.prompt, tokens, sampling=SamplingParams(ignore_eos=True)), writer)
+        writers = self._writer(streams)
+        requests = [GenerateRequest(self.prompt, tokens, sampling=SamplingParams(ignore_eos=True)) for _ in writers]
+        if self.part in ("threaded", "loaded"):
+            return self._threaded(requests, writers)
         self.calls = 0
+        if self.part == "stepped":  # the actor's loop body: submits and turns each followed by a publication
+            engine = self.brought.engine
+            stepped = engine._stepped  # noqa: SLF001
+            for request, writer in zip(requests, writers):
+                stepped(lambda r=request, w=writer: core.submit(r, w))  # type: ignore[misc]
+            turn = lambda: stepped(self.turn)  # noqa: E731
+        else:
+            for request, writer in zip(requests, writers):
+                core.submit(request, writer)
         if count_calls:
             sys.setprofile(self._hook)
         started = time.thread_time()
@@ -81,10 +145,39 @@ class Core:
         sys.setprofile(None)
         return took, sum(len(w.result(0).raw_tokens) for w in writers), self.calls
 
+    def _threaded(self, requests: list, writers: list) -> tuple[float, int, int]:
+        """The started engine: submits posted (``submit_then``) and streams consumed by an asyncio loop on this
+        thread, as the service's routes do; the engine thread's CPU (its own clock) over the block."""
+        import asyncio
 
-def serve() -> int:
+        engine = self.brought.engine
+        loaded = self.part == "loaded"
+        clock = time.pthread_getcpuclockid(engine._actor.ident)  # noqa: SLF001
+
+        async def run() -> None:
+            loop = asyncio.get_running_loop()
+
+            async def one(request: object, writer: object) -> None:
+                answered = loop.create_future()
+                engine.submit_then(request, writer,  # type: ignore[arg-type]
+                                   lambda s, e: loop.call_soon_threadsafe(answered.set_result, s))
+                await answered
+                async for batch in writer.abatches():  # type: ignore[attr-defined]
+                    if loaded:  # the loop's own work per token beside the engine (``loaded``): a chunk's JSON
+                        frames = [_chunk(event.text) for event in batch for _ in range(LOOP_WORK)]
+                        del frames
+
+            await asyncio.gather(*(one(r, w) for r, w in zip(requests, writers)))
+
+        started = time.clock_gettime(clock)
+        asyncio.run(run())
+        took = time.clock_gettime(clock) - started
+        return took, sum(len(w.result(0).raw_tokens) for w in writers), 0
+
+
+def serve(part: str) -> int:
     """``--serve``: answer ``STREAMS TOKENS REPS [c]`` lines with ``us_per_token calls_per_token`` (for --against)."""
-    core = Core()
+    core = Core(part)
     core.block(4, 64)  # warm-up
     print("ready", flush=True)
     for line in sys.stdin:
@@ -97,11 +190,11 @@ def serve() -> int:
     return 0
 
 
-def _spawn(tree: str) -> subprocess.Popen[str]:
+def _spawn(tree: str, part: str = "core") -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=tree)
     # this script, importing calculet from ``tree`` (a base worktree need not have the script)
     errors = tempfile.TemporaryFile("w+")  # the child's stderr, shown if it dies before it is ready
-    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve"], cwd=tree,
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve", "--parts", part], cwd=tree,
                             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors, text=True)
     assert proc.stdout is not None
     while (line := proc.stdout.readline()).strip() != "ready":
@@ -128,31 +221,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, default=12, help="alternated blocks per level and tree")
     parser.add_argument("--against", action="append", default=[],
                         help="a worktree of a base commit, run beside this tree (repeatable)")
+    parser.add_argument("--parts", default="core", help=f"comma-separated, of {', '.join(PARTS)} (see PARTS)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    parts = args.parts.split(",")
+    if unknown := [p for p in parts if p not in PARTS]:
+        parser.error(f"unknown parts {unknown}: the parts are {', '.join(PARTS)}")
     if args.serve:
-        return serve()
+        return serve(parts[0])
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     bases = {("base" if k == 0 else f"base{k + 1}"): tree for k, tree in enumerate(args.against)}
-    trees = {"this": _spawn(here)} | {name: _spawn(tree) for name, tree in bases.items()}
     for name, tree in bases.items():
         print(f"{name}: {tree}")
-    print(f"engine core CPU per streamed token, one thread, null device; {args.tokens}-token streams, "
+    # one process per tree and part; ``this`` alone when one part is run (the figures' names of earlier sessions)
+    procs: dict[str, subprocess.Popen[str]] = {}
+    for part in parts:
+        suffix = "" if len(parts) == 1 else f"/{part}"
+        procs[f"this{suffix}"] = _spawn(here, part)
+        procs.update({f"{name}{suffix}": _spawn(tree, part) for name, tree in bases.items()})
+    print(f"engine CPU per streamed token on the null device, parts {', '.join(parts)}; {args.tokens}-token streams, "
           f"{args.blocks} alternated blocks (median, min; ratio: median of per-block this/base)")
     for streams in (int(s) for s in args.streams.split(",")):
         reps = max(1, 16 // streams)
-        calls = {name: _ask(proc, streams, args.tokens, 1, True)[1] for name, proc in trees.items()}
-        cpu: dict[str, list[float]] = {name: [] for name in trees}
+        calls = {name: _ask(proc, streams, args.tokens, 1, True)[1] for name, proc in procs.items()}
+        cpu: dict[str, list[float]] = {name: [] for name in procs}
         for block in range(args.blocks):
-            for name in (list(trees) if block % 2 == 0 else list(reversed(trees))):
-                cpu[name].append(_ask(trees[name], streams, args.tokens, reps, False)[0])
+            for name in (list(procs) if block % 2 == 0 else list(reversed(procs))):
+                cpu[name].append(_ask(procs[name], streams, args.tokens, reps, False)[0])
         line = " | ".join(f"{name} {statistics.median(v):.1f} us/tok (min {min(v):.1f}), {calls[name]:.1f} calls/tok"
                           for name, v in cpu.items())
-        for name in bases:
-            ratios = [a / b for a, b in zip(cpu["this"], cpu[name])]
-            line += f" | ratio to {name} {statistics.median(ratios):.3f}"
+        for name in procs:
+            tree, _, part = name.partition("/")
+            if tree != "this":
+                ratios = [a / b for a, b in zip(cpu["this" + name[len(tree):]], cpu[name])]
+                line += f" | ratio to {name} {statistics.median(ratios):.3f}"
         print(f"{streams:>3} streams: {line}", flush=True)
-    for proc in trees.values():
+        if len(parts) > 1:  # each part's own share: the per-block difference from the part before it
+            for tree in ["this", *bases]:
+                steps = [f"{p} +{statistics.median(a - b for a, b in zip(cpu[f'{tree}/{p}'], cpu[f'{tree}/{q}'])):.1f}"
+                         for q, p in zip(parts, parts[1:])]
+                print(f"      {tree}: {parts[0]} {statistics.median(cpu[f'{tree}/{parts[0]}']):.1f}, "
+                      + ", ".join(steps) + " us/tok", flush=True)
+    for proc in procs.values():
         assert proc.stdin is not None
         proc.stdin.close()
         proc.wait()

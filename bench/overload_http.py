@@ -765,6 +765,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tree", action="append", default=[],
                         help="also serve part 1 from this source tree (e.g. a worktree of a base commit), its rows "
                              "beside this tree's, interleaved; repeat for rounds (the same path again: another round)")
+    parser.add_argument("--trees-only", action="store_true",
+                        help="part 1 from the --tree source trees only, not from this tree too (an A/B of two worktrees "
+                             "while this tree holds others' unfinished work)")
     parser.add_argument("--http", default="httptools",
                         help="calculet's HTTP/1.1 implementation(s), comma-separated (h11, httptools: the default when "
                              "installed); with two, part 1 runs each per deadline_order, side by side in one run")
@@ -792,7 +795,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if tree is not None:
                         runs += [("burst", f"{label}{at} [{Path(tree).name}]", config, impl, tree, ms)
                                  for label, config, impl in burst_runs]
-                    runs += [("burst", label + at, config, impl, None, ms) for label, config, impl in burst_runs]
+                    if tree is None or not args.trees_only:
+                        runs += [("burst", label + at, config, impl, None, ms) for label, config, impl in burst_runs]
         if args.part in ("all", "itl"):
             runs += [("itl", f"{args.itl_target_ms} ms", _write_config(home, "itl", order="on_time",
                                                                        itl_ms=args.itl_target_ms), impls[0], None,

@@ -239,31 +239,27 @@ def _system_sections(run: VerifyRun) -> list[str]:
                 + ("" if o.fast or sd.reach_depth else
                    "; reachability from the initial system not searched for this system (vacuity only)") + ".", ""]
         rows = []
-        for inv in sd.invariants:
-            if inv.name in broken:
+        size = " (every R, L)" if every else f" (R={o.system_requests}, L={o.system_lanes})"
+        # the invariants, then the step properties (#20): the same induction proves both (a step property has no
+        # initiation: it speaks of steps), the same BMC searches both
+        kinds = [(inv.name, inv.rid, "strengthening" if inv.strengthening else "asked", "initiation + ")
+                 for inv in sd.invariants] + [(sp.name, sp.rid, "step", "") for sp in sd.step_properties]
+        for name, rid, kind, initiation in kinds:
+            if name in broken:
                 how = "NOT INDUCTIVE"
             elif all(r.ok for r in ind):
-                size = " (every R, L)" if every else f" (R={o.system_requests}, L={o.system_lanes})"
-                how = f"proved{size}: initiation + {len(steps)} step variants"
+                how = f"proved{size}: {initiation}{len(steps)} step variants"
             else:
                 how = "not checked (another property failed)"
             if not bmc:
                 search = "—"
             elif bmc[0].ok:
                 search = f"no violation in any run of ≤{o.system_depth} steps"
-            elif inv.name in bmc[0].broken:
+            elif name in bmc[0].broken:
                 search = "BROKEN: " + bmc[0].detail
             else:
                 search = "holds on the failing run"
-            rows.append(dict(property=f"`{inv.name}`", requirement=inv.rid,
-                             kind="strengthening" if inv.strengthening else "asked", induction=how, bmc=search))
-        for sp in sd.step_properties:  # proved by the induction, searched by BMC (system_checks)
-            how = ("NOT INDUCTIVE" if sp.name in broken else
-                   f"proved{' (every R, L)' if every else ''}: {len(steps)} step variants" if all(r.ok for r in ind)
-                   else "not checked (another property failed)")
-            search = ("—" if not bmc else f"no violation in any run of ≤{o.system_depth} steps" if bmc[0].ok
-                      else "BROKEN: " + bmc[0].detail if sp.name in bmc[0].broken else "holds on the failing run")
-            rows.append(dict(property=f"`{sp.name}`", requirement=sp.rid, kind="step", induction=how, bmc=search))
+            rows.append(dict(property=f"`{name}`", requirement=rid, kind=kind, induction=how, bmc=search))
         out += [proof_scope(sd, results), ""]  # what holds for every size, what for the encoded one (#17)
         out += _table(rows, ["property", "requirement", "kind", "induction", "bmc"])
         notes = [inv for inv in sd.invariants if inv.strengthening]

@@ -26,6 +26,10 @@ A generation POST that arrives whole in one read is first offered to the app's r
 (:mod:`calculet.server.refusal_lane`): a 429 it decides from the admission snapshot is written here as whole bytes,
 and no ASGI task is started for it; anything else starts as uvicorn starts it.
 
+uvicorn's keep-alive timeout holds as uvicorn applies it (an idle connection closed that long after its last
+response), kept as a deadline on one timer per connection like the head's, not a timer armed at every response
+(:meth:`FastEdgeProtocol.on_response_complete`).
+
 :func:`calculet.server.http_server.uvicorn_config` chooses this protocol when httptools is installed (a
 dependency of the service) unless ``CALCULET_HTTP=h11`` says otherwise (benchmarks compare both in one run).
 """
@@ -253,6 +257,56 @@ class FastEdgeProtocol(EdgeGuard, HttpToolsProtocol):
         self.on_response_complete()
 
     # ------------------------------------------------------------------ timers and refusals
+
+    _idle_deadline: float | None = None
+    """When the kept-alive connection, idle since its last response, is closed (loop time); None: not idle."""
+    _idle_timer: asyncio.TimerHandle | None = None
+    """The connection's one timer for that deadline, pending or None."""
+
+    def on_response_complete(self) -> None:
+        """uvicorn's (the request counted, reading resumed, a pipelined request started, else the keep-alive timeout),
+        the keep-alive timeout kept as a deadline on one timer per connection, as the head's
+        (:meth:`~calculet.server.edge_answers.EdgeGuard._arm_header_timer`). Why (issue #13): uvicorn armed a timer at
+        every response and cancelled it at the next request's first byte, ~2-3 µs of the event loop's CPU per
+        request (uvloop ``call_later`` + ``cancel``, measured alone), paid by every refusal of a burst on its
+        kept-alive connection. The pending timer, armed for an earlier response, fires no later than this deadline
+        and waits again for the rest (:meth:`_idle_due`)."""
+        self._disarm_header_timer()  # idle now: the keep-alive timeout applies until the next byte (EdgeGuard's)
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._unset_keepalive_if_required()
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        self._idle_deadline = deadline = self.loop.time() + self.timeout_keep_alive
+        if self._idle_timer is None:
+            self._idle_timer = self.loop.call_at(deadline, self._idle_due)
+
+    def _unset_keepalive_if_required(self) -> None:
+        self._idle_deadline = None  # a byte came (or the connection ends): the pending timer finds no deadline
+        super()._unset_keepalive_if_required()
+
+    def _idle_due(self) -> None:
+        """(the connection's idle timer) The keep-alive timeout passed: closed as uvicorn closes it; not yet (another
+        response since): wait for the rest."""
+        self._idle_timer = None
+        deadline = self._idle_deadline
+        if deadline is None:
+            return
+        if self.loop.time() < deadline:
+            self._idle_timer = self.loop.call_at(deadline, self._idle_due)
+            return
+        self._idle_deadline = None
+        self.timeout_keep_alive_handler()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._idle_timer is not None:  # the closed connection is not kept until its timer would fire
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        super().connection_lost(exc)
 
     def _awaiting_head(self) -> bool:
         cycle = self.cycle

@@ -219,28 +219,27 @@ class RequestPhases:
     Called on the engine's actor thread for every transition; holds one small list per live
     request (dropped at its terminal state), so memory is bounded by the admission budget.
     A phase is observed once: queue time at the first prefill submit, prefill time when the
-    request leaves prefill, decode time per token when it leaves decode.
+    request leaves prefill, decode time per token when it leaves decode. A decode phase's steps are the tokens the
+    request generated in it (its machine's ``generated_tokens`` at the phase's end less at its start: each decode
+    step that ends in ``decode_ready`` or ``finishing`` yields one, no other move does), so a decode step's own
+    moves are not needed: the service installs it without them (``set_observer(..., decode_steps=False)``, #20:
+    two calls per token fewer on the actor) and it ignores them when told.
     """
 
     def __init__(self, metrics: ServiceMetrics, clock: Clock) -> None:
         self._metrics = metrics
         self._clock = clock
         self._open: dict[int, list[Any]] = {}
-        """request id → [prefill start, decode start, decode steps]."""
+        """request id → [prefill start, decode start, tokens generated at the decode start]."""
 
     def observe(self, rec: Any, source: str, target: str) -> None:
         """``observer(rec, source, target)`` of the engine (a ``RequestRecord``).
 
-        A decode step's two moves (its submit, its token) come first and read no clock: they time nothing, the
-        token's only counts a step (issue #20: two of every three calls at B1)."""
-        if target == "decode_running" or source == target:
-            return  # a decode step's submit (its phase began at the prefill's end)
+        A decode step's two moves (its submit, its token) time nothing: its steps are counted from the record when
+        the decode phase ends."""
+        if target == "decode_running" or source == target or (source == "decode_running" and target == "decode_ready"):
+            return  # a decode step's moves
         key = rec.request_id
-        if source == "decode_running" and target == "decode_ready":
-            phase = self._open.get(key)
-            if phase is not None:
-                phase[2] += 1
-                return
         phase = self._open.get(key)
         if phase is None:
             phase = self._open[key] = [None, None, 0]
@@ -254,11 +253,11 @@ class RequestPhases:
         elif source == "prefill_running" and target not in _PREFILL:
             m.prefill_time.observe(max(0.0, now - phase[0]))
             phase[1] = now
-        elif source == "decode_running" and target in ("decode_ready", "finishing"):
-            phase[2] += 1
+            phase[2] = rec.machine.generated_tokens
         if target in _ENDED or (target == "finishing" and source == "decode_running"):
-            if phase[1] is not None and phase[2]:
-                m.decode_token.observe(max(0.0, now - phase[1]) / phase[2])
+            steps = rec.machine.generated_tokens - phase[2] if phase[1] is not None else 0
+            if steps:
+                m.decode_token.observe(max(0.0, now - phase[1]) / steps)
                 phase[1] = None
             if target in _ENDED:
                 del self._open[key]

@@ -15,6 +15,7 @@ the client wrote (``messages.0.content``), never pydantic's internal union tags
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import typing
@@ -25,6 +26,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from calculet.errors import BadRequest
+from calculet.records import quick_init
 from calculet.runtime.execution.sampler import SamplingParams
 from calculet.runtime.streams.tokenizer import ByteTokenizer
 from calculet.server.errors import APIError, from_calculet, invalid, unsupported
@@ -180,6 +182,7 @@ def parse_body(model: type[M], raw: bytes | bytearray) -> M:
 # ---------------------------------------------------------------------------------------------
 
 
+@quick_init  # one per generation request, refused ones included (issue #13): its nine fields written directly
 @dataclass(frozen=True)
 class ApiGeneration:
     """One OpenAI completion or chat request, parsed and checked at the edge: what the engine is
@@ -248,6 +251,24 @@ def completion_prompt(tokenizer: ByteTokenizer, prompt: Any, max_seq: int) -> tu
     return tuple(prompt)
 
 
+SAMPLINGS_KEPT = 256
+"""Distinct sampling parameters whose :class:`SamplingParams` is kept (:func:`_sampling_params`)."""
+
+
+@functools.lru_cache(maxsize=SAMPLINGS_KEPT, typed=True)
+def _sampling_params(temperature: float, top_p: float, top_k: int, seed: int | None, stop_text: tuple[str, ...],
+                     ignore_eos: bool) -> SamplingParams:
+    """``SamplingParams(...)`` of these values, the same (immutable) instance for the same values.
+
+    Why kept (issue #13): a burst's clients send the same few parameter sets, and building and validating a frozen
+    dataclass was ~5 % of the event loop's CPU per refusal (a py-spy sample of ``bench/loop_profile.py``'s pinned
+    refusals); a lookup keyed by the values is a fraction of it. ``typed``: ``1`` and ``1.0`` (and ``True``) hash
+    alike but are kept apart, so the instance holds exactly the values asked for; an invalid set raises each time
+    (nothing is kept for it)."""
+    return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed, stop_text=stop_text,
+                          ignore_eos=ignore_eos)
+
+
 def sampling(body: CompletionRequest | ChatCompletionRequest) -> SamplingParams:
     # stop strings are matched on the decoded text (issue #14), never tokenised: a stop string the model
     # writes across other token boundaries, or inside one longer token, must stop it too (OpenAI, vLLM)
@@ -256,10 +277,9 @@ def sampling(body: CompletionRequest | ChatCompletionRequest) -> SamplingParams:
         raise invalid("a stop string must not be empty", param="stop")
     temperature = float(body.temperature if body.temperature is not None else 1.0)
     try:
-        return SamplingParams(temperature=0.0 if temperature < GREEDY_BELOW else temperature,
-                              top_p=float(body.top_p if body.top_p is not None else 1.0),
-                              top_k=body.top_k or 0, seed=body.seed, stop_text=tuple(stops),
-                              ignore_eos=body.ignore_eos)
+        return _sampling_params(0.0 if temperature < GREEDY_BELOW else temperature,
+                                float(body.top_p if body.top_p is not None else 1.0), body.top_k or 0, body.seed,
+                                tuple(stops), body.ignore_eos)
     except BadRequest as exc:
         raise from_calculet(exc) from None
 
@@ -276,6 +296,8 @@ class Served(typing.Protocol):
 
 
 def _ignored(body: CompletionRequest | ChatCompletionRequest) -> None:
+    if not log.isEnabledFor(logging.DEBUG):  # the fields' set and sort only for a line that is written (issue #13)
+        return
     ignored = body.ignored()
     if ignored:
         log.debug("ignored request fields", extra={"fields": ignored})

@@ -140,7 +140,10 @@ class Service:
         pipeline = options.span_pipeline or otlp_pipeline(config.monitoring.tracing)
         self.tracer = (RequestTracer(pipeline, engine.clock, job=engine.job, alias=self.alias)
                        if pipeline is not None else None)
-        engine.set_observer(self.phases.observe if self.tracer is None else self._observe_traced)
+        if self.tracer is None:  # the phases read a decode's steps from the record at its end: no call per token
+            engine.set_observer(self.phases.observe, decode_steps=False)
+        else:  # a trace records each decode step (its span events)
+            engine.set_observer(self._observe_traced)
         self.limiter = anyio.CapacityLimiter(options.max_threads)
         self.large_body_limiter = anyio.CapacityLimiter(1)
         """Large request bodies are parsed one at a time (see :mod:`calculet.server.inference`)."""

@@ -274,6 +274,25 @@ def test_request_phase_histograms_hold_the_cost_models_durations() -> None:
     assert st.phases.open == 0
 
 
+@pytest.mark.parametrize("decode_steps", [True, False], ids=["told-each-step", "as-the-service"])
+def test_decode_time_per_token_is_the_decode_phase_over_its_steps_told_each_decode_step_or_not(
+        decode_steps: bool) -> None:
+    """A request alone on B1, 6 tokens: the prefill yields the first, then 5 decode steps of the B1 step time back to
+    back, so its decode time per token is exactly that step time — whether the phases are told each decode step's
+    moves or, as the service installs them (``decode_steps=False``, #20), count the steps from the record at the
+    decode phase's end. Catches: the first token (the prefill's) counted as a decode step (5/6 of the step time),
+    a step counted per move (half of it), the steps not counted at all without the moves (no sample)."""
+    st = stack(engine_config())
+    st.driver.core.set_observer(st.driver.core._observer, decode_steps=decode_steps)  # noqa: SLF001
+    st.submit(20, 6)
+    st.driver.run_until_idle()
+    m = st.scrape()
+    assert value(m, "calculet_request_decode_time_per_token_seconds", "_count", tenant="default") == 1
+    per_token = value(m, "calculet_request_decode_time_per_token_seconds", "_sum", tenant="default")
+    assert per_token == pytest.approx(TINY.decode_s(1), rel=1e-9)
+    assert st.phases.open == 0
+
+
 # ---------------------------------------------------------------------------------------------
 # §16 KV and recovery
 # ---------------------------------------------------------------------------------------------

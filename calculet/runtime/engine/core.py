@@ -483,10 +483,14 @@ class EngineCore:
         if self._observer is not None:
             self._observer(rec, source, target)
 
-    def set_observer(self, observer: Callable[[RequestRecord, str, str], None] | None) -> None:
-        """Install the caller's request observer (the service does, after bring-up); a decode step's listener follows."""
+    def set_observer(self, observer: Callable[[RequestRecord, str, str], None] | None, *,
+                     decode_steps: bool = True) -> None:
+        """Install the caller's request observer (the service does, after bring-up); a decode step's listener follows.
+        ``decode_steps`` False: the observer is not told a decode step's moves (``decode_ready`` ↔
+        ``decode_running``, one pair a token) — an observer that reads what it needs of them from the record when
+        the request leaves decode (the service's request phases, #20) costs no call per token then."""
         self._observer = observer
-        self.scheduler.registry.quiet_listener = self._joint.step_listener(observer)
+        self.scheduler.registry.quiet_listener = self._joint.step_listener(observer if decode_steps else None)
 
     def _account(self, start: float) -> None:
         self._joint.after_call()

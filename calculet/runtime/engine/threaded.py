@@ -195,9 +195,11 @@ class ThreadedEngine:
             return self._core.statistics(self._mailbox.statistics())
         return self._call(lambda: self._core.statistics(self._mailbox.statistics()), timeout)
 
-    def set_observer(self, observer: Callable[[RequestRecord, str, str], None] | None) -> None:
-        """Install the request-transition observer (called on the actor thread); before ``start()``."""
-        self._core.set_observer(observer)
+    def set_observer(self, observer: Callable[[RequestRecord, str, str], None] | None, *,
+                     decode_steps: bool = True) -> None:
+        """Install the request-transition observer (called on the actor thread); before ``start()``. ``decode_steps``
+        False: it is not told a decode step's moves (:meth:`EngineCore.set_observer`)."""
+        self._core.set_observer(observer, decode_steps=decode_steps)
 
     @property
     def clock(self) -> Clock:

@@ -99,13 +99,19 @@ _new_sample = tuple.__new__
 class Sampler:
     """The sampling state of one request."""
 
-    __slots__ = ("params", "eos", "_rng", "_history", "_max_stop", "_detok", "_text")
+    __slots__ = ("params", "eos", "_seed", "_rng", "_history", "_max_stop", "_detok", "_text")
 
-    def __init__(self, params: SamplingParams, *, eos: int | None, seed: int,
+    def __init__(self, params: SamplingParams, *, eos: int | None, seed: int | tuple[int, int],
                  decoder: TextDecoder | None = None) -> None:
+        """``seed``: the generator's seed, or the (pool seed, request id) entropy it is derived from. The generator
+        is built at the first random draw (:meth:`choose` of a stochastic request with logits): a request sampled
+        greedily or given its tokens by the device (the null device) never pays for one — ~55 µs a request on the
+        actor (a ``SeedSequence`` and a ``PCG64``), more than its 64 tokens' sampling (#20). The draws are the
+        same whenever it is built."""
         self.params = params
         self.eos = None if params.ignore_eos else eos
-        self._rng = np.random.Generator(np.random.PCG64(seed))
+        self._seed = seed
+        self._rng: np.random.Generator | None = None
         self._history: list[int] = []
         self._max_stop = max((len(s) for s in params.stop), default=0)
         self._detok: _Detokenizer | None = None
@@ -146,7 +152,13 @@ class Sampler:
             keep = int(np.searchsorted(cum, params.top_p, side="left")) + 1
             order, sorted_p = order[:keep], sorted_p[:keep]
         cum = np.cumsum(sorted_p)
-        u = self._rng.random() * cum[-1]
+        rng = self._rng
+        if rng is None:
+            seed = self._seed
+            if isinstance(seed, tuple):
+                seed = int(np.random.SeedSequence(list(seed)).generate_state(1)[0])
+            rng = self._rng = np.random.Generator(np.random.PCG64(seed))
+        u = rng.random() * cum[-1]
         index = min(int(np.searchsorted(cum, u, side="right")), len(order) - 1)
         return int(order[index])
 
@@ -200,8 +212,7 @@ class SamplerPool:
     _stops_seq: int = 0
 
     def register(self, request_id: int, params: SamplingParams) -> Sampler:
-        seed = params.seed if params.seed is not None else int(
-            np.random.SeedSequence([self.seed, request_id]).generate_state(1)[0])
+        seed = params.seed if params.seed is not None else (self.seed, request_id)  # derived at the first draw
         sampler = Sampler(params, eos=self.eos, seed=seed, decoder=self.decoder)
         self._samplers[request_id] = sampler
         return sampler

@@ -69,7 +69,7 @@ class StepTimer:
     """
 
     __slots__ = ("decode_step_s", "_samples", "_alpha", "_last_done", "_prefill_since", "_waited", "_tokens", "_widest",
-                 "_period", "_period_dev", "_held", "holding")
+                 "_period", "_period_dev", "_held", "holding", "_by_batch")
 
     def __init__(self, prior_s: float = 0.0, smoothing: float = DEFAULT_SMOOTHING) -> None:
         if prior_s < 0 or not 0 < smoothing <= 1:
@@ -83,6 +83,7 @@ class StepTimer:
         self._last_done: float | None = None
         self._prefill_since = self._waited = self._tokens = self._period = self._period_dev = self._held = 0.0
         self._widest = 0
+        self._by_batch: dict[int, float] | None = None  # step_at(): the smoothed step per compiled batch, if asked
         self.holding: Holding | None = None
         """What counts the sequences that hold a KV slot now (admitted, not yet released: waiting for or running their
         prefill, decoding, finishing): its ``active``, read at each decode step measured; set by the ``on_time``
@@ -98,6 +99,19 @@ class StepTimer:
     def token_s(self) -> float:
         """Wall seconds per token of a decoding sequence over the long window (0 until measured)."""
         return self._waited / self._tokens if self._tokens > 0 else 0.0
+
+    def step_at(self, compiled: int) -> float:
+        """The smoothed decode step of jobs of ``compiled`` lanes (0 until one is measured): the device's own time for
+        a step of that profile, without the prefills between steps or the rotation. The ``on_time`` planner's bound on
+        the per-token time a candidate could see on a lane free now (:func:`.on_time_refusal.lane_free_bet`, #13)."""
+        by_batch = self._by_batch
+        return 0.0 if by_batch is None else by_batch.get(compiled, 0.0)
+
+    def measure_per_batch(self) -> None:
+        """Measure the step per compiled batch from now on (:meth:`step_at`): asked by the ``on_time`` policy where
+        lane-free bets are made; a device that never asks pays nothing for it per step (#20)."""
+        if self._by_batch is None:
+            self._by_batch = {}
 
     @property
     def slot_token_s(self) -> float:
@@ -146,6 +160,10 @@ class StepTimer:
         else:
             self.decode_step_s += self._alpha * (seconds - self.decode_step_s)
         self._samples += 1
+        by_batch = self._by_batch
+        if by_batch is not None and compiled > 0:
+            last = by_batch.get(compiled)
+            by_batch[compiled] = seconds if last is None else last + self._alpha * (seconds - last)
         if now is not None and lanes > 0:
             busy = seconds + self._prefill_since
             keep = 1.0 - TOKEN_SMOOTHING

@@ -82,6 +82,7 @@ class OnTimePolicy:
                                              or e[2] is not rec else e[0] / wfq.scale)
         self.planner.wfq_cost = lambda rec: rec.cost or wfq.cost(rec.prompt_tokens, rec.machine.max_new_tokens)
         step_times.holding = admission  # its active count, the KV slots held: the lanes' handover (estimates.py)
+        self.planner.best_token_s = self._best_token_s
         if self.planner.any_itl:
             prefill.gate = self.prefill_fits_itl
 
@@ -111,8 +112,24 @@ class OnTimePolicy:
             self._shape = (profiles.select_profile(2**31).compiled_batch, profiles.prefill_chunk_tokens)
         batch, chunk = self._shape
         self._model = model = planner.device(batch, key[1], chunk)
+        # a lane-free bet (.on_time_refusal) needs lanes of their own (not one lane; not ping/pong, whose steps overlap)
+        # and a §8 choice of profiles: with one profile its best case is the step the window already measures
+        bets = model is not None and model.lanes > 1 and model.engines == 1 and not profiles.fixed
+        planner.bet_lanes = model.lanes if bets and model is not None else 0
+        if bets:
+            planner.step_times.measure_per_batch()  # the bets' bound reads the step per profile
         self._model_key = key
         return model
+
+    def _best_token_s(self, sequences: int) -> float:
+        """The least per-token time ``sequences`` decoding together could see (0: not known): the measured step of the
+        §8 profile they select (``ProfileSet.by_ready``), times their rotation when they outnumber its batch — no
+        prefill between steps, nobody joining. A lane-free bet is judged on it (:func:`.on_time_refusal.lane_free_bet`)."""
+        profiles = self._profiles()
+        if profiles is None:
+            return 0.0
+        batch = profiles.by_ready[sequences].compiled_batch
+        return self.planner.step_times.step_at(batch) * max(1.0, sequences / batch)
 
     def lanes(self) -> int:
         profiles = self._profiles()

@@ -120,6 +120,10 @@ class OnTimeStatistics:
     decode_cap: int | None
     estimate: EstimateErrorStatistics | None = None
     """The finish estimate's measured error and the admission margin it sets."""
+    bets: int = 0
+    """Requests the estimate refused that were admitted as lane-free bets (:func:`.on_time_refusal.lane_free_bet`)."""
+    bets_missed: int = 0
+    """Of those ended, the ones that missed their deadline (not scored by the margin: counted here)."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,14 @@ class OnTimePlanner:
         self.overtaking = Overtaking()  # accepted work per tenant: later arrivals ahead of a waiting one
         self.devices = MeasuredDevice(step_times, prefill_times, self.errors)
         """The device models admission and the plan read, built once per measurement (:mod:`.on_time_device`)."""
+        self.best_token_s: Callable[[int], float] = lambda sequences: 0.0
+        """The least per-token time ``sequences`` decoding together could see (0: not known), set by the policy from the
+        profile set and the step measured per profile: the bound a lane-free bet is judged on (:mod:`.on_time_refusal`)."""
+        self.bet_lanes = 0
+        """Lanes on which a lane-free bet may be made (0: none: one lane, ping/pong, one profile), set by the policy."""
+        self.bets: set[int] = set()
+        """Live requests admitted as lane-free bets (:func:`.on_time_refusal.lane_free_bet`): their outcome is not scored."""
+        self.bets_made = self._bets_missed = 0
 
     # ------------------------------------------------------------------ the device
 
@@ -433,23 +445,29 @@ class OnTimePlanner:
         return self.devices.admission_model(model)
 
     def ended(self, rec: RequestRecord, now: float) -> None:
-        """``rec`` reached its outcome: score the estimate it was admitted with."""
+        """``rec`` reached its outcome: score the estimate it was admitted with (a bet's is not: admitted against it)."""
         estimate = rec.estimated_finish
         if estimate is None:
             return
         reason = rec.machine.finish_reason
+        if self.bets and rec.request_id in self.bets:  # counted apart, not scored
+            self.bets.discard(rec.request_id)
+            late = reason not in (FinishReason.STOP, FinishReason.LENGTH) or (rec.deadline is not None and now > rec.deadline)
+            self._bets_missed += late
+            return
         if reason in (FinishReason.STOP, FinishReason.LENGTH):
             self.errors.finished(rec.arrival, estimate, rec.deadline, now)
         elif reason == FinishReason.DEADLINE:
             self.errors.missed()
 
     def refusal_cache(self) -> _EdfCache | None:
-        """The admission cache when a refusal may be read from it, else None: none built, stale, or the step
-        faster than at the plan (its lanes free late). The one rule :func:`.on_time_refusal.fast_refusal` and the HTTP
-        front's admission snapshot (:func:`calculet.runtime.engine.admission_snapshot.take_snapshot`) share."""
+        """The admission cache when a refusal may be read from it, else None: none built, stale, the step faster
+        than at the plan (its lanes free late), or a lane free where a refused candidate may be a bet. The one rule
+        :func:`.on_time_refusal.fast_refusal` and the HTTP front's admission snapshot
+        (:func:`calculet.runtime.engine.admission_snapshot.take_snapshot`) share."""
         cache = self._cache
-        if cache is None or self.stale or self.cache_drift() < 0:
-            return None
+        if cache is None or self.stale or self.cache_drift() < 0 or len(self._kept) < self.bet_lanes:
+            return None  # with a lane free a refusal may still be a bet (.on_time_refusal.lane_free_bet): no shortcut
         return cache
 
     @property
@@ -506,7 +524,8 @@ class OnTimePlanner:
 
     def statistics(self) -> OnTimeStatistics:
         return OnTimeStatistics(self._replans, self._unfit, self._ttft_refused, self._shed_waiting,
-                                 self._shed_admitted, self._at_risk, self._cap, self.errors.statistics())
+                                 self._shed_admitted, self._at_risk, self._cap, self.errors.statistics(), self.bets_made,
+                                 self._bets_missed)
 
 
 def _overtaken(planner: OnTimePlanner, rec: RequestRecord, job: PendingJob, now: float, model: DeviceModel,

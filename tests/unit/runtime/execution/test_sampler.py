@@ -107,3 +107,30 @@ def test_unusable_logits_give_no_token() -> None:
 def test_invalid_parameters_are_a_bad_request(kwargs: dict[str, object]) -> None:
     with pytest.raises(BadRequest):
         SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_generator_derived_at_the_first_draw_draws_what_one_seeded_at_registration_would() -> None:
+    """Without a seed, a request's generator is seeded from ``SeedSequence([engine seed, request id])`` — built at
+    its first random draw now (#20), the tokens are those of a sampler given that seed at registration (the rule
+    since issue #18's sampler). Catches: another derivation (the id first, the engine seed alone), a draw taken
+    before the generator is kept (a fresh generator per token repeats the first draw)."""
+    rows = [np.random.default_rng(i).normal(size=16) for i in range(12)]
+    params = SamplingParams(temperature=1.0)
+    pool = SamplerPool(seed=11)
+    pool.register(7, params)
+    lazy = [pool.sample(7, row, None) for row in rows]
+    seeded = Sampler(params, eos=None, seed=int(np.random.SeedSequence([11, 7]).generate_state(1)[0]))
+    assert [s.token for s in lazy if s is not None] == [seeded.choose(row, None) for row in rows]
+
+
+def test_a_request_given_its_tokens_or_sampled_greedily_never_builds_a_generator() -> None:
+    """The device's own tokens (the null device: no logits) and greedy sampling draw nothing, so the generator —
+    a ``SeedSequence`` and a ``PCG64``, ~55 µs a request on the actor — is never built (#20). Catches: the
+    generator built at registration again."""
+    pool = SamplerPool(seed=0)
+    device_tokens = pool.register(1, SamplingParams(temperature=0.8))
+    greedy = pool.register(2, SamplingParams())
+    for token in range(5):
+        pool.sample(1, None, token)
+        pool.sample(2, np.arange(8.0), None)
+    assert device_tokens._rng is None and greedy._rng is None  # noqa: SLF001
