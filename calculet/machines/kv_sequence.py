@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import enum
+from typing import Any, NamedTuple
+
 from calculet.logic.expr import And, Implies, Not, Or
 from calculet.logic.types import Int
 from calculet.machines.core import Machine
 from calculet.machines.definition import Event, Group, Invariant, Param, State, StepProperty, T, Var
+from calculet.machines.projection import DerivedState, StateProjection
 
 is_working = Group("working")  # owned and usable by its request: Reserved or Active
 
@@ -130,15 +134,34 @@ class KvSequenceMachine(Machine):
     ]
 
 
-UPDATING = "updating"
-_WORKING = tuple(name for name, st in KvSequenceMachine.definition.states.items() if "working" in st.groups)
-SEQUENCE_STATES: tuple[str, ...] = tuple(
-    x for name in KvSequenceMachine.definition.states for x in ((name, UPDATING) if name == _WORKING[-1] else (name,)))
-"""§9.1's ``KvSequenceState`` as the runtime reports it (R9.1.1: Free, Reserved, Active, Updating, Unknown,
-Releasing): the machine's states with Updating after the working ones — a lane is Updating while it is working
-and its step is open (bound to the device job writing it, JobLaneSystem; the machine fires no event for it, #20)."""
+KV_SEQUENCE_STATE = StateProjection(
+    KvSequenceMachine, "KvSequenceState", spec="§9.1", rid="R9.1.1", condition="step open",
+    condition_doc="the lane is bound to the device job writing it — JobLaneSystem's binding, kept by the KV manager "
+                  "(`KvLaneManager.open_list()[lane] > 0`) from the submit that opens the step to the commit, abort "
+                  "or recovery that closes it (#20: the machine fires no event for it).",
+    derived=(DerivedState("updating", is_working, rid="R9.2.5",
+                          doc="a working lane (Reserved or Active) with its step open: after a successful submit, "
+                              "until the step's own job ends; committed_len unchanged until the commit"),))
+"""§9.1's ``KvSequenceState`` as the runtime reports it — the one declaration of the projection from (machine
+state, step open) to it. Every reader of a lane's reported state goes through ``KV_SEQUENCE_STATE.of``."""
+
+KvSequenceState = KV_SEQUENCE_STATE.enum
+"""R9.1.1: exactly Free, Reserved, Active, Updating, Unknown, Releasing (a ``StrEnum``: members equal their names)."""
 
 
-def sequence_state(state: str, step_open: bool) -> str:
-    """The §9.1 state of a lane in machine state ``state`` (R9.2.5: after a successful submit, Updating)."""
-    return UPDATING if step_open and state in _WORKING else state
+class KvSequence(NamedTuple):
+    """R9.1.2: one lane's KV sequence as §9.1 lists it — a snapshot (``KvLaneManager.sequence``), its state
+    projected by ``KV_SEQUENCE_STATE``."""
+
+    seq_id: int
+    hardware_lane: int
+    committed_len: int
+    reserved_len: int
+    generation: int
+    state: enum.StrEnum
+
+    @classmethod
+    def of(cls, lane: Any, step_open: bool) -> KvSequence:
+        """The record of a lane's machine instance whose step is (or is not) open."""
+        return cls(lane.seq_id, lane.lane, lane.committed_len, lane.reserved_len, lane.generation,
+                   KV_SEQUENCE_STATE.of(lane.state, step_open))

@@ -22,9 +22,12 @@ double free").
   seq) → lane, each budget's total) are checked against them; at a sampled reservation the
   declared guard is also evaluated on the whole pool and must agree with the compiled one
   (:mod:`calculet.runtime.scheduling.kv_checks`).
-* append/decode is a transaction: ``submit`` (Updating) → ``commit`` on success, ``abort`` on
-  a known failure, ``fault`` on timeout/CCU/DMA-unknown (Unknown, quarantined: never handed
-  out again until ``recover``) (§9.2, §9.3).
+* append/decode is a transaction with one lane event per step (#20): ``submit`` opens the lane's
+  step with no lane event (``_open``: JobLaneSystem's binding of the lane to the job writing it;
+  reported Updating, :data:`~calculet.machines.kv_sequence.KV_SEQUENCE_STATE`) → ``commit`` fires
+  the machine's ``commit(tokens)`` on success and closes it, ``abort`` closes it with no event on a
+  known failure, ``fault`` on timeout/CCU/DMA-unknown makes the lane Unknown and keeps it open
+  (quarantined: never handed out again, and not released, until ``recover``) (§9.2, §9.3).
 * ``release`` moves the lane to Releasing and *returns a command*: the engine frees the
   sequence through the adapter and calls ``confirm_release``; only then is the lane Free and
   back on the free list (§9.2: reuse only after the runtime confirmed the release).
@@ -43,7 +46,7 @@ from calculet.clock import Clock
 from calculet.errors import DefinitionError
 from calculet.machines.errors import TransitionNotAllowed
 from calculet.machines import KvSequenceMachine
-from calculet.machines.kv_sequence import SEQUENCE_STATES, sequence_state
+from calculet.machines.kv_sequence import KV_SEQUENCE_STATE, KvSequence, KvSequenceState
 from calculet.machines.kv_pool import KvLanePool
 from calculet.machines.monitor import MONITOR
 from calculet.machines.pool import PoolView
@@ -120,7 +123,7 @@ _new_tuple = tuple.__new__
 POOL_CHECK_LANES = 64
 """Up to this many lanes (every device profile), a sampled operation checks the whole pool."""
 
-_STATES = SEQUENCE_STATES  # §9.1 KvSequenceState, Updating derived from the open step (R9.1.1, #20)
+_REPORTED = KV_SEQUENCE_STATE.table  # §9.1 KvSequenceState of (machine state, step open): Updating derived (R9.1.1, #20)
 _POOL = KvLanePool.definition
 _SETTLES = frozenset(("commit", "abort", "fault"))
 """The events that end (or, ``fault``, keep open) a lane's step in :meth:`KvLaneManager.settle`."""
@@ -228,10 +231,14 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
     def committed_len(self, lease: KvLease) -> int:
         return self._lane(lease).committed_len  # type: ignore[no-any-return]
 
-    def state(self, lease: KvLease) -> str:
+    def state(self, lease: KvLease) -> KvSequenceState:
         """The lease's lane in §9.1's KvSequenceState (Updating while its step is open, R9.2.5)."""
         lane = self._owned(lease)
-        return sequence_state(self._lanes[lane].state, bool(self._open[lane]))
+        return _REPORTED[self._lanes[lane].state, self._open[lane] > 0]
+
+    def sequence(self, lane: int) -> KvSequence:
+        """R9.1.2: the lane's KV sequence as §9.1 lists it (a snapshot; its state reported as ``state`` does)."""
+        return KvSequence.of(self._lanes[lane], self._open[lane] > 0)
 
     def lane_of(self, generation: int, seq_id: int) -> int | None:
         return self._by_seq.get((generation, seq_id))
@@ -437,12 +444,12 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
         by_state: Counter[str] = Counter()
         used = reserved = 0
         for machine, opened in zip(self._lanes, self._open):
-            by_state[sequence_state(machine.state, bool(opened))] += 1
+            by_state[_REPORTED[machine.state, opened > 0]] += 1
             used += machine.committed_len
             reserved += machine.reserved_len
         confirms = self._confirms
         return KvLaneStatistics(
-            lanes=len(self._lanes), by_state={s: by_state.get(s, 0) for s in _STATES},
+            lanes=len(self._lanes), by_state={s: by_state.get(s, 0) for s in KV_SEQUENCE_STATE.states},
             free_lanes=len(self._free), unknown=by_state.get("unknown", 0),
             tokens_used=used, tokens_reserved=reserved, reservations=self._reservations,
             lane_wait_refusals=self._refusals, releases=self._releases, confirmed_releases=confirms,

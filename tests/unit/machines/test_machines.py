@@ -21,13 +21,19 @@ def test_request_states_are_the_spec_enumeration_in_order():
 
 @pytest.mark.req("R9.1.1")
 def test_kv_sequence_states_are_the_spec_enumeration():
-    """§9.1 KvSequenceState as reported (R9.1.1); the machine has every state but Updating, which is a working
-    lane with its step open (#20)."""
-    from calculet.machines.kv_sequence import SEQUENCE_STATES, sequence_state
-    assert list(SEQUENCE_STATES) == ["free", "reserved", "active", "updating", "unknown", "releasing"]
-    assert list(KvSequenceMachine.definition.states) == [s for s in SEQUENCE_STATES if s != "updating"]
-    assert [sequence_state(s, True) for s in ("reserved", "active", "unknown")] == ["updating", "updating", "unknown"]
-    assert sequence_state("active", False) == "active"
+    """§9.1 KvSequenceState (R9.1.1): exactly the six values, in order. The machine has every one but Updating,
+    which the declared projection derives: a working lane with its step open (#20). Mutants caught: the
+    projection ignoring the open step (Updating never reported), Updating placed elsewhere, Unknown with its step
+    open reported Updating."""
+    from calculet.machines.kv_sequence import KV_SEQUENCE_STATE, KvSequenceState
+    assert [s.value for s in KvSequenceState] == ["free", "reserved", "active", "updating", "unknown", "releasing"]
+    assert list(KV_SEQUENCE_STATE.states) == [s.value for s in KvSequenceState]
+    assert list(KvSequenceMachine.definition.states) == [s for s in KvSequenceState if s != "updating"]
+    of = KV_SEQUENCE_STATE.of
+    assert [of(s, True) for s in KvSequenceMachine.definition.states] == [
+        "free", "updating", "updating", "unknown", "releasing"]
+    assert [of(s, False) for s in KvSequenceMachine.definition.states] == list(KvSequenceMachine.definition.states)
+    assert all(isinstance(of(s, o), KvSequenceState) for s in KvSequenceMachine.definition.states for o in (0, 1))
 
 
 @pytest.mark.req("R10.1")
