@@ -11,8 +11,9 @@ job's batch while a job has many lanes.
 
 ``binding[i] = j``: lane ``i``'s step is job ``j``'s, open from the moment the device accepts the
 job with the lane in its batch (``enlist``: no lane event, the binding is the open transaction —
-the lane has no Updating state, #20) until it settles by *its own* job's end: ``commit(tokens)``
-after a completion in time, or a good lane of a job failed with lane-level isolation (R7.4.6) (the
+the lane has no Updating state, #20) until it settles by *its own* job's answer: ``commit(tokens)``
+after a completion in time — or, with lane-level isolation (R7.4.6), a good lane of a job that failed with a device
+error or was quarantined by a CCU fault its completion reported (``fault_reported``) — (the
 binding dropped), nothing kept after an error or invalid output
 (``abort``: only the binding dropped, no lane event), Unknown after a timeout, a fault or a lane
 whose result is not known (R7.4.5 a device error fails the whole batch; R7.4.6 a lane the device
@@ -25,8 +26,18 @@ single step, so what is proved of it holds of the runtime's.
 
 What no state can say is a *step property* (``step_properties``): both states of a lane committed
 while its job is still on the device satisfy every invariant here (there is no in-flight lane state
-to contradict), so "a lane commits only after its own job ended" and "a lane's step closes
-only once its job ended" are properties of (before, step, after), proved by the same induction.
+to contradict), so "a lane commits only after its own job answered" and "a lane's step closes
+only once its job answered" are properties of (before, step, after), proved by the same induction.
+
+*Answered* (R7.4.6, decided in session 19): the job ended — completed, or failed (a device error in time; or after
+a timeout, when no working lane of it has its step open) — or its completion in time reported a CCU fault / unknown
+DMA (quarantined, ``DeviceJobMachine.fault_reported``). With lane-level isolation the runtime commits the lanes
+the device did not report failed in both of the last two cases (``apply.py``; the simulator's isolated fault is
+a CCU fault on chosen lanes, tests/integration/engine/test_lane_isolation.py), and the model describes what the
+runtime does rather than the runtime firing ``complete(ok=True)`` for a failed job (which would misstate the job
+counts). Main's model (and this branch until 559d3f7) had "completed" only; the state-only monitor could not
+see the runtime step outside it, the step check at the lane's commit did. A job quarantined after a *timeout* has
+not answered: its lanes are only marked Unknown.
 
 Between two steps of the runtime's actor — where its monitor
 (:mod:`calculet.runtime.scheduling.job_lane_monitor`) evaluates these invariants on the live jobs and
@@ -50,7 +61,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from calculet.logic.expr import And, If, Implies, Not
+from calculet.logic.expr import And, If, Implies, Not, Or
 from calculet.logic.types import Int
 from calculet.machines.job import DeviceJobMachine
 from calculet.machines.kv_sequence import KvSequenceMachine
@@ -78,6 +89,13 @@ def _on_device(sys: Any, jobs: Any) -> Any:
 def _of_job(sys: Any, i: int, j: int, *states: str) -> Any:
     """Lane ``i`` is in job ``j``'s batch and job ``j`` is in one of ``states``."""
     return And(sys.bound(i, j), sys.lanes[j].at(*states))
+
+
+def _answered(job: Any) -> Any:
+    """The job's device said what became of each lane: it ended (completed, or failed — a device error in time, or
+    after its lanes were all marked Unknown), or its completion in time reported a CCU fault / unknown DMA (buffers
+    fenced until a reset; R7.4.6: with lane-level isolation the lanes not reported failed are good)."""
+    return Or(job.at(*_ENDED), And(job.at("quarantined"), job.fault_reported))
 
 
 def _open_step(sys: Any, i: int, j: int) -> Any:
@@ -115,8 +133,8 @@ def _job_steps() -> list[Coupled]:
 
 class JobLaneSystem(CoupledSystem):
     """KV lanes written by device jobs: a lane's open step belongs to exactly one job (the
-    binding), and only its own job's end settles it — commit after a completion in time (or, R7.4.6, a good lane of a job
-    failed with lane-level isolation), abort after
+    binding), and only its own job's answer settles it — commit after a completion in time (or, R7.4.6, a good lane of
+    a job failed or quarantined by a reported fault, with lane-level isolation), abort after
     an error, Unknown after a timeout, a fault or a lane whose result is not known (R7.4) — so two
     in-flight jobs never share a lane and a fault of one job marks Unknown only its own lanes (R14.4); and at most max_inflight jobs hold a
     device slot (R5.1.2)."""
@@ -135,13 +153,15 @@ class JobLaneSystem(CoupledSystem):
                 doc="Scheduler.submitted: the device accepted the job with the lane in its batch; the binding is the "
                     "lane's open step (no lane event, #20)"),
         Coupled("commit", request=("commit",), binding="unbind", involves="both", args={"tokens": Int(ge=1)},
-                guard=lambda sys, i, j: _of_job(sys, i, j, *_ENDED),
-                doc="its own job ended in time — completed, or failed with lane-level isolation (R7.4.6: a device "
-                    "error affects only the lanes it reports) — and the lane's output is valid: the lane commits "
-                    "the step's positions (§9.2) and its step closes (a job that failed after a timeout has no "
-                    "working lane with its step open: late_complete and reset_done wait for that)"),
+                guard=lambda sys, i, j: And(sys.bound(i, j), _answered(sys.lanes[j])),
+                doc="its own job answered — completed, or, with lane-level isolation (R7.4.6: a device error affects "
+                    "only the lanes it reports), failed with a device error or quarantined by a reported CCU fault — "
+                    "and the lane's output is valid: the lane commits the step's positions (§9.2) and its step "
+                    "closes (a job that failed after a timeout has no working lane with its step open: late_complete "
+                    "and reset_done wait for that)"),
         Coupled("abort", binding="unbind", involves="both",
-                guard=lambda sys, i, j: And(_of_job(sys, i, j, *_ENDED), sys.requests[i].at("reserved", "active")),
+                guard=lambda sys, i, j: And(sys.bound(i, j), _answered(sys.lanes[j]),
+                                            sys.requests[i].at("reserved", "active")),
                 doc="its own job reported an error, or the lane's output is invalid: nothing the step wrote is kept "
                     "(no lane event; the step closes)"),
         Coupled("fault", request=("fault",), involves="both",
@@ -201,25 +221,27 @@ class JobLaneSystem(CoupledSystem):
 
     step_properties = [
         SystemStepProperty(
-            "R14.4", "lane_commits_only_after_its_job_ended",
+            "R14.4", "lane_commits_only_after_its_job_answered",
             predicate=lambda pre, post, step: And(
                 pre.all_pairs(lambda i, j: Implies(
                     And(pre.bound(i, j), post.requests[i].committed_len > pre.requests[i].committed_len),
-                    pre.lanes[j].at(*_ENDED))),
+                    _answered(pre.lanes[j]))),
                 pre.all_requests(lambda i: Implies(post.requests[i].committed_len > pre.requests[i].committed_len,
                                                    Not(pre.unbound(i))))),
-            doc="a lane keeps new positions only in a step of the job it is bound to, once that job ended (completed, "
-                "or failed with lane-level isolation, R7.4.6): no other job's end, and not its own while on the "
-                "device or in doubt, commits it (§9.2, R14.4)",
+            doc="a lane keeps new positions only in a step of the job it is bound to, once that job answered "
+                "(completed, or with lane-level isolation failed or quarantined by a reported fault, R7.4.6): no "
+                "other job's end, and not its own while on the device or in doubt after a timeout, commits it "
+                "(§9.2, R14.4)",
             rejects=({"pre": {"requests": [{"state": "active", "seq_id": 1, "generation": 1, "reserved_len": 3,
                                             "committed_len": 1}], "lanes": [{"state": "submitted"}], "binding": [0]},
                       "post": {"requests": [{"committed_len": 2}], "binding": [NONE]}, "step": "commit"},)),
         SystemStepProperty(
-            "R14.4", "open_step_closes_only_after_its_job_ended",
+            "R14.4", "open_step_closes_only_after_its_job_answered",
             predicate=lambda pre, post, step: pre.all_pairs(lambda i, j: Implies(
-                And(pre.bound(i, j), post.unbound(i)), pre.lanes[j].at(*_ENDED))),
+                And(pre.bound(i, j), post.unbound(i)), _answered(pre.lanes[j]))),
             doc="a lane's step closes (its binding dropped: committed, rolled back or recovered) only once its job "
-                "has completed or failed: while the device may write the lane, it is neither settled nor released",
+                "answered — completed, failed, or quarantined by a fault its completion in time reported: while the "
+                "device may write the lane, it is neither settled nor released",
             rejects=({"pre": {"requests": [{"state": "active", "seq_id": 1, "generation": 1, "reserved_len": 3,
                                             "committed_len": 1}], "lanes": [{"state": "submitted"}], "binding": [0]},
                       "post": {"binding": [NONE]}, "step": "abort"},)),

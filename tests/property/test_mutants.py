@@ -561,7 +561,7 @@ def _job_lane_mutants():
     return [
         _generation_mutant(JobLaneSystem, "commit", "JobCommitsAnotherJobsLane",
                            "a job that completed commits a lane whose step is another job's, still on the device",
-                           "lane_commits_only_after_its_job_ended", 6,
+                           "lane_commits_only_after_its_job_answered", 6,
                            guard=lambda sys, i, j: sys.lanes[j].at("completed")),
         _generation_mutant(JobLaneSystem, "fault", "JobFaultMarksAnotherJobsLane",
                            "a job's timeout marks Unknown a lane whose step is another job's, still on the device",
@@ -569,7 +569,7 @@ def _job_lane_mutants():
                            guard=lambda sys, i, j: sys.lanes[j].at("timed_out", "quarantined")),
         _generation_mutant(JobLaneSystem, "recover", "RecoverWhileJobInDoubt",
                            "an Unknown lane is recovered while the job that may write it is still in doubt",
-                           "open_step_closes_only_after_its_job_ended", 6,
+                           "open_step_closes_only_after_its_job_answered", 6,
                            guard=lambda sys, i, j: sys.bound(i, j)),
     ]
 

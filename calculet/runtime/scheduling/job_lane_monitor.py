@@ -43,8 +43,8 @@ the table and no lane. The tests compare the table's verdict with the declared p
 
 *Steps.* A lane's step has no in-flight state (#20): a lane committed while its job is still on the device, or by
 another job's end, leaves both states satisfying every invariant above, so a state check cannot see it. The
-declared step properties (``JobLaneSystem.step_properties``: ``lane_commits_only_after_its_job_ended``,
-``open_step_closes_only_after_its_job_ended``) see it, and their run-time form is evaluated where the lanes' steps
+declared step properties (``JobLaneSystem.step_properties``: ``lane_commits_only_after_its_job_answered``,
+``open_step_closes_only_after_its_job_answered``) see it, and their run-time form is evaluated where the lanes' steps
 end: the KV manager's ``settle``/``settle_batch``/``commit_batch``/``commit``/``abort``/``recover`` call
 :meth:`JobLaneMonitor.before` on the lanes they are about to settle and :meth:`JobLaneMonitor.after` once settled
 (:attr:`KvLaneManager.steps`, set by :func:`attach`; at the monitors' sampled rate, drawn there). Those calls carry
@@ -53,7 +53,8 @@ reads, as the model's ``pre.bound(i, j)`` does, the job the lane is *bound* to (
 open). The step properties have the invariants' shape (a ∀ over lanes and jobs whose instance reads one lane and
 the job it is bound to), so a step's verdict is the union of its lanes' one-lane verdicts, each a function of the
 lane's *step key* (the event, the lane's state before and after, whether its committed length grew, its bound job's
-state or UNBOUND before, whether it is bound after): evaluated with ``SystemDefinition.broken_steps`` on
+state and ``fault_reported`` — R7.4.6: a job quarantined by a fault its completion reported has answered for its
+lanes — or UNBOUND before, whether it is bound after): evaluated with ``SystemDefinition.broken_steps`` on
 stand-ins the first time a key is seen (:func:`step_verdict`), looked up after.
 """
 
@@ -135,10 +136,23 @@ class _Lane:
         return self.state in states
 
 
-StepKey = tuple[str, str, str, bool, "str | None", bool]
-"""(event, lane state before, lane state after, committed length grew, bound job's state before or UNBOUND,
-bound after): what a lane's step shows the step properties (module doc, *Steps*) — they read the binding after the
-step only as ``post.unbound(i)``, so which job holds it after is not part of the key."""
+class _Job:
+    """A job as a step key's views show it: its state and whether its completion reported a fault (R7.4.6)."""
+
+    __slots__ = ("state", "fault_reported")
+
+    def __init__(self, state: str, fault_reported: bool) -> None:
+        self.state = state
+        self.fault_reported = fault_reported
+
+    def at(self, *states: str) -> bool:
+        return self.state in states
+
+
+StepKey = tuple[str, str, str, bool, "tuple[str, bool] | None", bool]
+"""(event, lane state before, lane state after, committed length grew, bound job's (state, fault_reported) before
+or UNBOUND, bound after): what a lane's step shows the step properties (module doc, *Steps*) — they read the binding
+after the step only as ``post.unbound(i)``, so which job holds it after is not part of the key."""
 
 _STEP_VERDICTS: dict[StepKey, frozenset[str]] = {}
 
@@ -149,7 +163,7 @@ def step_verdict(key: StepKey) -> frozenset[str]:
     verdict = _STEP_VERDICTS.get(key)
     if verdict is None:
         event, before, after, grew, job, bound = key
-        jobs = [] if job is UNBOUND else [_StandIn(job)]
+        jobs = [] if job is UNBOUND else [_Job(*job)]
         pre = SystemView([_Lane(before, 0)], jobs, [NONE if job is UNBOUND else 0], [0])
         post = SystemView([_Lane(after, int(grew))], jobs, [0 if bound and job is not UNBOUND else NONE], [0])
         verdict = _STEP_VERDICTS[key] = frozenset(_SYSTEM.broken_steps(pre, post, SystemStep(event)))
@@ -230,18 +244,20 @@ class JobLaneMonitor:
 
     # ------------------------------------------------------------------ steps (module doc, *Steps*)
 
-    def before(self, lanes: Sequence[int]) -> list[tuple[int, str, int, Any, str | None]]:
+    def before(self, lanes: Sequence[int]) -> list[tuple[int, str, int, Any, tuple[str, bool] | None]]:
         """What the step properties read of ``lanes`` before the KV manager settles them: each lane's state and
-        committed length, and the job it is bound to (its step open: the table's binding) with that job's state."""
+        committed length, and the job it is bound to (its step open: the table's binding) with that job's state and
+        whether its completion reported a fault."""
         kv_lanes, opened, batch = self.kv.lane_list(), self.kv.open_list(), self.batch
         pre = []
         for i in lanes:
             machine = kv_lanes[i]
             job = batch.get(i) if opened[i] else None
-            pre.append((i, machine.state, machine.committed_len, job, None if job is None else job.state))
+            pre.append((i, machine.state, machine.committed_len, job,
+                        None if job is None else (job.state, job.fault_reported)))
         return pre
 
-    def step_keys(self, pre: list[tuple[int, str, int, Any, str | None]], event: str) -> set[StepKey]:
+    def step_keys(self, pre: list[tuple[int, str, int, Any, tuple[str, bool] | None]], event: str) -> set[StepKey]:
         """Each settled lane's step key (``pre`` from :meth:`before`, the lanes as they are now)."""
         kv_lanes, opened, batch = self.kv.lane_list(), self.kv.open_list(), self.batch
         keys = set()
@@ -251,7 +267,8 @@ class JobLaneMonitor:
                       UNBOUND if job is None else job_state, bool(opened[i]) and batch.get(i) is not None))
         return keys
 
-    def after(self, pre: list[tuple[int, str, int, Any, str | None]], event: str, job: Any = None) -> None:
+    def after(self, pre: list[tuple[int, str, int, Any, tuple[str, bool] | None]], event: str,
+              job: Any = None) -> None:
         """The lanes of ``pre`` were settled by ``event`` at the end of ``job`` (None: no job's end, e.g. a
         recovery): the declared step properties on that step, reported by MONITOR like the invariants."""
         ending = "" if job is None else f" at the end of job {job.job_id}"

@@ -38,7 +38,7 @@ def test_every_job_row_is_a_step_and_every_untaken_lane_row_is_explained():
 def test_r14_4_is_credited_to_the_job_lane_properties():
     refs = proof_references()
     for name in ("open_step_lane_is_held", "unknown_lane_names_its_job",
-                 "lane_commits_only_after_its_job_ended", "open_step_closes_only_after_its_job_ended"):
+                 "lane_commits_only_after_its_job_answered", "open_step_closes_only_after_its_job_answered"):
         assert f"JobLaneSystem.{name}" in refs["R14.4"]
     assert "JobLaneSystem.inflight_jobs_within_budget" in refs["R5.1.2"]
 

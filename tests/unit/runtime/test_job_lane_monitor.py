@@ -114,7 +114,7 @@ def test_a_job_that_completes_leaving_a_lane_pending_is_caught():
 @pytest.mark.req("R14.4")
 def test_a_lane_committed_by_another_jobs_completion_is_caught():
     """#20: the lane has no in-flight state, so job 1's end committing job 2's lane leaves a state every invariant
-    accepts; the step property ``lane_commits_only_after_its_job_ended`` catches it where the KV manager
+    accepts; the step property ``lane_commits_only_after_its_job_answered`` catches it where the KV manager
     commits. Mutant caught: the KV manager not calling the monitor at the commit (``KvLaneManager.steps`` unused,
     or ``attach`` not setting it): nothing is raised, and the next job event's state check passes."""
     table, kv, monitor = _runtime()
@@ -125,9 +125,9 @@ def test_a_lane_committed_by_another_jobs_completion_is_caught():
     kv.settle(a[0], "commit", job1)
     with pytest.raises(InvariantViolation) as info:
         kv.settle(b[0], "commit", job1)     # the fault: job 1's end commits job 2's lane
-    assert info.value.invariant == "lane_commits_only_after_its_job_ended" and info.value.rid == "R14.4"
+    assert info.value.invariant == "lane_commits_only_after_its_job_answered" and info.value.rid == "R14.4"
     broken = [name for name, _ in info.value.post["broken"]]
-    assert broken == ["lane_commits_only_after_its_job_ended", "open_step_closes_only_after_its_job_ended"]
+    assert broken == ["lane_commits_only_after_its_job_answered", "open_step_closes_only_after_its_job_answered"]
     assert "job 1" in info.value.transition and f"lanes [{b[0].lane}]" in info.value.transition
     assert job2.state == "submitted" and monitor.verdict() == []   # no state invariant sees it (#20)
 
@@ -292,7 +292,7 @@ def test_a_scheduler_whose_completion_commits_another_jobs_lanes_is_caught(monke
     monkeypatch.setattr(kv, "commit_batch", commit_both)
     with pytest.raises(InvariantViolation) as info:
         h.complete(first)
-    assert info.value.invariant == "lane_commits_only_after_its_job_ended"
+    assert info.value.invariant == "lane_commits_only_after_its_job_answered"
     assert info.value.transition == f"commit of lanes [{second.kv.lanes[0]}] at the end of job {first.job_id}"
     assert h.scheduler.jobs.get(second.job_id).state == "submitted"
     assert h.scheduler.job_lanes.verdict() == []   # the state after it breaks no invariant (#20)
@@ -305,7 +305,8 @@ def test_the_step_keys_verdict_equals_broken_steps_on_the_whole_system():
     systems, consistent or not (lanes bound to any job, committed lengths growing or not, bindings dropped or
     kept). Mutants caught (each checked: the test fails): ``step_keys`` reading the bound job's state after the
     step instead of before; ``step_keys`` taking a lane as bound after the step only when bound to the same job as before
-    (the declared properties read ``post.unbound(i)`` alone: a lane another job's batch took is bound)."""
+    (the declared properties read ``post.unbound(i)`` alone: a lane another job's batch took is bound); the key
+    leaving out the job's ``fault_reported`` (R7.4.6: a quarantined job whose completion reported the fault)."""
     from calculet.runtime.scheduling.job_lane_monitor import step_verdict
     rnd = random.Random(20)
     lane_states = list(KvSequenceMachine.definition.states)
@@ -314,7 +315,8 @@ def test_the_step_keys_verdict_equals_broken_steps_on_the_whole_system():
     seen = set()
     for _ in range(600):
         n = rnd.randint(1, 4)
-        jobs = [_Instance(job_id=k + 1, state=rnd.choice(job_states)) for k in range(rnd.randint(1, 3))]
+        jobs = [_Instance(job_id=k + 1, state=rnd.choice(job_states), fault_reported=rnd.random() < 0.5)
+                for k in range(rnd.randint(1, 3))]
         pre_lanes = [_Instance(state=rnd.choice(lane_states), committed_len=rnd.randint(0, 2)) for _ in range(n)]
         opened = [rnd.choice((0, 1)) for _ in range(n)]
         table = _Table(jobs)
@@ -324,7 +326,7 @@ def test_the_step_keys_verdict_equals_broken_steps_on_the_whole_system():
         kv = SimpleNamespace(lanes=n, lane=lambda i: lanes[i], lane_list=lambda: lanes, open_list=lambda: opened)
         monitor = JobLaneMonitor(kv, table)
         pre_binding = [jobs.index(table.binding[i]) if opened[i] else NONE for i in range(n)]
-        pre_jobs = [_Instance(job_id=j.job_id, state=j.state) for j in jobs]
+        pre_jobs = [_Instance(job_id=j.job_id, state=j.state, fault_reported=j.fault_reported) for j in jobs]
         before = monitor.before(range(n))
         event = rnd.choice(("commit", "abort", "fault", "recover"))
         # the step: each lane may change state, grow, close its step, or be taken by another job's batch
@@ -338,6 +340,7 @@ def test_the_step_keys_verdict_equals_broken_steps_on_the_whole_system():
         for j in jobs:
             if rnd.random() < 0.2:
                 j.state = rnd.choice(job_states)   # a job moved meanwhile: the step reads its state before
+                j.fault_reported = rnd.random() < 0.5
         post_binding = [jobs.index(table.binding[i]) if opened[i] else NONE for i in range(n)]
         whole = SD.broken_steps(SystemView(pre_lanes, pre_jobs, pre_binding, [0] * n),
                                 SystemView(lanes, pre_jobs, post_binding, [0] * n), SystemStep(event))
