@@ -29,7 +29,7 @@ class KvLanePool(Pool):
       (§5.1; the service tracks tokens itself, canAllocate is only a hint).
     * The position a step binds for the lane is its committed_len (§7.1, §9.2): the lane has no
       in-flight state of its own (#20), so that is the joint systems' — nothing but the lane's own
-      completed job commits it while its step is open (``JobLaneSystem`` step property
+      job, once it answered, commits it while its step is open (``JobLaneSystem`` step property
       ``lane_commits_only_after_its_job_answered``), and a decoding request's position is its
       lane's committed_len (``RequestLaneSystem.decode_position_is_committed_len``).
     """

@@ -20,6 +20,15 @@ class KvSequenceMachine(Machine):
     Append/decode is a transaction (§9.3 "transactions to be added") with one lane event per
     step (#20): the open transaction is the lane's *binding* to the device job writing it
     (:class:`~calculet.machines.job_lanes.JobLaneSystem`; the machine has no Updating state).
+    §9.1's Updating is reported from the machine state and that binding by the projection
+    :data:`KV_SEQUENCE_STATE` below (R9.1.1, R9.2.5): the lane instance's own ``state`` and the
+    monitors' reports never say ``updating``; ``KvLaneManager.state`` / ``.sequence``,
+    ``statistics().by_state`` and the ``calculet_kv_sequences`` gauge do. Why: a B1 decode token
+    costs 5 machine events instead of 6 (this machine's ``commit``, RequestMachine's two,
+    DeviceJobMachine's two; measured 6.05 -> 5.05 per token, count_core 1), and what the Updating
+    state guarded (no release or stale settle while a job writes the lane, only the lane's own
+    job's answer commits it) is the binding's guards and JobLaneSystem's step properties, proved
+    for every size and checked at run time where the KV manager ends a lane's step.
     ``commit(tokens)`` makes the step's positions part of ``committed_len`` only when both the
     device and the output succeeded (§9.2); a failure whose effect on the device is known fires
     no lane event (nothing was kept: the binding is dropped); ``fault`` (timeout, CCU fault,

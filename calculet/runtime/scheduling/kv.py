@@ -28,6 +28,12 @@ double free").
   the machine's ``commit(tokens)`` on success and closes it, ``abort`` closes it with no event on a
   known failure, ``fault`` on timeout/CCU/DMA-unknown makes the lane Unknown and keeps it open
   (quarantined: never handed out again, and not released, until ``recover``) (§9.2, §9.3).
+* where the binding lives (#20): the lane machine refused two things the runtime relies on while it
+  had Updating — ``release`` while a job writes the lane, and a stale settle. Without it both read
+  the open step kept here (``_open``, one list entry per lane instead of two machine events per
+  step), as JobLaneSystem's ``release`` guard (unbound) and commit/abort guards (bound to the job)
+  say; ``InflightTable.binding`` stays the map "which job's batch last took the lane", and the
+  job × lane monitor reads both (:mod:`calculet.runtime.scheduling.job_lane_monitor`).
 * ``release`` moves the lane to Releasing and *returns a command*: the engine frees the
   sequence through the adapter and calls ``confirm_release``; only then is the lane Free and
   back on the free list (§9.2: reuse only after the runtime confirmed the release).
