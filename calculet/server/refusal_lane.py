@@ -303,10 +303,30 @@ class RefusalLane:
         itself. Here one callback per wait decides them in arrival order and stops at the first still held (what
         holds it — no snapshot, requests still on their way — holds the ones behind it too, until a later round).
         ``edge`` is the request's protocol: it writes an answer (``write_answer``) or starts the request's ASGI task
-        (``start_app``), as it would have without the lane."""
+        (``start_app``), as it would have without the lane.
+
+        Held for want of a snapshot, the queue is also decided again when the actor publishes its next one
+        (:meth:`_watch`), not only at the engine's next answer."""
         self._held += 1
         self._queue.append(_Held(edge, cycle, app, body, started, self._round + HOLD_ROUNDS))
         self._arm()
+        self._watch(time.perf_counter())
+
+    def _watch(self, now: float) -> None:
+        """Poll (every :data:`SNAPSHOT_POLL_S`) for the actor's next snapshot while the first held request waits for
+        one, up to :data:`SNAPSHOT_WAIT_S` after its arrival; its answer's wait (:meth:`_arm`) takes over after.
+
+        Why (issue #13): a burst's read decided while the actor was in a step (the submit of a request forwarded just
+        before) found no snapshot with :data:`HOLD_IN_FLIGHT` on their way, and its requests were held for the
+        engine's next answer; the actor published the next snapshot within a millisecond, but an answer comes only
+        once a forwarded request's task has run and the actor has decided it, and a drain at an answer met the
+        snapshot withdrawn again (the actor on the next message) — the held requests waited for the round's last
+        answer (measured with ``bench/overload_http.py --part burst``: a read's first requests held at 24 ms while
+        the same read's later ones were refused at 25 ms from the next snapshot, their 429s among the burst's last).
+        The decision at the poll is the same as at an answer (:meth:`decide`, from the snapshot of its moment)."""
+        queue = self._queue
+        if queue and now - queue[0].started < SNAPSHOT_WAIT_S and self.service.engine.admission_snapshot is None:
+            self._poll_soon()
 
     def holding(self) -> bool:
         """Whether requests are held: a new arrival that finds no snapshot waits behind them while anything is on its
@@ -382,6 +402,7 @@ class RefusalLane:
                 item.edge.start_app(item.cycle, item.app)
             else:
                 item.edge.write_answer(item.cycle, answer)
+        self._watch(now)
 
     def _poll_soon(self) -> None:
         if not self._polling:

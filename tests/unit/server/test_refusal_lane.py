@@ -565,6 +565,61 @@ def test_held_requests_wait_for_the_next_snapshot_when_the_one_they_were_decided
     asyncio.run(run())
 
 
+def test_requests_held_at_arrival_for_want_of_a_snapshot_are_decided_once_the_next_is_published(
+        served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #13: a read decided while the actor is in a step (no snapshot, HOLD_IN_FLIGHT on their way) is held; the
+    actor's next snapshot decides it at a poll, without waiting for the engine's next answer (none comes here). A
+    request held longer than SNAPSHOT_WAIT_S waits for the answers, as before (no poll kept running). Mutants caught:
+    no poll at the hold (a and b still held when the snapshot is published: ``edge.done == []``, as at 784cd2c); a
+    poll that stops while the snapshot is still withdrawn (the first poll finds none, the publication after it is
+    never read); a poll kept past SNAPSHOT_WAIT_S (d decided without an answer)."""
+    import time
+
+    from calculet.server import refusal_lane
+
+    service, app = served
+    lane, early = app.refusal_lane, service.early_admission
+    refusing, shown = _refusing(service, 17), _shown(service, monkeypatch)
+    monkeypatch.setattr(early, "in_flight", 4)  # no snapshot, four on their way: hold
+    monkeypatch.setattr(lane, "_round_at", float("inf"))  # no round by the hold's timer (HOLD_S) in this test
+    monkeypatch.setattr(lane, "_seen_at", -math.inf)  # no drain read a snapshot lately (the arrival's decision did)
+    monkeypatch.setattr(refusal_lane, "SNAPSHOT_POLL_S", 0.0)
+    monkeypatch.setattr(lane, "_polling", False)  # a poll an earlier test left on its own (closed) loop
+    monkeypatch.setattr(service.next_answer, "_future", None)  # ... and a wait
+    monkeypatch.setattr(lane, "_armed", False)
+    monkeypatch.setattr(early, "_wakers", [])
+    body = json.dumps(NEVER).encode()
+    edge = _Edge()
+
+    def held(name: str, started: float) -> None:
+        cycle = _Cycle(name)
+        assert lane.decide(cycle.scope, body, default_headers=[], keep_alive=True, started=started, hold=True,
+                           patient=lane.holding()) is HELD
+        lane.hold(edge, cycle, None, body, started)
+
+    async def run() -> None:
+        now = time.perf_counter()
+        held("a", now)
+        held("b", now)
+        for _ in range(3):  # polls that find the snapshot still withdrawn
+            await asyncio.sleep(0)
+        assert edge.done == []
+        shown[0] = refusing  # published: no answer from the engine
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert edge.done == [("answer", "a"), ("answer", "b")]
+        shown[0] = None
+        held("d", now - 2 * refusal_lane.SNAPSHOT_WAIT_S)  # held longer than a step lasts: for the answers
+        shown[0] = refusing
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert edge.done[-1] == ("answer", "b")
+        await _engine_answers(early)
+        assert edge.done[-1] == ("answer", "d")
+
+    asyncio.run(run())
+
+
 class _Settling:
     """A protocol as :meth:`RefusalLane.arrive` sees it: the requests it was told to settle, in order; those named in
     ``answered`` get their answer written (a 429), the others go on (forwarded or held)."""
