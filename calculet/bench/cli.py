@@ -20,6 +20,7 @@ from rich.console import Console
 from calculet.bench.comparison import CAPACITY_MULTIPLES, COMPARISON_PRESET, DEADLINE_SETTINGS
 from calculet.bench.comparison_seeds import MAX_SEED_COUNT
 from calculet.bench.commands import PROG, BadInput, cmd_all, cmd_goodput, cmd_list, cmd_run
+from calculet.bench.estimate_bound_report import add_estimate_bound_parser
 from calculet.bench.soak_command import cmd_soak
 from calculet.bench.sweep import COSTS, PRESET_LOADS
 from calculet.loadsim.policies import GOODPUT_GROUP, POLICIES
@@ -138,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     every.set_defaults(func=cmd_all, parser=every)
 
     _goodput_parser(sub)
+    add_estimate_bound_parser(sub, parse_loads, _positive, _non_negative_int)
 
     soak = sub.add_parser("soak", help="24 h of traffic in virtual time with faults; exit 1 on any violation")
     soak.add_argument("--hours", type=_positive(float), default=24.0, help="virtual hours (default 24)")

@@ -316,14 +316,11 @@ class RefusalLane:
         """Poll (every :data:`SNAPSHOT_POLL_S`) for the actor's next snapshot while the first held request waits for
         one, up to :data:`SNAPSHOT_WAIT_S` after its arrival; its answer's wait (:meth:`_arm`) takes over after.
 
-        Why (issue #13): a burst's read decided while the actor was in a step (the submit of a request forwarded just
-        before) found no snapshot with :data:`HOLD_IN_FLIGHT` on their way, and its requests were held for the
-        engine's next answer; the actor published the next snapshot within a millisecond, but an answer comes only
-        once a forwarded request's task has run and the actor has decided it, and a drain at an answer met the
-        snapshot withdrawn again (the actor on the next message) — the held requests waited for the round's last
-        answer (measured with ``bench/overload_http.py --part burst``: a read's first requests held at 24 ms while
-        the same read's later ones were refused at 25 ms from the next snapshot, their 429s among the burst's last).
-        The decision at the poll is the same as at an answer (:meth:`decide`, from the snapshot of its moment)."""
+        Why (issue #13): a burst's read decided while the actor ran the submit of a request forwarded just before
+        found no snapshot with :data:`HOLD_IN_FLIGHT` on their way: its requests were held for the engine's answers,
+        whose drains met the snapshot withdrawn again (the actor on the next message), though the next was published
+        within a millisecond (``bench/overload_http.py --part burst``: a read's first requests held at 24 ms, the
+        same read's later ones refused at 25 ms from the next snapshot). The same decision as at an answer."""
         queue = self._queue
         if queue and now - queue[0].started < SNAPSHOT_WAIT_S and self.service.engine.admission_snapshot is None:
             self._poll_soon()
@@ -355,10 +352,15 @@ class RefusalLane:
         self._arm()
 
     def _poll(self) -> None:
-        """(:data:`SNAPSHOT_POLL_S` after a drain met no snapshot soon after reading one) Decide the held requests
-        again from the actor's next snapshot; no round ends (the engine did not answer)."""
+        """(:data:`SNAPSHOT_POLL_S` after a drain met no snapshot soon after reading one, or while held requests wait
+        for one: :meth:`_watch`) Decide the held requests again from the actor's next snapshot; no round ends (the
+        engine did not answer), and none is forwarded for want of a snapshot unless a drain read one lately."""
         self._polling = False
-        self._decide_held(time.perf_counter(), patient=True)
+        now = time.perf_counter()
+        if self.service.engine.admission_snapshot is None and now - self._seen_at >= SNAPSHOT_WAIT_S:
+            self._watch(now)  # still in its step
+            return
+        self._decide_held(now, patient=True)
 
     def _decide_held(self, now: float, *, patient: bool) -> None:
         """Decide the held requests in order, up to the first still held. With no snapshot where one was read less

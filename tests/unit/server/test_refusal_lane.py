@@ -569,10 +569,11 @@ def test_requests_held_at_arrival_for_want_of_a_snapshot_are_decided_once_the_ne
         served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue #13: a read decided while the actor is in a step (no snapshot, HOLD_IN_FLIGHT on their way) is held; the
     actor's next snapshot decides it at a poll, without waiting for the engine's next answer (none comes here). A
-    request held longer than SNAPSHOT_WAIT_S waits for the answers, as before (no poll kept running). Mutants caught:
-    no poll at the hold (a and b still held when the snapshot is published: ``edge.done == []``, as at 784cd2c); a
-    poll that stops while the snapshot is still withdrawn (the first poll finds none, the publication after it is
-    never read); a poll kept past SNAPSHOT_WAIT_S (d decided without an answer)."""
+    request held longer than SNAPSHOT_WAIT_S waits for the answers, as before (no poll kept running), and a poll
+    forwards nothing for want of a snapshot. Mutants caught: no poll at the hold (a and b still held when the snapshot
+    is published: ``edge.done == []``, as at 784cd2c); a poll that stops while the snapshot is still withdrawn (the
+    first poll finds none, the publication after it is never read); a poll kept past SNAPSHOT_WAIT_S (d decided
+    without an answer); a poll deciding with no snapshot (a forwarded: ``("app", "a")``)."""
     import time
 
     from calculet.server import refusal_lane
@@ -601,6 +602,7 @@ def test_requests_held_at_arrival_for_want_of_a_snapshot_are_decided_once_the_ne
         now = time.perf_counter()
         held("a", now)
         held("b", now)
+        early.in_flight = 0  # all answered meanwhile: the answers' drains, not a poll, forward for want of a snapshot
         for _ in range(3):  # polls that find the snapshot still withdrawn
             await asyncio.sleep(0)
         assert edge.done == []
@@ -609,6 +611,7 @@ def test_requests_held_at_arrival_for_want_of_a_snapshot_are_decided_once_the_ne
             await asyncio.sleep(0)
         assert edge.done == [("answer", "a"), ("answer", "b")]
         shown[0] = None
+        early.in_flight = 4
         held("d", now - 2 * refusal_lane.SNAPSHOT_WAIT_S)  # held longer than a step lasts: for the answers
         shown[0] = refusing
         for _ in range(3):
