@@ -132,6 +132,29 @@ def test_a_lane_committed_by_another_jobs_completion_is_caught():
     assert job2.state == "submitted" and monitor.verdict() == []   # no state invariant sees it (#20)
 
 
+@pytest.mark.req("R14.4", "R7.4.6")
+def test_a_quarantined_job_commits_its_lanes_only_when_its_completion_reported_the_fault():
+    """R7.4.6 (#20): a job quarantined by a CCU fault its completion reported has answered for its lanes — with
+    lane-level isolation a good lane commits (tests/integration/engine/test_lane_isolation.py); a job quarantined
+    after a *timeout* has not, and a commit of its lane is caught where the KV manager takes it. Mutant caught
+    (checked): JobLaneSystem's ``_answered`` taking every quarantined job (``fault_reported`` ignored)."""
+    table, kv, monitor = _runtime()
+    a, b = _leases(kv, 1, 2), _leases(kv, 3)
+    reported = _submit(table, kv, 1, a)
+    timed_out = _submit(table, kv, 2, b)
+    table.fire(reported, "fault")
+    assert reported.state == "quarantined" and reported.fault_reported
+    kv.settle(a[0], "commit", reported)      # the good lane of the reported fault commits (isolation)
+    kv.settle(a[1], "fault", reported)       # the reported lane is Unknown
+    assert kv.committed_len(a[0]) == 1 and monitor.verdict() == []
+    table.fire(timed_out, "timeout")
+    table.fire(timed_out, "quarantine")
+    assert timed_out.state == "quarantined" and not timed_out.fault_reported
+    with pytest.raises(InvariantViolation) as info:
+        kv.settle(b[0], "commit", timed_out)  # the fault: no result came back for it
+    assert info.value.invariant == "lane_commits_only_after_its_job_answered"
+
+
 @pytest.mark.req("R14.4", "R9.2.6")
 def test_a_lane_marked_unknown_by_another_jobs_timeout_is_caught():
     table, kv, monitor = _runtime()
