@@ -41,7 +41,7 @@ not answered: its lanes are only marked Unknown.
 
 Between two steps of the runtime's actor — where its monitor
 (:mod:`calculet.runtime.scheduling.job_lane_monitor`) evaluates these invariants on the live jobs and
-lanes — one more thing holds, declared here as :data:`SETTLED_AT_STEP_END`: no ended job leaves a lane
+lanes — one more thing holds, declared here as :data:`SETTLED_AT_STEP_END`: no job that answered leaves a lane
 of its batch with its step open (the runtime settles every lane of a job in the step that ends it). The model
 splits that step into one event per lane, so the property is false between those events and is no
 invariant of the induction; only the monitor, at step ends, checks it.
@@ -250,12 +250,13 @@ class JobLaneSystem(CoupledSystem):
 
 SETTLED_AT_STEP_END: tuple[SystemInvariant, ...] = (
     SystemInvariant(
-        "R14.4", "ended_job_leaves_no_step_open",
+        "R14.4", "answered_job_leaves_no_step_open",
         predicate=lambda sys: sys.all_pairs(lambda i, j: Not(And(
-            _of_job(sys, i, j, *_ENDED), sys.requests[i].at("reserved", "active")))),
-        doc="at the end of each runtime step, a job that completed or failed has settled every lane of its batch "
-            "(committed, rolled back, or marked Unknown): the runtime's step does the job's end and its lanes' "
-            "settlement together (module doc); checked by the monitor, not by the induction",
+            sys.bound(i, j), _answered(sys.lanes[j]), sys.requests[i].at("reserved", "active")))),
+        doc="at the end of each runtime step, a job that answered (completed, failed, or quarantined by a fault its "
+            "completion reported) has settled every lane of its batch (committed, rolled back, or marked Unknown): "
+            "the runtime's step does the job's answer and its lanes' settlement together (module doc); checked by "
+            "the monitor, not by the induction",
         rejects=({"requests": [{"state": "active", "seq_id": 1, "generation": 1, "reserved_len": 2, "committed_len": 1}],
                   "lanes": [{"state": "completed", "delivered": 1, "buffers_held": False}], "binding": [0]},)),
 )

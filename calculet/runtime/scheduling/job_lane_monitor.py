@@ -32,9 +32,9 @@ declared JobLaneSystem invariant but the budget is a ∀ over lanes (and jobs) w
 through ``bound(i, j)``, only the job it is bound to (``all_requests`` / ``all_pairs`` with every conjunct
 guarded by ``bound`` or ``unbound``). So such an invariant holds on the whole system iff it holds on each lane's
 one-lane view (the lane, and its job if bound), and that view's verdict is a function of the lane's *key* (its
-state, its job's state or :data:`UNBOUND`). The verdicts of every key — 6 lane states × 7, from the two machines'
-declarations — are evaluated once, at import, with the declared predicates on views of stand-ins that carry only
-a state (:data:`BROKEN_BY_KEY`); a check collects the live lanes' keys (O(lanes) plain reads) and looks them up,
+state, its job's state and ``fault_reported`` — R7.4.6 — or :data:`UNBOUND`). The verdicts of every key — 5 lane
+states × (6 × 2 + 1), from the two machines' declarations — are evaluated once, at import, with the declared
+predicates on views of stand-ins that carry only those (:data:`BROKEN_BY_KEY`); a check collects the live lanes' keys (O(lanes) plain reads) and looks them up,
 so it evaluates no expression (issue #20: 212 µs for a 16-lane check through the expression helpers, per job
 part, before; the check is now as cheap as the snapshot comparison that used to decide which parts to evaluate,
 so that comparison went too). The in-flight budget counts jobs: it is evaluated on the view holding every job in
@@ -92,27 +92,43 @@ class _StandIn:
         return self.state in states
 
 
-def _one_lane_view(key: tuple[str, str | None]) -> SystemView:
+class _Job:
+    """A job as a step key's views show it: its state and whether its completion reported a fault (R7.4.6)."""
+
+    __slots__ = ("state", "fault_reported")
+
+    def __init__(self, state: str, fault_reported: bool) -> None:
+        self.state = state
+        self.fault_reported = fault_reported
+
+    def at(self, *states: str) -> bool:
+        return self.state in states
+
+
+def _one_lane_view(key: tuple[str, tuple[str, bool] | None]) -> SystemView:
     lane, job = key
     if job is UNBOUND:
         return SystemView([_StandIn(lane)], [], [NONE], [0])
-    return SystemView([_StandIn(lane)], [_StandIn(job)], [0], [0])
+    return SystemView([_StandIn(lane)], [_Job(*job)], [0], [0])
 
 
-BROKEN_BY_KEY: dict[tuple[str, str | None], frozenset[str]] = {
+LaneKey = tuple[str, "tuple[str, bool] | None"]
+"""A lane's state and its bound job's (state, fault_reported), or UNBOUND."""
+
+BROKEN_BY_KEY: dict[LaneKey, frozenset[str]] = {
     key: frozenset(inv.name for inv in (*_SYSTEM.invariants, *SETTLED_AT_STEP_END)
                    if not inv.counts and not inv.predicate(_one_lane_view(key)))
     for key in ((lane, job) for lane in KvSequenceMachine.definition.states
-                for job in (*DeviceJobMachine.definition.states, UNBOUND))}
-"""Per lane key (the lane's state, its job's state or UNBOUND): the declared per-lane invariants its one-lane
-view breaks (module doc, *A table*), derived from the declarations at import."""
+                for job in (*((s, r) for s in DeviceJobMachine.definition.states for r in (False, True)), UNBOUND))}
+"""Per lane key (the lane's state, its job's (state, fault_reported) or UNBOUND): the declared per-lane invariants
+its one-lane view breaks (module doc, *A table*), derived from the declarations at import."""
 
 
 class _Across(AcrossParts):
     """A declared invariant over a check's parts — the lanes' keys and the jobs' view: a per-lane invariant is
     true when no key breaks it (the table), the budget when its predicate holds on the jobs."""
 
-    def predicate(self, parts: "tuple[set[tuple[str, str | None]], SystemView]") -> bool:
+    def predicate(self, parts: "tuple[set[LaneKey], SystemView]") -> bool:
         keys, jobs = parts
         if self.invariant.counts:   # a count over every job: the part holding them all
             return bool(self.invariant.predicate(jobs))
@@ -131,19 +147,6 @@ class _Lane:
     def __init__(self, state: str, committed_len: int) -> None:
         self.state = state
         self.committed_len = committed_len
-
-    def at(self, *states: str) -> bool:
-        return self.state in states
-
-
-class _Job:
-    """A job as a step key's views show it: its state and whether its completion reported a fault (R7.4.6)."""
-
-    __slots__ = ("state", "fault_reported")
-
-    def __init__(self, state: str, fault_reported: bool) -> None:
-        self.state = state
-        self.fault_reported = fault_reported
 
     def at(self, *states: str) -> bool:
         return self.state in states
@@ -214,15 +217,15 @@ class JobLaneMonitor:
         if self.kv.whole_pool_drawn():
             self.check(after)
 
-    def parts(self) -> tuple[set[tuple[str, str | None]], SystemView]:
-        """What a check evaluates: every lane's key (its state, its job's state or UNBOUND; module doc, *A
-        table*) and the view holding every job of the table and no lane (the budget's part)."""
+    def parts(self) -> tuple[set[LaneKey], SystemView]:
+        """What a check evaluates: every lane's key (its state, its job's (state, fault_reported) or UNBOUND; module
+        doc, *A table*) and the view holding every job of the table and no lane (the budget's part)."""
         kv, batch = self.kv, self.batch
         opened = kv.open_list()
         keys = set()
         for i in range(kv.lanes):
             job = batch.get(i) if opened[i] else None  # bound while its step is open (#20)
-            keys.add((kv.lane(i).state, UNBOUND if job is None else job.state))
+            keys.add((kv.lane(i).state, UNBOUND if job is None else (job.state, job.fault_reported)))
         return keys, SystemView([], list(self.jobs), [], [])
 
     def broken(self) -> list[str]:

@@ -105,10 +105,10 @@ def test_a_job_that_completes_leaving_a_lane_pending_is_caught():
     table.fire(job1, "complete", ok=True)
     kv.settle(a[0], "commit", job1)         # the fault: a[1]'s step is left open
     assert kv.open_list()[a[1].lane] and monitor.batch[a[1].lane] is job1
-    assert monitor.verdict() == ["ended_job_leaves_no_step_open"]
+    assert monitor.verdict() == ["answered_job_leaves_no_step_open"]
     with pytest.raises(InvariantViolation) as info:
         _submit(table, kv, 2, _leases(kv, 3))   # the next job event is a step boundary
-    assert info.value.invariant == "ended_job_leaves_no_step_open" and info.value.rid == "R14.4"
+    assert info.value.invariant == "answered_job_leaves_no_step_open" and info.value.rid == "R14.4"
 
 
 @pytest.mark.req("R14.4")
@@ -153,6 +153,23 @@ def test_a_quarantined_job_commits_its_lanes_only_when_its_completion_reported_t
     with pytest.raises(InvariantViolation) as info:
         kv.settle(b[0], "commit", timed_out)  # the fault: no result came back for it
     assert info.value.invariant == "lane_commits_only_after_its_job_answered"
+
+
+@pytest.mark.req("R14.4", "R7.4.6")
+def test_a_reported_fault_that_leaves_a_lane_pending_is_caught():
+    """A job quarantined by a fault its completion reported has answered: the step that applies it settles every
+    lane of its batch (R7.4.6: commit the good ones, fault the reported ones). Leaving one open is caught at the
+    next step boundary by ``answered_job_leaves_no_step_open``. Mutant caught (checked): the step-end property
+    reading only an *ended* job (the property before session 19's R7.4.6 decision)."""
+    table, kv, monitor = _runtime()
+    a = _leases(kv, 1, 2)
+    job = _submit(table, kv, 1, a)
+    table.fire(job, "fault")
+    kv.settle(a[0], "commit", job)          # the fault: a[1] neither committed nor marked Unknown
+    assert monitor.verdict() == ["answered_job_leaves_no_step_open"]
+    with pytest.raises(InvariantViolation) as info:
+        _submit(table, kv, 2, _leases(kv, 3))
+    assert info.value.invariant == "answered_job_leaves_no_step_open"
 
 
 @pytest.mark.req("R14.4", "R9.2.6")
@@ -205,7 +222,8 @@ def test_the_per_part_verdict_equals_the_whole_system_verdict():
     for _ in range(400):
         lanes = [_Instance(state=rnd.choice(lane_states)) for _ in range(rnd.randint(1, 5))]
         # a job is its machine (the table's record is the DeviceJobMachine instance, issue #20)
-        jobs = [_Instance(job_id=k + 1, state=rnd.choice(job_states)) for k in range(rnd.randint(0, 4))]
+        jobs = [_Instance(job_id=k + 1, state=rnd.choice(job_states), fault_reported=rnd.random() < 0.5)
+                for k in range(rnd.randint(0, 4))]
         opened = [rnd.choice((0, 1)) for _ in lanes]   # each lane's step open or not (bound only while open)
         kv = SimpleNamespace(lanes=len(lanes), lane=lambda i, lanes=lanes: lanes[i], open_list=lambda o=opened: o)
         table = _Table(j for j in jobs if not j.at("completed", "failed"))  # ended jobs left it, may stay bound
@@ -282,7 +300,7 @@ def test_a_scheduler_whose_completion_skips_a_lane_is_caught(monkeypatch):
     h.submit(prompt=8, new=3)
     with pytest.raises(InvariantViolation) as info:
         h.drive()
-    assert skipped and info.value.invariant == "ended_job_leaves_no_step_open"
+    assert skipped and info.value.invariant == "answered_job_leaves_no_step_open"
 
 
 @pytest.mark.req("R14.4", "R9.2.1")
