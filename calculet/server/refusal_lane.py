@@ -201,6 +201,7 @@ class RefusalLane:
         self._polling = False
         self._seen_at = -math.inf
         """When a drain last read a snapshot (held requests wait for the next one up to SNAPSHOT_WAIT_S after)."""
+        self._read_at = -math.inf  # the latest arrival a decision read a snapshot for (:meth:`_decide`)
         self._refused = 0
         self._declined = 0
         self._held = 0
@@ -303,10 +304,7 @@ class RefusalLane:
         itself. Here one callback per wait decides them in arrival order and stops at the first still held (what
         holds it — no snapshot, requests still on their way — holds the ones behind it too, until a later round).
         ``edge`` is the request's protocol: it writes an answer (``write_answer``) or starts the request's ASGI task
-        (``start_app``), as it would have without the lane.
-
-        Held for want of a snapshot, the queue is also decided again when the actor publishes its next one
-        (:meth:`_watch`), not only at the engine's next answer."""
+        (``start_app``), as it would have without the lane; held for want of a snapshot, also at the next (:meth:`_watch`)."""
         self._held += 1
         self._queue.append(_Held(edge, cycle, app, body, started, self._round + HOLD_ROUNDS))
         self._arm()
@@ -316,11 +314,12 @@ class RefusalLane:
         """Poll (every :data:`SNAPSHOT_POLL_S`) for the actor's next snapshot while the first held request waits for
         one, up to :data:`SNAPSHOT_WAIT_S` after its arrival; its answer's wait (:meth:`_arm`) takes over after.
 
-        Why (issue #13): a burst's read decided while the actor ran the submit of a request forwarded just before
-        found no snapshot with :data:`HOLD_IN_FLIGHT` on their way: its requests were held for the engine's answers,
-        whose drains met the snapshot withdrawn again (the actor on the next message), though the next was published
-        within a millisecond (``bench/overload_http.py --part burst``: a read's first requests held at 24 ms, the
-        same read's later ones refused at 25 ms from the next snapshot). The same decision as at an answer."""
+        Why (issue #13, ``bench/overload_http.py --part burst``, a trace per decision): the actor withdraws its snapshot
+        while it decides the burst's first forwards. Requests met then were held for answers, whose drains met it
+        withdrawn again (the actor on the next message); with fewer than :data:`HOLD_IN_FLIGHT` on their way they were
+        forwarded untracked, so the front could not count what the engine holds and held every request fitting the
+        next snapshot until the engine had answered all (first 429 at 40-80 ms). Now held (:meth:`_decide`: a snapshot
+        read for an arrival less than :data:`SNAPSHOT_WAIT_S` before) and decided here."""
         queue = self._queue
         if queue and now - queue[0].started < SNAPSHOT_WAIT_S and self.service.engine.admission_snapshot is None:
             self._poll_soon()
@@ -421,7 +420,7 @@ class RefusalLane:
         :data:`~calculet.runtime.engine.admission_snapshot.HOLD_IN_FLIGHT` (a drain at an answer that is no round;
         an arrival behind held requests, :meth:`holding`)."""
         try:
-            decided = self._decide(scope, body, hold, patient)
+            decided = self._decide(scope, body, hold, patient, started)
         except Exception:  # noqa: BLE001 - the full path meets it again and answers it (a 500 with its log line)
             decided = None
         if decided is None or decided is HELD:
@@ -430,7 +429,7 @@ class RefusalLane:
         refusal, gen, tenant = decided
         return self._answer(scope, refusal, gen, tenant, default_headers, keep_alive, started)
 
-    def _decide(self, scope: dict[str, Any], body: bytes, hold: bool, patient: bool) -> Any:
+    def _decide(self, scope: dict[str, Any], body: bytes, hold: bool, patient: bool, started: float) -> Any:
         service = self.service
         state = scope["state"]
         screened = state.get("screened")
@@ -442,9 +441,11 @@ class RefusalLane:
         engine = service.engine
         early = service.early_admission
         hold = hold and service.config.batch.deadline_order == "on_time"  # no snapshot ever comes under another
-        if hold and (early.should_hold(engine.admission_snapshot)
-                     or patient and engine.admission_snapshot is None and early.in_flight + early.unsent > 0):
-            return HELD
+        if engine.admission_snapshot is not None:
+            self._read_at = max(self._read_at, started)
+        elif hold and early.in_flight + early.unsent > 0 and (
+                patient or early.should_hold(None) or 0.0 <= started - self._read_at < SNAPSHOT_WAIT_S):
+            return HELD  # one read lately: the actor is in a step (see _watch), the next is coming
         refusal = early.decide(lambda: engine.admission_snapshot, prompt_tokens=len(gen.prompt),
                                max_new_tokens=gen.max_tokens, tenant=tenant, now=engine.clock.now(), hold=hold)
         if refusal is HELD:

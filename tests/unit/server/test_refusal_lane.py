@@ -81,6 +81,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         brought.close()
 
 
+@pytest.fixture(autouse=True)
+def _no_recent_read(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's lane starts with no snapshot read for a recent arrival (the module shares one lane; a read in the
+    test before must not hold this one's requests: ``RefusalLane._decide``)."""
+    if "served" in request.fixturenames or "pinned" in request.fixturenames:
+        monkeypatch.setattr(request.getfixturevalue("served")[1].refusal_lane, "_read_at", -math.inf)
+
+
 @pytest.fixture
 def pinned(served: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Every request of ``served`` finds the same snapshot: its one lane busy for an hour."""
@@ -619,6 +627,57 @@ def test_requests_held_at_arrival_for_want_of_a_snapshot_are_decided_once_the_ne
         assert edge.done[-1] == ("answer", "b")
         await _engine_answers(early)
         assert edge.done[-1] == ("answer", "d")
+
+    asyncio.run(run())
+
+
+def test_an_arrival_meeting_the_actors_step_just_after_a_read_is_held_for_the_next_snapshot_not_forwarded(
+        served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #13, the burst whose first 429 came 40-80 ms late: the actor withdrew its snapshot to decide the burst's
+    first forward, and the next arrivals (fewer than HOLD_IN_FLIGHT on their way) were forwarded untracked, after which
+    the front held every request that fit until the engine had answered them all. An arrival that finds no snapshot
+    less than SNAPSHOT_WAIT_S after one was read for an arrival is held and decided from the next; with none read
+    lately (a state the actor publishes none in) it is forwarded as before. Mutants caught: the old rule (a forwarded
+    with one on its way, as at 784cd2c); the recency ignored (z held); the read's instant not kept (a forwarded)."""
+    import time
+
+    from calculet.server import refusal_lane
+    from calculet.server.inference import lane_sent
+
+    service, app = served
+    lane, early = app.refusal_lane, service.early_admission
+    refusing, shown = _refusing(service, 19), _shown(service, monkeypatch)
+    monkeypatch.setattr(early, "in_flight", 1)  # the burst's first forward, being decided by the actor
+    monkeypatch.setattr(lane, "_round_at", float("inf"))
+    monkeypatch.setattr(lane, "_seen_at", -math.inf)
+    monkeypatch.setattr(refusal_lane, "SNAPSHOT_POLL_S", 0.0)
+    monkeypatch.setattr(lane, "_polling", False)
+    monkeypatch.setattr(lane, "_armed", False)
+    monkeypatch.setattr(service.next_answer, "_future", None)
+    monkeypatch.setattr(early, "_wakers", [])
+    body = json.dumps(NEVER).encode()
+    edge = _Edge()
+
+    def decide(name: str, started: float) -> Any:
+        cycle = _Cycle(name)
+        return cycle, lane.decide(cycle.scope, body, default_headers=[], keep_alive=True, started=started, hold=True)
+
+    async def run() -> None:
+        now = time.perf_counter()
+        shown[0] = refusing
+        assert isinstance(decide("r", now)[1], bytes)  # refused from the snapshot read for it
+        shown[0] = None  # the actor's step
+        cycle, answer = decide("a", now + 0.001)
+        assert answer is HELD
+        lane.hold(edge, cycle, None, body, now + 0.001)
+        shown[0] = refusing  # published
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert edge.done == [("answer", "a")]
+        shown[0] = None
+        late, answer = decide("z", now + 2 * refusal_lane.SNAPSHOT_WAIT_S)
+        assert answer is None and late.scope["state"]["early_decided"]  # forwarded, as before
+        lane_sent(service, late.scope["state"])
 
     asyncio.run(run())
 
