@@ -20,7 +20,7 @@ from calculet.conformance import specs as conformance
 from calculet.invariants.system_document import request_lanes_document
 from calculet.invariants.traceability import traceability_document
 from calculet.logic.symbolic import SymbolicVars, symbolic_args
-from calculet.machines import ALL_MACHINES
+from calculet.machines import ALL_MACHINES, REPORTED_STATES
 from calculet.machines.codegen import MathPrinter
 from calculet.machines.core import Machine
 from calculet.machines.definition import Definition
@@ -57,8 +57,9 @@ def _cell(text: str) -> str:
 
 
 def machine_document(machine: type[Machine]) -> str:
-    """A machine's document body: its parameters, variables, states, events, transitions (guards
-    and effects printed from the proved z3 terms), diagram and invariants."""
+    """A machine's document body: its parameters, variables, states, events, the states the spec reports when
+    they are a projection of the machine's, transitions (guards and effects printed from the proved z3 terms),
+    diagram and invariants."""
     d: Definition = machine.definition
     v = SymbolicVars(d)
     out: list[str] = [f"# {d.name}", ""]
@@ -66,6 +67,8 @@ def machine_document(machine: type[Machine]) -> str:
         out += [f"Spec: {d.spec}", ""]
     out += [d.doc, ""]
     out += _elements_section(d)
+    if d.name in REPORTED_STATES:  # the spec's enumeration as a projection of the machine's states (#20)
+        out += REPORTED_STATES[d.name].document()
     out += _transitions_section(d, v)
     out += _diagram_section(d)
     out += _invariants_section(d, v)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from calculet.machines import ALL_MACHINES
+from calculet.machines import ALL_MACHINES, REPORTED_STATES
 from calculet.machines.kv_pool import KvLanePool
 from calculet.machines.admission_budgets import AdmissionBudgetSystem
 from calculet.machines.job_lanes import JobLaneSystem
@@ -39,6 +39,8 @@ class Coverage:
     requirement: Requirement
     proofs: list[str] = field(default_factory=list)
     tests: list[str] = field(default_factory=list)
+    declared: list[str] = field(default_factory=list)
+    """Declarations that state it without a proof: a spec enumeration projected from a machine's states (#20)."""
 
     @property
     def covered(self) -> bool:
@@ -63,8 +65,17 @@ def proof_references() -> dict[str, list[str]]:
     for inv in KvLanePool.definition.invariants:
         refs.setdefault(inv.rid, []).append(f"{KvLanePool.definition.name}.{inv.name}")
     for system in (RequestLaneSystem, GenerationRequestSystem, GenerationJobSystem, JobLaneSystem, AdmissionBudgetSystem):
-        for inv in system.definition.invariants:
+        for inv in (*system.definition.invariants, *system.definition.step_properties):
             refs.setdefault(inv.rid, []).append(f"{system.definition.name}.{inv.name}")
+    return refs
+
+
+def declared_references() -> dict[str, list[str]]:
+    """R-id → the reported-state projections (and their derived states) that state it: declared, not proved."""
+    refs: dict[str, list[str]] = {}
+    for projection in REPORTED_STATES.values():
+        for rid, names in projection.references().items():
+            refs.setdefault(rid, []).extend(names)
     return refs
 
 
@@ -111,7 +122,8 @@ def tested_references(tests_dir: Path | None = None) -> dict[str, list[str]]:
 def coverage(tests_dir: Path | None = None) -> list[Coverage]:
     proofs = proof_references()
     tests = tested_references(tests_dir)
-    return [Coverage(r, sorted(proofs.get(r.id, [])), tests.get(r.id, [])) for r in catalogue()]
+    declared = declared_references()
+    return [Coverage(r, sorted(proofs.get(r.id, [])), tests.get(r.id, []), declared.get(r.id, [])) for r in catalogue()]
 
 
 def software_figure(rows: list[Coverage] | None = None) -> tuple[int, int]:
@@ -123,7 +135,7 @@ def software_figure(rows: list[Coverage] | None = None) -> tuple[int, int]:
 def unknown_references() -> list[str]:
     """R-ids named by proofs or tests that the catalogue does not know (typos)."""
     known = {r.id for r in catalogue()}
-    named = set(proof_references()) | set(tested_references())
+    named = set(proof_references()) | set(tested_references()) | set(declared_references())
     return sorted(named - known)
 
 
@@ -135,7 +147,9 @@ def traceability_document() -> str:
            "Every requirement of the seed checklist (`../shared/seed/requirements.md`) by id, with our own",
            "short title, the proofs (declared invariants proved by `python -m calculet.verify`) and the",
            "tests (`@pytest.mark.req`) that cover it. Hardware requirements need a real NPU; a test",
-           "listed against one is simulated evidence only.", "",
+           "listed against one is simulated evidence only. A *declared* entry in the proofs column is a",
+           "declaration that states the requirement without a proof (a spec enumeration projected from a",
+           "machine's states, listed in that machine's document); it alone does not cover a requirement.", "",
            f"**[software] requirements covered: {covered} of {total} ({100 * covered / total:.0f}%).**", ""]
     unknown = unknown_references()
     if unknown:
@@ -145,7 +159,7 @@ def traceability_document() -> str:
         for c in rows:
             if c.requirement.tag != tag:
                 continue
-            proofs = "<br>".join(f"`{p}`" for p in c.proofs) or "—"
+            proofs = "<br>".join([f"`{p}`" for p in c.proofs] + [f"declared: `{d}`" for d in c.declared]) or "—"
             tests = "<br>".join(f"`{t}`" for t in c.tests[:6]) or ("**uncovered**" if tag == "software" else "—")
             if len(c.tests) > 6:
                 tests += f"<br>… {len(c.tests) - 6} more"

@@ -8,12 +8,15 @@ from calculet.machines.admission_budgets import AdmissionBudgetMachine
 from calculet.machines.core import Machine
 from calculet.machines.errors import InvalidDefinition, InvariantViolation, TransitionNotAllowed
 from calculet.machines.job import DeviceJobMachine
-from calculet.machines.kv_sequence import KvSequenceMachine
+from calculet.machines.kv_sequence import KV_SEQUENCE_STATE, KvSequenceMachine
 from calculet.machines.model import ModelMachine
 from calculet.machines.request import RequestMachine
 
 ALL_MACHINES: tuple[type[Machine], ...] = (RequestMachine, KvSequenceMachine, ModelMachine, DeviceJobMachine,
                                            AdmissionBudgetMachine)
+REPORTED_STATES = {KvSequenceMachine.definition.name: KV_SEQUENCE_STATE}
+"""By machine name: the machines whose spec enumeration is a projection of their state
+(:mod:`calculet.machines.projection`)."""
 
-__all__ = ["ALL_MACHINES", "AdmissionBudgetMachine", "DeviceJobMachine", "InvalidDefinition", "InvariantViolation",
+__all__ = ["ALL_MACHINES", "REPORTED_STATES", "AdmissionBudgetMachine", "DeviceJobMachine", "InvalidDefinition", "InvariantViolation",
            "KvSequenceMachine", "Machine", "ModelMachine", "RequestMachine", "TransitionNotAllowed"]

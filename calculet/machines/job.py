@@ -42,6 +42,9 @@ class DeviceJobMachine(Machine):
 
     buffers_held = Var(Bool(), init=True, doc="input/output buffers and backing storage are allocated")
     delivered = Var(Int(ge=0, le=1), doc="results handed to completion (at most once)")
+    fault_reported = Var(Bool(), init=False,
+                         doc="a completion in time reported a CCU fault or unknown DMA (not a timeout): the device "
+                             "answered for each lane (R7.4.6: with lane-level isolation its good lanes commit)")
 
     prepared = State(initial=True, doc="buffers allocated and filled; not yet submitted")
     submitted = State(doc="on the device")
@@ -67,7 +70,7 @@ class DeviceJobMachine(Machine):
         T(submitted, complete, failed, name="complete_error", guard=lambda v, ok: Not(ok),
           effect=lambda v: {"buffers_held": False}),
         T(submitted, timeout, timed_out),
-        T(submitted, fault, quarantined),
+        T(submitted, fault, quarantined, effect=lambda v: {"fault_reported": True}),
         T(timed_out, quarantine, quarantined),
         T((timed_out, quarantined), late_complete, failed, effect=lambda v: {"buffers_held": False}),
         T(quarantined, reset_done, failed, effect=lambda v: {"buffers_held": False}),
@@ -80,6 +83,9 @@ class DeviceJobMachine(Machine):
         Invariant("R14.3", name="buffers_held_until_device_done", rejects=({"state": "timed_out", "buffers_held": False},),
                   doc="buffers stay allocated while the device may write them, and are released after",
                   predicate=lambda v: v.buffers_held == v.at("prepared", "submitted", "timed_out", "quarantined")),
+        Invariant("R7.4.6", name="fault_reported_only_by_a_completion", rejects=({"state": "timed_out", "fault_reported": True},),
+                  doc="only a job whose completion in time reported a fault is marked so (a timed-out job never is)",
+                  predicate=lambda v: Implies(v.fault_reported, v.at("quarantined", "failed"))),
         StepProperty("R12.11", name="no_release_while_writable", rejects=(({"state": "submitted", "buffers_held": True}, {"state": "timed_out", "buffers_held": False}),),
                      doc="a job still on the device (submitted) never releases its buffers without a completion",
                      predicate=lambda pre, post: Implies(And(pre.at("submitted"), Not(post.buffers_held)),

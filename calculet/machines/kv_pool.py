@@ -27,14 +27,16 @@ class KvLanePool(Pool):
       (§9.2: one active hardware lane per seq_id within a generation), and must stay within the
       admission budget: reserved tokens ≤ ``max_kv_tokens``, held lanes ≤ ``max_sequences``
       (§5.1; the service tracks tokens itself, canAllocate is only a hint).
-    * ``submit`` records the position the batch binds for the lane (ghost ``position``): it is
-      the lane's committed_len (§7.1, §9.2 "token position equals committed_len").
+    * The position a step binds for the lane is its committed_len (§7.1, §9.2): the lane has no
+      in-flight state of its own (#20), so that is the joint systems' — nothing but the lane's own
+      job, once it answered, commits it while its step is open (``JobLaneSystem`` step property
+      ``lane_commits_only_after_its_job_answered``), and a decoding request's position is its
+      lane's committed_len (``RequestLaneSystem.decode_position_is_committed_len``).
     """
 
     spec = "§9.2, §5.1, §7.1"
     instance = KvSequenceMachine
     params = {"max_kv_tokens": Int(ge=1), "max_sequences": Int(ge=1)}
-    ghosts = {"position": Int(ge=0)}
 
     ops = [
         PoolOp("reserve", doc="unique owner per generation; KV-token and sequence budgets",
@@ -43,8 +45,6 @@ class KvLanePool(Pool):
                              pool.lanes[j].generation == gen)) for j in pool.others(i)],
                    _reserved_total(pool, pool.others(i)) + tokens <= pool.max_kv_tokens,
                    _held_count(pool, pool.others(i)) + 1 <= pool.max_sequences)),
-        PoolOp("submit", doc="the batch binds position = committed_len",
-               ghost=lambda pool, i, tokens: {"position": pool.lanes[i].committed_len}),
     ]
 
     invariants = [
@@ -61,13 +61,6 @@ class KvLanePool(Pool):
         PoolInvariant("R5.1.2", "sequences_within_budget", rejects=({"params": {"max_kv_tokens": 8, "max_sequences": 1}, "lanes": [{"state": "reserved", "seq_id": 1, "generation": 1, "reserved_len": 1}, {"state": "reserved", "seq_id": 2, "generation": 1, "reserved_len": 1}]},),
                       doc="held lanes never exceed max_sequences",
                       predicate=lambda pool: _held_count(pool, range(len(pool.lanes))) <= pool.max_sequences),
-        PoolInvariant("R9.2.4", "batch_position_is_committed_len", rejects=({"params": {"max_kv_tokens": 8, "max_sequences": 2},
-                                         "lanes": [{"state": "updating", "seq_id": 1, "generation": 1, "reserved_len": 3,
-                                                    "committed_len": 1, "pending": 1}], "ghosts": [{"position": 0}]},),
-                      doc="while a lane's job is in flight, the position it was bound at equals its committed_len",
-                      predicate=lambda pool: And(*[
-                          Implies(pool.lanes[j].at("updating"), pool.ghost(j, "position") == pool.lanes[j].committed_len)
-                          for j in range(len(pool.lanes))])),
     ]
 
     related = [

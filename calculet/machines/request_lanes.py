@@ -58,20 +58,21 @@ def _alone(row: str, why: str) -> Coupled:
 
 
 STOP = {"stop": Bool()}
+CHUNK = {"stop": Bool(), "tokens": Int(ge=1)}
 ENDS = ("prefill_done_cancelled", "prefill_done_deadline")
 
 
-def _last_chunk(sys: Any, i: int, j: int) -> Any:
+def _last_chunk(sys: Any, i: int, j: int, tokens: Any) -> Any:
     """The job in flight writes the prompt's last positions (``PrefillWork.last_chunk``: done +
     tokens == prompt_tokens): only its completion finishes prefill."""
     lane = sys.lanes[j]
-    return And(sys.bound(i, j), lane.committed_len + lane.pending == sys.requests[i].prompt_tokens)
+    return And(sys.bound(i, j), lane.committed_len + tokens == sys.requests[i].prompt_tokens)
 
 
-def _middle_chunk(sys: Any, i: int, j: int) -> Any:
+def _middle_chunk(sys: Any, i: int, j: int, tokens: Any) -> Any:
     """A chunk that leaves prompt positions for a later one: its success commits the lane only."""
     lane = sys.lanes[j]
-    return And(sys.bound(i, j), lane.committed_len + lane.pending < sys.requests[i].prompt_tokens)
+    return And(sys.bound(i, j), lane.committed_len + tokens < sys.requests[i].prompt_tokens)
 
 
 def _between_chunks(sys: Any, i: int, j: int) -> Any:
@@ -80,20 +81,23 @@ def _between_chunks(sys: Any, i: int, j: int) -> Any:
     return And(sys.bound(i, j), sys.lanes[j].at("active"))
 
 
-def _done_steps(kind: str, rows: tuple[tuple[str, bool], ...], guard: Any) -> list[Coupled]:
-    """The outcomes of a finished job: commit (ok), abort (invalid output), fault (unknown)."""
+def _done_steps(kind: str, rows: tuple[tuple[str, bool], ...], guard: Any, prefill: bool) -> list[Coupled]:
+    """The outcomes of a finished job: commit(tokens) (ok), nothing kept (invalid), fault (unknown)."""
     steps = []
+    args = CHUNK if prefill else STOP
+    tokens = (lambda sys, i, j, tokens: {"tokens": tokens}) if prefill else (lambda sys, i, j: {"tokens": 1})
+    ok_guard = guard if prefill else _on_its_lane
     for row, ends in rows:
         steps.append(Coupled(
             f"{kind}_ok:{row}", request=(row,), lane=("commit", "release") if ends else ("commit",),
-            binding="unbind" if ends else "keep", guard=guard, args=STOP, request_args=_job_result(True),
-            doc="device and output succeeded: the lane commits; an ended request releases it"))
+            binding="unbind" if ends else "keep", guard=ok_guard, args=args, request_args=_job_result(True),
+            lane_args=tokens, doc="device and output succeeded: the lane commits; an ended request releases it"))
     failing = [row for row, _ in rows if not row.endswith(("_finish", "_continue"))] + [f"{kind}_done_error"]
     for row in failing:
         steps.append(Coupled(
-            f"{kind}_invalid:{row}", request=(row,), lane=("abort", "release"), binding="unbind", guard=guard,
+            f"{kind}_invalid:{row}", request=(row,), lane=("release",), binding="unbind", guard=_on_its_lane,
             args=STOP, request_args=_job_result(False),
-            doc="invalid output: the lane rolls back (§9.2), the request fails and releases it"))
+            doc="invalid output: nothing the step wrote is kept (no lane event), the request fails and releases it"))
     for row in failing:
         steps.append(Coupled(
             f"{kind}_fault:{row}", request=(row,), lane=("fault",), binding="unbind", guard=_on_its_lane,
@@ -111,10 +115,12 @@ class RequestLaneSystem(CoupledSystem):
 
     * ``_pump``: the KV manager reserves a free lane for the whole context (prompt +
       max_new_tokens) and the request is admitted — it is bound to that lane (its lease);
-    * ``submitted``: ``submit_prefill``/``submit_decode`` with the lane's ``submit`` (a later
-      chunk of a chunked prefill submits only the lane);
-    * ``on_prefill_complete``/``on_decode_complete``: ``_settle_kv`` commits the lane when device
-      and output succeeded, aborts it on invalid output, faults it (Unknown) when the device's
+    * ``submitted``: ``submit_prefill``/``submit_decode`` move the request only (the lane has no
+      in-flight state: its open step is its binding to the device job, ``JobLaneSystem``, #20; a
+      later chunk of a chunked prefill moves neither);
+    * ``on_prefill_complete``/``on_decode_complete``: ``_settle_kv`` commits the step's positions
+      on the lane when device and output succeeded, keeps nothing on invalid output (no lane
+      event), faults it (Unknown) when the device's
       state is unknown; then the request's ``prefill_done``/``decode_done`` fires. A middle chunk
       commits only the lane (or ends the request, if it was cancelled or expired meanwhile);
     * ``job_timed_out``/``device_reset``: the lanes fault and their requests end;
@@ -149,27 +155,24 @@ class RequestLaneSystem(CoupledSystem):
         *[Coupled(f"{event}@{state}", request=(f"{event}@{state}",), lane=("release",), binding="unbind",
                   guard=_on_its_lane, doc="ends with no job in flight; the listener releases the lease (R4.4)")
           for state in ("prefill_ready", "decode_ready") for event in ("cancel", "expire", "fail")],
-        # Prefill (§6, §7.4): the first chunk submits the request; later chunks only the lane.
-        Coupled("submit_prefill", request=("submit_prefill@prefill_ready",), lane=("submit",),
+        # Prefill (§6, §7.4): the first chunk submits the request; a later chunk moves neither (its job does).
+        Coupled("submit_prefill", request=("submit_prefill@prefill_ready",), involves="both",
                 args={"job": Int(ge=1), "tokens": Int(ge=1)},
                 guard=lambda sys, i, j, tokens: And(
                     sys.bound(i, j), tokens <= sys.requests[i].prompt_tokens - sys.lanes[j].committed_len),
                 doc="the device accepted the prefill job (or its first chunk) of `tokens` positions"),
-        Coupled("submit_chunk", lane=("submit",), involves="both", args={"tokens": Int(ge=1)},
-                guard=lambda sys, i, j, tokens: And(
-                    _between_chunks(sys, i, j), sys.requests[i].at("prefill_running"), _clean(sys.requests[i]),
-                    tokens <= sys.requests[i].prompt_tokens - sys.lanes[j].committed_len),
-                doc="a later chunk of a chunked prefill: only the lane's transaction opens"),
-        Coupled("commit_chunk", lane=("commit",), involves="both",
-                guard=lambda sys, i, j: And(_middle_chunk(sys, i, j), sys.requests[i].at("prefill_running"),
+        Coupled("commit_chunk", lane=("commit",), involves="both", args={"tokens": Int(ge=1)},
+                lane_args=lambda sys, i, j, tokens: {"tokens": tokens},
+                guard=lambda sys, i, j, tokens: And(_middle_chunk(sys, i, j, tokens), sys.requests[i].at("prefill_running"),
                                             _clean(sys.requests[i])),
                 doc="a chunk that is not the last succeeded: the lane commits, the request waits for the next"),
         *[Coupled(f"commit_chunk:{row}", request=(row,), lane=("commit", "release"), binding="unbind",
-                  guard=_middle_chunk, args=STOP, request_args=_job_result(True),
+                  guard=_middle_chunk, args=CHUNK, request_args=_job_result(True),
+                  lane_args=lambda sys, i, j, tokens: {"tokens": tokens},
                   doc="a middle chunk succeeded but the request was cancelled or expired meanwhile: it ends now")
           for row in ENDS],
         *_done_steps("prefill", (("prefill_done_cancelled", True), ("prefill_done_deadline", True),
-                                 ("prefill_done_finish", True), ("prefill_done_continue", False)), _last_chunk),
+                                 ("prefill_done_finish", True), ("prefill_done_continue", False)), _last_chunk, True),
         Coupled("cancel_between_chunks", request=("cancel@prefill_running", "prefill_done_cancelled"),
                 lane=("release",), binding="unbind", guard=_between_chunks, args=STOP, request_args=_job_result(True),
                 doc="Scheduler.cancel between chunks: nothing is in flight, so the request ends at once"),
@@ -181,19 +184,19 @@ class RequestLaneSystem(CoupledSystem):
                 doc="Scheduler.fail / the generation ends between chunks"),
         # While a job runs, cancel and deadline only set a flag; the job drains (§4, R4.5).
         Coupled("cancel@prefill_running", request=("cancel@prefill_running",), involves="both",
-                guard=lambda sys, i, j: And(sys.bound(i, j), sys.lanes[j].at("updating")),
+                guard=lambda sys, i, j: sys.bound(i, j),
                 doc="cancel while a chunk is on the device"),
         Coupled("expire@prefill_running", request=("expire@prefill_running",), involves="both",
-                guard=lambda sys, i, j: And(sys.bound(i, j), sys.lanes[j].at("updating")),
+                guard=lambda sys, i, j: sys.bound(i, j),
                 doc="deadline while a chunk is on the device"),
         _alone("cancel@decode_running", "cancel while the decode batch runs: a flag, the job drains"),
         _alone("expire@decode_running", "deadline while the decode batch runs: a flag, the job drains"),
         # Decode (§7.1, §7.4): one position per step, at the lane's committed_len.
-        Coupled("submit_decode", request=("submit_decode@decode_ready",), lane=("submit",), guard=_on_its_lane,
-                args={"job": Int(ge=1)}, lane_args=lambda sys, i, j: {"tokens": 1},
+        Coupled("submit_decode", request=("submit_decode@decode_ready",), involves="both", guard=_on_its_lane,
+                args={"job": Int(ge=1)},
                 doc="the lane was bound into a decode batch the device accepted"),
         *_done_steps("decode", (("decode_done_cancelled", True), ("decode_done_deadline", True),
-                                ("decode_done_finish", True), ("decode_done_continue", False)), _on_its_lane),
+                                ("decode_done_finish", True), ("decode_done_continue", False)), _on_its_lane, False),
         # Finishing already released its lane.
         _alone("close@finishing", "the stream closes"),
         _alone("cancel@finishing", "cancel after the last token: nothing to drain"),
@@ -245,7 +248,7 @@ class RequestLaneSystem(CoupledSystem):
                                    "lanes": [{"state": "reserved", "seq_id": 1, "generation": 1, "reserved_len": 4}],
                                    "binding": [NONE], "seq": [1]},),
             doc="a request that has ended (Finishing or terminal) is bound to no lane, and no Reserved, Active "
-                "or Updating lane names it: its lane is Releasing, Unknown or Free",
+                "lane names it: its lane is Releasing, Unknown or Free",
             predicate=lambda sys: sys.all_requests(lambda i: Implies(
                 is_ended(sys.requests[i]),
                 And(sys.unbound(i), *[Not(And(is_working(sys.lanes[j]), owns(sys, i, j)))
@@ -286,20 +289,18 @@ class RequestLaneSystem(CoupledSystem):
             "R9.2.5", "request_and_lane_phases_agree", rejects=({"requests": [{"state": "prefill_ready", "generation": 1}],
                                      "lanes": [{"state": "active", "seq_id": 1, "generation": 1, "reserved_len": 4,
                                                 "committed_len": 1}], "binding": [0], "seq": [1]},),
-            doc="a job is in flight for the request exactly when its lane is Updating: PrefillReady ↔ "
-                "Reserved, PrefillRunning ↔ Updating or Active between chunks, DecodeReady ↔ Active, "
-                "DecodeRunning ↔ Updating with one pending token",
-            strengthening="a DecodeRunning request whose lane had two pending tokens committed them on one "
-                          "decode step (decode_position_is_committed_len broke on decode_ok:decode_done_continue); "
-                          "it also keeps a bound lane Reserved, Active or Updating (free_lane_unbound broke on "
-                          "confirm_release of a bound Releasing lane)",
+            doc="the request's phase matches its lane's: PrefillReady ↔ Reserved, PrefillRunning ↔ Reserved "
+                "or Active (between chunks), DecodeReady and DecodeRunning ↔ Active (whether a job is in flight "
+                "is the lane's binding to it, JobLaneSystem, #20)",
+            strengthening="it keeps a bound lane Reserved or Active (free_lane_unbound broke on confirm_release "
+                          "of a bound Releasing lane)",
             predicate=lambda sys: sys.all_pairs(lambda i, j: Implies(sys.bound(i, j), And(
                 Implies(sys.requests[i].at("prefill_ready"), sys.lanes[j].at("reserved")),
-                Implies(sys.requests[i].at("prefill_running"), sys.lanes[j].at("updating", "active")),
+                Implies(sys.requests[i].at("prefill_running"), sys.lanes[j].at("reserved", "active")),
                 Implies(sys.requests[i].at("decode_ready"), sys.lanes[j].at("active")),
-                Implies(sys.requests[i].at("decode_running"),
-                        And(sys.lanes[j].at("updating"), sys.lanes[j].pending == 1)))))),
+                Implies(sys.requests[i].at("decode_running"), sys.lanes[j].at("active")))))),
     ]
 
 
 __all__ = ["RequestLaneSystem", "owns", "NONE", "HOLDING", "DECODING", "ENDED"]
+

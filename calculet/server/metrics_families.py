@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from calculet.adapters.calrt import ReturnCode
 from calculet.machines.job import DeviceJobMachine
-from calculet.machines.kv_sequence import KvSequenceMachine
+from calculet.machines.kv_sequence import KV_SEQUENCE_STATE
 from calculet.machines.model import ModelMachine
 from calculet.machines.request import FinishReason, RequestMachine
 from calculet.runtime.distribution import DistributionSnapshot
@@ -35,7 +35,8 @@ FINISH_REASONS = tuple(r.name.lower() for r in FinishReason if r is not FinishRe
 MODEL_STATES = tuple(ModelMachine.definition.states)
 MODEL_PHASES = ("load", "configure", "warmup", "drain", "unload")
 """The ModelManager's measured phases (``ModelManagerStatistics`` fields)."""
-KV_STATES = tuple(KvSequenceMachine.definition.states)
+KV_STATES = KV_SEQUENCE_STATE.states
+"""§9.1 KvSequenceState (Updating derived from a lane's open step, #20), as ``KvLaneStatistics.by_state``."""
 REQUEST_STATES = tuple(RequestMachine.definition.states)
 LIVE_REQUEST_STATES = tuple(st for st in REQUEST_STATES if st not in ("completed", "cancelled", "failed"))
 WAITING_REQUEST_STATES = ("new", "waiting_model", "waiting_admission", "prefill_ready")

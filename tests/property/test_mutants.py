@@ -39,28 +39,25 @@ def _req(name, description, expected, edit):
 MUTANTS = [
     _kv("KvDroppedReserveGuard", "reserve without tokens ≤ max_seq", "lengths_ordered",
         lambda rows, d: replace_row(rows, "reserve@free", guard=None)),
-    _kv("KvWidenedSubmitGuard", "submit allows one token past the reservation", "lengths_ordered",
-        lambda rows, d: replace_row(rows, "submit@active",
+    _kv("KvWidenedCommitGuard", "commit allows one token past the reservation", "lengths_ordered",
+        lambda rows, d: replace_row(rows, "commit@active",
                                     guard=lambda v, tokens: v.committed_len + tokens <= v.reserved_len + 1)),
-    _kv("KvOffByOneCommit", "commit adds one token too many", "lengths_ordered",
-        lambda rows, d: replace_row(rows, "commit@updating",
-                                    effect=lambda v: {"committed_len": v.committed_len + v.pending + 1, "pending": 0})),
+    _kv("KvOffByOneCommit", "commit adds one token too many", "commit_only_on_success",
+        lambda rows, d: replace_row(rows, "commit@active",
+                                    guard=lambda v, tokens: v.committed_len + tokens + 1 <= v.reserved_len,
+                                    effect=lambda v, tokens: {"committed_len": v.committed_len + tokens + 1})),
     _kv("KvUnknownToReserved", "an Unknown lane handed to a new request", "unknown_is_quarantined",
         _add(KvSequenceMachine, lambda d: T(d.states["unknown"], d.events["reserve"], d.states["reserved"],
                                              effect=lambda v, seq, gen, tokens: {
                                                  "seq_id": seq, "generation": gen, "reserved_len": 1,
-                                                 "committed_len": 0, "pending": 0}, name="reserve@unknown"))),
+                                                 "committed_len": 0}, name="reserve@unknown"))),
     _kv("KvReuseBeforeConfirm", "release frees the lane without the runtime's confirmation",
         "free_only_after_confirmed_release",
         lambda rows, d: replace_row(rows, "release@active", target=d.states["free"],
                                     effect=lambda v: {"seq_id": 0, "generation": 0, "reserved_len": 0,
-                                                      "committed_len": 0, "pending": 0})),
-    _kv("KvCommitOnSubmit", "committed_len grows on submit instead of on success", "commit_only_on_success",
-        lambda rows, d: replace_row(replace_row(rows, "submit@active",
-                                                effect=lambda v, tokens: {"pending": tokens,
-                                                                          "committed_len": v.committed_len + tokens},
-                                                guard=lambda v, tokens: v.committed_len + 2 * tokens <= v.reserved_len),
-                                    "commit@updating", effect=lambda v: {"pending": 0})),
+                                                      "committed_len": 0})),
+    _kv("KvCommitOnFault", "committed_len grows on a fault instead of on success", "commit_only_on_success",
+        lambda rows, d: replace_row(rows, "fault@active", effect=lambda v: {"committed_len": v.committed_len + 1})),
     _req("ReqLeavesTerminal", "a completed request can still be cancelled", "terminal_is_final",
          _add(RequestMachine, lambda d: T(d.states["completed"], d.events["cancel"], d.states["cancelled"],
                                           effect=lambda v: {"finish_reason": FinishReason.CANCELLED},
@@ -118,10 +115,6 @@ MUTANTS = [
                    ~((pool.lanes[j].seq_id == seq) & (pool.lanes[j].generation == gen) & ~pool.lanes[j].at("free"))
                    for j in pool.others(i)], _held_count(pool, pool.others(i)) + 1 <= pool.max_sequences))]),
            "kv_tokens_within_budget", kind="pool"),
-    Mutant("PoolStalePosition", "the batch binds a position other than committed_len",
-           lambda: derive_pool(KvLanePool, "PoolStalePosition", [PoolOp(
-               "submit", ghost=lambda pool, i, tokens: {"position": pool.lanes[i].committed_len + tokens})]),
-           "batch_position_is_committed_len", kind="pool"),
 ]
 
 
@@ -238,7 +231,7 @@ def test_a_derived_copy_without_edits_is_accepted():
 
 def _weakened_lengths(props):
     """lengths_ordered without its `reserved_len <= max_seq` half (the rule reserve's guard keeps)."""
-    return [dataclasses.replace(p, predicate=lambda v: v.committed_len + v.pending <= v.reserved_len)
+    return [dataclasses.replace(p, predicate=lambda v: v.committed_len <= v.reserved_len)
             if p.name == "lengths_ordered" else p for p in props]
 
 
@@ -315,12 +308,12 @@ CLASS_MUTANTS = [
                                               name="cancel@completed")],
                     states=_unflagged_completed()),
      _reject_by_consecution, "terminal_closed_once"),
-    # 4. commit and abort look the same: abort commits the pending tokens
-    ("AbortCommits", "abort_to_active adds the pending tokens to committed_len",
-     lambda: derive(KvSequenceMachine, "AbortCommits",
-                    lambda rows, d: replace_row(rows, "abort_to_active", effect=lambda v: {
-                        "committed_len": v.committed_len + v.pending, "pending": 0})),
-     _reject_by_consecution, "abort_keeps_committed"),
+    # 4. commit and fault look the same: a fault keeps what the step wrote (there is no abort event any more, #20)
+    ("FaultCommits", "fault@active adds a position to committed_len",
+     lambda: derive(KvSequenceMachine, "FaultCommits",
+                    lambda rows, d: replace_row(rows, "fault@active", effect=lambda v: {
+                        "committed_len": v.committed_len + 1})),
+     _reject_by_consecution, "fault_keeps_committed"),
     # 5. a model declared Ready while jobs are in doubt (the jobs are the jobs table's: proved on the joint system)
     ("ReadyWithJobsInDoubt", "recovered fires with jobs still in doubt",
      lambda: _job_system_over(derive(ModelMachine, "ReadyWithJobsInDoubt",
@@ -567,16 +560,16 @@ def _job_lane_mutants():
     from calculet.machines.job_lanes import JobLaneSystem
     return [
         _generation_mutant(JobLaneSystem, "commit", "JobCommitsAnotherJobsLane",
-                           "a job that completed commits a pending lane of another job still on the device",
-                           "lanes_of_a_job_on_the_device_are_pending", 6,
+                           "a job that completed commits a lane whose step is another job's, still on the device",
+                           "lane_commits_only_after_its_job_answered", 6,
                            guard=lambda sys, i, j: sys.lanes[j].at("completed")),
         _generation_mutant(JobLaneSystem, "fault", "JobFaultMarksAnotherJobsLane",
-                           "a job's timeout marks Unknown a pending lane of another job still on the device",
-                           "lanes_of_a_job_on_the_device_are_pending", 6,
+                           "a job's timeout marks Unknown a lane whose step is another job's, still on the device",
+                           "unknown_lane_names_its_job", 6,
                            guard=lambda sys, i, j: sys.lanes[j].at("timed_out", "quarantined")),
         _generation_mutant(JobLaneSystem, "recover", "RecoverWhileJobInDoubt",
                            "an Unknown lane is recovered while the job that may write it is still in doubt",
-                           "lanes_of_a_job_in_doubt_are_pending_or_unknown", 6,
+                           "open_step_closes_only_after_its_job_answered", 6,
                            guard=lambda sys, i, j: sys.bound(i, j)),
     ]
 

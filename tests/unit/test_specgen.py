@@ -86,3 +86,21 @@ def test_every_machine_document_has_banner_table_and_diagram(rendered):
         assert rendered[name].startswith(specgen.BANNER)
     for name in MACHINE_DOCUMENTS:
         assert "stateDiagram-v2" in rendered[name] and "## Transitions" in rendered[name] and "## Invariants" in rendered[name]
+
+
+@pytest.mark.req("R9.1.1", "R9.2.5")
+def test_the_kv_sequence_document_renders_the_declared_projection(monkeypatch, rendered):
+    """§9.1's KvSequenceState is a projection of the lane machine's state and its open step (#20); its table in
+    kv_sequence.md is generated from the one declaration (``KV_SEQUENCE_STATE``). Mutant caught: a hand-written
+    table, or a section not rendered from ``REPORTED_STATES``: a changed declaration does not change the document."""
+    from calculet.machines.definition import Group
+    from calculet.machines.projection import DerivedState, StateProjection
+
+    text = rendered["kv_sequence.md"]
+    assert "## Reported states: `KvSequenceState` (§9.1, R9.1.1)" in text
+    assert "| `reserved` | `reserved` | `updating` |" in text and "| `unknown` | `unknown` | `unknown` |" in text
+    other = StateProjection(KvSequenceMachine, "KvSequenceState", spec="§9.1", rid="R9.1.1", condition="bound",
+                            condition_doc="stand-in.", derived=(DerivedState("writing", Group("working"), "stand-in"),))
+    monkeypatch.setattr(specgen, "REPORTED_STATES", {"KvSequenceMachine": other})
+    changed = specgen.machine_document(KvSequenceMachine)
+    assert "| `active` | `active` | `writing` |" in changed and "| `active` | `active` | `updating` |" not in changed

@@ -181,12 +181,12 @@ class CompletionApplier:
         if clean is not None:  # every lane OK (the usual step): columns, no LaneCheck per lane (issue #20)
             tokens, stops = clean
             lanes = len(tokens)
-            self.kv.commit_batch(batch.kv)
+            self.kv.commit_batch(batch.kv, job)  # job: the step's, for the job x lane step check
             produced: list[bool] = [True] * lanes
             details = [""] * lanes
             ok, failed = lanes, 0
         else:
-            produced, stops, tokens, details = self._lane_verdicts(batch, completion)
+            produced, stops, tokens, details = self._lane_verdicts(job, batch, completion)
             ok = sum(produced)
             failed = len(produced) - ok
         records = batch.records
@@ -205,7 +205,7 @@ class CompletionApplier:
             self._pump(now)
         return _new_tuple(Applied, (job.job_id, False, ok, failed))  # Applied(...) without its __new__ frame
 
-    def _lane_verdicts(self, batch: DecodeBatch, completion: DecodeCompletion
+    def _lane_verdicts(self, job: JobRecord, batch: DecodeBatch, completion: DecodeCompletion
                        ) -> tuple[list[bool], list[bool], list[int | None], list[str]]:
         """A decode result that is not all OK, lane by lane (§7.4): every lane's KV settled by its verdict,
         anomalies counted; the (produced, stop, token, detail) columns for the requests."""
@@ -214,7 +214,7 @@ class CompletionApplier:
                                            vocab_size=self.capabilities.vocab_size)
         self.anomalies += extra
         settles = _SETTLE_BY_VALUE
-        self.kv.settle_batch(batch.kv.leases, [settles[check.verdict._value_] for check in checks])
+        self.kv.settle_batch(batch.kv.leases, [settles[check.verdict._value_] for check in checks], job)
         good = LaneVerdict.OK
         produced = [check.verdict is good for check in checks]
         self.anomalies += sum(check.verdict is LaneVerdict.MISMATCH for check in checks)
@@ -244,7 +244,7 @@ class CompletionApplier:
             self._job_failed(job, completion.fault if consistent else FaultKind.ERROR)
         token = completion.token
         verdict = self._prefill_verdict(device_ok, consistent, token, work.last_chunk)
-        self._settle_kv(work.lease, verdict)
+        self._settle_kv(work.lease, verdict, job)
         rec = work.record
         if verdict is LaneVerdict.OK and not work.last_chunk:
             return self._next_chunk(job, work, rec, now)
@@ -363,9 +363,10 @@ class CompletionApplier:
         elif target == "finishing":
             self.registry.finish(rec.request_id)
 
-    def _settle_kv(self, lease: KvLease, verdict: LaneVerdict) -> None:
-        """§9.2: commit only when device and output succeeded; Unknown when the device's state is."""
-        self.kv.settle(lease, _SETTLE[verdict])
+    def _settle_kv(self, lease: KvLease, verdict: LaneVerdict, job: JobRecord) -> None:
+        """§9.2: commit only when device and output succeeded; Unknown when the device's state is (at the end
+        of ``job``, which the KV manager's step check names)."""
+        self.kv.settle(lease, _SETTLE[verdict], job)
 
     def _job_failed(self, job: JobRecord, fault: FaultKind) -> None:
         """A job that did not succeed ends: quarantined when its buffers are fenced, else completed not ok
@@ -398,7 +399,7 @@ class CompletionApplier:
             request_job = work.request_job
         failed = 0
         for rec, lease in pairs:
-            self.kv.settle(lease, "fault")
+            self.kv.settle(lease, "fault", job)
             if isinstance(work, DecodeBatch):
                 callback = self.registry.on_decode_complete(rec.request_id, generation=job.generation,
                                                             job_id=request_job, ok=False, stop=False, token=None,

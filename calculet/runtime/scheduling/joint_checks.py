@@ -72,7 +72,7 @@ ELSEWHERE = -2  # a part's binding for a lease outside the part's lanes (not NON
 
 
 def _lane_values(m: Any) -> tuple[Any, ...]:
-    return (m.state, m.seq_id, m.generation, m.committed_len, m.reserved_len, m.pending)
+    return (m.state, m.seq_id, m.generation, m.committed_len, m.reserved_len)
 
 
 @dataclass(frozen=True)

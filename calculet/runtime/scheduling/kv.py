@@ -22,9 +22,18 @@ double free").
   seq) → lane, each budget's total) are checked against them; at a sampled reservation the
   declared guard is also evaluated on the whole pool and must agree with the compiled one
   (:mod:`calculet.runtime.scheduling.kv_checks`).
-* append/decode is a transaction: ``submit`` (Updating) → ``commit`` on success, ``abort`` on
-  a known failure, ``fault`` on timeout/CCU/DMA-unknown (Unknown, quarantined: never handed
-  out again until ``recover``) (§9.2, §9.3).
+* append/decode is a transaction with one lane event per step (#20): ``submit`` opens the lane's
+  step with no lane event (``_open``: JobLaneSystem's binding of the lane to the job writing it;
+  reported Updating, :data:`~calculet.machines.kv_sequence.KV_SEQUENCE_STATE`) → ``commit`` fires
+  the machine's ``commit(tokens)`` on success and closes it, ``abort`` closes it with no event on a
+  known failure, ``fault`` on timeout/CCU/DMA-unknown makes the lane Unknown and keeps it open
+  (quarantined: never handed out again, and not released, until ``recover``) (§9.2, §9.3).
+* where the binding lives (#20): the lane machine refused two things the runtime relies on while it
+  had Updating — ``release`` while a job writes the lane, and a stale settle. Without it both read
+  the open step kept here (``_open``, one list entry per lane instead of two machine events per
+  step), as JobLaneSystem's ``release`` guard (unbound) and commit/abort guards (bound to the job)
+  say; ``InflightTable.binding`` stays the map "which job's batch last took the lane", and the
+  job × lane monitor reads both (:mod:`calculet.runtime.scheduling.job_lane_monitor`).
 * ``release`` moves the lane to Releasing and *returns a command*: the engine frees the
   sequence through the adapter and calls ``confirm_release``; only then is the lane Free and
   back on the free list (§9.2: reuse only after the runtime confirmed the release).
@@ -43,13 +52,13 @@ from calculet.clock import Clock
 from calculet.errors import DefinitionError
 from calculet.machines.errors import TransitionNotAllowed
 from calculet.machines import KvSequenceMachine
+from calculet.machines.kv_sequence import KV_SEQUENCE_STATE, KvSequence, KvSequenceState
 from calculet.machines.kv_pool import KvLanePool
 from calculet.machines.monitor import MONITOR
 from calculet.machines.pool import PoolView
 from calculet.runtime.scheduling.kv_checks import PoolMonitor, check_pool, check_reserve_decision
 from calculet.runtime.scheduling.kv_batch import (  # the batch side (one decode step's lanes), re-exported
-    _SUBMIT_GHOSTS, KEEPS_TOTALS, OPEN_STATES, SUBMIT_GHOSTS_SOURCE, KvBatchOperations, KvBatchReservation,
-    KvReservationFailure, StaleLease, record_submit_ghosts)
+    KEEPS_TOTALS, OPEN_STATES, KvBatchOperations, KvBatchReservation, KvReservationFailure, StaleLease)
 from calculet.runtime.scheduling.kv_context import KvContextOperations, ShiftSequence
 from calculet.runtime.scheduling.kv_guard import compile_measures, compile_moves, compile_reserve_guard
 from calculet.runtime.distribution import FREE_LATENCY_BOUNDS, Distribution, DistributionSnapshot
@@ -120,14 +129,16 @@ _new_tuple = tuple.__new__
 POOL_CHECK_LANES = 64
 """Up to this many lanes (every device profile), a sampled operation checks the whole pool."""
 
-_STATES = tuple(KvSequenceMachine.definition.states)
+_REPORTED = KV_SEQUENCE_STATE.table  # §9.1 KvSequenceState of (machine state, step open): Updating derived (R9.1.1, #20)
 _POOL = KvLanePool.definition
+_SETTLES = frozenset(("commit", "abort", "fault"))
+"""The events that end (or, ``fault``, keep open) a lane's step in :meth:`KvLaneManager.settle`."""
 _RESERVE_GUARD, RESERVE_GUARD_SOURCE = compile_reserve_guard(_POOL)
 _MEASURES, MEASURES_SOURCE = compile_measures(_POOL)
 _MOVES, MOVES_SOURCE = compile_moves(_POOL)
 __all__ = ["FreeSequence", "KvBatchReservation", "KvCapabilities", "KvLaneManager", "KvLaneStatistics", "KvLease",
-           "KvReservationFailure", "NoCapacity", "OPEN_STATES", "POOL_CHECK_LANES", "SUBMIT_GHOSTS_SOURCE", "ShiftSequence",
-           "StaleLease", "record_submit_ghosts"]  # the batch side's names too (kv_batch), as before the split
+           "KvReservationFailure", "NoCapacity", "OPEN_STATES", "POOL_CHECK_LANES", "ShiftSequence",
+           "StaleLease"]  # the batch side's names too (kv_batch), as before the split
 
 class KvLaneManager(KvBatchOperations, KvContextOperations):
     """The KV lane pool of one model generation's runtime session (§9)."""
@@ -157,6 +168,15 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
         self._check_scale = lanes / POOL_CHECK_LANES
         self._scale_draw = random.Random(lanes).random
         self._owner = [0] * lanes
+        self._open = [0] * lanes
+        """Each lane's open step: the positions the device job it is bound to writes (0: none). The lane machine
+        has no in-flight state (#20): the open transaction is JobLaneSystem's binding, kept here, where the
+        runtime releases and settles lanes (``release`` refused, a stale settle ignored, while it is open)."""
+        self.steps: Any = None
+        """The job × lane monitor (set by ``job_lane_monitor.attach``): where a lane's step ends (``settle``,
+        ``settle_batch``, ``commit_batch``, ``commit``, ``abort``, ``recover``), at the monitors' sampled rate, its
+        ``before(lanes)`` and ``after(pre, event, job)`` evaluate JobLaneSystem's step properties on that step (#20:
+        a lane committed by another job's end, or while its job is on the device, breaks no state invariant)."""
         self.owners_changed = 0
         """How many times a lane's owner has changed (read-only outside: a reservation made at the same count
         finds every lease still owning its lane)."""
@@ -191,6 +211,10 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
         """Every lane's machine instance, in lane order (read-only use: the pool monitor)."""
         return self._lanes
 
+    def open_list(self) -> list[int]:
+        """Each lane's open step (its positions; 0: none) — JobLaneSystem's binding, read by its monitor."""
+        return self._open
+
     def ghost_list(self) -> list[dict[str, int]]:
         """Every lane's pool ghosts (KvLanePool.ghosts), in lane order (read-only use: the pool monitor)."""
         return self._ghosts
@@ -213,8 +237,14 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
     def committed_len(self, lease: KvLease) -> int:
         return self._lane(lease).committed_len  # type: ignore[no-any-return]
 
-    def state(self, lease: KvLease) -> str:
-        return self._lane(lease).state  # type: ignore[no-any-return]
+    def state(self, lease: KvLease) -> KvSequenceState:
+        """The lease's lane in §9.1's KvSequenceState (Updating while its step is open, R9.2.5)."""
+        lane = self._owned(lease)
+        return _REPORTED[self._lanes[lane].state, self._open[lane] > 0]
+
+    def sequence(self, lane: int) -> KvSequence:
+        """R9.1.2: the lane's KV sequence as §9.1 lists it (a snapshot; its state reported as ``state`` does)."""
+        return KvSequence.of(self._lanes[lane], self._open[lane] > 0)
 
     def lane_of(self, generation: int, seq_id: int) -> int | None:
         return self._by_seq.get((generation, seq_id))
@@ -264,25 +294,56 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
         return _new_tuple(KvLease, (lane, seq, generation, lease_id, tokens))  # KvLease(...) without its __new__ frame
 
     def submit(self, lease: KvLease, tokens: int) -> None:
-        """The device accepted a job writing ``tokens`` positions (→ Updating)."""
+        """The device accepted a job writing ``tokens`` positions: the lane's step opens (no lane event, #20)."""
         self._submit(self._owned(lease), tokens)
         self._checked("submit")
 
-    def commit(self, lease: KvLease) -> None:
-        """Device and output both succeeded: the pending tokens become committed (§9.2)."""
-        self._fire(self._owned(lease), "commit")
+    def commit(self, lease: KvLease, job: Any = None) -> None:
+        """Device and output both succeeded (``job``'s end): the step's positions become committed (§9.2), the
+        step closes."""
+        lane = self._owned(lease)
+        tokens = self._step_of(lane)
+        pre = self._step_drawn((lane,))
+        self._fire(lane, "commit", tokens=tokens)
+        self._open[lane] = 0
+        if pre is not None:
+            self.steps.after(pre, "commit", job)
         self._checked("commit")
 
-    def abort(self, lease: KvLease) -> None:
-        """A known failure: nothing the job wrote is kept."""
-        self._fire(self._owned(lease), "abort")
+    def abort(self, lease: KvLease, job: Any = None) -> None:
+        """A known failure (``job``'s end): nothing the job wrote is kept — the step closes, no lane event."""
+        lane = self._owned(lease)
+        self._step_of(lane)
+        pre = self._step_drawn((lane,))
+        self._open[lane] = 0
+        if pre is not None:
+            self.steps.after(pre, "abort", job)
         self._checked("abort")
 
+    def _step_drawn(self, lanes: Any) -> Any:
+        """The job × lane monitor's snapshot of ``lanes`` before their steps end, when one is attached and the
+        monitors' draw picks this operation (:attr:`steps`); None otherwise."""
+        steps = self.steps
+        if steps is not None and MONITOR.enabled and next(MONITOR.draws):
+            return steps.before(lanes)
+        return None
+
     def fault(self, lease: KvLease) -> None:
-        """Timeout / CCU fault / DMA unknown: the lane becomes Unknown and is quarantined."""
-        self._fire(self._owned(lease), "fault")
+        """Timeout / CCU fault / DMA unknown: the lane becomes Unknown and is quarantined (an open step stays
+        open, naming the job recovery waits for, until ``recover``)."""
+        lane = self._owned(lease)
+        self._fire(lane, "fault")
         self._faults += 1
         self._checked("fault")
+
+    def _step_of(self, lane: int) -> int:
+        """The open step's positions; refused (TransitionNotAllowed, as the machine refused a settle outside
+        Updating) when the lane has none or is not working."""
+        tokens = self._open[lane]
+        machine = self._lanes[lane]
+        if not tokens or machine.state not in OPEN_STATES:
+            raise TransitionNotAllowed(machine.definition.name, machine.state, "settle", "no open step on the lane")
+        return tokens
 
     def release(self, lease: KvLease) -> FreeSequence | None:
         """The owner ended: start freeing the lane, or detach from a quarantined one.
@@ -301,25 +362,33 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
             self.owners_changed += 1
             self._checked("release (detach from Unknown)")
             return None
-        self._fire(lane, "release")  # refused (and nothing changes) while a job is writing the lane
+        if self._open[lane]:  # refused (and nothing changes) while a job is writing the lane (JobLaneSystem)
+            raise TransitionNotAllowed(machine.definition.name, machine.state, "release", "its step is open")
+        self._fire(lane, "release")
         self._owner[lane] = 0
         self.owners_changed += 1
         self._checked("release")
         return self._releasing(lane)
 
     def _submit(self, lane: int, tokens: int) -> None:
-        """Open the lane's transaction; with monitors on, record the position the job binds (the
-        pool's ghost, whose invariant says it is the lane's committed_len)."""
-        if MONITOR.enabled:
-            record_submit_ghosts(self._ghosts, self.view, (lane,), tokens)
-        self._fire(lane, "submit", tokens=tokens)
+        """Open the lane's step (JobLaneSystem's ``enlist``: no lane event): refused as the machine refused a
+        submit — the lane must be working, with no open step and room for ``tokens`` more positions."""
+        machine = self._lanes[lane]
+        if (self._open[lane] or machine.state not in OPEN_STATES
+                or machine.committed_len + tokens > machine.reserved_len):
+            raise TransitionNotAllowed(machine.definition.name, machine.state, "submit", "cannot open a step")
+        self._open[lane] = tokens
 
 
     def recover(self, lane: int) -> FreeSequence:
         """Recovery made the Unknown lane safe again (reset, or the job provably finished)."""
+        pre = self._step_drawn((lane,))
         self._owner[lane] = 0
+        self._open[lane] = 0
         self.owners_changed += 1
         self._fire(lane, "recover")
+        if pre is not None:
+            self.steps.after(pre, "recover")
         self._checked("recover")
         return self._releasing(lane)
 
@@ -345,8 +414,9 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
 
     # ------------------------------------------------------------------ batches (§7.1)
 
-    def settle(self, lease: KvLease, event: str) -> bool:
-        """End the lane's open transaction with ``commit``, ``abort`` or ``fault``.
+    def settle(self, lease: KvLease, event: str, job: Any = None) -> bool:
+        """End the lane's open transaction with ``commit``, ``abort`` or ``fault`` (``job``'s end: the job whose
+        end settles it, for the job × lane monitor's step check, :attr:`steps`).
 
         Returns False — and changes nothing — when the lease no longer owns the lane or the
         lane has no open transaction (a stale completion): settling is then not its business.
@@ -355,14 +425,21 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
         if self._owner[lane] != lease.lease_id:
             return False
         machine = self._lanes[lane]
-        if machine.state != "updating":
+        tokens = self._open[lane]
+        if not tokens or machine.state not in OPEN_STATES:
             return False
-        if event in KEEPS_TOTALS:  # commit/abort/fault: provably no budget total moves
-            machine.fire(event)
-        else:
-            self._fire(lane, event)
-        if event == "fault":
+        pre = self._step_drawn((lane,)) if event in _SETTLES else None
+        if event == "commit":
+            self._fire(lane, "commit", tokens=tokens)
+        elif event == "fault":
+            self._fire(lane, "fault")
             self._faults += 1
+        elif event != "abort":
+            raise ValueError(f"settle with {event!r}: commit, abort or fault")
+        if event != "fault":
+            self._open[lane] = 0
+        if pre is not None:
+            self.steps.after(pre, event, job)
         self._checked(event)
         return True
 
@@ -372,13 +449,13 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
         """Counts by state and token sums are read from the lanes (O(lanes), off the hot path)."""
         by_state: Counter[str] = Counter()
         used = reserved = 0
-        for machine in self._lanes:
-            by_state[machine.state] += 1
+        for machine, opened in zip(self._lanes, self._open):
+            by_state[_REPORTED[machine.state, opened > 0]] += 1
             used += machine.committed_len
             reserved += machine.reserved_len
         confirms = self._confirms
         return KvLaneStatistics(
-            lanes=len(self._lanes), by_state={s: by_state.get(s, 0) for s in _STATES},
+            lanes=len(self._lanes), by_state={s: by_state.get(s, 0) for s in KV_SEQUENCE_STATE.states},
             free_lanes=len(self._free), unknown=by_state.get("unknown", 0),
             tokens_used=used, tokens_reserved=reserved, reservations=self._reservations,
             lane_wait_refusals=self._refusals, releases=self._releases, confirmed_releases=confirms,

@@ -20,18 +20,16 @@ from calculet.machines import KvSequenceMachine
 from calculet.machines.kv_pool import KvLanePool
 from calculet.machines.monitor import MONITOR
 from calculet.records import quick_init
-from calculet.runtime.scheduling.kv_guard import compile_ghost_updates, events_keeping_measures
+from calculet.runtime.scheduling.kv_guard import events_keeping_measures
 
 KvLease = Any
 """A :class:`~calculet.runtime.scheduling.kv.KvLease` (not imported: ``kv`` imports this module)."""
 
 _POOL = KvLanePool.definition
-_SUBMIT_GHOSTS, SUBMIT_GHOSTS_SOURCE = compile_ghost_updates(_POOL, "submit")
-"""The pool's declared ``submit`` ghosts, generated (None: evaluated from the declaration lane by lane)."""
 _INSTANCE = KvSequenceMachine.Instance
 """Its ``fire_each`` is read per call: the monitor installs the variant its configuration needs."""
-OPEN_STATES = frozenset(t.source for t in KvSequenceMachine.definition.transitions if t.event == "submit")
-"""The states a lane may open a transaction from (``submit``'s sources, from the declaration)."""
+OPEN_STATES = frozenset(t.source for t in KvSequenceMachine.definition.transitions if t.event == "commit")
+"""The states a lane's step may be open in, and end by a commit from (``commit``'s sources, from the declaration)."""
 KEEPS_TOTALS = events_keeping_measures(_POOL)
 """Events that provably leave every budget total as it was: the batch paths fire them without bookkeeping."""
 
@@ -76,6 +74,7 @@ class KvBatchOperations:
 
     # the manager's own state and methods, which these operations go through (declared here, defined there)
     _owner: list[int]
+    _open: list[int]
     _lanes: list[Any]
     _ghosts: list[dict[str, int]]
     view: Any
@@ -84,7 +83,8 @@ class KvBatchOperations:
     _checked: Callable[[str], None]
     _fire: Callable[..., None]
     _owned: Callable[[KvLease], int]
-    _submit: Callable[[int, int], None]
+    _step_drawn: Callable[[Any], Any]
+    steps: Any
 
     def reserve_batch(self, leases: Sequence[KvLease], tokens: int = 1) -> KvBatchReservation | KvReservationFailure:
         """Check that every lane can take ``tokens`` more positions; nothing changes state.
@@ -97,7 +97,7 @@ class KvBatchOperations:
         for lease in leases:  # the accepting case first, in one pass (one per decode step, issue #20)
             lane = lease.lane
             machine = lanes[lane]
-            if (owner[lane] != lease.lease_id or machine.state not in OPEN_STATES
+            if (owner[lane] != lease.lease_id or machine.state not in OPEN_STATES or self._open[lane]
                     or machine.committed_len + tokens > machine.reserved_len):
                 break
             machines.append(machine)
@@ -130,6 +130,8 @@ class KvBatchOperations:
                 problems.append((lease, "lane appears twice in one batch"))
             elif machine.state not in OPEN_STATES:
                 problems.append((lease, f"lane is {machine.state}"))
+            elif self._open[lane]:
+                problems.append((lease, "lane has a step open"))
             elif machine.committed_len + tokens > machine.reserved_len:
                 problems.append((lease, f"{machine.committed_len}+{tokens} exceeds the reservation "
                                         f"{machine.reserved_len}"))
@@ -137,95 +139,79 @@ class KvBatchOperations:
         return KvReservationFailure(tuple(problems))
 
     def submit_batch(self, reservation: KvBatchReservation) -> None:
-        """The device accepted the batch: every lane's transaction opens (→ Updating).
+        """The device accepted the batch: every lane's step opens (JobLaneSystem's ``enlist``, no lane event, #20).
 
-        One call per job, not per lane (issue #20): ``submit`` provably keeps every budget total
-        (``KEEPS_TOTALS``), so the lanes fire in one generated loop (``fire_each``) on the machines the
-        reservation recorded — when no lane changed owner since it was made (:attr:`owners_changed`),
-        else after every lease is seen to own its lane still; with monitors on, the declared ghost (the
-        bound position) is recorded first, as :meth:`_submit` does."""
+        One call per job, not per lane (issue #20): on the lanes the reservation recorded when no lane changed
+        owner since it was made (:attr:`owners_changed`), else after every lease is seen to own its lane still."""
         tokens = reservation.tokens
-        if "submit" not in KEEPS_TOTALS:
-            for lease in reservation.leases:
-                self._owned(lease)
-                self._submit(lease.lane, tokens)
-            self._checked("submit_batch")
-            return
-        machines: Sequence[Any]  # the reservation's tuples, or lists looked up again
-        indices: Sequence[int]
+        opened = self._open
         if reservation.owners == self.owners_changed and reservation.machines:
-            machines, indices = reservation.machines, reservation.lanes
+            indices: Sequence[int] = reservation.lanes
         else:
-            owner, lanes = self._owner, self._lanes
-            found: list[Any] = []
+            owner = self._owner
             at: list[int] = []
             for lease in reservation.leases:
                 lane = lease.lane
                 if owner[lane] != lease.lease_id:
-                    raise StaleLease(f"lease {lease.lease_id} no longer owns lane {lane}")
-                found.append(lanes[lane])
+                    raise StaleLease(f"lease {lease.lease_id} no longer owns lane {lease.lane}")
                 at.append(lane)
-            machines, indices = found, at
-        if MONITOR.enabled:
-            record_submit_ghosts(self._ghosts, self.view, indices, tokens)
-        _INSTANCE.fire_each(machines, "submit", tokens=[tokens] * len(machines))
+            indices = at
+        for lane in indices:
+            if opened[lane]:
+                raise StaleLease(f"lane {lane} already has a step open")
+            opened[lane] = tokens
         self._checked("submit_batch")
 
-    def commit_batch(self, reservation: KvBatchReservation) -> None:
-        """``settle_batch(reservation.leases, ["commit"] * lanes)``, a decode step whose every lane succeeded:
-        when no lane changed owner since the reservation (:attr:`owners_changed`) and every lane is
-        Updating, the machines it recorded commit in one generated loop; otherwise ``settle_batch``
-        decides lane by lane (a stale lease or a settled lane skipped)."""
+    def commit_batch(self, reservation: KvBatchReservation, job: Any = None) -> None:
+        """``settle_batch(reservation.leases, ["commit"] * lanes, job)``, a decode step whose every lane succeeded
+        (``job``'s end, for the job × lane monitor's step check): when no lane changed owner since the reservation
+        (:attr:`owners_changed`) and every lane's step is open, the machines it recorded commit in one generated
+        loop; otherwise ``settle_batch`` decides lane by lane (a stale lease or a settled lane skipped)."""
         machines = reservation.machines
         if reservation.owners == self.owners_changed and machines and "commit" in KEEPS_TOTALS:
-            for machine in machines:  # a loop, not a list comprehension: that is a frame of its own on 3.11 (#20)
-                if machine.state != "updating":
+            opened, tokens = self._open, reservation.tokens
+            for lane, machine in zip(reservation.lanes, machines):  # a loop, not a comprehension: no frame (#20)
+                if opened[lane] != tokens or machine.state not in OPEN_STATES:  # open, and not faulted meanwhile
                     break
             else:
-                _INSTANCE.fire_each(machines, "commit")
+                steps = self.steps  # the step properties, drawn inline (_step_drawn without its frame, #20)
+                pre = steps.before(reservation.lanes) if (
+                    steps is not None and MONITOR.enabled and next(MONITOR.draws)) else None
+                _INSTANCE.fire_each(machines, "commit", tokens=[tokens] * len(machines))
+                for lane in reservation.lanes:
+                    opened[lane] = 0
+                if pre is not None:
+                    steps.after(pre, "commit", job)
                 self._checked("settle_batch")
                 return
-        self.settle_batch(reservation.leases, ["commit"] * len(reservation.leases))
+        self.settle_batch(reservation.leases, ["commit"] * len(reservation.leases), job)
 
-    def settle_batch(self, leases: Sequence[KvLease], events: list[str]) -> None:
-        """:meth:`settle` for every lane of one job, ``events[i]`` ending ``leases[i]``'s transaction:
-        one call and one pool check per job rather than per lane (issue #20). A stale lease or a lane
-        without an open transaction is skipped, as :meth:`settle` would refuse it."""
-        owner, lanes = self._owner, self._lanes
-        first = events[0] if events else ""
-        if first in KEEPS_TOTALS and events.count(first) == len(events):  # one event for every lane: one loop
-            machines = [lanes[lease.lane] for lease in leases
-                        if owner[lease.lane] == lease.lease_id and lanes[lease.lane].state == "updating"]
-            _INSTANCE.fire_each(machines, first)
-            if first == "fault":
-                self._faults += len(machines)
-            self._checked("settle_batch")
-            return
+    def settle_batch(self, leases: Sequence[KvLease], events: list[str], job: Any = None) -> None:
+        """:meth:`settle` for every lane of one job (``job``, whose end settles them: the job × lane monitor's step
+        check), ``events[i]`` ending ``leases[i]``'s step: one call and one pool check per job rather than per lane
+        (issue #20). A stale lease or a lane without an open step is skipped, as :meth:`settle` would refuse it;
+        ``abort`` fires no lane event (the step closes). The step check sees the whole batch as one step (the
+        runtime's), with one key per lane and event."""
+        owner, lanes, opened = self._owner, self._lanes, self._open
+        pre = self._step_drawn([lease.lane for lease in leases])
         faults = 0
         for lease, event in zip(leases, events):
             lane = lease.lane
             if owner[lane] != lease.lease_id:
                 continue
             machine = lanes[lane]
-            if machine.state != "updating":
+            tokens = opened[lane]
+            if not tokens or machine.state not in OPEN_STATES:
                 continue
-            if event in KEEPS_TOTALS:  # commit/abort/fault: provably no budget total moves
-                machine.fire(event)
-            else:
-                self._fire(lane, event)
-            if event == "fault":
+            if event == "commit":
+                machine.fire("commit", tokens=tokens)
+            elif event == "fault":
+                machine.fire("fault")
                 faults += 1
+                continue  # the step stays open (bound) until recover
+            opened[lane] = 0
         self._faults += faults
+        if pre is not None:
+            for event in dict.fromkeys(events):  # each event's lanes, keyed by that event
+                self.steps.after([p for p, e in zip(pre, events) if e == event], event, job)
         self._checked("settle_batch")
-
-
-def record_submit_ghosts(ghosts: list[dict[str, int]], view: Any, lanes: Sequence[int], tokens: int) -> None:
-    """The declared ``submit`` ghosts of ``lanes`` (the position each job binds), recorded for the pool monitor:
-    ``ghosts`` is every lane's (``KvLaneManager.ghost_list``) and ``view`` the pool's (``KvLaneManager.view``), both
-    passed by the manager itself (once per decode step: no two reads through its methods, #20)."""
-    if _SUBMIT_GHOSTS is not None:
-        _SUBMIT_GHOSTS(ghosts, view.lanes, lanes, tokens)
-        return
-    ghost = _POOL.ops["submit"].ghost
-    for lane in lanes:
-        ghosts[lane].update(ghost(view, lane, tokens=tokens))  # type: ignore[misc]

@@ -70,7 +70,7 @@ from calculet.runtime.scheduling.partwise import AcrossParts
 __all__ = ["Part", "PoolMonitor", "check_pool", "check_reserve_decision", "index_faults"]
 
 _POOL = KvLanePool.definition
-_OWNED = frozenset({"reserved", "active", "updating"})
+_OWNED = frozenset({"reserved", "active"})
 _MEASURES, _ = compile_measures(_POOL)
 _VALUES = attrgetter("state", *KvSequenceMachine.definition.vars)
 """A lane's state and every declared variable: what the pool's predicates and measures may read."""

@@ -190,35 +190,6 @@ def compile_moves(pool: PoolDefinition) -> tuple[Callable[[list[int], tuple[int,
     return namespace["moves"], source
 
 
-def compile_ghost_updates(pool: PoolDefinition, op_name: str) -> tuple[Callable[..., None] | None, str]:
-    """``updates(ghosts, lanes, indices, <the op's event arguments>)``: the op's declared ghost assignment
-    made on each lane in ``indices`` (``ghosts[i][name] = <term over lanes[i]>``), generated from the
-    declaration as the guard is (issue #20: one generated loop per decode step instead of the
-    declaration's callable through a pool view per lane). ``(None, "")`` when the op declares no ghost
-    or its ghost reads anything but its own lane and the event's arguments (another lane, a ghost):
-    the caller then evaluates the declaration lane by lane."""
-    op = pool.ops[op_name]
-    if op.ghost is None:
-        return None, ""
-    ev = pool.instance.definition.events[op_name]
-    view, _ = _symbolic_view(pool, {})
-    args = symbolic_args(ev)
-    printer = _ReducedPrinter(pool.instance.definition, set(ev.args), pool.ghosts)
-    try:
-        assignments = "".join(f"        g[{name!r}] = {printer.expr(z3.simplify(_as_int(term)))}\n"
-                              for name, term in op.ghost(view, 0, **args).items())
-    except TypeError:  # a ghost read (the printer refuses it)
-        return None, ""
-    if "l1." in assignments:  # another lane's variable
-        return None, ""
-    params = ", ".join(["ghosts", "lanes", "indices", *ev.args])
-    source = (f"def updates({params}):  # {pool.name}.{op_name}'s ghosts, lane by lane (kv_guard)\n"
-              "    for i in indices:\n        l0 = lanes[i]\n        g = ghosts[i]\n" + assignments)
-    namespace: dict[str, Any] = {}
-    exec(compile(source, f"<calculet pool ghosts {pool.name}.{op_name}>", "exec"), namespace)  # noqa: S102 - generated
-    return namespace["updates"], source
-
-
 def events_keeping_measures(pool: PoolDefinition) -> frozenset[str]:
     """The instance events none of whose rows can change any measure, proved with z3 from the
     declared guards and effects (the manager's batch paths fire these without updating totals)."""

@@ -94,7 +94,7 @@ def test_an_admission_counter_that_drifts_is_caught_by_the_engine() -> None:
 @pytest.mark.req("R14.4")
 def test_the_job_lane_monitor_checks_the_end_of_every_actor_call() -> None:
     """With every event checked, each actor call (dispatch, schedule) ends with JobLaneSystem's check, as the
-    requests × lanes one: a lane left pending by no job is caught at the end of the call that left it, before
+    requests × lanes one: a lane left with its step open after it was freed is caught at the end of the call that left it, before
     any scheduler step or job event (the requests × lanes monitor is silenced here to isolate this one)."""
     driver, _ = make_driver("current", numerics=False)
     submit_all(driver, [request(i, 3) for i in range(2)])
@@ -110,11 +110,10 @@ def test_the_job_lane_monitor_checks_the_end_of_every_actor_call() -> None:
     assert afters.count("engine tick") == 2, afters
     driver.run_until_idle()
     kv = driver.core.kv
-    j = next(j for j in range(kv.lanes) if kv.lane(j).state == "free")
-    object.__setattr__(kv.lane(j), "_state", "updating")  # the fault: pending with no job on the device
-    # a lane some ended job used last is still bound to it (the model's binding): pending past that job's end
-    expected = ("ended_job_leaves_no_lane_pending" if j in driver.core.scheduler.job_lanes.batch
-                else "pending_lane_in_one_submitted_batch")
+    batch = driver.core.scheduler.job_lanes.batch
+    j = next(j for j in range(kv.lanes) if kv.lane(j).state == "free" and j in batch)
+    kv.open_list()[j] = 1  # the fault: a step left open on a freed lane, bound to the ended job it last served (#20)
+    expected = "open_step_lane_is_held"
     with mock.patch.object(JointMonitor, "check", lambda *args, **kwargs: None), \
             pytest.raises(InvariantViolation) as info:
         driver.step()

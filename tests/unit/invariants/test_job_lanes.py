@@ -37,8 +37,8 @@ def test_every_job_row_is_a_step_and_every_untaken_lane_row_is_explained():
 @pytest.mark.req("R14.4")
 def test_r14_4_is_credited_to_the_job_lane_properties():
     refs = proof_references()
-    for name in ("pending_lane_in_one_submitted_batch", "lanes_of_a_job_on_the_device_are_pending",
-                 "lanes_of_a_job_in_doubt_are_pending_or_unknown"):
+    for name in ("open_step_lane_is_held", "unknown_lane_names_its_job",
+                 "lane_commits_only_after_its_job_answered", "open_step_closes_only_after_its_job_answered"):
         assert f"JobLaneSystem.{name}" in refs["R14.4"]
     assert "JobLaneSystem.inflight_jobs_within_budget" in refs["R5.1.2"]
 
@@ -65,9 +65,9 @@ def test_a_dead_step_is_flagged_by_vacuity_and_the_real_ones_are_not():
 
 @pytest.mark.req("R14.4")
 def test_the_strengthening_is_needed():
-    """Without lanes_name_only_submitted_jobs, submitting a job whose batch already names an
-    Active lane breaks lanes_of_a_job_on_the_device_are_pending (the reason it is declared)."""
+    """Without lanes_name_only_submitted_jobs, submitting a Prepared job that an Unknown lane is bound to breaks
+    unknown_lane_names_its_job (the lane would name a job running in time): the reason it is declared."""
     invs = [inv for inv in JobLaneSystem.definition.invariants if inv.name != "lanes_name_only_submitted_jobs"]
     broken = [r for r in check_system_induction(_with_invariants(invs).definition, steps=["job:submit@prepared"])
               if not r.ok]
-    assert broken and "lanes_of_a_job_on_the_device_are_pending" in broken[0].broken
+    assert broken and "unknown_lane_names_its_job" in broken[0].broken

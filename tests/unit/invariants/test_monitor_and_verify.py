@@ -22,7 +22,7 @@ def test_a_variable_corrupted_behind_the_machines_back_is_caught_at_the_next_tra
     kv.fire("reserve", seq=1, gen=1, tokens=4)
     object.__setattr__(kv, "reserved_len", 99)  # corruption: no transition did this
     with pytest.raises(InvariantViolation) as caught:
-        kv.fire("submit", tokens=1)
+        kv.fire("commit", tokens=1)
     assert caught.value.invariant == "lengths_ordered" and caught.value.rid == "R9.2.3"
     assert caught.value.pre["reserved_len"] == 99
 
@@ -49,10 +49,10 @@ def test_monitors_off_cost_nothing_and_check_nothing():
 
 def test_counterexample_is_a_readable_pre_post_table():
     mutant = derive(KvSequenceMachine, "KvOffByOne", lambda rows, d: replace_row(
-        rows, "commit@updating", effect=lambda v: {"committed_len": v.committed_len + v.pending + 1, "pending": 0}))
+        rows, "commit@active", effect=lambda v, tokens: {"committed_len": v.committed_len + tokens + 1}))
     failure = next(r for r in check_machine(mutant.definition, include=["consecution"]) if not r.ok)
     text = format_counterexample(failure.counterexample)
-    assert "invariant lengths_ordered (R9.2.3) broken by commit@updating" in text
+    assert "invariant lengths_ordered (R9.2.3) broken by commit@active" in text
     assert "committed_len" in text and "pre" in text and "post" in text and "*" in text
 
 

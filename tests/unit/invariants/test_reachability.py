@@ -26,12 +26,11 @@ def test_real_pool_rows_all_fire_and_are_reached():
 
 
 def test_a_dead_pool_guard_is_flagged_by_vacuity_and_reachability():
-    dead = derive_pool(KvLanePool, "PoolDeadSubmit", [PoolOp(
-        "submit", guard=lambda pool, i, tokens: And(tokens >= 1, tokens <= 0),
-        ghost=KvLanePool.definition.ops["submit"].ghost)])
-    assert {r.subject for r in check_pool_vacuity(dead.definition) if not r.ok} == {"submit@reserved", "submit@active"}
+    dead = derive_pool(KvLanePool, "PoolDeadCommit", [PoolOp(
+        "commit", guard=lambda pool, i, tokens: And(tokens >= 1, tokens <= 0))])
+    assert {r.subject for r in check_pool_vacuity(dead.definition) if not r.ok} == {"commit@reserved", "commit@active"}
     reach = check_pool_reachability(dead.definition)
-    assert not reach.ok and {"submit@reserved", "submit@active", "commit@updating"} <= set(reach.broken)
+    assert not reach.ok and {"commit@reserved", "commit@active"} <= set(reach.broken)
 
 
 @pytest.mark.parametrize("system", SYSTEMS, ids=lambda x: x.definition.name)

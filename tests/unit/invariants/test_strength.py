@@ -90,8 +90,8 @@ def test_verify_fails_when_an_invariant_is_weakened_to_true():
     failures = run.failures()
     assert {f.check for f in failures} == {"witnesses", "guards"}  # every proof passes; these bite
     assert "lengths_ordered" in next(f for f in failures if f.check == "witnesses").broken
-    # the guards that protected it (reserve's tokens <= max_seq, submit's room) are now needed by nothing
-    assert {"reserve@free", "submit@reserved"} <= {f.subject for f in failures if f.check == "guards"}
+    # the guards that protected it (reserve's tokens <= max_seq, commit's room) are now needed by nothing
+    assert {"reserve@free", "commit@reserved"} <= {f.subject for f in failures if f.check == "guards"}
 
 
 def test_a_property_without_a_witness_fails():

@@ -85,12 +85,16 @@ def test_every_explicitly_reached_system_is_reached_by_the_reduced_unrolling():
     assert missed == []
 
 
+_STEP = "decode_ok:decode_done_continue"
+
+
 def _submits_on_any_lane():
-    """A mutant whose decode submit asks only that the request holds *some* lane, not lane j: its
-    bug needs a binding to another lane than the step's, which the copy shows as "elsewhere"."""
-    original = next(s for s in SD.steps if s.name == "submit_decode")
+    """A mutant whose decode completion asks only that the request holds *some* lane, not lane j (it commits lane
+    j): its bug needs a binding to another lane than the step's, which the copy shows as "elsewhere". (#20: a
+    decode submit fires no lane event any more, so the mutant moved to the step that does.)"""
+    original = next(s for s in SD.steps if s.name == _STEP)
     edited = dataclasses.replace(original, guard=lambda sys, i, j: Not(sys.unbound(i)))
-    return RequestLaneSystem.derive("SysSubmitDecodeAnyLane", replace={"submit_decode": edited}).definition
+    return RequestLaneSystem.derive("SysSubmitDecodeAnyLane", replace={_STEP: edited}).definition
 
 
 @pytest.mark.req("R17.2.4")
@@ -99,11 +103,11 @@ def test_a_bug_on_a_lane_the_request_does_not_hold_is_found():
     lane to look bound (not ``NONE``) on the copy; a copy that shows every other lane as unbound
     misses it (mutant caught), which the completeness test above does not notice."""
     sd = _submits_on_any_lane()
-    assert "submit_decode" in sd.local  # built once per depth, on the copy of the selected pair
-    result = check_system_bmc(sd, 2, 2, 7)
+    assert _STEP in sd.local  # built once per depth, on the copy of the selected pair
+    result = check_system_bmc(sd, 2, 2, 8)
     assert not result.ok, result.detail
     trace = result.counterexample.trace
     last = trace[-1]
-    assert last["transition"].startswith("submit_decode")
+    assert last["transition"].startswith(_STEP)
     held = trace[-2]["system"][f"request{last['request']}"]["lane"]
     assert held != last["lane"] and held != "none"  # the request held the other lane

@@ -70,15 +70,16 @@ def test_a_refused_instance_raises_as_fire_does_and_leaves_the_rest_as_a_loop_wo
     with pytest.raises(TransitionNotAllowed, match="do not match"):
         KvSequenceMachine.Instance.fire_each(lanes[1:], "reserve", seq=[2, 3], gen=[1, 1])
     with pytest.raises(TransitionNotAllowed, match="no transition for this event"):
-        KvSequenceMachine.Instance.fire_each(lanes, "commit")
+        KvSequenceMachine.Instance.fire_each(lanes, "recover")
     assert [x.state for x in lanes] == ["reserved", "free", "free"]
     with pytest.raises(ValueError, match="tokens has 1 values for 2 instances"):
         KvSequenceMachine.Instance.fire_each(lanes[1:], "reserve", seq=[2, 3], gen=[1, 1], tokens=[4])
     assert KvSequenceMachine.Instance.fire_each(lanes[1:], "reserve", seq=[2, 3], gen=[1, 1], tokens=[4, 5]) == [
         "reserved", "reserved"]
-    assert KvSequenceMachine.Instance.fire_each(lanes, "submit", tokens=[1, 1, 1]) == ["updating"] * 3
-    assert KvSequenceMachine.Instance.fire_each(lanes, "commit") == ["active"] * 3
-    assert [x.last_transition.name for x in lanes] == ["commit@updating"] * 3
+    assert KvSequenceMachine.Instance.fire_each(lanes, "commit", tokens=[1, 1, 1]) == ["active"] * 3
+    assert KvSequenceMachine.Instance.fire_each(lanes, "commit", tokens=[1, 2, 1]) == ["active"] * 3
+    assert [x.last_transition.name for x in lanes] == ["commit@active"] * 3
+    assert [x.committed_len for x in lanes] == [2, 3, 2]
 
 
 def test_the_monitor_draws_as_for_single_fires() -> None:
@@ -93,7 +94,7 @@ def test_the_monitor_draws_as_for_single_fires() -> None:
         KvSequenceMachine.Instance.fire_each.__globals__["_draws"] = draws  # the generated code's draws
         KvSequenceMachine.Instance.fire_each(lanes, "reserve", seq=[1, 2, 3, 4], gen=[1] * 4, tokens=[4] * 4)
         assert MONITOR.statistics().checks == checks
-        assert KvSequenceMachine.Instance.fire_each(lanes, "submit", tokens=[1] * 4) == ["updating"] * 4
+        assert KvSequenceMachine.Instance.fire_each(lanes, "commit", tokens=[1] * 4) == ["active"] * 4
         assert MONITOR.statistics().checks == checks + 2
     finally:
         MONITOR.every_event = saved
@@ -118,12 +119,12 @@ def test_one_instance_fires_as_its_own_fire() -> None:
         assert fire_each([lane], "reserve", seq=[7], gen=[1], tokens=[4]) == ["reserved"]
         assert MONITOR.statistics().checks == checks  # not drawn: nothing checked
         assert (lane.seq_id, lane.reserved_len) == (7, 4)
-        assert fire_each([lane], "submit", tokens=[1]) == ["updating"]
+        assert fire_each([lane], "commit", tokens=[1]) == ["active"]
         assert MONITOR.statistics().checks == checks + 1  # drawn: this event checked
         assert next(draws) is False  # exactly one draw per event
         with pytest.raises(ValueError):
             fire_each([lane], "commit", tokens=[1, 1])
-        assert lane.state == "updating"
+        assert (lane.state, lane.committed_len) == ("active", 1)
     finally:
         MONITOR.every_event = saved
         MONITOR.configure(enabled=True, mode="raise")

@@ -21,8 +21,19 @@ def test_request_states_are_the_spec_enumeration_in_order():
 
 @pytest.mark.req("R9.1.1")
 def test_kv_sequence_states_are_the_spec_enumeration():
-    assert list(KvSequenceMachine.definition.states) == [
-        "free", "reserved", "active", "updating", "unknown", "releasing"]
+    """§9.1 KvSequenceState (R9.1.1): exactly the six values, in order. The machine has every one but Updating,
+    which the declared projection derives: a working lane with its step open (#20). Mutants caught: the
+    projection ignoring the open step (Updating never reported), Updating placed elsewhere, Unknown with its step
+    open reported Updating."""
+    from calculet.machines.kv_sequence import KV_SEQUENCE_STATE, KvSequenceState
+    assert [s.value for s in KvSequenceState] == ["free", "reserved", "active", "updating", "unknown", "releasing"]
+    assert list(KV_SEQUENCE_STATE.states) == [s.value for s in KvSequenceState]
+    assert list(KvSequenceMachine.definition.states) == [s for s in KvSequenceState if s != "updating"]
+    of = KV_SEQUENCE_STATE.of
+    assert [of(s, True) for s in KvSequenceMachine.definition.states] == [
+        "free", "updating", "updating", "unknown", "releasing"]
+    assert [of(s, False) for s in KvSequenceMachine.definition.states] == list(KvSequenceMachine.definition.states)
+    assert all(isinstance(of(s, o), KvSequenceState) for s in KvSequenceMachine.definition.states for o in (0, 1))
 
 
 @pytest.mark.req("R10.1")
@@ -97,11 +108,11 @@ def test_request_cancel_before_running_completes_at_once(path):
 def test_kv_commit_only_after_success_and_unknown_is_quarantined():
     kv = KvSequenceMachine.create(max_seq=16, lane=2)
     kv.fire("reserve", seq=5, gen=1, tokens=10)
-    kv.fire("submit", tokens=4)
-    assert kv.state == "updating" and kv.committed_len == 0
-    kv.fire("commit")
+    assert kv.state == "reserved" and kv.committed_len == 0
+    kv.fire("commit", tokens=4)
     assert kv.committed_len == 4
-    kv.fire("submit", tokens=1)
+    with pytest.raises(TransitionNotAllowed):
+        kv.fire("commit", tokens=7)  # past the reservation
     kv.fire("fault")
     assert kv.state == "unknown" and kv.committed_len == 4
     with pytest.raises(TransitionNotAllowed):

@@ -106,13 +106,18 @@ def test_lane_isolation_only_when_the_contract_declares_it():
 
 @pytest.mark.req("R9.2.5")
 def test_commit_only_when_device_and_output_succeed():
+    """R9.2.5 in the running scheduler: the submitted decode job's lanes are Updating (the derived §9.1 state)
+    with committed_len unchanged; device success plus valid output grows committed_len; invalid output leaves it.
+    Mutant caught: the projection ignoring the open step (the lanes reported Active while the job runs)."""
     h, batch, ids = batch_of(2)
     lanes = list(lanes_of(batch))
     lanes[0] = dataclasses.replace(lanes[0], token=None)        # the device ran, the output is unusable
     rec0, rec1 = h.rec(lanes[0].request_id), h.rec(lanes[1].request_id)
     lease0, before0 = rec0.lease, h.kv.committed_len(rec0.lease)
     before1 = h.kv.committed_len(rec1.lease)
+    assert h.kv.state(rec0.lease) == h.kv.state(rec1.lease) == "updating" and before0 >= 1 and before1 >= 1
     h.scheduler.on_decode_complete(DecodeCompletion(batch.job_id, 1, True, tuple(lanes)))
+    assert h.kv.state(rec1.lease) == "active" and h.kv.statistics().by_state["updating"] == 0
     assert h.kv.lane(lease0.lane).state == "releasing" and h.kv.lane(lease0.lane).committed_len == before0
     assert h.kv.committed_len(rec1.lease) == before1 + 1
 

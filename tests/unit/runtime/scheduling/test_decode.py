@@ -278,7 +278,8 @@ def test_kv_reservation_failure_is_a_value_and_produces_no_batch():
     ids = [h.submit(prompt=8, new=50).request_id for _ in range(3)]
     h.prefill_all()
     bad = h.rec(ids[1])
-    h.kv.fault(bad.lease)  # e.g. a recovery fenced this lane: its input cannot be submitted
+    h.kv.submit(bad.lease, 1)  # a step of the lane's last job (its prefill's) left open ...
+    h.kv.fault(bad.lease)  # ... and faulted, e.g. a recovery fenced this lane: its input cannot be submitted
     d = h.scheduler.decode
     result = d.build_decode_batch(profile(4), 1, h.clock.now(), job_id=77)
     assert isinstance(result, NoBatch) and result.reason is NoBatchReason.KV_RESERVATION

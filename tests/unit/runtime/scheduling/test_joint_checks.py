@@ -245,7 +245,7 @@ def test_each_corruption_of_a_decoding_system_is_found_by_the_restricted_check(c
 @pytest.mark.req("R9.2.4", "R17.2.4")
 def test_a_decode_move_its_lane_does_not_follow_is_found():
     """Why the monitor hears every decode move (issue #20 asked whether ``observe`` of a decode step's moves is
-    redundant): a request moved to decode_running whose lane the job does not open changes nothing the lane
+    redundant): a decode step whose request advances while its lane does not commit changes nothing the lane
     snapshot sees, so only the move marks the request for the check. Mutant caught: ``observe`` skipping the
     decode cycle's moves (the check then finds nothing while the whole system is broken)."""
     h, monitor = build()
@@ -256,7 +256,9 @@ def test_a_decode_move_its_lane_does_not_follow_is_found():
             h.run(plan)
     rec = next(r for r in h.scheduler.registry.live() if r.machine.state == "decode_ready")
     assert JointMonitor.verdict(monitor.advance(h.kv)) == []
-    h.scheduler.registry.fire_all([rec], "submit_decode", job=999)  # the fault: no submit of its lane follows
+    h.scheduler.registry.fire_all([rec], "submit_decode", job=999)  # no lane event (#20): the job's binding
+    assert JointMonitor.verdict(monitor.advance(h.kv)) == []
+    h.scheduler.registry.fire_all([rec], "decode_done", job=999, ok=True, stop=False)  # the fault: no lane commit
     full = monitor.broken(h.kv)
     assert full
     assert JointMonitor.verdict(monitor.advance(h.kv)) == full

@@ -193,14 +193,22 @@ def test_statistics_track_states_tokens_lane_wait_and_free_latency():
     assert stats.free_latency_max_s == pytest.approx(0.25) and stats.tokens_used == 0 and stats.tokens_reserved == 30
 
 
-@pytest.mark.req("R9.1.1", "R9.1.2")
+@pytest.mark.req("R9.1.1", "R9.1.2", "R9.2.5")
 def test_kv_sequence_has_the_spec_fields_and_states():
+    """R9.1.2: the KvSequence record has §9.1's fields, its state a KvSequenceState — Updating while the lane's
+    step is open (R9.2.5), projected as ``state`` and ``statistics().by_state`` project it. Mutant caught: the
+    record reading the machine's state (never Updating)."""
+    from calculet.machines.kv_sequence import KvSequence, KvSequenceState
     kv = pool(lanes=2)
     lease = kv.reserve(3, 10, seq_id=77)
-    machine = kv.lane(lease.lane)
-    assert (machine.seq_id, machine.lane, machine.committed_len, machine.reserved_len, machine.generation,
-            machine.state) == (77, lease.lane, 0, 10, 3, "reserved")
-    assert set(kv.statistics().by_state) == {"free", "reserved", "active", "updating", "unknown", "releasing"}
+    assert KvSequence._fields == ("seq_id", "hardware_lane", "committed_len", "reserved_len", "generation", "state")
+    assert kv.sequence(lease.lane) == (77, lease.lane, 0, 10, 3, "reserved")
+    kv.submit(lease, 4)
+    record = kv.sequence(lease.lane)
+    assert record.state is KvSequenceState.UPDATING is kv.state(lease) and record.committed_len == 0
+    assert list(kv.statistics().by_state) == [s.value for s in KvSequenceState]
+    assert kv.statistics().by_state == {"free": 1, "reserved": 0, "active": 0, "updating": 1, "unknown": 0,
+                                        "releasing": 0}
 
 
 @pytest.mark.req("R7.1.5")

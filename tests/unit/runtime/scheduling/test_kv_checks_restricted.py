@@ -62,7 +62,7 @@ def test_a_count_no_measure_captures_fails_the_proofs():
 # ---------------------------------------------------------------------------- random lives
 
 OPS = ("reserve", "reserve_seq", "submit", "commit", "abort", "fault", "release", "confirm", "recover")
-CORRUPTIONS = ("same_owner", "more_tokens", "held_free_lane", "ghost_position", "free_lane_values", "other_gen")
+CORRUPTIONS = ("same_owner", "more_tokens", "held_free_lane", "free_lane_values", "other_gen")
 
 
 def _pool() -> KvLaneManager:
@@ -102,8 +102,6 @@ def _apply(kv: KvLaneManager, leases: list[KvLease], commands: list, op: str, pi
     elif op == "held_free_lane" and lane.state == "free":
         lane._state = "reserved"
         lane.seq_id, lane.generation = 90 + pick, 1
-    elif op == "ghost_position":
-        kv.ghost_list()[pick % kv.lanes]["position"] += 1
     elif op == "free_lane_values" and lane.state == "free":
         lane.seq_id, lane.generation = 7, 1  # breaks nothing: a Free lane is related to none
     elif op == "other_gen" and held:
