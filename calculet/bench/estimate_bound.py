@@ -26,7 +26,8 @@ import numpy as np
 
 from calculet.errors import DefinitionError
 
-__all__ = ["Steps", "best_coverage", "coverage_steps", "estimate_steps", "pooled_bound", "bootstrap_bound"]
+__all__ = ["Steps", "best_coverage", "coverage_steps", "estimate_steps", "rollout_steps", "pooled_bound",
+           "bootstrap_bound"]
 
 TOUCH_S = 1e-9
 """Interval ends this close (virtual seconds) count as touching: a breakpoint computed in floating
@@ -84,7 +85,24 @@ def coverage_steps(finishes: Sequence[float], arrival_s: float) -> Steps:
 def estimate_steps(finishes: Sequence[float], arrival_s: float, estimate_s: float) -> Steps:
     """The share of samples a *given* estimate is within ``tau`` of (today's estimator, same samples)."""
     f = _check(finishes, arrival_s)
-    errors = np.sort(np.abs(estimate_s - f) / (f - arrival_s))
+    return _share_steps(np.abs(estimate_s - f) / (f - arrival_s))
+
+
+def rollout_steps(finishes: Sequence[float], arrival_s: float) -> Steps:
+    """The share of samples within ``tau`` of a *rollout* estimate: each sample scored against the median of
+    the others. That is what an estimator reaches that simulates the scheduler forward from the present over
+    K - 1 futures drawn from the law of arrivals and reports their median, without knowing which future comes:
+    an achievable figure beside the bound (which lets the estimate be chosen knowing all K)."""
+    f = _check(finishes, arrival_s)
+    if f.size < 2:
+        raise DefinitionError("a rollout estimate needs at least two finish samples (one to score, one to roll)")
+    others = np.array([np.median(np.delete(f, k)) for k in range(f.size)])
+    return _share_steps(np.abs(others - f) / (f - arrival_s))
+
+
+def _share_steps(errors_in: np.ndarray) -> Steps:
+    """The share of ``errors_in`` at or below ``tau``, as an exact step function."""
+    errors = np.sort(errors_in)
     taus, first = np.unique(errors, return_index=True)
     counts = np.r_[first[1:], errors.size]  # samples with error <= taus[i]
     if taus[0] > 0:

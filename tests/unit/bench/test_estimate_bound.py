@@ -15,7 +15,7 @@ import pytest
 from calculet.adapters.sim.cost import CostModel
 from calculet.bench import main
 from calculet.bench.estimate_bound import (Steps, best_coverage, bootstrap_bound, coverage_steps, estimate_steps,
-                                           pooled_bound)
+                                           pooled_bound, rollout_steps)
 from calculet.bench.estimate_bound_runs import RowSpec, future_workload, is_scored, sample_load
 from calculet.errors import DefinitionError
 from calculet.loadsim.goodput import estimate_error
@@ -92,6 +92,17 @@ def test_a_given_estimate_is_scored_on_the_same_samples() -> None:
     steps = estimate_steps([10.0, 12.0, 20.0], 0.0, 11.0)
     assert steps.at(np.array([0.0, 1 / 12, 0.1, 0.44, 0.45])).tolist() == pytest.approx([0, 1 / 3, 2 / 3, 2 / 3, 1])
     assert estimate_steps([10.0, 10.0], 0.0, 10.0).at(0.0) == 1.0
+
+
+def test_a_rollout_scores_each_sample_against_the_median_of_the_others() -> None:
+    """Mutants: the scored sample inside its own median (k=0 would read 12, error 0.2, not 0.3); the mean of
+    the others instead of their median (k=1 of the second case); one sample accepted."""
+    steps = rollout_steps([10.0, 12.0, 14.0], 0.0)  # medians of the others 13, 12, 11: errors 0.3, 0, 3/14
+    assert steps.at(np.array([0.0, 0.2, 3 / 14, 0.29, 0.3])).tolist() == pytest.approx([1 / 3, 1 / 3, 2 / 3, 2 / 3, 1])
+    skewed = rollout_steps([10.0, 10.0, 10.0, 40.0], 0.0)  # the 10s: median of (10, 10, 40) = 10, error 0
+    assert skewed.at(0.0) == pytest.approx(0.75)
+    with pytest.raises(DefinitionError):
+        rollout_steps([10.0], 0.0)
 
 
 def test_bad_samples_are_refused() -> None:
