@@ -92,17 +92,14 @@ class _StandIn:
         return self.state in states
 
 
-class _Job:
+class _Job(_StandIn):
     """A job as a step key's views show it: its state and whether its completion reported a fault (R7.4.6)."""
 
-    __slots__ = ("state", "fault_reported")
+    __slots__ = ("fault_reported",)
 
     def __init__(self, state: str, fault_reported: bool) -> None:
-        self.state = state
+        super().__init__(state)
         self.fault_reported = fault_reported
-
-    def at(self, *states: str) -> bool:
-        return self.state in states
 
 
 def _one_lane_view(key: tuple[str, tuple[str, bool] | None]) -> SystemView:
@@ -139,17 +136,14 @@ class _Across(AcrossParts):
 _ACROSS = tuple(_Across(inv) for inv in (*_SYSTEM.invariants, *SETTLED_AT_STEP_END))
 
 
-class _Lane:
+class _Lane(_StandIn):
     """A lane as a step key's views show it: its state and committed length, nothing else."""
 
-    __slots__ = ("state", "committed_len")
+    __slots__ = ("committed_len",)
 
     def __init__(self, state: str, committed_len: int) -> None:
-        self.state = state
+        super().__init__(state)
         self.committed_len = committed_len
-
-    def at(self, *states: str) -> bool:
-        return self.state in states
 
 
 StepKey = tuple[str, str, str, bool, "tuple[str, bool] | None", bool]

@@ -1,20 +1,19 @@
 """R7.4.6 in the running engine: with lane-level failure isolation declared by the vendor profile, a decode job
-that fails with one lane reported bad ends ``failed`` and its good lanes commit — a step JobLaneSystem allows
-(the commit guard and ``lane_commits_only_after_its_job_answered`` accept the lane's own job *ended*, completed or
-failed, #20) and the job × lane monitor checks where the KV manager takes it. Simulated evidence only (§20).
+whose completion reports a fault on one lane is quarantined and its good lanes commit — a step JobLaneSystem allows
+(the commit guard and ``lane_commits_only_after_its_job_answered`` accept the lane's own job *answered*: ended, or
+quarantined by a fault its completion reported, #20) and the job × lane monitor checks where the KV manager takes
+it. Simulated evidence only (§20).
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from calculet.adapters.calrt import JobKind
-from calculet.adapters.sim import FaultRule, InjectedFault, SimConfig, package_dir
+from calculet.adapters.sim import FaultRule, InjectedFault, SimConfig
 from calculet.clock import FakeClock
 from calculet.machines.monitor import MONITOR
 from calculet.runtime.engine.driver import EngineDriver
@@ -22,18 +21,9 @@ from calculet.runtime.engine.types import EngineOptions
 from calculet.runtime.streams.writer import StreamFinish
 from tests.integration.engine.support import (RecordingRuntime, assert_clean, engine_config, reference, request,
                                               submit_all)
+from tests.integration.sim.test_kv_transactions import isolated_package
 
 PREFILL_FIRST = {"decode_weight": 1, "short_prefill_weight": 64}
-
-
-def isolated_package(tmp_path: Path) -> Path:
-    """The future package (B4) with lane-level failure isolation declared by a (hypothetical) vendor."""
-    src = package_dir("future")
-    data = json.loads((src / "manifest.json").read_text())
-    data["capabilities"]["lane_failure_isolation"] = {"value": True, "source": "vendor", "tier": "C2"}
-    shutil.copy(src / "weights.bin", tmp_path / "weights.bin")
-    (tmp_path / "manifest.json").write_text(json.dumps(data))
-    return tmp_path
 
 
 @pytest.mark.req("R7.4.6", "R14.4", "R9.2.5")
