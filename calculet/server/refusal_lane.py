@@ -88,13 +88,12 @@ rounds of all of them end together; decided then without a snapshot, all went to
 284 of a burst's 300 forwarded, 257 refused by the engine, the last 429 after 17 s, retries admitted 81 %)."""
 
 SNAPSHOT_POLL_S = 0.002
-"""How soon held requests are decided again when the snapshot a drain decided them from was withdrawn meanwhile (the
-actor began a step: about a decode tick, under a millisecond of CPU, until it publishes the next)."""
+"""How often held requests are decided again while the actor's next snapshot is pending (:class:`SnapshotWait`: in
+a step, about a decode tick, under a millisecond of CPU, until it publishes)."""
 
 SNAPSHOT_WAIT_S = 0.05
-"""How long after the lane last read a snapshot a missing one is taken for the actor's step (its next one is coming)
-rather than for a state the actor publishes none in (an idle lane, a stale plan: :func:`~calculet.runtime.engine
-.admission_snapshot.take_snapshot`); a step under load on this machine took over 20 ms of wall time."""
+"""The longest the lane waits for a pending snapshot: a longer step (a model load, a host-driven job) holds no request,
+they go on as with none coming. A step under load on this machine took over 20 ms of wall time."""
 
 MEMO_ENTRIES = 256
 """Bodies whose prepared generation is remembered at most (each at most ``INLINE_BODY`` bytes: 2 MiB in all)."""
@@ -126,6 +125,28 @@ class PreparedMemo:
 
     def __len__(self) -> int:
         return len(self._kept)
+
+
+class SnapshotWait:
+    """Whether a request should wait for the actor's next snapshot, by the engine's word (:attr:`~calculet.runtime
+    .engine.threaded.ThreadedEngine.snapshot_pending`): no snapshot also says the engine cannot refuse from one (an idle
+    lane on B>1, a stale plan, stopping), when a wait is for nothing (session 19 guessed it by a 50 ms recency rule)."""
+
+    __slots__ = ("engine", "since")
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.since = math.inf  # (engine clock) when the lane first found none usable while one is pending
+
+    def __call__(self, snapshot: Any, now: float) -> bool:
+        """No usable snapshot (``snapshot`` None, or expired at ``now``, engine clock) and the actor says one comes (in
+        a step, results to apply, its timed wake-up due), for less than :data:`SNAPSHOT_WAIT_S` so far."""
+        if snapshot is not None and now < snapshot.valid_until or not self.engine.snapshot_pending:
+            self.since = math.inf
+            return False
+        if self.since > now:
+            self.since = now
+        return now - self.since < SNAPSHOT_WAIT_S
 
 
 @dataclass(slots=True)
@@ -199,9 +220,7 @@ class RefusalLane:
         nothing on its way to the engine, or came :data:`~calculet.server.service.HOLD_S` after the last round."""
         self._round_at = 0.0
         self._polling = False
-        self._seen_at = -math.inf
-        """When a drain last read a snapshot (held requests wait for the next one up to SNAPSHOT_WAIT_S after)."""
-        self._read_at = -math.inf  # the latest arrival a decision read a snapshot for (:meth:`_decide`)
+        self._awaited = SnapshotWait(service.engine)
         self._refused = 0
         self._declined = 0
         self._held = 0
@@ -304,24 +323,23 @@ class RefusalLane:
         itself. Here one callback per wait decides them in arrival order and stops at the first still held (what
         holds it — no snapshot, requests still on their way — holds the ones behind it too, until a later round).
         ``edge`` is the request's protocol: it writes an answer (``write_answer``) or starts the request's ASGI task
-        (``start_app``), as it would have without the lane; held for want of a snapshot, also at the next (:meth:`_watch`)."""
+        (``start_app``), as it would have without the lane; held for a pending snapshot, also at its publication
+        (:meth:`_watch`)."""
         self._held += 1
         self._queue.append(_Held(edge, cycle, app, body, started, self._round + HOLD_ROUNDS))
         self._arm()
-        self._watch(time.perf_counter())
+        self._watch()
 
-    def _watch(self, now: float) -> None:
-        """Poll (every :data:`SNAPSHOT_POLL_S`) for the actor's next snapshot while the first held request waits for
-        one, up to :data:`SNAPSHOT_WAIT_S` after its arrival; its answer's wait (:meth:`_arm`) takes over after.
-
-        Why (issue #13, ``bench/overload_http.py --part burst``, a trace per decision): the actor withdraws its snapshot
-        while it decides the burst's first forwards. Requests met then were held for answers, whose drains met it
-        withdrawn again (the actor on the next message); with fewer than :data:`HOLD_IN_FLIGHT` on their way they were
-        forwarded untracked, so the front could not count what the engine holds and held every request fitting the
-        next snapshot until the engine had answered all (first 429 at 40-80 ms). Now held (:meth:`_decide`: a snapshot
-        read for an arrival less than :data:`SNAPSHOT_WAIT_S` before) and decided here."""
-        queue = self._queue
-        if queue and now - queue[0].started < SNAPSHOT_WAIT_S and self.service.engine.admission_snapshot is None:
+    def _watch(self) -> None:
+        """Poll (every :data:`SNAPSHOT_POLL_S`) for the actor's next snapshot while requests are held and it is pending
+        (:class:`SnapshotWait`); the answers' waits (:meth:`_arm`) decide them otherwise. Why (issue #13,
+        ``bench/overload_http.py --part burst``, a trace per decision): the actor withdraws its snapshot while it
+        decides the burst's first forwards. Requests met then were held for answers, whose drains met it withdrawn
+        again (the actor on the next message); with fewer than :data:`HOLD_IN_FLIGHT` on their way they were forwarded
+        untracked, so the front could not count what the engine holds and held every request fitting the next
+        snapshot until the engine had answered all (first 429 at 40-80 ms). Now held (:meth:`_decide`), decided here."""
+        engine = self.service.engine
+        if self._queue and self._awaited(engine.admission_snapshot, engine.clock.now()):
             self._poll_soon()
 
     def holding(self) -> bool:
@@ -351,28 +369,24 @@ class RefusalLane:
         self._arm()
 
     def _poll(self) -> None:
-        """(:data:`SNAPSHOT_POLL_S` after a drain met no snapshot soon after reading one, or while held requests wait
-        for one: :meth:`_watch`) Decide the held requests again from the actor's next snapshot; no round ends (the
-        engine did not answer), and none is forwarded for want of a snapshot unless a drain read one lately."""
+        """(:meth:`_watch`'s) Decide the held requests again once the actor's next snapshot is published, or the engine
+        says none comes (then as an arrival is decided: forwarded unless anything is on its way); no round ends."""
         self._polling = False
-        now = time.perf_counter()
-        if self.service.engine.admission_snapshot is None and now - self._seen_at >= SNAPSHOT_WAIT_S:
-            self._watch(now)  # still in its step
+        engine = self.service.engine
+        if self._awaited(engine.admission_snapshot, engine.clock.now()):
+            self._watch()  # still to come
             return
-        self._decide_held(now, patient=True)
+        self._decide_held(time.perf_counter(), patient=True)
 
     def _decide_held(self, now: float, *, patient: bool) -> None:
-        """Decide the held requests in order, up to the first still held. With no snapshot where one was read less
-        than :data:`SNAPSHOT_WAIT_S` ago, the actor is in a step and publishes the next snapshot at its end: the
-        requests wait for it (polled every :data:`SNAPSHOT_POLL_S`; past their last round too, up to
-        :data:`HOLD_CAP_S` after their arrival) rather than go to the engine for want of one, where they would wait
-        for the same step's end in the actor's mailbox. Measured at d515e2d with bench/loop_profile.py: 4-20
-        forwards a burst for want of a snapshot, most where a drain of ~290 held requests outlasted the snapshot
-        it began with, or began in the actor's step."""
+        """Decide the held requests in order, up to the first still held. With no usable snapshot while the actor is
+        about to publish one (:class:`SnapshotWait`), the requests wait for it (polled every :data:`SNAPSHOT_POLL_S`;
+        past their last round too, up to :data:`HOLD_CAP_S` after their arrival) rather than go to the engine for want
+        of one, where they would wait for the same step's end in the actor's mailbox. Measured at d515e2d with
+        bench/loop_profile.py: 4-20 forwards a burst for want of a snapshot, most where a drain of ~290 held requests
+        outlasted the snapshot it began with, or began in the actor's step."""
         early = self.service.early_admission
-        engine = self.service.engine
         queue = self._queue
-        seen = now - self._seen_at < SNAPSHOT_WAIT_S
         while queue:
             item = queue[0]
             # read per request: each forward of this drain is on its way too (``unsent``); read once per drain, a
@@ -385,15 +399,9 @@ class RefusalLane:
                     answer: Any = None  # the app's (its one log line says the client went)
                 else:
                     hold = self._round < item.last_round or (busy and now - item.started < HOLD_CAP_S)
-                    if engine.admission_snapshot is not None:
-                        self._seen_at = now
-                        seen = True
-                    elif seen and (hold or now - item.started < HOLD_CAP_S):  # withdrawn since: the actor's step
-                        self._poll_soon()
-                        break
                     answer = self.decide(item.cycle.scope, item.body, default_headers=item.edge.default_headers(),
                                          keep_alive=item.cycle.keep_alive, started=item.started, hold=hold,
-                                         patient=patient)
+                                         patient=patient, wait=hold or now - item.started < HOLD_CAP_S)
                     if answer is HELD:
                         break
             except Exception:  # noqa: BLE001 - never in the loop's callback: the app answers it
@@ -403,7 +411,7 @@ class RefusalLane:
                 item.edge.start_app(item.cycle, item.app)
             else:
                 item.edge.write_answer(item.cycle, answer)
-        self._watch(now)
+        self._watch()
 
     def _poll_soon(self) -> None:
         if not self._polling:
@@ -411,16 +419,18 @@ class RefusalLane:
             asyncio.get_running_loop().call_later(SNAPSHOT_POLL_S, self._poll)
 
     def decide(self, scope: dict[str, Any], body: bytes, *, default_headers: list[tuple[bytes, bytes]],
-               keep_alive: bool, started: float, hold: bool, patient: bool = False) -> bytes | str | None:
+               keep_alive: bool, started: float, hold: bool, patient: bool = False,
+               wait: bool | None = None) -> bytes | str | None:
         """The whole 429 response to write, :data:`~calculet.runtime.engine.admission_snapshot.HELD` (``hold``
         allowed and the request should wait for the engine's next answer), or None: the ASGI app answers (``scope``'s
         state then says what was decided).
         ``started``: ``time.perf_counter()`` when the request reached the lane (its log line's duration).
         ``patient`` (with ``hold``): with no snapshot, wait while anything is on its way to the engine, not only
         :data:`~calculet.runtime.engine.admission_snapshot.HOLD_IN_FLIGHT` (a drain at an answer that is no round;
-        an arrival behind held requests, :meth:`holding`)."""
+        an arrival behind held requests, :meth:`holding`). ``wait`` (default: ``hold``): held while the actor is about
+        to publish a snapshot (:class:`SnapshotWait`)."""
         try:
-            decided = self._decide(scope, body, hold, patient, started)
+            decided = self._decide(scope, body, hold, patient, hold if wait is None else wait)
         except Exception:  # noqa: BLE001 - the full path meets it again and answers it (a 500 with its log line)
             decided = None
         if decided is None or decided is HELD:
@@ -429,7 +439,7 @@ class RefusalLane:
         refusal, gen, tenant = decided
         return self._answer(scope, refusal, gen, tenant, default_headers, keep_alive, started)
 
-    def _decide(self, scope: dict[str, Any], body: bytes, hold: bool, patient: bool, started: float) -> Any:
+    def _decide(self, scope: dict[str, Any], body: bytes, hold: bool, patient: bool, wait: bool) -> Any:
         service = self.service
         state = scope["state"]
         screened = state.get("screened")
@@ -440,14 +450,14 @@ class RefusalLane:
         tenant, gen = screened
         engine = service.engine
         early = service.early_admission
-        hold = hold and service.config.batch.deadline_order == "on_time"  # no snapshot ever comes under another
-        if engine.admission_snapshot is not None:
-            self._read_at = max(self._read_at, started)
-        elif hold and early.in_flight + early.unsent > 0 and (
-                patient or early.should_hold(None) or 0.0 <= started - self._read_at < SNAPSHOT_WAIT_S):
-            return HELD  # one read lately: the actor is in a step (see _watch), the next is coming
+        on_time = service.config.batch.deadline_order == "on_time"  # no snapshot ever comes under another
+        hold = hold and on_time
+        snapshot, now = engine.admission_snapshot, engine.clock.now()
+        if wait and on_time and self._awaited(snapshot, now) or hold and snapshot is None and (
+                early.in_flight + early.unsent > 0 and (patient or early.should_hold(None))):
+            return HELD  # the actor publishes its next snapshot soon (see _watch), or answers those on their way
         refusal = early.decide(lambda: engine.admission_snapshot, prompt_tokens=len(gen.prompt),
-                               max_new_tokens=gen.max_tokens, tenant=tenant, now=engine.clock.now(), hold=hold)
+                               max_new_tokens=gen.max_tokens, tenant=tenant, now=now, hold=hold)
         if refusal is HELD:
             return HELD
         if refusal is None:
@@ -585,5 +595,5 @@ class RefusalLane:
         return RefusalLaneStatistics(self._refused, self._declined, self._held, self.memo.hits, len(self.memo))
 
 
-__all__ = ["AnswerBytes", "CLIENT_ID", "HOLD_CAP_S", "MEMO_ENTRIES", "PreparedMemo", "RefusalLane",
+__all__ = ["AnswerBytes", "CLIENT_ID", "HOLD_CAP_S", "MEMO_ENTRIES", "PreparedMemo", "RefusalLane", "SnapshotWait",
            "RefusalLaneStatistics"]

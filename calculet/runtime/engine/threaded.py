@@ -92,6 +92,10 @@ class ThreadedEngine:
         self._results_applied = 0
         """... and those the actor applied (it alone writes this): while they differ, work may have ended that
         the snapshot still counts."""
+        self._stepping = False
+        """(the actor writes it) Inside a withdrawn-snapshot section (:meth:`_stepped`): a publication follows."""
+        self._ended = False
+        """(the actor writes it) The actor has left its loop: it publishes no snapshot again."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -164,14 +168,38 @@ class ThreadedEngine:
             return None
         return self._snapshot
 
+    @property
+    def snapshot_pending(self) -> bool:
+        """(any thread) Whether the actor publishes its next snapshot soon, without any message from the reader: it is
+        in a step (:meth:`_stepped`, the snapshot withdrawn), has device results to apply (it applies them in one), or
+        the published snapshot's validity ended at the actor's timed wake-up, which has come (its turn, a step,
+        follows). False when none comes of itself: the actor is idle with its snapshot, or published None (it cannot
+        refuse from one), or is stopping or stopped (none but None is published then).
+
+        Why (issue #13): :attr:`admission_snapshot` is None both while a step runs and when the engine cannot refuse
+        from a snapshot at all; the refusal lane holds a request for the snapshot in the first case only (a request
+        forwarded for want of one goes to the actor untracked by the front's count), and forwards it in the second."""
+        if self._ended or self._stop_deadline is not None:
+            return False
+        if self._stepping or self._results_posted != self._results_applied:
+            return True
+        wake = self._published_wake
+        return self._snapshot is not None and wake is not None and wake <= self._core.clock.now()
+
     def _stepped(self, step: Callable[[], T]) -> T:
         """(actor) Run ``step`` with the snapshot withdrawn, then publish the one after it: a reader never sees a
-        snapshot older than the actor's last step (see :mod:`.admission_snapshot`)."""
+        snapshot older than the actor's last step (see :mod:`.admission_snapshot`). :attr:`snapshot_pending` is True
+        from before the withdrawal to after the publication: a reader that finds no snapshot and then no step has
+        missed none (it reads the snapshot again when it decides)."""
+        self._stepping = True
         self._snapshot = None
         try:
             return step()
         finally:
-            self._publish()
+            try:
+                self._publish()
+            finally:
+                self._stepping = False
 
     def _publish(self) -> None:
         core = self._core
@@ -272,6 +300,7 @@ class ThreadedEngine:
                         break
                 wake = core.next_wake()  # stopping: the shutdown may have changed it
         finally:
+            self._ended = True  # before the withdrawal: a reader finding no snapshot waits for none
             self._snapshot = None  # stopped: every request goes to the engine, which answers 503
             core.shutdown()
             core.teardown()

@@ -82,11 +82,21 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 @pytest.fixture(autouse=True)
-def _no_recent_read(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test's lane starts with no snapshot read for a recent arrival (the module shares one lane; a read in the
-    test before must not hold this one's requests: ``RefusalLane._decide``)."""
+def _no_snapshot_pending(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's engine says no snapshot is pending (its idle actor's own turns must not hold a test's requests) and
+    its lane waits for none yet (the module shares one lane: ``SnapshotWait.since``); a test wanting one sets
+    ``pending`` (:func:`_pending`)."""
     if "served" in request.fixturenames or "pinned" in request.fixturenames:
-        monkeypatch.setattr(request.getfixturevalue("served")[1].refusal_lane, "_read_at", -math.inf)
+        service, app = request.getfixturevalue("served")
+        monkeypatch.setattr(type(service.engine), "snapshot_pending", property(lambda engine: False))
+        monkeypatch.setattr(app.refusal_lane._awaited, "since", math.inf)
+
+
+def _pending(service: Any, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """A one-item list whose item ``service``'s engine gives as ``snapshot_pending`` (False at first)."""
+    pending = [False]
+    monkeypatch.setattr(type(service.engine), "snapshot_pending", property(lambda engine: pending[0]))
+    return pending
 
 
 @pytest.fixture
@@ -387,7 +397,6 @@ def test_held_requests_are_decided_in_order_at_the_engines_answers_and_once_it_h
             await _engine_answers(early)
         assert edge.done[-1] == ("answer", "c")  # answers that leave four on their way are no rounds: still held
         early.in_flight = 0  # the engine answered everything on its way: the next answer ends a round
-        lane._seen_at = -math.inf  # and the last snapshot was read more than HOLD_S ago (none is expected soon)
         await _engine_answers(early)
         assert edge.done[-1] == ("app", "d")  # nothing on its way and still no snapshot: forwarded
         assert late.scope["state"]["early_decided"]
@@ -538,9 +547,10 @@ def test_an_answer_that_leaves_requests_on_their_way_forwards_no_held_request(
 
 def test_held_requests_wait_for_the_next_snapshot_when_the_one_they_were_decided_from_is_withdrawn(
         served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A drain deciding from a snapshot that the actor withdraws meanwhile (it began a step): the requests left are
-    not forwarded for want of a snapshot; they are decided at a poll once the next one is published. Mutant caught:
-    no wait on a withdrawn snapshot (b and c forwarded to the engine: ("app", ...))."""
+    """A drain deciding from a snapshot that the actor withdraws meanwhile (it began a step: the next is pending): the
+    requests left are not forwarded for want of a snapshot; they are decided at a poll once the next one is published.
+    Mutant caught: no wait for a pending snapshot (``snapshot_pending`` ignored by ``SnapshotWait``: b and c forwarded
+    to the engine, ``("app", ...)``)."""
     from calculet.server import refusal_lane
 
     service, app = served
@@ -554,13 +564,15 @@ def test_held_requests_wait_for_the_next_snapshot_when_the_one_they_were_decided
         return None if shown[0] is None or edge.done and not published[0] else shown[0]
 
     monkeypatch.setattr(type(service.engine), "admission_snapshot", property(current))
+    monkeypatch.setattr(type(service.engine), "snapshot_pending",
+                        property(lambda engine: bool(edge.done) and not published[0]))  # the actor's step
     monkeypatch.setattr(early, "in_flight", 4)
     monkeypatch.setattr(refusal_lane, "SNAPSHOT_POLL_S", 0.0)
     monkeypatch.setattr(lane, "_polling", False)  # a poll an earlier test left on its own (closed) loop
     body = json.dumps(NEVER).encode()
 
     async def run() -> None:
-        cycles = _held_at_arrival(lane, edge, "abc", body)
+        _held_at_arrival(lane, edge, "abc", body)
         early.in_flight = 0
         shown[0] = refusing
         await _engine_answers(early)
@@ -573,72 +585,31 @@ def test_held_requests_wait_for_the_next_snapshot_when_the_one_they_were_decided
     asyncio.run(run())
 
 
-def test_requests_held_at_arrival_for_want_of_a_snapshot_are_decided_once_the_next_is_published(
-        served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue #13: a read decided while the actor is in a step (no snapshot, HOLD_IN_FLIGHT on their way) is held; the
-    actor's next snapshot decides it at a poll, without waiting for the engine's next answer (none comes here). A
-    request held longer than SNAPSHOT_WAIT_S waits for the answers, as before (no poll kept running), and a poll
-    forwards nothing for want of a snapshot. Mutants caught: no poll at the hold (a and b still held when the snapshot
-    is published: ``edge.done == []``, as at 784cd2c); a poll that stops while the snapshot is still withdrawn (the
-    first poll finds none, the publication after it is never read); a poll kept past SNAPSHOT_WAIT_S (d decided
-    without an answer); a poll deciding with no snapshot (a forwarded: ``("app", "a")``)."""
-    import time
-
+def _quiet(lane: Any, service: Any, early: EarlyAdmission, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No poll or wait left by an earlier test (each on its own, closed, loop), polls at once, and no round or drain
+    but at the engine's answers (the hold's timer, HOLD_S of wall time, cannot fire within a test)."""
     from calculet.server import refusal_lane
 
-    service, app = served
-    lane, early = app.refusal_lane, service.early_admission
-    refusing, shown = _refusing(service, 17), _shown(service, monkeypatch)
-    monkeypatch.setattr(early, "in_flight", 4)  # no snapshot, four on their way: hold
-    monkeypatch.setattr(lane, "_round_at", float("inf"))  # no round by the hold's timer (HOLD_S) in this test
-    monkeypatch.setattr(lane, "_seen_at", -math.inf)  # no drain read a snapshot lately (the arrival's decision did)
     monkeypatch.setattr(refusal_lane, "SNAPSHOT_POLL_S", 0.0)
-    monkeypatch.setattr(lane, "_polling", False)  # a poll an earlier test left on its own (closed) loop
-    monkeypatch.setattr(service.next_answer, "_future", None)  # ... and a wait
+    monkeypatch.setattr(lane, "_polling", False)
     monkeypatch.setattr(lane, "_armed", False)
+    monkeypatch.setattr(lane, "_round_at", float("inf"))
+    monkeypatch.setattr(service.next_answer, "_future", None)
+    monkeypatch.setattr(service.next_answer, "_hold_s", 3600.0)
     monkeypatch.setattr(early, "_wakers", [])
-    body = json.dumps(NEVER).encode()
-    edge = _Edge()
-
-    def held(name: str, started: float) -> None:
-        cycle = _Cycle(name)
-        assert lane.decide(cycle.scope, body, default_headers=[], keep_alive=True, started=started, hold=True,
-                           patient=lane.holding()) is HELD
-        lane.hold(edge, cycle, None, body, started)
-
-    async def run() -> None:
-        now = time.perf_counter()
-        held("a", now)
-        held("b", now)
-        early.in_flight = 0  # all answered meanwhile: the answers' drains, not a poll, forward for want of a snapshot
-        for _ in range(3):  # polls that find the snapshot still withdrawn
-            await asyncio.sleep(0)
-        assert edge.done == []
-        shown[0] = refusing  # published: no answer from the engine
-        for _ in range(3):
-            await asyncio.sleep(0)
-        assert edge.done == [("answer", "a"), ("answer", "b")]
-        shown[0] = None
-        early.in_flight = 4
-        held("d", now - 2 * refusal_lane.SNAPSHOT_WAIT_S)  # held longer than a step lasts: for the answers
-        shown[0] = refusing
-        for _ in range(3):
-            await asyncio.sleep(0)
-        assert edge.done[-1] == ("answer", "b")
-        await _engine_answers(early)
-        assert edge.done[-1] == ("answer", "d")
-
-    asyncio.run(run())
 
 
-def test_an_arrival_meeting_the_actors_step_just_after_a_read_is_held_for_the_next_snapshot_not_forwarded(
+def test_requests_held_at_arrival_for_a_pending_snapshot_are_decided_once_it_is_published(
         served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Issue #13, the burst whose first 429 came 40-80 ms late: the actor withdrew its snapshot to decide the burst's
-    first forward, and the next arrivals (fewer than HOLD_IN_FLIGHT on their way) were forwarded untracked, after which
-    the front held every request that fit until the engine had answered them all. An arrival that finds no snapshot
-    less than SNAPSHOT_WAIT_S after one was read for an arrival is held and decided from the next; with none read
-    lately (a state the actor publishes none in) it is forwarded as before. Mutants caught: the old rule (a forwarded
-    with one on its way, as at 784cd2c); the recency ignored (z held); the read's instant not kept (a forwarded)."""
+    """Issue #13: a read decided while the actor is in a step (no snapshot, one pending: ``snapshot_pending``) is held;
+    the actor's next snapshot decides it at a poll, without waiting for the engine's next answer (none comes here); a
+    poll finding none pending any more decides it as an arrival then (forwarded: nothing on its way). No poll when
+    none is pending (a snapshot then comes with a message the lane cannot see: the answers decide), nor once the lane
+    has waited SNAPSHOT_WAIT_S for a pending one (a longer step). Mutants caught: no poll at the hold (a and b still
+    held when the snapshot is published, as at 784cd2c); a poll that stops while the snapshot is still pending (the
+    first poll finds none, the publication is never read); a poll whatever the engine says (e decided without an
+    answer); no bound on the wait (d decided without an answer); a poll deciding only from a snapshot (c still held
+    when the engine says none comes, as at 29177b9)."""
     import time
 
     from calculet.server import refusal_lane
@@ -646,37 +617,140 @@ def test_an_arrival_meeting_the_actors_step_just_after_a_read_is_held_for_the_ne
 
     service, app = served
     lane, early = app.refusal_lane, service.early_admission
-    refusing, shown = _refusing(service, 19), _shown(service, monkeypatch)
-    monkeypatch.setattr(early, "in_flight", 1)  # the burst's first forward, being decided by the actor
-    monkeypatch.setattr(lane, "_round_at", float("inf"))
-    monkeypatch.setattr(lane, "_seen_at", -math.inf)
-    monkeypatch.setattr(refusal_lane, "SNAPSHOT_POLL_S", 0.0)
-    monkeypatch.setattr(lane, "_polling", False)
-    monkeypatch.setattr(lane, "_armed", False)
-    monkeypatch.setattr(service.next_answer, "_future", None)
-    monkeypatch.setattr(early, "_wakers", [])
+    refusing, shown, pending = _refusing(service, 17), _shown(service, monkeypatch), _pending(service, monkeypatch)
+    monkeypatch.setattr(early, "in_flight", 4)  # no snapshot, four on their way: hold
+    _quiet(lane, service, early, monkeypatch)
     body = json.dumps(NEVER).encode()
     edge = _Edge()
 
-    def decide(name: str, started: float) -> Any:
+    def held(name: str) -> _Cycle:
         cycle = _Cycle(name)
-        return cycle, lane.decide(cycle.scope, body, default_headers=[], keep_alive=True, started=started, hold=True)
+        started = time.perf_counter()
+        assert lane.decide(cycle.scope, body, default_headers=[], keep_alive=True, started=started, hold=True,
+                           patient=lane.holding()) is HELD
+        lane.hold(edge, cycle, None, body, started)
+        return cycle
+
+    async def polls() -> None:
+        for _ in range(3):
+            await asyncio.sleep(0)
 
     async def run() -> None:
-        now = time.perf_counter()
+        pending[0] = True  # the actor's step
+        held("a")
+        held("b")
+        early.in_flight = 0  # all answered meanwhile: the answers' drains, not a poll, forward for want of a snapshot
+        await polls()  # polls that find the snapshot still pending
+        assert edge.done == []
+        shown[0], pending[0] = refusing, False  # published: no answer from the engine
+        await polls()
+        assert edge.done == [("answer", "a"), ("answer", "b")]
+        shown[0], pending[0] = None, True  # the next step
+        c = held("c")
+        early.in_flight = 0
+        await polls()
+        assert edge.done[-1] == ("answer", "b")
+        pending[0] = False  # it published none (it cannot refuse from one now): decided at the poll as on arrival
+        await polls()
+        assert edge.done[-1] == ("app", "c")  # nothing on its way, no snapshot coming: forwarded
+        lane_sent(service, c.scope["state"])
+        shown[0] = None  # none pending: a state the actor publishes no snapshot in
+        early.in_flight = 4
+        held("e")
+        shown[0] = refusing  # published after a message the lane does not see
+        await polls()
+        assert edge.done[-1] == ("app", "c")
+        await _engine_answers(early)
+        assert edge.done[-1] == ("answer", "e")
+        shown[0], pending[0] = None, True  # a step the lane has waited for longer than SNAPSHOT_WAIT_S already
+        lane._awaited.since = service.engine.clock.now() - 2 * refusal_lane.SNAPSHOT_WAIT_S
+        held("d")
+        shown[0], pending[0] = refusing, False
+        await polls()
+        assert edge.done[-1] == ("answer", "e")
+        await _engine_answers(early)
+        assert edge.done[-1] == ("answer", "d")
+
+    asyncio.run(run())
+
+
+def test_an_arrival_meeting_the_actors_step_is_held_for_the_next_snapshot_not_forwarded(
+        served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #13, the burst whose first 429 came 40-80 ms late: the actor withdrew its snapshot to decide the burst's
+    first forward, and the next arrivals (fewer than HOLD_IN_FLIGHT on their way) were forwarded untracked, after which
+    the front held every request that fit until the engine had answered them all. An arrival that finds no snapshot
+    while one is pending (``snapshot_pending``) is held and decided from the next; with none pending (a state the
+    actor publishes none in) it is forwarded as before. Mutants caught: the old rule (a forwarded with one on its way,
+    as at 784cd2c); the engine's word ignored, holding whenever a snapshot is missing (z held); the lane never waiting
+    for a pending snapshot (a forwarded)."""
+    from calculet.server.inference import lane_sent
+
+    service, app = served
+    lane, early = app.refusal_lane, service.early_admission
+    refusing, shown, pending = _refusing(service, 19), _shown(service, monkeypatch), _pending(service, monkeypatch)
+    monkeypatch.setattr(early, "in_flight", 1)  # the burst's first forward, being decided by the actor
+    _quiet(lane, service, early, monkeypatch)
+    body = json.dumps(NEVER).encode()
+    edge = _Edge()
+
+    def decide(name: str) -> Any:
+        cycle = _Cycle(name)
+        return cycle, lane.decide(cycle.scope, body, default_headers=[], keep_alive=True, started=0.0, hold=True)
+
+    async def run() -> None:
         shown[0] = refusing
-        assert isinstance(decide("r", now)[1], bytes)  # refused from the snapshot read for it
-        shown[0] = None  # the actor's step
-        cycle, answer = decide("a", now + 0.001)
+        assert isinstance(decide("r")[1], bytes)  # refused from the snapshot read for it
+        shown[0], pending[0] = None, True  # the actor's step
+        cycle, answer = decide("a")
         assert answer is HELD
-        lane.hold(edge, cycle, None, body, now + 0.001)
-        shown[0] = refusing  # published
+        lane.hold(edge, cycle, None, body, 0.0)
+        shown[0], pending[0] = refusing, False  # published
         for _ in range(3):
             await asyncio.sleep(0)
         assert edge.done == [("answer", "a")]
         shown[0] = None
-        late, answer = decide("z", now + 2 * refusal_lane.SNAPSHOT_WAIT_S)
+        late, answer = decide("z")
         assert answer is None and late.scope["state"]["early_decided"]  # forwarded, as before
+        lane_sent(service, late.scope["state"])
+
+    asyncio.run(run())
+
+
+def test_an_arrival_finding_its_snapshot_expired_at_the_actors_wake_up_waits_for_the_next(
+        served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A snapshot whose validity ended at the actor's timed wake-up, which has come (``snapshot_pending``: the actor's
+    turn follows and publishes the next), holds an arrival for the next, nothing on its way; one that expired with
+    none pending forwards it as before (``expired``). Why: a request forwarded "expired" goes to the actor untracked,
+    as one forwarded for want of a snapshot (7-21 a run during retries, session 19). Mutant caught: an expired
+    snapshot taken as usable (a forwarded ``expired``, not held)."""
+    from calculet.server.inference import lane_sent
+
+    service, app = served
+    lane, early = app.refusal_lane, service.early_admission
+    shown, pending = _shown(service, monkeypatch), _pending(service, monkeypatch)
+    refusing = _refusing(service, 23)
+    monkeypatch.setattr(early, "in_flight", 0)
+    _quiet(lane, service, early, monkeypatch)
+    body = json.dumps(NEVER).encode()
+    edge = _Edge()
+    shown[0], pending[0] = refusing._replace(valid_until=refusing.taken_at), True
+
+    def decide(name: str) -> Any:
+        cycle = _Cycle(name)
+        return cycle, lane.decide(cycle.scope, body, default_headers=[], keep_alive=True, started=0.0, hold=True)
+
+    async def run() -> None:
+        cycle, answer = decide("a")
+        assert answer is HELD
+        lane.hold(edge, cycle, None, body, 0.0)
+        shown[0], pending[0] = refusing._replace(generation=24, valid_until=math.inf), False  # the turn's
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert edge.done == [("answer", "a")]
+        shown[0] = refusing._replace(generation=25, valid_until=refusing.taken_at)
+        expired = early.statistics().forwarded["expired"]
+        late, answer = decide("z")
+        assert answer is None and early.statistics().forwarded["expired"] == expired + 1
         lane_sent(service, late.scope["state"])
 
     asyncio.run(run())
