@@ -425,8 +425,14 @@ def test_generation_coupling_mutant_is_rejected_by_induction_and_found_by_bmc(mu
                  if not r.ok]
     assert induction, f"{mutant.name} ({mutant.description}) was not caught by induction"
     assert any(mutant.expected_invariant in r.broken for r in induction), [r.detail for r in induction]
-    bmc = check_system_bmc(system, 2, 2, depth)
-    assert not bmc.ok and mutant.expected_invariant in bmc.broken, bmc.detail
+    # the search too is asked of the expected property alone: with every invariant a goal, z3's model may stop at a
+    # state breaking only another one the mutant also breaks (JobSubmitToALeavingGeneration broke
+    # one_engine_per_job_on_the_device in a fresh-clone CI run of session 19, its expected one locally: the
+    # solver's choice follows the order the goals are built in)
+    alone = dataclasses.replace(system, step_properties=(),
+                                invariants=tuple(i for i in system.invariants if i.name == mutant.expected_invariant))
+    bmc = check_system_bmc(alone, 2, 2, depth)
+    assert not bmc.ok and bmc.broken == [mutant.expected_invariant], bmc.detail
     assert bmc.counterexample.trace[-1]["transition"].startswith(step)  # the mutated step breaks it
 
 
