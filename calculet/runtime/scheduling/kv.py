@@ -421,6 +421,8 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
         Returns False — and changes nothing — when the lease no longer owns the lane or the
         lane has no open transaction (a stale completion): settling is then not its business.
         """
+        if event not in _SETTLES:
+            raise ValueError(f"settle with {event!r}: commit, abort or fault")
         lane = lease.lane
         if self._owner[lane] != lease.lease_id:
             return False
@@ -428,14 +430,12 @@ class KvLaneManager(KvBatchOperations, KvContextOperations):
         tokens = self._open[lane]
         if not tokens or machine.state not in OPEN_STATES:
             return False
-        pre = self._step_drawn((lane,)) if event in _SETTLES else None
+        pre = self._step_drawn((lane,))
         if event == "commit":
             self._fire(lane, "commit", tokens=tokens)
         elif event == "fault":
             self._fire(lane, "fault")
             self._faults += 1
-        elif event != "abort":
-            raise ValueError(f"settle with {event!r}: commit, abort or fault")
         if event != "fault":
             self._open[lane] = 0
         if pre is not None:

@@ -34,6 +34,21 @@ def test_append_is_a_transaction():
     assert MONITOR.broken(kv.lane(lease.lane)) == []
 
 
+def test_settle_refuses_an_event_that_is_not_a_settle_even_for_a_stale_lease():
+    """A caller's mistake is an error wherever the lease stands. Mutant caught: the event checked only on an owned
+    lane with an open step (before the second reading: a stale lease returned False for any event)."""
+    kv = pool()
+    lease = kv.reserve(1, 20)
+    assert isinstance(lease, KvLease)
+    assert kv.settle(lease, "commit") is False          # no open step: stale, nothing changes
+    with pytest.raises(ValueError, match="commit, abort or fault"):
+        kv.settle(lease, "release")
+    kv.submit(lease, 2)
+    with pytest.raises(ValueError, match="commit, abort or fault"):
+        kv.settle(lease, "submit")
+    assert kv.state(lease) == "updating" and kv.settle(lease, "commit") and kv.committed_len(lease) == 2
+
+
 @pytest.mark.req("R9.2.2")
 def test_a_lane_is_reused_only_after_the_runtime_confirms_its_release():
     kv = pool(lanes=1)
