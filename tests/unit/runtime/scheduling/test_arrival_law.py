@@ -1,0 +1,229 @@
+"""The learned law of arrivals (issue #13, :mod:`calculet.runtime.scheduling.arrival_law`).
+
+Synthetic streams only (seeded numpy), no load simulator: a runtime module is tested on its own inputs. What is
+checked, and the mutant each test was seen to fail on (each applied by hand to a copy, the test run, reverted):
+
+* steady Poisson settles to one rate, with no regime change and no phase — fails with ``THRESHOLD = 5`` (false
+  alarms) and with the far alternative fixed at 10x before the other kind is learned; over a long stream a false
+  change may come but a phase may not — fails with ``_phased`` not comparing the two kinds' rates;
+* with an origin the first regime counts every arrival, without one the first only opens the window — fails with
+  the first arrival counted;
+* an on/off stream: after two cycles, at a burst's start the forecast ends the burst where it ends, and in the
+  quiet phase starts the next one where it starts — fails with the residual life taken as the whole mean
+  duration (``_residual`` ignoring the age), with the phase never forecast (``_phased`` False), with either
+  change point put at the alarm instead of the excursion's start, and without λ0's cut at the open excursion;
+* a 2.8 s silence 3 s into a learned burst does not end it — fails without the guard (``_threshold`` returning
+  THRESHOLD alone);
+* the pieces cover ``[now, now + horizon)`` in order, contiguous, rates >= 0, also past MAX_PIECES — fails
+  without the tail piece, and with ``e = t + d`` not clipped to the horizon;
+* forecasts between arrivals do not change what is learned (a crossing between arrivals is computed exactly) —
+  fails when a forecast re-estimates λ0 (``_set_reference`` called from ``forecast``), and with the down change
+  put at the alarm;
+* the mean output shrinks towards the submits' ``max_new_tokens`` until enough requests finish — fails with the
+  finished mean alone;
+* a caller's mistake (time backwards, negative or NaN horizon, NaN time, negative tokens) raises
+  ``DefinitionError`` and changes nothing — fails with each check removed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from calculet.errors import DefinitionError
+from calculet.runtime.scheduling.arrival_law import MAX_PIECES, ArrivalLaw, RatePiece
+
+ON_RATE, OFF_RATE, ON_S, OFF_S = 1.5, 0.05, 20.0, 40.0
+"""The bursty preset's law at load 1 (calculet/loadsim/presets/bursty.yaml), written out: no loadsim import."""
+
+
+def poisson(rng: np.random.Generator, rate: float, start: float, end: float) -> list[float]:
+    times: list[float] = []
+    t = start
+    while True:
+        t += rng.exponential(1.0 / rate)
+        if t >= end:
+            return times
+        times.append(t)
+
+
+def on_off(seed: int, cycles: int) -> list[float]:
+    rng = np.random.default_rng(seed)
+    times: list[float] = []
+    for k in range(cycles):
+        base = k * (ON_S + OFF_S)
+        times += poisson(rng, ON_RATE, base, base + ON_S)
+        times += poisson(rng, OFF_RATE, base + ON_S, base + ON_S + OFF_S)
+    return times
+
+
+def feed(law: ArrivalLaw, times: list[float], until: float = math.inf) -> None:
+    for t in times:
+        if t > until:
+            return
+        law.arrived(t, 100, 50)
+
+
+def expected(pieces: tuple[RatePiece, ...], start: float, end: float) -> float:
+    return sum(p.rate_per_s * (min(p.end, end) - max(p.start, start)) for p in pieces if p.end > start and p.start < end)
+
+
+@pytest.mark.parametrize("rate", [0.25, 1.0, 4.0])
+def test_steady_poisson_settles_to_one_rate_without_phases(rate: float) -> None:
+    """A bench-sized stream (the steady preset has 75-1 200 arrivals a run): no change at all."""
+    rng = np.random.default_rng(7)
+    times = poisson(rng, rate, 0.0, 1500.0 / rate)
+    law = ArrivalLaw()
+    feed(law, times)
+    now = times[-1]
+    stats = law.statistics()
+    assert stats.regime_changes == 0 and stats.rate_restarts == 0 and not stats.phased and stats.regime == "single"
+    assert stats.rate_per_s == pytest.approx(rate, rel=0.06)
+    pieces = law.forecast(now, 40.0)
+    assert pieces == (RatePiece(now, now + 40.0, stats.rate_per_s),)
+
+
+def test_a_long_steady_stream_never_forecasts_a_phase() -> None:
+    """20 000 arrivals: a false alarm may come (about one in 5 000 arrivals at THRESHOLD 8), a phase may not."""
+    rng = np.random.default_rng(8)
+    times = poisson(rng, 1.0, 0.0, 20000.0)
+    law = ArrivalLaw()
+    for i, t in enumerate(times):
+        law.arrived(t, 1, 1)
+        if i % 50 == 0:
+            pieces = law.forecast(t, 60.0)
+            assert len(pieces) == 1, (t, law.statistics())
+            if i > 200:
+                assert pieces[0].rate_per_s == pytest.approx(1.0, rel=0.35), (t, law.statistics())
+    assert law.statistics().regime_changes <= 8
+
+
+def test_an_origin_counts_every_arrival_from_the_start() -> None:
+    law = ArrivalLaw(origin=0.0)
+    for t in (1.0, 2.0, 3.0, 4.0):
+        law.arrived(t, 10, 10)
+    assert law.statistics().rate_per_s == pytest.approx(4 / 4.0)
+    without = ArrivalLaw()
+    for t in (1.0, 2.0, 3.0, 4.0):
+        without.arrived(t, 10, 10)
+    assert without.statistics().rate_per_s == pytest.approx(3 / 3.0)  # the first arrival opens the window
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_after_two_cycles_a_burst_s_start_forecasts_its_end_and_the_quiet_phase_the_next_burst(seed: int) -> None:
+    times = on_off(seed, cycles=5)
+    law = ArrivalLaw(origin=0.0)
+    burst = 3 * (ON_S + OFF_S)  # the fourth burst: two whole cycles and more learned
+    now = burst + 4.0
+    feed(law, times, until=now)
+    pieces = law.forecast(now, 60.0)
+    stats = law.statistics()
+    assert stats.phased and stats.regime == "high"
+    assert pieces[0].end == pytest.approx(burst + ON_S, abs=3.0)  # the burst ends at 20 s
+    assert pieces[0].rate_per_s == pytest.approx(ON_RATE, rel=0.4)
+    assert pieces[1].rate_per_s < 0.2 * pieces[0].rate_per_s
+    assert pieces[1].end == pytest.approx(burst + ON_S + OFF_S, abs=5.0)  # and the next one starts at 60 s
+    # in the quiet phase, 10 s in: the next burst where it comes
+    quiet = burst + ON_S + 10.0
+    feed(law, [t for t in times if now < t <= quiet])
+    pieces = law.forecast(quiet, 60.0)
+    assert law.statistics().regime == "low"
+    assert pieces[0].end == pytest.approx(burst + ON_S + OFF_S, abs=5.0)
+    assert pieces[1].rate_per_s == pytest.approx(ON_RATE, rel=0.4)
+    # the expected count over the next 40 s against the true law's (30 in the burst, 0.5 before it)
+    assert expected(pieces, quiet, quiet + 40.0) == pytest.approx(30.0 * 0.5 + 0.05 * 30.0, rel=0.5)
+
+
+def test_the_pieces_cover_the_horizon_in_order() -> None:
+    rng = np.random.default_rng(5)
+    times: list[float] = []
+    for k in range(40):  # short phases: 1 s at 20/s, 1 s at 0.2/s -> many pieces over a long horizon
+        times += poisson(rng, 20.0, 2.0 * k, 2.0 * k + 1.0)
+        times += poisson(rng, 0.2, 2.0 * k + 1.0, 2.0 * k + 2.0)
+    law = ArrivalLaw(origin=0.0)
+    checked_phased = False
+    for i, t in enumerate(times):
+        law.arrived(t, 1, 1)
+        if i % 7:
+            continue
+        for horizon in (0.3, 5.0, 1000.0):
+            pieces = law.forecast(t, horizon)
+            assert pieces[0].start == t and pieces[-1].end == t + horizon
+            assert all(p.start < p.end and p.rate_per_s >= 0 for p in pieces)
+            assert all(a.end == b.start for a, b in zip(pieces, pieces[1:]))
+            assert len(pieces) <= MAX_PIECES
+            checked_phased |= len(pieces) == MAX_PIECES
+    assert checked_phased  # the tail piece was needed
+    assert law.forecast(times[-1], 0.0) == ()
+
+
+def test_forecasts_between_arrivals_do_not_change_what_is_learned() -> None:
+    times = on_off(12, cycles=4)
+    asked, quiet = ArrivalLaw(origin=0.0), ArrivalLaw(origin=0.0)
+    clock = 0.0
+    for t in times:
+        while clock + 0.5 < t:  # the engine asks every half second
+            clock += 0.5
+            asked.forecast(clock, 40.0)
+        asked.arrived(t, 10, 10)
+        quiet.arrived(t, 10, 10)
+        clock = t
+    end = times[-1] + 35.0
+    assert asked.forecast(end, 60.0) == quiet.forecast(end, 60.0)
+    assert asked.statistics() == quiet.statistics()
+    assert asked.statistics().regime_changes >= 6
+
+
+def test_the_mean_output_shrinks_towards_max_new_until_enough_finish() -> None:
+    law = ArrivalLaw()
+    assert law.mean_output_tokens == 0.0
+    for t in range(10):
+        law.arrived(float(t), 200, 100)
+    assert law.mean_output_tokens == 100.0 and law.mean_prompt_tokens == 200.0
+    law.finished(20)  # the first to finish are the short ones
+    assert 80.0 < law.mean_output_tokens < 100.0
+    for _ in range(400):
+        law.finished(60)
+    assert law.mean_output_tokens == pytest.approx(60.0, rel=0.03)
+    assert law.statistics().finished == 401
+
+
+@pytest.mark.parametrize("call", [
+    lambda law: law.arrived(4.0, 1, 1),  # time backwards
+    lambda law: law.forecast(4.0, 10.0),
+    lambda law: law.forecast(6.0, -1.0),
+    lambda law: law.forecast(6.0, math.nan),
+    lambda law: law.forecast(math.nan, 1.0),
+    lambda law: law.arrived(6.0, -1, 1),
+    lambda law: law.arrived(6.0, 1, -1),
+    lambda law: law.finished(-1),
+])
+def test_a_caller_s_mistake_raises_and_changes_nothing(call: object) -> None:
+    law = ArrivalLaw()
+    for t in (1.0, 2.0, 5.0):
+        law.arrived(t, 10, 10)
+    before = law.statistics()
+    with pytest.raises(DefinitionError):
+        call(law)  # type: ignore[operator]
+    assert law.statistics() == before
+    with pytest.raises(DefinitionError):
+        ArrivalLaw(origin=math.inf)
+
+
+def test_a_short_silence_early_in_a_burst_does_not_end_it() -> None:
+    """Bursts of 3 req/s for 20 s, quiet 0.1 req/s for 40 s, evenly spaced; in the fourth burst a 2.8 s silence 3 s
+    in. At THRESHOLD alone the downward test fires on it (2.8 s x ~3/s); the guard (younger than half the shortest
+    burst seen) asks for GUARD more and the burst goes on."""
+    times: list[float] = []
+    for k in range(4):
+        base = 60.0 * k
+        burst = [base + i / 3.0 for i in range(60)]
+        if k == 3:
+            burst = [t for t in burst if not base + 3.0 < t < base + 5.8]
+        times += burst + [base + 20.0 + 10.0 * i + 5.0 for i in range(4)]
+    law = ArrivalLaw(origin=0.0)
+    feed(law, times, until=180.0 + 10.0)
+    stats = law.statistics()
+    assert stats.regime == "high" and stats.regime_age_s > 9.0, stats
