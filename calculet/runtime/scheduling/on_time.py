@@ -26,15 +26,17 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Callable
+from typing import Callable, Iterable
 
 from calculet.config import SchedulerConfig
 from calculet.runtime.scheduling.admission import AdmissionController, AdmissionOutcome
 from calculet.runtime.scheduling.apply import end_for_deadline
 from calculet.runtime.scheduling.decode import DecodeScheduler
+from calculet.runtime.scheduling.decode_rollout import DeviceShape, Present, rollout_finish
 from calculet.runtime.scheduling.estimate_error import EstimateErrors
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.finish_estimate import ON_TIME_EPS_S, DeviceModel
+from calculet.runtime.scheduling.on_time_kept import DECODING_STATES
 from calculet.runtime.scheduling.on_time_planner import OnTimePlanner, OnTimeStatistics
 from calculet.runtime.scheduling.prefill import PrefillScheduler
 from calculet.runtime.scheduling.profiles import ProfileSet
@@ -72,6 +74,8 @@ class OnTimePolicy:
                                                             config.admission.initial_margin),
                                       sequences=config.admission.max_sequences)
         self._ttft_due: list[tuple[float, int]] = []
+        self._queues = config.queues
+        self._wrr = tuple(config.queues.wrr_weights().items())  # §6's WRR as the rollout interleaves prefills
         wfq = admission.wfq
         # max(tenant virtual time, global virtual time) is wfq.tag(tenant, 0) in the queue's scaled integers; an
         # int / int division is correctly rounded, so these are float(Fraction(...)) without the Fractions (#20)
@@ -118,8 +122,41 @@ class OnTimePolicy:
         planner.bet_lanes = model.lanes if bets and model is not None else 0
         if bets:
             planner.step_times.measure_per_batch()  # the bets' bound reads the step per profile
+        rollout = model is not None and model.compiled_batch > 1  # B>1 (not B1 ping/pong): the rollout reports (#13 s. 20)
+        if rollout and model is not None:
+            planner.step_times.measure_per_batch()  # read by the rollout alone where no bet is made (bet_lanes 0)
+            self._rollout_shape = (profiles, model.engines, planner.sequences or model.lanes)
+        planner.rollout = self._rollout_finish if rollout else None
         self._model_key = key
         return model
+
+    _rollout_shape: tuple[ProfileSet, int, int] | None = None
+    """The profile set, engines and KV lanes the rollout's :class:`.DeviceShape` is built from (:meth:`model`)."""
+
+    def _rollout_finish(self, rec: RequestRecord, now: float, records: Callable[[], Iterable[RequestRecord]],
+                        start: float | None = None) -> float | None:
+        """``rec``'s finish by the decode set's rollout (:func:`.decode_rollout.rollout_finish`) from the live
+        requests and the law of arrivals: the estimate reported on B>1 (issue #13 session 20). Reads the measured
+        step per compiled batch (``StepTimer.step_at``; the long-window step where a batch is not measured yet) and
+        the measured prefill cost; decides nothing."""
+        shape_of = self._rollout_shape
+        if shape_of is None:
+            return None
+        profiles, engines, lanes = shape_of
+        planner = self.planner
+        timer = planner.step_times
+        fallback = timer.decode_step_s
+        fixed, per_token = planner.prefill_times.cost()
+        queues = self._queues
+        by_ready = profiles.by_ready
+        shape = DeviceShape(lanes=lanes, engines=engines, profile_of=lambda n: by_ready[max(1, n)].compiled_batch,
+                            step_s=lambda key: timer.step_at(key) or fallback,
+                            prefill_s=lambda tokens: fixed + per_token * tokens,
+                            chunk_tokens=profiles.prefill_chunk_tokens, short_max_tokens=queues.short_prefill_max_tokens,
+                            medium_max_tokens=queues.medium_prefill_max_tokens, wrr=self._wrr)
+        return rollout_finish(present_of(records(), rec, planner.virtual_tags if planner.virtual_start else None),
+                              rec.prompt_tokens, rec.machine.max_new_tokens, now, shape, planner.arrivals,
+                              not_before=start)
 
     def _best_token_s(self, sequences: int) -> float:
         """The least per-token time ``sequences`` decoding together could see (0: not known): the measured step of the
@@ -260,6 +297,46 @@ class OnTimePolicy:
 
     def statistics(self) -> OnTimeStatistics:
         return self.planner.statistics()
+
+
+def present_of(records: Iterable[RequestRecord], candidate: RequestRecord,
+               ranks: Callable[[list[RequestRecord]], dict[int, float]] | None = None) -> Present:
+    """The engine's present as the rollout reads it (:class:`.decode_rollout.Present`): decoding sequences' remaining
+    tokens, lane holders still to prefill (in arrival order) and requests waiting for a lane, ``candidate`` left out.
+    ``ranks`` (the planner's :meth:`.OnTimePlanner.virtual_tags`): the waiting requests, the candidate last, ranked
+    by the §5.3 queue's own rule; the waiting are then in that order and the candidate at its place (else in
+    arrival order, the candidate after them)."""
+    decoding: list[int] = []
+    prefilling: list[RequestRecord] = []
+    waiting: list[RequestRecord] = []
+    for rec in records:
+        if rec is candidate:
+            continue
+        state = rec.machine.state
+        if state in DECODING_STATES:
+            machine = rec.machine
+            decoding.append(machine.max_new_tokens - machine.generated_tokens)
+        elif state in _PREFILL_STATES:
+            prefilling.append(rec)
+        elif state in WAITING_STATES:
+            waiting.append(rec)
+    prefilling.sort(key=_by_arrival)
+    waiting.sort(key=_by_arrival)
+    place = None
+    if waiting and ranks is not None:
+        rank = ranks([*waiting, candidate])
+        waiting.sort(key=lambda r: rank.get(r.request_id, math.inf))
+        mine = rank.get(candidate.request_id, math.inf)
+        place = sum(1 for r in waiting if rank.get(r.request_id, math.inf) < mine)
+    return Present(tuple(decoding), tuple((r.prompt_tokens, r.machine.max_new_tokens) for r in prefilling),
+                   tuple((r.prompt_tokens, r.machine.max_new_tokens) for r in waiting), place)
+
+
+def _by_arrival(rec: RequestRecord) -> float:
+    return rec.arrival
+
+
+_PREFILL_STATES = frozenset({"prefill_ready", "prefill_running"})
 
 
 def _rotation_key(rec: RequestRecord) -> tuple[float, int, float, int]:

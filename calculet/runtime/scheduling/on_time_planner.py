@@ -73,6 +73,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
 from calculet.machines.request import FinishReason
+from calculet.runtime.scheduling.decode_rollout import ArrivalFeed
 from calculet.runtime.scheduling.estimate_error import EstimateErrors, EstimateErrorStatistics
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.finish_estimate import (DeviceModel, Fit, PendingJob,
@@ -195,6 +196,15 @@ class OnTimePlanner:
         self.bets: set[int] = set()
         """Live requests admitted as lane-free bets (:func:`.on_time_refusal.lane_free_bet`): their outcome is not scored."""
         self.bets_made = self._bets_missed = 0
+        self.rollout: Callable[[RequestRecord, float, Callable[[], Iterable[RequestRecord]], float | None],
+                               float | None] | None = None
+        """The reported estimate's model on B>1 (:mod:`.decode_rollout`, set by the policy; None: the plan's finish is
+        reported). It reports only: admission, the margin and every decision keep the planner's own estimate."""
+        self.arrivals: ArrivalFeed | None = None
+        """The law of arrivals the rollout forecasts from, told of every submit and every end (None: none)."""
+        self._own: dict[int, float] = {}
+        """The planner's own estimate of each request whose reported one is the rollout's: what :meth:`ended` scores
+        (the margin feeds admission, so it must not read the rollout: no decision moves, #13 session 20)."""
 
     # ------------------------------------------------------------------ the device
 
@@ -321,6 +331,9 @@ class OnTimePlanner:
         its step is the step timer's. ``records`` lists the live requests; it is called only on the slow path.
         Once per ``submit()`` (#20): :meth:`admitting_model` and :meth:`cache_drift` are read without their calls
         while their inputs hold, and a job placed at the cache's tail is kept as its values (:mod:`.on_time_kept`)."""
+        arrivals = self.arrivals
+        if arrivals is not None:
+            arrivals.arrived(now, rec.prompt_tokens, rec.machine.max_new_tokens)
         if self.any_itl:  # the typical prompt is read by the ITL cap alone (decode_cap): else not kept (#20)
             smoothed = self._prompt_tokens  # the first prompt seen sets it
             self._prompt_tokens = smoothed + (PROMPT_SMOOTHING if smoothed else 1.0) * (rec.prompt_tokens - smoothed)
@@ -358,13 +371,27 @@ class OnTimePlanner:
             self.overtaking.accepted(rec.tenant, self.wfq_cost(rec), nominal.service_s(values[1], values[2]), now)
         if self.retry_slots:  # a refused client's slot it may take (none held: no call per submit, #20; len is O(1))
             self.retry_slots.admitted(rec.tenant, now)
+        start: float | None = None
         if finish is not None:  # the expected finish: the margin's slowdown taken back out
             finish = now + (finish - now) / (1.0 + margin)
             if in_order:  # only where every sequence is in each step: else no call
                 assert job is not None
                 estimate = self._admission_order_estimate(rec, job, now, nominal, records)
                 finish = finish if estimate is None else estimate + _overtaken(self, rec, job, now, nominal, estimate)
+                if estimate is not None:  # it waits: its expected admission, the queue-order finish less its service
+                    start = finish - nominal.service_s(job.prefill_tokens, job.decode_steps)
         rec.estimated_finish = finish
+        rollout = self.rollout
+        if rollout is not None and finish is not None and arrivals is not None:
+            # B>1 with a law of arrivals (without one the present drains: worse than the plan's, docs/estimator.md):
+            # the rollout is reported, the plan's finish scored. Where requests wait, the §5.3 queue's order and
+            # the later arrivals that overtake decide the start, which the rollout does not replay: it takes the
+            # queue-order estimate's start (its finish less its service) and rolls the decode set from there
+            # (docs/estimator.md, session 20)
+            reported = rollout(rec, now, records, start)
+            if reported is not None:
+                self._own[rec.request_id] = finish
+                rec.estimated_finish = reported
         self.dirty = True
         return Fit(True, None, finish)
 
@@ -446,10 +473,16 @@ class OnTimePlanner:
 
     def ended(self, rec: RequestRecord, now: float) -> None:
         """``rec`` reached its outcome: score the estimate it was admitted with (a bet's is not: admitted against it)."""
-        estimate = rec.estimated_finish
+        own = self._own
+        estimate = own.pop(rec.request_id, None) if own else None
+        if estimate is None:
+            estimate = rec.estimated_finish
+        reason = rec.machine.finish_reason
+        arrivals = self.arrivals
+        if arrivals is not None and reason in (FinishReason.STOP, FinishReason.LENGTH):
+            arrivals.finished(rec.machine.generated_tokens)
         if estimate is None:
             return
-        reason = rec.machine.finish_reason
         if self.bets and rec.request_id in self.bets:  # counted apart, not scored
             self.bets.discard(rec.request_id)
             late = reason not in (FinishReason.STOP, FinishReason.LENGTH) or (rec.deadline is not None and now > rec.deadline)

@@ -1,0 +1,398 @@
+"""A cheap forward model of the device's decode set: a candidate's finish over the set's evolution (issue #13).
+
+Why this module exists: the finish estimate reported on B>1 (``RequestRecord.estimated_finish``) read the
+per-token time of the past (a long window) while the §8 profile a request decodes in is set by the decode
+set over its *future* life: arrivals during a burst join the set and the profile grows (42.5-80 ms a token
+on B16), at a burst's end the set drains. Session 19 measured (``docs/estimator.md``) that a rollout of the
+real scheduler from the present over futures drawn from the law of arrivals reaches a P90 of 15.6-19.8 % on
+every row missed today, and that knowing the *expected* arrivals over the request's life is worth most of it.
+A splice of the real engine costs a second of CPU; this is the same evolution at a few hundred events.
+
+The model (sans-io, pure; every input is a value):
+
+* the present: the sequences decoding with their remaining tokens, the lane holders still to prefill
+  (prompt, output) in prefill order, the requests waiting for a KV lane in admission order;
+* the rules it follows, read from the scheduler's own: at most ``lanes`` sequences hold a KV lane
+  (``admission.max_sequences``), a waiting request takes a lane the instant one frees (§5); a decode
+  step's profile is the §8 selection by the Ready count (``ProfileSet.by_ready``) and a set larger than
+  the profile rotates (every sequence gets ``batch / n`` of a token a step, fluid); prefill jobs and
+  decode steps share the device by the §6 smooth WRR (decode 8 : short 4 : medium 2 : long 1, each class
+  eligible while it holds a prompt); a chunked prefill (§6) takes ``chunk`` tokens a job and goes back to
+  the tail of its class; under ping/pong (two jobs in flight, §14) the set decodes as two halves whose
+  jobs overlap, one cycle of both the time of a step keyed by their summed compiled batches (the step
+  timer's own key under ping/pong), and a prefill beside a decode job stalls the set by its time over
+  the engines;
+* the future: the arrivals the forecast expects (a piecewise-constant intensity), placed where the
+  expected count crosses ``k - 1/2``, each with the mean prompt and output: a mean path, not a draw;
+* the answer: the instant the candidate's last token is produced (``prompt`` prefilled, first token,
+  then ``output - 1`` decode tokens).
+
+What it leaves out, on purpose: the §5.3 WFQ order among waiting tenants (FIFO here), refusals of future
+arrivals, cancellations, the batching window (0 by default), the at-risk prefill priority. Its cost is a few
+events per request alive over the candidate's life, each O(set size) (measured in ``docs/estimator.md``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+__all__ = ["ArrivalFeed", "ArrivalForecast", "DeviceShape", "Present", "RatePieceLike", "WRR_DEFAULT", "expected_arrivals",
+           "rollout_finish"]
+
+WRR_DEFAULT: tuple[tuple[str, int], ...] = (("decode", 8), ("short", 4), ("medium", 2), ("long", 1))
+"""§6's WRR weights in the spec's order (the configuration default, ``queues.wrr_weights``)."""
+HORIZON_S = 120.0
+"""How far ahead the forecast is asked first; a candidate not finished by then extends it by its last piece."""
+MAX_EVENTS = 200_000
+"""A guard on the loop (a finite present and forecast always end it far sooner)."""
+_EPS = 1e-9
+
+
+class RatePieceLike(Protocol):
+    """One piece of a forecast: expected arrivals per second on ``[start, end)``."""
+
+    @property
+    def start(self) -> float: ...
+
+    @property
+    def end(self) -> float: ...
+
+    @property
+    def rate_per_s(self) -> float: ...
+
+
+class ArrivalForecast(Protocol):
+    """What the model reads of a law of arrivals (helper A20's ``ArrivalLaw`` and the bench's oracle satisfy it)."""
+
+    mean_prompt_tokens: float
+    mean_output_tokens: float
+
+    def forecast(self, now: float, horizon_s: float) -> Sequence[RatePieceLike]: ...
+
+
+class ArrivalFeed(ArrivalForecast, Protocol):
+    """A law learned at run time: told of each submit and of each request that ended with its tokens (stop or
+    length), the planner's calls (:meth:`.OnTimePlanner.admit`, :meth:`.OnTimePlanner.ended`)."""
+
+    def arrived(self, now: float, prompt_tokens: int, max_new_tokens: int) -> None: ...
+
+    def finished(self, generated_tokens: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceShape:
+    """The device as the rules see it.
+
+    ``profile_of(ready)``: the compiled batch the §8 selection picks for ``ready`` sequences; ``step_s(key)``: the
+    seconds of a decode job keyed as the step timer keys it (one engine: the compiled batch; ping/pong: its compiled
+    batch plus the other decode job's in flight, its overlapped time); ``prefill_s(tokens)``: the seconds of one
+    prefill job (or chunk) of ``tokens``."""
+
+    lanes: int
+    engines: int
+    profile_of: Callable[[int], int]
+    step_s: Callable[[int], float]
+    prefill_s: Callable[[int], float]
+    chunk_tokens: int | None = None
+    short_max_tokens: int = 512
+    medium_max_tokens: int = 4096
+    wrr: tuple[tuple[str, int], ...] = WRR_DEFAULT
+
+    def prompt_class(self, tokens: int) -> str:
+        """§6's class of a prompt, as ``queues.prefill_class`` answers."""
+        if tokens <= self.short_max_tokens:
+            return "short"
+        return "medium" if tokens <= self.medium_max_tokens else "long"
+
+    def cycle(self, n: int) -> tuple[float, float]:
+        """(seconds, tokens each sequence gets) of one decode step of ``n`` decoding sequences on one engine: the
+        step of the profile their count selects, a set larger than it rotating (fluid)."""
+        batch = self.profile_of(n)
+        return self.step_s(batch), min(1.0, batch / n)
+
+
+@dataclass(frozen=True, slots=True)
+class Present:
+    """The engine's present: ``decoding`` remaining tokens per decoding sequence; ``prefilling`` (prompt tokens
+    left, output tokens) per lane holder still to prefill, in prefill order; ``waiting`` (prompt, output) per
+    request waiting for a lane, in admission order."""
+
+    decoding: tuple[int, ...] = ()
+    prefilling: tuple[tuple[int, int], ...] = ()
+    waiting: tuple[tuple[int, int], ...] = ()
+    place: int | None = None
+    """The candidate's place among ``waiting`` (the count admitted before it, by the §5.3 queue's own order); None:
+    after all of them."""
+
+
+def expected_arrivals(pieces: Sequence[RatePieceLike], now: float, after: float = 0.0) -> list[float]:
+    """The instants the expected count of arrivals from ``now`` crosses ``after + 1/2``, ``after + 3/2``, ...
+    over ``pieces`` (a mean path of the forecast: its k-th arrival where k - 1/2 are expected)."""
+    out: list[float] = []
+    mass, target = 0.0, after + 0.5
+    for piece in pieces:
+        start, end, rate = max(piece.start, now), piece.end, piece.rate_per_s
+        if end <= start or rate <= 0:
+            continue
+        top = mass + rate * (end - start)
+        while target < top:
+            out.append(start + (target - mass) / rate)
+            target += 1.0
+        mass = top
+    return out
+
+
+class _Rollout:
+    """One run of the model (its state; :func:`rollout_finish` is the entry point)."""
+
+    __slots__ = ("shape", "t", "dec", "queues", "wait", "credit", "tracer_left", "tracer_prefill", "holding",
+                 "candidate")
+
+    def __init__(self, shape: DeviceShape, present: Present, now: float, candidate: tuple[int, int] = (1, 1)) -> None:
+        self.shape = shape
+        self.t = now
+        self.dec: list[float] = [float(r) for r in present.decoding if r > 0]
+        self.queues: dict[str, deque[list[float]]] = {name: deque() for name, _ in shape.wrr if name != "decode"}
+        for prompt, output in present.prefilling:
+            self._enqueue(prompt, output, False)
+        self.wait: deque[tuple[int, int, bool]] = deque((p, o, False) for p, o in present.waiting)
+        self.credit = {name: 0 for name, _ in shape.wrr}
+        self.tracer_left = math.inf  # the candidate's decode tokens left once it decodes
+        self.tracer_prefill = True  # the candidate has not been prefilled yet
+        self.holding = len(self.dec) + len(present.prefilling)
+        self.candidate = (candidate[0], candidate[1], True)
+
+    def _enqueue(self, prompt: float, output: float, tracer: bool) -> None:
+        self.queues[self.shape.prompt_class(int(prompt))].append([float(prompt), float(output), float(tracer)])
+
+    def admit(self) -> None:
+        """Waiting requests take free lanes in order (§5)."""
+        while self.wait and self.holding < self.shape.lanes:
+            prompt, output, tracer = self.wait.popleft()
+            self._enqueue(prompt, output, tracer)
+            self.holding += 1
+
+    def prefill(self, queue: str, t: float) -> float | None:
+        """One prefill job (or chunk) of ``queue``'s head from ``t``; the instant the candidate ends if it does
+        with its prefill (one token asked), else None."""
+        shape = self.shape
+        job = self.queues[queue].popleft()
+        tokens = job[0] if shape.chunk_tokens is None else min(job[0], float(shape.chunk_tokens))
+        self.t = t + shape.prefill_s(int(tokens))
+        job[0] -= tokens
+        if job[0] > _EPS:
+            self.queues[queue].append(job)  # a chunk: back to its class's tail (§6 rotates per chunk)
+        elif job[2]:  # the candidate's prefill yields its first token
+            if job[1] <= 1:
+                return self.t
+            self.tracer_left = job[1] - 1
+            self.tracer_prefill = False
+        elif job[1] > 1:
+            self.dec.append(job[1] - 1)
+        else:
+            self.holding -= 1
+        return None
+
+    def choose(self, decoding: bool) -> str | None:
+        """§6's smooth WRR among the non-empty queues and decode (eligible if ``decoding``; ``SmoothWrr.choose``)."""
+        best, best_credit, total = None, 0, 0
+        credit = self.credit
+        for name, weight in self.shape.wrr:
+            eligible = decoding if name == "decode" else bool(self.queues[name])
+            if eligible:
+                c = credit[name] + weight
+                credit[name] = c
+                total += weight
+                if best is None or c > best_credit:
+                    best, best_credit = name, c
+            else:
+                credit[name] = 0
+        if best is not None:
+            credit[best] -= total
+        return best
+
+
+class _Future:
+    """The later arrivals the model serves: explicit ones, or the forecast's mean path (extended past its horizon by
+    its last piece's rate)."""
+
+    __slots__ = ("times", "drawn", "forecast", "prompt", "output", "horizon_s", "horizon_end", "last_rate")
+
+    def __init__(self, now: float, forecast: ArrivalForecast | None, horizon_s: float,
+                 future: Sequence[tuple[float, int, int]] | None) -> None:
+        self.times: deque[float] = deque()
+        self.drawn: deque[tuple[int, int]] = deque()
+        self.forecast = None if future else forecast
+        self.prompt = self.output = 1
+        self.horizon_s = horizon_s
+        self.horizon_end = now
+        self.last_rate = 0.0
+        if future:
+            self.times.extend(t for t, _, _ in future)
+            self.drawn.extend((p, o) for _, p, o in future)
+        elif forecast is not None:
+            self.prompt = max(1, round(forecast.mean_prompt_tokens))
+            self.output = max(1, round(forecast.mean_output_tokens))
+            pieces = tuple(forecast.forecast(now, horizon_s))
+            self.times.extend(expected_arrivals(pieces, now))
+            self.horizon_end = now + horizon_s
+            self.last_rate = pieces[-1].rate_per_s if pieces else 0.0
+
+    def next_at(self) -> float:
+        """The next arrival's instant (inf: none)."""
+        return self.times[0] if self.times else math.inf
+
+    def arrive(self, t: float, wait: deque[tuple[int, int, bool]]) -> None:
+        """Every arrival due by ``t`` joins the tail of the waiting requests."""
+        times = self.times
+        while times and times[0] <= t + _EPS:
+            times.popleft()
+            wait.append((*self.drawn.popleft(), False) if self.drawn else (self.prompt, self.output, False))
+        if not times and self.forecast is not None and self.last_rate > 0 and t >= self.horizon_end - _EPS:
+            rate, end = self.last_rate, self.horizon_end  # past the forecast: its last piece goes on
+            times.extend(end + (k + 0.5) / rate for k in range(int(rate * self.horizon_s) + 1))
+            self.horizon_end = end + self.horizon_s
+
+
+def rollout_finish(present: Present, prompt: int, output: int, now: float, shape: DeviceShape,
+                   forecast: ArrivalForecast | None = None, horizon_s: float = HORIZON_S,
+                   future: Sequence[tuple[float, int, int]] | None = None,
+                   not_before: float | None = None) -> float | None:
+    """When a candidate of ``prompt`` tokens asking ``output`` tokens, arriving now behind ``present``, is expected
+    to produce its last token; None if the model cannot tell (no step time, or the guard on the loop hit).
+    ``future``: explicit later arrivals (instant, prompt, output) in order, in place of the forecast's mean path
+    (a drawn or a realised future: what the model does with the arrivals known). ``not_before``: the instant the
+    candidate is expected to be admitted (the §5.3 queue's order, which the model does not replay): it joins the
+    head of the waiting requests then, instead of its place in ``present``."""
+    if output < 1 or shape.lanes < 1:
+        return None
+    state = _Rollout(shape, present, now, (prompt, output))
+    held = not_before if not_before is not None and not_before > now else None
+    if held is None:
+        place = len(state.wait) if present.place is None else max(0, min(present.place, len(state.wait)))
+        state.wait.insert(place, (prompt, output, True))
+    arrivals = _Future(now, forecast, horizon_s, future)
+    if shape.engines > 1:
+        return _two_engines(state, arrivals, held)
+    return _one_engine(state, arrivals, held)
+
+
+def _one_engine(state: _Rollout, arrivals: _Future, held: float | None) -> float | None:
+    """One job in flight: decode steps of the whole set (fluid rotation) and prefills, by §6's WRR; between events
+    the set's steps are taken in bulk."""
+    shape, dec = state.shape, state.dec
+    for _ in range(MAX_EVENTS):
+        arrivals.arrive(state.t, state.wait)
+        if held is not None and state.t >= held - _EPS:
+            state.wait.appendleft(state.candidate)
+            held = None
+        state.admit()
+        choice = state.choose(bool(dec) or not state.tracer_prefill)
+        if choice is None:  # nothing on the device: idle until the next arrival (or the candidate's admission)
+            state.t = min(arrivals.next_at(), math.inf if held is None else held)
+            if state.t == math.inf:
+                return None
+            continue
+        if choice != "decode":
+            finished = state.prefill(choice, state.t)
+            if finished is not None:
+                return finished
+            continue
+        n = len(dec) + (0 if state.tracer_prefill else 1)
+        seconds, per_step = shape.cycle(n)
+        if seconds <= 0:
+            return None
+        # steps until the next event: a departure, the candidate's end, an arrival, or one step if prefills wait
+        steps = 1
+        if not any(state.queues.values()):
+            least = min(dec) if dec else math.inf
+            if not state.tracer_prefill:
+                least = min(least, state.tracer_left)
+            steps = max(1, math.ceil(least / per_step - _EPS))
+            until = min(arrivals.next_at(), math.inf if held is None else held)
+            if until < math.inf:
+                steps = min(steps, max(1, math.ceil((until - state.t) / seconds - _EPS)))
+        if not state.tracer_prefill and state.tracer_left <= steps * per_step + _EPS:
+            return state.t + math.ceil(state.tracer_left / per_step - _EPS) * seconds
+        state.t += steps * seconds
+        done = steps * per_step
+        if not state.tracer_prefill:
+            state.tracer_left -= done
+        left = [r - done for r in dec]
+        dec[:] = [r for r in left if r > _EPS]
+        state.holding -= len(left) - len(dec)
+    return None
+
+
+def _two_engines(state: _Rollout, arrivals: _Future, held: float | None) -> float | None:
+    """Ping/pong (§14): two jobs in flight. Whenever a slot is free a job is built, by §6's WRR, from what is ready
+    then: a decode job takes the Ready sequences up to the profile their count selects (the rest wait for the other
+    slot), so the set splits into groups that alternate, as the scheduler's own steps split it; a job's time is the
+    step measured for its profile beside the other slot's decode job (the step timer's key: their compiled batches
+    summed), a prefill's the measured prefill. Sequences are [remaining tokens, the candidate?]."""
+    shape = state.shape
+    ready: deque[list[float]] = deque([r, 0.0] for r in state.dec)
+    slots: list[tuple[float, int, list[list[float]] | None, list[float] | None, str] | None] = [None, None]
+    """Per slot: (end, compiled batch, decode members | None, prefill job | None, its queue), or None when free."""
+    for _ in range(MAX_EVENTS):
+        t = state.t
+        arrivals.arrive(t, state.wait)
+        if held is not None and t >= held - _EPS:
+            state.wait.appendleft(state.candidate)
+            held = None
+        state.admit()
+        for k in (0, 1):  # fill the free slots
+            if slots[k] is not None:
+                continue
+            choice = state.choose(bool(ready))
+            if choice is None:
+                break
+            if choice == "decode":
+                batch = shape.profile_of(len(ready))
+                members = [ready.popleft() for _ in range(min(batch, len(ready)))]
+                other = slots[1 - k]
+                partner = 0 if other is None or other[2] is None else other[1]
+                slots[k] = (t + shape.step_s(batch + partner), batch, members, None, choice)
+            else:
+                job = state.queues[choice].popleft()
+                tokens = job[0] if shape.chunk_tokens is None else min(job[0], float(shape.chunk_tokens))
+                job[0] -= tokens
+                slots[k] = (t + shape.prefill_s(int(tokens)), 0, None, job, choice)
+        busy = [slot for slot in slots if slot is not None]
+        if not busy:
+            state.t = min(arrivals.next_at(), math.inf if held is None else held)
+            if state.t == math.inf:
+                return None
+            continue
+        k = 0 if slots[1] is None or (slots[0] is not None and slots[0][0] <= slots[1][0]) else 1
+        end, _, members, job, queue = slots[k]  # type: ignore[misc]
+        until = min(arrivals.next_at(), math.inf if held is None else held)
+        if until < end:  # an arrival (or the candidate's admission) before the next completion
+            state.t = until
+            continue
+        slots[k] = None
+        state.t = end
+        if members is not None:
+            for seq in members:
+                seq[0] -= 1
+                if seq[0] > _EPS:
+                    ready.append(seq)
+                elif seq[1]:
+                    return end
+                else:
+                    state.holding -= 1
+            continue
+        assert job is not None
+        if job[0] > _EPS:
+            state.queues[queue].append(job)  # a chunk: back to its class's tail
+            continue
+        if job[1] <= 1:
+            if job[2]:
+                return end
+            state.holding -= 1
+            continue
+        ready.append([job[1] - 1, job[2]])
+    return None
