@@ -43,11 +43,14 @@ when installed, or h11); ``--http h11,httptools`` runs part 1 with each, side by
 The burst's CPU per request is given over two windows: up to the last first-try 429 (the server's CPU read every
 5 ms; what the refusals, and the admissions among them, cost) and up to the first retry (at least the 1 s of the
 smallest ``Retry-After``: it includes the device decoding what was admitted — most of the "all threads" share).
-The server's own clock places the first 429 the admission snapshot gave, and the last 429, after the burst's first
-arrival (access lines' ``ts`` minus ``duration_s``): before the first, requests wait for the engine to admit what
-fits (no snapshot can refuse yet). ``--orders`` picks the deadline orders of part 1; ``--tree PATH`` serves part 1
-from another source tree too (a worktree of a base commit), a row of its own before each of this tree's, once per
-``--tree`` given (``--tree /tmp/base --tree /tmp/base``: two interleaved pairs); ``--no-bare`` skips the bare floor.
+The server's own clock places the first 429 the admission snapshot gave, and the last first-try 429, after the burst's
+first arrival (access lines' ``ts`` minus ``duration_s``): before the first, requests wait for the engine to admit what
+fits (no snapshot can refuse yet). A retry carries ``X-Request-Id: retry-<client>`` (:data:`RETRY_ID`), so its 429, if
+it is refused again, is counted apart: the log is read after the retries, and such a retry (about 1 s after the burst
+for ``Retry-After: 1``) once read as the burst's last 429 (session 19: "1 026 ms", its first tries' P99 46 ms).
+``--orders`` picks the deadline orders of part 1; ``--tree PATH`` serves part 1 from another source tree too (a
+worktree of a base commit), a row of its own before each of this tree's, once per ``--tree`` given (``--tree
+/tmp/base --tree /tmp/base``: two interleaved pairs); ``--no-bare`` skips the bare floor.
 ``--distinct`` gives each burst client a prompt of its own (the prompt + its index, one token-length class), as real
 traffic has: with one body for all (the default), the server's memo of the route's parsing (the refusal lane's
 ``PreparedMemo``) parses it once, a best case; a client's retry resends its first try's body either way.
@@ -320,36 +323,89 @@ class RawConnection:
             self.writer = self.reader = None
 
 
-def _raw(method: str, path: str, host: str, body: dict[str, Any] | None = None) -> bytes:
-    """A pre-encoded HTTP/1.1 request."""
+def _raw(method: str, path: str, host: str, body: dict[str, Any] | None = None,
+         request_id: str | None = None) -> bytes:
+    """A pre-encoded HTTP/1.1 request (``request_id``: its ``X-Request-Id``, the line's ``client_request_id``)."""
     payload = b"" if body is None else json.dumps(body).encode()
     head = f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(payload)}\r\n"
     if body is not None:
         head += "Content-Type: application/json\r\n"
+    if request_id is not None:
+        head += f"X-Request-Id: {request_id}\r\n"
     return (head + "\r\n").encode() + payload
 
 
-def _server_refusals(server: Server, answered: list[float] | None = None) -> list[float]:
-    """Seconds from the app receiving each refused completion to its 429, from the server's JSON log
-    (the ``duration_s`` of its access line): the server's own time to refuse, without the accept queue.
-    ``answered`` gets each 429's wall time by the server's clock (its line's ``ts``, ms), a front one's as negative
-    (``refused_by``), so the first refusal the snapshot could make shows against the burst's first arrival."""
-    took: list[float] = []
+RETRY_ID = "retry-"
+"""The ``X-Request-Id`` prefix of a burst client's retry (its first try sends none, as before): the server's access
+line names it (``client_request_id``), so the burst's first-try window is told from its retries'
+(:func:`refusal_window`)."""
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One 429 of the server's access log: its duration (app receive → response), its instant (``ts``, the server's
+    wall clock, ms resolution), whether the front refused it from the snapshot, and whether it answered a retry."""
+
+    took_s: float
+    at: float
+    front: bool
+    retry: bool
+
+    @property
+    def arrival(self) -> float:
+        return self.at - self.took_s
+
+
+@dataclass(frozen=True)
+class RefusalWindow:
+    """The server's own view of a burst's 429s, first tries apart from retries (ms after the first first-try
+    arrival, server clock). Why apart (issue #13, Q20): a retry refused again comes back ≥ 1 s after the burst (the
+    smallest ``Retry-After``); counted with the first tries, one such retry read as a first try's 429 held ~1 s
+    (session 19's "last 429 at 1 026 ms" in a row whose first tries' P99 was 46 ms)."""
+
+    took_ms: tuple[float, float]
+    """P50/P99 of the first tries' durations."""
+    first_front_ms: float
+    """The first 429 from the snapshot (a first try's)."""
+    last_ms: float
+    """The last first-try 429."""
+    retries_refused: int
+    last_retry_ms: float
+    """The last retry's 429 (nan: none)."""
+
+
+def refusal_window(refusals: Sequence[Refusal]) -> RefusalWindow:
+    """:class:`RefusalWindow` of ``refusals`` (the burst's, first tries and retries)."""
+    first = [r for r in refusals if not r.retry]
+    retries = [r for r in refusals if r.retry]
+    start = min((r.arrival for r in first), default=math.nan)
+    took = [r.took_s for r in first]
+    front = [r.at for r in first if r.front]
+    return RefusalWindow((_pct(took, 50) * 1e3, _pct(took, 99) * 1e3),
+                         (min(front) - start) * 1e3 if front else math.nan,
+                         (max(r.at for r in first) - start) * 1e3 if first else math.nan, len(retries),
+                         (max(r.at for r in retries) - start) * 1e3 if retries else math.nan)
+
+
+def _server_refusals(server: Server) -> list[Refusal]:
+    """The 429s of the completions route in the server's JSON log since the last call (:class:`Refusal`): the server's
+    own time to refuse, without the accept queue, and when, so the first refusal the snapshot could make shows against
+    the burst's first arrival."""
+    found: list[Refusal] = []
     while True:
         try:
             line = server._drain.get_nowait()
         except Empty:
-            return took
+            return found
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if record.get("status") == 429 and record.get("route") == "/v1/completions" and "duration_s" in record:
-            took.append(float(record["duration_s"]))
-            if answered is not None and "ts" in record:
-                at = datetime.datetime.fromisoformat(record["ts"].replace("Z", "+00:00")).timestamp()
-                answered.append(-at if record.get("refused_by") == "front" else at)
-                answered.append(at - float(record["duration_s"]))  # its arrival
+        if record.get("status") == 429 and record.get("route") == "/v1/completions" and "duration_s" in record \
+                and "ts" in record:
+            at = datetime.datetime.fromisoformat(record["ts"].replace("Z", "+00:00")).timestamp()
+            found.append(Refusal(float(record["duration_s"]), at, record.get("refused_by") == "front",
+                                 str(record.get("client_request_id", "")).startswith(RETRY_ID)))
 
 
 @dataclass
@@ -375,8 +431,6 @@ class BurstRow:
     floor_ms: tuple[float, float]
     """P50/P99 of the same number of concurrent GET /health/live: the HTTP floor of a burst here."""
     refused_ms: tuple[float, float]
-    server_refused_ms: tuple[float, float]
-    """P50/P99 of the server's own time to each 429 (app receive → response, from its access log)."""
     probe_ms: tuple[float, float]
     """P50/P99 of refusals sent one at a time while the device is busy: the 429 path without a queue."""
     floor_cpu_ms: tuple[float, float]
@@ -384,9 +438,12 @@ class BurstRow:
     burst_cpu_ms: tuple[float, float]
     """Server CPU per request of the burst's first tries: (event-loop thread, all threads), ms, from the burst's start
     to its first retry (at least 1 s: it includes the device decoding what was admitted)."""
-    first_front_ms: tuple[float, float]
-    """Server clock (log ``ts``, ms resolution): the first 429 from the snapshot and the last 429, in ms after the
-    burst's first refused request reached the app (its line's ``ts`` minus its ``duration_s``)."""
+    window: RefusalWindow
+    """Server clock (log ``ts``, ms resolution): the first 429 from the snapshot and the last first-try 429, in ms
+    after the burst's first refused request reached the app (its line's ``ts`` minus its ``duration_s``), and the
+    retries refused again, apart."""
+    refused_max_ms: float
+    """The slowest first-try 429, client side (the P99 leaves out the burst's three slowest)."""
     refusal_cpu_ms: tuple[float, float]
     """The same up to the last first-try 429 (read every 5 ms): the burst's refusals and the admissions among them."""
     retry_after_share: float
@@ -411,8 +468,10 @@ async def _attempt(conn: RawConnection, data: bytes) -> Attempt:
     return Attempt(status, took, headers.get("retry-after"), time.perf_counter())
 
 
-async def _burst_client(conn: RawConnection, data: bytes, max_wait_s: float, meter: CpuMeter) -> BurstClient:
-    """One client of the burst: it sleeps the Retry-After of a 429 (up to ``max_wait_s``) and retries once.
+async def _burst_client(conn: RawConnection, data: bytes, retry_data: bytes, max_wait_s: float,
+                        meter: CpuMeter) -> BurstClient:
+    """One client of the burst: it sleeps the Retry-After of a 429 (up to ``max_wait_s``) and retries once
+    (``retry_data``: the same body, named a retry by its ``X-Request-Id``, :data:`RETRY_ID`).
     The first retry closes ``meter``'s window: the burst's CPU is that of the first tries."""
     one = BurstClient(await _attempt(conn, data))
     if one.first.status == 429 and one.first.retry_after is not None:
@@ -420,7 +479,7 @@ async def _burst_client(conn: RawConnection, data: bytes, max_wait_s: float, met
         if one.waited_s <= max_wait_s:
             await asyncio.sleep(one.waited_s)
             meter.close()
-            one.retry = await _attempt(conn, data)
+            one.retry = await _attempt(conn, retry_data)
     return one
 
 
@@ -459,8 +518,8 @@ def _burst_row(order: str, clients: list[BurstClient], deadline_s: float, wall_s
     latencies = [a.latency_s for a in refused]
     return BurstRow(
         order, dict(sorted(statuses.items())), measured["floor"], (_pct(latencies, 50) * 1e3, _pct(latencies, 99) * 1e3),
-        (_pct(measured["server_429"], 50) * 1e3, _pct(measured["server_429"], 99) * 1e3), measured["probe"],
-        measured["floor_cpu"], measured["burst_cpu"], measured["first_front_ms"], measured["refusal_cpu"],
+        measured["probe"], measured["floor_cpu"], measured["burst_cpu"], measured["window"],
+        max(latencies, default=math.nan) * 1e3, measured["refusal_cpu"],
         len(waits) / len(refused) if refused else float("nan"),
         (_pct(waits, 50), max(waits, default=float("nan"))), len(retried), sum(1 for a in retried if a.status != 429),
         sum(1 for c in clients if c.first.status == 429 and c.retry is None and c.waited_s > max_wait_s),
@@ -493,13 +552,15 @@ def burst(server: Server, order: str, requests: int, tokens: int, deadline_s: fl
             measured["floor_cpu"] = meter.per_request(requests)
             before = await _counters(client)
             _server_refusals(server)  # drop the log lines so far
-            bodies = [_raw("POST", "/v1/completions", host, _body(tokens, False, prompt))
-                      for prompt in burst_prompts(requests, distinct)]
+            prompts = burst_prompts(requests, distinct)
+            bodies = [_raw("POST", "/v1/completions", host, _body(tokens, False, prompt)) for prompt in prompts]
+            retries = [_raw("POST", "/v1/completions", host, _body(tokens, False, prompt), f"{RETRY_ID}{index}")
+                       for index, prompt in enumerate(prompts)]
             started = time.perf_counter()
             meter = CpuMeter(server.proc.pid, requests)
             sampler = asyncio.ensure_future(meter.sampling(0.005))
-            clients = await asyncio.gather(*(_burst_client(c, data, max_wait_s, meter)
-                                             for c, data in zip(conns, bodies, strict=True)))
+            clients = await asyncio.gather(*(_burst_client(c, data, again, max_wait_s, meter)
+                                             for c, data, again in zip(conns, bodies, retries, strict=True)))
             wall = time.perf_counter() - started
             measured["burst_cpu"] = meter.close()
             await sampler
@@ -507,13 +568,7 @@ def burst(server: Server, order: str, requests: int, tokens: int, deadline_s: fl
             measured["refusal_cpu"] = meter.until(last)
             measured["server"] = _delta(await _counters(client), before)
             await asyncio.sleep(0.5)  # the last access lines reach the log reader
-            times: list[float] = []
-            measured["server_429"] = _server_refusals(server, times)
-            arrivals, answers = times[1::2], times[0::2]
-            start = min(arrivals, default=math.nan)
-            front = sorted(-t for t in answers if t < 0)
-            measured["first_front_ms"] = ((front[0] - start) * 1e3 if front else math.nan,
-                                          (max(abs(t) for t in answers) - start) * 1e3 if answers else math.nan)
+            measured["window"] = refusal_window(_server_refusals(server))
             await asyncio.gather(*(c.close() for c in conns))
             probe = RawConnection(host, int(port))
             measured["probe"] = await _probe(client, probe, host, tokens, deadline_s, 50)
@@ -656,7 +711,7 @@ def _print_burst(rows: list[BurstRow], args: argparse.Namespace) -> None:
         admitted = f"{r.retries_admitted}/{r.retries} {r.retries_admitted / r.retries:.0%}" if r.retries else "-"
         busy = r.server.get("calculet_device_busy_seconds", 0.0)
         wasted = r.server.get("calculet_request_wasted_device_seconds", 0.0) / busy if busy else float("nan")
-        print(f"{r.order:<19} {statuses:<22} {_pair(r.refused_ms):>12} {_pair(r.server_refused_ms, 1):>14} "
+        print(f"{r.order:<19} {statuses:<22} {_pair(r.refused_ms):>12} {_pair(r.window.took_ms, 1):>14} "
               f"{_pair(r.floor_ms):>13} "
               f"{_pair(r.probe_ms, 1):>14} {r.retry_after_share:>8.0%} {_pair(r.retry_after_s):>10} {admitted:>14} "
               f"{r.on_time:>7} {r.expired:>4} {r.server.get('calculet_scheduler_on_time_shed', 0.0):>4.0f} "
@@ -671,7 +726,10 @@ def _print_burst(rows: list[BurstRow], args: argparse.Namespace) -> None:
         print(f"{'':<19} no-prospect 429s answered by the HTTP front from the admission snapshot: {front:.0f}, by the "
               f"engine: {engine:.0f}; the front held {r.server.get('calculet_front_held', 0.0):.0f} and forwarded: "
               f"{forwarded or 'none'}; by the server's clock the first 429 from the snapshot came "
-              f"{r.first_front_ms[0]:.0f} ms after the first arrival, the last 429 {r.first_front_ms[1]:.0f} ms")
+              f"{r.window.first_front_ms:.0f} ms after the first arrival, the last first-try 429 "
+              f"{r.window.last_ms:.0f} ms (client side: the slowest {r.refused_max_ms:.0f} ms)"
+              + (f"; {r.window.retries_refused} retries refused again, the last at {r.window.last_retry_ms:.0f} ms"
+                 if r.window.retries_refused else ""))
         lane = [r.server.get(f"calculet_front_lane_{what}") for what in ("refused", "declined", "held", "memo_hits")]
         if lane[0] is not None:  # a tree without the refusal lane's families (before #13's lane) has no such line
             print(f"{'':<19} the refusal lane (in the protocol, no ASGI task) refused {lane[0]:.0f}, declined "
@@ -682,7 +740,7 @@ def _print_burst(rows: list[BurstRow], args: argparse.Namespace) -> None:
               f"{r.refusal_cpu_ms[0] * args.burst:.0f} ms for the burst (the last 429's least wait)")
     print("ms unless named. 429 p50/p99: time to the 429 in the burst (send → response head, client side, a "
           "hand-driven HTTP/1.1 client on one kept-alive connection per request); server: the server's own time to "
-          "each of those 429s (app receive → response, its access log's duration_s); floor: the "
+          "each of those 429s (app receive → response, its access log's duration_s; retries apart); floor: the "
           "same number of concurrent GET /health/live just before (the HTTP stack's own queue for a burst on this "
           "machine); 1-by-1: 50 refusals sent one at a time behind a request filling the device (the 429 path "
           "alone). RA: Retry-After (share of 429s carrying it; p50/max s). retry admitted: retries not refused "
