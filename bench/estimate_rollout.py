@@ -9,8 +9,9 @@ requests, policy, cost model; monitors off as the sweep runs them) with the plan
   trace's end) and the mean prompt / output of its distributions;
 * ``trailing``: a stand-in learned from the past — the submits of the last ``--window`` seconds as a constant
   rate, the means of the prompts submitted and the outputs finished;
-* ``learned``: helper A20's ``ArrivalLaw`` (``calculet/runtime/scheduling/arrival_law.py``), if it is there;
-* ``none``: no future arrivals (the present drains).
+* ``learned``: the law the runtime learns from the submits (``calculet/runtime/scheduling/arrival_law.py``), as the
+  ``on_time`` policy wires it on B>1 (what the bench's own runs report);
+* ``none``: no law (the planner's estimate is reported: the rollout needs one).
 
 Each admission's two estimates are read at the planner's ``admit``: today's (the planner's own, which the
 margin scores and every decision reads) and the rollout's (the one reported). No decision moves, and the
@@ -119,16 +120,12 @@ class TrailingLaw:
         return (Piece(now, now + horizon_s, len(times) / span),)
 
 
-def _learned() -> Any:
-    from calculet.runtime.scheduling import arrival_law  # type: ignore[attr-defined]  # helper A20's module
-    return arrival_law.ArrivalLaw()
-
-
 @dataclass
 class Capture:
     """Per admitted request's arrival: (today's estimate, the rollout's)."""
 
-    law: Callable[[], Any] | None
+    law: Callable[[], Any] | None | str
+    """A law's factory (set on the planner at its first admission), None (no law), or "shipped" (the policy's own)."""
     seen: dict[float, tuple[float, float]]
     cpu_s: float = 0.0
     calls: int = 0
@@ -140,9 +137,10 @@ def install(capture: Capture) -> None:
     rollout = on_time.OnTimePolicy._rollout_finish
 
     def wrapped_admit(self: Any, rec: Any, now: float, model: Any, records: Any) -> Any:
-        if capture.law is not None and getattr(self, "_bench_law", None) is None:
-            self._bench_law = self.arrivals = capture.law()
-        elif capture.law is None:
+        law = capture.law
+        if callable(law) and getattr(self, "_bench_law", None) is None:
+            self._bench_law = self.arrivals = law()
+        elif law is None:
             self.arrivals = None
         fit = admit(self, rec, now, model, records)
         if fit.ok and rec.estimated_finish is not None:
@@ -202,7 +200,7 @@ def main() -> None:
             for load in loads:
                 requests = generate_requests(workload, workload.duration_s, load)
                 capture.law = {"oracle": lambda: OracleLaw(workload, load), "trailing": lambda: TrailingLaw(args.window),
-                               "learned": _learned, "none": None}[law_name]
+                               "learned": "shipped", "none": None}[law_name]
                 capture.seen = {}
                 run = run_policy(policy, requests, workload, cost)
                 for r in run.requests:

@@ -31,6 +31,7 @@ from typing import Callable, Iterable
 from calculet.config import SchedulerConfig
 from calculet.runtime.scheduling.admission import AdmissionController, AdmissionOutcome
 from calculet.runtime.scheduling.apply import end_for_deadline
+from calculet.runtime.scheduling.arrival_law import ArrivalLaw
 from calculet.runtime.scheduling.decode import DecodeScheduler
 from calculet.runtime.scheduling.decode_rollout import DeviceShape, Present, rollout_finish
 from calculet.runtime.scheduling.estimate_error import EstimateErrors
@@ -114,6 +115,10 @@ class OnTimePolicy:
                 planner.restart()
             self._shape_of = profiles
             self._shape = (profiles.select_profile(2**31).compiled_batch, profiles.prefill_chunk_tokens)
+            if self._shape[0] > 1 and planner.arrivals is None:
+                # B>1: the law of arrivals the reported estimate's rollout forecasts from, learned from the submits
+                # from now on (:mod:`.arrival_law`; told by the planner). B1 keeps its estimate: no law, no cost.
+                planner.arrivals = ArrivalLaw()
         batch, chunk = self._shape
         self._model = model = planner.device(batch, key[1], chunk)
         # a lane-free bet (.on_time_refusal) needs lanes of their own (not one lane; not ping/pong, whose steps overlap)

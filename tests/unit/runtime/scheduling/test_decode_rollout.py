@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from calculet.runtime.scheduling.arrival_law import ArrivalLaw
 from calculet.runtime.scheduling.decode_rollout import DeviceShape, Present, expected_arrivals, rollout_finish
 from tests.unit.runtime.runtime_support import Harness
 from tests.unit.runtime.scheduling.test_on_time_never import advance
@@ -166,7 +167,7 @@ def test_without_a_law_of_arrivals_the_planners_estimate_is_reported():
     h, _ = streaming(law=False)
     planner = h.scheduler.on_time.planner
     sub = h.submit(prompt=8, new=20, deadline_ms=600_000)
-    assert not planner._own and h.rec(sub.request_id).estimated_finish is not None
+    assert sub.request_id not in planner._own and h.rec(sub.request_id).estimated_finish is not None
 
 
 def streaming(law: bool = True) -> tuple[Harness, Forecast]:
@@ -174,13 +175,29 @@ def streaming(law: bool = True) -> tuple[Harness, Forecast]:
     more then stream on B4."""
     h = Harness.build(sizes=(1, 4), lanes=4, admission={"max_sequences": 4})
     forecast = Forecast(rate=0.5)
-    h.scheduler.on_time.planner.arrivals = forecast if law else None
+    h.scheduler.on_time.planner.arrivals = forecast
     h.submit(prompt=8, new=10, deadline_ms=600_000)
     advance(h, 1.0)
     for _ in range(2):
         h.submit(prompt=8, new=40, deadline_ms=600_000)
     advance(h, 1.5)
+    if not law:
+        h.scheduler.on_time.planner.arrivals = None
     return h, forecast
+
+
+@pytest.mark.req("R5.2.2")
+def test_the_policy_wires_a_learned_law_on_b_gt_1_only():
+    """The shipped ``on_time`` policy learns the law of arrivals from the submits on B>1 (``arrival_law.ArrivalLaw``,
+    told of the first submit already) and keeps none on B1. Mutants caught: no law wired (the rollout never reports);
+    a law on B1 too."""
+    b4 = Harness.build(sizes=(1, 4), lanes=4, admission={"max_sequences": 4})
+    b4.submit(prompt=8, new=10, deadline_ms=600_000)
+    law = b4.scheduler.on_time.planner.arrivals
+    assert isinstance(law, ArrivalLaw) and law.statistics().arrivals == 1
+    b1 = Harness.build(sizes=(1,), lanes=4, admission={"max_sequences": 4})
+    b1.submit(prompt=8, new=10, deadline_ms=600_000)
+    assert b1.scheduler.on_time.planner.arrivals is None
 
 
 @pytest.mark.req("R5.2.2")
