@@ -756,6 +756,58 @@ def test_an_arrival_finding_its_snapshot_expired_at_the_actors_wake_up_waits_for
     asyncio.run(run())
 
 
+def test_a_request_held_while_the_engine_is_stuck_is_decided_at_the_holds_cap_after_its_arrival(
+        served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What bounds a hold (issue #13, Q20: a burst's "last 429 at 1 026 ms" was a retry refused again, not a hold, but
+    the bound is this): an engine whose next snapshot never comes (none shown, one always pending: ``snapshot_pending``
+    stuck up) and with HOLD_IN_FLIGHT requests on their way forever. The lane holds an arrival through its rounds,
+    then while requests are on their way, and decides it HOLD_CAP_S after its arrival whatever the engine says
+    (forwarded: no snapshot to refuse from); the snapshot wait alone ends after SNAPSHOT_WAIT_S. Virtual time: the
+    lane's clock (``perf_counter``) and the engine's are one fake clock the test advances; drains at the engine's
+    answers. Mutants caught (each checked): no cap (``busy`` alone holds: still held at the cap), the hold ignoring what
+    is on its way (decided at its last round, 90 ms), a hold whatever the round (still held at the cap)."""
+    import time
+    from types import SimpleNamespace
+
+    from calculet.runtime.engine.admission_snapshot import HOLD_IN_FLIGHT
+    from calculet.server import refusal_lane
+    from calculet.server.inference import lane_sent
+
+    service, app = served
+    lane, early = app.refusal_lane, service.early_admission
+    _shown(service, monkeypatch)  # no snapshot, ever
+    pending = _pending(service, monkeypatch)
+    _quiet(lane, service, early, monkeypatch)
+    start = 1000.0
+    now = [start]
+    monkeypatch.setattr(refusal_lane, "time", SimpleNamespace(perf_counter=lambda: now[0], time=time.time))
+    monkeypatch.setattr(type(service.engine), "clock", property(lambda engine: SimpleNamespace(now=lambda: now[0])))
+    monkeypatch.setattr(lane, "_round_at", start)
+    monkeypatch.setattr(early, "in_flight", HOLD_IN_FLIGHT)
+    pending[0] = True
+    body = json.dumps(NEVER).encode()
+    edge = _Edge()
+
+    async def run() -> None:
+        cycle = _Cycle("a")
+        assert lane.decide(cycle.scope, body, default_headers=[], keep_alive=True, started=start, hold=True,
+                           patient=lane.holding()) is HELD
+        lane.hold(edge, cycle, None, body, start)
+        rounds = lane._round
+        for after in (0.01, 0.035, 0.06, 0.09, 0.2, 0.5, 0.9, refusal_lane.HOLD_CAP_S - 1e-3):
+            now[0] = start + after
+            await _engine_answers(early)
+            assert edge.done == [], after
+            assert lane._awaited(None, now[0]) is (after < refusal_lane.SNAPSHOT_WAIT_S)
+        assert lane._round - rounds >= 3  # past its last round: held by what is on its way
+        now[0] = start + refusal_lane.HOLD_CAP_S
+        await _engine_answers(early)
+        assert edge.done == [("app", "a")]
+        lane_sent(service, cycle.scope["state"])
+
+    asyncio.run(run())
+
+
 class _Settling:
     """A protocol as :meth:`RefusalLane.arrive` sees it: the requests it was told to settle, in order; those named in
     ``answered`` get their answer written (a 429), the others go on (forwarded or held)."""
