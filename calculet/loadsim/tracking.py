@@ -4,7 +4,12 @@ A load simulation observes the real engine only through its public surface: each
 sink (token instants, the one outcome) and the engine's transition ``observer`` hook (service
 start = the transition into ``prefill_running``; decode-ready instants for batch waits; the
 scheduler's finish estimate, ``RequestRecord.estimated_finish``, the first time a transition
-shows one — issue #13 item 2, read with ``getattr`` so a scheduler without it is fine). The
+shows one — issue #13 item 2, read with ``getattr`` so a scheduler without it is fine). That is
+the estimate made at admission: the §5.2 screen sets it inside ``submit``, whose own transition out
+of ``new`` (to ``prefill_ready`` or ``waiting_admission``) shows it at the arrival instant (issue #13
+session 20 checked every request of steady and bursty B16 at every bench load: none recorded later,
+none different). A request refused after it was accepted into the admission queue keeps its
+estimate in its record too (not scored: it did not complete). The
 :class:`RequestTracker` joins the two into the same records the baselines emit, so one
 :func:`~calculet.loadsim.analysis.summarize` judges every policy alike. Rejections get a
 bounded reason label (:func:`rejection_reason`, §16 bounded labels).
@@ -150,11 +155,15 @@ class RequestTracker:
                 raise DefinitionError(f"request {i} has no outcome: the run did not finish")
             reason = outcome.finish_reason
             finish = self.closed_at.get(i)
-            if reason is FinishReason.REJECTED and not sink.tokens:
-                out.append(SimRequestRecord.for_request(i, req, admitted=False, rejection_reason=rejection_reason(outcome),
-                                                        finish_s=finish, finish_reason="rejected"))
-                continue
             rid = self.request_ids[i]
+            if reason is FinishReason.REJECTED and not sink.tokens:
+                # refused at submit (no estimate), or later from the admission queue: then with the estimate it was
+                # accepted with, which the estimate-bound's splices compare (issue #13 session 20: the 5 of 560
+                # "mismatches" of steady b16 were such requests, refused in the splice, their estimate dropped)
+                out.append(SimRequestRecord.for_request(i, req, admitted=False, rejection_reason=rejection_reason(outcome),
+                                                        finish_s=finish, finish_reason="rejected",
+                                                        estimated_finish_s=self._estimated.get(rid)))
+                continue
             times = tuple(sink.tokens)
             out.append(SimRequestRecord.for_request(
                 i, req, admitted=True, service_start_s=self._service_start.get(rid),
