@@ -53,6 +53,11 @@ alternating renewal process so that fixed on/off durations are learned as well a
   the two-regime picture cannot place (up from the high regime, down from the low one) ends no regime:
   its rate is measured again from there (``rate_restarts``).
 
+Not done: a drift by less than :data:`NEAR_RATIO` is never a change, so a regime's rate is its mean since its alarm
+(the first regime's since the origin): over hours of slowly moving traffic it lags (a window of the last few hundred
+arrivals would bound that; the bench's runs last 300 s). The first seconds' rate rests on a few arrivals (with an
+origin and one arrival 0.05 s in, 20 req/s): a consumer may wait for :data:`FIRST_ARRIVALS`.
+
 Cost: O(1) per :meth:`arrived` (four scores); :meth:`forecast` a few pieces (at most
 :data:`MAX_PIECES`). Times are the caller's clock, seconds, never going backwards; a caller's mistake
 (time backwards, a negative horizon, negative token counts) raises :class:`DefinitionError`.
