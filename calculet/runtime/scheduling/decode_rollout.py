@@ -46,8 +46,11 @@ WRR_DEFAULT: tuple[tuple[str, int], ...] = (("decode", 8), ("short", 4), ("mediu
 """§6's WRR weights in the spec's order (the configuration default, ``queues.wrr_weights``)."""
 HORIZON_S = 120.0
 """How far ahead the forecast is asked first; a candidate not finished by then extends it by its last piece."""
-MAX_EVENTS = 200_000
-"""A guard on the loop (a finite present and forecast always end it far sooner)."""
+MAX_EVENTS = 20_000
+"""A guard on the loop: past it the model gives no answer (the planner's estimate is reported)."""
+MAX_ARRIVALS = 2_000
+"""The most later arrivals one rollout places (a forecast of absurd rates, e.g. many submits at one instant, must not
+cost without bound; a candidate's life at the presets' rates sees tens)."""
 _EPS = 1e-9
 
 
@@ -135,10 +138,10 @@ def expected_arrivals(pieces: Sequence[RatePieceLike], now: float, after: float 
     mass, target = 0.0, after + 0.5
     for piece in pieces:
         start, end, rate = max(piece.start, now), piece.end, piece.rate_per_s
-        if end <= start or rate <= 0:
+        if end <= start or not 0 < rate < math.inf:
             continue
         top = mass + rate * (end - start)
-        while target < top:
+        while target < top and len(out) < MAX_ARRIVALS:
             out.append(start + (target - mass) / rate)
             target += 1.0
         mass = top
@@ -239,7 +242,8 @@ class _Future:
             pieces = tuple(forecast.forecast(now, horizon_s))
             self.times.extend(expected_arrivals(pieces, now))
             self.horizon_end = now + horizon_s
-            self.last_rate = pieces[-1].rate_per_s if pieces else 0.0
+            last = pieces[-1].rate_per_s if pieces else 0.0
+            self.last_rate = last if 0 < last < math.inf else 0.0
 
     def next_at(self) -> float:
         """The next arrival's instant (inf: none)."""
@@ -253,7 +257,7 @@ class _Future:
             wait.append((*self.drawn.popleft(), False) if self.drawn else (self.prompt, self.output, False))
         if not times and self.forecast is not None and self.last_rate > 0 and t >= self.horizon_end - _EPS:
             rate, end = self.last_rate, self.horizon_end  # past the forecast: its last piece goes on
-            times.extend(end + (k + 0.5) / rate for k in range(int(rate * self.horizon_s) + 1))
+            times.extend(end + (k + 0.5) / rate for k in range(min(MAX_ARRIVALS, int(rate * self.horizon_s) + 1)))
             self.horizon_end = end + self.horizon_s
 
 

@@ -395,6 +395,12 @@ class OnTimePlanner:
         self.dirty = True
         return Fit(True, None, finish)
 
+    def planned_finish(self, rec: RequestRecord) -> float | None:
+        """The planner's own estimate of ``rec``'s finish (what the margin scores, :meth:`ended`): ``estimated_finish``
+        unless the rollout's is reported there (B>1 with a law of arrivals, #13 session 20)."""
+        own = self._own.get(rec.request_id)
+        return rec.estimated_finish if own is None else own
+
     def decode_order_binds(self, lanes: int) -> bool:
         """Whether the kept requests decode by deadline (the plan's order, §7.2 item 2) rather than in
         fair rotation: when more sequences may hold KV than ``lanes`` decodes per step, who finishes

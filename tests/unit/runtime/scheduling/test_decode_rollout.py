@@ -142,7 +142,8 @@ def test_on_b_gt_1_the_reported_estimate_is_the_rollouts_and_the_margin_scores_t
     lane free. Its reported ``estimated_finish`` is the rollout's (the policy's ``_rollout_finish`` on the same present),
     not the planner's; when it ends, the margin is handed the planner's own estimate.
     The planner tells the law of every submit and every end. Mutants caught: the rollout not wired (the planner's
-    estimate reported); ``ended`` scoring the reported estimate; the law not told of submits or of ends."""
+    estimate reported); ``ended`` scoring the reported estimate; ``planned_finish`` answering the reported one; the law
+    not told of submits or of ends."""
     h, law = streaming()
     policy = h.scheduler.on_time
     planner = policy.planner
@@ -151,7 +152,7 @@ def test_on_b_gt_1_the_reported_estimate_is_the_rollouts_and_the_margin_scores_t
     sub = h.submit(prompt=8, new=20, deadline_ms=600_000)
     rec = h.rec(sub.request_id)
     own = planner._own[sub.request_id]
-    assert rec.estimated_finish != pytest.approx(own)
+    assert rec.estimated_finish != pytest.approx(own) and planner.planned_finish(rec) == own
     now = h.clock.now()
     assert rec.estimated_finish == pytest.approx(policy._rollout_finish(rec, now, h.scheduler.registry.live))
     advance(h, drained=True)
