@@ -22,13 +22,16 @@ statistics at each trace's end (regime changes: 0 expected on steady).
 
     .venv/bin/python bench/arrival_forecast.py [--presets steady,bursty] [--tau 30]
 
-Measured at 5d2aa09 (2 s of CPU for all), mean absolute error against the oracle in arrivals, law / trailing rate, after
-the first cycle (60 s): bursty over H = 10 s at 0.5x 1.75 / 3.58, 1x 1.83 / 7.08, 2x 3.04 / 14.29 (oracle means 5.5, 10.9,
-22.3); over 40 s 1.74 / 8.11, 3.02 / 16.10, 4.03 / 29.33; in a burst's first 5 s over 10 s 2.66 / 5.24, 1.76 / 10.95,
-3.55 / 22.28. Steady over 10 s at 0.5-4x 0.58 / 0.59, 0.71 / 0.71, 0.50 / 0.96, 0.65 / 1.87 (0 regime changes at every
-load). In the first cycle, where nothing is learned, the law is one rate like the baseline: bursty within 10 % of it
-either way; steady 1.1-1.4x its error (the four steady loads replay one realisation compressed in time, whose first
-30 s are slow: the EWMA forgets them, the law's mean over the run so far does not).
+Measured with the law of the commit that adds this paragraph (2 s of CPU for all), mean absolute error against the
+oracle in arrivals, law / trailing rate, after the first cycle (60 s): bursty over H = 10 s at 0.5x 2.30 / 3.58, 1x
+1.93 / 7.08, 2x 3.20 / 14.29 (oracle means 5.5, 10.9, 22.3); over 40 s 3.59 / 8.11, 2.99 / 16.10, 4.62 / 29.33; in a
+burst's first 5 s over 10 s 3.47 / 5.24, 1.99 / 10.95, 3.68 / 22.28. Steady over 10 s at 0.5-4x 0.58 / 0.59, 0.71 /
+0.71, 0.50 / 0.96, 0.81 / 1.87 (0 regime changes at every load). In the first cycle, where nothing is learned, the
+law is one rate like the baseline: bursty within 10 % of it either way; steady 1.1-1.4x its error (the four steady
+loads replay one realisation compressed in time, whose first 30 s are slow: the EWMA forgets them, the law's mean
+over the run so far does not). The law's first version (5d2aa09, remembered rates counted from the change point, no
+rate window) was better on bursty 0.5x (1.75 over 10 s, 1.74 over 40 s) but invented a phase on a long steady stream
+(arrival_law's docstring).
 """
 
 from __future__ import annotations

@@ -4,8 +4,11 @@ Synthetic streams only (seeded numpy), no load simulator: a runtime module is te
 checked, and the mutant each test was seen to fail on (each applied by hand to a copy, the test run, reverted):
 
 * steady Poisson settles to one rate, with no regime change and no phase — fails with ``THRESHOLD = 5`` (false
-  alarms) and with the far alternative fixed at 10x before the other kind is learned; over a long stream a false
-  change may come but a phase may not — fails with ``_phased`` not comparing the two kinds' rates;
+  alarms) and with the far alternative fixed at 10x before the other kind is learned; over long streams false
+  changes come but a phase may not — fails with ``_phased`` not comparing the two kinds' rates, and with a regime's
+  remembered rate counted from its change point (the silence that raised a false alarm made a 0.23 req/s 'low'
+  regime of a 1 req/s stream, and a phase, seed 1);
+* a drift under NEAR_RATIO is followed — fails without the rate window's slide;
 * with an origin the first regime counts every arrival, without one the first only opens the window — fails with
   the first arrival counted;
 * an on/off stream: after two cycles, at a burst's start the forecast ends the burst where it ends, and in the
@@ -85,19 +88,21 @@ def test_steady_poisson_settles_to_one_rate_without_phases(rate: float) -> None:
     assert pieces == (RatePiece(now, now + 40.0, stats.rate_per_s),)
 
 
-def test_a_long_steady_stream_never_forecasts_a_phase() -> None:
-    """20 000 arrivals: a false alarm may come (about one in 5 000 arrivals at THRESHOLD 8), a phase may not."""
-    rng = np.random.default_rng(8)
-    times = poisson(rng, 1.0, 0.0, 20000.0)
-    law = ArrivalLaw()
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_long_steady_stream_never_forecasts_a_phase(seed: int) -> None:
+    """10 000 arrivals: false changes come (about one in 2 500 arrivals here, seed 1 has 7), a phase may not, and
+    the one rate stays near the truth."""
+    rng = np.random.default_rng(seed)
+    times = poisson(rng, 1.0, 0.0, 10000.0)
+    law = ArrivalLaw(origin=0.0)
+    errors = []
     for i, t in enumerate(times):
         law.arrived(t, 1, 1)
-        if i % 50 == 0:
+        if i % 20 == 0 and i > 500:
             pieces = law.forecast(t, 60.0)
             assert len(pieces) == 1, (t, law.statistics())
-            if i > 200:
-                assert pieces[0].rate_per_s == pytest.approx(1.0, rel=0.35), (t, law.statistics())
-    assert law.statistics().regime_changes <= 8
+            errors.append(abs(pieces[0].rate_per_s - 1.0))
+    assert np.median(errors) < 0.06 and np.quantile(errors, 0.9) < 0.15
 
 
 def test_an_origin_counts_every_arrival_from_the_start() -> None:
@@ -227,3 +232,14 @@ def test_a_short_silence_early_in_a_burst_does_not_end_it() -> None:
     feed(law, times, until=180.0 + 10.0)
     stats = law.statistics()
     assert stats.regime == "high" and stats.regime_age_s > 9.0, stats
+
+
+def test_a_drift_under_the_change_ratio_is_followed() -> None:
+    """Evenly spaced arrivals, 1 req/s for 3 000 s then 1.3 req/s for 1 500 s: no test ever fires (no change), and
+    the rate follows over the last WINDOW to 2 x WINDOW arrivals; a mean since the start would read 1.1."""
+    times = [float(i) for i in range(1, 3001)] + [3000.0 + i / 1.3 for i in range(1, 1951)]
+    law = ArrivalLaw(origin=0.0)
+    feed(law, times)
+    stats = law.statistics()
+    assert stats.regime_changes == 0
+    assert stats.rate_per_s == pytest.approx(1.3, rel=0.01)
