@@ -139,12 +139,12 @@ def install(capture: Capture) -> None:
     def wrapped_admit(self: Any, rec: Any, now: float, model: Any, records: Any) -> Any:
         law = capture.law
         if callable(law) and getattr(self, "_bench_law", None) is None:
-            self._bench_law = self.arrivals = law()
+            self._bench_law = self.report.arrivals = law()
         elif law is None:
-            self.arrivals = None
+            self.report.arrivals = None
         fit = admit(self, rec, now, model, records)
         if fit.ok and rec.estimated_finish is not None:
-            capture.seen[rec.arrival] = (self._own.get(rec.request_id, rec.estimated_finish), rec.estimated_finish)
+            capture.seen[rec.arrival] = (self.report.planned_finish(rec), rec.estimated_finish)
         return fit
 
     def timed_rollout(self: Any, rec: Any, now: float, records: Any, admitted: float | None = None) -> Any:

@@ -331,16 +331,40 @@ def _one_engine(state: _Rollout, arrivals: _Future, held: float | None) -> float
     return None
 
 
+_Slot = tuple[float, int, "list[list[float]] | None", "list[float] | None", str]
+"""A job in flight: (end, compiled batch, decode members | None, prefill job | None, its queue)."""
+
+
+def _fill(state: _Rollout, slots: list[_Slot | None], ready: deque[list[float]], t: float) -> None:
+    """Build a job for each free slot at ``t``, by §6's WRR, from what is ready (``Scheduler.step``)."""
+    shape = state.shape
+    for k in (0, 1):
+        if slots[k] is not None:
+            continue
+        choice = state.choose(bool(ready))
+        if choice is None:
+            return
+        if choice == "decode":
+            batch = shape.profile_of(len(ready))
+            members = [ready.popleft() for _ in range(min(batch, len(ready)))]
+            other = slots[1 - k]
+            partner = 0 if other is None or other[2] is None else other[1]
+            slots[k] = (t + shape.step_s(batch + partner), batch, members, None, choice)
+        else:
+            job = state.queues[choice].popleft()
+            tokens = job[0] if shape.chunk_tokens is None else min(job[0], float(shape.chunk_tokens))
+            job[0] -= tokens
+            slots[k] = (t + shape.prefill_s(int(tokens)), 0, None, job, choice)
+
+
 def _two_engines(state: _Rollout, arrivals: _Future, held: float | None) -> float | None:
     """Ping/pong (§14): two jobs in flight. Whenever a slot is free a job is built, by §6's WRR, from what is ready
     then: a decode job takes the Ready sequences up to the profile their count selects (the rest wait for the other
     slot), so the set splits into groups that alternate, as the scheduler's own steps split it; a job's time is the
     step measured for its profile beside the other slot's decode job (the step timer's key: their compiled batches
     summed), a prefill's the measured prefill. Sequences are [remaining tokens, the candidate?]."""
-    shape = state.shape
     ready: deque[list[float]] = deque([r, 0.0] for r in state.dec)
-    slots: list[tuple[float, int, list[list[float]] | None, list[float] | None, str] | None] = [None, None]
-    """Per slot: (end, compiled batch, decode members | None, prefill job | None, its queue), or None when free."""
+    slots: list[_Slot | None] = [None, None]  # None: the slot is free
     for _ in range(MAX_EVENTS):
         t = state.t
         arrivals.arrive(t, state.wait)
@@ -348,25 +372,8 @@ def _two_engines(state: _Rollout, arrivals: _Future, held: float | None) -> floa
             state.wait.appendleft(state.candidate)
             held = None
         state.admit()
-        for k in (0, 1):  # fill the free slots
-            if slots[k] is not None:
-                continue
-            choice = state.choose(bool(ready))
-            if choice is None:
-                break
-            if choice == "decode":
-                batch = shape.profile_of(len(ready))
-                members = [ready.popleft() for _ in range(min(batch, len(ready)))]
-                other = slots[1 - k]
-                partner = 0 if other is None or other[2] is None else other[1]
-                slots[k] = (t + shape.step_s(batch + partner), batch, members, None, choice)
-            else:
-                job = state.queues[choice].popleft()
-                tokens = job[0] if shape.chunk_tokens is None else min(job[0], float(shape.chunk_tokens))
-                job[0] -= tokens
-                slots[k] = (t + shape.prefill_s(int(tokens)), 0, None, job, choice)
-        busy = [slot for slot in slots if slot is not None]
-        if not busy:
+        _fill(state, slots, ready, t)
+        if slots[0] is None and slots[1] is None:
             state.t = min(arrivals.next_at(), math.inf if held is None else held)
             if state.t == math.inf:
                 return None

@@ -73,7 +73,6 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
 from calculet.machines.request import FinishReason
-from calculet.runtime.scheduling.decode_rollout import ArrivalFeed
 from calculet.runtime.scheduling.estimate_error import EstimateErrors, EstimateErrorStatistics
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.finish_estimate import (DeviceModel, Fit, PendingJob,
@@ -84,6 +83,7 @@ from calculet.runtime.scheduling.on_time_device import MeasuredDevice
 from calculet.runtime.scheduling.on_time_kept import DECODING_STATES, PLANNED_STATES, KeptJobs, job_values, pending_job
 from calculet.runtime.scheduling.on_time_order import AdmissionOrderIndex
 from calculet.runtime.scheduling.on_time_refusal import fit_afresh
+from calculet.runtime.scheduling.on_time_report import ReportedEstimate
 from calculet.runtime.scheduling.on_time_retry import MAX_RETRY_SLOTS, RETRY_GRACE_S, RetrySlots
 from calculet.runtime.scheduling.on_time_spare import at_risk_prefix, near_deadline, slack_ratio, spare_harmless
 from calculet.runtime.scheduling.overtaking import Overtaking, window_starts
@@ -162,8 +162,7 @@ class OnTimePlanner:
         of its kept and not-at-risk requests; 0: replan on any :data:`REPLAN_DRIFT`)."""
         self._slots: list[float] = []
         """Fair-share finishes of the decoding requests at the last plan (when a stream slot frees)."""
-        self._replans = self._unfit = self._ttft_refused = self._shed_waiting = self._shed_admitted = 0
-        self._at_risk = 0
+        self._replans = self._unfit = self._ttft_refused = self._shed_waiting = self._shed_admitted = self._at_risk = 0
         self._cap: int | None = None
         self._version = 0
         """Bumped whenever the kept set changes (a replan, an admission): keys the refusal caches."""
@@ -196,15 +195,7 @@ class OnTimePlanner:
         self.bets: set[int] = set()
         """Live requests admitted as lane-free bets (:func:`.on_time_refusal.lane_free_bet`): their outcome is not scored."""
         self.bets_made = self._bets_missed = 0
-        self.rollout: Callable[[RequestRecord, float, Callable[[], Iterable[RequestRecord]], float | None],
-                               float | None] | None = None
-        """The reported estimate's model on B>1 (:mod:`.decode_rollout`, set by the policy; None: the plan's finish is
-        reported). It reports only: admission, the margin and every decision keep the planner's own estimate."""
-        self.arrivals: ArrivalFeed | None = None
-        """The law of arrivals the rollout forecasts from, told of every submit and every end (None: none)."""
-        self._own: dict[int, float] = {}
-        """The planner's own estimate of each request whose reported one is the rollout's: what :meth:`ended` scores
-        (the margin feeds admission, so it must not read the rollout: no decision moves, #13 session 20)."""
+        self.report = ReportedEstimate()  # on B>1 the rollout's is reported, the planner's scored (.on_time_report)
 
     # ------------------------------------------------------------------ the device
 
@@ -331,9 +322,6 @@ class OnTimePlanner:
         its step is the step timer's. ``records`` lists the live requests; it is called only on the slow path.
         Once per ``submit()`` (#20): :meth:`admitting_model` and :meth:`cache_drift` are read without their calls
         while their inputs hold, and a job placed at the cache's tail is kept as its values (:mod:`.on_time_kept`)."""
-        arrivals = self.arrivals
-        if arrivals is not None:
-            arrivals.arrived(now, rec.prompt_tokens, rec.machine.max_new_tokens)
         if self.any_itl:  # the typical prompt is read by the ITL cap alone (decode_cap): else not kept (#20)
             smoothed = self._prompt_tokens  # the first prompt seen sets it
             self._prompt_tokens = smoothed + (PROMPT_SMOOTHING if smoothed else 1.0) * (rec.prompt_tokens - smoothed)
@@ -381,25 +369,10 @@ class OnTimePlanner:
                 if estimate is not None:  # it waits: its expected admission, the queue-order finish less its service
                     start = finish - nominal.service_s(job.prefill_tokens, job.decode_steps)
         rec.estimated_finish = finish
-        rollout = self.rollout
-        if rollout is not None and finish is not None and arrivals is not None:
-            # B>1 with a law of arrivals (without one the present drains: worse than the plan's, docs/estimator.md):
-            # the rollout is reported, the plan's finish scored. Where requests wait, the §5.3 queue's order and
-            # the later arrivals that overtake decide the start, which the rollout does not replay: it takes the
-            # queue-order estimate's start (its finish less its service) and rolls the decode set from there
-            # (docs/estimator.md, session 20)
-            reported = rollout(rec, now, records, start)
-            if reported is not None:
-                self._own[rec.request_id] = finish
-                rec.estimated_finish = reported
+        if finish is not None and self.report.arrivals is not None:  # B>1: the rollout's reported (.on_time_report)
+            self.report.admitted(rec, now, finish, records, start)
         self.dirty = True
         return Fit(True, None, finish)
-
-    def planned_finish(self, rec: RequestRecord) -> float | None:
-        """The planner's own estimate of ``rec``'s finish (what the margin scores, :meth:`ended`): ``estimated_finish``
-        unless the rollout's is reported there (B>1 with a law of arrivals, #13 session 20)."""
-        own = self._own.get(rec.request_id)
-        return rec.estimated_finish if own is None else own
 
     def decode_order_binds(self, lanes: int) -> bool:
         """Whether the kept requests decode by deadline (the plan's order, §7.2 item 2) rather than in
@@ -479,16 +452,10 @@ class OnTimePlanner:
 
     def ended(self, rec: RequestRecord, now: float) -> None:
         """``rec`` reached its outcome: score the estimate it was admitted with (a bet's is not: admitted against it)."""
-        own = self._own
-        estimate = own.pop(rec.request_id, None) if own else None
-        if estimate is None:
-            estimate = rec.estimated_finish
-        reason = rec.machine.finish_reason
-        arrivals = self.arrivals
-        if arrivals is not None and reason in (FinishReason.STOP, FinishReason.LENGTH):
-            arrivals.finished(rec.machine.generated_tokens)
+        estimate = self.report.ended(rec)  # the planner's own (the rollout's may be reported), the law told
         if estimate is None:
             return
+        reason = rec.machine.finish_reason
         if self.bets and rec.request_id in self.bets:  # counted apart, not scored
             self.bets.discard(rec.request_id)
             late = reason not in (FinishReason.STOP, FinishReason.LENGTH) or (rec.deadline is not None and now > rec.deadline)

@@ -52,7 +52,7 @@ class Forecast:
         self.ends += 1
 
 
-@pytest.mark.req("R8.1")
+@pytest.mark.req("R6.3")
 def test_one_profile_the_wrr_interleaves_the_candidates_prefill_and_its_prefill_yields_the_first_token():
     """One sequence decoding (10 left), B4 only at 0.2 s a step, prefill 1 ms a token. The candidate (100-token prompt,
     4 tokens) waits in the short queue: §6's WRR (decode 8 : short 4) serves a decode step first (0.2 s), then its
@@ -88,7 +88,7 @@ def test_expected_arrivals_join_the_set_and_the_profile_grows():
     assert rollout_finish(Present(), 1, 11, 0.0, device, Forecast(rate=2.0)) == pytest.approx(1.6)
 
 
-@pytest.mark.req("R6.1")
+@pytest.mark.req("R6.3")
 def test_a_lane_holders_prefill_stalls_the_set():
     """B4 at 0.1 s a step, prefill 1 ms a token. One sequence decoding (5 left), and a lane holder still to prefill a
     1000-token prompt (a *medium* one, §6: WRR weight 2). The candidate (100 tokens, asks 5): decode (t 0.1), its short
@@ -111,7 +111,7 @@ def test_ping_pong_builds_a_job_from_what_is_ready_and_times_it_beside_the_other
     assert rollout_finish(Present(decoding=(10, 10, 10)), 1, 2, 0.0, device) == pytest.approx(0.30)
 
 
-@pytest.mark.req("R5.2.1")
+@pytest.mark.req("R5.2.2")
 def test_a_waiting_candidate_joins_at_its_expected_admission():
     """Lanes full (one lane, one sequence with 3 left, B4 at 0.1 s): alone in the queue the candidate (free prefill,
     asks 2) takes the lane when it frees (t 0.3) and ends 0.1 s later (0.4 s); told it is admitted at 1.0 s (the §5.3
@@ -147,12 +147,12 @@ def test_on_b_gt_1_the_reported_estimate_is_the_rollouts_and_the_margin_scores_t
     h, law = streaming()
     policy = h.scheduler.on_time
     planner = policy.planner
-    assert planner.rollout is not None
+    assert planner.report.rollout is not None
     scored = planner.errors = _Scored(planner.errors)
     sub = h.submit(prompt=8, new=20, deadline_ms=600_000)
     rec = h.rec(sub.request_id)
-    own = planner._own[sub.request_id]
-    assert rec.estimated_finish != pytest.approx(own) and planner.planned_finish(rec) == own
+    own = planner.report._own[sub.request_id]
+    assert rec.estimated_finish != pytest.approx(own) and planner.report.planned_finish(rec) == own
     now = h.clock.now()
     assert rec.estimated_finish == pytest.approx(policy._rollout_finish(rec, now, h.scheduler.registry.live))
     advance(h, drained=True)
@@ -168,7 +168,7 @@ def test_without_a_law_of_arrivals_the_planners_estimate_is_reported():
     h, _ = streaming(law=False)
     planner = h.scheduler.on_time.planner
     sub = h.submit(prompt=8, new=20, deadline_ms=600_000)
-    assert sub.request_id not in planner._own and h.rec(sub.request_id).estimated_finish is not None
+    assert sub.request_id not in planner.report._own and h.rec(sub.request_id).estimated_finish is not None
 
 
 def streaming(law: bool = True) -> tuple[Harness, Forecast]:
@@ -176,14 +176,14 @@ def streaming(law: bool = True) -> tuple[Harness, Forecast]:
     more then stream on B4."""
     h = Harness.build(sizes=(1, 4), lanes=4, admission={"max_sequences": 4})
     forecast = Forecast(rate=0.5)
-    h.scheduler.on_time.planner.arrivals = forecast
+    h.scheduler.on_time.planner.report.arrivals = forecast
     h.submit(prompt=8, new=10, deadline_ms=600_000)
     advance(h, 1.0)
     for _ in range(2):
         h.submit(prompt=8, new=40, deadline_ms=600_000)
     advance(h, 1.5)
     if not law:
-        h.scheduler.on_time.planner.arrivals = None
+        h.scheduler.on_time.planner.report.arrivals = None
     return h, forecast
 
 
@@ -194,11 +194,11 @@ def test_the_policy_wires_a_learned_law_on_b_gt_1_only():
     a law on B1 too."""
     b4 = Harness.build(sizes=(1, 4), lanes=4, admission={"max_sequences": 4})
     b4.submit(prompt=8, new=10, deadline_ms=600_000)
-    law = b4.scheduler.on_time.planner.arrivals
+    law = b4.scheduler.on_time.planner.report.arrivals
     assert isinstance(law, ArrivalLaw) and law.statistics().arrivals == 1
     b1 = Harness.build(sizes=(1,), lanes=4, admission={"max_sequences": 4})
     b1.submit(prompt=8, new=10, deadline_ms=600_000)
-    assert b1.scheduler.on_time.planner.arrivals is None
+    assert b1.scheduler.on_time.planner.report.arrivals is None
 
 
 @pytest.mark.req("R5.2.2")
@@ -206,10 +206,29 @@ def test_on_b1_the_reported_estimate_is_the_planners():
     """B1 only (one lane shared by four sequences): no rollout, the planner's estimate is reported as before.
     Mutant caught: the rollout wired whatever the compiled batch."""
     h = Harness.build(sizes=(1,), lanes=4, admission={"max_sequences": 4})
-    h.scheduler.on_time.planner.arrivals = Forecast(rate=0.5)
+    h.scheduler.on_time.planner.report.arrivals = Forecast(rate=0.5)
     h.submit(prompt=8, new=10, deadline_ms=600_000)
     advance(h, 1.0)
     sub = h.submit(prompt=8, new=20, deadline_ms=600_000)
     planner = h.scheduler.on_time.planner
-    assert planner.rollout is None and not planner._own
+    assert planner.report.rollout is None and not planner.report._own
     assert h.rec(sub.request_id).estimated_finish is not None
+
+
+@pytest.mark.req("R5.2.2")
+def test_a_waiting_candidates_estimate_is_between_the_replayed_queue_and_the_queue_order_start():
+    """Four lanes held by long streams, two more waiting: a candidate waits too. Its reported estimate is the mean of
+    the rollout replaying the §5.3 queue and of the rollout joining at the queue-order estimate's start (they bracket
+    the wait), so it is not the replay's alone. Mutant caught: the replay alone reported."""
+    h = Harness.build(sizes=(1, 4), lanes=4, admission={"max_sequences": 4})
+    h.submit(prompt=8, new=10, deadline_ms=600_000)
+    advance(h, 1.0)
+    for _ in range(6):
+        h.submit(prompt=8, new=60, deadline_ms=600_000)
+    advance(h, 1.5)
+    policy = h.scheduler.on_time
+    sub = h.submit(prompt=8, new=20, deadline_ms=600_000)
+    rec = h.rec(sub.request_id)
+    assert rec.state == "waiting_admission" and sub.request_id in policy.planner.report._own
+    replayed = policy._rollout_finish(rec, h.clock.now(), h.scheduler.registry.live, None)
+    assert replayed is not None and rec.estimated_finish != pytest.approx(replayed)
