@@ -39,6 +39,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
+from calculet.runtime.scheduling.prefill import SmoothWrr
+
 __all__ = ["ArrivalFeed", "ArrivalForecast", "DeviceShape", "Present", "RatePieceLike", "WRR_DEFAULT", "expected_arrivals",
            "rollout_finish"]
 
@@ -151,7 +153,7 @@ def expected_arrivals(pieces: Sequence[RatePieceLike], now: float, after: float 
 class _Rollout:
     """One run of the model (its state; :func:`rollout_finish` is the entry point)."""
 
-    __slots__ = ("shape", "t", "dec", "queues", "wait", "credit", "tracer_left", "tracer_prefill", "holding",
+    __slots__ = ("shape", "t", "dec", "queues", "wait", "wrr", "tracer_left", "tracer_prefill", "holding",
                  "candidate")
 
     def __init__(self, shape: DeviceShape, present: Present, now: float, candidate: tuple[int, int] = (1, 1)) -> None:
@@ -162,7 +164,7 @@ class _Rollout:
         for prompt, output in present.prefilling:
             self._enqueue(prompt, output, False)
         self.wait: deque[tuple[int, int, bool]] = deque((p, o, False) for p, o in present.waiting)
-        self.credit = {name: 0 for name, _ in shape.wrr}
+        self.wrr = SmoothWrr(dict(shape.wrr))
         self.tracer_left = math.inf  # the candidate's decode tokens left once it decodes
         self.tracer_prefill = True  # the candidate has not been prefilled yet
         self.holding = len(self.dec) + len(present.prefilling)
@@ -200,22 +202,12 @@ class _Rollout:
         return None
 
     def choose(self, decoding: bool) -> str | None:
-        """§6's smooth WRR among the non-empty queues and decode (eligible if ``decoding``; ``SmoothWrr.choose``)."""
-        best, best_credit, total = None, 0, 0
-        credit = self.credit
-        for name, weight in self.shape.wrr:
-            eligible = decoding if name == "decode" else bool(self.queues[name])
-            if eligible:
-                c = credit[name] + weight
-                credit[name] = c
-                total += weight
-                if best is None or c > best_credit:
-                    best, best_credit = name, c
-            else:
-                credit[name] = 0
-        if best is not None:
-            credit[best] -= total
-        return best
+        """The next job by §6's smooth WRR (the scheduler's own :class:`.SmoothWrr`) among the non-empty prefill
+        queues and decode (eligible if ``decoding``)."""
+        eligible = {name for name, queue in self.queues.items() if queue}
+        if decoding:
+            eligible.add("decode")
+        return self.wrr.choose(eligible)
 
 
 class _Future:
