@@ -117,7 +117,7 @@ class OnTimePolicy:
             self._shape = (profiles.select_profile(2**31).compiled_batch, profiles.prefill_chunk_tokens)
             if self._shape[0] > 1 and planner.report.arrivals is None:
                 # B>1: the law of arrivals the reported estimate's rollout forecasts from, learned from the submits
-                # from now on (:mod:`.arrival_law`; told by the planner). B1 keeps its estimate: no law, no cost.
+                # from now on (:mod:`.arrival_law`; told at :meth:`screen` and on each end). B1: no law, no cost.
                 planner.report.arrivals = ArrivalLaw()
         batch, chunk = self._shape
         self._model = model = planner.device(batch, key[1], chunk)
