@@ -125,6 +125,10 @@ class OnTimeStatistics:
     """Requests the estimate refused that were admitted as lane-free bets (:func:`.on_time_refusal.lane_free_bet`)."""
     bets_missed: int = 0
     """Of those ended, the ones that missed their deadline (not scored by the margin: counted here)."""
+    rollouts: int = 0
+    """Admissions whose reported estimate is the decode set's rollout (B>1, :mod:`.on_time_report`)."""
+    rollouts_skipped: int = 0
+    """B>1 admissions that kept the planner's estimate: a rollout was already made since the last device completion."""
 
 
 @dataclass(frozen=True)
@@ -195,7 +199,7 @@ class OnTimePlanner:
         self.bets: set[int] = set()
         """Live requests admitted as lane-free bets (:func:`.on_time_refusal.lane_free_bet`): their outcome is not scored."""
         self.bets_made = self._bets_missed = 0
-        self.report = ReportedEstimate()  # on B>1 the rollout's is reported, the planner's scored (.on_time_report)
+        self.report = ReportedEstimate(lambda: (step_times.samples, prefill_times.samples))  # B>1 (.on_time_report)
 
     # ------------------------------------------------------------------ the device
 
@@ -531,7 +535,7 @@ class OnTimePlanner:
     def statistics(self) -> OnTimeStatistics:
         return OnTimeStatistics(self._replans, self._unfit, self._ttft_refused, self._shed_waiting,
                                  self._shed_admitted, self._at_risk, self._cap, self.errors.statistics(), self.bets_made,
-                                 self._bets_missed)
+                                 self._bets_missed, self.report.rolled, self.report.skipped)
 
 
 def _overtaken(planner: OnTimePlanner, rec: RequestRecord, job: PendingJob, now: float, model: DeviceModel,

@@ -6,6 +6,13 @@ rollout of the decode set over a law of arrivals (:mod:`.decode_rollout`, ``docs
 no decision may read. This keeps the two apart: the planner's own estimate of each request whose reported one is the
 rollout's, returned to the planner when the request ends (the admission margin scores it), and the law of arrivals,
 told of every submit and every end. Without a rollout (B1) or a law, the planner's estimate is reported as before.
+
+At most one rollout between two device completions (:attr:`ReportedEstimate.step_key`): a rollout costs 0.7-6.7 ms of
+the engine thread's CPU on B>1 (``docs/estimator.md`` session 20) and every submit of a burst lands in the same engine
+turn, so an unbounded rollout per submit would hold the next device step back by a second for 300 submits, and made
+``submit()`` 100x its #20 budget (`bench/scheduler.py`). The first submit after a completion is rolled out; the others
+until the next one report the planner's estimate, as on B1. The bench's presets rarely see two submits between two
+completions, so their rows keep the rollout (measured in ``docs/estimator.md``).
 """
 
 from __future__ import annotations
@@ -24,9 +31,9 @@ _SCORED = (FinishReason.STOP, FinishReason.LENGTH)
 class ReportedEstimate:
     """The rollout reported in place of the planner's estimate, and the planner's kept apart for the margin."""
 
-    __slots__ = ("rollout", "arrivals", "_own")
+    __slots__ = ("rollout", "arrivals", "_own", "step_key", "_rolled_at", "rolled", "skipped")
 
-    def __init__(self) -> None:
+    def __init__(self, step_key: Callable[[], tuple[int, int]] = lambda: (0, 0)) -> None:
         self.rollout: Rollout | None = None
         """The reported estimate's model on B>1 (set by the policy; None: the plan's finish is reported)."""
         self.arrivals: ArrivalFeed | None = None
@@ -34,6 +41,13 @@ class ReportedEstimate:
         without later arrivals the present drains, worse than the plan's on every bursty B16 load measured)."""
         self._own: dict[int, float] = {}
         """The planner's own estimate of each live request whose reported one is the rollout's."""
+        self.step_key = step_key
+        """The device completions measured so far (decode steps, prefills): a rollout is made at most once per value."""
+        self._rolled_at: tuple[int, int] | None = None
+        self.rolled = 0
+        """Admissions reported by the rollout."""
+        self.skipped = 0
+        """Admissions left with the planner's estimate: a rollout was already made since the last completion."""
 
     def admitted(self, rec: RequestRecord, now: float, finish: float,
                  records: Callable[[], Iterable[RequestRecord]], start: float | None) -> None:
@@ -43,6 +57,12 @@ class ReportedEstimate:
         rollout = self.rollout
         if rollout is None:
             return
+        key = self.step_key()
+        if key == self._rolled_at:
+            self.skipped += 1
+            return
+        self._rolled_at = key
+        self.rolled += 1
         reported = rollout(rec, now, records, start)
         if reported is not None:
             self._own[rec.request_id] = finish

@@ -232,3 +232,25 @@ def test_a_waiting_candidates_estimate_is_between_the_replayed_queue_and_the_que
     assert rec.state == "waiting_admission" and sub.request_id in policy.planner.report._own
     replayed = policy._rollout_finish(rec, h.clock.now(), h.scheduler.registry.live, None)
     assert replayed is not None and rec.estimated_finish != pytest.approx(replayed)
+
+
+@pytest.mark.req("R5.2.2")
+def test_at_most_one_rollout_between_two_device_completions():
+    """A burst's submits land in one engine turn: the first after a device completion is rolled out, the others keep
+    the planner's estimate (a rollout is milliseconds of the engine thread: 300 of them held the next step back by
+    seconds, and made ``submit()`` 100x its #20 budget); after the next completion one is rolled out again, and the
+    statistics count both. Mutants caught: no gate (every submit rolled out); the gate never reopened (keyed on
+    nothing that a completion moves); the skipped count not kept."""
+    h, _ = streaming()
+    planner = h.scheduler.on_time.planner
+    before = planner.statistics()
+    first, second = (h.submit(prompt=8, new=20, deadline_ms=600_000) for _ in range(2))
+    rolled, kept = h.rec(first.request_id), h.rec(second.request_id)
+    assert planner.report.planned_finish(rolled) != rolled.estimated_finish  # the rollout's reported
+    assert planner.report.planned_finish(kept) == kept.estimated_finish  # the planner's own
+    after = planner.statistics()
+    assert (after.rollouts - before.rollouts, after.rollouts_skipped - before.rollouts_skipped) == (1, 1)
+    advance(h, h.clock.now() + 0.5)  # device completions
+    third = h.rec(h.submit(prompt=8, new=20, deadline_ms=600_000).request_id)
+    assert planner.report.planned_finish(third) != third.estimated_finish
+    assert planner.statistics().rollouts - before.rollouts == 2
