@@ -98,9 +98,6 @@ MEMORY = 8
 """Regimes of each kind whose rate and duration are remembered."""
 MAX_PIECES = 64
 """Most pieces in a forecast; past them the rest of the horizon gets the cycle's mean rate."""
-PENDING = 256
-"""Submits kept before they are learned from at the latest (:meth:`ArrivalLaw.arrived`): a bound on the list, not a
-choice that changes what is learned."""
 GUARD = 4.0
 """Added to :data:`THRESHOLD` while a regime is younger than half the shortest complete duration of its kind: a
 change that early is against everything seen (log prior odds; with exponential durations the shortest is short
@@ -163,7 +160,7 @@ class ArrivalLaw:
     __slots__ = ("_origin", "_now", "_rate_t", "_rate_n", "_recent", "_arrivals", "_kind", "_start", "_start_n",
                  "_censored", "_hint", "_ref", "_alt", "_pooled_rate", "_guard_end", "_armed", "_score", "_since_t",
                  "_since_n", "_since_prev", "_last_arrival", "_durations", "_counts", "_changes", "_restarts",
-                 "_prompt_sum", "_max_new_sum", "_generated_sum", "_finished", "_pending")
+                 "_prompt_sum", "_max_new_sum", "_generated_sum", "_finished")
 
     def __init__(self, origin: float | None = None) -> None:
         """``origin``: when observation began (the service's start), if known; else the first arrival.
@@ -210,38 +207,13 @@ class ArrivalLaw:
         self._max_new_sum = 0
         self._generated_sum = 0
         self._finished = 0
-        self._pending: list[tuple[float, int, int]] = []
-        """Submits not learned from yet (:meth:`arrived`)."""
 
     # ------------------------------------------------------------------ inputs
 
     def arrived(self, now: float, prompt_tokens: int, max_new_tokens: int) -> None:
-        """One submit at ``now`` (every one offered, accepted or not: the law is of the offered load).
-
-        Kept and learned from at the next read (:meth:`forecast`, the means, :meth:`statistics`) or every
-        :data:`PENDING` submits: learning costs about 7 µs a submit, over a third of ``submit()``'s #20 budget, and the
-        law is read at most once between two device completions (:mod:`.on_time_report`). What is learned is the
-        same: it depends on the arrivals' instants alone (a crossing between them is computed exactly)."""
+        """One submit at ``now`` (every one offered, accepted or not: the law is of the offered load)."""
         if prompt_tokens < 0 or max_new_tokens < 0:
             raise DefinitionError(f"token counts must be >= 0, got prompt {prompt_tokens}, max_new {max_new_tokens}")
-        pending = self._pending
-        last = pending[-1][0] if pending else self._now
-        if not math.isfinite(now):
-            raise DefinitionError(f"time must be finite, got {now}")
-        if last is not None and now < last:
-            raise DefinitionError(f"time went backwards: {now} after {last}")
-        pending.append((now, prompt_tokens, max_new_tokens))
-        if len(pending) >= PENDING:
-            self._absorb()
-
-    def _absorb(self) -> None:
-        """Learn from the submits kept by :meth:`arrived`, in their order."""
-        pending = self._pending
-        for now, prompt_tokens, max_new_tokens in pending:
-            self._arrived(now, prompt_tokens, max_new_tokens)
-        pending.clear()
-
-    def _arrived(self, now: float, prompt_tokens: int, max_new_tokens: int) -> None:
         self._elapse(now)
         self._arrivals += 1
         self._prompt_sum += prompt_tokens
@@ -280,8 +252,6 @@ class ArrivalLaw:
 
     @property
     def mean_prompt_tokens(self) -> float:
-        if self._pending:
-            self._absorb()
         return self._prompt_sum / self._arrivals if self._arrivals else 0.0
 
     @property
@@ -291,8 +261,6 @@ class ArrivalLaw:
         The first requests to finish are the short ones, so their mean alone under-states; the submits'
         mean ``max_new_tokens`` weighs :data:`MIN_FINISHED` requests against them.
         """
-        if self._pending:
-            self._absorb()
         if not self._arrivals:
             return self._generated_sum / self._finished if self._finished else 0.0
         prior = self._max_new_sum / self._arrivals
@@ -302,8 +270,6 @@ class ArrivalLaw:
         """Expected arrivals per second over ``[now, now + horizon_s)``, in consecutive ordered pieces."""
         if not (horizon_s >= 0 and math.isfinite(horizon_s)):
             raise DefinitionError(f"horizon_s must be finite and >= 0, got {horizon_s}")
-        if self._pending:
-            self._absorb()
         self._elapse(now)
         end = now + horizon_s
         if end <= now:
@@ -331,8 +297,6 @@ class ArrivalLaw:
         return tuple(pieces)
 
     def statistics(self) -> ArrivalLawStatistics:
-        if self._pending:
-            self._absorb()
         now = self._now if self._now is not None else 0.0
         kind = self._kind
         learned = [self._kind_rate(k, now) if self._counts[k] or k == kind else 0.0 for k in (_LOW, _HIGH)]

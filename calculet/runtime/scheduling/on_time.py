@@ -193,9 +193,9 @@ class OnTimePolicy:
         """The 429 of a request that cannot finish on time or would wait past its TTFT target."""
         planner = self.planner
         model = self.model()
-        law = planner.report.arrivals
-        if law is not None:  # the law learns from every submit screened (B>1 only: none on B1, no call there)
-            law.arrived(now, rec.prompt_tokens, rec.machine.max_new_tokens)
+        report = planner.report
+        if report.arrivals is not None:  # the law learns from every submit screened (B>1 only: none on B1, no call there)
+            report.arrived(now, rec.prompt_tokens, rec.machine.max_new_tokens)
         ttft = planner.ttft_s.get(rec.tenant) is not None  # a tenant with no TTFT target: neither TTFT test applies
         if ttft:
             ready = planner.ttft_refusal(rec, now, self.admission.waiting)

@@ -128,7 +128,8 @@ class OnTimeStatistics:
     rollouts: int = 0
     """Admissions whose reported estimate is the decode set's rollout (B>1, :mod:`.on_time_report`)."""
     rollouts_skipped: int = 0
-    """B>1 admissions that kept the planner's estimate: a rollout was already made since the last device completion."""
+    """B>1 admissions that kept the planner's estimate: the rollouts allowed since the last device completion were made
+    (:data:`.on_time_report.ROLLOUTS_PER_COMPLETION`)."""
 
 
 @dataclass(frozen=True)

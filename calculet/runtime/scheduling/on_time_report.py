@@ -7,12 +7,13 @@ no decision may read. This keeps the two apart: the planner's own estimate of ea
 rollout's, returned to the planner when the request ends (the admission margin scores it), and the law of arrivals,
 told of every submit and every end. Without a rollout (B1) or a law, the planner's estimate is reported as before.
 
-At most one rollout between two device completions (:attr:`ReportedEstimate.step_key`): a rollout costs 0.7-6.7 ms of
-the engine thread's CPU on B>1 (``docs/estimator.md`` session 20) and every submit of a burst lands in the same engine
-turn, so an unbounded rollout per submit would hold the next device step back by a second for 300 submits, and made
-``submit()`` 100x its #20 budget (`bench/scheduler.py`). The first submit after a completion is rolled out; the others
-until the next one report the planner's estimate, as on B1. The bench's presets rarely see two submits between two
-completions, so their rows keep the rollout (measured in ``docs/estimator.md``).
+At most :data:`ROLLOUTS_PER_COMPLETION` rollouts between two device completions (:attr:`ReportedEstimate.step_key`):
+a rollout costs 0.7-6.7 ms of the engine thread's CPU on B>1 (``docs/estimator.md`` session 20) and every submit of a
+burst lands in the same engine turn, so a rollout per submit would hold the next device step back by a second for
+300 submits, and made ``submit()`` 100x its #20 budget (``bench/scheduler.py``). The first four submits after a
+completion are rolled out; the others until the next one report the planner's estimate, as on B1. Measured on the
+bursty preset's B16 rows (P90, loads pooled; no gate / 4 / 2 / 1 a completion): b16 27.9 / 28.2 / 29.3 / 30.3 %,
+b16-pingpong 31.6 / 31.6 / 31.6 / 34.1 %, b8 20.1 / 20.1 / 20.5 / 20.5 %.
 """
 
 from __future__ import annotations
@@ -26,12 +27,16 @@ from calculet.runtime.scheduling.registry import RequestRecord
 Rollout = Callable[[RequestRecord, float, Callable[[], Iterable[RequestRecord]], "float | None"], "float | None"]
 """(candidate, now, the live requests, its expected admission if it waits) -> its rollout finish, or None."""
 _SCORED = (FinishReason.STOP, FinishReason.LENGTH)
+PENDING = 256
+"""Submits kept at most before the law is told of them (:meth:`ReportedEstimate.arrived`): a bound on the list."""
+ROLLOUTS_PER_COMPLETION = 4
+"""Rollouts made at most between two device completions (:meth:`ReportedEstimate.admitted`)."""
 
 
 class ReportedEstimate:
     """The rollout reported in place of the planner's estimate, and the planner's kept apart for the margin."""
 
-    __slots__ = ("rollout", "arrivals", "_own", "step_key", "_rolled_at", "rolled", "skipped")
+    __slots__ = ("rollout", "arrivals", "_own", "step_key", "_rolled_at", "_left", "rolled", "skipped", "_pending")
 
     def __init__(self, step_key: Callable[[], tuple[int, int]] = lambda: (0, 0)) -> None:
         self.rollout: Rollout | None = None
@@ -42,12 +47,33 @@ class ReportedEstimate:
         self._own: dict[int, float] = {}
         """The planner's own estimate of each live request whose reported one is the rollout's."""
         self.step_key = step_key
-        """The device completions measured so far (decode steps, prefills): a rollout is made at most once per value."""
+        """The device completions measured so far (decode steps, prefills): at most :data:`ROLLOUTS_PER_COMPLETION`
+        rollouts are made per value."""
         self._rolled_at: tuple[int, int] | None = None
+        self._left = 0
+        self._pending: list[tuple[float, int, int]] = []
+        """Submits the law has not learned from yet (:meth:`arrived`)."""
         self.rolled = 0
         """Admissions reported by the rollout."""
         self.skipped = 0
-        """Admissions left with the planner's estimate: a rollout was already made since the last completion."""
+        """Admissions left with the planner's estimate: the rollouts allowed since the last completion were made."""
+
+    def arrived(self, now: float, prompt_tokens: int, max_new_tokens: int) -> None:
+        """A submit screened, for the law of arrivals: kept, and told before the next rollout reads the law (or every
+        :data:`PENDING` submits). Learning costs about 7 µs a submit, over a third of ``submit()``'s #20 budget, and
+        the law is read only by a rollout; what it learns depends on the arrivals' instants alone, so it is the same."""
+        pending = self._pending
+        pending.append((now, prompt_tokens, max_new_tokens))
+        if len(pending) >= PENDING:
+            self.told()
+
+    def told(self) -> None:
+        """Tell the law every submit kept by :meth:`arrived`, in order."""
+        arrivals = self.arrivals
+        if arrivals is not None:
+            for submit in self._pending:
+                arrivals.arrived(*submit)
+        self._pending.clear()
 
     def admitted(self, rec: RequestRecord, now: float, finish: float,
                  records: Callable[[], Iterable[RequestRecord]], start: float | None) -> None:
@@ -59,10 +85,15 @@ class ReportedEstimate:
             return
         key = self.step_key()
         if key == self._rolled_at:
-            self.skipped += 1
-            return
-        self._rolled_at = key
+            if self._left <= 0:
+                self.skipped += 1
+                return
+        else:
+            self._rolled_at, self._left = key, ROLLOUTS_PER_COMPLETION
+        self._left -= 1
         self.rolled += 1
+        if self._pending:
+            self.told()
         reported = rollout(rec, now, records, start)
         if reported is not None:
             self._own[rec.request_id] = finish

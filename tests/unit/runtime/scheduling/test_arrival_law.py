@@ -36,7 +36,7 @@ import numpy as np
 import pytest
 
 from calculet.errors import DefinitionError
-from calculet.runtime.scheduling.arrival_law import MAX_PIECES, PENDING, ArrivalLaw, RatePiece
+from calculet.runtime.scheduling.arrival_law import MAX_PIECES, ArrivalLaw, RatePiece
 
 ON_RATE, OFF_RATE, ON_S, OFF_S = 1.5, 0.05, 20.0, 40.0
 """The bursty preset's law at load 1 (calculet/loadsim/presets/bursty.yaml), written out: no loadsim import."""
@@ -243,22 +243,3 @@ def test_a_drift_under_the_change_ratio_is_followed() -> None:
     stats = law.statistics()
     assert stats.regime_changes == 0
     assert stats.rate_per_s == pytest.approx(1.3, rel=0.01)
-
-
-def test_submits_are_learned_from_at_the_next_read_or_every_pending_bound() -> None:
-    """``arrived`` keeps the submit (learning is ~7 µs, over a third of ``submit()``'s #20 budget); a read learns
-    from every kept one in order, with the same result as learning at each; the list stays bounded. Mutants caught:
-    learning at once in ``arrived`` (nothing kept); a read that does not learn first (a stale forecast); no bound."""
-    times = on_off(5, cycles=3)
-    kept, eager = ArrivalLaw(origin=0.0), ArrivalLaw(origin=0.0)
-    for t in times[:40]:
-        kept.arrived(t, 100, 50)
-        eager.arrived(t, 100, 50)
-        eager.statistics()
-    assert len(kept._pending) == 40
-    assert kept.forecast(times[39], 30.0) == eager.forecast(times[39], 30.0)
-    assert kept.statistics() == eager.statistics() and not kept._pending
-    bounded = ArrivalLaw(origin=0.0)
-    for k in range(PENDING + 3):
-        bounded.arrived(float(k), 1, 1)
-    assert len(bounded._pending) == 3 and bounded.statistics().arrivals == PENDING + 3

@@ -8,12 +8,14 @@ estimate is what the admission margin scores (no decision moves); on B1 nothing 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from calculet.runtime.scheduling.arrival_law import ArrivalLaw
 from calculet.runtime.scheduling.decode_rollout import DeviceShape, Present, expected_arrivals, rollout_finish
+from calculet.runtime.scheduling.on_time_report import PENDING, ROLLOUTS_PER_COMPLETION, ReportedEstimate
 from tests.unit.runtime.runtime_support import Harness
 from tests.unit.runtime.scheduling.test_on_time_never import advance
 
@@ -190,11 +192,13 @@ def streaming(law: bool = True) -> tuple[Harness, Forecast]:
 @pytest.mark.req("R5.2.2")
 def test_the_policy_wires_a_learned_law_on_b_gt_1_only():
     """The shipped ``on_time`` policy learns the law of arrivals from the submits on B>1 (``arrival_law.ArrivalLaw``,
-    told of the first submit already) and keeps none on B1. Mutants caught: no law wired (the rollout never reports);
-    a law on B1 too."""
+    the first submit kept for it) and keeps none on B1. Mutants caught: no law wired (the rollout never reports);
+    a law on B1 too; the submit not kept."""
     b4 = Harness.build(sizes=(1, 4), lanes=4, admission={"max_sequences": 4})
     b4.submit(prompt=8, new=10, deadline_ms=600_000)
-    law = b4.scheduler.on_time.planner.report.arrivals
+    report = b4.scheduler.on_time.planner.report
+    law = report.arrivals
+    report.told()
     assert isinstance(law, ArrivalLaw) and law.statistics().arrivals == 1
     b1 = Harness.build(sizes=(1,), lanes=4, admission={"max_sequences": 4})
     b1.submit(prompt=8, new=10, deadline_ms=600_000)
@@ -235,22 +239,52 @@ def test_a_waiting_candidates_estimate_is_between_the_replayed_queue_and_the_que
 
 
 @pytest.mark.req("R5.2.2")
-def test_at_most_one_rollout_between_two_device_completions():
-    """A burst's submits land in one engine turn: the first after a device completion is rolled out, the others keep
-    the planner's estimate (a rollout is milliseconds of the engine thread: 300 of them held the next step back by
-    seconds, and made ``submit()`` 100x its #20 budget); after the next completion one is rolled out again, and the
+def test_at_most_four_rollouts_between_two_device_completions():
+    """A burst's submits land in one engine turn: the first four after a device completion are rolled out, the others
+    keep the planner's estimate (a rollout is milliseconds of the engine thread: 300 of them held the next step back by
+    seconds, and made ``submit()`` 100x its #20 budget); after the next completion they are rolled out again, and the
     statistics count both. Mutants caught: no gate (every submit rolled out); the gate never reopened (keyed on
-    nothing that a completion moves); the skipped count not kept."""
+    nothing that a completion moves); the allowance not reset at a completion; the skipped count not kept."""
     h, _ = streaming()
     planner = h.scheduler.on_time.planner
     before = planner.statistics()
-    first, second = (h.submit(prompt=8, new=20, deadline_ms=600_000) for _ in range(2))
-    rolled, kept = h.rec(first.request_id), h.rec(second.request_id)
-    assert planner.report.planned_finish(rolled) != rolled.estimated_finish  # the rollout's reported
-    assert planner.report.planned_finish(kept) == kept.estimated_finish  # the planner's own
+    recs = [h.rec(h.submit(prompt=8, new=20, deadline_ms=600_000).request_id) for _ in range(ROLLOUTS_PER_COMPLETION + 1)]
+    for rec in recs[:-1]:
+        assert planner.report.planned_finish(rec) != rec.estimated_finish  # the rollout's reported
+    assert planner.report.planned_finish(recs[-1]) == recs[-1].estimated_finish  # the planner's own
     after = planner.statistics()
-    assert (after.rollouts - before.rollouts, after.rollouts_skipped - before.rollouts_skipped) == (1, 1)
+    assert (after.rollouts - before.rollouts, after.rollouts_skipped - before.rollouts_skipped) == (4, 1)
     advance(h, h.clock.now() + 0.5)  # device completions
-    third = h.rec(h.submit(prompt=8, new=20, deadline_ms=600_000).request_id)
-    assert planner.report.planned_finish(third) != third.estimated_finish
-    assert planner.statistics().rollouts - before.rollouts == 2
+    more = [h.rec(h.submit(prompt=8, new=20, deadline_ms=600_000).request_id) for _ in range(2)]
+    assert all(planner.report.planned_finish(rec) != rec.estimated_finish for rec in more)
+    assert planner.statistics().rollouts - before.rollouts == 6
+
+
+class _Told(Forecast):
+    """A law that records the instants it is told of, in order."""
+
+    def __init__(self) -> None:
+        super().__init__(rate=0.5)
+        self.instants: list[float] = []
+
+    def arrived(self, now: float, prompt_tokens: int, max_new_tokens: int) -> None:
+        self.instants.append(now)
+
+
+def test_submits_are_told_to_the_law_before_a_rollout_reads_it_in_order_and_at_most_pending_kept():
+    """Learning costs ~7 µs a submit (over a third of ``submit()``'s #20 budget) and only a rollout reads the law: the
+    planner keeps each submit and tells the law of them, in order, before the next rollout, or once ``PENDING`` are
+    kept. Mutants caught: the law told at once (nothing kept); not told before the rollout (it reads a stale law);
+    told out of order; no bound on the kept list."""
+    report = ReportedEstimate(lambda: (0, 0))
+    report.arrivals = law = _Told()
+    seen: list[int] = []
+    report.rollout = lambda rec, now, records, start: seen.append(len(law.instants)) or None
+    for k in range(3):
+        report.arrived(float(k), 8, 8)
+    assert law.instants == []
+    report.admitted(SimpleNamespace(request_id=1), 3.0, 1.0, lambda: (), None)  # type: ignore[arg-type]
+    assert seen == [3] and law.instants == [0.0, 1.0, 2.0]
+    for k in range(PENDING + 2):
+        report.arrived(10.0 + k, 8, 8)
+    assert len(law.instants) == 3 + PENDING and len(report._pending) == 2
