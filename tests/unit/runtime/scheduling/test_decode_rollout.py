@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from calculet.runtime.scheduling.arrival_law import ArrivalLaw
+from calculet.runtime.scheduling.arrival_law import ArrivalLaw, RatePiece
 from calculet.runtime.scheduling.decode_rollout import DeviceShape, Present, expected_arrivals, rollout_finish
 from calculet.runtime.scheduling.on_time_report import PENDING, ROLLOUTS_PER_COMPLETION, ReportedEstimate
 from tests.unit.runtime.runtime_support import Harness
@@ -27,13 +27,6 @@ def shape(*, profile_of: Any = lambda n: 4, steps: dict[int, float] | None = Non
                        prefill_s=lambda tokens: prefill_per_token * tokens, chunk_tokens=chunk)
 
 
-@dataclass(frozen=True)
-class Piece:
-    start: float
-    end: float
-    rate_per_s: float
-
-
 @dataclass
 class Forecast:
     """A constant rate forever; told of submits and ends (what the planner tells a learned law), it counts them."""
@@ -44,8 +37,8 @@ class Forecast:
     submits: int = 0
     ends: int = 0
 
-    def forecast(self, now: float, horizon_s: float) -> tuple[Piece, ...]:
-        return (Piece(now, now + horizon_s, self.rate),)
+    def forecast(self, now: float, horizon_s: float) -> tuple[RatePiece, ...]:
+        return (RatePiece(now, now + horizon_s, self.rate),)
 
     def arrived(self, now: float, prompt_tokens: int, max_new_tokens: int) -> None:
         self.submits += 1
@@ -85,7 +78,7 @@ def test_expected_arrivals_join_the_set_and_the_profile_grows():
     Mutants caught: arrivals ignored (1.0 s); the profile not grown (B1 rotation throughout: later)."""
     profile_of = lambda n: 4 if n >= 3 else 1  # noqa: E731
     device = shape(profile_of=profile_of, steps={1: 0.1, 4: 0.2}, prefill_per_token=0.0, lanes=8)
-    assert expected_arrivals((Piece(0.0, 1.6, 2.0),), 0.0) == pytest.approx([0.25, 0.75, 1.25])
+    assert expected_arrivals((RatePiece(0.0, 1.6, 2.0),), 0.0) == pytest.approx([0.25, 0.75, 1.25])
     assert rollout_finish(Present(), 1, 11, 0.0, device) == pytest.approx(1.0)
     assert rollout_finish(Present(), 1, 11, 0.0, device, Forecast(rate=2.0)) == pytest.approx(1.6)
 
