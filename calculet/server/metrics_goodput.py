@@ -23,6 +23,7 @@ def on_time(s: EngineStatistics) -> list[Metric]:
     o = s.scheduler.on_time
     refused = {"cannot_finish": o.unfit, "ttft_target": o.ttft_refused} if o is not None else {}
     shed = {"waiting": o.shed_waiting, "admitted": o.shed_admitted} if o is not None else {}
+    rollouts = {"rolled": o.rollouts, "skipped": o.rollouts_skipped} if o is not None else {}
     return [
         by(counter("calculet_scheduler_on_time_refused", "Requests refused (429) at admission because the "
                      "shared-device estimate says they cannot finish by their deadline or start within their "
@@ -36,6 +37,10 @@ def on_time(s: EngineStatistics) -> list[Metric]:
                "shared-device finish estimate is past their deadline (§7.2 item 2).", o.at_risk if o else 0),
         gauge("calculet_scheduler_decode_cap_streams", "Streams allowed to decode at once under the ITL target "
                "(0: no cap).", (o.decode_cap or 0) if o is not None else 0),
+        by(counter("calculet_scheduler_finish_rollouts", "B>1 admissions whose reported finish estimate is the "
+                     "decode set's rollout (rolled), or the plan's because the rollouts allowed between two device "
+                     "completions were made (skipped); 0 on B1 (issue #13).", labels=["result"]),
+            rollouts, ("rolled", "skipped")),
         *_estimate(o.estimate if o is not None else None),
     ]
 

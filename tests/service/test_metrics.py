@@ -189,6 +189,8 @@ def test_on_time_decisions_are_exported_with_bounded_labels(server: RunningServe
     assert {s.labels["stage"] for s in after["calculet_scheduler_on_time_shed"]} == {"waiting", "admitted"}
     assert families_value(after, "calculet_scheduler_on_time_replans") >= 1  # every admission replans
     assert families_value(after, "calculet_scheduler_decode_cap_streams") == 0  # no ITL target configured
+    rollouts = {x.labels["result"]: x.value for x in after["calculet_scheduler_finish_rollouts"]}
+    assert rollouts == {"rolled": 0, "skipped": 0}  # the service's B1: the plan's estimate reported, no rollout
     assert families_value(after, "calculet_scheduler_at_risk_sequences") >= 0
 
 
