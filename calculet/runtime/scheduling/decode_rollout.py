@@ -180,14 +180,28 @@ class _Rollout:
             self._enqueue(prompt, output, tracer)
             self.holding += 1
 
+    def at_event(self, arrivals: _Future, held: float | None) -> float | None:
+        """At :attr:`t`: the later arrivals due join the waiting requests, the candidate joins their head once it is
+        admitted (``held``: that instant), free lanes are taken; returns ``held`` (None once the candidate joined)."""
+        arrivals.arrive(self.t, self.wait)
+        if held is not None and self.t >= held - _EPS:
+            self.wait.appendleft(self.candidate)
+            held = None
+        self.admit()
+        return held
+
+    def chunk_s(self, job: list[float]) -> float:
+        """Take one prefill job (or chunk, §6) off ``job``'s prompt: its seconds."""
+        shape = self.shape
+        tokens = job[0] if shape.chunk_tokens is None else min(job[0], float(shape.chunk_tokens))
+        job[0] -= tokens
+        return shape.prefill_s(int(tokens))
+
     def prefill(self, queue: str, t: float) -> float | None:
         """One prefill job (or chunk) of ``queue``'s head from ``t``; the instant the candidate ends if it does
         with its prefill (one token asked), else None."""
-        shape = self.shape
         job = self.queues[queue].popleft()
-        tokens = job[0] if shape.chunk_tokens is None else min(job[0], float(shape.chunk_tokens))
-        self.t = t + shape.prefill_s(int(tokens))
-        job[0] -= tokens
+        self.t = t + self.chunk_s(job)
         if job[0] > _EPS:
             self.queues[queue].append(job)  # a chunk: back to its class's tail (§6 rotates per chunk)
         elif job[2]:  # the candidate's prefill yields its first token
@@ -241,6 +255,10 @@ class _Future:
         """The next arrival's instant (inf: none)."""
         return self.times[0] if self.times else math.inf
 
+    def next_event(self, held: float | None) -> float:
+        """The next arrival's instant or the candidate's admission (``held``), whichever comes first (inf: none)."""
+        return self.next_at() if held is None else min(self.next_at(), held)
+
     def arrive(self, t: float, wait: deque[tuple[int, int, bool]]) -> None:
         """Every arrival due by ``t`` joins the tail of the waiting requests."""
         times = self.times
@@ -281,14 +299,10 @@ def _one_engine(state: _Rollout, arrivals: _Future, held: float | None) -> float
     the set's steps are taken in bulk."""
     shape, dec = state.shape, state.dec
     for _ in range(MAX_EVENTS):
-        arrivals.arrive(state.t, state.wait)
-        if held is not None and state.t >= held - _EPS:
-            state.wait.appendleft(state.candidate)
-            held = None
-        state.admit()
+        held = state.at_event(arrivals, held)
         choice = state.choose(bool(dec) or not state.tracer_prefill)
         if choice is None:  # nothing on the device: idle until the next arrival (or the candidate's admission)
-            state.t = min(arrivals.next_at(), math.inf if held is None else held)
+            state.t = arrivals.next_event(held)
             if state.t == math.inf:
                 return None
             continue
@@ -308,7 +322,7 @@ def _one_engine(state: _Rollout, arrivals: _Future, held: float | None) -> float
             if not state.tracer_prefill:
                 least = min(least, state.tracer_left)
             steps = max(1, math.ceil(least / per_step - _EPS))
-            until = min(arrivals.next_at(), math.inf if held is None else held)
+            until = arrivals.next_event(held)
             if until < math.inf:
                 steps = min(steps, max(1, math.ceil((until - state.t) / seconds - _EPS)))
         if not state.tracer_prefill and state.tracer_left <= steps * per_step + _EPS:
@@ -344,9 +358,7 @@ def _fill(state: _Rollout, slots: list[_Slot | None], ready: deque[list[float]],
             slots[k] = (t + shape.step_s(batch + partner), batch, members, None, choice)
         else:
             job = state.queues[choice].popleft()
-            tokens = job[0] if shape.chunk_tokens is None else min(job[0], float(shape.chunk_tokens))
-            job[0] -= tokens
-            slots[k] = (t + shape.prefill_s(int(tokens)), 0, None, job, choice)
+            slots[k] = (t + state.chunk_s(job), 0, None, job, choice)
 
 
 def _two_engines(state: _Rollout, arrivals: _Future, held: float | None) -> float | None:
@@ -359,20 +371,16 @@ def _two_engines(state: _Rollout, arrivals: _Future, held: float | None) -> floa
     slots: list[_Slot | None] = [None, None]  # None: the slot is free
     for _ in range(MAX_EVENTS):
         t = state.t
-        arrivals.arrive(t, state.wait)
-        if held is not None and t >= held - _EPS:
-            state.wait.appendleft(state.candidate)
-            held = None
-        state.admit()
+        held = state.at_event(arrivals, held)
         _fill(state, slots, ready, t)
         if slots[0] is None and slots[1] is None:
-            state.t = min(arrivals.next_at(), math.inf if held is None else held)
+            state.t = arrivals.next_event(held)
             if state.t == math.inf:
                 return None
             continue
         k = 0 if slots[1] is None or (slots[0] is not None and slots[0][0] <= slots[1][0]) else 1
         end, _, members, job, queue = slots[k]  # type: ignore[misc]
-        until = min(arrivals.next_at(), math.inf if held is None else held)
+        until = arrivals.next_event(held)
         if until < end:  # an arrival (or the candidate's admission) before the next completion
             state.t = until
             continue
