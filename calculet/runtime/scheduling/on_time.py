@@ -41,7 +41,7 @@ from calculet.runtime.scheduling.on_time_kept import DECODING_STATES
 from calculet.runtime.scheduling.on_time_planner import OnTimePlanner, OnTimeStatistics
 from calculet.runtime.scheduling.prefill import PrefillScheduler
 from calculet.runtime.scheduling.profiles import ProfileSet
-from calculet.runtime.scheduling.registry import WAITING_STATES, RequestRecord, RequestRegistry
+from calculet.runtime.scheduling.registry import PREFILL_STATES, WAITING_STATES, RequestRecord, RequestRegistry
 
 
 def _targets_s(config: SchedulerConfig, field: str) -> dict[str, float | None]:
@@ -125,11 +125,9 @@ class OnTimePolicy:
         # and a §8 choice of profiles: with one profile its best case is the step the window already measures
         bets = model is not None and model.lanes > 1 and model.engines == 1 and not profiles.fixed
         planner.bet_lanes = model.lanes if bets and model is not None else 0
-        if bets:
-            planner.step_times.measure_per_batch()  # the bets' bound reads the step per profile
         rollout = model is not None and model.compiled_batch > 1  # B>1 (not B1 ping/pong): the rollout reports (#13 s. 20)
         if rollout and model is not None:
-            planner.step_times.measure_per_batch()  # read by the rollout alone where no bet is made (bet_lanes 0)
+            planner.step_times.measure_per_batch()  # the rollout's steps, and a bet's bound (bets are on B>1 only)
             self._rollout_shape = (profiles, model.engines, planner.sequences or model.lanes)
         planner.report.rollout = self._rollout_finish if rollout else None
         self._model_key = key
@@ -333,7 +331,7 @@ def present_of(records: Iterable[RequestRecord], candidate: RequestRecord,
         if state in DECODING_STATES:
             machine = rec.machine
             decoding.append(machine.max_new_tokens - machine.generated_tokens)
-        elif state in _PREFILL_STATES:
+        elif state in PREFILL_STATES:
             prefilling.append(rec)
         elif state in WAITING_STATES:
             waiting.append(rec)
@@ -351,9 +349,6 @@ def present_of(records: Iterable[RequestRecord], candidate: RequestRecord,
 
 def _by_arrival(rec: RequestRecord) -> float:
     return rec.arrival
-
-
-_PREFILL_STATES = frozenset({"prefill_ready", "prefill_running"})
 
 
 def _rotation_key(rec: RequestRecord) -> tuple[float, int, float, int]:

@@ -29,7 +29,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from calculet.errors import BadRequest, NotFound
 from calculet.machines import RequestMachine, TransitionNotAllowed
-from calculet.machines.request import RUNNING, TERMINAL, WAITING, FinishReason
+from calculet.machines.request import DECODING, HOLDING, RUNNING, TERMINAL, WAITING, FinishReason
 from calculet.runtime.request import InferenceRequest, RequestId, RequestOutcome, RequestSink
 
 log = logging.getLogger("calculet.runtime.scheduling.registry")
@@ -38,6 +38,7 @@ log = logging.getLogger("calculet.runtime.scheduling.registry")
 TERMINAL_STATES = TERMINAL
 WAITING_STATES = WAITING - {RequestMachine.definition.initial}  # routed or queued, not yet admitted
 RUNNING_STATES = RUNNING
+PREFILL_STATES = HOLDING - DECODING  # holding a KV lane, prompt not yet prefilled: prefill_ready, prefill_running
 _INSTANCE = RequestMachine.Instance
 """Its ``fire_each`` is read per call: the monitor installs the variant its configuration needs."""
 

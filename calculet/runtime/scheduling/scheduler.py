@@ -65,10 +65,9 @@ from calculet.runtime.scheduling.plan import (Applied, Command, Plan, SchedulerS
                                               Submission)
 from calculet.runtime.scheduling.prefill import PrefillScheduler, PrefillWork, SmoothWrr
 from calculet.runtime.scheduling.profiles import ProfileSet
-from calculet.runtime.scheduling.registry import (WAITING_STATES, Cancellation, CancelResult, QuietListener,
+from calculet.runtime.scheduling.registry import (PREFILL_STATES, WAITING_STATES, Cancellation, CancelResult, QuietListener,
                                                   RequestRecord, RequestRegistry, TransitionListener, one_by_one)
 
-PREFILL_STATES = frozenset({"prefill_ready", "prefill_running"})
 ENDED_STATES = frozenset({"finishing", "completed", "cancelled", "failed"})
 DECODE_CYCLE = frozenset({"decode_ready", "decode_running"})
 """Moving between these reclaims nothing (the queue entry left with the batch) and is neither an admission
