@@ -40,15 +40,7 @@ from calculet.loadsim.policies import parse_policies, run_policy
 from calculet.loadsim.workload import OnOffArrivals, Workload, generate_requests, load_preset
 from calculet.machines.monitor import MONITOR
 from calculet.runtime.scheduling import on_time, on_time_planner
-
-
-@dataclass(frozen=True, slots=True)
-class Piece:
-    """Expected arrivals per second on ``[start, end)`` (the shape :mod:`.decode_rollout` reads)."""
-
-    start: float
-    end: float
-    rate_per_s: float
+from calculet.runtime.scheduling.arrival_law import RatePiece
 
 
 class OracleLaw:
@@ -68,14 +60,14 @@ class OracleLaw:
     def finished(self, generated_tokens: int) -> None:
         """The oracle knows the law already."""
 
-    def forecast(self, now: float, horizon_s: float) -> tuple[Piece, ...]:
+    def forecast(self, now: float, horizon_s: float) -> tuple[RatePiece, ...]:
         end = min(now + horizon_s, self.duration)
         if end <= now:
-            return (Piece(now, now + horizon_s, 0.0),)
+            return (RatePiece(now, now + horizon_s, 0.0),)
         arrivals = self.arrivals
         if not isinstance(arrivals, OnOffArrivals):
-            return (Piece(now, end, arrivals.mean_rate() * self.load), Piece(end, now + horizon_s, 0.0))
-        pieces: list[Piece] = []
+            return (RatePiece(now, end, arrivals.mean_rate() * self.load), RatePiece(end, now + horizon_s, 0.0))
+        pieces: list[RatePiece] = []
         period = arrivals.on_s + arrivals.off_s
         cycle = (now // period) * period
         while cycle < end:
@@ -83,10 +75,10 @@ class OracleLaw:
                                  (cycle + arrivals.on_s, cycle + period, arrivals.off_rate_per_s)):
                 lo, hi = max(lo, now), min(hi, end)
                 if hi > lo:
-                    pieces.append(Piece(lo, hi, rate * self.load))
+                    pieces.append(RatePiece(lo, hi, rate * self.load))
             cycle += period
         if end < now + horizon_s:
-            pieces.append(Piece(end, now + horizon_s, 0.0))
+            pieces.append(RatePiece(end, now + horizon_s, 0.0))
         return tuple(pieces)
 
 
@@ -112,12 +104,12 @@ class TrailingLaw:
         self.outputs += generated_tokens
         self.mean_output_tokens = self.outputs / self.ends
 
-    def forecast(self, now: float, horizon_s: float) -> tuple[Piece, ...]:
+    def forecast(self, now: float, horizon_s: float) -> tuple[RatePiece, ...]:
         times = self.times
         while times and times[0] < now - self.window_s:
             times.popleft()
         span = min(self.window_s, max(now, 1e-9))
-        return (Piece(now, now + horizon_s, len(times) / span),)
+        return (RatePiece(now, now + horizon_s, len(times) / span),)
 
 
 @dataclass
