@@ -24,8 +24,19 @@ base tree): 96 / 104 / 122, the core plus these parts. So the engine thread's CP
 490 µs of actor CPU on one thread (``stepped``), 880 on the started engine (its mailbox and the loop's wake-ups:
 ``call_soon_threadsafe`` writes).
 
+``--stages`` reads the core alone piece by piece (:data:`STAGES`, :func:`stages`). What it read (session 21 at
+45eef29, load average ~1, µs of CPU per token at 16 streams, 64.3 unwrapped; 1 and 64 streams within ±15 %): the
+scheduler's step 12.9 (its batch built 5.8, on_time's tick 2.1, the job's record 1.0, its own 4.1); the submit 17.9
+(the executor's DecodeJob and InflightJob 3.1, the null device 6.0 of which its plan's step 4.3, the scheduler's
+``submitted`` 6.7: the job's, the KV lanes' and the requests' ``submit``); the poll 0.9; the result 32.6 (the
+executor's checks 2.7, the desk's work 1.8, the dispatcher's completion 2.9, the scheduler's decode completion 21.8:
+the lanes' checks 1.1, the KV commit 2.2, the step timer 1.9, the requests' ``decode_done`` with the sinks 8.6 of
+which the sinks 3.7, the ready queue 1.1, the job's ``complete`` and the rest 5.7). No piece above 9 % of the token:
+B1 (CalRT 0.7.6's only batch) makes every step one token, so a step that repeats the last one saves nothing past one
+stream, and halving the token means removing pieces, not one of them.
+
     python bench/actor_core.py [--streams 1,16,64] [--blocks 12] [--against /tmp/base_worktree [--against ...]]
-                               [--parts core,service,stepped,threaded]
+                               [--parts core,service,stepped,threaded] [--stages]
 """
 
 from __future__ import annotations
@@ -175,6 +186,150 @@ class Core:
         return took, sum(len(w.result(0).raw_tokens) for w in writers), 0
 
 
+STAGES: tuple[tuple[str, str, str], ...] = (
+    ("scheduler.step", "scheduler", "step"),
+    ("decode.build_decode_batch", "scheduler.decode", "build_decode_batch"),
+    ("on_time.tick", "scheduler.on_time", "tick"),
+    ("jobs.plan", "scheduler.jobs", "plan"),
+    ("job_path.submit", "jobs", "submit"),
+    ("executor.submit", "executor", "submit"),
+    ("device.submit", "executor.session.device", "submit"),
+    ("null_plan.step", "executor.session.device._null", "step"),
+    ("scheduler.submitted", "scheduler", "submitted"),
+    ("jobs.fire", "scheduler.jobs", "fire"),
+    ("kv.submit_batch", "scheduler.kv", "submit_batch"),
+    ("registry.fire_all", "scheduler.registry", "fire_all"),
+    ("executor.collect", "executor", "collect"),
+    ("job_path.apply", "jobs", "apply"),
+    ("executor.complete", "executor", "complete"),
+    ("desk.on_job_done", "jobs._desk", "on_job_done"),
+    ("dispatcher.decode", "jobs.dispatcher", "decode"),
+    ("scheduler.on_decode_complete", "scheduler", "on_decode_complete"),
+    ("clean_decode_lanes", "calculet.runtime.scheduling.apply:", "clean_decode_lanes"),
+    ("kv.commit_batch", "scheduler.kv", "commit_batch"),
+    ("step_times.observe", "scheduler.step_times", "observe"),
+    ("registry.decode_done_each", "scheduler.registry", "decode_done_each"),
+    ("request_sink.token", "calculet.runtime.engine.requests:_Sink", "token"),
+    ("stream_writer.token", "calculet.runtime.streams.writer:StreamWriter", "token"),
+    ("decode.add_back", "scheduler.decode", "add_back"),
+)
+"""The pieces ``--stages`` times, in the order a B1 decode step runs them: (name, owner, method). The owner is a
+dotted path from the engine core, ``module:Class`` for a sink's class (every instance of it is timed), or
+``module:`` for a module's function as the module calls it."""
+
+
+def stages(streams_list: Sequence[int], tokens: int, blocks: int) -> int:
+    """``--stages``: where the core's CPU per token goes, piece by piece (:data:`STAGES`), on this tree only.
+
+    Each piece's method is wrapped to read a clock around it; its inclusive time has the wrappers'
+    own cost taken out (an empty function's reading, and each wrapped piece nested inside it), and its own time is
+    the inclusive less the wrapped pieces it called. Why not cProfile: it charges ~0.5 us to every call, which
+    inflates a piece in proportion to its calls, not its CPU (a third of the figures it gave were that charge). The
+    unwrapped figure of the same blocks is printed first: the wrapped run is slower by the wrappers' cost, the
+    pieces are corrected for it, and what the calibration (a tight loop, warm caches) missed is shared out: every
+    piece is scaled so that the outermost ones add up to the unwrapped figure. The pieces read the monotonic clock (the thread's CPU clock is a system call, as
+    dear as a small piece), so a block the machine preempted counts its wait: read the median of a few runs. A
+    reading, not a test; it moves ±10 % with the machine's load like the others."""
+    import importlib
+
+    core = Core("core")
+    core.block(16, tokens)  # warm-up
+    tick = time.perf_counter_ns  # the thread's CPU clock is a system call here (~0.4 us a reading), this is not
+    inclusive: dict[str, int] = {}
+    own: dict[str, int] = {}
+    count: dict[str, int] = {}
+    stack: list[list[int]] = []  # per active wrapped call: [children's corrected time, wrappers nested inside]
+    overhead = [0.0, 0.0]  # an empty call's reading; the full cost of one wrapper to the call around it
+    top = [0.0]
+
+    def wrapped(label: str, fn: object, bound: bool) -> object:
+        def timed(*args: object, **kwargs: object) -> object:
+            frame = [0, 0]
+            stack.append(frame)
+            started = tick()
+            try:
+                return fn(*args, **kwargs)  # type: ignore[operator]
+            finally:
+                took = tick() - started
+                stack.pop()
+                corrected = took - overhead[0] - frame[1] * overhead[1]
+                if label:
+                    inclusive[label] = inclusive.get(label, 0) + corrected
+                    own[label] = own.get(label, 0) + corrected - frame[0]
+                    count[label] = count.get(label, 0) + 1
+                if stack:
+                    stack[-1][0] += corrected
+                    stack[-1][1] += frame[1] + 1
+                elif label:
+                    top[0] += corrected  # a piece no other piece called: the pieces' cover of the token
+
+        def method(self: object, *args: object, **kwargs: object) -> object:
+            return timed(self, *args, **kwargs)
+
+        return method if bound else timed
+
+    def nop() -> None:
+        return None
+
+    # the calibration: what an empty wrapped call reads of itself, and what a wrapper costs the call around it
+    probe = wrapped("", nop, False)
+    reps = 200_000
+    reads, costs = [], []
+    for _ in range(5):
+        stack.append([0, 0])
+        for _ in range(reps):
+            probe()  # type: ignore[operator]
+        reads.append(stack.pop()[0] / reps)
+        started = tick()
+        for _ in range(reps):
+            nop()
+        plain = tick() - started
+        stack.append([0, 0])
+        started = tick()
+        for _ in range(reps):
+            probe()  # type: ignore[operator]
+        costs.append((tick() - started - plain) / reps)
+        stack.pop()
+    overhead[:] = [min(reads), min(costs)]
+
+    def unwrapped(streams: int) -> float:
+        runs = [core.block(streams, tokens) for _ in range(blocks)]
+        return statistics.median(t / n for t, n, _ in runs) * 1e6
+
+    base = {streams: unwrapped(streams) for streams in streams_list}
+    for label, owner, name in STAGES:
+        if ":" in owner:
+            module, _, cls_name = owner.partition(":")
+            target: object = importlib.import_module(module)
+            target = getattr(target, cls_name) if cls_name else target
+        else:
+            target = core.core
+            for part in owner.split("."):
+                target = getattr(target, part, None)
+        if target is None:
+            continue  # a piece this configuration does not have (no on_time policy, no null device)
+        if isinstance(target, type) or "__slots__" in type(target).__dict__:
+            cls = target if isinstance(target, type) else type(target)
+            setattr(cls, name, wrapped(label, cls.__dict__[name], True))
+        else:
+            setattr(target, name, wrapped(label, getattr(target, name), False))
+    print(f"where the core's CPU per token goes (this tree; {tokens}-token streams, {blocks} blocks; an empty wrapped "
+          f"call reads {overhead[0]:.0f} ns and costs its caller {overhead[1]:.0f} ns, both taken out)")
+    for streams in streams_list:
+        inclusive.clear(); own.clear(); count.clear()  # noqa: E702
+        top[0] = 0.0
+        n = sum(core.block(streams, tokens)[1] for _ in range(blocks))
+        cover = top[0] / n / 1e3
+        scale = base[streams] / cover if cover > 0 else 1.0  # the wrappers' cost the calibration missed, shared out
+        print(f"{streams:>3} streams: {base[streams]:.1f} us/tok unwrapped; the outermost pieces read {cover:.1f}, "
+              f"so every piece below is scaled by {scale:.2f} (the turn's loop around them is in neither)")
+        for label, _, _ in STAGES:
+            if label in count:
+                print(f"      {label:30s} {inclusive[label] / n / 1e3 * scale:6.1f} us/tok inclusive, "
+                      f"{own[label] / n / 1e3 * scale:6.1f} own  ({count[label] / n:.2f} calls/tok)")
+    return 0
+
+
 def serve(part: str) -> int:
     """``--serve``: answer ``STREAMS TOKENS REPS [c]`` lines with ``us_per_token calls_per_token`` (for --against)."""
     core = Core(part)
@@ -222,6 +377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--against", action="append", default=[],
                         help="a worktree of a base commit, run beside this tree (repeatable)")
     parser.add_argument("--parts", default="core", help=f"comma-separated, of {', '.join(PARTS)} (see PARTS)")
+    parser.add_argument("--stages", action="store_true",
+                        help="this tree only: CPU per token piece by piece (see STAGES), not the alternated blocks")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     parts = args.parts.split(",")
@@ -229,6 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unknown parts {unknown}: the parts are {', '.join(PARTS)}")
     if args.serve:
         return serve(parts[0])
+    if args.stages:
+        return stages([int(x) for x in args.streams.split(",")], args.tokens, max(1, args.blocks))
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     bases = {("base" if k == 0 else f"base{k + 1}"): tree for k, tree in enumerate(args.against)}
     for name, tree in bases.items():
