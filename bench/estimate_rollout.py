@@ -53,6 +53,11 @@ class OracleLaw:
         sample = generate_requests(workload, 20_000.0, 1.0, seed=987_654)
         self.mean_prompt_tokens = float(np.mean([r.prompt_tokens for r in sample]))
         self.mean_output_tokens = float(np.mean([r.max_new_tokens for r in sample]))
+        self._lengths = (tuple(r.prompt_tokens for r in sample[:512]), tuple(r.max_new_tokens for r in sample[:512]))
+
+    def lengths(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The preset's lengths: a fixed sample of its distributions (a drawn future's arrivals take theirs from it)."""
+        return self._lengths
 
     def arrived(self, now: float, prompt_tokens: int, max_new_tokens: int) -> None:
         """The oracle knows the law already."""
@@ -104,6 +109,10 @@ class TrailingLaw:
         self.outputs += generated_tokens
         self.mean_output_tokens = self.outputs / self.ends
 
+    def lengths(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The means only: the stand-in keeps no sample (a drawn future's arrivals then take the means)."""
+        return (round(self.mean_prompt_tokens),), (round(self.mean_output_tokens),)
+
     def forecast(self, now: float, horizon_s: float) -> tuple[RatePiece, ...]:
         times = self.times
         while times and times[0] < now - self.window_s:
@@ -121,6 +130,8 @@ class Capture:
     seen: dict[float, tuple[float, float]]
     cpu_s: float = 0.0
     calls: int = 0
+    draws: int = 0
+    """Paths drawn per estimate (``ReportedEstimate.draws``; 0: the law's mean path, as shipped)."""
 
 
 def install(capture: Capture) -> None:
@@ -130,6 +141,7 @@ def install(capture: Capture) -> None:
 
     def wrapped_admit(self: Any, rec: Any, now: float, model: Any, records: Any) -> Any:
         law = capture.law
+        self.report.draws = capture.draws
         if callable(law) and getattr(self, "_bench_law", None) is None:
             self._bench_law = self.report.arrivals = law()
         elif law is None:
@@ -173,12 +185,14 @@ def main() -> None:
     parser.add_argument("--loads", default="0.5,1,2")
     parser.add_argument("--laws", default="oracle", help="oracle, trailing, learned, none (comma-separated)")
     parser.add_argument("--window", type=float, default=20.0, help="the trailing stand-in's window (s)")
+    parser.add_argument("--draws", type=int, default=0,
+                        help="paths drawn from the law per estimate, the median reported (0: its mean path, as shipped)")
     args = parser.parse_args()
     MONITOR.configure(enabled=False)  # as the sweep runs (calculet.bench.sweep)
     workload = load_preset(args.preset)
     cost = CostModel.reference()
     loads = [float(x) for x in args.loads.split(",")]
-    capture = Capture(None, {})
+    capture = Capture(None, {}, draws=args.draws)
     install(capture)
     for policy in parse_policies(args.policies):
         today: dict[float, list[float]] = {load: [] for load in loads}

@@ -105,6 +105,11 @@ and the guard lapses at once). On the bursty preset at 2x it keeps a 2 s silence
 splitting it."""
 MIN_FINISHED = 8
 """Weight, in requests, of the mean ``max_new_tokens`` in the mean output (shrinkage until enough finish)."""
+LENGTHS = 128
+"""Recent prompts (of the submits) and outputs (of the requests ended by stop or length) kept for
+:meth:`ArrivalLaw.lengths`: an empirical sample a drawn future's arrivals take their lengths from (session 21). A
+lognormal's mean prompt is a larger §6 class than most prompts (bursty: median 300, mean about 495 tokens); 128 is
+enough to hold the body and a tail of a few per cent, and follows a change of the mix within a few bursts."""
 
 _LOW, _HIGH = 0, 1
 _KIND_NAMES = ("low", "high")
@@ -160,7 +165,7 @@ class ArrivalLaw:
     __slots__ = ("_origin", "_now", "_rate_t", "_rate_n", "_recent", "_arrivals", "_kind", "_start", "_start_n",
                  "_censored", "_hint", "_ref", "_alt", "_pooled_rate", "_guard_end", "_armed", "_score", "_since_t",
                  "_since_n", "_since_prev", "_last_arrival", "_durations", "_counts", "_changes", "_restarts",
-                 "_prompt_sum", "_max_new_sum", "_generated_sum", "_finished")
+                 "_prompt_sum", "_max_new_sum", "_generated_sum", "_finished", "_prompts", "_max_news", "_outputs")
 
     def __init__(self, origin: float | None = None) -> None:
         """``origin``: when observation began (the service's start), if known; else the first arrival.
@@ -207,6 +212,9 @@ class ArrivalLaw:
         self._max_new_sum = 0
         self._generated_sum = 0
         self._finished = 0
+        self._prompts: deque[int] = deque(maxlen=LENGTHS)
+        self._max_news: deque[int] = deque(maxlen=LENGTHS)
+        self._outputs: deque[int] = deque(maxlen=LENGTHS)
 
     # ------------------------------------------------------------------ inputs
 
@@ -218,6 +226,8 @@ class ArrivalLaw:
         self._arrivals += 1
         self._prompt_sum += prompt_tokens
         self._max_new_sum += max_new_tokens
+        self._prompts.append(prompt_tokens)
+        self._max_news.append(max_new_tokens)
         if self._arrivals == 1 and self._origin is None:
             self._start, self._start_n, self._last_arrival = now, 1, now
             self._rate_t, self._rate_n = now, 1
@@ -247,6 +257,7 @@ class ArrivalLaw:
             raise DefinitionError(f"generated_tokens must be >= 0, got {generated_tokens}")
         self._finished += 1
         self._generated_sum += generated_tokens
+        self._outputs.append(generated_tokens)
 
     # ------------------------------------------------------------------ outputs
 
@@ -265,6 +276,14 @@ class ArrivalLaw:
             return self._generated_sum / self._finished if self._finished else 0.0
         prior = self._max_new_sum / self._arrivals
         return (self._generated_sum + MIN_FINISHED * prior) / (self._finished + MIN_FINISHED)
+
+    def lengths(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(prompts, outputs): the last :data:`LENGTHS` submits' prompts and the last requests' generated tokens (the
+        submits' ``max_new_tokens`` while fewer than :data:`MIN_FINISHED` have ended: the first to end are the
+        short ones). A drawn future's arrival takes one of each at random (:mod:`.decode_rollout`), where the mean
+        path gives every arrival the means; empty before the first submit."""
+        outputs = self._outputs if len(self._outputs) >= MIN_FINISHED else self._max_news
+        return tuple(self._prompts), tuple(outputs)
 
     def forecast(self, now: float, horizon_s: float) -> tuple[RatePiece, ...]:
         """Expected arrivals per second over ``[now, now + horizon_s)``, in consecutive ordered pieces."""

@@ -35,14 +35,15 @@ events per request alive over the candidate's life, each O(set size) (measured i
 from __future__ import annotations
 
 import math
+import random
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 from calculet.runtime.scheduling.prefill import SmoothWrr
 
-__all__ = ["ArrivalFeed", "ArrivalForecast", "DeviceShape", "Present", "RatePieceLike", "WRR_DEFAULT", "expected_arrivals",
-           "rollout_finish"]
+__all__ = ["ArrivalFeed", "ArrivalForecast", "DeviceShape", "Present", "RatePieceLike", "WRR_DEFAULT", "drawn_finish",
+           "expected_arrivals", "measured_steps", "rollout_finish"]
 
 WRR_DEFAULT: tuple[tuple[str, int], ...] = (("decode", 8), ("short", 4), ("medium", 2), ("long", 1))
 """§6's WRR weights in the spec's order (the configuration default, ``queues.wrr_weights``)."""
@@ -50,10 +51,14 @@ HORIZON_S = 120.0
 """How far ahead the forecast is asked first; a candidate not finished by then extends it by its last piece."""
 MAX_EVENTS = 20_000
 """A guard on the loop: past it the model gives no answer (the planner's estimate is reported)."""
+DRAW_STRIDE = 1_024
+"""Seeds of one estimate's paths: ``seed * DRAW_STRIDE + k`` (k < DRAW_STRIDE)."""
 MAX_ARRIVALS = 2_000
 """The most later arrivals one rollout places (a forecast of absurd rates, e.g. many submits at one instant, must not
 cost without bound; a candidate's life at the presets' rates sees tens)."""
 _EPS = 1e-9
+Lengths = tuple[Sequence[int], Sequence[int]]
+"""(prompts, outputs) a drawn arrival's lengths are taken from, uniformly (``ArrivalLaw.lengths``)."""
 
 
 class RatePieceLike(Protocol):
@@ -85,6 +90,8 @@ class ArrivalFeed(ArrivalForecast, Protocol):
     def arrived(self, now: float, prompt_tokens: int, max_new_tokens: int) -> None: ...
 
     def finished(self, generated_tokens: int) -> None: ...
+
+    def lengths(self) -> tuple[Sequence[int], Sequence[int]]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,13 +232,16 @@ class _Rollout:
 
 
 class _Future:
-    """The later arrivals the model serves: explicit ones, or the forecast's mean path (extended past its horizon by
-    its last piece's rate)."""
+    """The later arrivals the model serves: explicit ones, the forecast's mean path (extended past its horizon by its
+    last piece's rate), or one path drawn from the forecast (``rng``: a Poisson process of its intensity, drawn one
+    arrival ahead, each arrival's prompt and output drawn from ``lengths``)."""
 
-    __slots__ = ("times", "drawn", "forecast", "prompt", "output", "horizon_s", "horizon_end", "last_rate")
+    __slots__ = ("times", "drawn", "forecast", "prompt", "output", "horizon_s", "horizon_end", "last_rate", "rng",
+                 "pieces", "piece", "cursor", "lengths", "count")
 
     def __init__(self, now: float, forecast: ArrivalForecast | None, horizon_s: float,
-                 future: Sequence[tuple[float, int, int]] | None) -> None:
+                 future: Sequence[tuple[float, int, int]] | None, rng: random.Random | None = None,
+                 lengths: Lengths | None = None) -> None:
         self.times: deque[float] = deque()
         self.drawn: deque[tuple[int, int]] = deque()
         self.forecast = None if future else forecast
@@ -239,6 +249,7 @@ class _Future:
         self.horizon_s = horizon_s
         self.horizon_end = now
         self.last_rate = 0.0
+        self.rng = None
         if future:
             self.times.extend(t for t, _, _ in future)
             self.drawn.extend((p, o) for _, p, o in future)
@@ -246,10 +257,48 @@ class _Future:
             self.prompt = max(1, round(forecast.mean_prompt_tokens))
             self.output = max(1, round(forecast.mean_output_tokens))
             pieces = tuple(forecast.forecast(now, horizon_s))
-            self.times.extend(expected_arrivals(pieces, now))
-            self.horizon_end = now + horizon_s
             last = pieces[-1].rate_per_s if pieces else 0.0
             self.last_rate = last if 0 < last < math.inf else 0.0
+            if rng is not None:
+                self.forecast = None  # a drawn path goes on at the last piece's rate by itself
+                self.rng = rng
+                self.pieces = [(max(p.start, now), p.end, p.rate_per_s) for p in pieces
+                               if p.end > max(p.start, now) and 0 < p.rate_per_s < math.inf]
+                self.piece, self.cursor, self.count = 0, now, 0
+                prompts, outputs = lengths if lengths is not None else ((), ())
+                self.lengths = (tuple(max(1, int(x)) for x in prompts) or (self.prompt,),
+                                tuple(max(1, int(x)) for x in outputs) or (self.output,))
+                self._draw()
+                return
+            self.times.extend(expected_arrivals(pieces, now))
+            self.horizon_end = now + horizon_s
+
+    def _draw(self) -> None:
+        """The drawn path's next arrival (a unit exponential of the intensity's mass from the last one), with its
+        lengths; none past :data:`MAX_ARRIVALS` or where the intensity is 0 from the cursor on."""
+        rng = self.rng
+        assert rng is not None
+        if self.count >= MAX_ARRIVALS:
+            return
+        mass = rng.expovariate(1.0)
+        pieces, i, t = self.pieces, self.piece, self.cursor
+        while i < len(pieces):
+            _, end, rate = pieces[i]
+            t = max(t, pieces[i][0])
+            if rate * (end - t) >= mass:
+                break
+            mass -= rate * (end - t)
+            t, i = end, i + 1
+        else:
+            if self.last_rate <= 0:
+                self.piece, self.cursor = i, math.inf
+                return
+            rate = self.last_rate
+        t += mass / rate
+        self.piece, self.cursor, self.count = i, t, self.count + 1
+        prompts, outputs = self.lengths
+        self.times.append(t)
+        self.drawn.append((prompts[int(rng.random() * len(prompts))], outputs[int(rng.random() * len(outputs))]))
 
     def next_at(self) -> float:
         """The next arrival's instant (inf: none)."""
@@ -265,6 +314,8 @@ class _Future:
         while times and times[0] <= t + _EPS:
             times.popleft()
             wait.append((*self.drawn.popleft(), False) if self.drawn else (self.prompt, self.output, False))
+            if self.rng is not None:
+                self._draw()
         if not times and self.forecast is not None and self.last_rate > 0 and t >= self.horizon_end - _EPS:
             rate, end = self.last_rate, self.horizon_end  # past the forecast: its last piece goes on
             times.extend(end + (k + 0.5) / rate for k in range(min(MAX_ARRIVALS, int(rate * self.horizon_s) + 1)))
@@ -274,13 +325,16 @@ class _Future:
 def rollout_finish(present: Present, prompt: int, output: int, now: float, shape: DeviceShape,
                    forecast: ArrivalForecast | None = None, horizon_s: float = HORIZON_S,
                    future: Sequence[tuple[float, int, int]] | None = None,
-                   not_before: float | None = None) -> float | None:
+                   not_before: float | None = None, rng: random.Random | None = None,
+                   lengths: Lengths | None = None) -> float | None:
     """When a candidate of ``prompt`` tokens asking ``output`` tokens, arriving now behind ``present``, is expected
     to produce its last token; None if the model cannot tell (no step time, or the guard on the loop hit).
     ``future``: explicit later arrivals (instant, prompt, output) in order, in place of the forecast's mean path
     (a drawn or a realised future: what the model does with the arrivals known). ``not_before``: the instant the
     candidate is expected to be admitted (the §5.3 queue's order, which the model does not replay): it joins the
-    head of the waiting requests then, instead of its place in ``present``."""
+    head of the waiting requests then, instead of its place in ``present``. ``rng``: later arrivals are one path
+    drawn from the forecast instead of its mean path, their lengths drawn from ``lengths`` (prompts, outputs; the
+    means where empty)."""
     if output < 1 or shape.lanes < 1:
         return None
     state = _Rollout(shape, present, now, (prompt, output))
@@ -288,7 +342,7 @@ def rollout_finish(present: Present, prompt: int, output: int, now: float, shape
     if held is None:
         place = len(state.wait) if present.place is None else max(0, min(present.place, len(state.wait)))
         state.wait.insert(place, (prompt, output, True))
-    arrivals = _Future(now, forecast, horizon_s, future)
+    arrivals = _Future(now, forecast, horizon_s, future, rng, lengths)
     if shape.engines > 1:
         return _two_engines(state, arrivals, held)
     return _one_engine(state, arrivals, held)
@@ -407,3 +461,81 @@ def _two_engines(state: _Rollout, arrivals: _Future, held: float | None) -> floa
             continue
         ready.append([job[1] - 1, job[2]])
     return None
+
+
+def drawn_finish(present: Present, prompt: int, output: int, now: float, shape: DeviceShape,
+                 forecast: ArrivalForecast, *, draws: int, seed: int, lengths: Lengths | None = None,
+                 not_before: float | None = None) -> float | None:
+    """The median over ``draws`` paths drawn from ``forecast`` of the candidate's finish (each path seeded
+    ``(seed, k)``: the same inputs give the same answer; the same ``seed`` and ``k`` give the same path whatever
+    the present, common random numbers between two candidates' estimates). ``not_before``: where the candidate
+    waits, each path's finish is the mean of the rollout replaying the queue and the one joining there (the
+    bracket session 20 measured). None if no path gives an answer."""
+    finishes: list[float] = []
+    for k in range(draws):
+        replayed = rollout_finish(present, prompt, output, now, shape, forecast,
+                                  rng=random.Random(seed * DRAW_STRIDE + k), lengths=lengths)
+        if replayed is None:
+            continue
+        if not_before is not None:
+            joined = rollout_finish(present, prompt, output, now, shape, forecast, not_before=not_before,
+                                    rng=random.Random(seed * DRAW_STRIDE + k), lengths=lengths)
+            if joined is not None:
+                replayed = (replayed + joined) / 2
+        finishes.append(replayed)
+    if not finishes:
+        return None
+    finishes.sort()
+    middle = len(finishes) // 2
+    return finishes[middle] if len(finishes) % 2 else (finishes[middle - 1] + finishes[middle]) / 2
+
+
+
+def measured_steps(measured: dict[int, float], fallback: float, affine: bool) -> Callable[[int], float]:
+    """The rollout's step of a key (one engine: a compiled batch; ping/pong: two summed, the step timer's key) from
+    the keys ``measured`` so far (``StepTimer.step_at``), for keys not measured yet.
+
+    Why (session 21): early in a run, and at a burst's first seconds, the large profiles a burst will select have
+    not run yet, and the long-window step of the small ones (``fallback``) stood in for them: every rollout of the
+    first burst was early (bursty b16 at 1x, first 60 s: P90 52.6 % -> 56.6 % without this, oracle law 34.8 ->
+    25.2 %). ``affine`` (one engine): §13.1's device is memory-bound, a step a fixed time plus a time per compiled
+    lane (the reference cost model: 40 + 2.5 ms a lane), so a key between two measured ones is interpolated and one
+    outside them read on the least-squares line through them all (slope at least 0: a larger batch never reads
+    a shorter step). Ping/pong: the timer's key sums the two jobs' batches and does not say
+    whether the other slot was decoding (B16 alone and B8 beside B8 share key 16, at 80 and about 75 ms), so no line
+    fits (tried: the row went 31.6 -> 43.0 %); the nearest measured key stands in (ties: the larger). With no key
+    measured (or one, on the line's side), ``fallback``."""
+    keys = sorted(k for k, v in measured.items() if v > 0)
+    if not keys:
+        return lambda key: fallback
+    if not affine or len(keys) < 2:
+        cache: dict[int, float] = {}
+
+        def nearest(key: int) -> float:
+            got = measured.get(key) or cache.get(key)
+            if got:
+                return got
+            value = measured[min(keys, key=lambda k: (abs(k - key), -k))] if not affine else fallback
+            cache[key] = value
+            return value
+        return nearest
+    n = len(keys)
+    mean_k = sum(keys) / n
+    mean_v = sum(measured[k] for k in keys) / n
+    var = sum((k - mean_k) ** 2 for k in keys)
+    slope = max(0.0, sum((k - mean_k) * (measured[k] - mean_v) for k in keys) / var)
+    line: dict[int, float] = {}
+
+    def step(key: int) -> float:
+        got = measured.get(key) or line.get(key)
+        if got:
+            return got
+        lo = max((k for k in keys if k < key), default=None)
+        hi = min((k for k in keys if k > key), default=None)
+        if lo is not None and hi is not None:
+            value = measured[lo] + (measured[hi] - measured[lo]) * (key - lo) / (hi - lo)
+        else:
+            value = max(mean_v + slope * (key - mean_k), _EPS)
+        line[key] = value
+        return value
+    return step

@@ -33,7 +33,8 @@ from calculet.runtime.scheduling.admission import AdmissionController, Admission
 from calculet.runtime.scheduling.apply import end_for_deadline
 from calculet.runtime.scheduling.arrival_law import ArrivalLaw
 from calculet.runtime.scheduling.decode import DecodeScheduler
-from calculet.runtime.scheduling.decode_rollout import DeviceShape, Present, rollout_finish
+from calculet.runtime.scheduling.decode_rollout import (DeviceShape, Present, drawn_finish, measured_steps,
+                                                          rollout_finish)
 from calculet.runtime.scheduling.estimate_error import EstimateErrors
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.finish_estimate import ON_TIME_EPS_S, DeviceModel
@@ -157,13 +158,19 @@ class OnTimePolicy:
         fixed, per_token = planner.prefill_times.cost()
         queues = self._queues
         by_ready = profiles.by_ready
+        keys = profiles.select_profile(2**31).compiled_batch * engines  # the largest key the step timer can see
+        measured = {k: v for k in range(1, keys + 1) if (v := timer.step_at(k)) > 0}
         shape = DeviceShape(lanes=lanes, engines=engines, profile_of=lambda n: by_ready[max(1, n)].compiled_batch,
-                            step_s=lambda key: timer.step_at(key) or fallback,
+                            step_s=measured_steps(measured, fallback, affine=engines == 1),
                             prefill_s=lambda tokens: fixed + per_token * tokens,
                             chunk_tokens=profiles.prefill_chunk_tokens, short_max_tokens=queues.short_prefill_max_tokens,
                             medium_max_tokens=queues.medium_prefill_max_tokens, wrr=self._wrr)
         present = present_of(records(), rec, planner.virtual_tags if planner.virtual_start else None)
-        law, prompt, output = planner.report.arrivals, rec.prompt_tokens, rec.machine.max_new_tokens
+        report = planner.report
+        law, prompt, output = report.arrivals, rec.prompt_tokens, rec.machine.max_new_tokens
+        if report.draws > 0 and law is not None:
+            return drawn_finish(present, prompt, output, now, shape, law, draws=report.draws, seed=rec.request_id,
+                                lengths=law.lengths(), not_before=start)
         replayed = rollout_finish(present, prompt, output, now, shape, law)
         if start is None or replayed is None:
             return replayed

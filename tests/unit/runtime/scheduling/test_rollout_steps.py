@@ -1,0 +1,121 @@
+"""Issue #13 session 21: the rollout's steps for profiles not measured yet, and paths drawn from the law.
+
+Values in, values out (virtual time; no simulator): :func:`.decode_rollout.measured_steps` (what a rollout reads for a
+key the step timer has not measured: the affine line on one engine, the nearest measured key under ping/pong),
+:func:`.decode_rollout.drawn_finish` (the median over paths drawn from the law, reproducible from its seed) and
+:meth:`.ArrivalLaw.lengths` (the sample a drawn arrival's lengths come from). Each docstring names the mutant the test
+was seen to fail on (applied by hand, the test run, reverted).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+
+from calculet.runtime.scheduling.arrival_law import LENGTHS, MIN_FINISHED, ArrivalLaw, RatePiece
+from calculet.runtime.scheduling.decode_rollout import (DeviceShape, Present, drawn_finish, measured_steps,
+                                                        rollout_finish)
+
+
+@pytest.mark.req("R8.1")
+def test_one_engine_reads_an_unmeasured_profile_on_the_line_through_the_measured_ones() -> None:
+    """B1 and B4 measured at 42.5 and 50 ms (40 + 2.5 ms a lane): B16, not run yet, is 80 ms on their line, B2 45 ms
+    between them; a measured key is its own. Mutants caught: the long-window fallback for an unmeasured key (B16
+    read 45 ms, the session-20 behaviour); extrapolation from the nearest key (B16 50 ms); interpolation dropped
+    (B2 read on the least-squares line is the same here, so B2 also checks a bent table below)."""
+    step = measured_steps({1: 0.0425, 4: 0.050}, fallback=0.045, affine=True)
+    assert step(16) == pytest.approx(0.080)
+    assert step(2) == pytest.approx(0.045)
+    assert step(4) == 0.050
+    bent = measured_steps({1: 0.040, 2: 0.060, 8: 0.070}, fallback=0.05, affine=True)
+    assert bent(4) == pytest.approx(0.060 + 0.010 * 2 / 6)  # between 2 and 8, not on the fitted line
+
+
+@pytest.mark.req("R8.1")
+def test_the_line_never_slopes_down_and_one_key_is_not_a_line() -> None:
+    """A noisy table whose fit slopes down (B2 60 ms, B4 50 ms): the slope is held at 0, so B16 and B1 read their mean
+    (55 ms). One key measured: no line, the fallback for other keys. Mutants caught: a negative slope kept (B16 -10
+    ms, B1 65 ms); a single key's step extended to every key (B16 read 45 ms instead of the fallback)."""
+    step = measured_steps({2: 0.060, 4: 0.050}, fallback=0.03, affine=True)
+    assert step(16) == pytest.approx(0.055) and step(1) == pytest.approx(0.055)
+    single = measured_steps({1: 0.045}, fallback=0.07, affine=True)
+    assert single(16) == 0.07 and single(1) == 0.045
+    assert measured_steps({}, fallback=0.07, affine=True)(4) == 0.07
+
+
+@pytest.mark.req("R14.1")
+def test_ping_pong_reads_the_nearest_measured_key_not_a_line() -> None:
+    """Under ping/pong a key sums the two jobs' batches (B16 alone and B8 beside B8 are both 16), so no line: an
+    unmeasured key reads the nearest measured one, the larger on a tie. Mutants caught: the affine line under
+    ping/pong (key 20 read 0.1 + 4 x slope, session 21's 31.6 -> 43.0 % row); the smaller key on a tie (key 3 read
+    0.057)."""
+    step = measured_steps({2: 0.057, 4: 0.065, 16: 0.080, 32: 0.107}, fallback=0.05, affine=False)
+    assert step(20) == 0.080
+    assert step(3) == 0.065
+    assert step(28) == 0.107
+    assert measured_steps({}, fallback=0.05, affine=False)(8) == 0.05
+
+
+@dataclass
+class Law:
+    """A constant rate forever, with a sample of lengths (what ``ArrivalLaw`` gives a drawn future)."""
+
+    rate: float
+    mean_prompt_tokens: float = 100.0
+    mean_output_tokens: float = 50.0
+
+    def forecast(self, now: float, horizon_s: float) -> tuple[RatePiece, ...]:
+        return (RatePiece(now, now + horizon_s, self.rate),)
+
+
+def _shape() -> DeviceShape:
+    return DeviceShape(lanes=8, engines=1, profile_of=lambda n: 8 if n > 4 else 4,
+                       step_s={4: 0.05, 8: 0.06}.__getitem__, prefill_s=lambda tokens: 0.001 * tokens)
+
+
+@pytest.mark.req("R5.2.2")
+def test_drawn_paths_are_the_same_for_the_same_seed_and_their_median_is_reported() -> None:
+    """The estimate is reproducible from its seed (the bench must be bit for bit), differs with it, and is the median
+    of the paths' finishes, each path seeded ``(seed, k)``. Mutants caught: a global RNG (two calls with one seed
+    differ); the mean of the paths reported instead of the median (the check against the hand-made median)."""
+    law, shape, present = Law(rate=2.0), _shape(), Present(decoding=(40, 80, 120))
+    lengths = ((50, 100, 2000), (20, 60, 200))
+    one = drawn_finish(present, 200, 100, 0.0, shape, law, draws=5, seed=7, lengths=lengths)
+    assert one == drawn_finish(present, 200, 100, 0.0, shape, law, draws=5, seed=7, lengths=lengths)
+    assert one != drawn_finish(present, 200, 100, 0.0, shape, law, draws=5, seed=8, lengths=lengths)
+    paths = sorted(rollout_finish(present, 200, 100, 0.0, shape, law, rng=random.Random(7 * 1024 + k), lengths=lengths)
+                   for k in range(5))
+    assert one == paths[2]
+
+
+@pytest.mark.req("R5.2.2")
+def test_a_drawn_path_with_no_arrivals_is_the_present_alone_and_its_arrivals_take_the_samples_lengths() -> None:
+    """At rate 0 every drawn path is the present draining: the finish of no later arrival. At a high rate with one
+    prompt length in the sample, a path's arrivals prefill that prompt: a 4 000-token sample makes the candidate
+    later than a 10-token one. Mutants caught: a drawn path ignoring the sample (both equal, the law's mean prompt);
+    a drawn arrival at rate 0 (later than the empty future)."""
+    shape, present = _shape(), Present(decoding=(30,))
+    alone = rollout_finish(present, 100, 50, 0.0, shape, future=())
+    assert drawn_finish(present, 100, 50, 0.0, shape, Law(rate=0.0), draws=3, seed=1) == alone
+    short = drawn_finish(present, 100, 50, 0.0, shape, Law(rate=5.0), draws=3, seed=1, lengths=((10,), (40,)))
+    long = drawn_finish(present, 100, 50, 0.0, shape, Law(rate=5.0), draws=3, seed=1, lengths=((4000,), (40,)))
+    assert short is not None and long is not None and long > short > alone
+
+
+def test_the_law_keeps_a_recent_sample_of_prompts_and_of_outputs() -> None:
+    """``lengths()``: the last LENGTHS prompts submitted; the outputs of requests ended, or the submits' max_new_tokens
+    while fewer than MIN_FINISHED have ended (the first to end are the short ones). Mutants caught: the outputs read
+    from the ends from the first one (a single 5 reported after one end); no bound on the sample (LENGTHS + 10 kept)."""
+    law = ArrivalLaw()
+    assert law.lengths() == ((), ())
+    for k in range(LENGTHS + 10):
+        law.arrived(float(k), 100 + k, 300)
+    prompts, outputs = law.lengths()
+    assert prompts == tuple(100 + k for k in range(10, LENGTHS + 10))
+    law.finished(5)
+    assert set(law.lengths()[1]) == {300}
+    for _ in range(MIN_FINISHED):
+        law.finished(7)
+    assert law.lengths()[1] == (5,) + (7,) * MIN_FINISHED
