@@ -92,8 +92,9 @@ SNAPSHOT_POLL_S = 0.002
 a step, about a decode tick, under a millisecond of CPU, until it publishes)."""
 
 SNAPSHOT_WAIT_S = 0.05
-"""The longest the lane waits for a pending snapshot: a longer step (a model load, a host-driven job) holds no request,
-they go on as with none coming. A step under load on this machine took over 20 ms of wall time."""
+"""The longest a request waits for a pending snapshot (:class:`SnapshotWait`, each request from its own first wait):
+past it, in a longer step (a model load, a host-driven job), it goes on as with none coming. A step under load on this
+machine took over 20 ms of wall time."""
 
 MEMO_ENTRIES = 256
 """Bodies whose prepared generation is remembered at most (each at most ``INLINE_BODY`` bytes: 2 MiB in all)."""
@@ -130,23 +131,45 @@ class PreparedMemo:
 class SnapshotWait:
     """Whether a request should wait for the actor's next snapshot, by the engine's word (:attr:`~calculet.runtime
     .engine.threaded.ThreadedEngine.snapshot_pending`): no snapshot also says the engine cannot refuse from one (an idle
-    lane on B>1, a stale plan, stopping), when a wait is for nothing (session 19 guessed it by a 50 ms recency rule)."""
+    lane on B>1, a stale plan, stopping), when a wait is for nothing (session 19 guessed it by a 50 ms recency rule).
 
-    __slots__ = ("engine", "since")
+    Each request waits at most :data:`SNAPSHOT_WAIT_S` of a pending spell, counted from the moment *it* first found
+    the snapshot pending (kept in its scope's ``state``, :data:`WAIT_SINCE`), and afresh in a later spell. Why per
+    request (issue #13, session 21): up to 45eef29 the lane kept one instant for the whole spell, so once the first
+    request's wait timed out every later arrival of that spell was forwarded at once, and an instant left over from an
+    earlier spell (its last waiter decided without asking, past :data:`HOLD_CAP_S` or gone) shortened the next spell's
+    waits. A request forwarded during the actor's step is not answered sooner for it: the actor reads its mailbox only
+    after the step, so it waits for the same step's end, through the ASGI path and the actor instead of the snapshot,
+    and untracked by the front's count (which then holds or forwards more behind it). A long step under load (the
+    loop's burst and the actor share one interpreter lock: a step took over 20 ms of wall time here) thus made the
+    front blind for the rest of it. A stuck engine still holds no request long: each waits its own
+    :data:`SNAPSHOT_WAIT_S` at most, then goes on as with none coming, to the same stuck actor."""
+
+    __slots__ = ("engine",)
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
-        self.since = math.inf  # (engine clock) when the lane first found none usable while one is pending
 
-    def __call__(self, snapshot: Any, now: float) -> bool:
+    def pending(self, snapshot: Any, now: float) -> bool:
         """No usable snapshot (``snapshot`` None, or expired at ``now``, engine clock) and the actor says one comes (in
-        a step, results to apply, its timed wake-up due), for less than :data:`SNAPSHOT_WAIT_S` so far."""
-        if snapshot is not None and now < snapshot.valid_until or not self.engine.snapshot_pending:
-            self.since = math.inf
+        a step, results to apply, its timed wake-up due)."""
+        return not (snapshot is not None and now < snapshot.valid_until) and self.engine.snapshot_pending
+
+    def __call__(self, snapshot: Any, now: float, state: dict[str, Any]) -> bool:
+        """Whether the request whose scope ``state`` this is waits for the pending snapshot: one is pending
+        (:meth:`pending`) and the request has waited for it less than :data:`SNAPSHOT_WAIT_S` so far."""
+        if not self.pending(snapshot, now):
+            state.pop(WAIT_SINCE, None)  # its spell ended: a later one is waited for afresh
             return False
-        if self.since > now:
-            self.since = now
-        return now - self.since < SNAPSHOT_WAIT_S
+        since = state.get(WAIT_SINCE)
+        if since is None:
+            state[WAIT_SINCE] = since = now
+        return bool(now - since < SNAPSHOT_WAIT_S)
+
+
+WAIT_SINCE = "snapshot_wait_since"
+"""The key of a request's scope ``state`` keeping when (engine clock) it first found a snapshot pending in this spell
+(:class:`SnapshotWait`)."""
 
 
 @dataclass(slots=True)
@@ -339,8 +362,9 @@ class RefusalLane:
         untracked, so the front could not count what the engine holds and held every request fitting the next
         snapshot until the engine had answered all (first 429 at 40-80 ms). Now held (:meth:`_decide`), decided here."""
         engine = self.service.engine
-        if self._queue and self._awaited(engine.admission_snapshot, engine.clock.now()):
-            self._poll_soon()
+        queue = self._queue
+        if queue and self._awaited(engine.admission_snapshot, engine.clock.now(), queue[0].cycle.scope["state"]):
+            self._poll_soon()  # the first held request waits for it (the ones behind it wait behind it)
 
     def holding(self) -> bool:
         """Whether requests are held: a new arrival that finds no snapshot waits behind them while anything is on its
@@ -372,9 +396,11 @@ class RefusalLane:
         """(:meth:`_watch`'s) Decide the held requests again once the actor's next snapshot is published, or the engine
         says none comes (then as an arrival is decided: forwarded unless anything is on its way); no round ends."""
         self._polling = False
-        engine = self.service.engine
-        if self._awaited(engine.admission_snapshot, engine.clock.now()):
-            self._watch()  # still to come
+        engine, queue = self.service.engine, self._queue
+        if not queue:
+            return  # decided meanwhile (an answer's drain)
+        if self._awaited(engine.admission_snapshot, engine.clock.now(), queue[0].cycle.scope["state"]):
+            self._watch()  # still to come, and the first held request still waits for it
             return
         self._decide_held(time.perf_counter(), patient=True)
 
@@ -453,7 +479,7 @@ class RefusalLane:
         on_time = service.config.batch.deadline_order == "on_time"  # no snapshot ever comes under another
         hold = hold and on_time
         snapshot, now = engine.admission_snapshot, engine.clock.now()
-        if wait and on_time and self._awaited(snapshot, now) or hold and snapshot is None and (
+        if wait and on_time and self._awaited(snapshot, now, state) or hold and snapshot is None and (
                 early.in_flight + early.unsent > 0 and (patient or early.should_hold(None))):
             return HELD  # the actor publishes its next snapshot soon (see _watch), or answers those on their way
         refusal = early.decide(lambda: engine.admission_snapshot, prompt_tokens=len(gen.prompt),
@@ -596,4 +622,4 @@ class RefusalLane:
 
 
 __all__ = ["AnswerBytes", "CLIENT_ID", "HOLD_CAP_S", "MEMO_ENTRIES", "PreparedMemo", "RefusalLane", "SnapshotWait",
-           "RefusalLaneStatistics"]
+           "RefusalLaneStatistics", "WAIT_SINCE"]

@@ -83,13 +83,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 @pytest.fixture(autouse=True)
 def _no_snapshot_pending(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test's engine says no snapshot is pending (its idle actor's own turns must not hold a test's requests) and
-    its lane waits for none yet (the module shares one lane: ``SnapshotWait.since``); a test wanting one sets
-    ``pending`` (:func:`_pending`)."""
+    """Each test's engine says no snapshot is pending (its idle actor's own turns must not hold a test's requests); a
+    test wanting one sets ``pending`` (:func:`_pending`). (A request's wait for one is its own, in its scope: nothing
+    of it is left in the module's shared lane.)"""
     if "served" in request.fixturenames or "pinned" in request.fixturenames:
-        service, app = request.getfixturevalue("served")
+        service, _app = request.getfixturevalue("served")
         monkeypatch.setattr(type(service.engine), "snapshot_pending", property(lambda engine: False))
-        monkeypatch.setattr(app.refusal_lane._awaited, "since", math.inf)
 
 
 def _pending(service: Any, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
@@ -604,10 +603,10 @@ def test_requests_held_at_arrival_for_a_pending_snapshot_are_decided_once_it_is_
     """Issue #13: a read decided while the actor is in a step (no snapshot, one pending: ``snapshot_pending``) is held;
     the actor's next snapshot decides it at a poll, without waiting for the engine's next answer (none comes here); a
     poll finding none pending any more decides it as an arrival then (forwarded: nothing on its way). No poll when
-    none is pending (a snapshot then comes with a message the lane cannot see: the answers decide), nor once the lane
-    has waited SNAPSHOT_WAIT_S for a pending one (a longer step). Mutants caught: no poll at the hold (a and b still
-    held when the snapshot is published, as at 784cd2c); a poll that stops while the snapshot is still pending (the
-    first poll finds none, the publication is never read); a poll whatever the engine says (e decided without an
+    none is pending (a snapshot then comes with a message the lane cannot see: the answers decide), nor once the
+    request has waited SNAPSHOT_WAIT_S for a pending one (a longer step). Mutants caught: no poll at the hold (a and b
+    still held when the snapshot is published, as at 784cd2c); a poll that stops while the snapshot is still pending
+    (the first poll finds none, the publication is never read); a poll whatever the engine says (e decided without an
     answer); no bound on the wait (d decided without an answer); a poll deciding only from a snapshot (c still held
     when the engine says none comes, as at 29177b9)."""
     import time
@@ -623,8 +622,10 @@ def test_requests_held_at_arrival_for_a_pending_snapshot_are_decided_once_it_is_
     body = json.dumps(NEVER).encode()
     edge = _Edge()
 
-    def held(name: str) -> _Cycle:
+    def held(name: str, waited_s: float = 0.0) -> _Cycle:
         cycle = _Cycle(name)
+        if waited_s:  # it has waited for the pending snapshot that long already (SnapshotWait)
+            cycle.scope["state"][refusal_lane.WAIT_SINCE] = service.engine.clock.now() - waited_s
         started = time.perf_counter()
         assert lane.decide(cycle.scope, body, default_headers=[], keep_alive=True, started=started, hold=True,
                            patient=lane.holding()) is HELD
@@ -662,9 +663,8 @@ def test_requests_held_at_arrival_for_a_pending_snapshot_are_decided_once_it_is_
         assert edge.done[-1] == ("app", "c")
         await _engine_answers(early)
         assert edge.done[-1] == ("answer", "e")
-        shown[0], pending[0] = None, True  # a step the lane has waited for longer than SNAPSHOT_WAIT_S already
-        lane._awaited.since = service.engine.clock.now() - 2 * refusal_lane.SNAPSHOT_WAIT_S
-        held("d")
+        shown[0], pending[0] = None, True  # a step d has waited for longer than SNAPSHOT_WAIT_S already
+        held("d", waited_s=2 * refusal_lane.SNAPSHOT_WAIT_S)
         shown[0], pending[0] = refusing, False
         await polls()
         assert edge.done[-1] == ("answer", "e")
@@ -798,12 +798,83 @@ def test_a_request_held_while_the_engine_is_stuck_is_decided_at_the_holds_cap_af
             now[0] = start + after
             await _engine_answers(early)
             assert edge.done == [], after
-            assert lane._awaited(None, now[0]) is (after < refusal_lane.SNAPSHOT_WAIT_S)
+            assert lane._awaited(None, now[0], cycle.scope["state"]) is (after < refusal_lane.SNAPSHOT_WAIT_S)
         assert lane._round - rounds >= 3  # past its last round: held by what is on its way
         now[0] = start + refusal_lane.HOLD_CAP_S
         await _engine_answers(early)
         assert edge.done == [("app", "a")]
         lane_sent(service, cycle.scope["state"])
+
+    asyncio.run(run())
+
+
+def test_an_arrival_late_in_a_long_step_waits_for_the_snapshot_as_long_as_the_first_arrival_did(
+        served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #13, session 21: a step longer than SNAPSHOT_WAIT_S (under load the actor waits for the interpreter lock
+    the burst's loop holds) does not make the front blind for the rest of it. ``a`` arrives as the step begins, waits
+    SNAPSHOT_WAIT_S and goes on (no snapshot, nothing on its way: forwarded); ``b`` arrives later in the same step
+    and waits its own SNAPSHOT_WAIT_S, so the snapshot published meanwhile refuses it at a poll, as the engine would
+    after its step. ``c`` arrives in a later step, after ``a`` and ``b`` were decided: it waits too (no instant left
+    over from an earlier spell). Virtual time: one fake clock for the lane and the engine; nothing on its way, so only
+    the snapshot wait holds. Mutant caught: one wait per spell (``SnapshotWait`` keeping the first waiter's instant
+    until a usable snapshot is seen, as at 45eef29): ``b`` forwarded at its arrival, ``("app", "b")``."""
+    import time
+    from types import SimpleNamespace
+
+    from calculet.server import refusal_lane
+    from calculet.server.inference import lane_sent
+
+    service, app = served
+    lane, early = app.refusal_lane, service.early_admission
+    refusing, shown, pending = _refusing(service, 29), _shown(service, monkeypatch), _pending(service, monkeypatch)
+    _quiet(lane, service, early, monkeypatch)
+    start = 2000.0
+    now = [start]
+    monkeypatch.setattr(refusal_lane, "time", SimpleNamespace(perf_counter=lambda: now[0], time=time.time))
+    monkeypatch.setattr(type(service.engine), "clock", property(lambda engine: SimpleNamespace(now=lambda: now[0])))
+    monkeypatch.setattr(early, "in_flight", 0)
+    body = json.dumps(NEVER).encode()
+    edge = _Edge()
+
+    def arrive(name: str) -> _Cycle:
+        cycle = _Cycle(name)
+        answer = lane.decide(cycle.scope, body, default_headers=[], keep_alive=True, started=now[0], hold=True,
+                             patient=lane.holding())
+        if answer is HELD:
+            lane.hold(edge, cycle, None, body, now[0])
+        else:
+            edge.done.append(("answer" if isinstance(answer, bytes) else "app", name))
+        return cycle
+
+    async def polls() -> None:
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    async def run() -> None:
+        pending[0] = True  # the actor's step begins; it lasts
+        a = arrive("a")
+        await polls()
+        assert edge.done == []  # waits for the snapshot
+        now[0] = start + 1.2 * refusal_lane.SNAPSHOT_WAIT_S  # a's wait is over: forwarded at the next poll
+        await polls()
+        assert edge.done == [("app", "a")]
+        lane_sent(service, a.scope["state"])
+        now[0] = start + 1.5 * refusal_lane.SNAPSHOT_WAIT_S  # later in the same step
+        arrive("b")
+        await polls()
+        assert edge.done == [("app", "a")]  # b waits for the snapshot as a did
+        now[0] = start + 1.7 * refusal_lane.SNAPSHOT_WAIT_S
+        shown[0], pending[0] = refusing, False  # the step ends: its snapshot refuses b
+        await polls()
+        assert edge.done == [("app", "a"), ("answer", "b")]
+        shown[0], pending[0] = None, True  # a later step
+        now[0] = start + 10 * refusal_lane.SNAPSHOT_WAIT_S
+        arrive("c")
+        await polls()
+        assert edge.done[-1] == ("answer", "b")  # c waits too
+        shown[0], pending[0] = refusing, False
+        await polls()
+        assert edge.done[-1] == ("answer", "c")
 
     asyncio.run(run())
 
