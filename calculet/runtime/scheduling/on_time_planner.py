@@ -73,6 +73,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
 from calculet.machines.request import FinishReason
+from calculet.runtime.scheduling.arrival_law import ArrivalLawStatistics
 from calculet.runtime.scheduling.estimate_error import EstimateErrors, EstimateErrorStatistics
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.finish_estimate import (DeviceModel, Fit, PendingJob,
@@ -130,6 +131,8 @@ class OnTimeStatistics:
     rollouts_skipped: int = 0
     """B>1 admissions that kept the planner's estimate: the rollouts allowed since the last device completion were made
     (:data:`.on_time_report.ROLLOUTS_PER_COMPLETION`)."""
+    arrivals: ArrivalLawStatistics | None = None
+    """The learned law of arrivals the rollout forecasts from (B>1; None: no law, as on B1)."""
 
 
 @dataclass(frozen=True)
@@ -536,7 +539,8 @@ class OnTimePlanner:
     def statistics(self) -> OnTimeStatistics:
         return OnTimeStatistics(self._replans, self._unfit, self._ttft_refused, self._shed_waiting,
                                  self._shed_admitted, self._at_risk, self._cap, self.errors.statistics(), self.bets_made,
-                                 self._bets_missed, self.report.rolled, self.report.skipped)
+                                 self._bets_missed, self.report.rolled, self.report.skipped,
+                                 self.report.law_statistics())
 
 
 def _overtaken(planner: OnTimePlanner, rec: RequestRecord, job: PendingJob, now: float, model: DeviceModel,

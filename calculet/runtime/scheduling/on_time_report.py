@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from calculet.machines.request import FinishReason
+from calculet.runtime.scheduling.arrival_law import ArrivalLawStatistics
 from calculet.runtime.scheduling.decode_rollout import ArrivalFeed
 from calculet.runtime.scheduling.registry import RequestRecord
 
@@ -117,6 +118,17 @@ class ReportedEstimate:
         if arrivals is not None and rec.machine.finish_reason in _SCORED:
             arrivals.finished(rec.machine.generated_tokens)
         return rec.estimated_finish if own is None else own
+
+    def law_statistics(self) -> ArrivalLawStatistics | None:
+        """The learned law's statistics (:meth:`.ArrivalLaw.statistics`), the submits kept for it told first (so they
+        count); None without a law, or with one that keeps none (the bench's stand-ins)."""
+        arrivals = self.arrivals
+        statistics = getattr(arrivals, "statistics", None)
+        if statistics is None:
+            return None
+        self.told()
+        result = statistics()
+        return result if isinstance(result, ArrivalLawStatistics) else None
 
     def planned_finish(self, rec: RequestRecord) -> float | None:
         """The planner's own estimate of a live ``rec``: ``estimated_finish`` unless the rollout's is reported there."""

@@ -119,3 +119,20 @@ def test_the_law_keeps_a_recent_sample_of_prompts_and_of_outputs() -> None:
     for _ in range(MIN_FINISHED):
         law.finished(7)
     assert law.lengths()[1] == (5,) + (7,) * MIN_FINISHED
+
+
+@pytest.mark.req("R5.2.2")
+def test_on_time_statistics_export_the_learned_law_on_b_gt_1_and_none_on_b1() -> None:
+    """``OnTimeStatistics.arrivals`` is the law's own statistics, the submits kept for it counted (told first), on
+    B>1; None on B1 (no law). Mutants caught: the statistics read without telling the kept submits (arrivals 0 of
+    2); the field left None on B>1."""
+    from tests.unit.runtime.runtime_support import Harness
+
+    b4 = Harness.build(sizes=(1, 4), lanes=4, admission={"max_sequences": 4})
+    b4.submit(prompt=8, new=10, deadline_ms=600_000)
+    b4.submit(prompt=9, new=10, deadline_ms=600_000)
+    law = b4.scheduler.on_time.statistics().arrivals
+    assert law is not None and law.arrivals == 2 and law.mean_prompt_tokens == 8.5
+    b1 = Harness.build(sizes=(1,), lanes=4, admission={"max_sequences": 4})
+    b1.submit(prompt=8, new=10, deadline_ms=600_000)
+    assert b1.scheduler.on_time.statistics().arrivals is None
