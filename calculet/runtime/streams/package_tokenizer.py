@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -63,8 +64,12 @@ class HfTokenizer:
     """A package's ``tokenizer.json`` and chat template, with the engine's tokenizer interface."""
 
     def __init__(self, backend: HfBackend, template: ChatTemplate, *, vocab_size: int, bos: int, eos: int,
-                 specials: Iterable[int], identity: str = "", byte_table: tuple[bytes, ...] | None = None) -> None:
+                 specials: Iterable[int], identity: str = "", byte_table: tuple[bytes, ...] | None = None,
+                 pieces: PieceCache | None = None) -> None:
         self._backend = backend
+        self.pieces = pieces
+        """Each pre-token's ids, when the tokenizer splits a text as GPT-2's byte-level BPE (:class:`PieceCache`);
+        None: every text goes to the backend whole."""
         self.byte_table = byte_table
         """Each id's bytes when the tokenizer is byte-level BPE (:func:`byte_level_table`): streams decode by it."""
         self.piece_text = _piece_texts(byte_table) if byte_table is not None else None
@@ -82,7 +87,10 @@ class HfTokenizer:
         return token in self._specials
 
     def encode(self, text: str, *, add_bos: bool = True) -> list[int]:
-        ids: list[int] = self._backend.encode(text, add_special_tokens=False).ids
+        pieces = self.pieces
+        ids: list[int] | None = None if pieces is None else pieces.encode(text)
+        if ids is None:
+            ids = self._backend.encode(text, add_special_tokens=False).ids
         return [self.bos, *ids] if add_bos else ids
 
     def chat_text(self, messages: Sequence[tuple[str, str]]) -> str:
@@ -228,6 +236,84 @@ def byte_level_table(backend: HfBackend, tokenizer_json: dict[str, Any], vocab_s
     return tuple(table)
 
 
+_GPT2_ASCII = re.compile(r"'s|'t|'re|'ve|'m|'ll|'d| ?[A-Za-z]+| ?[0-9]+| ?[^\t\n\r A-Za-z0-9]+|[\t\n\r ]+(?![^\t\n\r ])"
+                         r"|[\t\n\r ]+")
+"""The ``ByteLevel`` pre-tokenizer's split (GPT-2's ``'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|
+\\s+(?!\\S)|\\s+``) on texts without a :data:`_NOT_PLAIN` character, where ``\\p{L}`` is ``[A-Za-z]``, ``\\p{N}`` is
+``[0-9]`` and ``\\s`` is ``[\\t\\n\\r ]``: the same leftmost-first alternatives, so the same pieces."""
+
+_NOT_PLAIN = re.compile(r"[^\t\n\r -~]")
+"""A character outside printable ASCII and the three whitespace controls a prompt has: :data:`_GPT2_ASCII` splits
+the texts without one as the backend does (no Unicode class, nor a control character whose class the two regex
+engines might read apart)."""
+
+PIECES_KEPT = 65536
+"""Pre-tokens whose ids :class:`PieceCache` keeps at most (emptied when full)."""
+PIECE_CHARS = 64
+"""The longest pre-token kept (a longer one, rare, is asked of the backend each time)."""
+
+
+class PieceCache:
+    """A text's ids as the concatenation of its pre-tokens' ids, each pre-token's ids kept (issue #13: tokenising a
+    completion's prompt was ~15 us of the event loop's CPU per refused request, about an eighth of it, for a
+    ~40-character prompt: the backend's own split of the text, its regex, is most of that, and is paid again for
+    every word it has seen).
+
+    Why exact: with no normalizer and the ``ByteLevel`` pre-tokenizer splitting by GPT-2's regex (``use_regex``,
+    no prefix space), the backend applies BPE to each pre-token alone (the BPE model sees one split at a time), so
+    a text's ids are its pre-tokens' ids laid end to end, and a pre-token's ids are what the backend gives it alone
+    (split alone, it is one pre-token: each alternative of the regex that failed at its start in the text fails on
+    it too, and the one that matched matches all of it). The split is done here by :data:`_GPT2_ASCII`, which is the
+    backend's regex on texts without a :data:`_NOT_PLAIN` character; any other text, a text holding an added token's
+    content (the backend cuts those out first), and a tokenizer configured otherwise (:meth:`of`) go to the backend
+    whole. ``tests/unit/runtime/streams/test_package_tokenizer_pieces.py`` compares the two on random texts."""
+
+    def __init__(self, backend: HfBackend, added: Iterable[str]) -> None:
+        self._backend = backend
+        contents = sorted({text for text in added if text}, key=len, reverse=True)
+        self._added = re.compile("|".join(map(re.escape, contents))) if contents else None
+        self._kept: dict[str, list[int]] = {}
+        self.hits = 0
+        self.misses = 0
+
+    @classmethod
+    def of(cls, backend: HfBackend, tokenizer_json: dict[str, Any]) -> PieceCache | None:
+        """The cache for a tokenizer whose ids are its pre-tokens' (see the class), or None."""
+        pre = tokenizer_json.get("pre_tokenizer")
+        model = tokenizer_json.get("model")
+        if tokenizer_json.get("normalizer") is not None or not isinstance(pre, dict) or not isinstance(model, dict):
+            return None
+        if pre.get("type") != "ByteLevel" or pre.get("add_prefix_space", True) or not pre.get("use_regex", True):
+            return None
+        if model.get("type") != "BPE" or model.get("dropout") not in (None, 0, 0.0):
+            return None
+        added = [str(token.get("content", "")) for token in tokenizer_json.get("added_tokens") or ()]
+        return cls(backend, added)
+
+    def encode(self, text: str) -> list[int] | None:
+        """``text``'s ids as the backend gives them (no special tokens added), or None: ask the backend."""
+        if _NOT_PLAIN.search(text) is not None or self._added is not None and self._added.search(text) is not None:
+            return None
+        kept = self._kept
+        ids: list[int] = []
+        for piece in _GPT2_ASCII.findall(text):
+            found = kept.get(piece)
+            if found is None:
+                self.misses += 1
+                found = self._backend.encode(piece, add_special_tokens=False).ids
+                if len(piece) <= PIECE_CHARS:
+                    if len(kept) >= PIECES_KEPT:
+                        kept.clear()  # one call, safe beside another thread's reads
+                    kept[piece] = found
+            else:
+                self.hits += 1
+            ids += found
+        return ids
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+
 def _refuse(manifest: CalbinManifest, detail: str) -> PackageError:
     return PackageError(f"package {manifest.name!r}: {detail} (§11 step 3)", reason="tokenizer",
                         package=manifest.name)
@@ -278,12 +364,14 @@ def hf_tokenizer(package_dir: Path, manifest: CalbinManifest) -> HfTokenizer:
         template.render(_PROBE)
     except jinja2.TemplateError as exc:
         raise _refuse(manifest, f"the chat template does not render: {exc}") from exc
+    document = json.loads(tokenizer_text)
     try:
-        table = byte_level_table(backend, json.loads(tokenizer_text), size, added)
+        table = byte_level_table(backend, document, size, added)
     except ValueError:
         table = None
     return HfTokenizer(backend, template, vocab_size=size, bos=arch.special_tokens.bos,
-                       eos=arch.special_tokens.eos, specials=added, identity=identity, byte_table=table)
+                       eos=arch.special_tokens.eos, specials=added, identity=identity, byte_table=table,
+                       pieces=PieceCache.of(backend, document))
 
 
 Tokenizer = ByteTokenizer | HfTokenizer
@@ -316,5 +404,5 @@ def loaded_tokenizer(sha256: str, vocab_size: int, *, bos: int, eos: int) -> Tok
     return tok if tok is not None else ByteTokenizer(vocab_size, bos=bos, eos=eos)
 
 
-__all__ = ["ChatTemplate", "HfDetokenizer", "HfTokenizer", "Tokenizer", "byte_level_table", "hf_tokenizer",
-           "load_tokenizer", "loaded_tokenizer"]
+__all__ = ["ChatTemplate", "HfDetokenizer", "HfTokenizer", "PIECES_KEPT", "PieceCache", "Tokenizer", "byte_level_table",
+           "hf_tokenizer", "load_tokenizer", "loaded_tokenizer"]
