@@ -171,10 +171,11 @@ class OnTimePolicy:
         if report.draws > 0 and law is not None:
             return drawn_finish(present, prompt, output, now, shape, law, draws=report.draws, seed=rec.request_id,
                                 lengths=law.lengths(), not_before=start)
-        replayed = rollout_finish(present, prompt, output, now, shape, law)
+        lengths = None if law is None else law.lengths()  # the mean path's lengths: the sample's quantiles (s. 21)
+        replayed = rollout_finish(present, prompt, output, now, shape, law, lengths=lengths)
         if start is None or replayed is None:
             return replayed
-        joined = rollout_finish(present, prompt, output, now, shape, law, not_before=start)
+        joined = rollout_finish(present, prompt, output, now, shape, law, not_before=start, lengths=lengths)
         return replayed if joined is None else (replayed + joined) / 2
 
     def _best_token_s(self, sequences: int) -> float:

@@ -46,6 +46,9 @@ class Forecast:
     def finished(self, generated_tokens: int) -> None:
         self.ends += 1
 
+    def lengths(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return (), ()  # no sample: the means
+
 
 @pytest.mark.req("R6.3")
 def test_one_profile_the_wrr_interleaves_the_candidates_prefill_and_its_prefill_yields_the_first_token():

@@ -136,3 +136,25 @@ def test_on_time_statistics_export_the_learned_law_on_b_gt_1_and_none_on_b1() ->
     b1 = Harness.build(sizes=(1,), lanes=4, admission={"max_sequences": 4})
     b1.submit(prompt=8, new=10, deadline_ms=600_000)
     assert b1.scheduler.on_time.statistics().arrivals is None
+
+
+@pytest.mark.req("R5.2.2")
+def test_the_mean_paths_arrivals_take_the_samples_quantiles_so_a_rare_long_prompt_is_not_spread_into_each() -> None:
+    """The mean path's k-th arrival takes the sample's prompt and output at the k-th point of a low-discrepancy
+    sequence. A sample of one prompt and one output is the means' path exactly; a sample of nineteen 10-token prompts
+    and one of 10 000 (mean 509.5) puts the long one at its frequency (not among the first twenty arrivals here), so
+    the candidate finishes earlier than on the mean path, where every arrival prefills 509 tokens. Mutants caught: the
+    lengths ignored on the mean path (the two equal); the sequence's point not advanced (every arrival at quantile 0,
+    the shortest: half long prompts in the sample then cost nothing)."""
+    shape, present = _shape(), Present(decoding=(30, 60))
+    means = Law(rate=2.0, mean_prompt_tokens=50.0, mean_output_tokens=20.0)
+    assert rollout_finish(present, 100, 80, 0.0, shape, means, lengths=((50,), (20,))) == rollout_finish(
+        present, 100, 80, 0.0, shape, means)
+    sample = ((10,) * 19 + (10_000,), (20,) * 20)
+    heavy = Law(rate=2.0, mean_prompt_tokens=sum(sample[0]) / 20, mean_output_tokens=20.0)
+    spread = rollout_finish(present, 100, 80, 0.0, shape, heavy)
+    quantiles = rollout_finish(present, 100, 80, 0.0, shape, heavy, lengths=sample)
+    assert spread is not None and quantiles is not None and quantiles < spread
+    half = rollout_finish(present, 100, 80, 0.0, shape, means, lengths=((10,) * 10 + (2_000,) * 10, (20,)))
+    short = rollout_finish(present, 100, 80, 0.0, shape, means, lengths=((10,), (20,)))
+    assert half is not None and short is not None and half > short
