@@ -247,10 +247,11 @@ _NOT_PLAIN = re.compile(r"[^\t\n\r -~]")
 the texts without one as the backend does (no Unicode class, nor a control character whose class the two regex
 engines might read apart)."""
 
-PIECES_KEPT = 65536
-"""Pre-tokens whose ids :class:`PieceCache` keeps at most (emptied when full)."""
-PIECE_CHARS = 64
-"""The longest pre-token kept (a longer one, rare, is asked of the backend each time)."""
+PIECES_KEPT = 16384
+"""Pre-tokens whose ids :class:`PieceCache` keeps at most (emptied when full): a few MB for words, ~20 MB at worst
+(every piece :data:`PIECE_CHARS` long, a token per character)."""
+PIECE_CHARS = 32
+"""The longest pre-token kept (a longer one, rare in text, is asked of the backend each time)."""
 
 
 class PieceCache:
@@ -272,7 +273,7 @@ class PieceCache:
         self._backend = backend
         contents = sorted({text for text in added if text}, key=len, reverse=True)
         self._added = re.compile("|".join(map(re.escape, contents))) if contents else None
-        self._kept: dict[str, list[int]] = {}
+        self._kept: dict[str, tuple[int, ...]] = {}
         self.hits = 0
         self.misses = 0
 
@@ -300,7 +301,7 @@ class PieceCache:
             found = kept.get(piece)
             if found is None:
                 self.misses += 1
-                found = self._backend.encode(piece, add_special_tokens=False).ids
+                found = tuple(self._backend.encode(piece, add_special_tokens=False).ids)
                 if len(piece) <= PIECE_CHARS:
                     if len(kept) >= PIECES_KEPT:
                         kept.clear()  # one call, safe beside another thread's reads
@@ -404,5 +405,5 @@ def loaded_tokenizer(sha256: str, vocab_size: int, *, bos: int, eos: int) -> Tok
     return tok if tok is not None else ByteTokenizer(vocab_size, bos=bos, eos=eos)
 
 
-__all__ = ["ChatTemplate", "HfDetokenizer", "HfTokenizer", "PIECES_KEPT", "PieceCache", "Tokenizer", "byte_level_table",
-           "hf_tokenizer", "load_tokenizer", "loaded_tokenizer"]
+__all__ = ["ChatTemplate", "HfDetokenizer", "HfTokenizer", "PIECES_KEPT", "PieceCache", "Tokenizer",
+           "byte_level_table", "hf_tokenizer", "load_tokenizer", "loaded_tokenizer"]
