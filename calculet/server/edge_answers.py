@@ -1,6 +1,7 @@
 """What both edge protocols (h11: :mod:`calculet.server.http_server`, httptools: :mod:`calculet.server.http_fast`)
 answer with: the server-generated request id, the whole error response they write themselves, and the limits of
-a chunked body's pieces (issue #14), and the request-head deadline and refusal both give (:class:`EdgeGuard`).
+a chunked body's pieces (issue #14), the request-head deadline and refusal both give (:class:`EdgeGuard`), and the
+refusal lane's 429 (:class:`AnswerBytes`, :mod:`calculet.server.refusal_lane`; issue #13).
 Apart so that neither protocol module imports the other."""
 
 from __future__ import annotations
@@ -9,9 +10,14 @@ import asyncio
 import itertools
 import json
 import logging
+import math
 import os
 from abc import ABCMeta, abstractmethod
+from http import HTTPStatus
 from typing import Any
+
+from calculet.runtime.engine.admission_snapshot import FIT_IN_REASON, NEVER_REASON
+from calculet.server.errors import RETRY_AFTER_S, admission_error
 
 log = logging.getLogger("calculet.server")
 
@@ -154,4 +160,48 @@ class EdgeGuard(metaclass=ABCMeta):
         self.transport.close()
 
 
-__all__ = ["EdgeGuard", "FREE_CHUNKS", "MIN_CHUNK_AVERAGE", "error_response", "new_request_id"]
+_STATUS_LINE = b"HTTP/1.1 429 " + HTTPStatus(429).phrase.encode() + b"\r\n"
+"""uvicorn's status line for 429 (``HTTP/1.1 <code> <phrase>``)."""
+
+
+class AnswerBytes:
+    """The lane's 429 response, encoded once per message (issue #13: the answer was over half a refusal's CPU on the
+    event loop). A refusal's answer varies only in its ``Retry-After``, its request ids, whether the connection stays
+    open, uvicorn's default headers (its date, once a second) and, in its body, the seconds until it would fit: the
+    body is kept as the two pieces around that number (encoded by the full path's
+    :func:`~calculet.server.errors.admission_error`, so the bytes are its own), and the status line with the default
+    headers as one piece while those headers are equal."""
+
+    _HOLE = "@fit@"
+
+    def __init__(self) -> None:
+        never = admission_error(429, NEVER_REASON)
+        self.code = never.code
+        self._never = never.json_bytes()
+        before, after = admission_error(429, FIT_IN_REASON.replace("{:.1f}", self._HOLE)).json_bytes().split(
+            self._HOLE.encode())
+        self._fit = (before, after)
+        self._headers: list[tuple[bytes, bytes]] | None = None
+        self._head = b""
+
+    def response(self, default_headers: list[tuple[bytes, bytes]], fit_in_s: float | None,
+                 retry_after_s: float | None, request_id: str, client_id: str | None, keep_alive: bool) -> bytes:
+        """The whole 429: as :func:`~calculet.server.errors.admission_error` answers ``refusal_reason(fit_in_s)``
+        with ``retry_after_s``, written as uvicorn writes it (see the module)."""
+        if default_headers != self._headers:
+            self._headers = list(default_headers)
+            self._head = _STATUS_LINE + b"".join(b"%s: %s\r\n" % pair for pair in default_headers)
+        if fit_in_s is None:
+            body = self._never
+        else:
+            before, after = self._fit
+            body = b"%s%.1f%s" % (before, fit_in_s, after)
+        retry = RETRY_AFTER_S if retry_after_s is None else max(RETRY_AFTER_S, math.ceil(retry_after_s))
+        tail = b"" if client_id is None else b"x-client-request-id: %s\r\n" % client_id.encode()
+        if not keep_alive:
+            tail += b"connection: close\r\n"
+        return (b"%sretry-after: %d\r\ncontent-length: %d\r\ncontent-type: application/json\r\nx-request-id: %s\r\n"
+                b"%s\r\n%s" % (self._head, retry, len(body), request_id.encode(), tail, body))
+
+
+__all__ = ["AnswerBytes", "EdgeGuard", "FREE_CHUNKS", "MIN_CHUNK_AVERAGE", "error_response", "new_request_id"]

@@ -54,19 +54,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import re
 import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
-from http import HTTPStatus
 from typing import Any
 
-from calculet.runtime.engine.admission_snapshot import (FIT_IN_REASON, HELD, HOLD_IN_FLIGHT, NEVER_REASON,
-                                                        refusal_reason)
-from calculet.server.edge_answers import new_request_id
-from calculet.server.errors import RETRY_AFTER_S, APIError, admission_error
+from calculet.runtime.engine.admission_snapshot import HELD, HOLD_IN_FLIGHT, refusal_reason
+from calculet.server.edge_answers import AnswerBytes, new_request_id
+from calculet.server.errors import APIError
 from calculet.server.inference import GENERATION_ROUTES, HOLD_ROUNDS, INLINE_BODY, ApiGeneration, on_loop
 from calculet.server.lane_statistics import RefusalLaneStatistics
 from calculet.server.logs import log_lines
@@ -76,9 +73,6 @@ log = logging.getLogger("calculet.server")
 
 CLIENT_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 """A client's ``X-Request-Id`` kept as a correlation field (:class:`~calculet.server.app.RequestContext`'s rule)."""
-
-_STATUS_LINE = b"HTTP/1.1 429 " + HTTPStatus(429).phrase.encode() + b"\r\n"
-"""uvicorn's status line for 429 (``HTTP/1.1 <code> <phrase>``)."""
 
 HOLD_CAP_S = 1.0
 """The longest the lane holds a request past its last round while the engine has :data:`HOLD_IN_FLIGHT` requests on
@@ -133,43 +127,31 @@ class SnapshotWait:
     .engine.threaded.ThreadedEngine.snapshot_pending`): no snapshot also says the engine cannot refuse from one (an idle
     lane on B>1, a stale plan, stopping), when a wait is for nothing (session 19 guessed it by a 50 ms recency rule).
 
-    Each request waits at most :data:`SNAPSHOT_WAIT_S` of a pending spell, counted from the moment *it* first found
-    the snapshot pending (kept in its scope's ``state``, :data:`WAIT_SINCE`), and afresh in a later spell. Why per
-    request (issue #13, session 21): up to 45eef29 the lane kept one instant for the whole spell, so once the first
-    request's wait timed out every later arrival of that spell was forwarded at once, and an instant left over from an
-    earlier spell (its last waiter decided without asking, past :data:`HOLD_CAP_S` or gone) shortened the next spell's
-    waits. A request forwarded during the actor's step is not answered sooner for it: the actor reads its mailbox only
-    after the step, so it waits for the same step's end, through the ASGI path and the actor instead of the snapshot,
-    and untracked by the front's count (which then holds or forwards more behind it). A long step under load (the
-    loop's burst and the actor share one interpreter lock: a step took over 20 ms of wall time here) thus made the
-    front blind for the rest of it. A stuck engine still holds no request long: each waits its own
-    :data:`SNAPSHOT_WAIT_S` at most, then goes on as with none coming, to the same stuck actor."""
+    Each request waits at most :data:`SNAPSHOT_WAIT_S` of a pending spell from *its own* first wait (its scope's
+    ``state[WAIT_SINCE]``, dropped when the spell ends). Why (issue #13, session 21): one instant per spell, as up to
+    45eef29, forwarded every arrival after the first waiter's timeout at once, untracked by the front's count, to an
+    actor that answers it only after the same step (it reads its mailbox between steps); a long step under load (the
+    burst's loop and the actor share the interpreter lock) made the front blind for the rest of it. A stuck engine
+    still holds each request :data:`SNAPSHOT_WAIT_S` at most (``docs/refusal_lane.md``)."""
 
     __slots__ = ("engine",)
 
     def __init__(self, engine: Any) -> None:
         self.engine = engine
 
-    def pending(self, snapshot: Any, now: float) -> bool:
-        """No usable snapshot (``snapshot`` None, or expired at ``now``, engine clock) and the actor says one comes (in
-        a step, results to apply, its timed wake-up due)."""
-        return not (snapshot is not None and now < snapshot.valid_until) and self.engine.snapshot_pending
-
     def __call__(self, snapshot: Any, now: float, state: dict[str, Any]) -> bool:
-        """Whether the request whose scope ``state`` this is waits for the pending snapshot: one is pending
-        (:meth:`pending`) and the request has waited for it less than :data:`SNAPSHOT_WAIT_S` so far."""
-        if not self.pending(snapshot, now):
+        """No usable snapshot (``snapshot`` None, or expired at ``now``, engine clock), the actor says one comes (in a
+        step, results to apply, its timed wake-up due), and the request of ``state`` has waited less than
+        :data:`SNAPSHOT_WAIT_S` for it."""
+        if snapshot is not None and now < snapshot.valid_until or not self.engine.snapshot_pending:
             state.pop(WAIT_SINCE, None)  # its spell ended: a later one is waited for afresh
             return False
-        since = state.get(WAIT_SINCE)
-        if since is None:
-            state[WAIT_SINCE] = since = now
+        since = state.setdefault(WAIT_SINCE, now)
         return bool(now - since < SNAPSHOT_WAIT_S)
 
 
 WAIT_SINCE = "snapshot_wait_since"
-"""The key of a request's scope ``state`` keeping when (engine clock) it first found a snapshot pending in this spell
-(:class:`SnapshotWait`)."""
+"""The scope ``state``'s key of when (engine clock) the request first found a snapshot pending (:class:`SnapshotWait`)."""
 
 
 @dataclass(slots=True)
@@ -186,46 +168,6 @@ class _Held:
 
     def gone(self) -> bool:
         return bool(self.cycle.disconnected) or self.edge.transport.is_closing()
-
-
-class AnswerBytes:
-    """The lane's 429 response, encoded once per message (issue #13: the answer was over half a refusal's CPU on the
-    event loop). A refusal's answer varies only in its ``Retry-After``, its request ids, whether the connection stays
-    open, uvicorn's default headers (its date, once a second) and, in its body, the seconds until it would fit: the
-    body is kept as the two pieces around that number (encoded by the full path's
-    :func:`~calculet.server.errors.admission_error`, so the bytes are its own), and the status line with the default
-    headers as one piece while those headers are equal."""
-
-    _HOLE = "@fit@"
-
-    def __init__(self) -> None:
-        never = admission_error(429, NEVER_REASON)
-        self.code = never.code
-        self._never = never.json_bytes()
-        before, after = admission_error(429, FIT_IN_REASON.replace("{:.1f}", self._HOLE)).json_bytes().split(
-            self._HOLE.encode())
-        self._fit = (before, after)
-        self._headers: list[tuple[bytes, bytes]] | None = None
-        self._head = b""
-
-    def response(self, default_headers: list[tuple[bytes, bytes]], fit_in_s: float | None,
-                 retry_after_s: float | None, request_id: str, client_id: str | None, keep_alive: bool) -> bytes:
-        """The whole 429: as :func:`~calculet.server.errors.admission_error` answers ``refusal_reason(fit_in_s)``
-        with ``retry_after_s``, written as uvicorn writes it (see the module)."""
-        if default_headers != self._headers:
-            self._headers = list(default_headers)
-            self._head = _STATUS_LINE + b"".join(b"%s: %s\r\n" % pair for pair in default_headers)
-        if fit_in_s is None:
-            body = self._never
-        else:
-            before, after = self._fit
-            body = b"%s%.1f%s" % (before, fit_in_s, after)
-        retry = RETRY_AFTER_S if retry_after_s is None else max(RETRY_AFTER_S, math.ceil(retry_after_s))
-        tail = b"" if client_id is None else b"x-client-request-id: %s\r\n" % client_id.encode()
-        if not keep_alive:
-            tail += b"connection: close\r\n"
-        return (b"%sretry-after: %d\r\ncontent-length: %d\r\ncontent-type: application/json\r\nx-request-id: %s\r\n"
-                b"%s\r\n%s" % (self._head, retry, len(body), request_id.encode(), tail, body))
 
 
 class RefusalLane:

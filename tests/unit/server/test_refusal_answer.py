@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calculet.runtime.engine.admission_snapshot import EarlyRefusal, refusal_reason
+from calculet.server.edge_answers import _STATUS_LINE, AnswerBytes
 from calculet.server.errors import admission_error
 from calculet.server.logs import log_fields
-from calculet.server.refusal_lane import _STATUS_LINE, AnswerBytes, RefusalLane
+from calculet.server.refusal_lane import RefusalLane
 
 
 def _built_afresh(default_headers: list[tuple[bytes, bytes]], refusal: EarlyRefusal, request_id: str,
