@@ -51,7 +51,8 @@ for ``Retry-After: 1``) once read as the burst's last 429 (session 19: "1 026 ms
 ``--orders`` picks the deadline orders of part 1; ``--tree PATH`` serves part 1 from another source tree too (a
 worktree of a base commit), a row of its own before each of this tree's, once per ``--tree`` given (``--tree
 /tmp/base --tree /tmp/base``: two interleaved pairs); ``--no-bare`` skips the bare floor.
-``--distinct`` gives each burst client a prompt of its own (the prompt + its index, one token-length class), as real
+``--prompt TEXT`` sets the burst's prompt (default :data:`PROMPT`, 27 characters; its length is printed in the
+header). ``--distinct`` gives each burst client a prompt of its own (the prompt + its index, one token-length class), as real
 traffic has: with one body for all (the default), the server's memo of the route's parsing (the refusal lane's
 ``PreparedMemo``) parses it once, a best case; a client's retry resends its first try's body either way.
 ``--switch-ms 1,5`` serves part 1 once per interpreter switch interval (the server's ``CALCULET_SWITCH_INTERVAL_MS``,
@@ -527,19 +528,19 @@ def _burst_row(order: str, clients: list[BurstClient], deadline_s: float, wall_s
         sum(1 for a in attempts if a.status == 504), wall_s, measured["server"])
 
 
-def burst_prompts(requests: int, distinct: bool) -> list[str]:
+def burst_prompts(requests: int, distinct: bool, prompt: str = PROMPT) -> list[str]:
     """Each burst client's prompt: one for all (the lane's ``prepare`` memo then parses one body; a benchmark's
     best case), or with ``distinct`` the prompt plus the client's zero-padded index, as real traffic brings a body
     the server has not seen per client, all of one token-length class (the index has the burst's width, the same
     characters per prompt). A client's retry sends its first try's bytes, as a real client does."""
     if not distinct:
-        return [PROMPT] * requests
+        return [prompt] * requests
     width = len(str(max(requests - 1, 0)))
-    return [f"{PROMPT} {index:0{width}d}" for index in range(requests)]
+    return [f"{prompt} {index:0{width}d}" for index in range(requests)]
 
 
 def burst(server: Server, order: str, requests: int, tokens: int, deadline_s: float,
-          max_wait_s: float, distinct: bool = False) -> BurstRow:
+          max_wait_s: float, distinct: bool = False, prompt: str = PROMPT) -> BurstRow:
     host, port = server.url.removeprefix("http://").rsplit(":", 1)
 
     async def run() -> BurstRow:
@@ -552,7 +553,7 @@ def burst(server: Server, order: str, requests: int, tokens: int, deadline_s: fl
             measured["floor_cpu"] = meter.per_request(requests)
             before = await _counters(client)
             _server_refusals(server)  # drop the log lines so far
-            prompts = burst_prompts(requests, distinct)
+            prompts = burst_prompts(requests, distinct, prompt)
             bodies = [_raw("POST", "/v1/completions", host, _body(tokens, False, prompt)) for prompt in prompts]
             retries = [_raw("POST", "/v1/completions", host, _body(tokens, False, prompt), f"{RETRY_ID}{index}")
                        for index, prompt in enumerate(prompts)]
@@ -697,7 +698,7 @@ def _pair(values: tuple[float, float], digits: int = 0) -> str:
 def _print_burst(rows: list[BurstRow], args: argparse.Namespace) -> None:
     print(f"Part 1 — burst: {args.burst} concurrent non-streaming completions × {args.burst_tokens} tokens, "
           f"deadline {args.deadline_ms} ms, B1 reference cost; each refused client sleeps Retry-After once "
-          f"(≤ {args.max_retry_wait:.0f} s) and retries; prompts: "
+          f"(≤ {args.max_retry_wait:.0f} s) and retries; prompt of {len(args.prompt)} characters; prompts: "
           + ("distinct, one per client (the prompt + its index, one token-length class; a retry resends its first "
              "try's body)" if args.distinct else "one body for every client (the server's memo of prepare sees one "
              "body; --distinct for a body per client)"))
@@ -817,6 +818,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--part", choices=("all", "burst", "itl", "bare"), default="all")
     parser.add_argument("--orders", default="on_time,at_risk", help="deadline orders of part 1, comma-separated")
     parser.add_argument("--no-bare", action="store_true", help="skip the bare floor")
+    parser.add_argument("--prompt", default=PROMPT,
+                        help="the burst's prompt (--distinct appends each client's index); a longer one weighs its "
+                             "tokenisation as real prompts do")
     parser.add_argument("--distinct", action="store_true",
                         help="part 1: each burst client its own prompt (the prompt + its index), as real traffic; "
                              "its retry resends the same body")
@@ -867,7 +871,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 if part == "burst":
                     burst_rows.append(burst(server, label, args.burst, args.burst_tokens,
-                                            args.deadline_ms / 1000, args.max_retry_wait, args.distinct))
+                                            args.deadline_ms / 1000, args.max_retry_wait, args.distinct,
+                                            args.prompt))
                 else:
                     stream_rows.append(streams(server.url, label, args.streams, args.stream_tokens))
             finally:
