@@ -3,16 +3,15 @@ tokenisation was an eighth of the event loop's CPU per refused request) are the 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
-from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer as HfBackend
 
 from calculet.adapters.sim.bundled import build_bundled
-from calculet.runtime.streams.package_tokenizer import HfTokenizer, PieceCache, load_tokenizer
+from calculet.runtime.streams.package_tokenizer import HfTokenizer, PieceCache
+from tests.unit.runtime.streams.test_package_tokenizer import load
 
 ALPHABET = ("a", "b", "s", "t", "d", "m", "l", "r", "e", "v", "Z", "Q", "0", "7", "9", " ", " ", " ", "\t", "\n", "\r",
             "'", "'", ".", ",", "!", "-", "_", "<", "|", ">", "~", "{", "\\", "é", "\u00a0", "\x0b", "\x1c", "日")
@@ -20,11 +19,6 @@ ALPHABET = ("a", "b", "s", "t", "d", "m", "l", "r", "e", "v", "Z", "Q", "0", "7"
 the backend: non-ASCII letters and spaces, control characters."""
 WORDS = ("'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "  ", "   ", "<|bos|>", "<|eos|>", "<|", "bos", "the",
          " scheduler", "KV", "123456789", "\n\n", " \t ")
-
-
-def load(path: Path) -> object:
-    manifest = (path / "manifest.json").read_bytes()
-    return load_tokenizer(path, manifest, hashlib.sha256(manifest).hexdigest())
 
 
 @pytest.fixture(scope="module")
