@@ -14,8 +14,13 @@ from prometheus_client.core import Metric
 
 from calculet.runtime.engine.goodput import PHASES, WASTE_REASONS
 from calculet.runtime.engine.types import EngineStatistics
+from calculet.runtime.scheduling.arrival_law import ArrivalLawStatistics
 from calculet.runtime.scheduling.estimate_error import EstimateErrorStatistics
-from calculet.server.metrics_families import by, counter, gauge
+from calculet.server.metrics_families import by, counter, gauge, one_hot
+
+REGIMES = ("single", "high", "low")
+"""The learned law's regimes (:class:`~calculet.runtime.scheduling.arrival_law.ArrivalLawStatistics`): one rate before
+any change, then the high or the low one of its on/off picture."""
 
 
 def on_time(s: EngineStatistics) -> list[Metric]:
@@ -42,6 +47,24 @@ def on_time(s: EngineStatistics) -> list[Metric]:
                      "completions were made (skipped); 0 on B1 (issue #13).", labels=["result"]),
             rollouts, ("rolled", "skipped")),
         *_estimate(o.estimate if o is not None else None),
+        *_arrivals(o.arrivals if o is not None else None),
+    ]
+
+
+def _arrivals(a: ArrivalLawStatistics | None) -> list[Metric]:
+    """The law of arrivals the B>1 rollout forecasts from (``arrival_law.py``), so an operator can see what the
+    reported finish estimates assume about the traffic to come: its regime, its rates and how often it changed its
+    mind (all zero, regime ``single``, on B1, where there is no law)."""
+    rates = {"current": a.rate_per_s, "high": a.high_rate_per_s, "low": a.low_rate_per_s} if a is not None else {}
+    return [
+        one_hot(gauge("calculet_scheduler_arrival_regime", "1 for the regime the learned law of arrivals is in "
+                      "(single: no change seen yet; high/low: its on/off picture).", labels=["state"]),
+                a.regime if a is not None else "single", REGIMES),
+        by(gauge("calculet_scheduler_arrival_rate_per_second", "Arrivals per second the learned law expects: in "
+                  "its current regime, and the high and low regimes' learned rates (0: not learned; B1: no law).",
+                  labels=["state"]), rates, ("current", "high", "low")),
+        counter("calculet_scheduler_arrival_regime_changes", "Changes of the arrival rate the learned law detected "
+                 "(CUSUM on the submits).", a.regime_changes if a is not None else 0),
     ]
 
 
