@@ -116,7 +116,9 @@ class HfTokenizer:
         return HfDetokenizer(self)
 
     def statistics(self) -> TokenizerStatistics:
-        return TokenizerStatistics(self.vocab_size, self.bos, self.eos, tuple(sorted(self._specials)))
+        pieces = self.pieces
+        counts = (0, 0, 0) if pieces is None else (len(pieces), pieces.hits, pieces.misses)
+        return TokenizerStatistics(self.vocab_size, self.bos, self.eos, tuple(sorted(self._specials)), *counts)
 
 
 class HfDetokenizer:

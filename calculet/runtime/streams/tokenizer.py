@@ -38,12 +38,17 @@ class _CalbinTokens(Protocol):
 
 @dataclass(frozen=True)
 class TokenizerStatistics:
-    """The tokenizer's identity (it holds no mutable state to count)."""
+    """The tokenizer's identity, and its pre-token cache's counts where it keeps one (a byte-level BPE package's
+    :class:`~calculet.runtime.streams.package_tokenizer.PieceCache`; zero otherwise): whether the cache pays on this
+    traffic (hits against misses) and how full it is."""
 
     vocab_size: int
     bos: int
     eos: int
     specials: tuple[int, ...]
+    pieces_kept: int = 0
+    piece_hits: int = 0
+    piece_misses: int = 0
 
 
 class ByteTokenizer:

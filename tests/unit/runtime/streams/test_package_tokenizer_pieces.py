@@ -82,3 +82,14 @@ def test_a_full_cache_is_emptied_and_still_exact(tokenizer: HfTokenizer, monkeyp
     for text in _texts(3, 300):
         assert cache.encode(text) in (None, tokenizer._backend.encode(text, add_special_tokens=False).ids)
         assert len(cache) <= 8
+
+
+def test_the_caches_counts_are_in_the_tokenizers_statistics(tokenizer: HfTokenizer) -> None:
+    """DESIGN, ``statistics()`` on every component: an operator sees whether the cache pays (hits against misses)
+    and how full it is. Catches: the counts not read (always 0), hits and misses swapped, a new word not counted
+    as a miss or a seen one not as a hit."""
+    before = tokenizer.statistics()
+    tokenizer.encode("zyxwv zyxwv zyxwv", add_bos=False)  # one new pre-token ("zyxwv"), then twice " zyxwv"
+    after = tokenizer.statistics()
+    assert (after.piece_misses - before.piece_misses, after.piece_hits - before.piece_hits) == (2, 1)
+    assert after.pieces_kept == len(tokenizer.pieces) > 0  # type: ignore[arg-type]
