@@ -158,7 +158,7 @@ class OnTimePolicy:
         fixed, per_token = planner.prefill_times.cost()
         queues = self._queues
         by_ready = profiles.by_ready
-        keys = profiles.select_profile(2**31).compiled_batch * engines  # the largest key the step timer can see
+        keys = self._shape[0] * engines  # the largest key the step timer can see (the largest §8 profile's batch)
         measured = {k: v for k in range(1, keys + 1) if (v := timer.step_at(k)) > 0}
         shape = DeviceShape(lanes=lanes, engines=engines, profile_of=lambda n: by_ready[max(1, n)].compiled_batch,
                             step_s=measured_steps(measured, fallback, affine=engines == 1),
