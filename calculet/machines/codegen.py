@@ -11,7 +11,6 @@ callables concretely, so a translation fault cannot hide.
 
 from __future__ import annotations
 
-from itertools import islice
 from typing import Any, Callable
 
 import z3
@@ -234,13 +233,12 @@ def machine_arg_names(d: Definition) -> tuple[str, ...]:
     return tuple(names)
 
 
-def generate_dispatch(d: Definition) -> tuple[dict[str, dict[str, Callable[..., int]]],
-                                              dict[str, dict[str, Callable[..., int]]], str]:
-    """Two functions per (state, event), both returning the index of the row taken or -1 (nothing
-    changed): ``_dispatch_i(self, a)``, the guards and effects alone on an argument dict (the exact
+def dispatch_source(d: Definition, namespace: dict[str, Any]) -> str:
+    """The source of two functions per (state, event), both returning the index of the row taken or -1 (nothing
+    changed), and of the tables that find them (``_table``, ``_ft``: state → event → function): ``_dispatch_i(self, a)``, the guards and effects alone on an argument dict (the exact
     path and ``can_fire``), and ``_fire_i(self, <every argument of the machine>)``, which returns
     the target state or None (nothing changed) — the hot path
-    called by the generated ``fire`` (:func:`generate_fire`) with the arguments as positional
+    called by the generated ``fire`` (:func:`fire_source`) with the arguments as positional
     locals — no dict is built per event. It first accepts its event's arguments with inline type
     and bound tests and checks that no other event's argument was given (None when it cannot: the
     caller then runs the exact check, so a refusal says why), then records the row taken in
@@ -248,7 +246,6 @@ def generate_dispatch(d: Definition) -> tuple[dict[str, dict[str, Callable[..., 
     v = SymbolicVars(d)
     lines: list[str] = []
     names: dict[tuple[str, str], tuple[str, str]] = {}
-    namespace: dict[str, Any] = {"_int": int, "_M": _MISSING}
     all_args = machine_arg_names(d)
     by_key: dict[tuple[str, str], list[Transition]] = {}
     for t in d.transitions:
@@ -285,14 +282,20 @@ def generate_dispatch(d: Definition) -> tuple[dict[str, dict[str, Callable[..., 
             tr.shared = {}
             lines.append("    return None" if fast else "    return -1")
             lines.append("")
-    source = "\n".join(lines)
-    exec(compile(source, f"<calculet dispatch {d.name}>", "exec"), namespace)  # noqa: S102 - generated from the declaration
-    table: dict[str, dict[str, Callable[..., int]]] = {}
-    fire: dict[str, dict[str, Callable[..., int]]] = {}
+    table: dict[str, dict[str, str]] = {}
+    fire: dict[str, dict[str, str]] = {}
     for (state, event), (slow_name, fast_name) in names.items():
-        table.setdefault(state, {})[event] = namespace[slow_name]
-        fire.setdefault(state, {})[event] = namespace[fast_name]
-    return table, fire, source
+        table.setdefault(state, {})[event] = slow_name
+        fire.setdefault(state, {})[event] = fast_name
+    lines += [f"_table = {_table_text(table)}", "", f"_ft = {_table_text(fire)}", ""]
+    return "\n".join(lines)
+
+
+def _table_text(table: dict[str, dict[str, str]]) -> str:
+    """A state → event → function-name table as a Python literal, one state per line (small diffs)."""
+    rows = [f"    {state!r}: {{{', '.join(f'{event!r}: {name}' for event, name in events.items())}}}," for
+            state, events in table.items()]
+    return "{\n" + "\n".join(rows) + "\n}"
 
 
 def _accept_lines(ev: Any, all_args: tuple[str, ...], namespace: dict[str, Any]) -> list[str]:
@@ -308,8 +311,7 @@ def _accept_lines(ev: Any, all_args: tuple[str, ...], namespace: dict[str, Any])
     return out
 
 
-def generate_fire(d: Definition, fire_table: dict[str, dict[str, Callable[..., int]]],
-                  exact: Callable[..., str]) -> tuple[dict[str, Any], str]:
+def fire_source(d: Definition) -> str:
     """The machine's ``fire(self, event, <its argument names>=_M)``, in two variants: ``fire_plain``
     (monitors off) and ``fire_sampled`` (monitors on), which the monitor installs as the class's
     ``fire`` (:meth:`~calculet.machines.monitor.Monitor.install`) — so monitors off cost nothing
@@ -322,13 +324,12 @@ def generate_fire(d: Definition, fire_table: dict[str, dict[str, Callable[..., i
     ``exact(self, event, args)`` with the arguments as a dict: the exact check, with the reason of
     a refusal, and the monitor. A name no event of the machine declares is refused by Python
     itself: ``TypeError: <Machine>.fire() got an unexpected keyword argument`` (no ``**kwargs``
-    dict is built per event for that case either), state unchanged. Returns the namespace the
-    variants live in (``fire_each`` is generated into it, :func:`generate_fire_each`)."""
+    dict is built per event for that case either), state unchanged. (Their qualified name,
+    ``<Machine>.fire``, is set when the module is bound: :func:`~calculet.machines.compiled.bind`.)"""
     all_args = machine_arg_names(d)
     clash = sorted(set(all_args) & {"self", "event", "fast", "target", "a"})
     if clash:
         raise InvalidDefinition(d.name, f"event arguments {clash} clash with the generated fire's own names")
-    namespace: dict[str, Any] = {"_M": _MISSING, "_ft": fire_table, "_exact": exact, "_draws": iter(()), "_islice": islice}
     keywords = "".join(f"{n}=_M, " for n in all_args)
     positional = "".join(f", {n}" for n in all_args)
     pack = ["    a = {}"] + [f"    if {n} is not _M:\n        a[{n!r}] = {n}" for n in all_args]
@@ -338,17 +339,10 @@ def generate_fire(d: Definition, fire_table: dict[str, dict[str, Callable[..., i
         lines.append(f"def fire_{variant}(self, event, {keywords[:-2]}):  # {d.name}" if keywords else
                      f"def fire_{variant}(self, event):  # {d.name}")
         lines += [*_fire_body(variant, positional, "    "), ""]
-    source = "\n".join(lines)
-    exec(compile(source, f"<calculet fire {d.name}>", "exec"), namespace)  # noqa: S102 - generated
-    for variant in ("plain", "sampled"):
-        fire = namespace[f"fire_{variant}"]
-        fire.__code__ = fire.__code__.replace(co_qualname=f"{d.name}.fire")
-        fire.__qualname__ = f"{d.name}.fire"
-    return namespace, source
+    return "\n".join(lines)
 
 
-def generate_fire_each(d: Definition, namespace: dict[str, Any], exact: Callable[..., str],
-                       one_by_one: Callable[..., list[str]], split: Callable[..., list[str]]) -> str:
+def fire_each_source(d: Definition, namespace: dict[str, Any]) -> str:
     """The machine's ``fire_each(instances, event, <its argument names>=<columns>)``: ``event`` fired on
     every instance in order, ``instances[i]`` with the i-th value of each argument column — exactly
     ``[x.fire(event, **{name: column[i]}) for i, x in enumerate(instances)]``, returning the targets.
@@ -364,7 +358,6 @@ def generate_fire_each(d: Definition, namespace: dict[str, Any], exact: Callable
     (``split(run, instances, event, columns, drawn)``), so exactly the drawn events are checked."""
     v = SymbolicVars(d)
     all_args = machine_arg_names(d)
-    namespace.update({"_int": int, "_exact": exact, "_one_by_one": one_by_one, "_split": split})
     columns = "".join(f", {n}" for n in all_args)
     given = "{" + ", ".join(f"{n!r}: {n}" for n in all_args) + "}"
     lines: list[str] = []
@@ -380,11 +373,7 @@ def generate_fire_each(d: Definition, namespace: dict[str, Any], exact: Callable
     lines += [f"_each = {table}", ""]
     for variant in ("plain", "sampled"):
         lines += _fire_each_entry_lines(d, variant, all_args, columns, given)
-    source = "\n".join(lines)
-    exec(compile(source, f"<calculet fire_each {d.name}>", "exec"), namespace)  # noqa: S102 - generated
-    for variant in ("plain", "sampled"):
-        namespace[f"fire_each_{variant}"].__qualname__ = f"{d.name}.fire_each"
-    return source
+    return "\n".join(lines)
 
 
 def _rows_by_event(d: Definition) -> dict[str, dict[str, list[Transition]]]:
@@ -419,7 +408,7 @@ def _each_event_lines(d: Definition, index: int, event: str, states: dict[str, l
     accept = " and ".join(_arg_accept(f"_a_{n}", vtype, namespace) for n, vtype in ev.args.items()) or "True"
     for k, (state, rows) in enumerate(states.items()):
         lines.append(f"        {'if' if k == 0 else 'elif'} state == {state!r} and {accept}:")
-        lines += _each_row_lines(d, rows, f"_row_{index}_{k}", tr, v, args, namespace)
+        lines += _each_row_lines(d, rows, f"_each_row_{index}_{k}", tr, v, args, namespace)
     pack = "{" + ", ".join(f"{n!r}: _a_{n}" for n in own) + "}"
     return lines + [f"        append(_exact(self, {event!r}, {pack}))", "    return targets", ""]
 
@@ -473,7 +462,7 @@ def _fire_each_entry_lines(d: Definition, variant: str, all_args: tuple[str, ...
 
 
 def _one_instance_lines(variant: str, all_args: tuple[str, ...]) -> list[str]:
-    """``fire_each``'s case of one instance: the lines of :func:`generate_fire`'s ``fire_<variant>`` on
+    """``fire_each``'s case of one instance: the lines of :func:`fire_source`'s ``fire_<variant>`` on
     ``instances[0]`` with each column's one value, the target in a list — so ``fire_each([x], e, a=[v])`` is
     ``[x.fire(e, a=v)]`` (the same draw, table row and exact path), one frame fewer per B1 event (#20)."""
     values = "".join(f", {n}" for n in all_args)
@@ -499,12 +488,10 @@ def _fire_body(variant: str, values: str, indent: str, answer: Callable[[str], s
     return [indent + line for line in lines]
 
 
-def generate_lifecycle(d: Definition, slow_init: Callable[..., None]
-                       ) -> tuple[Callable[..., None], Callable[[Any], Any], str]:
+def lifecycle_source(d: Definition, namespace: dict[str, Any]) -> str:
     """``__init__(self, **params)`` and ``snapshot(self)`` as straight-line Python: parameters
     accepted with the same inline tests as event arguments (anything else takes the exact check
     in ``slow_init(self, extra, **params)``), variables set to their initial values, slots copied one by one."""
-    namespace: dict[str, Any] = {"_int": int, "_slow_init": slow_init, "_M": _MISSING}
     params = list(d.params)
     lines = [f"def __init__(self, *, {''.join(f'{p}=_MISSING, ' for p in params)}**extra):  # {d.name}"]
     if params:
@@ -522,20 +509,9 @@ def generate_lifecycle(d: Definition, slow_init: Callable[..., None]
     lines.append("    copy = _new(self.__class__)")
     lines += [f"    copy.{n} = self.{n}" for n in [*params, *d.vars, "_state", "last_transition"]]
     lines += ["    return copy", ""]
-    source = "\n".join(lines)
-    namespace["_new"] = object.__new__
-    namespace["_MISSING"] = _MISSING
-    exec(compile(source, f"<calculet lifecycle {d.name}>", "exec"), namespace)  # noqa: S102 - generated
-    return namespace["__init__"], namespace["snapshot"], source
+    return "\n".join(lines)
 
 
-class _Missing:
-    def __repr__(self) -> str:
-        return "<missing>"
-
-
-_MISSING = _Missing()
-"""A parameter the caller did not pass (the generated ``__init__``'s default)."""
 
 
 class _StepPrinter(ExprPrinter):
@@ -554,7 +530,7 @@ class _StepPrinter(ExprPrinter):
         return f"({'self' if primed else 'pre'}._state == {name!r})"
 
 
-def generate_invariant_check(d: Definition) -> tuple[Callable[[Any, Any], list[tuple[str, str]]], str]:
+def invariant_source(d: Definition) -> str:
     """``check(self, pre)``: (name, R-id) of each invariant (and, given ``pre``, step property)
     that is false — the proved formulas as straight-line Python, for cheap run-time monitors."""
     v = SymbolicVars(d)
@@ -571,7 +547,4 @@ def generate_invariant_check(d: Definition) -> tuple[Callable[[Any, Any], list[t
             lines.append(f"        if not {steps.expr(sp.predicate(v, post))}:")
             lines.append(f"            broken.append(({sp.name!r}, {sp.rid!r}))")
     lines.append("    return broken")
-    source = "\n".join(lines) + "\n"
-    namespace: dict[str, Any] = {}
-    exec(compile(source, f"<calculet invariants {d.name}>", "exec"), namespace)  # noqa: S102
-    return namespace["_check_invariants"], source
+    return "\n".join(lines) + "\n"

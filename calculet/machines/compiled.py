@@ -4,16 +4,26 @@ This is the runtime's hot path. python-statemachine costs ~100 µs per event her
 decode tick firing dozens of events cannot afford (DESIGN: why a compiled table); this form
 costs about a microsecond. It is generated from the one declaration, never written by hand, and
 the conformance tests prove it behaves exactly like the reference class.
+
+The generated code is one module per declaration (:func:`~calculet.machines.codegen_module.module_source`). A
+shipped declaration's module is written under :mod:`calculet.machines.generated` by ``python -m
+calculet.specgen`` and imported here (issue #20: no printing and compiling at start, and a module a compiler such
+as mypyc can take); any other declaration — a test's machine, a mutant — has the same text generated and
+``exec``'d at import, as every machine had before. :func:`bind` then fills the module's ``BINDINGS`` from the
+declaration and sets the runtime's exact paths it calls.
 """
 
 from __future__ import annotations
 
+import importlib
+import warnings
 from operator import attrgetter
+from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable, Sequence
 
-from calculet.machines.codegen import (_MISSING, generate_dispatch, generate_fire, generate_fire_each,
-                                       generate_invariant_check, generate_lifecycle)
 from calculet.machines.monitor import MONITOR as _MONITOR
+from calculet.machines.written import MISSING as _MISSING, module_name, qualified, shape
 from calculet.machines.definition import Definition, Transition
 from calculet.machines.errors import TransitionNotAllowed
 
@@ -22,7 +32,7 @@ class CompiledInstance:
     """State plus variables of one machine instance; ``fire`` is the only way to change them.
 
     ``__init__``, ``snapshot``, ``fire`` and ``fire_each`` are generated per machine
-    (:func:`generate_lifecycle`, :func:`generate_fire`, :func:`generate_fire_each`; the monitor
+    (:func:`~calculet.machines.codegen.lifecycle_source`, :func:`~calculet.machines.codegen.fire_source`, :func:`~calculet.machines.codegen.fire_each_source`; the monitor
     installs the variant of ``fire`` and ``fire_each`` its configuration needs): ``fire`` takes the event's arguments as named parameters (no dict per
     event) and calls the generated ``_fire_i`` of (state, event) with them positionally; that
     function accepts them with inline type tests, so the exact (slower) argument check runs only
@@ -45,7 +55,7 @@ class CompiledInstance:
     fire_each: Callable[..., list[str]]
     """``fire_each(instances, event, **columns)``: ``event`` on each instance in order, the i-th
     instance with the i-th value of each argument column; the targets, in order (generated per
-    machine, :func:`~calculet.machines.codegen.generate_fire_each`: one call per decode step's
+    machine, :func:`~calculet.machines.codegen.fire_each_source`: one call per decode step's
     lanes instead of one per lane, issue #20)."""
 
     def _slow_init(self, extra: dict[str, Any], **given: Any) -> None:
@@ -115,7 +125,7 @@ class CompiledInstance:
         The generated code evaluates the guards before it writes anything, so a refused event
         leaves state and variables exactly as they were. With monitors on, the declared
         invariants are checked after each sampled event (:meth:`_fire_checked`). Each machine's
-        class has its own faster ``fire`` (:func:`~calculet.machines.codegen.generate_fire`: the
+        class has its own faster ``fire`` (:func:`~calculet.machines.codegen.fire_source`: the
         arguments as named parameters, no dict per event); this generic one is the exact path it
         falls back to.
         """
@@ -215,12 +225,77 @@ def _fire_split(run: Callable[..., list[str]], instances: Sequence[CompiledInsta
     return out
 
 
-def compile_instance_type(d: Definition) -> type[CompiledInstance]:
-    table, fire_table, source = generate_dispatch(d)
-    namespace, fire_source = generate_fire(d, fire_table, _fire_exact_or_checked)
-    each_source = generate_fire_each(d, namespace, _fire_exact_or_checked, _fire_one_by_one, _fire_split)
-    check_invariants, check_source = generate_invariant_check(d)
-    init, snapshot, life_source = generate_lifecycle(d, CompiledInstance._slow_init)
+def resolve_binding(d: Definition, recipe: tuple[Any, ...]) -> Any:
+    """The object a generated module's ``BINDINGS`` recipe names in ``d``: a row ``("row", index)``, an
+    initial value ``("init", var)``, or a type's enum class or exact check ``("enum"|"check", "param"|"var", name)``
+    / ``(..., "arg", event, name)`` (written by :func:`calculet.machines.codegen_module._recipe`)."""
+    kind, *path = recipe
+    if kind == "row":
+        return d.transitions[path[0]]
+    if kind == "init":
+        return d.vars[path[0]].initial()
+    where, *names = path
+    vtype = (d.params[names[0]].type if where == "param" else d.vars[names[0]].type if where == "var"
+             else d.events[names[0]].args[names[1]])
+    return vtype.enum_cls if kind == "enum" else vtype.check
+
+
+def bind(namespace: dict[str, Any], d: Definition) -> None:
+    """Make a generated module's namespace runnable for ``d``: its ``BINDINGS`` resolved in the declaration, the
+    exact paths it falls back to set, and its ``fire``/``fire_each`` named after the machine (a traceback reads
+    ``RequestMachine.fire``)."""
+    for name, recipe in namespace["BINDINGS"].items():
+        namespace[name] = resolve_binding(d, recipe)
+    namespace.update(_exact=_fire_exact_or_checked, _one_by_one=_fire_one_by_one, _split=_fire_split,
+                     _slow_init=CompiledInstance._slow_init)
+    for variant in ("plain", "sampled"):
+        fire = namespace[f"fire_{variant}"]
+        fire.__code__ = fire.__code__.replace(co_qualname=f"{d.name}.fire")
+        fire.__qualname__ = f"{d.name}.fire"
+        namespace[f"fire_each_{variant}"].__qualname__ = f"{d.name}.fire_each"
+
+
+def written_module(d: Definition, declaration: type | None) -> ModuleType | None:
+    """The written module of ``declaration`` if it has one made for this declaration, else None. A module whose
+    recorded shape is not the declaration's (a row renamed, a bound changed, without ``specgen``) is not used:
+    the machine is then generated at import, with a warning naming the command that rewrites it."""
+    name = None if declaration is None else module_name(declaration)
+    if name is None:
+        return None
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name:
+            raise
+        return None
+    if module.DECLARATION != qualified(declaration) or module.SHAPE != shape(d):  # type: ignore[arg-type]
+        warnings.warn(f"{name} is stale for {module.DECLARATION}: generating {d.name}'s hot path at import; "
+                      f"run `python -m calculet.specgen` to rewrite it", stacklevel=2)
+        return None
+    return module
+
+
+def generated_namespace(d: Definition, declaration: type | None = None) -> tuple[dict[str, Any], str]:
+    """The generated module's namespace for ``d`` (bound), and its source: the written module of a shipped
+    declaration, else the same text generated and ``exec``'d now."""
+    module = written_module(d, declaration)
+    if module is not None:
+        namespace = module.__dict__
+        source = Path(module.__file__).read_text(encoding="utf-8")  # type: ignore[arg-type]
+    else:
+        from calculet.machines.codegen_module import module_source  # z3: only when generating
+
+        source = module_source(d, "?" if declaration is None else qualified(declaration))
+        namespace = {"__name__": f"<calculet generated {d.name}>"}
+        exec(compile(source, f"<calculet generated {d.name}>", "exec"), namespace)  # noqa: S102 - from the declaration
+    bind(namespace, d)
+    return namespace, source
+
+
+def compile_instance_type(d: Definition, declaration: type | None = None) -> type[CompiledInstance]:
+    """The compiled instance class of ``d`` (``declaration``: the class that declares it, whose written module is
+    used when it has one)."""
+    namespace, source = generated_namespace(d, declaration)
     rows: dict[str, dict[str, list[Transition]]] = {}
     for t in d.transitions:
         rows.setdefault(t.source, {}).setdefault(t.event, []).append(t)
@@ -230,16 +305,16 @@ def compile_instance_type(d: Definition) -> type[CompiledInstance]:
         "__slots__": tuple(d.params) + tuple(d.vars),
         "__doc__": f"Compiled instance of {d.name} (generated from its declaration).",
         "definition": d,
-        "_table": table,
-        "_fire_table": fire_table,
+        "_table": namespace["_table"],
+        "_fire_table": namespace["_ft"],
         "fire": namespace["fire_plain"],  # the monitor installs the variant its configuration needs
         "_fire_plain": namespace["fire_plain"],
         "fire_each": staticmethod(namespace["fire_each_plain"]),
-        "__init__": init,
-        "snapshot": snapshot,
+        "__init__": namespace["__init__"],
+        "snapshot": namespace["snapshot"],
         "_rows": {s: {e: tuple(r) for e, r in evs.items()} for s, evs in rows.items()},
-        "_source": source + "\n" + fire_source + "\n" + each_source + "\n" + check_source + "\n" + life_source,
-        "_check_invariants": check_invariants,
+        "_source": source,
+        "_check_invariants": namespace["_check_invariants"],
         "_argspec": argspec,
         "_var_names": tuple(d.vars),
         "_param_names": tuple(d.params),

@@ -52,7 +52,7 @@ class Machine:
         cls.definition = resolve(cls)
         structure = cls.__dict__.get("structure_checks", True)
         check(cls.definition, structure=structure)
-        cls.Instance = compile_instance_type(cls.definition)
+        cls.Instance = compile_instance_type(cls.definition, cls)
         # python-statemachine validates the graph itself; a mutant skips it like ours.
         cls.Reference = build_reference_class(cls.definition) if structure else None
 

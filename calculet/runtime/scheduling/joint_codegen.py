@@ -4,7 +4,7 @@ The joint monitor (:mod:`.joint_checks`) splits what moved into connected parts 
 lane — and judges each declared RequestLaneSystem invariant as the conjunction over the parts. Walking the
 declared predicates through the expression helpers per part and per invariant was about half of the host CPU of
 a B16 run with every event checked (the test suite's setting: 0.45 of 0.94 s profiled). As the machines' own
-invariants are compiled (``codegen.generate_invariant_check``), this evaluates each declared predicate once on a
+invariants are compiled (``codegen.invariant_source``), this evaluates each declared predicate once on a
 symbolic view of the part's shape (at most one request, at most one lane; the request's binding and seq id
 symbolic) and prints the z3 terms as straight-line Python: the runtime executes the formula the declaration
 states, not a hand-written copy. A shape with more instances, or a term outside the printable fragment, is left

@@ -1,0 +1,125 @@
+"""The machines' hot path written out as source (issue #20): current, imported, and refused when stale.
+
+``python -m calculet.specgen`` writes one module per shipped declaration under ``calculet/machines/generated/``
+(:mod:`calculet.machines.codegen_module`); the runtime imports it instead of generating the code at each start
+(:mod:`calculet.machines.compiled`). These tests hold the written files to the declarations, check that the shipped
+machines — hence the conformance tests against the reference class (tests/property/test_conformance.py) and every
+runtime test — run the written modules, and that a module left behind by a changed declaration is not used.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from calculet import specgen
+from calculet.invariants.mutation import derive, replace_row
+from calculet.machines import ALL_MACHINES, KvSequenceMachine
+from calculet.machines.compiled import written_module
+from calculet.machines.errors import InvariantViolation, TransitionNotAllowed
+from calculet.machines.written import module_name
+
+REGENERATE = "run `python -m calculet.specgen`"
+
+
+@pytest.fixture(scope="module")
+def code() -> dict[str, str]:
+    return specgen.render_code()
+
+
+def test_the_written_modules_are_what_the_declarations_produce(code):
+    """Every shipped declaration's module under calculet/machines/generated/ is byte for byte what
+    ``codegen_module.module_source`` prints from it now, and no other module is there. Mutant caught (applied
+    once): a guard edited by hand in generated/kv_sequence.py (``tokens <= self.max_seq`` to ``< ``) — the file
+    differs from the declaration's."""
+    problems = specgen.check_code(specgen.CODE_DIR, code)
+    assert problems == [], f"calculet/machines/generated/ is stale; {REGENERATE}:\n" + "\n".join(problems)
+    assert sorted(code) == sorted(f"{name.rsplit('.', 1)[1]}.py" for name in
+                                  (module_name(m) for m in ALL_MACHINES) if name)
+
+
+@pytest.mark.parametrize("machine", ALL_MACHINES, ids=lambda m: m.definition.name)
+def test_shipped_machines_run_their_written_modules(machine):
+    """``Machine.create`` (what the runtime and the conformance tests use) gives instances whose ``__init__``,
+    ``fire``, ``fire_each``, dispatch tables and invariant check are the written module's functions, bound to
+    this declaration's rows. Mutant caught (applied once): ``compile_instance_type`` ignoring the declaration's
+    written module (the code generated and exec'd at import, as before) — the functions' globals are not the
+    module's."""
+    name = module_name(machine)
+    assert name is not None
+    module = sys.modules[name]
+    instance = machine.create(**machine.definition.examples[0])
+    cls = type(instance)
+    functions = [cls.__init__, cls.fire, cls._fire_plain, cls.fire_each, cls.snapshot, cls._check_invariants,
+                 *(f for events in cls._table.values() for f in events.values()),
+                 *(f for events in cls._fire_table.values() for f in events.values())]
+    assert all(f.__globals__ is module.__dict__ for f in functions)
+    assert module.DECLARATION == f"{machine.__module__}.{machine.__qualname__}"
+    rows = {name: value for name, value in vars(module).items() if name.startswith(("_row_", "_each_row_"))}
+    assert rows and all(any(value is t for t in machine.definition.transitions) for value in rows.values())
+    assert cls.fire.__qualname__ == f"{machine.definition.name}.fire"
+
+
+def test_a_written_module_of_another_shape_is_not_bound():
+    """A declaration whose shape no longer matches its written module (here the KV reserve row's guard dropped,
+    without running specgen) does not get that module: ``written_module`` warns, naming the command, and the
+    machine's code is generated from the declaration at import. Mutant caught (applied once): the SHAPE
+    comparison removed from ``written_module`` — the stale module is returned."""
+    mutant = derive(KvSequenceMachine, "KvSequenceMachine", lambda rows, d: replace_row(rows, "reserve@free", guard=None))
+    with pytest.warns(UserWarning, match=r"stale .*python -m calculet.specgen"):
+        assert written_module(mutant.definition, KvSequenceMachine) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert written_module(KvSequenceMachine.definition, KvSequenceMachine) is sys.modules[
+            "calculet.machines.generated.kv_sequence"]
+    # a mutant (declared outside calculet.machines) runs its own generated code: the guard is gone, so the
+    # reserve is taken (and the monitor, on in tests, finds the broken invariant) where the written code refuses
+    lane = mutant.create(**KvSequenceMachine.definition.examples[0])
+    with pytest.raises(InvariantViolation, match="reserve@free"):
+        lane.fire("reserve", seq=1, gen=1, tokens=lane.max_seq + 1)
+    shipped = KvSequenceMachine.create(**KvSequenceMachine.definition.examples[0])
+    with pytest.raises(TransitionNotAllowed):
+        shipped.fire("reserve", seq=1, gen=1, tokens=shipped.max_seq + 1)
+    assert type(lane).__init__.__globals__["__name__"].startswith("<calculet generated")
+
+
+def test_specgen_check_names_a_stale_generated_module_and_the_command(tmp_path, capsys, code):
+    """``python -m calculet.specgen --check`` exits 1 on a generated module edited by hand or one no declaration
+    produces, naming each and the command that regenerates them; writing makes the folder current again.
+    Mutant caught (applied once): ``main`` not checking the generated modules (exit 0 on the stale folder)."""
+    specs = tmp_path / "specs"
+    shutil.copytree(specgen.SPECS_DIR, specs)
+    target = tmp_path / "generated"
+    shutil.copytree(specgen.CODE_DIR, target, ignore=shutil.ignore_patterns("__pycache__"))
+    kv = target / "kv_sequence.py"
+    text = kv.read_text()
+    assert "(_a_tokens <= self.max_seq)" in text
+    kv.write_text(text.replace("(_a_tokens <= self.max_seq)", "(_a_tokens < self.max_seq)"))
+    (target / "stray.py").write_text("x = 1\n")
+
+    assert specgen.main(["--check", "--out", str(specs), "--code-out", str(target)]) == 1
+    out = capsys.readouterr().out
+    assert "calculet/machines/generated/ is stale (2 module(s)); run `python -m calculet.specgen`" in out
+    assert "kv_sequence.py: 4 line(s) differ" in out and "stray.py: not generated" in out
+    assert "request.py" not in out
+
+    (target / "stray.py").unlink()
+    assert specgen.main(["--out", str(specs), "--code-out", str(target)]) == 0
+    assert kv.read_text() == code["kv_sequence.py"]
+    assert specgen.main(["--check", "--out", str(specs), "--code-out", str(target)]) == 0
+    assert (target / "__init__.py").read_text() == (specgen.CODE_DIR / "__init__.py").read_text()
+
+
+def test_the_generated_package_imports_no_z3_and_no_code_generator():
+    """A written module needs neither z3 nor the code generator to be imported (only the sentinel of
+    :mod:`calculet.machines.written`), so the runtime can load its machines without printing anything. Mutant
+    caught (applied once): the prelude importing ``MISSING`` from :mod:`calculet.machines.codegen`."""
+    for path in sorted(Path(specgen.CODE_DIR).glob("*.py")):
+        imports = [line for line in path.read_text().splitlines() if line.startswith(("import ", "from "))]
+        assert all(not line.startswith(("import z3", "from z3", "from calculet.machines.codegen")) for line in imports)
+        assert all(line in ("from itertools import islice as _islice",
+                            "from calculet.machines.written import MISSING as _M") for line in imports), imports
