@@ -10,19 +10,31 @@ symbolic) and prints the z3 terms as straight-line Python: the runtime executes 
 states, not a hand-written copy. A shape with more instances, or a term outside the printable fragment, is left
 to the declared predicates (``None``). The tests compare the generated verdict with the declared predicates on
 random parts.
+
+For the shipped RequestLaneSystem the checks are written out as a module,
+``calculet/machines/generated/request_lane_system_parts.py``, by ``python -m calculet.specgen`` (which ``--check``
+holds to the declaration), and imported instead of generated at each start (issue #20: as the machines' hot
+path, :mod:`calculet.machines.compiled`); a mutant system, or a module whose recorded shape is stale, is generated
+here as before.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib
+import warnings
+from types import ModuleType
 from typing import Any, Callable
 
 import z3
 
 from calculet.logic.symbolic import SymbolicVars
 from calculet.machines.codegen import ExprPrinter
+from calculet.machines.request_lanes import RequestLaneSystem
 from calculet.machines.system import SystemDefinition, SystemView
+from calculet.machines.written import GENERATED_PACKAGE, shape
 
-__all__ = ["PartCheck", "compile_part_check"]
+__all__ = ["PartCheck", "compile_part_check", "module_source"]
 
 PartCheck = Callable[[Any, Any, int, int], list[str]]
 """``broken(r0, l0, b0, s0)``: the invariants false on the part of request ``r0`` (its binding ``b0``: 0 for the
@@ -47,6 +59,13 @@ class _PartPrinter(ExprPrinter):
         raise TypeError(f"unknown symbol {name!r} in a joint part")
 
     def expr(self, e: Any) -> str:
+        if isinstance(e, z3.ExprRef) and (z3.is_and(e) or z3.is_or(e)):
+            # ``z3.simplify`` orders a conjunction's or disjunction's operands by term id, which depends on every
+            # term made before in the process: printed in text order, the written module is the same whatever
+            # ran first (``specgen --check``). The operands read only the part's own instances and cannot raise,
+            # so their order changes no verdict.
+            parts = sorted(self.expr(k) for k in e.children())
+            return "(" + (self.AND if z3.is_and(e) else self.OR).join(parts) + ")"
         if isinstance(e, z3.ExprRef) and z3.is_eq(e):
             left, right = e.children()
             for tag, d in self.machines.items():
@@ -61,17 +80,22 @@ class _PartPrinter(ExprPrinter):
         return None
 
 
-def compile_part_check(sd: SystemDefinition, requests: int, lanes: int) -> PartCheck | None:
-    """The generated check of ``sd``'s invariants on a part of ``requests`` ≤ 1 requests and ``lanes`` ≤ 1 lanes,
-    or None (a larger shape, or a term the printer does not print)."""
+SHAPES = ((0, 0), (0, 1), (1, 0), (1, 1))
+"""The part shapes (requests, lanes) a check is generated for."""
+
+
+def part_check_source(sd: SystemDefinition, requests: int, lanes: int) -> str | None:
+    """The source of ``part_broken_<requests>x<lanes>(r0, l0, b0, s0)``, the check of ``sd``'s invariants on a part
+    of ``requests`` ≤ 1 requests and ``lanes`` ≤ 1 lanes, or None (a larger shape, or a term the printer does not
+    print)."""
     if requests > 1 or lanes > 1:
         return None
     reqs = [SymbolicVars(sd.request.definition, "_r0")][:requests]
     lns = [SymbolicVars(sd.lane.definition, "_l0")][:lanes]
     view = SystemView(reqs, lns, [z3.Int("b0")][:requests], [z3.Int("s0")][:requests])
     printer = _PartPrinter(sd)
-    lines = [f"def part_broken(r0, l0, b0, s0):  # {sd.name} on {requests} request(s) x {lanes} lane(s)",
-             "    broken = []"]
+    lines = [f"def part_broken_{requests}x{lanes}(r0, l0, b0, s0):  # {sd.name} on {requests} request(s) x "
+             f"{lanes} lane(s)", "    broken = []"]
     try:
         for inv in sd.invariants:
             term = inv.predicate(view)
@@ -79,7 +103,71 @@ def compile_part_check(sd: SystemDefinition, requests: int, lanes: int) -> PartC
             lines += [f"    if not {printer.expr(z3.simplify(term))}:", f"        broken.append({inv.name!r})"]
     except TypeError:
         return None
-    source = "\n".join([*lines, "    return broken"]) + "\n"
+    return "\n".join([*lines, "    return broken"]) + "\n"
+
+
+def system_shape(sd: SystemDefinition) -> str:
+    """What a written module of ``sd``'s part checks depends on besides the predicates' bodies: the system's name,
+    its invariants' names in order and its two machines' shapes (:func:`calculet.machines.written.shape`)."""
+    parts = (sd.name, tuple(inv.name for inv in sd.invariants), shape(sd.request.definition), shape(sd.lane.definition))
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def module_source(sd: SystemDefinition, declaration: str) -> str:
+    """The module text of ``sd``'s part checks, one function per shape of :data:`SHAPES` (None where the shape is
+    left to the declared predicates): what ``python -m calculet.specgen`` writes to
+    ``calculet/machines/generated/`` for the shipped RequestLaneSystem."""
+    sources = {shape_: part_check_source(sd, *shape_) for shape_ in SHAPES}
+    header = [
+        f'"""The generated checks of {sd.name}\'s invariants on a small part — do not edit: regenerate with',
+        "`python -m calculet.specgen`.",
+        "",
+        f"Printed from the z3 terms of the invariants declared in {declaration} by",
+        "calculet.runtime.scheduling.joint_codegen (issue #20); `python -m calculet.specgen --check` fails when this",
+        "file is not what the declaration produces. The joint monitor imports it instead of generating it at start.",
+        '"""',
+        "",
+        f"DECLARATION = {declaration!r}",
+        f"SHAPE = {system_shape(sd)!r}",
+        "",
+    ]
+    body = [text for text in sources.values() if text is not None]
+    table = ", ".join(f"{s!r}: {'None' if text is None else f'part_broken_{s[0]}x{s[1]}'}" for s, text in sources.items())
+    return "\n".join(header) + "\n" + "\n\n".join(body) + f"\n\nCHECKS = {{{table}}}\n"
+
+
+WRITTEN = f"{GENERATED_PACKAGE}.request_lane_system_parts"
+"""The written module of the shipped RequestLaneSystem's part checks."""
+
+
+def _written(sd: SystemDefinition) -> ModuleType | None:
+    """The written module of the shipped RequestLaneSystem's part checks when ``sd`` is that system and the module
+    was made for its shape; else None (a mutant system, or a stale module: then generated here, with a warning)."""
+    if sd is not RequestLaneSystem.definition:
+        return None
+    try:
+        module = importlib.import_module(WRITTEN)
+    except ModuleNotFoundError as exc:
+        if exc.name != WRITTEN:
+            raise
+        return None
+    if module.SHAPE != system_shape(sd):
+        warnings.warn(f"{WRITTEN} is stale: generating {sd.name}'s part checks at import; "
+                      "run `python -m calculet.specgen` to rewrite it", stacklevel=2)
+        return None
+    return module
+
+
+def compile_part_check(sd: SystemDefinition, requests: int, lanes: int) -> PartCheck | None:
+    """The generated check of ``sd``'s invariants on a part of ``requests`` ≤ 1 requests and ``lanes`` ≤ 1 lanes,
+    or None (a larger shape, or a term the printer does not print): the written module's for the shipped system,
+    else generated and ``exec``'d now."""
+    module = _written(sd)
+    if module is not None:
+        return module.CHECKS.get((requests, lanes))  # type: ignore[no-any-return]
+    source = part_check_source(sd, requests, lanes)
+    if source is None:
+        return None
     namespace: dict[str, Any] = {}
     exec(compile(source, f"<calculet joint part {sd.name} {requests}x{lanes}>", "exec"), namespace)  # noqa: S102
-    return namespace["part_broken"]  # type: ignore[no-any-return]
+    return namespace[f"part_broken_{requests}x{lanes}"]  # type: ignore[no-any-return]

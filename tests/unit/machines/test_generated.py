@@ -33,13 +33,14 @@ def code() -> dict[str, str]:
 
 def test_the_written_modules_are_what_the_declarations_produce(code):
     """Every shipped declaration's module under calculet/machines/generated/ is byte for byte what
-    ``codegen_module.module_source`` prints from it now, and no other module is there. Mutant caught (applied
+    ``codegen_module.module_source`` (the machines) or ``joint_codegen.module_source`` (the RequestLaneSystem's part
+    checks) prints from it now, and no other module is there. Mutant caught (applied
     once): a guard edited by hand in generated/kv_sequence.py (``tokens <= self.max_seq`` to ``< ``) — the file
     differs from the declaration's."""
     problems = specgen.check_code(specgen.CODE_DIR, code)
     assert problems == [], f"calculet/machines/generated/ is stale; {REGENERATE}:\n" + "\n".join(problems)
-    assert sorted(code) == sorted(f"{name.rsplit('.', 1)[1]}.py" for name in
-                                  (module_name(m) for m in ALL_MACHINES) if name)
+    machines = [f"{name.rsplit('.', 1)[1]}.py" for name in (module_name(m) for m in ALL_MACHINES) if name]
+    assert sorted(code) == sorted([*machines, "request_lane_system_parts.py"])
 
 
 @pytest.mark.parametrize("machine", ALL_MACHINES, ids=lambda m: m.definition.name)
@@ -123,3 +124,39 @@ def test_the_generated_package_imports_no_z3_and_no_code_generator():
         assert all(not line.startswith(("import z3", "from z3", "from calculet.machines.codegen")) for line in imports)
         assert all(line in ("from itertools import islice as _islice",
                             "from calculet.machines.written import MISSING as _M") for line in imports), imports
+
+
+def test_the_joint_monitor_runs_the_written_part_checks():
+    """The RequestLaneSystem's checks on a part of at most one request and one lane come from the written
+    ``generated/request_lane_system_parts.py`` (which tests/unit/runtime/scheduling/test_joint_checks.py holds to
+    the declared predicates on random parts); a derived (mutant) system's are generated from it at import. Mutant
+    caught (applied once): ``joint_codegen._written`` returning None (the checks generated and exec'd at start)."""
+    from calculet.machines.request_lanes import RequestLaneSystem
+    from calculet.runtime.scheduling import joint_checks, joint_codegen
+
+    module = sys.modules[joint_codegen.WRITTEN]
+    for shape_ in joint_codegen.SHAPES:
+        check = joint_codegen.compile_part_check(RequestLaneSystem.definition, *shape_)
+        assert check is not None and check.__globals__ is module.__dict__
+        assert joint_checks._PART_CHECKS[shape_] is check
+    mutant = RequestLaneSystem.derive("RequestLaneSystem")
+    other = joint_codegen.compile_part_check(mutant.definition, 1, 1)
+    assert other is not None and other.__globals__ is not module.__dict__
+
+
+def test_the_part_checks_print_the_same_whatever_z3_made_before():
+    """``z3.simplify`` orders the operands of a conjunction by term id, which depends on every term the process
+    made before; the written part checks must not (``specgen --check`` in CI runs in another process than the one
+    that wrote them). Terms that take low ids in an order unlike the generator's are made first, then the module is
+    printed again and compared with the file on disk. Mutant caught (applied once): ``_PartPrinter`` printing the
+    operands in z3's order instead of sorted."""
+    import z3
+
+    from calculet.machines.request_lanes import RequestLaneSystem
+    from calculet.runtime.scheduling import joint_codegen
+
+    made_first = [z3.Int(f"g22_{i}") <= z3.Int("s0") for i in range(300)]
+    made_first += [z3.Int("b0") == -1, z3.Int("b0") == 0, z3.Int("s0") + 1]
+    text = joint_codegen.module_source(RequestLaneSystem.definition, joint_codegen.RequestLaneSystem.__module__ +
+                                       ".RequestLaneSystem")
+    assert text == (specgen.CODE_DIR / "request_lane_system_parts.py").read_text(), "run `python -m calculet.specgen`"
