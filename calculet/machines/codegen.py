@@ -7,6 +7,13 @@ applies its effect. The runtime therefore executes exactly the formula that was 
 cost of a few attribute reads — the helper functions' type dispatch is paid once, at import.
 The conformance tests compare this code with the reference class, which calls the original
 callables concretely, so a translation fault cannot hide.
+
+Each function here returns source text; :func:`calculet.machines.codegen_module.module_source` joins it into one
+module per declaration, which ``python -m calculet.specgen`` writes to ``calculet/machines/generated/`` for the
+shipped machines (imported by the runtime, issue #20) and :mod:`.compiled` ``exec``'s for any other declaration.
+Objects the text cannot spell as literals (rows, enum classes, exact type checks, initial values) go into the
+``namespace`` a function is given, under the name the text reads; the module records where each is found in the
+declaration.
 """
 
 from __future__ import annotations

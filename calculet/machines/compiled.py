@@ -281,7 +281,9 @@ def generated_namespace(d: Definition, declaration: type | None = None) -> tuple
     module = written_module(d, declaration)
     if module is not None:
         namespace = module.__dict__
-        source = Path(module.__file__).read_text(encoding="utf-8")  # type: ignore[arg-type]
+        # the module's text (its .py beside it, also when the module was compiled to an extension)
+        source = Path(module.__file__).with_name(module.__name__.rsplit(".", 1)[1] + ".py").read_text(  # type: ignore[arg-type]
+            encoding="utf-8")
     else:
         from calculet.machines.codegen_module import module_source  # z3: only when generating
 
