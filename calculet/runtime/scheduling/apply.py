@@ -145,6 +145,10 @@ class CompletionApplier:
                 compiled += other.work.profile.compiled_batch
         return lanes, compiled
 
+    def _ahead(self) -> float | None:
+        """The earliest submit instant among the jobs still on the device (None: none): the overlap timer's input."""
+        return min((job.submitted_at for job in self.jobs.by_id.values() if job.state == "submitted"), default=None)
+
     # ------------------------------------------------------------------ completions (§4, §7.4)
 
     def decode_complete(self, completion: DecodeCompletion) -> Applied:
@@ -171,6 +175,9 @@ class CompletionApplier:
             self.step_times.observe(now - job.submitted_at, lanes=len(batch.active), now=now,
                                     compiled=batch.profile.compiled_batch + compiled_elsewhere,
                                     decoding=len(batch.active) + self.decode.total_ready() + lanes_elsewhere)
+            if self.step_times.overlap is not None:  # ping/pong's overlap, for the rollout only (#13 session 22)
+                self.step_times.overlap.completed(job.submitted_at, now, self._ahead(),
+                                                  compiled=batch.profile.compiled_batch)
         else:
             self._job_failed(job, completion.fault)
         registry = self.registry
@@ -240,6 +247,8 @@ class CompletionApplier:
             self.jobs.fire(job, "complete", ok=True)
             self.prefill_times.observe(work.tokens, now - job.submitted_at)
             self.step_times.prefill_ran(now - job.submitted_at)
+            if self.step_times.overlap is not None:
+                self.step_times.overlap.completed(job.submitted_at, now, self._ahead(), tokens=work.tokens)
         else:
             self._job_failed(job, completion.fault if consistent else FaultKind.ERROR)
         token = completion.token

@@ -12,7 +12,10 @@ job under ping/pong, which is the figure both rules need.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from calculet.runtime.scheduling.overlap_timer import OverlapTimer
 
 DEFAULT_SMOOTHING = 0.125
 """Weight of the newest sample (the TCP RTT estimator's 1/8): about the last 16 steps count."""
@@ -69,7 +72,7 @@ class StepTimer:
     """
 
     __slots__ = ("decode_step_s", "_samples", "_alpha", "_last_done", "_prefill_since", "_waited", "_tokens", "_widest",
-                 "_period", "_period_dev", "_held", "holding", "_by_batch")
+                 "_period", "_period_dev", "_held", "holding", "_by_batch", "overlap")
 
     def __init__(self, prior_s: float = 0.0, smoothing: float = DEFAULT_SMOOTHING) -> None:
         if prior_s < 0 or not 0 < smoothing <= 1:
@@ -84,6 +87,9 @@ class StepTimer:
         self._prefill_since = self._waited = self._tokens = self._period = self._period_dev = self._held = 0.0
         self._widest = 0
         self._by_batch: dict[int, float] | None = None  # step_at(): the smoothed step per compiled batch, if asked
+        self.overlap: OverlapTimer | None = None
+        """Under ping/pong with the rollout reporting (set by the ``on_time`` policy): the overlap of the two engines'
+        jobs, told of every completion by the applier (:mod:`.overlap_timer`, #13 session 22); None elsewhere."""
         self.holding: Holding | None = None
         """What counts the sequences that hold a KV slot now (admitted, not yet released: waiting for or running their
         prefill, decoding, finishing): its ``active``, read at each decode step measured; set by the ``on_time``

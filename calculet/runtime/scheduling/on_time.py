@@ -40,6 +40,7 @@ from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.finish_estimate import ON_TIME_EPS_S, DeviceModel
 from calculet.runtime.scheduling.on_time_kept import DECODING_STATES
 from calculet.runtime.scheduling.on_time_planner import OnTimePlanner, OnTimeStatistics
+from calculet.runtime.scheduling.overlap_timer import OverlapTimer
 from calculet.runtime.scheduling.prefill import PrefillScheduler
 from calculet.runtime.scheduling.profiles import ProfileSet
 from calculet.runtime.scheduling.registry import PREFILL_STATES, WAITING_STATES, RequestRecord, RequestRegistry
@@ -129,6 +130,8 @@ class OnTimePolicy:
         rollout = model is not None and model.compiled_batch > 1  # B>1 (not B1 ping/pong): the rollout reports (#13 s. 20)
         if rollout and model is not None:
             planner.step_times.measure_per_batch()  # the rollout's steps, and a bet's bound (bets are on B>1 only)
+            if model.engines > 1 and planner.step_times.overlap is None:  # ping/pong: the rollout plays the overlap
+                planner.step_times.overlap = OverlapTimer()
             self._rollout_shape = (profiles, model.engines, planner.sequences or model.lanes)
         planner.report.rollout = self._rollout_finish if rollout else None
         self._model_key = key
@@ -158,13 +161,24 @@ class OnTimePolicy:
         fixed, per_token = planner.prefill_times.cost()
         queues = self._queues
         by_ready = profiles.by_ready
-        keys = self._shape[0] * engines  # the largest key the step timer can see (the largest §8 profile's batch)
-        measured = {k: v for k in range(1, keys + 1) if (v := timer.step_at(k)) > 0}
+        overlap = timer.overlap
+        rate = 0.0 if overlap is None else overlap.rate
+        if rate > 0 and overlap is not None:
+            # ping/pong as the device runs it (session 22): a job's own time, the later of two slowed to the measured
+            # rate while the earlier runs; own steps per compiled batch on one engine's line (§13.1)
+            measured, affine = overlap.solo_steps(), True
+            if overlap.prefill.samples:
+                fixed, per_token = overlap.prefill.cost()
+        else:
+            keys = self._shape[0] * engines  # the largest key the step timer can see (the largest §8 profile's batch)
+            measured = {k: v for k in range(1, keys + 1) if (v := timer.step_at(k)) > 0}
+            affine, rate = engines == 1, 0.0
         shape = DeviceShape(lanes=lanes, engines=engines, profile_of=lambda n: by_ready[max(1, n)].compiled_batch,
-                            step_s=measured_steps(measured, fallback, affine=engines == 1),
+                            step_s=measured_steps(measured, fallback, affine=affine),
                             prefill_s=lambda tokens: fixed + per_token * tokens,
                             chunk_tokens=profiles.prefill_chunk_tokens, short_max_tokens=queues.short_prefill_max_tokens,
-                            medium_max_tokens=queues.medium_prefill_max_tokens, wrr=self._wrr)
+                            medium_max_tokens=queues.medium_prefill_max_tokens, wrr=self._wrr,
+                            overlap=rate if rate > 0 else None)
         present = present_of(records(), rec, planner.virtual_tags if planner.virtual_start else None)
         report = planner.report
         law, prompt, output = report.arrivals, rec.prompt_tokens, rec.machine.max_new_tokens
