@@ -11,6 +11,9 @@ requests, policy, cost model; monitors off as the sweep runs them) with the plan
   rate, the means of the prompts submitted and the outputs finished;
 * ``learned``: the law the runtime learns from the submits (``calculet/runtime/scheduling/arrival_law.py``), as the
   ``on_time`` policy wires it on B>1 (what the bench's own runs report);
+* ``known``: the trace's own later arrivals with their lengths in place of any law's path (the oracle law stands
+  behind it): what is left is the model's own error (session 22: bursty b16-pingpong 18.3 % before the overlap was
+  played, 8.1 % after);
 * ``none``: no law (the planner's estimate is reported: the rollout needs one).
 
 Each admission's two estimates are read at the planner's ``admit``: today's (the planner's own, which the
@@ -56,7 +59,7 @@ class OracleLaw:
         self._lengths = (tuple(r.prompt_tokens for r in sample[:512]), tuple(r.max_new_tokens for r in sample[:512]))
 
     def lengths(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """The preset's lengths: a fixed sample of its distributions (a drawn future's arrivals take theirs from it)."""
+        """The preset's lengths: a fixed sample of its distributions (the mean path's arrivals take theirs from it)."""
         return self._lengths
 
     def arrived(self, now: float, prompt_tokens: int, max_new_tokens: int) -> None:
@@ -110,7 +113,7 @@ class TrailingLaw:
         self.mean_output_tokens = self.outputs / self.ends
 
     def lengths(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """The means only: the stand-in keeps no sample (a drawn future's arrivals then take the means)."""
+        """The means only: the stand-in keeps no sample (the mean path's arrivals then take the means)."""
         return (round(self.mean_prompt_tokens),), (round(self.mean_output_tokens),)
 
     def forecast(self, now: float, horizon_s: float) -> tuple[RatePiece, ...]:
@@ -130,18 +133,25 @@ class Capture:
     seen: dict[float, tuple[float, float]]
     cpu_s: float = 0.0
     calls: int = 0
-    draws: int = 0
-    """Paths drawn per estimate (``ReportedEstimate.draws``; 0: the law's mean path, as shipped)."""
+    future: list[tuple[float, int, int]] | None = None
+    """The ``known`` law's trace: every arrival (instant, prompt, output) of the run, in order (None: the law's path)."""
 
 
 def install(capture: Capture) -> None:
-    """Wrap the planner's admission (read both estimates) and the policy's rollout (its CPU)."""
+    """Wrap the planner's admission (read both estimates), the policy's rollout (its CPU) and, for the ``known`` law,
+    the model's call (the trace's later arrivals passed as its explicit future)."""
     admit = on_time_planner.OnTimePlanner.admit
     rollout = on_time.OnTimePolicy._rollout_finish
+    model = on_time.rollout_finish
+
+    def known_future(*args: Any, **kwargs: Any) -> Any:
+        if capture.future is not None:
+            now = args[3]
+            kwargs["future"] = [arrival for arrival in capture.future if arrival[0] > now + 1e-9]
+        return model(*args, **kwargs)
 
     def wrapped_admit(self: Any, rec: Any, now: float, model: Any, records: Any) -> Any:
         law = capture.law
-        self.report.draws = capture.draws
         if callable(law) and getattr(self, "_bench_law", None) is None:
             self._bench_law = self.report.arrivals = law()
         elif law is None:
@@ -160,6 +170,7 @@ def install(capture: Capture) -> None:
 
     on_time_planner.OnTimePlanner.admit = wrapped_admit  # type: ignore[method-assign]
     on_time.OnTimePolicy._rollout_finish = timed_rollout  # type: ignore[method-assign]
+    on_time.rollout_finish = known_future  # type: ignore[assignment]
 
 
 def _row(errors: list[float]) -> str:
@@ -183,16 +194,14 @@ def main() -> None:
     parser.add_argument("--preset", default="bursty")
     parser.add_argument("--policies", default="calculet-b16")
     parser.add_argument("--loads", default="0.5,1,2")
-    parser.add_argument("--laws", default="oracle", help="oracle, trailing, learned, none (comma-separated)")
+    parser.add_argument("--laws", default="oracle", help="oracle, trailing, learned, known, none (comma-separated)")
     parser.add_argument("--window", type=float, default=20.0, help="the trailing stand-in's window (s)")
-    parser.add_argument("--draws", type=int, default=0,
-                        help="paths drawn from the law per estimate, the median reported (0: its mean path, as shipped)")
     args = parser.parse_args()
     MONITOR.configure(enabled=False)  # as the sweep runs (calculet.bench.sweep)
     workload = load_preset(args.preset)
     cost = CostModel.reference()
     loads = [float(x) for x in args.loads.split(",")]
-    capture = Capture(None, {}, draws=args.draws)
+    capture = Capture(None, {})
     install(capture)
     for policy in parse_policies(args.policies):
         today: dict[float, list[float]] = {load: [] for load in loads}
@@ -205,8 +214,10 @@ def main() -> None:
             capture.cpu_s, capture.calls = 0.0, 0
             for load in loads:
                 requests = generate_requests(workload, workload.duration_s, load)
-                capture.law = {"oracle": lambda: OracleLaw(workload, load), "trailing": lambda: TrailingLaw(args.window),
-                               "learned": "shipped", "none": None}[law_name]
+                capture.law = {"oracle": lambda: OracleLaw(workload, load), "known": lambda: OracleLaw(workload, load),
+                               "trailing": lambda: TrailingLaw(args.window), "learned": "shipped", "none": None}[law_name]
+                capture.future = (sorted((r.arrival_s, r.prompt_tokens, r.max_new_tokens) for r in requests)
+                                  if law_name == "known" else None)
                 capture.seen = {}
                 run = run_policy(policy, requests, workload, cost)
                 for r in run.requests:

@@ -37,14 +37,13 @@ events per request alive over the candidate's life, each O(set size) (measured i
 from __future__ import annotations
 
 import math
-import random
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 from calculet.runtime.scheduling.prefill import SmoothWrr
 
-__all__ = ["ArrivalFeed", "ArrivalForecast", "DeviceShape", "Present", "RatePieceLike", "WRR_DEFAULT", "drawn_finish",
+__all__ = ["ArrivalFeed", "ArrivalForecast", "DeviceShape", "Present", "RatePieceLike", "WRR_DEFAULT",
            "expected_arrivals", "measured_steps", "rollout_finish"]
 
 WRR_DEFAULT: tuple[tuple[str, int], ...] = (("decode", 8), ("short", 4), ("medium", 2), ("long", 1))
@@ -53,8 +52,6 @@ HORIZON_S = 120.0
 """How far ahead the forecast is asked first; a candidate not finished by then extends it by its last piece."""
 MAX_EVENTS = 20_000
 """A guard on the loop: past it the model gives no answer (the planner's estimate is reported)."""
-DRAW_STRIDE = 1_024
-"""Seeds of one estimate's paths: ``seed * DRAW_STRIDE + k`` (k < DRAW_STRIDE)."""
 MAX_ARRIVALS = 2_000
 """The most later arrivals one rollout places (a forecast of absurd rates, e.g. many submits at one instant, must not
 cost without bound; a candidate's life at the presets' rates sees tens)."""
@@ -66,7 +63,8 @@ point's coordinates are the quantiles of the sample the mean path's k-th arrival
 1/rho^2) was measured too and gave bursty b16 24.9 / b16-chunked 25.3 % against this one's 24.5 / 25.0: the choice of
 sequence moves the row by about half a point (docs/estimator.md)."""
 Lengths = tuple[Sequence[int], Sequence[int]]
-"""(prompts, outputs) a drawn arrival's lengths are taken from, uniformly (``ArrivalLaw.lengths``)."""
+"""(prompts, outputs) the mean path's arrivals take their lengths from, at the sequence's quantiles
+(``ArrivalLaw.lengths``)."""
 
 
 class RatePieceLike(Protocol):
@@ -245,77 +243,37 @@ class _Rollout:
 
 
 class _Future:
-    """The later arrivals the model serves: explicit ones, the forecast's mean path (extended past its horizon by its
-    last piece's rate), or one path drawn from the forecast (``rng``: a Poisson process of its intensity, drawn one
-    arrival ahead, each arrival's prompt and output drawn from ``lengths``)."""
+    """The later arrivals the model serves: explicit ones, or the forecast's mean path (extended past its horizon by
+    its last piece's rate), each arrival's lengths the sample's at the low-discrepancy sequence's next point (the
+    means where there is no sample)."""
 
-    __slots__ = ("times", "drawn", "forecast", "prompt", "output", "horizon_s", "horizon_end", "last_rate", "rng",
-                 "pieces", "piece", "cursor", "lengths", "count", "quantiles", "k")
+    __slots__ = ("times", "given", "forecast", "prompt", "output", "horizon_s", "horizon_end", "last_rate",
+                 "quantiles", "k")
 
     def __init__(self, now: float, forecast: ArrivalForecast | None, horizon_s: float,
-                 future: Sequence[tuple[float, int, int]] | None, rng: random.Random | None = None,
-                 lengths: Lengths | None = None) -> None:
+                 future: Sequence[tuple[float, int, int]] | None, lengths: Lengths | None = None) -> None:
         self.times: deque[float] = deque()
-        self.drawn: deque[tuple[int, int]] = deque()
+        self.given: deque[tuple[int, int]] = deque()
         self.forecast = None if future else forecast
         self.prompt = self.output = 1
         self.horizon_s = horizon_s
         self.horizon_end = now
         self.last_rate = 0.0
-        self.rng = None
         self.quantiles: tuple[list[int], list[int]] | None = None
         self.k = 0
         if future:
             self.times.extend(t for t, _, _ in future)
-            self.drawn.extend((p, o) for _, p, o in future)
+            self.given.extend((p, o) for _, p, o in future)
         elif forecast is not None:
             self.prompt = max(1, round(forecast.mean_prompt_tokens))
             self.output = max(1, round(forecast.mean_output_tokens))
             pieces = tuple(forecast.forecast(now, horizon_s))
             last = pieces[-1].rate_per_s if pieces else 0.0
             self.last_rate = last if 0 < last < math.inf else 0.0
-            if rng is not None:
-                self.forecast = None  # a drawn path goes on at the last piece's rate by itself
-                self.rng = rng
-                self.pieces = [(max(p.start, now), p.end, p.rate_per_s) for p in pieces
-                               if p.end > max(p.start, now) and 0 < p.rate_per_s < math.inf]
-                self.piece, self.cursor, self.count = 0, now, 0
-                prompts, outputs = lengths if lengths is not None else ((), ())
-                self.lengths = (tuple(max(1, int(x)) for x in prompts) or (self.prompt,),
-                                tuple(max(1, int(x)) for x in outputs) or (self.output,))
-                self._draw()
-                return
             self.times.extend(expected_arrivals(pieces, now))
             self.horizon_end = now + horizon_s
             if lengths is not None and lengths[0] and lengths[1]:
                 self.quantiles = (sorted(lengths[0]), sorted(lengths[1]))
-
-    def _draw(self) -> None:
-        """The drawn path's next arrival (a unit exponential of the intensity's mass from the last one), with its
-        lengths; none past :data:`MAX_ARRIVALS` or where the intensity is 0 from the cursor on."""
-        rng = self.rng
-        assert rng is not None
-        if self.count >= MAX_ARRIVALS:
-            return
-        mass = rng.expovariate(1.0)
-        pieces, i, t = self.pieces, self.piece, self.cursor
-        while i < len(pieces):
-            _, end, rate = pieces[i]
-            t = max(t, pieces[i][0])
-            if rate * (end - t) >= mass:
-                break
-            mass -= rate * (end - t)
-            t, i = end, i + 1
-        else:
-            if self.last_rate <= 0:
-                self.piece, self.cursor = i, math.inf
-                return
-            rate = self.last_rate
-        t += mass / rate
-        self.piece, self.cursor, self.count = i, t, self.count + 1
-        prompts, outputs = self.lengths
-        self.times.append(t)
-        self.drawn.append((prompts[int(rng.random() * len(prompts))], outputs[int(rng.random() * len(outputs))]))
 
     def next_at(self) -> float:
         """The next arrival's instant (inf: none)."""
@@ -330,8 +288,8 @@ class _Future:
         times = self.times
         while times and times[0] <= t + _EPS:
             times.popleft()
-            if self.drawn:
-                wait.append((*self.drawn.popleft(), False))
+            if self.given:
+                wait.append((*self.given.popleft(), False))
             elif self.quantiles is not None:  # the k-th arrival's lengths: the sample at the sequence's k-th point
                 self.k += 1
                 prompts, outputs = self.quantiles
@@ -339,8 +297,6 @@ class _Future:
                 wait.append((prompts[int(u * len(prompts))], outputs[int(v * len(outputs))], False))
             else:
                 wait.append((self.prompt, self.output, False))
-            if self.rng is not None:
-                self._draw()
         if not times and self.forecast is not None and self.last_rate > 0 and t >= self.horizon_end - _EPS:
             rate, end = self.last_rate, self.horizon_end  # past the forecast: its last piece goes on
             times.extend(end + (k + 0.5) / rate for k in range(min(MAX_ARRIVALS, int(rate * self.horizon_s) + 1)))
@@ -350,16 +306,14 @@ class _Future:
 def rollout_finish(present: Present, prompt: int, output: int, now: float, shape: DeviceShape,
                    forecast: ArrivalForecast | None = None, horizon_s: float = HORIZON_S,
                    future: Sequence[tuple[float, int, int]] | None = None,
-                   not_before: float | None = None, rng: random.Random | None = None,
-                   lengths: Lengths | None = None) -> float | None:
+                   not_before: float | None = None, lengths: Lengths | None = None) -> float | None:
     """When a candidate of ``prompt`` tokens asking ``output`` tokens, arriving now behind ``present``, is expected
     to produce its last token; None if the model cannot tell (no step time, or the guard on the loop hit).
     ``future``: explicit later arrivals (instant, prompt, output) in order, in place of the forecast's mean path
-    (a drawn or a realised future: what the model does with the arrivals known). ``not_before``: the instant the
-    candidate is expected to be admitted (the §5.3 queue's order, which the model does not replay): it joins the
-    head of the waiting requests then, instead of its place in ``present``. ``rng``: later arrivals are one path
-    drawn from the forecast instead of its mean path, their lengths drawn from ``lengths`` (prompts, outputs; the
-    means where empty)."""
+    (a realised future: what the model does with the arrivals known). ``not_before``: the instant the candidate is
+    expected to be admitted (the §5.3 queue's order, which the model does not replay): it joins the head of the
+    waiting requests then, instead of its place in ``present``. ``lengths``: (prompts, outputs) the mean path's
+    arrivals take their lengths from (the forecast's means where None or empty)."""
     if output < 1 or shape.lanes < 1:
         return None
     state = _Rollout(shape, present, now, (prompt, output))
@@ -367,7 +321,7 @@ def rollout_finish(present: Present, prompt: int, output: int, now: float, shape
     if held is None:
         place = len(state.wait) if present.place is None else max(0, min(present.place, len(state.wait)))
         state.wait.insert(place, (prompt, output, True))
-    arrivals = _Future(now, forecast, horizon_s, future, rng, lengths)
+    arrivals = _Future(now, forecast, horizon_s, future, lengths)
     if shape.engines > 1:
         return _two_engines(state, arrivals, held)
     return _one_engine(state, arrivals, held)
@@ -506,34 +460,6 @@ def _two_engines(state: _Rollout, arrivals: _Future, held: float | None) -> floa
             continue
         ready.append([job[1] - 1, job[2]])
     return None
-
-
-def drawn_finish(present: Present, prompt: int, output: int, now: float, shape: DeviceShape,
-                 forecast: ArrivalForecast, *, draws: int, seed: int, lengths: Lengths | None = None,
-                 not_before: float | None = None) -> float | None:
-    """The median over ``draws`` paths drawn from ``forecast`` of the candidate's finish (each path seeded
-    ``(seed, k)``: the same inputs give the same answer; the same ``seed`` and ``k`` give the same path whatever
-    the present, common random numbers between two candidates' estimates). ``not_before``: where the candidate
-    waits, each path's finish is the mean of the rollout replaying the queue and the one joining there (the
-    bracket session 20 measured). None if no path gives an answer."""
-    finishes: list[float] = []
-    for k in range(draws):
-        replayed = rollout_finish(present, prompt, output, now, shape, forecast,
-                                  rng=random.Random(seed * DRAW_STRIDE + k), lengths=lengths)
-        if replayed is None:
-            continue
-        if not_before is not None:
-            joined = rollout_finish(present, prompt, output, now, shape, forecast, not_before=not_before,
-                                    rng=random.Random(seed * DRAW_STRIDE + k), lengths=lengths)
-            if joined is not None:
-                replayed = (replayed + joined) / 2
-        finishes.append(replayed)
-    if not finishes:
-        return None
-    finishes.sort()
-    middle = len(finishes) // 2
-    return finishes[middle] if len(finishes) % 2 else (finishes[middle - 1] + finishes[middle]) / 2
-
 
 
 def measured_steps(measured: dict[int, float], fallback: float, affine: bool) -> Callable[[int], float]:

@@ -33,8 +33,7 @@ from calculet.runtime.scheduling.admission import AdmissionController, Admission
 from calculet.runtime.scheduling.apply import end_for_deadline
 from calculet.runtime.scheduling.arrival_law import ArrivalLaw
 from calculet.runtime.scheduling.decode import DecodeScheduler
-from calculet.runtime.scheduling.decode_rollout import (DeviceShape, Present, drawn_finish, measured_steps,
-                                                          rollout_finish)
+from calculet.runtime.scheduling.decode_rollout import DeviceShape, Present, measured_steps, rollout_finish
 from calculet.runtime.scheduling.estimate_error import EstimateErrors
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.finish_estimate import ON_TIME_EPS_S, DeviceModel
@@ -182,9 +181,6 @@ class OnTimePolicy:
         present = present_of(records(), rec, planner.virtual_tags if planner.virtual_start else None)
         report = planner.report
         law, prompt, output = report.arrivals, rec.prompt_tokens, rec.machine.max_new_tokens
-        if report.draws > 0 and law is not None:
-            return drawn_finish(present, prompt, output, now, shape, law, draws=report.draws, seed=rec.request_id,
-                                lengths=law.lengths(), not_before=start)
         lengths = None if law is None else law.lengths()  # the mean path's lengths: the sample's quantiles (s. 21)
         replayed = rollout_finish(present, prompt, output, now, shape, law, lengths=lengths)
         if start is None or replayed is None:

@@ -32,20 +32,12 @@ PENDING = 256
 """Submits kept at most before the law is told of them (:meth:`ReportedEstimate.arrived`): a bound on the list."""
 ROLLOUTS_PER_COMPLETION = 4
 """Rollouts made at most between two device completions (:meth:`ReportedEstimate.admitted`)."""
-DRAWS = 0
-"""Paths drawn from the law per reported estimate, the median reported (:func:`.decode_rollout.drawn_finish`); 0: the
-law's mean path, one rollout (two for a waiting candidate). Session 21 measured drawn paths (lengths drawn from the
-law's recent sample) on bursty B16, loads pooled, learned law: 4 paths b16 25.7 -> 25.6 %, b16-pingpong 30.0 -> 28.9,
-b16-pingpong-chunked 29.5 -> 29.0 at 4.4x the CPU (5.7-9.2 ms a submit); 1 path (the same CPU) was worse, b16 28.5,
-b16-pingpong 32.1 %. Not worth the cost under the gate, so the mean path is kept. ``bench/estimate_rollout.py
---draws K`` measures it."""
 
 
 class ReportedEstimate:
     """The rollout reported in place of the planner's estimate, and the planner's kept apart for the margin."""
 
-    __slots__ = ("rollout", "arrivals", "_own", "step_key", "_rolled_at", "_left", "rolled", "skipped", "_pending",
-                 "draws")
+    __slots__ = ("rollout", "arrivals", "_own", "step_key", "_rolled_at", "_left", "rolled", "skipped", "_pending")
 
     def __init__(self, step_key: Callable[[], tuple[int, int]] = lambda: (0, 0)) -> None:
         self.rollout: Rollout | None = None
@@ -64,8 +56,6 @@ class ReportedEstimate:
         """Submits the law has not learned from yet (:meth:`arrived`)."""
         self.rolled = 0
         """Admissions reported by the rollout."""
-        self.draws = DRAWS
-        """Paths drawn per rollout estimate (:data:`DRAWS`; the bench sets it to measure drawn futures)."""
         self.skipped = 0
         """Admissions left with the planner's estimate: the rollouts allowed since the last completion were made."""
 

@@ -1,22 +1,20 @@
-"""Issue #13 session 21: the rollout's steps for profiles not measured yet, and paths drawn from the law.
+"""Issue #13 session 21: the rollout's steps for profiles not measured yet, and the lengths of the law's mean path.
 
 Values in, values out (virtual time; no simulator): :func:`.decode_rollout.measured_steps` (what a rollout reads for a
 key the step timer has not measured: the affine line on one engine, the nearest measured key under ping/pong),
-:func:`.decode_rollout.drawn_finish` (the median over paths drawn from the law, reproducible from its seed) and
-:meth:`.ArrivalLaw.lengths` (the sample a drawn arrival's lengths come from). Each docstring names the mutant the test
+:meth:`.ArrivalLaw.lengths` (the sample the mean path's arrivals take their lengths from; session 22 removed the paths
+drawn from the law, measured not to pay). Each docstring names the mutant the test
 was seen to fail on (applied by hand, the test run, reverted).
 """
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
 import pytest
 
 from calculet.runtime.scheduling.arrival_law import LENGTHS, MIN_FINISHED, ArrivalLaw, RatePiece
-from calculet.runtime.scheduling.decode_rollout import (DeviceShape, Present, drawn_finish, measured_steps,
-                                                        rollout_finish)
+from calculet.runtime.scheduling.decode_rollout import DeviceShape, Present, measured_steps, rollout_finish
 
 
 @pytest.mark.req("R8.1")
@@ -60,7 +58,7 @@ def test_ping_pong_reads_the_nearest_measured_key_not_a_line() -> None:
 
 @dataclass
 class Law:
-    """A constant rate forever, with a sample of lengths (what ``ArrivalLaw`` gives a drawn future)."""
+    """A constant rate forever (what the mean path reads of ``ArrivalLaw``)."""
 
     rate: float
     mean_prompt_tokens: float = 100.0
@@ -73,52 +71,6 @@ class Law:
 def _shape() -> DeviceShape:
     return DeviceShape(lanes=8, engines=1, profile_of=lambda n: 8 if n > 4 else 4,
                        step_s={4: 0.05, 8: 0.06}.__getitem__, prefill_s=lambda tokens: 0.001 * tokens)
-
-
-@pytest.mark.req("R5.2.2")
-def test_drawn_paths_are_the_same_for_the_same_seed_and_their_median_is_reported() -> None:
-    """The estimate is reproducible from its seed (the bench must be bit for bit), differs with it, and is the median
-    of the paths' finishes, each path seeded ``(seed, k)``. Mutants caught: a global RNG (two calls with one seed
-    differ); the mean of the paths reported instead of the median (the check against the hand-made median)."""
-    law, shape, present = Law(rate=2.0), _shape(), Present(decoding=(40, 80, 120))
-    lengths = ((50, 100, 2000), (20, 60, 200))
-    one = drawn_finish(present, 200, 100, 0.0, shape, law, draws=5, seed=7, lengths=lengths)
-    assert one == drawn_finish(present, 200, 100, 0.0, shape, law, draws=5, seed=7, lengths=lengths)
-    assert one != drawn_finish(present, 200, 100, 0.0, shape, law, draws=5, seed=8, lengths=lengths)
-    paths = sorted(rollout_finish(present, 200, 100, 0.0, shape, law, rng=random.Random(7 * 1024 + k), lengths=lengths)
-                   for k in range(5))
-    assert one == paths[2]
-
-
-@pytest.mark.req("R5.2.2")
-def test_a_drawn_path_with_no_arrivals_is_the_present_alone_and_its_arrivals_take_the_samples_lengths() -> None:
-    """At rate 0 every drawn path is the present draining: the finish of no later arrival. At a high rate with one
-    prompt length in the sample, a path's arrivals prefill that prompt: a 4 000-token sample makes the candidate
-    later than a 10-token one. Mutants caught: a drawn path ignoring the sample (both equal, the law's mean prompt);
-    a drawn arrival at rate 0 (later than the empty future)."""
-    shape, present = _shape(), Present(decoding=(30,))
-    alone = rollout_finish(present, 100, 50, 0.0, shape, future=())
-    assert drawn_finish(present, 100, 50, 0.0, shape, Law(rate=0.0), draws=3, seed=1) == alone
-    short = drawn_finish(present, 100, 50, 0.0, shape, Law(rate=5.0), draws=3, seed=1, lengths=((10,), (40,)))
-    long = drawn_finish(present, 100, 50, 0.0, shape, Law(rate=5.0), draws=3, seed=1, lengths=((4000,), (40,)))
-    assert short is not None and long is not None and long > short > alone
-
-
-def test_the_law_keeps_a_recent_sample_of_prompts_and_of_outputs() -> None:
-    """``lengths()``: the last LENGTHS prompts submitted; the outputs of requests ended, or the submits' max_new_tokens
-    while fewer than MIN_FINISHED have ended (the first to end are the short ones). Mutants caught: the outputs read
-    from the ends from the first one (a single 5 reported after one end); no bound on the sample (LENGTHS + 10 kept)."""
-    law = ArrivalLaw()
-    assert law.lengths() == ((), ())
-    for k in range(LENGTHS + 10):
-        law.arrived(float(k), 100 + k, 300)
-    prompts, outputs = law.lengths()
-    assert prompts == tuple(100 + k for k in range(10, LENGTHS + 10))
-    law.finished(5)
-    assert set(law.lengths()[1]) == {300}
-    for _ in range(MIN_FINISHED):
-        law.finished(7)
-    assert law.lengths()[1] == (5,) + (7,) * MIN_FINISHED
 
 
 @pytest.mark.req("R5.2.2")
