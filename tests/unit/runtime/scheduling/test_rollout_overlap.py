@@ -132,3 +132,63 @@ def test_the_applier_tells_the_overlap_timer_each_completion() -> None:
     h.complete(b)
     assert timer.solo_steps() == {4: pytest.approx(0.1)}
     assert timer.rate == pytest.approx(0.5)
+
+
+def _one_step_then_submit(h: Harness) -> Harness:
+    """A request prefilled and one decode step measured (the policy's device model needs one), then a submit."""
+    h.submit(prompt=8, new=100, deadline_ms=600_000)
+    h.prefill_all()
+    work = h.next_decode()
+    h.scheduler.submitted(work.job_id)
+    h.clock.advance(0.05)
+    h.complete(work)
+    h.confirm_all()
+    h.submit(prompt=8, new=100, deadline_ms=600_000)
+    return h
+
+
+@pytest.mark.req("R14.1")
+def test_the_policy_measures_the_overlap_on_b_gt_1_ping_pong_only() -> None:
+    """The ``on_time`` policy hands the step timer an overlap timer where the rollout reports under ping/pong (B>1, two
+    jobs in flight), and none on one engine (nothing there pays for it). Mutants caught: never wired (the rollout
+    keeps the keyed model); wired whatever the engines."""
+    pingpong = _one_step_then_submit(Harness.build(sizes=(1, 4), lanes=8, executor={"max_inflight": 2},
+                                                   admission={"max_sequences": 8}))
+    assert isinstance(pingpong.scheduler.step_times.overlap, OverlapTimer)
+    one = _one_step_then_submit(Harness.build(sizes=(1, 4), lanes=4, admission={"max_sequences": 4}))
+    assert one.scheduler.step_times.overlap is None
+
+
+@pytest.mark.req("R14.1")
+def test_the_rollout_is_handed_the_measured_overlap_and_own_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ping/pong, once the overlap timer has a rate, the policy's rollout runs on it: the shape carries the rate,
+    each compiled batch's own step (B1 42.5 and B16 80 ms measured, B4 50 ms on their line) and the prefill's own cost.
+    Before a rate, the keyed model (no ``overlap``). Mutants caught: the rate not passed to the shape (``overlap``
+    None: the keyed model kept); the step timer's keyed steps used with the rate (B16 read the smoothed key); the
+    prefill's measured cost kept in place of its own."""
+    from calculet.runtime.scheduling import on_time
+
+    h = _one_step_then_submit(Harness.build(sizes=(1, 4, 16), lanes=32, executor={"max_inflight": 2},
+                                            admission={"max_sequences": 32}))
+    policy, timer = h.scheduler.on_time, h.scheduler.step_times.overlap
+    shapes: list[DeviceShape] = []
+
+    def spy(present: Present, prompt: int, output: int, now: float, shape: DeviceShape, *args: object,
+            **kwargs: object) -> float:
+        shapes.append(shape)
+        return now + 1.0
+
+    monkeypatch.setattr(on_time, "rollout_finish", spy)
+    rec = h.scheduler.registry.live()[-1]
+    policy._rollout_finish(rec, h.clock.now(), h.scheduler.registry.live)
+    assert shapes[-1].overlap is None  # no rate yet: the keyed model
+    timer.completed(10.0, 10.0 + SOLO_B1, None, compiled=1)
+    timer.completed(10.1, 10.1 + SOLO_B16, None, compiled=16)
+    timer.completed(10.12, _device_end(10.12, SOLO_B1, 10.1 + SOLO_B16), None, compiled=1)
+    timer.completed(11.0, 11.0 + 0.065, None, tokens=100)
+    timer.completed(12.0, 12.0 + 0.305, None, tokens=500)
+    policy._rollout_finish(rec, h.clock.now(), h.scheduler.registry.live)
+    shape = shapes[-1]
+    assert shape.overlap == pytest.approx(RATE)
+    assert shape.step_s(16) == pytest.approx(SOLO_B16) and shape.step_s(4) == pytest.approx(0.050)
+    assert shape.prefill_s(300) == pytest.approx(0.005 + 0.0006 * 300)
