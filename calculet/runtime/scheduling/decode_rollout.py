@@ -119,6 +119,11 @@ class DeviceShape:
     medium_max_tokens: int = 4096
     wrr: tuple[tuple[str, int], ...] = WRR_DEFAULT
     overlap: float | None = None
+    long_admitted: int | None = None
+    """§6's long-task quota (R6.11, ``admission.long_prefill_quota.max_admitted``): long prompts admitted at once,
+    from admission until their prefill is done; a waiting long prompt past it stays in its place while the requests
+    behind it take free lanes (the admission queue parks its flow). None: no quota (session 22: without it the rollout
+    ran a storm's four 40K prompts side by side on ping/pong's two engines, where the scheduler runs one at a time)."""
     """Ping/pong as the device runs it (§14; :mod:`.overlap_timer`, session 22): the rate a job submitted while the
     other engine's job runs progresses at until that one ends (the earlier job is not slowed); ``step_s(batch)`` and
     ``prefill_s`` are then a job's own time. None: the keyed model (a decode job's time ``step_s`` of its batch plus
@@ -172,13 +177,14 @@ class _Rollout:
     """One run of the model (its state; :func:`rollout_finish` is the entry point)."""
 
     __slots__ = ("shape", "t", "dec", "queues", "wait", "wrr", "tracer_left", "tracer_prefill", "holding",
-                 "candidate")
+                 "candidate", "long_held")
 
     def __init__(self, shape: DeviceShape, present: Present, now: float, candidate: tuple[int, int] = (1, 1)) -> None:
         self.shape = shape
         self.t = now
         self.dec: list[float] = [float(r) for r in present.decoding if r > 0]
         self.queues: dict[str, deque[list[float]]] = {name: deque() for name, _ in shape.wrr if name != "decode"}
+        self.long_held = sum(1 for prompt, _ in present.prefilling if prompt > shape.medium_max_tokens)
         for prompt, output in present.prefilling:
             self._enqueue(prompt, output, False)
         self.wait: deque[tuple[int, int, bool]] = deque((p, o, False) for p, o in present.waiting)
@@ -192,11 +198,38 @@ class _Rollout:
         self.queues[self.shape.prompt_class(int(prompt))].append([float(prompt), float(output), float(tracer)])
 
     def admit(self) -> None:
-        """Waiting requests take free lanes in order (§5)."""
-        while self.wait and self.holding < self.shape.lanes:
-            prompt, output, tracer = self.wait.popleft()
-            self._enqueue(prompt, output, tracer)
+        """Waiting requests take free lanes in order (§5), a long prompt only within §6's long-task quota (R6.11: past
+        it, it keeps its place and the ones behind it pass)."""
+        shape = self.shape
+        quota = shape.long_admitted
+        if quota is None:
+            while self.wait and self.holding < shape.lanes:
+                prompt, output, tracer = self.wait.popleft()
+                self._enqueue(prompt, output, tracer)
+                self.holding += 1
+            return
+        held: deque[tuple[int, int, bool]] | None = None
+        wait, longest = self.wait, shape.medium_max_tokens
+        while wait and self.holding < shape.lanes:
+            entry = wait.popleft()
+            if entry[0] > longest:
+                if self.long_held >= quota:
+                    if held is None:
+                        held = deque()
+                    held.append(entry)
+                    continue
+                self.long_held += 1
+            self._enqueue(*entry)
             self.holding += 1
+        if held:
+            held.extend(wait)
+            self.wait = held
+
+    def prefilled(self, queue: str) -> None:
+        """A prompt of ``queue`` finished its prefill: a long one's quota slot frees (``AdmissionController.
+        prefill_left``)."""
+        if queue == "long":
+            self.long_held -= 1
 
     def at_event(self, arrivals: _Future, held: float | None) -> float | None:
         """At :attr:`t`: the later arrivals due join the waiting requests, the candidate joins their head once it is
@@ -222,7 +255,9 @@ class _Rollout:
         self.t = t + self.chunk_s(job)
         if job[0] > _EPS:
             self.queues[queue].append(job)  # a chunk: back to its class's tail (§6 rotates per chunk)
-        elif job[2]:  # the candidate's prefill yields its first token
+            return None
+        self.prefilled(queue)
+        if job[2]:  # the candidate's prefill yields its first token
             if job[1] <= 1:
                 return self.t
             self.tracer_left = job[1] - 1
@@ -453,6 +488,7 @@ def _two_engines(state: _Rollout, arrivals: _Future, held: float | None) -> floa
         if job[0] > _EPS:
             state.queues[queue].append(job)  # a chunk: back to its class's tail
             continue
+        state.prefilled(queue)
         if job[1] <= 1:
             if job[2]:
                 return end

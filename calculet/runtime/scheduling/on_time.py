@@ -78,6 +78,7 @@ class OnTimePolicy:
         self._ttft_due: list[tuple[float, int]] = []
         self._queues = config.queues
         self._wrr = tuple(config.queues.wrr_weights().items())  # §6's WRR as the rollout interleaves prefills
+        self._long_quota = config.admission.long_prefill_quota.max_admitted  # R6.11, as the rollout admits (s. 22)
         wfq = admission.wfq
         # max(tenant virtual time, global virtual time) is wfq.tag(tenant, 0) in the queue's scaled integers; an
         # int / int division is correctly rounded, so these are float(Fraction(...)) without the Fractions (#20)
@@ -177,7 +178,7 @@ class OnTimePolicy:
                             prefill_s=lambda tokens: fixed + per_token * tokens,
                             chunk_tokens=profiles.prefill_chunk_tokens, short_max_tokens=queues.short_prefill_max_tokens,
                             medium_max_tokens=queues.medium_prefill_max_tokens, wrr=self._wrr,
-                            overlap=rate if rate > 0 else None)
+                            overlap=rate if rate > 0 else None, long_admitted=self._long_quota)
         present = present_of(records(), rec, planner.virtual_tags if planner.virtual_start else None)
         report = planner.report
         law, prompt, output = report.arrivals, rec.prompt_tokens, rec.machine.max_new_tokens
