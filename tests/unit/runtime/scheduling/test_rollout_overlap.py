@@ -165,7 +165,7 @@ def test_the_rollout_is_handed_the_measured_overlap_and_own_steps(monkeypatch: p
     each compiled batch's own step (B1 42.5 and B16 80 ms measured, B4 50 ms on their line) and the prefill's own cost.
     Before a rate, the keyed model (no ``overlap``). Mutants caught: the rate not passed to the shape (``overlap``
     None: the keyed model kept); the step timer's keyed steps used with the rate (B16 read the smoothed key); the
-    prefill's measured cost kept in place of its own."""
+    prefill's measured cost kept in place of its own; the long-task quota not passed (``long_admitted`` None)."""
     from calculet.runtime.scheduling import on_time
 
     h = _one_step_then_submit(Harness.build(sizes=(1, 4, 16), lanes=32, executor={"max_inflight": 2},
@@ -192,3 +192,25 @@ def test_the_rollout_is_handed_the_measured_overlap_and_own_steps(monkeypatch: p
     assert shape.overlap == pytest.approx(RATE)
     assert shape.step_s(16) == pytest.approx(SOLO_B16) and shape.step_s(4) == pytest.approx(0.050)
     assert shape.prefill_s(300) == pytest.approx(0.005 + 0.0006 * 300)
+    assert shape.long_admitted == 1  # the shipped admission.long_prefill_quota.max_admitted (R6.11)
+
+
+def _quota_shape(engines: int, quota: int | None) -> DeviceShape:
+    return DeviceShape(lanes=8, engines=engines, profile_of=lambda n: 4, step_s=lambda key: 0.05,
+                       prefill_s=lambda tokens: 0.001 * tokens, overlap=RATE if engines == 2 else None,
+                       long_admitted=quota)
+
+
+@pytest.mark.req("R6.11")
+def test_a_long_prompt_waits_for_the_long_task_quota_and_the_ones_behind_it_pass() -> None:
+    """§6's long-task quota of 1 (R6.11): one 8 000-token prompt prefilling, another waiting, then the candidate (100
+    tokens, 20 asked) on ping/pong. The waiting long prompt stays out while the candidate passes it: the candidate's
+    prefill (0.1 s) beside the long one, then 19 steps of 50 ms at half rate beside it: 2.0 s. Then a long candidate
+    behind the long prompt on one engine: admitted when that prefill is done (8 s), its own 5 s after: 13 s. Mutants
+    caught: the quota ignored (the two long prefills fill both engines and the candidate's steps wait: 9.55 s); the
+    quota's slot never freed (the long candidate never admitted: None)."""
+    present = Present(prefilling=((8000, 2),), waiting=((8000, 2),))
+    assert rollout_finish(present, 100, 20, 0.0, _quota_shape(2, 1)) == pytest.approx(2.0)
+    assert rollout_finish(present, 100, 20, 0.0, _quota_shape(2, None)) == pytest.approx(9.55)  # no quota stated
+    behind = Present(prefilling=((8000, 1),))  # its one token comes with its prefill
+    assert rollout_finish(behind, 5000, 1, 0.0, _quota_shape(1, 1)) == pytest.approx(13.0)
