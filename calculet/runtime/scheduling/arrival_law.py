@@ -36,7 +36,13 @@ alternating renewal process so that fixed on/off durations are learned as well a
   the regime kind's pooled rate of its last :data:`MEMORY` regimes as a prior worth
   :data:`PRIOR_ARRIVALS` arrivals (a new burst reads the last bursts' rate from its first second, and moves
   to its own as its arrivals come); a kind not learned yet starts from the test's alternative, worth
-  :data:`HINT_ARRIVALS`.
+  :data:`HINT_ARRIVALS`. The forecast's rate of the current regime (session 22) weighs the kind's pooled rate by
+  what its regimes have shown (empirical Bayes, :func:`_prior_weight`: regimes of one rate, as an MMPP's, make it
+  worth up to every arrival pooled) in a mixture with the regime's own rate, each by how well it predicts the
+  regime's count (:meth:`ArrivalLaw._regime_rate`): on the bursty preset after the first cycle the forecast's
+  mean absolute error over 10 s fell from 1.93 to 1.39 arrivals at 1x and 3.20 to 2.07 at 2x
+  (``bench/arrival_forecast.py``); a burst at a new rate still moves to its own. The change tests read the own
+  rate alone, as before: every change point is unchanged.
 * **Each regime's duration**: the kind's last :data:`MEMORY` durations (change point to change point).
   The current regime is expected to last the empirical *mean residual life* at its age, ``mean(d - a
   for d > a)``: for fixed durations (the bursty preset's 20 s / 40 s) that is "the learned length minus
@@ -112,6 +118,7 @@ lognormal's mean prompt is a larger §6 class than most prompts (bursty: median 
 enough to hold the body and a tail of a few per cent, and follows a change of the mix within a few bursts."""
 
 _LOW, _HIGH = 0, 1
+_LGAMMA_PRIOR = math.lgamma(PRIOR_ARRIVALS)
 _KIND_NAMES = ("low", "high")
 _UP_NEAR, _UP_FAR, _DOWN_NEAR, _DOWN_FAR = 0, 1, 2, 3
 _DETECTORS = 4
@@ -157,14 +164,42 @@ class ArrivalLawStatistics:
     """The low kind's mean duration (0: not learned)."""
     mean_prompt_tokens: float
     mean_output_tokens: float
+    high_prior_arrivals: float = PRIOR_ARRIVALS
+    """Weight, in arrivals, of the high kind's pooled rate in a high regime's rate (empirical Bayes, session 22):
+    PRIOR_ARRIVALS until two high regimes are seen and where their rates scatter, up to the arrivals pooled."""
+    low_prior_arrivals: float = PRIOR_ARRIVALS
+    """The same for the low kind."""
+    like_kind: float = 0.0
+    """Posterior probability that the current regime has its kind's rate rather than one of its own (0: one prior)."""
+
+
+def _prior_weight(counts: deque[tuple[int, float]], pooled: float, total_n: int, total_s: float) -> float:
+    """The weight, in arrivals, of a kind's pooled rate as the prior of its next regime's rate: empirical Bayes.
+
+    Regimes of one kind are a Gamma(α, β) of rates, each seen as Poisson counts ``n_i`` over ``s_i`` seconds. The
+    between-regime variance of the rates by the method of moments (the Poisson part of the counts' scatter
+    removed; DerSimonian & Laird, 1986, for rates): ``v = (Σ s_i (n_i/s_i - m)² - (k - 1) m) / (Σs - Σs²/Σs)``;
+    the prior's weight ``α = m² / v``. Regimes of one rate (an MMPP) scatter by their Poisson noise alone, v tends
+    to 0 and the pooled rate outweighs one burst's few arrivals; regimes whose rates differ leave the current
+    one's own count in charge. Bounded by :data:`PRIOR_ARRIVALS` below (the weight before two regimes are seen)
+    and the arrivals pooled above (the prior is never surer than its data)."""
+    if len(counts) < 2 or total_s <= 0:
+        return PRIOR_ARRIVALS
+    scatter = sum(s * (n / s - pooled) ** 2 for n, s in counts if s > 0) - (len(counts) - 1) * pooled
+    spread = total_s - sum(s * s for _, s in counts) / total_s
+    cap = max(float(total_n), PRIOR_ARRIVALS)
+    if scatter <= 0 or spread <= 0:
+        return cap
+    return min(max(pooled * pooled * spread / scatter, PRIOR_ARRIVALS), cap)
 
 
 class ArrivalLaw:
     """Online learner of a two-regime Poisson arrival law (see the module docstring for the why)."""
 
     __slots__ = ("_origin", "_now", "_rate_t", "_rate_n", "_recent", "_arrivals", "_kind", "_start", "_start_n",
-                 "_censored", "_hint", "_ref", "_alt", "_pooled_rate", "_guard_end", "_armed", "_score", "_since_t",
-                 "_since_n", "_since_prev", "_last_arrival", "_durations", "_counts", "_changes", "_restarts",
+                 "_censored", "_hint", "_ref", "_alt", "_pooled_rate", "_prior_weight", "_mix", "_guard_end", "_armed",
+                 "_score", "_since_t", "_since_n", "_since_prev", "_last_arrival", "_durations", "_counts", "_changes",
+                 "_restarts",
                  "_prompt_sum", "_max_new_sum", "_generated_sum", "_finished", "_prompts", "_max_news", "_outputs")
 
     def __init__(self, origin: float | None = None) -> None:
@@ -205,6 +240,9 @@ class ArrivalLaw:
         self._counts: tuple[deque[tuple[int, float]], deque[tuple[int, float]]] = (
             deque(maxlen=MEMORY), deque(maxlen=MEMORY))
         self._pooled_rate = [0.0, 0.0]
+        self._prior_weight = [PRIOR_ARRIVALS, PRIOR_ARRIVALS]
+        """Weight, in arrivals, of each kind's pooled rate in a regime's rate (:meth:`_remember`)."""
+        self._mix: tuple[float, float, float, float] | None = None
         self._guard_end = -math.inf
         self._changes = 0
         self._restarts = 0
@@ -327,22 +365,69 @@ class ArrivalLaw:
             regime_age_s=max(now - self._start, 0.0) if self._arrivals else 0.0,
             high_rate_per_s=learned[_HIGH], low_rate_per_s=learned[_LOW],
             high_mean_duration_s=durations[_HIGH], low_mean_duration_s=durations[_LOW],
-            mean_prompt_tokens=self.mean_prompt_tokens, mean_output_tokens=self.mean_output_tokens)
+            mean_prompt_tokens=self.mean_prompt_tokens, mean_output_tokens=self.mean_output_tokens,
+            high_prior_arrivals=self._prior_weight[_HIGH], low_prior_arrivals=self._prior_weight[_LOW],
+            like_kind=self._like_kind(self._arrivals - self._rate_n, max(now - self._rate_t, 0.0)))
 
     # ------------------------------------------------------------------ rates and durations
 
-    def _regime_rate(self, now: float, arrivals: int | None = None) -> float:
-        """Gamma-Poisson posterior mean of the current regime's rate over ``(start, now]`` (with ``arrivals`` of all
-        the submits up to ``now``: every one seen when None)."""
+    def _regime_rate(self, now: float, arrivals: int | None = None, mixed: bool = True) -> float:
+        """Posterior mean of the current regime's rate over its rate window up to ``now`` (with ``arrivals`` of all
+        the submits up to ``now``: every one seen when None).
+
+        Gamma-Poisson with the prior of :meth:`_prior`; where the kind's regimes have shown one rate (an empirical
+        Bayes weight :func:`_prior_weight` above :data:`PRIOR_ARRIVALS`), a mixture of two priors at even odds: the
+        regime is like its kind (that weight) or has a rate of its own (PRIOR_ARRIVALS), each weighed by how well it
+        predicts the regime's own count (its negative binomial marginal likelihood). A burst like the others reads
+        the kind's rate, not its first arrivals' Poisson noise; a burst at a new rate (a load shift under
+        NEAR_RATIO, never a change) moves to its own as its count departs from the kind's.
+
+        ``mixed=False``: the own prior alone, as the change tests read λ0 (:meth:`_set_reference`): what they test,
+        and so every change point, is as before session 22, and an arrival costs what it did (the mixture's
+        log-gamma terms are paid per forecast, not per submit: #20)."""
         if not self._arrivals:
             return 0.0
         n = (self._arrivals if arrivals is None else arrivals) - self._rate_n
         span = max(now - self._rate_t, 0.0)
         prior_n, prior_s = self._prior()
-        return (prior_n + n) / (prior_s + span) if prior_s + span > 0 else 0.0
+        if prior_s + span <= 0:
+            return 0.0
+        own = (prior_n + n) / (prior_s + span)
+        mix = self._mix
+        if mix is None or not mixed:
+            return own
+        p_kind = self._like_kind(n, span)
+        return p_kind * (mix[0] + n) / (mix[1] + span) + (1.0 - p_kind) * own
+
+    def _like_kind(self, n: int, span: float) -> float:
+        """Posterior probability that a regime with ``n`` arrivals over ``span`` seconds has its kind's rate (the prior
+        worth the kind's empirical Bayes weight) rather than one of its own (worth PRIOR_ARRIVALS), at even prior
+        odds: the ratio of the two negative binomial marginal likelihoods of ``n`` (the ``n!`` and ``span**n`` terms
+        cancel). 0 where the kind's weight is no more than PRIOR_ARRIVALS (the two priors are one)."""
+        mix = self._mix
+        if mix is None:
+            return 0.0
+        weight, seconds, own_seconds, lgamma_weight = mix
+        log_odds = (PRIOR_ARRIVALS * math.log(own_seconds / (own_seconds + span))
+                    - weight * math.log(seconds / (seconds + span))
+                    + math.lgamma(PRIOR_ARRIVALS + n) - math.lgamma(weight + n) + lgamma_weight - _LGAMMA_PRIOR
+                    - n * math.log((own_seconds + span) / (seconds + span)))
+        # the log odds of "a rate of its own", clipped: exp never overflows
+        return 1.0 / (1.0 + math.exp(max(min(log_odds, 50.0), -50.0)))
+
+    def _set_mix(self) -> None:
+        """The current kind's two priors' constants (:meth:`_like_kind`), fixed until the next change: (weight,
+        seconds) of its kind's prior, the seconds of its own one, lgamma(weight); None where they are one."""
+        kind = self._kind
+        if kind is None or not self._counts[kind] or self._prior_weight[kind] <= PRIOR_ARRIVALS:
+            self._mix = None
+            return
+        weight, pooled = self._prior_weight[kind], self._pooled(kind)
+        self._mix = (weight, weight / pooled, PRIOR_ARRIVALS / pooled, math.lgamma(weight))
 
     def _prior(self) -> tuple[float, float]:
-        """(arrivals, seconds) of the current regime's Gamma prior: its kind's learned rate, else the detector's hint."""
+        """(arrivals, seconds) of the current regime's own Gamma prior: its kind's learned rate worth
+        PRIOR_ARRIVALS, else the detector's hint."""
         kind = self._kind
         if kind is not None and self._counts[kind]:
             return PRIOR_ARRIVALS, PRIOR_ARRIVALS / self._pooled(kind)
@@ -363,7 +448,9 @@ class ArrivalLaw:
             return
         self._counts[kind].append((max(arrivals, 0), exposure))
         counts = self._counts[kind]
-        self._pooled_rate[kind] = (sum(n for n, _ in counts) + 0.5) / sum(s for _, s in counts)
+        total_n, total_s = sum(n for n, _ in counts), sum(s for _, s in counts)
+        pooled = self._pooled_rate[kind] = (total_n + 0.5) / total_s
+        self._prior_weight[kind] = _prior_weight(counts, pooled, total_n, total_s)
 
     def _kind_rate(self, kind: int, now: float) -> float:
         """The kind's rate for a future regime: its remembered regimes pooled with the current one if it is of it."""
@@ -421,13 +508,16 @@ class ArrivalLaw:
         """
         prior_n, prior_s = self._prior()
         learned = self._kind is not None and bool(self._counts[self._kind])
+        read: tuple[float, int, float] | None = None
         for group, cut in (((_UP_NEAR, _UP_FAR), self._kind is not None), ((_DOWN_NEAR, _DOWN_FAR), learned)):
             cut_t, cut_n = now, self._arrivals
             for i in group if cut else ():
                 if self._score[i] > 0 and self._since_t[i] < cut_t:
                     cut_t, cut_n = self._since_t[i], self._since_n[i]
             if prior_s + (cut_t - self._rate_t) > 0:
-                rate = self._regime_rate(cut_t, cut_n)
+                if read is None or read[0] != cut_t or read[1] != cut_n:  # both groups often read up to now
+                    read = (cut_t, cut_n, self._regime_rate(cut_t, cut_n, mixed=False))
+                rate = read[2]
                 for i in group:
                     self._ref[i] = rate
         self._armed = self._testable()
@@ -552,5 +642,6 @@ class ArrivalLaw:
         self._kind, self._start, self._start_n, self._censored, self._hint = new, tau, before, False, hint
         self._rate_t, self._rate_n = now, self._arrivals
         self._set_guard()
+        self._set_mix()
         self._rearm(now)
         self._set_reference(now)

@@ -25,18 +25,26 @@ checked, and the mutant each test was seen to fail on (each applied by hand to a
 * the mean output shrinks towards the submits' ``max_new_tokens`` until enough requests finish — fails with the
   finished mean alone;
 * a caller's mistake (time backwards, negative or NaN horizon, NaN time, negative tokens) raises
-  ``DefinitionError`` and changes nothing — fails with each check removed.
+  ``DefinitionError`` and changes nothing — fails with each check removed;
+* (session 22) bursts of one rate read their kind's pooled rate — fails with the empirical Bayes weight fixed at
+  PRIOR_ARRIVALS; a burst at a new rate (2x, under NEAR_RATIO) moves to its own — fails with the burst always taken
+  as like its kind (``_like_kind`` returning 1); the weight is the regimes' between-rate scatter — fails with the
+  Poisson part not subtracted and without the PRIOR_ARRIVALS floor. The test that forecasts between arrivals do not
+  change what is learned compares to a relative 1e-12: a crossing's score drifted in one step or in several differs
+  by an ulp, which the pooled weight carries into the last digit of a rate.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections import deque
 
 import numpy as np
 import pytest
 
 from calculet.errors import DefinitionError
-from calculet.runtime.scheduling.arrival_law import MAX_PIECES, ArrivalLaw, RatePiece
+from calculet.runtime.scheduling.arrival_law import MAX_PIECES, PRIOR_ARRIVALS, ArrivalLaw, RatePiece, _prior_weight
 
 ON_RATE, OFF_RATE, ON_S, OFF_S = 1.5, 0.05, 20.0, 40.0
 """The bursty preset's law at load 1 (calculet/loadsim/presets/bursty.yaml), written out: no loadsim import."""
@@ -176,9 +184,19 @@ def test_forecasts_between_arrivals_do_not_change_what_is_learned() -> None:
         quiet.arrived(t, 10, 10)
         clock = t
     end = times[-1] + 35.0
-    assert asked.forecast(end, 60.0) == quiet.forecast(end, 60.0)
-    assert asked.statistics() == quiet.statistics()
+    # equal to rounding: a crossing's score is drifted in one step or in several (one ulp apart, session 22)
+    pieces, alone = asked.forecast(end, 60.0), quiet.forecast(end, 60.0)
+    assert len(pieces) == len(alone)
+    assert all(_close(dataclasses.astuple(a), dataclasses.astuple(b)) for a, b in zip(pieces, alone))
+    assert _close(dataclasses.astuple(asked.statistics()), dataclasses.astuple(quiet.statistics()))
     assert asked.statistics().regime_changes >= 6
+
+
+def _close(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    """Field by field: equal, or floats within a relative 1e-12 (rounding, not learning)."""
+    return len(a) == len(b) and all(
+        x == y or (isinstance(x, float) and isinstance(y, float) and math.isclose(x, y, rel_tol=1e-12, abs_tol=1e-15))
+        for x, y in zip(a, b))
 
 
 def test_the_mean_output_shrinks_towards_max_new_until_enough_finish() -> None:
@@ -243,3 +261,53 @@ def test_a_drift_under_the_change_ratio_is_followed() -> None:
     stats = law.statistics()
     assert stats.regime_changes == 0
     assert stats.rate_per_s == pytest.approx(1.3, rel=0.01)
+
+
+def test_bursts_of_one_rate_read_their_kind_s_rate_rather_than_their_own_first_arrivals() -> None:
+    """Session 22 (#13): bursts of one rate, from the fourth on, 3 s after their start to 3 s before their end (10
+    seeds, about 1 000 forecasts): the forecast's burst rate within 14 % of the true 1.5 req/s on average (11 % with
+    the kind's pooled rate as an empirical Bayes prior; 17 % with it worth PRIOR_ARRIVALS, the mutant
+    ``_prior_weight`` returning PRIOR_ARRIVALS, which fails; 7 % pooled alone, which the next test forbids)."""
+    errors = []
+    for seed in range(10):
+        law = ArrivalLaw(origin=0.0)
+        for t in on_off(seed, cycles=8):
+            law.arrived(t, 100, 50)
+            k, into = divmod(t, ON_S + OFF_S)
+            if k >= 3 and 3.0 <= into < ON_S - 3.0 and law.statistics().regime == "high":
+                errors.append(abs(law.forecast(t, 10.0)[0].rate_per_s / ON_RATE - 1.0))
+    assert len(errors) > 500
+    assert np.mean(errors) < 0.14
+    stats = law.statistics()
+    assert stats.high_prior_arrivals > 4 * stats.low_prior_arrivals  # what the pooling rests on, in statistics()
+
+
+def test_a_burst_at_a_new_rate_moves_to_its_own_rate() -> None:
+    """Five cycles at 1.5 req/s, then a burst at 3 req/s (under NEAR_RATIO: not a change, maybe a rate restart): 10 s
+    into it the forecast reads more than 1.65 req/s at the median of 10 seeds (1.80; its own count alone 2.0). Fails
+    with the burst always taken as like its kind (the mutant ``_like_kind`` returning 1.0: 1.44), which a load shift
+    would otherwise leave at the old rate for as many arrivals as the kind has pooled."""
+    rates, likes = [], []
+    for seed in range(10):
+        rng = np.random.default_rng(seed)
+        start = 5 * (ON_S + OFF_S)
+        law = ArrivalLaw(origin=0.0)
+        faster = [t for t in poisson(rng, 2 * ON_RATE, start, start + ON_S) if t <= start + 10.0]
+        feed(law, on_off(seed, cycles=5) + faster)
+        rates.append(law.forecast(start + 10.0, 10.0)[0].rate_per_s)
+        likes.append(law.statistics().like_kind)
+    assert np.median(rates) > 1.65
+    assert 0.0 < np.median(likes) < 0.9
+
+
+def test_the_pooled_rate_s_weight_is_the_regimes_between_rate_scatter() -> None:
+    """Empirical Bayes (:func:`_prior_weight`): three bursts whose counts scatter as Poisson counts of one rate weigh
+    every arrival pooled (90); three at 1, 3 and 1.5 req/s weigh PRIOR_ARRIVALS; one burst alone PRIOR_ARRIVALS.
+    Fails with the Poisson part of the scatter not subtracted (the first reads 25) and without the lower bound."""
+    def weight(counts: list[tuple[int, float]]) -> float:
+        n, s = sum(c for c, _ in counts), sum(x for _, x in counts)
+        return _prior_weight(deque(counts), (n + 0.5) / s, n, s)
+
+    assert weight([(24, 20.0), (36, 20.0), (30, 20.0)]) == 90.0
+    assert weight([(20, 20.0), (60, 20.0), (30, 20.0)]) == PRIOR_ARRIVALS
+    assert weight([(30, 20.0)]) == PRIOR_ARRIVALS
