@@ -21,6 +21,17 @@ nothing is learned yet, against the later ones); steady split the same way by it
 statistics at each trace's end (regime changes: 0 expected on steady).
 
     .venv/bin/python bench/arrival_forecast.py [--presets steady,bursty] [--tau 30]
+    .venv/bin/python bench/arrival_forecast.py --cycles          # bursty, per on/off cycle (session 22)
+    nice -n 15 .venv/bin/python bench/arrival_forecast.py --rollout calculet-b16-pingpong,calculet-b16-chunked
+
+``--cycles`` (session 22): the law as the runtime wires it (no origin), on the bursty traces, per on/off cycle:
+when each change was detected (its alarm, found by asking the law every 0.1 s, which learns nothing from being
+asked) and where the law put it, against the true edges; at each arrival the forecast's rate of the current
+piece against the true rate, the forecast's time to its next change against the true time, and the expected count
+over 10 and 20 s against the oracle's. ``--rollout`` (session 22): what the law's departures cost the B>1 estimate
+(``bench/estimate_rollout.py``'s runs, learned and oracle laws, same decisions): the P90 of the relative error,
+loads pooled, and the P90 if the requests of one cycle (or one phase of the first) took the oracle law's error:
+where the learned law loses against the oracle.
 
 Measured with the law of the commit that adds this paragraph (2 s of CPU for all), mean absolute error against the
 oracle in arrivals, law / trailing rate, after the first cycle (60 s): bursty over H = 10 s at 0.5x 2.30 / 3.58, 1x
@@ -136,11 +147,126 @@ def _summary(rows: list[dict[str, object]]) -> str:
     return " | ".join(parts)
 
 
+def _cycle_of(arrivals: OnOffArrivals, t: float) -> tuple[int, float]:
+    period = arrivals.on_s + arrivals.off_s
+    k, into = divmod(t, period)
+    return int(k), into
+
+
+def cycles(load: float) -> None:
+    """The bursty trace at ``load``, per on/off cycle (``--cycles``)."""
+    workload = load_preset("bursty")
+    arrivals = workload.arrivals
+    assert isinstance(arrivals, OnOffArrivals)
+    period = arrivals.on_s + arrivals.off_s
+    big_lambda = cumulative_rate(workload, load)
+    law = ArrivalLaw()  # as on_time wires it: no origin
+    changes: list[tuple[float, str, float]] = []
+    seen, probe = 0, 0.0
+    rows: dict[tuple[int, bool], list[tuple[float, float, float, float]]] = defaultdict(list)
+
+    def note(t: float) -> None:
+        nonlocal seen
+        s = law.statistics()
+        if s.regime_changes != seen:
+            seen = s.regime_changes
+            changes.append((t, s.regime, t - s.regime_age_s))
+
+    for r in generate_requests(workload, workload.duration_s, load):
+        t = r.arrival_s
+        while law.statistics().arrivals and probe < t:  # the alarm instant, to 0.1 s
+            law.forecast(probe, 0.0)
+            note(probe)
+            probe += 0.1
+        probe = max(probe, t)
+        law.arrived(t, r.prompt_tokens, r.max_new_tokens)
+        note(t)
+        pieces = law.forecast(t, 40.0)
+        k, into = _cycle_of(arrivals, t)
+        on = into < arrivals.on_s
+        true_rate = (arrivals.on_rate_per_s if on else arrivals.off_rate_per_s) * load
+        true_left = (arrivals.on_s if on else period) - into
+        left = pieces[0].end - t if len(pieces) > 1 else math.inf
+        rows[(k, on)].append((pieces[0].rate_per_s / true_rate, left - true_left,
+                              expected(pieces, t, t + 10.0) - (big_lambda(t + 10.0) - big_lambda(t)),
+                              expected(pieces, t, t + 20.0) - (big_lambda(t + 20.0) - big_lambda(t))))
+    print(f"\n## bursty load {load:g}: changes as alarm instant -> regime, estimated edge (error against the true edge)")
+    for at, regime, edge in changes:
+        k, into = _cycle_of(arrivals, edge + period / 2)  # the nearest true edge of that direction
+        true_edge = k * period + (0.0 if regime == "high" else arrivals.on_s)
+        if regime == "low" and abs(edge - true_edge) > abs(edge - true_edge + period):
+            true_edge -= period
+        print(f"  {regime:4s} alarm {at:6.1f} s ({at - true_edge:+5.1f} after the true edge {true_edge:5.0f}), "
+              f"edge put at {edge:6.1f} ({edge - true_edge:+5.1f})")
+    for (k, on), v in sorted(rows.items()):
+        a = np.asarray(v)
+        finite = a[np.isfinite(a[:, 1]), 1]
+        left = f"{np.median(finite):+6.1f} s" if len(finite) else "  none  "
+        print(f"  cycle {k} {'burst' if on else 'off  '} n {len(a):3d}: rate / true (median) {np.median(a[:, 0]):5.2f}, "
+              f"next change - true (median) {left} ({len(a) - len(finite)} with no phase), "
+              f"count - oracle: 10 s {a[:, 2].mean():+6.2f}, 20 s {a[:, 3].mean():+6.2f} (mae {np.abs(a[:, 3]).mean():5.2f})")
+
+
+def rollout(policies: str, loads: Sequence[float]) -> None:
+    """Where the learned law loses against the oracle in the B>1 estimate (``--rollout``)."""
+    import estimate_rollout as er  # the sibling bench script: its runs, capture and oracle law
+    from calculet.adapters.sim.cost import CostModel
+    from calculet.loadsim.policies import parse_policies, run_policy
+    from calculet.machines.monitor import MONITOR
+
+    MONITOR.configure(enabled=False)
+    workload = load_preset("bursty")
+    arrivals = workload.arrivals
+    assert isinstance(arrivals, OnOffArrivals)
+    cost = CostModel.reference()
+    capture = er.Capture(None, {})
+    er.install(capture)
+    for policy in parse_policies(policies):
+        errors: dict[str, dict[tuple[float, float], float]] = {"learned": {}, "oracle": {}}
+        for law_name in errors:
+            for load in loads:
+                capture.law = (lambda load=load: er.OracleLaw(workload, load)) if law_name == "oracle" else "shipped"
+                capture.seen = {}
+                run = run_policy(policy, generate_requests(workload, workload.duration_s, load), workload, cost)
+                for r in run.requests:
+                    if (r.finish_s is None or r.finish_reason not in ("stop", "length") or r.finish_s <= r.arrival_s
+                            or r.arrival_s not in capture.seen):
+                        continue
+                    reported = capture.seen[r.arrival_s][1]
+                    errors[law_name][(load, r.arrival_s)] = (reported - r.finish_s) / (r.finish_s - r.arrival_s)
+        learned, oracle = errors["learned"], errors["oracle"]
+
+        def p90(swap: Callable[[float], bool]) -> float:
+            e = [oracle[key] if swap(key[1]) else err for key, err in learned.items()]
+            return float(np.percentile(np.abs(e), 90) * 100)
+
+        def phase(t: float) -> str:
+            into = _cycle_of(arrivals, t)[1]
+            return "0-5 s" if into < 5 else "5-15 s" if into < 15 else "15-20 s" if into < arrivals.on_s else "off"
+
+        cycles_seen = sorted({_cycle_of(arrivals, t)[0] for _, t in learned})
+        print(f"{policy.name}: P90 learned {p90(lambda t: False):.1f} %, oracle {p90(lambda t: True):.1f} %; "
+              "with the oracle's error on one cycle: "
+              + ", ".join(f"{k} {p90(lambda t, k=k: _cycle_of(arrivals, t)[0] == k):.1f}" for k in cycles_seen)
+              + "; on the first cycle's "
+              + ", ".join(f"{ph} {p90(lambda t, ph=ph: _cycle_of(arrivals, t)[0] == 0 and phase(t) == ph):.1f}"
+                          for ph in ("0-5 s", "5-15 s", "15-20 s", "off")), flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", default="steady,bursty")
     parser.add_argument("--tau", type=float, default=30.0, help="the trailing rate's time constant (s)")
+    parser.add_argument("--cycles", action="store_true", help="bursty, per on/off cycle, at the bench's loads")
+    parser.add_argument("--rollout", default="", help="policies: the B>1 estimate's P90 with one cycle's oracle error")
     args = parser.parse_args(argv)
+    if args.cycles:
+        for load in LOADS["bursty"]:
+            cycles(load)
+        return 0
+    if args.rollout:
+        rollout(args.rollout, LOADS["bursty"])
+        return 0
     print("absolute errors in arrivals over (t, t+H]; floor = the oracle's own error against the realised count")
     for name in args.presets.split(","):
         workload = load_preset(name)
