@@ -92,22 +92,22 @@ def tenants(count: int) -> list[dict[str, Any]]:
             for i in range(count)]
 
 
-def config(waiting: int, sequences: int, configured: int = 8) -> SchedulerConfig:
+def config(waiting: int, sequences: int, configured: int = 8, batch: int = B) -> SchedulerConfig:
     return parse_config({
         "schema": "calculet-scheduler/v1", "tenants": tenants(configured),
         "admission": {"max_sequences": sequences, "max_waiting_requests": waiting + 10_000,
                       "max_waiting_prompt_tokens": 10**12},
         # setup runs the prefills first; the measured ticks see an empty prefill queue
         "queues": {"decode_weight": 1, "short_prefill_weight": 64},
-        "batch": {"profiles": [B], "select_thresholds": {B: 1}},
+        "batch": {"profiles": [batch], "select_thresholds": {batch: 1} if batch > 1 else {}},
     })
 
 
-def scheduler(cfg: SchedulerConfig, lanes: int) -> tuple[Scheduler, FakeClock]:
+def scheduler(cfg: SchedulerConfig, lanes: int, batch: int = B) -> tuple[Scheduler, FakeClock]:
     clock = FakeClock()
     kv = KvLaneManager(lanes, MAX_SEQ, clock=clock)
     s = Scheduler(cfg, clock=clock, kv=kv, device_kv_tokens=lanes * (PROMPT + NEW), max_seq=MAX_SEQ)
-    profiles = ProfileSet([ProfileSpec(B, MAX_SEQ, LaneFill(7), True)], requested=[B],
+    profiles = ProfileSet([ProfileSpec(batch, MAX_SEQ, LaneFill(7), True)], requested=[batch],
                           thresholds=cfg.batch.select_thresholds, multi_profile_residency=False)
     s.set_model(1, ModelAvailability.READY, profiles)
     return s, clock
@@ -224,7 +224,7 @@ def tick_cost_pair(n: int, ticks: int, configured: int) -> tuple[list[float], li
     return a, b, math.sqrt(halves[0] * halves[1])
 
 
-def measured(s: Scheduler) -> Scheduler:
+def measured(s: Scheduler, batch: int = B) -> Scheduler:
     """``s`` after the engine has reported decode steps and prefills (as on a serving device): the on_time
     screen then has a device model and runs on every submit."""
     at = 0.0
@@ -232,7 +232,7 @@ def measured(s: Scheduler) -> Scheduler:
         s.prefill_times.observe(PROMPT, PREFILL_S)
         s.step_times.prefill_ran(PREFILL_S)
         at += STEP_S + PREFILL_S
-        s.step_times.observe(STEP_S, lanes=B, compiled=B, decoding=B, now=at)
+        s.step_times.observe(STEP_S, lanes=batch, compiled=batch, decoding=batch, now=at)
     assert s.on_time is not None and s.on_time.model() is not None
     return s
 
@@ -264,6 +264,62 @@ def admission_cost(n: int, count: int, screen: bool = False) -> tuple[float, flo
     s2 = ready(scheduler(config(0, count + 1), count + 1)[0])
     gc.collect()
     return queued, timed(s2, True)
+
+
+def submit_cost(batch: int, n: int, count: int, configured: int = 8, spread: int = 8,
+                admitted: bool = False) -> float:
+    """Median CPU µs of a production (screened) ``submit()`` on a B``batch`` device: queued behind ``n`` waiting
+    requests with ``batch`` KV lanes (as ``calculet-b1``/``-b16``: the admission queue's order binds the estimate),
+    or, ``admitted``, into a budget with room (``count`` + 1 lanes, nothing waiting). ``configured`` tenants, the
+    work spread over the first ``spread`` of them (issue #20: constant in ``n`` and in tenants)."""
+    sink = NullSink()
+    clock = time.thread_time_ns
+    lanes = count + 1 if admitted else batch
+    s = measured(scheduler(config(n + count, lanes, configured, batch), lanes, batch)[0], batch)
+    for i in range(0 if admitted else n):
+        s.submit(InferenceRequest(PROMPT, NEW, f"t{i % spread}", deadline_ms=FAR_DEADLINE_MS), sink)
+    requests = [InferenceRequest(PROMPT, NEW, f"t{i % spread}", deadline_ms=FAR_DEADLINE_MS) for i in range(count)]
+    expected = "admit" if admitted else "queue"
+    gc.collect()
+    samples = []
+    for request in requests:
+        t0 = clock()
+        out = s.submit(request, sink)
+        samples.append((clock() - t0) / 1000)
+        assert out.outcome.decision.value == expected, out.outcome
+    return statistics.median(samples)
+
+
+SUBMIT_CASES = (
+    # (label, batch, waiting, configured tenants, tenants sending, admitted)
+    ("B1 queued 256w 1t", 1, 256, 1, 1, False),
+    ("B1 queued 4096w 1t", 1, 4096, 1, 1, False),
+    ("B1 queued 256w 1000t", 1, 256, 1000, 8, False),
+    ("B1 queued 4096w 1000t", 1, 4096, 1000, 8, False),
+    ("B1 admitted 1t", 1, 0, 1, 1, True),
+    ("B1 admitted 1000t", 1, 0, 1000, 8, True),
+    ("B16 queued 256w 1t", 16, 256, 1, 1, False),
+    ("B16 queued 4096w 1t", 16, 4096, 1, 1, False),
+    ("B16 queued 256w 1000t", 16, 256, 1000, 8, False),
+    ("B16 queued 4096w 1000t", 16, 4096, 1000, 8, False),
+    ("B16 admitted 1t", 16, 0, 1, 1, True),
+    ("B16 admitted 1000t", 16, 0, 1000, 8, True),
+)
+"""``--submit``'s matrix: queued and admitted, B1 and B16, 256 and 4 096 waiting, 1 and 1 000 configured tenants
+(the 1 000-tenant rows send on 8 of them, weights 1..8)."""
+
+
+def submit_matrix(count: int, cases: str) -> None:
+    """Print one JSON line per ``SUBMIT_CASES`` row (``cases``: a substring filter): the median CPU µs of a
+    screened submit, with the tree measured (``calculet.__file__``), so runs of two trees interleave."""
+    import json
+    import calculet
+
+    for label, batch, n, configured, spread, admitted in SUBMIT_CASES:
+        if cases and cases not in label:
+            continue
+        median = submit_cost(batch, n, count, configured, spread, admitted)
+        print(json.dumps({"case": label, "median_us": round(median, 2), "tree": calculet.__file__}), flush=True)
 
 
 def profile_submit(count: int = 3000, rows: int = 30) -> None:
@@ -320,6 +376,10 @@ def main() -> None:
     parser.add_argument("--monitors", choices=("default", "on", "off"), default="default")
     parser.add_argument("--profile-submit", action="store_true",
                         help="profile the production admitted submit instead of measuring (issue #20)")
+    parser.add_argument("--submit", action="store_true",
+                        help="only the screened submit() matrix, B1/B16 queued/admitted (issue #20), JSON lines")
+    parser.add_argument("--submit-count", type=int, default=2000)
+    parser.add_argument("--submit-cases", default="", help="only the --submit rows whose label contains this")
     parser.add_argument("--profile-tick", action="store_true",
                         help="profile the B16 decode tick at 4096 ready / 8 tenants instead of measuring (issue #20)")
     args = parser.parse_args()
@@ -330,6 +390,9 @@ def main() -> None:
         MONITOR.configure(enabled=args.monitors == "on", mode="count", sample_every=1)
     if args.profile_submit:
         profile_submit()
+        return
+    if args.submit:
+        submit_matrix(args.submit_count, args.submit_cases)
         return
     if args.profile_tick:
         profile_tick()

@@ -103,7 +103,7 @@ class _Pending:
 class AdmissionOrderIndex:
     """The queue's order with admitted tags, and lane states per prefix, between submits (module doc)."""
 
-    __slots__ = ("_epoch", "_model", "_global", "_tags", "_lengths", "_flow_tag", "_states", "_prefills", "_valid", "_uniform",
+    __slots__ = ("_epoch", "_model", "_global", "_tags", "_lengths", "_flow_tag", "_tenant_tag", "_states", "_prefills", "_valid", "_uniform",
                  "_on_lane", "_step", "_pending", "_kept_len", "_indexed", "_seeded", "_scheduled")
 
     def __init__(self) -> None:
@@ -116,6 +116,10 @@ class AdmissionOrderIndex:
         """σ's jobs' :func:`_lengths` on the index's model, aligned with :attr:`_tags`."""
         self._flow_tag: dict[Hashable, float] = {}
         """Per flow, the tag of its newest request in σ."""
+        self._tenant_tag: dict[str, float] = {}
+        """Per tenant, the largest of its flows' :attr:`_flow_tag` (a flow's newest request has its largest tag:
+        :func:`newcomer_tag` never goes below the flow's last), kept as σ grows: :meth:`order_tags` hands it out
+        instead of building it from every flow on each queued submit (issue #20: O(flows) per submit)."""
         self._states: list[list[float]] = []
         """``_states[k]``: a heap of the lanes' free times (offsets from the schedule's start) after the kept
         admitted requests and ``σ[:k]``; valid for every ``k`` below :attr:`_valid`. The stale ones past it are
@@ -137,7 +141,7 @@ class AdmissionOrderIndex:
         self._pending = self._model = None
         self._tags, self._lengths, self._states, self._prefills = [], [], [], []
         self._valid = self._uniform = 0
-        self._flow_tag = {}
+        self._flow_tag, self._tenant_tag = {}, {}
 
     def estimate(self, rec: RequestRecord, job: PendingJob, now: float, model: DeviceModel,
                  kept: Sequence[PendingJob], epoch: int, global_vt: float, cost: Callable[[RequestRecord], float],
@@ -182,6 +186,10 @@ class AdmissionOrderIndex:
         self._lengths = pairs = [_lengths(by_id[r.request_id], model, on_lane, step) for r in order]
         self._uniform = next((i for i, pair in enumerate(pairs) if pair != pairs[0]), len(pairs))
         self._flow_tag = {wfq_flow(r): admitted[r.request_id] for r in order}
+        last = self._tenant_tag
+        for (tenant, _), tag in self._flow_tag.items():
+            if tag > last.get(tenant, -math.inf):
+                last[tenant] = tag
         lanes, prefills = [0.0] * model.lanes, 0.0
         for j in kept:
             if j.id not in skip:
@@ -218,6 +226,9 @@ class AdmissionOrderIndex:
                 self._uniform = at or 1
         lengths.insert(at, own)
         self._flow_tag[flow] = tag
+        tenant = flow[0]  # type: ignore[index]  # wfq_flow's (tenant, long)
+        if tag > self._tenant_tag.get(tenant, -math.inf):
+            self._tenant_tag[tenant] = tag
         if self._valid > end:
             self._valid = end
 
@@ -252,17 +263,14 @@ class AdmissionOrderIndex:
         start = now + (prefills[at] + prefill)
         return start + (lanes[0] + job.decode_steps * self._step)
 
-    def order_tags(self) -> tuple[float, dict[str, float]] | None:
+    def order_tags(self) -> tuple[float, Mapping[str, float]] | None:
         """The last candidate's admitted tag and, per tenant, the tag of its newest request waiting in σ: the
-        §5.3 windows later arrivals overtake it in (:mod:`.overtaking`). None when no index holds."""
+        §5.3 windows later arrivals overtake it in (:mod:`.overtaking`). None when no index holds. The mapping is
+        the index's own (kept as σ grows, O(1) here): read it, do not keep or change it."""
         pending = self._pending
         if pending is None:
             return None
-        last: dict[str, float] = {}
-        for (tenant, _), tag in self._flow_tag.items():
-            if tag > last.get(tenant, -math.inf):
-                last[tenant] = tag
-        return pending.tag, last
+        return pending.tag, self._tenant_tag
 
     def statistics(self) -> OrderIndexStatistics:
         return OrderIndexStatistics(self._indexed, self._seeded, self._scheduled)

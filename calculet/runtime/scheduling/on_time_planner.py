@@ -87,7 +87,7 @@ from calculet.runtime.scheduling.on_time_refusal import fit_afresh
 from calculet.runtime.scheduling.on_time_report import ReportedEstimate
 from calculet.runtime.scheduling.on_time_retry import MAX_RETRY_SLOTS, RETRY_GRACE_S, RetrySlots
 from calculet.runtime.scheduling.on_time_spare import at_risk_prefix, near_deadline, slack_ratio, spare_harmless
-from calculet.runtime.scheduling.overtaking import Overtaking, window_starts
+from calculet.runtime.scheduling.overtaking import Overtaking
 from calculet.runtime.scheduling.registry import WAITING_STATES, RequestRecord
 from calculet.runtime.scheduling.wfq_order import QueuedRequest, admission_ranks
 
@@ -192,7 +192,7 @@ class OnTimePlanner:
         set by the policy from the admission queue: a head keeps its tag (:mod:`.wfq_order`)."""
         self.wfq_cost: Callable[[RequestRecord], float] = lambda rec: rec.cost
         """A request's §5.3 cost, set by the policy: a candidate is estimated before the queue sets ``rec.cost``."""
-        self.overtaking = Overtaking()  # accepted work per tenant: later arrivals ahead of a waiting one
+        self.overtaking = Overtaking(self.weights)  # accepted work per tenant: later arrivals ahead of a waiting one
         self.devices = MeasuredDevice(step_times, prefill_times, self.errors)
         """The device models admission and the plan read, built once per measurement (:mod:`.on_time_device`)."""
         self.best_token_s: Callable[[int], float] = lambda sequences: 0.0
@@ -556,5 +556,5 @@ def _overtaken(planner: OnTimePlanner, rec: RequestRecord, job: PendingJob, now:
     service = model.service_s(job.prefill_tokens, job.decode_steps)
     tag, last = tags
     return planner.overtaking.delay(rec.tenant, tag, finish - now - service, model.lanes,
-                                    job.deadline - finish, now, window_starts(planner.weights, last, start))
+                                    job.deadline - finish, now, last, start, planner.weights)
 

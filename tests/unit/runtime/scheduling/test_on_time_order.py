@@ -87,11 +87,25 @@ def checked(h: Harness) -> list[tuple[float, float | None]]:
         value = indexed(rec, job, now, model, records)
         if p.order_index.statistics().indexed > before:
             assert value is not None
+            tags = p.order_index.order_tags()
+            assert tags is not None and tags[1] == tenant_tags(p.order_index._flow_tag)
             pairs.append((value, p.admission_order_afresh(rec, job, now, model, records)))
         return value
 
     p._admission_order_estimate = both  # type: ignore[method-assign]
     return pairs
+
+
+def tenant_tags(flow_tags: dict[Any, float]) -> dict[str, float]:
+    """Per tenant, the largest tag of its flows' newest requests: ``order_tags``' mapping, rebuilt from every flow
+    (issue #20: the index keeps it as σ grows). ``checked`` compares the two at every indexed estimate; mutants
+    caught: the kept mapping not updated on insertion, or updated with the flow's tag where it is not the
+    tenant's largest (a tenant's long flow tagged below its short one)."""
+    last: dict[str, float] = {}
+    for (tenant, _), tag in flow_tags.items():
+        if tag > last.get(tenant, -float("inf")):
+            last[tenant] = tag
+    return last
 
 
 def tick(h: Harness, seconds: float) -> None:
