@@ -79,6 +79,12 @@ class AdmissionOutcome:
         return self.decision in _STATUS
 
 
+_MOVED = (-1, -1)
+"""``AdmissionController._held_out`` once the budget a pass checks freed (:meth:`AdmissionController.released`:
+active sequences and KV tokens): the next pass is made. The other moves need no mark: an admission from the queue
+pops it and one at once finds it empty (its version moved since the blocked pass either way), and a freed
+tenant-limit or long-quota slot matters only to a parked flow, which its unpark makes contend (the version moves)."""
+
 ADMITTED = AdmissionOutcome(Decision.ADMIT)
 """The outcome of every admitted request (immutable: one value shared, none built per request, issue #20)."""
 QUEUED = AdmissionOutcome(Decision.QUEUE)
@@ -165,6 +171,9 @@ class AdmissionController:
         """The budget that kept the last :meth:`next_admissible`'s head out (None: it admitted one, or found none
         that was not held back): a pass that nothing could have changed since ends the same way
         (:meth:`blocked_again`, issue #20)."""
+        self._held_out = _MOVED
+        """(the queue's ``version``, free lanes) at which the last :meth:`next_admissible` ended on a head held out
+        by :attr:`blocked_by`; :data:`_MOVED` once a counter the pass reads moved since."""
         self._tenant_parked: dict[str, set[object]] = {}
         self._long_parked: set[object] = set()
         self._queued_cost: Counter[str] = Counter()
@@ -330,8 +339,18 @@ class AdmissionController:
         return None
 
     def next_admissible(self, free_lanes: int) -> RequestRecord | None:
-        """Pop the next waiting request the budget admits now, in WFQ order, or None."""
+        """Pop the next waiting request the budget admits now, in WFQ order, or None.
+
+        A pass that would end as the last one did is answered without one (counted as it counts): the last
+        pass ended on a head held out by a budget, and since then neither the queue's head (``FairQueue.version``:
+        a queued submit of a flow already waiting leaves it) nor the free lanes nor the counters the checks read
+        (:data:`_MOVED`) moved. Why (issue #20): every queued ``submit()`` is followed by a pass, which peeked,
+        checked and counted the same blocked head again."""
         queue = self._queue
+        version, lanes = self._held_out
+        if version == queue.version and lanes == free_lanes:
+            self._blocked[self.blocked_by] += 1  # type: ignore[index]
+            return None
         while True:
             head = queue.peek()
             if head is None:
@@ -348,6 +367,7 @@ class AdmissionController:
             self.blocked_by = blocker
             if blocker is not None:
                 self._blocked[blocker] += 1
+                self._held_out = (queue.version, free_lanes)
                 return None
             queue.pop()
             self._queued_cost[rec.tenant] -= rec.cost
@@ -437,6 +457,7 @@ class AdmissionController:
 
     def released(self, rec: RequestRecord) -> None:
         """An admitted request gave its KV lease back (finishing or ended)."""
+        self._held_out = _MOVED
         self._active -= 1
         self._active_kv -= rec.prompt_tokens + rec.max_new_tokens
         self._tenant_active[rec.tenant] -= 1

@@ -203,6 +203,11 @@ class FairQueue(Generic[T]):
         self._seq = 0
         self.live = 0
         """How many items are queued (parked flows included): what ``len`` answers, read without a call."""
+        self.version = 0
+        """Moves whenever the next :meth:`peek` may answer otherwise than the last one: a push that makes a flow
+        contend (a flow already contending or parked keeps its head), a discard, a pop, a park, an unpark. While it
+        stays, a peek finds the same head with the same tag (a head's tag is fixed once computed) — what lets
+        admission answer a blocked pass again without one (``AdmissionController.next_admissible``, #20)."""
 
     def __len__(self) -> int:
         return self.live
@@ -218,6 +223,7 @@ class FairQueue(Generic[T]):
         self.live += 1
         if flow not in self._in_heap and flow not in self._parked:
             self._pending.add(flow)
+            self.version += 1
         return entry
 
     def discard(self, entry: list[Any]) -> bool:
@@ -226,6 +232,7 @@ class FairQueue(Generic[T]):
             return False
         entry[2] = None
         self.live -= 1
+        self.version += 1
         return True
 
     def peek(self) -> tuple[Hashable, int, T] | None:
@@ -257,6 +264,7 @@ class FairQueue(Generic[T]):
         entry[2] = None
         self.live -= 1
         self._pending.add(flow)
+        self.version += 1
         return item
 
     def park(self, flow: Hashable) -> None:
@@ -265,12 +273,14 @@ class FairQueue(Generic[T]):
         assert top[2] == flow, "park() must follow peek() of the same flow"
         self._in_heap.discard(flow)
         self._parked.add(flow)
+        self.version += 1
 
     def unpark(self, flows: Iterable[Hashable]) -> None:
         for flow in flows:
             if flow in self._parked:
                 self._parked.discard(flow)
                 self._pending.add(flow)
+                self.version += 1
 
     def parked(self) -> frozenset[Hashable]:
         return frozenset(self._parked)

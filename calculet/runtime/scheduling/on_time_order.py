@@ -145,10 +145,11 @@ class AdmissionOrderIndex:
 
     def estimate(self, rec: RequestRecord, job: PendingJob, now: float, model: DeviceModel,
                  kept: Sequence[PendingJob], epoch: int, global_vt: float, cost: Callable[[RequestRecord], float],
-                 head_tag: Callable[[RequestRecord], float | None]) -> float | None:
+                 head_tag: Callable[[RequestRecord], float | None], own: float | None = None) -> float | None:
         """``rec``'s admission-order finish if the index holds for it (module doc), else None (compute afresh).
         ``kept``: the planner's kept jobs, ``job`` (``rec``'s) appended last; ``cost``: a request's WFQ cost per
-        weight; ``head_tag``: the tag the queue fixed for a flow head (None: none)."""
+        weight; ``head_tag``: the tag the queue fixed for a flow head (None: none); ``own``: ``cost(rec)`` if the
+        caller has it (None: asked here)."""
         last = self._pending
         if (last is None or epoch != self._epoch or model is not self._model or global_vt != self._global
                 or len(kept) != self._kept_len + 1 or kept[-1] is not job or kept[-2] is not last.job
@@ -160,7 +161,8 @@ class AdmissionOrderIndex:
             self.clear()
             return None
         self._insert(last.tag, last.job, wfq_flow(last.rec), model)
-        own = cost(rec)
+        if own is None:
+            own = cost(rec)
         tag = newcomer_tag(self._flow_tag.get(wfq_flow(rec)), global_vt, own)
         self._pending, self._kept_len = _Pending(rec, job, tag, own), len(kept)
         self._indexed += 1

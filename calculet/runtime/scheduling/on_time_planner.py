@@ -363,8 +363,12 @@ class OnTimePlanner:
         else:
             self._kept.admitted(values)
         self._version += 1
+        cost = service = 0.0
         if in_order:  # the rates feed the queue-order estimate only (_overtaken): else no call per submit (#20)
-            self.overtaking.accepted(rec.tenant, self.wfq_cost(rec), nominal.service_s(values[1], values[2]), now)
+            # the candidate's §5.3 cost and its service alone, read once for the rates, the order's index, the
+            # overtaking term and the expected start (#20: three reads of each per queued submit, a Python call each)
+            cost, service = self.wfq_cost(rec), nominal.service_s(values[1], values[2])
+            self.overtaking.accepted(rec.tenant, cost, service, now)
         if self.retry_slots:  # a refused client's slot it may take (none held: no call per submit, #20; len is O(1))
             self.retry_slots.admitted(rec.tenant, now)
         start: float | None = None
@@ -372,10 +376,10 @@ class OnTimePlanner:
             finish = now + (finish - now) / (1.0 + margin)
             if in_order:  # only where every sequence is in each step: else no call
                 assert job is not None
-                estimate = self._admission_order_estimate(rec, job, now, nominal, records)
-                finish = finish if estimate is None else estimate + _overtaken(self, rec, job, now, nominal, estimate)
+                estimate = self._admission_order_estimate(rec, job, now, nominal, records, cost)
                 if estimate is not None:  # it waits: its expected admission, the queue-order finish less its service
-                    start = finish - nominal.service_s(job.prefill_tokens, job.decode_steps)
+                    finish = estimate + _overtaken(self, rec, job, now, nominal, estimate, cost, service)
+                    start = finish - service
         rec.estimated_finish = finish
         if finish is not None and self.report.arrivals is not None:  # B>1: the rollout's reported (.on_time_report)
             self.report.admitted(rec, now, finish, records, start)
@@ -395,19 +399,22 @@ class OnTimePlanner:
         return not self.any_itl and (self.sequences is None or self.sequences > lanes)
 
     def _admission_order_estimate(self, rec: RequestRecord, job: PendingJob, now: float, model: DeviceModel,
-                                  records: Callable[[], Iterable[RequestRecord]]) -> float | None:
+                                  records: Callable[[], Iterable[RequestRecord]], cost: float | None = None
+                                  ) -> float | None:
         """``rec``'s expected finish in the admission queue's order, or None where that order does not
         bind (more sequences than the device decodes per step: then the decode order, by deadline,
         does) or nobody waits. Admission still decides by the EDF plan (feasibility); this is the
         estimate reported and scored. Only for an accepted request with requests waiting for
         admission: from the order kept since the last submit (:mod:`.on_time_order`, #20) while nothing else
-        moved, else :meth:`admission_order_afresh`."""
+        moved, else :meth:`admission_order_afresh`. ``cost``: ``rec``'s §5.3 cost if the caller has read it
+        (None: read here); per weight, its :meth:`order_cost` (``job.weight`` is its tenant's)."""
         if self.sequences is None or self.sequences > model.lanes:
             return None
         start = self.virtual_start
         if start is not None:
+            own = self.order_cost(rec) if cost is None else cost / job.weight
             kept = self.order_index.estimate(rec, job, now, model, self._kept.jobs(), self.epoch, start(rec.tenant),
-                                             self.order_cost, self.head_tag)
+                                             self.order_cost, self.head_tag, own)
             if kept is not None:
                 return kept
         return self.admission_order_afresh(rec, job, now, model, records, seed=True)
@@ -544,16 +551,15 @@ class OnTimePlanner:
 
 
 def _overtaken(planner: OnTimePlanner, rec: RequestRecord, job: PendingJob, now: float, model: DeviceModel,
-               finish: float) -> float:
+               finish: float, cost: float, service: float) -> float:
     """How much later than its queue-order ``finish`` a waiting candidate is expected to finish, overtaken by
     later arrivals of other tenants (:mod:`.overtaking`), their work in their own lane seconds spread over the
-    lanes (issue #13 session 11: on every lane count; the measurements are in the module's docstring)."""
+    lanes (issue #13 session 11: on every lane count; the measurements are in the module's docstring).
+    ``cost``: its §5.3 cost; ``service``: ``model.service_s`` of its job (both read once by the caller)."""
     tags = planner.order_index.order_tags()  # the index holds the candidate's tag after either path seeded it
     start = planner.virtual_start
-    cost = planner.wfq_cost(rec)
     if tags is None or start is None or job.deadline is None or cost <= 0:
         return 0.0
-    service = model.service_s(job.prefill_tokens, job.decode_steps)
     tag, last = tags
     return planner.overtaking.delay(rec.tenant, tag, finish - now - service, model.lanes,
                                     job.deadline - finish, now, last, start, planner.weights)

@@ -82,9 +82,9 @@ def checked(h: Harness) -> list[tuple[float, float | None]]:
     pairs: list[tuple[float, float | None]] = []
     indexed = p._admission_order_estimate
 
-    def both(rec: Any, job: Any, now: float, model: Any, records: Any) -> float | None:
+    def both(rec: Any, job: Any, now: float, model: Any, records: Any, *cost: Any) -> float | None:
         before = p.order_index.statistics().indexed
-        value = indexed(rec, job, now, model, records)
+        value = indexed(rec, job, now, model, records, *cost)
         if p.order_index.statistics().indexed > before:
             assert value is not None
             tags = p.order_index.order_tags()
@@ -345,3 +345,32 @@ def test_the_queue_clock_read_without_fractions_is_the_fractions_value():
                 assert tag == float(Fraction(entry[0], wfq.scale)) and tag == float(wfq.to_fraction(entry[0]))
                 seen += 1
     assert seen > 100 and wfq.global_virtual_time() > 0 and wfq.global_virtual_time().denominator > 1
+
+
+def test_a_queued_candidates_expected_start_is_its_finish_less_its_service(monkeypatch: pytest.MonkeyPatch):
+    """B16 with 16 sequences: a queued candidate's reported estimate (the rollout's, :mod:`.on_time_report`) gets its
+    expected admission — the queue-order finish (overtaking included) less its service alone. #20 reads that service
+    once per submit for the rates, the overtaking term and the start. Mutant caught: the start given as the finish."""
+    h = build()
+    p = planner(h)
+    seen: list[tuple[int, float, float | None]] = []
+    original = type(p.report).admitted
+
+    def spy(report: Any, rec: Any, now: float, finish: float, records: Any, start: float | None = None) -> None:
+        seen.append((rec.request_id, finish, start))
+        original(report, rec, now, finish, records, start)
+
+    monkeypatch.setattr(type(p.report), "admitted", spy)
+    for _ in range(B):
+        h.submit(prompt=16, new=40, tenant="a")
+    waiting = [h.submit(prompt=16 + i, new=20 + i, tenant="ab"[i % 2]).request_id for i in range(6)]
+    assert all(h.state(i) == "waiting_admission" for i in waiting)
+    assert h.scheduler.on_time is not None
+    model = h.scheduler.on_time.model()
+    assert model is not None
+    starts = {i: (finish, start) for i, finish, start in seen}
+    assert all(starts[i][1] is None for i in range(1, B + 1))  # admitted at once: no wait, no start
+    for k, i in enumerate(waiting[1:], 1):  # the first queued has nobody waiting ahead: no queue-order estimate
+        finish, start = starts[i]
+        assert start is not None and start == pytest.approx(finish - model.service_s(16 + k, 20 + k - 1), abs=1e-9)
+        assert start > h.clock.now()

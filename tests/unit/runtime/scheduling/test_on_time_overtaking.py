@@ -12,6 +12,8 @@ import math
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from calculet.runtime.scheduling.overtaking import RATE_WINDOW_S, Overtaking, fixed_point_wait
 from tests.unit.runtime.scheduling.test_on_time_order import build, planner
@@ -200,9 +202,28 @@ def _spy_order_estimates(p: Any) -> dict[int, float | None]:
     order = p._admission_order_estimate
     seen: dict[int, float | None] = {}
 
-    def spy(rec, job, now, model, records):  # type: ignore[no-untyped-def]
-        seen[rec.request_id] = value = order(rec, job, now, model, records)
+    def spy(rec, job, now, model, records, *cost):  # type: ignore[no-untyped-def]
+        seen[rec.request_id] = value = order(rec, job, now, model, records, *cost)
         return value
 
     p._admission_order_estimate = spy
     return seen
+
+
+def _reference_fixed_point(wait: float, terms: list[tuple[float, float]]) -> float:
+    """``fixed_point_wait`` as the module stated it before #20: ``sum(min(a * w, b) ...)`` per iteration."""
+    w = wait
+    for _ in range(64):
+        nxt = wait + sum(min(a * w, b) for a, b in terms)
+        if nxt - w < 1e-3:
+            return nxt
+        w = nxt
+    return w
+
+
+@given(wait=st.floats(0.0, 1e4), terms=st.lists(st.tuples(st.floats(0.0, 2.0), st.floats(0.0, 1e4)), max_size=12))
+def test_the_written_out_fixed_point_is_the_sum_of_minima_to_the_last_bit(wait: float,
+                                                                          terms: list[tuple[float, float]]):
+    """#20: the fixed point's sum written out (no generator, no ``min`` call per term) adds the same values in the same
+    order: equal, not approximately. Mutants caught: the terms summed in reverse, ``max`` for ``min``."""
+    assert fixed_point_wait(wait, terms) == _reference_fixed_point(wait, terms)
