@@ -290,23 +290,13 @@ def submit_cost(batch: int, n: int, count: int, configured: int = 8, spread: int
     return statistics.median(samples)
 
 
-SUBMIT_CASES = (
-    # (label, batch, waiting, configured tenants, tenants sending, admitted)
-    ("B1 queued 256w 1t", 1, 256, 1, 1, False),
-    ("B1 queued 4096w 1t", 1, 4096, 1, 1, False),
-    ("B1 queued 256w 1000t", 1, 256, 1000, 8, False),
-    ("B1 queued 4096w 1000t", 1, 4096, 1000, 8, False),
-    ("B1 admitted 1t", 1, 0, 1, 1, True),
-    ("B1 admitted 1000t", 1, 0, 1000, 8, True),
-    ("B16 queued 256w 1t", 16, 256, 1, 1, False),
-    ("B16 queued 4096w 1t", 16, 4096, 1, 1, False),
-    ("B16 queued 256w 1000t", 16, 256, 1000, 8, False),
-    ("B16 queued 4096w 1000t", 16, 4096, 1000, 8, False),
-    ("B16 admitted 1t", 16, 0, 1, 1, True),
-    ("B16 admitted 1000t", 16, 0, 1000, 8, True),
-)
-"""``--submit``'s matrix: queued and admitted, B1 and B16, 256 and 4 096 waiting, 1 and 1 000 configured tenants
-(the 1 000-tenant rows send on 8 of them, weights 1..8)."""
+SUBMIT_CASES = tuple(
+    (f"B{batch} {'admitted' if n is None else f'queued {n}w'} {label}", batch, n or 0, configured, sending, n is None)
+    for batch in (1, 16) for n in (256, 4096, None) for label, configured, sending in
+    (("1t", 1, 1), ("8t", 8, 8), ("1000t", 1000, 8)))
+"""``--submit``'s matrix, rows (label, batch, waiting, configured tenants, tenants sending, admitted): queued behind 256
+and 4 096 waiting and admitted, on B1 and B16, with 1 tenant, 8 (weights 1..8) and 1 000 configured of which the
+same 8 send (issue #20: constant in the queue's length and in the configured tenants)."""
 
 
 def submit_matrix(count: int, cases: str) -> None:

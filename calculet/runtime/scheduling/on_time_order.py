@@ -98,13 +98,17 @@ class _Pending:
     job: PendingJob
     tag: float
     cost: float
+    flow: Hashable
+    """Its §5.3 flow (:func:`wfq_flow`)."""
+    lengths: tuple[float, float]
+    """Its :func:`_lengths` on the index's model: computed for its own estimate, inserted with it (#20)."""
 
 
 class AdmissionOrderIndex:
     """The queue's order with admitted tags, and lane states per prefix, between submits (module doc)."""
 
-    __slots__ = ("_epoch", "_model", "_global", "_tags", "_lengths", "_flow_tag", "_tenant_tag", "_states", "_prefills", "_valid", "_uniform",
-                 "_on_lane", "_step", "_pending", "_kept_len", "_indexed", "_seeded", "_scheduled")
+    __slots__ = ("_epoch", "_model", "_global", "_tags", "_lengths", "_flow_tag", "_tenant_tag", "_states", "_prefills",
+                 "_valid", "_uniform", "_on_lane", "_step", "_pending", "_kept_len", "_indexed", "_seeded", "_scheduled")
 
     def __init__(self) -> None:
         self._epoch = -1
@@ -160,13 +164,15 @@ class AdmissionOrderIndex:
         if fixed is not None and fixed != last.tag:
             self.clear()
             return None
-        self._insert(last.tag, last.job, wfq_flow(last.rec), model)
+        self._insert(last.tag, last.lengths, last.flow)
         if own is None:
             own = cost(rec)
-        tag = newcomer_tag(self._flow_tag.get(wfq_flow(rec)), global_vt, own)
-        self._pending, self._kept_len = _Pending(rec, job, tag, own), len(kept)
+        flow = wfq_flow(rec)
+        tag = newcomer_tag(self._flow_tag.get(flow), global_vt, own)
+        lengths = _lengths(job, model, self._on_lane, self._step)
+        self._pending, self._kept_len = _Pending(rec, job, tag, own, flow, lengths), len(kept)
         self._indexed += 1
-        return self._finish(bisect_right(self._tags, tag), job, now, model)
+        return self._finish(bisect_right(self._tags, tag), lengths, now)
 
     def seed(self, rec: RequestRecord, job: PendingJob, model: DeviceModel, kept: Sequence[PendingJob],
              waiting: Sequence[RequestRecord], admitted: Mapping[int, float], epoch: int, global_vt: float,
@@ -200,12 +206,14 @@ class AdmissionOrderIndex:
                 prefills += prefill
         self._states, self._prefills, self._valid = [lanes], [prefills], 1
         self._epoch, self._model, self._global = epoch, model, global_vt
-        self._pending, self._kept_len = _Pending(rec, job, admitted[job.id], cost(rec)), len(kept)
+        own = _lengths(job, model, on_lane, step)
+        self._pending = _Pending(rec, job, admitted[job.id], cost(rec), wfq_flow(rec), own)
+        self._kept_len = len(kept)
         self._seeded += 1
 
-    def _insert(self, tag: float, job: PendingJob, flow: Hashable, model: DeviceModel) -> None:
-        """``job`` joins σ where the replay admits it; the lane states past it are stale — past σ's leading run
-        of one (length, prefill) pair if it joins that run.
+    def _insert(self, tag: float, own: tuple[float, float], flow: Hashable) -> None:
+        """A job of :func:`_lengths` ``own`` joins σ where the replay admits it; the lane states past it are
+        stale — past σ's leading run of one (length, prefill) pair if it joins that run.
 
         A lane state depends only on the sequence of pairs before it, so a job inserted into a run of jobs of
         its own pair gives the same sequence as one appended to the run: the states up to the run's end are
@@ -218,7 +226,6 @@ class AdmissionOrderIndex:
         at = bisect_right(self._tags, tag)
         self._tags.insert(at, tag)
         lengths = self._lengths
-        own = _lengths(job, model, self._on_lane, self._step)
         uniform = self._uniform
         if at <= uniform and (not uniform or lengths[0] == own):  # it joins σ's leading run of one pair
             self._uniform = end = uniform + 1
@@ -234,8 +241,9 @@ class AdmissionOrderIndex:
         if self._valid > end:
             self._valid = end
 
-    def _finish(self, at: int, job: PendingJob, now: float, model: DeviceModel) -> float:
-        """``job`` on the earliest lane after the kept admitted requests and ``σ[:at]``, from ``now``."""
+    def _finish(self, at: int, own: tuple[float, float], now: float) -> float:
+        """A job of :func:`_lengths` ``own`` on the earliest lane after the kept admitted requests and ``σ[:at]``,
+        from ``now``."""
         states, prefills, lengths = self._states, self._prefills, self._lengths
         k = self._valid - 1
         if k < at:
@@ -259,11 +267,11 @@ class AdmissionOrderIndex:
                 i += 1
             self._valid = at + 1
         lanes = states[at]
-        prefill = model.prefill_s(job.prefill_tokens)
-        if self._on_lane:  # model.service_s: the prefill, then the decode steps
-            return now + (lanes[0] + (prefill + job.decode_steps * self._step))
+        length, prefill = own
+        if self._on_lane:  # length: model.service_s, the prefill, then the decode steps
+            return now + (lanes[0] + length)
         start = now + (prefills[at] + prefill)
-        return start + (lanes[0] + job.decode_steps * self._step)
+        return start + (lanes[0] + length)
 
     def order_tags(self) -> tuple[float, Mapping[str, float]] | None:
         """The last candidate's admitted tag and, per tenant, the tag of its newest request waiting in σ: the
