@@ -44,11 +44,22 @@ principle 10).
 (``thread_time``) cProfile of 3 000 ``submit→Admit (screen)`` calls, self time by function with calls per
 submit (the rare O(lanes) pool checks left out, as they stay out of the median).
 
+``--submit``: instead of the figures, the screened ``submit()`` (measured timers, a deadline every request meets)
+as a matrix of JSON lines (``SUBMIT_CASES``): queued behind 256 and 4 096 waiting with as many KV lanes as the
+profile's batch (``calculet-b1`` / ``-b16``: the admission queue's order binds the reported estimate, so a queued
+submit pays for the order index and the overtaking term) and admitted into a budget with room, on B1 and B16, with
+1, 8 and 1 000 configured tenants (8 sending) — issue #20: ≤ 20 µs median, queued as well as admitted, constant in
+the queue's length and in the configured tenants. Each line names the tree it measured (``calculet.__file__``),
+so two trees' runs can be interleaved by running this script with each tree's interpreter. Session 22, 3 rounds
+interleaved with 807bb1c: see the commit that added it (a queued submit walked every configured tenant's
+overtaking window: 0.4-0.6 ms at 1 000 tenants).
+
 ``--profile-tick``: instead of the figures, where the B16 tick's CPU goes at 4 096 ready on 8 tenants — a
 CPU-time (``thread_time``) cProfile of 2 000 ticks (``step()`` + ``submitted()`` + ``on_decode_complete()``,
 the completion objects built before profiling), self time by function with calls per tick.
 
     python bench/scheduler.py [--ticks N] [--sizes 256,4096,65536] [--profile-submit] [--profile-tick]
+                              [--submit [--submit-count 2000] [--submit-cases SUBSTRING]]
 """
 
 from __future__ import annotations
