@@ -562,5 +562,5 @@ def _overtaken(planner: OnTimePlanner, rec: RequestRecord, job: PendingJob, now:
         return 0.0
     tag, last = tags
     return planner.overtaking.delay(rec.tenant, tag, finish - now - service, model.lanes,
-                                    job.deadline - finish, now, last, start, planner.weights)
+                                    job.deadline - finish, now, last, start)
 

@@ -60,15 +60,16 @@ class Overtaking:
 
     __slots__ = ("_rates", "_rank", "_present")
 
-    def __init__(self, tenants: Iterable[str]) -> None:
-        """``tenants``: the configured tenants, in the order the delay sums their terms (configuration order)."""
+    def __init__(self, weights: Mapping[str, float]) -> None:
+        """``weights``: the configured tenants' weights, in the order the delay sums their terms (configuration
+        order)."""
         self._rates: dict[str, tuple[float, float, float]] = {}
         """Per tenant: (accepted §5.3 cost, accepted lane seconds, both exponentially decayed, at the instant they
         were last updated)."""
-        self._rank = {name: i for i, name in enumerate(tenants)}
-        self._present: list[tuple[int, str]] = []
-        """The configured tenants with accepted work (the only ones whose term can be non-zero), in configuration
-        order: :meth:`delay` walks these, not every configured tenant (issue #20: a queued ``submit()`` with 1 000
+        self._rank = {name: (i, float(weight)) for i, (name, weight) in enumerate(weights.items())}
+        self._present: list[tuple[int, str, float]] = []
+        """(rank, name, weight) of the configured tenants with accepted work (the only ones whose term can be
+        non-zero), in configuration order: :meth:`delay` walks these, not every configured tenant (issue #20: a queued ``submit()`` with 1 000
         configured tenants and 8 sending walked 1 000 window starts, 0.4-0.6 ms). A tenant joins at its first
         acceptance (a bisection, once per tenant) and stays: its decayed rate is never exactly zero."""
 
@@ -77,9 +78,9 @@ class Overtaking:
         rates = self._rates
         prior = rates.get(tenant)
         if prior is None:
-            rank = self._rank.get(tenant)
-            if rank is not None:
-                insort(self._present, (rank, tenant))
+            known = self._rank.get(tenant)
+            if known is not None:
+                insort(self._present, (known[0], tenant, known[1]))
             rates[tenant] = (0.0 + cost, 0.0 + seconds, now)  # 0.0 · exp(0) + cost: nothing to decay
             return
         total, lane_s, when = prior
@@ -97,30 +98,31 @@ class Overtaking:
         return lane_s * math.exp(-(now - when) / RATE_WINDOW_S) / RATE_WINDOW_S
 
     def delay(self, tenant: str, tag: float, wait: float, lanes: int, slack: float, now: float,
-              last_tags: Mapping[str, float], virtual_start: Callable[[str], float],
-              weights: Mapping[str, float]) -> float:
+              last_tags: Mapping[str, float], virtual_start: Callable[[str], float]) -> float:
         """Seconds later a candidate of ``tenant`` finishes than its queue-order estimate.
 
         ``tag``: its admitted tag (cost per weight); ``wait``: how long the estimate has it wait for a lane (the
         delay is at most :data:`WAIT_SHARE` of it);
         ``lanes``: the lanes the work spreads over; ``slack``: deadline minus the estimate. Every other configured
         tenant ``f`` with accepted work has a window from ``S_f`` (its last waiting request's tag in ``last_tags``, else
-        its ``virtual_start``) to ``tag``, at its weight in ``weights``."""
+        its ``virtual_start``) to ``tag``, at its configured weight."""
         if wait <= 0 or slack <= 0:
             return 0.0
         terms = []
-        rates = self._rates
+        rates, last = self._rates, last_tags.get
         exp = math.exp
-        for _, name in self._present:
+        for _, name, weight in self._present:
             if name == tenant:
                 continue
-            start = last_tags[name] if name in last_tags else virtual_start(name)
+            start = last(name)
+            if start is None:
+                start = virtual_start(name)
             if start >= tag:
                 continue
             total, lane_s, when = rates[name]
             if total > 0 and lane_s > 0:  # lane_rate(name, now) / lanes, its arithmetic inlined
                 terms.append((lane_s * exp(-(now - when) / RATE_WINDOW_S) / RATE_WINDOW_S / lanes,
-                              (tag - start) * weights[name] * lane_s / total / lanes))
+                              (tag - start) * weight * lane_s / total / lanes))
         return min(SLACK_SHARE * slack, WAIT_SHARE * wait, fixed_point_wait(wait, terms) - wait)
 
 
@@ -131,6 +133,8 @@ def fixed_point_wait(wait: float, terms: Iterable[tuple[float, float]]) -> float
     written out (the same additions in the same order, ``min``'s choice on ties; #20: a generator and a ``min``
     call per term and iteration were a tenth of a queued submit with 8 tenants sending)."""
     terms = list(terms)
+    if not terms:  # wait + 0: the first iteration's answer
+        return wait
     w = wait
     for _ in range(_ITERATIONS):
         total = 0

@@ -28,7 +28,7 @@ def test_the_fixed_point_stretches_the_wait_until_each_tenants_window_is_full():
 
 
 def test_the_accepted_rates_decay_with_their_window():
-    o = Overtaking(["a", "b"])
+    o = Overtaking({"a": 1.0, "b": 1.0})
     o.accepted("a", 120.0, 6.0, 0.0)
     assert o.rate("a", 0.0) == pytest.approx(120.0 / RATE_WINDOW_S)
     assert o.lane_rate("a", 0.0) == pytest.approx(6.0 / RATE_WINDOW_S)
@@ -40,16 +40,16 @@ def test_the_accepted_rates_decay_with_their_window():
     assert o.rate("b", 5.0) == 0.0 and o.lane_rate("b", 5.0) == 0.0
 
 
-def windows(*starts: tuple[str, float, float]) -> tuple[dict[str, float], Any, dict[str, float]]:
-    """``delay``'s (last waiting tags, virtual start, weights) of tenants given as (tenant, window start, weight): every
-    window from a last waiting tag (the virtual start is never read)."""
+def windows(*starts: tuple[str, float]) -> tuple[dict[str, float], Any]:
+    """``delay``'s (last waiting tags, virtual start) of tenants given as (tenant, window start): every window from a
+    last waiting tag (the virtual start is never read)."""
     def unread(tenant: str) -> float:
         raise AssertionError(f"{tenant} has a last waiting tag: its virtual start is not read")
-    return {t: s for t, s, _ in starts}, unread, {t: w for t, _, w in starts}
+    return dict(starts), unread
 
 
 def _overtaking(rate_a: float, lane_s_per_cost: float = 0.01) -> Overtaking:
-    o = Overtaking(["a", "b"])
+    o = Overtaking({"a": 1.0, "b": 1.0})
     cost = rate_a * RATE_WINDOW_S  # a's accepted cost per second at t=100, each cost unit holding a lane this long
     o.accepted("a", cost, cost * lane_s_per_cost, 100.0)
     return o
@@ -58,7 +58,7 @@ def _overtaking(rate_a: float, lane_s_per_cost: float = 0.01) -> Overtaking:
 def test_only_other_tenants_with_tags_below_the_candidates_overtake_it():
     o = _overtaking(0.5)
     o.accepted("b", 1e6, 1e4, 100.0)                # the candidate's own tenant never overtakes it
-    others = windows(("a", 400.0, 1.0), ("b", 0.0, 1.0))
+    others = windows(("a", 400.0), ("b", 0.0))
     # b's candidate tagged 1 000, a's window from 400: 600 cost, at a's 0.01 s of lane per cost unit -> up to 6 s;
     # a's accepted 0.5 cost/s is 0.005 s of lane per second of wait: W = 20 / (1 - 0.005)
     delay = o.delay("b", 1000.0, 20.0, 1, 1e9, 100.0, *others)
@@ -71,7 +71,7 @@ def test_the_other_tenants_work_is_counted_in_its_own_lane_seconds_over_the_lane
     """Issue #13 session 11: a tenant of long prompts and short outputs costs much in §5.3 units and little lane time;
     its work is read in its own lane seconds, not at the candidate's rate. Mutants caught: the rate read in cost
     units (the two tenants' delays equal), the lanes ignored (the 4-lane delay equals the 1-lane one)."""
-    others = windows(("a", 0.0, 1.0))
+    others = windows(("a", 0.0))
     light = _overtaking(50.0, lane_s_per_cost=0.001)  # 50 cost/s at 1 ms a unit: 0.05 s of lane a second
     heavy = _overtaking(25.0, lane_s_per_cost=0.01)   # 0.25 s of lane a second (under the wait's cap)
     assert light.delay("b", 1e6, 20.0, 1, 1e9, 100.0, *others) == pytest.approx(20.0 / 0.95 - 20.0, abs=2e-3)
@@ -87,7 +87,7 @@ def test_the_delay_takes_a_share_of_the_slack_and_of_the_wait_at_most():
     Mutants caught: the wait's cap dropped (8 s instead of 4 s for the 8 s wait), the slack's share back at half
     (4 s instead of 2 s for 8 s of slack)."""
     o = _overtaking(50.0)                           # a arrives faster than the lane serves: the window binds
-    others = windows(("a", 0.0, 1.0))
+    others = windows(("a", 0.0))
     assert o.delay("b", 1000.0, 20.0, 1, 1e9, 100.0, *others) == pytest.approx(10.0)  # the whole window (= half of 20)
     assert o.delay("b", 1000.0, 20.0, 1, 8.0, 100.0, *others) == pytest.approx(2.0)   # a quarter of the slack
     # an 8 s wait: W = 8 + min(W / 2, 10) -> 16, 8 s of overtaking predicted; half the wait is 4 s
@@ -100,9 +100,9 @@ def test_a_tenant_with_nothing_waiting_opens_its_window_at_its_virtual_start():
     the window opened at 0 for a tenant with nothing waiting (the 35-tag candidate then overtaken)."""
     o = _overtaking(0.5)
     starts = {"a": 40.0, "b": 50.0}
-    assert o.delay("b", 1000.0, 20.0, 1, 1e9, 100.0, {"b": 70.0}, starts.__getitem__, {"a": 1.0, "b": 3.0}) == \
+    assert o.delay("b", 1000.0, 20.0, 1, 1e9, 100.0, {"b": 70.0}, starts.__getitem__) == \
         pytest.approx(20.0 / 0.995 - 20.0, abs=2e-3)
-    assert o.delay("b", 35.0, 20.0, 1, 1e9, 100.0, {"b": 70.0}, starts.__getitem__, {"a": 1.0, "b": 3.0}) == 0.0
+    assert o.delay("b", 35.0, 20.0, 1, 1e9, 100.0, {"b": 70.0}, starts.__getitem__) == 0.0
 
 
 def test_the_delay_walks_only_the_tenants_with_accepted_work():
@@ -110,7 +110,7 @@ def test_the_delay_walks_only_the_tenants_with_accepted_work():
     accepted work, not of all 999 (a queued submit walked every configured tenant: 0.4-0.6 ms). Its value is the
     one tenant's term. Mutant caught: the walk over every configured tenant (999 virtual starts read)."""
     names = [f"t{i}" for i in range(1000)]
-    o = Overtaking(names)
+    o = Overtaking(dict.fromkeys(names, 1.0))
     o.accepted("t7", 30.0, 0.3, 100.0)     # 0.5 cost/s, 0.01 s of lane per cost unit
     o.accepted("t500", 1e6, 1e4, 100.0)    # the candidate's tenant: never its own overtaker
     read: list[str] = []
@@ -119,7 +119,7 @@ def test_the_delay_walks_only_the_tenants_with_accepted_work():
         read.append(tenant)
         return 400.0
 
-    delay = o.delay("t500", 1000.0, 20.0, 1, 1e9, 100.0, {}, start, dict.fromkeys(names, 1.0))
+    delay = o.delay("t500", 1000.0, 20.0, 1, 1e9, 100.0, {}, start)
     assert read == ["t7"]
     assert delay == pytest.approx(20.0 / 0.995 - 20.0, abs=2e-3)
 
@@ -128,7 +128,7 @@ def test_the_terms_are_summed_in_configuration_order_whatever_the_order_of_first
     """The fixed point sums float terms: in the order of the configured tenants (as the walk over every configured
     tenant did), not of their first acceptance, so the estimate is the same to the last bit. Mutant caught: the
     tenants walked in order of first acceptance (the windows then read c, a, b)."""
-    o = Overtaking(["a", "b", "c", "d"])
+    o = Overtaking(dict.fromkeys("abcd", 1.0))
     for name in ("c", "a", "b"):
         o.accepted(name, 30.0, 0.3, 100.0)
     read: list[str] = []
@@ -137,7 +137,7 @@ def test_the_terms_are_summed_in_configuration_order_whatever_the_order_of_first
         read.append(tenant)
         return 400.0
 
-    o.delay("d", 1000.0, 20.0, 1, 1e9, 100.0, {}, start, dict.fromkeys("abcd", 1.0))
+    o.delay("d", 1000.0, 20.0, 1, 1e9, 100.0, {}, start)
     assert read == ["a", "b", "c"]
 
 
@@ -227,3 +227,14 @@ def test_the_written_out_fixed_point_is_the_sum_of_minima_to_the_last_bit(wait: 
     """#20: the fixed point's sum written out (no generator, no ``min`` call per term) adds the same values in the same
     order: equal, not approximately. Mutants caught: the terms summed in reverse, ``max`` for ``min``."""
     assert fixed_point_wait(wait, terms) == _reference_fixed_point(wait, terms)
+
+
+def test_a_heavier_tenants_window_holds_more_of_its_work():
+    """§5.3: a tenant of weight 2 gets twice the cost per unit of virtual time, so its window below the candidate's tag
+    holds twice the work: 1 000 tags at 0.01 s of lane per cost unit over 4 lanes is 2.5 s at weight 1, 5 s at
+    weight 2 (the window binds: a arrives far faster than the lanes serve). The weight is the configured one the
+    delay was built with. Mutant caught: the weight dropped from the window."""
+    heavy = Overtaking({"a": 2.0, "b": 1.0})
+    cost = 5000.0 * RATE_WINDOW_S
+    heavy.accepted("a", cost, cost * 0.01, 100.0)
+    assert heavy.delay("b", 1000.0, 20.0, 4, 1e9, 100.0, *windows(("a", 0.0))) == pytest.approx(5.0)
