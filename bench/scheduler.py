@@ -50,9 +50,10 @@ profile's batch (``calculet-b1`` / ``-b16``: the admission queue's order binds t
 submit pays for the order index and the overtaking term) and admitted into a budget with room, on B1 and B16, with
 1, 8 and 1 000 configured tenants (8 sending) — issue #20: ≤ 20 µs median, queued as well as admitted, constant in
 the queue's length and in the configured tenants. Each line names the tree it measured (``calculet.__file__``),
-so two trees' runs can be interleaved by running this script with each tree's interpreter. Session 22, 3 rounds
-interleaved with 807bb1c: see the commit that added it (a queued submit walked every configured tenant's
-overtaking window: 0.4-0.6 ms at 1 000 tenants).
+so two trees' runs can be interleaved by running this script with each tree's interpreter. Session 22, 6 runs
+interleaved with 807bb1c, load 1.1-1.7, median of the runs' medians (807bb1c -> session 22): queued B1 256 waiting
+19.2 -> 16.0 (1 tenant), 24.3 -> 18.6 (8), 382 -> 18.4 (1 000 configured: every configured tenant's overtaking
+window was walked); B16 4 096 waiting 20.6 -> 16.9, 26.5 -> 20.2, 360 -> 20.3; admitted 12-16 -> 12-13 µs.
 
 ``--profile-tick``: instead of the figures, where the B16 tick's CPU goes at 4 096 ready on 8 tenants — a
 CPU-time (``thread_time``) cProfile of 2 000 ticks (``step()`` + ``submitted()`` + ``on_decode_complete()``,
