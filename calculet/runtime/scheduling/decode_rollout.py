@@ -144,9 +144,9 @@ class DeviceShape:
 
 @dataclass(frozen=True, slots=True)
 class Present:
-    """The engine's present: ``decoding`` remaining tokens per decoding sequence; ``prefilling`` (prompt tokens
-    left, output tokens) per lane holder still to prefill, in prefill order; ``waiting`` (prompt, output) per
-    request waiting for a lane, in admission order."""
+    """The engine's present: ``decoding`` remaining tokens per decoding sequence; ``prefilling`` (prompt, output
+    tokens) per lane holder still to prefill, in prefill order; ``waiting`` (prompt, output) per request waiting for a
+    lane, in admission order."""
 
     decoding: tuple[int, ...] = ()
     prefilling: tuple[tuple[int, int], ...] = ()
@@ -154,6 +154,11 @@ class Present:
     place: int | None = None
     """The candidate's place among ``waiting`` (the count admitted before it, by the §5.3 queue's own order); None:
     after all of them."""
+    prefilled: tuple[int, ...] = ()
+    """The prompt tokens already in KV per ``prefilling`` entry, in its order (a chunked prompt's committed chunks,
+    §6; missing entries: none). Only what is left is rolled out, in the class of the whole prompt (the scheduler
+    re-queues a chunk in its prompt's class, ``PrefillScheduler.requeue``). Session 22 (E22c): a half-prefilled
+    prompt was rolled out as if none of it had run."""
 
 
 def expected_arrivals(pieces: Sequence[RatePieceLike], now: float, after: float = 0.0) -> list[float]:
@@ -185,8 +190,9 @@ class _Rollout:
         self.dec: list[float] = [float(r) for r in present.decoding if r > 0]
         self.queues: dict[str, deque[list[float]]] = {name: deque() for name, _ in shape.wrr if name != "decode"}
         self.long_held = sum(1 for prompt, _ in present.prefilling if prompt > shape.medium_max_tokens)
-        for prompt, output in present.prefilling:
-            self._enqueue(prompt, output, False)
+        done = present.prefilled
+        for k, (prompt, output) in enumerate(present.prefilling):
+            self._enqueue(prompt, output, False, done[k] if k < len(done) else 0)
         self.wait: deque[tuple[int, int, bool]] = deque((p, o, False) for p, o in present.waiting)
         self.wrr = SmoothWrr(dict(shape.wrr))
         self.tracer_left = math.inf  # the candidate's decode tokens left once it decodes
@@ -194,8 +200,10 @@ class _Rollout:
         self.holding = len(self.dec) + len(present.prefilling)
         self.candidate = (candidate[0], candidate[1], True)
 
-    def _enqueue(self, prompt: float, output: float, tracer: bool) -> None:
-        self.queues[self.shape.prompt_class(int(prompt))].append([float(prompt), float(output), float(tracer)])
+    def _enqueue(self, prompt: float, output: float, tracer: bool, done: int = 0) -> None:
+        """``prompt`` joins its class's tail with ``done`` of its tokens already prefilled (at least one left)."""
+        left = float(prompt - min(max(done, 0), prompt - 1)) if done else float(prompt)
+        self.queues[self.shape.prompt_class(int(prompt))].append([left, float(output), float(tracer)])
 
     def admit(self) -> None:
         """Waiting requests take free lanes in order (§5), a long prompt only within §6's long-task quota (R6.11: past

@@ -61,8 +61,13 @@ class OnTimePolicy:
     def __init__(self, config: SchedulerConfig, *, registry: RequestRegistry, admission: AdmissionController,
                  decode: DecodeScheduler, prefill: PrefillScheduler, step_times: StepTimer,
                  prefill_times: PrefillTimer, engines: Callable[[], int],
-                 profiles: Callable[[], ProfileSet | None]) -> None:
+                 profiles: Callable[[], ProfileSet | None],
+                 prefilled: Callable[[RequestRecord], int] | None = None) -> None:
+        """``prefilled(rec)``: the prompt tokens a lane holder already has in KV (its lane's committed length; the
+        scheduler's KV lanes answer it): a chunked prompt's progress, which the rollout's present carries (session
+        22, E22c). None: none known (every prompt rolled out whole)."""
         self.registry = registry
+        self._prefilled = prefilled
         self.admission = admission
         self.decode = decode
         self.prefill = prefill
@@ -179,7 +184,8 @@ class OnTimePolicy:
                             chunk_tokens=profiles.prefill_chunk_tokens, short_max_tokens=queues.short_prefill_max_tokens,
                             medium_max_tokens=queues.medium_prefill_max_tokens, wrr=self._wrr,
                             overlap=rate if rate > 0 else None, long_admitted=self._long_quota)
-        present = present_of(records(), rec, planner.virtual_tags if planner.virtual_start else None)
+        present = present_of(records(), rec, planner.virtual_tags if planner.virtual_start else None,
+                             self._prefilled if profiles.prefill_chunk_tokens is not None else None)
         report = planner.report
         law, prompt, output = report.arrivals, rec.prompt_tokens, rec.machine.max_new_tokens
         lengths = None if law is None else law.lengths()  # the mean path's lengths: the sample's quantiles (s. 21)
@@ -334,12 +340,14 @@ class OnTimePolicy:
 
 
 def present_of(records: Iterable[RequestRecord], candidate: RequestRecord,
-               ranks: Callable[[list[RequestRecord]], dict[int, float]] | None = None) -> Present:
+               ranks: Callable[[list[RequestRecord]], dict[int, float]] | None = None,
+               prefilled: Callable[[RequestRecord], int] | None = None) -> Present:
     """The engine's present as the rollout reads it (:class:`.decode_rollout.Present`): decoding sequences' remaining
     tokens, lane holders still to prefill (in arrival order) and requests waiting for a lane, ``candidate`` left out.
     ``ranks`` (the planner's :meth:`.OnTimePlanner.virtual_tags`): the waiting requests, the candidate last, ranked
     by the §5.3 queue's own rule; the waiting are then in that order and the candidate at its place (else in
-    arrival order, the candidate after them)."""
+    arrival order, the candidate after them). ``prefilled``: a lane holder's prompt tokens already in KV (a chunked
+    prompt's committed chunks, §6), so that only what is left is rolled out (None: none)."""
     decoding: list[int] = []
     prefilling: list[RequestRecord] = []
     waiting: list[RequestRecord] = []
@@ -363,7 +371,8 @@ def present_of(records: Iterable[RequestRecord], candidate: RequestRecord,
         mine = rank.get(candidate.request_id, math.inf)
         place = sum(1 for r in waiting if rank.get(r.request_id, math.inf) < mine)
     return Present(tuple(decoding), tuple((r.prompt_tokens, r.machine.max_new_tokens) for r in prefilling),
-                   tuple((r.prompt_tokens, r.machine.max_new_tokens) for r in waiting), place)
+                   tuple((r.prompt_tokens, r.machine.max_new_tokens) for r in waiting), place,
+                   () if prefilled is None else tuple(prefilled(r) for r in prefilling))
 
 
 def _by_arrival(rec: RequestRecord) -> float:
