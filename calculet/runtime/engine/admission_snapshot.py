@@ -261,6 +261,30 @@ def _front_slots() -> RetrySlots:
     return RetrySlots(limit=FRONT_RETRY_SLOTS)
 
 
+SHAPES_PER_SNAPSHOT = 64
+"""Request shapes whose lengths :meth:`EarlyAdmission._shape` keeps for one snapshot at most (then it starts afresh)."""
+
+
+class _Shape(NamedTuple):
+    """A request's lane lengths on one snapshot (:meth:`EarlyAdmission._shape`): what :meth:`EarlyAdmission.decide`
+    computes from the snapshot and the request's two token counts only, the same for every request of that shape."""
+
+    length: float
+    """Seconds it holds a lane on the snapshot's admission model (:meth:`DeviceModel.service_s`) ..."""
+    alone: float
+    """... on the device serving it alone (:attr:`AdmissionSnapshot.alone`) ..."""
+    cost: LaneCost
+    """... and placed on the lanes of the front's forwards (:meth:`LaneCost.of`)."""
+    free_min: float
+    """The snapshot's earliest free lane."""
+
+    @classmethod
+    def of(cls, snapshot: AdmissionSnapshot, prompt_tokens: int, max_new_tokens: int) -> _Shape:
+        steps = max(0, max_new_tokens - 1)
+        cost = LaneCost.of(snapshot.model, prompt_tokens, steps)
+        return cls(cost.length, snapshot.alone.service_s(prompt_tokens, steps), cost, min(snapshot.free))
+
+
 @dataclass(slots=True)
 class _Epoch:
     """The requests the front forwarded (each because it fit) since a moment nothing was on its way to the engine.
@@ -319,12 +343,15 @@ class EarlyAdmission:
     _ahead: int = 0
     """Forwards the snapshot :meth:`_lanes` last read does not hold yet ..."""
     _known: bool = True
-    _made: tuple[AdmissionSnapshot, _Epoch, int, int, bool, list[float]] | None = None
+    _made: tuple[AdmissionSnapshot, _Epoch, int, int, bool, tuple[float, ...]] | None = None
     """What :meth:`_lanes` last made: from this snapshot and this many forwards (a burst decides many requests on one
     snapshot, most of them refusals)."""
     """... known which (not only how many: forwards of one length, or all or none of them)."""
     _provisional: int = 0
     _admitted: dict[str, int] = field(default_factory=dict)
+    _shapes: dict[tuple[int, int], _Shape] = field(default_factory=dict)
+    """Request shapes (prompt tokens, new tokens) → their lengths on :attr:`_shapes_of` (:meth:`_shape`)."""
+    _shapes_of: AdmissionSnapshot | None = None
     in_flight: int = 0
     """Requests handed to the engine whose answer has not come back (:meth:`sent`, :meth:`answered`)."""
     unsent: int = 0
@@ -386,20 +413,19 @@ class EarlyAdmission:
             self._replaced(snapshot, now)
         if now >= snapshot.valid_until:
             return self._forward("expired")
-        model = snapshot.model
         deadline = now + snapshot.deadline_s
         if deadline < snapshot.latest:
             return self._forward("not_latest")
         if prompt_tokens + max_new_tokens > snapshot.max_kv_tokens:
             return self._forward("kv_budget")
-        steps = max(0, max_new_tokens - 1)
-        length = model.service_s(prompt_tokens, steps)
+        shape = self._shape(snapshot, prompt_tokens, max_new_tokens)
+        length = shape.length
         free: Sequence[float] = snapshot.free
         lanes = self._lanes(snapshot)
-        if max(min(free), now) + length <= deadline + ON_TIME_EPS_S:
+        if max(shape.free_min, now) + length <= deadline + ON_TIME_EPS_S:
             if lanes is None:
                 return self._fits_unknown(snapshot, now, length, deadline, hold)
-            start, cost = lanes[0], LaneCost.of(model, prompt_tokens, steps)
+            start, cost = lanes[0], shape.cost
             finish = cost.finish(start, now)
             if finish <= deadline + ON_TIME_EPS_S:
                 sure = self._surely(snapshot, start, now, finish)
@@ -413,7 +439,7 @@ class EarlyAdmission:
             return self._forward("alone")  # nothing kept: the engine judges it as the device would serve it, alone
         elif lanes is not None:
             free = lanes  # the engine's lanes once it has the forwards: its Retry-After
-        refusal = self._refusal(snapshot, free, now, length, snapshot.alone.service_s(prompt_tokens, steps), tenant)
+        refusal = self._refusal(snapshot, free, now, length, shape.alone, tenant)
         if read() is not snapshot:  # the actor began a step meanwhile: its answer, not this one
             return self._forward("raced")
         refusal.known = lanes is not None and self._known
@@ -422,6 +448,23 @@ class EarlyAdmission:
         self._provisional += free is not snapshot.free and self._ahead > 0
         self._max_age = max(self._max_age, now - snapshot.taken_at)
         return refusal
+
+    def _shape(self, snapshot: AdmissionSnapshot, prompt_tokens: int, max_new_tokens: int) -> _Shape:
+        """A request's lane lengths on ``snapshot``'s device models (:class:`_Shape`), made once per snapshot and
+        request shape. Why (issue #13, session 22): a burst is refused from a few snapshots, its requests of one or a
+        few shapes (``bench/overload_http.py --distinct``: one token-length class); the lengths were computed afresh
+        for every refusal (two ``service_s`` and the snapshot's lane minimum), the same figures each time."""
+        shapes = self._shapes
+        if self._shapes_of is not snapshot:
+            shapes.clear()
+            self._shapes_of = snapshot
+        key = (prompt_tokens, max_new_tokens)
+        shape = shapes.get(key)
+        if shape is None:
+            if len(shapes) >= SHAPES_PER_SNAPSHOT:
+                shapes.clear()
+            shape = shapes[key] = _Shape.of(snapshot, prompt_tokens, max_new_tokens)
+        return shape
 
     def _refusal(self, snapshot: AdmissionSnapshot, free: Sequence[float], now: float, length: float, alone: float,
                  tenant: str) -> EarlyRefusal:
@@ -432,9 +475,9 @@ class EarlyAdmission:
         place = retry_placement(free, now, length, alone, relative, now)
         if place is None:
             return EarlyRefusal(None, None)
-        # keyed by the lanes alone (not the model, which moves every step): rebuilt when the kept schedule changed
-        retry = self.slots.reserve(list(free), tuple(free), now, place.length, relative, place.lower, tenant,
-                                   place.drained)
+        # keyed by the lanes alone (not the model, which moves every step): rebuilt when the kept schedule changed.
+        # ``free`` is the snapshot's tuple or :meth:`_lanes`' (kept while unchanged): its own key, no copy per refusal
+        retry = self.slots.reserve(free, free, now, place.length, relative, place.lower, tenant, place.drained)
         return EarlyRefusal(retry, max(0.0, math.ceil(retry - now - 1e-9)), retry - now)
 
     def _fits_unknown(self, snapshot: AdmissionSnapshot, now: float, length: float, deadline: float,
@@ -462,8 +505,9 @@ class EarlyAdmission:
             heapq.heapreplace(pending, max(pending[0], now) + length)
         return pending
 
-    def _lanes(self, snapshot: AdmissionSnapshot) -> list[float] | None:
-        """The lanes the engine will hold once it has decided every request on its way (a heap), or None when the
+    def _lanes(self, snapshot: AdmissionSnapshot) -> tuple[float, ...] | None:
+        """The lanes the engine will hold once it has decided every request on its way (a heap's order, the earliest
+        first), or None when the
         front cannot tell. Known from a moment nothing was on its way (a new :class:`_Epoch` then, placed by the
         engine's count of requests created), while every request forwarded since was one that fit and is
         accounted for (:meth:`_track`); the ones ``snapshot`` does not hold yet are appended to its lanes, as the
@@ -489,10 +533,11 @@ class EarlyAdmission:
             return None
         self._ahead = len(ahead)
         self._known = len(ahead) in (0, count) or min(epoch.lengths) == max(epoch.lengths)
-        lanes = list(snapshot.free)
-        heapq.heapify(lanes)
+        heap = list(snapshot.free)
+        heapq.heapify(heap)
         for cost, at in ahead:
-            heapq.heapreplace(lanes, cost.finish(lanes[0], at))
+            heapq.heapreplace(heap, cost.finish(heap[0], at))
+        lanes = tuple(heap)  # the earliest first (a heap's order); immutable: the retry slots' key as it is
         self._made = (snapshot, epoch, count, self._ahead, self._known, lanes)
         return lanes
 
@@ -547,7 +592,7 @@ class EarlyAdmission:
                                 snapshot.alone.service_s(prompt_tokens, steps), relative, lower)
         if place is None:
             return retry_after_s
-        retry = self.slots.reserve(list(snapshot.free), snapshot.free, now, place.length, relative, place.lower, tenant,
+        retry = self.slots.reserve(snapshot.free, snapshot.free, now, place.length, relative, place.lower, tenant,
                                    place.drained)
         return max(retry_after_s, float(math.ceil(retry - now - 1e-9)))
 

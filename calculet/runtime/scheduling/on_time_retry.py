@@ -131,10 +131,11 @@ class RetrySlots:
     def __len__(self) -> int:
         return self._held
 
-    def reserve(self, base: list[float], key: object, now: float, length: float, relative: float,
+    def reserve(self, base: Sequence[float], key: object, now: float, length: float, relative: float,
                 lower: float, tenant: str = "", drained: bool = False) -> float:
         """The retry time of a refused candidate needing ``length`` lane seconds within ``relative``
-        seconds of its arrival; its ghost is placed there. ``base``: the kept lanes' free times.
+        seconds of its arrival; its ghost is placed there. ``base``: the kept lanes' free times, read only
+        when the lanes are rebuilt (which copies them: a caller need not copy them per refusal, issue #13).
         ``drained``: it fits only alone (:class:`Placement`), so no earlier than every lane is free."""
         self.expire(now)
         if self._free is None or key != self._key:
@@ -212,7 +213,7 @@ class RetrySlots:
         heapq.heapify(self._expiring)
         self._by_tenant = _tenant_heaps(held)
 
-    def _rebuild(self, base: list[float], key: object, now: float) -> None:
+    def _rebuild(self, base: Sequence[float], key: object, now: float) -> None:
         """The lanes from ``base`` with every ghost placed in retry-time order (ties in arrival order): O(ghosts),
         at a reservation after the kept schedule (``key``) or the ghosts changed. Issue #20 made its sort key and
         placement C-level (``attrgetter``, one comparison): 104 -> 57 µs per refusal in a distinct-prompt burst
