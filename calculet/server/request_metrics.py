@@ -139,9 +139,10 @@ class ServiceMetrics:
                                  ["tenant"], registry=registry)
         self.http_requests = Counter("calculet_http_requests", "HTTP requests by route template, method, status.",
                                      ["route", "method", "status"], registry=registry)
-        self.http_duration = Histogram("calculet_http_request_duration_seconds",
-                                       "HTTP request duration by route template (s); streams until their end.",
-                                       ["route"], buckets=HTTP_BUCKETS, registry=registry)
+        # bulk: the refusal lane adds a turn's refusals' durations in one call (issue #13, RefusalLane.flush)
+        self.http_duration = BulkHistogram("calculet_http_request_duration_seconds",
+                                           "HTTP request duration by route template (s); streams until their end.",
+                                           ["route"], buckets=HTTP_BUCKETS, registry=registry)
         self.disconnects = Counter("calculet_http_client_disconnects",
                                    "Clients that went away before their request ended (the request is cancelled).",
                                    ["tenant"], registry=registry)

@@ -96,6 +96,9 @@ class _Child:
     def observe(self, value: float) -> None:
         self.calls.append(value)
 
+    def observe_many(self, values: list[float]) -> None:
+        self.calls.append(list(values))  # type: ignore[arg-type]  # one call: the turn's durations together
+
 
 class _Family:
     def __init__(self) -> None:
@@ -111,9 +114,10 @@ class _Metrics:
 
 
 def test_refusals_are_counted_once_per_turn_of_the_loop_and_all_of_them() -> None:
-    """A burst's refusals in one turn: one counter increment by their number and every duration observed, before
-    the next turn (a scrape is answered in a later one); a second turn counts its own. Mutants caught: no flush
-    scheduled (nothing counted), the pending durations kept after a flush (counted twice)."""
+    """A burst's refusals in one turn: one counter increment by their number and every duration observed, in one call
+    per route (session 22: :meth:`BulkHistogram.observe_many`), before the next turn (a scrape is answered in a later
+    one); a second turn counts its own. Mutants caught: no flush scheduled (nothing counted), the pending durations
+    kept after a flush (counted twice), a call per duration (``observe_many`` of each, or ``observe``)."""
     service = type("S", (), {"metrics": _Metrics()})()
     lane = RefusalLane.__new__(RefusalLane)
     lane.service, lane._pending, lane._lines = service, {}, []
@@ -128,11 +132,11 @@ def test_refusals_are_counted_once_per_turn_of_the_loop_and_all_of_them() -> Non
         requests, durations = service.metrics.http_requests.children, service.metrics.http_duration.children
         assert requests[("/v1/completions", "POST", "429")].calls == [2]
         assert requests[("/v1/chat/completions", "POST", "429")].calls == [1]
-        assert durations[("/v1/completions",)].calls == [0.001, 0.002]
-        assert durations[("/v1/chat/completions",)].calls == [0.003]
+        assert durations[("/v1/completions",)].calls == [[0.001, 0.002]]
+        assert durations[("/v1/chat/completions",)].calls == [[0.003]]
         await turn([("/v1/completions", 0.004)])
         assert requests[("/v1/completions", "POST", "429")].calls == [2, 1]
-        assert durations[("/v1/completions",)].calls == [0.001, 0.002, 0.004]
+        assert durations[("/v1/completions",)].calls == [[0.001, 0.002], [0.004]]
 
     asyncio.run(run())
 
