@@ -29,8 +29,11 @@ loop's CPU and moves the snapshot's timing, so a third of a profiled round's req
 With ``--distinct`` every completion has a prompt of its own (no body is seen twice: the refusal lane's memo of
 prepared bodies never hits, :mod:`calculet.server.refusal_lane`).
 
+With ``--tree PATH`` (a worktree of a base commit) the phases run in processes of both trees, alternately (``--blocks``
+each, ``--rounds`` split between them), and the medians are printed side by side: a before/after in one run.
+
     python bench/loop_profile.py [--requests 300] [--rounds 5] [--http httptools|h11] [--distinct] [--profile]
-                                 [--stages]
+                                 [--stages] [--tree PATH [--blocks 3]]
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import io
 import json
 import logging
 import math
+import os
 import pstats
 import re
 import statistics
@@ -229,7 +233,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-out", default="/tmp/loop_profile")
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--stages", action="store_true", help="the refusal phases' CPU per request by stage")
+    parser.add_argument("--tree", default=None,
+                        help="a base source tree (a worktree of a base commit): the phases run in a process of each "
+                             "tree, alternately, --blocks times each, and the figures are printed side by side")
+    parser.add_argument("--blocks", type=int, default=3, help="with --tree: processes per tree, interleaved")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a child of --tree
     args = parser.parse_args(argv)
+    if args.tree is not None:
+        return _against(args, sys.argv[1:] if argv is None else list(argv))
     logging.getLogger("calculet.server.inference").setLevel(logging.INFO)
     brought, service, app = _service(args.deadline_ms)
     gc.freeze()  # as calculet.run does before serving
@@ -437,6 +448,10 @@ async def _run(args: argparse.Namespace, service: Any, app: Any) -> int:
             _print_profile(profile, name, args.top)
     if args.stages:
         await _stage_rounds(args, phases, service, state)
+    if args.json:  # a child of --tree: its rounds' figures for the parent
+        print(CHILD_MARK + json.dumps({"figures": figures, "statuses": {name: {str(code): n for code, n in seen[name].items()}
+                                                                       for name in seen}}))
+        return 0
     print(f"loop thread CPU per request, {args.requests} requests fed at once, {args.rounds} rounds ({args.http}):")
     for name, values in figures.items():
         print(f"  {name:<14} median {statistics.median(values):.3f} ms, min {min(values):.3f}, max {max(values):.3f}"
@@ -448,6 +463,74 @@ async def _run(args: argparse.Namespace, service: Any, app: Any) -> int:
             ", ".join(f"{why} {n}" for why, n in round_.items()) or "none" for round_ in forwards))
     front = service.early_admission.statistics()
     print(f"  front: refused {front.refused}, forwarded {front.forwarded}, held {front.held}")
+    return 0
+
+
+CHILD_MARK = "loop_profile figures: "
+"""The line a child of ``--tree`` prints its rounds' figures on (JSON after it)."""
+
+TREE_RUN = ("import os, runpy, sys; tree = sys.argv.pop(1); sys.argv.pop(0); script = sys.argv[0]; "
+            "sys.path[:0] = [tree, os.path.dirname(script)]; import calculet; "
+            "assert calculet.__file__.startswith(tree + os.sep), calculet.__file__; "
+            "runpy.run_path(script, run_name='__main__')")
+"""This script in a process importing ``calculet`` from the tree named by its first argument (checked), the script's
+second (``bench/``'s ``fake_transport`` beside it)."""
+
+
+def _against(args: argparse.Namespace, argv: list[str]) -> int:
+    """``--tree``: the phases in a process of the base tree and one of this tree, alternately, ``--blocks`` times each
+    (``--rounds`` split between the blocks), every process on the same harness (this script); per phase, the median
+    of every round of each tree and their ratio. Why processes of both trees, interleaved: on a shared machine the
+    CPU per request moves with the load between minutes (``docs/refusal_lane.md``); a base measured in the same run,
+    block by block, moves with it."""
+    from pathlib import Path
+
+    import subprocess
+
+    here = Path(__file__).resolve()
+    trees = {"base": str(Path(args.tree).resolve()), "this": str(here.parent.parent)}
+    drop = {"--tree", "--blocks"}
+    child: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in drop or name == "--rounds":
+            skip = "=" not in arg
+            continue
+        child.append(arg)
+    per_block = max(1, math.ceil(args.rounds / args.blocks))
+    figures: dict[str, dict[str, list[float]]] = {"base": {}, "this": {}}
+    statuses: dict[str, dict[str, Any]] = {"base": {}, "this": {}}
+    for block in range(args.blocks):
+        for label in (("base", "this") if block % 2 == 0 else ("this", "base")):
+            command = [sys.executable, "-c", TREE_RUN, trees[label], str(here), "--json", "--rounds", str(per_block),
+                       *child]
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            line = next((ln for ln in done.stdout.splitlines() if ln.startswith(CHILD_MARK)), None)
+            if done.returncode != 0 or line is None:
+                print(done.stdout[-2000:], done.stderr[-4000:], file=sys.stderr)
+                raise SystemExit(f"the {label} tree's process failed ({trees[label]})")
+            found = json.loads(line[len(CHILD_MARK):])
+            for name, values in found["figures"].items():
+                figures[label].setdefault(name, []).extend(values)
+            statuses[label] = found["statuses"]
+    rounds = per_block * args.blocks
+    print(f"loop thread CPU per request, {args.requests} requests fed at once, {rounds} rounds per tree in "
+          f"{args.blocks} interleaved processes each ({args.http}{', distinct prompts' if args.distinct else ''}); "
+          f"base {trees['base']}, this {trees['this']}:")
+    print(f"  {'phase':<14} {'base median':>11} {'this median':>11} {'this/base':>9}   base min-max / this min-max")
+    for name, base in figures["base"].items():
+        this = figures["this"].get(name, [])
+        if not this:
+            continue
+        b, t = statistics.median(base), statistics.median(this)
+        print(f"  {name:<14} {b:>8.3f} ms {t:>8.3f} ms {t / b:>9.2f}   {min(base):.3f}-{max(base):.3f} / "
+              f"{min(this):.3f}-{max(this):.3f}  statuses {statuses['base'].get(name)} / {statuses['this'].get(name)}")
+    load = os.getloadavg()
+    print(f"  load average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     return 0
 
 
