@@ -456,6 +456,36 @@ class BurstRow:
     expired: int
     wall_s: float
     server: dict[str, float]
+    load: tuple[float, float, float] = (math.nan, math.nan, math.nan)
+    """The machine's load average (1, 5, 15 min) at the burst's start: other work beside the server's."""
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A burst row's figures beside the same run's floor (:func:`judgement`): what to judge the time to 429 against on
+    a shared machine, where the same requests' floor moved 2x between rows (session 21)."""
+
+    label: str
+    load_1m: float
+    refused_p99_ms: float
+    floor_p99_ms: float
+    """The same count of concurrent ``GET /health/live`` on the same server, just before the burst."""
+    loop_cpu_ms: float
+    """The server's event-loop CPU per request of the burst, up to the last first-try 429."""
+    floor_loop_cpu_ms: float
+    """... per ``GET /health/live`` of the floor."""
+    retries_admitted: float
+
+    @property
+    def over_floor_ms(self) -> float:
+        """The 429's P99 beyond the floor's: what the refusal adds to a trivial request's queue here."""
+        return self.refused_p99_ms - self.floor_p99_ms
+
+
+def judgement(row: BurstRow) -> Judgement:
+    """``row``'s time to 429 beside its own floor, its loop CPU per request beside the floor's, and its load."""
+    return Judgement(row.order, row.load[0], row.refused_ms[1], row.floor_ms[1], row.refusal_cpu_ms[0],
+                     row.floor_cpu_ms[0], row.retries_admitted / row.retries if row.retries else math.nan)
 
 
 async def _attempt(conn: RawConnection, data: bytes) -> Attempt:
@@ -525,7 +555,8 @@ def _burst_row(order: str, clients: list[BurstClient], deadline_s: float, wall_s
         (_pct(waits, 50), max(waits, default=float("nan"))), len(retried), sum(1 for a in retried if a.status != 429),
         sum(1 for c in clients if c.first.status == 429 and c.retry is None and c.waited_s > max_wait_s),
         sum(1 for a in attempts if a.status == 200 and a.latency_s <= deadline_s),
-        sum(1 for a in attempts if a.status == 504), wall_s, measured["server"])
+        sum(1 for a in attempts if a.status == 504), wall_s, measured["server"],
+        measured.get("load", (math.nan, math.nan, math.nan)))
 
 
 def burst_prompts(requests: int, distinct: bool, prompt: str = PROMPT) -> list[str]:
@@ -557,6 +588,7 @@ def burst(server: Server, order: str, requests: int, tokens: int, deadline_s: fl
             bodies = [_raw("POST", "/v1/completions", host, _body(tokens, False, prompt)) for prompt in prompts]
             retries = [_raw("POST", "/v1/completions", host, _body(tokens, False, prompt), f"{RETRY_ID}{index}")
                        for index, prompt in enumerate(prompts)]
+            measured["load"] = os.getloadavg()
             started = time.perf_counter()
             meter = CpuMeter(server.proc.pid, requests)
             sampler = asyncio.ensure_future(meter.sampling(0.005))
@@ -751,6 +783,22 @@ def _print_burst(rows: list[BurstRow], args: argparse.Namespace) -> None:
           "queue); "
           "wasted = Δ calculet_request_wasted_device_seconds / Δ calculet_device_busy_seconds. Targets (issue "
           "#13): 429 p99 ≤ 50 ms; a client that waits Retry-After is admitted on ≥ 80 % of retries.\n")
+    _print_judgement(rows, args)
+
+
+def _print_judgement(rows: list[BurstRow], args: argparse.Namespace) -> None:
+    """Each row beside its own floor and load (:func:`judgement`): the figures to judge a row by on a shared machine."""
+    print(f"Part 1 judged beside each row's own floor ({args.burst} concurrent GET /health/live on the same server just "
+          "before its burst) and the load at its start")
+    header = (f"{'row':<30} {'load 1m':>7} {'429 p99':>7} {'floor p99':>9} {'over floor':>10} {'loop CPU/req':>12} "
+              f"{'floor CPU/req':>13} {'retry admitted':>14}")
+    print(header)
+    print("-" * len(header))
+    for r in map(judgement, rows):
+        print(f"{r.label:<30} {r.load_1m:>7.2f} {r.refused_p99_ms:>7.0f} {r.floor_p99_ms:>9.0f} {r.over_floor_ms:>10.0f} "
+              f"{r.loop_cpu_ms:>9.3f} ms {r.floor_loop_cpu_ms:>10.3f} ms {r.retries_admitted:>14.0%}")
+    print("ms; loop CPU/req: the server's event-loop thread per request of the burst up to its last first-try 429 "
+          "(schedstat), floor CPU/req: per GET of the floor; over floor: the 429's P99 less the floor's.\n")
 
 
 def _print_bare(rows: list[BareFloor], args: argparse.Namespace) -> None:
