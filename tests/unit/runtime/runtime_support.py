@@ -161,6 +161,23 @@ class Harness:
             self.confirmed.append((command.lane, command.seq_id))
         return len(commands)
 
+    def play(self, op: str, tenant: str, prompt: int, new: int, pick: int) -> Any:
+        """One operation of the differential admission tests (two schedulers driven alike must answer alike): a
+        submit's result, the name of the work a step planned and ran (None if none), a cancel's result on the
+        ``pick``-th live request, or how many releases were confirmed."""
+        if op == "submit":
+            return self.submit(prompt, new, tenant)
+        if op == "step":
+            plan = self.step()
+            if plan.work is None:
+                return None
+            self.run(plan)
+            return type(plan.work).__name__
+        if op == "cancel":
+            live = sorted(r.request_id for r in self.scheduler.registry.live())
+            return self.scheduler.cancel(live[pick % len(live)]).result if live else None
+        return self.confirm_all()
+
     def prefill_all(self, limit: int = 10_000) -> int:
         """Run every queued prefill to completion; decode batches planned meanwhile are refused."""
         done = 0

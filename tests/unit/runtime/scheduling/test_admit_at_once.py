@@ -62,21 +62,7 @@ def test_admitting_at_once_decides_as_the_fair_queue_does(ops: list[tuple[str, s
         fast, queued = _harness(lanes), _harness(lanes)
         _queued_only(monkeypatch, queued)
         for op, tenant, prompt, new, pick in ops:
-            results = []
-            for h in (fast, queued):
-                if op == "submit":
-                    results.append(h.submit(prompt, new, tenant))
-                elif op == "step":
-                    plan = h.step()
-                    results.append(None if plan.work is None else type(plan.work).__name__)
-                    if plan.work is not None:
-                        h.run(plan)
-                elif op == "cancel":
-                    live = sorted(r.request_id for r in h.scheduler.registry.live())
-                    results.append(h.scheduler.cancel(live[pick % len(live)]).result if live else None)
-                else:
-                    results.append(h.confirm_all())
-            assert results[0] == results[1]
+            assert fast.play(op, tenant, prompt, new, pick) == queued.play(op, tenant, prompt, new, pick)
             assert _view(fast) == _view(queued)
 
 

@@ -72,21 +72,9 @@ def test_a_pass_answered_from_the_last_one_decides_and_counts_as_a_pass(
     kept, passes = _harness(lanes, sequences), _harness(lanes, sequences)
     _always_passes(passes)
     for op, tenant, prompt, new, pick in ops:
-        results = []
-        for h in (kept, passes):
-            if op == "submit":
-                sub = h.submit(prompt, new, tenant)
-                results.append((sub.request_id, sub.outcome))
-            elif op == "step":
-                plan = h.step()
-                results.append(None if plan.work is None else type(plan.work).__name__)
-                if plan.work is not None:
-                    h.run(plan)
-            elif op == "cancel":
-                live = sorted(r.request_id for r in h.scheduler.registry.live())
-                results.append(h.scheduler.cancel(live[pick % len(live)]).result if live else None)
-            else:
-                results.append(h.confirm_all())
+        results = [h.play(op, tenant, prompt, new, pick) for h in (kept, passes)]
+        if op == "submit":
+            results = [(sub.request_id, sub.outcome) for sub in results]
         assert results[0] == results[1]
         assert _view(kept) == _view(passes)
 
