@@ -87,6 +87,7 @@ from calculet.runtime.scheduling.on_time_refusal import fit_afresh
 from calculet.runtime.scheduling.on_time_report import ReportedEstimate
 from calculet.runtime.scheduling.on_time_retry import MAX_RETRY_SLOTS, RETRY_GRACE_S, RetrySlots
 from calculet.runtime.scheduling.on_time_spare import at_risk_prefix, near_deadline, slack_ratio, spare_harmless
+from calculet.runtime.scheduling.overlap_timer import OverlapStatistics
 from calculet.runtime.scheduling.overtaking import Overtaking
 from calculet.runtime.scheduling.registry import WAITING_STATES, RequestRecord
 from calculet.runtime.scheduling.wfq_order import QueuedRequest, admission_ranks
@@ -133,6 +134,9 @@ class OnTimeStatistics:
     (:data:`.on_time_report.ROLLOUTS_PER_COMPLETION`)."""
     arrivals: ArrivalLawStatistics | None = None
     """The learned law of arrivals the rollout forecasts from (B>1; None: no law, as on B1)."""
+    overlap: OverlapStatistics | None = None
+    """Ping/pong's measured overlap the rollout plays (:mod:`.overlap_timer`; None where no rollout runs on two
+    engines)."""
 
 
 @dataclass(frozen=True)
@@ -547,7 +551,8 @@ class OnTimePlanner:
         return OnTimeStatistics(self._replans, self._unfit, self._ttft_refused, self._shed_waiting,
                                  self._shed_admitted, self._at_risk, self._cap, self.errors.statistics(), self.bets_made,
                                  self._bets_missed, self.report.rolled, self.report.skipped,
-                                 self.report.law_statistics())
+                                 self.report.law_statistics(),
+                                 None if self.step_times.overlap is None else self.step_times.overlap.statistics())
 
 
 def _overtaken(planner: OnTimePlanner, rec: RequestRecord, job: PendingJob, now: float, model: DeviceModel,

@@ -151,12 +151,16 @@ def _one_step_then_submit(h: Harness) -> Harness:
 def test_the_policy_measures_the_overlap_on_b_gt_1_ping_pong_only() -> None:
     """The ``on_time`` policy hands the step timer an overlap timer where the rollout reports under ping/pong (B>1, two
     jobs in flight), and none on one engine (nothing there pays for it). Mutants caught: never wired (the rollout
-    keeps the keyed model); wired whatever the engines."""
+    keeps the keyed model); wired whatever the engines; its measurements left out of the policy's ``statistics()``
+    (DESIGN: statistics() on every component)."""
     pingpong = _one_step_then_submit(Harness.build(sizes=(1, 4), lanes=8, executor={"max_inflight": 2},
                                                    admission={"max_sequences": 8}))
-    assert isinstance(pingpong.scheduler.step_times.overlap, OverlapTimer)
+    timer = pingpong.scheduler.step_times.overlap
+    assert isinstance(timer, OverlapTimer)
+    assert pingpong.scheduler.on_time.statistics().overlap == timer.statistics()
     one = _one_step_then_submit(Harness.build(sizes=(1, 4), lanes=4, admission={"max_sequences": 4}))
     assert one.scheduler.step_times.overlap is None
+    assert one.scheduler.on_time.statistics().overlap is None
 
 
 @pytest.mark.req("R14.1")
