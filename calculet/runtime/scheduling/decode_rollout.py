@@ -124,7 +124,7 @@ class DeviceShape:
     from admission until their prefill is done; a waiting long prompt past it stays in its place while the requests
     behind it take free lanes (the admission queue parks its flow). None: no quota (session 22: without it the rollout
     ran a storm's four 40K prompts side by side on ping/pong's two engines, where the scheduler runs one at a time)."""
-    """Ping/pong as the device runs it (§14; :mod:`.overlap_timer`, session 22): the rate a job submitted while the
+    """Ping/pong as the device runs it (§14; :class:`.estimates.OverlapTimer`, session 22): the rate a job submitted while the
     other engine's job runs progresses at until that one ends (the earlier job is not slowed); ``step_s(batch)`` and
     ``prefill_s`` are then a job's own time. None: the keyed model (a decode job's time ``step_s`` of its batch plus
     the other decode job's, a prefill's its measured cost), where the rate is not measured yet."""

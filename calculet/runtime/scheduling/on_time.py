@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from functools import partial
 from typing import Callable, Iterable
 
 from calculet.config import SchedulerConfig
@@ -35,11 +36,10 @@ from calculet.runtime.scheduling.arrival_law import ArrivalLaw
 from calculet.runtime.scheduling.decode import DecodeScheduler
 from calculet.runtime.scheduling.decode_rollout import DeviceShape, Present, measured_steps, rollout_finish
 from calculet.runtime.scheduling.estimate_error import EstimateErrors
-from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
+from calculet.runtime.scheduling.estimates import OverlapTimer, PrefillTimer, StepTimer
 from calculet.runtime.scheduling.finish_estimate import ON_TIME_EPS_S, DeviceModel
 from calculet.runtime.scheduling.on_time_kept import DECODING_STATES
-from calculet.runtime.scheduling.on_time_planner import OnTimePlanner, OnTimeStatistics
-from calculet.runtime.scheduling.overlap_timer import OverlapTimer
+from calculet.runtime.scheduling.on_time_planner import OnTimePlanner, OnTimeStatistics, virtual_tags
 from calculet.runtime.scheduling.prefill import PrefillScheduler
 from calculet.runtime.scheduling.profiles import ProfileSet
 from calculet.runtime.scheduling.registry import PREFILL_STATES, WAITING_STATES, RequestRecord, RequestRegistry
@@ -184,7 +184,7 @@ class OnTimePolicy:
                             chunk_tokens=profiles.prefill_chunk_tokens, short_max_tokens=queues.short_prefill_max_tokens,
                             medium_max_tokens=queues.medium_prefill_max_tokens, wrr=self._wrr,
                             overlap=rate if rate > 0 else None, long_admitted=self._long_quota)
-        present = present_of(records(), rec, planner.virtual_tags if planner.virtual_start else None,
+        present = present_of(records(), rec, partial(virtual_tags, planner) if planner.virtual_start else None,
                              self._prefilled if profiles.prefill_chunk_tokens is not None else None)
         report = planner.report
         law, prompt, output = report.arrivals, rec.prompt_tokens, rec.machine.max_new_tokens
@@ -344,7 +344,7 @@ def present_of(records: Iterable[RequestRecord], candidate: RequestRecord,
                prefilled: Callable[[RequestRecord], int] | None = None) -> Present:
     """The engine's present as the rollout reads it (:class:`.decode_rollout.Present`): decoding sequences' remaining
     tokens, lane holders still to prefill (in arrival order) and requests waiting for a lane, ``candidate`` left out.
-    ``ranks`` (the planner's :meth:`.OnTimePlanner.virtual_tags`): the waiting requests, the candidate last, ranked
+    ``ranks`` (the planner's :func:`.on_time_planner.virtual_tags`): the waiting requests, the candidate last, ranked
     by the §5.3 queue's own rule; the waiting are then in that order and the candidate at its place (else in
     arrival order, the candidate after them). ``prefilled``: a lane holder's prompt tokens already in KV (a chunked
     prompt's committed chunks, §6), so that only what is left is rolled out (None: none)."""

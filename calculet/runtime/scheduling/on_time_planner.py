@@ -75,7 +75,7 @@ from typing import Callable, Iterable, Mapping
 from calculet.machines.request import FinishReason
 from calculet.runtime.scheduling.arrival_law import ArrivalLawStatistics
 from calculet.runtime.scheduling.estimate_error import EstimateErrors, EstimateErrorStatistics
-from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
+from calculet.runtime.scheduling.estimates import OverlapStatistics, PrefillTimer, StepTimer
 from calculet.runtime.scheduling.finish_estimate import (DeviceModel, Fit, PendingJob,
                                                          admission_order_finish, fair_share_finish,
                                                          on_time_selection)
@@ -87,7 +87,6 @@ from calculet.runtime.scheduling.on_time_refusal import fit_afresh
 from calculet.runtime.scheduling.on_time_report import ReportedEstimate
 from calculet.runtime.scheduling.on_time_retry import MAX_RETRY_SLOTS, RETRY_GRACE_S, RetrySlots
 from calculet.runtime.scheduling.on_time_spare import at_risk_prefix, near_deadline, slack_ratio, spare_harmless
-from calculet.runtime.scheduling.overlap_timer import OverlapStatistics
 from calculet.runtime.scheduling.overtaking import Overtaking
 from calculet.runtime.scheduling.registry import WAITING_STATES, RequestRecord
 from calculet.runtime.scheduling.wfq_order import QueuedRequest, admission_ranks
@@ -135,7 +134,7 @@ class OnTimeStatistics:
     arrivals: ArrivalLawStatistics | None = None
     """The learned law of arrivals the rollout forecasts from (B>1; None: no law, as on B1)."""
     overlap: OverlapStatistics | None = None
-    """Ping/pong's measured overlap the rollout plays (:mod:`.overlap_timer`; None where no rollout runs on two
+    """Ping/pong's measured overlap the rollout plays (:class:`.estimates.OverlapTimer`; None where no rollout runs on two
     engines)."""
 
 
@@ -217,7 +216,8 @@ class OnTimePlanner:
         return self.devices.device(compiled_batch, engines, chunk)
 
     def admitting_model(self, model: DeviceModel) -> DeviceModel:
-        """:meth:`_admission_model` of ``model``, kept while it and the margin are (#20: not per ``submit()``)."""
+        """:meth:`.MeasuredDevice.admission_model` of ``model`` (slowed by the estimator's measured error), kept while
+        it and the margin are (#20: not per ``submit()``)."""
         return self.devices.admitting_model(model)
 
     def alone_model(self, model: DeviceModel) -> DeviceModel:
@@ -301,7 +301,7 @@ class OnTimePlanner:
         kept_ids = set(selection.keep) | spared
         kept = [j for j in jobs if j.id in kept_ids]
         self._kept = KeptJobs(kept)
-        self._cache = _EdfCache(kept, now, self._admission_model(model), spared)
+        self._cache = _EdfCache(kept, now, self.devices.admission_model(model), spared)
         self._planned_at = now
         if self.any_ttft:  # the slots are read by ttft_refusal alone: no TTFT target, none built (#20)
             decoding = [j for j in kept if live[j.id].state in DECODING_STATES]
@@ -344,10 +344,8 @@ class OnTimePlanner:
             return Fit(True, None, None)
         nominal, margin = model, self.errors.margin
         devices = self.devices
-        admitting = devices.admitting
-        if model is not devices.admitting_of or admitting is None or margin != devices.admitting_margin:
-            admitting = devices.admitting_model(model)
-        model = admitting
+        model = devices.admitting if (model is devices.admitting_of and devices.admitting is not None
+                                      and margin == devices.admitting_margin) else devices.admitting_model(model)
         cache = self._cache  # None if cache_drift() > 0: the step slower than at the plan, lane free times early
         if cache is not None and nominal.decode_step_s > self._planned_step * (1.0 + REPLAN_DRIFT):
             cache = None
@@ -369,8 +367,7 @@ class OnTimePlanner:
         self._version += 1
         cost = service = 0.0
         if in_order:  # the rates feed the queue-order estimate only (_overtaken): else no call per submit (#20)
-            # the candidate's §5.3 cost and its service alone, read once for the rates, the order's index, the
-            # overtaking term and the expected start (#20: three reads of each per queued submit, a Python call each)
+            # its §5.3 cost and service, read once for the rates, index, overtaking and start (#20: were three each)
             cost, service = self.wfq_cost(rec), nominal.service_s(values[1], values[2])
             self.overtaking.accepted(rec.tenant, cost, service, now)
         if self.retry_slots:  # a refused client's slot it may take (none held: no call per submit, #20; len is O(1))
@@ -437,7 +434,7 @@ class OnTimePlanner:
             queued.setdefault(r.tenant, []).append(kept.pop(r.request_id))
         kept.pop(job.id, None)
         admitted: dict[int, float] = {}
-        tags = None if self.virtual_start is None else self.virtual_tags([*waiting, rec], admitted)
+        tags = None if self.virtual_start is None else virtual_tags(self, [*waiting, rec], admitted)
         if seed and tags is not None:
             assert self.virtual_start is not None
             self.order_index.seed(rec, job, model, self._kept.jobs(), waiting, admitted, self.epoch,
@@ -445,29 +442,9 @@ class OnTimePlanner:
         return admission_order_finish(job, rec.tenant, list(kept.values()), queued, self.weights, now, model,
                                       tags=tags)
 
-    def virtual_tags(self, waiting: Iterable[RequestRecord],
-                     admitted: dict[int, float] | None = None) -> dict[int, float]:
-        """The rank each of ``waiting`` (in arrival order, the candidate last) is expected to be admitted at by
-        the §5.3 queue (R5.3.2, R5.3.3): its own rule replayed (:func:`.wfq_order.admission_ranks`). Arrivals
-        still to come are not known: one tagged before a request ranked here is the estimate's error."""
-        start = self.virtual_start
-        assert start is not None
-        queued = []
-        for k, r in enumerate(waiting):
-            entry = r.entry
-            seq = entry[1] if entry is not None and len(entry) == 3 and entry[2] is r else _NOT_QUEUED + k
-            queued.append(QueuedRequest(r.request_id, (r.tenant, r.prefill_class == "long"), seq,
-                                        self.order_cost(r), self.head_tag(r)))
-        ranks = admission_ranks(queued, start(queued[-1].flow[0]) if queued else 0.0, admitted)
-        return {i: float(rank) for i, rank in ranks.items()}
-
     def order_cost(self, rec: RequestRecord) -> float:
         """``rec``'s §5.3 cost per weight, as the admission order's replay and index tag it."""
         return self.wfq_cost(rec) / self.weights.get(rec.tenant, 1.0)
-
-    def _admission_model(self, model: DeviceModel) -> DeviceModel:
-        """The device as admission plans it: slowed by the estimator's measured error (:mod:`.estimate_error`)."""
-        return self.devices.admission_model(model)
 
     def ended(self, rec: RequestRecord, now: float) -> None:
         """``rec`` reached its outcome: score the estimate it was admitted with (a bet's is not: admitted against it)."""
@@ -553,6 +530,24 @@ class OnTimePlanner:
                                  self._bets_missed, self.report.rolled, self.report.skipped,
                                  self.report.law_statistics(),
                                  None if self.step_times.overlap is None else self.step_times.overlap.statistics())
+
+
+def virtual_tags(planner: OnTimePlanner, waiting: Iterable[RequestRecord],
+                 admitted: dict[int, float] | None = None) -> dict[int, float]:
+    """The rank each of ``waiting`` (in arrival order, the candidate last) is expected to be admitted at by the §5.3
+    queue (R5.3.2, R5.3.3): its own rule replayed (:func:`.wfq_order.admission_ranks`) with ``planner``'s costs and
+    head tags. Arrivals still to come are not known: one tagged before a request ranked here is the estimate's
+    error."""
+    start = planner.virtual_start
+    assert start is not None
+    queued = []
+    for k, r in enumerate(waiting):
+        entry = r.entry
+        seq = entry[1] if entry is not None and len(entry) == 3 and entry[2] is r else _NOT_QUEUED + k
+        queued.append(QueuedRequest(r.request_id, (r.tenant, r.prefill_class == "long"), seq,
+                                    planner.order_cost(r), planner.head_tag(r)))
+    ranks = admission_ranks(queued, start(queued[-1].flow[0]) if queued else 0.0, admitted)
+    return {i: float(rank) for i, rank in ranks.items()}
 
 
 def _overtaken(planner: OnTimePlanner, rec: RequestRecord, job: PendingJob, now: float, model: DeviceModel,

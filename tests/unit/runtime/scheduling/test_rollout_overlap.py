@@ -1,4 +1,4 @@
-"""Issue #13 session 22: ping/pong's overlap measured (:mod:`.overlap_timer`) and played by the rollout (§14).
+"""Issue #13 session 22: ping/pong's overlap measured (:class:`~calculet.runtime.scheduling.estimates.OverlapTimer`) and played by the rollout (§14).
 
 Values in, values out (virtual time, no simulator, no sleep): the device's mechanics the tests state are the
 simulated device's (``CostModel.finish_time``): a job submitted while the other engine's job runs progresses at the
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from calculet.runtime.scheduling.decode_rollout import DeviceShape, Present, rollout_finish
-from calculet.runtime.scheduling.overlap_timer import OverlapTimer
+from calculet.runtime.scheduling.estimates import OverlapTimer
 from tests.unit.runtime.runtime_support import Harness
 
 SOLO_B16, SOLO_B1, RATE = 0.080, 0.0425, 0.5
