@@ -128,14 +128,7 @@ class Scheduler:
             config, registry=self.registry, admission=self.admission, decode=self.decode, prefill=self.prefill,
             step_times=self.step_times, prefill_times=self.prefill_times,
             engines=lambda: self.jobs.max_inflight, profiles=lambda: self.generations.profiles,
-            prefilled=self._prefilled)
-
-    def _prefilled(self, rec: RequestRecord) -> int:
-        """The prompt tokens ``rec``'s lane has committed (0: no lane, or not its lane any more): a chunked prompt's
-        progress (§6, §9.2), which the request machine does not carry until its last chunk (``kv_length``); read by
-        the finish estimate's rollout only (:class:`.OnTimePolicy`, session 22)."""
-        lease = rec.lease
-        return 0 if lease is None else self.kv.owned_position(lease) or 0
+            prefilled=lambda rec: 0 if rec.lease is None else self.kv.owned_position(rec.lease) or 0)
 
     # ------------------------------------------------------------------ model (§10, §12)
 
