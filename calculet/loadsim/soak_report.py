@@ -161,8 +161,9 @@ class SoakReport:
     def to_json(self, command_line: str = "") -> dict[str, object]:
         """The headline figures, machine-readable (``soak.json``)."""
         o = self.options
+        policy = o.policy if o.product == "policy" else None  # b1-shipped runs default.yaml, not --policy's default
         return {"command": command_line, "ok": self.ok, "hours": o.hours, "workload": o.workload.name if o.workload
-                else o.preset, "load_scale": o.load_scale, "policy": o.policy, "fault_rate": o.fault_rate,
+                else o.preset, "load_scale": o.load_scale, "policy": policy, "fault_rate": o.fault_rate,
                 "virtual_s": self.virtual_s, "wall_s": round(self.wall_s, 3), "speedup": round(self.speedup, 1),
                 "submitted": self.submitted, "outcomes": dict(self.outcomes), "tokens": self.tokens,
                 "injected": dict(self.injected), "resets": self.resets, "restarts": self.restarts,

@@ -64,6 +64,7 @@ def test_short_b1_shipped_soak_passes_with_faults_and_reports_goodput(
     assert "soak PASS" in out and "goodput:" in out and "**PASS**" in text
     figures = json.loads((tmp_path / "soak.json").read_text())
     assert figures["product"] == "b1-shipped" and figures["lanes"] == 16
+    assert figures["policy"] is None and figures["configuration"] == "b1-shipped (default.yaml)"
     assert figures["reset_budget_per_10min"] == 2 and figures["reset_budget_source"] == "shipped"
     assert figures["recovery_state"] == "healthy" and figures["peak_resets_in_10min"] <= 2
     assert sum(figures["injected"].values()) > 0 and figures["resets"] + figures["restarts"] > 0
