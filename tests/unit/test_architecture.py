@@ -28,13 +28,7 @@ FUNCTION_LINES = 60
 
 # qualified name ("calculet/x/y.py" for a module, "calculet/x/y.py::Class.method" otherwise) → why it
 # reads better whole than split.
-SIZE_EXCEPTIONS: dict[str, str] = {
-    "calculet/runtime/scheduling/arrival_law.py": "see ArrivalLaw below",
-    "calculet/runtime/scheduling/arrival_law.py::ArrivalLaw": (
-        "debt, session 22 (#13): the empirical Bayes pooling of a kind's regimes (_prior_weight, _like_kind, _set_mix, "
-        "the mixed _regime_rate) grew the one learner past its size; the kinds' memory (counts, pooled rate, prior "
-        "weight, mixture) is to become a class of its own next session, not an exception"),
-}
+SIZE_EXCEPTIONS: dict[str, str] = {}
 
 GENERATED = PACKAGE / "machines" / "generated"
 """Printed by ``python -m calculet.specgen`` from the declarations (docs/machines_codegen.md): their size follows the

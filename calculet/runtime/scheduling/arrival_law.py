@@ -33,23 +33,13 @@ alternating renewal process so that fixed on/off durations are learned as well a
   ``1 / |λ1 - λ0|``, towards the quiet side (a burst starts before its first arrival, ends after its last).
 * **Each regime's rate** is the Gamma-Poisson posterior mean over the arrivals since the change's alarm
   (those before it were selected for being dense or sparse: counting them a 3 req/s burst read 4.9), with
-  the regime kind's pooled rate of its last :data:`MEMORY` regimes as a prior worth
-  :data:`PRIOR_ARRIVALS` arrivals (a new burst reads the last bursts' rate from its first second, and moves
-  to its own as its arrivals come); a kind not learned yet starts from the test's alternative, worth
-  :data:`HINT_ARRIVALS`. The forecast's rate of the current regime (session 22) weighs the kind's pooled rate by
-  what its regimes have shown (empirical Bayes, :func:`_prior_weight`: regimes of one rate, as an MMPP's, make it
-  worth up to every arrival pooled) in a mixture with the regime's own rate, each by how well it predicts the
-  regime's count (:meth:`ArrivalLaw._regime_rate`): on the bursty preset after the first cycle the forecast's
-  mean absolute error over 10 s fell from 1.93 to 1.39 arrivals at 1x and 3.20 to 2.07 at 2x
-  (``bench/arrival_forecast.py``); a burst at a new rate still moves to its own. The change tests read the own
-  rate alone, as before: every change point is unchanged.
-* **Each regime's duration**: the kind's last :data:`MEMORY` durations (change point to change point).
-  The current regime is expected to last the empirical *mean residual life* at its age, ``mean(d - a
-  for d > a)``: for fixed durations (the bursty preset's 20 s / 40 s) that is "the learned length minus
-  the time already spent", for exponential ones it tends to the mean (memoryless), and past every
-  duration seen it is 0 (the change is due). Before a kind has a duration of its own, the other kind's
-  mean stands in (an alternating process with no evidence of asymmetry). The first regime's duration
-  is censored (it began before the law saw it) and is used only while no complete one exists.
+  the regime kind's pooled rate of its last :data:`~.arrival_memory.MEMORY` regimes as a prior worth
+  :data:`~.arrival_memory.PRIOR_ARRIVALS` arrivals; a kind not learned yet starts from the test's alternative, worth
+  :data:`HINT_ARRIVALS`. The forecast's rate of the current regime (session 22) mixes that with the kind's pooled
+  rate at its empirical Bayes weight (:meth:`ArrivalLaw._regime_rate`); the change tests read the own rate alone.
+  What is remembered of each kind, and why the mixture, is :mod:`.arrival_memory`'s (split from here, session 24).
+* **Each regime's duration**: the current regime is expected to last the kind's empirical mean residual life at its
+  age (:meth:`.arrival_memory.KindMemory.residual`, where the why is).
 * **The forecast**: the current regime's rate until its expected end, then the other kind's rate for
   its mean duration, alternating to the horizon.
 * **Steady traffic** settles to one rate and invents no phase: the first false change comes after about 5 000
@@ -81,6 +71,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from calculet.errors import DefinitionError
+from calculet.runtime.scheduling.arrival_memory import PRIOR_ARRIVALS, KindMemory, KindMixture
 
 __all__ = ["ArrivalLaw", "ArrivalLawStatistics", "RatePiece"]
 
@@ -90,8 +81,6 @@ THRESHOLD = 8.0
 """CUSUM decision threshold on the log-likelihood ratio: a false alarm about once in 5 000 Poisson arrivals (10 in
 53 000 measured; at 10, 4 in 150 000). 9 and 10 learned fewer of the bursty preset's cycles at 0.5x (7 and 5 changes
 of 8), where a burst has about 15 arrivals, and its forecast's error over 40 s against the true law doubled or more."""
-PRIOR_ARRIVALS = 4.0
-"""Weight, in arrivals, of the kind's learned rate in the current regime's rate (Gamma prior)."""
 HINT_ARRIVALS = 1.0
 """Weight, in arrivals, of the detector's alternative as the rate of a regime of a kind not yet learned."""
 FIRST_ARRIVALS = 5
@@ -100,8 +89,6 @@ WINDOW = 256
 """A regime's rate is measured over at most its last 2 x WINDOW arrivals (WINDOW at least, once it has had them): a drift
 under :data:`NEAR_RATIO`, never a change, is followed within a few hundred arrivals, with about 1/sqrt(WINDOW) (6 %) of
 Poisson noise. The bursty preset's regimes have at most about 60 arrivals each; steady at 4x has 600 in a run."""
-MEMORY = 8
-"""Regimes of each kind whose rate and duration are remembered."""
 MAX_PIECES = 64
 """Most pieces in a forecast; past them the rest of the horizon gets the cycle's mean rate."""
 GUARD = 4.0
@@ -118,7 +105,6 @@ lognormal's mean prompt is a larger §6 class than most prompts (bursty: median 
 enough to hold the body and a tail of a few per cent, and follows a change of the mix within a few bursts."""
 
 _LOW, _HIGH = 0, 1
-_LGAMMA_PRIOR = math.lgamma(PRIOR_ARRIVALS)
 _KIND_NAMES = ("low", "high")
 _UP_NEAR, _UP_FAR, _DOWN_NEAR, _DOWN_FAR = 0, 1, 2, 3
 _DETECTORS = 4
@@ -173,33 +159,12 @@ class ArrivalLawStatistics:
     """Posterior probability that the current regime has its kind's rate rather than one of its own (0: one prior)."""
 
 
-def _prior_weight(counts: deque[tuple[int, float]], pooled: float, total_n: int, total_s: float) -> float:
-    """The weight, in arrivals, of a kind's pooled rate as the prior of its next regime's rate: empirical Bayes.
-
-    Regimes of one kind are a Gamma(α, β) of rates, each seen as Poisson counts ``n_i`` over ``s_i`` seconds. The
-    between-regime variance of the rates by the method of moments (the Poisson part of the counts' scatter
-    removed; DerSimonian & Laird, 1986, for rates): ``v = (Σ s_i (n_i/s_i - m)² - (k - 1) m) / (Σs - Σs²/Σs)``;
-    the prior's weight ``α = m² / v``. Regimes of one rate (an MMPP) scatter by their Poisson noise alone, v tends
-    to 0 and the pooled rate outweighs one burst's few arrivals; regimes whose rates differ leave the current
-    one's own count in charge. Bounded by :data:`PRIOR_ARRIVALS` below (the weight before two regimes are seen)
-    and the arrivals pooled above (the prior is never surer than its data)."""
-    if len(counts) < 2 or total_s <= 0:
-        return PRIOR_ARRIVALS
-    scatter = sum(s * (n / s - pooled) ** 2 for n, s in counts if s > 0) - (len(counts) - 1) * pooled
-    spread = total_s - sum(s * s for _, s in counts) / total_s
-    cap = max(float(total_n), PRIOR_ARRIVALS)
-    if scatter <= 0 or spread <= 0:
-        return cap
-    return min(max(pooled * pooled * spread / scatter, PRIOR_ARRIVALS), cap)
-
-
 class ArrivalLaw:
     """Online learner of a two-regime Poisson arrival law (see the module docstring for the why)."""
 
     __slots__ = ("_origin", "_now", "_rate_t", "_rate_n", "_recent", "_arrivals", "_kind", "_start", "_start_n",
-                 "_censored", "_hint", "_ref", "_alt", "_pooled_rate", "_prior_weight", "_mix", "_guard_end", "_armed",
-                 "_score", "_since_t", "_since_n", "_since_prev", "_last_arrival", "_durations", "_counts", "_changes",
-                 "_restarts",
+                 "_censored", "_hint", "_ref", "_alt", "_memory", "_mix", "_guard_end", "_armed", "_score", "_since_t",
+                 "_since_n", "_since_prev", "_last_arrival", "_changes", "_restarts",
                  "_prompt_sum", "_max_new_sum", "_generated_sum", "_finished", "_prompts", "_max_news", "_outputs")
 
     def __init__(self, origin: float | None = None) -> None:
@@ -235,14 +200,10 @@ class ArrivalLaw:
         self._since_n = [0] * _DETECTORS
         self._since_prev = [0.0] * _DETECTORS
         self._last_arrival = 0.0
-        self._durations: tuple[deque[tuple[float, bool]], deque[tuple[float, bool]]] = (
-            deque(maxlen=MEMORY), deque(maxlen=MEMORY))
-        self._counts: tuple[deque[tuple[int, float]], deque[tuple[int, float]]] = (
-            deque(maxlen=MEMORY), deque(maxlen=MEMORY))
-        self._pooled_rate = [0.0, 0.0]
-        self._prior_weight = [PRIOR_ARRIVALS, PRIOR_ARRIVALS]
-        """Weight, in arrivals, of each kind's pooled rate in a regime's rate (:meth:`_remember`)."""
-        self._mix: tuple[float, float, float, float] | None = None
+        self._memory = KindMemory()
+        """What each kind's ended regimes taught: pooled rates, their weights, durations (told at each change)."""
+        self._mix: KindMixture | None = None
+        """The current regime's two priors (:meth:`KindMemory.mixture`), fixed at its change; None: its own alone."""
         self._guard_end = -math.inf
         self._changes = 0
         self._restarts = 0
@@ -336,11 +297,11 @@ class ArrivalLaw:
         if kind is None or not self._phased(now):
             return (RatePiece(now, end, rate),)
         other = 1 - kind
-        durations = (self._mean_duration(_LOW), self._mean_duration(_HIGH))
+        durations = (self._memory.mean_duration(_LOW), self._memory.mean_duration(_HIGH))
         rates = [0.0, 0.0]
         rates[kind], rates[other] = self._kind_rate(kind, now), self._kind_rate(other, now)
         pieces: list[RatePiece] = []
-        t, k, r, d = now, kind, rate, self._residual(kind, now - self._start)
+        t, k, r, d = now, kind, rate, self._memory.residual(kind, now - self._start)
         while t < end and len(pieces) < MAX_PIECES - 1:
             e = min(t + d, end)
             if e > t:
@@ -356,8 +317,9 @@ class ArrivalLaw:
     def statistics(self) -> ArrivalLawStatistics:
         now = self._now if self._now is not None else 0.0
         kind = self._kind
-        learned = [self._kind_rate(k, now) if self._counts[k] or k == kind else 0.0 for k in (_LOW, _HIGH)]
-        durations = [self._mean_duration(k) if self._durations[k] else 0.0 for k in (_LOW, _HIGH)]
+        memory, mix = self._memory, self._mix
+        learned = [self._kind_rate(k, now) if memory.has_rate(k) or k == kind else 0.0 for k in (_LOW, _HIGH)]
+        durations = [memory.mean_duration(k) if memory.has_duration(k) else 0.0 for k in (_LOW, _HIGH)]
         return ArrivalLawStatistics(
             arrivals=self._arrivals, finished=self._finished, regime_changes=self._changes,
             rate_restarts=self._restarts, phased=kind is not None and self._phased(now),
@@ -366,8 +328,9 @@ class ArrivalLaw:
             high_rate_per_s=learned[_HIGH], low_rate_per_s=learned[_LOW],
             high_mean_duration_s=durations[_HIGH], low_mean_duration_s=durations[_LOW],
             mean_prompt_tokens=self.mean_prompt_tokens, mean_output_tokens=self.mean_output_tokens,
-            high_prior_arrivals=self._prior_weight[_HIGH], low_prior_arrivals=self._prior_weight[_LOW],
-            like_kind=self._like_kind(self._arrivals - self._rate_n, max(now - self._rate_t, 0.0)))
+            high_prior_arrivals=memory.prior_weight(_HIGH), low_prior_arrivals=memory.prior_weight(_LOW),
+            like_kind=0.0 if mix is None else mix.like_kind(self._arrivals - self._rate_n,
+                                                            max(now - self._rate_t, 0.0)))
 
     # ------------------------------------------------------------------ rates and durations
 
@@ -376,11 +339,9 @@ class ArrivalLaw:
         the submits up to ``now``: every one seen when None).
 
         Gamma-Poisson with the prior of :meth:`_prior`; where the kind's regimes have shown one rate (an empirical
-        Bayes weight :func:`_prior_weight` above :data:`PRIOR_ARRIVALS`), a mixture of two priors at even odds: the
-        regime is like its kind (that weight) or has a rate of its own (PRIOR_ARRIVALS), each weighed by how well it
-        predicts the regime's own count (its negative binomial marginal likelihood). A burst like the others reads
-        the kind's rate, not its first arrivals' Poisson noise; a burst at a new rate (a load shift under
-        NEAR_RATIO, never a change) moves to its own as its count departs from the kind's.
+        Bayes weight above :data:`PRIOR_ARRIVALS`), a mixture of two priors at even odds: the regime is like its kind
+        (that weight) or has a rate of its own (PRIOR_ARRIVALS), each weighed by how well it predicts the regime's own
+        count (:class:`~.arrival_memory.KindMixture`, where the why is).
 
         ``mixed=False``: the own prior alone, as the change tests read λ0 (:meth:`_set_reference`): what they test,
         and so every change point, is as before session 22, and an arrival costs what it did (the mixture's
@@ -396,96 +357,35 @@ class ArrivalLaw:
         mix = self._mix
         if mix is None or not mixed:
             return own
-        p_kind = self._like_kind(n, span)
-        return p_kind * (mix[0] + n) / (mix[1] + span) + (1.0 - p_kind) * own
-
-    def _like_kind(self, n: int, span: float) -> float:
-        """Posterior probability that a regime with ``n`` arrivals over ``span`` seconds has its kind's rate (the prior
-        worth the kind's empirical Bayes weight) rather than one of its own (worth PRIOR_ARRIVALS), at even prior
-        odds: the ratio of the two negative binomial marginal likelihoods of ``n`` (the ``n!`` and ``span**n`` terms
-        cancel). 0 where the kind's weight is no more than PRIOR_ARRIVALS (the two priors are one)."""
-        mix = self._mix
-        if mix is None:
-            return 0.0
-        weight, seconds, own_seconds, lgamma_weight = mix
-        log_odds = (PRIOR_ARRIVALS * math.log(own_seconds / (own_seconds + span))
-                    - weight * math.log(seconds / (seconds + span))
-                    + math.lgamma(PRIOR_ARRIVALS + n) - math.lgamma(weight + n) + lgamma_weight - _LGAMMA_PRIOR
-                    - n * math.log((own_seconds + span) / (seconds + span)))
-        # the log odds of "a rate of its own", clipped: exp never overflows
-        return 1.0 / (1.0 + math.exp(max(min(log_odds, 50.0), -50.0)))
-
-    def _set_mix(self) -> None:
-        """The current kind's two priors' constants (:meth:`_like_kind`), fixed until the next change: (weight,
-        seconds) of its kind's prior, the seconds of its own one, lgamma(weight); None where they are one."""
-        kind = self._kind
-        if kind is None or not self._counts[kind] or self._prior_weight[kind] <= PRIOR_ARRIVALS:
-            self._mix = None
-            return
-        weight, pooled = self._prior_weight[kind], self._pooled(kind)
-        self._mix = (weight, weight / pooled, PRIOR_ARRIVALS / pooled, math.lgamma(weight))
+        return mix.rate(n, span, own)
 
     def _prior(self) -> tuple[float, float]:
         """(arrivals, seconds) of the current regime's own Gamma prior: its kind's learned rate worth
         PRIOR_ARRIVALS, else the detector's hint."""
         kind = self._kind
-        if kind is not None and self._counts[kind]:
-            return PRIOR_ARRIVALS, PRIOR_ARRIVALS / self._pooled(kind)
+        if kind is not None and self._memory.has_rate(kind):
+            return PRIOR_ARRIVALS, PRIOR_ARRIVALS / self._memory.pooled(kind)
         if self._hint > 0:
             return HINT_ARRIVALS, HINT_ARRIVALS / self._hint
         return 0.0, 0.0
 
-    def _pooled(self, kind: int) -> float:
-        """The kind's rate over its remembered regimes (kept by :meth:`_remember`)."""
-        return self._pooled_rate[kind]
-
-    def _remember(self, kind: int, duration: float, censored: bool, arrivals: int, exposure: float) -> None:
-        """A regime of ``kind`` ended: its duration remembered, and its rate (``arrivals`` over ``exposure`` seconds)
-        if it had any exposure; the kind's pooled rate (half an arrival added: never 0 after a silent regime) and the
-        guard's end recomputed (both read at every arrival)."""
-        self._durations[kind].append((duration, censored))
-        if exposure <= 0:
-            return
-        self._counts[kind].append((max(arrivals, 0), exposure))
-        counts = self._counts[kind]
-        total_n, total_s = sum(n for n, _ in counts), sum(s for _, s in counts)
-        pooled = self._pooled_rate[kind] = (total_n + 0.5) / total_s
-        self._prior_weight[kind] = _prior_weight(counts, pooled, total_n, total_s)
-
     def _kind_rate(self, kind: int, now: float) -> float:
         """The kind's rate for a future regime: its remembered regimes pooled with the current one if it is of it."""
-        n = sum(c for c, _ in self._counts[kind])
-        seconds = sum(s for _, s in self._counts[kind])
+        n, seconds = self._memory.totals(kind)
         if kind == self._kind:
             n += self._arrivals - self._start_n
             seconds += max(now - self._start, 0.0)
-        if kind == self._kind and not self._counts[kind]:
+        if kind == self._kind and not self._memory.has_rate(kind):
             return self._regime_rate(now)
         return (n + 0.5) / seconds if seconds > 0 else 0.0
 
     def _phased(self, now: float) -> bool:
         """A phase is forecast only between two learned regimes whose rates differ by NEAR_RATIO or more."""
         kind = self._kind
-        if kind is None or not self._counts[1 - kind] or not self._durations[1 - kind]:
+        if kind is None or not self._memory.has_rate(1 - kind) or not self._memory.has_duration(1 - kind):
             return False
         high, low = self._kind_rate(_HIGH, now), self._kind_rate(_LOW, now)
         return high >= NEAR_RATIO * low
-
-    def _samples(self, kind: int) -> list[float]:
-        """The kind's complete durations, or its censored ones (lower bounds) while none is complete."""
-        seen = self._durations[kind]
-        complete = [d for d, censored in seen if not censored]
-        return complete if complete else [d for d, _ in seen]
-
-    def _mean_duration(self, kind: int) -> float:
-        samples = self._samples(kind) or self._samples(1 - kind)
-        return sum(samples) / len(samples) if samples else 0.0
-
-    def _residual(self, kind: int, age: float) -> float:
-        """Empirical mean residual life of a regime of ``kind`` at ``age``: ``mean(d - age for d > age)``."""
-        samples = self._samples(kind) or self._samples(1 - kind)
-        longer = [d - age for d in samples if d > age]
-        return sum(longer) / len(longer) if longer else 0.0
 
     # ------------------------------------------------------------------ change detection
 
@@ -507,7 +407,7 @@ class ArrivalLaw:
         not learned yet, its silence is its own rate's only evidence, and cut it would keep the detector's guess.
         """
         prior_n, prior_s = self._prior()
-        learned = self._kind is not None and bool(self._counts[self._kind])
+        learned = self._kind is not None and self._memory.has_rate(self._kind)
         read: tuple[float, int, float] | None = None
         for group, cut in (((_UP_NEAR, _UP_FAR), self._kind is not None), ((_DOWN_NEAR, _DOWN_FAR), learned)):
             cut_t, cut_n = now, self._arrivals
@@ -525,7 +425,7 @@ class ArrivalLaw:
             self._rearm(now)
             return
         kind = self._kind
-        other = self._pooled(1 - kind) if kind is not None and self._counts[1 - kind] else 0.0
+        other = self._memory.pooled(1 - kind) if kind is not None and self._memory.has_rate(1 - kind) else 0.0
         up, down = self._ref[_UP_NEAR], self._ref[_DOWN_NEAR]
         # the far alternative is the other kind's learned rate, towards it only; otherwise it is the near one
         self._alt[_UP_NEAR] = self._alt[_UP_FAR] = up * NEAR_RATIO
@@ -582,8 +482,8 @@ class ArrivalLaw:
 
     def _set_guard(self) -> None:
         kind = self._kind
-        complete = [d for d, censored in self._durations[kind] if not censored] if kind is not None else []
-        self._guard_end = self._start + 0.5 * min(complete) if complete else -math.inf
+        shortest = self._memory.shortest_complete(kind) if kind is not None else None
+        self._guard_end = self._start + 0.5 * shortest if shortest is not None else -math.inf
 
     def _threshold(self, now: float) -> float:
         return THRESHOLD + GUARD if now < self._guard_ends() else THRESHOLD
@@ -638,10 +538,10 @@ class ArrivalLaw:
             # its rate over its rate window only (from its alarm, or the slide): the arrivals or the silence that
             # raised the alarm were selected, and a steady stream's false alarm on a silence made a 'low' regime of
             # 0.23 req/s for 1 req/s, and with it a phase
-            self._remember(ended, duration, self._censored, before - self._rate_n, tau - self._rate_t)
+            self._memory.remember(ended, duration, self._censored, before - self._rate_n, tau - self._rate_t)
         self._kind, self._start, self._start_n, self._censored, self._hint = new, tau, before, False, hint
         self._rate_t, self._rate_n = now, self._arrivals
         self._set_guard()
-        self._set_mix()
+        self._mix = self._memory.mixture(new)
         self._rearm(now)
         self._set_reference(now)

@@ -1,4 +1,5 @@
-"""The learned law of arrivals (issue #13, :mod:`calculet.runtime.scheduling.arrival_law`).
+"""The learned law of arrivals (issue #13, :mod:`calculet.runtime.scheduling.arrival_law` and its kinds' memory,
+:mod:`~calculet.runtime.scheduling.arrival_memory`).
 
 Synthetic streams only (seeded numpy), no load simulator: a runtime module is tested on its own inputs. What is
 checked, and the mutant each test was seen to fail on (each applied by hand to a copy, the test run, reverted):
@@ -13,7 +14,7 @@ checked, and the mutant each test was seen to fail on (each applied by hand to a
   the first arrival counted;
 * an on/off stream: after two cycles, at a burst's start the forecast ends the burst where it ends, and in the
   quiet phase starts the next one where it starts — fails with the residual life taken as the whole mean
-  duration (``_residual`` ignoring the age), with the phase never forecast (``_phased`` False), with either
+  duration (``KindMemory.residual`` ignoring the age), with the phase never forecast (``_phased`` False), with either
   change point put at the alarm instead of the excursion's start, and without λ0's cut at the open excursion;
 * a 2.8 s silence 3 s into a learned burst does not end it — fails without the guard (``_threshold`` returning
   THRESHOLD alone);
@@ -28,8 +29,8 @@ checked, and the mutant each test was seen to fail on (each applied by hand to a
   ``DefinitionError`` and changes nothing — fails with each check removed;
 * (session 22) bursts of one rate read their kind's pooled rate — fails with the empirical Bayes weight fixed at
   PRIOR_ARRIVALS; a burst at a new rate (2x, under NEAR_RATIO) moves to its own — fails with the burst always taken
-  as like its kind (``_like_kind`` returning 1); the weight is the regimes' between-rate scatter — fails with the
-  Poisson part not subtracted and without the PRIOR_ARRIVALS floor. The test that forecasts between arrivals do not
+  as like its kind (``KindMixture.like_kind`` returning 1); the weight is the regimes' between-rate scatter — fails
+  with the Poisson part not subtracted and without the PRIOR_ARRIVALS floor. The test that forecasts between arrivals do not
   change what is learned compares to a relative 1e-12: a crossing's score drifted in one step or in several differs
   by an ulp, which the pooled weight carries into the last digit of a rate.
 """
@@ -44,7 +45,8 @@ import numpy as np
 import pytest
 
 from calculet.errors import DefinitionError
-from calculet.runtime.scheduling.arrival_law import MAX_PIECES, PRIOR_ARRIVALS, ArrivalLaw, RatePiece, _prior_weight
+from calculet.runtime.scheduling.arrival_law import MAX_PIECES, ArrivalLaw, RatePiece
+from calculet.runtime.scheduling.arrival_memory import PRIOR_ARRIVALS, _prior_weight
 
 ON_RATE, OFF_RATE, ON_S, OFF_S = 1.5, 0.05, 20.0, 40.0
 """The bursty preset's law at load 1 (calculet/loadsim/presets/bursty.yaml), written out: no loadsim import."""
@@ -285,8 +287,8 @@ def test_bursts_of_one_rate_read_their_kind_s_rate_rather_than_their_own_first_a
 def test_a_burst_at_a_new_rate_moves_to_its_own_rate() -> None:
     """Five cycles at 1.5 req/s, then a burst at 3 req/s (under NEAR_RATIO: not a change, maybe a rate restart): 10 s
     into it the forecast reads more than 1.65 req/s at the median of 10 seeds (1.80; its own count alone 2.0). Fails
-    with the burst always taken as like its kind (the mutant ``_like_kind`` returning 1.0: 1.44), which a load shift
-    would otherwise leave at the old rate for as many arrivals as the kind has pooled."""
+    with the burst always taken as like its kind (the mutant ``KindMixture.like_kind`` returning 1.0: 1.44), which a
+    load shift would otherwise leave at the old rate for as many arrivals as the kind has pooled."""
     rates, likes = [], []
     for seed in range(10):
         rng = np.random.default_rng(seed)
