@@ -16,7 +16,7 @@ from abc import ABCMeta, abstractmethod
 from http import HTTPStatus
 from typing import Any
 
-from calculet.runtime.engine.admission_snapshot import FIT_IN_REASON, NEVER_REASON
+from calculet.runtime.engine.early_refusal import FIT_IN_REASON, NEVER_REASON
 from calculet.server.errors import RETRY_AFTER_S, admission_error
 
 log = logging.getLogger("calculet.server")

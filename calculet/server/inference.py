@@ -38,7 +38,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from calculet.errors import CalculetError
-from calculet.runtime.engine.admission_snapshot import EarlyRefusal
+from calculet.runtime.engine.early_refusal import EarlyRefusal
 from calculet.runtime.engine.types import GenerateRequest
 from calculet.runtime.request import RequestOutcome
 from calculet.runtime.scheduling.plan import Submission

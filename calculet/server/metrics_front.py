@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from calculet.runtime.engine.admission_snapshot import FORWARD_REASONS, EarlyAdmissionStatistics
+from calculet.runtime.engine.early_refusal import FORWARD_REASONS, EarlyAdmissionStatistics
 from calculet.server.lane_statistics import RefusalLaneStatistics
 from calculet.server.metrics_families import by, counter, gauge
 

@@ -61,7 +61,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from calculet.runtime.engine.admission_snapshot import HELD, HOLD_IN_FLIGHT, refusal_reason
+from calculet.runtime.engine.admission_snapshot import HELD, HOLD_IN_FLIGHT
+from calculet.runtime.engine.early_refusal import refusal_reason
 from calculet.server.edge_answers import AnswerBytes, new_request_id
 from calculet.server.errors import APIError
 from calculet.server.inference import GENERATION_ROUTES, HOLD_ROUNDS, INLINE_BODY, ApiGeneration, on_loop

@@ -68,8 +68,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from calculet.runtime.engine.early_refusal import (FIT_IN_REASON, FORWARD_REASONS, NEVER_REASON,  # noqa: F401
-                                                   EarlyAdmissionStatistics, EarlyRefusal, refusal_reason)
+from calculet.runtime.engine.early_refusal import FORWARD_REASONS, EarlyAdmissionStatistics, EarlyRefusal
 from calculet.runtime.scheduling.finish_estimate import ON_TIME_EPS_S, DeviceModel
 from calculet.runtime.scheduling.admission import ModelAvailability
 from calculet.runtime.scheduling.lane_time import LaneCost
@@ -558,6 +557,5 @@ class EarlyAdmission:
                                         self._max_since, len(self.slots), self._held, self._provisional)
 
 
-__all__ = ["AdmissionSnapshot", "EarlyAdmission", "EarlyAdmissionStatistics", "EarlyRefusal", "FIT_IN_REASON",
-           "FORWARD_REASONS", "FRONT_RETRY_SLOTS", "HELD", "HOLD_IN_FLIGHT", "NEVER_REASON", "refusal_reason",
-           "MAX_AGE_S", "take_snapshot"]
+__all__ = ["AdmissionSnapshot", "EarlyAdmission", "FRONT_RETRY_SLOTS", "HELD", "HOLD_IN_FLIGHT", "MAX_AGE_S",
+           "take_snapshot"]

@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from calculet.runtime.engine.admission_snapshot import EarlyRefusal, refusal_reason
+from calculet.runtime.engine.early_refusal import EarlyRefusal, refusal_reason
 from calculet.server.edge_answers import _STATUS_LINE, AnswerBytes
 from calculet.server.errors import admission_error
 from calculet.server.logs import log_fields

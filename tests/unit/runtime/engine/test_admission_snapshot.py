@@ -13,7 +13,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from calculet.runtime.engine.admission_snapshot import (HELD, HOLD_IN_FLIGHT, AdmissionSnapshot, EarlyAdmission,
-                                                      EarlyRefusal, take_snapshot)
+                                                      take_snapshot)
+from calculet.runtime.engine.early_refusal import EarlyRefusal
 from calculet.runtime.scheduling.on_time_retry import RetrySlots
 from tests.unit.runtime.runtime_support import Harness
 from tests.unit.runtime.scheduling.retry_reference import PlainRetrySlots

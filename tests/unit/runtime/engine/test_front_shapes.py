@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from calculet.runtime.engine.admission_snapshot import SHAPES_PER_SNAPSHOT, EarlyAdmission, EarlyRefusal
+from calculet.runtime.engine.admission_snapshot import SHAPES_PER_SNAPSHOT, EarlyAdmission
+from calculet.runtime.engine.early_refusal import EarlyRefusal
 from tests.unit.runtime.engine.test_admission_snapshot import _decide, _harness, _snapshot
 
 
