@@ -121,7 +121,7 @@ class OnTimePolicy:
             if self._shape_of is not None:  # a new generation's profile set: the device starts afresh
                 planner.restart()
             self._shape_of = profiles
-            self._shape = (profiles.select_profile(2**31).compiled_batch, profiles.prefill_chunk_tokens)
+            self._shape = (profiles.largest.compiled_batch, profiles.prefill_chunk_tokens)
             if self._shape[0] > 1 and planner.report.arrivals is None:
                 # B>1: the law of arrivals the reported estimate's rollout forecasts from, learned from the submits
                 # from now on (:mod:`.arrival_law`; told at :meth:`screen` and on each end). B1: no law, no cost.
@@ -207,7 +207,7 @@ class OnTimePolicy:
 
     def lanes(self) -> int:
         profiles = self._profiles()
-        batch = 1 if profiles is None else profiles.select_profile(2**31).compiled_batch
+        batch = 1 if profiles is None else profiles.largest.compiled_batch
         return batch * self._engines()
 
     # ------------------------------------------------------------------ admission (§5.2)

@@ -25,6 +25,11 @@ from calculet.errors import ConfigError, DefinitionError
 from calculet.runtime.scheduling.asked_once import AskedOnce
 
 
+_PAST_EVERY_THRESHOLD = 2**31
+"""A Ready count no device holds, at or past every configured threshold (they are ints; one above it would name a
+profile no Ready count ever selects, which :attr:`ProfileSet.largest` then leaves out, as selection does)."""
+
+
 @dataclass(frozen=True, slots=True)
 class LaneFill:
     """What an inactive lane of a partial batch carries: the token and position (§7.3).
@@ -135,6 +140,7 @@ class ProfileSet:
         """:meth:`select_profile` of each Ready count asked so far (the decode step's profile, issue #20): the set of
         one generation is fixed once built, so a count's profile is decided once, and a steady rotation, whose
         Ready count repeats step after step, reads it instead of asking again."""
+        self._largest = self.select_profile(_PAST_EVERY_THRESHOLD)
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -157,7 +163,11 @@ class ProfileSet:
 
     @property
     def largest(self) -> ProfileSpec:
-        return self._usable[self._order[0]]
+        """The largest compiled batch a decode step may run: the profile §8 selection (R8.1) picks for a Ready count
+        past every threshold. The batch the finish estimate's device model and the lanes of the on-time policy are
+        sized by (:mod:`.on_time`); one name for what both read as ``select_profile(2**31)`` before session 24.
+        Fixed at construction, like the set."""
+        return self._largest
 
     def get(self, compiled_batch: int) -> ProfileSpec:
         """The usable profile of this size; ``ConfigError`` if there is none (fail fast)."""

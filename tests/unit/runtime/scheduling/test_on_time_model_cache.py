@@ -27,7 +27,7 @@ def fresh(policy: OnTimePolicy) -> DeviceModel | None:
     if profiles is None or planner.step_times.decode_step_s <= 0:
         return None
     fixed, per_token = planner.prefill_times.cost()
-    return DeviceModel(planner.step_times.decode_step_s, profiles.select_profile(2**31).compiled_batch,
+    return DeviceModel(planner.step_times.decode_step_s, profiles.largest.compiled_batch,
                        policy._engines(), fixed, per_token, profiles.prefill_chunk_tokens,
                        planner.step_times.token_s, planner.step_times.period_high_s, planner.step_times.slot_token_s)
 

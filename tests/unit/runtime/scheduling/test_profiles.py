@@ -37,6 +37,17 @@ def test_select_profile_examples():
     assert pset((1, 8)).select_profile(5, 0.0).compiled_batch == 1
 
 
+@pytest.mark.req("R8.1")
+@pytest.mark.parametrize("sizes", [(1,), (1, 4), (1, 4, 8), (1, 4, 8, 16), (1, 8)])
+def test_the_largest_profile_is_what_selection_picks_past_every_threshold(sizes):
+    """``largest`` (the on-time policy's device model and lanes, session 24) is one name for the former
+    ``select_profile(2**31)``: the largest usable size. Fails with it the smallest, or computed from the requested
+    sizes rather than the usable ones (next test)."""
+    profiles = pset(sizes)
+    assert profiles.largest is profiles.select_profile(2**31)
+    assert profiles.largest.compiled_batch == max(sizes)
+
+
 @pytest.mark.req("R8.2")
 def test_thresholds_come_from_configuration():
     config = make_config(batch={"profiles": [1, 4, 8], "select_thresholds": {4: 2, 8: 4}})
@@ -70,6 +81,7 @@ def test_a_batched_profile_without_mask_contract_never_enters_ready():
     profiles = ProfileSet(manifest, requested=[1, 4], thresholds=THRESHOLDS, multi_profile_residency=True)
     assert profiles.sizes == (1,) and "mask contract" in profiles.unusable[4]
     assert {profiles.select_profile(n).compiled_batch for n in range(20)} == {1}
+    assert profiles.largest.compiled_batch == 1
     with pytest.raises(ConfigError, match="mask contract"):
         profiles.get(4)
     with pytest.raises(ConfigError, match="no requested profile may enter Ready"):
