@@ -205,16 +205,20 @@ def render_all() -> dict[str, str]:
 
 def render_code() -> dict[str, str]:
     """Each shipped machine's generated module, by file name under ``CODE_DIR`` (``kv_sequence.py`` for
-    ``KvSequenceMachine``), and the RequestLaneSystem's part checks (:mod:`calculet.runtime.scheduling.joint_codegen`),
+    ``KvSequenceMachine``), the RequestLaneSystem's part checks (:mod:`calculet.runtime.scheduling.joint_codegen`) and
+    the KvLanePool's reduced guard, measures and one-lane invariants (:mod:`calculet.runtime.scheduling.kv_guard`),
     exactly as they should be on disk. Reads the package's own ``ALL_MACHINES``: the code the runtime imports is
     that of the shipped declarations, whatever documents are asked for."""
     from calculet.machines.codegen_module import module_source
+    from calculet.machines.kv_pool import KvLanePool
     from calculet.machines.request_lanes import RequestLaneSystem
-    from calculet.runtime.scheduling import joint_codegen
+    from calculet.runtime.scheduling import joint_codegen, kv_guard
 
     code = {f"{snake_name(m.__name__)}.py": module_source(m.definition, qualified(m)) for m in _machines.ALL_MACHINES}
     code[joint_codegen.WRITTEN.rsplit(".", 1)[1] + ".py"] = joint_codegen.module_source(
         RequestLaneSystem.definition, qualified(RequestLaneSystem))
+    code[kv_guard.WRITTEN.rsplit(".", 1)[1] + ".py"] = kv_guard.module_source(KvLanePool.definition,
+                                                                             qualified(KvLanePool))
     return code
 
 

@@ -14,9 +14,18 @@ declared guard — not a copy of its rules — but on a *reduced pool* of two la
   ``max_kv_tokens``, one per held lane for ``max_sequences``), whose pool-wide sums the manager
   keeps incrementally.
 
-The guard is evaluated on z3 terms for that two-lane view once, at import, and printed as Python
-(the same translation as the machines' dispatch, :mod:`calculet.machines.codegen`), so a
-reservation reads a few attributes. Why this is the declared guard and not a weaker one:
+The guard is evaluated on z3 terms for that two-lane view and printed as Python (the same translation as the
+machines' dispatch, :mod:`calculet.machines.codegen`), so a reservation reads a few attributes; so are the measures,
+the totals' moves and the pool's invariants on a one-lane view (the monitor's usual part).
+
+Where that code lives (session 24): it is a function of the pool's *declaration*
+(:class:`~calculet.machines.kv_pool.KvLanePool`) and of :data:`MEASURES`, not of the configuration — the lanes and
+the budgets' values are arguments at run time — so it takes the machines' route (``docs/machines_codegen.md``):
+``python -m calculet.specgen`` writes it to ``calculet/machines/generated/kv_lane_pool.py`` (:func:`module_source`),
+``specgen --check`` (CI) fails when that file is not what the declaration prints, and the runtime imports it. A
+pool that is not the shipped declaration (a test's weakened one), or a written module whose recorded shape
+(:func:`pool_shape`) is stale, has the same text generated and ``exec``'d here, as before (stale: with a warning).
+Why this is the declared guard and not a weaker one:
 
 * :func:`prove_reduction` proves with z3, for pools of ``n`` lanes, that the declared guard on
   the whole pool equals the compiled guard on the reduced one whenever the lanes left out do
@@ -32,6 +41,11 @@ reservation reads a few attributes. Why this is the declared guard and not a wea
 
 from __future__ import annotations
 
+import hashlib
+import importlib
+import inspect
+import warnings
+from types import ModuleType
 from typing import Any, Callable, Mapping
 
 import z3
@@ -39,10 +53,13 @@ import z3
 from calculet.logic.expr import If, Not
 from calculet.logic.symbolic import SymbolicVars, symbolic_args
 from calculet.machines.codegen import ExprPrinter
+from calculet.machines.kv_pool import KvLanePool
 from calculet.machines.pool import PoolDefinition, PoolView
+from calculet.machines.written import GENERATED_PACKAGE, shape
 
-__all__ = ["MEASURES", "ReserveGuard", "compile_ghost_updates", "compile_measures", "compile_moves",
-           "compile_one_lane_invariants", "compile_reserve_guard", "events_keeping_measures", "measure_totals", "prove_reduction"]
+__all__ = ["MEASURES", "WRITTEN", "ReserveGuard", "compile_measures", "compile_moves", "compile_one_lane_invariants",
+           "compile_reserve_guard", "events_keeping_measures", "measure_totals", "module_source", "pool_shape",
+           "prove_reduction"]
 
 MEASURES: Mapping[str, Callable[[Any], Any]] = {
     "max_kv_tokens": lambda lane: lane.reserved_len,
@@ -79,6 +96,13 @@ class _ReducedPrinter(ExprPrinter):
         raise TypeError(f"unknown symbol {name!r} in the reduced pool guard")
 
     def expr(self, e: Any) -> str:
+        if isinstance(e, z3.ExprRef) and (z3.is_and(e) or z3.is_or(e)):
+            # ``z3.simplify`` orders a conjunction's or disjunction's operands by term id, which depends on every
+            # term made before in the process: printed in text order, the written module is the same whatever ran
+            # first (``specgen --check``). The operands read attributes of two lanes and the arguments, and cannot
+            # raise, so their order changes no verdict (as joint_codegen's parts).
+            parts = sorted(self.expr(k) for k in e.children())
+            return "(" + (self.AND if z3.is_and(e) else self.OR).join(parts) + ")"
         if isinstance(e, z3.ExprRef) and z3.is_eq(e):
             left, right = e.children()
             if z3.is_const(left) and left.decl().name() in (f"state_{lane}" for lane in _LANES) \
@@ -99,7 +123,13 @@ def _symbolic_view(pool: PoolDefinition, budgets: Mapping[str, Any]) -> tuple[Po
 
 
 def compile_reserve_guard(pool: PoolDefinition) -> tuple[ReserveGuard, str]:
-    """The declared reserve guard of ``pool`` on the reduced view, as a Python function and its source."""
+    """The declared reserve guard of ``pool`` on the reduced view, as a Python function and its source (the written
+    module's for the shipped pool, else generated and ``exec``'d now)."""
+    return _function(pool, "reserve_guard")
+
+
+def reserve_guard_source(pool: PoolDefinition) -> str:
+    """The source of ``reserve_guard``: the declared reserve guard of ``pool`` printed on the reduced view."""
     op = pool.ops["reserve"]
     ev = pool.instance.definition.events["reserve"]
     budgets = {name: z3.Int(name) for name in pool.params}
@@ -117,12 +147,9 @@ def compile_reserve_guard(pool: PoolDefinition) -> tuple[ReserveGuard, str]:
         f"    {name} = budgets[{k}] - used[{k}]"
         + "".join(f" + ({printer.expr(z3.simplify(_as_int(MEASURES[name](lane))))})" for lane in lanes) + "\n"
         for k, name in enumerate(pool.params))
-    source = (f"def reserve_guard({params}):  # {pool.name}.reserve on the reduced view (kv_guard)\n"
-              f"{lowered}"
-              f"    return {printer.expr(z3.simplify(term))}\n")
-    namespace: dict[str, Any] = {}
-    exec(compile(source, f"<calculet pool guard {pool.name}>", "exec"), namespace)  # noqa: S102 - generated
-    return namespace["reserve_guard"], source
+    return (f"def reserve_guard({params}):  # {pool.name}.reserve on the reduced view (kv_guard)\n"
+            f"{lowered}"
+            f"    return {printer.expr(z3.simplify(term))}\n")
 
 
 def measure_totals(pool: PoolDefinition, lanes: Any) -> list[int]:
@@ -132,15 +159,18 @@ def measure_totals(pool: PoolDefinition, lanes: Any) -> list[int]:
 
 
 def compile_measures(pool: PoolDefinition) -> tuple[Callable[[Any], tuple[int, ...]], str]:
-    """``measures(lane)``: what the lane uses of each budget, in ``pool.params`` order, as Python."""
+    """``measures(lane)``: what the lane uses of each budget, in ``pool.params`` order, as Python (the written
+    module's for the shipped pool, else generated and ``exec``'d now), and its source."""
+    return _function(pool, "measures")
+
+
+def measures_source(pool: PoolDefinition) -> str:
+    """The source of ``measures(l0)``, printed from :data:`MEASURES` on one lane."""
     view, lanes = _symbolic_view(pool, {})
     printer = _ReducedPrinter(pool.instance.definition, set(), pool.ghosts)
     terms = [z3.simplify(_as_int(MEASURES[name](lanes[0]))) for name in pool.params]
-    source = (f"def measures(l0):  # {pool.name}: each budget's use by one lane (kv_guard.MEASURES)\n"
-              f"    return ({''.join(printer.expr(t) + ', ' for t in terms)})\n")
-    namespace: dict[str, Any] = {}
-    exec(compile(source, f"<calculet pool measures {pool.name}>", "exec"), namespace)  # noqa: S102 - generated
-    return namespace["measures"], source
+    return (f"def measures(l0):  # {pool.name}: each budget's use by one lane (kv_guard.MEASURES)\n"
+            f"    return ({''.join(printer.expr(t) + ', ' for t in terms)})\n")
 
 
 class _OneLanePrinter(_ReducedPrinter):
@@ -158,7 +188,13 @@ def compile_one_lane_invariants(pool: PoolDefinition) -> tuple[Callable[[Any, An
     straight-line Python from the z3 terms of the declared predicates on that view — how the machines' own
     invariants are compiled (codegen.generate_invariant_check). The pool monitor's usual part is one lane
     (kv_checks, *Parts*): issue #20, the expression helpers walked per part and per invariant were most of a
-    sampled check."""
+    sampled check. The written module's for the shipped pool, else generated and ``exec``'d now; and its source."""
+    return _function(pool, "one_lane_broken")
+
+
+def one_lane_invariants_source(pool: PoolDefinition) -> str:
+    """The source of ``one_lane_broken(l0, g, budgets)``: each declared invariant of ``pool`` printed on the view of
+    one lane."""
     inst = pool.instance.definition
     budgets = {name: z3.Int(name) for name in pool.params}
     view = PoolView([SymbolicVars(inst, "_l0")], budgets, [{g: z3.Int(f"{g}_l0") for g in pool.ghosts}])
@@ -169,25 +205,103 @@ def compile_one_lane_invariants(pool: PoolDefinition) -> tuple[Callable[[Any, An
         term = inv.predicate(view)
         term = z3.BoolVal(term) if isinstance(term, bool) else term
         lines += [f"    if not {printer.expr(z3.simplify(term))}:", f"        broken.append({inv.name!r})"]
-    source = "\n".join([*lines, "    return broken"]) + "\n"
-    namespace: dict[str, Any] = {}
-    exec(compile(source, f"<calculet pool invariants {pool.name}>", "exec"), namespace)  # noqa: S102 - generated
-    return namespace["one_lane_broken"], source
+    return "\n".join([*lines, "    return broken"]) + "\n"
 
 
 def compile_moves(pool: PoolDefinition) -> tuple[Callable[[list[int], tuple[int, ...], Any], None], str]:
     """``moves(totals, before, l0)``: each budget's total in ``totals`` (``pool.params`` order) moved by what
     lane ``l0`` uses now less what it used ``before`` (its :func:`compile_measures` tuple before an event),
-    one generated line per budget (issue #20: no loop, no second tuple per event)."""
+    one generated line per budget (issue #20: no loop, no second tuple per event). The written module's for the
+    shipped pool, else generated and ``exec``'d now; and its source."""
+    return _function(pool, "moves")
+
+
+def moves_source(pool: PoolDefinition) -> str:
+    """The source of ``moves(totals, before, l0)``, printed from :data:`MEASURES` on one lane."""
     view, lanes = _symbolic_view(pool, {})
     printer = _ReducedPrinter(pool.instance.definition, set(), pool.ghosts)
     lines = "".join(f"    totals[{k}] += ({printer.expr(z3.simplify(_as_int(MEASURES[name](lanes[0]))))}) - before[{k}]\n"
                     for k, name in enumerate(pool.params))
-    source = (f"def moves(totals, before, l0):  # {pool.name}: the budget totals follow one lane (kv_guard.MEASURES)\n"
-              + (lines or "    pass\n"))
+    return (f"def moves(totals, before, l0):  # {pool.name}: the budget totals follow one lane (kv_guard.MEASURES)\n"
+            + (lines or "    pass\n"))
+
+
+# ------------------------------------------------------------------ the written module (session 24)
+
+WRITTEN = f"{GENERATED_PACKAGE}.kv_lane_pool"
+"""The written module of the shipped KvLanePool's generated functions (``python -m calculet.specgen``)."""
+
+_SOURCES: dict[str, tuple[Callable[[PoolDefinition], str], str]] = {
+    "reserve_guard": (reserve_guard_source, "pool guard"),
+    "measures": (measures_source, "pool measures"),
+    "moves": (moves_source, "pool moves"),
+    "one_lane_broken": (one_lane_invariants_source, "pool invariants"),
+}
+"""Each generated function, in the written module's order: its printer and the label of its ``exec``'d form."""
+
+
+def pool_shape(pool: PoolDefinition) -> str:
+    """What the written module of ``pool`` depends on besides the bodies of its reserve guard, its invariants and
+    :data:`MEASURES`: the pool's name, budget parameters, ghosts, operations (and whether reserve has a guard),
+    invariants' names, the measures' names and its instance machine's shape (:func:`calculet.machines.written.shape`).
+    Without z3: checked at each import; a changed body is what ``specgen --check`` catches."""
+    parts = (pool.name, tuple(pool.params), tuple(pool.ghosts), tuple(pool.ops), "reserve" in pool.ops
+             and pool.ops["reserve"].guard is None, tuple(inv.name for inv in pool.invariants), tuple(MEASURES),
+             shape(pool.instance.definition))
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def module_source(pool: PoolDefinition, declaration: str) -> str:
+    """The module text of ``pool``'s four generated functions: what ``python -m calculet.specgen`` writes to
+    ``calculet/machines/generated/`` for the shipped KvLanePool."""
+    header = [
+        f'"""The generated functions of {pool.name}\'s reduced reserve guard, budget measures and one-lane',
+        "invariants — do not edit: regenerate with `python -m calculet.specgen`.",
+        "",
+        "Printed by calculet.runtime.scheduling.kv_guard (issues #17, #20) from the z3 terms of the guard and the",
+        "invariants declared in",
+        f"{declaration}",
+        "and of kv_guard.MEASURES; `python -m calculet.specgen --check` fails when this file is not what they",
+        "produce. The KV lane manager and its monitor import it instead of generating it at start.",
+        '"""',
+        "",
+        f"DECLARATION = {declaration!r}",
+        f"SHAPE = {pool_shape(pool)!r}",
+        "",
+    ]
+    return "\n".join(header) + "\n" + "\n\n".join(printer(pool) for printer, _ in _SOURCES.values())
+
+
+def _written(pool: PoolDefinition) -> ModuleType | None:
+    """The written module when ``pool`` is the shipped KvLanePool's declaration and the module was made for its shape;
+    else None (another pool, or a stale module: then generated here, with a warning)."""
+    if pool is not KvLanePool.definition:
+        return None
+    try:
+        module = importlib.import_module(WRITTEN)
+    except ModuleNotFoundError as exc:
+        if exc.name != WRITTEN:
+            raise
+        return None
+    if module.SHAPE != pool_shape(pool):
+        warnings.warn(f"{WRITTEN} is stale: generating {pool.name}'s functions at import; "
+                      "run `python -m calculet.specgen` to rewrite it", stacklevel=3)
+        return None
+    return module
+
+
+def _function(pool: PoolDefinition, name: str) -> tuple[Any, str]:
+    """The generated function ``name`` of ``pool`` and its source: the written module's, else printed and
+    ``exec``'d now."""
+    module = _written(pool)
+    if module is not None:
+        function = getattr(module, name)
+        return function, inspect.getsource(function)
+    printer, label = _SOURCES[name]
+    source = printer(pool)
     namespace: dict[str, Any] = {}
-    exec(compile(source, f"<calculet pool moves {pool.name}>", "exec"), namespace)  # noqa: S102 - generated
-    return namespace["moves"], source
+    exec(compile(source, f"<calculet {label} {pool.name}>", "exec"), namespace)  # noqa: S102 - generated
+    return namespace[name], source
 
 
 def events_keeping_measures(pool: PoolDefinition) -> frozenset[str]:

@@ -33,14 +33,15 @@ def code() -> dict[str, str]:
 
 def test_the_written_modules_are_what_the_declarations_produce(code):
     """Every shipped declaration's module under calculet/machines/generated/ is byte for byte what
-    ``codegen_module.module_source`` (the machines) or ``joint_codegen.module_source`` (the RequestLaneSystem's part
-    checks) prints from it now, and no other module is there. Mutant caught (applied
+    ``codegen_module.module_source`` (the machines), ``joint_codegen.module_source`` (the RequestLaneSystem's part
+    checks) or ``kv_guard.module_source`` (the KvLanePool's reduced guard, session 24) prints from it now, and no
+    other module is there. Mutant caught (applied
     once): a guard edited by hand in generated/kv_sequence.py (``tokens <= self.max_seq`` to ``< ``) — the file
     differs from the declaration's."""
     problems = specgen.check_code(specgen.CODE_DIR, code)
     assert problems == [], f"calculet/machines/generated/ is stale; {REGENERATE}:\n" + "\n".join(problems)
     machines = [f"{name.rsplit('.', 1)[1]}.py" for name in (module_name(m) for m in ALL_MACHINES) if name]
-    assert sorted(code) == sorted([*machines, "request_lane_system_parts.py"])
+    assert sorted(code) == sorted([*machines, "request_lane_system_parts.py", "kv_lane_pool.py"])
 
 
 @pytest.mark.parametrize("machine", ALL_MACHINES, ids=lambda m: m.definition.name)
@@ -160,3 +161,54 @@ def test_the_part_checks_print_the_same_whatever_z3_made_before():
     text = joint_codegen.module_source(RequestLaneSystem.definition, joint_codegen.RequestLaneSystem.__module__ +
                                        ".RequestLaneSystem")
     assert text == (specgen.CODE_DIR / "request_lane_system_parts.py").read_text(), "run `python -m calculet.specgen`"
+
+
+def test_the_kv_lane_manager_runs_the_written_pool_functions(monkeypatch):
+    """The KvLanePool's reduced reserve guard, measures, moves and one-lane invariants come from the written
+    ``generated/kv_lane_pool.py`` (session 24; tests/unit/runtime/scheduling/test_kv_guard.py proves the reduction and
+    seeds the faults); a pool that is not the shipped declaration (a weakened copy) has its own generated and
+    ``exec``'d, and a written module of another shape is not used (a warning names the command). Mutants caught
+    (applied once): ``kv_guard._written`` returning None (the functions exec'd at start); the SHAPE comparison
+    removed (the stale module returned)."""
+    import dataclasses
+    import inspect
+
+    from calculet.machines.kv_pool import KvLanePool
+    from calculet.runtime.scheduling import kv, kv_checks, kv_guard
+
+    module = sys.modules[kv_guard.WRITTEN]
+    pool = KvLanePool.definition
+    for compile_function in (kv_guard.compile_reserve_guard, kv_guard.compile_measures, kv_guard.compile_moves,
+                             kv_guard.compile_one_lane_invariants):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            function, source = compile_function(pool)
+        assert function.__globals__ is module.__dict__ and source.startswith(f"def {function.__name__}(")
+    assert kv._RESERVE_GUARD is module.reserve_guard and kv._MEASURES is module.measures
+    assert kv._MOVES is module.moves and kv_checks._MEASURES is module.measures
+    copy = dataclasses.replace(pool)
+    guard, source = kv_guard.compile_reserve_guard(copy)
+    assert guard.__globals__ is not module.__dict__ and source == inspect.getsource(module.reserve_guard)
+    renamed = dataclasses.replace(pool, invariants=pool.invariants[:-1])
+    assert kv_guard.pool_shape(renamed) != module.SHAPE
+    assert kv_guard._written(renamed) is None  # not the shipped declaration
+    monkeypatch.setattr(KvLanePool, "definition", renamed)  # the declaration lost an invariant, specgen not run
+    with pytest.warns(UserWarning, match=r"stale.*python -m calculet.specgen"):
+        assert kv_guard._written(renamed) is None
+
+
+def test_the_pool_functions_print_the_same_whatever_z3_made_before():
+    """As the part checks (above): the written KV pool functions do not depend on the order z3 made terms in before
+    they were printed (the reserve guard's conjunction is printed in text order). Mutant caught (applied once):
+    ``kv_guard._ReducedPrinter`` printing the operands in z3's order instead of sorted."""
+    import z3
+
+    from calculet.machines.kv_pool import KvLanePool
+    from calculet.runtime.scheduling import kv_guard
+
+    names = ["state_l1", "generation_l1", "seq_id_l1", "gen", "seq", "tokens", "reserved_len_l1", "max_sequences"]
+    made_first = [z3.Int(f"g24_{i}") <= z3.Int("tokens") for i in range(300)]
+    made_first += [z3.Not(z3.Int(a) == z3.Int(b)) for a in names for b in names]
+    made_first += [z3.Int("seq_id_l1") == z3.Int("seq"), z3.Int("generation_l1") == z3.Int("gen")]
+    text = kv_guard.module_source(KvLanePool.definition, "calculet.machines.kv_pool.KvLanePool")
+    assert text == (specgen.CODE_DIR / "kv_lane_pool.py").read_text(), "run `python -m calculet.specgen`"
