@@ -97,6 +97,9 @@ class OnTimePolicy:
         self.planner.best_token_s = self._best_token_s
         if self.planner.any_itl:
             prefill.gate = self.prefill_fits_itl
+        self.cap_reader: Callable[[], int | None] | None = self.decode_cap if self.planner.any_itl else None
+        """:meth:`decode_cap`, or None where no tenant has an ITL target (``any_itl`` is fixed by the configuration): the
+        admission pass then reads no cap, without a call (#20: a queued ``submit()`` asked twice for the None)."""
 
     _shape_of: ProfileSet | None = None
     """The profile set :attr:`_shape` was read from (a ``ProfileSet`` is fixed at construction)."""

@@ -129,6 +129,7 @@ class Scheduler:
             step_times=self.step_times, prefill_times=self.prefill_times,
             engines=lambda: self.jobs.max_inflight, profiles=lambda: self.generations.profiles,
             prefilled=lambda rec: 0 if rec.lease is None else self.kv.owned_position(rec.lease) or 0)
+        self._decode_cap = None if self.on_time is None else self.on_time.cap_reader  # None: no cap, no call (#20)
 
     # ------------------------------------------------------------------ model (§10, §12)
 
@@ -428,11 +429,9 @@ class Scheduler:
         return self.changes.settle(not self.admission.waiting, self._deadlines.next_due())
 
     def _admit_now(self, rec: RequestRecord, now: float) -> bool:
-        """Admit ``rec``, a new request passing screening while its generation is Ready, at once if nothing
-        else waits and the budget has room, as the queue would have done (issue #20: one ``admit_now`` event,
-        no waiting budget held and given back, no push, peek and pop of the fair queue). False: it waits."""
-        admission = self.admission
-        cap = self.on_time.decode_cap() if self.on_time is not None else None
+        """Admit ``rec`` (new, screened, its generation Ready) at once if nothing else waits and the budget has room,
+        as the queue would (#20: one ``admit_now`` event, no waiting budget held and given back). False: it waits."""
+        admission, cap = self.admission, self._decode_cap() if self._decode_cap is not None else None
         if (cap is not None and admission.active >= cap) or not admission.admissible_at_once(rec, self.kv.free_lanes):
             return False
         self._admit(rec, now, self.generations.generation)
@@ -444,17 +443,18 @@ class Scheduler:
         ready = self.generations.availability is ModelAvailability.READY
         if not ready or not admission.waiting:
             return  # nothing waits (every step of a saturated decode rotation): nothing to admit (issue #20)
-        kv, changes = self.kv, self.changes
-        cap = self.on_time.decode_cap() if self.on_time is not None else None
-        if changes.blocked == (changes.count, kv.free_lanes, cap):
+        kv, changes, free = self.kv, self.changes, self.kv.free_lanes  # free: moved only by _admit (#20: read 3 times)
+        cap = self._decode_cap() if self._decode_cap is not None else None
+        if changes.blocked == (changes.count, free, cap):
             admission.blocked_again()  # the last pass's head, held out again (Changes.blocked)
             return
         while cap is None or admission.active < cap:
-            rec = admission.next_admissible(kv.free_lanes)
+            rec = admission.next_admissible(free)
             if rec is None:
-                changes.held_out(admission.blocked_by, kv.free_lanes, cap)
+                changes.held_out(admission.blocked_by, free, cap)
                 return
             self._admit(rec, now)
+            free = kv.free_lanes
 
     def _admit(self, rec: RequestRecord, now: float, bind: int = 0) -> None:
         """``rec`` leaves the waiting budget for a KV lane and the prefill queue (admission found room);
