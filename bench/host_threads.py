@@ -99,6 +99,16 @@ token, most of it in the core's turn. Tried the same session, interleaved agains
 handed over at once (``wake_coalesce_s`` 0) 0.75x completions/s and 1.22x CPU per token at 1 stream (a lock hand-over
 per token); a 3 ms window with turns still chained for at most 1 ms: CPU per token 0.91-1.03x at 1 stream and
 0.88-1.17x at 64 over four runs, the same code at 1 ms moving as much in the same run — nothing to keep.
+
+Session 24 (``--split --rounds 3``, 779d28b plus the admission pass's reads, load average 4.5; µs of CPU per token at
+1 / 16 / 64 streams): the bare server 19.4 / 17.3 / 19.8; calculet 86.6 / 88.6 / 93.0 — its event loop 13.1 / 13.0 /
+14.5 (HTTP, routing, submits, SSE frames, sends: 0.12 writes a token against the bare server's 1.06), the actor 73.9 /
+75.5 / 78.4, of which the core's turn 68.5 / 70.1 / 71.5 and around it 5.4 / 5.4 / 6.9 (the admission snapshot's
+publication 1.7-2.0, submits 1.4-1.6, mailbox 0.5-0.9, wake-ups' flush 0.3-0.5). The turn alone is 3.5-4.1x the bare
+server: #20's <= 3x (52-59 µs here) is out of reach of the work outside the core even at zero (17-21 µs a token: the
+loop, already below the bare server's whole process, and around the turn no piece above 2.5 % of the whole). Inside the turn, the stream hand-off per token (the engine's
+sink, ``TimedStream``, ``StreamWriter``, the detokeniser; one event per token and one loop wake-up per 30-50 tokens)
+reads ~4 µs in ``bench/actor_core.py --stages`` (wrapped calls, scaled) — the rest is the core's.
 """
 
 from __future__ import annotations
