@@ -16,9 +16,10 @@ no path, and its order follows the declaration, so a changed row changes a few l
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from calculet.logic.types import EnumType
+from calculet.logic.types import Bool, EnumType, Int
 from calculet.machines.codegen import (dispatch_source, fire_each_source, fire_source, invariant_source,
                                        lifecycle_source)
 from calculet.machines.definition import Definition
@@ -32,16 +33,29 @@ HOOKS = ("_exact", "_one_by_one", "_split", "_slow_init")
 """The runtime's functions the generated code calls for what its fast path does not take; set when bound."""
 
 _PRELUDE = [
+    "from __future__ import annotations",
+    "",
+    "import typing as _typing",
     "from itertools import islice as _islice",
+    "from typing import Any as _Any, Sequence as _Sequence",
     "",
     "from calculet.machines.written import MISSING as _M",
     "",
+    "if _typing.TYPE_CHECKING:  # read by mypyc only: the instance class may be subclassed by the runtime's",
+    "    from mypy_extensions import mypyc_attr as _mypyc_attr",
+    "else:",
+    "    def _mypyc_attr(**_: object) -> _Any:  # plain Python: the decorator does nothing",
+    "        return lambda cls: cls",
+    "",
     "_MISSING = _M",
     "_int = int",
-    "_new = object.__new__",
-    "_draws = iter(())  # the monitor's draws: set by calculet.machines.monitor.Monitor.install",
-    f"{' = '.join(HOOKS)} = None  # the runtime's exact paths: set by calculet.machines.compiled.bind",
+    "_draws: _Any = iter(())  # the monitor's draws: set by calculet.machines.monitor.Monitor.install",
+    *(f"{hook}: _Any = None  # the runtime's exact path: set by calculet.machines.compiled.bind" for hook in HOOKS),
 ]
+
+METHODS = ("fire_plain", "fire_sampled", "_check_invariants", "__init__", "snapshot")
+"""The generated functions that are the instance's methods: printed in the module's ``Instance`` class (a
+compiled function binds as a method only there) and named at module level as before."""
 
 
 def module_source(d: Definition, declaration: str) -> str:
@@ -72,10 +86,73 @@ def module_source(d: Definition, declaration: str) -> str:
         *bindings,
         "}",
         "",
+        *(f"{name}: _Any = None" for name in namespace),
+        "",
     ]
-    body = "\n".join(["", dispatch, fire, each, checks, life])
-    text = "\n".join(header) + body
+    functions, methods = _split_methods("\n".join([dispatch, fire, each, checks, life]))
+    text = "\n".join(header) + "\n" + "\n".join(functions) + "\n" + "\n".join(_instance_class(d, methods))
     return "\n".join(line.rstrip() for line in text.splitlines()).rstrip("\n") + "\n"
+
+
+_TYPED = (  # the generated function heads that get their instance typed (what mypyc compiles to slot reads)
+    (re.compile(r"^def (_fire_\d+|_dispatch_\d+)\(self\b"), r"def \1(self: Instance"),
+    (re.compile(r"^def (_each_\d+)\(instances\b"), r"def \1(instances: _Sequence[Instance]"),
+    (re.compile(r"^(_table|_ft) = \{"), r"\1: dict[str, dict[str, _Any]] = {"),
+    (re.compile(r"^_each = \{"), r"_each: dict[str, _Any] = {"),
+    (re.compile(r"^(def (?:fire_plain|fire_sampled|_check_invariants|snapshot)\(.*\)):"), r"\1 -> _Any:"),
+    (re.compile(r"^(def __init__\(.*\)):"), r"\1 -> None:"),
+    (re.compile(r"^    copy = _new\("), r"    copy: Instance = _new("),
+    (re.compile(r"^    targets = \[\]"), r"    targets: list[_Any] = []"),
+)
+
+
+def _split_methods(text: str) -> tuple[list[str], list[str]]:
+    """The printed functions, typed (``_TYPED``), split into module-level lines and the lines of the ``METHODS``
+    (indented, for the class body)."""
+    functions: list[str] = []
+    methods: list[str] = []
+    into = functions
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            into = methods if any(line.startswith(f"def {m}(") for m in METHODS) else functions
+        for pattern, replacement in _TYPED:
+            line = pattern.sub(replacement, line)
+        into.append(f"    {line}" if into is methods and line else line)
+    return functions, methods
+
+
+def _annotation(vtype: Any) -> str:
+    """A declared type as mypyc's native attribute type: a tagged ``int``, a C ``bool``; an enum member stays an
+    object (its class is the declaration's, bound at import)."""
+    if isinstance(vtype, Int):
+        return "int"
+    if isinstance(vtype, Bool):
+        return "bool"
+    return "_Any"
+
+
+def _instance_class(d: Definition, methods: list[str]) -> list[str]:
+    """``Instance``: the instance's slots with their declared types and the ``METHODS``; the runtime's class of
+    the machine (:func:`calculet.machines.compiled.compile_instance_type`) derives from it. Compiled by mypyc,
+    it is a native class: typed slots read and written without the generic attribute lookup."""
+    typed = [(n, p.type) for n, p in d.params.items()] + [(n, v.type) for n, v in d.vars.items()]
+    slots = ("_state", "last_transition", *(n for n, _ in typed))
+    return [
+        "@_mypyc_attr(allow_interpreted_subclasses=True)",
+        "class Instance:",
+        f'    """{d.name}\'s instance: its state, last row, parameters and variables, typed as declared."""',
+        "",
+        f"    __slots__ = {slots!r}",
+        "",
+        "    _state: str",
+        "    last_transition: _Any",
+        *(f"    {name}: {_annotation(vtype)}" for name, vtype in typed),
+        "",
+        *methods,
+        "",
+        *(f"{m} = Instance.{m}" for m in METHODS),
+        "_new: _Any = Instance.__new__  # object's, or the compiled class's allocator (no __init__)",
+    ]
 
 
 def _types(d: Definition) -> list[tuple[tuple[str, ...], Any]]:

@@ -39,8 +39,10 @@ class CompiledInstance:
     for a call the inline test does not accept, or for an event the monitor samples.
     """
 
-    __slots__ = ("_state", "last_transition")
+    __slots__ = ()  # the slots are the generated ``Instance``'s, typed as declared (the machine's class derives from both)
 
+    _state: str
+    last_transition: Transition | None
     definition: Definition
     _table: dict[str, dict[str, Callable[..., int]]]
     _fire_table: dict[str, dict[str, Callable[..., int]]]
@@ -75,7 +77,7 @@ class CompiledInstance:
         for name, value in self._initial_values:
             object.__setattr__(self, name, value)
         self._state = d.initial
-        self.last_transition: Transition | None = None  # the row the last event took (None before any)
+        self.last_transition = None  # the row the last event took (None before any)
 
     # ------------------------------------------------------------------ reading
 
@@ -98,7 +100,7 @@ class CompiledInstance:
     def snapshot(self) -> "CompiledInstance":
         """A detached copy, used as the pre-state by monitors and step properties. This generic copy is
         what each machine's generated ``snapshot`` does without the loop (:func:`compile_instance_type`)."""
-        copy = object.__new__(type(self))
+        copy = type(self).__new__(type(self))  # the allocator, without __init__ (also a compiled base's)
         for name in ("_state", "last_transition", *self._param_names, *self._var_names):
             setattr(copy, name, getattr(self, name))
         return copy
@@ -250,6 +252,8 @@ def bind(namespace: dict[str, Any], d: Definition) -> None:
                      _slow_init=CompiledInstance._slow_init)
     for variant in ("plain", "sampled"):
         fire = namespace[f"fire_{variant}"]
+        if not hasattr(fire, "__code__"):  # compiled (mypyc): its names are the compiler's
+            continue
         fire.__code__ = fire.__code__.replace(co_qualname=f"{d.name}.fire")
         fire.__qualname__ = f"{d.name}.fire"
         namespace[f"fire_each_{variant}"].__qualname__ = f"{d.name}.fire_each"
@@ -304,7 +308,7 @@ def compile_instance_type(d: Definition, declaration: type | None = None) -> typ
     argspec = {name: tuple((arg, typ.check) for arg, typ in ev.args.items())
                for name, ev in d.events.items()}
     attributes = {
-        "__slots__": tuple(d.params) + tuple(d.vars),
+        "__slots__": (),  # the generated Instance's, typed
         "__doc__": f"Compiled instance of {d.name} (generated from its declaration).",
         "definition": d,
         "_table": namespace["_table"],
@@ -322,6 +326,6 @@ def compile_instance_type(d: Definition, declaration: type | None = None) -> typ
         "_param_names": tuple(d.params),
         "_initial_values": tuple(d.initial_values().items()),
     }
-    cls = type(f"{d.name}Instance", (CompiledInstance,), attributes)
+    cls = type(f"{d.name}Instance", (CompiledInstance, namespace["Instance"]), attributes)
     _MONITOR.install(cls, namespace)
     return cls

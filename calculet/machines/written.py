@@ -58,13 +58,18 @@ def qualified(declaration: type) -> str:
     return f"{declaration.__module__}.{declaration.__qualname__}"
 
 
+LAYOUT = 2
+"""The generated modules' layout, part of every shape: 2 since the instance is the module's typed ``Instance``
+class (issue #20, session 24), so a module of an older layout is regenerated at import, never run."""
+
+
 def shape(d: Any) -> str:
     """A digest of what the generated code depends on besides guard and effect bodies: states, parameters and
     variables with their types and initial values, events with their argument types, rows (name, source,
     event, target, the arguments the guard and effect read) in order, and the invariants' names. Cheap and
     without z3, so the runtime checks it at each import of a written module."""
     parts: list[Any] = [
-        d.name, tuple(d.states), d.initial, tuple(sorted(d.terminal)),
+        LAYOUT, d.name, tuple(d.states), d.initial, tuple(sorted(d.terminal)),
         tuple((n, p.type.describe()) for n, p in d.params.items()),
         tuple((n, v.type.describe(), repr(v.initial())) for n, v in d.vars.items()),
         tuple((n, tuple((a, t.describe()) for a, t in ev.args.items())) for n, ev in d.events.items()),

@@ -6,18 +6,30 @@ not what the declaration produces. The runtime imports it (calculet.machines.com
 generating it at each start.
 """
 
+from __future__ import annotations
+
+import typing as _typing
 from itertools import islice as _islice
+from typing import Any as _Any, Sequence as _Sequence
 
 from calculet.machines.written import MISSING as _M
 
+if _typing.TYPE_CHECKING:  # read by mypyc only: the instance class may be subclassed by the runtime's
+    from mypy_extensions import mypyc_attr as _mypyc_attr
+else:
+    def _mypyc_attr(**_: object) -> _Any:  # plain Python: the decorator does nothing
+        return lambda cls: cls
+
 _MISSING = _M
 _int = int
-_new = object.__new__
-_draws = iter(())  # the monitor's draws: set by calculet.machines.monitor.Monitor.install
-_exact = _one_by_one = _split = _slow_init = None  # the runtime's exact paths: set by calculet.machines.compiled.bind
+_draws: _Any = iter(())  # the monitor's draws: set by calculet.machines.monitor.Monitor.install
+_exact: _Any = None  # the runtime's exact path: set by calculet.machines.compiled.bind
+_one_by_one: _Any = None  # the runtime's exact path: set by calculet.machines.compiled.bind
+_split: _Any = None  # the runtime's exact path: set by calculet.machines.compiled.bind
+_slow_init: _Any = None  # the runtime's exact path: set by calculet.machines.compiled.bind
 
 DECLARATION = 'calculet.machines.job.DeviceJobMachine'
-SHAPE = '36a8051c00b26f8f'
+SHAPE = '47dccf48f60bd6f8'
 
 BINDINGS = {  # name: where the object is found in the declaration (calculet.machines.codegen_module)
     '_row_0_0': ('row', 0),
@@ -46,13 +58,38 @@ BINDINGS = {  # name: where the object is found in the declaration (calculet.mac
     '_init_2': ('init', 'fault_reported'),
 }
 
-def _dispatch_0(self, a):  # DeviceJobMachine: prepared --submit-->
+_row_0_0: _Any = None
+_row_1_0: _Any = None
+_row_2_0: _Any = None
+_row_2_1: _Any = None
+_row_3_0: _Any = None
+_row_4_0: _Any = None
+_row_5_0: _Any = None
+_row_6_0: _Any = None
+_row_7_0: _Any = None
+_row_8_0: _Any = None
+_each_row_0_0_0: _Any = None
+_each_row_1_0_0: _Any = None
+_each_row_2_0_0: _Any = None
+_each_row_2_0_1: _Any = None
+_each_row_3_0_0: _Any = None
+_each_row_4_0_0: _Any = None
+_each_row_5_0_0: _Any = None
+_each_row_6_0_0: _Any = None
+_each_row_6_1_0: _Any = None
+_each_row_7_0_0: _Any = None
+_enum_JobEngine: _Any = None
+_init_0: _Any = None
+_init_1: _Any = None
+_init_2: _Any = None
+
+def _dispatch_0(self: Instance, a):  # DeviceJobMachine: prepared --submit-->
     if True:  # submit@prepared
         self._state = 'submitted'  # submit@prepared
         return 0
     return -1
 
-def _fire_0(self, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: prepared --submit-->
+def _fire_0(self: Instance, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: prepared --submit-->
     if _a_ok is not _M:
         return None
     self._state = 'submitted'  # submit@prepared
@@ -60,14 +97,14 @@ def _fire_0(self, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: prepared --subm
     return 'submitted'
     return None
 
-def _dispatch_1(self, a):  # DeviceJobMachine: prepared --submit_rejected-->
+def _dispatch_1(self: Instance, a):  # DeviceJobMachine: prepared --submit_rejected-->
     if True:  # submit_rejected@prepared
         self.buffers_held = False
         self._state = 'failed'  # submit_rejected@prepared
         return 0
     return -1
 
-def _fire_1(self, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: prepared --submit_rejected-->
+def _fire_1(self: Instance, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: prepared --submit_rejected-->
     if _a_ok is not _M:
         return None
     self.buffers_held = False
@@ -76,7 +113,7 @@ def _fire_1(self, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: prepared --subm
     return 'failed'
     return None
 
-def _dispatch_2(self, a):  # DeviceJobMachine: submitted --complete-->
+def _dispatch_2(self: Instance, a):  # DeviceJobMachine: submitted --complete-->
     if a['ok']:  # complete_ok
         self.delivered, self.buffers_held = (self.delivered + 1), False
         self._state = 'completed'  # complete_ok
@@ -87,7 +124,7 @@ def _dispatch_2(self, a):  # DeviceJobMachine: submitted --complete-->
         return 1
     return -1
 
-def _fire_2(self, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: submitted --complete-->
+def _fire_2(self: Instance, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: submitted --complete-->
     if not ((_a_ok is True or _a_ok is False)):
         return None
     if _a_ok:
@@ -102,13 +139,13 @@ def _fire_2(self, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: submitted --com
         return 'failed'
     return None
 
-def _dispatch_3(self, a):  # DeviceJobMachine: submitted --timeout-->
+def _dispatch_3(self: Instance, a):  # DeviceJobMachine: submitted --timeout-->
     if True:  # timeout@submitted
         self._state = 'timed_out'  # timeout@submitted
         return 0
     return -1
 
-def _fire_3(self, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: submitted --timeout-->
+def _fire_3(self: Instance, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: submitted --timeout-->
     if _a_ok is not _M:
         return None
     self._state = 'timed_out'  # timeout@submitted
@@ -116,14 +153,14 @@ def _fire_3(self, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: submitted --tim
     return 'timed_out'
     return None
 
-def _dispatch_4(self, a):  # DeviceJobMachine: submitted --fault-->
+def _dispatch_4(self: Instance, a):  # DeviceJobMachine: submitted --fault-->
     if True:  # fault@submitted
         self.fault_reported = True
         self._state = 'quarantined'  # fault@submitted
         return 0
     return -1
 
-def _fire_4(self, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: submitted --fault-->
+def _fire_4(self: Instance, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: submitted --fault-->
     if _a_ok is not _M:
         return None
     self.fault_reported = True
@@ -132,13 +169,13 @@ def _fire_4(self, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: submitted --fau
     return 'quarantined'
     return None
 
-def _dispatch_5(self, a):  # DeviceJobMachine: timed_out --quarantine-->
+def _dispatch_5(self: Instance, a):  # DeviceJobMachine: timed_out --quarantine-->
     if True:  # quarantine@timed_out
         self._state = 'quarantined'  # quarantine@timed_out
         return 0
     return -1
 
-def _fire_5(self, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: timed_out --quarantine-->
+def _fire_5(self: Instance, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: timed_out --quarantine-->
     if _a_ok is not _M:
         return None
     self._state = 'quarantined'  # quarantine@timed_out
@@ -146,14 +183,14 @@ def _fire_5(self, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: timed_out --qua
     return 'quarantined'
     return None
 
-def _dispatch_6(self, a):  # DeviceJobMachine: timed_out --late_complete-->
+def _dispatch_6(self: Instance, a):  # DeviceJobMachine: timed_out --late_complete-->
     if True:  # late_complete@timed_out
         self.buffers_held = False
         self._state = 'failed'  # late_complete@timed_out
         return 0
     return -1
 
-def _fire_6(self, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: timed_out --late_complete-->
+def _fire_6(self: Instance, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: timed_out --late_complete-->
     if _a_ok is not _M:
         return None
     self.buffers_held = False
@@ -162,14 +199,14 @@ def _fire_6(self, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: timed_out --lat
     return 'failed'
     return None
 
-def _dispatch_7(self, a):  # DeviceJobMachine: quarantined --late_complete-->
+def _dispatch_7(self: Instance, a):  # DeviceJobMachine: quarantined --late_complete-->
     if True:  # late_complete@quarantined
         self.buffers_held = False
         self._state = 'failed'  # late_complete@quarantined
         return 0
     return -1
 
-def _fire_7(self, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: quarantined --late_complete-->
+def _fire_7(self: Instance, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: quarantined --late_complete-->
     if _a_ok is not _M:
         return None
     self.buffers_held = False
@@ -178,14 +215,14 @@ def _fire_7(self, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: quarantined --l
     return 'failed'
     return None
 
-def _dispatch_8(self, a):  # DeviceJobMachine: quarantined --reset_done-->
+def _dispatch_8(self: Instance, a):  # DeviceJobMachine: quarantined --reset_done-->
     if True:  # reset_done@quarantined
         self.buffers_held = False
         self._state = 'failed'  # reset_done@quarantined
         return 0
     return -1
 
-def _fire_8(self, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: quarantined --reset_done-->
+def _fire_8(self: Instance, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: quarantined --reset_done-->
     if _a_ok is not _M:
         return None
     self.buffers_held = False
@@ -194,14 +231,14 @@ def _fire_8(self, _a_ok, _M=_M, _int=_int):  # DeviceJobMachine: quarantined --r
     return 'failed'
     return None
 
-_table = {
+_table: dict[str, dict[str, _Any]] = {
     'prepared': {'submit': _dispatch_0, 'submit_rejected': _dispatch_1},
     'submitted': {'complete': _dispatch_2, 'timeout': _dispatch_3, 'fault': _dispatch_4},
     'timed_out': {'quarantine': _dispatch_5, 'late_complete': _dispatch_6},
     'quarantined': {'late_complete': _dispatch_7, 'reset_done': _dispatch_8},
 }
 
-_ft = {
+_ft: dict[str, dict[str, _Any]] = {
     'prepared': {'submit': _fire_0, 'submit_rejected': _fire_1},
     'submitted': {'complete': _fire_2, 'timeout': _fire_3, 'fault': _fire_4},
     'timed_out': {'quarantine': _fire_5, 'late_complete': _fire_6},
@@ -214,32 +251,10 @@ def _given(ok):  # DeviceJobMachine: the arguments given, as the exact path take
         a['ok'] = ok
     return a
 
-def fire_plain(self, event, ok=_M):  # DeviceJobMachine
-    try:
-        fast = _ft[self._state][event]
-    except KeyError:
-        return _exact(self, event, _given(ok))
-    target = fast(self, ok)
-    if target is not None:
-        return target
-    return _exact(self, event, _given(ok))
-
-def fire_sampled(self, event, ok=_M):  # DeviceJobMachine
-    if next(_draws):
-        return _exact(self, event, _given(ok))
-    try:
-        fast = _ft[self._state][event]
-    except KeyError:
-        return _exact(self, event, _given(ok))
-    target = fast(self, ok)
-    if target is not None:
-        return target
-    return _exact(self, event, _given(ok))
-
-def _each_0(instances, ok):  # DeviceJobMachine: --submit--> on each instance
+def _each_0(instances: _Sequence[Instance], ok):  # DeviceJobMachine: --submit--> on each instance
     if ok is not _M:
         return _one_by_one(instances, 'submit', {'ok': ok}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -251,10 +266,10 @@ def _each_0(instances, ok):  # DeviceJobMachine: --submit--> on each instance
         append(_exact(self, 'submit', {}))
     return targets
 
-def _each_1(instances, ok):  # DeviceJobMachine: --submit_rejected--> on each instance
+def _each_1(instances: _Sequence[Instance], ok):  # DeviceJobMachine: --submit_rejected--> on each instance
     if ok is not _M:
         return _one_by_one(instances, 'submit_rejected', {'ok': ok}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -267,10 +282,10 @@ def _each_1(instances, ok):  # DeviceJobMachine: --submit_rejected--> on each in
         append(_exact(self, 'submit_rejected', {}))
     return targets
 
-def _each_2(instances, ok):  # DeviceJobMachine: --complete--> on each instance
+def _each_2(instances: _Sequence[Instance], ok):  # DeviceJobMachine: --complete--> on each instance
     if ok is _M:
         return _one_by_one(instances, 'complete', {'ok': ok}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self, _a_ok in zip(instances, ok):
         state = self._state
@@ -290,10 +305,10 @@ def _each_2(instances, ok):  # DeviceJobMachine: --complete--> on each instance
         append(_exact(self, 'complete', {'ok': _a_ok}))
     return targets
 
-def _each_3(instances, ok):  # DeviceJobMachine: --timeout--> on each instance
+def _each_3(instances: _Sequence[Instance], ok):  # DeviceJobMachine: --timeout--> on each instance
     if ok is not _M:
         return _one_by_one(instances, 'timeout', {'ok': ok}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -305,10 +320,10 @@ def _each_3(instances, ok):  # DeviceJobMachine: --timeout--> on each instance
         append(_exact(self, 'timeout', {}))
     return targets
 
-def _each_4(instances, ok):  # DeviceJobMachine: --fault--> on each instance
+def _each_4(instances: _Sequence[Instance], ok):  # DeviceJobMachine: --fault--> on each instance
     if ok is not _M:
         return _one_by_one(instances, 'fault', {'ok': ok}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -321,10 +336,10 @@ def _each_4(instances, ok):  # DeviceJobMachine: --fault--> on each instance
         append(_exact(self, 'fault', {}))
     return targets
 
-def _each_5(instances, ok):  # DeviceJobMachine: --quarantine--> on each instance
+def _each_5(instances: _Sequence[Instance], ok):  # DeviceJobMachine: --quarantine--> on each instance
     if ok is not _M:
         return _one_by_one(instances, 'quarantine', {'ok': ok}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -336,10 +351,10 @@ def _each_5(instances, ok):  # DeviceJobMachine: --quarantine--> on each instanc
         append(_exact(self, 'quarantine', {}))
     return targets
 
-def _each_6(instances, ok):  # DeviceJobMachine: --late_complete--> on each instance
+def _each_6(instances: _Sequence[Instance], ok):  # DeviceJobMachine: --late_complete--> on each instance
     if ok is not _M:
         return _one_by_one(instances, 'late_complete', {'ok': ok}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -358,10 +373,10 @@ def _each_6(instances, ok):  # DeviceJobMachine: --late_complete--> on each inst
         append(_exact(self, 'late_complete', {}))
     return targets
 
-def _each_7(instances, ok):  # DeviceJobMachine: --reset_done--> on each instance
+def _each_7(instances: _Sequence[Instance], ok):  # DeviceJobMachine: --reset_done--> on each instance
     if ok is not _M:
         return _one_by_one(instances, 'reset_done', {'ok': ok}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -374,7 +389,7 @@ def _each_7(instances, ok):  # DeviceJobMachine: --reset_done--> on each instanc
         append(_exact(self, 'reset_done', {}))
     return targets
 
-_each = {'submit': _each_0, 'submit_rejected': _each_1, 'complete': _each_2, 'timeout': _each_3, 'fault': _each_4, 'quarantine': _each_5, 'late_complete': _each_6, 'reset_done': _each_7}
+_each: dict[str, _Any] = {'submit': _each_0, 'submit_rejected': _each_1, 'complete': _each_2, 'timeout': _each_3, 'fault': _each_4, 'quarantine': _each_5, 'late_complete': _each_6, 'reset_done': _each_7}
 
 def fire_each_plain(instances, event, ok=_M):  # DeviceJobMachine
     n = len(instances)
@@ -421,45 +436,90 @@ def fire_each_sampled(instances, event, ok=_M):  # DeviceJobMachine
         return _split(run, instances, event, {'ok': ok}, drawn)
     return run(instances, ok)
 
-def _check_invariants(self, pre):  # DeviceJobMachine
-    broken = []
-    if not ((self.delivered == 1) == ((self._state == 'completed'))):
-        broken.append(('delivered_only_when_completed', 'design'))
-    if not (self.buffers_held == ((self._state == 'prepared') or (self._state == 'submitted') or (self._state == 'timed_out') or (self._state == 'quarantined'))):
-        broken.append(('buffers_held_until_device_done', 'R14.3'))
-    if not ((not self.fault_reported) or ((self._state == 'quarantined') or (self._state == 'failed'))):
-        broken.append(('fault_reported_only_by_a_completion', 'R7.4.6'))
-    if not ((self.delivered >= 0) and (self.delivered <= 1)):
-        broken.append(('bounds_delivered', 'type'))
-    if pre is not None:
-        if not ((not (((pre._state == 'submitted')) and (not self.buffers_held))) or ((self._state == 'completed') or (self._state == 'failed'))):
-            broken.append(('no_release_while_writable', 'R12.11'))
-        if not (((not ((pre._state == 'completed'))) or ((self._state == 'completed'))) and ((not ((pre._state == 'failed'))) or ((self._state == 'failed')))):
-            broken.append(('terminal_is_final', 'R4.6'))
-    return broken
+@_mypyc_attr(allow_interpreted_subclasses=True)
+class Instance:
+    """DeviceJobMachine's instance: its state, last row, parameters and variables, typed as declared."""
 
-def __init__(self, *, job_id=_MISSING, generation=_MISSING, engine=_MISSING, lanes=_MISSING, **extra):  # DeviceJobMachine
-    if extra or not ((job_id.__class__ is _int and job_id >= 1) and (generation.__class__ is _int and generation >= 1) and (engine.__class__ is _enum_JobEngine) and (lanes.__class__ is _int and lanes >= 1 and lanes <= 16)):
-        return _slow_init(self, extra, job_id=job_id, generation=generation, engine=engine, lanes=lanes)
-    self.job_id = job_id
-    self.generation = generation
-    self.engine = engine
-    self.lanes = lanes
-    self.buffers_held = _init_0
-    self.delivered = _init_1
-    self.fault_reported = _init_2
-    self._state = 'prepared'
-    self.last_transition = None
+    __slots__ = ('_state', 'last_transition', 'job_id', 'generation', 'engine', 'lanes', 'buffers_held', 'delivered', 'fault_reported')
 
-def snapshot(self):  # DeviceJobMachine
-    copy = _new(self.__class__)
-    copy.job_id = self.job_id
-    copy.generation = self.generation
-    copy.engine = self.engine
-    copy.lanes = self.lanes
-    copy.buffers_held = self.buffers_held
-    copy.delivered = self.delivered
-    copy.fault_reported = self.fault_reported
-    copy._state = self._state
-    copy.last_transition = self.last_transition
-    return copy
+    _state: str
+    last_transition: _Any
+    job_id: int
+    generation: int
+    engine: _Any
+    lanes: int
+    buffers_held: bool
+    delivered: int
+    fault_reported: bool
+
+    def fire_plain(self, event, ok=_M) -> _Any:  # DeviceJobMachine
+        try:
+            fast = _ft[self._state][event]
+        except KeyError:
+            return _exact(self, event, _given(ok))
+        target = fast(self, ok)
+        if target is not None:
+            return target
+        return _exact(self, event, _given(ok))
+
+    def fire_sampled(self, event, ok=_M) -> _Any:  # DeviceJobMachine
+        if next(_draws):
+            return _exact(self, event, _given(ok))
+        try:
+            fast = _ft[self._state][event]
+        except KeyError:
+            return _exact(self, event, _given(ok))
+        target = fast(self, ok)
+        if target is not None:
+            return target
+        return _exact(self, event, _given(ok))
+
+    def _check_invariants(self, pre) -> _Any:  # DeviceJobMachine
+        broken = []
+        if not ((self.delivered == 1) == ((self._state == 'completed'))):
+            broken.append(('delivered_only_when_completed', 'design'))
+        if not (self.buffers_held == ((self._state == 'prepared') or (self._state == 'submitted') or (self._state == 'timed_out') or (self._state == 'quarantined'))):
+            broken.append(('buffers_held_until_device_done', 'R14.3'))
+        if not ((not self.fault_reported) or ((self._state == 'quarantined') or (self._state == 'failed'))):
+            broken.append(('fault_reported_only_by_a_completion', 'R7.4.6'))
+        if not ((self.delivered >= 0) and (self.delivered <= 1)):
+            broken.append(('bounds_delivered', 'type'))
+        if pre is not None:
+            if not ((not (((pre._state == 'submitted')) and (not self.buffers_held))) or ((self._state == 'completed') or (self._state == 'failed'))):
+                broken.append(('no_release_while_writable', 'R12.11'))
+            if not (((not ((pre._state == 'completed'))) or ((self._state == 'completed'))) and ((not ((pre._state == 'failed'))) or ((self._state == 'failed')))):
+                broken.append(('terminal_is_final', 'R4.6'))
+        return broken
+
+    def __init__(self, *, job_id=_MISSING, generation=_MISSING, engine=_MISSING, lanes=_MISSING, **extra) -> None:  # DeviceJobMachine
+        if extra or not ((job_id.__class__ is _int and job_id >= 1) and (generation.__class__ is _int and generation >= 1) and (engine.__class__ is _enum_JobEngine) and (lanes.__class__ is _int and lanes >= 1 and lanes <= 16)):
+            return _slow_init(self, extra, job_id=job_id, generation=generation, engine=engine, lanes=lanes)
+        self.job_id = job_id
+        self.generation = generation
+        self.engine = engine
+        self.lanes = lanes
+        self.buffers_held = _init_0
+        self.delivered = _init_1
+        self.fault_reported = _init_2
+        self._state = 'prepared'
+        self.last_transition = None
+
+    def snapshot(self) -> _Any:  # DeviceJobMachine
+        copy: Instance = _new(self.__class__)
+        copy.job_id = self.job_id
+        copy.generation = self.generation
+        copy.engine = self.engine
+        copy.lanes = self.lanes
+        copy.buffers_held = self.buffers_held
+        copy.delivered = self.delivered
+        copy.fault_reported = self.fault_reported
+        copy._state = self._state
+        copy.last_transition = self.last_transition
+        return copy
+
+fire_plain = Instance.fire_plain
+fire_sampled = Instance.fire_sampled
+_check_invariants = Instance._check_invariants
+__init__ = Instance.__init__
+snapshot = Instance.snapshot
+_new: _Any = Instance.__new__  # object's, or the compiled class's allocator (no __init__)

@@ -6,18 +6,30 @@ not what the declaration produces. The runtime imports it (calculet.machines.com
 generating it at each start.
 """
 
+from __future__ import annotations
+
+import typing as _typing
 from itertools import islice as _islice
+from typing import Any as _Any, Sequence as _Sequence
 
 from calculet.machines.written import MISSING as _M
 
+if _typing.TYPE_CHECKING:  # read by mypyc only: the instance class may be subclassed by the runtime's
+    from mypy_extensions import mypyc_attr as _mypyc_attr
+else:
+    def _mypyc_attr(**_: object) -> _Any:  # plain Python: the decorator does nothing
+        return lambda cls: cls
+
 _MISSING = _M
 _int = int
-_new = object.__new__
-_draws = iter(())  # the monitor's draws: set by calculet.machines.monitor.Monitor.install
-_exact = _one_by_one = _split = _slow_init = None  # the runtime's exact paths: set by calculet.machines.compiled.bind
+_draws: _Any = iter(())  # the monitor's draws: set by calculet.machines.monitor.Monitor.install
+_exact: _Any = None  # the runtime's exact path: set by calculet.machines.compiled.bind
+_one_by_one: _Any = None  # the runtime's exact path: set by calculet.machines.compiled.bind
+_split: _Any = None  # the runtime's exact path: set by calculet.machines.compiled.bind
+_slow_init: _Any = None  # the runtime's exact path: set by calculet.machines.compiled.bind
 
 DECLARATION = 'calculet.machines.model.ModelMachine'
-SHAPE = 'b7049e6c93d42d8a'
+SHAPE = 'ae3fdda0a399a388'
 
 BINDINGS = {  # name: where the object is found in the declaration (calculet.machines.codegen_module)
     '_row_0_0': ('row', 0),
@@ -78,13 +90,70 @@ BINDINGS = {  # name: where the object is found in the declaration (calculet.mac
     '_init_3': ('init', 'replacing'),
 }
 
-def _dispatch_0(self, a):  # ModelMachine: unloaded --load-->
+_row_0_0: _Any = None
+_row_1_0: _Any = None
+_row_2_0: _Any = None
+_row_3_0: _Any = None
+_row_4_0: _Any = None
+_row_5_0: _Any = None
+_row_6_0: _Any = None
+_row_7_0: _Any = None
+_row_8_0: _Any = None
+_row_9_0: _Any = None
+_row_10_0: _Any = None
+_row_11_0: _Any = None
+_row_12_0: _Any = None
+_row_13_0: _Any = None
+_row_14_0: _Any = None
+_row_14_1: _Any = None
+_row_15_0: _Any = None
+_row_16_0: _Any = None
+_row_17_0: _Any = None
+_row_18_0: _Any = None
+_row_19_0: _Any = None
+_row_19_1: _Any = None
+_row_20_0: _Any = None
+_row_21_0: _Any = None
+_row_22_0: _Any = None
+_row_23_0: _Any = None
+_each_row_0_0_0: _Any = None
+_each_row_1_0_0: _Any = None
+_each_row_2_0_0: _Any = None
+_each_row_3_0_0: _Any = None
+_each_row_4_0_0: _Any = None
+_each_row_4_1_0: _Any = None
+_each_row_4_2_0: _Any = None
+_each_row_5_0_0: _Any = None
+_each_row_6_0_0: _Any = None
+_each_row_6_1_0: _Any = None
+_each_row_6_2_0: _Any = None
+_each_row_6_3_0: _Any = None
+_each_row_7_0_0: _Any = None
+_each_row_7_1_0: _Any = None
+_each_row_7_2_0: _Any = None
+_each_row_7_2_1: _Any = None
+_each_row_8_0_0: _Any = None
+_each_row_9_0_0: _Any = None
+_each_row_10_0_0: _Any = None
+_each_row_10_1_0: _Any = None
+_each_row_11_0_0: _Any = None
+_each_row_11_0_1: _Any = None
+_each_row_12_0_0: _Any = None
+_each_row_13_0_0: _Any = None
+_each_row_14_0_0: _Any = None
+_each_row_15_0_0: _Any = None
+_init_0: _Any = None
+_init_1: _Any = None
+_init_2: _Any = None
+_init_3: _Any = None
+
+def _dispatch_0(self: Instance, a):  # ModelMachine: unloaded --load-->
     if True:  # load@unloaded
         self._state = 'validating'  # load@unloaded
         return 0
     return -1
 
-def _fire_0(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: unloaded --load-->
+def _fire_0(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: unloaded --load-->
     if _a_replace is not _M or _a_inflight is not _M:
         return None
     self._state = 'validating'  # load@unloaded
@@ -92,13 +161,13 @@ def _fire_0(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: u
     return 'validating'
     return None
 
-def _dispatch_1(self, a):  # ModelMachine: validating --validated-->
+def _dispatch_1(self: Instance, a):  # ModelMachine: validating --validated-->
     if True:  # validated@validating
         self._state = 'configuring'  # validated@validating
         return 0
     return -1
 
-def _fire_1(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: validating --validated-->
+def _fire_1(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: validating --validated-->
     if _a_replace is not _M or _a_inflight is not _M:
         return None
     self._state = 'configuring'  # validated@validating
@@ -106,14 +175,14 @@ def _fire_1(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: v
     return 'configuring'
     return None
 
-def _dispatch_2(self, a):  # ModelMachine: configuring --configured-->
+def _dispatch_2(self: Instance, a):  # ModelMachine: configuring --configured-->
     if True:  # configured@configuring
         self.buffers = True
         self._state = 'warming'  # configured@configuring
         return 0
     return -1
 
-def _fire_2(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: configuring --configured-->
+def _fire_2(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: configuring --configured-->
     if _a_replace is not _M or _a_inflight is not _M:
         return None
     self.buffers = True
@@ -122,13 +191,13 @@ def _fire_2(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: c
     return 'warming'
     return None
 
-def _dispatch_3(self, a):  # ModelMachine: warming --warmed-->
+def _dispatch_3(self: Instance, a):  # ModelMachine: warming --warmed-->
     if True:  # warmed@warming
         self._state = 'ready'  # warmed@warming
         return 0
     return -1
 
-def _fire_3(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: warming --warmed-->
+def _fire_3(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: warming --warmed-->
     if _a_replace is not _M or _a_inflight is not _M:
         return None
     self._state = 'ready'  # warmed@warming
@@ -136,13 +205,13 @@ def _fire_3(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: w
     return 'ready'
     return None
 
-def _dispatch_4(self, a):  # ModelMachine: validating --load_failed-->
+def _dispatch_4(self: Instance, a):  # ModelMachine: validating --load_failed-->
     if True:  # load_failed@validating
         self._state = 'unloaded'  # load_failed@validating
         return 0
     return -1
 
-def _fire_4(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: validating --load_failed-->
+def _fire_4(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: validating --load_failed-->
     if _a_replace is not _M or _a_inflight is not _M:
         return None
     self._state = 'unloaded'  # load_failed@validating
@@ -150,14 +219,14 @@ def _fire_4(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: v
     return 'unloaded'
     return None
 
-def _dispatch_5(self, a):  # ModelMachine: configuring --load_failed-->
+def _dispatch_5(self: Instance, a):  # ModelMachine: configuring --load_failed-->
     if True:  # load_failed@configuring
         self.buffers = True
         self._state = 'unloading'  # load_failed@configuring
         return 0
     return -1
 
-def _fire_5(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: configuring --load_failed-->
+def _fire_5(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: configuring --load_failed-->
     if _a_replace is not _M or _a_inflight is not _M:
         return None
     self.buffers = True
@@ -166,14 +235,14 @@ def _fire_5(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: c
     return 'unloading'
     return None
 
-def _dispatch_6(self, a):  # ModelMachine: warming --load_failed-->
+def _dispatch_6(self: Instance, a):  # ModelMachine: warming --load_failed-->
     if True:  # load_failed@warming
         self.buffers = True
         self._state = 'unloading'  # load_failed@warming
         return 0
     return -1
 
-def _fire_6(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: warming --load_failed-->
+def _fire_6(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: warming --load_failed-->
     if _a_replace is not _M or _a_inflight is not _M:
         return None
     self.buffers = True
@@ -182,14 +251,14 @@ def _fire_6(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: w
     return 'unloading'
     return None
 
-def _dispatch_7(self, a):  # ModelMachine: ready --acquire-->
+def _dispatch_7(self: Instance, a):  # ModelMachine: ready --acquire-->
     if True:  # acquire@ready
         self.active_requests = (self.active_requests + 1)
         self._state = 'ready'  # acquire@ready
         return 0
     return -1
 
-def _fire_7(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: ready --acquire-->
+def _fire_7(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: ready --acquire-->
     if _a_replace is not _M or _a_inflight is not _M:
         return None
     self.active_requests = (self.active_requests + 1)
@@ -198,14 +267,14 @@ def _fire_7(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: r
     return 'ready'
     return None
 
-def _dispatch_8(self, a):  # ModelMachine: ready --release_request-->
+def _dispatch_8(self: Instance, a):  # ModelMachine: ready --release_request-->
     if (self.active_requests >= 1):  # release_request@ready
         self.active_requests = (self.active_requests - 1)
         self._state = 'ready'  # release_request@ready
         return 0
     return -1
 
-def _fire_8(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: ready --release_request-->
+def _fire_8(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: ready --release_request-->
     if _a_replace is not _M or _a_inflight is not _M:
         return None
     if (self.active_requests >= 1):
@@ -215,14 +284,14 @@ def _fire_8(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: r
         return 'ready'
     return None
 
-def _dispatch_9(self, a):  # ModelMachine: draining --release_request-->
+def _dispatch_9(self: Instance, a):  # ModelMachine: draining --release_request-->
     if (self.active_requests >= 1):  # release_request@draining
         self.active_requests = (self.active_requests - 1)
         self._state = 'draining'  # release_request@draining
         return 0
     return -1
 
-def _fire_9(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: draining --release_request-->
+def _fire_9(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: draining --release_request-->
     if _a_replace is not _M or _a_inflight is not _M:
         return None
     if (self.active_requests >= 1):
@@ -232,14 +301,14 @@ def _fire_9(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: d
         return 'draining'
     return None
 
-def _dispatch_10(self, a):  # ModelMachine: recovering --release_request-->
+def _dispatch_10(self: Instance, a):  # ModelMachine: recovering --release_request-->
     if (self.active_requests >= 1):  # release_request@recovering
         self.active_requests = (self.active_requests - 1)
         self._state = 'recovering'  # release_request@recovering
         return 0
     return -1
 
-def _fire_10(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: recovering --release_request-->
+def _fire_10(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: recovering --release_request-->
     if _a_replace is not _M or _a_inflight is not _M:
         return None
     if (self.active_requests >= 1):
@@ -249,14 +318,14 @@ def _fire_10(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: 
         return 'recovering'
     return None
 
-def _dispatch_11(self, a):  # ModelMachine: failed --release_request-->
+def _dispatch_11(self: Instance, a):  # ModelMachine: failed --release_request-->
     if (self.active_requests >= 1):  # release_request@failed
         self.active_requests = (self.active_requests - 1)
         self._state = 'failed'  # release_request@failed
         return 0
     return -1
 
-def _fire_11(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: failed --release_request-->
+def _fire_11(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: failed --release_request-->
     if _a_replace is not _M or _a_inflight is not _M:
         return None
     if (self.active_requests >= 1):
@@ -266,14 +335,14 @@ def _fire_11(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: 
         return 'failed'
     return None
 
-def _dispatch_12(self, a):  # ModelMachine: ready --drain-->
+def _dispatch_12(self: Instance, a):  # ModelMachine: ready --drain-->
     if True:  # drain@ready
         self.unload_pending, self.replacing = True, (self.replacing if self.unload_pending else a['replace'])
         self._state = 'draining'  # drain@ready
         return 0
     return -1
 
-def _fire_12(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: ready --drain-->
+def _fire_12(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: ready --drain-->
     if not ((_a_replace is True or _a_replace is False) and (_a_inflight.__class__ is _int and _a_inflight >= 0)):
         return None
     self.unload_pending, self.replacing = True, (self.replacing if self.unload_pending else _a_replace)
@@ -282,14 +351,14 @@ def _fire_12(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: 
     return 'draining'
     return None
 
-def _dispatch_13(self, a):  # ModelMachine: recovering --drain-->
+def _dispatch_13(self: Instance, a):  # ModelMachine: recovering --drain-->
     if True:  # drain@recovering
         self.unload_pending, self.replacing = True, (self.replacing if self.unload_pending else a['replace'])
         self._state = 'recovering'  # drain@recovering
         return 0
     return -1
 
-def _fire_13(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: recovering --drain-->
+def _fire_13(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: recovering --drain-->
     if not ((_a_replace is True or _a_replace is False) and (_a_inflight.__class__ is _int and _a_inflight >= 0)):
         return None
     self.unload_pending, self.replacing = True, (self.replacing if self.unload_pending else _a_replace)
@@ -298,7 +367,7 @@ def _fire_13(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: 
     return 'recovering'
     return None
 
-def _dispatch_14(self, a):  # ModelMachine: failed --drain-->
+def _dispatch_14(self: Instance, a):  # ModelMachine: failed --drain-->
     if ((self.active_requests >= 1) or (a['inflight'] >= 1)):  # drain@failed
         self.unload_pending, self.replacing = True, (self.replacing if self.unload_pending else a['replace'])
         self._state = 'failed'  # drain@failed
@@ -309,7 +378,7 @@ def _dispatch_14(self, a):  # ModelMachine: failed --drain-->
         return 1
     return -1
 
-def _fire_14(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: failed --drain-->
+def _fire_14(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: failed --drain-->
     if not ((_a_replace is True or _a_replace is False) and (_a_inflight.__class__ is _int and _a_inflight >= 0)):
         return None
     if ((self.active_requests >= 1) or (_a_inflight >= 1)):
@@ -324,13 +393,13 @@ def _fire_14(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: 
         return 'unloading'
     return None
 
-def _dispatch_15(self, a):  # ModelMachine: draining --drained-->
+def _dispatch_15(self: Instance, a):  # ModelMachine: draining --drained-->
     if ((self.active_requests == 0) and (a['inflight'] == 0)):  # drained@draining
         self._state = 'unloading'  # drained@draining
         return 0
     return -1
 
-def _fire_15(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: draining --drained-->
+def _fire_15(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: draining --drained-->
     if _a_replace is not _M:
         return None
     if not ((_a_inflight.__class__ is _int and _a_inflight >= 0)):
@@ -341,13 +410,13 @@ def _fire_15(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: 
         return 'unloading'
     return None
 
-def _dispatch_16(self, a):  # ModelMachine: draining --drain_deadline-->
+def _dispatch_16(self: Instance, a):  # ModelMachine: draining --drain_deadline-->
     if (a['inflight'] >= 1):  # drain_deadline@draining
         self._state = 'recovering'  # drain_deadline@draining
         return 0
     return -1
 
-def _fire_16(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: draining --drain_deadline-->
+def _fire_16(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: draining --drain_deadline-->
     if _a_replace is not _M:
         return None
     if not ((_a_inflight.__class__ is _int and _a_inflight >= 0)):
@@ -358,13 +427,13 @@ def _fire_16(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: 
         return 'recovering'
     return None
 
-def _dispatch_17(self, a):  # ModelMachine: ready --fault-->
+def _dispatch_17(self: Instance, a):  # ModelMachine: ready --fault-->
     if True:  # fault@ready
         self._state = 'recovering'  # fault@ready
         return 0
     return -1
 
-def _fire_17(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: ready --fault-->
+def _fire_17(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: ready --fault-->
     if _a_replace is not _M or _a_inflight is not _M:
         return None
     self._state = 'recovering'  # fault@ready
@@ -372,13 +441,13 @@ def _fire_17(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: 
     return 'recovering'
     return None
 
-def _dispatch_18(self, a):  # ModelMachine: draining --fault-->
+def _dispatch_18(self: Instance, a):  # ModelMachine: draining --fault-->
     if True:  # fault@draining
         self._state = 'recovering'  # fault@draining
         return 0
     return -1
 
-def _fire_18(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: draining --fault-->
+def _fire_18(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: draining --fault-->
     if _a_replace is not _M or _a_inflight is not _M:
         return None
     self._state = 'recovering'  # fault@draining
@@ -386,7 +455,7 @@ def _fire_18(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: 
     return 'recovering'
     return None
 
-def _dispatch_19(self, a):  # ModelMachine: recovering --recovered-->
+def _dispatch_19(self: Instance, a):  # ModelMachine: recovering --recovered-->
     if ((a['inflight'] == 0) and (not self.unload_pending)):  # recovered@recovering
         self._state = 'ready'  # recovered@recovering
         return 0
@@ -395,7 +464,7 @@ def _dispatch_19(self, a):  # ModelMachine: recovering --recovered-->
         return 1
     return -1
 
-def _fire_19(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: recovering --recovered-->
+def _fire_19(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: recovering --recovered-->
     if _a_replace is not _M:
         return None
     if not ((_a_inflight.__class__ is _int and _a_inflight >= 0)):
@@ -413,13 +482,13 @@ def _fire_19(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: 
             return 'draining'
     return None
 
-def _dispatch_20(self, a):  # ModelMachine: recovering --give_up-->
+def _dispatch_20(self: Instance, a):  # ModelMachine: recovering --give_up-->
     if True:  # give_up@recovering
         self._state = 'failed'  # give_up@recovering
         return 0
     return -1
 
-def _fire_20(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: recovering --give_up-->
+def _fire_20(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: recovering --give_up-->
     if _a_replace is not _M or _a_inflight is not _M:
         return None
     self._state = 'failed'  # give_up@recovering
@@ -427,13 +496,13 @@ def _fire_20(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: 
     return 'failed'
     return None
 
-def _dispatch_21(self, a):  # ModelMachine: recovering --resume_unload-->
+def _dispatch_21(self: Instance, a):  # ModelMachine: recovering --resume_unload-->
     if ((a['inflight'] == 0) and (self.active_requests == 0)):  # resume_unload@recovering
         self._state = 'unloading'  # resume_unload@recovering
         return 0
     return -1
 
-def _fire_21(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: recovering --resume_unload-->
+def _fire_21(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: recovering --resume_unload-->
     if _a_replace is not _M:
         return None
     if not ((_a_inflight.__class__ is _int and _a_inflight >= 0)):
@@ -444,14 +513,14 @@ def _fire_21(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: 
         return 'unloading'
     return None
 
-def _dispatch_22(self, a):  # ModelMachine: unloading --freed-->
+def _dispatch_22(self: Instance, a):  # ModelMachine: unloading --freed-->
     if self.buffers:  # freed@unloading
         self.buffers = False
         self._state = 'unloading'  # freed@unloading
         return 0
     return -1
 
-def _fire_22(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: unloading --freed-->
+def _fire_22(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: unloading --freed-->
     if _a_replace is not _M or _a_inflight is not _M:
         return None
     if self.buffers:
@@ -461,14 +530,14 @@ def _fire_22(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: 
         return 'unloading'
     return None
 
-def _dispatch_23(self, a):  # ModelMachine: unloading --verified-->
+def _dispatch_23(self: Instance, a):  # ModelMachine: unloading --verified-->
     if (not self.buffers):  # verified@unloading
         self.unload_pending, self.replacing = False, False
         self._state = 'unloaded'  # verified@unloading
         return 0
     return -1
 
-def _fire_23(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: unloading --verified-->
+def _fire_23(self: Instance, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: unloading --verified-->
     if _a_replace is not _M or _a_inflight is not _M:
         return None
     if (not self.buffers):
@@ -478,7 +547,7 @@ def _fire_23(self, _a_replace, _a_inflight, _M=_M, _int=_int):  # ModelMachine: 
         return 'unloaded'
     return None
 
-_table = {
+_table: dict[str, dict[str, _Any]] = {
     'unloaded': {'load': _dispatch_0},
     'validating': {'validated': _dispatch_1, 'load_failed': _dispatch_4},
     'configuring': {'configured': _dispatch_2, 'load_failed': _dispatch_5},
@@ -490,7 +559,7 @@ _table = {
     'unloading': {'freed': _dispatch_22, 'verified': _dispatch_23},
 }
 
-_ft = {
+_ft: dict[str, dict[str, _Any]] = {
     'unloaded': {'load': _fire_0},
     'validating': {'validated': _fire_1, 'load_failed': _fire_4},
     'configuring': {'configured': _fire_2, 'load_failed': _fire_5},
@@ -510,32 +579,10 @@ def _given(replace, inflight):  # ModelMachine: the arguments given, as the exac
         a['inflight'] = inflight
     return a
 
-def fire_plain(self, event, replace=_M, inflight=_M):  # ModelMachine
-    try:
-        fast = _ft[self._state][event]
-    except KeyError:
-        return _exact(self, event, _given(replace, inflight))
-    target = fast(self, replace, inflight)
-    if target is not None:
-        return target
-    return _exact(self, event, _given(replace, inflight))
-
-def fire_sampled(self, event, replace=_M, inflight=_M):  # ModelMachine
-    if next(_draws):
-        return _exact(self, event, _given(replace, inflight))
-    try:
-        fast = _ft[self._state][event]
-    except KeyError:
-        return _exact(self, event, _given(replace, inflight))
-    target = fast(self, replace, inflight)
-    if target is not None:
-        return target
-    return _exact(self, event, _given(replace, inflight))
-
-def _each_0(instances, replace, inflight):  # ModelMachine: --load--> on each instance
+def _each_0(instances: _Sequence[Instance], replace, inflight):  # ModelMachine: --load--> on each instance
     if replace is not _M or inflight is not _M:
         return _one_by_one(instances, 'load', {'replace': replace, 'inflight': inflight}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -547,10 +594,10 @@ def _each_0(instances, replace, inflight):  # ModelMachine: --load--> on each in
         append(_exact(self, 'load', {}))
     return targets
 
-def _each_1(instances, replace, inflight):  # ModelMachine: --validated--> on each instance
+def _each_1(instances: _Sequence[Instance], replace, inflight):  # ModelMachine: --validated--> on each instance
     if replace is not _M or inflight is not _M:
         return _one_by_one(instances, 'validated', {'replace': replace, 'inflight': inflight}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -562,10 +609,10 @@ def _each_1(instances, replace, inflight):  # ModelMachine: --validated--> on ea
         append(_exact(self, 'validated', {}))
     return targets
 
-def _each_2(instances, replace, inflight):  # ModelMachine: --configured--> on each instance
+def _each_2(instances: _Sequence[Instance], replace, inflight):  # ModelMachine: --configured--> on each instance
     if replace is not _M or inflight is not _M:
         return _one_by_one(instances, 'configured', {'replace': replace, 'inflight': inflight}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -578,10 +625,10 @@ def _each_2(instances, replace, inflight):  # ModelMachine: --configured--> on e
         append(_exact(self, 'configured', {}))
     return targets
 
-def _each_3(instances, replace, inflight):  # ModelMachine: --warmed--> on each instance
+def _each_3(instances: _Sequence[Instance], replace, inflight):  # ModelMachine: --warmed--> on each instance
     if replace is not _M or inflight is not _M:
         return _one_by_one(instances, 'warmed', {'replace': replace, 'inflight': inflight}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -593,10 +640,10 @@ def _each_3(instances, replace, inflight):  # ModelMachine: --warmed--> on each 
         append(_exact(self, 'warmed', {}))
     return targets
 
-def _each_4(instances, replace, inflight):  # ModelMachine: --load_failed--> on each instance
+def _each_4(instances: _Sequence[Instance], replace, inflight):  # ModelMachine: --load_failed--> on each instance
     if replace is not _M or inflight is not _M:
         return _one_by_one(instances, 'load_failed', {'replace': replace, 'inflight': inflight}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -620,10 +667,10 @@ def _each_4(instances, replace, inflight):  # ModelMachine: --load_failed--> on 
         append(_exact(self, 'load_failed', {}))
     return targets
 
-def _each_5(instances, replace, inflight):  # ModelMachine: --acquire--> on each instance
+def _each_5(instances: _Sequence[Instance], replace, inflight):  # ModelMachine: --acquire--> on each instance
     if replace is not _M or inflight is not _M:
         return _one_by_one(instances, 'acquire', {'replace': replace, 'inflight': inflight}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -636,10 +683,10 @@ def _each_5(instances, replace, inflight):  # ModelMachine: --acquire--> on each
         append(_exact(self, 'acquire', {}))
     return targets
 
-def _each_6(instances, replace, inflight):  # ModelMachine: --release_request--> on each instance
+def _each_6(instances: _Sequence[Instance], replace, inflight):  # ModelMachine: --release_request--> on each instance
     if replace is not _M or inflight is not _M:
         return _one_by_one(instances, 'release_request', {'replace': replace, 'inflight': inflight}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -674,10 +721,10 @@ def _each_6(instances, replace, inflight):  # ModelMachine: --release_request-->
         append(_exact(self, 'release_request', {}))
     return targets
 
-def _each_7(instances, replace, inflight):  # ModelMachine: --drain--> on each instance
+def _each_7(instances: _Sequence[Instance], replace, inflight):  # ModelMachine: --drain--> on each instance
     if replace is _M or inflight is _M:
         return _one_by_one(instances, 'drain', {'replace': replace, 'inflight': inflight}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self, _a_replace, _a_inflight in zip(instances, replace, inflight):
         state = self._state
@@ -709,10 +756,10 @@ def _each_7(instances, replace, inflight):  # ModelMachine: --drain--> on each i
         append(_exact(self, 'drain', {'replace': _a_replace, 'inflight': _a_inflight}))
     return targets
 
-def _each_8(instances, replace, inflight):  # ModelMachine: --drained--> on each instance
+def _each_8(instances: _Sequence[Instance], replace, inflight):  # ModelMachine: --drained--> on each instance
     if replace is not _M or inflight is _M:
         return _one_by_one(instances, 'drained', {'replace': replace, 'inflight': inflight}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self, _a_inflight in zip(instances, inflight):
         state = self._state
@@ -725,10 +772,10 @@ def _each_8(instances, replace, inflight):  # ModelMachine: --drained--> on each
         append(_exact(self, 'drained', {'inflight': _a_inflight}))
     return targets
 
-def _each_9(instances, replace, inflight):  # ModelMachine: --drain_deadline--> on each instance
+def _each_9(instances: _Sequence[Instance], replace, inflight):  # ModelMachine: --drain_deadline--> on each instance
     if replace is not _M or inflight is _M:
         return _one_by_one(instances, 'drain_deadline', {'replace': replace, 'inflight': inflight}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self, _a_inflight in zip(instances, inflight):
         state = self._state
@@ -741,10 +788,10 @@ def _each_9(instances, replace, inflight):  # ModelMachine: --drain_deadline--> 
         append(_exact(self, 'drain_deadline', {'inflight': _a_inflight}))
     return targets
 
-def _each_10(instances, replace, inflight):  # ModelMachine: --fault--> on each instance
+def _each_10(instances: _Sequence[Instance], replace, inflight):  # ModelMachine: --fault--> on each instance
     if replace is not _M or inflight is not _M:
         return _one_by_one(instances, 'fault', {'replace': replace, 'inflight': inflight}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -761,10 +808,10 @@ def _each_10(instances, replace, inflight):  # ModelMachine: --fault--> on each 
         append(_exact(self, 'fault', {}))
     return targets
 
-def _each_11(instances, replace, inflight):  # ModelMachine: --recovered--> on each instance
+def _each_11(instances: _Sequence[Instance], replace, inflight):  # ModelMachine: --recovered--> on each instance
     if replace is not _M or inflight is _M:
         return _one_by_one(instances, 'recovered', {'replace': replace, 'inflight': inflight}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self, _a_inflight in zip(instances, inflight):
         state = self._state
@@ -785,10 +832,10 @@ def _each_11(instances, replace, inflight):  # ModelMachine: --recovered--> on e
         append(_exact(self, 'recovered', {'inflight': _a_inflight}))
     return targets
 
-def _each_12(instances, replace, inflight):  # ModelMachine: --give_up--> on each instance
+def _each_12(instances: _Sequence[Instance], replace, inflight):  # ModelMachine: --give_up--> on each instance
     if replace is not _M or inflight is not _M:
         return _one_by_one(instances, 'give_up', {'replace': replace, 'inflight': inflight}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -800,10 +847,10 @@ def _each_12(instances, replace, inflight):  # ModelMachine: --give_up--> on eac
         append(_exact(self, 'give_up', {}))
     return targets
 
-def _each_13(instances, replace, inflight):  # ModelMachine: --resume_unload--> on each instance
+def _each_13(instances: _Sequence[Instance], replace, inflight):  # ModelMachine: --resume_unload--> on each instance
     if replace is not _M or inflight is _M:
         return _one_by_one(instances, 'resume_unload', {'replace': replace, 'inflight': inflight}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self, _a_inflight in zip(instances, inflight):
         state = self._state
@@ -816,10 +863,10 @@ def _each_13(instances, replace, inflight):  # ModelMachine: --resume_unload--> 
         append(_exact(self, 'resume_unload', {'inflight': _a_inflight}))
     return targets
 
-def _each_14(instances, replace, inflight):  # ModelMachine: --freed--> on each instance
+def _each_14(instances: _Sequence[Instance], replace, inflight):  # ModelMachine: --freed--> on each instance
     if replace is not _M or inflight is not _M:
         return _one_by_one(instances, 'freed', {'replace': replace, 'inflight': inflight}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -833,10 +880,10 @@ def _each_14(instances, replace, inflight):  # ModelMachine: --freed--> on each 
         append(_exact(self, 'freed', {}))
     return targets
 
-def _each_15(instances, replace, inflight):  # ModelMachine: --verified--> on each instance
+def _each_15(instances: _Sequence[Instance], replace, inflight):  # ModelMachine: --verified--> on each instance
     if replace is not _M or inflight is not _M:
         return _one_by_one(instances, 'verified', {'replace': replace, 'inflight': inflight}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -850,7 +897,7 @@ def _each_15(instances, replace, inflight):  # ModelMachine: --verified--> on ea
         append(_exact(self, 'verified', {}))
     return targets
 
-_each = {'load': _each_0, 'validated': _each_1, 'configured': _each_2, 'warmed': _each_3, 'load_failed': _each_4, 'acquire': _each_5, 'release_request': _each_6, 'drain': _each_7, 'drained': _each_8, 'drain_deadline': _each_9, 'fault': _each_10, 'recovered': _each_11, 'give_up': _each_12, 'resume_unload': _each_13, 'freed': _each_14, 'verified': _each_15}
+_each: dict[str, _Any] = {'load': _each_0, 'validated': _each_1, 'configured': _each_2, 'warmed': _each_3, 'load_failed': _each_4, 'acquire': _each_5, 'release_request': _each_6, 'drain': _each_7, 'drained': _each_8, 'drain_deadline': _each_9, 'fault': _each_10, 'recovered': _each_11, 'give_up': _each_12, 'resume_unload': _each_13, 'freed': _each_14, 'verified': _each_15}
 
 def fire_each_plain(instances, event, replace=_M, inflight=_M):  # ModelMachine
     n = len(instances)
@@ -903,43 +950,86 @@ def fire_each_sampled(instances, event, replace=_M, inflight=_M):  # ModelMachin
         return _split(run, instances, event, {'replace': replace, 'inflight': inflight}, drawn)
     return run(instances, replace, inflight)
 
-def _check_invariants(self, pre):  # ModelMachine
-    broken = []
-    if not ((not ((self._state == 'warming') or (self._state == 'ready') or (self._state == 'draining') or (self._state == 'recovering') or (self._state == 'failed'))) or self.buffers):
-        broken.append(('serving_has_resources', 'R3.3'))
-    if not (((not ((self._state == 'unloaded') or (self._state == 'validating') or (self._state == 'configuring'))) or (not self.buffers)) and ((not ((self._state == 'unloaded') or (self._state == 'validating') or (self._state == 'configuring') or (self._state == 'warming'))) or (self.active_requests == 0))):
-        broken.append(('unloaded_is_clean', 'R12.9'))
-    if not ((not ((self._state == 'unloading'))) or (self.active_requests == 0)):
-        broken.append(('unloading_is_idle', 'R12.3'))
-    if not (((not self.replacing) or self.unload_pending) and ((not ((self._state == 'draining'))) or self.unload_pending) and ((not ((self._state == 'unloaded') or (self._state == 'validating') or (self._state == 'configuring') or (self._state == 'warming') or (self._state == 'ready'))) or (not self.unload_pending))):
-        broken.append(('unload_is_never_undone', 'R12.2'))
-    if not (self.active_requests >= 0):
-        broken.append(('bounds_active_requests', 'type'))
-    if pre is not None:
-        if not ((not (pre.unload_pending and self.unload_pending)) or (self.replacing == pre.replacing)):
-            broken.append(('drain_cause_is_fixed', 'R11.5'))
-        if not ((not (self.active_requests > pre.active_requests)) or ((pre._state == 'ready'))):
-            broken.append(('admission_only_when_ready', 'R12.2'))
-    return broken
+@_mypyc_attr(allow_interpreted_subclasses=True)
+class Instance:
+    """ModelMachine's instance: its state, last row, parameters and variables, typed as declared."""
 
-def __init__(self, *, generation=_MISSING, **extra):  # ModelMachine
-    if extra or not ((generation.__class__ is _int and generation >= 1)):
-        return _slow_init(self, extra, generation=generation)
-    self.generation = generation
-    self.active_requests = _init_0
-    self.buffers = _init_1
-    self.unload_pending = _init_2
-    self.replacing = _init_3
-    self._state = 'unloaded'
-    self.last_transition = None
+    __slots__ = ('_state', 'last_transition', 'generation', 'active_requests', 'buffers', 'unload_pending', 'replacing')
 
-def snapshot(self):  # ModelMachine
-    copy = _new(self.__class__)
-    copy.generation = self.generation
-    copy.active_requests = self.active_requests
-    copy.buffers = self.buffers
-    copy.unload_pending = self.unload_pending
-    copy.replacing = self.replacing
-    copy._state = self._state
-    copy.last_transition = self.last_transition
-    return copy
+    _state: str
+    last_transition: _Any
+    generation: int
+    active_requests: int
+    buffers: bool
+    unload_pending: bool
+    replacing: bool
+
+    def fire_plain(self, event, replace=_M, inflight=_M) -> _Any:  # ModelMachine
+        try:
+            fast = _ft[self._state][event]
+        except KeyError:
+            return _exact(self, event, _given(replace, inflight))
+        target = fast(self, replace, inflight)
+        if target is not None:
+            return target
+        return _exact(self, event, _given(replace, inflight))
+
+    def fire_sampled(self, event, replace=_M, inflight=_M) -> _Any:  # ModelMachine
+        if next(_draws):
+            return _exact(self, event, _given(replace, inflight))
+        try:
+            fast = _ft[self._state][event]
+        except KeyError:
+            return _exact(self, event, _given(replace, inflight))
+        target = fast(self, replace, inflight)
+        if target is not None:
+            return target
+        return _exact(self, event, _given(replace, inflight))
+
+    def _check_invariants(self, pre) -> _Any:  # ModelMachine
+        broken = []
+        if not ((not ((self._state == 'warming') or (self._state == 'ready') or (self._state == 'draining') or (self._state == 'recovering') or (self._state == 'failed'))) or self.buffers):
+            broken.append(('serving_has_resources', 'R3.3'))
+        if not (((not ((self._state == 'unloaded') or (self._state == 'validating') or (self._state == 'configuring'))) or (not self.buffers)) and ((not ((self._state == 'unloaded') or (self._state == 'validating') or (self._state == 'configuring') or (self._state == 'warming'))) or (self.active_requests == 0))):
+            broken.append(('unloaded_is_clean', 'R12.9'))
+        if not ((not ((self._state == 'unloading'))) or (self.active_requests == 0)):
+            broken.append(('unloading_is_idle', 'R12.3'))
+        if not (((not self.replacing) or self.unload_pending) and ((not ((self._state == 'draining'))) or self.unload_pending) and ((not ((self._state == 'unloaded') or (self._state == 'validating') or (self._state == 'configuring') or (self._state == 'warming') or (self._state == 'ready'))) or (not self.unload_pending))):
+            broken.append(('unload_is_never_undone', 'R12.2'))
+        if not (self.active_requests >= 0):
+            broken.append(('bounds_active_requests', 'type'))
+        if pre is not None:
+            if not ((not (pre.unload_pending and self.unload_pending)) or (self.replacing == pre.replacing)):
+                broken.append(('drain_cause_is_fixed', 'R11.5'))
+            if not ((not (self.active_requests > pre.active_requests)) or ((pre._state == 'ready'))):
+                broken.append(('admission_only_when_ready', 'R12.2'))
+        return broken
+
+    def __init__(self, *, generation=_MISSING, **extra) -> None:  # ModelMachine
+        if extra or not ((generation.__class__ is _int and generation >= 1)):
+            return _slow_init(self, extra, generation=generation)
+        self.generation = generation
+        self.active_requests = _init_0
+        self.buffers = _init_1
+        self.unload_pending = _init_2
+        self.replacing = _init_3
+        self._state = 'unloaded'
+        self.last_transition = None
+
+    def snapshot(self) -> _Any:  # ModelMachine
+        copy: Instance = _new(self.__class__)
+        copy.generation = self.generation
+        copy.active_requests = self.active_requests
+        copy.buffers = self.buffers
+        copy.unload_pending = self.unload_pending
+        copy.replacing = self.replacing
+        copy._state = self._state
+        copy.last_transition = self.last_transition
+        return copy
+
+fire_plain = Instance.fire_plain
+fire_sampled = Instance.fire_sampled
+_check_invariants = Instance._check_invariants
+__init__ = Instance.__init__
+snapshot = Instance.snapshot
+_new: _Any = Instance.__new__  # object's, or the compiled class's allocator (no __init__)

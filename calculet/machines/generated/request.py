@@ -6,18 +6,30 @@ not what the declaration produces. The runtime imports it (calculet.machines.com
 generating it at each start.
 """
 
+from __future__ import annotations
+
+import typing as _typing
 from itertools import islice as _islice
+from typing import Any as _Any, Sequence as _Sequence
 
 from calculet.machines.written import MISSING as _M
 
+if _typing.TYPE_CHECKING:  # read by mypyc only: the instance class may be subclassed by the runtime's
+    from mypy_extensions import mypyc_attr as _mypyc_attr
+else:
+    def _mypyc_attr(**_: object) -> _Any:  # plain Python: the decorator does nothing
+        return lambda cls: cls
+
 _MISSING = _M
 _int = int
-_new = object.__new__
-_draws = iter(())  # the monitor's draws: set by calculet.machines.monitor.Monitor.install
-_exact = _one_by_one = _split = _slow_init = None  # the runtime's exact paths: set by calculet.machines.compiled.bind
+_draws: _Any = iter(())  # the monitor's draws: set by calculet.machines.monitor.Monitor.install
+_exact: _Any = None  # the runtime's exact path: set by calculet.machines.compiled.bind
+_one_by_one: _Any = None  # the runtime's exact path: set by calculet.machines.compiled.bind
+_split: _Any = None  # the runtime's exact path: set by calculet.machines.compiled.bind
+_slow_init: _Any = None  # the runtime's exact path: set by calculet.machines.compiled.bind
 
 DECLARATION = 'calculet.machines.request.RequestMachine'
-SHAPE = '4b77caa220e485b7'
+SHAPE = '95c16b1233c4019e'
 
 BINDINGS = {  # name: where the object is found in the declaration (calculet.machines.codegen_module)
     '_row_0_0': ('row', 0),
@@ -115,13 +127,107 @@ BINDINGS = {  # name: where the object is found in the declaration (calculet.mac
     '_init_7': ('init', 'closes'),
 }
 
-def _dispatch_0(self, a):  # RequestMachine: new --wait_model-->
+_row_0_0: _Any = None
+_row_1_0: _Any = None
+_row_2_0: _Any = None
+_row_3_0: _Any = None
+_row_4_0: _Any = None
+_enum_FinishReason: _Any = None
+_row_5_0: _Any = None
+_row_6_0: _Any = None
+_row_7_0: _Any = None
+_row_8_0: _Any = None
+_row_9_0: _Any = None
+_row_9_1: _Any = None
+_row_9_2: _Any = None
+_row_9_3: _Any = None
+_row_9_4: _Any = None
+_row_10_0: _Any = None
+_row_11_0: _Any = None
+_row_11_1: _Any = None
+_row_11_2: _Any = None
+_row_11_3: _Any = None
+_row_11_4: _Any = None
+_row_12_0: _Any = None
+_row_13_0: _Any = None
+_row_14_0: _Any = None
+_row_15_0: _Any = None
+_row_16_0: _Any = None
+_row_17_0: _Any = None
+_row_18_0: _Any = None
+_row_19_0: _Any = None
+_row_20_0: _Any = None
+_row_21_0: _Any = None
+_row_22_0: _Any = None
+_row_23_0: _Any = None
+_row_24_0: _Any = None
+_row_25_0: _Any = None
+_row_26_0: _Any = None
+_row_27_0: _Any = None
+_row_28_0: _Any = None
+_row_29_0: _Any = None
+_row_30_0: _Any = None
+_row_31_0: _Any = None
+_row_32_0: _Any = None
+_row_33_0: _Any = None
+_each_row_0_0_0: _Any = None
+_each_row_1_0_0: _Any = None
+_each_row_1_1_0: _Any = None
+_each_row_2_0_0: _Any = None
+_each_row_3_0_0: _Any = None
+_each_row_4_0_0: _Any = None
+_each_row_4_1_0: _Any = None
+_each_row_4_2_0: _Any = None
+_each_row_5_0_0: _Any = None
+_each_row_6_0_0: _Any = None
+_each_row_6_0_1: _Any = None
+_each_row_6_0_2: _Any = None
+_each_row_6_0_3: _Any = None
+_each_row_6_0_4: _Any = None
+_each_row_7_0_0: _Any = None
+_each_row_8_0_0: _Any = None
+_each_row_8_0_1: _Any = None
+_each_row_8_0_2: _Any = None
+_each_row_8_0_3: _Any = None
+_each_row_8_0_4: _Any = None
+_each_row_9_0_0: _Any = None
+_each_row_10_0_0: _Any = None
+_each_row_10_1_0: _Any = None
+_each_row_10_2_0: _Any = None
+_each_row_10_3_0: _Any = None
+_each_row_10_4_0: _Any = None
+_each_row_10_5_0: _Any = None
+_each_row_10_6_0: _Any = None
+_each_row_10_7_0: _Any = None
+_each_row_11_0_0: _Any = None
+_each_row_11_1_0: _Any = None
+_each_row_11_2_0: _Any = None
+_each_row_11_3_0: _Any = None
+_each_row_11_4_0: _Any = None
+_each_row_11_5_0: _Any = None
+_each_row_11_6_0: _Any = None
+_each_row_12_0_0: _Any = None
+_each_row_12_1_0: _Any = None
+_each_row_12_2_0: _Any = None
+_each_row_12_3_0: _Any = None
+_each_row_12_4_0: _Any = None
+_each_row_12_5_0: _Any = None
+_init_0: _Any = None
+_init_1: _Any = None
+_init_2: _Any = None
+_init_3: _Any = None
+_init_4: _Any = None
+_init_5: _Any = None
+_init_6: _Any = None
+_init_7: _Any = None
+
+def _dispatch_0(self: Instance, a):  # RequestMachine: new --wait_model-->
     if True:  # wait_model@new
         self._state = 'waiting_model'  # wait_model@new
         return 0
     return -1
 
-def _fire_0(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: new --wait_model-->
+def _fire_0(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: new --wait_model-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self._state = 'waiting_model'  # wait_model@new
@@ -129,14 +235,14 @@ def _fire_0(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestM
     return 'waiting_model'
     return None
 
-def _dispatch_1(self, a):  # RequestMachine: new --bind-->
+def _dispatch_1(self: Instance, a):  # RequestMachine: new --bind-->
     if True:  # bind@new
         self.generation = a['gen']
         self._state = 'waiting_admission'  # bind@new
         return 0
     return -1
 
-def _fire_1(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: new --bind-->
+def _fire_1(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: new --bind-->
     if _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     if not ((_a_gen.__class__ is _int and _a_gen >= 1)):
@@ -147,14 +253,14 @@ def _fire_1(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestM
     return 'waiting_admission'
     return None
 
-def _dispatch_2(self, a):  # RequestMachine: waiting_model --bind-->
+def _dispatch_2(self: Instance, a):  # RequestMachine: waiting_model --bind-->
     if True:  # bind@waiting_model
         self.generation = a['gen']
         self._state = 'waiting_admission'  # bind@waiting_model
         return 0
     return -1
 
-def _fire_2(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: waiting_model --bind-->
+def _fire_2(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: waiting_model --bind-->
     if _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     if not ((_a_gen.__class__ is _int and _a_gen >= 1)):
@@ -165,13 +271,13 @@ def _fire_2(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestM
     return 'waiting_admission'
     return None
 
-def _dispatch_3(self, a):  # RequestMachine: waiting_admission --admit-->
+def _dispatch_3(self: Instance, a):  # RequestMachine: waiting_admission --admit-->
     if ((self.prompt_tokens + self.max_new_tokens) <= self.max_seq):  # admit@waiting_admission
         self._state = 'prefill_ready'  # admit@waiting_admission
         return 0
     return -1
 
-def _fire_3(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: waiting_admission --admit-->
+def _fire_3(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: waiting_admission --admit-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     if ((self.prompt_tokens + self.max_new_tokens) <= self.max_seq):
@@ -180,14 +286,14 @@ def _fire_3(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestM
         return 'prefill_ready'
     return None
 
-def _dispatch_4(self, a):  # RequestMachine: new --admit_now-->
+def _dispatch_4(self: Instance, a):  # RequestMachine: new --admit_now-->
     if ((self.prompt_tokens + self.max_new_tokens) <= self.max_seq):  # admit_now@new
         self.generation = a['gen']
         self._state = 'prefill_ready'  # admit_now@new
         return 0
     return -1
 
-def _fire_4(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: new --admit_now-->
+def _fire_4(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: new --admit_now-->
     if _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     if not ((_a_gen.__class__ is _int and _a_gen >= 1)):
@@ -199,14 +305,14 @@ def _fire_4(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestM
         return 'prefill_ready'
     return None
 
-def _dispatch_5(self, a):  # RequestMachine: new --reject-->
+def _dispatch_5(self: Instance, a):  # RequestMachine: new --reject-->
     if True:  # reject@new
         self.finish_reason, self.closes = _enum_FinishReason(6), 1
         self._state = 'failed'  # reject@new
         return 0
     return -1
 
-def _fire_5(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: new --reject-->
+def _fire_5(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: new --reject-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.finish_reason, self.closes = _enum_FinishReason(6), 1
@@ -215,14 +321,14 @@ def _fire_5(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestM
     return 'failed'
     return None
 
-def _dispatch_6(self, a):  # RequestMachine: waiting_model --reject-->
+def _dispatch_6(self: Instance, a):  # RequestMachine: waiting_model --reject-->
     if True:  # reject@waiting_model
         self.finish_reason, self.closes = _enum_FinishReason(6), 1
         self._state = 'failed'  # reject@waiting_model
         return 0
     return -1
 
-def _fire_6(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: waiting_model --reject-->
+def _fire_6(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: waiting_model --reject-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.finish_reason, self.closes = _enum_FinishReason(6), 1
@@ -231,14 +337,14 @@ def _fire_6(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestM
     return 'failed'
     return None
 
-def _dispatch_7(self, a):  # RequestMachine: waiting_admission --reject-->
+def _dispatch_7(self: Instance, a):  # RequestMachine: waiting_admission --reject-->
     if True:  # reject@waiting_admission
         self.finish_reason, self.closes = _enum_FinishReason(6), 1
         self._state = 'failed'  # reject@waiting_admission
         return 0
     return -1
 
-def _fire_7(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: waiting_admission --reject-->
+def _fire_7(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: waiting_admission --reject-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.finish_reason, self.closes = _enum_FinishReason(6), 1
@@ -247,14 +353,14 @@ def _fire_7(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestM
     return 'failed'
     return None
 
-def _dispatch_8(self, a):  # RequestMachine: prefill_ready --submit_prefill-->
+def _dispatch_8(self: Instance, a):  # RequestMachine: prefill_ready --submit_prefill-->
     if True:  # submit_prefill@prefill_ready
         self.job_id = a['job']
         self._state = 'prefill_running'  # submit_prefill@prefill_ready
         return 0
     return -1
 
-def _fire_8(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: prefill_ready --submit_prefill-->
+def _fire_8(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: prefill_ready --submit_prefill-->
     if _a_gen is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     if not ((_a_job.__class__ is _int and _a_job >= 1)):
@@ -265,7 +371,7 @@ def _fire_8(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestM
     return 'prefill_running'
     return None
 
-def _dispatch_9(self, a):  # RequestMachine: prefill_running --prefill_done-->
+def _dispatch_9(self: Instance, a):  # RequestMachine: prefill_running --prefill_done-->
     if ((a['job'] == self.job_id) and self.cancel_requested):  # prefill_done_cancelled
         self.job_id, self.cancel_requested, self.deadline_passed, self.finish_reason, self.closes = 0, False, False, _enum_FinishReason(3), 1
         self._state = 'cancelled'  # prefill_done_cancelled
@@ -288,7 +394,7 @@ def _dispatch_9(self, a):  # RequestMachine: prefill_running --prefill_done-->
         return 4
     return -1
 
-def _fire_9(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: prefill_running --prefill_done-->
+def _fire_9(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: prefill_running --prefill_done-->
     if _a_gen is not _M:
         return None
     if not ((_a_job.__class__ is _int and _a_job >= 1) and (_a_ok is True or _a_ok is False) and (_a_stop is True or _a_stop is False)):
@@ -328,14 +434,14 @@ def _fire_9(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestM
                         return 'decode_ready'
     return None
 
-def _dispatch_10(self, a):  # RequestMachine: decode_ready --submit_decode-->
+def _dispatch_10(self: Instance, a):  # RequestMachine: decode_ready --submit_decode-->
     if True:  # submit_decode@decode_ready
         self.job_id = a['job']
         self._state = 'decode_running'  # submit_decode@decode_ready
         return 0
     return -1
 
-def _fire_10(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: decode_ready --submit_decode-->
+def _fire_10(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: decode_ready --submit_decode-->
     if _a_gen is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     if not ((_a_job.__class__ is _int and _a_job >= 1)):
@@ -346,7 +452,7 @@ def _fire_10(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
     return 'decode_running'
     return None
 
-def _dispatch_11(self, a):  # RequestMachine: decode_running --decode_done-->
+def _dispatch_11(self: Instance, a):  # RequestMachine: decode_running --decode_done-->
     if ((a['job'] == self.job_id) and self.cancel_requested):  # decode_done_cancelled
         self.job_id, self.cancel_requested, self.deadline_passed, self.finish_reason, self.closes = 0, False, False, _enum_FinishReason(3), 1
         self._state = 'cancelled'  # decode_done_cancelled
@@ -369,7 +475,7 @@ def _dispatch_11(self, a):  # RequestMachine: decode_running --decode_done-->
         return 4
     return -1
 
-def _fire_11(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: decode_running --decode_done-->
+def _fire_11(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: decode_running --decode_done-->
     if _a_gen is not _M:
         return None
     if not ((_a_job.__class__ is _int and _a_job >= 1) and (_a_ok is True or _a_ok is False) and (_a_stop is True or _a_stop is False)):
@@ -409,14 +515,14 @@ def _fire_11(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
                         return 'decode_ready'
     return None
 
-def _dispatch_12(self, a):  # RequestMachine: finishing --close-->
+def _dispatch_12(self: Instance, a):  # RequestMachine: finishing --close-->
     if True:  # close@finishing
         self.closes = 1
         self._state = 'completed'  # close@finishing
         return 0
     return -1
 
-def _fire_12(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: finishing --close-->
+def _fire_12(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: finishing --close-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.closes = 1
@@ -425,14 +531,14 @@ def _fire_12(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
     return 'completed'
     return None
 
-def _dispatch_13(self, a):  # RequestMachine: new --cancel-->
+def _dispatch_13(self: Instance, a):  # RequestMachine: new --cancel-->
     if True:  # cancel@new
         self.finish_reason, self.closes = _enum_FinishReason(3), 1
         self._state = 'cancelled'  # cancel@new
         return 0
     return -1
 
-def _fire_13(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: new --cancel-->
+def _fire_13(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: new --cancel-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.finish_reason, self.closes = _enum_FinishReason(3), 1
@@ -441,14 +547,14 @@ def _fire_13(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
     return 'cancelled'
     return None
 
-def _dispatch_14(self, a):  # RequestMachine: waiting_model --cancel-->
+def _dispatch_14(self: Instance, a):  # RequestMachine: waiting_model --cancel-->
     if True:  # cancel@waiting_model
         self.finish_reason, self.closes = _enum_FinishReason(3), 1
         self._state = 'cancelled'  # cancel@waiting_model
         return 0
     return -1
 
-def _fire_14(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: waiting_model --cancel-->
+def _fire_14(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: waiting_model --cancel-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.finish_reason, self.closes = _enum_FinishReason(3), 1
@@ -457,14 +563,14 @@ def _fire_14(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
     return 'cancelled'
     return None
 
-def _dispatch_15(self, a):  # RequestMachine: waiting_admission --cancel-->
+def _dispatch_15(self: Instance, a):  # RequestMachine: waiting_admission --cancel-->
     if True:  # cancel@waiting_admission
         self.finish_reason, self.closes = _enum_FinishReason(3), 1
         self._state = 'cancelled'  # cancel@waiting_admission
         return 0
     return -1
 
-def _fire_15(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: waiting_admission --cancel-->
+def _fire_15(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: waiting_admission --cancel-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.finish_reason, self.closes = _enum_FinishReason(3), 1
@@ -473,14 +579,14 @@ def _fire_15(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
     return 'cancelled'
     return None
 
-def _dispatch_16(self, a):  # RequestMachine: prefill_ready --cancel-->
+def _dispatch_16(self: Instance, a):  # RequestMachine: prefill_ready --cancel-->
     if True:  # cancel@prefill_ready
         self.finish_reason, self.closes = _enum_FinishReason(3), 1
         self._state = 'cancelled'  # cancel@prefill_ready
         return 0
     return -1
 
-def _fire_16(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: prefill_ready --cancel-->
+def _fire_16(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: prefill_ready --cancel-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.finish_reason, self.closes = _enum_FinishReason(3), 1
@@ -489,14 +595,14 @@ def _fire_16(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
     return 'cancelled'
     return None
 
-def _dispatch_17(self, a):  # RequestMachine: decode_ready --cancel-->
+def _dispatch_17(self: Instance, a):  # RequestMachine: decode_ready --cancel-->
     if True:  # cancel@decode_ready
         self.finish_reason, self.closes = _enum_FinishReason(3), 1
         self._state = 'cancelled'  # cancel@decode_ready
         return 0
     return -1
 
-def _fire_17(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: decode_ready --cancel-->
+def _fire_17(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: decode_ready --cancel-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.finish_reason, self.closes = _enum_FinishReason(3), 1
@@ -505,14 +611,14 @@ def _fire_17(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
     return 'cancelled'
     return None
 
-def _dispatch_18(self, a):  # RequestMachine: finishing --cancel-->
+def _dispatch_18(self: Instance, a):  # RequestMachine: finishing --cancel-->
     if True:  # cancel@finishing
         self.finish_reason, self.closes = _enum_FinishReason(3), 1
         self._state = 'cancelled'  # cancel@finishing
         return 0
     return -1
 
-def _fire_18(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: finishing --cancel-->
+def _fire_18(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: finishing --cancel-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.finish_reason, self.closes = _enum_FinishReason(3), 1
@@ -521,14 +627,14 @@ def _fire_18(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
     return 'cancelled'
     return None
 
-def _dispatch_19(self, a):  # RequestMachine: prefill_running --cancel-->
+def _dispatch_19(self: Instance, a):  # RequestMachine: prefill_running --cancel-->
     if True:  # cancel@prefill_running
         self.cancel_requested = True
         self._state = 'prefill_running'  # cancel@prefill_running
         return 0
     return -1
 
-def _fire_19(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: prefill_running --cancel-->
+def _fire_19(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: prefill_running --cancel-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.cancel_requested = True
@@ -537,14 +643,14 @@ def _fire_19(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
     return 'prefill_running'
     return None
 
-def _dispatch_20(self, a):  # RequestMachine: decode_running --cancel-->
+def _dispatch_20(self: Instance, a):  # RequestMachine: decode_running --cancel-->
     if True:  # cancel@decode_running
         self.cancel_requested = True
         self._state = 'decode_running'  # cancel@decode_running
         return 0
     return -1
 
-def _fire_20(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: decode_running --cancel-->
+def _fire_20(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: decode_running --cancel-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.cancel_requested = True
@@ -553,14 +659,14 @@ def _fire_20(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
     return 'decode_running'
     return None
 
-def _dispatch_21(self, a):  # RequestMachine: new --expire-->
+def _dispatch_21(self: Instance, a):  # RequestMachine: new --expire-->
     if True:  # expire@new
         self.finish_reason, self.closes = _enum_FinishReason(5), 1
         self._state = 'failed'  # expire@new
         return 0
     return -1
 
-def _fire_21(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: new --expire-->
+def _fire_21(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: new --expire-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.finish_reason, self.closes = _enum_FinishReason(5), 1
@@ -569,14 +675,14 @@ def _fire_21(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
     return 'failed'
     return None
 
-def _dispatch_22(self, a):  # RequestMachine: waiting_model --expire-->
+def _dispatch_22(self: Instance, a):  # RequestMachine: waiting_model --expire-->
     if True:  # expire@waiting_model
         self.finish_reason, self.closes = _enum_FinishReason(5), 1
         self._state = 'failed'  # expire@waiting_model
         return 0
     return -1
 
-def _fire_22(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: waiting_model --expire-->
+def _fire_22(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: waiting_model --expire-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.finish_reason, self.closes = _enum_FinishReason(5), 1
@@ -585,14 +691,14 @@ def _fire_22(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
     return 'failed'
     return None
 
-def _dispatch_23(self, a):  # RequestMachine: waiting_admission --expire-->
+def _dispatch_23(self: Instance, a):  # RequestMachine: waiting_admission --expire-->
     if True:  # expire@waiting_admission
         self.finish_reason, self.closes = _enum_FinishReason(5), 1
         self._state = 'failed'  # expire@waiting_admission
         return 0
     return -1
 
-def _fire_23(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: waiting_admission --expire-->
+def _fire_23(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: waiting_admission --expire-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.finish_reason, self.closes = _enum_FinishReason(5), 1
@@ -601,14 +707,14 @@ def _fire_23(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
     return 'failed'
     return None
 
-def _dispatch_24(self, a):  # RequestMachine: prefill_ready --expire-->
+def _dispatch_24(self: Instance, a):  # RequestMachine: prefill_ready --expire-->
     if True:  # expire@prefill_ready
         self.finish_reason, self.closes = _enum_FinishReason(5), 1
         self._state = 'failed'  # expire@prefill_ready
         return 0
     return -1
 
-def _fire_24(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: prefill_ready --expire-->
+def _fire_24(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: prefill_ready --expire-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.finish_reason, self.closes = _enum_FinishReason(5), 1
@@ -617,14 +723,14 @@ def _fire_24(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
     return 'failed'
     return None
 
-def _dispatch_25(self, a):  # RequestMachine: decode_ready --expire-->
+def _dispatch_25(self: Instance, a):  # RequestMachine: decode_ready --expire-->
     if True:  # expire@decode_ready
         self.finish_reason, self.closes = _enum_FinishReason(5), 1
         self._state = 'failed'  # expire@decode_ready
         return 0
     return -1
 
-def _fire_25(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: decode_ready --expire-->
+def _fire_25(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: decode_ready --expire-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.finish_reason, self.closes = _enum_FinishReason(5), 1
@@ -633,14 +739,14 @@ def _fire_25(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
     return 'failed'
     return None
 
-def _dispatch_26(self, a):  # RequestMachine: prefill_running --expire-->
+def _dispatch_26(self: Instance, a):  # RequestMachine: prefill_running --expire-->
     if True:  # expire@prefill_running
         self.deadline_passed = True
         self._state = 'prefill_running'  # expire@prefill_running
         return 0
     return -1
 
-def _fire_26(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: prefill_running --expire-->
+def _fire_26(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: prefill_running --expire-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.deadline_passed = True
@@ -649,14 +755,14 @@ def _fire_26(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
     return 'prefill_running'
     return None
 
-def _dispatch_27(self, a):  # RequestMachine: decode_running --expire-->
+def _dispatch_27(self: Instance, a):  # RequestMachine: decode_running --expire-->
     if True:  # expire@decode_running
         self.deadline_passed = True
         self._state = 'decode_running'  # expire@decode_running
         return 0
     return -1
 
-def _fire_27(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: decode_running --expire-->
+def _fire_27(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: decode_running --expire-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.deadline_passed = True
@@ -665,14 +771,14 @@ def _fire_27(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
     return 'decode_running'
     return None
 
-def _dispatch_28(self, a):  # RequestMachine: new --fail-->
+def _dispatch_28(self: Instance, a):  # RequestMachine: new --fail-->
     if True:  # fail@new
         self.finish_reason, self.closes = _enum_FinishReason(4), 1
         self._state = 'failed'  # fail@new
         return 0
     return -1
 
-def _fire_28(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: new --fail-->
+def _fire_28(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: new --fail-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.finish_reason, self.closes = _enum_FinishReason(4), 1
@@ -681,14 +787,14 @@ def _fire_28(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
     return 'failed'
     return None
 
-def _dispatch_29(self, a):  # RequestMachine: waiting_model --fail-->
+def _dispatch_29(self: Instance, a):  # RequestMachine: waiting_model --fail-->
     if True:  # fail@waiting_model
         self.finish_reason, self.closes = _enum_FinishReason(4), 1
         self._state = 'failed'  # fail@waiting_model
         return 0
     return -1
 
-def _fire_29(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: waiting_model --fail-->
+def _fire_29(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: waiting_model --fail-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.finish_reason, self.closes = _enum_FinishReason(4), 1
@@ -697,14 +803,14 @@ def _fire_29(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
     return 'failed'
     return None
 
-def _dispatch_30(self, a):  # RequestMachine: waiting_admission --fail-->
+def _dispatch_30(self: Instance, a):  # RequestMachine: waiting_admission --fail-->
     if True:  # fail@waiting_admission
         self.finish_reason, self.closes = _enum_FinishReason(4), 1
         self._state = 'failed'  # fail@waiting_admission
         return 0
     return -1
 
-def _fire_30(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: waiting_admission --fail-->
+def _fire_30(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: waiting_admission --fail-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.finish_reason, self.closes = _enum_FinishReason(4), 1
@@ -713,14 +819,14 @@ def _fire_30(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
     return 'failed'
     return None
 
-def _dispatch_31(self, a):  # RequestMachine: prefill_ready --fail-->
+def _dispatch_31(self: Instance, a):  # RequestMachine: prefill_ready --fail-->
     if True:  # fail@prefill_ready
         self.finish_reason, self.closes = _enum_FinishReason(4), 1
         self._state = 'failed'  # fail@prefill_ready
         return 0
     return -1
 
-def _fire_31(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: prefill_ready --fail-->
+def _fire_31(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: prefill_ready --fail-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.finish_reason, self.closes = _enum_FinishReason(4), 1
@@ -729,14 +835,14 @@ def _fire_31(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
     return 'failed'
     return None
 
-def _dispatch_32(self, a):  # RequestMachine: decode_ready --fail-->
+def _dispatch_32(self: Instance, a):  # RequestMachine: decode_ready --fail-->
     if True:  # fail@decode_ready
         self.finish_reason, self.closes = _enum_FinishReason(4), 1
         self._state = 'failed'  # fail@decode_ready
         return 0
     return -1
 
-def _fire_32(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: decode_ready --fail-->
+def _fire_32(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: decode_ready --fail-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.finish_reason, self.closes = _enum_FinishReason(4), 1
@@ -745,14 +851,14 @@ def _fire_32(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
     return 'failed'
     return None
 
-def _dispatch_33(self, a):  # RequestMachine: finishing --fail-->
+def _dispatch_33(self: Instance, a):  # RequestMachine: finishing --fail-->
     if True:  # fail@finishing
         self.finish_reason, self.closes = _enum_FinishReason(4), 1
         self._state = 'failed'  # fail@finishing
         return 0
     return -1
 
-def _fire_33(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: finishing --fail-->
+def _fire_33(self: Instance, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # RequestMachine: finishing --fail-->
     if _a_gen is not _M or _a_job is not _M or _a_ok is not _M or _a_stop is not _M:
         return None
     self.finish_reason, self.closes = _enum_FinishReason(4), 1
@@ -761,7 +867,7 @@ def _fire_33(self, _a_gen, _a_job, _a_ok, _a_stop, _M=_M, _int=_int):  # Request
     return 'failed'
     return None
 
-_table = {
+_table: dict[str, dict[str, _Any]] = {
     'new': {'wait_model': _dispatch_0, 'bind': _dispatch_1, 'admit_now': _dispatch_4, 'reject': _dispatch_5, 'cancel': _dispatch_13, 'expire': _dispatch_21, 'fail': _dispatch_28},
     'waiting_model': {'bind': _dispatch_2, 'reject': _dispatch_6, 'cancel': _dispatch_14, 'expire': _dispatch_22, 'fail': _dispatch_29},
     'waiting_admission': {'admit': _dispatch_3, 'reject': _dispatch_7, 'cancel': _dispatch_15, 'expire': _dispatch_23, 'fail': _dispatch_30},
@@ -772,7 +878,7 @@ _table = {
     'finishing': {'close': _dispatch_12, 'cancel': _dispatch_18, 'fail': _dispatch_33},
 }
 
-_ft = {
+_ft: dict[str, dict[str, _Any]] = {
     'new': {'wait_model': _fire_0, 'bind': _fire_1, 'admit_now': _fire_4, 'reject': _fire_5, 'cancel': _fire_13, 'expire': _fire_21, 'fail': _fire_28},
     'waiting_model': {'bind': _fire_2, 'reject': _fire_6, 'cancel': _fire_14, 'expire': _fire_22, 'fail': _fire_29},
     'waiting_admission': {'admit': _fire_3, 'reject': _fire_7, 'cancel': _fire_15, 'expire': _fire_23, 'fail': _fire_30},
@@ -795,32 +901,10 @@ def _given(gen, job, ok, stop):  # RequestMachine: the arguments given, as the e
         a['stop'] = stop
     return a
 
-def fire_plain(self, event, gen=_M, job=_M, ok=_M, stop=_M):  # RequestMachine
-    try:
-        fast = _ft[self._state][event]
-    except KeyError:
-        return _exact(self, event, _given(gen, job, ok, stop))
-    target = fast(self, gen, job, ok, stop)
-    if target is not None:
-        return target
-    return _exact(self, event, _given(gen, job, ok, stop))
-
-def fire_sampled(self, event, gen=_M, job=_M, ok=_M, stop=_M):  # RequestMachine
-    if next(_draws):
-        return _exact(self, event, _given(gen, job, ok, stop))
-    try:
-        fast = _ft[self._state][event]
-    except KeyError:
-        return _exact(self, event, _given(gen, job, ok, stop))
-    target = fast(self, gen, job, ok, stop)
-    if target is not None:
-        return target
-    return _exact(self, event, _given(gen, job, ok, stop))
-
-def _each_0(instances, gen, job, ok, stop):  # RequestMachine: --wait_model--> on each instance
+def _each_0(instances: _Sequence[Instance], gen, job, ok, stop):  # RequestMachine: --wait_model--> on each instance
     if gen is not _M or job is not _M or ok is not _M or stop is not _M:
         return _one_by_one(instances, 'wait_model', {'gen': gen, 'job': job, 'ok': ok, 'stop': stop}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -832,10 +916,10 @@ def _each_0(instances, gen, job, ok, stop):  # RequestMachine: --wait_model--> o
         append(_exact(self, 'wait_model', {}))
     return targets
 
-def _each_1(instances, gen, job, ok, stop):  # RequestMachine: --bind--> on each instance
+def _each_1(instances: _Sequence[Instance], gen, job, ok, stop):  # RequestMachine: --bind--> on each instance
     if job is not _M or ok is not _M or stop is not _M or gen is _M:
         return _one_by_one(instances, 'bind', {'gen': gen, 'job': job, 'ok': ok, 'stop': stop}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self, _a_gen in zip(instances, gen):
         state = self._state
@@ -854,10 +938,10 @@ def _each_1(instances, gen, job, ok, stop):  # RequestMachine: --bind--> on each
         append(_exact(self, 'bind', {'gen': _a_gen}))
     return targets
 
-def _each_2(instances, gen, job, ok, stop):  # RequestMachine: --admit--> on each instance
+def _each_2(instances: _Sequence[Instance], gen, job, ok, stop):  # RequestMachine: --admit--> on each instance
     if gen is not _M or job is not _M or ok is not _M or stop is not _M:
         return _one_by_one(instances, 'admit', {'gen': gen, 'job': job, 'ok': ok, 'stop': stop}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -870,10 +954,10 @@ def _each_2(instances, gen, job, ok, stop):  # RequestMachine: --admit--> on eac
         append(_exact(self, 'admit', {}))
     return targets
 
-def _each_3(instances, gen, job, ok, stop):  # RequestMachine: --admit_now--> on each instance
+def _each_3(instances: _Sequence[Instance], gen, job, ok, stop):  # RequestMachine: --admit_now--> on each instance
     if job is not _M or ok is not _M or stop is not _M or gen is _M:
         return _one_by_one(instances, 'admit_now', {'gen': gen, 'job': job, 'ok': ok, 'stop': stop}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self, _a_gen in zip(instances, gen):
         state = self._state
@@ -887,10 +971,10 @@ def _each_3(instances, gen, job, ok, stop):  # RequestMachine: --admit_now--> on
         append(_exact(self, 'admit_now', {'gen': _a_gen}))
     return targets
 
-def _each_4(instances, gen, job, ok, stop):  # RequestMachine: --reject--> on each instance
+def _each_4(instances: _Sequence[Instance], gen, job, ok, stop):  # RequestMachine: --reject--> on each instance
     if gen is not _M or job is not _M or ok is not _M or stop is not _M:
         return _one_by_one(instances, 'reject', {'gen': gen, 'job': job, 'ok': ok, 'stop': stop}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -915,10 +999,10 @@ def _each_4(instances, gen, job, ok, stop):  # RequestMachine: --reject--> on ea
         append(_exact(self, 'reject', {}))
     return targets
 
-def _each_5(instances, gen, job, ok, stop):  # RequestMachine: --submit_prefill--> on each instance
+def _each_5(instances: _Sequence[Instance], gen, job, ok, stop):  # RequestMachine: --submit_prefill--> on each instance
     if gen is not _M or ok is not _M or stop is not _M or job is _M:
         return _one_by_one(instances, 'submit_prefill', {'gen': gen, 'job': job, 'ok': ok, 'stop': stop}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self, _a_job in zip(instances, job):
         state = self._state
@@ -931,10 +1015,10 @@ def _each_5(instances, gen, job, ok, stop):  # RequestMachine: --submit_prefill-
         append(_exact(self, 'submit_prefill', {'job': _a_job}))
     return targets
 
-def _each_6(instances, gen, job, ok, stop):  # RequestMachine: --prefill_done--> on each instance
+def _each_6(instances: _Sequence[Instance], gen, job, ok, stop):  # RequestMachine: --prefill_done--> on each instance
     if gen is not _M or job is _M or ok is _M or stop is _M:
         return _one_by_one(instances, 'prefill_done', {'gen': gen, 'job': job, 'ok': ok, 'stop': stop}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self, _a_job, _a_ok, _a_stop in zip(instances, job, ok, stop):
         state = self._state
@@ -980,10 +1064,10 @@ def _each_6(instances, gen, job, ok, stop):  # RequestMachine: --prefill_done-->
         append(_exact(self, 'prefill_done', {'job': _a_job, 'ok': _a_ok, 'stop': _a_stop}))
     return targets
 
-def _each_7(instances, gen, job, ok, stop):  # RequestMachine: --submit_decode--> on each instance
+def _each_7(instances: _Sequence[Instance], gen, job, ok, stop):  # RequestMachine: --submit_decode--> on each instance
     if gen is not _M or ok is not _M or stop is not _M or job is _M:
         return _one_by_one(instances, 'submit_decode', {'gen': gen, 'job': job, 'ok': ok, 'stop': stop}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self, _a_job in zip(instances, job):
         state = self._state
@@ -996,10 +1080,10 @@ def _each_7(instances, gen, job, ok, stop):  # RequestMachine: --submit_decode--
         append(_exact(self, 'submit_decode', {'job': _a_job}))
     return targets
 
-def _each_8(instances, gen, job, ok, stop):  # RequestMachine: --decode_done--> on each instance
+def _each_8(instances: _Sequence[Instance], gen, job, ok, stop):  # RequestMachine: --decode_done--> on each instance
     if gen is not _M or job is _M or ok is _M or stop is _M:
         return _one_by_one(instances, 'decode_done', {'gen': gen, 'job': job, 'ok': ok, 'stop': stop}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self, _a_job, _a_ok, _a_stop in zip(instances, job, ok, stop):
         state = self._state
@@ -1045,10 +1129,10 @@ def _each_8(instances, gen, job, ok, stop):  # RequestMachine: --decode_done--> 
         append(_exact(self, 'decode_done', {'job': _a_job, 'ok': _a_ok, 'stop': _a_stop}))
     return targets
 
-def _each_9(instances, gen, job, ok, stop):  # RequestMachine: --close--> on each instance
+def _each_9(instances: _Sequence[Instance], gen, job, ok, stop):  # RequestMachine: --close--> on each instance
     if gen is not _M or job is not _M or ok is not _M or stop is not _M:
         return _one_by_one(instances, 'close', {'gen': gen, 'job': job, 'ok': ok, 'stop': stop}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -1061,10 +1145,10 @@ def _each_9(instances, gen, job, ok, stop):  # RequestMachine: --close--> on eac
         append(_exact(self, 'close', {}))
     return targets
 
-def _each_10(instances, gen, job, ok, stop):  # RequestMachine: --cancel--> on each instance
+def _each_10(instances: _Sequence[Instance], gen, job, ok, stop):  # RequestMachine: --cancel--> on each instance
     if gen is not _M or job is not _M or ok is not _M or stop is not _M:
         return _one_by_one(instances, 'cancel', {'gen': gen, 'job': job, 'ok': ok, 'stop': stop}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -1119,10 +1203,10 @@ def _each_10(instances, gen, job, ok, stop):  # RequestMachine: --cancel--> on e
         append(_exact(self, 'cancel', {}))
     return targets
 
-def _each_11(instances, gen, job, ok, stop):  # RequestMachine: --expire--> on each instance
+def _each_11(instances: _Sequence[Instance], gen, job, ok, stop):  # RequestMachine: --expire--> on each instance
     if gen is not _M or job is not _M or ok is not _M or stop is not _M:
         return _one_by_one(instances, 'expire', {'gen': gen, 'job': job, 'ok': ok, 'stop': stop}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -1171,10 +1255,10 @@ def _each_11(instances, gen, job, ok, stop):  # RequestMachine: --expire--> on e
         append(_exact(self, 'expire', {}))
     return targets
 
-def _each_12(instances, gen, job, ok, stop):  # RequestMachine: --fail--> on each instance
+def _each_12(instances: _Sequence[Instance], gen, job, ok, stop):  # RequestMachine: --fail--> on each instance
     if gen is not _M or job is not _M or ok is not _M or stop is not _M:
         return _one_by_one(instances, 'fail', {'gen': gen, 'job': job, 'ok': ok, 'stop': stop}, None)
-    targets = []
+    targets: list[_Any] = []
     append = targets.append
     for self in instances:
         state = self._state
@@ -1217,7 +1301,7 @@ def _each_12(instances, gen, job, ok, stop):  # RequestMachine: --fail--> on eac
         append(_exact(self, 'fail', {}))
     return targets
 
-_each = {'wait_model': _each_0, 'bind': _each_1, 'admit': _each_2, 'admit_now': _each_3, 'reject': _each_4, 'submit_prefill': _each_5, 'prefill_done': _each_6, 'submit_decode': _each_7, 'decode_done': _each_8, 'close': _each_9, 'cancel': _each_10, 'expire': _each_11, 'fail': _each_12}
+_each: dict[str, _Any] = {'wait_model': _each_0, 'bind': _each_1, 'admit': _each_2, 'admit_now': _each_3, 'reject': _each_4, 'submit_prefill': _each_5, 'prefill_done': _each_6, 'submit_decode': _each_7, 'decode_done': _each_8, 'close': _each_9, 'cancel': _each_10, 'expire': _each_11, 'fail': _each_12}
 
 def fire_each_plain(instances, event, gen=_M, job=_M, ok=_M, stop=_M):  # RequestMachine
     n = len(instances)
@@ -1282,73 +1366,122 @@ def fire_each_sampled(instances, event, gen=_M, job=_M, ok=_M, stop=_M):  # Requ
         return _split(run, instances, event, {'gen': gen, 'job': job, 'ok': ok, 'stop': stop}, drawn)
     return run(instances, gen, job, ok, stop)
 
-def _check_invariants(self, pre):  # RequestMachine
-    broken = []
-    if not (self.closes == (1 if ((self._state == 'completed') or (self._state == 'cancelled') or (self._state == 'failed')) else 0)):
-        broken.append(('terminal_closed_once', 'R4.6'))
-    if not (((not (((self._state == 'new') or (self._state == 'waiting_model') or (self._state == 'waiting_admission')) or ((self._state == 'prefill_ready') or (self._state == 'decode_ready')) or ((self._state == 'prefill_running') or (self._state == 'decode_running')))) or (self.finish_reason == 0)) and ((not ((self._state == 'finishing') or (self._state == 'completed'))) or ((self.finish_reason == 1) or (self.finish_reason == 2))) and ((not ((self._state == 'cancelled'))) or (self.finish_reason == 3)) and ((not ((self._state == 'failed'))) or ((self.finish_reason == 4) or (self.finish_reason == 5) or (self.finish_reason == 6)))):
-        broken.append(('finish_reason_matches_state', 'R2.3'))
-    if not ((self.job_id >= 1) == ((self._state == 'prefill_running') or (self._state == 'decode_running'))):
-        broken.append(('job_only_while_running', 'R4.8'))
-    if not ((not (self.cancel_requested or self.deadline_passed)) or ((self._state == 'prefill_running') or (self._state == 'decode_running'))):
-        broken.append(('flags_only_while_running', 'R4.5'))
-    if not (((not (((self._state == 'prefill_ready') or (self._state == 'prefill_running') or (self._state == 'decode_ready') or (self._state == 'decode_running') or (self._state == 'finishing') or (self._state == 'completed')) or ((self._state == 'waiting_admission')))) or (self.generation >= 1)) and ((not ((self._state == 'new') or (self._state == 'waiting_model'))) or (self.generation == 0))):
-        broken.append(('pinned_exactly_after_bind', 'R10.3'))
-    if not ((not ((self._state == 'prefill_ready') or (self._state == 'prefill_running') or (self._state == 'decode_ready') or (self._state == 'decode_running') or (self._state == 'finishing') or (self._state == 'completed'))) or ((self.prompt_tokens + self.max_new_tokens) <= self.max_seq)):
-        broken.append(('admitted_fits_context', 'R5.1.4'))
-    if not (((not ((self._state == 'decode_ready') or (self._state == 'decode_running') or (self._state == 'finishing') or (self._state == 'completed'))) or ((self.generated_tokens >= 1) and ((self.kv_length + 1) == (self.prompt_tokens + self.generated_tokens)))) and ((not (((self._state == 'new') or (self._state == 'waiting_model') or (self._state == 'waiting_admission')) or ((self._state == 'prefill_ready') or (self._state == 'prefill_running')))) or ((self.generated_tokens == 0) and (self.kv_length == 0))) and (self.generated_tokens <= self.max_new_tokens)):
-        broken.append(('kv_length_tracks_tokens', 'R9.2.4'))
-    if not ((not ((self._state == 'decode_ready') or (self._state == 'decode_running'))) or ((self.generated_tokens < self.max_new_tokens) and ((self.kv_length + 1) <= self.max_seq))):
-        broken.append(('decoding_has_budget', 'R5.1.4'))
-    if not (self.generation >= 0):
-        broken.append(('bounds_generation', 'type'))
-    if not (self.job_id >= 0):
-        broken.append(('bounds_job_id', 'type'))
-    if not (self.generated_tokens >= 0):
-        broken.append(('bounds_generated_tokens', 'type'))
-    if not (self.kv_length >= 0):
-        broken.append(('bounds_kv_length', 'type'))
-    if not ((self.finish_reason == 0) or (self.finish_reason == 1) or (self.finish_reason == 2) or (self.finish_reason == 3) or (self.finish_reason == 4) or (self.finish_reason == 5) or (self.finish_reason == 6)):
-        broken.append(('bounds_finish_reason', 'type'))
-    if not ((self.closes >= 0) and (self.closes <= 1)):
-        broken.append(('bounds_closes', 'type'))
-    if pre is not None:
-        if not ((not (pre.generation >= 1)) or (self.generation == pre.generation)):
-            broken.append(('generation_fixed', 'R10.3'))
-        if not (((not ((pre._state == 'cancelled'))) or ((self._state == 'cancelled'))) and ((not ((pre._state == 'completed'))) or ((self._state == 'completed'))) and ((not ((pre._state == 'failed'))) or ((self._state == 'failed')))):
-            broken.append(('terminal_is_final', 'R4.6'))
-    return broken
+@_mypyc_attr(allow_interpreted_subclasses=True)
+class Instance:
+    """RequestMachine's instance: its state, last row, parameters and variables, typed as declared."""
 
-def __init__(self, *, prompt_tokens=_MISSING, max_new_tokens=_MISSING, max_seq=_MISSING, **extra):  # RequestMachine
-    if extra or not ((prompt_tokens.__class__ is _int and prompt_tokens >= 1) and (max_new_tokens.__class__ is _int and max_new_tokens >= 1) and (max_seq.__class__ is _int and max_seq >= 1)):
-        return _slow_init(self, extra, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, max_seq=max_seq)
-    self.prompt_tokens = prompt_tokens
-    self.max_new_tokens = max_new_tokens
-    self.max_seq = max_seq
-    self.generation = _init_0
-    self.job_id = _init_1
-    self.generated_tokens = _init_2
-    self.kv_length = _init_3
-    self.cancel_requested = _init_4
-    self.deadline_passed = _init_5
-    self.finish_reason = _init_6
-    self.closes = _init_7
-    self._state = 'new'
-    self.last_transition = None
+    __slots__ = ('_state', 'last_transition', 'prompt_tokens', 'max_new_tokens', 'max_seq', 'generation', 'job_id', 'generated_tokens', 'kv_length', 'cancel_requested', 'deadline_passed', 'finish_reason', 'closes')
 
-def snapshot(self):  # RequestMachine
-    copy = _new(self.__class__)
-    copy.prompt_tokens = self.prompt_tokens
-    copy.max_new_tokens = self.max_new_tokens
-    copy.max_seq = self.max_seq
-    copy.generation = self.generation
-    copy.job_id = self.job_id
-    copy.generated_tokens = self.generated_tokens
-    copy.kv_length = self.kv_length
-    copy.cancel_requested = self.cancel_requested
-    copy.deadline_passed = self.deadline_passed
-    copy.finish_reason = self.finish_reason
-    copy.closes = self.closes
-    copy._state = self._state
-    copy.last_transition = self.last_transition
-    return copy
+    _state: str
+    last_transition: _Any
+    prompt_tokens: int
+    max_new_tokens: int
+    max_seq: int
+    generation: int
+    job_id: int
+    generated_tokens: int
+    kv_length: int
+    cancel_requested: bool
+    deadline_passed: bool
+    finish_reason: _Any
+    closes: int
+
+    def fire_plain(self, event, gen=_M, job=_M, ok=_M, stop=_M) -> _Any:  # RequestMachine
+        try:
+            fast = _ft[self._state][event]
+        except KeyError:
+            return _exact(self, event, _given(gen, job, ok, stop))
+        target = fast(self, gen, job, ok, stop)
+        if target is not None:
+            return target
+        return _exact(self, event, _given(gen, job, ok, stop))
+
+    def fire_sampled(self, event, gen=_M, job=_M, ok=_M, stop=_M) -> _Any:  # RequestMachine
+        if next(_draws):
+            return _exact(self, event, _given(gen, job, ok, stop))
+        try:
+            fast = _ft[self._state][event]
+        except KeyError:
+            return _exact(self, event, _given(gen, job, ok, stop))
+        target = fast(self, gen, job, ok, stop)
+        if target is not None:
+            return target
+        return _exact(self, event, _given(gen, job, ok, stop))
+
+    def _check_invariants(self, pre) -> _Any:  # RequestMachine
+        broken = []
+        if not (self.closes == (1 if ((self._state == 'completed') or (self._state == 'cancelled') or (self._state == 'failed')) else 0)):
+            broken.append(('terminal_closed_once', 'R4.6'))
+        if not (((not (((self._state == 'new') or (self._state == 'waiting_model') or (self._state == 'waiting_admission')) or ((self._state == 'prefill_ready') or (self._state == 'decode_ready')) or ((self._state == 'prefill_running') or (self._state == 'decode_running')))) or (self.finish_reason == 0)) and ((not ((self._state == 'finishing') or (self._state == 'completed'))) or ((self.finish_reason == 1) or (self.finish_reason == 2))) and ((not ((self._state == 'cancelled'))) or (self.finish_reason == 3)) and ((not ((self._state == 'failed'))) or ((self.finish_reason == 4) or (self.finish_reason == 5) or (self.finish_reason == 6)))):
+            broken.append(('finish_reason_matches_state', 'R2.3'))
+        if not ((self.job_id >= 1) == ((self._state == 'prefill_running') or (self._state == 'decode_running'))):
+            broken.append(('job_only_while_running', 'R4.8'))
+        if not ((not (self.cancel_requested or self.deadline_passed)) or ((self._state == 'prefill_running') or (self._state == 'decode_running'))):
+            broken.append(('flags_only_while_running', 'R4.5'))
+        if not (((not (((self._state == 'prefill_ready') or (self._state == 'prefill_running') or (self._state == 'decode_ready') or (self._state == 'decode_running') or (self._state == 'finishing') or (self._state == 'completed')) or ((self._state == 'waiting_admission')))) or (self.generation >= 1)) and ((not ((self._state == 'new') or (self._state == 'waiting_model'))) or (self.generation == 0))):
+            broken.append(('pinned_exactly_after_bind', 'R10.3'))
+        if not ((not ((self._state == 'prefill_ready') or (self._state == 'prefill_running') or (self._state == 'decode_ready') or (self._state == 'decode_running') or (self._state == 'finishing') or (self._state == 'completed'))) or ((self.prompt_tokens + self.max_new_tokens) <= self.max_seq)):
+            broken.append(('admitted_fits_context', 'R5.1.4'))
+        if not (((not ((self._state == 'decode_ready') or (self._state == 'decode_running') or (self._state == 'finishing') or (self._state == 'completed'))) or ((self.generated_tokens >= 1) and ((self.kv_length + 1) == (self.prompt_tokens + self.generated_tokens)))) and ((not (((self._state == 'new') or (self._state == 'waiting_model') or (self._state == 'waiting_admission')) or ((self._state == 'prefill_ready') or (self._state == 'prefill_running')))) or ((self.generated_tokens == 0) and (self.kv_length == 0))) and (self.generated_tokens <= self.max_new_tokens)):
+            broken.append(('kv_length_tracks_tokens', 'R9.2.4'))
+        if not ((not ((self._state == 'decode_ready') or (self._state == 'decode_running'))) or ((self.generated_tokens < self.max_new_tokens) and ((self.kv_length + 1) <= self.max_seq))):
+            broken.append(('decoding_has_budget', 'R5.1.4'))
+        if not (self.generation >= 0):
+            broken.append(('bounds_generation', 'type'))
+        if not (self.job_id >= 0):
+            broken.append(('bounds_job_id', 'type'))
+        if not (self.generated_tokens >= 0):
+            broken.append(('bounds_generated_tokens', 'type'))
+        if not (self.kv_length >= 0):
+            broken.append(('bounds_kv_length', 'type'))
+        if not ((self.finish_reason == 0) or (self.finish_reason == 1) or (self.finish_reason == 2) or (self.finish_reason == 3) or (self.finish_reason == 4) or (self.finish_reason == 5) or (self.finish_reason == 6)):
+            broken.append(('bounds_finish_reason', 'type'))
+        if not ((self.closes >= 0) and (self.closes <= 1)):
+            broken.append(('bounds_closes', 'type'))
+        if pre is not None:
+            if not ((not (pre.generation >= 1)) or (self.generation == pre.generation)):
+                broken.append(('generation_fixed', 'R10.3'))
+            if not (((not ((pre._state == 'cancelled'))) or ((self._state == 'cancelled'))) and ((not ((pre._state == 'completed'))) or ((self._state == 'completed'))) and ((not ((pre._state == 'failed'))) or ((self._state == 'failed')))):
+                broken.append(('terminal_is_final', 'R4.6'))
+        return broken
+
+    def __init__(self, *, prompt_tokens=_MISSING, max_new_tokens=_MISSING, max_seq=_MISSING, **extra) -> None:  # RequestMachine
+        if extra or not ((prompt_tokens.__class__ is _int and prompt_tokens >= 1) and (max_new_tokens.__class__ is _int and max_new_tokens >= 1) and (max_seq.__class__ is _int and max_seq >= 1)):
+            return _slow_init(self, extra, prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens, max_seq=max_seq)
+        self.prompt_tokens = prompt_tokens
+        self.max_new_tokens = max_new_tokens
+        self.max_seq = max_seq
+        self.generation = _init_0
+        self.job_id = _init_1
+        self.generated_tokens = _init_2
+        self.kv_length = _init_3
+        self.cancel_requested = _init_4
+        self.deadline_passed = _init_5
+        self.finish_reason = _init_6
+        self.closes = _init_7
+        self._state = 'new'
+        self.last_transition = None
+
+    def snapshot(self) -> _Any:  # RequestMachine
+        copy: Instance = _new(self.__class__)
+        copy.prompt_tokens = self.prompt_tokens
+        copy.max_new_tokens = self.max_new_tokens
+        copy.max_seq = self.max_seq
+        copy.generation = self.generation
+        copy.job_id = self.job_id
+        copy.generated_tokens = self.generated_tokens
+        copy.kv_length = self.kv_length
+        copy.cancel_requested = self.cancel_requested
+        copy.deadline_passed = self.deadline_passed
+        copy.finish_reason = self.finish_reason
+        copy.closes = self.closes
+        copy._state = self._state
+        copy.last_transition = self.last_transition
+        return copy
+
+fire_plain = Instance.fire_plain
+fire_sampled = Instance.fire_sampled
+_check_invariants = Instance._check_invariants
+__init__ = Instance.__init__
+snapshot = Instance.snapshot
+_new: _Any = Instance.__new__  # object's, or the compiled class's allocator (no __init__)

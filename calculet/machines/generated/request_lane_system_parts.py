@@ -7,7 +7,7 @@ file is not what the declaration produces. The joint monitor imports it instead 
 """
 
 DECLARATION = 'calculet.machines.request_lanes.RequestLaneSystem'
-SHAPE = 'f97e093c49934fa7'
+SHAPE = '1a003e3f1186c3e9'
 
 def part_broken_0x0(r0, l0, b0, s0):  # RequestLaneSystem on 0 request(s) x 0 lane(s)
     broken = []
