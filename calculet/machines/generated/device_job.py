@@ -8,16 +8,15 @@ generating it at each start.
 
 from __future__ import annotations
 
-import typing as _typing
 from itertools import islice as _islice
 from typing import Any as _Any, Sequence as _Sequence
 
 from calculet.machines.written import MISSING as _M
 
-if _typing.TYPE_CHECKING:  # read by mypyc only: the instance class may be subclassed by the runtime's
+try:  # mypyc's: the compiled Instance may be subclassed by the runtime's class of the machine
     from mypy_extensions import mypyc_attr as _mypyc_attr
-else:
-    def _mypyc_attr(**_: object) -> _Any:  # plain Python: the decorator does nothing
+except ImportError:  # the service's install has no mypy_extensions: in plain Python it does nothing
+    def _mypyc_attr(*_: str, **__: object) -> _Any:  # type: ignore  # (a redefinition, for mypy)
         return lambda cls: cls
 
 _MISSING = _M

@@ -123,7 +123,7 @@ def test_the_generated_package_imports_no_z3_and_no_code_generator():
     for path in sorted(Path(specgen.CODE_DIR).glob("*.py")):
         imports = [line for line in path.read_text().splitlines() if line.startswith(("import ", "from "))]
         assert all(not line.startswith(("import z3", "from z3", "from calculet.machines.codegen")) for line in imports)
-        assert all(line in ("from __future__ import annotations", "import typing as _typing",
+        assert all(line in ("from __future__ import annotations",
                             "from itertools import islice as _islice",
                             "from typing import Any as _Any, Sequence as _Sequence",
                             "from calculet.machines.written import MISSING as _M") for line in imports), imports
