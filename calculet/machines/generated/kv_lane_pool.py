@@ -9,7 +9,7 @@ produce. The KV lane manager and its monitor import it instead of generating it 
 """
 
 DECLARATION = 'calculet.machines.kv_pool.KvLanePool'
-SHAPE = '09ee1f4ba5e584bb'
+SHAPE = '1139eebe513d40b4'
 
 def reserve_guard(l0, l1, used, budgets, seq, gen, tokens):  # KvLanePool.reserve on the reduced view (kv_guard)
     max_kv_tokens = budgets[0] - used[0] + (l0.reserved_len) + (l1.reserved_len)
