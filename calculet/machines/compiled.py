@@ -15,15 +15,13 @@ declaration and sets the runtime's exact paths it calls.
 
 from __future__ import annotations
 
-import importlib
-import warnings
 from operator import attrgetter
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Sequence
 
 from calculet.machines.monitor import MONITOR as _MONITOR
-from calculet.machines.written import MISSING as _MISSING, module_name, qualified, shape
+from calculet.machines.written import MISSING as _MISSING, import_written, module_name, qualified, shape
 from calculet.machines.definition import Definition, Transition
 from calculet.machines.errors import TransitionNotAllowed
 
@@ -266,17 +264,8 @@ def written_module(d: Definition, declaration: type | None) -> ModuleType | None
     name = None if declaration is None else module_name(declaration)
     if name is None:
         return None
-    try:
-        module = importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name != name:
-            raise
-        return None
-    if module.DECLARATION != qualified(declaration) or module.SHAPE != shape(d):  # type: ignore[arg-type]
-        warnings.warn(f"{name} is stale for {module.DECLARATION}: generating {d.name}'s hot path at import; "
-                      f"run `python -m calculet.specgen` to rewrite it", stacklevel=2)
-        return None
-    return module
+    expected = {"DECLARATION": qualified(declaration), "SHAPE": shape(d)}  # type: ignore[arg-type]
+    return import_written(name, expected, f"{d.name}'s hot path")
 
 
 def generated_namespace(d: Definition, declaration: type | None = None) -> tuple[dict[str, Any], str]:

@@ -19,9 +19,12 @@ see a guard's or an effect's body (only z3 can read those); that drift is what `
 from __future__ import annotations
 
 import hashlib
+import importlib
+import warnings
+from types import ModuleType
 from typing import Any
 
-__all__ = ["GENERATED_PACKAGE", "MISSING", "module_name", "shape", "snake_name"]
+__all__ = ["GENERATED_PACKAGE", "MISSING", "import_written", "module_name", "shape", "snake_name"]
 
 GENERATED_PACKAGE = "calculet.machines.generated"
 """The package that holds one written module per shipped declaration."""
@@ -51,6 +54,26 @@ def module_name(declaration: type) -> str | None:
     if not declaration.__module__.startswith(SHIPPED_PREFIX):
         return None
     return f"{GENERATED_PACKAGE}.{snake_name(declaration.__name__)}"
+
+
+def import_written(name: str, expected: dict[str, str], what: str, stacklevel: int = 3) -> ModuleType | None:
+    """The written module ``name`` if it exists and records ``expected`` (its ``DECLARATION``/``SHAPE``), else None.
+
+    Shared by the machines, the KV pool's guard and the request-lane system's part checks: a module made for
+    another shape (a declaration edited without ``specgen``) is never run; the caller then generates ``what`` at
+    import, and the warning names the command that rewrites the module."""
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name != name:
+            raise
+        return None
+    if any(getattr(module, key, None) != value for key, value in expected.items()):
+        warnings.warn(f"{name} is stale (made for another shape): generating {what} at import; run "
+                      "`python -m calculet.specgen` to rewrite it",
+                      stacklevel=stacklevel)
+        return None
+    return module
 
 
 def qualified(declaration: type) -> str:

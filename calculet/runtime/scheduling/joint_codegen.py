@@ -21,8 +21,6 @@ here as before.
 from __future__ import annotations
 
 import hashlib
-import importlib
-import warnings
 from types import ModuleType
 from typing import Any, Callable
 
@@ -32,7 +30,7 @@ from calculet.logic.symbolic import SymbolicVars
 from calculet.machines.codegen import ExprPrinter
 from calculet.machines.request_lanes import RequestLaneSystem
 from calculet.machines.system import SystemDefinition, SystemView
-from calculet.machines.written import GENERATED_PACKAGE, shape
+from calculet.machines.written import GENERATED_PACKAGE, import_written, shape
 
 __all__ = ["PartCheck", "compile_part_check", "module_source"]
 
@@ -145,17 +143,7 @@ def _written(sd: SystemDefinition) -> ModuleType | None:
     was made for its shape; else None (a mutant system, or a stale module: then generated here, with a warning)."""
     if sd is not RequestLaneSystem.definition:
         return None
-    try:
-        module = importlib.import_module(WRITTEN)
-    except ModuleNotFoundError as exc:
-        if exc.name != WRITTEN:
-            raise
-        return None
-    if module.SHAPE != system_shape(sd):
-        warnings.warn(f"{WRITTEN} is stale: generating {sd.name}'s part checks at import; "
-                      "run `python -m calculet.specgen` to rewrite it", stacklevel=2)
-        return None
-    return module
+    return import_written(WRITTEN, {"SHAPE": system_shape(sd)}, f"{sd.name}'s part checks")
 
 
 def compile_part_check(sd: SystemDefinition, requests: int, lanes: int) -> PartCheck | None:

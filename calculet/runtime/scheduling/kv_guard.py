@@ -42,9 +42,7 @@ Why this is the declared guard and not a weaker one:
 from __future__ import annotations
 
 import hashlib
-import importlib
 import inspect
-import warnings
 from types import ModuleType
 from typing import Any, Callable, Mapping
 
@@ -55,7 +53,7 @@ from calculet.logic.symbolic import SymbolicVars, symbolic_args
 from calculet.machines.codegen import ExprPrinter
 from calculet.machines.kv_pool import KvLanePool
 from calculet.machines.pool import PoolDefinition, PoolView
-from calculet.machines.written import GENERATED_PACKAGE, shape
+from calculet.machines.written import GENERATED_PACKAGE, import_written, shape
 
 __all__ = ["MEASURES", "WRITTEN", "ReserveGuard", "compile_measures", "compile_moves", "compile_one_lane_invariants",
            "compile_reserve_guard", "events_keeping_measures", "measure_totals", "module_source", "pool_shape",
@@ -277,17 +275,7 @@ def _written(pool: PoolDefinition) -> ModuleType | None:
     else None (another pool, or a stale module: then generated here, with a warning)."""
     if pool is not KvLanePool.definition:
         return None
-    try:
-        module = importlib.import_module(WRITTEN)
-    except ModuleNotFoundError as exc:
-        if exc.name != WRITTEN:
-            raise
-        return None
-    if module.SHAPE != pool_shape(pool):
-        warnings.warn(f"{WRITTEN} is stale: generating {pool.name}'s functions at import; "
-                      "run `python -m calculet.specgen` to rewrite it", stacklevel=3)
-        return None
-    return module
+    return import_written(WRITTEN, {"SHAPE": pool_shape(pool)}, f"{pool.name}'s functions", stacklevel=4)
 
 
 def _function(pool: PoolDefinition, name: str) -> tuple[Any, str]:
