@@ -87,5 +87,8 @@ def test_the_strengthening_is_needed():
     waiting requests (the counter the guard reads may lag behind them): the reason it is declared."""
     assert [inv.name for inv in SD.invariants if inv.strengthening] == ["counters_are_the_counted_requests"]
     invs = [inv for inv in SD.invariants if inv.name != "counters_are_the_counted_requests"]
-    failed = [r for r in check_system_induction(_with_invariants(invs).definition, steps=["bind@new"]) if not r.ok]
+    # the one property asked for: with every goal at once, z3's counterexample may break only another one,
+    # depending on the queries run before it in the process (seen once in a parallel run, session 24)
+    failed = [r for r in check_system_induction(_with_invariants(invs).definition, steps=["bind@new"],
+                                                goals=["waiting_requests_within_budget"]) if not r.ok]
     assert failed and "waiting_requests_within_budget" in failed[0].broken, [r.detail for r in failed]
