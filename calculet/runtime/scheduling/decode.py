@@ -54,13 +54,11 @@ import enum
 import heapq
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
 from calculet.errors import DefinitionError
-from calculet.records import quick_init
 from calculet.runtime.distribution import BATCH_WAIT_BOUNDS, Distribution, DistributionSnapshot
 from calculet.runtime.scheduling.asked_once import AskedOnce
 from calculet.runtime.scheduling.decode_ready import ReadyBucket, push_compacting
@@ -72,19 +70,19 @@ from calculet.runtime.scheduling.ready_queue import TenantQueue
 from calculet.runtime.scheduling.registry import RequestRecord
 
 
-@quick_init
-@dataclass(frozen=True, eq=False)
-class DecodeBatch:
+class DecodeBatch(NamedTuple):
     """§2 ``DecodeBatch``: generation, profile, active lanes, host tensors and KV reservation.
 
-    Built once per tick: :func:`~calculet.records.quick_init` writes its fields without the frozen
-    dataclass's ``object.__setattr__`` per field (issue #20).
+    Built once per tick, so a named tuple (immutable, its fields read by C descriptors): built with
+    ``tuple.__new__`` it costs a third of the frozen dataclass it was, even with ``quick_init`` (issue #20: one
+    object a token on B1). Compared and hashed by identity, as that dataclass (``eq=False``) was: two batches are
+    two jobs, whatever they carry.
 
     The host tensors are kept as the Python ints the tick chose them as (``lane_tokens``,
     ``lane_positions``, ``lane_flags``, each of length ``profile.compiled_batch``; lanes
     ``0..len(active)-1`` are active and ``lane_positions[i]`` is that lane's KV ``committed_len``,
     §9.2): the device job takes them as they are. ``token_ids``, ``positions`` (int32) and
-    ``lane_valid`` (uint8) are the same lanes as numpy arrays, built when first read (issue #20: the
+    ``lane_valid`` (uint8) are the same lanes as numpy arrays, built when read (issue #20: the
     executor path reads none of them, and building them cost two ``np.array`` per step).
     """
 
@@ -101,23 +99,30 @@ class DecodeBatch:
     kv: KvBatchReservation
     built_at: float
     wait_s: float
-    records: tuple[RequestRecord, ...] = field(repr=False)
-    expired: tuple[RequestRecord, ...] = field(default=(), repr=False)
-    invalid: tuple[tuple[RequestRecord, str], ...] = field(default=(), repr=False)
+    records: tuple[RequestRecord, ...]
+    expired: tuple[RequestRecord, ...] = ()
+    invalid: tuple[tuple[RequestRecord, str], ...] = ()
 
-    @cached_property
+    __eq__ = object.__eq__  # identity, not the fields' values (a tuple's)
+    __ne__ = object.__ne__
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:  # as the dataclass's was: the records left out
+        return "DecodeBatch(" + ", ".join(f"{name}={value!r}" for name, value in zip(self._fields[:10], self)) + ")"
+
+    @property
     def token_ids(self) -> np.ndarray:
-        """``lane_tokens`` as an int32 array (built once, when first read)."""
+        """``lane_tokens`` as an int32 array (built when read: tests and tools, not the executor path)."""
         return np.array(self.lane_tokens, dtype=np.int32)
 
-    @cached_property
+    @property
     def positions(self) -> np.ndarray:
-        """``lane_positions`` as an int32 array (built once, when first read)."""
+        """``lane_positions`` as an int32 array (built when read)."""
         return np.array(self.lane_positions, dtype=np.int32)
 
-    @cached_property
+    @property
     def lane_valid(self) -> np.ndarray:
-        """``lane_flags`` as a uint8 array (built once, when first read)."""
+        """``lane_flags`` as a uint8 array (built when read)."""
         return np.array(self.lane_flags, dtype=np.uint8)
 
 
@@ -388,15 +393,19 @@ class DecodeScheduler:
             return NoBatch(NoBatchReason.EMPTY)
         if bucket.watch:
             self._promote(bucket, now)
-        chosen, bindings, leases, kv_machines, since, expired, invalid, self._vt, cap_hits, reservable = \
-            select_candidates(bucket, self.kv, profile, generation, size, now, self.share, self._vt)
-        self._cap_hits += cap_hits
-        self._expired += len(expired)
-        self._invalid += len(invalid)
+        chosen, bindings, leases, kv_machines, kv_lanes, tokens, positions, oldest, expired, invalid, self._vt, \
+            cap_hits, reservable = select_candidates(bucket, self.kv, profile, generation, size, now, self.share,
+                                                     self._vt)
+        if cap_hits:
+            self._cap_hits += cap_hits
+        expired_lanes: tuple[RequestRecord, ...] = ()  # none turned away (the usual tick): no tuple built (#20)
+        invalid_lanes: tuple[tuple[RequestRecord, str], ...] = ()
+        if expired or invalid:
+            self._expired += len(expired)
+            self._invalid += len(invalid)
+            expired_lanes, invalid_lanes = tuple(expired), tuple(invalid)
         if not chosen:
-            return NoBatch(NoBatchReason.EMPTY, expired=tuple(expired), invalid=tuple(invalid))
-        # the bindings' columns, transposed once per batch (issue #20: no list per column filled lane by lane)
-        _, _, _, _, kv_lanes, tokens, positions, _, _ = zip(*bindings)
+            return NoBatch(NoBatchReason.EMPTY, expired=expired_lanes, invalid=invalid_lanes)
         # the selection's pass checked each lane as reserve_batch would: only the batch-wide rule is left (#20)
         reservation = (self.kv.checked_reservation(leases, kv_machines, kv_lanes, 1) if reservable
                        else self.kv.reserve_batch(leases, 1))
@@ -405,8 +414,8 @@ class DecodeScheduler:
             self.restore(chosen)
             bad = {lease.lease_id for lease, _ in reservation.problems}
             refused = tuple(rec for rec, lease in zip(chosen, leases) if lease.lease_id in bad)
-            return NoBatch(NoBatchReason.KV_RESERVATION, failure=reservation, refused=refused,
-                           expired=tuple(expired), invalid=tuple(invalid))
+            return NoBatch(NoBatchReason.KV_RESERVATION, failure=reservation, refused=refused, expired=expired_lanes,
+                           invalid=invalid_lanes)
         count = len(chosen)
         if count < size and profile.lane_fill is None:
             self.restore(chosen)
@@ -420,8 +429,8 @@ class DecodeScheduler:
             tokens += (fill.fill_token,) * pad
             positions += (fill.fill_position,) * pad
             flags += (0,) * pad
-        return DecodeBatch(job_id, generation, profile, bindings, tokens, positions, flags, reservation, now,
-                           now - min(since), chosen, tuple(expired), tuple(invalid))
+        return _new_tuple(DecodeBatch, (job_id, generation, profile, bindings, tokens, positions, flags, reservation,
+                                        now, now - oldest, chosen, expired_lanes, invalid_lanes))  # no __new__ frame
 
     def submitted(self, batch: DecodeBatch) -> None:
         """The batch went to the device: count it in the §16 batch metrics."""

@@ -23,6 +23,8 @@ from calculet.runtime.scheduling.profiles import ProfileSpec
 from calculet.runtime.scheduling.registry import RequestRecord
 
 _new_tuple = tuple.__new__
+_NO_ROWS = ((),) * 7
+"""The columns of a selection that chose no lane."""
 
 
 class LaneBinding(NamedTuple):
@@ -49,8 +51,9 @@ class Selection(NamedTuple):
 
     The chosen lanes come as columns, each a tuple in lane order (lane ``i`` is ``chosen[i]``): the pass
     keeps one row per lane and transposes them once per batch (issue #20: one append per lane, not one per
-    column; the batch, its reservation and its records take the tuples as they are). The bindings' own
-    columns (KV lane, token, position) are read from the bindings the same way."""
+    column; the batch, its reservation and its records take the tuples as they are). The row carries the
+    columns the batch reads of its bindings too (KV lane, token, position): one transposition, not a second
+    over the bindings."""
 
     chosen: tuple[RequestRecord, ...]
     bindings: tuple[LaneBinding, ...]
@@ -59,8 +62,14 @@ class Selection(NamedTuple):
     """Each chosen lane's KV lease."""
     kv_machines: tuple[Any, ...]
     """Each chosen lane's KV lane machine (read while checking it; meaningful where ``reservable``)."""
-    since: tuple[float, ...]
-    """Each chosen lane's ``ready_since`` (the batch's wait is measured from the oldest)."""
+    kv_lanes: tuple[int, ...]
+    """Each chosen lane's KV lane (its binding's ``kv_lane``)."""
+    tokens: tuple[int, ...]
+    """Each chosen lane's input token (its binding's ``token``)."""
+    positions: tuple[int, ...]
+    """Each chosen lane's position (its binding's ``position``)."""
+    oldest: float
+    """The earliest ``ready_since`` of the chosen lanes (the batch's wait is measured from it; +inf: none)."""
     expired: list[RequestRecord]
     invalid: list[tuple[RequestRecord, str]]
     vt: int
@@ -86,13 +95,17 @@ def tenant_heads(bucket: ReadyBucket, names: Iterable[str]) -> list[list[Any]]:
     for tenant in tuple(names):
         queue = tenants[tenant]
         queue.taken = 0  # its lanes in this batch since it (re)joined the merge
-        head = queue.head()  # once per tenant with work and tick: not worth a second inlined copy
+        # TenantQueue.head inlined for the usual queue, as the merge below reads it: every entry arrived in order,
+        # its first one live (once per tenant with work and tick, issue #20)
+        fifo = queue.fifo
+        head = fifo[0] if fifo and not queue.heap and fifo[0][4] is not None else queue.head()
         if head is not None:
             heads.append(head)
         else:  # the index holds tenants with work only (a tick costs O(tenants with work)); its queue parked
             bucket.parked[tenant] = tenants.pop(tenant)
             bucket.left += 1
-    heapq.heapify(heads)
+    if len(heads) > 1:  # one tenant with work (a single-tenant rotation): already a heap
+        heapq.heapify(heads)
     return heads
 
 
@@ -103,11 +116,11 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
         bucket.compact()  # as many tenants have left the index as remain: its dict's slots rebuilt
     cap, tenants, max_seq = max(1, math.floor(share * size)), bucket.tenants, profile.max_seq
     heads = tenant_heads(bucket, tenants)  # the live head entry of each tenant with work
-    rows: list[tuple[LaneBinding, RequestRecord, KvLease, Any, float]] = []  # one per chosen lane: Selection's columns
+    rows: list[tuple[LaneBinding, RequestRecord, KvLease, Any, int, int, int]] = []  # a chosen lane's Selection row
     expired: list[RequestRecord] = []
     invalid: list[tuple[RequestRecord, str]] = []
     capped: list[str] = []
-    (owner, kv_lanes), cap_hits, lanes, reservable = kv.lease_owners(), 0, 0, True
+    (owner, lane_machines), cap_hits, lanes, reservable, oldest = kv.lease_owners(), 0, 0, True, math.inf
     while lanes < size:
         if not heads:
             if not capped:  # §7.2 item 3: the cap holds only while another tenant has a candidate
@@ -126,7 +139,7 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
             expired.append(rec)
         else:  # validate's accepting case inlined (one lane per pass; anything else asks it why not)
             machine, lease, token = rec.machine, rec.lease, rec.last_token
-            lane_kv = (kv_lanes[lease.lane]  # KvLaneManager.owned_position, inlined
+            lane_kv = (lane_machines[lease.lane]  # KvLaneManager.owned_position, inlined
                        if machine.state == "decode_ready" and machine.generation == generation
                        and lease is not None and lease.generation == generation
                        and owner[lease.lane] == lease.lease_id else None)
@@ -136,13 +149,14 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
             elif lane_kv.state not in open_states or problem >= lane_kv.reserved_len:
                 reservable = False  # reserve_batch's check of one token, inlined: it will say why not
             if problem.__class__ is int:  # chosen: its lane bound here, from the reads that chose it (#20)
-                rows.append((_new_tuple(LaneBinding, (lanes, rec.request_id, lease.seq_id, generation, lease.lane,
+                kv_lane = lease.lane
+                rows.append((_new_tuple(LaneBinding, (lanes, rec.request_id, lease.seq_id, generation, kv_lane,
                                                       token, problem, tenant, rec.deadline)),
-                             rec, lease, lane_kv, rec.ready_since))
-                lanes += 1
-                queue.taken += 1
-                if rec.decode_tag > vt:
-                    vt = rec.decode_tag
+                             rec, lease, lane_kv, kv_lane, token, problem))
+                lanes, queue.taken = lanes + 1, queue.taken + 1
+                vt, oldest = max(vt, rec.decode_tag), min(oldest, rec.ready_since)
+                if lanes == size:  # full: the merge's heads and caps are scratch; a queue it emptied leaves the
+                    break  # index at the next tick (tenant_heads) unless refilled first
             else:
                 invalid.append((rec, problem))  # type: ignore[arg-type]
         # TenantQueue.head inlined for the usual queue: every entry arrived in order, its first one live
@@ -150,15 +164,15 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
         if head is not None and queue.taken < cap:
             heapreplace(heads, head)
             continue
-        cap_hits += _leave_merge(heads, bucket, tenant, head, capped, lanes < size)
+        cap_hits += _leave_merge(heads, bucket, tenant, head, capped)
     bucket.count -= lanes + len(expired) + len(invalid)  # every popped candidate is in one of them
-    bindings, chosen, leases, kv_machines, since = zip(*rows) if rows else ((), (), (), (), ())
-    return _new_tuple(Selection, (chosen, bindings, leases, kv_machines, since, expired, invalid, vt, cap_hits,
-                                  reservable))
+    bindings, chosen, leases, kv_machines, kv_lanes, tokens, positions = zip(*rows) if rows else _NO_ROWS
+    return _new_tuple(Selection, (chosen, bindings, leases, kv_machines, kv_lanes, tokens, positions, oldest, expired,
+                                  invalid, vt, cap_hits, reservable))
 
 
 def _leave_merge(heads: list[list[Any]], bucket: ReadyBucket, tenant: str,
-                 head: list[Any] | None, capped: list[str], lanes_free: bool) -> int:
+                 head: list[Any] | None, capped: list[str]) -> int:
     """``tenant`` leaves the merge: out of the index if its queue is empty, else set aside at its lane
     cap (§7.2 item 3). Returns 1 for a cap hit that left lanes free, else 0 (once per tenant per tick)."""
     heapq.heappop(heads)
@@ -167,7 +181,7 @@ def _leave_merge(heads: list[list[Any]], bucket: ReadyBucket, tenant: str,
         bucket.left += 1
         return 0
     capped.append(tenant)
-    return 1 if lanes_free else 0
+    return 1  # lanes were still free: a full batch ends the merge before any tenant leaves it
 
 
 def validate(kv: KvLaneManager, rec: RequestRecord, profile: ProfileSpec, generation: int) -> int | str:

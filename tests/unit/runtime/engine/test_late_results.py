@@ -66,8 +66,7 @@ def _late(work: object) -> tuple[InflightJob, JobResult]:
 
 def test_a_late_decode_result_only_reclaims_its_slot_and_lanes() -> None:
     """Mutant caught: the job path delivering a timed-out job's result (the dispatcher reached, tokens sampled)."""
-    work = object.__new__(DecodeBatch)
-    work.__dict__.update(job_id=4, generation=2, active=())
+    work = DecodeBatch(4, 2, None, (), (), (), (), None, 0.0, 0.0, ())  # type: ignore[arg-type]
     job, result = _late(work)
     seen = _Recorded(job)
     seen.path().handle_result(result)

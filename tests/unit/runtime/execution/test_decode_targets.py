@@ -86,8 +86,8 @@ def test_a_decode_step_with_no_target_is_refused_as_the_session_explains(rig: Ri
 
 def test_the_executor_refuses_a_step_it_cannot_build_without_reaching_the_device(rig: Rig) -> None:
     """Mutant caught: the refusal counted as the device's (``submit_rc``) or the job sent to the device anyway."""
-    work = object.__new__(DecodeBatch)  # the fields the executor reads before it finds no target
-    work.__dict__.update(job_id=3, generation=1, profile=SimpleNamespace(compiled_batch=8), active=())
+    # the fields the executor reads before it finds no target; the rest left empty
+    work = DecodeBatch(3, 1, SimpleNamespace(compiled_batch=8), (), (), (), (), None, 0.0, 0.0, ())  # type: ignore[arg-type]
     submitted = rig.device.statistics().submitted
     outcome = rig.executor.submit(work, JobEngine.PING)
     assert isinstance(outcome, SubmitRefused) and "no decode B8 buffers" in outcome.message

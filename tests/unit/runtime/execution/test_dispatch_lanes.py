@@ -34,9 +34,7 @@ from calculet.runtime.scheduling.decode_select import LaneBinding
 
 def _batch(bindings: tuple[LaneBinding, ...]) -> DecodeBatch:
     """A DecodeBatch with the fields the dispatcher reads (job id, generation, active bindings)."""
-    batch = object.__new__(DecodeBatch)
-    batch.__dict__.update(job_id=7, generation=1, active=bindings)
-    return batch
+    return DecodeBatch(7, 1, None, bindings, (), (), (), None, 0.0, 0.0, ())  # type: ignore[arg-type]
 
 
 def _dispatch(seqs: tuple[int, ...], bound: dict[int, int], result_seqs: tuple[int, ...]
