@@ -44,7 +44,8 @@ from calculet.machines.monitor import MONITOR
 from calculet.machines.request import HOLDING
 from calculet.machines.system import NONE, SystemView
 
-__all__ = ["BudgetValuation", "broken", "check_budget", "check_budget_drawn", "check_counts", "count_faults", "counted", "system_view"]
+__all__ = ["BudgetValuation", "broken", "check_budget", "check_budget_drawn", "check_counts", "check_counts_drawn",
+           "count_faults", "counted", "system_view"]
 
 _DEFINITION = AdmissionBudgetMachine.definition
 _INVARIANTS = tuple(_DEFINITION.invariants)   # the declared ones, the counters' types included
@@ -158,8 +159,13 @@ def check_counts(admission: Any, registry: Any, after: str) -> None:
     sampling (``sample_every`` > 1) and more than :data:`RECOUNT_REQUESTS` are live it runs on one sampled
     step in live / that many, at random — a drifted counter stays drifted, so it is still found, a few
     hundred steps later. With every event checked (the tests) it runs on every step (§9.2, R5.1.2)."""
-    if not MONITOR.enabled or not next(MONITOR.draws):
-        return
+    if MONITOR.enabled and next(MONITOR.draws):
+        check_counts_drawn(admission, registry, after)
+
+
+def check_counts_drawn(admission: Any, registry: Any, after: str) -> None:
+    """:func:`check_counts` on a step boundary the monitors' draw already picked: a caller that checks several
+    whole-system monitors at one boundary draws once for all of them (``Scheduler.step``, issue #20)."""
     live_count = len(registry)
     if live_count > RECOUNT_REQUESTS and MONITOR.sample_every > 1 and _RECOUNT_DRAW() * live_count >= RECOUNT_REQUESTS:
         return

@@ -86,11 +86,9 @@ class SmoothWrr:
 
     def choose(self, eligible: Collection[str]) -> str | None:
         """The next service opportunity among the non-empty queues (None if all are empty)."""
-        if len(eligible) == 1 and self._only is not None and self._only in eligible:
-            # the same opportunity as last time, alone again (every step of a saturated decode rotation): the
-            # loop below would add its weight to its credit and take it back, and zero the others' (already 0)
-            self._picks[self._only] += 1
-            return self._only
+        if len(eligible) == 1:
+            for name in eligible:
+                return self.alone(name)
         self._only = None
         total = 0
         best: str | None = None
@@ -109,8 +107,25 @@ class SmoothWrr:
             return None
         current[best] -= total
         self._picks[best] += 1
-        self._only = best if len(eligible) == 1 else None
         return best
+
+    def alone(self, name: str) -> str | None:
+        """:meth:`choose` when ``name`` is the only eligible queue (every step of a decode rotation with nothing
+        queued to prefill: the scheduler asks this without building a set, issue #20). Its credit gains its weight
+        and gives it back (unchanged), every other queue's is reset to 0; an unknown queue is not served (every
+        credit reset). Once so, the same choice alone again changes no credit: only its pick is counted."""
+        if self._only != name:
+            current = self._current
+            known = name in current
+            for other in current:
+                if other != name:
+                    current[other] = 0
+            if not known:
+                self._only = None
+                return None
+            self._only = name
+        self._picks[name] += 1
+        return name
 
     def picks(self) -> dict[str, int]:
         return {name: self._picks.get(name, 0) for name in self._weights}

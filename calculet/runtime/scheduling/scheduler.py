@@ -55,7 +55,7 @@ from calculet.runtime.scheduling.decode import DecodeBatch, DecodeScheduler, NoB
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.fairness import TenantPolicy
 from calculet.runtime.scheduling.generations import GenerationBinding
-from calculet.runtime.scheduling.budget_monitor import check_counts
+from calculet.runtime.scheduling.budget_monitor import check_counts_drawn
 from calculet.runtime.scheduling.changes import Changes
 from calculet.runtime.scheduling.job_lane_monitor import attach as attach_job_lane_monitor
 from calculet.runtime.scheduling.jobs import DECODE, PREFILL, InflightTable, JobRecord
@@ -230,9 +230,9 @@ class Scheduler:
         """Expire deadlines, admit what fits, and plan at most one job (one service opportunity)."""
         if self._pending is not None:  # _no_pending without its call (once per decode step)
             self._no_pending()
-        if MONITOR.enabled and next(MONITOR.draws):  # a step boundary: JobLaneSystem's invariants (sampled, #17)
-            self.job_lanes.drawn("scheduler step")
-        check_counts(self.admission, self.registry, "scheduler step")  # the budget's counters are its requests (#17)
+        if MONITOR.enabled and next(MONITOR.draws):  # a step boundary (sampled, #17), one draw for its two checks:
+            self.job_lanes.drawn("scheduler step")  # JobLaneSystem's invariants
+            check_counts_drawn(self.admission, self.registry, "scheduler step")  # the budget's counters (#20)
         now = self._clock.now()
         deadlines, prefill, changes = self._deadlines, self.prefill, self.changes
         if now >= deadlines.soonest:  # a deadline passed: sweep (only then, issue #20)
@@ -251,15 +251,15 @@ class Scheduler:
             # identity, not a frozenset's ``in``: that hashes the enum in Python (Enum.__hash__), twice a step
             return Plan(None, wake_at=wake, reason=f"model {availability.value}")
         for _attempt in range(4):
-            queued = prefill.depth  # no prefill queued (a decode rotation's steps): no class to ask (issue #20)
-            eligible = prefill.eligible(now) if queued else set()
+            eligible = prefill.eligible(now) if prefill.depth else None  # none queued: no class to ask (#20)
             profile, fire_at = self.decode.due(gen, profiles, now)  # the profile if a batch goes now
-            if profile is not None:
-                eligible.add("decode")
-            elif fire_at is not None:
+            if profile is None and fire_at is not None:
                 wake = fire_at if wake is None else min(wake, fire_at)
-            first = prefill.deadline_first(eligible, self.decode, gen) if queued else None  # an at-risk prefill
-            choice = first or self.arbiter.choose(eligible)
+            if eligible is None:  # decode alone, or nothing (a decode rotation's steps): no set built (issue #20)
+                choice = self.arbiter.alone("decode") if profile is not None else self.arbiter.choose(())
+            else:  # prefill queued: the arbiter weighs its eligible classes and decode, if due
+                eligible |= {"decode"} if profile is not None else set()
+                choice = prefill.deadline_first(eligible, self.decode, gen) or self.arbiter.choose(eligible)
             if choice is None:
                 return Plan(None, wake_at=wake, reason="nothing ready")
             job_id = self._next_job
