@@ -293,7 +293,8 @@ class OnTimePolicy:
             if rec is not None and rec.state in WAITING_STATES:
                 self._refuse_waiting(rec, "waited past its time-to-first-token target")
         planner = self.planner
-        if not (planner.dirty or planner.drifted(now)):
+        if not planner.dirty and (planner.calm_low <= planner.step_times.decode_step_s <= planner.calm_high
+                                  or not planner.drifted(now)):  # the plan's calm band read without a call (#20)
             return
         model = self.model()
         if model is None:  # no measured step yet: nothing to estimate, nothing to shed

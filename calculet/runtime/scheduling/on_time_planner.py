@@ -147,6 +147,11 @@ class Replan:
 class OnTimePlanner:
     """Estimates, the overload selection and the latency-SLO cap for the ``on_time`` policy."""
 
+    calm_low, calm_high = -math.inf, 0.0
+    """The decode step times at which the last plan stands against drift (:meth:`drifted` False), worked out once
+    per plan (:meth:`_calm_band`) rather than per tick: the tick reads them without a call (issue #20). Before
+    any plan: none but a step not measured yet (0)."""
+
     def __init__(self, *, step_times: StepTimer, prefill_times: PrefillTimer, weights: Mapping[str, float],
                  ttft_s: Mapping[str, float | None], itl_s: Mapping[str, float | None],
                  errors: EstimateErrors | None = None, sequences: int | None = None) -> None:
@@ -246,16 +251,22 @@ class OnTimePlanner:
         of the at-risk set, could now be late), or by more than :data:`REPLAN_DRIFT` either way when the plan
         has no tolerance to offer. Faster needs no replan: nobody new is late, and admission reads the cache only where
         the drift keeps it safe (:meth:`cache_drift`)."""
-        step, planned = self.step_times.decode_step_s, self._planned_step
-        if step <= 0:
+        step = self.step_times.decode_step_s
+        if step <= 0 or self.calm_low <= step <= self.calm_high:
             return False
+        return self._planned_step <= 0 or now - self._planned_at >= REPLAN_DRIFT_INTERVAL_S
+
+    def _calm_band(self) -> None:
+        """:attr:`calm_low`, :attr:`calm_high` for the plan just made: a plan that never measured a step stands
+        only while none is measured; one with a tolerance stands until the step is slower by more than it (or by
+        :data:`REPLAN_DRIFT`); else until the step moves by more than :data:`REPLAN_DRIFT` either way."""
+        planned, tolerance = self._planned_step, self._tolerance
         if planned <= 0:
-            return True
-        if now - self._planned_at < REPLAN_DRIFT_INTERVAL_S:
-            return False
-        if self._tolerance > 0:
-            return step > planned * (1.0 + max(REPLAN_DRIFT, self._tolerance))
-        return abs(step - planned) > REPLAN_DRIFT * planned
+            self.calm_low, self.calm_high = -math.inf, 0.0
+        elif tolerance > 0:
+            self.calm_low, self.calm_high = -math.inf, planned * (1.0 + max(REPLAN_DRIFT, tolerance))
+        else:
+            self.calm_low, self.calm_high = planned - REPLAN_DRIFT * planned, planned + REPLAN_DRIFT * planned
 
     def cache_drift(self) -> int:
         """+1 (-1) when the step is slower (faster) by more than :data:`REPLAN_DRIFT` than at the cached plan,
@@ -312,6 +323,7 @@ class OnTimePlanner:
             self._tolerance = 0.0  # spared jobs and TTFT slots: replan on any 10 % drift, as before
         else:
             self._tolerance = min(slack, slack_ratio(selection.finish, kept, now))
+        self._calm_band()
         fresh = tuple(rec for rec in risky if not rec.at_risk)
         for rec in fresh:
             rec.at_risk = True
