@@ -363,31 +363,33 @@ class EngineCore:
     def _schedule(self, start: float) -> int:
         """:meth:`schedule` without its accounting; ``start`` bounds the chaining of ready results."""
         submitted = 0
-        scheduler, executor = self.scheduler, self.executor
+        # the collaborators a step reads, read once per call (none is replaced while it runs; issue #20)
+        scheduler, executor, recovery, job_path = self.scheduler, self.executor, self.recovery, self.jobs
+        degrade, table, chain = executor.degrade, scheduler.jobs, self.chain_ready_s
         sync = self.options.mode is ExecutionMode.SYNC
         while True:
-            effective = executor.degrade.effective_inflight
-            if effective < scheduler.jobs.max_inflight:
+            effective = degrade.effective_inflight
+            if effective < table.max_inflight:
                 scheduler.limit_inflight(effective)
             # the clock is read only while a back-off stands (0.0 when none): once per token otherwise (issue #20)
             backoff = self._backoff_until
             backing_off = backoff != 0.0 and self.clock.now() < backoff  # as next_wake reads it
-            if backing_off or self.recovery.pending is not None or self._hold:
+            if backing_off or recovery.pending is not None or self._hold:
                 self._wake = backoff if backing_off else None
                 break
             plan = scheduler.step()
             self._wake = plan.wake_at
             if plan.work is None:
                 break
-            job = self.jobs.submit(plan)
+            job = job_path.submit(plan)
             if job is None:
                 continue
             submitted += 1
             if not sync and plan.last_slot:
-                if self.chain_ready_s and time.perf_counter() - start < self.chain_ready_s:
+                if chain and time.perf_counter() - start < chain:
                     results = executor.collect()  # a device that completes at submit (the null device) has it now
                     if results:
-                        self.jobs.apply(results)
+                        job_path.apply(results)
                         continue  # the slot is free again: the next step plans work instead of finding none
                 # No slot left: another step now would only find none (issue #20: a B1 token paid two steps).
                 # The step just taken expired the deadlines and admitted what fits at this instant, and its

@@ -114,7 +114,7 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
     """Merge the tenants' heads (a heap of at most T entries) and take up to ``size`` lanes."""
     if bucket.left >= 64 and bucket.left >= len(bucket.tenants):
         bucket.compact()  # as many tenants have left the index as remain: its dict's slots rebuilt
-    cap, tenants, max_seq = max(1, math.floor(share * size)), bucket.tenants, profile.max_seq
+    cap, tenants, max_seq = int(share * size) or 1, bucket.tenants, profile.max_seq  # floor, at least 1
     heads = tenant_heads(bucket, tenants)  # the live head entry of each tenant with work
     rows: list[tuple[LaneBinding, RequestRecord, KvLease, Any, int, int, int]] = []  # a chosen lane's Selection row
     expired: list[RequestRecord] = []
