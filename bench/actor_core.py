@@ -194,7 +194,6 @@ STAGES: tuple[tuple[str, str, str], ...] = (
     ("job_path.submit", "jobs", "submit"),
     ("executor.submit", "executor", "submit"),
     ("device.submit", "executor.session.device", "submit"),
-    ("null_plan.step", "executor.session.device._null", "step"),
     ("scheduler.submitted", "scheduler", "submitted"),
     ("jobs.fire", "scheduler.jobs", "fire"),
     ("kv.submit_batch", "scheduler.kv", "submit_batch"),

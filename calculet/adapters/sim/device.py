@@ -175,6 +175,9 @@ class SimVirtualDevice:
         self.completes_at_submit = config.completes_inline  # the null device: see SimConfig
         self._null = NullDecodePlan(self.timeline, self.clock, self._ids, self._engine_seq, self._completed,
                                     self._per_engine, self.faults, self._cond) if self.completes_at_submit else None
+        if self._null is not None:  # its Submit: a routed decode step in one frame, the rest the full path (#20)
+            self._null.bind(self._lock, self._gate.routes, self._submit_locked, self._refusal)
+            self.submit = self._null.submit  # type: ignore[method-assign]
         self._worker: threading.Thread | None = None
         if config.time_mode is TimeMode.REAL:
             self._worker = threading.Thread(target=self.timeline.work, args=(lambda: self._closed,),
@@ -359,20 +362,24 @@ class SimVirtualDevice:
 
     def submit(self, job: JobSpec) -> JobTicket:
         """Validate, price and enqueue a job; raises on refusal (rc on error). Its try is the vendor boundary (#20).
-        The null device's plan (:mod:`.null_plan`) takes a decode step of a known route, or leaves it to the full
-        path (:meth:`_submit_locked`) with every other job."""
+        The null device's Submit is its plan's instead (:meth:`NullDecodePlan.submit <.null_plan.NullDecodePlan.
+        submit>`, set as this instance's ``submit`` at its creation): a decode step of a known route taken there in
+        the same frame, every other job this full path (:meth:`_submit_locked`)."""
         with self._lock:  # the lock of ``_cond`` itself, entered without the Condition's Python-level __enter__
             try:
-                route = self._null is not None and self._gate.routes.get(id(job.buffers))
-                ticket = route and self._null.step(route, job)  # type: ignore[union-attr,arg-type]
-                return ticket or self._submit_locked(job)
+                return self._submit_locked(job)
             except Exception as exc:  # noqa: BLE001 - the boundary must catch everything the vendor raises
-                if isinstance(exc, VendorError):
-                    self._refused[exc.rc] += 1
-                mapped = translated(exc, "VirtualDevice.Submit")
+                mapped = self._refusal(exc)
                 if mapped is exc:
                     raise
                 raise mapped from exc
+
+    def _refusal(self, exc: Exception) -> Exception:
+        """What Submit raises for ``exc`` raised inside it (the vendor boundary's translation), a refusal counted by
+        its rc; ``exc`` itself when it is raised as it is. The one rule of both Submits (this one, the null plan's)."""
+        if isinstance(exc, VendorError):
+            self._refused[exc.rc] += 1
+        return translated(exc, "VirtualDevice.Submit")
 
     def _submit_locked(self, job: JobSpec) -> JobTicket:
         if self._closed:

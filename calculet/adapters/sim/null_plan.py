@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from typing import Any
 
-from calculet.adapters.calrt import NO_SEQUENCE, DecodeJob, JobId, JobKind, JobResult, JobTicket, LaneResult, ReturnCode, \
-    StatusCounters
+from calculet.adapters.calrt import NO_SEQUENCE, DecodeJob, JobId, JobKind, JobResult, JobSpec, JobTicket, LaneResult, \
+    ReturnCode, StatusCounters
 from calculet.adapters.sim.faults import FaultInjector
 from calculet.adapters.sim.kv import SimKvManager, _Sequence
 from calculet.adapters.sim.model import pseudo_next_token
@@ -42,15 +43,23 @@ from calculet.machines.job import JobEngine
 
 __all__ = ["NullDecodePlan"]
 
+_DECODE = JobKind.DECODE
+_OK = ReturnCode.OK
+
+
+def _unbound(*_: Any) -> Any:
+    raise RuntimeError("NullDecodePlan.bind was not called: the plan has no device to submit to")
+
 
 class NullDecodePlan:
     """A null device's decode steps, taken at submit (device lock held) on the device's own tables and counts.
 
-    One per device, built at its creation when every job completes at submit: the device submits a decode step of
-    a known route through :meth:`step`, and has :meth:`commit` complete a decode job its full checks accepted."""
+    One per device, built at its creation when every job completes at submit: its :meth:`submit` is the device's
+    Submit (a decode step of a known route taken there, any other job handed to the device's full path), and the
+    full path has :meth:`commit` complete a decode job its checks accepted."""
 
     __slots__ = ("_timeline", "_clock", "_ids", "_engine_seq", "_completed", "_per_engine", "_faults", "_cond",
-                 "submitted")
+                 "submitted", "_lock", "_routes", "_full", "_refusal")
 
     def __init__(self, timeline: CompletionTimeline, clock: Clock, ids: Iterator[int],
                  engine_seq: MutableMapping[JobEngine, int], completed: Counter[ReturnCode],
@@ -66,49 +75,71 @@ class NullDecodePlan:
         self._cond = cond
         self.submitted = 0
         """Steps accepted here (the device's ``submitted`` adds them)."""
+        self._lock: Any = None
+        self._routes: Mapping[int, DecodeRoute] = {}
+        self._full: Callable[[JobSpec], JobTicket] = _unbound
+        self._refusal: Callable[[Exception], Exception] = _unbound
 
-    def step(self, route: DecodeRoute, job: DecodeJob) -> JobTicket | None:
-        """Submit ``job``, a decode step of ``route``: checked, committed and published, its ticket returned; None
-        (nothing changed) where the full path must decide (see the module docstring for what is taken as given)."""
-        timeline = self._timeline
-        if (self._faults.armed or timeline.pending or job.buffers is not route.buffers or job.calbin_id != route.calbin_id
-                or job.engine is not route.engine or job.compiled_batch != route.compiled_batch):
-            return None
-        tokens, positions, valid, seq_ids, active = job.lanes
-        if valid != route.all_valid:
-            return None
-        find, vocab, max_seq, ok = route.kv.find, route.vocab, route.max_seq, ReturnCode.OK
-        held, lanes = [], []
-        for i in active:
-            seq, token, pos = find(seq_ids[i]), tokens[i], positions[i]  # NO_SEQUENCE is never a sequence: None
-            if seq is None or not 0 <= token < vocab or pos != seq.committed_len or pos >= max_seq:
-                return None
-            held.append(seq)
-            lanes.append(LaneResult(i, seq_ids[i], True, ok, pos, pos + 1, None, pseudo_next_token(token, pos)))
-        n = len(held)
-        if n > 1 and len(set(seq_ids)) != n:
-            return None  # a sequence in two lanes
-        for seq in held:
-            seq.committed_len += 1  # SimKvManager.commit of one token without rows
-        now = self._clock.now()
-        job_id = JobId(next(self._ids))
-        route.in_buf.pending = job  # the DMA: its bytes written when the buffer is read (SimBuffer.pending)
-        engine, calbin_id, generation = route.engine, route.calbin_id, job.generation
-        sequence = self._engine_seq[engine] = self._engine_seq[engine] + 1
-        timeline.done[job_id] = JobResult(job_id, generation, JobKind.DECODE, engine, calbin_id, route.compiled_batch,
-                                          ok, tuple(lanes), StatusCounters(sequence, n, n, n), now, now,
-                                          route.buffers.output, "")
-        self.submitted += 1
-        self._completed[ok] += 1
-        self._per_engine[engine] += 1
-        self._faults.passed += 1
-        if timeline.sleepers:  # a Wait/WaitAny caller: the result may be what it waits for
-            self._cond.notify_all()
-        return JobTicket(job_id, generation, JobKind.DECODE, engine, calbin_id, now)
+    def bind(self, lock: Any, routes: Mapping[int, DecodeRoute], full: Callable[[JobSpec], JobTicket],
+             refusal: Callable[[Exception], Exception]) -> None:
+        """The device's parts :meth:`submit` stands on: its lock (entered without the Condition's Python-level
+        ``__enter__``), its decode routes by ``id`` of their buffer pair (the submit checks' table, forgotten in
+        place), its full path under the lock, and its boundary's translation."""
+        self._lock, self._routes, self._full, self._refusal = lock, routes, full, refusal
+
+    def submit(self, job: JobSpec) -> JobTicket:
+        """The null device's Submit (its ``submit``): a decode step of a known route checked, committed and published
+        here, its ticket returned; anything the plan does not take (see the module docstring) the device's full
+        path, which gives every verdict and refusal. One frame from the host to the committed step (issue #20:
+        the device's Submit and the plan's step were two). Its try is the vendor boundary, as the device's."""
+        with self._lock:
+            try:
+                route = self._routes.get(id(job.buffers))
+                timeline = self._timeline
+                if (route is not None and not self._faults.armed and not timeline.pending and job.kind is _DECODE
+                        and job.buffers is route.buffers and job.calbin_id == route.calbin_id
+                        and job.engine is route.engine and job.compiled_batch == route.compiled_batch):
+                    tokens, positions, valid, seq_ids, active = job.lanes  # type: ignore[union-attr]
+                    find, vocab, max_seq, ok = route.kv.find, route.vocab, route.max_seq, _OK
+                    held, lanes = [], []
+                    for i in (active if valid == route.all_valid else ()):
+                        seq, token, pos = find(seq_ids[i]), tokens[i], positions[i]  # NO_SEQUENCE finds None
+                        if seq is None or not 0 <= token < vocab or pos != seq.committed_len or pos >= max_seq:
+                            break
+                        held.append(seq)
+                        lanes.append(LaneResult(i, seq_ids[i], True, ok, pos, pos + 1, None,
+                                                pseudo_next_token(token, pos)))
+                    else:
+                        n = len(held)
+                        if n and (n == 1 or len(set(seq_ids)) == n):  # no sequence in two lanes
+                            for seq in held:
+                                seq.committed_len += 1  # SimKvManager.commit of one token without rows
+                            now = self._clock.now()
+                            job_id = JobId(next(self._ids))
+                            route.in_buf.pending = job  # the DMA: its bytes written when read (SimBuffer.pending)
+                            engine, calbin_id, generation = route.engine, route.calbin_id, job.generation
+                            sequence = self._engine_seq[engine] = self._engine_seq[engine] + 1
+                            timeline.done[job_id] = JobResult(job_id, generation, _DECODE, engine, calbin_id,
+                                                              route.compiled_batch, ok, tuple(lanes),
+                                                              StatusCounters(sequence, n, n, n), now, now,
+                                                              route.buffers.output, "")
+                            self.submitted += 1
+                            self._completed[ok] += 1
+                            self._per_engine[engine] += 1
+                            self._faults.passed += 1
+                            if timeline.sleepers:  # a Wait/WaitAny caller: the result may be what it waits for
+                                self._cond.notify_all()
+                            return JobTicket(job_id, generation, _DECODE, engine, calbin_id, now)
+                return self._full(job)
+            except Exception as exc:  # noqa: BLE001 - the boundary must catch everything the vendor raises
+                mapped = self._refusal(exc)
+                if mapped is exc:
+                    raise
+                raise mapped from exc
 
     def commit(self, ticket: JobTicket, spec: DecodeJob, kv: SimKvManager, held: tuple[_Sequence, ...]) -> JobTicket:
         """A decode job off a route (an inactive lane, or a fault armed that spared it) which the device's full
-        checks accepted: committed and published at its submit instant (lock held) with the record :meth:`step`
+        checks accepted: committed and published at its submit instant (lock held) with the record :meth:`submit`
         builds, for any lanes; its ticket returned. ``held`` are the valid lanes' sequences in lane order, as the
         checks found them; they are never bound to the job, which is done before the lock is released."""
         tokens, positions, valid, seq_ids, _active = spec.lanes

@@ -1,5 +1,5 @@
 """The null device's decode step committed at submit (issue #20: :mod:`calculet.adapters.sim.null_plan` — a routed
-step through ``NullDecodePlan.step``, a step off a route through ``NullDecodePlan.record``) against the general
+step through ``NullDecodePlan.submit``, a step off a route through ``NullDecodePlan.commit``) against the general
 completion path it replaces for that case (``compute`` → ``commit`` → ``completion_record``).
 
 The same jobs run on two numerics-off devices with no device time: one in real time, which completes each decode
