@@ -19,9 +19,10 @@ Work = Union[PrefillWork, DecodeBatch]
 """What the scheduler planned for one job: a prefill (chunk) or a decode batch."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class InflightJob:
-    """A job the device accepted, until its result is dispatched or a reset discards it."""
+    """A job the device accepted, until its result is dispatched or a reset discards it. Slotted: one is made per
+    job, and its fields are read by the result checks and the dispatcher (issue #20)."""
 
     job_id: int
     """The scheduler's job id (the DeviceJobMachine's)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from calculet.errors import DefinitionError
 from calculet.machines import DeviceJobMachine
@@ -128,21 +128,40 @@ class InflightTable:
 
     def fire(self, job: JobRecord, event: str, **args: Any) -> str:
         """Fire a job event; a job that reaches a terminal state leaves the table (slot free). The state before the
-        event is a step boundary of the monitor's (checked when drawn); a ``submit`` binds the batch's lanes."""
+        event is a step boundary of the monitor's (checked when drawn); a ``submit`` is :meth:`submit`'s (it binds
+        the batch's lanes)."""
+        if event == "submit" and not args:
+            return self.submit(job, lanes_of(job.work) if self.check is not None else ())  # bound only when read
+        check = self.check
+        if check is not None and MONITOR.enabled and next(MONITOR.draws):  # the monitor attached (every Scheduler's)
+            check(job, event)
+        target: str = job.fire(event, **args)
+        if target in _ENDED:
+            self._end(job)
+        return target
+
+    def submit(self, job: JobRecord, lanes: Iterable[int]) -> str:
+        """The device accepted ``job``, whose batch is on ``lanes`` (:func:`lanes_of` its work, which the caller
+        knows): its ``submit`` fired, the state before it a step boundary of the monitor's (checked when drawn), and
+        the lanes bound to it (the model's ``enlist``) while the monitor is attached. One call per job from the
+        scheduler, no lanes read back from the work (issue #20)."""
         check = self.check
         if check is not None:  # the monitor attached (every Scheduler's table)
             if MONITOR.enabled and next(MONITOR.draws):
-                check(job, event)
-            if event == "submit":  # the model's ``enlist``: the batch's lanes bound to the job
-                self.binding.update(dict.fromkeys(lanes_of(job.work), job))
-        target: str = job.fire(event, **args)
-        if target in _ENDED:
-            del self._jobs[job.job_id]
-            engine = job.engine
-            if engine in self._held:
-                self._held.remove(engine)
-            self._ended[job.last_transition.name] += 1
+                check(job, "submit")
+            self.binding.update(dict.fromkeys(lanes, job))
+        target: str = job.fire("submit")
+        if target in _ENDED:  # no ``submit`` row ends a job (DeviceJobMachine), asked as for every event
+            self._end(job)
         return target
+
+    def _end(self, job: JobRecord) -> None:
+        """A job reached a terminal state: it leaves the table, its engine and slot free."""
+        del self._jobs[job.job_id]
+        engine = job.engine
+        if engine in self._held:
+            self._held.remove(engine)
+        self._ended[job.last_transition.name] += 1
 
     def statistics(self) -> JobStatistics:
         states = Counter(j.state for j in self._jobs.values())

@@ -58,7 +58,7 @@ from calculet.runtime.scheduling.generations import GenerationBinding
 from calculet.runtime.scheduling.budget_monitor import check_counts_drawn
 from calculet.runtime.scheduling.changes import Changes
 from calculet.runtime.scheduling.job_lane_monitor import attach as attach_job_lane_monitor
-from calculet.runtime.scheduling.jobs import DECODE, PREFILL, InflightTable, JobRecord
+from calculet.runtime.scheduling.jobs import DECODE, PREFILL, InflightTable, JobRecord, lanes_of
 from calculet.runtime.scheduling.kv import KvLaneManager, KvLease, KvReservationFailure
 from calculet.runtime.scheduling.on_time import OnTimePolicy
 from calculet.runtime.scheduling.plan import (Applied, Command, Plan, SchedulerStatistics, SchedulingCapabilities,
@@ -289,14 +289,17 @@ class Scheduler:
         if job is None or job.job_id != job_id:
             job = self._take_pending(job_id)  # raises here: not the planned job
         self._pending = None  # _take_pending's accepting case without its call (once per step, issue #20)
-        self.jobs.fire(job, "submit")
-        job.submitted_at = self._clock.now()
         work = job.work
-        if isinstance(work, DecodeBatch):
+        if isinstance(work, DecodeBatch):  # the job, its lanes' steps and its requests: one call each (#20)
+            kv = work.kv
+            self.jobs.submit(job, kv.lanes or lanes_of(work))  # the lanes its reservation recorded, else looked up
+            job.submitted_at = self._clock.now()
             self.decode.submitted(work)
-            self.kv.submit_batch(work.kv)
+            self.kv.submit_batch(kv)
             self.registry.fire_all(work.records, "submit_decode", job=job_id)
         else:
+            self.jobs.submit(job, lanes_of(work))
+            job.submitted_at = self._clock.now()
             self.kv.submit(work.lease, work.tokens)
             rec = work.record
             if rec.state == "prefill_ready":

@@ -127,7 +127,7 @@ def test_the_table_asks_the_monitor_only_on_a_drawn_event() -> None:
     monitor.observe = lambda job, event: checked.append(event)  # type: ignore[method-assign]
     h.scheduler.jobs.check = monitor.observe
     events: list[str] = []
-    table_fire = h.scheduler.jobs.fire
+    table_fire, table_submit = h.scheduler.jobs.fire, h.scheduler.jobs.submit
     saved = MONITOR.draws
     rng = random.Random(5)
     pattern = iter(lambda: rng.random() < 0.4, None)  # events drawn at random (the test suite: every event)
@@ -153,7 +153,15 @@ def test_the_table_asks_the_monitor_only_on_a_drawn_event() -> None:
                 assert all(h.scheduler.jobs.binding[lane] is job for lane in lanes_of(job.work))
             return target
 
+        def submit(job: Any, lanes: Any) -> str:  # the scheduler's submit (issue #20: lanes given, one call)
+            before = len(draws)
+            target = table_submit(job, lanes)
+            events.append("submit" if len(draws) > before and draws[before] else "")
+            assert all(h.scheduler.jobs.binding[lane] is job for lane in lanes_of(job.work))
+            return target
+
         h.scheduler.jobs.fire = fire  # type: ignore[method-assign]
+        h.scheduler.jobs.submit = submit  # type: ignore[method-assign]
         for _ in range(3):
             h.submit(prompt=4, new=10, deadline_ms=60_000)
         h.drive()
