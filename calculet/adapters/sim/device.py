@@ -43,6 +43,7 @@ import itertools
 import os
 import threading
 from collections import Counter
+from functools import partial
 from collections.abc import Sequence
 from pathlib import Path
 from types import MappingProxyType
@@ -176,7 +177,7 @@ class SimVirtualDevice:
         self._null = NullDecodePlan(self.timeline, self.clock, self._ids, self._engine_seq, self._completed,
                                     self._per_engine, self.faults, self._cond) if self.completes_at_submit else None
         if self._null is not None:  # its Submit: a routed decode step in one frame, the rest the full path (#20)
-            self._null.bind(self._lock, self._gate.routes, self._submit_locked, self._refusal)
+            self._null.bind(self._lock, self._gate.routes, self._submit_locked, partial(submit_refusal, self._refused))
             self.submit = self._null.submit  # type: ignore[method-assign]
         self._worker: threading.Thread | None = None
         if config.time_mode is TimeMode.REAL:
@@ -369,17 +370,10 @@ class SimVirtualDevice:
             try:
                 return self._submit_locked(job)
             except Exception as exc:  # noqa: BLE001 - the boundary must catch everything the vendor raises
-                mapped = self._refusal(exc)
+                mapped = submit_refusal(self._refused, exc)
                 if mapped is exc:
                     raise
                 raise mapped from exc
-
-    def _refusal(self, exc: Exception) -> Exception:
-        """What Submit raises for ``exc`` raised inside it (the vendor boundary's translation), a refusal counted by
-        its rc; ``exc`` itself when it is raised as it is. The one rule of both Submits (this one, the null plan's)."""
-        if isinstance(exc, VendorError):
-            self._refused[exc.rc] += 1
-        return translated(exc, "VirtualDevice.Submit")
 
     def _submit_locked(self, job: JobSpec) -> JobTicket:
         if self._closed:
@@ -546,6 +540,15 @@ class SimVirtualDevice:
             raise VendorError(ReturnCode.NOT_FOUND, f"calbin {calbin.calbin_id} does not exist on this device")
         return cb
 
+
+
+def submit_refusal(refused: Counter[ReturnCode], exc: Exception) -> Exception:
+    """What Submit raises for ``exc`` raised inside it (the vendor boundary's translation), a refusal counted in
+    ``refused`` by its rc; ``exc`` itself when it is raised as it is. The one rule of both Submits (the device's,
+    its null plan's)."""
+    if isinstance(exc, VendorError):
+        refused[exc.rc] += 1
+    return translated(exc, "VirtualDevice.Submit")
 
 
 def _device_statistics(device: SimVirtualDevice) -> DeviceStatistics:

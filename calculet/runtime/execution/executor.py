@@ -164,7 +164,7 @@ class DeviceExecutor:
         if jobs:  # another job on the device (ping/pong): both overlapped; none on the null device (issue #20)
             for other in jobs.values():
                 other.overlapped = True
-        jobs[int(ticket.job_id)] = job
+        jobs[ticket.job_id] = job  # a JobId is an int (NewType): keyed as the result's job_id is looked up
         return job
 
     def _prefill_job(self, work: PrefillWork, engine: JobEngine, prompt: Sequence[int]) -> PrefillJob:

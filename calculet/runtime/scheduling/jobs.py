@@ -149,7 +149,9 @@ class InflightTable:
         if check is not None:  # the monitor attached (every Scheduler's table)
             if MONITOR.enabled and next(MONITOR.draws):
                 check(job, "submit")
-            self.binding.update(dict.fromkeys(lanes, job))
+            binding = self.binding
+            for lane in lanes:  # no dict built per job to update from (B1: one lane)
+                binding[lane] = job
         target: str = job.fire("submit")
         if target in _ENDED:  # no ``submit`` row ends a job (DeviceJobMachine), asked as for every event
             self._end(job)

@@ -290,16 +290,14 @@ class Scheduler:
             job = self._take_pending(job_id)  # raises here: not the planned job
         self._pending = None  # _take_pending's accepting case without its call (once per step, issue #20)
         work = job.work
-        if isinstance(work, DecodeBatch):  # the job, its lanes' steps and its requests: one call each (#20)
-            kv = work.kv
-            self.jobs.submit(job, kv.lanes or lanes_of(work))  # the lanes its reservation recorded, else looked up
-            job.submitted_at = self._clock.now()
+        decode = isinstance(work, DecodeBatch)  # a batch's lanes as its reservation recorded them, else looked up
+        self.jobs.submit(job, decode and work.kv.lanes or lanes_of(work))  # no lanes_of per step (issue #20)
+        job.submitted_at = self._clock.now()
+        if decode:
             self.decode.submitted(work)
-            self.kv.submit_batch(kv)
+            self.kv.submit_batch(work.kv)
             self.registry.fire_all(work.records, "submit_decode", job=job_id)
         else:
-            self.jobs.submit(job, lanes_of(work))
-            job.submitted_at = self._clock.now()
             self.kv.submit(work.lease, work.tokens)
             rec = work.record
             if rec.state == "prefill_ready":
@@ -313,8 +311,7 @@ class Scheduler:
         if isinstance(work, DecodeBatch):
             self.decode.restore(work.records)
         else:
-            rec = work.record
-            self.prefill.restore(rec)
+            self.prefill.restore(work.record)
 
     # ------------------------------------------------------------------ what the device did (§4, §7.4, §9.2)
 
