@@ -109,6 +109,7 @@ class DeviceExecutor:
         (the next result on that engine sets it without a continuity check)."""
         self._submitted = 0
         self._submit_rc: Counter[str] = Counter()
+        """Submits the device refused, by rc; the accepted ones are :attr:`_submitted` (the OK of ``submit_rc``)."""
         self._completion_rc: Counter[str] = Counter()
         self._wait_timeouts = 0
         self._stale = 0
@@ -157,8 +158,7 @@ class DeviceExecutor:
             self._submit_rc[rc.name] += 1
             log.warning("submit refused", extra={"rc": rc.name, "job_id": work.job_id, "detail": str(exc)})
             return SubmitRefused(rc, str(exc))
-        self._submit_rc[_OK] += 1
-        self._submitted += 1
+        self._submitted += 1  # the rc counters' OK at submit (statistics), not counted a second time (issue #20)
         jobs = self._jobs
         job = InflightJob(work.job_id, ticket, work, spec, now + timeout, bool(jobs))
         if jobs:  # another job on the device (ping/pong): both overlapped; none on the null device (issue #20)
@@ -347,7 +347,8 @@ class DeviceExecutor:
         return ExecutorStatistics(
             inflight=len(self._jobs), inflight_by_engine=dict(by_engine),
             quarantined_jobs=sum(1 for j in self._jobs.values() if j.timed_out), submitted=self._submitted,
-            submit_rc=dict(self._submit_rc), completion_rc=dict(self._completion_rc),
+            submit_rc=dict(self._submit_rc, **({_OK: self._submitted} if self._submitted else {})),
+            completion_rc=dict(self._completion_rc),
             wait_timeouts=self._wait_timeouts, stale_results=self._stale, anomalies=dict(self._anomalies),
             sequences_bound=len(self._seqs), free_refusals=self._free_refusals,
             degrade=self.degrade.statistics())
