@@ -195,6 +195,7 @@ STAGES: tuple[tuple[str, str, str], ...] = (
     ("executor.submit", "executor", "submit"),
     ("device.submit", "executor.session.device", "submit"),
     ("scheduler.submitted", "scheduler", "submitted"),
+    ("jobs.submit", "scheduler.jobs", "submit"),
     ("jobs.fire", "scheduler.jobs", "fire"),
     ("kv.submit_batch", "scheduler.kv", "submit_batch"),
     ("registry.fire_all", "scheduler.registry", "fire_all"),
