@@ -35,6 +35,15 @@ which the sinks 3.7, the ready queue 1.1, the job's ``complete`` and the rest 5.
 B1 (CalRT 0.7.6's only batch) makes every step one token, so a step that repeats the last one saves nothing past one
 stream, and halving the token means removing pieces, not one of them.
 
+The submit side's floor (session 25, #20; 16 streams, load average 2-3): after the null device's Submit became one
+frame and the jobs table's submit took the batch's lanes, ``job_path.submit`` read 13.9-15.3 µs/token (this morning's
+base, quiet: 15.2-15.3) and ``--against`` the base 0.92-1.01 at 1 / 16 / 64 streams, 2-8 calls/token fewer. A
+scratch fusion of every frame of a B1 submit into one function (the same checks, draws, records and counts; not
+kept, it would be a second copy of each rule) saved another 1.6-2.3 µs of ~62 (four alternated rounds, twice). So
+with today's records the submit side cannot go much under ~11 µs by removing layers: the rest is the per-job
+records (the DecodeJob, the device's ticket and result with its lane and counters, the InflightJob: ~2.5 µs by
+``timeit``) and the checks, counts and monitor draws each piece owes.
+
     python bench/actor_core.py [--streams 1,16,64] [--blocks 12] [--against /tmp/base_worktree [--against ...]]
                                [--parts core,service,stepped,threaded] [--stages]
 """
