@@ -19,8 +19,10 @@ decode step's submit, most verdicts are fixed by the configuration and the devic
 What changes from step to step is checked as :func:`~calculet.adapters.sim.submit_checks.check_decode` checks it
 — every lane valid, each lane's sequence live, its token in the vocabulary, its position the sequence's
 committed length and below ``max_seq``, no sequence in two lanes — and the step's record is built in the same
-pass over its lanes. Anything the plan does not accept goes back to the full path (the caller), which gives
-the verdict and the refusal of every check in their order; a refused step changes nothing here.
+pass over its lanes. The plan's :meth:`~NullDecodePlan.submit` is the null device's Submit (one frame from the host
+to the committed step); anything it does not accept goes to the device's full path, which gives the verdict and
+the refusal of every check in their order (counted and translated by the device's one boundary rule,
+:func:`~calculet.adapters.sim.device.submit_refusal`); a refused step changes nothing here.
 ``tests/unit/adapters/sim/test_null_decode_step.py`` holds results, KV and counts to the general path's.
 """
 

@@ -97,3 +97,35 @@ def test_the_one_pass_record_equals_the_general_completion(pair: tuple[SimSessio
     assert fast.device.statistics().submitted == general.device.statistics().submitted
     assert fast.device.statistics().faults.decisions == general.device.statistics().faults.decisions
     assert fast.device._null is not None and fast.device._null.submitted > 0  # noqa: SLF001 - the plan took steps
+
+
+def test_the_null_submit_refuses_as_the_device_does(pair: tuple[SimSession, SimSession]) -> None:
+    """Issue #20: the null device's Submit is its plan's (one frame); a step the plan does not take goes to the
+    device's full path, whose refusal is raised, translated and counted as the general device's is — on a routed
+    buffer pair (a wrong position after a good step) and off it (an unknown sequence). Mutants caught: the plan
+    committing a step its checks should refuse (the KV moves); a refusal not counted in ``submit_refused``."""
+    from calculet.adapters.calrt import ReturnCode, rc_of
+    from calculet.errors import CalculetError
+
+    fast, general = pair
+    assert fast.device.submit.__self__ is fast.device._null  # noqa: SLF001 - the plan's Submit is the device's
+    drivers = [HostDriver(s.device, s.calbin, s.kv, generation=1) for s in pair]
+    seqs = [s.kv.allocate_sequence() for s in pair]
+    for session, driver, seq in zip(pair, drivers, seqs):
+        _run(session, driver.prefill_job(seq, [5, 6, 7]))
+        _run(session, driver.decode_job(1, [(seq, 9)]))  # a good B1 step: the route is open on the null device
+    refusals = []
+    for session, driver, seq in zip(pair, drivers, seqs):
+        job = driver.decode_job(1, [(seq, 9)])
+        object.__setattr__(job, "lanes", job.lanes._replace(positions=(job.lanes.positions[0] + 1,)))
+        unknown = driver.decode_job(1, [(seq, 9)])
+        object.__setattr__(unknown, "lanes", unknown.lanes._replace(seqs=(int(seq) + 999,)))
+        codes = []
+        for bad in (job, unknown):
+            with pytest.raises(CalculetError) as refused:
+                session.device.submit(bad)
+            codes.append(rc_of(refused.value))
+        refusals.append((codes, dict(session.device.statistics().submit_refused), session.kv.committed_length(seq)))
+    assert refusals[0] == refusals[1]
+    codes, counted, _ = refusals[0]
+    assert codes[0] is ReturnCode.INVALID_ARGUMENT and sum(counted.values()) == 2
