@@ -37,7 +37,8 @@ stream, and halving the token means removing pieces, not one of them.
 
 The submit side's floor (session 25, #20; 16 streams, load average 2-3): after the null device's Submit became one
 frame and the jobs table's submit took the batch's lanes, ``job_path.submit`` read 13.9-15.3 µs/token (this morning's
-base, quiet: 15.2-15.3) and ``--against`` the base 0.92-1.01 at 1 / 16 / 64 streams, 2-8 calls/token fewer. A
+base, quiet: 15.2-15.3; 14.4-15.4 again at load 0.1-0.5) and ``--against`` the base 0.976 / 0.950 / 0.952 at
+1 / 16 / 64 streams (12 blocks, load 0.5; 8-block runs 0.88-1.04: within the noise), ~5 calls/token fewer. A
 scratch fusion of every frame of a B1 submit into one function (the same checks, draws, records and counts; not
 kept, it would be a second copy of each rule) saved another 1.6-2.3 µs of ~62 (four alternated rounds, twice). So
 with today's records the submit side cannot go much under ~11 µs by removing layers: the rest is the per-job
