@@ -15,7 +15,8 @@ from typing import Any
 from calculet.adapters.calrt import Anomaly, JobResult, ReturnCode
 from calculet.runtime.execution.inflight import InflightJob
 from calculet.runtime.execution.sampler import SamplerPool
-from calculet.runtime.scheduling.completion import DecodeCompletion, FaultKind, LaneOutcome, PrefillCompletion
+from calculet.runtime.scheduling.completion import (DecodeCompletion, DecodeTokens, FaultKind, LaneOutcome,
+                                                    PrefillCompletion)
 from calculet.runtime.scheduling.decode import DecodeBatch
 from calculet.runtime.scheduling.prefill import PrefillWork
 
@@ -77,51 +78,79 @@ class CompletionDispatcher:
                                  FaultKind.NONE, "" if token is not None or not work.last_chunk
                                  else "no usable output token")
 
-    def decode(self, job: InflightJob, result: JobResult, anomalies: list[tuple[Anomaly, str]]) -> DecodeCompletion:
+    def decode(self, job: InflightJob, result: JobResult, anomalies: list[tuple[Anomaly, str]]
+               ) -> DecodeTokens | DecodeCompletion:
+        """The scheduler's completion of a decode result: in the usual step (the job OK, every valid lane of the
+        result its bound lane's in the batch's lane order, each sampled a token) the tokens and stops as columns in
+        bound-lane order, for :meth:`~calculet.runtime.scheduling.scheduler.Scheduler.on_decode_tokens`; any other
+        result a :class:`DecodeCompletion` with one :class:`LaneOutcome` per valid lane, for ``on_decode_complete``.
+
+        One loop writes columns (issue #20: no object per lane and no second pass over them in the usual step); the
+        outcomes are built from the same columns only when the step is not the usual one. A lane's outcome names
+        the binding it was matched to by the sequence bound there (R7.4.2: its tags are the binding's, so the
+        scheduler's tag check of the columns is this match), and the result's generation: a binding of another
+        generation is not the usual step."""
         batch = job.work
         assert isinstance(batch, DecodeBatch)
         self._results += 1
+        active = batch.active
         if anomalies:
             self._rejected += 1
-            self._lanes_failed += len(batch.active)
+            self._lanes_failed += len(active)
             return DecodeCompletion(batch.job_id, batch.generation, False, (), FaultKind.ERROR,
                                     _anomaly_detail(anomalies))
         rc = result.rc
         job_ok = rc is ReturnCode.OK  # read once: every lane below needs it (issue #20)
-        detail = "" if job_ok else _rc_detail(rc, result.message)
         if not job_ok:
             self._failed += 1
         seq_ids = job.spec.lanes.seqs  # type: ignore[union-attr]  # plain ints (DecodeJob.lanes)
         # the lane a result names is matched to its binding by the sequence bound there; a loop, not a dict
         # comprehension, which is a function call of its own on Python 3.11 (once per token at B1, issue #20)
         by_seq: dict[int, Any] = {}
-        for b in batch.active:
+        for b in active:
             by_seq[seq_ids[b.lane]] = b
         usable = job_ok or self.lane_isolation
         generation = result.generation
         sample_lane = self.sampler.sample
-        lanes: list[LaneOutcome] = []
+        ok = ReturnCode.OK
+        numbers: list[int] = []  # each valid lane's number, its binding (None: unmatched), token and stop
+        bindings: list[Any] = []
+        tokens: list[Any] = []
+        stops: list[bool] = []
+        usual = job_ok  # while every lane so far is the next bound lane's, of this generation, with a token
         for lane in result.lanes:
             if not lane.valid:
                 continue
             binding = by_seq.get(lane.seq_id)
+            token = None
+            stop = False
             if binding is None:
                 self._unmatched += 1
-                lanes.append(LaneOutcome(lane.lane, 0, 0, generation, False, None))
-                continue
-            token: int | None = None
-            stop = False
-            if usable and lane.rc is ReturnCode.OK:
-                sample = sample_lane(binding.request_id, lane.logits, lane.greedy_token)
-                if sample is not None:
-                    self._sampled += 1
-                    token, stop = sample
-            if token is None:
-                self._lanes_failed += 1
-            lanes.append(LaneOutcome(lane.lane, binding.request_id, binding.seq_id, generation,
-                                     token is not None, token, stop))
-        return DecodeCompletion(batch.job_id, generation, job_ok, tuple(lanes), _FAULT_FOR_RC.get(rc, FaultKind.ERROR),
-                                detail)
+                usual = False
+            else:
+                if usable and lane.rc is ok:
+                    sample = sample_lane(binding.request_id, lane.logits, lane.greedy_token)
+                    if sample is not None:
+                        self._sampled += 1
+                        token, stop = sample
+                if token is None:
+                    self._lanes_failed += 1
+                    usual = False
+                elif usual:
+                    k = len(tokens)
+                    usual = k < len(active) and active[k] is binding and binding.generation == generation
+            numbers.append(lane.lane)
+            bindings.append(binding)
+            tokens.append(token)
+            stops.append(stop)
+        if usual and len(tokens) == len(active):
+            return tokens, stops
+        lanes = tuple([LaneOutcome(number, 0, 0, generation, False, None) if binding is None else
+                       LaneOutcome(number, binding.request_id, binding.seq_id, generation, token is not None,
+                                   token, stop)
+                       for number, binding, token, stop in zip(numbers, bindings, tokens, stops)])
+        return DecodeCompletion(batch.job_id, generation, job_ok, lanes, _FAULT_FOR_RC.get(rc, FaultKind.ERROR),
+                                "" if job_ok else _rc_detail(rc, result.message))
 
     def statistics(self) -> CompletionStatistics:
         return CompletionStatistics(self._results, self._failed, self._rejected, self._sampled, self._lanes_failed,

@@ -27,8 +27,9 @@ from collections.abc import Callable, Sequence
 
 from calculet.clock import Clock
 from calculet.runtime.scheduling.changes import Changes
-from calculet.runtime.scheduling.completion import (DecodeCompletion, FaultKind, LaneVerdict, PrefillCompletion,
-                                                    check_decode_lanes, clean_decode_lanes)
+from calculet.runtime.scheduling.completion import (DecodeCompletion, DecodeTokens, FaultKind, LaneOutcome,
+                                                    LaneVerdict, PrefillCompletion, check_decode_lanes,
+                                                    clean_decode_lanes, usable_tokens)
 from calculet.runtime.scheduling.decode import DecodeBatch, DecodeScheduler
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.jobs import DECODE, PREFILL, InflightTable, JobRecord
@@ -167,8 +168,29 @@ class CompletionApplier:
                                           f"result of generation {completion.generation} for a job of generation "
                                           f"{job.generation}")
         clean = clean_decode_lanes(batch.active, completion, self.capabilities.vocab_size)
+        return self._decode_settled(job, batch, now, clean, completion)
+
+    def decode_tokens(self, job_id: int, generation: int, tokens: list[int], stops: list[bool]) -> Applied:
+        """The usual decode step (:data:`~.completion.DecodeTokens`: every bound lane's outcome OK with its tags, in
+        bound-lane order) applied as :meth:`decode_complete` applies it, without the outcome per lane (issue #20).
+        What the columns cannot say by themselves — the job current and of ``generation``, every token usable —
+        is checked here; a step that fails it goes through :meth:`decode_complete` as the outcomes it stands for."""
+        job = self.jobs.get(job_id)
+        if (job is None or job.kind != DECODE or job.state != "submitted" or generation != job.generation
+                or not usable_tokens(tokens, self.capabilities.vocab_size)):
+            bound = job.work.active if job is not None and job.kind == DECODE else ()
+            return self.decode_complete(DecodeCompletion(job_id, generation, True, tuple([
+                LaneOutcome(b.lane, b.request_id, b.seq_id, generation, True, token, stop)
+                for b, token, stop in zip(bound, tokens, stops)])))
+        return self._decode_settled(job, job.work, self._clock.now(), (tokens, stops), None)
+
+    def _decode_settled(self, job: JobRecord, batch: DecodeBatch, now: float, clean: DecodeTokens | None,
+                        completion: DecodeCompletion | None) -> Applied:
+        """A current decode job's result applied: the job ends, its step is timed, every lane's KV settled, its
+        requests moved. ``clean``: the usual step's columns (then ``completion`` may be None); else ``completion``
+        decides lane by lane."""
         jobs = self.jobs
-        if completion.ok:
+        if clean is not None or completion.ok:  # type: ignore[union-attr]
             jobs.fire(job, "complete", ok=True)
             # the usual decode step: ``job`` has left the table and no other job is in it, nothing to scan
             lanes_elsewhere, compiled_elsewhere = self._decoding_elsewhere(job) if jobs.by_id else (0, 0)
@@ -179,7 +201,7 @@ class CompletionApplier:
                 self.step_times.overlap.completed(job.submitted_at, now, self._ahead(),
                                                   compiled=batch.profile.compiled_batch)
         else:
-            self._job_failed(job, completion.fault)
+            self._job_failed(job, completion.fault)  # type: ignore[union-attr]
         registry = self.registry
         # §9.2: commit only when device and output succeeded. Every lane of the job is settled in one
         # call before any request moves (a request that ends releases its lane, which must not be
@@ -193,7 +215,7 @@ class CompletionApplier:
             details = [""] * lanes
             ok, failed = lanes, 0
         else:
-            produced, stops, tokens, details = self._lane_verdicts(job, batch, completion)
+            produced, stops, tokens, details = self._lane_verdicts(job, batch, completion)  # type: ignore[arg-type]
             ok = sum(produced)
             failed = len(produced) - ok
         records = batch.records

@@ -164,16 +164,28 @@ def check_lane(bound: LaneBindingTags, outcome: LaneOutcome | None, *, job_ok: b
     return LaneCheck(bound.lane, rid, LaneVerdict.OK, token, outcome.stop)
 
 
+DecodeTokens = tuple[list[int], list[bool]]
+"""The usual decode step as columns: (tokens, stops) in bound-lane order, every bound lane's outcome OK with its own
+tags (what :func:`clean_decode_lanes` finds in a :class:`DecodeCompletion`, and what the completion dispatcher hands
+the scheduler directly when it matched every lane of a result to its binding, issue #20)."""
+
+
+def usable_tokens(tokens: Sequence[int], vocab_size: int | None) -> bool:
+    """Whether every token is a usable output (in ``0 .. vocab_size - 1``; a token ``check_lane`` would not call
+    OUTPUT_INVALID): the rule of a usual step's columns, whoever built them. One C pass (min/max), no loop."""
+    return not tokens or (min(tokens) >= 0 and (vocab_size is None or max(tokens) < vocab_size))
+
+
 def clean_decode_lanes(bound: Sequence[LaneBindingTags], completion: DecodeCompletion,
-                       vocab_size: int | None = None) -> tuple[list[int], list[bool]] | None:
+                       vocab_size: int | None = None) -> DecodeTokens | None:
     """The usual decode result as columns — (tokens, stops) in lane order — or None if it is anything else.
 
     Usual: the job succeeded and its i-th outcome is the i-th bound lane's (lanes bound in increasing
-    order), each with matching tags (R7.4.2), ``ok`` and a usable token. Then every lane's verdict is
-    :attr:`LaneVerdict.OK` and there is no extra lane, so the caller needs no :class:`LaneCheck` per lane:
-    one pass, no tuple per lane (issue #20, the per-step completion path). Anything else — one lane
-    failed, mismatched, out of order or missing — returns None and :func:`check_decode_lanes` decides
-    lane by lane.
+    order), each with matching tags (R7.4.2), ``ok`` and a usable token (:func:`usable_tokens`). Then every
+    lane's verdict is :attr:`LaneVerdict.OK` and there is no extra lane, so the caller needs no
+    :class:`LaneCheck` per lane: one pass, no tuple per lane (issue #20, the per-step completion path).
+    Anything else — one lane failed, mismatched, out of order or missing — returns None and
+    :func:`check_decode_lanes` decides lane by lane.
     """
     outcomes = completion.lanes
     if not completion.ok or len(outcomes) != len(bound):
@@ -185,12 +197,12 @@ def clean_decode_lanes(bound: Sequence[LaneBindingTags], completion: DecodeCompl
         token, lane = outcome.token, b.lane
         if not (lane > previous and outcome.lane == lane and outcome.request_id == b.request_id
                 and outcome.seq_id == b.seq_id and outcome.generation == b.generation and outcome.ok
-                and token is not None and token >= 0 and (vocab_size is None or token < vocab_size)):
+                and token is not None):
             return None
         add_token(token)
         add_stop(outcome.stop)
         previous = lane
-    return tokens, stops
+    return (tokens, stops) if usable_tokens(tokens, vocab_size) else None
 
 
 def check_decode_lanes(bound: Sequence[LaneBindingTags], completion: DecodeCompletion, *,

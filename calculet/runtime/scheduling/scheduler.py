@@ -8,6 +8,7 @@ A request flows::
     submitted(job_id)          the device accepted the job: request/KV/job machines fire
       or submit_failed(job_id) the device refused it: nothing fired, candidates re-queued
     on_prefill_complete(PrefillCompletion) / on_decode_complete(DecodeCompletion)     §7.4
+      or on_decode_tokens(job_id, generation, tokens, stops): the usual decode step as columns
     job_timed_out(job_id), device_reset()                                              §9.2
     take_commands()            -> [FreeSequence, ...]; then confirm_release(lane, seq) §9.2
 
@@ -320,6 +321,13 @@ class Scheduler:
         if self._pending is not None:  # _no_pending without its call (once per decode step)
             self._no_pending()
         return self.completions.decode_complete(completion)
+
+    def on_decode_tokens(self, job_id: int, generation: int, tokens: list[int], stops: list[bool]) -> Applied:
+        """Apply the usual decode step given as columns (:data:`~.completion.DecodeTokens`): what
+        :meth:`on_decode_complete` does with the outcomes they stand for, without building them (issue #20)."""
+        if self._pending is not None:  # _no_pending without its call (once per decode step)
+            self._no_pending()
+        return self.completions.decode_tokens(job_id, generation, tokens, stops)
 
     def on_prefill_complete(self, completion: PrefillCompletion) -> Applied:
         """Apply a prefill job's (or chunk's) result, or drop it as stale and reclaim."""

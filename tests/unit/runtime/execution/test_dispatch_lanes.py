@@ -3,7 +3,9 @@
 With one binding (every B1 job) and with several, a lane whose sequence is the bound one is sampled for that
 request; a lane naming any other sequence is unmatched — counted, never delivered to anyone. Mutants: a match
 without the sequence's comparison (the only binding taken for any lane) delivers the unmatched lane's token; a
-table keyed by lane instead of sequence mismatches the swapped B2 batch.
+table keyed by lane instead of sequence mismatches the swapped B2 batch. The usual step (every lane its bound
+lane's, in order) comes back as columns (issue #20); any other as one outcome per lane: the swapped batch is not
+the usual step, and must not come back as columns, which would hand lane 0's token to lane 0's request.
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ def _dispatch(seqs: tuple[int, ...], bound: dict[int, int], result_seqs: tuple[i
                        StatusCounters(1, b, b, b), 0.0, 0.0, buffers.output)
     dispatcher = CompletionDispatcher(pool, lane_isolation=False)
     completion = dispatcher.decode(InflightJob(7, ticket, _batch(bindings), spec, 1.0, False), result, [])
+    if isinstance(completion, tuple):  # the usual step as columns: lane i of the result is bound lane i's (#20)
+        tokens, _ = completion
+        return dispatcher, [(b.lane, b.request_id, True, token) for b, token in zip(bindings, tokens)]
     return dispatcher, [(o.lane, o.request_id, o.ok, o.token) for o in completion.lanes]
 
 
@@ -80,7 +85,7 @@ def test_several_bindings_are_matched_by_sequence_not_by_lane() -> None:
     assert lanes == [(0, 3, True, 40), (1, 4, True, 41)]
     # the result names the sequences in swapped slots: each token goes to the request bound to that sequence
     dispatcher, lanes = _dispatch((11, 12), {0: 3, 1: 4}, (12, 11))
-    assert lanes == [(0, 4, True, 40), (1, 3, True, 41)]
+    assert lanes == [(0, 4, True, 40), (1, 3, True, 41)]  # outcomes, not columns (columns would say 3 got 40)
     dispatcher, lanes = _dispatch((11, 12), {0: 3, 1: 4}, (11, 13))
     assert lanes == [(0, 3, True, 40), (1, 0, False, None)]
     assert dispatcher.statistics().lanes_unmatched == 1
