@@ -144,11 +144,7 @@ class JobPath:
                     for rid in self._request_ids(work):
                         self.trace.extend((("completion", rid), ("sampler", rid)))
                 if isinstance(work, DecodeBatch):
-                    done = dispatcher.decode(job, result, found)
-                    if done.__class__ is tuple:  # the usual step, as columns (issue #20: no outcome per lane)
-                        scheduler.on_decode_tokens(work.job_id, result.generation, *done)  # type: ignore[misc]
-                    else:
-                        scheduler.on_decode_complete(done)  # type: ignore[arg-type]
+                    scheduler.on_decode_complete(dispatcher.decode(job, result, found))
                 else:
                     scheduler.on_prefill_complete(dispatcher.prefill(job, result, found))
                 if found or result.rc is not ReturnCode.OK:

@@ -80,16 +80,11 @@ class CompletionDispatcher:
 
     def decode(self, job: InflightJob, result: JobResult, anomalies: list[tuple[Anomaly, str]]
                ) -> DecodeTokens | DecodeCompletion:
-        """The scheduler's completion of a decode result: in the usual step (the job OK, every valid lane of the
-        result its bound lane's in the batch's lane order, each sampled a token) the tokens and stops as columns in
-        bound-lane order, for :meth:`~calculet.runtime.scheduling.scheduler.Scheduler.on_decode_tokens`; any other
-        result a :class:`DecodeCompletion` with one :class:`LaneOutcome` per valid lane, for ``on_decode_complete``.
-
-        One loop writes columns (issue #20: no object per lane and no second pass over them in the usual step); the
-        outcomes are built from the same columns only when the step is not the usual one. A lane's outcome names
-        the binding it was matched to by the sequence bound there (R7.4.2: its tags are the binding's, so the
-        scheduler's tag check of the columns is this match), and the result's generation: a binding of another
-        generation is not the usual step."""
+        """The scheduler's completion of a decode result: the usual step (job OK, every valid lane its bound lane's in
+        the batch's order and generation, each sampled a token) as columns (:data:`DecodeTokens`); any other as a
+        :class:`DecodeCompletion`, one :class:`LaneOutcome` per valid lane.
+        One loop writes columns (#20: no object per lane, no second pass); outcomes are built from them off the usual
+        step. A lane's binding is matched by the sequence bound there (R7.4.2: the columns' tag check)."""
         batch = job.work
         assert isinstance(batch, DecodeBatch)
         self._results += 1
@@ -101,19 +96,15 @@ class CompletionDispatcher:
                                     _anomaly_detail(anomalies))
         rc = result.rc
         job_ok = rc is ReturnCode.OK  # read once: every lane below needs it (issue #20)
-        if not job_ok:
-            self._failed += 1
+        self._failed += not job_ok
         seq_ids = job.spec.lanes.seqs  # type: ignore[union-attr]  # plain ints (DecodeJob.lanes)
-        # the lane a result names is matched to its binding by the sequence bound there; a loop, not a dict
-        # comprehension, which is a function call of its own on Python 3.11 (once per token at B1, issue #20)
-        by_seq: dict[int, Any] = {}
+        by_seq: dict[int, Any] = {}  # a loop, not a dict comprehension (a frame of its own on 3.11, issue #20)
         for b in active:
             by_seq[seq_ids[b.lane]] = b
         usable = job_ok or self.lane_isolation
         generation = result.generation
-        sample_lane = self.sampler.sample
-        ok = ReturnCode.OK
-        numbers: list[int] = []  # each valid lane's number, its binding (None: unmatched), token and stop
+        sample_lane, ok = self.sampler.sample, ReturnCode.OK
+        numbers: list[int] = []  # per valid lane: its number, its binding (None: unmatched), token and stop
         bindings: list[Any] = []
         tokens: list[Any] = []
         stops: list[bool] = []
@@ -122,8 +113,7 @@ class CompletionDispatcher:
             if not lane.valid:
                 continue
             binding = by_seq.get(lane.seq_id)
-            token = None
-            stop = False
+            token, stop = None, False
             if binding is None:
                 self._unmatched += 1
                 usual = False
@@ -136,25 +126,31 @@ class CompletionDispatcher:
                 if token is None:
                     self._lanes_failed += 1
                     usual = False
-                elif usual:
-                    k = len(tokens)
-                    usual = k < len(active) and active[k] is binding and binding.generation == generation
+                elif usual:  # the next bound lane (k) is this binding, of the result's generation
+                    usual = (k := len(tokens)) < len(active) and active[k] is binding and binding.generation == \
+                        generation
             numbers.append(lane.lane)
             bindings.append(binding)
             tokens.append(token)
             stops.append(stop)
         if usual and len(tokens) == len(active):
-            return tokens, stops
-        lanes = tuple([LaneOutcome(number, 0, 0, generation, False, None) if binding is None else
-                       LaneOutcome(number, binding.request_id, binding.seq_id, generation, token is not None,
-                                   token, stop)
-                       for number, binding, token, stop in zip(numbers, bindings, tokens, stops)])
-        return DecodeCompletion(batch.job_id, generation, job_ok, lanes, _FAULT_FOR_RC.get(rc, FaultKind.ERROR),
-                                "" if job_ok else _rc_detail(rc, result.message))
+            return batch.job_id, generation, tokens, stops
+        return DecodeCompletion(batch.job_id, generation, job_ok,
+                                _outcomes(generation, numbers, bindings, tokens, stops),
+                                _FAULT_FOR_RC.get(rc, FaultKind.ERROR), "" if job_ok else _rc_detail(rc, result.message))
 
     def statistics(self) -> CompletionStatistics:
         return CompletionStatistics(self._results, self._failed, self._rejected, self._sampled, self._lanes_failed,
                                     self._unmatched)
+
+
+def _outcomes(generation: int, numbers: list[int], bindings: list[Any], tokens: list[int | None], stops: list[bool]
+              ) -> tuple[LaneOutcome, ...]:
+    """The decode dispatch's columns as one outcome per valid lane (off the usual step): an unmatched lane names no
+    request; a matched one its binding's request and sequence, ok when it sampled a token."""
+    return tuple([LaneOutcome(number, 0, 0, generation, False, None) if binding is None else
+                  LaneOutcome(number, binding.request_id, binding.seq_id, generation, token is not None, token, stop)
+                  for number, binding, token, stop in zip(numbers, bindings, tokens, stops)])
 
 
 def _rc_detail(rc: ReturnCode, message: str) -> str:

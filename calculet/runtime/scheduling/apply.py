@@ -152,8 +152,27 @@ class CompletionApplier:
 
     # ------------------------------------------------------------------ completions (§4, §7.4)
 
-    def decode_complete(self, completion: DecodeCompletion) -> Applied:
-        """Apply a decode job's result lane by lane, or drop it as stale and reclaim."""
+    def decode_complete(self, completion: DecodeCompletion | DecodeTokens) -> Applied:
+        """Apply a decode job's result lane by lane, or drop it as stale and reclaim.
+
+        The usual step may come as columns (:data:`~.completion.DecodeTokens`, issue #20): applied as the outcomes
+        they stand for, without building them, when what the columns do not say by themselves holds — the job
+        current and of that generation, every token usable (:func:`usable_tokens`); otherwise the outcomes are
+        built from the batch's bindings and take :meth:`_decode_outcomes` as any other result."""
+        if completion.__class__ is not tuple:
+            return self._decode_outcomes(completion)  # type: ignore[arg-type]
+        job_id, generation, tokens, stops = completion
+        job = self.jobs.get(job_id)
+        if (job is not None and job.kind == DECODE and job.state == "submitted" and generation == job.generation
+                and usable_tokens(tokens, self.capabilities.vocab_size)):
+            return self._decode_settled(job, job.work, self._clock.now(), (tokens, stops), None)
+        bound = job.work.active if job is not None and job.kind == DECODE else ()
+        return self._decode_outcomes(DecodeCompletion(job_id, generation, True, tuple([
+            LaneOutcome(b.lane, b.request_id, b.seq_id, generation, True, token, stop)
+            for b, token, stop in zip(bound, tokens, stops)])))
+
+    def _decode_outcomes(self, completion: DecodeCompletion) -> Applied:
+        """:meth:`decode_complete` of a result as outcomes per lane."""
         now = self._clock.now()
         job = self.jobs.get(completion.job_id)
         if job is None or job.kind != DECODE:
@@ -170,22 +189,8 @@ class CompletionApplier:
         clean = clean_decode_lanes(batch.active, completion, self.capabilities.vocab_size)
         return self._decode_settled(job, batch, now, clean, completion)
 
-    def decode_tokens(self, job_id: int, generation: int, tokens: list[int], stops: list[bool]) -> Applied:
-        """The usual decode step (:data:`~.completion.DecodeTokens`: every bound lane's outcome OK with its tags, in
-        bound-lane order) applied as :meth:`decode_complete` applies it, without the outcome per lane (issue #20).
-        What the columns cannot say by themselves — the job current and of ``generation``, every token usable —
-        is checked here; a step that fails it goes through :meth:`decode_complete` as the outcomes it stands for."""
-        job = self.jobs.get(job_id)
-        if (job is None or job.kind != DECODE or job.state != "submitted" or generation != job.generation
-                or not usable_tokens(tokens, self.capabilities.vocab_size)):
-            bound = job.work.active if job is not None and job.kind == DECODE else ()
-            return self.decode_complete(DecodeCompletion(job_id, generation, True, tuple([
-                LaneOutcome(b.lane, b.request_id, b.seq_id, generation, True, token, stop)
-                for b, token, stop in zip(bound, tokens, stops)])))
-        return self._decode_settled(job, job.work, self._clock.now(), (tokens, stops), None)
-
-    def _decode_settled(self, job: JobRecord, batch: DecodeBatch, now: float, clean: DecodeTokens | None,
-                        completion: DecodeCompletion | None) -> Applied:
+    def _decode_settled(self, job: JobRecord, batch: DecodeBatch, now: float,
+                        clean: tuple[list[int], list[bool]] | None, completion: DecodeCompletion | None) -> Applied:
         """A current decode job's result applied: the job ends, its step is timed, every lane's KV settled, its
         requests moved. ``clean``: the usual step's columns (then ``completion`` may be None); else ``completion``
         decides lane by lane."""

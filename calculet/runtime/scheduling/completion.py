@@ -164,10 +164,11 @@ def check_lane(bound: LaneBindingTags, outcome: LaneOutcome | None, *, job_ok: b
     return LaneCheck(bound.lane, rid, LaneVerdict.OK, token, outcome.stop)
 
 
-DecodeTokens = tuple[list[int], list[bool]]
-"""The usual decode step as columns: (tokens, stops) in bound-lane order, every bound lane's outcome OK with its own
-tags (what :func:`clean_decode_lanes` finds in a :class:`DecodeCompletion`, and what the completion dispatcher hands
-the scheduler directly when it matched every lane of a result to its binding, issue #20)."""
+DecodeTokens = tuple[JobId, GenerationId, list[int], list[bool]]
+"""The usual decode step as columns: (job id, the result's generation, tokens, stops), the columns in bound-lane
+order with every bound lane's outcome OK and its own tags: what :func:`clean_decode_lanes` finds in a
+:class:`DecodeCompletion`, and what the completion dispatcher hands the scheduler instead of one when it matched
+every lane of a result to its binding (issue #20: no object per lane, no second pass over them)."""
 
 
 def usable_tokens(tokens: Sequence[int], vocab_size: int | None) -> bool:
@@ -177,7 +178,7 @@ def usable_tokens(tokens: Sequence[int], vocab_size: int | None) -> bool:
 
 
 def clean_decode_lanes(bound: Sequence[LaneBindingTags], completion: DecodeCompletion,
-                       vocab_size: int | None = None) -> DecodeTokens | None:
+                       vocab_size: int | None = None) -> tuple[list[int], list[bool]] | None:
     """The usual decode result as columns — (tokens, stops) in lane order — or None if it is anything else.
 
     Usual: the job succeeded and its i-th outcome is the i-th bound lane's (lanes bound in increasing

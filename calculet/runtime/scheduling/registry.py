@@ -424,51 +424,24 @@ class RequestRegistry:
     def decode_done_each(self, recs: Sequence[RequestRecord], generation: int, job_id: int,
                          produced: Sequence[bool], stops: Sequence[bool], tokens: Sequence[int | None],
                          details: Sequence[str]) -> Sequence[str | None]:
-        """:meth:`on_decode_complete` for every lane of one decode job, in lane order: the target each
-        record reached, or None where the result is stale (counted, nothing fired). ``produced[i]``
-        says the lane's device run and output succeeded (its token is delivered).
-
-        One call per step instead of one per lane (issue #20): the fresh records' machines fire
-        ``decode_done`` in one generated loop (``fire_each``), then per record in lane order the
-        listener, the close and the token's delivery run as :meth:`on_done` runs them; the quiet moves
-        (back to ``decode_ready``) are told first, to :attr:`quiet_listener` in one call. Nothing a
-        listener does for one lane reads another lane's request, so running the fires first changes
-        no outcome."""
+        """:meth:`on_decode_complete` for every lane of one decode job, in lane order: the target each record
+        reached, or None where the result is stale (counted, nothing fired; :meth:`_decode_done_fresh`).
+        ``produced[i]``: the lane's device run and output succeeded (its token is delivered). One call per step (#20):
+        the machines fire ``decode_done`` in one generated loop (``fire_each``), the quiet moves (back to Ready) are
+        told to :attr:`quiet_listener` in one call, then per record the listener, close and delivery as in
+        :meth:`on_done`. No listener reads another lane's request: firing first changes no outcome."""
         machines: list[Any] = []
         add = machines.append
         for rec in recs:  # the usual case: every result is current (one pass, the machines to fire)
             machine = rec.machine
             # running ⇒ live: a record leaves ``_live`` only when it enters a terminal state (``_close``)
             if machine.state != "decode_running" or machine.job_id != job_id or machine.generation != generation:
-                break
+                return self._decode_done_fresh(recs, generation, job_id, produced, stops, tokens, details)
             add(machine)
-        else:
-            return self._decode_done(recs, job_id, produced, stops, tokens, details, machines)
-        live = self._live
-        stale = {i for i, rec in enumerate(recs)
-                 if (rec.machine.state != "decode_running" or rec.machine.job_id != job_id
-                     or rec.machine.generation != generation or live.get(rec.request_id) is not rec)}
-        self._stale += len(stale)
-        fresh = [i for i in range(len(recs)) if i not in stale]
-        out: list[str | None] = [None] * len(recs)
-        targets = self._decode_done([recs[i] for i in fresh], job_id, [produced[i] for i in fresh],
-                                    [stops[i] for i in fresh], [tokens[i] for i in fresh],
-                                    [details[i] for i in fresh])
-        for i, target in zip(fresh, targets):
-            out[i] = target
-        return out
-
-    def _decode_done(self, recs: Sequence[RequestRecord], job_id: int, produced: Sequence[bool],
-                     stops: Sequence[bool], tokens: Sequence[int | None], details: Sequence[str],
-                     machines: list[Any] | None = None) -> list[str]:
-        """``decode_done`` on records whose result is current (``machines``: theirs, if the caller has
-        them), then listener, close and delivery per record."""
-        if False in produced:
+        if False in produced:  # every result current from here (the step's body, no frame of its own: #20)
             for rec, ok, detail in zip(recs, produced, details):
                 if not ok and detail and not rec.detail:
                     rec.detail = detail
-        if machines is None:
-            machines = [rec.machine for rec in recs]
         targets: list[str] = _INSTANCE.fire_each(machines, "decode_done", job=[job_id] * len(machines),
                                                  ok=produced, stop=stops)
         listener, quiet = self._listener, self.quiet
@@ -508,6 +481,25 @@ class RequestRegistry:
                 self._sink_errors += 1
                 log.exception("sink.token failed", extra={"request_id": rec.request_id})
         return targets
+
+    def _decode_done_fresh(self, recs: Sequence[RequestRecord], generation: int, job_id: int,
+                           produced: Sequence[bool], stops: Sequence[bool], tokens: Sequence[int | None],
+                           details: Sequence[str]) -> list[str | None]:
+        """:meth:`decode_done_each` of a step with a stale lane (its request moved on): the stale ones counted and
+        given None, the others applied by :meth:`decode_done_each` (every one current then)."""
+        live = self._live
+        stale = {i for i, rec in enumerate(recs)
+                 if (rec.machine.state != "decode_running" or rec.machine.job_id != job_id
+                     or rec.machine.generation != generation or live.get(rec.request_id) is not rec)}
+        self._stale += len(stale)
+        fresh = [i for i in range(len(recs)) if i not in stale]
+        out: list[str | None] = [None] * len(recs)
+        targets = self.decode_done_each([recs[i] for i in fresh], generation, job_id, [produced[i] for i in fresh],
+                                        [stops[i] for i in fresh], [tokens[i] for i in fresh],
+                                        [details[i] for i in fresh])
+        for i, target in zip(fresh, targets):
+            out[i] = target
+        return out
 
     def _close(self, rec: RequestRecord) -> None:
         machine = rec.machine

@@ -7,8 +7,7 @@ A request flows::
     step()                     -> Plan(work=PrefillWork | DecodeBatch | None, engine, wake_at)
     submitted(job_id)          the device accepted the job: request/KV/job machines fire
       or submit_failed(job_id) the device refused it: nothing fired, candidates re-queued
-    on_prefill_complete(PrefillCompletion) / on_decode_complete(DecodeCompletion)     §7.4
-      or on_decode_tokens(job_id, generation, tokens, stops): the usual decode step as columns
+    on_prefill_complete(PrefillCompletion) / on_decode_complete(DecodeCompletion | DecodeTokens)  §7.4
     job_timed_out(job_id), device_reset()                                              §9.2
     take_commands()            -> [FreeSequence, ...]; then confirm_release(lane, seq) §9.2
 
@@ -51,7 +50,7 @@ from calculet.runtime.request import InferenceRequest, RequestOutcome, RequestSi
 from calculet.runtime.scheduling.admission import (ADMITTED, QUEUED, AdmissionController, AdmissionOutcome, Decision,
                                                    ModelAvailability)
 from calculet.runtime.scheduling.apply import CompletionApplier, DeadlineQueue, end_between_chunks
-from calculet.runtime.scheduling.completion import DecodeCompletion, PrefillCompletion
+from calculet.runtime.scheduling.completion import DecodeCompletion, DecodeTokens, PrefillCompletion
 from calculet.runtime.scheduling.decode import DecodeBatch, DecodeScheduler, NoBatch, NoBatchReason
 from calculet.runtime.scheduling.estimates import PrefillTimer, StepTimer
 from calculet.runtime.scheduling.fairness import TenantPolicy
@@ -316,18 +315,11 @@ class Scheduler:
 
     # ------------------------------------------------------------------ what the device did (§4, §7.4, §9.2)
 
-    def on_decode_complete(self, completion: DecodeCompletion) -> Applied:
-        """Apply a decode job's result lane by lane, or drop it as stale and reclaim."""
+    def on_decode_complete(self, completion: DecodeCompletion | DecodeTokens) -> Applied:
+        """Apply a decode job's result lane by lane (the usual step: as columns), or drop it as stale and reclaim."""
         if self._pending is not None:  # _no_pending without its call (once per decode step)
             self._no_pending()
         return self.completions.decode_complete(completion)
-
-    def on_decode_tokens(self, job_id: int, generation: int, tokens: list[int], stops: list[bool]) -> Applied:
-        """Apply the usual decode step given as columns (:data:`~.completion.DecodeTokens`): what
-        :meth:`on_decode_complete` does with the outcomes they stand for, without building them (issue #20)."""
-        if self._pending is not None:  # _no_pending without its call (once per decode step)
-            self._no_pending()
-        return self.completions.decode_tokens(job_id, generation, tokens, stops)
 
     def on_prefill_complete(self, completion: PrefillCompletion) -> Applied:
         """Apply a prefill job's (or chunk's) result, or drop it as stale and reclaim."""

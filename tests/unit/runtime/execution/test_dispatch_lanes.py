@@ -60,7 +60,7 @@ def _dispatch(seqs: tuple[int, ...], bound: dict[int, int], result_seqs: tuple[i
     dispatcher = CompletionDispatcher(pool, lane_isolation=False)
     completion = dispatcher.decode(InflightJob(7, ticket, _batch(bindings), spec, 1.0, False), result, [])
     if isinstance(completion, tuple):  # the usual step as columns: lane i of the result is bound lane i's (#20)
-        tokens, _ = completion
+        _, _, tokens, _ = completion
         return dispatcher, [(b.lane, b.request_id, True, token) for b, token in zip(bindings, tokens)]
     return dispatcher, [(o.lane, o.request_id, o.ok, o.token) for o in completion.lanes]
 
