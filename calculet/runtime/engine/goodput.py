@@ -98,17 +98,7 @@ class GoodputLedger:
         the lanes given as one sequence, issue #20).
 
         A lane whose request is no longer on record (None) still counts as computed."""
-        free_at = self._device_free_at
-        start = submitted_at if submitted_at > free_at else free_at
-        busy = completed_at - start if completed_at > start else 0.0
-        if completed_at > free_at:
-            self._device_free_at = completed_at
-        self._device_s += busy
-        n = len(lanes)
-        self._computed[phase] += tokens * n
-        if not n:
-            return
-        share = busy / n
+        share = self.busy(len(lanes), phase, tokens, submitted_at, completed_at)
         prefill = phase == "prefill"
         for work in lanes:
             if work is None:
@@ -118,6 +108,20 @@ class GoodputLedger:
             else:
                 work.decode += tokens
             work.device_s += share
+
+    def busy(self, lanes: int, phase: str, tokens: int, submitted_at: float, completed_at: float) -> float:
+        """:meth:`job_done`'s device part: the job's busy time (from its submission, or from when the device was
+        last free if later) counted, ``tokens`` of ``phase`` per lane computed; returns each lane's share of the
+        busy time (0.0 with no lane). The caller adds the lanes' own work (:meth:`job_done` does, or a caller that
+        walks its lanes anyway: the desk's decode step, one pass over them, issue #20)."""
+        free_at = self._device_free_at
+        start = submitted_at if submitted_at > free_at else free_at
+        busy = completed_at - start if completed_at > start else 0.0
+        if completed_at > free_at:
+            self._device_free_at = completed_at
+        self._device_s += busy
+        self._computed[phase] += tokens * lanes
+        return busy / lanes if lanes else 0.0
 
     def ended(self, work: RequestWork, reason: FinishReason, now: float) -> None:
         """An accepted request ended with ``reason`` at ``now`` (scheduler clock)."""

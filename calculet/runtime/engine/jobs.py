@@ -155,7 +155,8 @@ class JobPath:
         if settle:
             if self.recovery.pending is not None:
                 self._recover()
-            self.run_commands()
+            if self._pending_frees or scheduler.queued_commands:  # run_commands' own first test, without its call
+                self.run_commands()
 
     def handle_result(self, result: JobResult) -> None:
         """One device result, :meth:`apply` of it alone with nothing settled after (the caller settles)."""

@@ -80,11 +80,14 @@ class CompletionDispatcher:
 
     def decode(self, job: InflightJob, result: JobResult, anomalies: list[tuple[Anomaly, str]]
                ) -> DecodeTokens | DecodeCompletion:
-        """The scheduler's completion of a decode result: the usual step (job OK, every valid lane its bound lane's in
-        the batch's order and generation, each sampled a token) as columns (:data:`DecodeTokens`); any other as a
-        :class:`DecodeCompletion`, one :class:`LaneOutcome` per valid lane.
-        One loop writes columns (#20: no object per lane, no second pass); outcomes are built from them off the usual
-        step. A lane's binding is matched by the sequence bound there (R7.4.2: the columns' tag check)."""
+        """The scheduler's completion of a decode result: the usual step as columns (:data:`DecodeTokens`), any other
+        as a :class:`DecodeCompletion` with one :class:`LaneOutcome` per valid lane (:meth:`_decode_lanes`).
+
+        Usual (issue #20: no object per lane, no table by sequence): the job OK and its valid lanes, in order, the
+        bound lanes in the batch's order, each naming its binding's lane and the sequence bound there, of the
+        result's generation — what :meth:`_decode_lanes` would match each of them to by its sequence (a sequence is
+        bound to one lane), so its tags are the binding's (R7.4.2: the columns' tag check is this match). Every lane
+        then is sampled; one that yields no token makes the step's outcomes, from the same samples."""
         batch = job.work
         assert isinstance(batch, DecodeBatch)
         self._results += 1
@@ -94,63 +97,83 @@ class CompletionDispatcher:
             self._lanes_failed += len(active)
             return DecodeCompletion(batch.job_id, batch.generation, False, (), FaultKind.ERROR,
                                     _anomaly_detail(anomalies))
+        ok = ReturnCode.OK
+        if result.rc is not ok:
+            return self._decode_lanes(job, batch, result)
+        seq_ids = job.spec.lanes.seqs  # type: ignore[union-attr]  # plain ints (DecodeJob.lanes)
+        generation = result.generation
+        valid: Any = result.lanes
+        if len(valid) != len(active):  # inactive lanes (a batch not full): the valid ones, a loop (no frame)
+            valid = []
+            for lane in result.lanes:
+                if lane.valid:
+                    valid.append(lane)
+            if len(valid) != len(active):
+                return self._decode_lanes(job, batch, result)
+        for lane, b in zip(valid, active):
+            if (not lane.valid or lane.lane != b.lane or lane.seq_id != seq_ids[b.lane] or lane.rc is not ok
+                    or b.generation != generation):
+                return self._decode_lanes(job, batch, result)
+        sample_lane = self.sampler.sample
+        tokens: list[Any] = []
+        stops: list[bool] = []
+        for lane, b in zip(valid, active):
+            sample = sample_lane(b.request_id, lane.logits, lane.greedy_token)
+            if sample is None:
+                self._lanes_failed += 1
+                tokens.append(None)
+                stops.append(False)
+            else:
+                self._sampled += 1
+                tokens.append(sample[0])
+                stops.append(sample[1])
+        if None not in tokens:
+            return batch.job_id, generation, tokens, stops
+        return DecodeCompletion(batch.job_id, generation, True, tuple([
+            LaneOutcome(b.lane, b.request_id, b.seq_id, generation, token is not None, token, stop)
+            for b, token, stop in zip(active, tokens, stops)]))
+
+    def _decode_lanes(self, job: InflightJob, batch: DecodeBatch, result: JobResult) -> DecodeCompletion:
+        """:meth:`decode` of any result but the usual step: each valid lane matched to its binding by the sequence
+        bound there (an unmatched one names no request), sampled when usable (the job OK, or lane isolation)."""
         rc = result.rc
         job_ok = rc is ReturnCode.OK  # read once: every lane below needs it (issue #20)
-        self._failed += not job_ok
+        if not job_ok:
+            self._failed += 1
         seq_ids = job.spec.lanes.seqs  # type: ignore[union-attr]  # plain ints (DecodeJob.lanes)
-        by_seq: dict[int, Any] = {}  # a loop, not a dict comprehension (a frame of its own on 3.11, issue #20)
-        for b in active:
+        by_seq: dict[int, Any] = {}
+        for b in batch.active:
             by_seq[seq_ids[b.lane]] = b
         usable = job_ok or self.lane_isolation
         generation = result.generation
-        sample_lane, ok = self.sampler.sample, ReturnCode.OK
-        numbers: list[int] = []  # per valid lane: its number, its binding (None: unmatched), token and stop
-        bindings: list[Any] = []
-        tokens: list[Any] = []
-        stops: list[bool] = []
-        usual = job_ok  # while every lane so far is the next bound lane's, of this generation, with a token
+        sample_lane = self.sampler.sample
+        lanes: list[LaneOutcome] = []
         for lane in result.lanes:
             if not lane.valid:
                 continue
             binding = by_seq.get(lane.seq_id)
-            token, stop = None, False
             if binding is None:
                 self._unmatched += 1
-                usual = False
-            else:
-                if usable and lane.rc is ok:
-                    sample = sample_lane(binding.request_id, lane.logits, lane.greedy_token)
-                    if sample is not None:
-                        self._sampled += 1
-                        token, stop = sample
-                if token is None:
-                    self._lanes_failed += 1
-                    usual = False
-                elif usual:  # the next bound lane (k) is this binding, of the result's generation
-                    usual = (k := len(tokens)) < len(active) and active[k] is binding and binding.generation == \
-                        generation
-            numbers.append(lane.lane)
-            bindings.append(binding)
-            tokens.append(token)
-            stops.append(stop)
-        if usual and len(tokens) == len(active):
-            return batch.job_id, generation, tokens, stops
-        return DecodeCompletion(batch.job_id, generation, job_ok,
-                                _outcomes(generation, numbers, bindings, tokens, stops),
-                                _FAULT_FOR_RC.get(rc, FaultKind.ERROR), "" if job_ok else _rc_detail(rc, result.message))
+                lanes.append(LaneOutcome(lane.lane, 0, 0, generation, False, None))
+                continue
+            token: int | None = None
+            stop = False
+            if usable and lane.rc is ReturnCode.OK:
+                sample = sample_lane(binding.request_id, lane.logits, lane.greedy_token)
+                if sample is not None:
+                    self._sampled += 1
+                    token, stop = sample
+            if token is None:
+                self._lanes_failed += 1
+            lanes.append(LaneOutcome(lane.lane, binding.request_id, binding.seq_id, generation,
+                                     token is not None, token, stop))
+        detail = "" if job_ok else _rc_detail(rc, result.message)
+        return DecodeCompletion(batch.job_id, generation, job_ok, tuple(lanes), _FAULT_FOR_RC.get(rc, FaultKind.ERROR),
+                                detail)
 
     def statistics(self) -> CompletionStatistics:
         return CompletionStatistics(self._results, self._failed, self._rejected, self._sampled, self._lanes_failed,
                                     self._unmatched)
-
-
-def _outcomes(generation: int, numbers: list[int], bindings: list[Any], tokens: list[int | None], stops: list[bool]
-              ) -> tuple[LaneOutcome, ...]:
-    """The decode dispatch's columns as one outcome per valid lane (off the usual step): an unmatched lane names no
-    request; a matched one its binding's request and sequence, ok when it sampled a token."""
-    return tuple([LaneOutcome(number, 0, 0, generation, False, None) if binding is None else
-                  LaneOutcome(number, binding.request_id, binding.seq_id, generation, token is not None, token, stop)
-                  for number, binding, token, stop in zip(numbers, bindings, tokens, stops)])
 
 
 def _rc_detail(rc: ReturnCode, message: str) -> str:

@@ -156,7 +156,9 @@ class StepTimer:
         ``lanes`` is its active lanes of ``compiled``, ``decoding`` the sequences in decode when it
         completed (these lanes included) and ``now`` the completion instant: the per-token sample.
         Under ping/pong ``compiled`` and ``decoding`` include the other decode job in flight: its
-        sequences wait too, and the two jobs' lanes decode at once (issue #13)."""
+        sequences wait too, and the two jobs' lanes decode at once (issue #13). The period (:attr:`period_s`) takes
+        one completion-to-completion interval less the prefills between, if the two steps ran back to back: an
+        interval over PERIOD_CAP steps means the device idled (nothing was ready), which no stream waits for."""
         if seconds < 0:
             return self.decode_step_s
         if self._samples == 0:
@@ -175,8 +177,15 @@ class StepTimer:
             last_done = self._last_done
             if last_done is None:  # the first step: only its own lanes' wait is known (under ping/pong
                 interval, waiting = busy, lanes  # the other job's sequences may have been submitted just now)
-            else:
-                self._observe_period(now - last_done - self._prefill_since, seconds)
+            else:  # the completion-to-completion period (below), inline: once per decode step (#20)
+                sample = now - last_done - self._prefill_since
+                if 0 < sample <= PERIOD_CAP * seconds:
+                    if self._period == 0:
+                        self._period = sample  # no spread seen yet (RFC 6298 starts at R/2; a cap held that low
+                                               # would keep streams back for dozens of steps after start-up)
+                    else:
+                        self._period_dev += PERIOD_DEVIATION_WEIGHT * (abs(sample - self._period) - self._period_dev)
+                        self._period += self._alpha * (sample - self._period)
                 interval, waiting = min(busy, max(0.0, now - last_done)), max(lanes, min(decoding, self._widest))
             self._waited = keep * self._waited + waiting * interval
             holding = self.holding
@@ -186,17 +195,6 @@ class StepTimer:
             self._last_done = now
         self._prefill_since = 0.0
         return self.decode_step_s
-
-    def _observe_period(self, sample: float, seconds: float) -> None:
-        """One completion-to-completion interval less the prefills between, if the two steps ran back to back: an
-        interval over PERIOD_CAP steps means the device idled (nothing was ready), which no stream waits for."""
-        if 0 < sample <= PERIOD_CAP * seconds:
-            if self._period == 0:
-                self._period = sample  # no spread seen yet (RFC 6298 starts at R/2; a cap held that low would
-                                       # keep streams back for dozens of steps after start-up)
-            else:
-                self._period_dev += PERIOD_DEVIATION_WEIGHT * (abs(sample - self._period) - self._period_dev)
-                self._period += self._alpha * (sample - self._period)
 
     def statistics(self) -> StepTimeStatistics:
         return StepTimeStatistics(self.decode_step_s, self._samples, self.token_s, self._period, self.period_high_s,

@@ -216,8 +216,17 @@ class StreamWriter:
                 return
             held = self._held
             if not held and not self._stops and token != self._eos:
-                # the common case: nothing held and nothing to hold, the token is shown at once
-                self._emit_one(token)
+                # the common case: nothing held and nothing to hold, the token is shown at once: :meth:`_emit` of one
+                # token that is not the last, here rather than in a function of its own (issue #20: a frame a token)
+                detok = self._detok
+                text = detok.push(token) if detok is not None else ""
+                self._visible.append(token)
+                if text:
+                    self._text.append(text)
+                events = self._events
+                events.append(_new_event(StreamEvent, (len(events), (token,), text, False, None, None, len(self._raw))))
+                if self._sleepers:
+                    self._lock.notify_all()
                 waiters, self._async_waiters = self._async_waiters, []
                 if waiters:
                     _wake(waiters)
@@ -405,18 +414,6 @@ class StreamWriter:
         del held[:n]
         del ends[:n]
         return release
-
-    def _emit_one(self, token: int) -> None:
-        """:meth:`_emit` of one token that is not the last (the per-token path, issue #20: no list, no keywords)."""
-        detok = self._detok
-        text = detok.push(token) if detok is not None else ""
-        self._visible.append(token)
-        if text:
-            self._text.append(text)
-        events = self._events
-        events.append(_new_event(StreamEvent, (len(events), (token,), text, False, None, None, len(self._raw))))
-        if self._sleepers:
-            self._lock.notify_all()
 
     def _emit(self, tokens: list[int], *, finished: bool, text: str | None = None) -> None:
         """Append one event; ``text`` given (stop strings) or decoded here from ``tokens``."""
