@@ -4,7 +4,9 @@
 lane, samples each OK lane through its own request's sampler
 (:mod:`calculet.runtime.execution.sampler`) and builds the scheduler's completion, carrying the
 CalRT return code as the failed requests' error detail (R19.2). A result with a crosstalk or
-counter anomaly delivers no token at all.
+counter anomaly delivers no token at all. The usual decode step — every lane its bound lane's, each
+with a token — goes to the scheduler as columns (:data:`~calculet.runtime.scheduling.completion.DecodeTokens`),
+with no object per lane (issue #20); any other as one outcome per lane.
 """
 
 from __future__ import annotations

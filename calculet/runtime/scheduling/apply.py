@@ -13,7 +13,9 @@ Rules kept here:
   state is unknown (timeout, CCU fault, DMA unknown, mismatched result) becomes Unknown and is
   quarantined until recovered;
 * §7.4 a decode result is checked lane by lane (``check_decode_lanes``); without lane-failure
-  isolation a failed job fails every lane (R7.4.6);
+  isolation a failed job fails every lane (R7.4.6); the usual step given as columns (``DecodeTokens``,
+  issue #20) is applied as the outcomes it stands for, checked for what columns cannot say (job, generation,
+  usable tokens);
 * §4 a completion for a job that is no longer expected (timed out, reset) is stale: its results
   are dropped, but the job's slot and lanes are reclaimed;
 * a chunked prompt's intermediate chunk commits KV and re-queues the next chunk (§6).
