@@ -65,8 +65,9 @@ PROMPT = "Calculet NPU benchmark prompt"
 PARTS = ("core", "service", "stepped", "threaded", "loaded")
 """What runs around the core, each part adding to the one before (``--parts``): ``core`` the core alone, plain
 ``StreamWriter`` sinks; ``service`` + the service's own sinks (``Service.open_stream``'s ``TimedStream``) and request
-observer (its phases; tracing as configured, off); ``stepped`` + the actor's publication after every turn and submit
-(``ThreadedEngine._stepped``), the 1 ms switch interval; ``threaded`` the started engine: its own actor thread
+observer (its phases; tracing as configured, off); ``stepped`` + the actor's publication after every submit and turn as the actor
+publishes (``ThreadedEngine._stepped``; ``_turned`` where the tree has it: deferred between chained turns no reader
+asked about, and none reads here), the 1 ms switch interval; ``threaded`` the started engine: its own actor thread
 (mailbox, wake-up holding), submits posted by an asyncio loop on a second thread that consumes the streams (no HTTP);
 ``loaded`` + that loop doing Python work per token (:data:`LOOP_WORK` JSON chunks, about what the server's loop spends
 on a token: framing, sending), so the engine runs beside a busy neighbour as in the server. The difference from
@@ -153,7 +154,9 @@ class Core:
             stepped = engine._stepped  # noqa: SLF001
             for request, writer in zip(requests, writers):
                 stepped(lambda r=request, w=writer: core.submit(r, w))  # type: ignore[misc]
-            turn = lambda: stepped(self.turn)  # noqa: E731
+            turned = getattr(engine, "_turned", None)  # the actor's turn with its publication (a base tree: none)
+            turn = ((lambda: turned(self.turn)[0]) if turned is not None  # noqa: E731
+                    else (lambda: stepped(self.turn)))
         else:
             for request, writer in zip(requests, writers):
                 core.submit(request, writer)

@@ -24,7 +24,9 @@ instant, because the snapshot is *current* whenever it is read:
 
 * the actor withdraws it (sets it to None) before it runs any message or tick and publishes a new one after,
   so no state change of the actor is ever hidden from a reader (a reader that raced the withdrawal sees the
-  state before the change: its decision is the one the engine would have made just before it);
+  state before the change: its decision is the one the engine would have made just before it); between turns
+  chained back to back it publishes only once a reader has found none (issue #20: ``ThreadedEngine._turned``),
+  the snapshot staying withdrawn meanwhile — a reader without one refuses nothing;
 * device results the completion thread has posted but the actor has not applied yet would end work the
   snapshot still counts: while any is pending the snapshot is not offered (:attr:`ThreadedEngine
   .admission_snapshot`);
@@ -77,7 +79,7 @@ from calculet.runtime.scheduling.scheduler import Scheduler
 
 MAX_AGE_S = 0.5
 """A snapshot is not used past this age even when the actor has no timed wake-up due (it publishes one after
-every tick, so under load it is replaced every decode step) — unless nothing is kept (:func:`take_snapshot`)."""
+every tick a reader asks for, so under load it is replaced every turn it is read) — unless nothing is kept (:func:`take_snapshot`)."""
 
 
 class AdmissionSnapshot(NamedTuple):

@@ -94,6 +94,12 @@ class ThreadedEngine:
         the snapshot still counts."""
         self._stepping = False
         """(the actor writes it) Inside a withdrawn-snapshot section (:meth:`_stepped`): a publication follows."""
+        self._deferred = False
+        """(the actor writes it) The last turn's publication was deferred (:meth:`_turned`): the snapshot stays
+        withdrawn until the actor publishes again, after the next turn at the latest once a reader asks."""
+        self._wanted = False
+        """(a reader sets it, the actor clears it as it publishes) A reader found no snapshot: the actor publishes
+        after its next turn even when it turns again at once (:meth:`_turned`)."""
         self._ended = False
         """(the actor writes it) The actor has left its loop: it publishes no snapshot again."""
 
@@ -162,16 +168,22 @@ class ThreadedEngine:
     @property
     def admission_snapshot(self) -> AdmissionSnapshot | None:
         """(any thread) The actor's current admission snapshot (:mod:`.admission_snapshot`), or None while the
-        actor is in a step, has device results to apply, or cannot refuse from a snapshot at all. A reader may
+        actor is in a step, has deferred the publication after its last turn (a read that finds none asks for the
+        next one: :meth:`_turned`), has device results to apply, or cannot refuse from a snapshot at all. A reader may
         refuse a request from it; it must never admit one."""
         if self._results_posted != self._results_applied:
             return None
-        return self._snapshot
+        snapshot = self._snapshot
+        if snapshot is None:
+            self._wanted = True  # a deferred publication is wanted now (:meth:`_turned`)
+        return snapshot
 
     @property
     def snapshot_pending(self) -> bool:
         """(any thread) Whether the actor publishes its next snapshot soon, without any message from the reader: it is
-        in a step (:meth:`_stepped`, the snapshot withdrawn), has device results to apply (it applies them in one), or
+        in a step (:meth:`_stepped`, the snapshot withdrawn), deferred the publication after its last turn (it turns
+        again at once: the publication comes after the next turn, asked for by this read, :meth:`_turned`), has
+        device results to apply (it applies them in one), or
         the published snapshot's validity ended at the actor's timed wake-up, which has come (its turn, a step,
         follows). False when none comes of itself: the actor is idle with its snapshot, or published None (it cannot
         refuse from one), or is stopping or stopped (none but None is published then).
@@ -182,6 +194,9 @@ class ThreadedEngine:
         if self._ended or self._stop_deadline is not None:
             return False
         if self._stepping or self._results_posted != self._results_applied:
+            return True
+        if self._deferred:  # withdrawn by chained turns: it comes after the next turn, now that it is asked for
+            self._wanted = True
             return True
         wake = self._published_wake
         return self._snapshot is not None and wake is not None and wake <= self._core.clock.now()
@@ -201,8 +216,39 @@ class ThreadedEngine:
             finally:
                 self._stepping = False
 
+    def _turned(self, turn: Callable[[], bool]) -> tuple[bool, float | None]:
+        """(actor) One turn with the snapshot withdrawn (as :meth:`_stepped`); whether it turns again at once, and its
+        next wake-up. The publication after it is deferred when the actor turns again at once and no reader has
+        asked for a snapshot since the last one (:attr:`admission_snapshot` found none, :attr:`snapshot_pending`
+        said one comes): the snapshot stays withdrawn — sound, a reader refuses nothing without one — and
+        :attr:`snapshot_pending` stays True, so a reader that finds none waits for the publication its read asked
+        for, after the next turn at the latest. A turn after which the actor may sleep always publishes.
+
+        Why (issue #20): while tokens stream, the actor chains turns back to back (each ~1 ms, ~16 tokens) and is
+        inside one nearly all the time, so the snapshot published between two of them was withdrawn again
+        microseconds later, before the event loop could read it; requests arrive once per 64 tokens a stream, so
+        most of those publications (one a turn, ~20 µs each, the whole admission model taken) were never read."""
+        self._stepping = True
+        self._snapshot = None
+        ready = False
+        try:
+            ready = turn()
+        finally:
+            try:
+                if ready and not self._wanted and self._stop_deadline is None:
+                    self._deferred = True  # before the section ends: a reader sees a snapshot pending throughout
+                    wake = self._core.next_wake()
+                else:
+                    self._publish()
+                    wake = self._published_wake
+            finally:
+                self._stepping = False
+        return ready, wake
+
     def _publish(self) -> None:
         core = self._core
+        self._wanted = False  # before the snapshot is taken: a reader asking from now on gets this one or the next
+        self._deferred = False
         self._published += 1
         self._published_wake = wake = core.next_wake()
         self._snapshot = take_snapshot(core.scheduler, accepting=core.accepting and self._stop_deadline is None,
@@ -283,10 +329,9 @@ class ThreadedEngine:
                     flush_wakeups()  # before sleeping, or when the oldest has waited long enough
                     held_since = None
                 mailbox.run_until(timeout)
-                ready = self._stepped(turn)
-                # the actor's next wake-up as the publication after the turn found it: nothing has run since, so
-                # it is the one the next iteration would ask for (issue #20: next_wake was asked twice per turn)
-                wake = self._published_wake
+                # the actor's next wake-up as read after the turn: nothing has run since, so it is the one the next
+                # iteration would ask for (issue #20: next_wake was asked twice per turn)
+                ready, wake = self._turned(turn)
                 if held_since is None and held_wakeups():
                     held_since = clock.now()
                 deadline = self._stop_deadline

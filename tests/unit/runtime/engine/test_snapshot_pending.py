@@ -109,3 +109,24 @@ def test_a_stopped_engine_has_no_snapshot_pending_even_with_results_left_unappli
     engine._stop_deadline = None  # noqa: SLF001 - only the actor's end tells it now
     engine._results_posted = engine._results_applied + 1  # noqa: SLF001
     assert engine.snapshot_pending is False
+
+
+def test_a_turn_chained_to_the_next_defers_its_publication_until_a_reader_finds_none(engine: ThreadedEngine) -> None:
+    """Issue #20: after a turn the actor follows at once with another, the publication is deferred unless a reader
+    asked for one since the last (found none, or was told one is pending); the snapshot stays withdrawn and pending
+    meanwhile, and a turn after which the actor may sleep always publishes. Driven on this thread (the actor not
+    started: ``_turned`` is its turn with the publication around it). Mutants caught: the deferral ignoring the
+    reader (no publication after the read: the reader would wait for nothing); the deferral not pending (False while
+    withdrawn: the refusal lane would forward a request for want of a snapshot, untracked); a last turn deferred."""
+    published = engine._published  # noqa: SLF001 - the actor's publication count
+    ready, _ = engine._turned(lambda: True)  # noqa: SLF001 - a turn chained to the next
+    assert ready and engine._published == published  # noqa: SLF001 - deferred
+    assert engine.snapshot_pending is True  # withdrawn, and the read asks for the next
+    assert engine._turned(lambda: True)[0]  # noqa: SLF001
+    assert engine._published == published + 1  # noqa: SLF001 - published: a reader asked
+    assert engine._turned(lambda: True)[0] and engine._published == published + 1  # noqa: SLF001 - nobody asked
+    assert engine.admission_snapshot is None  # a read finding none asks too
+    engine._turned(lambda: True)  # noqa: SLF001
+    assert engine._published == published + 2  # noqa: SLF001
+    assert not engine._turned(lambda: False)[0]  # noqa: SLF001 - the actor may sleep after it: published
+    assert engine._published == published + 3 and engine.snapshot_pending is False  # noqa: SLF001
