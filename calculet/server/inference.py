@@ -31,6 +31,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import anyio
@@ -42,7 +43,7 @@ from calculet.runtime.engine.early_refusal import EarlyRefusal
 from calculet.runtime.engine.types import GenerateRequest
 from calculet.runtime.request import RequestOutcome
 from calculet.runtime.scheduling.plan import Submission
-from calculet.runtime.streams.writer import StreamEvent, StreamFinish
+from calculet.runtime.streams.writer import StreamEvent, StreamFinish, call_soon_held
 from calculet.server.errors import APIError, admission_error, from_calculet
 from calculet.server.edge_answers import new_request_id
 from calculet.server.request_parsing import ApiGeneration, prepare_chat, prepare_completion, stop_reason
@@ -195,6 +196,11 @@ async def _submit(service: Service, engine_request: GenerateRequest, stream: Tim
             future.set_result(submission)  # type: ignore[arg-type]
 
     def done(submission: Submission | None, error: BaseException | None) -> None:  # on the actor thread
+        if submission is not None and not submission.outcome.rejected and service.early_admission.unawaited():
+            # admitted, and no other request waits on the engine's answers: with the first tokens' wake-up, one
+            # hand-over to this loop instead of two (issue #20); a refusal, or a burst's answer, goes at once (#13)
+            call_soon_held(loop, partial(settle, submission, None))
+            return
         try:
             loop.call_soon_threadsafe(settle, submission, error)
         except RuntimeError:  # the loop has closed (the process is stopping): nobody waits

@@ -316,6 +316,13 @@ class EarlyAdmission:
         for wake in wakers:
             wake()
 
+    def unawaited(self) -> bool:
+        """(any thread) Whether nothing but the one request being answered waits on the engine's answers: no held
+        request's wake-up, nothing else on its way. The answer to an admitted request may then wait for the actor's
+        next hand-over of stream wake-ups (``calculet.runtime.streams.writer.call_soon_held``, issue #20); otherwise
+        it goes at once, since held requests are decided at each answer (issue #13: time to 429)."""
+        return not self._wakers and self.in_flight + self.unsent <= 1
+
     def should_hold(self, snapshot: AdmissionSnapshot | None) -> bool:
         """Whether a request should wait for the engine's next answer before being decided: no snapshot now, and
         at least :data:`HOLD_IN_FLIGHT` requests already on their way to the actor (or to be sent: :attr:`unsent`).

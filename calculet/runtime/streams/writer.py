@@ -438,7 +438,8 @@ class StreamWriter:
 
 _new_event = tuple.__new__
 """Builds a :class:`StreamEvent` from all its fields without the named tuple's Python-level ``__new__``."""
-Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]
+Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None] | Callable[[], None]"]
+"""A consumer loop and what to do on it: a stream's wake-up future to set, or a callback (:func:`call_soon_held`)."""
 _batch = threading.local()
 
 
@@ -487,6 +488,22 @@ def flush_wakeups(*, release: bool = False) -> None:
         _wake_now(pending)
 
 
+def call_soon_held(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+    """Run ``callback`` on ``loop`` with the stream wake-ups this thread holds (:func:`hold_wakeups`): one hand-off
+    to that loop for both, at the flush; at once (``call_soon_threadsafe``) on a thread that holds none.
+
+    Why (issue #20): the HTTP service's submit answer (``submit_then``'s ``done``) woke the event loop by itself,
+    and the request's first tokens woke it again at the next flush, within the same millisecond; each wake-up of the
+    loop beside a busy actor is an interpreter-lock hand-over, which costs both threads far more CPU than the
+    callback. An answer that can wait for the flush (an admitted request's, nobody else waiting on it) rides with
+    the wake-ups instead."""
+    pending: list[Waiter] | None = getattr(_batch, "pending", None)
+    if pending is not None:
+        pending.append((loop, callback))
+    else:
+        _call_soon(loop, callback)
+
+
 def _wake(waiters: list[Waiter]) -> None:
     pending: list[Waiter] | None = getattr(_batch, "pending", None)
     if pending is not None:
@@ -500,22 +517,36 @@ def _wake_now(waiters: list[Waiter]) -> None:
         loop, wake = waiters[0]
         _call_soon(loop, partial(_set, wake))
         return
-    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None]]] = {}
+    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None] | Callable[[], None]]] = {}
     for loop, wake in waiters:
         by_loop.setdefault(loop, []).append(wake)
     for loop, wakes in by_loop.items():
         _call_soon(loop, partial(_set_all, wakes))
 
 
-def _set(wake: asyncio.Future[None]) -> None:
-    if not wake.done():  # a consumer that went away cancelled its future
+def _set(wake: asyncio.Future[None] | Callable[[], None]) -> None:
+    if not isinstance(wake, asyncio.Future):
+        _run_held(wake)
+    elif not wake.done():  # a consumer that went away cancelled its future
         wake.set_result(None)
 
 
-def _set_all(wakes: list[asyncio.Future[None]]) -> None:
+def _set_all(wakes: list[asyncio.Future[None] | Callable[[], None]]) -> None:
     for wake in wakes:
-        if not wake.done():
+        if not isinstance(wake, asyncio.Future):
+            _run_held(wake)
+        elif not wake.done():
             wake.set_result(None)
+
+
+def _run_held(callback: Callable[[], None]) -> None:
+    """A held callback (:func:`call_soon_held`), reported as the loop reports a callback's error, never stopping
+    the wake-ups handed over with it."""
+    try:
+        callback()
+    except Exception as exc:  # noqa: BLE001 - as the loop's own handle would
+        asyncio.get_running_loop().call_exception_handler(
+            {"message": "a held stream callback failed", "exception": exc, "callback": callback})
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:

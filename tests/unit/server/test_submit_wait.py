@@ -25,6 +25,11 @@ class _Early:
     def answered(self) -> None:
         self.calls.append("answered")
 
+    def unawaited(self) -> bool:
+        return self.alone
+
+    alone = True
+
 
 class _Engine:
     def __init__(self) -> None:
@@ -78,3 +83,38 @@ def test_an_answer_in_time_is_returned_and_its_timer_disarmed() -> None:
 
     got, armed = asyncio.run(run())
     assert got == Submission(3, ADMITTED) and armed == 0
+
+
+def test_an_admission_nobody_else_waits_on_rides_with_the_held_stream_wake_ups() -> None:
+    """Issue #20: on a thread that holds stream wake-ups (the actor), an admitted answer that no other request waits
+    on is handed to the loop at the flush, with the wake-ups (one hand-over); a refusal, or an answer other requests
+    wait on (held ones are decided at each answer, #13), goes at once. Catches: every answer held (a burst's held
+    requests would wait for the flush), none held (two hand-overs), a held answer lost at the flush."""
+    from calculet.runtime.scheduling.admission import AdmissionOutcome, Decision
+    from calculet.runtime.streams.writer import flush_wakeups, held_wakeups, hold_wakeups
+
+    async def run() -> list[tuple[str, int]]:
+        loop = asyncio.get_running_loop()
+        seen: list[tuple[str, int]] = []
+        refused = Submission(5, AdmissionOutcome(Decision.REJECT_CAPACITY, "busy", retry_after_s=1.0))
+        for name, submission, alone in (("admitted", Submission(3, ADMITTED), True),
+                                        ("awaited", Submission(4, ADMITTED), False), ("refused", refused, True)):
+            service = _Service(3600.0)
+            service.early_admission.alone = alone
+            task = asyncio.ensure_future(_submit(service, object(), object()))  # type: ignore[arg-type]
+            await asyncio.sleep(0)
+
+            def actor(submission: Submission = submission, service: _Service = service) -> int:
+                hold_wakeups()  # as the actor's loop holds them
+                service.engine.done(submission, None)
+                held = held_wakeups()
+                flush_wakeups(release=True)
+                return held
+
+            held = await loop.run_in_executor(None, actor)
+            got = await asyncio.wait_for(task, 60)  # a guard, not a measure
+            assert got == submission
+            seen.append((name, held))
+        return seen
+
+    assert asyncio.run(run()) == [("admitted", 1), ("awaited", 0), ("refused", 0)]
