@@ -82,7 +82,7 @@ class Mailbox:
     """A thread-safe FIFO of messages run by one owner thread."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[Callable[[], Any], Reply[Any]]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Callable[[], Any], Reply[Any] | None]] = queue.SimpleQueue()
         self._owner: int | None = None
         self._lock = threading.Lock()
         self._posted = 0
@@ -96,6 +96,15 @@ class Mailbox:
             self._posted += 1
         self._queue.put((message, reply))
         return reply
+
+    def send(self, message: Callable[[], Any]) -> None:
+        """Queue ``message`` with no reply: its poster learns the outcome from the message itself (a callback it
+        carries, as ``ThreadedEngine.submit_then``'s ``done``); what it raises is counted as failed, as any message's.
+        Why (issue #20): a :class:`Reply` is an ``Event`` (a condition and two locks), built by the poster and set by
+        the owner, per request, for nobody to read."""
+        with self._lock:
+            self._posted += 1
+        self._queue.put((message, None))
 
     def call(self, message: Callable[[], T], timeout: float | None = None) -> T:
         """Post and wait for the result (from a thread that is not the owner)."""
@@ -139,15 +148,17 @@ class Mailbox:
         elif self._owner != me:
             raise DefinitionError("mailbox messages run only on the owner thread")
 
-    def _execute(self, message: Callable[[], Any], reply: Reply[Any]) -> None:
+    def _execute(self, message: Callable[[], Any], reply: Reply[Any] | None) -> None:
         try:
             value = message()
-        except Exception as exc:  # delivered to the poster; the owner keeps running
+        except Exception as exc:  # delivered to the poster (if it asked for a reply); the owner keeps running
             with self._lock:
                 self._run += 1
                 self._failed += 1
-            reply.fail(exc)
+            if reply is not None:
+                reply.fail(exc)
             return
         with self._lock:
             self._run += 1
-        reply.set(value)
+        if reply is not None:
+            reply.set(value)

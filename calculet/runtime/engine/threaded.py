@@ -163,7 +163,7 @@ class ThreadedEngine:
                 self._admitted = {**self._admitted, request.tenant: self._admitted.get(request.tenant, 0) + 1}
             done(submission, None)
 
-        self._mailbox.post(message)
+        self._mailbox.send(message)  # the answer goes to ``done``: no reply to build and set (#20)
 
     @property
     def admission_snapshot(self) -> AdmissionSnapshot | None:

@@ -89,3 +89,18 @@ def test_a_turn_with_no_wait_runs_what_is_queued_and_returns_at_once_when_nothin
     other.start()
     other.join()
     assert len(refused) == 1  # even an empty turn is the owner's alone
+
+
+def test_a_message_sent_without_a_reply_runs_in_order_and_its_failure_is_counted() -> None:
+    """``send`` (issue #20: a fire-and-forget message builds no Reply): it runs in posting order among posted ones,
+    and what it raises is counted as failed without stopping the owner."""
+    box = Mailbox()
+    seen: list[str] = []
+    box.send(lambda: seen.append("sent"))
+    reply = box.post(lambda: seen.append("posted") or 1)
+    box.send(lambda: 1 / 0)
+    box.send(lambda: seen.append("after"))
+    assert box.run_pending() == 4
+    assert seen == ["sent", "posted", "after"] and reply.wait(0) == 1
+    stats = box.statistics()
+    assert (stats.posted, stats.run, stats.failed, stats.pending) == (4, 4, 1, 0)
