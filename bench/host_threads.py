@@ -109,6 +109,19 @@ server: #20's <= 3x (52-59 µs here) is out of reach of the work outside the cor
 loop, already below the bare server's whole process, and around the turn no piece above 2.5 % of the whole). Inside the turn, the stream hand-off per token (the engine's
 sink, ``TimedStream``, ``StreamWriter``, the detokeniser; one event per token and one loop wake-up per 30-50 tokens)
 reads ~4 µs in ``bench/actor_core.py --stages`` (wrapped calls, scaled) — the rest is the core's.
+
+Session 25 (``--split --against`` 9e0b006 ``--rounds 3``, load average 2.5-3.5 from other helpers' runs; µs of CPU per
+token at 1 / 16 / 64 streams, this tree against the base in the same rounds): calculet 97.8 / 88.4 / 110.0 against
+100.3 / 91.0 / 111.9; the publication 0.8 / 0.8 / 0.7 against 2.3 / 1.7 / 2.5 (0.03-0.04 a token against 0.08-0.10:
+a turn chained to the next publishes only when a reader found no snapshot, ``ThreadedEngine._turned``); the loop's
+voluntary switches 0.10 / 0.16 / 0.16 a token against 0.17-0.18 (an admitted request's answer rides with the
+stream wake-ups: ``writer.call_soon_held``). Where the server's engine thread spends beyond ``bench/actor_core.py``'s
+core on one thread (``--parts`` the same morning, load ~0.5: core 57-65 µs a token, the service's sinks and observer
++0.8-1.5, the publications +1.3-3.7, the started engine beside a consumer loop +3.3-6.9, that loop busy +1.4-3.7): no
+single piece of work; what grows is the same Python work run with the interpreter lock handed to and fro (the loop
+wakes ~0.15 times a token, each a hand-over of the lock and of the caches; the actor is preempted 0.11-0.18 times a
+token, the loop and the HTTP client sharing its two cores). ``bench/stream_loop.py`` showed the same for the loop
+(its own work a third of its CPU beside the actor).
 """
 
 from __future__ import annotations
