@@ -121,7 +121,13 @@ core on one thread (``--parts`` the same morning, load ~0.5: core 57-65 µs a to
 single piece of work; what grows is the same Python work run with the interpreter lock handed to and fro (the loop
 wakes ~0.15 times a token, each a hand-over of the lock and of the caches; the actor is preempted 0.11-0.18 times a
 token, the loop and the HTTP client sharing its two cores). ``bench/stream_loop.py`` showed the same for the loop
-(its own work a third of its CPU beside the actor).
+(its own work a third of its CPU beside the actor). Why a wake-up of the loop is several hand-overs: uvloop runs
+libuv with the lock released and takes it back in each callback (the ``call_soon_threadsafe`` async handle, the ready
+queue, the tasks the wake-up's futures woke, on the next pass, the queued writes), each after up to a switch
+interval while the actor turns. Tried the same session, not kept: asyncio's own loop (the lock held for a whole pass):
+fewer switches (loop 0.07-0.12 voluntary a token, actor 0.07-0.12 involuntary) but ``bench/host_path.py`` CPU per
+token 1.23 / 1.00 / 1.18 of uvloop's (same tree, 3 rounds, load ~2.8). ``host_path.py --against`` 9e0b006 for the
+changes above, two runs: CPU per token 0.946 / 0.972 / 0.918 and 1.000 / 0.939 / 1.023 (3 and 5 rounds).
 """
 
 from __future__ import annotations
