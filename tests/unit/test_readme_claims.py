@@ -35,7 +35,7 @@ from calculet.cli import COMMANDS
 from calculet.config import SchedulerConfig, default_config
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCUMENTS = ("README.md", "docs/devices.md", "docs/estimator.md")
+DOCUMENTS = ("README.md", "docs/devices.md", "docs/estimator.md", "docs/host_path.md")
 UNITS = {"s": 1, "ms": 1, "B/s": 1, "KiB": 1024, "MiB": 1024 * 1024}
 """A stated default's unit → the factor to the field's own unit (the key's name carries it: ``_s``, ``_ms``,
 ``_bytes``); a default is written in the field's unit or, for byte sizes, in KiB/MiB."""
