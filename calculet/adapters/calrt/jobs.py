@@ -219,10 +219,11 @@ class PrefillJob:
 JobSpec = DecodeJob | PrefillJob
 
 
-@quick_init
-@dataclass(frozen=True)
-class JobTicket:
-    """What submit returns: the device's job id and the tags the result will echo."""
+class JobTicket(NamedTuple):
+    """What submit returns: the device's job id and the tags the result will echo.
+
+    ``submitted_at`` is read from the clock the device was opened with (``request.clock``, the runtime's): the
+    executor takes the job's Wait deadline from it instead of reading the clock a second time (issue #20)."""
 
     job_id: JobId
     generation: int
@@ -232,9 +233,7 @@ class JobTicket:
     submitted_at: float
 
 
-@quick_init
-@dataclass(frozen=True)
-class StatusCounters:
+class StatusCounters(NamedTuple):
     """Status counters the device reports with every job (§14: counter anomaly → degrade).
 
     ``engine_sequence`` counts completed jobs per engine and must grow by one per job;
@@ -247,9 +246,7 @@ class StatusCounters:
     kv_tokens_written: int
 
 
-@quick_init
-@dataclass(frozen=True, eq=False)
-class LaneResult:
+class LaneResult(NamedTuple):
     """One lane's output, tagged with the lane and sequence the device says it belongs to (§7.4).
 
     ``logits`` is None for an inactive lane whose profile does not return logits, for a failed
@@ -267,13 +264,16 @@ class LaneResult:
     greedy_token: int | None
 
 
-@quick_init
-@dataclass(frozen=True, eq=False)
-class JobResult:
+class JobResult(NamedTuple):
     """A completed job: (generation id, job id) plus per-lane tags and status counters (§4, §7.4).
 
     ``rc`` is the job's status. With lane-level failure isolation (a capability, R7.4.6) a failed
     job may still carry OK lanes; without it, a failed job fails every lane (R7.4.5).
+
+    The result records (this, :class:`JobTicket`, :class:`StatusCounters`, :class:`LaneResult`) are named tuples
+    (issue #20, ``docs/devices.md`` §3): a device builds four per job, once per token at B1, and a named tuple built
+    with ``tuple.__new__`` costs a third of a frozen dataclass's ``__init__``; fields read the same (``result.rc``),
+    immutable as before; a copy with a field changed is ``result._replace(rc=...)``.
     """
 
     job_id: JobId

@@ -171,11 +171,10 @@ class SimVirtualDevice:
         self._submitted = 0
         self._refused: Counter[ReturnCode] = Counter()
         self._completed: Counter[ReturnCode] = Counter()
-        self._per_engine: Counter[JobEngine] = Counter()
         self._resets = 0
         self.completes_at_submit = config.completes_inline  # the null device: see SimConfig
         self._null = NullDecodePlan(self.timeline, self.clock, self._ids, self._engine_seq, self._completed,
-                                    self._per_engine, self.faults, self._cond) if self.completes_at_submit else None
+                                    self.faults, self._cond) if self.completes_at_submit else None
         if self._null is not None:  # its Submit: a routed decode step in one frame, the rest the full path (#20)
             self._null.bind(self._lock, self._gate.routes, self._submit_locked, partial(submit_refusal, self._refused))
             self.submit = self._null.submit  # type: ignore[method-assign]
@@ -449,8 +448,7 @@ class SimVirtualDevice:
         self._buffers.unbind(job_id, spec.buffers)
         if self._engine_job[engine] == job_id:
             self._engine_job[engine] = None
-        self._completed[job_rc] += 1
-        self._per_engine[engine] += 1
+        self._completed[job_rc] += 1  # a completion per engine is its engine_sequence (completion_record)
         self.timeline.done[job_id] = result
 
     def poll(self) -> list[JobResult]:
@@ -551,6 +549,16 @@ def submit_refusal(refused: Counter[ReturnCode], exc: Exception) -> Exception:
     return translated(exc, "VirtualDevice.Submit")
 
 
+def _completed(device: SimVirtualDevice) -> dict[ReturnCode, int]:
+    """The device's completions by rc: those its full path published and the null plan's steps (each OK), which
+    the plan counts once as ``submitted`` instead of a second count per step (issue #20)."""
+    completed = dict(device._completed)
+    routed = device._null.submitted if device._null is not None else 0
+    if routed:
+        completed[ReturnCode.OK] = completed.get(ReturnCode.OK, 0) + routed
+    return completed
+
+
 def _device_statistics(device: SimVirtualDevice) -> DeviceStatistics:
     """A consistent snapshot of the device's counters (under its lock)."""
     with device._lock:
@@ -564,8 +572,8 @@ def _device_statistics(device: SimVirtualDevice) -> DeviceStatistics:
             inflight_never_completing=sum(1 for j in timeline.pending.values() if j.finish is None),
             submitted=device._submitted + (device._null.submitted if device._null is not None else 0),
             submit_refused=MappingProxyType(dict(device._refused)),
-            completed=MappingProxyType(dict(device._completed)),
-            completed_per_engine=MappingProxyType(dict(device._per_engine)),
+            completed=MappingProxyType(_completed(device)),
+            completed_per_engine=MappingProxyType({e: n for e, n in device._engine_seq.items() if n}),
             results_uncollected=len(timeline.done), discarded_by_reset=timeline.discarded_count,
             resets=device._resets, wait_timeouts=timeline.wait_timeouts, poisoned=device._poisoned,
             memory=device.memory.statistics(), faults=device.faults.statistics())

@@ -23,6 +23,9 @@ from calculet.adapters.sim.execution import Computed, LaneLayout, SimJob, commit
 from calculet.adapters.sim.submit_checks import payload
 from calculet.machines.job import JobEngine
 
+_new_tuple = tuple.__new__
+"""The result records are named tuples (``docs/devices.md`` §3): built once per job without their ``__new__``."""
+
 
 def settle(in_buf: SimBuffer) -> SimBuffer:
     """The InputBuf with the payload of the last job DMA'd into it written (:attr:`SimBuffer.pending`), so its
@@ -68,12 +71,13 @@ def completion_record(job: SimJob, computed: Computed | None, output: np.ndarray
         job_rc, lane_rc = fault_effects.return_codes(fault, isolated, layout.valid)
     lanes, kv_written = commit(job, computed, layout, lane_rc, output, numerics)
     sequence = engine_seq[engine] = engine_seq[engine] + 1
-    counters = StatusCounters(sequence, layout.n_valid, layout.valid_tokens, kv_written)
+    counters = _new_tuple(StatusCounters, (sequence, layout.n_valid, layout.valid_tokens, kv_written))
     message = ""
     if fault is not None:
         counters = fault_effects.corrupt(fault, lanes, counters, output)
         if job_rc is not ReturnCode.OK:
             message = f"{fault.origin}"
     ticket = job.ticket
-    return JobResult(ticket.job_id, spec.generation, spec.kind, engine, ticket.calbin_id, spec.compiled_batch, job_rc,
-                     tuple(lanes), counters, ticket.submitted_at, now, spec.buffers.output, message)
+    return _new_tuple(JobResult, (ticket.job_id, spec.generation, spec.kind, engine, ticket.calbin_id,
+                                  spec.compiled_batch, job_rc, tuple(lanes), counters, ticket.submitted_at, now,
+                                  spec.buffers.output, message))

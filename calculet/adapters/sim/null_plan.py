@@ -47,6 +47,8 @@ __all__ = ["NullDecodePlan"]
 
 _DECODE = JobKind.DECODE
 _OK = ReturnCode.OK
+_new_tuple = tuple.__new__
+"""The result records are named tuples (``docs/devices.md`` §3): built here without their ``__new__``'s frame."""
 
 
 def _unbound(*_: Any) -> Any:
@@ -60,23 +62,24 @@ class NullDecodePlan:
     Submit (a decode step of a known route taken there, any other job handed to the device's full path), and the
     full path has :meth:`commit` complete a decode job its checks accepted."""
 
-    __slots__ = ("_timeline", "_clock", "_ids", "_engine_seq", "_completed", "_per_engine", "_faults", "_cond",
+    __slots__ = ("_timeline", "_clock", "_ids", "_engine_seq", "_completed", "_faults", "_cond",
                  "submitted", "_lock", "_routes", "_full", "_refusal")
 
     def __init__(self, timeline: CompletionTimeline, clock: Clock, ids: Iterator[int],
-                 engine_seq: MutableMapping[JobEngine, int], completed: Counter[ReturnCode],
-                 per_engine: Counter[JobEngine], faults: FaultInjector, cond: threading.Condition) -> None:
+                 engine_seq: MutableMapping[JobEngine, int], completed: Counter[ReturnCode], faults: FaultInjector,
+                 cond: threading.Condition) -> None:
         self._timeline = timeline
         self._clock = clock
         self._ids = ids
         """The device's id counter (jobs, buffers, calbins share it): a job id is taken only for an accepted step."""
         self._engine_seq = engine_seq
         self._completed = completed
-        self._per_engine = per_engine
+        """The device's completions by rc, for the jobs :meth:`commit` completes; the steps :meth:`submit` takes are
+        :attr:`submitted` (all OK), added when the device's statistics are read (issue #20: one count per step)."""
         self._faults = faults
         self._cond = cond
         self.submitted = 0
-        """Steps accepted here (the device's ``submitted`` adds them)."""
+        """Steps accepted here, each completed OK at once (the device's ``submitted`` and ``completed`` add them)."""
         self._lock: Any = None
         self._routes: Mapping[int, DecodeRoute] = {}
         self._full: Callable[[JobSpec], JobTicket] = _unbound
@@ -109,8 +112,8 @@ class NullDecodePlan:
                         if seq is None or not 0 <= token < vocab or pos != seq.committed_len or pos >= max_seq:
                             break
                         held.append(seq)
-                        lanes.append(LaneResult(i, seq_ids[i], True, ok, pos, pos + 1, None,
-                                                pseudo_next_token(token, pos)))
+                        lanes.append(_new_tuple(LaneResult, (i, seq_ids[i], True, ok, pos, pos + 1, None,
+                                                             pseudo_next_token(token, pos))))
                     else:
                         n = len(held)
                         if n and (n == 1 or len(set(seq_ids)) == n):  # no sequence in two lanes
@@ -121,17 +124,15 @@ class NullDecodePlan:
                             route.in_buf.pending = job  # the DMA: its bytes written when read (SimBuffer.pending)
                             engine, calbin_id, generation = route.engine, route.calbin_id, job.generation
                             sequence = self._engine_seq[engine] = self._engine_seq[engine] + 1
-                            timeline.done[job_id] = JobResult(job_id, generation, _DECODE, engine, calbin_id,
-                                                              route.compiled_batch, ok, tuple(lanes),
-                                                              StatusCounters(sequence, n, n, n), now, now,
-                                                              route.buffers.output, "")
-                            self.submitted += 1
-                            self._completed[ok] += 1
-                            self._per_engine[engine] += 1
+                            timeline.done[job_id] = _new_tuple(JobResult, (
+                                job_id, generation, _DECODE, engine, calbin_id, route.compiled_batch, ok,
+                                tuple(lanes), _new_tuple(StatusCounters, (sequence, n, n, n)), now, now,
+                                route.buffers.output, ""))
+                            self.submitted += 1  # also the device's OK completions (read when counted, #20)
                             self._faults.passed += 1
                             if timeline.sleepers:  # a Wait/WaitAny caller: the result may be what it waits for
                                 self._cond.notify_all()
-                            return JobTicket(job_id, generation, _DECODE, engine, calbin_id, now)
+                            return _new_tuple(JobTicket, (job_id, generation, _DECODE, engine, calbin_id, now))
                 return self._full(job)
             except Exception as exc:  # noqa: BLE001 - the boundary must catch everything the vendor raises
                 mapped = self._refusal(exc)
@@ -166,7 +167,6 @@ class NullDecodePlan:
                                                  StatusCounters(sequence, n_valid, n_valid, n_valid), now, now,
                                                  spec.buffers.output, "")
         self._completed[ok] += 1
-        self._per_engine[engine] += 1
         if timeline.sleepers:  # a Wait/WaitAny caller: the result may be what it waits for
             self._cond.notify_all()
         return ticket

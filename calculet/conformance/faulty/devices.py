@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -134,8 +134,8 @@ class FaultyVirtualDevice:
         job = self._jobs.pop(result.job_id, None)
         b = self.breakage
         if b is Breakage.LYING_COUNTERS:
-            return replace(result, counters=replace(result.counters,
-                                                    tokens_processed=result.counters.tokens_processed + 1))
+            return result._replace(counters=result.counters._replace(
+                tokens_processed=result.counters.tokens_processed + 1))
         if not isinstance(job, DecodeJob) or self._kv is None:
             return result
         valid = [i for i, v in enumerate(job.lane_valid) if v]
@@ -146,7 +146,7 @@ class FaultyVirtualDevice:
         elif b is Breakage.CROSSTALK and result.ok and len(valid) >= 2:
             lanes = list(result.lanes)
             lanes[valid[0]], lanes[valid[1]] = lanes[valid[1]], lanes[valid[0]]
-            return replace(result, lanes=tuple(lanes))
+            return result._replace(lanes=tuple(lanes))
         elif b is Breakage.NON_ATOMIC_COMMIT and not result.ok and valid:
             self._kv.append_garbage(job.seq_ids[valid[0]])
         return result

@@ -150,7 +150,6 @@ class DeviceExecutor:
             except CalculetError as exc:
                 return SubmitRefused(rc_of(exc), str(exc))
             timeout = self.job_timeout_s + self.prefill_timeout_per_token_s * len(spec.tokens)
-        now = self._clock.now()
         try:
             ticket = self.session.device.submit(spec)
         except CalculetError as exc:
@@ -160,7 +159,8 @@ class DeviceExecutor:
             return SubmitRefused(rc, str(exc))
         self._submitted += 1  # the rc counters' OK at submit (statistics), not counted a second time (issue #20)
         jobs = self._jobs
-        job = InflightJob(work.job_id, ticket, work, spec, now + timeout, bool(jobs))
+        # the deadline from the ticket's instant, on the runtime's clock (docs/devices.md §3): one clock read a job
+        job = InflightJob(work.job_id, ticket, work, spec, ticket.submitted_at + timeout, bool(jobs))
         if jobs:  # another job on the device (ping/pong): both overlapped; none on the null device (issue #20)
             for other in jobs.values():
                 other.overlapped = True

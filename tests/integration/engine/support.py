@@ -9,7 +9,6 @@ helpers themselves.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -92,7 +91,7 @@ class HookInjection(DeviceObserver):
         nth = self.nth.pop(int(result.job_id), None)
         rc = self.hooks.result_rc.get(nth) if nth is not None else None
         if rc is not None:
-            result = dataclasses.replace(result, rc=rc, message=f"injected {rc.name} into job {nth}")
+            result = result._replace(rc=rc, message=f"injected {rc.name} into job {nth}")
         return result
 
 

@@ -111,11 +111,27 @@ def test_quick_init_refuses_what_it_cannot_reproduce() -> None:
             quick_init(cls)
 
 
-@pytest.mark.parametrize("cls", [JobTicket, StatusCounters, LaneResult, JobResult, ResultCheck, DecodeJob, PrefillJob])
+@pytest.mark.parametrize("cls", [ResultCheck, DecodeJob, PrefillJob])
 def test_the_per_job_types_are_still_frozen_dataclasses_with_their_fields_as_parameters(cls: type) -> None:
     init_fields = [f.name for f in dataclasses.fields(cls) if f.init]
     assert [p for p in inspect.signature(cls.__init__).parameters][1:] == init_fields
     assert cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("cls", [JobTicket, StatusCounters, LaneResult, JobResult])
+def test_the_result_records_are_named_tuples_built_alike_by_tuple_new(cls: type) -> None:
+    """Issue #20 (docs/devices.md §3): the records a device builds per job are named tuples, so a device may build
+    them with ``tuple.__new__`` (no ``__new__`` frame) and get the record the constructor builds; they stay
+    immutable, read by name, and copied with a field changed by ``_replace``. Mutants caught: a record that is a
+    dataclass again (``_fields`` gone), fields reordered against the constructor's parameters."""
+    fields = cls._fields  # type: ignore[attr-defined]
+    assert [p for p in inspect.signature(cls.__new__).parameters][1:] == list(fields)
+    values = tuple(range(len(fields)))
+    built, raw = cls(*values), tuple.__new__(cls, values)
+    assert built == raw and type(raw) is cls and all(getattr(raw, f) == v for f, v in zip(fields, values))
+    with pytest.raises(AttributeError):
+        setattr(raw, fields[0], 99)
+    assert raw._replace(**{fields[0]: 99})[0] == 99  # type: ignore[attr-defined]
 
 
 # ------------------------------------------------------------------ DecodeJob.of_lanes

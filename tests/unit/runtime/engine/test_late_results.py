@@ -7,7 +7,6 @@ driven directly: the executor on the simulated device, the job path with the col
 
 from __future__ import annotations
 
-import dataclasses
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -29,7 +28,7 @@ def test_a_late_result_is_not_checked_and_moves_no_anchor(rig: Rig) -> None:  # 
     rig.executor.mark_timed_out(job)
     result = rig.executor.wait(job)
     assert result is not None
-    wrong = dataclasses.replace(result, counters=StatusCounters(99, 7, 7, 7))  # a check would name these
+    wrong = result._replace(counters=StatusCounters(99, 7, 7, 7))  # a check would name these
     taken, found = rig.executor.complete(wrong)
     assert taken is job and found == []
     assert rig.executor.statistics().anomalies == {}
@@ -90,7 +89,7 @@ def test_after_a_counter_anomaly_the_next_result_sets_the_anchor_again(rig: Rig)
     result = rig.executor.wait(job)
     assert result is not None
     c = result.counters
-    wrong = dataclasses.replace(result, counters=StatusCounters(c.engine_sequence + 40, c.lanes_valid,
+    wrong = result._replace(counters=StatusCounters(c.engine_sequence + 40, c.lanes_valid,
                                                                 c.tokens_processed, c.kv_tokens_written))
     taken, found = rig.executor.complete(wrong)
     assert taken is job and [kind.value for kind, _ in found] == ["counters"]

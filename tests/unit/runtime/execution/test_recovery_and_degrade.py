@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pytest
@@ -194,7 +193,7 @@ def test_swapped_lanes_are_found_by_tags_and_by_the_output_buffer() -> None:
     lanes[0], lanes[2] = lanes[2], lanes[0]
     swapped = rows.copy()
     swapped[[0, 2]] = swapped[[2, 0]]
-    found = check_result(inflight, dataclasses.replace(result, lanes=tuple(lanes)), previous_engine_sequence=None,
+    found = check_result(inflight, result._replace(lanes=tuple(lanes)), previous_engine_sequence=None,
                          output_rows=swapped)
     texts = [t for k, t in found if k is Anomaly.CROSSTALK]
     assert any("slot 0 carries lane 2" in t for t in texts)
@@ -204,7 +203,7 @@ def test_swapped_lanes_are_found_by_tags_and_by_the_output_buffer() -> None:
 @pytest.mark.req("R14.5")
 def test_a_result_carrying_the_other_engines_buffer_is_crosstalk() -> None:
     inflight, result, rows = job()
-    wrong = dataclasses.replace(result, output_buffer=buffers(20).output, engine=JobEngine.PONG)
+    wrong = result._replace(output_buffer=buffers(20).output, engine=JobEngine.PONG)
     found = check_result(inflight, wrong, previous_engine_sequence=None, output_rows=rows)
     assert any(k is Anomaly.CROSSTALK and "OutputBuf 21" in t for k, t in found)
 
@@ -213,13 +212,13 @@ def test_a_result_carrying_the_other_engines_buffer_is_crosstalk() -> None:
 def test_a_lane_with_right_tags_but_another_sequences_content_is_found() -> None:
     inflight, result, rows = job()
     lanes = list(result.lanes)
-    lanes[1] = dataclasses.replace(lanes[1], position=2, kv_len=3)
-    found = check_result(inflight, dataclasses.replace(result, lanes=tuple(lanes)), previous_engine_sequence=None,
+    lanes[1] = lanes[1]._replace(position=2, kv_len=3)
+    found = check_result(inflight, result._replace(lanes=tuple(lanes)), previous_engine_sequence=None,
                          output_rows=rows)
     assert any("echoes position 2" in t for _, t in found)
     lanes = list(result.lanes)
-    lanes[3] = dataclasses.replace(lanes[3], greedy_token=5)
-    found = check_result(inflight, dataclasses.replace(result, lanes=tuple(lanes)), previous_engine_sequence=None,
+    lanes[3] = lanes[3]._replace(greedy_token=5)
+    found = check_result(inflight, result._replace(lanes=tuple(lanes)), previous_engine_sequence=None,
                          output_rows=rows)
     assert any("inactive lane 3 returned output" in t for _, t in found)
 
@@ -231,8 +230,8 @@ def test_a_lane_whose_kv_length_is_not_its_position_plus_its_step_is_found() -> 
     inflight, result, rows = job()
     for lane, kv_len in ((1, 11), (1, 9), (2, 2)):
         lanes = list(result.lanes)
-        lanes[lane] = dataclasses.replace(lanes[lane], kv_len=kv_len)
-        found = check_result(inflight, dataclasses.replace(result, lanes=tuple(lanes)),
+        lanes[lane] = lanes[lane]._replace(kv_len=kv_len)
+        found = check_result(inflight, result._replace(lanes=tuple(lanes)),
                              previous_engine_sequence=None, output_rows=rows)
         position = (4, 9, 2)[lane]
         assert [t for _, t in found] == [f"lane {lane} reports KV length {kv_len}; position {position} + 1 "
@@ -255,7 +254,7 @@ def test_a_lane_whose_kv_length_is_not_its_position_plus_its_step_is_found() -> 
 @pytest.mark.req("R14.6")
 def test_counter_anomalies_are_found() -> None:
     inflight, result, rows = job()
-    bad = dataclasses.replace(result, counters=StatusCounters(engine_sequence=7, lanes_valid=4, tokens_processed=3,
+    bad = result._replace(counters=StatusCounters(engine_sequence=7, lanes_valid=4, tokens_processed=3,
                                                               kv_tokens_written=3))
     kinds = [k for k, _ in check_result(inflight, bad, previous_engine_sequence=7, output_rows=rows)]
     assert kinds.count(Anomaly.COUNTERS) == 2

@@ -10,7 +10,6 @@ condition of ``clean_decode``).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable
 
 import numpy as np
@@ -57,27 +56,27 @@ def _job(valid: list[int]) -> tuple[InflightJob, JobResult]:
 
 def _lane(result: JobResult, i: int, **changes: Any) -> JobResult:
     lanes = list(result.lanes)
-    lanes[i] = dataclasses.replace(lanes[i], **changes)
-    return dataclasses.replace(result, lanes=tuple(lanes))
+    lanes[i] = lanes[i]._replace(**changes)
+    return result._replace(lanes=tuple(lanes))
 
 
 def _counters(result: JobResult, **changes: Any) -> JobResult:
-    return dataclasses.replace(result, counters=dataclasses.replace(result.counters, **changes))
+    return result._replace(counters=result.counters._replace(**changes))
 
 
 _CORRUPTIONS: dict[str, Callable[[JobResult, int], JobResult]] = {
     "none": lambda r, i: r,
-    "job_id": lambda r, i: dataclasses.replace(r, job_id=JobId(8)),
-    "generation": lambda r, i: dataclasses.replace(r, generation=2),
-    "engine": lambda r, i: dataclasses.replace(r, engine=JobEngine.PONG),
-    "kind": lambda r, i: dataclasses.replace(r, kind=JobKind.PREFILL),
-    "calbin": lambda r, i: dataclasses.replace(r, calbin_id=5),
-    "batch": lambda r, i: dataclasses.replace(r, compiled_batch=r.compiled_batch + 1),
-    "output_buffer": lambda r, i: dataclasses.replace(
-        r, output_buffer=BufferHandle(3, BufferKind.OUTPUT, JobKind.DECODE, r.compiled_batch, 64)),
-    "job_rc": lambda r, i: dataclasses.replace(r, rc=ReturnCode.CCU_FAULT),
-    "lane_missing": lambda r, i: dataclasses.replace(r, lanes=r.lanes[:-1]),
-    "lane_extra": lambda r, i: dataclasses.replace(r, lanes=(*r.lanes, r.lanes[-1])),
+    "job_id": lambda r, i: r._replace(job_id=JobId(8)),
+    "generation": lambda r, i: r._replace(generation=2),
+    "engine": lambda r, i: r._replace(engine=JobEngine.PONG),
+    "kind": lambda r, i: r._replace(kind=JobKind.PREFILL),
+    "calbin": lambda r, i: r._replace(calbin_id=5),
+    "batch": lambda r, i: r._replace(compiled_batch=r.compiled_batch + 1),
+    "output_buffer": lambda r, i: r._replace(
+        output_buffer=BufferHandle(3, BufferKind.OUTPUT, JobKind.DECODE, r.compiled_batch, 64)),
+    "job_rc": lambda r, i: r._replace(rc=ReturnCode.CCU_FAULT),
+    "lane_missing": lambda r, i: r._replace(lanes=r.lanes[:-1]),
+    "lane_extra": lambda r, i: r._replace(lanes=(*r.lanes, r.lanes[-1])),
     "lane_index": lambda r, i: _lane(r, i, lane=i + 1),
     "seq": lambda r, i: _lane(r, i, seq_id=99),
     "valid_flipped": lambda r, i: _lane(r, i, valid=not r.lanes[i].valid),
