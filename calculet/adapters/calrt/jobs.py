@@ -136,8 +136,7 @@ class DecodeJob:
         d["compiled_batch"] = compiled_batch
         d["engine"] = engine
         d["buffers"] = buffers
-        d["seq_ids"] = seq_ids
-        d["kind"] = JobKind.DECODE
+        d["seq_ids"] = seq_ids  # ``kind`` is the class's default (JobKind.DECODE): not written per job (#20)
         active = _ACTIVE.get(valid)
         if active is None:
             active = _active_lanes(valid)

@@ -136,11 +136,16 @@ class DeviceExecutor:
             if target is None:
                 refused = self.session.no_decode_target(engine, size)
                 return SubmitRefused(rc_of(refused), str(refused))
-            seqs = [NO_SEQUENCE] * size
             bound = self._seqs
-            for binding in work.active:  # type: ignore[union-attr]
-                seqs[binding.lane] = bound[binding.seq_id]
-            spec: JobSpec = DecodeJob.of_lanes(work.generation, target[0], size, engine, target[1], tuple(seqs),
+            active = work.active  # type: ignore[union-attr]
+            if size == 1 and len(active) == 1:  # B1, CalRT 0.7.6's only batch: its lane is the one binding's (#20)
+                seqs: tuple[int, ...] = (bound[active[0].seq_id],)
+            else:
+                lanes = [NO_SEQUENCE] * size
+                for binding in active:
+                    lanes[binding.lane] = bound[binding.seq_id]
+                seqs = tuple(lanes)
+            spec: JobSpec = DecodeJob.of_lanes(work.generation, target[0], size, engine, target[1], seqs,
                                                work.lane_tokens, work.lane_positions,  # type: ignore[union-attr]
                                                work.lane_flags)  # type: ignore[union-attr]
             timeout = self.job_timeout_s
