@@ -69,9 +69,20 @@ class DecodeLanes(NamedTuple):
     """The lanes whose ``valid`` entry is truthy, in order."""
 
 
-@quick_init
-@dataclass(frozen=True, eq=False)
-class DecodeJob:
+class _DecodeJobFields(NamedTuple):
+    generation: int
+    calbin_id: int
+    compiled_batch: int
+    engine: JobEngine
+    buffers: JobBuffers
+    seq_ids: tuple[int, ...]
+    lanes: DecodeLanes
+    """The lanes as plain Python values, converted once: the device's checks, its DMA payload, its commit and
+    the host's result checks each read them, and a numpy conversion per reader cost ~10 calls per B1 token
+    (issue #20). The tensors are read-only, so these can never disagree with them."""
+
+
+class DecodeJob(_DecodeJobFields):
     """One decode step over a compiled batch (§2 ``DecodeBatch`` as the device sees it).
 
     Arrays have length ``compiled_batch`` (R7.1.2). For a valid lane ``positions[lane]`` must equal
@@ -82,37 +93,32 @@ class DecodeJob:
     Built with the constructor, the job copies the arrays it is given (the caller may go on writing
     its own) and checks their lengths; :meth:`of_lanes` builds it from the lanes' Python ints (the
     scheduler's batch), its arrays made only if read.
+
+    A named tuple of its fields (issue #20, ``docs/devices.md`` §3): :meth:`of_lanes` builds one with
+    ``tuple.__new__``, a third of the frozen dataclass it was; its instances keep a ``__dict__`` only for the host
+    tensors ``token_ids``, ``positions``, ``lane_valid`` (built when first read). Immutable: no attribute can be
+    set; a copy with fields or tensors changed is :meth:`_replace`.
     """
 
-    generation: int
-    calbin_id: int
-    compiled_batch: int
-    engine: JobEngine
-    buffers: JobBuffers
-    seq_ids: tuple[int, ...]
-    token_ids: np.ndarray
-    positions: np.ndarray
-    lane_valid: np.ndarray
+    kind = JobKind.DECODE
 
-    kind: JobKind = field(default=JobKind.DECODE, init=False)
-    lanes: DecodeLanes = field(init=False, repr=False)
-    """The lanes as plain Python values, converted once: the device's checks, its DMA payload, its commit and
-    the host's result checks each read them, and a numpy conversion per reader cost ~10 calls per B1 token
-    (issue #20). The arrays are read-only, so these can never disagree with them."""
-
-    def __post_init__(self) -> None:
-        plain = []
-        for name in ("token_ids", "positions", "lane_valid"):
-            given = getattr(self, name)
+    def __new__(cls, generation: int, calbin_id: int, compiled_batch: int, engine: JobEngine, buffers: JobBuffers,
+                seq_ids: tuple[int, ...], token_ids: np.ndarray, positions: np.ndarray,
+                lane_valid: np.ndarray) -> DecodeJob:
+        tensors, plain = {}, []
+        for name, given in (("token_ids", token_ids), ("positions", positions), ("lane_valid", lane_valid)):
             arr = given.copy() if isinstance(given, np.ndarray) else np.array(given)
             arr.setflags(write=False)
-            object.__setattr__(self, name, arr)
+            tensors[name] = arr
             plain.append(arr.tolist())
-        tokens, positions, valid = plain
-        seqs = tuple(map(int, self.seq_ids))
-        _check_lengths(self.compiled_batch, seqs, tokens, positions, valid)
-        object.__setattr__(self, "lanes", DecodeLanes(tuple(tokens), tuple(positions), tuple(valid), seqs,
-                                                      tuple([i for i, v in enumerate(valid) if v])))
+        tokens, lane_positions, valid = plain
+        seqs = tuple(map(int, seq_ids))
+        _check_lengths(compiled_batch, seqs, tokens, lane_positions, valid)
+        lanes = DecodeLanes(tuple(tokens), tuple(lane_positions), tuple(valid), seqs,
+                            tuple([i for i, v in enumerate(valid) if v]))
+        job = _new_tuple(cls, (generation, calbin_id, compiled_batch, engine, buffers, seq_ids, lanes))
+        job.__dict__.update(tensors)
+        return job
 
     @classmethod
     def of_lanes(cls, generation: int, calbin_id: int, compiled_batch: int, engine: JobEngine, buffers: JobBuffers,
@@ -129,35 +135,44 @@ class DecodeJob:
         them (R7.1.2)."""
         if not len(tokens) == len(positions) == len(valid) == len(seq_ids) == compiled_batch:
             _check_lengths(compiled_batch, seq_ids, list(tokens), list(positions), list(valid))
-        job = _new_object(cls)
-        d = job.__dict__
-        d["generation"] = generation
-        d["calbin_id"] = calbin_id
-        d["compiled_batch"] = compiled_batch
-        d["engine"] = engine
-        d["buffers"] = buffers
-        d["seq_ids"] = seq_ids  # ``kind`` is the class's default (JobKind.DECODE): not written per job (#20)
         active = _ACTIVE.get(valid)
         if active is None:
             active = _active_lanes(valid)
-        d["lanes"] = _new_tuple(DecodeLanes, (tokens, positions, valid, seq_ids, active))
-        return job
+        return _new_tuple(cls, (generation, calbin_id, compiled_batch, engine, buffers, seq_ids,
+                                _new_tuple(DecodeLanes, (tokens, positions, valid, seq_ids, active))))
 
     def __getattr__(self, name: str) -> np.ndarray:
         """A host tensor of a job built by :meth:`of_lanes`, made from its lanes at its first read and kept
         (read-only, of the dtypes the scheduler's batch uses); any other missing attribute is an AttributeError."""
         column = _TENSORS.get(name)
-        lanes = self.__dict__.get("lanes")
-        if column is None or lanes is None:
+        if column is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        arr = np.array(lanes[column[0]], dtype=column[1])
+        arr = np.array(self.lanes[column[0]], dtype=column[1])
         arr.setflags(write=False)
         self.__dict__[name] = arr
         return arr
 
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"DecodeJob is immutable: cannot assign to {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"DecodeJob is immutable: cannot delete {name!r}")
+
+    def _replace(self, **changes: object) -> DecodeJob:  # type: ignore[override]
+        """A copy with fields or host tensors changed (``seq_ids``, ``positions``, ``engine``...), built by the
+        constructor so that its lanes are its tensors' values and its lengths are checked."""
+        kw: dict[str, object] = {name: getattr(self, name) for name in _CONSTRUCTOR}
+        kw.update(changes)
+        return DecodeJob(**kw)  # type: ignore[arg-type]
+
     @property
     def active_lanes(self) -> tuple[int, ...]:
         return self.lanes.active
+
+
+_CONSTRUCTOR = ("generation", "calbin_id", "compiled_batch", "engine", "buffers", "seq_ids", "token_ids",
+                "positions", "lane_valid")
+"""The parameters of :class:`DecodeJob`'s constructor, in order."""
 
 
 _TENSORS: dict[str, tuple[int, type]] = {"token_ids": (0, np.int32), "positions": (1, np.int32),

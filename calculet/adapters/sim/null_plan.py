@@ -105,34 +105,34 @@ class NullDecodePlan:
                         and job.buffers is route.buffers and job.calbin_id == route.calbin_id
                         and job.engine is route.engine and job.compiled_batch == route.compiled_batch):
                     tokens, positions, valid, seq_ids, active = job.lanes  # type: ignore[union-attr]
-                    find, vocab, max_seq, ok = route.kv.find, route.vocab, route.max_seq, _OK
-                    held, lanes = [], []
-                    for i in (active if valid == route.all_valid else ()):
-                        seq, token, pos = find(seq_ids[i]), tokens[i], positions[i]  # NO_SEQUENCE finds None
-                        if seq is None or not 0 <= token < vocab or pos != seq.committed_len or pos >= max_seq:
-                            break
-                        held.append(seq)
-                        lanes.append(_new_tuple(LaneResult, (i, seq_ids[i], True, ok, pos, pos + 1, None,
-                                                             pseudo_next_token(token, pos))))
+                    results: tuple[LaneResult, ...] | None = None
+                    if valid != route.all_valid:  # an inactive lane: the full path
+                        pass
+                    elif len(active) == 1:  # B1, 0.7.6's only batch: its one lane checked here, no lists (#20)
+                        sid, token, pos = seq_ids[0], tokens[0], positions[0]
+                        seq = route.kv.find(sid)  # NO_SEQUENCE finds None
+                        if seq is not None and 0 <= token < route.vocab and pos == seq.committed_len < route.max_seq:
+                            seq.committed_len += 1  # SimKvManager.commit of one token without rows
+                            results = (_new_tuple(LaneResult, (0, sid, True, _OK, pos, pos + 1, None,
+                                                               pseudo_next_token(token, pos))),)
                     else:
-                        n = len(held)
-                        if n and (n == 1 or len(set(seq_ids)) == n):  # no sequence in two lanes
-                            for seq in held:
-                                seq.committed_len += 1  # SimKvManager.commit of one token without rows
-                            now = self._clock.now()
-                            job_id = JobId(next(self._ids))
-                            route.in_buf.pending = job  # the DMA: its bytes written when read (SimBuffer.pending)
-                            engine, calbin_id, generation = route.engine, route.calbin_id, job.generation
-                            sequence = self._engine_seq[engine] = self._engine_seq[engine] + 1
-                            timeline.done[job_id] = _new_tuple(JobResult, (
-                                job_id, generation, _DECODE, engine, calbin_id, route.compiled_batch, ok,
-                                tuple(lanes), _new_tuple(StatusCounters, (sequence, n, n, n)), now, now,
-                                route.buffers.output, ""))
-                            self.submitted += 1  # also the device's OK completions (read when counted, #20)
-                            self._faults.passed += 1
-                            if timeline.sleepers:  # a Wait/WaitAny caller: the result may be what it waits for
-                                self._cond.notify_all()
-                            return _new_tuple(JobTicket, (job_id, generation, _DECODE, engine, calbin_id, now))
+                        results = _lanes_committed(route, tokens, positions, seq_ids, active)
+                    if results is not None:
+                        n, ok = len(results), _OK
+                        now = self._clock.now()
+                        job_id = JobId(next(self._ids))
+                        route.in_buf.pending = job  # the DMA: its bytes written when read (SimBuffer.pending)
+                        engine, calbin_id, generation = route.engine, route.calbin_id, job.generation
+                        sequence = self._engine_seq[engine] = self._engine_seq[engine] + 1
+                        timeline.done[job_id] = _new_tuple(JobResult, (
+                            job_id, generation, _DECODE, engine, calbin_id, route.compiled_batch, ok,
+                            results, _new_tuple(StatusCounters, (sequence, n, n, n)), now, now,
+                            route.buffers.output, ""))
+                        self.submitted += 1  # also the device's OK completions (read when counted, #20)
+                        self._faults.passed += 1
+                        if timeline.sleepers:  # a Wait/WaitAny caller: the result may be what it waits for
+                            self._cond.notify_all()
+                        return _new_tuple(JobTicket, (job_id, generation, _DECODE, engine, calbin_id, now))
                 return self._full(job)
             except Exception as exc:  # noqa: BLE001 - the boundary must catch everything the vendor raises
                 mapped = self._refusal(exc)
@@ -170,3 +170,25 @@ class NullDecodePlan:
         if timeline.sleepers:  # a Wait/WaitAny caller: the result may be what it waits for
             self._cond.notify_all()
         return ticket
+
+
+def _lanes_committed(route: DecodeRoute, tokens: tuple[int, ...], positions: tuple[int, ...],
+                     seq_ids: tuple[int, ...], active: tuple[int, ...]) -> tuple[LaneResult, ...] | None:
+    """A routed step of several lanes, every one valid: each lane checked as :meth:`NullDecodePlan.submit` checks
+    B1's one lane — its sequence live, its token in the vocabulary, its position the committed length and below
+    ``max_seq`` — and no sequence in two lanes; then every lane committed (one token each) and its results
+    returned, or None and nothing changed when any check fails (the full path then gives the refusal)."""
+    find, vocab, max_seq, ok = route.kv.find, route.vocab, route.max_seq, _OK
+    held, lanes = [], []
+    for i in active:
+        seq, token, pos = find(seq_ids[i]), tokens[i], positions[i]  # NO_SEQUENCE finds None
+        if seq is None or not 0 <= token < vocab or pos != seq.committed_len or pos >= max_seq:
+            return None
+        held.append(seq)
+        lanes.append(_new_tuple(LaneResult, (i, seq_ids[i], True, ok, pos, pos + 1, None,
+                                             pseudo_next_token(token, pos))))
+    if not held or len(set(seq_ids)) != len(held):  # no sequence in two lanes
+        return None
+    for seq in held:
+        seq.committed_len += 1  # SimKvManager.commit of one token without rows
+    return tuple(lanes)

@@ -98,26 +98,26 @@ def clean_decode(spec: JobSpec, ticket: JobTicket, result: JobResult, previous: 
     if spec.kind is not JobKind.DECODE:
         return False
     ok = ReturnCode.OK
-    out = result.output_buffer
-    if (result.rc is not ok or result.job_id != ticket.job_id or result.generation != spec.generation
-            or result.engine is not spec.engine or result.kind is not spec.kind or result.calbin_id != spec.calbin_id
-            or result.compiled_batch != spec.compiled_batch or out.buffer_id != spec.buffers.output.buffer_id):
+    # the result is a named tuple (docs/devices.md §3): its fields unpacked in one step, not read one by one (#20)
+    job_id, generation, kind, engine, calbin_id, batch, rc, lanes, counters, _, _, out, _ = result
+    if (rc is not ok or job_id != ticket.job_id or generation != spec.generation or engine is not spec.engine
+            or kind is not spec.kind or calbin_id != spec.calbin_id or batch != spec.compiled_batch
+            or out.buffer_id != spec.buffers.output.buffer_id):
         return False
     tokens, positions, valid, seqs, active = spec.lanes
-    lanes = result.lanes
     if len(lanes) != len(seqs):
         return False
     i = 0
-    for lane in lanes:
-        if lane.lane != i or lane.seq_id != seqs[i] or lane.rc is not ok:
+    for lane_i, seq_id, lane_valid, lane_rc, position, kv_len, logits, greedy in lanes:
+        if lane_i != i or seq_id != seqs[i] or lane_rc is not ok:
             return False
         if valid[i]:
-            if lane.valid is not True or lane.position != positions[i] or lane.kv_len != positions[i] + 1:
+            if lane_valid is not True or position != positions[i] or kv_len != positions[i] + 1:
                 return False
-        elif lane.valid is not False or lane.greedy_token is not None or lane.logits is not None:
+        elif lane_valid is not False or greedy is not None or logits is not None:
             return False
         i += 1
     n = len(active)
-    c = result.counters
-    return (c.lanes_valid == n and c.tokens_processed == n and c.kv_tokens_written == n
-            and (previous is None or c.engine_sequence == previous + 1))
+    engine_sequence, lanes_valid, tokens_processed, kv_written = counters
+    return (lanes_valid == n and tokens_processed == n and kv_written == n
+            and (previous is None or engine_sequence == previous + 1))

@@ -156,10 +156,10 @@ def test_timed_out_job_never_completes_late_into_a_reused_buffer(future: SimSess
     assert [r.job_id for r in dev.poll()] == [healthy.job_id], "the other engine's job drains normally"
 
     # Before recovery the stuck job's buffers can be neither reused nor freed, nor its KV touched.
-    retry = dataclasses.replace(stuck_job, seq_ids=(seqs[1], 0, 0, 0),
+    retry = stuck_job._replace(seq_ids=(seqs[1], 0, 0, 0),
                                 positions=np.array([kv.committed_length(seqs[1]), 0, 0, 0]))
     with pytest.raises(BufferInUse):
-        dev.submit(dataclasses.replace(retry, engine=JobEngine.PING))
+        dev.submit(retry._replace(engine=JobEngine.PING))
     with pytest.raises(BufferInUse):
         dev.free_job_buffers(stuck_job.buffers)
     with pytest.raises(DeviceInvalidState):

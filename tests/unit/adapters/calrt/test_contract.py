@@ -268,7 +268,7 @@ def test_verify_result_finds_wrong_job_generation_crosstalk_and_counters() -> No
 def test_decode_job_arrays_must_span_the_compiled_batch() -> None:
     job = _decode_job((1, 0, 0, 0), (1, 0, 0, 0))
     with pytest.raises(DefinitionError, match="compiled_batch is 4"):
-        dataclasses.replace(job, lane_valid=np.array([1, 0], dtype=np.uint8))
+        job._replace(lane_valid=np.array([1, 0], dtype=np.uint8))
     assert job.active_lanes == (0,)
 
 

@@ -111,11 +111,29 @@ def test_quick_init_refuses_what_it_cannot_reproduce() -> None:
             quick_init(cls)
 
 
-@pytest.mark.parametrize("cls", [ResultCheck, DecodeJob, PrefillJob])
+@pytest.mark.parametrize("cls", [ResultCheck, PrefillJob])
 def test_the_per_job_types_are_still_frozen_dataclasses_with_their_fields_as_parameters(cls: type) -> None:
     init_fields = [f.name for f in dataclasses.fields(cls) if f.init]
     assert [p for p in inspect.signature(cls.__init__).parameters][1:] == init_fields
     assert cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
+
+
+def test_a_decode_job_is_a_named_tuple_immutable_and_replaced_through_its_constructor() -> None:
+    """Issue #20 (docs/devices.md §3): a DecodeJob is a named tuple of its fields and lanes (``of_lanes`` builds it
+    with ``tuple.__new__``); its constructor takes the dataclass's parameters as before; nothing can be assigned;
+    ``_replace`` goes through the constructor, so a changed tensor changes the lanes the device reads. Mutants
+    caught: an attribute assignable, ``_replace`` copying the lanes of the original, a tensor not rebuilt."""
+    assert [p for p in inspect.signature(DecodeJob.__new__).parameters][1:] == [
+        "generation", "calbin_id", "compiled_batch", "engine", "buffers", "seq_ids", "token_ids", "positions",
+        "lane_valid"]
+    job = DecodeJob.of_lanes(2, 4, 2, JobEngine.PING, _buffers(2), (11, 12), (5, 6), (3, 9), (1, 1))
+    assert isinstance(job, tuple) and job.kind is JobKind.DECODE
+    for name in ("generation", "token_ids", "other"):
+        with pytest.raises(AttributeError):
+            setattr(job, name, 1)
+    moved = job._replace(positions=np.array([4, 9]), engine=JobEngine.PONG)
+    assert moved.lanes.positions == (4, 9) and moved.engine is JobEngine.PONG and job.lanes.positions == (3, 9)
+    assert list(moved.positions) == [4, 9] and moved.lanes.tokens == job.lanes.tokens
 
 
 @pytest.mark.parametrize("cls", [JobTicket, StatusCounters, LaneResult, JobResult])

@@ -188,19 +188,19 @@ def test_submit_refuses_malformed_lanes_before_anything_runs(future: SimSession)
     assert driver.prefill(a, PROMPT).ok and driver.prefill(b, PROMPT).ok
     good = driver.decode_job(4, [(a, 5), (b, 6)])
     cases = {
-        "position": dataclasses.replace(good, positions=np.array([3, len(PROMPT), 0, 0])),
-        "two valid lanes": dataclasses.replace(good, seq_ids=(a, a, 0, 0)),
-        "never pad with token 0": dataclasses.replace(good, token_ids=np.array([5, 6, 0, -1])),
-        "outside vocab": dataclasses.replace(good, token_ids=np.array([5, 999, -1, -1])),
-        "no valid lane": dataclasses.replace(good, lane_valid=np.zeros(4, dtype=np.uint8)),
-        "no sequence": dataclasses.replace(good, seq_ids=(a, NO_SEQUENCE, 0, 0)),
-        "lane_valid must be 0/1": dataclasses.replace(good, lane_valid=np.array([1, 2, 0, 0], dtype=np.uint8)),
+        "position": good._replace(positions=np.array([3, len(PROMPT), 0, 0])),
+        "two valid lanes": good._replace(seq_ids=(a, a, 0, 0)),
+        "never pad with token 0": good._replace(token_ids=np.array([5, 6, 0, -1])),
+        "outside vocab": good._replace(token_ids=np.array([5, 999, -1, -1])),
+        "no valid lane": good._replace(lane_valid=np.zeros(4, dtype=np.uint8)),
+        "no sequence": good._replace(seq_ids=(a, NO_SEQUENCE, 0, 0)),
+        "lane_valid must be 0/1": good._replace(lane_valid=np.array([1, 2, 0, 0], dtype=np.uint8)),
     }
     for needle, job in cases.items():
         with pytest.raises(DeviceInvalidArgument, match=needle):
             dev.submit(job)
     with pytest.raises(DeviceNotFound):
-        dev.submit(dataclasses.replace(good, seq_ids=(a, b, 999, 0)))
+        dev.submit(good._replace(seq_ids=(a, b, 999, 0)))
     assert kv.committed_length(a) == kv.committed_length(b) == len(PROMPT)
     assert dev.statistics().submitted == 2
     assert verify_result(good, dev.submit(good), dev.wait_any(1.0)[0]).ok

@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 
 from calculet.adapters.calrt import NO_SEQUENCE, JobResult
@@ -117,9 +118,9 @@ def test_the_null_submit_refuses_as_the_device_does(pair: tuple[SimSession, SimS
     refusals = []
     for session, driver, seq in zip(pair, drivers, seqs):
         job = driver.decode_job(1, [(seq, 9)])
-        object.__setattr__(job, "lanes", job.lanes._replace(positions=(job.lanes.positions[0] + 1,)))
+        job = job._replace(positions=np.array([job.lanes.positions[0] + 1]))
         unknown = driver.decode_job(1, [(seq, 9)])
-        object.__setattr__(unknown, "lanes", unknown.lanes._replace(seqs=(int(seq) + 999,)))
+        unknown = unknown._replace(seq_ids=(int(seq) + 999,))
         codes = []
         for bad in (job, unknown):
             with pytest.raises(CalculetError) as refused:
