@@ -5,6 +5,13 @@ so the runtime can correlate completions (§4, R4.8) and detect crosstalk or cou
 (§14, R14.5–R14.6); :func:`verify_result` does that check once for every adapter. A job runs
 wholly on one :class:`~calculet.machines.job.JobEngine` (ping or pong, §14): the one enum the job
 lifecycle machine and the device share.
+
+The per-job records — the :class:`DecodeJob` the host submits, the :class:`JobTicket` submit returns, the
+:class:`JobResult` with its :class:`LaneResult` per lane and :class:`StatusCounters` — are named tuples (issue #20,
+session 26; the contract in ``docs/devices.md`` §3): at B1, CalRT 0.7.6's only batch, five of them are built per
+streamed token, and a named tuple built with ``tuple.__new__`` costs a third of a frozen dataclass's ``__init__``
+(~0.15 µs against 0.3–0.7). They stay immutable and are read by name; what changed for a reader is that they
+compare as tuples and are copied with ``_replace``. :class:`PrefillJob` (once per request) stays a dataclass.
 """
 
 from __future__ import annotations

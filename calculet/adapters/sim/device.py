@@ -460,11 +460,8 @@ class SimVirtualDevice:
         try:
             if self._virtual:
                 timeline.advance_virtual()
-            with self._lock:  # CompletionTimeline.drain without its frame (once a token on the null device, #20)
-                done = timeline.done
-                out = list(done.values())  # a result published meanwhile is the next poll's
-                done.clear()
-                return out
+            with self._lock:
+                return timeline.drain()  # a result published meanwhile is the next poll's
         except Exception as exc:  # noqa: BLE001 - the boundary must catch everything the vendor raises
             mapped = translated(exc, "VirtualDevice.poll")
             if mapped is exc:

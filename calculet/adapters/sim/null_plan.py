@@ -24,6 +24,11 @@ to the committed step); anything it does not accept goes to the device's full pa
 the refusal of every check in their order (counted and translated by the device's one boundary rule,
 :func:`~calculet.adapters.sim.device.submit_refusal`); a refused step changes nothing here.
 ``tests/unit/adapters/sim/test_null_decode_step.py`` holds results, KV and counts to the general path's.
+
+Session 26 (#20): B1's one lane is checked and committed without a list per step (several lanes:
+:func:`_lanes_committed`, the same checks); the records are named tuples built with ``tuple.__new__``
+(``docs/devices.md`` §3); a routed step is counted once, as :attr:`NullDecodePlan.submitted` — the device's
+completions by rc add it when read, and its completions per engine are its engines' ``engine_sequence``.
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@ the job's slot and lanes are reclaimed (§4).
 Each result is checked against its job (:mod:`.verification`) before the completion
 dispatcher (:mod:`.dispatch`) samples it; crosstalk, counter anomalies and runs of DeviceBusy or
 timeouts feed the ping/pong degrade (:mod:`.degrade`).
+
+A job's Wait deadline is its ticket's ``submitted_at`` plus its timeout (issue #20, session 26): the ticket's instant
+is read from the runtime's clock by the device (``docs/devices.md`` §3), so the executor does not read the clock a
+second time per job, and the timeout a late job reports (``deadline - submitted_at``) is the one it was given.
 """
 
 from __future__ import annotations
