@@ -21,6 +21,7 @@ from calculet.adapters.calrt import (
     MaskContract,
     ReturnCode,
     rc_of,
+    records_follow_contract,
     verify_result,
 )
 from calculet.errors import CalculetError
@@ -208,6 +209,9 @@ def check_counters(bench: Bench, probe: Probe) -> None:
 def _counted(s: Session, probe: Probe, job: JobSpec, previous: dict[object, int], timeout_s: float) -> int:
     ticket = s.device.submit(job)
     res = s.device.wait(ticket.job_id, timeout_s)
+    probe.expect(records_follow_contract(ticket, res), "result_records",
+                 f"{job.kind.value} job {ticket.job_id}: the ticket, result, counters and lanes must be "
+                 "calculet.adapters.calrt's named tuples (docs/devices.md §3)")
     check = verify_result(job, ticket, res, previous.get(res.engine))
     previous[res.engine] = res.counters.engine_sequence
     for anomaly, detail in check.anomalies:

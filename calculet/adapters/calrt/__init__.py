@@ -66,6 +66,7 @@ from calculet.adapters.calrt.jobs import (
     PrefillJob,
     ResultCheck,
     StatusCounters,
+    records_follow_contract,
     verify_result,
 )
 from calculet.adapters.calrt.memory import MAX_CHIPLETS, MemInfo, MemoryFootprint, read_board_memory
@@ -92,5 +93,6 @@ __all__ = [
     "MAX_CHIPLETS", "MaskContract", "MemInfo", "MemoryFootprint", "OperationNotSupported", "PrefillJob",
     "PrimitiveType", "ResetDomain", "ResultCheck", "ReturnCode", "SpecRating", "StatusCounters",
     "TensorRole", "TensorSpec", "VendorError", "VirtualDevice", "error_for", "map_exceptions",
-    "profile_tier", "rc_of", "read_board_memory", "translated", "vendor_boundary", "verify_result",
+    "profile_tier", "rc_of", "read_board_memory", "records_follow_contract", "translated", "vendor_boundary",
+    "verify_result",
 ]

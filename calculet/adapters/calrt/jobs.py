@@ -316,6 +316,17 @@ class JobResult(NamedTuple):
         return self.rc is ReturnCode.OK
 
 
+def records_follow_contract(ticket: object, result: object) -> bool:
+    """Whether a binding's ticket and result are the contract's records (``docs/devices.md`` §3): exactly
+    :class:`JobTicket`, :class:`JobResult`, its :class:`StatusCounters` and one :class:`LaneResult` per lane. The
+    host reads them as the named tuples they are (a clean result's fields unpacked in one step, issue #20), so a
+    look-alike object of another type is refused by the conformance kit rather than failing in the executor."""
+    if type(ticket) is not JobTicket or type(result) is not JobResult:
+        return False
+    return type(result.counters) is StatusCounters and type(result.lanes) is tuple and all(
+        type(lane) is LaneResult for lane in result.lanes)
+
+
 class Anomaly(str, enum.Enum):
     """What :func:`verify_result` can find (§7.4 consistency, §14 degrade triggers)."""
 

@@ -35,6 +35,7 @@ from calculet.adapters.calrt import (
     ResultCheck,
     ReturnCode,
     StatusCounters,
+    records_follow_contract,
     verify_result,
 )
 from calculet.adapters.calrt.jobs import CLEAN
@@ -134,6 +135,22 @@ def test_a_decode_job_is_a_named_tuple_immutable_and_replaced_through_its_constr
     moved = job._replace(positions=np.array([4, 9]), engine=JobEngine.PONG)
     assert moved.lanes.positions == (4, 9) and moved.engine is JobEngine.PONG and job.lanes.positions == (3, 9)
     assert list(moved.positions) == [4, 9] and moved.lanes.tokens == job.lanes.tokens
+
+
+def test_the_record_contract_accepts_the_named_tuples_and_refuses_look_alikes() -> None:
+    """docs/devices.md §3: the conformance kit's ``result_records`` check. A binding's ticket and result pass only
+    as the contract's named tuples, down to the counters and every lane; a plain tuple, a look-alike object or a
+    list of lanes is refused (the host unpacks these records by position)."""
+    lane = LaneResult(0, 5, True, ReturnCode.OK, 3, 4, None, 7)
+    ticket = JobTicket(JobId(9), 1, JobKind.DECODE, JobEngine.PING, 1, 0.0)
+    result = JobResult(JobId(9), 1, JobKind.DECODE, JobEngine.PING, 1, 1, ReturnCode.OK, (lane,),
+                       StatusCounters(1, 1, 1, 1), 0.0, 0.0, _buffers(1).output)
+    assert records_follow_contract(ticket, result)
+    for bad_ticket, bad_result in ((tuple(ticket), result), (ticket, tuple(result)),
+                                   (ticket, result._replace(lanes=[lane])),
+                                   (ticket, result._replace(lanes=(tuple(lane),))),
+                                   (ticket, result._replace(counters=(1, 1, 1, 1)))):
+        assert not records_follow_contract(bad_ticket, bad_result)
 
 
 @pytest.mark.parametrize("cls", [JobTicket, StatusCounters, LaneResult, JobResult])
