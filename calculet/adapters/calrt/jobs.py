@@ -172,6 +172,10 @@ class DecodeJob(_DecodeJobFields):
         kw.update(changes)
         return DecodeJob(**kw)  # type: ignore[arg-type]
 
+    def __getnewargs__(self) -> tuple[object, ...]:  # type: ignore[override]
+        """The constructor's arguments (copy and pickle rebuild the job through it, as :meth:`_replace` does)."""
+        return tuple(getattr(self, name) for name in _CONSTRUCTOR)
+
     @property
     def active_lanes(self) -> tuple[int, ...]:
         return self.lanes.active

@@ -11,8 +11,10 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
+import pickle
 from typing import Any
 
 import numpy as np
@@ -135,6 +137,8 @@ def test_a_decode_job_is_a_named_tuple_immutable_and_replaced_through_its_constr
     moved = job._replace(positions=np.array([4, 9]), engine=JobEngine.PONG)
     assert moved.lanes.positions == (4, 9) and moved.engine is JobEngine.PONG and job.lanes.positions == (3, 9)
     assert list(moved.positions) == [4, 9] and moved.lanes.tokens == job.lanes.tokens
+    for copied in (copy.copy(job), pickle.loads(pickle.dumps(job))):  # rebuilt through the constructor
+        assert copied.lanes == job.lanes and copied.buffers == job.buffers and list(copied.token_ids) == [5, 6]
 
 
 def test_the_record_contract_accepts_the_named_tuples_and_refuses_look_alikes() -> None:
