@@ -45,107 +45,29 @@ Batching window (§7.2 items 4–5): with fewer candidates than lanes the tick m
 deadline minus the expected step time — and then sends the partial batch.
 
 The per-generation containers (tenant queues, arrivals, side heaps) are :mod:`.decode_ready`'s; the
-tick's pass over them (merge, lane cap, validation) is :mod:`.decode_select`'s.
+tick's pass over them (merge, lane cap, validation) is :mod:`.decode_select`'s; the batch record and its build
+(the B1 case among them) are :mod:`.decode_build`'s, a mixin of :class:`DecodeScheduler`.
 """
 
 from __future__ import annotations
 
-import enum
 import heapq
 import math
-from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
-import numpy as np
-
-from calculet.errors import DefinitionError
 from calculet.runtime.distribution import BATCH_WAIT_BOUNDS, Distribution, DistributionSnapshot
 from calculet.runtime.scheduling.asked_once import AskedOnce
 from calculet.runtime.scheduling.decode_ready import ReadyBucket, push_compacting
-from calculet.runtime.scheduling.decode_select import LaneBinding, select_candidates
+from calculet.runtime.scheduling.decode_build import BatchBuilder, DecodeBatch, NoBatch, NoBatchReason
+from calculet.runtime.scheduling.decode_select import LaneBinding
 from calculet.runtime.scheduling.estimates import StepTimer
-from calculet.runtime.scheduling.kv import KvBatchReservation, KvLaneManager, KvReservationFailure
+from calculet.runtime.scheduling.kv import KvLaneManager
 from calculet.runtime.scheduling.profiles import ProfileSet, ProfileSpec
 from calculet.runtime.scheduling.ready_queue import TenantQueue
 from calculet.runtime.scheduling.registry import RequestRecord
 
-
-class DecodeBatch(NamedTuple):
-    """§2 ``DecodeBatch``: generation, profile, active lanes, host tensors and KV reservation.
-
-    Built once per tick, so a named tuple (immutable, its fields read by C descriptors): built with
-    ``tuple.__new__`` it costs a third of the frozen dataclass it was, even with ``quick_init`` (issue #20: one
-    object a token on B1). Compared and hashed by identity, as that dataclass (``eq=False``) was: two batches are
-    two jobs, whatever they carry.
-
-    The host tensors are kept as the Python ints the tick chose them as (``lane_tokens``,
-    ``lane_positions``, ``lane_flags``, each of length ``profile.compiled_batch``; lanes
-    ``0..len(active)-1`` are active and ``lane_positions[i]`` is that lane's KV ``committed_len``,
-    §9.2): the device job takes them as they are. ``token_ids``, ``positions`` (int32) and
-    ``lane_valid`` (uint8) are the same lanes as numpy arrays, built when read (issue #20: the
-    executor path reads none of them, and building them cost two ``np.array`` per step).
-    """
-
-    job_id: int
-    generation: int
-    profile: ProfileSpec
-    active: tuple[LaneBinding, ...]
-    lane_tokens: tuple[int, ...]
-    """Each lane's input token (inactive lanes: the profile's fill token, never a default 0, §7.3)."""
-    lane_positions: tuple[int, ...]
-    """Each lane's position (inactive lanes: the fill position)."""
-    lane_flags: tuple[int, ...]
-    """1 for an active lane, 0 for an inactive one."""
-    kv: KvBatchReservation
-    built_at: float
-    wait_s: float
-    records: tuple[RequestRecord, ...]
-    expired: tuple[RequestRecord, ...] = ()
-    invalid: tuple[tuple[RequestRecord, str], ...] = ()
-
-    __eq__ = object.__eq__  # identity, not the fields' values (a tuple's)
-    __ne__ = object.__ne__
-    __hash__ = object.__hash__
-
-    def __repr__(self) -> str:  # as the dataclass's was: the records left out
-        return "DecodeBatch(" + ", ".join(f"{name}={value!r}" for name, value in zip(self._fields[:10], self)) + ")"
-
-    @property
-    def token_ids(self) -> np.ndarray:
-        """``lane_tokens`` as an int32 array (built when read: tests and tools, not the executor path)."""
-        return np.array(self.lane_tokens, dtype=np.int32)
-
-    @property
-    def positions(self) -> np.ndarray:
-        """``lane_positions`` as an int32 array (built when read)."""
-        return np.array(self.lane_positions, dtype=np.int32)
-
-    @property
-    def lane_valid(self) -> np.ndarray:
-        """``lane_flags`` as a uint8 array (built when read)."""
-        return np.array(self.lane_flags, dtype=np.uint8)
-
-
-_new_tuple = tuple.__new__
-
-
-class NoBatchReason(enum.Enum):
-    EMPTY = "empty"
-    """No eligible candidate."""
-    WINDOW = "window"
-    """Candidates exist but the batching window is still open (see ``wake_at``)."""
-    KV_RESERVATION = "kv_reservation"
-    """``reserve_batch`` refused (see ``failure``); the candidates are back in Ready."""
-
-
-@dataclass(frozen=True, eq=False)
-class NoBatch:
-    reason: NoBatchReason
-    wake_at: float | None = None
-    failure: KvReservationFailure | None = None
-    refused: tuple[RequestRecord, ...] = field(default=(), repr=False)
-    expired: tuple[RequestRecord, ...] = field(default=(), repr=False)
-    invalid: tuple[tuple[RequestRecord, str], ...] = field(default=(), repr=False)
+__all__ = ["DecodeBatch", "DecodeScheduler", "DecodeStatistics", "LaneBinding", "NoBatch", "NoBatchReason"]
 
 
 @dataclass(frozen=True)
@@ -173,7 +95,7 @@ class DecodeStatistics:
     """Age of the oldest sequence in decode Ready, any generation (§16 queues; 0 when empty)."""
 
 
-class DecodeScheduler:
+class DecodeScheduler(BatchBuilder):
     """Holds Ready sequences and builds decode batches (§7)."""
 
     def __init__(self, kv: KvLaneManager, *, batching_window_us: int = 0, max_tenant_lane_share: float = 1.0,
@@ -383,54 +305,6 @@ class DecodeScheduler:
         return None, fire_at
 
     # ------------------------------------------------------------------ §7.1 tick
-
-    def build_decode_batch(self, profile: ProfileSpec, generation: int, now: float,
-                           job_id: int) -> DecodeBatch | NoBatch:
-        """§7.1: take at most ``compiled_batch`` eligible candidates and build the batch."""
-        size = profile.compiled_batch
-        bucket = self._buckets.get(generation)
-        if bucket is None or not bucket.count:
-            return NoBatch(NoBatchReason.EMPTY)
-        if bucket.watch:
-            self._promote(bucket, now)
-        chosen, bindings, leases, kv_machines, kv_lanes, tokens, positions, oldest, expired, invalid, self._vt, \
-            cap_hits, reservable = select_candidates(bucket, self.kv, profile, generation, size, now, self.share,
-                                                     self._vt)
-        if cap_hits:
-            self._cap_hits += cap_hits
-        expired_lanes: tuple[RequestRecord, ...] = ()  # none turned away (the usual tick): no tuple built (#20)
-        invalid_lanes: tuple[tuple[RequestRecord, str], ...] = ()
-        if expired or invalid:
-            self._expired += len(expired)
-            self._invalid += len(invalid)
-            expired_lanes, invalid_lanes = tuple(expired), tuple(invalid)
-        if not chosen:
-            return NoBatch(NoBatchReason.EMPTY, expired=expired_lanes, invalid=invalid_lanes)
-        # the selection's pass checked each lane as reserve_batch would: only the batch-wide rule is left (#20)
-        reservation = (self.kv.checked_reservation(leases, kv_machines, kv_lanes, 1) if reservable
-                       else self.kv.reserve_batch(leases, 1))
-        if isinstance(reservation, KvReservationFailure):
-            self._kv_refusals += 1
-            self.restore(chosen)
-            bad = {lease.lease_id for lease, _ in reservation.problems}
-            refused = tuple(rec for rec, lease in zip(chosen, leases) if lease.lease_id in bad)
-            return NoBatch(NoBatchReason.KV_RESERVATION, failure=reservation, refused=refused, expired=expired_lanes,
-                           invalid=invalid_lanes)
-        count = len(chosen)
-        if count < size and profile.lane_fill is None:
-            self.restore(chosen)
-            raise DefinitionError(f"B{size} has no inactive-lane policy; a partial batch cannot be built and "
-                                  "token 0 is never a default (§7.3)")
-        pad = size - count
-        flags = (1,) * count
-        if pad:
-            fill = profile.lane_fill
-            assert fill is not None
-            tokens += (fill.fill_token,) * pad
-            positions += (fill.fill_position,) * pad
-            flags += (0,) * pad
-        return _new_tuple(DecodeBatch, (job_id, generation, profile, bindings, tokens, positions, flags, reservation,
-                                        now, now - oldest, chosen, expired_lanes, invalid_lanes))  # no __new__ frame
 
     def submitted(self, batch: DecodeBatch) -> None:
         """The batch went to the device: count it in the §16 batch metrics."""

@@ -90,6 +90,9 @@ def tenant_heads(bucket: ReadyBucket, names: Iterable[str]) -> list[list[Any]]:
     compared as lists: the seq is unique, so the record is never compared — and a popped entry's tenant
     is its record's (issue #20: no key tuple built per lane, none unpacked).
     """
+    if names is bucket.tenants and bucket.left >= 64 and bucket.left >= len(names):
+        bucket.compact()  # as many tenants have left the index as remain: its dict's slots rebuilt
+        names = bucket.tenants
     heads: list[list[Any]] = []
     tenants = bucket.tenants
     for tenant in tuple(names):
@@ -112,10 +115,8 @@ def tenant_heads(bucket: ReadyBucket, names: Iterable[str]) -> list[list[Any]]:
 def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSpec, generation: int,
                       size: int, now: float, share: float, vt: int) -> Selection:
     """Merge the tenants' heads (a heap of at most T entries) and take up to ``size`` lanes."""
-    if bucket.left >= 64 and bucket.left >= len(bucket.tenants):
-        bucket.compact()  # as many tenants have left the index as remain: its dict's slots rebuilt
+    heads = tenant_heads(bucket, bucket.tenants)  # the live head entry of each tenant with work (index compacted)
     cap, tenants, max_seq = int(share * size) or 1, bucket.tenants, profile.max_seq  # floor, at least 1
-    heads = tenant_heads(bucket, tenants)  # the live head entry of each tenant with work
     rows: list[tuple[LaneBinding, RequestRecord, KvLease, Any, int, int, int]] = []  # a chosen lane's Selection row
     expired: list[RequestRecord] = []
     invalid: list[tuple[RequestRecord, str]] = []
@@ -137,17 +138,12 @@ def select_candidates(bucket: ReadyBucket, kv: KvLaneManager, profile: ProfileSp
         entry[4] = rec.entry = None
         if rec.deadline <= now:
             expired.append(rec)
-        else:  # validate's accepting case inlined (one lane per pass; anything else asks it why not)
-            machine, lease, token = rec.machine, rec.lease, rec.last_token
-            lane_kv = (lane_machines[lease.lane]  # KvLaneManager.owned_position, inlined
-                       if machine.state == "decode_ready" and machine.generation == generation
-                       and lease is not None and lease.generation == generation
-                       and owner[lease.lane] == lease.lease_id else None)
-            problem = None if lane_kv is None else lane_kv.committed_len
-            if problem is None or problem != machine.kv_length or problem >= max_seq or token is None:
+        else:  # the usual lane (clean_lane); anything else asks validate why not, and reserve_batch decides
+            lease, token = rec.lease, rec.last_token
+            if (lane_kv := clean_lane(rec, generation, max_seq, owner, lane_machines)) is not None:
+                problem = lane_kv.committed_len
+            else:
                 problem, reservable = validate(kv, rec, profile, generation), False
-            elif lane_kv.state not in open_states or problem >= lane_kv.reserved_len:
-                reservable = False  # reserve_batch's check of one token, inlined: it will say why not
             if problem.__class__ is int:  # chosen: its lane bound here, from the reads that chose it (#20)
                 kv_lane = lease.lane
                 rows.append((_new_tuple(LaneBinding, (lanes, rec.request_id, lease.seq_id, generation, kv_lane,
@@ -182,6 +178,66 @@ def _leave_merge(heads: list[list[Any]], bucket: ReadyBucket, tenant: str,
         return 0
     capped.append(tenant)
     return 1  # lanes were still free: a full batch ends the merge before any tenant leaves it
+
+
+def clean_lane(rec: RequestRecord, generation: int, max_seq: int, owner: list[int], lane_machines: list[Any]) -> Any:
+    """The usual candidate's KV lane machine, else None: ``rec`` passes :func:`validate` (decode_ready, of
+    ``generation``, its lease owning its lane — :meth:`KvLaneManager.owned_position` read from
+    :meth:`KvLaneManager.lease_owners`' ``owner`` and ``lane_machines`` — at its ``kv_length``, room in ``max_seq``,
+    an input token) and its lane passes ``reserve_batch``'s per-lane check for one more token (in ``OPEN_STATES``,
+    within its reservation). None: :func:`validate` says why not, or accepts it and ``reserve_batch`` decides.
+
+    The one statement of the accepting case, read by both selections (:func:`select_candidates` per lane,
+    :func:`first_lane` for B1): one call per lane, not an inlined copy per path (issue #20)."""
+    machine, lease = rec.machine, rec.lease
+    if (machine.state != "decode_ready" or machine.generation != generation or lease is None
+            or lease.generation != generation or owner[lease.lane] != lease.lease_id):
+        return None
+    lane_kv = lane_machines[lease.lane]
+    position = lane_kv.committed_len
+    if (position != machine.kv_length or position >= max_seq or rec.last_token is None
+            or lane_kv.state not in open_states or position >= lane_kv.reserved_len):
+        return None
+    return lane_kv
+
+
+def first_lane(bucket: ReadyBucket, kv: KvLaneManager, generation: int, max_seq: int,
+               now: float) -> tuple[RequestRecord, Any] | None:
+    """B1's selection (issue #20: CalRT 0.7.6's only batch, so every decode step's): :func:`select_candidates` for
+    one lane, in its trivial case. One lane is the least head of the tenants' queues (their merge's first pop), and
+    the tenant lane cap — at least one lane — cannot bind before the batch is full. When that head is the usual
+    candidate (not expired, :func:`clean_lane`) it is popped from Ready and returned with its KV lane's machine:
+    the batch ``select_candidates`` would build. Anything else returns None with nothing popped, and
+    ``select_candidates`` decides (it pops the same head first, and sorts it as expired or invalid or takes it
+    for ``reserve_batch`` to check). No rows, columns, lists or heap built for the usual step."""
+    tenants = bucket.tenants
+    if len(tenants) == 1:  # one tenant with work (a single-tenant rotation): its queue's head
+        for queue in tenants.values():
+            fifo = queue.fifo  # TenantQueue.head inlined for the usual queue, as the merge reads it
+            entry = fifo[0] if fifo and not queue.heap and fifo[0][4] is not None else queue.head()
+    else:
+        heads = tenant_heads(bucket, tenants)  # a heap: the least head first (empty queues leave the index)
+        if not heads:
+            return None
+        entry = heads[0]
+        queue = bucket.tenants[entry[4].tenant]
+        fifo = queue.fifo
+    if entry is None:
+        return None
+    rec: RequestRecord = entry[4]
+    if rec.deadline <= now:
+        return None
+    owner, lane_machines = kv.lease_owners()
+    lane_kv = clean_lane(rec, generation, max_seq, owner, lane_machines)
+    if lane_kv is None:
+        return None
+    if fifo and fifo[0] is entry:  # TenantQueue.take inlined
+        fifo.popleft()
+    else:
+        heappop(queue.heap)
+    entry[4] = rec.entry = None
+    bucket.count -= 1
+    return rec, lane_kv
 
 
 def validate(kv: KvLaneManager, rec: RequestRecord, profile: ProfileSpec, generation: int) -> int | str:
