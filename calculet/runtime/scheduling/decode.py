@@ -108,6 +108,7 @@ class DecodeScheduler(BatchBuilder):
         if deadline_slack < 1:
             raise ValueError("deadline_slack must be >= 1")
         self.kv = kv
+        self._owners = kv.lease_owners()  # the pool's lists (lease id, machine per lane), never rebound: read once
         self.strict = deadline_order == "strict"
         self.planned = deadline_order == "on_time"
         """At risk is decided by the goodput planner (:meth:`prioritise`), not by own tokens × step."""

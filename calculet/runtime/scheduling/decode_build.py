@@ -116,6 +116,7 @@ class BatchBuilder:
     module doc): it reads the Ready buckets and the counters the scheduler owns."""
 
     kv: KvLaneManager
+    _owners: tuple[list[int], list[Any]]
     share: float
     _buckets: dict[int, ReadyBucket]
     _vt: int
@@ -136,10 +137,25 @@ class BatchBuilder:
             return NoBatch(NoBatchReason.EMPTY)
         if bucket.watch:
             self._promote(bucket, now)
-        if size == 1:  # B1, the selection's trivial case: its usual lane built without the general pass
-            one = first_lane(bucket, self.kv, generation, profile.max_seq, now)
-            if one is not None:
-                return self._one_lane(one[0], one[1], profile, generation, now, job_id)
+        if size == 1:  # B1, the selection's trivial case: its usual lane built here, without the general pass
+            one = first_lane(bucket, generation, profile.max_seq, now, self._owners)
+            if one is not None:  # what the general build makes of a one-lane selection, from the reads that chose it
+                rec, lane_kv = one
+                lease, token, position, tag = rec.lease, rec.last_token, lane_kv.committed_len, rec.decode_tag
+                assert lease is not None and token is not None  # clean_lane read both
+                if tag > self._vt:
+                    self._vt = tag  # the largest tag served so far (select_candidates' vt)
+                lane = lease.lane  # the reservation: checked_reservation's, which a single lane always passes
+                reservation = self.kv.checked_reservation((lease,), (lane_kv,), (lane,), 1)
+                binding = _new_tuple(LaneBinding, (0, rec.request_id, lease.seq_id, generation, lane, token, position,
+                                                   rec.tenant, rec.deadline))
+                return _new_tuple(DecodeBatch, (job_id, generation, profile, (binding,), (token,), (position,),
+                                                _ONE_LANE, reservation, now, now - rec.ready_since, (rec,), (), ()))
+        return self._build(bucket, profile, generation, size, now, job_id)
+
+    def _build(self, bucket: ReadyBucket, profile: ProfileSpec, generation: int, size: int, now: float,
+               job_id: int) -> DecodeBatch | NoBatch:
+        """The general build: :func:`.select_candidates`' pass, the KV reservation, the padded host tensors."""
         chosen, bindings, leases, kv_machines, kv_lanes, tokens, positions, oldest, expired, invalid, self._vt, \
             cap_hits, reservable = select_candidates(bucket, self.kv, profile, generation, size, now, self.share,
                                                      self._vt)
@@ -178,19 +194,3 @@ class BatchBuilder:
             flags += (0,) * pad
         return _new_tuple(DecodeBatch, (job_id, generation, profile, bindings, tokens, positions, flags, reservation,
                                         now, now - oldest, chosen, expired_lanes, invalid_lanes))  # no __new__ frame
-
-    def _one_lane(self, rec: RequestRecord, lane_kv: Any, profile: ProfileSpec, generation: int, now: float,
-                  job_id: int) -> DecodeBatch:
-        """B1's batch of ``rec``, which :func:`.first_lane` took from Ready with its checked KV lane ``lane_kv``: what
-        the general build makes of a one-lane selection, from the reads that chose it (no padding: the lane is the
-        batch; the reservation ``checked_reservation``'s, which a single lane always passes)."""
-        lease, token, position = rec.lease, rec.last_token, lane_kv.committed_len
-        assert lease is not None and token is not None  # clean_lane read both
-        tag, lane = rec.decode_tag, lease.lane
-        if tag > self._vt:
-            self._vt = tag  # the largest tag served so far (select_candidates' vt)
-        reservation = self.kv.checked_reservation((lease,), (lane_kv,), (lane,), 1)
-        binding = _new_tuple(LaneBinding, (0, rec.request_id, lease.seq_id, generation, lane, token, position,
-                                           rec.tenant, rec.deadline))
-        return _new_tuple(DecodeBatch, (job_id, generation, profile, (binding,), (token,), (position,), _ONE_LANE,
-                                        reservation, now, now - rec.ready_since, (rec,), (), ()))

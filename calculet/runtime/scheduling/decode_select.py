@@ -201,15 +201,16 @@ def clean_lane(rec: RequestRecord, generation: int, max_seq: int, owner: list[in
     return lane_kv
 
 
-def first_lane(bucket: ReadyBucket, kv: KvLaneManager, generation: int, max_seq: int,
-               now: float) -> tuple[RequestRecord, Any] | None:
+def first_lane(bucket: ReadyBucket, generation: int, max_seq: int, now: float,
+               owners: tuple[list[int], list[Any]]) -> tuple[RequestRecord, Any] | None:
     """B1's selection (issue #20: CalRT 0.7.6's only batch, so every decode step's): :func:`select_candidates` for
     one lane, in its trivial case. One lane is the least head of the tenants' queues (their merge's first pop), and
     the tenant lane cap — at least one lane — cannot bind before the batch is full. When that head is the usual
     candidate (not expired, :func:`clean_lane`) it is popped from Ready and returned with its KV lane's machine:
     the batch ``select_candidates`` would build. Anything else returns None with nothing popped, and
     ``select_candidates`` decides (it pops the same head first, and sorts it as expired or invalid or takes it
-    for ``reserve_batch`` to check). No rows, columns, lists or heap built for the usual step."""
+    for ``reserve_batch`` to check). No rows, columns, lists or heap built for the usual step. ``owners``: the KV
+    pool's :meth:`~.KvLaneManager.lease_owners`, read once by the caller (the pool's own lists, never rebound)."""
     tenants = bucket.tenants
     if len(tenants) == 1:  # one tenant with work (a single-tenant rotation): its queue's head
         for queue in tenants.values():
@@ -227,8 +228,7 @@ def first_lane(bucket: ReadyBucket, kv: KvLaneManager, generation: int, max_seq:
     rec: RequestRecord = entry[4]
     if rec.deadline <= now:
         return None
-    owner, lane_machines = kv.lease_owners()
-    lane_kv = clean_lane(rec, generation, max_seq, owner, lane_machines)
+    lane_kv = clean_lane(rec, generation, max_seq, owners[0], owners[1])
     if lane_kv is None:
         return None
     if fifo and fifo[0] is entry:  # TenantQueue.take inlined
