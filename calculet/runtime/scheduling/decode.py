@@ -192,9 +192,11 @@ class DecodeScheduler(BatchBuilder):
                 if queue is None:
                     queue = TenantQueue()
                 tenants[tenant] = queue
-            fifo = queue.fifo  # TenantQueue.push inlined (once per lane per step), both its parts
+            fifo = queue.fifo  # TenantQueue.push inlined (once per lane per step), its three places
             if not fifo or entry > fifo[-1]:
                 fifo.append(entry)
+            elif entry < fifo[0]:  # below every entry (the one served by deadline comes back first): the front
+                fifo.appendleft(entry)
             else:  # behind the FIFO's last (a rotation's equal tags, by virtual finish): the heap part
                 heapq.heappush(queue.heap, entry)
         bucket.count += len(recs) - pushed

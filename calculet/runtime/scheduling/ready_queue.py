@@ -6,9 +6,12 @@ The decode scheduler (:mod:`.decode`) keeps each tenant's Ready sequences ordere
 A heap gives that order at O(log n) per pop. But under the rotation the entries of one tenant
 mostly *arrive* in key order: a sequence served at the head comes back with its tag moved by the
 tenant's constant step cost, behind the others (decode.py's module doc). So this keeps two parts:
-a FIFO of the entries that arrived in key order (each one not below the FIFO's last), and a heap
-of the rest (a newcomer tagged at the global virtual time, an at-risk entry keyed by its
-deadline, a batch put back). The head is the smaller of the two parts' heads, so the order is the
+a FIFO of the entries in key order — each arrived not below the FIFO's last, or below its first — and
+a heap of the rest (a newcomer tagged at the global virtual time, an at-risk entry keyed by its
+deadline between others, a batch put back). The FIFO's front takes the entry served by deadline
+(on_time's default order with no ITL target, §7.2 item 2): it comes back with the same deadline, below
+every other, and went through the heap at every step (a push, a ``head`` call and a pop per token on B1,
+issue #20). The head is the smaller of the two parts' heads, so the order is the
 heap's exactly, whatever the arrival pattern; when arrivals are in order a pop is a ``popleft``.
 """
 
@@ -36,9 +39,13 @@ class TenantQueue:
         being built, for its lane cap (an attribute, not a dictionary per tick, issue #20)."""
 
     def push(self, entry: Entry) -> None:
+        """At the FIFO's end when not below its last, at its front when below its first (it stays in key order
+        either way), else in the heap."""
         fifo = self.fifo
         if not fifo or entry > fifo[-1]:
             fifo.append(entry)
+        elif entry < fifo[0]:
+            fifo.appendleft(entry)
         else:
             heapq.heappush(self.heap, entry)
 
