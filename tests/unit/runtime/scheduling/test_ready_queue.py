@@ -52,3 +52,17 @@ def test_entries_arriving_in_key_order_stay_in_the_fifo_part() -> None:
         queue.take(head)
         order.append(head[3])
     assert order == [0, 1, 9, 2, 3, 4]
+
+
+def test_an_entry_below_the_first_goes_to_the_fifo_front() -> None:
+    """The sequence served by deadline comes back with the same deadline, below every other: the FIFO's front, not
+    the heap (issue #20: a push, a ``head`` call and a pop per B1 step under on_time's deadline order)."""
+    queue = TenantQueue()
+    for seq, deadline in enumerate([5.0, 6.0, 7.0]):
+        queue.push([deadline, 0, 0, seq, object()])
+    served = queue.head()
+    assert served is not None and served[0] == 5.0
+    queue.take(served)
+    queue.push([5.0, 1, 0, 9, object()])  # it comes back, its tag moved on
+    assert not queue.heap and [e[3] for e in queue.fifo] == [9, 1, 2]
+    assert queue.head() is queue.fifo[0]
