@@ -11,14 +11,14 @@ batch is built from the reads that chose it — one binding, one-lane columns, t
 lane — with no rows, columns, lists or heap of the general pass (it cost ~40 % of the plan side's CPU per token at
 16 streams). Any other head (expired, invalid, a lane ``reserve_batch`` must judge) goes through the general pass,
 which sorts it as it always did: the two paths cannot disagree on the usual lane (the same ``clean_lane`` rule),
-and ``tests/property/test_decode_b1.py`` holds them to the same batch.
+and ``tests/unit/runtime/scheduling/test_decode_b1.py`` holds them to the same batches.
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -125,8 +125,8 @@ class BatchBuilder:
     _invalid: int
     _kv_refusals: int
 
-    def _promote(self, bucket: ReadyBucket, now: float) -> None: ...  # DecodeScheduler's
-    def restore(self, records: tuple[RequestRecord, ...]) -> None: ...  # DecodeScheduler's
+    _promote: Callable[[ReadyBucket, float], None]  # DecodeScheduler's methods, which the build asks
+    restore: Callable[[tuple[RequestRecord, ...]], None]
 
     def build_decode_batch(self, profile: ProfileSpec, generation: int, now: float,
                            job_id: int) -> DecodeBatch | NoBatch:

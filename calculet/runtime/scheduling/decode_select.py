@@ -7,6 +7,11 @@ tenant lane cap, and sort each popped candidate into chosen (with its KV positio
 and :class:`LaneBinding`, built from the reads that chose it), expired or invalid. It reads and pops
 the bucket's queues but owns no state: the scheduler's virtual time and cap-hit count come back in
 the :class:`Selection`.
+
+B1 (CalRT 0.7.6's only batch) is that pass's trivial case, :func:`first_lane`: the least head, taken when it is
+the usual candidate, else left to the pass. What a usual candidate is — :func:`validate`'s accepting case and
+``reserve_batch``'s per-lane check, from the reads that chose it — is :func:`clean_lane`, the one statement both
+read (issue #20: it was an inlined copy in the pass).
 """
 
 from __future__ import annotations
