@@ -53,6 +53,12 @@ class JobRecord(_JOB):
         return self
 
 
+_new_job = JobRecord.__new__
+_init_job = JobRecord.__init__
+"""A job's allocation and its generated ``__init__`` (its parameters' checks), called as two functions: the class
+call passed the keywords through a dict to ``__init__`` (~0.3 µs of a ~0.9 µs plan, issue #20)."""
+
+
 @dataclass(frozen=True)
 class JobStatistics:
     """§16 executor-side view: in flight, by engine and state, and how jobs ended."""
@@ -119,7 +125,8 @@ class InflightTable:
         engine = _PING if not held else self._free_engine()
         if engine is None or len(self._jobs) >= self.max_inflight:
             raise DefinitionError("no in-flight slot: plan() must follow has_slot()")
-        job = JobRecord(job_id=job_id, generation=generation, engine=engine, lanes=lanes)  # the generated __init__
+        job = _new_job(JobRecord)  # JobRecord(...) without the class call's kwargs dict (once per step, #20):
+        _init_job(job, job_id=job_id, generation=generation, engine=engine, lanes=lanes)  # the generated __init__
         job.kind, job.work, job.submitted_at = kind, work, 0.0
         self._jobs[job_id] = job
         held.append(engine)
