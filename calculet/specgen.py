@@ -206,9 +206,10 @@ def render_all() -> dict[str, str]:
 def render_code() -> dict[str, str]:
     """Each shipped machine's generated module, by file name under ``CODE_DIR`` (``kv_sequence.py`` for
     ``KvSequenceMachine``), the RequestLaneSystem's part checks (:mod:`calculet.runtime.scheduling.joint_codegen`) and
-    the KvLanePool's reduced guard, measures and one-lane invariants (:mod:`calculet.runtime.scheduling.kv_guard`),
-    exactly as they should be on disk. Reads the package's own ``ALL_MACHINES``: the code the runtime imports is
+    the KvLanePool's reduced guard, measures and one-lane invariants (:mod:`calculet.runtime.scheduling.kv_guard`) and
+    the composites (:mod:`calculet.machines.codegen_composite`), exactly as they should be on disk. Reads the package's own ``ALL_MACHINES``: the code the runtime imports is
     that of the shipped declarations, whatever documents are asked for."""
+    from calculet.machines.codegen_composite import COMPOSITES, composite_source
     from calculet.machines.codegen_module import module_source
     from calculet.machines.kv_pool import KvLanePool
     from calculet.machines.request_lanes import RequestLaneSystem
@@ -219,6 +220,8 @@ def render_code() -> dict[str, str]:
         RequestLaneSystem.definition, qualified(RequestLaneSystem))
     code[kv_guard.WRITTEN.rsplit(".", 1)[1] + ".py"] = kv_guard.module_source(KvLanePool.definition,
                                                                              qualified(KvLanePool))
+    for composite in COMPOSITES:  # events several machines fire together, in one function (route 1, #20)
+        code[f"{composite.name}.py"] = composite_source(composite)
     return code
 
 

@@ -40,6 +40,7 @@ from calculet.runtime.scheduling.plan import Applied, Command, SchedulingCapabil
 from calculet.runtime.scheduling.prefill import PrefillScheduler, PrefillWork
 from calculet.runtime.scheduling.registry import (RUNNING_STATES, WAITING_STATES, CallbackResult, RequestRecord,
                                                   RequestRegistry)
+from calculet.runtime.scheduling.step_done import decode_step_done
 
 
 _SETTLE = {LaneVerdict.OK: "commit", LaneVerdict.OUTPUT_INVALID: "abort",
@@ -196,17 +197,13 @@ class CompletionApplier:
         """A current decode job's result applied: the job ends, its step is timed, every lane's KV settled, its
         requests moved. ``clean``: the usual step's columns (then ``completion`` may be None); else ``completion``
         decides lane by lane."""
-        jobs = self.jobs
+        if clean is not None and len(clean[0]) == 1:  # B1: the three events as one composite (issue #20)
+            applied = decode_step_done(self, job, batch, now, clean[0][0], clean[1][0])
+            if applied is not None:
+                return applied
         if clean is not None or completion.ok:  # type: ignore[union-attr]
-            jobs.fire(job, "complete", ok=True)
-            # the usual decode step: ``job`` has left the table and no other job is in it, nothing to scan
-            lanes_elsewhere, compiled_elsewhere = self._decoding_elsewhere(job) if jobs.by_id else (0, 0)
-            self.step_times.observe(now - job.submitted_at, lanes=len(batch.active), now=now,
-                                    compiled=batch.profile.compiled_batch + compiled_elsewhere,
-                                    decoding=len(batch.active) + self.decode.total_ready() + lanes_elsewhere)
-            if self.step_times.overlap is not None:  # ping/pong's overlap, for the rollout only (#13 session 22)
-                self.step_times.overlap.completed(job.submitted_at, now, self._ahead(),
-                                                  compiled=batch.profile.compiled_batch)
+            self.jobs.fire(job, "complete", ok=True)
+            self.observe_step(job, batch, now)
         else:
             self._job_failed(job, completion.fault)  # type: ignore[union-attr]
         registry = self.registry
@@ -227,6 +224,27 @@ class CompletionApplier:
             failed = len(produced) - ok
         records = batch.records
         targets = registry.decode_done_each(records, job.generation, job.job_id, produced, stops, tokens, details)
+        return self.after_decode(job, records, targets, now, ok, failed)
+
+    def observe_step(self, job: JobRecord, batch: DecodeBatch, now: float) -> None:
+        """A decode job that completed ok (it has left the table) times its step: the step timer's sample, and under
+        ping/pong the overlap's."""
+        jobs = self.jobs
+        # the usual decode step: ``job`` has left the table and no other job is in it, nothing to scan
+        lanes_elsewhere, compiled_elsewhere = self._decoding_elsewhere(job) if jobs.by_id else (0, 0)
+        step_times = self.step_times
+        active = len(batch.active)
+        step_times.observe(now - job.submitted_at, lanes=active, now=now,
+                           compiled=batch.profile.compiled_batch + compiled_elsewhere,
+                           decoding=active + self.decode.total_ready() + lanes_elsewhere)
+        if step_times.overlap is not None:  # ping/pong's overlap, for the rollout only (#13 session 22)
+            step_times.overlap.completed(job.submitted_at, now, self._ahead(), compiled=batch.profile.compiled_batch)
+
+    def after_decode(self, job: JobRecord, records: Sequence[RequestRecord], targets: Sequence[str | None],
+                     now: float, ok: int, failed: int) -> Applied:
+        """After a decode job's requests moved (``targets``): finishing ones finish, ready ones queue again, room
+        reclaimed is used (the scheduler's pump) when something changed."""
+        registry = self.registry
         if "finishing" in targets:
             for rec, target in zip(records, targets):
                 if target == "finishing":

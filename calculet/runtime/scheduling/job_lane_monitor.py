@@ -254,6 +254,16 @@ class JobLaneMonitor:
                         None if job is None else (job.state, job.fault_reported)))
         return pre
 
+    @staticmethod
+    def answered(pre: list[tuple[int, str, int, Any, tuple[str, bool] | None]]
+                 ) -> list[tuple[int, str, int, Any, tuple[str, bool] | None]]:
+        """``pre`` (from :meth:`before`, taken before the job's event) with each bound job's state read again: what
+        :meth:`before` would have read after that event and before the lanes' (issue #20: a B1 step's job, lane and
+        request events fire as one generated composite, :mod:`.step_done`; the job event moves no lane and no
+        binding, so only the job's state and ``fault_reported`` differ)."""
+        return [(i, state, committed, job, None if job is None else (job.state, job.fault_reported))
+                for i, state, committed, job, _ in pre]
+
     def step_keys(self, pre: list[tuple[int, str, int, Any, tuple[str, bool] | None]], event: str) -> set[StepKey]:
         """Each settled lane's step key (``pre`` from :meth:`before`, the lanes as they are now)."""
         kv_lanes, opened, batch = self.kv.lane_list(), self.kv.open_list(), self.batch

@@ -444,6 +444,15 @@ class RequestRegistry:
                     rec.detail = detail
         targets: list[str] = _INSTANCE.fire_each(machines, "decode_done", job=[job_id] * len(machines),
                                                  ok=produced, stop=stops)
+        self.decode_told(recs, targets, tokens)
+        return targets
+
+    def decode_told(self, recs: Sequence[RequestRecord], targets: Sequence[str], tokens: Sequence[int | None]) -> None:
+        """After every record of ``recs`` fired ``decode_done`` (a step's lanes, current): the quiet moves (back to
+        Ready) told to :attr:`quiet_listener` in one call, then per record the listener, the close of an ended one
+        and the delivery of its token to its sink (``deliver``, inline). The one place these rules live: the batch
+        (:meth:`decode_done_each`) and the B1 step whose events fired as one composite
+        (:mod:`calculet.runtime.scheduling.step_done`, issue #20) both end here."""
         listener, quiet = self._listener, self.quiet
         running_quiet = "decode_running" in quiet
         # whether a token's move is quiet (told to the quiet listener, once for the step), decided once per step
@@ -480,7 +489,6 @@ class RequestRegistry:
             except Exception:  # a broken client must not break the actor
                 self._sink_errors += 1
                 log.exception("sink.token failed", extra={"request_id": rec.request_id})
-        return targets
 
     def _decode_done_fresh(self, recs: Sequence[RequestRecord], generation: int, job_id: int,
                            produced: Sequence[bool], stops: Sequence[bool], tokens: Sequence[int | None],

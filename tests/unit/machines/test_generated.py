@@ -34,14 +34,15 @@ def code() -> dict[str, str]:
 def test_the_written_modules_are_what_the_declarations_produce(code):
     """Every shipped declaration's module under calculet/machines/generated/ is byte for byte what
     ``codegen_module.module_source`` (the machines), ``joint_codegen.module_source`` (the RequestLaneSystem's part
-    checks) or ``kv_guard.module_source`` (the KvLanePool's reduced guard, session 24) prints from it now, and no
+    checks), ``kv_guard.module_source`` (the KvLanePool's reduced guard, session 24) or
+    ``codegen_composite.composite_source`` (the B1 decode step's composite, session 26) prints from it now, and no
     other module is there. Mutant caught (applied
     once): a guard edited by hand in generated/kv_sequence.py (``tokens <= self.max_seq`` to ``< ``) — the file
     differs from the declaration's."""
     problems = specgen.check_code(specgen.CODE_DIR, code)
     assert problems == [], f"calculet/machines/generated/ is stale; {REGENERATE}:\n" + "\n".join(problems)
     machines = [f"{name.rsplit('.', 1)[1]}.py" for name in (module_name(m) for m in ALL_MACHINES) if name]
-    assert sorted(code) == sorted([*machines, "request_lane_system_parts.py", "kv_lane_pool.py"])
+    assert sorted(code) == sorted([*machines, "request_lane_system_parts.py", "kv_lane_pool.py", "decode_step.py"])
 
 
 @pytest.mark.parametrize("machine", ALL_MACHINES, ids=lambda m: m.definition.name)
@@ -126,6 +127,7 @@ def test_the_generated_package_imports_no_z3_and_no_code_generator():
         assert all(line in ("from __future__ import annotations",
                             "from itertools import islice as _islice",
                             "from typing import Any as _Any, Sequence as _Sequence",
+                            "from typing import Any as _Any",
                             "from calculet.machines.written import MISSING as _M") for line in imports), imports
 
 
@@ -214,3 +216,26 @@ def test_the_pool_functions_print_the_same_whatever_z3_made_before():
     made_first += [z3.Int("seq_id_l1") == z3.Int("seq"), z3.Int("generation_l1") == z3.Int("gen")]
     text = kv_guard.module_source(KvLanePool.definition, "calculet.machines.kv_pool.KvLanePool")
     assert text == (specgen.CODE_DIR / "kv_lane_pool.py").read_text(), "run `python -m calculet.specgen`"
+
+
+def test_the_runtime_binds_the_written_composite():
+    """The B1 decode step's composite (``generated/decode_step.py``, :mod:`calculet.machines.codegen_composite`) is
+    the one the completion path runs, bound to the shipped declarations' rows; a composite printed for other shapes
+    is not bound (the events are then fired one by one). Mutant caught (applied once): ``bind_composite`` not
+    comparing the shapes — the stale module is bound."""
+    from calculet.machines import DeviceJobMachine, RequestMachine
+    from calculet.runtime.scheduling import step_done
+
+    module = step_done.COMPOSITE
+    assert module is sys.modules["calculet.machines.generated.decode_step"]
+    rows = [value for name, value in vars(module).items() if name.startswith("_p") and "_row_" in name]
+    shipped = [*DeviceJobMachine.definition.transitions, *KvSequenceMachine.definition.transitions,
+               *RequestMachine.definition.transitions]
+    assert rows and all(any(value is t for t in shipped) for value in rows)
+    saved = module.SHAPES
+    try:
+        module.SHAPES = ("stale", *saved[1:])
+        assert step_done.bind_composite("decode_step") is None
+    finally:
+        module.SHAPES = saved
+    assert step_done.bind_composite("decode_step") is module

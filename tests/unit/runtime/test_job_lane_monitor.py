@@ -311,8 +311,11 @@ def test_a_scheduler_whose_completion_commits_another_jobs_lanes_is_caught(monke
     state); the step property does, at the commit, naming the completing job. Mutants caught (each checked: the
     test fails): the KV manager's batch commit not calling the monitor (``commit_batch`` without its step check);
     ``attach`` not hooking the monitor into the KV manager (``kv.steps`` left None); ``apply.py`` not passing the
-    completing job to ``commit_batch`` (the report does not name it)."""
+    completing job to ``commit_batch`` (the report does not name it). The fault is injected into the layered path's
+    ``commit_batch``, so the B1 composite (``step_done``, which the fault would not pass through) is off here."""
+    from calculet.runtime.scheduling import step_done
     from tests.unit.runtime.runtime_support import Harness
+    monkeypatch.setattr(step_done, "COMPOSITE", None)
     h = Harness.build(sizes=(1,), lanes=4, executor={"max_inflight": 2})
     h.submit(prompt=8, new=3)
     h.submit(prompt=8, new=3)

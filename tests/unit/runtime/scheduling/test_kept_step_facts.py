@@ -21,6 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calculet.machines.monitor import MONITOR
+from calculet.runtime.scheduling import apply as apply_module
+from calculet.runtime.scheduling import step_done
 from calculet.runtime.scheduling.jobs import lanes_of
 from calculet.runtime.scheduling.plan import SchedulingCapabilities
 from calculet.runtime.scheduling.profiles import ProfileSet
@@ -116,11 +118,14 @@ def test_the_profile_memo_is_select_profile(counts: list[int], sizes: set[int]) 
 
 
 @pytest.mark.req("R14.4")
-def test_the_table_asks_the_monitor_only_on_a_drawn_event() -> None:
-    """The jobs table draws for the JobLaneSystem monitor: with some events drawn, the monitor's check runs
+@pytest.mark.parametrize("composite", [False, True])
+def test_the_table_asks_the_monitor_only_on_a_drawn_event(composite: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The jobs table (or, for a B1 step's completion, the composite path: ``step_done``) draws for the JobLaneSystem monitor: with some events drawn, the monitor's check runs
     on exactly the events drawn for it, and the binding is kept at every submit whether drawn or not. Mutants
     caught (checked): the table calling the monitor on every event (it checks undrawn events); the binding
     recorded only on drawn events (a submit not drawn leaves its lanes bound to the previous job)."""
+    if not composite:  # every job event through the table
+        monkeypatch.setattr(step_done, "COMPOSITE", None)
     h = Harness.build(sizes=(1,), lanes=2)
     monitor = h.scheduler.job_lanes
     checked: list[str] = []
@@ -160,6 +165,15 @@ def test_the_table_asks_the_monitor_only_on_a_drawn_event() -> None:
             assert all(h.scheduler.jobs.binding[lane] is job for lane in lanes_of(job.work))
             return target
 
+        def done(applier: Any, job: Any, *args: Any) -> Any:  # the composite path's job event (issue #20)
+            before = len(draws)
+            applied = step_done_fire(applier, job, *args)
+            if applied is not None:
+                events.append("complete" if len(draws) > before and draws[before] else "")
+            return applied
+
+        step_done_fire = apply_module.decode_step_done
+        monkeypatch.setattr(apply_module, "decode_step_done", done)
         h.scheduler.jobs.fire = fire  # type: ignore[method-assign]
         h.scheduler.jobs.submit = submit  # type: ignore[method-assign]
         for _ in range(3):
