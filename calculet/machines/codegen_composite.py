@@ -1,11 +1,12 @@
 """One generated function for events of several machines that the runtime always fires together (issue #20).
 
-Why: a B1 decode step (CalRT 0.7.6's only batch, spec §1, §8) ends with three events on three machines — the
-job's ``complete(ok=True)`` (:class:`~calculet.machines.job.DeviceJobMachine`), its KV lane's ``commit(tokens)``
+Why: a B1 decode step (CalRT 0.7.6's only batch, spec §1, §8) ends with three events on three machines
+(:data:`DECODE_STEP_DONE`) — the job's ``complete(ok=True)`` (:class:`~calculet.machines.job.DeviceJobMachine`), its KV lane's ``commit(tokens)``
 (:class:`~calculet.machines.kv_sequence.KvSequenceMachine`, §9.2) and its request's ``decode_done``
 (:class:`~calculet.machines.request.RequestMachine`, §7.4) — and each went through its own ``fire`` or
 ``fire_each`` frame and its (state, event) function: ~10 frames a token for ~40 lines of guards and effects
-(docs/host_path.md, route 1). A *composite* prints those events' rows, one after the other, into one function,
+(docs/host_path.md, route 1); it is submitted with two, the job's ``submit`` and its request's ``submit_decode``
+(:data:`DECODE_STEP_SUBMITTED`). A *composite* prints those events' rows, one after the other, into one function,
 from the same z3 terms as each machine's own hot path (:mod:`.codegen`): the argument acceptance, the shared
 atoms, the row tree, the effects, ``last_transition``. It is not a new machine and declares nothing: every
 guard and effect still comes from the machines' declarations (``calculet/machines/*.py``), and the composite
@@ -79,7 +80,15 @@ DECODE_STEP_DONE = Composite(
      Part(RequestMachine, "request", "decode_done", (("job", "job_id"), ("stop", "stop")), (("ok", True),))))
 """Route 1 of docs/host_path.md: the completion of a B1 decode step whose lane succeeded (§7.4, §9.2)."""
 
-COMPOSITES: tuple[Composite, ...] = (DECODE_STEP_DONE,)
+DECODE_STEP_SUBMITTED = Composite(
+    "decode_submit", "a B1 decode step submitted: the job goes on the device, its request's lane into the batch",
+    ("job", "request", "job_id"),
+    (Part(DeviceJobMachine, "job", "submit", ()),
+     Part(RequestMachine, "request", "submit_decode", (("job", "job_id"),))))
+"""The submit side of a B1 decode step (§7.4, §14): the lanes' steps open with no lane event (JobLaneSystem's
+``enlist``), so two machines. Its ``submit`` is never folded with the job's ``complete`` (module doc)."""
+
+COMPOSITES: tuple[Composite, ...] = (DECODE_STEP_DONE, DECODE_STEP_SUBMITTED)
 
 
 def _part_lines(c: Composite, k: int, part: Part, sampled: bool, namespace: dict[str, Any]) -> list[str]:

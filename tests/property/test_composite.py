@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from calculet.machines import DeviceJobMachine, KvSequenceMachine, RequestMachine
 from calculet.machines.errors import TransitionNotAllowed
+from calculet.runtime.scheduling import step_done
 from calculet.runtime.scheduling.step_done import COMPOSITE
 from tests.machine_support import explore
 
@@ -106,3 +107,30 @@ def test_the_composite_reaches_every_row_it_prints() -> None:
     errors = {t for m in (DeviceJobMachine, RequestMachine) for t in m.definition.transitions
               if t.name in ("complete_error", "decode_done_error")}
     assert rows - taken == errors
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), sampled=st.booleans(), draws=st.lists(st.booleans(), min_size=2, max_size=2))
+def test_the_decode_submit_composite_is_its_two_events_in_sequence(data, sampled, draws) -> None:
+    """``generated/decode_submit.py``: the job's ``submit`` then the request's ``submit_decode(job)``, as the two
+    ``fire`` calls leave them, for any reachable states and job ids (valid and not). Mutant caught (applied once to
+    the generated module, then restored): the request's part writing a fixed ``job_id`` (1), not its argument."""
+    job = data.draw(_biased(DeviceJobMachine, "prepared"))
+    request = data.draw(_biased(RequestMachine, "decode_ready"))
+    job_id = data.draw(st.sampled_from([job.job_id, 0, 1, 7, True]))
+    seq, fused = [job.snapshot(), request.snapshot()], [job.snapshot(), request.snapshot()]
+    want: list[str] = []
+    refused = None
+    try:
+        want.append(seq[0].fire("submit"))
+        want.append(seq[1].fire("submit_decode", job=job_id))
+    except TransitionNotAllowed as exc:
+        refused = (exc.state, exc.event)
+    submit = step_done.SUBMIT
+    drawn = iter(draws)
+    args = (*fused, job_id, drawn) if sampled else (*fused, job_id)
+    got, got_refused = _composite(submit.fire_sampled if sampled else submit.fire_plain, *args)
+    assert got_refused == refused
+    if refused is None:
+        assert got == tuple(want)
+    assert [_view(x) for x in fused] == [_view(x) for x in seq]

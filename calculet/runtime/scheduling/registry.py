@@ -335,7 +335,7 @@ class RequestRegistry:
         except Exception:
             for rec, machine, source in zip(recs, machines, sources):
                 if machine.state != source:
-                    self._tell(rec, source, machine.state)
+                    self.tell(rec, source, machine.state)
             raise
         if n and sources.count(sources[0]) == n and targets.count(targets[0]) == n and sources[0] in quiet \
                 and targets[0] in quiet and targets[0] not in TERMINAL_STATES:
@@ -343,9 +343,9 @@ class RequestRegistry:
                 self.quiet_listener(recs, sources[0], targets)
             return
         for rec, source, target in zip(recs, sources, targets):
-            self._tell(rec, source, target)
+            self.tell(rec, source, target)
 
-    def _tell(self, rec: RequestRecord, source: str, target: str) -> None:
+    def tell(self, rec: RequestRecord, source: str, target: str) -> None:
         """One move of a batch call, told as it is: a quiet one to the quiet listener, any other by :meth:`_moved`."""
         quiet = self.quiet
         if source in quiet and target in quiet and target not in TERMINAL_STATES:

@@ -56,7 +56,7 @@ from calculet.runtime.scheduling.fairness import TenantPolicy
 from calculet.runtime.scheduling.generations import GenerationBinding
 from calculet.runtime.scheduling.changes import Changes
 from calculet.runtime.scheduling.job_lane_monitor import attach as attach_job_lane_monitor
-from calculet.runtime.scheduling.jobs import InflightTable, JobRecord, lanes_of
+from calculet.runtime.scheduling.jobs import InflightTable, JobRecord
 from calculet.runtime.scheduling.kv import KvLaneManager, KvLease
 from calculet.runtime.scheduling.on_time import OnTimePolicy
 from calculet.runtime.scheduling.plan import (Applied, Command, SchedulerStatistics, SchedulingCapabilities,
@@ -64,6 +64,7 @@ from calculet.runtime.scheduling.plan import (Applied, Command, SchedulerStatist
 from calculet.runtime.scheduling.prefill import PrefillScheduler, SmoothWrr
 from calculet.runtime.scheduling.profiles import ProfileSet
 from calculet.runtime.scheduling.stepping import Stepping
+from calculet.runtime.scheduling.step_done import job_submitted
 from calculet.runtime.scheduling.registry import (PREFILL_STATES, WAITING_STATES, Cancellation, CancelResult, QuietListener,
                                                   RequestRecord, RequestRegistry, TransitionListener, one_by_one)
 
@@ -229,19 +230,7 @@ class Scheduler(Stepping):
         if job is None or job.job_id != job_id:
             job = self._take_pending(job_id)  # raises here: not the planned job
         self._pending = None  # _take_pending's accepting case without its call (once per step, issue #20)
-        work = job.work
-        decode = isinstance(work, DecodeBatch)  # a batch's lanes as its reservation recorded them, else looked up
-        self.jobs.submit(job, decode and work.kv.lanes or lanes_of(work))  # no lanes_of per step (issue #20)
-        job.submitted_at = self._clock.now()
-        if decode:
-            self.decode.submitted(work)
-            self.kv.submit_batch(work.kv)
-            self.registry.fire_all(work.records, "submit_decode", job=job_id)
-        else:
-            self.kv.submit(work.lease, work.tokens)
-            rec = work.record
-            if rec.state == "prefill_ready":
-                self.registry.fire(rec, "submit_prefill", job=job_id)
+        job_submitted(self, job)  # B1 decode: one composite; else each machine's event (step_done.py, issue #20)
 
     def submit_failed(self, job_id: int) -> None:
         """The device refused the planned job (DeviceBusy, ...): nothing ran; re-queue its work."""

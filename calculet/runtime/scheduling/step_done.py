@@ -1,4 +1,10 @@
-"""A B1 decode step's completion with its three machine events fired as one generated composite (issue #20).
+"""A B1 decode step's completion and submission, each with its machine events fired as one generated composite (#20).
+
+The submission (:func:`decode_step_submitted`) is the same idea on the other side of the device: the job's
+``submit`` and the request's ``submit_decode`` as the composite ``decode_submit``, the lane's step opened by the KV
+manager's ``submit_batch`` as before (the lane has no event there).
+
+The completion:
 
 Why: at B1 (CalRT 0.7.6's only batch, spec §1, §8) every decode step is one token, and its completion fired three
 events through three layers each — the jobs table's ``fire`` (the job's ``complete``), the KV manager's
@@ -32,10 +38,12 @@ from typing import Any
 from calculet.machines.compiled import _fire_exact_or_checked
 from calculet.machines.monitor import MONITOR
 from calculet.machines.written import GENERATED_PACKAGE, import_written, shape
+from calculet.runtime.scheduling.decode import DecodeBatch
+from calculet.runtime.scheduling.jobs import lanes_of
 from calculet.runtime.scheduling.kv_batch import KEEPS_TOTALS, OPEN_STATES
 from calculet.runtime.scheduling.plan import Applied
 
-__all__ = ["COMPOSITE", "bind_composite", "decode_step_done"]
+__all__ = ["COMPOSITE", "SUBMIT", "bind_composite", "decode_step_done", "decode_step_submitted", "job_submitted"]
 
 _ENDED = frozenset({"completed", "failed"})
 _new_tuple = tuple.__new__
@@ -67,6 +75,69 @@ def bind_composite(name: str) -> ModuleType | None:
 
 COMPOSITE = bind_composite("decode_step") if "commit" in KEEPS_TOTALS else None
 """The bound ``decode_step`` composite, or None (then every step takes the layered path)."""
+SUBMIT = bind_composite("decode_submit")
+"""The bound ``decode_submit`` composite (the job's ``submit``, the request's ``submit_decode``), or None."""
+
+
+def job_submitted(scheduler: Any, job: Any) -> None:
+    """:meth:`Scheduler.submitted` once the planned job is taken: jobs, KV lanes and requests fire ``submit`` — a B1
+    decode step's as one composite (:func:`decode_step_submitted`), any other job's event by event."""
+    work = job.work
+    if work.__class__ is DecodeBatch:
+        if decode_step_submitted(scheduler, job, work):
+            return
+        scheduler.jobs.submit(job, work.kv.lanes or lanes_of(work))  # a batch's lanes as its reservation recorded
+        job.submitted_at = scheduler._clock.now()
+        scheduler.decode.submitted(work)
+        scheduler.kv.submit_batch(work.kv)
+        scheduler.registry.fire_all(work.records, "submit_decode", job=job.job_id)
+        return
+    scheduler.jobs.submit(job, lanes_of(work))
+    job.submitted_at = scheduler._clock.now()
+    scheduler.kv.submit(work.lease, work.tokens)
+    rec = work.record
+    if rec.state == "prefill_ready":
+        scheduler.registry.fire(rec, "submit_prefill", job=job.job_id)
+
+
+def decode_step_submitted(scheduler: Any, job: Any, batch: Any) -> bool:
+    """The device accepted ``job``, a B1 decode batch: its job's and its request's events fired as one composite, the
+    lane's step opened, the moves told — :meth:`Scheduler.submitted`'s decode path in the same order of rules (the
+    job × lane check and the binding before the job's event, ``submitted_at``, the batch counted, the lane opened
+    with the pool check, the request's quiet move told). False, with nothing changed, when a layer would not take its
+    usual case: the reservation's lane changed owner or has a step open (``submit_batch`` would raise), the request
+    is not Ready (``fire_all`` would refuse)."""
+    records = batch.records
+    if SUBMIT is None or len(records) != 1:
+        return False
+    reservation = batch.kv
+    kv = scheduler.kv
+    request = records[0].machine
+    lanes = reservation.lanes
+    if (not reservation.machines or reservation.owners != kv.owners_changed or kv._open[lanes[0]]
+            or request.state != "decode_ready"):
+        return False
+    jobs = scheduler.jobs
+    check = jobs.check
+    job_id = job.job_id
+    if MONITOR.enabled:
+        draws = MONITOR.draws
+        if check is not None:  # InflightTable.submit: the check when drawn, then the binding (the model's enlist)
+            if next(draws):
+                check(job, "submit")
+            jobs.binding[lanes[0]] = job
+        ended, target = SUBMIT.fire_sampled(job, request, job_id, draws)
+    else:
+        if check is not None:
+            jobs.binding[lanes[0]] = job
+        ended, target = SUBMIT.fire_plain(job, request, job_id)
+    if ended in _ENDED:  # no ``submit`` row ends a job, asked as InflightTable.submit asks it
+        jobs._end(job)
+    job.submitted_at = scheduler._clock.now()
+    scheduler.decode.submitted(batch)
+    kv.submit_batch(reservation)
+    scheduler.registry.tell(records[0], "decode_ready", target)
+    return True
 
 
 def decode_step_done(applier: Any, job: Any, batch: Any, now: float, token: int, stop: bool) -> Applied | None:

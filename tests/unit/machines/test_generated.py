@@ -42,7 +42,8 @@ def test_the_written_modules_are_what_the_declarations_produce(code):
     problems = specgen.check_code(specgen.CODE_DIR, code)
     assert problems == [], f"calculet/machines/generated/ is stale; {REGENERATE}:\n" + "\n".join(problems)
     machines = [f"{name.rsplit('.', 1)[1]}.py" for name in (module_name(m) for m in ALL_MACHINES) if name]
-    assert sorted(code) == sorted([*machines, "request_lane_system_parts.py", "kv_lane_pool.py", "decode_step.py"])
+    assert sorted(code) == sorted([*machines, "request_lane_system_parts.py", "kv_lane_pool.py", "decode_step.py",
+                                    "decode_submit.py"])
 
 
 @pytest.mark.parametrize("machine", ALL_MACHINES, ids=lambda m: m.definition.name)

@@ -126,6 +126,7 @@ def test_the_table_asks_the_monitor_only_on_a_drawn_event(composite: bool, monke
     recorded only on drawn events (a submit not drawn leaves its lanes bound to the previous job)."""
     if not composite:  # every job event through the table
         monkeypatch.setattr(step_done, "COMPOSITE", None)
+        monkeypatch.setattr(step_done, "SUBMIT", None)
     h = Harness.build(sizes=(1,), lanes=2)
     monitor = h.scheduler.job_lanes
     checked: list[str] = []
@@ -172,8 +173,18 @@ def test_the_table_asks_the_monitor_only_on_a_drawn_event(composite: bool, monke
                 events.append("complete" if len(draws) > before and draws[before] else "")
             return applied
 
+        def submitted(scheduler: Any, job: Any, batch: Any) -> bool:  # the composite path's submit (issue #20)
+            before = len(draws)
+            taken = step_done_submit(scheduler, job, batch)
+            if taken:
+                events.append("submit" if len(draws) > before and draws[before] else "")
+                assert all(h.scheduler.jobs.binding[lane] is job for lane in lanes_of(job.work))
+            return taken
+
         step_done_fire = apply_module.decode_step_done
+        step_done_submit = step_done.decode_step_submitted
         monkeypatch.setattr(apply_module, "decode_step_done", done)
+        monkeypatch.setattr(step_done, "decode_step_submitted", submitted)
         h.scheduler.jobs.fire = fire  # type: ignore[method-assign]
         h.scheduler.jobs.submit = submit  # type: ignore[method-assign]
         for _ in range(3):
