@@ -168,7 +168,12 @@ class CompletionApplier:
         job = self.jobs.get(job_id)
         if (job is not None and job.kind == DECODE and job.state == "submitted" and generation == job.generation
                 and usable_tokens(tokens, self.capabilities.vocab_size)):
-            return self._decode_settled(job, job.work, self._clock.now(), (tokens, stops), None)
+            now = self._clock.now()
+            if len(tokens) == 1:  # B1: the events as one composite, without _decode_settled's frame (issue #20)
+                applied = decode_step_done(self, job, job.work, now, tokens[0], stops[0])
+                if applied is not None:
+                    return applied
+            return self._decode_settled(job, job.work, now, (tokens, stops), None)
         bound = job.work.active if job is not None and job.kind == DECODE else ()
         return self._decode_outcomes(DecodeCompletion(job_id, generation, True, tuple([
             LaneOutcome(b.lane, b.request_id, b.seq_id, generation, True, token, stop)
