@@ -7,5 +7,7 @@ fail when one is not what its declaration produces. :func:`calculet.machines.com
 imports them instead of generating and ``exec``'ing the code at each start. Two more are printed from declarations
 the same way: ``request_lane_system_parts.py`` (the RequestLaneSystem's part checks,
 :mod:`calculet.runtime.scheduling.joint_codegen`) and ``kv_lane_pool.py`` (the KvLanePool's reduced reserve guard,
-measures and one-lane invariants, :mod:`calculet.runtime.scheduling.kv_guard`). Do not edit them by hand.
+measures and one-lane invariants, :mod:`calculet.runtime.scheduling.kv_guard`), and the composites ``decode_step.py``
+and ``decode_submit.py`` print several machines' events of one B1 decode step as one function
+(:mod:`calculet.machines.codegen_composite`). Do not edit them by hand.
 """

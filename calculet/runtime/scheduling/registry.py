@@ -457,8 +457,19 @@ class RequestRegistry:
         running_quiet = "decode_running" in quiet
         # whether a token's move is quiet (told to the quiet listener, once for the step), decided once per step
         ready_quiet = running_quiet and "decode_ready" in quiet
-        finishing_quiet = running_quiet and "finishing" in quiet
         quiet_listener = self.quiet_listener
+        if ready_quiet and len(recs) == 1 and targets[0] == "decode_ready":  # B1's usual token: the loop below, unrolled
+            rec, token = recs[0], tokens[0]
+            if quiet_listener is not None:
+                quiet_listener(recs, "decode_running", targets)
+            rec.last_token = token
+            try:
+                rec.sink.token(rec.request_id, token)  # type: ignore[arg-type]
+            except Exception:  # a broken client must not break the actor
+                self._sink_errors += 1
+                log.exception("sink.token failed", extra={"request_id": rec.request_id})
+            return
+        finishing_quiet = running_quiet and "finishing" in quiet
         if quiet_listener is not None and ready_quiet:
             if targets.count("decode_ready") == len(targets):  # the usual step: every lane is Ready again
                 quiet_listener(recs, "decode_running", targets)
