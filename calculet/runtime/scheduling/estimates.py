@@ -173,7 +173,12 @@ class StepTimer:
         if now is not None and lanes > 0:
             busy = seconds + self._prefill_since
             keep = 1.0 - TOKEN_SMOOTHING
-            self._widest = max(self._widest, compiled, lanes)
+            widest = self._widest  # max(widest, compiled, lanes) as conditionals: builtin calls a step fewer (#20)
+            if compiled > widest:
+                widest = compiled
+            if lanes > widest:
+                widest = lanes
+            self._widest = widest
             last_done = self._last_done
             if last_done is None:  # the first step: only its own lanes' wait is known (under ping/pong
                 interval, waiting = busy, lanes  # the other job's sequences may have been submitted just now)
@@ -186,7 +191,13 @@ class StepTimer:
                     else:
                         self._period_dev += PERIOD_DEVIATION_WEIGHT * (abs(sample - self._period) - self._period_dev)
                         self._period += self._alpha * (sample - self._period)
-                interval, waiting = min(busy, max(0.0, now - last_done)), max(lanes, min(decoding, self._widest))
+                gap = now - last_done  # min(busy, max(0.0, gap)) and max(lanes, min(decoding, widest)), as max and
+                if not gap > 0.0:       # min decide (the first of equals kept), without their calls (#20)
+                    gap = 0.0
+                interval = gap if gap < busy else busy
+                waiting = widest if widest < decoding else decoding
+                if waiting <= lanes:  # max(lanes, ...) keeps lanes on a tie
+                    waiting = lanes
             self._waited = keep * self._waited + waiting * interval
             holding = self.holding
             held = waiting if holding is None else max(waiting, holding.active)
