@@ -46,7 +46,6 @@ from calculet.runtime.scheduling.plan import Applied
 __all__ = ["COMPOSITE", "SUBMIT", "bind_composite", "decode_step_done", "decode_step_submitted", "job_submitted"]
 
 _ENDED = frozenset({"completed", "failed"})
-_new_tuple = tuple.__new__
 
 
 def _declaration(qualified: str) -> Any:
