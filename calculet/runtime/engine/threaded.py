@@ -38,16 +38,6 @@ __all__ = ["ThreadedEngine"]
 
 T = TypeVar("T")
 
-HAND_OFF_S = 1e-3
-"""How long the actor, chaining turns, waits at most for the consumer loops to run what its wake-ups started
-(:func:`~calculet.runtime.streams.writer.flush_wakeups`'s ``hand_off_s``) before it turns again. Why (issue #20,
-session 26): beside a turning actor, the event loop took the interpreter lock back for each of its callbacks — a
-forced hand-over after up to the switch interval, an involuntary context switch of the actor and both threads'
-caches lost, several times per wake-up; the actor could not run beside the loop's Python anyway (one lock), so it
-waits in one voluntary sleep while the loop runs its wake-up's work in one stretch. The bound is the switch interval
-(``calculet.run.SWITCH_INTERVAL_MS``): a loop busy with other work (a burst of requests) costs the actor no more than
-one forced hand-over did."""
-
 
 class ThreadedEngine:
     """The engine as the HTTP service uses it; every method may be called from any thread.
@@ -336,9 +326,7 @@ class ThreadedEngine:
                 if ready:
                     timeout = 0.0
                 if held_since is not None and (timeout > 0 or now - held_since >= coalesce):
-                    # before sleeping, or when the oldest has waited long enough; turning on at once, the actor
-                    # lets the loops run what the wake-ups start before it does (HAND_OFF_S)
-                    flush_wakeups(hand_off_s=0.0 if timeout > 0 else HAND_OFF_S)
+                    flush_wakeups()  # before sleeping, or when the oldest has waited long enough
                     held_since = None
                 mailbox.run_until(timeout)
                 # the actor's next wake-up as read after the turn: nothing has run since, so it is the one the next

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import threading
-from time import monotonic as _monotonic
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -479,27 +478,14 @@ def held_wakeups() -> int:
     return len(pending) if pending else 0
 
 
-def flush_wakeups(*, release: bool = False, hand_off_s: float = 0.0) -> None:
-    """Wake every consumer loop this thread holds wake-ups for (each once); ``release``: stop holding.
-
-    ``hand_off_s`` > 0: then wait, with the interpreter lock released, until each loop woken has run what the
-    wake-up started — the woken consumers' next steps (:func:`_hand_off`) — or ``hand_off_s`` has passed. Why (issue
-    #20): the engine's actor hands wake-ups over between chained turns and turns on at once; uvloop takes the lock
-    back for each libuv callback (the wake-up's, the ready queue's passes: the futures set, then the consumers' steps
-    and their socket writes), so the loop's work on one wake-up, done beside a turning actor, was several forced
-    hand-overs of the lock, each after up to a switch interval and each an involuntary context switch of the actor
-    (session 26: ~2 per turn), with the caches of both threads lost at every one. Waiting lets the loop run that work
-    in one stretch while the actor, which could not have run beside it (one interpreter lock), sleeps: one
-    voluntary switch each way instead. Nothing waits on a loop the caller runs itself, or one that is closed."""
+def flush_wakeups(*, release: bool = False) -> None:
+    """Wake every consumer loop this thread holds wake-ups for (each once); ``release``: stop holding."""
     pending: list[Waiter] | None = getattr(_batch, "pending", None)
     if pending is None:
         return
     _batch.pending = None if release else []
     if pending:
-        if hand_off_s > 0:
-            _hand_off(pending, hand_off_s)
-        else:
-            _wake_now(pending)
+        _wake_now(pending)
 
 
 def call_soon_held(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
@@ -538,43 +524,6 @@ def _wake_now(waiters: list[Waiter]) -> None:
         _call_soon(loop, partial(_set_all, wakes))
 
 
-def _hand_off(waiters: list[Waiter], timeout: float) -> None:
-    """Wake each loop once (as :func:`_wake_now`) and wait, up to ``timeout`` in all, until each has run its woken
-    consumers' next steps: a lock the loop releases from a callback queued after the futures are set (the
-    consumers' steps are queued as they are set, so they run first, in the loop's next pass)."""
-    by_loop: dict[asyncio.AbstractEventLoop, list[asyncio.Future[None] | Callable[[], None]]] = {}
-    for loop, wake in waiters:
-        by_loop.setdefault(loop, []).append(wake)
-    try:
-        own: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-    except RuntimeError:
-        own = None
-    handed: list[threading.Lock] = []
-    for loop, wakes in by_loop.items():
-        if loop is own:
-            _call_soon(loop, partial(_set_all, wakes))
-            continue
-        done = threading.Lock()
-        done.acquire()
-        if _call_soon(loop, partial(_set_all_then, wakes, loop, done)):
-            handed.append(done)
-    if not handed:
-        return
-    end = _monotonic() + timeout
-    for done in handed:
-        if not done.acquire(timeout=max(0.0, end - _monotonic())):
-            return  # the loop is busy with other work: the actor turns on rather than wait longer
-
-
-def _set_all_then(wakes: list[asyncio.Future[None] | Callable[[], None]], loop: asyncio.AbstractEventLoop,
-                  done: threading.Lock) -> None:
-    """(on ``loop``) :func:`_set_all`, then ``done`` released once the steps it woke have run (:func:`_hand_off`)."""
-    try:
-        _set_all(wakes)
-    finally:
-        loop.call_soon(done.release)
-
-
 def _set(wake: asyncio.Future[None] | Callable[[], None]) -> None:
     if not isinstance(wake, asyncio.Future):
         _run_held(wake)
@@ -600,10 +549,8 @@ def _run_held(callback: Callable[[], None]) -> None:
             {"message": "a held stream callback failed", "exception": exc, "callback": callback})
 
 
-def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> bool:
-    """``fn`` handed to ``loop``; False when that loop is closed (nobody is listening any more)."""
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:
     try:
         loop.call_soon_threadsafe(fn)
-    except RuntimeError:
-        return False
-    return True
+    except RuntimeError:  # the consumer's loop is closed: nobody is listening any more
+        pass
