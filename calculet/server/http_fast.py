@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from functools import partial
 from typing import Any
 
 import httptools
@@ -46,6 +47,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from calculet.server.edge_answers import FREE_CHUNKS, MIN_CHUNK_AVERAGE, EdgeGuard
+from calculet.server.sse import DIRECT_BODY
 
 DEFAULT_MAX_HEADER_BYTES = 16 * 1024
 """h11's default limit, kept when uvicorn's configuration names none."""
@@ -183,6 +185,9 @@ class FastEdgeProtocol(EdgeGuard, HttpToolsProtocol):
         self._in_head = False
         self._disarm_header_timer()
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:  # not an upgrade: the cycle of this request
+            self.scope.setdefault("extensions", {})[DIRECT_BODY] = partial(write_body_part, cycle)  # type: ignore
         if counted:
             return  # within the limit by the bytes read since the head began (see the docstring)
         scope = self.scope
@@ -340,6 +345,22 @@ class FastEdgeProtocol(EdgeGuard, HttpToolsProtocol):
 
 
 _NO_LANE = object()
+
+
+def write_body_part(cycle: Any, body: bytes) -> bool:
+    """A streamed response's body part written as uvicorn's ``send`` of ``{"more_body": True}`` writes it (chunked
+    coding), at once, from any callback on the loop (:data:`calculet.server.sse.DIRECT_BODY`); False — nothing
+    written — when it must go through ``send``: writes paused (``send`` waits for the drain: backpressure), the
+    client gone, the response not started or already complete, or not chunked (a HEAD, a length given).
+
+    Why (issue #20, session 26): an SSE body part went through a task's step and the ASGI send chain (a coroutine
+    per layer) a pass of the loop after its wake-up; written from the wake-up's own callback it is one call."""
+    if (cycle.flow.write_paused or cycle.disconnected or not cycle.response_started or cycle.response_complete
+            or not cycle.chunked_encoding):
+        return False
+    if body:
+        cycle.transport.write(b"%x\r\n%b\r\n" % (len(body), body))
+    return True
 
 
 def refusal_lane_of(config: uvicorn.Config) -> Any:

@@ -10,6 +10,13 @@ What the event loop does per streamed token is here, so it is kept to what a tok
 * **one pass and one write per wake-up.** Every event found at a wake-up is framed into one body and sent in
   one ASGI message (one pass through the send chain, one socket write); the last one carries the end of the
   response too (``more_body`` false: the chunked body's last chunk goes in the same write);
+* **written from the wake-up itself** (session 26). Behind the httptools protocol (:data:`DIRECT_BODY`), the stream's
+  wake-up is a plain callback that frames the new events and writes them through the protocol at once, with the
+  bytes ``send`` would write; only the last body, or one the protocol cannot take at once (writes paused), goes
+  through the coroutine's ``send``. A wake-up costs no future, no task step a pass of the loop later (each pass
+  beside the engine thread is one more taking of the interpreter lock) and no coroutine per send layer. No
+  middleware between the protocol and this response may rewrite body parts (none does: the service's own
+  ``send`` wrapper only reads the head and the last part);
 * **no framework around it.** Starlette's ``StreamingResponse`` ran each response in an anyio task group (a
   task spawned, cancel scopes entered and left, the cancellation delivered at the end, the task's ``repr``
   built for its message) and pulled the frames through two async generators; here the response's own
@@ -43,6 +50,12 @@ HEADERS = [(b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no"),
 "Cache-Control": "no-cache", "X-Accel-Buffering": "no"})`` wrote them (the test compares)."""
 
 DONE = b"data: [DONE]\n\n"
+DIRECT_BODY = "calculet.direct_body"
+"""The ASGI scope extension (``scope["extensions"][DIRECT_BODY]``) of a protocol that can write a streamed
+response's body part at once, as its ``send`` of ``more_body`` would, from any callback on its loop: a callable
+``(body) -> bool``, False when the part must go through ``send`` instead (writes paused, the client gone, the
+response not streaming). :mod:`calculet.server.http_fast` provides it; without it every part goes through
+``send``."""
 _BREAKS = ((b"\xc2\x85", b"\\u0085"), (b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"))
 
 
@@ -224,8 +237,14 @@ class SSEResponse(Response):
         self._end = end
         self._gone = False
         self._wake: asyncio.Future[None] | None = None
+        self._index = 0
+        """Events of the stream framed so far."""
+        self._pending: tuple[bytes, bool] | None = None
+        """A body :meth:`_ready` framed and left to the coroutine's ``send`` (the last, or one not written directly)."""
+        self._direct: Callable[[bytes], bool] | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self._direct = scope.get("extensions", {}).get(DIRECT_BODY)
         watch = asyncio.ensure_future(_disconnect(receive))  # runs from the loop's next turn
         watch.add_done_callback(self._client_gone)
         finished = False
@@ -245,7 +264,59 @@ class SSEResponse(Response):
 
     async def _pump(self, send: Send) -> bool:
         """Frame and send what the stream has at each wake-up until its last event (True) or the client goes away
-        (False)."""
+        (False). With the protocol's direct writer (:data:`DIRECT_BODY`) the wake-ups frame and write in their own
+        callback (:meth:`_ready`) and this coroutine sends only what they leave it: the last body, or one the
+        protocol cannot take at once (its writes paused: backpressure)."""
+        if self._direct is None:
+            return await self._pump_each(send)
+        create_future = asyncio.get_running_loop().create_future
+        while not self._gone:
+            wake = self._wake = create_future()
+            self._ready()
+            if not wake.done():
+                await wake
+            pending, self._pending = self._pending, None
+            if pending is None:
+                continue  # the client went away (the loop ends) or nothing was left to send
+            body, last = pending
+            if last:
+                self._end(False)
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+                return True
+            if body:
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+        return False
+
+    def _ready(self) -> None:
+        """(on the loop: from the pump, or as the stream's wake-up callback) Frame the stream's new events and write
+        them through the protocol at once, as long as there are some and it takes them; otherwise leave the body
+        to the pump (:attr:`_pending`) and wake it, or wait for the stream's next wake-up.
+
+        Why (issue #20, session 26): a wake-up that set a future ran the pump a pass of the loop later, each pass a
+        separate taking of the interpreter lock beside the turning engine thread, and every body went through the
+        ASGI send chain (a coroutine per layer); written from the wake-up's own callback, a stream's frames cost one
+        call and one socket write."""
+        wake = self._wake
+        if wake is None or wake.done() or self._gone:
+            return  # a wake-up for a pump that has moved on (it reads the stream again itself) or ended
+        stream, frames, direct = self._stream, self._frames, self._direct
+        try:
+            while True:
+                batch = stream.events_since(self._index, self._ready, wake.get_loop())
+                if not batch:
+                    return  # this runs again at the stream's next wake-up
+                self._index += len(batch)
+                body, last = frames.batch(batch, self._why)
+                if last or direct is None or not direct(body):
+                    self._pending = (body, last)
+                    wake.set_result(None)
+                    return
+        except Exception as exc:  # raised in the pump, as when it framed the events itself
+            if not wake.done():
+                wake.set_exception(exc)
+
+    async def _pump_each(self, send: Send) -> bool:
+        """:meth:`_pump` without a direct writer (h11, test clients): every body through ``send``."""
         stream, frames, why = self._stream, self._frames, self._why
         create_future = asyncio.get_running_loop().create_future
         index = 0

@@ -325,17 +325,21 @@ class StreamWriter:
             if batch[-1].finished:
                 return
 
-    def events_since(self, index: int, wake: asyncio.Future[None] | None = None) -> list[StreamEvent]:
+    def events_since(self, index: int, wake: asyncio.Future[None] | Callable[[], None] | None = None,
+                     loop: asyncio.AbstractEventLoop | None = None) -> list[StreamEvent]:
         """The events from number ``index`` on ([] when there is none yet); with none and ``wake`` given, ``wake``
-        is set (through its own loop, thread-safely) when the next one comes. Why apart from :meth:`abatches`: a
-        consumer that also waits for something else (the SSE response waits for the client going away too) sets
-        ``wake`` itself, and reads the stream without an async generator between it and the events (#20)."""
+        is set (through its own loop, thread-safely) when the next one comes — or, a callable, called on ``loop``
+        (required then) with the wake-ups it is handed over with. Why apart from :meth:`abatches`: a consumer that
+        also waits for something else (the SSE response waits for the client going away too) sets ``wake`` itself,
+        and reads the stream without an async generator between it and the events (#20); a callable lets it frame
+        and write the events in the wake-up's own callback, a pass of the loop before a woken task would run."""
         with self._mutex:
             events = self._events
             if len(events) > index:
                 return events[index:]
             if wake is not None:
-                self._async_waiters.append((wake.get_loop(), wake))
+                self._async_waiters.append(
+                    (wake.get_loop() if isinstance(wake, asyncio.Future) else _loop_of(loop), wake))
             return []
 
     def statistics(self) -> StreamStatistics:
@@ -547,6 +551,12 @@ def _run_held(callback: Callable[[], None]) -> None:
     except Exception as exc:  # noqa: BLE001 - as the loop's own handle would
         asyncio.get_running_loop().call_exception_handler(
             {"message": "a held stream callback failed", "exception": exc, "callback": callback})
+
+
+def _loop_of(loop: asyncio.AbstractEventLoop | None) -> asyncio.AbstractEventLoop:
+    if loop is None:
+        raise ValueError("a callable wake-up needs the loop it is to be called on")
+    return loop
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[[], None]) -> None:

@@ -13,7 +13,7 @@ from calculet.machines.request import FinishReason
 from calculet.runtime.request import RequestOutcome
 from calculet.runtime.streams.tokenizer import ByteTokenizer
 from calculet.runtime.streams.writer import StreamWriter, batched_wakeups
-from calculet.server.sse import HEADERS, Frames, SSEResponse
+from calculet.server.sse import DIRECT_BODY, HEADERS, Frames, SSEResponse
 
 
 class _Client:
@@ -133,3 +133,84 @@ def test_a_response_whose_head_cannot_be_sent_abandons_the_request() -> None:
         return calls
 
     assert asyncio.run(run()) == ["abandon", "end gone=True"]
+
+
+class _Direct:
+    """The protocol's direct writer (``DIRECT_BODY``): takes parts while ``open``, refuses them (writes paused,
+    backpressure) otherwise."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.open = True
+
+    def __call__(self, body: bytes) -> bool:
+        if not self.open:
+            return False
+        self.parts.append(body)
+        return True
+
+
+@pytest.mark.req("R4.3", "R4.7")
+def test_with_a_direct_writer_the_wakeups_write_the_parts_and_the_last_ends_through_send() -> None:
+    """Catches (issue #20, session 26: parts written from the wake-up's own callback): a part lost or doubled
+    between the direct writer and ``send``, a part written directly while writes are paused (backpressure: it must
+    wait in ``send``), parts out of order, the last part written directly (the response would never complete)."""
+    async def run() -> tuple[list[dict[str, Any]], list[bytes], list[str]]:
+        stream = StreamWriter(tokenizer=ByteTokenizer())
+        calls: list[str] = []
+        client = _Client()
+        direct = _Direct()
+
+        async def send(message: dict[str, Any]) -> None:
+            if not message.get("more_body", True):
+                client.gone.set()
+            await client.send(message)
+
+        scope = {"type": "http", "extensions": {DIRECT_BODY: direct}}
+        task = asyncio.ensure_future(_response(stream, calls)(scope, client.receive, send))  # type: ignore[arg-type]
+        await _turns()
+        with batched_wakeups():
+            for token in b"ab":
+                stream.token(1, token)
+        await _turns()
+        direct.open = False  # writes paused: the next part goes through send, which waits for the drain
+        stream.token(1, ord("c"))
+        await _turns()
+        direct.open = True
+        stream.token(1, ord("d"))
+        await _turns()
+        stream.close(RequestOutcome(1, "completed", FinishReason.LENGTH, 4, 200))
+        await asyncio.wait_for(task, 10)
+        return client.sent, direct.parts, calls
+
+    sent, parts, calls = asyncio.run(run())
+    assert sent[0]["type"] == "http.response.start"
+    via_send = [m["body"] for m in sent[1:]]
+    assert len(parts) == 2 and parts[0].count(b"data: ") == 2 and b'"text":"d"' in parts[1]  # a+b, then d
+    assert len(via_send) == 2 and b'"text":"c"' in via_send[0]  # c while paused
+    assert not sent[-1]["more_body"] and via_send[-1].endswith(b"data: [DONE]\n\n")
+    assert calls == ["end gone=False"]
+    texts = b"".join([parts[0], via_send[0], parts[1]])
+    assert texts.index(b'"text":"a"') < texts.index(b'"text":"b"') < texts.index(b'"text":"c"') < texts.index(
+        b'"text":"d"')
+
+
+def test_with_a_direct_writer_a_client_gone_ends_the_response_and_later_tokens_write_nothing() -> None:
+    """Catches: a stale wake-up callback writing to a response that has ended, no abandon."""
+    async def run() -> tuple[list[bytes], list[str]]:
+        stream = StreamWriter(tokenizer=ByteTokenizer())
+        calls: list[str] = []
+        client = _Client()
+        direct = _Direct()
+        scope = {"type": "http", "extensions": {DIRECT_BODY: direct}}
+        task = asyncio.ensure_future(_response(stream, calls)(scope, client.receive, client.send))  # type: ignore
+        await _turns()
+        client.gone.set()
+        await _turns()
+        assert task.done()
+        stream.token(1, ord("x"))  # the callback registered before the client left finds the response ended
+        await _turns()
+        return direct.parts, calls
+
+    parts, calls = asyncio.run(run())
+    assert parts == [] and calls == ["abandon", "end gone=True"]
