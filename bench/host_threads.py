@@ -128,6 +128,25 @@ interval while the actor turns. Tried the same session, not kept: asyncio's own 
 fewer switches (loop 0.07-0.12 voluntary a token, actor 0.07-0.12 involuntary) but ``bench/host_path.py`` CPU per
 token 1.23 / 1.00 / 1.18 of uvloop's (same tree, 3 rounds, load ~2.8). ``host_path.py --against`` 9e0b006 for the
 changes above, two runs: CPU per token 0.946 / 0.972 / 0.918 and 1.000 / 0.939 / 1.023 (3 and 5 rounds).
+
+Session 26 (route 3 of ``docs/host_path.md``, against 9563f44, load average 1.5-4.7 from three other helpers' runs).
+Why the turn costs more in the server: the same engine beside a uvloop consumer doing ~11 µs of Python a token, in
+one process (no HTTP, no client; a scratch probe alternating blocks), read 58-62 µs a token at load ~1.5 and 93-103
+minutes later at ~2.5-3 — the machine's load moves the engine thread's CPU per token more than anything the
+hand-overs do, and the actor's involuntary switches follow the load (0.03-0.16 a token), not the code. Tried, not
+kept: the actor waiting (bound 1 ms) after handing its wake-ups over, for the loop to run their work in one stretch.
+In-process it cut the actor's involuntary switches (0.09 -> 0.06, 0.13 -> 0.09, 0.16 -> 0.125 a token) at equal CPU;
+in the server the futex calls per token stayed (``strace -c -f`` over 3 rounds at 16 streams: 0.42 against 0.43)
+and the actor slept 2.7 ms a hand-off on average (363 hand-offs, 136 within the bound): the core it freed went to
+the HTTP client, not the loop, and completions/s fell to 0.76x at 16 streams. Kept: the SSE parts written from the
+stream's wake-up callback through the protocol (``calculet.server.sse.DIRECT_BODY``): the loop's Python calls per
+token 15.37 -> 14.68 (cProfile of the loop thread, 16 streams, 9 216 tokens); this table, ``--split --rounds 3``
+(load 3.4-3.7; this / base, µs a token at 1 / 16 / 64 streams): whole server 100.8 / 120.5 / 91.6 against 120.0 /
+114.4 / 99.0, the event loop 18.1 / 20.2 / 15.6 against 22.8 / 21.5 / 17.6 (lower in all five comparisons of the
+session: -1 to -5 µs), the actor's turn moving ±15 % with the load. The loop's CPU is per request more than per
+token: ~940 Python calls a 64-token request, of which ~190 frame its texts (3 a token) and ~100 write its ~3 body
+parts (~20 tokens a write at 16 streams); the rest is the request: parsing, the refusal lane, routing, submit,
+its head, its last part, its log line and metrics.
 """
 
 from __future__ import annotations
