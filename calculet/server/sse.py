@@ -278,13 +278,8 @@ class SSEResponse(Response):
             pending, self._pending = self._pending, None
             if pending is None:
                 continue  # the client went away (the loop ends) or nothing was left to send
-            body, last = pending
-            if last:
-                self._end(False)
-                await send({"type": "http.response.body", "body": body, "more_body": False})
+            if await self._send_part(send, *pending):
                 return True
-            if body:
-                await send({"type": "http.response.body", "body": body, "more_body": True})
         return False
 
     def _ready(self) -> None:
@@ -327,13 +322,18 @@ class SSEResponse(Response):
                 await wake
                 continue
             index += len(batch)
-            body, last = frames.batch(batch, why)
-            if last:
-                self._end(False)
-                await send({"type": "http.response.body", "body": body, "more_body": False})
+            if await self._send_part(send, *frames.batch(batch, why)):
                 return True
-            if body:
-                await send({"type": "http.response.body", "body": body, "more_body": True})
+        return False
+
+    async def _send_part(self, send: Send, body: bytes, last: bool) -> bool:
+        """Send one framed part through ASGI; True when it was the last (the stream is then ended first)."""
+        if last:
+            self._end(False)
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+            return True
+        if body:
+            await send({"type": "http.response.body", "body": body, "more_body": True})
         return False
 
     def _client_gone(self, watch: asyncio.Future[None]) -> None:

@@ -90,8 +90,6 @@ class DecodeBatch(NamedTuple):
         return np.array(self.lane_flags, dtype=np.uint8)
 
 
-
-
 class NoBatchReason(enum.Enum):
     EMPTY = "empty"
     """No eligible candidate."""
