@@ -144,7 +144,7 @@ class InflightTable:
             check(job, event)
         target: str = job.fire(event, **args)
         if target in _ENDED:
-            self._end(job)
+            self.end(job)
         return target
 
     def submit(self, job: JobRecord, lanes: Iterable[int]) -> str:
@@ -161,11 +161,12 @@ class InflightTable:
                 binding[lane] = job
         target: str = job.fire("submit")
         if target in _ENDED:  # no ``submit`` row ends a job (DeviceJobMachine), asked as for every event
-            self._end(job)
+            self.end(job)
         return target
 
-    def _end(self, job: JobRecord) -> None:
-        """A job reached a terminal state: it leaves the table, its engine and slot free."""
+    def end(self, job: JobRecord) -> None:
+        """A job reached a terminal state: it leaves the table, its engine and slot free (also after a composite's
+        events, :mod:`.step_done`)."""
         del self._jobs[job.job_id]
         engine = job.engine
         if engine in self._held:

@@ -14,7 +14,7 @@ events are one call of the composite ``decode_step`` that ``python -m calculet.s
 declarations (:mod:`calculet.machines.codegen_composite`; written to ``calculet/machines/generated/decode_step.py``),
 and the runtime's own work around them — the job leaving the table, the lane's step closing, the monitors, the
 step timer, the requests' listeners and sinks — is done here in the order the layers did it, through the same
-functions where a rule lives (:meth:`RequestRegistry.decode_told`, the jobs table's ``_end``, the KV manager's
+functions where a rule lives (:meth:`RequestRegistry.decode_told`, the jobs table's ``end``, the KV manager's
 ``_checked``, the job × lane monitor's ``before``/``after``).
 
 Equivalence with the layered path (what :meth:`CompletionApplier._decode_settled` still does for every other
@@ -131,7 +131,7 @@ def decode_step_submitted(scheduler: Any, job: Any, batch: Any) -> bool:
             jobs.binding[lanes[0]] = job
         ended, target = SUBMIT.fire_plain(job, request, job_id)
     if ended in _ENDED:  # no ``submit`` row ends a job, asked as InflightTable.submit asks it
-        jobs._end(job)
+        jobs.end(job)
     job.submitted_at = scheduler._clock.now()
     scheduler.decode.submitted(batch)
     kv.submit_batch(reservation)
@@ -168,7 +168,7 @@ def decode_step_done(applier: Any, job: Any, batch: Any, now: float, token: int,
     else:
         ended, _, target = COMPOSITE.fire_plain(job, machine, request, reservation.tokens, job_id, stop)
     if ended in _ENDED:
-        jobs._end(job)  # the job leaves the table, its engine and slot free (InflightTable.fire's end)
+        jobs.end(job)  # the job leaves the table, its engine and slot free (InflightTable.fire's end)
     applier.observe_step(job, batch, now)
     kv._open[lane] = 0  # the lane's step closed (commit_batch)
     if pre is not None:
