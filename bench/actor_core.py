@@ -208,9 +208,11 @@ STAGES: tuple[tuple[str, str, str], ...] = (
     ("executor.submit", "executor", "submit"),
     ("device.submit", "executor.session.device", "submit"),
     ("scheduler.submitted", "scheduler", "submitted"),
+    ("step_done.decode_step_submitted", "calculet.runtime.scheduling.step_done:", "decode_step_submitted"),
     ("jobs.submit", "scheduler.jobs", "submit"),
     ("jobs.fire", "scheduler.jobs", "fire"),
     ("kv.submit_batch", "scheduler.kv", "submit_batch"),
+    ("registry.tell", "scheduler.registry", "tell"),
     ("registry.fire_all", "scheduler.registry", "fire_all"),
     ("executor.collect", "executor", "collect"),
     ("job_path.apply", "jobs", "apply"),
@@ -219,16 +221,28 @@ STAGES: tuple[tuple[str, str, str], ...] = (
     ("dispatcher.decode", "jobs.dispatcher", "decode"),
     ("scheduler.on_decode_complete", "scheduler", "on_decode_complete"),
     ("clean_decode_lanes", "calculet.runtime.scheduling.apply:", "clean_decode_lanes"),
+    ("step_done.decode_step_done", "calculet.runtime.scheduling.apply:", "decode_step_done"),
     ("kv.commit_batch", "scheduler.kv", "commit_batch"),
+    ("applier.observe_step", "scheduler.completions", "observe_step"),
     ("step_times.observe", "scheduler.step_times", "observe"),
     ("registry.decode_done_each", "scheduler.registry", "decode_done_each"),
+    ("registry.decode_told", "scheduler.registry", "decode_told"),
     ("request_sink.token", "calculet.runtime.engine.requests:_Sink", "token"),
     ("stream_writer.token", "calculet.runtime.streams.writer:StreamWriter", "token"),
+    ("applier.after_decode", "scheduler.completions", "after_decode"),
     ("decode.add_back", "scheduler.decode", "add_back"),
 )
-"""The pieces ``--stages`` times, in the order a B1 decode step runs them: (name, owner, method). The owner is a
+"""The pieces ``--stages`` times, in the order a decode step runs them: (name, owner, method). The owner is a
 dotted path from the engine core, ``module:Class`` for a sink's class (every instance of it is timed), or
-``module:`` for a module's function as the module calls it."""
+``module:`` for a module's function as that module calls it (a function another module imported by name is timed
+as its caller's name: ``decode_step_done`` as ``apply`` calls it). A B1 decode step (CalRT 0.7.6's only batch) goes
+through the composites of :mod:`calculet.runtime.scheduling.step_done` (session 26, #20): on the submit side
+``decode_step_submitted`` (the job's and the request's ``submit`` as one composite, then ``kv.submit_batch`` and
+``registry.tell``), on the completion side ``decode_step_done`` (``observe_step``, ``decode_told`` with the sinks,
+``after_decode``). ``jobs.submit``, ``jobs.fire``, ``registry.fire_all``, ``kv.commit_batch`` and
+``registry.decode_done_each`` are the layered path a B1 step no longer takes: kept because a prefill, a wider batch
+or a step a composite declines (module doc of ``step_done``) still goes through them; a piece no call reached is
+not printed."""
 
 
 def stages(streams_list: Sequence[int], tokens: int, blocks: int) -> int:
