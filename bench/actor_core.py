@@ -208,7 +208,8 @@ STAGES: tuple[tuple[str, str, str], ...] = (
     ("executor.submit", "executor", "submit"),
     ("device.submit", "executor.session.device", "submit"),
     ("scheduler.submitted", "scheduler", "submitted"),
-    ("step_done.decode_step_submitted", "calculet.runtime.scheduling.step_done:", "decode_step_submitted"),
+    ("step_done.decode_step_submitted", "calculet.runtime.scheduling.scheduler:", "decode_step_submitted"),
+    ("composite.decode_submit", "calculet.runtime.scheduling.step_done:SUBMIT", "fire_sampled"),
     ("jobs.submit", "scheduler.jobs", "submit"),
     ("jobs.fire", "scheduler.jobs", "fire"),
     ("kv.submit_batch", "scheduler.kv", "submit_batch"),
@@ -222,6 +223,8 @@ STAGES: tuple[tuple[str, str, str], ...] = (
     ("scheduler.on_decode_complete", "scheduler", "on_decode_complete"),
     ("clean_decode_lanes", "calculet.runtime.scheduling.apply:", "clean_decode_lanes"),
     ("step_done.decode_step_done", "calculet.runtime.scheduling.apply:", "decode_step_done"),
+    ("composite.decode_step", "calculet.runtime.scheduling.step_done:COMPOSITE", "fire_sampled"),
+    ("kv.checked", "scheduler.kv", "_checked"),
     ("kv.commit_batch", "scheduler.kv", "commit_batch"),
     ("applier.observe_step", "scheduler.completions", "observe_step"),
     ("step_times.observe", "scheduler.step_times", "observe"),
@@ -235,11 +238,12 @@ STAGES: tuple[tuple[str, str, str], ...] = (
 """The pieces ``--stages`` times, in the order a decode step runs them: (name, owner, method). The owner is a
 dotted path from the engine core, ``module:Class`` for a sink's class (every instance of it is timed), or
 ``module:`` for a module's function as that module calls it (a function another module imported by name is timed
-as its caller's name: ``decode_step_done`` as ``apply`` calls it). A B1 decode step (CalRT 0.7.6's only batch) goes
+as its caller's name: ``decode_step_done`` as ``apply`` calls it, ``decode_step_submitted`` as ``scheduler``). A B1 decode step (CalRT 0.7.6's only batch) goes
 through the composites of :mod:`calculet.runtime.scheduling.step_done` (session 26, #20): on the submit side
-``decode_step_submitted`` (the job's and the request's ``submit`` as one composite, then ``kv.submit_batch`` and
-``registry.tell``), on the completion side ``decode_step_done`` (``observe_step``, ``decode_told`` with the sinks,
-``after_decode``). ``jobs.submit``, ``jobs.fire``, ``registry.fire_all``, ``kv.commit_batch`` and
+``decode_step_submitted`` (the job's and the request's ``submit`` as one composite, the lane's step opened,
+``kv.checked``, ``registry.tell``), on the completion side ``decode_step_done`` (``observe_step``, ``decode_told`` with the sinks,
+``after_decode``); ``composite.*`` are the generated composites themselves. ``jobs.submit``, ``jobs.fire``,
+``registry.fire_all``, ``kv.submit_batch``, ``kv.commit_batch`` and
 ``registry.decode_done_each`` are the layered path a B1 step no longer takes: kept because a prefill, a wider batch
 or a step a composite declines (module doc of ``step_done``) still goes through them; a piece no call reached is
 not printed."""

@@ -64,7 +64,7 @@ from calculet.runtime.scheduling.plan import (Applied, Command, SchedulerStatist
 from calculet.runtime.scheduling.prefill import PrefillScheduler, SmoothWrr
 from calculet.runtime.scheduling.profiles import ProfileSet
 from calculet.runtime.scheduling.stepping import Stepping
-from calculet.runtime.scheduling.step_done import job_submitted
+from calculet.runtime.scheduling.step_done import decode_step_submitted, job_submitted
 from calculet.runtime.scheduling.registry import (PREFILL_STATES, WAITING_STATES, Cancellation, CancelResult, QuietListener,
                                                   RequestRecord, RequestRegistry, TransitionListener, one_by_one)
 
@@ -230,7 +230,12 @@ class Scheduler(Stepping):
         if job is None or job.job_id != job_id:
             job = self._take_pending(job_id)  # raises here: not the planned job
         self._pending = None  # _take_pending's accepting case without its call (once per step, issue #20)
-        job_submitted(self, job)  # B1 decode: one composite; else each machine's event (step_done.py, issue #20)
+        work = job.work
+        # a B1 decode step: its events as one composite, called from here (a frame a token fewer, session 26 #20);
+        # any other job, or a step the composite declines (nothing changed then), each machine's event (step_done.py)
+        if work.__class__ is DecodeBatch and decode_step_submitted(self, job, work):
+            return
+        job_submitted(self, job)
 
     def submit_failed(self, job_id: int) -> None:
         """The device refused the planned job (DeviceBusy, ...): nothing ran; re-queue its work."""

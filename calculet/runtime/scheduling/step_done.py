@@ -1,8 +1,9 @@
 """A B1 decode step's completion and submission, each with its machine events fired as one generated composite (#20).
 
 The submission (:func:`decode_step_submitted`) is the same idea on the other side of the device: the job's
-``submit`` and the request's ``submit_decode`` as the composite ``decode_submit``, the lane's step opened by the KV
-manager's ``submit_batch`` as before (the lane has no event there).
+``submit`` and the request's ``submit_decode`` as the composite ``decode_submit``, the lane's step opened here as
+the KV manager's ``submit_batch`` opens it in its usual case (the lane has no event there; its conditions are
+checked before anything changes, as the completion closes the step here: session 26, #20).
 
 The completion:
 
@@ -79,12 +80,11 @@ SUBMIT = bind_composite("decode_submit")
 
 
 def job_submitted(scheduler: Any, job: Any) -> None:
-    """:meth:`Scheduler.submitted` once the planned job is taken: jobs, KV lanes and requests fire ``submit`` — a B1
-    decode step's as one composite (:func:`decode_step_submitted`), any other job's event by event."""
+    """:meth:`Scheduler.submitted` once the planned job is taken, for every job :func:`decode_step_submitted` did not
+    take (the scheduler asks it first for a B1 decode step, a frame a token fewer): jobs, KV lanes and requests fire
+    ``submit`` event by event."""
     work = job.work
     if work.__class__ is DecodeBatch:
-        if decode_step_submitted(scheduler, job, work):
-            return
         scheduler.jobs.submit(job, work.kv.lanes or lanes_of(work))  # a batch's lanes as its reservation recorded
         job.submitted_at = scheduler._clock.now()
         scheduler.decode.submitted(work)
@@ -134,7 +134,8 @@ def decode_step_submitted(scheduler: Any, job: Any, batch: Any) -> bool:
         jobs.end(job)
     job.submitted_at = scheduler._clock.now()
     scheduler.decode.submitted(batch)
-    kv.submit_batch(reservation)
+    kv._open[lanes[0]] = reservation.tokens  # the lane's step opened: ``submit_batch``'s usual case, checked above
+    kv._checked("submit_batch")
     scheduler.registry.tell(records[0], "decode_ready", target)
     return True
 

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from calculet.machines.monitor import MONITOR
 from calculet.runtime.scheduling import apply as apply_module
+from calculet.runtime.scheduling import scheduler as scheduler_module
 from calculet.runtime.scheduling import step_done
 from calculet.runtime.scheduling.jobs import lanes_of
 from calculet.runtime.scheduling.plan import SchedulingCapabilities
@@ -184,7 +185,7 @@ def test_the_table_asks_the_monitor_only_on_a_drawn_event(composite: bool, monke
         step_done_fire = apply_module.decode_step_done
         step_done_submit = step_done.decode_step_submitted
         monkeypatch.setattr(apply_module, "decode_step_done", done)
-        monkeypatch.setattr(step_done, "decode_step_submitted", submitted)
+        monkeypatch.setattr(scheduler_module, "decode_step_submitted", submitted)  # Scheduler.submitted asks it
         h.scheduler.jobs.fire = fire  # type: ignore[method-assign]
         h.scheduler.jobs.submit = submit  # type: ignore[method-assign]
         for _ in range(3):
