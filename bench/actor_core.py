@@ -238,15 +238,15 @@ STAGES: tuple[tuple[str, str, str], ...] = (
 """The pieces ``--stages`` times, in the order a decode step runs them: (name, owner, method). The owner is a
 dotted path from the engine core, ``module:Class`` for a sink's class (every instance of it is timed), or
 ``module:`` for a module's function as that module calls it (a function another module imported by name is timed
-as its caller's name: ``decode_step_done`` as ``apply`` calls it, ``decode_step_submitted`` as ``scheduler``). A B1 decode step (CalRT 0.7.6's only batch) goes
-through the composites of :mod:`calculet.runtime.scheduling.step_done` (session 26, #20): on the submit side
-``decode_step_submitted`` (the job's and the request's ``submit`` as one composite, the lane's step opened,
-``kv.checked``, ``registry.tell``), on the completion side ``decode_step_done`` (``observe_step``, ``decode_told`` with the sinks,
-``after_decode``); ``composite.*`` are the generated composites themselves. ``jobs.submit``, ``jobs.fire``,
-``registry.fire_all``, ``kv.submit_batch``, ``kv.commit_batch`` and
-``registry.decode_done_each`` are the layered path a B1 step no longer takes: kept because a prefill, a wider batch
-or a step a composite declines (module doc of ``step_done``) still goes through them; a piece no call reached is
-not printed."""
+under its caller's name: ``decode_step_done`` as ``apply`` calls it, ``decode_step_submitted`` as ``scheduler``).
+A B1 decode step (CalRT 0.7.6's only batch) goes through the composites of
+:mod:`calculet.runtime.scheduling.step_done` (session 26, #20): on the submit side ``decode_step_submitted`` (the
+job's and the request's ``submit`` as one composite, the lane's step opened, ``kv.checked``, ``registry.tell``), on
+the completion side ``decode_step_done`` (the composite, ``observe_step``, ``kv.checked``, ``decode_told`` with the
+sinks, ``after_decode``); ``composite.*`` are the generated composites themselves. ``jobs.submit``, ``jobs.fire``,
+``registry.fire_all``, ``kv.submit_batch``, ``kv.commit_batch`` and ``registry.decode_done_each`` are the layered
+path a B1 step no longer takes: kept because a prefill, a wider batch or a step a composite declines (module doc of
+``step_done``) still goes through them; a piece no call reached is not printed."""
 
 
 def stages(streams_list: Sequence[int], tokens: int, blocks: int) -> int:
