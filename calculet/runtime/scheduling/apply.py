@@ -165,7 +165,7 @@ class CompletionApplier:
         if completion.__class__ is not tuple:
             return self._decode_outcomes(completion)  # type: ignore[arg-type]
         job_id, generation, tokens, stops = completion
-        job = self.jobs.get(job_id)
+        job = self.jobs.by_id.get(job_id)  # the table's read-only view: its ``get`` without the frame (#20)
         if (job is not None and job.kind == DECODE and job.state == "submitted" and generation == job.generation
                 and usable_tokens(tokens, self.capabilities.vocab_size)):
             now = self._clock.now()
