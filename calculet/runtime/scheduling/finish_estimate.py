@@ -306,22 +306,40 @@ def fair_share_finish(jobs: Sequence[PendingJob], now: float, model: DeviceModel
     with its prefill. The others then share the lanes: with ``W`` the alive jobs' total weight
     each progresses at ``w · min(lanes/W, 1/w_max)`` tokens per step (never above one token per
     step), so they finish in order of ``decode_steps / weight``.
+
+    Read at every on_time replan over every kept job (:func:`.on_time_spare.at_risk_prefix`): the prefills are
+    :func:`_prefills` (``model.prefill_s`` inlined), each job's ``decode_steps / weight`` is computed once and the
+    lanes read once — no call per job (#20, session 26); the same operations in the same order, so the same floats
+    (``tests/unit/runtime/scheduling/test_fair_share_same.py`` holds it to the per-job form).
     """
-    clock, result, step = now, {}, model.lane_step_s
-    for job in jobs:
-        clock += model.prefill_s(job.prefill_tokens)
+    clock: float = now
+    result: dict[int, float] = {}
+    decoding: list[PendingJob] = []
+    for job, prefill in zip(jobs, _prefills(jobs, model)):
+        clock += prefill
         if job.decode_steps == 0:
             result[job.id] = clock
-    decoding = [j for j in jobs if j.decode_steps > 0]
-    order = sorted(decoding, key=lambda j: j.decode_steps / j.weight)
-    wmax_suffix = [0.0] * (len(order) + 1)
-    for k in range(len(order) - 1, -1, -1):
-        wmax_suffix[k] = max(wmax_suffix[k + 1], order[k].weight)
-    total_w = sum(j.weight for j in order)
+        else:
+            decoding.append(job)
+    keys = [j.decode_steps / j.weight for j in decoding]
+    ranked = sorted(range(len(decoding)), key=keys.__getitem__)  # stable: ties keep the given order
+    order = [decoding[i] for i in ranked]
+    count = len(order)
+    wmax_suffix = [0.0] * (count + 1)
+    wmax = 0.0
+    for k in range(count - 1, -1, -1):
+        weight = order[k].weight
+        if weight > wmax:  # max(wmax, weight): the same value
+            wmax = weight
+        wmax_suffix[k] = wmax
+    total_w = sum([j.weight for j in order])
+    lanes, step = model.lanes, model.lane_step_s
     steps = virtual = 0.0
-    for k, job in enumerate(order):
-        target = job.decode_steps / job.weight
-        steps += (target - virtual) / min(model.lanes / total_w, 1.0 / wmax_suffix[k])
+    for k, i in enumerate(ranked):
+        job = decoding[i]
+        target = keys[i]
+        share, cap = lanes / total_w, 1.0 / wmax_suffix[k]
+        steps += (target - virtual) / (cap if cap < share else share)  # min(share, cap)
         virtual = target
         total_w -= job.weight
         result[job.id] = clock + steps * step
