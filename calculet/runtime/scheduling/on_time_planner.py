@@ -312,7 +312,7 @@ class OnTimePlanner:
         kept_ids = set(selection.keep) | spared
         kept = [j for j in jobs if j.id in kept_ids]
         self._kept = KeptJobs(kept)
-        self._cache = _EdfCache(kept, now, self.devices.admission_model(model), spared)
+        self._cache = _EdfCache.deferred(kept, now, self.devices.admission_model(model), spared)
         self._planned_at = now
         if self.any_ttft:  # the slots are read by ttft_refusal alone: no TTFT target, none built (#20)
             decoding = [j for j in kept if live[j.id].state in DECODING_STATES]
