@@ -17,7 +17,8 @@ _models = st.builds(DeviceModel, decode_step_s=st.floats(1e-3, 0.1), compiled_ba
                     engines=st.sampled_from([1, 2]), prefill_fixed_s=st.floats(0.0, 0.01),
                     prefill_per_token_s=st.floats(0.0, 1e-3), token_s=st.sampled_from([0.0, 0.05]),
                     slot_token_s=st.sampled_from([0.0, 0.2]))
-_rows = st.lists(st.tuples(st.sampled_from([0, 5, 100]), st.integers(0, 50), st.one_of(st.none(), st.floats(0.0, 30.0))),
+_rows = st.lists(st.tuples(st.sampled_from([0, 5, 100]), st.integers(0, 50),
+                           st.one_of(st.none(), st.floats(0.0, 30.0))),
                  max_size=20)
 _fields = ("free", "min_slack", "latest", "on_lane")
 
