@@ -455,6 +455,9 @@ def on_time_selection(jobs: Sequence[PendingJob], now: float, model: DeviceModel
     deadlines = [_INF if j.deadline is None else j.deadline for j in jobs]
     order = sorted(range(len(jobs)), key=deadlines.__getitem__)
     shed, finish = _select(order, lengths, deadlines, [j.weight for j in jobs], model.lanes, now + base, extra)
+    if not shed:  # the usual replan: every job kept, in EDF order (#20: no set, no test per job)
+        return Selection(keep=tuple([jobs[i].id for i in order]), shed=(),
+                         finish={jobs[i].id: t for i, t in finish.items()})
     dropped = set(shed)
     return Selection(keep=tuple(jobs[i].id for i in order if i not in dropped),
                      shed=tuple(jobs[i].id for i in order if i in dropped),

@@ -81,7 +81,7 @@ from calculet.runtime.scheduling.finish_estimate import (DeviceModel, Fit, Pendi
                                                          on_time_selection)
 from calculet.runtime.scheduling.on_time_cache import _EdfCache, _Refusal
 from calculet.runtime.scheduling.on_time_device import MeasuredDevice
-from calculet.runtime.scheduling.on_time_kept import DECODING_STATES, PLANNED_STATES, KeptJobs, job_values, pending_job
+from calculet.runtime.scheduling.on_time_kept import DECODING_STATES, KeptJobs, job_values, pending_job
 from calculet.runtime.scheduling.on_time_order import AdmissionOrderIndex
 from calculet.runtime.scheduling.on_time_refusal import fit_afresh
 from calculet.runtime.scheduling.on_time_report import ReportedEstimate
@@ -299,18 +299,26 @@ class OnTimePlanner:
             return Replan((), ())
         self._replans += 1
         self._version += 1
-        live = {rec.request_id: rec for rec in records if rec.state in PLANNED_STATES}
         self._planned_step = self.step_times.decode_step_s  # the measured step, not admission's slowed copy
         weights, trusted = self.weights, PendingJob.trusted
-        jobs = [trusted(*values) for rec in live.values() if (values := job_values(rec, weights.get(rec.tenant, 1.0)))]
+        live: dict[int, RequestRecord] = {}  # the planned requests (job_values: None for the others), one pass (#20)
+        jobs: list[PendingJob] = []
+        for rec in records:
+            values = job_values(rec, weights.get(rec.tenant, 1.0))
+            if values is not None:
+                live[values[0]] = rec
+                jobs.append(trusted(*values))
         selection = on_time_selection(jobs, now, model)
         spared: frozenset[int] = frozenset()
         if selection.shed:
             spared = frozenset(spare_harmless(jobs, selection.shed, lambda i: live[i].state not in WAITING_STATES,
                                               now, model))
         shed = tuple(live[i] for i in selection.shed if i not in spared)
-        kept_ids = set(selection.keep) | spared
-        kept = [j for j in jobs if j.id in kept_ids]
+        if shed or spared:
+            kept_ids = set(selection.keep) | spared
+            kept = [j for j in jobs if j.id in kept_ids]
+        else:  # every job kept (the usual replan): the list itself, no copy (#20)
+            kept = jobs
         self._kept = KeptJobs(kept)
         self._cache = _EdfCache.deferred(kept, now, self.devices.admission_model(model), spared)
         self._planned_at = now

@@ -100,7 +100,8 @@ def near_deadline(kept: Iterable[PendingJob], finish: Mapping[int, float], now: 
 def at_risk_prefix(kept: list[PendingJob], now: float, model: DeviceModel) -> tuple[list[int], float]:
     """Ids of the EDF prefix of ``kept`` that must run by deadline so the rest may rotate on time, and the
     :func:`slack_ratio` of every job found on time on the way (the same prefix for a device that slow)."""
-    order = sorted(kept, key=_deadline)
+    deadlines = [math.inf if job.deadline is None else job.deadline for job in kept]  # _deadline, no call per job
+    order = [kept[i] for i in sorted(range(len(kept)), key=deadlines.__getitem__)]  # stable, as sorted(kept, key=...)
     step, lanes = model.lane_step_s, model.lanes
     k, prefix_s, slack = 0, 0.0, math.inf
     while k < len(order):
