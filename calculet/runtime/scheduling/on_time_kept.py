@@ -14,7 +14,7 @@ about a sixth of the on_time screen's CPU (a frozen dataclass with a ``__dict__`
 
 from __future__ import annotations
 
-from typing import Callable, TypeAlias
+from typing import Callable, Iterable, Mapping, TypeAlias
 
 from calculet.machines.request import DECODING, HOLDING, WAITING
 from calculet.runtime.scheduling.finish_estimate import PendingJob
@@ -47,6 +47,21 @@ def pending_job(rec: RequestRecord, weight: float) -> PendingJob | None:
     """:func:`job_values` as the estimator's job (None: no more device time needed)."""
     values = job_values(rec, weight)
     return None if values is None else PendingJob.trusted(*values)
+
+
+def planned_jobs(records: Iterable[RequestRecord],
+                 weights: Mapping[str, float]) -> tuple[dict[int, RequestRecord], list[PendingJob]]:
+    """The requests that still need device time, by id, and their jobs in the same order: what a replan plans.
+    One pass, :func:`job_values` deciding who is planned (#20, session 26: the replan read each state twice)."""
+    trusted = PendingJob.trusted
+    live: dict[int, RequestRecord] = {}
+    jobs: list[PendingJob] = []
+    for rec in records:
+        values = job_values(rec, weights.get(rec.tenant, 1.0))
+        if values is not None:
+            live[values[0]] = rec
+            jobs.append(trusted(*values))
+    return live, jobs
 
 
 class KeptJobs:

@@ -81,7 +81,8 @@ from calculet.runtime.scheduling.finish_estimate import (DeviceModel, Fit, Pendi
                                                          on_time_selection)
 from calculet.runtime.scheduling.on_time_cache import _EdfCache, _Refusal
 from calculet.runtime.scheduling.on_time_device import MeasuredDevice
-from calculet.runtime.scheduling.on_time_kept import DECODING_STATES, KeptJobs, job_values, pending_job
+from calculet.runtime.scheduling.on_time_kept import (DECODING_STATES, KeptJobs, job_values, pending_job,
+                                                      planned_jobs)
 from calculet.runtime.scheduling.on_time_order import AdmissionOrderIndex
 from calculet.runtime.scheduling.on_time_refusal import fit_afresh
 from calculet.runtime.scheduling.on_time_report import ReportedEstimate
@@ -300,14 +301,7 @@ class OnTimePlanner:
         self._replans += 1
         self._version += 1
         self._planned_step = self.step_times.decode_step_s  # the measured step, not admission's slowed copy
-        weights, trusted = self.weights, PendingJob.trusted
-        live: dict[int, RequestRecord] = {}  # the planned requests (job_values: None for the others), one pass (#20)
-        jobs: list[PendingJob] = []
-        for rec in records:
-            values = job_values(rec, weights.get(rec.tenant, 1.0))
-            if values is not None:
-                live[values[0]] = rec
-                jobs.append(trusted(*values))
+        live, jobs = planned_jobs(records, self.weights)
         selection = on_time_selection(jobs, now, model)
         spared: frozenset[int] = frozenset()
         if selection.shed:
