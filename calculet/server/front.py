@@ -88,7 +88,8 @@ class GenerationFront:
         request = Request(scope, receive, send)
         try:
             tenant = self.service.tenants.resolve(_authorization(scope))
-            request.state.tenant = tenant
+            scope.setdefault("state", {})["tenant"] = tenant  # what ``request.state.tenant = `` sets, without its
+            # State wrapper (#20: five calls a request fewer on the event loop)
             result = await generate_route(self.service, request, tenant, path)
         except APIError as exc:
             await _answer(scope, send, exc)

@@ -311,10 +311,11 @@ async def _generate(service: Service, request: Request, tenant: str, gen: ApiGen
     if not service.accepting:
         raise APIError(503, "the service is shutting down", code="model_unavailable")
     await _refuse_early(service, request, tenant, gen)
-    http_id = request.state.request_id if hasattr(request.state, "request_id") else new_request_id()
+    state = request.scope.setdefault("state", {})  # ``request.state``'s dict, read without its wrapper (#20)
+    http_id = state.get("request_id") or new_request_id()
     stream = service.open_stream(tenant=tenant, stop=gen.sampling.stop, stop_text=gen.sampling.stop_text)
     engine_request = GenerateRequest(gen.prompt, gen.max_tokens, tenant=tenant, sampling=gen.sampling)
-    lane_sent(service, request.scope["state"])  # sent now (_submit counts it in flight, with no wait between)
+    lane_sent(service, state)  # sent now (_submit counts it in flight, with no wait between)
     try:
         submission = await _submit(service, engine_request, stream)
     except CalculetError as exc:
@@ -331,7 +332,6 @@ async def _generate(service: Service, request: Request, tenant: str, gen: ApiGen
         log.debug("request accepted", extra={"request_id": http_id, "tenant": tenant, **fields, "prompt_tokens": n,
                                              "decision": outcome.decision.value, "max_tokens": gen.max_tokens,
                                              "stream": gen.stream})
-    state = request.scope["state"]
     response_id = ("cmpl-" if gen.kind == "completion" else "chatcmpl-") + http_id
     created = int(time.time())
     fingerprint = f"calculet-g{service.info.generation}"

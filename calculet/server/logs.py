@@ -149,15 +149,18 @@ def log_lines(logger: logging.Logger, level: int, msg: str, lines: list[tuple[fl
         else:
             _json_fields(head, fields)
         text.append(dumps_text(head) + end)
-    handler.acquire()
-    try:
-        handler.stream.write("".join(text))
-        handler.flush()
-    except Exception:  # noqa: BLE001 - as StreamHandler.emit: reported, never raised into the caller
-        record = logging.LogRecord(logger.name, level, __file__, 0, msg, (), None)
-        handler.handleError(record)
-    finally:
-        handler.release()
+    # the handler's lock held once for the write and the flush, the flush as ``StreamHandler.flush`` does it
+    # without taking the lock again (issue #20: every request's line, five Python calls fewer on the event loop)
+    with handler.lock:  # type: ignore[union-attr]  # a StreamHandler always has its lock
+        try:
+            stream = handler.stream
+            stream.write("".join(text))
+            flush = getattr(stream, "flush", None)
+            if flush is not None:
+                flush()
+        except Exception:  # noqa: BLE001 - as StreamHandler.emit: reported, never raised into the caller
+            record = logging.LogRecord(logger.name, level, __file__, 0, msg, (), None)
+            handler.handleError(record)
 
 
 class TextFormatter(logging.Formatter):

@@ -164,11 +164,20 @@ class Frames:
         templated = not self.continuous_usage
         prefix, suffix = self._prefix, self._suffix
         for event in events:
-            if event.text:
+            text = event.text
+            if text:
                 if templated:
-                    parts += (prefix, json_text(event.text), suffix)
+                    # :func:`json_text` inlined (issue #20: its Python frame was a call per text on the event loop)
+                    try:
+                        encoded = encode_str(text)
+                    except TypeError:  # a lone surrogate: json_text's answer, the standard library's
+                        encoded = json_text(text)
+                    else:
+                        if not text.isascii() and ("\x85" in text or "\u2028" in text or "\u2029" in text):
+                            encoded = escape_breaks(encoded)
+                    parts += (prefix, encoded, suffix)
                 else:
-                    parts.append(self.chunk(event.text, None, generated=event.generated))
+                    parts.append(self.chunk(text, None, generated=event.generated))
             if event.finished:
                 parts += self._end(event, why)
                 return b"".join(parts), True

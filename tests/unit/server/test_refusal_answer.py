@@ -155,7 +155,8 @@ def test_a_turns_log_lines_are_written_after_it_in_one_write_each_with_its_own_i
     handler = parent.handlers[0]
     monkeypatch.setattr(parent, "handlers", [handler])  # the JSON handler alone (pytest's capture added its own)
     flushes: list[int] = []
-    monkeypatch.setattr(handler, "flush", lambda: flushes.append(1))
+    # the stream's flushes (the system calls): log_lines flushes it under the handler's lock it holds already
+    monkeypatch.setattr(handler.stream, "flush", lambda: flushes.append(1))
     service = type("S", (), {"metrics": _Metrics()})()
     lane = RefusalLane.__new__(RefusalLane)
     lane.service, lane._pending, lane._lines = service, {}, []

@@ -149,3 +149,13 @@ def test_the_headers_are_those_of_starlettes_streaming_response() -> None:
     old = StreamingResponse(nothing(), media_type="text/event-stream",
                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     assert HEADERS == old.raw_headers
+
+
+@pytest.mark.req("R4.7")
+@given(text=st.text() | st.sampled_from([*TRICKY, "\ud800", "a\udfff\u2028"]), chat=st.booleans())
+def test_a_batch_frames_each_text_as_the_text_frame_does(text: str, chat: bool) -> None:
+    """Catches: the batch's inlined text encoding (issue #20: no call per text) differing from :meth:`Frames.text`
+    (the old frame, tested above) — a line break left raw, a lone surrogate not answered as the library answers it."""
+    frames = _frames(chat)
+    body, last = frames.batch([_text(0, text, 1)], lambda event: None)
+    assert not last and body == (frames.text(text) if text else b"")
