@@ -43,6 +43,10 @@ Authorize = Callable[[Scope], "APIError | None"]
 
 _CLOSE = {"Connection": "close"}
 
+BODY_ARRIVED = "body_arrived"
+"""The scope ``state``'s key a protocol sets once a request's body has arrived whole (its ``receive`` then returns at
+once: :class:`calculet.server.http_fast.FastEdgeProtocol` sets it at llhttp's message end)."""
+
 
 def _header(scope: Scope, name: bytes) -> bytes | None:
     for key, value in scope.get("headers", ()):
@@ -126,18 +130,19 @@ class BodyGate:
             status, code, reason = refused_by_server
             await _refusal(APIError(status, reason, code=code), scope)(scope, receive, send)  # dropped if it answered
             return
-        refused = self.authorize(scope) if _has_body(scope) else None
+        has_body = _has_body(scope)  # asked once (#20: every request's headers scanned once for it, not twice)
+        refused = self.authorize(scope) if has_body else None
         if refused is not None:
             await _refusal(refused, scope)(scope, receive, send)
             return
-        if not _has_body(scope):
+        if not has_body:
             await self.app(scope, receive, send)
             return
         declared = _header(scope, b"content-length")
         if declared is not None and declared.strip().isdigit() and int(declared) > self.max_body_bytes:
             await _refusal(self._too_large(f"the declared body of {int(declared)} bytes"), scope)(scope, receive, send)
             return
-        body, problem = await self._read(receive)
+        body, problem = await self._read(receive, scope.setdefault("state", {}))
         if problem is not None:
             await _refusal(problem, scope)(scope, receive, send)
             return
@@ -147,8 +152,12 @@ class BodyGate:
         scope.setdefault("state", {})["body"] = body  # read by the generation routes as it is: no copy
         await self.app(scope, _replay(body, receive), send)
 
-    async def _read(self, receive: Receive) -> tuple[bytes | None, APIError | None]:
+    async def _read(self, receive: Receive, state: dict[str, Any]) -> tuple[bytes | None, APIError | None]:
         """The whole body (None if the client disconnected), or the refusal that ends the reading.
+
+        Once the protocol says the body has arrived whole (``state[BODY_ARRIVED]``), ``receive`` returns without
+        waiting: no deadline is armed for it (issue #20: a timer set and cancelled, and asyncio's timeout context, on
+        the event loop for every request whose body came in its first read — nearly all).
 
         The pieces are kept as they come and joined once at the end: appending each to one growing
         ``bytearray`` re-copied the buffer on most reallocations (CPython grows a large bytearray by
@@ -164,19 +173,23 @@ class BodyGate:
         while True:
             # the next piece is due within the pause limit, and early enough to keep the minimum average rate
             # after the grace of one pause (by t: (t - body_timeout_s) x rate bytes; mod_reqtimeout's MinRate)
-            pause = self.body_timeout_s
-            rate = started + self.body_timeout_s + size / self.body_min_rate_bytes_s - now()
-            try:
-                async with asyncio.timeout(max(0.0, min(pause, rate))):
-                    message = await receive()
-            except TimeoutError:
-                if rate < pause:
-                    took = now() - started
-                    return None, APIError(408, f"the request body arrived slower than {self.body_min_rate_bytes_s:g} "
-                                               f"bytes/s on average ({size} bytes in {took:.1f} s; "
-                                               "server.body_min_rate_bytes_s)", code="body_too_slow")
-                return None, APIError(408, f"the request body paused for more than {self.body_timeout_s:g} s "
-                                           f"after {size} bytes", code="body_timeout")
+            if state.get(BODY_ARRIVED):
+                message = await receive()  # there already: nothing to time
+            else:
+                pause = self.body_timeout_s
+                rate = started + self.body_timeout_s + size / self.body_min_rate_bytes_s - now()
+                try:
+                    async with asyncio.timeout(max(0.0, min(pause, rate))):
+                        message = await receive()
+                except TimeoutError:
+                    if rate < pause:
+                        took = now() - started
+                        return None, APIError(408, "the request body arrived slower than "
+                                                   f"{self.body_min_rate_bytes_s:g} bytes/s on average ({size} bytes "
+                                                   f"in {took:.1f} s; server.body_min_rate_bytes_s)",
+                                              code="body_too_slow")
+                    return None, APIError(408, f"the request body paused for more than {self.body_timeout_s:g} s "
+                                               f"after {size} bytes", code="body_timeout")
             if message["type"] == "http.disconnect":
                 return None, None
             piece = message.get("body", b"")
@@ -227,4 +240,4 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-__all__ = ["Authorize", "BULK_AFTER", "BULK_RATE_BYTES_S", "BodyGate", "BulkPacer"]
+__all__ = ["Authorize", "BODY_ARRIVED", "BULK_AFTER", "BULK_RATE_BYTES_S", "BodyGate", "BulkPacer"]

@@ -46,6 +46,7 @@ import httptools
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from calculet.server.body_gate import BODY_ARRIVED
 from calculet.server.edge_answers import FREE_CHUNKS, MIN_CHUNK_AVERAGE, EdgeGuard
 from calculet.server.sse import DIRECT_BODY
 
@@ -217,6 +218,9 @@ class FastEdgeProtocol(EdgeGuard, HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._reading = False
         super().on_message_complete()
+        cycle = self.cycle
+        if cycle is not None and not cycle.more_body:  # the body is whole: the gate's receive will not wait (#20)
+            cycle.scope["state"][BODY_ARRIVED] = True
 
     # ------------------------------------------------------------------ the refusal lane
 

@@ -254,7 +254,8 @@ class SSEResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self._direct = scope.get("extensions", {}).get(DIRECT_BODY)
-        watch = asyncio.ensure_future(_disconnect(receive))  # runs from the loop's next turn
+        # runs from the loop's next turn; the loop's create_task is what ensure_future ends in, without its checks
+        watch = asyncio.get_running_loop().create_task(_disconnect(receive))
         watch.add_done_callback(self._client_gone)
         finished = False
         try:
