@@ -167,7 +167,7 @@ class ServiceMetrics:
         for tenant in tenants:
             self.starvation.labels(tenant)
             self.of(tenant)
-        self._http_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._http_children: dict[tuple[str, str, int], tuple[Any, ...]] = {}
 
     def of(self, tenant: str) -> TenantMetrics:
         """``tenant``'s children of the per-tenant families, resolved once. Why: ``labels()`` validates, formats and
@@ -188,12 +188,18 @@ class ServiceMetrics:
         (issue #13); the child of a (route, method, status) is the same object for the registry's lifetime.
         The key set is bounded as the labels are (route templates, methods, statuses)."""
         key = (route, method, status)
-        children = self._http_children.get(key)
-        if children is None:
-            children = self._http_children[key] = (self.http_requests.labels(route, method, str(status)),
-                                                   self.http_duration.labels(route))
-        children[0].inc()
-        children[1].observe(took_s)
+        series = self._http_children.get(key)
+        if series is None:
+            count, duration = self.http_requests.labels(route, method, str(status)), self.http_duration.labels(route)
+            series = self._http_children[key] = (count._value.inc, duration._upper_bounds, duration._buckets,
+                                                 duration._sum.inc)
+        # ``inc()`` and ``observe()`` without their per-call checks (a resolved child is observable) and bucket walk:
+        # the child's values incremented as they do it (the bucket found as BulkHistogram finds it), three locked
+        # increments (#20: ~17 calls of every request on the event loop were ~10)
+        count_inc, bounds, buckets, sum_inc = series
+        count_inc(1)
+        buckets[bisect_left(bounds, took_s)].inc(1)
+        sum_inc(took_s)
 
     def observe_request(self, tenant: str, arrival: float, token_times: Sequence[float], closed_at: float) -> None:
         """One finished request's latencies (times from ``time.perf_counter``)."""

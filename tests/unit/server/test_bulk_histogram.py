@@ -52,3 +52,19 @@ def test_observe_many_exposes_what_observe_of_each_sample_does() -> None:
             assert abs(bulk[key] - value) <= 1e-12 * max(1.0, abs(value)), key
         else:
             assert bulk[key] == value, key
+
+
+def test_observe_http_exposes_what_inc_and_observe_expose() -> None:
+    """Catches: ServiceMetrics.observe_http's direct increments (issue #20) counting another bucket, series or sum than
+    the library's ``labels().inc()`` and ``labels().observe()`` of the same requests."""
+    from calculet.server.request_metrics import HTTP_BUCKETS, ServiceMetrics
+
+    requests = [("/v1/completions", "POST", 200, 0.0), ("/v1/completions", "POST", 429, 0.25), ("/health", "GET", 200,
+                HTTP_BUCKETS[3]), ("/v1/completions", "POST", 200, 1e9), ("/v1/completions", "POST", 200, 0.5)]
+    registries = make_registry(), make_registry()
+    fast, slow = ServiceMetrics(registries[0], ["default"]), ServiceMetrics(registries[1], ["default"])
+    for route, method, status, took in requests:
+        fast.observe_http(route, method, status, took)
+        slow.http_requests.labels(route, method, str(status)).inc()
+        slow.http_duration.labels(route).observe(took)
+    assert samples(generate_latest(registries[0])) == samples(generate_latest(registries[1]))
