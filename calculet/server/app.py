@@ -160,7 +160,8 @@ class RequestContext:
                 await error(scope, receive, send_with_id)
         finally:
             lane_sent(self.service, exchange.state)  # forwarded by the refusal lane, ended before its submit
-            exchange.record()  # a response that never finished (client gone, error before the body)
+            if not exchange.recorded:  # a response that never finished (client gone, error before the body)
+                exchange.record()
 
 
 def _route_template(scope: Scope) -> str:

@@ -317,7 +317,8 @@ class FastEdgeProtocol(EdgeGuard, HttpToolsProtocol):
 
     def _unset_keepalive_if_required(self) -> None:
         self._idle_deadline = None  # a byte came (or the connection ends): the pending timer finds no deadline
-        super()._unset_keepalive_if_required()
+        if self.timeout_keep_alive_task is not None:  # uvicorn's timer: never armed by this protocol's
+            super()._unset_keepalive_if_required()  # on_response_complete (#20: a call fewer per read and response)
 
     def _idle_due(self) -> None:
         """(the connection's idle timer) The keep-alive timeout passed: closed as uvicorn closes it; not yet (another
