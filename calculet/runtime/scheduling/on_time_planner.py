@@ -363,7 +363,7 @@ class OnTimePlanner:
         cache = self._cache  # None if cache_drift() > 0: the step slower than at the plan, lane free times early
         if cache is not None and nominal.decode_step_s > self._planned_step * (1.0 + REPLAN_DRIFT):
             cache = None
-        finish = cache.place(values[1], values[2], values[3], now, model) if cache is not None else None
+        finish = cache.built().place(values[1], values[2], values[3], now, model) if cache is not None else None
         lanes, sequences = nominal.compiled_batch * nominal.engines, self.sequences
         in_order = sequences is not None and sequences <= lanes  # the queue's order binds the estimate (below)
         job: PendingJob | None = None
@@ -484,7 +484,7 @@ class OnTimePlanner:
         cache = self._cache
         if cache is None or self.stale or self.cache_drift() < 0 or len(self._kept) < self.bet_lanes:
             return None  # with a lane free a refusal may still be a bet (.on_time_refusal.lane_free_bet): no shortcut
-        return cache
+        return cache.built()
 
     @property
     def kept_count(self) -> int:

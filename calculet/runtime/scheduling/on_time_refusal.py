@@ -69,6 +69,7 @@ def refuse(planner: OnTimePlanner, rec: RequestRecord, job: PendingJob, fit: Fit
     cache, alone = planner._cache, planner.admitting_alone()
     if job.deadline is None or cache is None or alone is None:
         return fit
+    cache = cache.built()
     relative = job.deadline - now
     place = retry_placement(cache.free, now, model.service_s(job.prefill_tokens, job.decode_steps),
                             alone.service_s(job.prefill_tokens, job.decode_steps), relative, fit.retry_at)

@@ -7,6 +7,8 @@ it was given, grows with admissions before the first read.
 
 from __future__ import annotations
 
+import pytest
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -32,6 +34,9 @@ def test_a_deferred_cache_answers_as_the_cache_built_at_once(kept_rows: list[tup
     eager = _EdfCache(list(kept), now, model, late_ok)
     deferred = _EdfCache.deferred(kept, now, model, late_ok)
     kept.extend(PendingJob(100 + i, t, s, d) for i, (t, s, d) in enumerate(later))  # admissions before the first read
+    with pytest.raises(AttributeError):  # a reader that skips built() fails loudly, never reads a stale schedule
+        deferred.free
+    assert deferred.built() is deferred and deferred.built() is deferred  # built once, then as it is
     assert [getattr(deferred, f) for f in _fields] == [getattr(eager, f) for f in _fields]
     for tokens, steps, deadline in later:  # the same placements, and the state they leave
         assert deferred.place(tokens, steps, deadline, now, model) == eager.place(tokens, steps, deadline, now, model)
